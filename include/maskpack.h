@@ -1,0 +1,535 @@
+/*
+ * maskpack.h: the one public header of libmaskpack.
+ *
+ * maskpack describes a variable-length training batch once, as a list of segments plus an
+ * attention rule (a "layout"), and derives every consumer's input from it: 2D keep masks, 4D
+ * masks in each convention, cu_seqlens in the TensorEngine/flash-attn and Ascend NPU forms,
+ * position ids, FlexAttention block masks, MagiAttention slices and npu_fusion_attention
+ * arguments. Two consumers of one layout can therefore never disagree.
+ *
+ * Conventions used everywhere in this header (section numbers refer to SEMANTICS.md):
+ *   - Shapes are written [dim0, dim1, ...], row-major; strides are counted in ELEMENTS.
+ *   - Token grid: a layout has n_rows rows of q_width query columns (and kv_width key columns).
+ *     A padded batch [B,S] has n_rows = B, q_width = S. A packed (THD) batch of T tokens has
+ *     n_rows = 1, q_width = T and is flagged packed, so per-token outputs are [T] instead of [1,T].
+ *   - A segment is one sequence: its real query tokens are columns [q_start, q_start+q_len) of its
+ *     row, its keys are columns [kv_start, kv_start+kv_len) of the same row of the key grid. For
+ *     self-attention (every constructor except the *_qk ones) kv == q.
+ *   - Columns that belong to no segment are padding: never attended, never attending.
+ *   - Masks: KEEP (1/true = attend or valid), MASKED (1/true = excluded), ADDITIVE (0 = attend,
+ *     -inf or the dtype's minimum = excluded), DOC_ID (1-based document id, 0 = pad). An
+ *     unannotated 0/1 mask is never accepted: every mask argument carries its convention.
+ *   - cu_seqlens: TE form [0, e1, ..., eN] (N+1 entries), NPU form [e1, ..., eN] (N entries).
+ *   - Sliding windows use flash-attn's (left, right) convention, -1 = unbounded (section 4).
+ *   - Causal alignment is explicit: TOP_LEFT (key j visible iff j <= i) or BOTTOM_RIGHT
+ *     (j <= i + kv_len - q_len); they agree when q_len == kv_len (section 3).
+ *
+ * Errors: every fallible call returns a maskpack_status. When the caller passes a non-NULL
+ * maskpack_error, it receives the code, the offending argument, the first offending element and a
+ * message naming expected and found values. On failure no output buffer is written. The library
+ * holds no global mutable state; a layout is immutable after construction and may be shared
+ * between threads.
+ */
+#ifndef MASKPACK_H
+#define MASKPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(MASKPACK_BUILDING_SHARED)
+#define MASKPACK_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define MASKPACK_API __attribute__((visibility("default")))
+#else
+#define MASKPACK_API
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MASKPACK_VERSION_MAJOR 0
+#define MASKPACK_VERSION_MINOR 1
+#define MASKPACK_VERSION_PATCH 0
+#define MASKPACK_VERSION_NUMBER \
+    (MASKPACK_VERSION_MAJOR * 10000 + MASKPACK_VERSION_MINOR * 100 + MASKPACK_VERSION_PATCH)
+#define MASKPACK_VERSION_STRING "0.1.0"
+
+/* () -> MAJOR*10000 + MINOR*100 + PATCH of the library actually linked. */
+MASKPACK_API unsigned maskpack_version_number(void);
+/* () -> "MAJOR.MINOR.PATCH" of the library actually linked (static storage). */
+MASKPACK_API const char *maskpack_version_string(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes and errors                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum maskpack_status {
+    MASKPACK_OK = 0,
+    MASKPACK_ERR_NULL_ARGUMENT = 1,      /* a required pointer is NULL */
+    MASKPACK_ERR_INVALID_ARGUMENT = 2,   /* a scalar argument is out of its range */
+    MASKPACK_ERR_SHAPE = 3,              /* a tensor's rank or shape is wrong or disagrees */
+    MASKPACK_ERR_DTYPE = 4,              /* a tensor's dtype is not accepted here */
+    MASKPACK_ERR_VALUE = 5,              /* an element has a forbidden value (mask not 0/1, negative length) */
+    MASKPACK_ERR_UNSORTED = 6,           /* cu_seqlens decrease, or offsets out of order */
+    MASKPACK_ERR_HOLE = 7,               /* a padding mask row has a hole (pad inside tokens) */
+    MASKPACK_ERR_OVERFLOW = 8,           /* a size or offset overflows its type */
+    MASKPACK_ERR_NOT_REPRESENTABLE = 9,  /* the input has no layout (or the layout no output) of that kind */
+    MASKPACK_ERR_BUFFER_TOO_SMALL = 10,  /* an output buffer cannot hold the result */
+    MASKPACK_ERR_OUT_OF_MEMORY = 11,
+    MASKPACK_ERR_CONVENTION = 12,        /* a mask convention, cu_seqlens form or alignment is missing or unknown */
+    MASKPACK_ERR_RULE = 13,              /* the attention rule is invalid (window, span, prefix) */
+    MASKPACK_ERR_FORMAT = 14,            /* a file is malformed or lies about its sizes */
+    MASKPACK_ERR_IO = 15,                /* the operating system refused a read or write */
+    MASKPACK_ERR_UNSUPPORTED = 16,       /* valid input this version does not handle */
+    MASKPACK_ERR_NPU_CONTRACT = 17,      /* npu_fusion_attention arguments break the operator's contract */
+    MASKPACK_ERR_OVERLAP = 18,           /* input and output buffers overlap */
+    MASKPACK_ERR_NOT_FOUND = 19,         /* a named entry (file member, tensor) is absent */
+    MASKPACK_STATUS_COUNT_ = 20
+} maskpack_status;
+
+/* status -> "MASKPACK_ERR_SHAPE"-style name (static storage; "MASKPACK_ERR_UNKNOWN" if out of range). */
+MASKPACK_API const char *maskpack_status_name(maskpack_status status);
+/* status -> one-sentence generic description (static storage). */
+MASKPACK_API const char *maskpack_status_message(maskpack_status status);
+
+#define MASKPACK_ERROR_MESSAGE_SIZE 320
+#define MASKPACK_ERROR_ARGUMENT_SIZE 48
+
+/* Filled by a failing call when the caller passes one; zeroed (status OK) by a successful call. */
+typedef struct maskpack_error {
+    maskpack_status status;
+    int64_t index[4];                         /* first offending element (row, col, ...); -1 = n/a */
+    char argument[MASKPACK_ERROR_ARGUMENT_SIZE]; /* the argument's name, e.g. "cu_seqlens" */
+    char message[MASKPACK_ERROR_MESSAGE_SIZE];   /* "cu_seqlens[3]: expected >= 17 (non-decreasing), found 12" */
+} maskpack_error;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors crossing the API (caller-owned memory, never copied unless a function says so)     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum maskpack_dtype {
+    MASKPACK_BOOL = 0, /* 1 byte, 0 or 1 */
+    MASKPACK_U8 = 1,
+    MASKPACK_I8 = 2,
+    MASKPACK_I16 = 3,
+    MASKPACK_I32 = 4,
+    MASKPACK_I64 = 5,
+    MASKPACK_F16 = 6,  /* IEEE binary16 */
+    MASKPACK_BF16 = 7, /* bfloat16 */
+    MASKPACK_F32 = 8,
+    MASKPACK_F64 = 9,
+    MASKPACK_DTYPE_COUNT_ = 10
+} maskpack_dtype;
+
+/* dtype -> its size in bytes (0 if unknown). */
+MASKPACK_API size_t maskpack_dtype_size(maskpack_dtype dtype);
+/* dtype -> "int32"-style name as numpy/torch spell it (static storage). */
+MASKPACK_API const char *maskpack_dtype_name(maskpack_dtype dtype);
+
+#define MASKPACK_MAX_DIMS 8
+
+/* A strided view of caller memory. strides are in elements; a NULL-data tensor with numel 0 is legal. */
+typedef struct maskpack_tensor {
+    void *data;
+    maskpack_dtype dtype;
+    int32_t ndim;
+    int64_t shape[MASKPACK_MAX_DIMS];
+    int64_t strides[MASKPACK_MAX_DIMS];
+} maskpack_tensor;
+
+/* (data, dtype, ndim, shape) -> a C-contiguous tensor view (strides filled row-major). */
+MASKPACK_API maskpack_tensor maskpack_tensor_contiguous(void *data, maskpack_dtype dtype, int32_t ndim,
+                                                        const int64_t *shape);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The attention rule                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum maskpack_alignment {
+    MASKPACK_ALIGN_TOP_LEFT = 0,     /* row i sees keys j <= i (torch SDPA is_causal, NPU mode 2) */
+    MASKPACK_ALIGN_BOTTOM_RIGHT = 1  /* row i sees keys j <= i + kv_len - q_len (flash-attn >= 2.1, NPU mode 3) */
+} maskpack_alignment;
+
+/* A bidirectional span inside one segment (segment-local, half-open [start, end)): every pair of
+ * tokens inside the span may attend each other, on top of the causal rule (HF's blockwise overlay,
+ * e.g. the image tokens of a VLM). Only meaningful for self-attention segments. */
+typedef struct maskpack_span {
+    int64_t segment;
+    int64_t start;
+    int64_t end;
+} maskpack_span;
+
+/*
+ * The rule applied inside every segment (local coordinates i = query, j = key, d = kv_len - q_len
+ * for BOTTOM_RIGHT, 0 for TOP_LEFT):
+ *   base(i,j)   = (!causal || j <= i + d)
+ *                 && (window_left  < 0 || j >= i + d - window_left)
+ *                 && (window_right < 0 || j <= i + d + window_right)
+ *   allowed(i,j)= base(i,j) || (i and j in one span of the segment) || j < prefix[segment]
+ * Tokens of different segments never see each other; padding sees nothing and is never seen.
+ */
+typedef struct maskpack_rule {
+    int causal;                   /* 1 = causal, 0 = bidirectional */
+    maskpack_alignment alignment; /* only matters where q_len != kv_len */
+    int64_t window_left;          /* flash-attn convention; -1 = unbounded */
+    int64_t window_right;         /* flash-attn convention; -1 = unbounded */
+    const maskpack_span *spans;   /* sorted by (segment, start), non-overlapping; may be NULL */
+    size_t n_spans;
+    const int64_t *prefix;        /* per-segment prefix-LM length (n_prefix == n_segments) or NULL */
+    size_t n_prefix;
+} maskpack_rule;
+
+/* () -> causal, bottom-right, no window, no spans, no prefix. */
+MASKPACK_API maskpack_rule maskpack_rule_default(void);
+
+/* HF sliding_window w (keys j > i - w, w keys including self) -> flash-attn (w-1, w-1). w >= 1. */
+MASKPACK_API maskpack_status maskpack_window_from_hf(int64_t w, int64_t *left, int64_t *right,
+                                                     maskpack_error *err);
+/* attention-gym window w (i - j <= w, w+1 keys) -> flash-attn (w, w). w >= 0. */
+MASKPACK_API maskpack_status maskpack_window_from_gym(int64_t w, int64_t *left, int64_t *right,
+                                                      maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layouts                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct maskpack_layout maskpack_layout; /* opaque, immutable once built */
+
+/* One sequence of the batch (see the conventions at the top). */
+typedef struct maskpack_segment {
+    int64_t row;
+    int64_t q_start, q_len;
+    int64_t kv_start, kv_len;
+} maskpack_segment;
+
+typedef enum maskpack_placement {
+    MASKPACK_PLACE_RIGHT = 0,  /* [B, S]: one sequence per row, padding after it */
+    MASKPACK_PLACE_LEFT = 1,   /* [B, S]: one sequence per row, padding before it */
+    MASKPACK_PLACE_PACKED = 2  /* capacity 0: one THD row of all tokens; else rows of `capacity`, in order */
+} maskpack_placement;
+
+typedef enum maskpack_mask2d_convention {
+    MASKPACK_MASK2D_KEEP = 0,   /* 1 = token, 0 = pad (HF attention_mask) */
+    MASKPACK_MASK2D_DOC_ID = 1  /* 1-based document id, 0 = pad (LlamaFactory/NeMo "indexed") */
+} maskpack_mask2d_convention;
+
+typedef enum maskpack_mask_convention {
+    MASKPACK_MASK_KEEP = 0,     /* true/1 = may attend */
+    MASKPACK_MASK_MASKED = 1,   /* true/1 = excluded (Megatron, TE, Ascend) */
+    MASKPACK_MASK_ADDITIVE = 2  /* 0 = attend, negative (-inf, dtype min, -10000) = excluded */
+} maskpack_mask_convention;
+
+typedef enum maskpack_cu_form {
+    MASKPACK_CU_TE = 0,  /* [0, e1, ..., eN] */
+    MASKPACK_CU_NPU = 1  /* [e1, ..., eN] */
+} maskpack_cu_form;
+
+typedef enum maskpack_boundary_rule {
+    MASKPACK_BOUNDARY_RESET = 0, /* a new sequence starts where position_ids equals the row minimum (HF flash path) */
+    MASKPACK_BOUNDARY_STEP = 1   /* a new sequence starts at any step other than +1 (HF mask builders) */
+} maskpack_boundary_rule;
+
+/* (segments[n], grid n_rows x q_width / kv_width, packed, rule) -> layout. Segments must be sorted by
+ * (row, q_start), inside the grid and non-overlapping on both sides. The rule is copied. */
+MASKPACK_API maskpack_status maskpack_layout_from_segments(const maskpack_segment *segments, size_t n,
+                                                           int64_t n_rows, int64_t q_width, int64_t kv_width,
+                                                           int packed, const maskpack_rule *rule,
+                                                           maskpack_layout **out, maskpack_error *err);
+
+/* (lengths[n] >= 0, placement, capacity) -> layout. RIGHT/LEFT: [n, max(lengths, capacity)];
+ * PACKED with capacity 0: one packed row of sum(lengths); PACKED with capacity > 0: rows of
+ * `capacity` columns filled in order (next-fit), padded at the row end; a length > capacity is an error. */
+MASKPACK_API maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n,
+                                                          maskpack_placement placement, int64_t capacity,
+                                                          const maskpack_rule *rule, maskpack_layout **out,
+                                                          maskpack_error *err);
+
+/* (mask [B,S] bool/int, convention) -> layout [B,S]. KEEP: each row is pad* token+ pad* (left,
+ * right or both-side padding); a row with a hole is an error naming row and column. DOC_ID: each
+ * document id forms one contiguous run per row; ids may repeat across rows. */
+MASKPACK_API maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask,
+                                                         maskpack_mask2d_convention convention,
+                                                         const maskpack_rule *rule, maskpack_layout **out,
+                                                         maskpack_error *err);
+
+/* (cu [N+1] TE or [N] NPU int32/int64, total >= last end or 0 = last end, cu_padded [N+1] TE form or
+ * NULL) -> packed layout of `total` tokens. With cu_padded, segment k holds tokens
+ * [cu_padded[k], cu_padded[k] + len_k) and filler up to cu_padded[k+1]. Equal entries = empty segments. */
+MASKPACK_API maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tensor *cu, maskpack_cu_form form,
+                                                             int64_t total, const maskpack_tensor *cu_padded,
+                                                             const maskpack_rule *rule, maskpack_layout **out,
+                                                             maskpack_error *err);
+
+/* (cu_q, cu_kv, both in `form`) -> packed cross layout: segment k has q_len = cu_q diff and kv_len =
+ * cu_kv diff (q_len != kv_len is where the rule's alignment matters). */
+MASKPACK_API maskpack_status maskpack_layout_from_cu_seqlens_qk(const maskpack_tensor *cu_q,
+                                                                const maskpack_tensor *cu_kv,
+                                                                maskpack_cu_form form,
+                                                                const maskpack_rule *rule,
+                                                                maskpack_layout **out, maskpack_error *err);
+
+/* (position_ids [T] (packed), [B,S] or [3,B,S] M-RoPE (text row 0 decides), boundary rule) -> layout.
+ * Tail padding written as position 0 becomes padding, not a run of length-1 sequences: a trailing
+ * run of two or more zeros at the end of a row (or of the packed stream) is padding (bug class 8). */
+MASKPACK_API maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *position_ids,
+                                                               maskpack_boundary_rule boundary,
+                                                               const maskpack_rule *rule,
+                                                               maskpack_layout **out, maskpack_error *err);
+
+/* (mask [B,1,S,S] or [B,H,S,S], convention) -> layout with the recovered rule (padding, causal,
+ * window, documents, spans, prefix). Rows of pad queries are ignored (both ms-swift's "pad rows see
+ * valid keys" and verl's "pad rows see nothing" are accepted). When no layout reproduces the mask the
+ * error says why and names the first (batch, head, query, key) that cannot be matched. */
+MASKPACK_API maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask,
+                                                         maskpack_mask_convention convention,
+                                                         maskpack_layout **out, maskpack_error *err);
+
+/* (mask [B,1,S,S]/[B,H,S,S]/[B,1,1,S]/[B,S], convention) -> out [B,S] keep mask: token s is valid iff
+ * its key column is not fully masked (some query, any head, attends to it). out: bool/u8/int32/int64. */
+MASKPACK_API maskpack_status maskpack_mask2d_from_mask4d(const maskpack_tensor *mask,
+                                                         maskpack_mask_convention convention,
+                                                         maskpack_tensor *out, maskpack_error *err);
+
+/* (layout, new rule) -> a new layout with the same segments under another rule. */
+MASKPACK_API maskpack_status maskpack_layout_with_rule(const maskpack_layout *layout, const maskpack_rule *rule,
+                                                       maskpack_layout **out, maskpack_error *err);
+
+/* (layout) -> an independent copy. */
+MASKPACK_API maskpack_status maskpack_layout_clone(const maskpack_layout *layout, maskpack_layout **out,
+                                                   maskpack_error *err);
+
+/* Releases a layout; NULL is a no-op. */
+MASKPACK_API void maskpack_layout_free(maskpack_layout *layout);
+
+/* Accessors (layout must be non-NULL). */
+MASKPACK_API int64_t maskpack_layout_n_rows(const maskpack_layout *layout);
+MASKPACK_API int64_t maskpack_layout_q_width(const maskpack_layout *layout);
+MASKPACK_API int64_t maskpack_layout_kv_width(const maskpack_layout *layout);
+MASKPACK_API int maskpack_layout_is_packed(const maskpack_layout *layout);
+/* 1 iff every segment has kv == q (self-attention). */
+MASKPACK_API int maskpack_layout_is_self(const maskpack_layout *layout);
+MASKPACK_API size_t maskpack_layout_n_segments(const maskpack_layout *layout);
+/* Sum of q_len over segments (the real query tokens). */
+MASKPACK_API int64_t maskpack_layout_n_tokens(const maskpack_layout *layout);
+/* max q_len over segments (0 for none); kv: max kv_len. */
+MASKPACK_API int64_t maskpack_layout_max_seqlen(const maskpack_layout *layout);
+MASKPACK_API int64_t maskpack_layout_max_seqlen_kv(const maskpack_layout *layout);
+/* (layout, i < n_segments) -> copies segment i into *out. */
+MASKPACK_API maskpack_status maskpack_layout_segment(const maskpack_layout *layout, size_t i,
+                                                     maskpack_segment *out, maskpack_error *err);
+/* (layout) -> the rule; its span and prefix pointers live as long as the layout. */
+MASKPACK_API maskpack_rule maskpack_layout_rule(const maskpack_layout *layout);
+
+/* The reference predicate: 1 iff query column i of row b may attend key column j of row b (head h
+ * is accepted for symmetry with 4D masks; the rule does not depend on it). Out-of-grid -> 0. */
+MASKPACK_API int maskpack_allowed(const maskpack_layout *layout, int64_t b, int64_t h, int64_t i, int64_t j);
+
+/* (layout, b, i) -> index of the segment owning query column i of row b, or -1 for padding. */
+MASKPACK_API int64_t maskpack_segment_of_query(const maskpack_layout *layout, int64_t b, int64_t i);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Derived outputs. Shapes below: B = n_rows, S = q_width, Skv = kv_width, N = n_segments,      */
+/* V = n_tokens. "per-token [B,S]" means [T] (1-D) for a packed layout; [1,T] is accepted too. */
+/* ------------------------------------------------------------------------------------------ */
+
+/* (layout) -> out per-token [B,S] keep mask (1 = real token). dtype bool/u8/i8/i32/i64/f32. */
+MASKPACK_API maskpack_status maskpack_mask2d(const maskpack_layout *layout, maskpack_tensor *out,
+                                             maskpack_error *err);
+
+typedef enum maskpack_fill {
+    MASKPACK_FILL_NEG_INF = 0,   /* additive: -inf */
+    MASKPACK_FILL_DTYPE_MIN = 1  /* additive: the dtype's most negative finite value (HF eager) */
+} maskpack_fill;
+
+/* (layout, convention, fill) -> out [B,1,S,Skv] or [B,H,S,Skv] dense mask. KEEP/MASKED: bool, u8, i32
+ * or f32 (1/0); ADDITIVE: f32/f16/bf16/f64 with 0 and the fill. Pad query rows see nothing. */
+MASKPACK_API maskpack_status maskpack_mask4d(const maskpack_layout *layout, maskpack_mask_convention convention,
+                                             maskpack_fill fill, maskpack_tensor *out, maskpack_error *err);
+
+/* (layout, form, kv side?) -> out int32/int64: TE [N+1] or NPU [N] cumulative real lengths. */
+MASKPACK_API maskpack_status maskpack_cu_seqlens(const maskpack_layout *layout, maskpack_cu_form form, int kv,
+                                                 maskpack_tensor *out, maskpack_error *err);
+
+/* (layout) -> out int32/int64 [N+1]: TE cu_seqlens_padded, slot offsets in the flattened token grid
+ * (slot k runs from segment k's first column to the next segment's first column, or its row's end;
+ * the first slot of a row starts at the row's first column). */
+MASKPACK_API maskpack_status maskpack_cu_seqlens_padded(const maskpack_layout *layout, maskpack_tensor *out,
+                                                        maskpack_error *err);
+
+/* (layout, kv side?) -> out int32/int64 [N]: real lengths. */
+MASKPACK_API maskpack_status maskpack_seqlens(const maskpack_layout *layout, int kv, maskpack_tensor *out,
+                                              maskpack_error *err);
+
+/* (layout) -> out per-token [B,S] int32/int64: 0,1,2,... restarting at each segment; pads get 0. */
+MASKPACK_API maskpack_status maskpack_position_ids(const maskpack_layout *layout, maskpack_tensor *out,
+                                                   maskpack_error *err);
+
+/* (layout) -> out per-token [B,S] int32/int64: 1-based segment id (global order), 0 = pad. */
+MASKPACK_API maskpack_status maskpack_segment_ids(const maskpack_layout *layout, maskpack_tensor *out,
+                                                  maskpack_error *err);
+
+/* (layout) -> out int32/int64 [V]: flattened row-major indices (b*S + s) of the real tokens, in order
+ * (flash-attn unpad_input's `indices`). */
+MASKPACK_API maskpack_status maskpack_valid_indices(const maskpack_layout *layout, maskpack_tensor *out,
+                                                    maskpack_error *err);
+
+/* (layout) -> out int32/int64 [N]: flattened index of each segment's last real token, -1 if empty. */
+MASKPACK_API maskpack_status maskpack_last_token_index(const maskpack_layout *layout, maskpack_tensor *out,
+                                                       maskpack_error *err);
+
+/* FlexAttention-compatible block mask for one head (H = 1, broadcast), Qb = ceil(S/block_q),
+ * Kb = ceil(Skv/block_k). A block is FULL when every (i,j) in it is allowed, PARTIAL when some but not
+ * all are. kv_num_blocks [B,Qb] counts partial blocks, kv_indices [B,Qb,Kb] lists them ascending in
+ * its first kv_num_blocks entries (later entries are left untouched: FlexAttention ignores them);
+ * full_kv_* likewise for full blocks; q_* / full_q_* are the transposes ([B,Kb], [B,Kb,Qb]).
+ * Any pointer may be NULL to skip that output. All arrays int32, C-contiguous. */
+typedef struct maskpack_block_mask_arrays {
+    int32_t *kv_num_blocks, *kv_indices;
+    int32_t *full_kv_num_blocks, *full_kv_indices;
+    int32_t *q_num_blocks, *q_indices;
+    int32_t *full_q_num_blocks, *full_q_indices;
+} maskpack_block_mask_arrays;
+
+/* (layout, block_q, block_k) -> *q_blocks = Qb, *kv_blocks = Kb (sizes for the arrays above). */
+MASKPACK_API maskpack_status maskpack_block_mask_dims(const maskpack_layout *layout, int64_t block_q,
+                                                      int64_t block_k, int64_t *q_blocks, int64_t *kv_blocks,
+                                                      maskpack_error *err);
+/* (layout, block_q, block_k) -> fills *out. Time proportional to the blocks touched, never S*Skv. */
+MASKPACK_API maskpack_status maskpack_block_mask(const maskpack_layout *layout, int64_t block_q, int64_t block_k,
+                                                 maskpack_block_mask_arrays *out, maskpack_error *err);
+
+/* MagiAttention slice types. */
+typedef enum maskpack_magi_type {
+    MASKPACK_MAGI_FULL = 0,
+    MASKPACK_MAGI_CAUSAL = 1,     /* bottom-right */
+    MASKPACK_MAGI_INVCAUSAL = 2,  /* top-left inverse */
+    MASKPACK_MAGI_BICAUSAL = 3
+} maskpack_magi_type;
+
+/* (layout) -> up to `capacity` slices: q_ranges [n,2], k_ranges [n,2] half-open in flattened token
+ * indices, types [n]; *count = slices needed (call with capacity 0 to size). Windows are
+ * NOT_REPRESENTABLE; spans and prefixes are decomposed into FULL and CAUSAL slices. The union of
+ * the slices' allowed pairs equals the predicate. */
+MASKPACK_API maskpack_status maskpack_magi_slices(const maskpack_layout *layout, int32_t *q_ranges,
+                                                  int32_t *k_ranges, int32_t *types, size_t capacity,
+                                                  size_t *count, maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Ascend npu_fusion_attention arguments (SEMANTICS.md section 6)                              */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum maskpack_npu_layout {
+    MASKPACK_NPU_BSND = 0,
+    MASKPACK_NPU_BNSD = 1,
+    MASKPACK_NPU_BSH = 2,
+    MASKPACK_NPU_SBH = 3,
+    MASKPACK_NPU_TND = 4
+} maskpack_npu_layout;
+
+typedef enum maskpack_npu_mask_kind {
+    MASKPACK_NPU_MASK_NONE = 0,         /* atten_mask=None */
+    MASKPACK_NPU_MASK_COMPRESSED = 1,   /* [2048, 2048] triu(ones, 1), bool M-mask */
+    MASKPACK_NPU_MASK_PREFIX_COMPRESSED = 2, /* [3072, 2048] for sparse_mode 6 */
+    MASKPACK_NPU_MASK_FULL = 3          /* [B,1,S,Skv] M-mask (or [maxSq,maxSkv] in TND) */
+} maskpack_npu_mask_kind;
+
+#define MASKPACK_NPU_MAX_ITEMS 2048
+
+/* What to pass to npu_fusion_attention for a layout. The arrays are allocated by maskpack_npu_args
+ * and released by maskpack_npu_argset_release. */
+typedef struct maskpack_npu_argset {
+    maskpack_npu_layout input_layout;
+    int32_t sparse_mode;
+    int64_t pre_tokens;
+    int64_t next_tokens;
+    double scale;
+    int32_t inner_precise;             /* 0, or 2 when fully masked query rows exist */
+    maskpack_npu_mask_kind mask_kind;
+    int32_t mask_ndim;
+    int64_t mask_shape[4];             /* shape of atten_mask (bool, MASKED convention) */
+    int64_t n_items;                   /* TND: items in actual_seq_* (pad items included) */
+    int64_t *actual_seq_qlen;          /* TND: NPU-form cumulative ends, n_items entries; else NULL */
+    int64_t *actual_seq_kvlen;
+    int64_t *prefix;                   /* modes 5/6: per batch item / sequence; else NULL */
+    int64_t n_prefix;
+    uint8_t *pad_items;                /* TND: 1 where an item is a declared pad item (filler tokens) */
+    int64_t fully_masked_rows;         /* query rows of real tokens that see nothing */
+} maskpack_npu_argset;
+
+/* (layout, input_layout, scale (> 0 finite) or 0 with head_dim > 0 for 1/sqrt(head_dim)) -> args.
+ * TND requires a packed layout; B*S layouts require padded or packed-row layouts. Rules the operator
+ * cannot express (spans in TND, top-left windows with q != kv, ...) are NOT_REPRESENTABLE with the
+ * reason. On success release with maskpack_npu_argset_release. */
+MASKPACK_API maskpack_status maskpack_npu_args(const maskpack_layout *layout, maskpack_npu_layout input_layout,
+                                               double scale, int64_t head_dim, maskpack_npu_argset *out,
+                                               maskpack_error *err);
+/* Releases the arrays of an argset filled by maskpack_npu_args and zeroes it; NULL is a no-op. */
+MASKPACK_API void maskpack_npu_argset_release(maskpack_npu_argset *args);
+
+/* (layout, args from maskpack_npu_args) -> out bool/u8 with args->mask_shape: the atten_mask to pass. */
+MASKPACK_API maskpack_status maskpack_npu_atten_mask(const maskpack_layout *layout, const maskpack_npu_argset *args,
+                                                     maskpack_tensor *out, maskpack_error *err);
+
+/* An argument set a user built by hand, to be checked against the operator's contract. */
+typedef struct maskpack_npu_call {
+    maskpack_npu_layout input_layout;
+    int64_t batch;                  /* B (ignored for TND) */
+    int64_t q_len, kv_len;          /* S, Skv (ignored for TND) */
+    int64_t total_q, total_kv;      /* TND: T of query and key (0 = unknown) */
+    int64_t heads_q, heads_kv, head_dim;
+    int32_t sparse_mode;
+    int64_t pre_tokens, next_tokens;
+    const maskpack_tensor *atten_mask;      /* NULL = None */
+    const maskpack_tensor *actual_seq_qlen; /* NULL = not passed */
+    const maskpack_tensor *actual_seq_kvlen;
+    const maskpack_tensor *prefix;
+    double scale;                   /* NAN = not passed (the operator then uses 1.0) */
+    int32_t inner_precise;
+    const maskpack_layout *intended; /* optional: the layout the call is meant to compute */
+} maskpack_npu_call;
+
+#define MASKPACK_NPU_MAX_FINDINGS 32
+
+typedef struct maskpack_npu_finding {
+    int32_t code;                   /* MASKPACK_NPU_* finding code below */
+    char message[MASKPACK_ERROR_MESSAGE_SIZE];
+} maskpack_npu_finding;
+
+enum {
+    MASKPACK_NPU_BAD_LAYOUT = 1,         /* input_layout unknown, or TND without both actual_seq lists */
+    MASKPACK_NPU_BAD_MASK_SHAPE = 2,     /* atten_mask shape not one of the accepted forms (error 561103) */
+    MASKPACK_NPU_BAD_MASK_DTYPE = 3,     /* atten_mask not bool/uint8 */
+    MASKPACK_NPU_CAUSAL_WITHOUT_MASK = 4,/* a sparse mode that needs a mask, with None: silently bidirectional */
+    MASKPACK_NPU_DENSE_FOR_COMPRESSED = 5,/* a full mask passed to a compressed mode (or the reverse) */
+    MASKPACK_NPU_LEADING_ZERO = 6,       /* actual_seq_* starts with 0: TE form given where NPU form is needed */
+    MASKPACK_NPU_NOT_CUMULATIVE = 7,     /* actual_seq_* decreasing or not ending at T */
+    MASKPACK_NPU_TOO_MANY_ITEMS = 8,     /* > 2048 items (> 1024 with prefix), or B > 32 in prefix modes */
+    MASKPACK_NPU_FULLY_MASKED_ROW = 9,   /* TND full mask with a fully masked row, or rows without inner_precise 2 */
+    MASKPACK_NPU_PRE_NEXT_MISMATCH = 10, /* pre/next disagree with the mask or intended rule */
+    MASKPACK_NPU_BAD_HEADS = 11,         /* Nq % Nkv != 0 or D > 768 */
+    MASKPACK_NPU_SCALE_DEFAULT = 12,     /* scale not passed: the operator uses 1.0, not 1/sqrt(D) */
+    MASKPACK_NPU_BAD_SPARSE_MODE = 13,   /* mode outside 0..8 or not allowed with this layout */
+    MASKPACK_NPU_MASK_MISMATCH = 14      /* the call computes another predicate than the intended layout */
+};
+
+typedef struct maskpack_npu_report {
+    int32_t n_findings;             /* findings stored (<= MASKPACK_NPU_MAX_FINDINGS) */
+    int32_t n_total;                /* findings seen (may exceed the stored count) */
+    maskpack_npu_finding findings[MASKPACK_NPU_MAX_FINDINGS];
+} maskpack_npu_report;
+
+/* (call) -> report of every contract violation; returns OK when there are none, NPU_CONTRACT when
+ * there are, another code when the call description itself is unusable. */
+MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call *call, maskpack_npu_report *report,
+                                                        maskpack_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MASKPACK_H */

@@ -1,0 +1,123 @@
+/* internal.h: helpers shared by every part of libmaskpack (never installed). */
+#ifndef MASKPACK_INTERNAL_H
+#define MASKPACK_INTERNAL_H
+
+#include "maskpack.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The layout object. Segments are sorted by (row, q_start); rows index them through row_begin. */
+struct maskpack_layout {
+    int64_t n_rows, q_width, kv_width;
+    int packed;            /* per-token outputs are [T] rather than [B,S] */
+    int self;              /* every segment has kv == q */
+    size_t n_segments;
+    maskpack_segment *segs;
+    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]) */
+    /* rule (owned copies) */
+    int causal;
+    maskpack_alignment alignment;
+    int64_t window_left, window_right;
+    maskpack_span *spans;  /* sorted by (segment, start) */
+    size_t n_spans;
+    size_t *span_begin;    /* [n_segments + 1]: spans of segment k are [span_begin[k], span_begin[k+1]) */
+    int64_t *prefix;       /* [n_segments] or NULL */
+    /* cached totals */
+    int64_t n_tokens, max_q, max_kv;
+};
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+/* Fills *err (if non-NULL) and returns status. index0/1: first offending element, -1 = n/a. */
+maskpack_status mp_fail(maskpack_error *err, maskpack_status status, const char *argument, int64_t index0,
+                        int64_t index1, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 6, 7)))
+#endif
+    ;
+/* Same with four index slots (batch, head, query, key). */
+maskpack_status mp_fail4(maskpack_error *err, maskpack_status status, const char *argument, const int64_t idx[4],
+                         const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+/* Marks *err as success (if non-NULL) and returns MASKPACK_OK. */
+maskpack_status mp_ok(maskpack_error *err);
+
+#define MP_CHECK_NULL(err, ptr, name)                                                         \
+    do {                                                                                      \
+        if ((ptr) == NULL)                                                                    \
+            return mp_fail((err), MASKPACK_ERR_NULL_ARGUMENT, (name), -1, -1, "%s: expected a non-NULL pointer, found NULL", (name)); \
+    } while (0)
+
+/* ---- checked arithmetic ------------------------------------------------------------------ */
+
+static inline bool mp_add_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+static inline bool mp_mul_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+/* numel of t, or -1 when a dimension is negative or the product overflows int64. */
+int64_t mp_numel(const maskpack_tensor *t);
+
+/* Validates rank and dtype class of t: ndim in [min_ndim, max_ndim], shape >= 0, numel fits,
+ * data non-NULL when numel > 0. `name` is used in the message. */
+maskpack_status mp_check_tensor(const maskpack_tensor *t, const char *name, int32_t min_ndim, int32_t max_ndim,
+                                maskpack_error *err);
+
+/* 1 for integer/bool dtypes, 0 for floats. */
+int mp_dtype_is_integer(maskpack_dtype d);
+
+/* Element address for a multi-index (idx has t->ndim entries). */
+static inline void *mp_elem_ptr(const maskpack_tensor *t, const int64_t *idx) {
+    int64_t off = 0;
+    for (int32_t d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+    return (char *)t->data + off * (int64_t)maskpack_dtype_size(t->dtype);
+}
+
+/* Reads one element at linear element offset `off` (already multiplied by strides) as int64 / double.
+ * Floats read as int64 are truncated; callers that need 0/1 checks use mp_read_f64. */
+int64_t mp_read_i64(maskpack_dtype d, const void *base, int64_t off);
+double mp_read_f64(maskpack_dtype d, const void *base, int64_t off);
+/* Writes v at linear element offset `off` converted to dtype d (floats: exact for small ints). */
+void mp_write_i64(maskpack_dtype d, void *base, int64_t off, int64_t v);
+void mp_write_f64(maskpack_dtype d, void *base, int64_t off, double v);
+
+/* fp16 / bf16 conversions (round to nearest even). */
+uint16_t mp_f32_to_f16(float f);
+float mp_f16_to_f32(uint16_t h);
+uint16_t mp_f32_to_bf16(float f);
+float mp_bf16_to_f32(uint16_t h);
+
+/* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape).
+ * `name` is used in messages. */
+maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed_dtypes, int32_t ndim,
+                                const int64_t *shape, maskpack_error *err);
+
+/* Per-token output shape of a layout: [T] for packed layouts, [B,S] otherwise. An out tensor of
+ * shape [1,T] is also accepted for packed layouts. Returns OK or a SHAPE/DTYPE error. */
+maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
+                                          uint32_t allowed_dtypes, maskpack_error *err);
+
+#define MP_DT(x) (1u << (x))
+#define MP_DT_INDEX (MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64))
+
+/* ---- layout internals ---------------------------------------------------------------------- */
+
+/* Builds a layout taking ownership of `segs` (malloc'd, n entries) after validating it. On failure
+ * `segs` is freed. The rule is copied (validated against the segments). */
+maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows, int64_t q_width, int64_t kv_width,
+                                int packed, const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err);
+
+/* Segment-local predicate (i, j local to segment k of L). */
+int mp_allowed_local(const maskpack_layout *L, size_t k, int64_t i, int64_t j);
+
+/* Interval of keys [*lo, *hi) (segment-local) that query i of segment k sees through the base rule
+ * (causal + window only), clipped to [0, kv_len). Empty when *lo >= *hi. */
+void mp_base_key_range(const maskpack_layout *L, size_t k, int64_t i, int64_t *lo, int64_t *hi);
+
+#endif

@@ -1,0 +1,284 @@
+/* test_core.c: version, status table, tensor helpers, layout validation and the reference predicate. */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void test_version_and_status(void) {
+    CHECK_EQ(maskpack_version_number(), MASKPACK_VERSION_NUMBER);
+    CHECK(strcmp(maskpack_version_string(), MASKPACK_VERSION_STRING) == 0);
+    for (int s = 0; s < MASKPACK_STATUS_COUNT_; s++) {
+        CHECK(strncmp(maskpack_status_name((maskpack_status)s), "MASKPACK_", 9) == 0);
+        CHECK(strlen(maskpack_status_message((maskpack_status)s)) > 5);
+    }
+    CHECK(strcmp(maskpack_status_name((maskpack_status)999), "MASKPACK_ERR_UNKNOWN") == 0);
+    CHECK(strcmp(maskpack_status_name(MASKPACK_ERR_HOLE), "MASKPACK_ERR_HOLE") == 0);
+    CHECK_EQ(maskpack_dtype_size(MASKPACK_BF16), 2);
+    CHECK_EQ(maskpack_dtype_size(MASKPACK_I64), 8);
+    CHECK_EQ(maskpack_dtype_size((maskpack_dtype)77), 0);
+    CHECK(strcmp(maskpack_dtype_name(MASKPACK_I32), "int32") == 0);
+}
+
+static void test_half_conversions(void) {
+    float vals[] = {0.0f, 1.0f, -2.5f, 65504.0f, 1e-7f, -3.0e38f};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        float v = vals[i];
+        float bf = mp_bf16_to_f32(mp_f32_to_bf16(v));
+        CHECK(fabsf(bf - v) <= fabsf(v) * 0.01f);
+    }
+    CHECK(mp_f16_to_f32(mp_f32_to_f16(65504.0f)) == 65504.0f);
+    CHECK(isinf(mp_f16_to_f32(mp_f32_to_f16(1e6f))));
+    CHECK(isinf(mp_bf16_to_f32(mp_f32_to_bf16(-INFINITY))));
+    CHECK(mp_f16_to_f32(mp_f32_to_f16(-INFINITY)) < 0);
+    CHECK(isnan(mp_f16_to_f32(mp_f32_to_f16(NAN))));
+    /* bf16 of the most negative finite float rounds to bf16's own minimum, still finite */
+    CHECK(isfinite(mp_bf16_to_f32(0xff7fu)));
+}
+
+static void test_tensor_checks(void) {
+    maskpack_error e;
+    int32_t buf[6];
+    int64_t shape[2] = {2, 3};
+    maskpack_tensor t = maskpack_tensor_contiguous(buf, MASKPACK_I32, 2, shape);
+    CHECK_EQ(t.strides[0], 3);
+    CHECK_EQ(t.strides[1], 1);
+    CHECK_OK(mp_check_tensor(&t, "x", 2, 2, &e), e);
+    CHECK_STATUS(mp_check_tensor(&t, "x", 1, 1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "x: expected 1 dimensions, found 2");
+    t.shape[0] = -1;
+    CHECK_STATUS(mp_check_tensor(&t, "x", 2, 2, &e), MASKPACK_ERR_SHAPE, e);
+    t.shape[0] = INT64_MAX / 2;
+    CHECK_STATUS(mp_check_tensor(&t, "x", 2, 2, &e), MASKPACK_ERR_OVERFLOW, e);
+    t = maskpack_tensor_contiguous(NULL, MASKPACK_I32, 2, shape);
+    CHECK_STATUS(mp_check_tensor(&t, "x", 2, 2, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    t = maskpack_tensor_contiguous(buf, MASKPACK_I32, 2, shape);
+    int64_t want[2] = {2, 4};
+    CHECK_STATUS(mp_check_output(&t, "out", MP_DT_INDEX, 2, want, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "expected shape [2, 4], found [2, 3]");
+    CHECK_STATUS(mp_check_output(&t, "out", MP_DT(MASKPACK_F32), 2, shape, &e), MASKPACK_ERR_DTYPE, e);
+}
+
+/* Two rows: row 0 holds two documents (3 and 2 tokens) then one pad; row 1 one document of 4
+ * after 2 pads (left padding). */
+static maskpack_layout *two_row_layout(const maskpack_rule *rule) {
+    maskpack_segment s[3] = {{0, 0, 3, 0, 3}, {0, 3, 2, 3, 2}, {1, 2, 4, 2, 4}};
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, 3, 2, 6, 6, 0, rule, &L, &e), e);
+    return L;
+}
+
+static void test_layout_basics(void) {
+    maskpack_layout *L = two_row_layout(NULL);
+    if (!L) return;
+    CHECK_EQ(maskpack_layout_n_rows(L), 2);
+    CHECK_EQ(maskpack_layout_q_width(L), 6);
+    CHECK_EQ(maskpack_layout_n_segments(L), 3);
+    CHECK_EQ(maskpack_layout_n_tokens(L), 9);
+    CHECK_EQ(maskpack_layout_max_seqlen(L), 4);
+    CHECK(maskpack_layout_is_self(L));
+    CHECK(!maskpack_layout_is_packed(L));
+    CHECK_EQ(maskpack_segment_of_query(L, 0, 4), 1);
+    CHECK_EQ(maskpack_segment_of_query(L, 0, 5), -1);
+    CHECK_EQ(maskpack_segment_of_query(L, 1, 1), -1);
+    CHECK_EQ(maskpack_segment_of_query(L, 1, 2), 2);
+    /* causal inside documents, nothing across */
+    CHECK(maskpack_allowed(L, 0, 0, 2, 0));
+    CHECK(!maskpack_allowed(L, 0, 0, 0, 2));
+    CHECK(!maskpack_allowed(L, 0, 0, 3, 2)); /* doc 2 does not see doc 1 */
+    CHECK(maskpack_allowed(L, 0, 0, 4, 3));
+    CHECK(!maskpack_allowed(L, 0, 0, 5, 5)); /* pad sees nothing */
+    CHECK(!maskpack_allowed(L, 1, 0, 3, 1)); /* left pad never seen */
+    CHECK(maskpack_allowed(L, 1, 0, 5, 2));
+    CHECK(!maskpack_allowed(L, 2, 0, 0, 0)); /* out of grid */
+    maskpack_segment g;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_segment(L, 2, &g, &e), e);
+    CHECK_EQ(g.q_start, 2);
+    CHECK_STATUS(maskpack_layout_segment(L, 3, &g, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+
+    /* the same segments, bidirectional with a window of (1, 0): each token sees itself and one back */
+    maskpack_rule r = maskpack_rule_default();
+    r.causal = 0;
+    r.window_left = 1;
+    r.window_right = 0;
+    maskpack_layout *W = NULL;
+    CHECK_OK(maskpack_layout_with_rule(L, &r, &W, &e), e);
+    if (W) {
+        CHECK(maskpack_allowed(W, 0, 0, 2, 1));
+        CHECK(!maskpack_allowed(W, 0, 0, 2, 0));
+        CHECK(!maskpack_allowed(W, 0, 0, 1, 2));
+        maskpack_rule back = maskpack_layout_rule(W);
+        CHECK_EQ(back.causal, 0);
+        CHECK_EQ(back.window_left, 1);
+        maskpack_layout *C = NULL;
+        CHECK_OK(maskpack_layout_clone(W, &C, &e), e);
+        if (C) CHECK(maskpack_allowed(C, 0, 0, 2, 1) && !maskpack_allowed(C, 0, 0, 2, 0));
+        maskpack_layout_free(C);
+    }
+    maskpack_layout_free(W);
+    maskpack_layout_free(L);
+}
+
+static void test_spans_and_prefix(void) {
+    /* one causal segment of 8 with a bidirectional span [2, 5) and another of 4 with prefix 2 */
+    maskpack_segment s[2] = {{0, 0, 8, 0, 8}, {0, 8, 4, 8, 4}};
+    maskpack_span sp[1] = {{0, 2, 5}};
+    int64_t prefix[2] = {0, 2};
+    maskpack_rule r = maskpack_rule_default();
+    r.spans = sp;
+    r.n_spans = 1;
+    r.prefix = prefix;
+    r.n_prefix = 2;
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), e);
+    if (!L) return;
+    CHECK(maskpack_allowed(L, 0, 0, 2, 4));  /* inside the span: sees the future */
+    CHECK(maskpack_allowed(L, 0, 0, 4, 2));
+    CHECK(!maskpack_allowed(L, 0, 0, 1, 2)); /* before the span: causal */
+    CHECK(!maskpack_allowed(L, 0, 0, 4, 5)); /* span end is exclusive */
+    CHECK(maskpack_allowed(L, 0, 0, 6, 3));  /* after the span: causal, sees span tokens */
+    CHECK(maskpack_allowed(L, 0, 0, 8, 9));  /* prefix of segment 1 is bidirectional */
+    CHECK(!maskpack_allowed(L, 0, 0, 8, 10));
+    CHECK(maskpack_allowed(L, 0, 0, 11, 10));
+    maskpack_layout_free(L);
+
+    /* bad spans and prefixes are rule errors naming the element */
+    maskpack_span bad[2] = {{0, 2, 5}, {0, 4, 6}};
+    r.spans = bad;
+    r.n_spans = 2;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_RULE, e);
+    CHECK_MSG(e, "rule.spans[1]");
+    maskpack_span oob[1] = {{1, 0, 5}};
+    r.spans = oob;
+    r.n_spans = 1;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_RULE, e);
+    CHECK_MSG(e, "<= 4");
+    r.spans = NULL;
+    r.n_spans = 0;
+    int64_t badp[2] = {0, 5};
+    r.prefix = badp;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_RULE, e);
+    CHECK_MSG(e, "rule.prefix[1]");
+    r.n_prefix = 1;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_RULE, e);
+    r = maskpack_rule_default();
+    r.window_left = -2;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_RULE, e);
+    r = maskpack_rule_default();
+    r.alignment = (maskpack_alignment)5;
+    CHECK_STATUS(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), MASKPACK_ERR_CONVENTION, e);
+}
+
+static void test_alignment(void) {
+    /* cross segment: 2 queries over 5 keys */
+    maskpack_segment s[1] = {{0, 0, 2, 0, 5}};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *BR = NULL, *TL = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, 1, 1, 2, 5, 1, &r, &BR, &e), e);
+    r.alignment = MASKPACK_ALIGN_TOP_LEFT;
+    CHECK_OK(maskpack_layout_from_segments(s, 1, 1, 2, 5, 1, &r, &TL, &e), e);
+    if (!BR || !TL) return;
+    CHECK(!maskpack_layout_is_self(BR));
+    /* bottom-right: row 0 sees keys 0..3, row 1 sees 0..4 */
+    CHECK(maskpack_allowed(BR, 0, 0, 0, 3));
+    CHECK(!maskpack_allowed(BR, 0, 0, 0, 4));
+    CHECK(maskpack_allowed(BR, 0, 0, 1, 4));
+    /* top-left: row 0 sees key 0 only */
+    CHECK(maskpack_allowed(TL, 0, 0, 0, 0));
+    CHECK(!maskpack_allowed(TL, 0, 0, 0, 1));
+    CHECK(maskpack_allowed(TL, 0, 0, 1, 1));
+    CHECK(!maskpack_allowed(TL, 0, 0, 1, 2));
+    maskpack_layout_free(BR);
+    maskpack_layout_free(TL);
+
+    /* bottom-right with more queries than keys: the first rows see nothing */
+    maskpack_segment t[1] = {{0, 0, 4, 0, 2}};
+    r = maskpack_rule_default();
+    CHECK_OK(maskpack_layout_from_segments(t, 1, 1, 4, 2, 1, &r, &BR, &e), e);
+    if (BR) {
+        CHECK(!maskpack_allowed(BR, 0, 0, 0, 0));
+        CHECK(!maskpack_allowed(BR, 0, 0, 1, 0));
+        CHECK(maskpack_allowed(BR, 0, 0, 2, 0));
+        CHECK(!maskpack_allowed(BR, 0, 0, 2, 1));
+    }
+    maskpack_layout_free(BR);
+}
+
+static void test_segment_validation(void) {
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    maskpack_segment overlap[2] = {{0, 0, 3, 0, 3}, {0, 2, 2, 2, 2}};
+    CHECK_STATUS(maskpack_layout_from_segments(overlap, 2, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_UNSORTED, e);
+    CHECK_MSG(e, "segments[1].q_start: expected >= 3");
+    CHECK_EQ(e.index[0], 1);
+    maskpack_segment outside[1] = {{0, 4, 3, 4, 3}};
+    CHECK_STATUS(maskpack_layout_from_segments(outside, 1, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_VALUE, e);
+    maskpack_segment badrow[1] = {{3, 0, 1, 0, 1}};
+    CHECK_STATUS(maskpack_layout_from_segments(badrow, 1, 2, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_MSG(e, "segments[0].row: expected in [0, 2), found 3");
+    maskpack_segment rows[2] = {{1, 0, 1, 0, 1}, {0, 0, 1, 0, 1}};
+    CHECK_STATUS(maskpack_layout_from_segments(rows, 2, 2, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_UNSORTED, e);
+    maskpack_segment ok[1] = {{0, 0, 1, 0, 1}};
+    CHECK_STATUS(maskpack_layout_from_segments(ok, 1, 2, 6, 6, 1, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    maskpack_segment huge[1] = {{0, INT64_MAX - 1, 5, 0, 1}};
+    CHECK_STATUS(maskpack_layout_from_segments(huge, 1, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_STATUS(maskpack_layout_from_segments(ok, 1, INT64_MAX, INT64_MAX, 6, 0, NULL, &L, &e),
+                 MASKPACK_ERR_OVERFLOW, e);
+    CHECK_STATUS(maskpack_layout_from_segments(NULL, 1, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_layout_from_segments(ok, 1, 1, 6, 6, 0, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(L == NULL); /* nothing was written by the failing calls */
+    /* empty segments are legal, also stacked at one column */
+    maskpack_segment empties[3] = {{0, 0, 0, 0, 0}, {0, 0, 2, 0, 2}, {0, 2, 0, 2, 0}};
+    CHECK_OK(maskpack_layout_from_segments(empties, 3, 1, 2, 2, 1, NULL, &L, &e), e);
+    if (L) {
+        CHECK_EQ(maskpack_segment_of_query(L, 0, 0), 1);
+        CHECK_EQ(maskpack_segment_of_query(L, 0, 1), 1);
+        CHECK(maskpack_allowed(L, 0, 0, 1, 0));
+    }
+    maskpack_layout_free(L);
+    maskpack_layout_free(NULL);
+}
+
+static void test_windows(void) {
+    int64_t l, r;
+    maskpack_error e;
+    CHECK_OK(maskpack_window_from_hf(4, &l, &r, &e), e);
+    CHECK_EQ(l, 3);
+    CHECK_EQ(r, 3);
+    CHECK_OK(maskpack_window_from_gym(4, &l, &r, &e), e);
+    CHECK_EQ(l, 4);
+    CHECK_STATUS(maskpack_window_from_hf(0, &l, &r, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "found 0");
+    CHECK_STATUS(maskpack_window_from_gym(-1, &l, &r, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    /* HF's window w = 3 under causal: token 5 sees 3, 4, 5 (w keys including self) */
+    maskpack_window_from_hf(3, &l, &r, &e);
+    maskpack_segment s[1] = {{0, 0, 8, 0, 8}};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.window_left = l;
+    rule.window_right = r;
+    maskpack_layout *L = NULL;
+    CHECK_OK(maskpack_layout_from_segments(s, 1, 1, 8, 8, 1, &rule, &L, &e), e);
+    if (L) {
+        int seen = 0;
+        for (int j = 0; j < 8; j++) seen += maskpack_allowed(L, 0, 0, 5, j);
+        CHECK_EQ(seen, 3);
+        CHECK(maskpack_allowed(L, 0, 0, 5, 3) && !maskpack_allowed(L, 0, 0, 5, 2));
+    }
+    maskpack_layout_free(L);
+}
+
+int main(void) {
+    test_version_and_status();
+    test_half_conversions();
+    test_tensor_checks();
+    test_layout_basics();
+    test_spans_and_prefix();
+    test_alignment();
+    test_segment_validation();
+    test_windows();
+    return check_report("test_core");
+}
