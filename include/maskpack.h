@@ -172,6 +172,8 @@ typedef struct maskpack_span {
  *                 && (window_right < 0 || j <= i + d + window_right)
  *   allowed(i,j)= base(i,j) || (i and j in one span of the segment) || j < prefix[segment]
  * Tokens of different segments never see each other; padding sees nothing and is never seen.
+ * For a segment with an explicit position (MASKPACK_SEGMENT_EXPLICIT_POS) read i + d as q_pos + i
+ * everywhere above, and "i in a span" as "q_pos + i in the span".
  */
 typedef struct maskpack_rule {
     int causal;                   /* 1 = causal, 0 = bidirectional */
@@ -205,7 +207,15 @@ typedef struct maskpack_segment {
     int64_t row;
     int64_t q_start, q_len;
     int64_t kv_start, kv_len;
+    /* With MASKPACK_SEGMENT_EXPLICIT_POS in flags, query i of this segment sits at position q_pos + i
+     * of the segment's key sequence and the rule is evaluated there (the diagonal is q_pos + i,
+     * spans and prefix are in key coordinates); alignment is then irrelevant. This is how a
+     * context-parallel shard keeps the global positions of its chunks. Zero-initialised = off. */
+    uint32_t flags;
+    int64_t q_pos;
 } maskpack_segment;
+
+#define MASKPACK_SEGMENT_EXPLICIT_POS 1u
 
 typedef enum maskpack_placement {
     MASKPACK_PLACE_RIGHT = 0,  /* [B, S]: one sequence per row, padding after it */

@@ -113,6 +113,22 @@ maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpa
 maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows, int64_t q_width, int64_t kv_width,
                                 int packed, const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err);
 
+/* Position of query i of segment k on its key axis, i.e. the diagonal key of the causal rule:
+ * q_pos + i for explicit-position segments (CP chunks), i + kv_len - q_len under bottom-right
+ * alignment, i under top-left. */
+static inline int64_t mp_query_pos(const maskpack_layout *L, size_t k, int64_t i) {
+    const maskpack_segment *g = &L->segs[k];
+    if (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) return g->q_pos + i;
+    return L->alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? i + g->kv_len - g->q_len : i;
+}
+
+/* Position of query i of segment k in the coordinates spans use (key coordinates): q_pos + i for
+ * explicit-position segments, i otherwise (spans only exist on self-attention segments). */
+static inline int64_t mp_span_pos(const maskpack_layout *L, size_t k, int64_t i) {
+    const maskpack_segment *g = &L->segs[k];
+    return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->q_pos + i : i;
+}
+
 /* Segment-local predicate (i, j local to segment k of L). */
 int mp_allowed_local(const maskpack_layout *L, size_t k, int64_t i, int64_t j);
 

@@ -75,8 +75,20 @@ static maskpack_status validate_segments(const maskpack_segment *s, size_t n, in
             return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
                            "segments[%zu]: key columns [%lld, %lld + %lld) must lie in [0, %lld)", k,
                            (long long)g->kv_start, (long long)g->kv_start, (long long)g->kv_len, (long long)kv_width);
+        if (g->flags & ~MASKPACK_SEGMENT_EXPLICIT_POS)
+            return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
+                           "segments[%zu].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS, found %u", k,
+                           (unsigned)g->flags);
+        if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) &&
+            (g->q_pos < 0 || g->q_pos > g->kv_len || g->q_len > g->kv_len - g->q_pos))
+            return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
+                           "segments[%zu].q_pos: expected 0 <= q_pos and q_pos + q_len <= kv_len (%lld), found "
+                           "q_pos %lld with q_len %lld",
+                           k, (long long)g->kv_len, (long long)g->q_pos, (long long)g->q_len);
         if (k > 0) {
             const maskpack_segment *p = &s[k - 1];
+            /* chunks with explicit positions (CP shards) may share their keys; others may not */
+            int shared_keys_ok = ((p->flags | g->flags) & MASKPACK_SEGMENT_EXPLICIT_POS) != 0;
             if (p->row > g->row)
                 return mp_fail(err, MASKPACK_ERR_UNSORTED, "segments", (int64_t)k, -1,
                                "segments[%zu].row: expected >= %lld (sorted by row), found %lld", k, (long long)p->row,
@@ -86,7 +98,7 @@ static maskpack_status validate_segments(const maskpack_segment *s, size_t n, in
                     return mp_fail(err, MASKPACK_ERR_UNSORTED, "segments", (int64_t)k, -1,
                                    "segments[%zu].q_start: expected >= %lld (end of segment %zu), found %lld", k,
                                    (long long)(p->q_start + p->q_len), k - 1, (long long)g->q_start);
-                if (p->kv_start + p->kv_len > g->kv_start)
+                if (!shared_keys_ok && p->kv_start + p->kv_len > g->kv_start)
                     return mp_fail(err, MASKPACK_ERR_UNSORTED, "segments", (int64_t)k, -1,
                                    "segments[%zu].kv_start: expected >= %lld (end of segment %zu), found %lld", k,
                                    (long long)(p->kv_start + p->kv_len), k - 1, (long long)g->kv_start);
@@ -123,15 +135,16 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
                            "rule.spans[%zu].segment: expected in [0, %zu), found %lld", t, L->n_segments,
                            (long long)sp->segment);
         const maskpack_segment *g = &L->segs[sp->segment];
-        if (g->q_len != g->kv_len)
+        int explicit_pos = (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) != 0;
+        if (!explicit_pos && g->q_len != g->kv_len)
             return mp_fail(err, MASKPACK_ERR_RULE, "rule.spans", (int64_t)t, -1,
                            "rule.spans[%zu]: spans need a self-attention segment, segment %lld has q_len %lld != "
                            "kv_len %lld",
                            t, (long long)sp->segment, (long long)g->q_len, (long long)g->kv_len);
-        if (sp->start < 0 || sp->end <= sp->start || sp->end > g->q_len)
+        if (sp->start < 0 || sp->end <= sp->start || sp->end > g->kv_len)
             return mp_fail(err, MASKPACK_ERR_RULE, "rule.spans", (int64_t)t, -1,
                            "rule.spans[%zu]: expected 0 <= start < end <= %lld (segment length), found [%lld, %lld)",
-                           t, (long long)g->q_len, (long long)sp->start, (long long)sp->end);
+                           t, (long long)g->kv_len, (long long)sp->start, (long long)sp->end);
         if (t > 0) {
             const maskpack_span *p = &r->spans[t - 1];
             if (p->segment > sp->segment || (p->segment == sp->segment && p->end > sp->start))
@@ -211,7 +224,8 @@ maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows
         L->n_tokens += g->q_len;
         if (g->q_len > L->max_q) L->max_q = g->q_len;
         if (g->kv_len > L->max_kv) L->max_kv = g->kv_len;
-        if (g->q_start != g->kv_start || g->q_len != g->kv_len) L->self = 0;
+        if (g->q_start != g->kv_start || g->q_len != g->kv_len || (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS))
+            L->self = 0;
     }
     if (q_width != kv_width) L->self = 0;
     for (int64_t r = 0; r < n_rows; r++) L->row_begin[r + 1] += L->row_begin[r];
@@ -285,9 +299,8 @@ maskpack_rule maskpack_layout_rule(const maskpack_layout *L) {
 
 void mp_base_key_range(const maskpack_layout *L, size_t k, int64_t i, int64_t *lo, int64_t *hi) {
     const maskpack_segment *g = &L->segs[k];
-    int64_t d = L->alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? g->kv_len - g->q_len : 0;
-    int64_t a = 0, b = g->kv_len; /* [a, b) */
-    int64_t c = i + d;            /* the diagonal key */
+    int64_t a = 0, b = g->kv_len;       /* [a, b) */
+    int64_t c = mp_query_pos(L, k, i); /* the diagonal key */
     if (L->causal && c + 1 < b) b = c + 1;
     if (L->window_left >= 0 && c - L->window_left > a) a = c - L->window_left;
     if (L->window_right >= 0 && c + L->window_right + 1 < b) b = c + L->window_right + 1;
@@ -301,9 +314,11 @@ int mp_allowed_local(const maskpack_layout *L, size_t k, int64_t i, int64_t j) {
     mp_base_key_range(L, k, i, &lo, &hi);
     if (j >= lo && j < hi) return 1;
     if (L->prefix && j < L->prefix[k]) return 1;
+    if (L->span_begin[k] == L->span_begin[k + 1]) return 0;
+    int64_t p = mp_span_pos(L, k, i);
     for (size_t t = L->span_begin[k]; t < L->span_begin[k + 1]; t++) {
         const maskpack_span *sp = &L->spans[t];
-        if (i >= sp->start && i < sp->end) return j >= sp->start && j < sp->end;
+        if (p >= sp->start && p < sp->end) return j >= sp->start && j < sp->end;
     }
     return 0;
 }
