@@ -343,6 +343,47 @@ MASKPACK_API int maskpack_allowed(const maskpack_layout *layout, int64_t b, int6
 MASKPACK_API int64_t maskpack_segment_of_query(const maskpack_layout *layout, int64_t b, int64_t i);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Context parallelism (SEMANTICS.md section 8)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum maskpack_cp_scheme {
+    MASKPACK_CP_ZIGZAG = 0,     /* 2*cp chunks per slot; rank r holds chunks r and 2cp-1-r (Megatron, TE THD) */
+    MASKPACK_CP_CONTIGUOUS = 1  /* cp equal pieces of each row (padded) or of the token stream (packed) */
+} maskpack_cp_scheme;
+
+typedef enum maskpack_cp_align {
+    MASKPACK_CP_ALIGN_VERL = 0,   /* multiple = tp * cp * 2 (verl PR 6206) */
+    MASKPACK_CP_ALIGN_MINIMAL = 1 /* multiple = cp * lcm(2, tp): the smallest that zigzag + sequence parallel need */
+} maskpack_cp_align;
+
+/* (cp >= 1, tp >= 1, align) -> *multiple each slot length must divide by. Never lcm(tp, 2cp). */
+MASKPACK_API maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align align,
+                                                  int64_t *multiple, maskpack_error *err);
+
+/* (layout, multiple >= 1) -> a layout with the same sequences whose slots are padded explicitly up to
+ * a multiple: packed layouts get each slot (cu_seqlens_padded difference) rounded up (the stream
+ * grows, filler after each sequence), padded layouts get the row width rounded up (filler at the
+ * row end). Nothing is ever truncated. */
+MASKPACK_API maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *layout, int64_t multiple,
+                                                             maskpack_layout **out, maskpack_error *err);
+
+/* (layout, cp, rank, scheme) -> the rank's layout. Its queries are the rank's tokens (grid [B, S/cp],
+ * or [T/cp] when packed), its keys the whole original grid (what ring attention reads); every piece of
+ * a sequence the rank holds is a segment with an explicit position, so its predicate is the original
+ * one restricted to the rank's queries. Zigzag needs each slot (packed) or S (padded) divisible by
+ * 2*cp, contiguous needs T or S divisible by cp: otherwise MASKPACK_ERR_INVALID_ARGUMENT naming the
+ * slot (pad first with maskpack_layout_pad_to_multiple; nothing is truncated). Self-attention only. */
+MASKPACK_API maskpack_status maskpack_layout_cp_shard(const maskpack_layout *layout, int64_t cp, int64_t rank,
+                                                      maskpack_cp_scheme scheme, maskpack_layout **out,
+                                                      maskpack_error *err);
+
+/* (layout, cp, rank, scheme) -> out int32/int64 [B*S/cp]: flattened index in the original grid of each
+ * of the rank's local tokens, in local order (TE's thd_get_partitioned_indices for packed layouts). */
+MASKPACK_API maskpack_status maskpack_cp_shard_indices(const maskpack_layout *layout, int64_t cp, int64_t rank,
+                                                       maskpack_cp_scheme scheme, maskpack_tensor *out,
+                                                       maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Derived outputs. Shapes below: B = n_rows, S = q_width, Skv = kv_width, N = n_segments,      */
 /* V = n_tokens. "per-token [B,S]" means [T] (1-D) for a packed layout; [1,T] is accepted too. */
 /* ------------------------------------------------------------------------------------------ */
