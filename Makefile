@@ -1,0 +1,53 @@
+# Thin wrapper over meson. `make run` is the main job, `make test` runs every test.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
+PY := .venv/bin/python
+
+.PHONY: all deps build run test test-c test-python test-sanitize test-fuzz bench install clean
+
+all: build
+
+deps:
+	bash tools/install_deps.sh
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) -Dpython=false
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+# The main job: inspect the sample batch embedded in the CLI and draw its mask.
+run: build
+	./$(BUILD)/maskpack inspect --png $(BUILD)/sample_mask.png
+	@echo "mask picture: $(BUILD)/sample_mask.png"
+
+python: deps
+	$(PY) -m pip install -q --no-build-isolation .
+
+test: build python
+	$(MAKE) --no-print-directory test-c test-python test-fuzz test-sanitize
+
+test-c:
+	meson test -C $(BUILD) --print-errorlogs
+
+test-python:
+	$(PY) -m pytest tests/python -q
+
+# Every fuzz target on its seed corpus for FUZZ_SECONDS each (libFuzzer when clang is present).
+test-fuzz:
+	bash tools/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+# The whole C suite and the Python suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-sanitize:
+	bash tools/run_sanitized.sh $(ASAN_BUILD)
+
+bench: build
+	./$(BUILD)/bench/bench_derive
+
+install: build
+	meson install -C $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
