@@ -7,9 +7,6 @@ BUILD=${1:-build-asan}
 PY=.venv/bin/python
 if [ ! -f "$BUILD/build.ninja" ]; then
   meson setup "$BUILD" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
-    -Dc_args=-fno-sanitize-recover=undefined -Dpython=true \
-    -Dpython.install_env=auto --python.purelibdir="" >/dev/null 2>&1 ||
-  meson setup "$BUILD" -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
     -Dc_args=-fno-sanitize-recover=undefined -Dpython=true
 fi
 ninja -C "$BUILD"

@@ -1,2 +1,164 @@
-/* src/layout/from_mask2d.c: placeholder until its owner lands it. */
-typedef int maskpack_placeholder_from_mask2d;
+/* from_mask2d.c: a [B,S] layout from a 2D mask, either a keep mask (HF attention_mask: one
+ * contiguous run of tokens per row) or a document-id mask (LlamaFactory/NeMo "indexed": one
+ * contiguous run per nonzero id, 0 = pad). */
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* One run of equal nonzero ids inside a row (DOC_ID scan). */
+typedef struct doc_run {
+    int64_t id, start, len;
+} doc_run;
+
+static int64_t mask_at(const maskpack_tensor *m, int64_t b, int64_t s) {
+    return mp_read_i64(m->dtype, m->data, b * m->strides[0] + s * m->strides[1]);
+}
+
+/* KEEP row scan: checks values and shape pad* token+ pad*; start and len receive the run (len 0 for an
+ * all-pad row). */
+static maskpack_status keep_row(const maskpack_tensor *m, int64_t b, int64_t *start, int64_t *len,
+                                maskpack_error *err) {
+    int64_t S = m->shape[1];
+    int64_t first = -1, last = -1, first_gap = -1; /* first_gap: first 0 after tokens began */
+    for (int64_t s = 0; s < S; s++) {
+        int64_t v = mask_at(m, b, s);
+        if (v != 0 && v != 1)
+            return mp_fail(err, MASKPACK_ERR_VALUE, "mask", b, s,
+                           "mask[%lld, %lld]: expected 0 or 1 (KEEP convention), found %lld", (long long)b,
+                           (long long)s, (long long)v);
+        if (v == 1) {
+            if (first_gap >= 0)
+                return mp_fail(err, MASKPACK_ERR_HOLE, "mask", b, first_gap,
+                               "mask[%lld, %lld]: expected tokens in one contiguous run per row (pad* token+ pad*), "
+                               "found padding at column %lld between tokens of row %lld",
+                               (long long)b, (long long)first_gap, (long long)first_gap, (long long)b);
+            if (first < 0) first = s;
+            last = s;
+        } else if (first >= 0 && first_gap < 0) {
+            first_gap = s;
+        }
+    }
+    *start = first < 0 ? 0 : first;
+    *len = first < 0 ? 0 : last - first + 1;
+    return MASKPACK_OK;
+}
+
+static int run_cmp(const void *a, const void *b) {
+    const doc_run *x = a, *y = b;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return (x->start > y->start) - (x->start < y->start);
+}
+
+/* DOC_ID row scan: splits row b into runs of equal nonzero ids (written to runs, *n_runs entries), then
+ * checks no id occurs in two runs. `sorted` is scratch of the same capacity. */
+static maskpack_status doc_row(const maskpack_tensor *m, int64_t b, doc_run *runs, doc_run *sorted, size_t *n_runs,
+                               maskpack_error *err) {
+    int64_t S = m->shape[1];
+    size_t n = 0;
+    int64_t prev = 0;
+    for (int64_t s = 0; s < S; s++) {
+        int64_t v = mask_at(m, b, s);
+        if (v < 0)
+            return mp_fail(err, MASKPACK_ERR_VALUE, "mask", b, s,
+                           "mask[%lld, %lld]: expected a document id >= 0 (DOC_ID convention, 0 = pad), found %lld",
+                           (long long)b, (long long)s, (long long)v);
+        if (v != 0) {
+            if (v == prev)
+                runs[n - 1].len++;
+            else
+                runs[n++] = (doc_run){v, s, 1}; /* a direct change of id is a boundary too */
+        }
+        prev = v;
+    }
+    *n_runs = n;
+    if (n < 2) return MASKPACK_OK;
+    /* an id seen in two runs of one row is a document split by padding or by another document;
+     * report the earliest column where an id comes back */
+    for (size_t i = 0; i < n; i++) sorted[i] = runs[i];
+    qsort(sorted, n, sizeof *sorted, run_cmp);
+    int64_t bad_col = -1, bad_id = 0, bad_first = 0;
+    for (size_t i = 1; i < n; i++)
+        if (sorted[i].id == sorted[i - 1].id && (bad_col < 0 || sorted[i].start < bad_col)) {
+            bad_col = sorted[i].start;
+            bad_id = sorted[i].id;
+            bad_first = sorted[i - 1].start;
+        }
+    if (bad_col >= 0)
+        return mp_fail(err, MASKPACK_ERR_HOLE, "mask", b, bad_col,
+                       "mask[%lld, %lld]: expected each document id in one contiguous run per row, found id %lld "
+                       "again at column %lld after its run at column %lld",
+                       (long long)b, (long long)bad_col, (long long)bad_id, (long long)bad_col, (long long)bad_first);
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpack_mask2d_convention convention,
+                                            const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    maskpack_status s = mp_check_tensor(mask, "mask", 2, 2, err);
+    if (s) return s;
+    if (convention != MASKPACK_MASK2D_KEEP && convention != MASKPACK_MASK2D_DOC_ID)
+        return mp_fail(err, MASKPACK_ERR_CONVENTION, "convention", -1, -1,
+                       "convention: expected KEEP (0) or DOC_ID (1), found %d", (int)convention);
+    /* 0/1 floats are what an additive or probability mask looks like too; a 2D keep or doc-id mask
+     * must arrive as bool or an integer type so that no float is ever guessed to be one */
+    if (!mp_dtype_is_integer(mask->dtype))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "mask", -1, -1,
+                       "mask: expected a bool or integer dtype for a 2D %s mask, found %s (a float mask is not read "
+                       "as a 2D mask)",
+                       convention == MASKPACK_MASK2D_KEEP ? "KEEP" : "DOC_ID", maskpack_dtype_name(mask->dtype));
+    int64_t B = mask->shape[0], S = mask->shape[1];
+    if ((uint64_t)B > SIZE_MAX / sizeof(maskpack_segment) || (uint64_t)S > SIZE_MAX / (2 * sizeof(doc_run)))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: shape [%lld, %lld] is too large",
+                       (long long)B, (long long)S);
+
+    if (convention == MASKPACK_MASK2D_KEEP) {
+        /* one segment per row (empty for an all-pad row), so validate everything, then allocate */
+        for (int64_t b = 0; b < B; b++) {
+            int64_t st, len;
+            s = keep_row(mask, b, &st, &len, err);
+            if (s) return s;
+        }
+        maskpack_segment *segs = malloc((B ? (size_t)B : 1) * sizeof *segs);
+        if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
+        size_t n = 0;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t st, len;
+            keep_row(mask, b, &st, &len, NULL);
+            if (len > 0) segs[n++] = (maskpack_segment){b, st, len, st, len};
+        }
+        return mp_layout_build(segs, n, B, S, S, 0, rule, out, err);
+    }
+
+    /* DOC_ID: per-row scratch for the runs, first pass validates and counts, second fills */
+    doc_run *runs = malloc((S ? (size_t)S : 1) * 2 * sizeof *runs);
+    if (!runs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
+    doc_run *sorted = runs + (S ? S : 1);
+    size_t total = 0;
+    for (int64_t b = 0; b < B; b++) {
+        size_t nr;
+        s = doc_row(mask, b, runs, sorted, &nr, err);
+        if (s) {
+            free(runs);
+            return s;
+        }
+        total += nr; /* <= B*S, which mp_check_tensor proved fits */
+    }
+    if (total > SIZE_MAX / sizeof(maskpack_segment)) {
+        free(runs);
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: too many documents (%zu)", total);
+    }
+    maskpack_segment *segs = malloc((total ? total : 1) * sizeof *segs);
+    if (!segs) {
+        free(runs);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
+    }
+    size_t n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        size_t nr;
+        doc_row(mask, b, runs, sorted, &nr, NULL);
+        for (size_t i = 0; i < nr; i++) segs[n++] = (maskpack_segment){b, runs[i].start, runs[i].len, runs[i].start,
+                                                                        runs[i].len};
+    }
+    free(runs);
+    return mp_layout_build(segs, n, B, S, S, 0, rule, out, err);
+}
