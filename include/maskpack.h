@@ -213,6 +213,10 @@ typedef struct maskpack_segment {
      * context-parallel shard keeps the global positions of its chunks. Zero-initialised = off. */
     uint32_t flags;
     int64_t q_pos;
+    /* With MASKPACK_SEGMENT_EXPLICIT_POS: the index of the sequence this piece belongs to in the
+     * unsharded layout (pieces of one sequence share it). Tensors move between layouts by
+     * (sequence, position): sequence = origin for pieces, the segment index otherwise. */
+    int64_t origin;
 } maskpack_segment;
 
 #define MASKPACK_SEGMENT_EXPLICIT_POS 1u

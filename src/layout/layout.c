@@ -85,6 +85,10 @@ static maskpack_status validate_segments(const maskpack_segment *s, size_t n, in
                            "segments[%zu].q_pos: expected 0 <= q_pos and q_pos + q_len <= kv_len (%lld), found "
                            "q_pos %lld with q_len %lld",
                            k, (long long)g->kv_len, (long long)g->q_pos, (long long)g->q_len);
+        if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && g->origin < 0)
+            return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
+                           "segments[%zu].origin: expected >= 0 (index of the unsharded sequence), found %lld", k,
+                           (long long)g->origin);
         if (k > 0) {
             const maskpack_segment *p = &s[k - 1];
             /* chunks with explicit positions (CP shards) may share their keys; others may not */

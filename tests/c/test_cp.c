@@ -137,7 +137,7 @@ static maskpack_layout *random_layout(int packed) {
             int64_t gap = rnd_in(0, 3) == 0 ? rnd_in(0, 3) : 0;
             int64_t len = rnd_in(0, 4) == 0 ? rnd_in(0, 1) : rnd_in(1, 14);
             if (!packed && col + gap + len > width) break;
-            segs[n] = (maskpack_segment){b, col + gap, len, col + gap, len};
+            segs[n] = (maskpack_segment){b, col + gap, len, col + gap, len, 0, 0, 0};
             if (len >= 3 && rnd_in(0, 3) == 0) {
                 int64_t a = rnd_in(0, len - 2);
                 spans[ns++] = (maskpack_span){(int64_t)n, a, rnd_in(a + 1, len)};
