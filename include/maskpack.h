@@ -388,6 +388,46 @@ MASKPACK_API maskpack_status maskpack_cp_shard_indices(const maskpack_layout *la
                                                        maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Moving per-token tensors between layouts                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* (layout) -> the packed layout of the same sequences, in order, without gaps (the flash-attn unpad
+ * target; T = n_tokens). The rule is kept. Shards are refused (UNSUPPORTED). */
+MASKPACK_API maskpack_status maskpack_layout_packed_of(const maskpack_layout *layout, maskpack_layout **out,
+                                                       maskpack_error *err);
+/* (layout, RIGHT or LEFT, width >= max_seqlen or 0 for max_seqlen) -> one sequence per row, padded. */
+MASKPACK_API maskpack_status maskpack_layout_padded_of(const maskpack_layout *layout, maskpack_placement placement,
+                                                       int64_t width, maskpack_layout **out, maskpack_error *err);
+
+typedef struct maskpack_relayout_plan maskpack_relayout_plan; /* opaque, immutable, reusable */
+
+/* (sources[n_src], dst) -> a copy plan. A token is identified by (sequence, position): sequence = the
+ * segment index, or `origin` for shard pieces; position = its index in the sequence (q_pos + i for
+ * pieces). Every real token of dst must have exactly one source among the sources; sources' tokens
+ * that dst does not hold are skipped (that is how a shard is cut). Two unsharded layouts must have
+ * the same number of sequences and equal lengths (SHAPE error naming the first that differs). */
+MASKPACK_API maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sources, size_t n_src,
+                                                           const maskpack_layout *dst,
+                                                           maskpack_relayout_plan **out, maskpack_error *err);
+MASKPACK_API void maskpack_relayout_plan_free(maskpack_relayout_plan *plan);
+/* (plan) -> the number of copy runs (contiguous token ranges) it executes. */
+MASKPACK_API size_t maskpack_relayout_plan_runs(const maskpack_relayout_plan *plan);
+
+/* (plan, x[n_src] per-token tensors [B,S,...] or [T,...] of the source layouts, out per-token tensor of
+ * dst, pad_value: one element of the dtype (NULL = zero bytes), n_threads >= 1) -> out. Trailing dims
+ * (any number, any dtype) must agree between inputs and out and be contiguous within a token; the
+ * token dims may be strided. Padding columns of out get pad_value. Overlapping input and output
+ * memory is MASKPACK_ERR_OVERLAP. One pass, no intermediate buffer; threads split the bytes. */
+MASKPACK_API maskpack_status maskpack_relayout_execute(const maskpack_relayout_plan *plan,
+                                                       const maskpack_tensor *const *x, maskpack_tensor *out,
+                                                       const void *pad_value, int n_threads, maskpack_error *err);
+
+/* One-source convenience: plan, execute, free. */
+MASKPACK_API maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst,
+                                               const maskpack_tensor *x, maskpack_tensor *out,
+                                               const void *pad_value, int n_threads, maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Derived outputs. Shapes below: B = n_rows, S = q_width, Skv = kv_width, N = n_segments,      */
 /* V = n_tokens. "per-token [B,S]" means [T] (1-D) for a packed layout; [1,T] is accepted too. */
 /* ------------------------------------------------------------------------------------------ */

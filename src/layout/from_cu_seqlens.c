@@ -6,6 +6,11 @@
 
 #include <stdlib.h>
 
+/* A self-attention segment (kv == q); the remaining fields (flags, q_pos, origin) stay zero. */
+static maskpack_segment self_seg(int64_t row, int64_t start, int64_t len) {
+    return (maskpack_segment){.row = row, .q_start = start, .q_len = len, .kv_start = start, .kv_len = len};
+}
+
 /* A validated cumulative list seen as boundaries b[0..n]: b[0] = 0 and b[k+1] = end of item k. */
 typedef struct cu_view {
     const maskpack_tensor *t;
@@ -119,7 +124,7 @@ maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tensor *cu, maskp
     for (int64_t k = 0; k < v.n; k++) {
         int64_t len = cu_bound(&v, k + 1) - cu_bound(&v, k);
         int64_t start = cu_padded ? cu_bound(&p, k) : cu_bound(&v, k);
-        segs[k] = (maskpack_segment){0, start, len, start, len};
+        segs[k] = self_seg(0, start, len);
     }
     return mp_layout_build(segs, n, 1, total, total, 1, rule, out, err);
 }
@@ -144,7 +149,11 @@ maskpack_status maskpack_layout_from_cu_seqlens_qk(const maskpack_tensor *cu_q, 
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "cu_seqlens_q", -1, -1, "out of memory");
     for (int64_t k = 0; k < q.n; k++) {
         int64_t qs = cu_bound(&q, k), ks = cu_bound(&kv, k);
-        segs[k] = (maskpack_segment){0, qs, cu_bound(&q, k + 1) - qs, ks, cu_bound(&kv, k + 1) - ks};
+        segs[k] = (maskpack_segment){.row = 0,
+                                     .q_start = qs,
+                                     .q_len = cu_bound(&q, k + 1) - qs,
+                                     .kv_start = ks,
+                                     .kv_len = cu_bound(&kv, k + 1) - ks};
     }
     return mp_layout_build(segs, n, 1, cu_bound(&q, q.n), cu_bound(&kv, kv.n), 1, rule, out, err);
 }

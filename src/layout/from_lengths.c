@@ -4,6 +4,11 @@
 
 #include <stdlib.h>
 
+/* A self-attention segment (kv == q); the remaining fields (flags, q_pos, origin) stay zero. */
+static maskpack_segment self_seg(int64_t row, int64_t start, int64_t len) {
+    return (maskpack_segment){.row = row, .q_start = start, .q_len = len, .kv_start = start, .kv_len = len};
+}
+
 maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n, maskpack_placement placement,
                                              int64_t capacity, const maskpack_rule *rule, maskpack_layout **out,
                                              maskpack_error *err) {
@@ -47,7 +52,7 @@ maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n, m
         /* one THD stream: segments back to back */
         int64_t off = 0;
         for (size_t k = 0; k < n; k++) {
-            segs[k] = (maskpack_segment){0, off, lengths[k], off, lengths[k]};
+            segs[k] = self_seg(0, off, lengths[k]);
             off += lengths[k];
         }
         n_rows = 1;
@@ -63,7 +68,7 @@ maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n, m
                 row++;
                 off = 0;
             }
-            segs[k] = (maskpack_segment){row, off, len, off, len};
+            segs[k] = self_seg(row, off, len);
             off += len;
         }
         n_rows = n ? row + 1 : 0;
@@ -74,7 +79,7 @@ maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n, m
         for (size_t k = 0; k < n; k++) {
             int64_t len = lengths[k];
             int64_t start = placement == MASKPACK_PLACE_LEFT ? width - len : 0;
-            segs[k] = (maskpack_segment){(int64_t)k, start, len, start, len};
+            segs[k] = self_seg((int64_t)k, start, len);
         }
         n_rows = (int64_t)n;
     }

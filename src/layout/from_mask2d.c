@@ -5,6 +5,11 @@
 
 #include <stdlib.h>
 
+/* A self-attention segment (kv == q); the remaining fields (flags, q_pos, origin) stay zero. */
+static maskpack_segment self_seg(int64_t row, int64_t start, int64_t len) {
+    return (maskpack_segment){.row = row, .q_start = start, .q_len = len, .kv_start = start, .kv_len = len};
+}
+
 /* One run of equal nonzero ids inside a row (DOC_ID scan). */
 typedef struct doc_run {
     int64_t id, start, len;
@@ -124,7 +129,7 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
         for (int64_t b = 0; b < B; b++) {
             int64_t st, len;
             keep_row(mask, b, &st, &len, NULL);
-            if (len > 0) segs[n++] = (maskpack_segment){b, st, len, st, len};
+            if (len > 0) segs[n++] = self_seg(b, st, len);
         }
         return mp_layout_build(segs, n, B, S, S, 0, rule, out, err);
     }
@@ -156,8 +161,7 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
     for (int64_t b = 0; b < B; b++) {
         size_t nr;
         doc_row(mask, b, runs, sorted, &nr, NULL);
-        for (size_t i = 0; i < nr; i++) segs[n++] = (maskpack_segment){b, runs[i].start, runs[i].len, runs[i].start,
-                                                                        runs[i].len};
+        for (size_t i = 0; i < nr; i++) segs[n++] = self_seg(b, runs[i].start, runs[i].len);
     }
     free(runs);
     return mp_layout_build(segs, n, B, S, S, 0, rule, out, err);

@@ -6,6 +6,11 @@
 
 #include <stdlib.h>
 
+/* A self-attention segment (kv == q); the remaining fields (flags, q_pos, origin) stay zero. */
+static maskpack_segment self_seg(int64_t row, int64_t start, int64_t len) {
+    return (maskpack_segment){.row = row, .q_start = start, .q_len = len, .kv_start = start, .kv_len = len};
+}
+
 /* The position-id rows to scan: n_rows rows of `width` elements, element (r, c) at
  * base + r*rstride + c*cstride (elements). For [3,B,S] only the text row (index 0) is seen. */
 typedef struct pos_view {
@@ -48,13 +53,13 @@ static size_t row_sequences(const pos_view *v, int64_t r, maskpack_boundary_rule
         /* x >= 0 was checked, so x - 1 cannot overflow where prev + 1 could */
         int boundary = rule == MASKPACK_BOUNDARY_RESET ? x == mn : x - 1 != prev;
         if (boundary) {
-            if (segs) segs[n] = (maskpack_segment){r, start, c - start, start, c - start};
+            if (segs) segs[n] = self_seg(r, start, c - start);
             n++;
             start = c;
         }
         prev = x;
     }
-    if (segs) segs[n] = (maskpack_segment){r, start, E - start, start, E - start};
+    if (segs) segs[n] = self_seg(r, start, E - start);
     return n + 1;
 }
 

@@ -1,0 +1,508 @@
+/* relayout.c: one copy-plan engine for every move of a per-token tensor between layouts (pack,
+ * unpack, CP shard, CP gather and their compositions). A plan lists contiguous runs of tokens
+ * (source, source token, destination token, length) plus the padding runs of the destination; the
+ * execution is a single pass of memcpy-sized copies, split across threads by bytes. */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct run {
+    int64_t src;     /* source index, -1 for a padding fill */
+    int64_t src_tok; /* flattened token index in the source grid (row * width + column) */
+    int64_t dst_tok; /* flattened token index in the destination grid */
+    int64_t len;     /* tokens */
+} run;
+
+typedef struct grid {
+    int64_t rows, width;
+    int packed;
+} grid;
+
+struct maskpack_relayout_plan {
+    size_t n_src;
+    grid *src; /* [n_src] */
+    grid dst;
+    run *runs; /* copies then fills, each sorted by dst_tok */
+    size_t n_copy, n_fill;
+};
+
+/* ---- layouts of the same sequences ------------------------------------------------------------ */
+
+static maskpack_status refuse_pieces(const maskpack_layout *L, const char *what, maskpack_error *err) {
+    for (size_t k = 0; k < L->n_segments; k++)
+        if (L->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS)
+            return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "layout", (int64_t)k, -1,
+                           "layout: segment %zu is a CP shard piece; %s needs an unsharded layout", k, what);
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_layout_packed_of(const maskpack_layout *L, maskpack_layout **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, out, "out");
+    maskpack_status s = refuse_pieces(L, "packed_of", err);
+    if (s) return s;
+    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
+    int64_t q = 0, kv = 0;
+    for (size_t k = 0; k < L->n_segments; k++) {
+        segs[k] = (maskpack_segment){0, q, L->segs[k].q_len, kv, L->segs[k].kv_len};
+        q += L->segs[k].q_len;
+        kv += L->segs[k].kv_len;
+    }
+    maskpack_rule r = maskpack_layout_rule(L);
+    return mp_layout_build(segs, L->n_segments, 1, q, L->self ? q : kv, 1, &r, out, err);
+}
+
+maskpack_status maskpack_layout_padded_of(const maskpack_layout *L, maskpack_placement placement, int64_t width,
+                                          maskpack_layout **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, out, "out");
+    maskpack_status s = refuse_pieces(L, "padded_of", err);
+    if (s) return s;
+    if (placement != MASKPACK_PLACE_RIGHT && placement != MASKPACK_PLACE_LEFT)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "placement", -1, -1,
+                       "placement: expected RIGHT (0) or LEFT (1), found %d", (int)placement);
+    int64_t need = L->max_q;
+    if (width == 0) width = need;
+    if (width < need)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "width", -1, -1,
+                       "width: expected 0 or >= %lld (the longest sequence), found %lld", (long long)need,
+                       (long long)width);
+    int64_t kv_width = L->self ? width : L->max_kv;
+    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
+    for (size_t k = 0; k < L->n_segments; k++) {
+        const maskpack_segment *g = &L->segs[k];
+        int left = placement == MASKPACK_PLACE_LEFT;
+        segs[k] = (maskpack_segment){(int64_t)k, left ? width - g->q_len : 0, g->q_len,
+                                     left ? kv_width - g->kv_len : 0, g->kv_len};
+    }
+    maskpack_rule r = maskpack_layout_rule(L);
+    return mp_layout_build(segs, L->n_segments, (int64_t)L->n_segments, width, kv_width, 0, &r, out, err);
+}
+
+/* ---- planning ------------------------------------------------------------------------------------ */
+
+typedef struct piece {
+    int64_t seq, pos, len; /* positions [pos, pos + len) of sequence seq */
+    int64_t src, tok;      /* source index and flattened token of position pos */
+    int64_t full_len;      /* the sequence's whole length as this source knows it */
+} piece;
+
+static int64_t seq_of(const maskpack_segment *g, size_t k) {
+    return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->origin : (int64_t)k;
+}
+static int64_t pos_of(const maskpack_segment *g) { return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->q_pos : 0; }
+static int64_t full_len_of(const maskpack_segment *g) {
+    return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->kv_len : g->q_len;
+}
+
+static int cmp_piece(const void *a, const void *b) {
+    const piece *x = a, *y = b;
+    if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+    if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+    return 0;
+}
+
+void maskpack_relayout_plan_free(maskpack_relayout_plan *P) {
+    if (!P) return;
+    free(P->src);
+    free(P->runs);
+    free(P);
+}
+
+size_t maskpack_relayout_plan_runs(const maskpack_relayout_plan *P) { return P ? P->n_copy + P->n_fill : 0; }
+
+/* 1 when L is (or may be) a CP shard: it holds pieces, or holds nothing at all (an empty rank). */
+static int has_pieces(const maskpack_layout *L) {
+    if (L->n_segments == 0) return 1;
+    for (size_t k = 0; k < L->n_segments; k++)
+        if (L->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) return 1;
+    return 0;
+}
+
+maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sources, size_t n_src,
+                                              const maskpack_layout *dst, maskpack_relayout_plan **out,
+                                              maskpack_error *err) {
+    MP_CHECK_NULL(err, sources, "sources");
+    MP_CHECK_NULL(err, dst, "dst");
+    MP_CHECK_NULL(err, out, "out");
+    if (n_src == 0)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_src", -1, -1, "n_src: expected >= 1 source, found 0");
+    size_t n_pieces = 0;
+    for (size_t s = 0; s < n_src; s++) {
+        if (!sources[s])
+            return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "sources", (int64_t)s, -1,
+                           "sources[%zu]: expected a layout, found NULL", s);
+        n_pieces += sources[s]->n_segments;
+    }
+    /* Two unsharded layouts describe the same batch only with the same sequences, length by length. */
+    if (!has_pieces(dst)) {
+        for (size_t s = 0; s < n_src; s++) {
+            const maskpack_layout *S = sources[s];
+            if (has_pieces(S)) continue;
+            if (n_src > 1)
+                return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "sources", (int64_t)s, -1,
+                               "sources[%zu]: several sources must all be CP shards (pieces), this one is unsharded", s);
+            if (S->n_segments != dst->n_segments)
+                return mp_fail(err, MASKPACK_ERR_SHAPE, "dst", -1, -1,
+                               "dst: expected the source's %zu sequences, found %zu", S->n_segments, dst->n_segments);
+            for (size_t k = 0; k < S->n_segments; k++)
+                if (S->segs[k].q_len != dst->segs[k].q_len)
+                    return mp_fail(err, MASKPACK_ERR_SHAPE, "dst", (int64_t)k, -1,
+                                   "dst: sequence %zu has %lld tokens, the source's has %lld", k,
+                                   (long long)dst->segs[k].q_len, (long long)S->segs[k].q_len);
+        }
+    }
+    piece *pc = malloc((n_pieces ? n_pieces : 1) * sizeof *pc);
+    maskpack_relayout_plan *P = calloc(1, sizeof *P);
+    if (P) P->src = malloc(n_src * sizeof *P->src);
+    if (!pc || !P || !P->src) {
+        free(pc);
+        maskpack_relayout_plan_free(P);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    }
+    size_t m = 0;
+    for (size_t s = 0; s < n_src; s++) {
+        const maskpack_layout *S = sources[s];
+        P->src[s] = (grid){S->n_rows, S->q_width, S->packed};
+        for (size_t k = 0; k < S->n_segments; k++) {
+            const maskpack_segment *g = &S->segs[k];
+            if (g->q_len == 0) continue;
+            pc[m++] = (piece){seq_of(g, k), pos_of(g), g->q_len, (int64_t)s, g->row * S->q_width + g->q_start,
+                              full_len_of(g)};
+        }
+    }
+    P->n_src = n_src;
+    P->dst = (grid){dst->n_rows, dst->q_width, dst->packed};
+    qsort(pc, m, sizeof *pc, cmp_piece);
+    for (size_t t = 1; t < m; t++)
+        if (pc[t].seq == pc[t - 1].seq && pc[t - 1].pos + pc[t - 1].len > pc[t].pos) {
+            int64_t seq = pc[t].seq, pos = pc[t].pos;
+            free(pc);
+            maskpack_relayout_plan_free(P);
+            return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "sources", seq, pos,
+                           "sources: token %lld of sequence %lld is held by two sources", (long long)pos,
+                           (long long)seq);
+        }
+    /* copies: at most one run per (dst segment, piece) boundary; fills: at most one per dst segment + row */
+    size_t cap = m + 2 * dst->n_segments + (size_t)dst->n_rows + 1;
+    P->runs = malloc(cap * sizeof *P->runs);
+    if (!P->runs) {
+        free(pc);
+        maskpack_relayout_plan_free(P);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    }
+    size_t nr = 0;
+    maskpack_status st = MASKPACK_OK;
+    for (size_t d = 0; d < dst->n_segments && !st; d++) {
+        const maskpack_segment *g = &dst->segs[d];
+        if (g->q_len == 0) continue;
+        int64_t seq = seq_of(g, d), p = pos_of(g), end = p + g->q_len;
+        int64_t tok = g->row * dst->q_width + g->q_start;
+        /* first piece of seq with pos + len > p */
+        size_t a = 0, z = m;
+        while (a < z) {
+            size_t mid = a + (z - a) / 2;
+            if (pc[mid].seq < seq || (pc[mid].seq == seq && pc[mid].pos + pc[mid].len <= p))
+                a = mid + 1;
+            else
+                z = mid;
+        }
+        while (p < end) {
+            if (a >= m || pc[a].seq != seq || pc[a].pos > p) {
+                st = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "sources", seq, p,
+                             "dst token %lld of sequence %lld has no source (is a CP rank's part missing?)",
+                             (long long)p, (long long)seq);
+                break;
+            }
+            if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && pc[a].full_len != full_len_of(g)) {
+                st = mp_fail(err, MASKPACK_ERR_SHAPE, "dst", seq, -1,
+                             "dst: sequence %lld has %lld tokens in the shard, %lld in the source", (long long)seq,
+                             (long long)full_len_of(g), (long long)pc[a].full_len);
+                break;
+            }
+            int64_t take = pc[a].pos + pc[a].len - p;
+            if (take > end - p) take = end - p;
+            if (nr == cap) { /* guard: the bound above is exact, this cannot trigger */
+                st = mp_fail(err, MASKPACK_ERR_OVERFLOW, "plan", -1, -1, "internal run bound exceeded");
+                break;
+            }
+            P->runs[nr++] = (run){pc[a].src, pc[a].tok + (p - pc[a].pos), tok, take};
+            tok += take;
+            p += take;
+            if (p >= pc[a].pos + pc[a].len) a++;
+        }
+    }
+    free(pc);
+    if (st) {
+        maskpack_relayout_plan_free(P);
+        return st;
+    }
+    P->n_copy = nr;
+    /* padding fills of dst: the columns of each row outside real tokens */
+    for (int64_t r = 0; r < dst->n_rows; r++) {
+        int64_t col = 0;
+        for (size_t k = dst->row_begin[r]; k <= dst->row_begin[r + 1]; k++) {
+            int64_t next = k < dst->row_begin[r + 1] ? dst->segs[k].q_start : dst->q_width;
+            if (next > col) P->runs[nr++] = (run){-1, 0, r * dst->q_width + col, next - col};
+            if (k < dst->row_begin[r + 1]) col = dst->segs[k].q_start + dst->segs[k].q_len;
+        }
+    }
+    P->n_fill = nr - P->n_copy;
+    *out = P;
+    return mp_ok(err);
+}
+
+/* ---- execution ----------------------------------------------------------------------------------- */
+
+typedef struct view {
+    char *base;
+    int64_t rows, width;   /* token grid */
+    int64_t s_row, s_col;  /* byte strides of the token dims (s_row unused when packed) */
+    int packed;
+} view;
+
+static inline char *token_addr(const view *v, int64_t tok) {
+    if (v->packed) return v->base + tok * v->s_col;
+    return v->base + (tok / v->width) * v->s_row + (tok % v->width) * v->s_col;
+}
+
+/* Validates a per-token tensor of grid g; fills the view and the trailing shape. */
+static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *name, const grid *g,
+                                          maskpack_dtype dtype, view *v,
+                                          int64_t *inner_elems, maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, g->packed ? 1 : 2, MASKPACK_MAX_DIMS, err);
+    if (s) return s;
+    int32_t lead = g->packed ? 1 : 2;
+    int ok = g->packed ? t->shape[0] == g->width : (t->shape[0] == g->rows && t->shape[1] == g->width);
+    if (!ok)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                       g->packed ? "%s: expected leading dimension %lld (tokens of a packed layout), found %lld"
+                                 : "%s: expected leading dimensions [%lld, %lld] (rows, columns), found [%lld, ...]",
+                       name, (long long)(g->packed ? g->width : g->rows), (long long)(g->packed ? t->shape[0] : g->width),
+                       (long long)t->shape[0]);
+    if (t->dtype != dtype)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected dtype %s (as out), found %s", name,
+                       maskpack_dtype_name(dtype), maskpack_dtype_name(t->dtype));
+    int64_t inner = 1, want = 1;
+    for (int32_t d = t->ndim - 1; d >= lead; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != want)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, d, -1,
+                           "%s: trailing dimension %d must be contiguous (stride %lld), found stride %lld", name, (int)d,
+                           (long long)want, (long long)t->strides[d]);
+        want *= t->shape[d];
+        inner *= t->shape[d];
+    }
+    for (int32_t d = 0; d < lead; d++)
+        if (t->strides[d] < 0)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, d, -1, "%s: negative strides are not supported", name);
+    int64_t es = (int64_t)maskpack_dtype_size(t->dtype);
+    v->base = t->data;
+    v->rows = g->rows;
+    v->width = g->width;
+    v->packed = g->packed;
+    v->s_row = g->packed ? 0 : t->strides[0] * es;
+    v->s_col = t->strides[lead - 1] * es;
+    *inner_elems = inner;
+    return MASKPACK_OK;
+}
+
+static int same_trailing(const maskpack_tensor *a, int32_t la, const maskpack_tensor *b, int32_t lb) {
+    if (a->ndim - la != b->ndim - lb) return 0;
+    for (int32_t d = 0; d < a->ndim - la; d++)
+        if (a->shape[la + d] != b->shape[lb + d]) return 0;
+    return 1;
+}
+
+/* byte extent [lo, hi) touched by a tensor (non-negative strides) */
+static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    int64_t last = 0, es = (int64_t)maskpack_dtype_size(t->dtype);
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 0) last += (t->shape[d] - 1) * t->strides[d];
+    *lo = (uintptr_t)t->data;
+    *hi = (uintptr_t)t->data + (uintptr_t)((last + 1) * es);
+    if (mp_numel(t) == 0) *hi = *lo;
+}
+
+typedef struct job {
+    const maskpack_relayout_plan *P;
+    const view *src;
+    const view *dst;
+    int64_t inner_bytes;
+    const unsigned char *pad; /* inner_bytes of pad pattern, or NULL for zeros */
+    size_t run_from, run_to;   /* runs [run_from, run_to) ... */
+    int64_t tok_from, tok_to;  /* ... starting at token tok_from of run_from, ending before tok_to of run_to-1 */
+} job;
+
+static void copy_tokens(const view *sv, int64_t st, const view *dv, int64_t dt, int64_t n, int64_t ib) {
+    if (n <= 0) return;
+    char *d = token_addr(dv, dt);
+    const char *s = token_addr(sv, st);
+    if (sv->s_col == ib && dv->s_col == ib) {
+        memcpy(d, s, (size_t)(n * ib));
+        return;
+    }
+    for (int64_t t = 0; t < n; t++) memcpy(d + t * dv->s_col, s + t * sv->s_col, (size_t)ib);
+}
+
+static void fill_tokens(const view *dv, int64_t dt, int64_t n, int64_t ib, const unsigned char *pad) {
+    if (n <= 0) return;
+    char *d = token_addr(dv, dt);
+    if (!pad) {
+        if (dv->s_col == ib) {
+            memset(d, 0, (size_t)(n * ib));
+            return;
+        }
+        for (int64_t t = 0; t < n; t++) memset(d + t * dv->s_col, 0, (size_t)ib);
+        return;
+    }
+    for (int64_t t = 0; t < n; t++) memcpy(d + t * dv->s_col, pad, (size_t)ib);
+}
+
+static void run_job(const job *J) {
+    const maskpack_relayout_plan *P = J->P;
+    for (size_t r = J->run_from; r < J->run_to; r++) {
+        const run *R = &P->runs[r];
+        int64_t a = r == J->run_from ? J->tok_from : 0;
+        int64_t b = r + 1 == J->run_to ? J->tok_to : R->len;
+        if (R->src >= 0)
+            copy_tokens(&J->src[R->src], R->src_tok + a, J->dst, R->dst_tok + a, b - a, J->inner_bytes);
+        else
+            fill_tokens(J->dst, R->dst_tok + a, b - a, J->inner_bytes, J->pad);
+    }
+}
+
+static void *job_main(void *arg) {
+    run_job(arg);
+    return NULL;
+}
+
+maskpack_status maskpack_relayout_execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x,
+                                          maskpack_tensor *out, const void *pad_value, int n_threads,
+                                          maskpack_error *err) {
+    MP_CHECK_NULL(err, P, "plan");
+    MP_CHECK_NULL(err, x, "x");
+    MP_CHECK_NULL(err, out, "out");
+    if (n_threads < 1 || n_threads > 256)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
+                       "n_threads: expected in [1, 256], found %d", n_threads);
+    view dv, sv_stack[8];
+    view *sv = P->n_src <= 8 ? sv_stack : malloc(P->n_src * sizeof *sv);
+    if (!sv) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    int64_t inner = 0, inner_s;
+    maskpack_status s = MASKPACK_OK;
+    if (!out || (s = mp_check_tensor(out, "out", 1, MASKPACK_MAX_DIMS, err))) goto done;
+    s = check_token_tensor(out, "out", &P->dst, out->dtype, &dv, &inner, err);
+    if (s) goto done;
+    int32_t lead_out = P->dst.packed ? 1 : 2;
+    uintptr_t olo, ohi;
+    extent(out, &olo, &ohi);
+    for (size_t i = 0; i < P->n_src && !s; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "x[%zu]", i);
+        if (!x[i]) {
+            s = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, name, (int64_t)i, -1, "%s: expected a tensor, found NULL", name);
+            break;
+        }
+        s = check_token_tensor(x[i], name, &P->src[i], out->dtype, &sv[i], &inner_s, err);
+        if (s) break;
+        if (!same_trailing(x[i], P->src[i].packed ? 1 : 2, out, lead_out)) {
+            s = mp_fail(err, MASKPACK_ERR_SHAPE, name, (int64_t)i, -1,
+                        "%s: trailing dimensions (per-token shape) differ from out's", name);
+            break;
+        }
+        uintptr_t lo, hi;
+        extent(x[i], &lo, &hi);
+        if (lo < ohi && olo < hi && lo != hi && olo != ohi) {
+            s = mp_fail(err, MASKPACK_ERR_OVERLAP, name, (int64_t)i, -1,
+                        "%s and out overlap in memory; relayout writes out while reading %s", name, name);
+            break;
+        }
+    }
+    if (s) goto done;
+    {
+        int64_t ib = inner * (int64_t)maskpack_dtype_size(out->dtype);
+        const unsigned char *pad = NULL;
+        if (pad_value) { /* a repeated element; all-zero bytes take the memset path */
+            size_t es = maskpack_dtype_size(out->dtype);
+            int zero = 1;
+            for (size_t b = 0; b < es; b++) zero &= ((const unsigned char *)pad_value)[b] == 0;
+            if (!zero && ib > 0) {
+                unsigned char *pat = malloc((size_t)ib);
+                if (!pat) {
+                    s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "pad_value", -1, -1, "out of memory");
+                    goto done;
+                }
+                for (int64_t o = 0; o < ib; o += (int64_t)es) memcpy(pat + o, pad_value, es);
+                pad = pat;
+            }
+        }
+        size_t nr = P->n_copy + P->n_fill;
+        int64_t total = 0;
+        for (size_t r = 0; r < nr; r++) total += P->runs[r].len;
+        int nt = n_threads;
+        if ((int64_t)nt > total) nt = total > 0 ? (int)total : 1;
+        if (total * ib < ((int64_t)1 << 20)) nt = 1; /* thread start-up costs more than small copies */
+        job jobs[256];
+        pthread_t th[256];
+        /* split the token total into nt equal shares, walking the runs */
+        size_t r = 0;
+        int64_t off = 0;
+        for (int t = 0; t < nt; t++) {
+            int64_t share = total / nt + (t < total % nt);
+            jobs[t] = (job){P, sv, &dv, ib, pad, r, 0, off, 0};
+            int64_t left = share;
+            while (left > 0 && r < nr) {
+                int64_t avail = P->runs[r].len - off;
+                if (avail > left) {
+                    off += left;
+                    left = 0;
+                } else {
+                    left -= avail;
+                    r++;
+                    off = 0;
+                }
+            }
+            /* job covers runs [run_from, run_to) with the last run ending at token tok_to */
+            if (off == 0) {
+                jobs[t].run_to = r;
+                jobs[t].tok_to = r > 0 ? P->runs[r - 1].len : 0;
+            } else {
+                jobs[t].run_to = r + 1;
+                jobs[t].tok_to = off;
+            }
+            if (jobs[t].run_to <= jobs[t].run_from) jobs[t].run_to = jobs[t].run_from; /* empty share */
+        }
+        int started = 0;
+        for (int t = 1; t < nt; t++)
+            if (pthread_create(&th[t], NULL, job_main, &jobs[t]) == 0)
+                started = t;
+            else
+                break;
+        run_job(&jobs[0]);
+        for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+        for (int t = started + 1; t < nt; t++) run_job(&jobs[t]); /* threads that failed to start */
+        free((void *)pad);
+    }
+    s = mp_ok(err);
+done:
+    if (sv != sv_stack) free(sv);
+    return s;
+}
+
+maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst, const maskpack_tensor *x,
+                                  maskpack_tensor *out, const void *pad_value, int n_threads, maskpack_error *err) {
+    maskpack_relayout_plan *P = NULL;
+    const maskpack_layout *srcs[1] = {src};
+    MP_CHECK_NULL(err, src, "src");
+    maskpack_status s = maskpack_relayout_plan_create(srcs, 1, dst, &P, err);
+    if (s) return s;
+    const maskpack_tensor *xs[1] = {x};
+    s = maskpack_relayout_execute(P, xs, out, pad_value, n_threads, err);
+    maskpack_relayout_plan_free(P);
+    return s;
+}

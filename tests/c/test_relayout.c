@@ -1,0 +1,269 @@
+/* test_relayout.c: pack, unpack, CP shard, CP gather and compositions through the copy-plan engine,
+ * checked token by token against the layouts' own index maps, plus every error path. */
+#include "check.h"
+
+#include <stdlib.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+/* value of token (row, col), channel c: unique per token so misplaced copies are caught */
+static float tokval(int64_t row, int64_t col, int64_t c) { return (float)(row * 100000 + col * 10 + c) + 0.5f; }
+
+static maskpack_layout *padded_layout(int64_t *lens, size_t n, int left, int64_t width) {
+    maskpack_segment s[16];
+    for (size_t k = 0; k < n; k++) {
+        int64_t st = left ? width - lens[k] : 0;
+        s[k] = (maskpack_segment){(int64_t)k, st, lens[k], st, lens[k]};
+    }
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, n, (int64_t)n, width, width, 0, NULL, &L, &e), e);
+    return L;
+}
+
+static void test_pack_unpack_roundtrip(void) {
+    for (int iter = 0; iter < 200; iter++) {
+        size_t n = (size_t)rnd_in(1, 6);
+        int64_t lens[16], width = 0;
+        for (size_t k = 0; k < n; k++) {
+            lens[k] = rnd_in(0, 12);
+            if (lens[k] > width) width = lens[k];
+        }
+        width += rnd_in(0, 3);
+        int left = (int)rnd_in(0, 1);
+        const int64_t C = 3, pitch = width + rnd_in(0, 2); /* strided rows: pitch >= width */
+        maskpack_layout *L = padded_layout(lens, n, left, width), *Pk = NULL;
+        maskpack_error e;
+        if (!L) continue;
+        CHECK_OK(maskpack_layout_packed_of(L, &Pk, &e), e);
+        if (!Pk) continue;
+        int64_t T = maskpack_layout_q_width(Pk);
+        float *x = malloc(sizeof(float) * (size_t)(n * pitch * C + 1));
+        float *packed = malloc(sizeof(float) * (size_t)(T * C + 1));
+        float *back = malloc(sizeof(float) * (size_t)(n * width * C + 1));
+        for (int64_t b = 0; b < (int64_t)n; b++)
+            for (int64_t s = 0; s < pitch; s++)
+                for (int64_t c = 0; c < C; c++) x[(b * pitch + s) * C + c] = tokval(b, s, c);
+        maskpack_tensor xt = {x, MASKPACK_F32, 3, {(int64_t)n, width, C}, {pitch * C, C, 1}};
+        int64_t pshape[2] = {T, C}, bshape[3] = {(int64_t)n, width, C};
+        maskpack_tensor pt = maskpack_tensor_contiguous(packed, MASKPACK_F32, 2, pshape);
+        maskpack_tensor bt = maskpack_tensor_contiguous(back, MASKPACK_F32, 3, bshape);
+        CHECK_OK(maskpack_relayout(L, Pk, &xt, &pt, NULL, 1 + iter % 2, &e), e);
+        /* packed token t is the t-th real token in row-major order */
+        int64_t t = 0;
+        for (int64_t b = 0; b < (int64_t)n; b++) {
+            int64_t st = left ? width - lens[b] : 0;
+            for (int64_t s = st; s < st + lens[b]; s++, t++)
+                for (int64_t c = 0; c < C; c++) CHECK(packed[t * C + c] == tokval(b, s, c));
+        }
+        CHECK_EQ(t, T);
+        float pad = -7.25f;
+        CHECK_OK(maskpack_relayout(Pk, L, &pt, &bt, &pad, 1, &e), e);
+        for (int64_t b = 0; b < (int64_t)n; b++) {
+            int64_t st = left ? width - lens[b] : 0;
+            for (int64_t s = 0; s < width; s++)
+                for (int64_t c = 0; c < C; c++) {
+                    float want = (s >= st && s < st + lens[b]) ? tokval(b, s, c) : pad;
+                    CHECK(back[(b * width + s) * C + c] == want);
+                }
+        }
+        free(x);
+        free(packed);
+        free(back);
+        maskpack_layout_free(L);
+        maskpack_layout_free(Pk);
+    }
+}
+
+static void test_shard_gather(void) {
+    for (int iter = 0; iter < 120; iter++) {
+        int64_t cp = (int64_t)1 << rnd_in(0, 2);
+        size_t n = (size_t)rnd_in(1, 5);
+        int64_t lens[16], width = 0;
+        for (size_t k = 0; k < n; k++) {
+            lens[k] = rnd_in(0, 20);
+            if (lens[k] > width) width = lens[k];
+        }
+        maskpack_error e;
+        maskpack_layout *Pd = padded_layout(lens, n, 0, width), *Pk = NULL, *G = NULL;
+        if (!Pd) continue;
+        CHECK_OK(maskpack_layout_packed_of(Pd, &Pk, &e), e);
+        CHECK_OK(maskpack_layout_pad_to_multiple(Pk, 2 * cp, &G, &e), e); /* the packed, CP-aligned layout */
+        if (!G) continue;
+        int64_t T = maskpack_layout_q_width(G), local = T / cp;
+        int16_t *xg = malloc(sizeof(int16_t) * (size_t)(T + 1));
+        int16_t *xpad = malloc(sizeof(int16_t) * (size_t)(n * width + 1));
+        for (int64_t t = 0; t < T; t++) xg[t] = (int16_t)(t * 3 + 1);
+        for (int64_t t = 0; t < (int64_t)n * width; t++) xpad[t] = (int16_t)(1000 + t);
+        maskpack_layout *parts[4] = {0};
+        int16_t *shards[4] = {0};
+        maskpack_tensor st[4];
+        const maskpack_tensor *sp[4];
+        int64_t *idx = malloc(sizeof(int64_t) * (size_t)(local + 1));
+        for (int64_t r = 0; r < cp; r++) {
+            CHECK_OK(maskpack_layout_cp_shard(G, cp, r, MASKPACK_CP_ZIGZAG, &parts[r], &e), e);
+            if (!parts[r]) continue;
+            shards[r] = malloc(sizeof(int16_t) * (size_t)(local + 1));
+            st[r] = maskpack_tensor_contiguous(shards[r], MASKPACK_I16, 1, &local);
+            sp[r] = &st[r];
+            maskpack_tensor gt = maskpack_tensor_contiguous(xg, MASKPACK_I16, 1, &T);
+            int16_t fill = -1;
+            CHECK_OK(maskpack_relayout(G, parts[r], &gt, &st[r], &fill, 1, &e), e);
+            maskpack_tensor it = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &local);
+            CHECK_OK(maskpack_cp_shard_indices(G, cp, r, MASKPACK_CP_ZIGZAG, &it, &e), e);
+            for (int64_t t = 0; t < local; t++) {
+                int real = maskpack_segment_of_query(parts[r], 0, t) >= 0;
+                CHECK_EQ(shards[r][t], real ? xg[idx[t]] : -1);
+            }
+            /* composition: the padded batch straight into this rank's shard of the packed layout */
+            int16_t *direct = malloc(sizeof(int16_t) * (size_t)(local + 1));
+            maskpack_tensor dt = maskpack_tensor_contiguous(direct, MASKPACK_I16, 1, &local);
+            int64_t ps[2] = {(int64_t)n, width};
+            maskpack_tensor pt = maskpack_tensor_contiguous(xpad, MASKPACK_I16, 2, ps);
+            CHECK_OK(maskpack_relayout(Pd, parts[r], &pt, &dt, &fill, 1, &e), e);
+            for (int64_t t = 0; t < local; t++) {
+                int64_t k = maskpack_segment_of_query(parts[r], 0, t);
+                if (k < 0) {
+                    CHECK_EQ(direct[t], -1);
+                    continue;
+                }
+                maskpack_segment g;
+                maskpack_layout_segment(parts[r], (size_t)k, &g, &e);
+                int64_t pos = g.q_pos + (t - g.q_start); /* position in sequence g.origin */
+                CHECK_EQ(direct[t], xpad[g.origin * width + pos]);
+            }
+            free(direct);
+        }
+        /* gather all parts back into the packed layout */
+        int16_t *back = malloc(sizeof(int16_t) * (size_t)(T + 1));
+        for (int64_t t = 0; t < T; t++) back[t] = 77;
+        maskpack_relayout_plan *P = NULL;
+        CHECK_OK(maskpack_relayout_plan_create((const maskpack_layout *const *)parts, (size_t)cp, G, &P, &e), e);
+        maskpack_tensor bt = maskpack_tensor_contiguous(back, MASKPACK_I16, 1, &T);
+        if (P) {
+            CHECK(maskpack_relayout_plan_runs(P) > 0 || T == 0);
+            CHECK_OK(maskpack_relayout_execute(P, sp, &bt, NULL, 2, &e), e);
+            for (int64_t t = 0; t < T; t++) CHECK_EQ(back[t], maskpack_segment_of_query(G, 0, t) >= 0 ? xg[t] : 0);
+            maskpack_relayout_plan_free(P);
+        }
+        /* a missing rank is an error naming the token without a source */
+        if (cp > 1 && maskpack_layout_n_tokens(G) > 0) {
+            P = NULL;
+            for (int64_t t = 0; t < T; t++) back[t] = 55;
+            maskpack_status s = maskpack_relayout_plan_create((const maskpack_layout *const *)parts, (size_t)cp - 1,
+                                                              G, &P, &e);
+            if (maskpack_layout_n_tokens(parts[cp - 1]) > 0) {
+                CHECK_EQ(s, MASKPACK_ERR_INVALID_ARGUMENT);
+                CHECK_MSG(e, "has no source");
+                CHECK(P == NULL);
+            }
+            maskpack_relayout_plan_free(P);
+        }
+        for (int64_t r = 0; r < cp; r++) {
+            maskpack_layout_free(parts[r]);
+            free(shards[r]);
+        }
+        free(back);
+        free(idx);
+        free(xg);
+        free(xpad);
+        maskpack_layout_free(Pd);
+        maskpack_layout_free(Pk);
+        maskpack_layout_free(G);
+    }
+}
+
+static void test_threads_large(void) {
+    /* 64 rows x 4096 tokens x 8 floats, random lengths: 2 threads give the same bytes as 1 */
+    int64_t n = 64, width = 4096, C = 8;
+    maskpack_segment s[64];
+    for (int64_t b = 0; b < n; b++) {
+        int64_t len = rnd_in(0, width);
+        s[b] = (maskpack_segment){b, 0, len, 0, len};
+    }
+    maskpack_layout *L = NULL, *Pk = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, (size_t)n, n, width, width, 0, NULL, &L, &e), e);
+    CHECK_OK(maskpack_layout_packed_of(L, &Pk, &e), e);
+    if (!L || !Pk) return;
+    int64_t T = maskpack_layout_q_width(Pk);
+    float *x = malloc(sizeof(float) * (size_t)(n * width * C));
+    float *a = malloc(sizeof(float) * (size_t)(T * C + 1)), *b = malloc(sizeof(float) * (size_t)(T * C + 1));
+    for (int64_t i = 0; i < n * width * C; i++) x[i] = (float)i;
+    int64_t xs[3] = {n, width, C}, ps[2] = {T, C};
+    maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 3, xs);
+    maskpack_tensor at = maskpack_tensor_contiguous(a, MASKPACK_F32, 2, ps);
+    maskpack_tensor bt = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, ps);
+    CHECK_OK(maskpack_relayout(L, Pk, &xt, &at, NULL, 1, &e), e);
+    CHECK_OK(maskpack_relayout(L, Pk, &xt, &bt, NULL, 2, &e), e);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)(T * C)) == 0);
+    free(x);
+    free(a);
+    free(b);
+    maskpack_layout_free(L);
+    maskpack_layout_free(Pk);
+}
+
+static void test_errors(void) {
+    int64_t lens[2] = {3, 2};
+    maskpack_layout *L = padded_layout(lens, 2, 0, 4), *Pk = NULL, *Other = NULL;
+    maskpack_error e;
+    if (!L) return;
+    CHECK_OK(maskpack_layout_packed_of(L, &Pk, &e), e);
+    int64_t lens2[2] = {3, 1};
+    Other = padded_layout(lens2, 2, 0, 4);
+    float x[8 * 2] = {0}, out[5 * 2], sentinel = 123.0f;
+    for (int i = 0; i < 10; i++) out[i] = sentinel;
+    int64_t xs[3] = {2, 4, 2}, os[2] = {5, 2}, bad[2] = {4, 2};
+    maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 3, xs);
+    maskpack_tensor ot = maskpack_tensor_contiguous(out, MASKPACK_F32, 2, os);
+    maskpack_tensor small = maskpack_tensor_contiguous(out, MASKPACK_F32, 2, bad);
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &small, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "expected leading dimension 5");
+    maskpack_tensor wrongdt = ot;
+    wrongdt.dtype = MASKPACK_I32;
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &wrongdt, NULL, 1, &e), MASKPACK_ERR_DTYPE, e);
+    int64_t os3[2] = {5, 3};
+    maskpack_tensor trail = maskpack_tensor_contiguous(out, MASKPACK_F32, 2, os3);
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &trail, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+    maskpack_tensor alias = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, os);
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &alias, NULL, 1, &e), MASKPACK_ERR_OVERLAP, e);
+    maskpack_tensor strided_inner = {out, MASKPACK_F32, 2, {5, 2}, {1, 5}};
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &strided_inner, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "contiguous");
+    CHECK_STATUS(maskpack_relayout(L, Pk, &xt, &ot, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    if (Other) {
+        CHECK_STATUS(maskpack_relayout(L, Other, &xt, &xt, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "sequence 1 has 1 tokens, the source's has 2");
+    }
+    for (int i = 0; i < 10; i++) CHECK(out[i] == sentinel); /* nothing written by failing calls */
+    CHECK_STATUS(maskpack_relayout(NULL, Pk, &xt, &ot, NULL, 1, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    maskpack_layout *Lp = NULL;
+    CHECK_STATUS(maskpack_layout_padded_of(L, MASKPACK_PLACE_RIGHT, 2, &Lp, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_OK(maskpack_layout_padded_of(Pk, MASKPACK_PLACE_LEFT, 0, &Lp, &e), e);
+    if (Lp) {
+        maskpack_segment g;
+        maskpack_layout_segment(Lp, 1, &g, &e);
+        CHECK_EQ(g.q_start, 1); /* left padding in a width of 3 */
+        CHECK_EQ(maskpack_layout_q_width(Lp), 3);
+    }
+    maskpack_layout_free(Lp);
+    maskpack_layout_free(L);
+    maskpack_layout_free(Pk);
+    maskpack_layout_free(Other);
+}
+
+int main(void) {
+    test_pack_unpack_roundtrip();
+    test_shard_gather();
+    test_threads_large();
+    test_errors();
+    return check_report("test_relayout");
+}
