@@ -428,6 +428,37 @@ MASKPACK_API maskpack_status maskpack_relayout(const maskpack_layout *src, const
                                                const void *pad_value, int n_threads, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Labels, losses and last tokens                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* (unsharded layout, labels per-token int32/int64 [B,S] or [T], ignore_index) -> out (same shape and
+ * dtype): out[t] = labels[t+1] when t+1 is the next token of t's sequence, else ignore_index (each
+ * sequence's last token and every pad). Never crosses a sequence boundary. Shift before sharding:
+ * a shard does not hold its neighbours' tokens (UNSUPPORTED). out may not overlap labels. */
+MASKPACK_API maskpack_status maskpack_shift_labels(const maskpack_layout *layout, const maskpack_tensor *labels,
+                                                   int64_t ignore_index, maskpack_tensor *out, maskpack_error *err);
+
+typedef enum maskpack_loss_mode {
+    MASKPACK_LOSS_TOKEN = 0,    /* every labelled token weighs the same: mean over tokens */
+    MASKPACK_LOSS_SEQUENCE = 1  /* every sequence with a label weighs the same: mean of per-sequence means */
+} maskpack_loss_mode;
+
+/* (unsharded layout, shifted labels per-token int32/int64 or NULL = every real token but each
+ * sequence's last is labelled, ignore_index, mode) -> out per-token f32/f64 weights such that
+ * sum(loss * out) over all tokens is the mean loss, and *denominator = the count it divides by
+ * (tokens, or sequences). Weights of unlabelled tokens and pads are 0. Shard the weights with the
+ * other per-token tensors: the sum of per-rank sums is then the exact global mean. */
+MASKPACK_API maskpack_status maskpack_loss_weights(const maskpack_layout *layout, const maskpack_tensor *labels,
+                                                   int64_t ignore_index, maskpack_loss_mode mode,
+                                                   maskpack_tensor *out, double *denominator, maskpack_error *err);
+
+/* (unsharded layout, cp, scheme) -> for each sequence: rank[N] (int32/int64) holding its last real
+ * token and local[N] its flattened index in that rank's local grid; -1 for empty sequences. */
+MASKPACK_API maskpack_status maskpack_cp_last_token(const maskpack_layout *layout, int64_t cp,
+                                                    maskpack_cp_scheme scheme, maskpack_tensor *rank,
+                                                    maskpack_tensor *local, maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Derived outputs. Shapes below: B = n_rows, S = q_width, Skv = kv_width, N = n_segments,      */
 /* V = n_tokens. "per-token [B,S]" means [T] (1-D) for a packed layout; [1,T] is accepted too. */
 /* ------------------------------------------------------------------------------------------ */

@@ -258,3 +258,48 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
     free(prefix);
     return s;
 }
+
+maskpack_status maskpack_cp_last_token(const maskpack_layout *L, int64_t cp, maskpack_cp_scheme scheme,
+                                       maskpack_tensor *rank_out, maskpack_tensor *local_out, maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, rank_out, "rank");
+    MP_CHECK_NULL(err, local_out, "local");
+    maskpack_status s = require_self(L, err);
+    if (s) return s;
+    range *R;
+    size_t n;
+    s = rank_ranges(L, cp, 0, scheme, &R, &n, err); /* validates cp, scheme and divisibility */
+    if (s) return s;
+    free(R);
+    int64_t shape[1] = {(int64_t)L->n_segments};
+    if ((s = mp_check_output(rank_out, "rank", MP_DT_INDEX, 1, shape, err))) return s;
+    if ((s = mp_check_output(local_out, "local", MP_DT_INDEX, 1, shape, err))) return s;
+    int64_t lw = L->q_width / cp; /* local grid width */
+    int64_t before = 0;           /* packed zigzag: tokens each rank holds from earlier slots */
+    for (size_t k = 0; k < L->n_segments; k++) {
+        const maskpack_segment *g = &L->segs[k];
+        int64_t r = -1, loc = -1;
+        if (L->packed && scheme == MASKPACK_CP_ZIGZAG) {
+            int64_t a = slot_start(L, k), c = (slot_end(L, k) - a) / (2 * cp);
+            if (g->q_len > 0) {
+                int64_t off = g->q_start + g->q_len - 1 - a, chunk = off / c;
+                r = chunk < cp ? chunk : 2 * cp - 1 - chunk;
+                loc = before + (chunk < cp ? 0 : c) + off % c;
+            }
+            before += 2 * c;
+        } else if (g->q_len > 0) {
+            int64_t col = g->q_start + g->q_len - 1;
+            if (scheme == MASKPACK_CP_ZIGZAG) {
+                int64_t c = L->q_width / (2 * cp), chunk = col / c;
+                r = chunk < cp ? chunk : 2 * cp - 1 - chunk;
+                loc = g->row * lw + (chunk < cp ? 0 : c) + col % c;
+            } else {
+                r = col / lw;
+                loc = g->row * lw + col % lw;
+            }
+        }
+        mp_write_i64(rank_out->dtype, rank_out->data, (int64_t)k * rank_out->strides[0], r);
+        mp_write_i64(local_out->dtype, local_out->data, (int64_t)k * local_out->strides[0], loc);
+    }
+    return mp_ok(err);
+}

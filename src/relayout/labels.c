@@ -1,0 +1,103 @@
+/* labels.c: next-token labels shifted inside each sequence and loss weights that make the loss of a
+ * padded, a packed and a CP-sharded batch the same number. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+static maskpack_status refuse_shards(const maskpack_layout *L, const char *what, maskpack_error *err) {
+    for (size_t k = 0; k < L->n_segments; k++)
+        if (L->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS)
+            return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "layout", (int64_t)k, -1,
+                           "layout: segment %zu is a CP shard piece; %s on the unsharded layout, then shard the "
+                           "result (a shard does not hold the next token of its last piece)",
+                           k, what);
+    return MASKPACK_OK;
+}
+
+/* strided element offset of token (row, col) of a per-token tensor */
+static inline int64_t tok_off(const maskpack_tensor *t, int64_t row, int64_t col) {
+    return t->ndim == 1 ? col * t->strides[0] : row * t->strides[0] + col * t->strides[1];
+}
+
+maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_tensor *labels, int64_t ignore_index,
+                                      maskpack_tensor *out, maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, labels, "labels");
+    MP_CHECK_NULL(err, out, "out");
+    maskpack_status s = refuse_shards(L, "shift labels", err);
+    if (s) return s;
+    if ((s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if ((s = mp_check_per_token_output(L, out, "out", MP_DT(labels->dtype), err))) return s;
+    if (labels->dtype == MASKPACK_I32 && (ignore_index < INT32_MIN || ignore_index > INT32_MAX))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "ignore_index", -1, -1,
+                       "ignore_index: %lld does not fit int32 labels", (long long)ignore_index);
+    if (labels->data == out->data && mp_numel(out) > 0)
+        return mp_fail(err, MASKPACK_ERR_OVERLAP, "out", -1, -1,
+                       "out: must not alias labels (the shift reads a token after writing its predecessor)");
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        int64_t col = 0;
+        for (size_t k = L->row_begin[r]; k <= L->row_begin[r + 1]; k++) {
+            int64_t next = k < L->row_begin[r + 1] ? L->segs[k].q_start : L->q_width;
+            for (; col < next; col++) mp_write_i64(out->dtype, out->data, tok_off(out, r, col), ignore_index);
+            if (k == L->row_begin[r + 1]) break;
+            const maskpack_segment *g = &L->segs[k];
+            for (int64_t i = 0; i + 1 < g->q_len; i++) {
+                int64_t v = mp_read_i64(labels->dtype, labels->data, tok_off(labels, r, g->q_start + i + 1));
+                mp_write_i64(out->dtype, out->data, tok_off(out, r, g->q_start + i), v);
+            }
+            if (g->q_len > 0)
+                mp_write_i64(out->dtype, out->data, tok_off(out, r, g->q_start + g->q_len - 1), ignore_index);
+            col = g->q_start + g->q_len;
+        }
+    }
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_tensor *labels, int64_t ignore_index,
+                                      maskpack_loss_mode mode, maskpack_tensor *out, double *denominator,
+                                      maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, out, "out");
+    MP_CHECK_NULL(err, denominator, "denominator");
+    maskpack_status s = refuse_shards(L, "compute loss weights", err);
+    if (s) return s;
+    if (mode != MASKPACK_LOSS_TOKEN && mode != MASKPACK_LOSS_SEQUENCE)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "mode", -1, -1,
+                       "mode: expected MASKPACK_LOSS_TOKEN (0) or MASKPACK_LOSS_SEQUENCE (1), found %d", (int)mode);
+    if (labels && (s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if ((s = mp_check_per_token_output(L, out, "out", MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_F64), err))) return s;
+    /* pass 1: labelled tokens per sequence and the denominator */
+    int64_t tokens = 0, sequences = 0;
+    for (size_t k = 0; k < L->n_segments; k++) {
+        const maskpack_segment *g = &L->segs[k];
+        int64_t c = 0;
+        for (int64_t i = 0; i < g->q_len; i++)
+            c += labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
+                              ignore_index
+                        : i + 1 < g->q_len;
+        tokens += c;
+        sequences += c > 0;
+    }
+    double denom = mode == MASKPACK_LOSS_TOKEN ? (double)tokens : (double)sequences;
+    /* pass 2: pads 0, labelled tokens 1/denom (token) or 1/(count * denom) (sequence) */
+    for (int64_t r = 0; r < L->n_rows; r++)
+        for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
+    for (size_t k = 0; k < L->n_segments && denom > 0; k++) {
+        const maskpack_segment *g = &L->segs[k];
+        int64_t c = 0;
+        for (int64_t i = 0; i < g->q_len; i++)
+            c += labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
+                              ignore_index
+                        : i + 1 < g->q_len;
+        if (c == 0) continue;
+        double w = mode == MASKPACK_LOSS_TOKEN ? 1.0 / denom : 1.0 / ((double)c * denom);
+        for (int64_t i = 0; i < g->q_len; i++) {
+            int lab = labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
+                                   ignore_index
+                             : i + 1 < g->q_len;
+            if (lab) mp_write_f64(out->dtype, out->data, tok_off(out, g->row, g->q_start + i), w);
+        }
+    }
+    *denominator = denom;
+    return mp_ok(err);
+}
