@@ -1,0 +1,141 @@
+/* bench_relayout.c: pack, unpack and CP shard through the copy-plan engine against memcpy of the same
+ * bytes, for an L2-sized and a DRAM-sized per-token tensor, in one run. Prints medians and ratios. */
+#include <maskpack.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define REPS 21
+
+typedef struct ctx {
+    const maskpack_layout *src, *dst;
+    maskpack_relayout_plan *plan;
+    const maskpack_tensor *x;
+    maskpack_tensor *out;
+    int threads;
+} ctx;
+
+static double median(double *t) {
+    qsort(t, REPS, sizeof *t, cmp_d);
+    return t[REPS / 2];
+}
+
+static double time_memcpy(void *dst, const void *src, size_t bytes, int reps) {
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double a = now();
+        for (int i = 0; i < reps; i++) memcpy(dst, src, bytes);
+        t[r] = (now() - a) / reps;
+    }
+    return median(t);
+}
+
+static double time_relayout(ctx *c, int reps) {
+    double t[REPS];
+    maskpack_error e;
+    const maskpack_tensor *xs[1] = {c->x};
+    for (int r = 0; r < REPS; r++) {
+        double a = now();
+        for (int i = 0; i < reps; i++)
+            if (maskpack_relayout_execute(c->plan, xs, c->out, NULL, c->threads, &e)) {
+                fprintf(stderr, "relayout failed: %s\n", e.message);
+                exit(1);
+            }
+        t[r] = (now() - a) / reps;
+    }
+    return median(t);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static int64_t rnd_in(int64_t lo, int64_t hi) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return lo + (int64_t)(rng % (uint64_t)(hi - lo + 1));
+}
+
+static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int reps, int threads) {
+    maskpack_error e;
+    int64_t *lens = malloc(sizeof(int64_t) * (size_t)B);
+    for (int64_t b = 0; b < B; b++) lens[b] = rnd_in(S / 2, S); /* about 25% padding */
+    maskpack_layout *Pd = NULL, *Pk = NULL, *G = NULL, *Sh = NULL;
+    maskpack_layout_from_lengths(lens, (size_t)B, MASKPACK_PLACE_RIGHT, S, NULL, &Pd, &e);
+    maskpack_layout_packed_of(Pd, &Pk, &e);
+    maskpack_layout_pad_to_multiple(Pk, 4, &G, &e);
+    maskpack_layout_cp_shard(G, 2, 0, MASKPACK_CP_ZIGZAG, &Sh, &e);
+    int64_t T = maskpack_layout_q_width(Pk), TG = maskpack_layout_q_width(G), TL = TG / 2;
+    size_t tokbytes = (size_t)C * sizeof(uint16_t);
+    uint16_t *padded = malloc((size_t)(B * S) * tokbytes), *packed = malloc((size_t)TG * tokbytes);
+    uint16_t *shard = malloc((size_t)TL * tokbytes), *scratch = malloc((size_t)(B * S) * tokbytes);
+    memset(padded, 1, (size_t)(B * S) * tokbytes);
+    memset(packed, 2, (size_t)TG * tokbytes);
+    memset(scratch, 3, (size_t)(B * S) * tokbytes);
+    memset(shard, 4, (size_t)TL * tokbytes);
+    int64_t ps[3] = {B, S, C}, ks[2] = {T, C}, gs[2] = {TG, C}, ls[2] = {TL, C};
+    maskpack_tensor pt = maskpack_tensor_contiguous(padded, MASKPACK_BF16, 3, ps);
+    maskpack_tensor kt = maskpack_tensor_contiguous(packed, MASKPACK_BF16, 2, ks);
+    maskpack_tensor gt = maskpack_tensor_contiguous(packed, MASKPACK_BF16, 2, gs);
+    maskpack_tensor lt = maskpack_tensor_contiguous(shard, MASKPACK_BF16, 2, ls);
+    maskpack_tensor st = maskpack_tensor_contiguous(scratch, MASKPACK_BF16, 3, ps);
+
+    struct {
+        const char *name;
+        const maskpack_layout *src, *dst;
+        const maskpack_tensor *x;
+        maskpack_tensor *out;
+        size_t bytes; /* bytes written */
+    } ops[3] = {
+        {"pack   (padded -> packed)", Pd, Pk, &pt, &kt, (size_t)T * tokbytes},
+        {"unpack (packed -> padded)", Pk, Pd, &kt, &st, (size_t)(B * S) * tokbytes},
+        {"shard  (padded -> CP rank 0 of 2, zigzag)", Pd, Sh, &pt, &lt, (size_t)TL * tokbytes},
+    };
+    printf("%s: [%lld x %lld] x %lld bf16 (%.1f MB padded, %lld real tokens), %d thread(s)\n", label,
+           (long long)B, (long long)S, (long long)C, (double)(B * S) * (double)tokbytes / 1e6, (long long)T, threads);
+    for (int o = 0; o < 3; o++) {
+        ctx c = {ops[o].src, ops[o].dst, NULL, ops[o].x, ops[o].out, threads};
+        const maskpack_layout *srcs[1] = {ops[o].src};
+        if (maskpack_relayout_plan_create(srcs, 1, ops[o].dst, &c.plan, &e)) {
+            fprintf(stderr, "plan failed: %s\n", e.message);
+            exit(1);
+        }
+        time_relayout(&c, 1); /* warm-up */
+        double tm = time_memcpy(scratch, padded, ops[o].bytes, reps);
+        double tr = time_relayout(&c, reps);
+        printf("  %-44s %7.2f GB/s   memcpy %7.2f GB/s   ratio %.2fx (target >= 0.8x)\n", ops[o].name,
+               (double)ops[o].bytes / tr / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tr);
+        maskpack_relayout_plan_free(c.plan);
+    }
+    (void)gt;
+    free(lens);
+    free(padded);
+    free(packed);
+    free(shard);
+    free(scratch);
+    maskpack_layout_free(Pd);
+    maskpack_layout_free(Pk);
+    maskpack_layout_free(G);
+    maskpack_layout_free(Sh);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    printf("maskpack %s relayout benchmark (median of %d runs; memcpy of the same bytes measured in this run)\n",
+           maskpack_version_string(), REPS);
+    run_case("L2-sized", 8, 512, 64, 200, threads);
+    run_case("DRAM-sized", 16, 8192, 1024, 2, threads);
+    return 0;
+}
