@@ -46,50 +46,6 @@ static uint64_t additive_fill_bits(maskpack_dtype d, maskpack_fill fill) {
     }
 }
 
-/* Sorted, merged allowed key intervals (absolute key columns) of local query row i of segment k.
- * *span_cursor walks the segment's spans as i increases. Returns the interval count (<= 3). */
-static int row_intervals(const maskpack_layout *L, size_t k, int64_t i, size_t *span_cursor, int64_t iv[3][2]) {
-    int64_t tmp[3][2];
-    int n = 0;
-    int64_t lo, hi;
-    mp_base_key_range(L, k, i, &lo, &hi);
-    if (lo < hi) {
-        tmp[n][0] = lo;
-        tmp[n++][1] = hi;
-    }
-    if (L->prefix && L->prefix[k] > 0) {
-        tmp[n][0] = 0;
-        tmp[n++][1] = L->prefix[k];
-    }
-    size_t t = *span_cursor, tend = L->span_begin[k + 1];
-    while (t < tend && L->spans[t].end <= i) t++;
-    *span_cursor = t;
-    if (t < tend && L->spans[t].start <= i) {
-        tmp[n][0] = L->spans[t].start;
-        tmp[n++][1] = L->spans[t].end;
-    }
-    /* insertion sort by start, then merge overlapping or touching intervals */
-    for (int a = 1; a < n; a++)
-        for (int b = a; b > 0 && tmp[b][0] < tmp[b - 1][0]; b--) {
-            int64_t x0 = tmp[b][0], x1 = tmp[b][1];
-            tmp[b][0] = tmp[b - 1][0];
-            tmp[b][1] = tmp[b - 1][1];
-            tmp[b - 1][0] = x0;
-            tmp[b - 1][1] = x1;
-        }
-    int m = 0;
-    int64_t base = L->segs[k].kv_start;
-    for (int a = 0; a < n; a++) {
-        if (m > 0 && tmp[a][0] <= iv[m - 1][1] - base) {
-            if (tmp[a][1] + base > iv[m - 1][1]) iv[m - 1][1] = tmp[a][1] + base;
-        } else {
-            iv[m][0] = tmp[a][0] + base;
-            iv[m++][1] = tmp[a][1] + base;
-        }
-    }
-    return m;
-}
-
 /* Writes one query row of Skv keys: `deny` everywhere except the intervals, which get `allow`. */
 static void write_row(void *data, int64_t off, int64_t cs, int64_t skv, size_t es, uint64_t allow, uint64_t deny,
                       int64_t iv[3][2], int n) {
@@ -113,7 +69,7 @@ static void write_plane(const maskpack_layout *L, int64_t b, void *data, int64_t
         size_t cursor = L->span_begin[k];
         for (int64_t li = 0; li < g->q_len; li++, i++) {
             int64_t iv[3][2];
-            int n = row_intervals(L, k, li, &cursor, iv);
+            int n = mpd_row_intervals(L, k, li, &cursor, iv);
             write_row(data, plane + i * s2, s3, skv, es, allow, deny, iv, n);
         }
     }

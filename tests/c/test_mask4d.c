@@ -1,3 +1,842 @@
-/* test_mask4d.c: placeholder; fails until its owner lands the real tests. */
-#include <stdio.h>
-int main(void) { fprintf(stderr, "test_mask4d: not written yet\n"); return 1; }
+/* test_mask4d.c: maskpack_mask2d_from_mask4d and maskpack_layout_from_mask4d on hand-built 4D masks
+ * (ms-swift and verl padding forms, packed documents, bidirectional, windows, prefix-LM, VLM spans,
+ * every convention and dtype, heads, strides, errors) and a round-trip property over random layouts. */
+#include "check.h"
+#include "internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint64_t xorshift(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+static int64_t rnd(rng *r, int64_t n) { return n <= 0 ? 0 : (int64_t)(xorshift(r) % (uint64_t)n); }
+
+/* Writes one element of any dtype (integers get v as an integer). */
+static void put(void *data, maskpack_dtype dt, int64_t off, double v) {
+    switch (dt) {
+    case MASKPACK_BOOL:
+    case MASKPACK_U8: ((uint8_t *)data)[off] = (uint8_t)v; break;
+    case MASKPACK_I8: ((int8_t *)data)[off] = (int8_t)v; break;
+    case MASKPACK_I16: ((int16_t *)data)[off] = (int16_t)v; break;
+    case MASKPACK_I32: ((int32_t *)data)[off] = (int32_t)v; break;
+    case MASKPACK_I64: ((int64_t *)data)[off] = (int64_t)v; break;
+    case MASKPACK_F16: ((uint16_t *)data)[off] = mp_f32_to_f16((float)v); break;
+    case MASKPACK_BF16: ((uint16_t *)data)[off] = mp_f32_to_bf16((float)v); break;
+    case MASKPACK_F32: ((float *)data)[off] = (float)v; break;
+    case MASKPACK_F64: ((double *)data)[off] = v; break;
+    default: break;
+    }
+}
+
+/* att[b][i][j] (1 = attend) -> a freshly allocated [B,H,S,S] tensor in `conv` and `dt`; additive
+ * masks use `neg` for excluded pairs. Every head gets the same pattern. */
+static maskpack_tensor encode(const uint8_t *att, int64_t B, int64_t H, int64_t S, maskpack_mask_convention conv,
+                              maskpack_dtype dt, double neg) {
+    int64_t shape[4] = {B, H, S, S};
+    size_t n = (size_t)(B * H * S * S);
+    void *data = calloc(n > 0 ? n : 1, maskpack_dtype_size(dt));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < S; i++)
+                for (int64_t j = 0; j < S; j++) {
+                    int a = att[(b * S + i) * S + j];
+                    double v = conv == MASKPACK_MASK_KEEP ? a : conv == MASKPACK_MASK_MASKED ? !a : (a ? 0.0 : neg);
+                    put(data, dt, ((b * H + h) * S + i) * S + j, v);
+                }
+    return maskpack_tensor_contiguous(data, dt, 4, shape);
+}
+
+/* The reference predicate of a layout as att[b][i][j]. */
+static uint8_t *att_of_layout(const maskpack_layout *L, int64_t B, int64_t S) {
+    uint8_t *att = calloc((size_t)(B * S * S > 0 ? B * S * S : 1), 1);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++) att[(b * S + i) * S + j] = (uint8_t)maskpack_allowed(L, b, 0, i, j);
+    return att;
+}
+
+/* Number of (b,i,j) where the two layouts' predicates differ (prints the first). */
+static int64_t pred_diff(const maskpack_layout *x, const maskpack_layout *y, int64_t B, int64_t S) {
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++)
+                if (maskpack_allowed(x, b, 0, i, j) != maskpack_allowed(y, b, 0, i, j)) {
+                    if (n == 0)
+                        fprintf(stderr, "  predicates differ at (b=%lld, i=%lld, j=%lld): %d vs %d\n", (long long)b,
+                                (long long)i, (long long)j, maskpack_allowed(x, b, 0, i, j),
+                                maskpack_allowed(y, b, 0, i, j));
+                    n++;
+                }
+    return n;
+}
+
+/* 1 iff both layouts have the same segments. */
+static int same_segments(const maskpack_layout *x, const maskpack_layout *y) {
+    if (maskpack_layout_n_segments(x) != maskpack_layout_n_segments(y)) return 0;
+    for (size_t k = 0; k < maskpack_layout_n_segments(x); k++) {
+        maskpack_segment a, b;
+        maskpack_layout_segment(x, k, &a, NULL);
+        maskpack_layout_segment(y, k, &b, NULL);
+        if (memcmp(&a, &b, sizeof a) != 0) return 0;
+    }
+    return 1;
+}
+
+static maskpack_layout *layout_of(const maskpack_segment *s, size_t n, int64_t B, int64_t S, const maskpack_rule *r) {
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, n, B, S, S, 0, r, &L, &e), e);
+    return L;
+}
+
+/* Parses t back and checks the recovered layout against the original: same predicate everywhere,
+ * and (when want_segs) the same segments. Returns the recovered layout (caller frees) or NULL. */
+static maskpack_layout *parse_and_match(const maskpack_tensor *t, maskpack_mask_convention conv,
+                                        const maskpack_layout *orig, int want_segs) {
+    maskpack_layout *R = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_mask4d(t, conv, &R, &e), e);
+    if (!R) return NULL;
+    CHECK_EQ(maskpack_layout_n_rows(R), maskpack_layout_n_rows(orig));
+    CHECK_EQ(maskpack_layout_q_width(R), maskpack_layout_q_width(orig));
+    CHECK_EQ(pred_diff(R, orig, maskpack_layout_n_rows(orig), maskpack_layout_q_width(orig)), 0);
+    if (want_segs) CHECK(same_segments(R, orig));
+    return R;
+}
+
+/* Runs mask2d_from_mask4d into a u8 [B,S] buffer and compares with the layout's real tokens. */
+static void check_mask2d(const maskpack_tensor *t, maskpack_mask_convention conv, const maskpack_layout *L) {
+    int64_t B = maskpack_layout_n_rows(L), S = maskpack_layout_q_width(L);
+    uint8_t *out = malloc((size_t)(B * S > 0 ? B * S : 1));
+    int64_t shape[2] = {B, S};
+    maskpack_tensor o = maskpack_tensor_contiguous(out, MASKPACK_U8, 2, shape);
+    maskpack_error e;
+    CHECK_OK(maskpack_mask2d_from_mask4d(t, conv, &o, &e), e);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++) CHECK_EQ(out[b * S + s], maskpack_segment_of_query(L, b, s) >= 0);
+    free(out);
+}
+
+/* ---- padding: ms-swift vs verl forms ------------------------------------------------------- */
+
+/* Row 0 right padding, row 1 left padding, row 2 padding on both sides; causal. ms-swift's
+ * mask only masks keys (pad query rows still see the valid keys j <= i), verl's masks pad rows
+ * entirely. Both must give the same 2D mask and the same layout. */
+static void test_padding_forms(void) {
+    const int64_t B = 3, S = 7;
+    maskpack_segment segs[3] = {{0, 0, 5, 0, 5}, {1, 3, 4, 3, 4}, {2, 1, 4, 1, 4}};
+    maskpack_layout *L = layout_of(segs, 3, B, S, NULL);
+    if (!L) return;
+    uint8_t swift[3 * 7 * 7], verl[3 * 7 * 7];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++) {
+                int vi = maskpack_segment_of_query(L, b, i) >= 0, vj = maskpack_segment_of_query(L, b, j) >= 0;
+                swift[(b * S + i) * S + j] = (uint8_t)(vj && j <= i);
+                verl[(b * S + i) * S + j] = (uint8_t)(vi && vj && j <= i);
+            }
+    /* the forms really differ on pad rows: row 0's pad query 6 sees key 0 in ms-swift's form only */
+    CHECK_EQ(swift[(0 * S + 6) * S + 0], 1);
+    CHECK_EQ(verl[(0 * S + 6) * S + 0], 0);
+
+    maskpack_tensor ts = encode(swift, B, 1, S, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+    maskpack_tensor tv = encode(verl, B, 1, S, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+    check_mask2d(&ts, MASKPACK_MASK_MASKED, L);
+    check_mask2d(&tv, MASKPACK_MASK_MASKED, L);
+
+    /* int64 output, compared element by element between the two forms */
+    int64_t o1[21], o2[21];
+    int64_t shape[2] = {B, S};
+    maskpack_tensor t1 = maskpack_tensor_contiguous(o1, MASKPACK_I64, 2, shape);
+    maskpack_tensor t2 = maskpack_tensor_contiguous(o2, MASKPACK_I64, 2, shape);
+    maskpack_error e;
+    CHECK_OK(maskpack_mask2d_from_mask4d(&ts, MASKPACK_MASK_MASKED, &t1, &e), e);
+    CHECK_OK(maskpack_mask2d_from_mask4d(&tv, MASKPACK_MASK_MASKED, &t2, &e), e);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0);
+    CHECK_EQ(o1[0 * S + 4], 1);
+    CHECK_EQ(o1[0 * S + 5], 0);
+    CHECK_EQ(o1[1 * S + 2], 0);
+    CHECK_EQ(o1[1 * S + 3], 1);
+    CHECK_EQ(o1[2 * S + 0], 0);
+    CHECK_EQ(o1[2 * S + 4], 1);
+    CHECK_EQ(o1[2 * S + 5], 0);
+
+    maskpack_layout *Rs = parse_and_match(&ts, MASKPACK_MASK_MASKED, L, 1);
+    maskpack_layout *Rv = parse_and_match(&tv, MASKPACK_MASK_MASKED, L, 1);
+    if (Rs && Rv) {
+        CHECK(same_segments(Rs, Rv));
+        CHECK_EQ(pred_diff(Rs, Rv, B, S), 0);
+        maskpack_rule r = maskpack_layout_rule(Rs);
+        CHECK_EQ(r.causal, 1);
+        CHECK_EQ(r.window_left, -1);
+        CHECK_EQ(r.n_spans, 0);
+        CHECK(r.prefix == NULL);
+    }
+    maskpack_layout_free(Rs);
+    maskpack_layout_free(Rv);
+    free(ts.data);
+    free(tv.data);
+    maskpack_layout_free(L);
+}
+
+/* ---- structures ---------------------------------------------------------------------------- */
+
+/* Two rows of packed documents (row 0 ends with 2 pad columns). */
+static const maskpack_segment packed_segs[5] = {
+    {0, 0, 3, 0, 3}, {0, 3, 4, 3, 4}, {0, 7, 3, 7, 3}, {1, 0, 5, 0, 5}, {1, 5, 7, 5, 7}};
+
+static maskpack_layout *roundtrip(const maskpack_segment *segs, size_t n, int64_t B, int64_t S,
+                                  const maskpack_rule *rule, maskpack_mask_convention conv, maskpack_dtype dt,
+                                  double neg, int want_segs) {
+    maskpack_layout *L = layout_of(segs, n, B, S, rule);
+    if (!L) return NULL;
+    uint8_t *att = att_of_layout(L, B, S);
+    maskpack_tensor t = encode(att, B, 1, S, conv, dt, neg);
+    check_mask2d(&t, conv, L);
+    maskpack_layout *R = parse_and_match(&t, conv, L, want_segs);
+    free(t.data);
+    free(att);
+    maskpack_layout_free(L);
+    return R;
+}
+
+static void test_packed_documents(void) {
+    maskpack_layout *R = roundtrip(packed_segs, 5, 2, 12, NULL, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0, 1);
+    if (!R) return;
+    CHECK_EQ(maskpack_layout_n_segments(R), 5);
+    maskpack_rule r = maskpack_layout_rule(R);
+    CHECK_EQ(r.causal, 1);
+    CHECK_EQ(r.window_left, -1);
+    CHECK_EQ(r.n_spans, 0);
+    CHECK(r.prefix == NULL);
+    maskpack_layout_free(R);
+}
+
+static void test_bidirectional(void) {
+    maskpack_rule rule = maskpack_rule_default();
+    rule.causal = 0;
+    maskpack_layout *R = roundtrip(packed_segs, 5, 2, 12, &rule, MASKPACK_MASK_MASKED, MASKPACK_U8, 0, 1);
+    if (!R) return;
+    maskpack_rule r = maskpack_layout_rule(R);
+    CHECK_EQ(r.causal, 0);
+    CHECK_EQ(r.window_left, -1);
+    CHECK_EQ(r.window_right, -1);
+    CHECK_EQ(r.n_spans, 0);
+    CHECK(r.prefix == NULL);
+    maskpack_layout_free(R);
+}
+
+static void test_sliding_window(void) {
+    maskpack_segment segs[2] = {{0, 0, 10, 0, 10}, {1, 2, 3, 2, 3}};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.window_left = 2;
+    maskpack_layout *R = roundtrip(segs, 2, 2, 12, &rule, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 1);
+        CHECK_EQ(r.window_left, 2);
+        CHECK_EQ(r.n_spans, 0);
+        CHECK(r.prefix == NULL);
+        maskpack_layout_free(R);
+    }
+    /* a bidirectional band (left 2, right 1) */
+    rule.causal = 0;
+    rule.window_left = 2;
+    rule.window_right = 1;
+    R = roundtrip(segs, 2, 2, 12, &rule, MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 0);
+        CHECK_EQ(r.window_left, 2);
+        CHECK_EQ(r.window_right, 1);
+        maskpack_layout_free(R);
+    }
+}
+
+static void test_prefix_lm(void) {
+    maskpack_segment segs[2] = {{0, 0, 8, 0, 8}, {0, 8, 4, 8, 4}};
+    int64_t prefix[2] = {3, 0};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.prefix = prefix;
+    rule.n_prefix = 2;
+    maskpack_layout *R = roundtrip(segs, 2, 1, 13, &rule, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0, 1);
+    if (!R) return;
+    maskpack_rule r = maskpack_layout_rule(R);
+    CHECK_EQ(r.causal, 1);
+    CHECK_EQ(r.window_left, -1);
+    CHECK_EQ(r.n_spans, 0);
+    CHECK(r.prefix != NULL && r.n_prefix == 2);
+    if (r.prefix && r.n_prefix == 2) {
+        CHECK_EQ(r.prefix[0], 3);
+        CHECK_EQ(r.prefix[1], 0);
+    }
+    maskpack_layout_free(R);
+}
+
+static void test_vlm_span(void) {
+    /* image tokens 3..6 of a 12-token causal sequence see each other */
+    maskpack_segment seg = {0, 0, 12, 0, 12};
+    maskpack_span sp = {0, 3, 7};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.spans = &sp;
+    rule.n_spans = 1;
+    maskpack_layout *R = roundtrip(&seg, 1, 1, 12, &rule, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 1);
+        CHECK_EQ(r.n_spans, 1);
+        if (r.n_spans == 1) {
+            CHECK_EQ(r.spans[0].segment, 0);
+            CHECK_EQ(r.spans[0].start, 3);
+            CHECK_EQ(r.spans[0].end, 7);
+        }
+        CHECK(r.prefix == NULL);
+        maskpack_layout_free(R);
+    }
+    /* a causal document next to a fully bidirectional one: the second becomes one span */
+    maskpack_segment two[2] = {{0, 0, 4, 0, 4}, {0, 4, 5, 4, 5}};
+    maskpack_span whole = {1, 0, 5};
+    rule.spans = &whole;
+    R = roundtrip(two, 2, 1, 10, &rule, MASKPACK_MASK_MASKED, MASKPACK_I32, 0, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 1);
+        CHECK_EQ(r.n_spans, 1);
+        if (r.n_spans == 1) {
+            CHECK_EQ(r.spans[0].segment, 1);
+            CHECK_EQ(r.spans[0].start, 0);
+            CHECK_EQ(r.spans[0].end, 5);
+        }
+        maskpack_layout_free(R);
+    }
+}
+
+/* The same predicate in every convention and several dtypes gives the same layout. */
+static void test_conventions(void) {
+    maskpack_segment segs[3] = {{0, 1, 6, 1, 6}, {1, 0, 4, 0, 4}, {1, 4, 3, 4, 3}};
+    maskpack_span sp = {0, 1, 4};
+    int64_t prefix[3] = {0, 2, 0};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.spans = &sp;
+    rule.n_spans = 1;
+    rule.prefix = prefix;
+    rule.n_prefix = 3;
+    maskpack_layout *L = layout_of(segs, 3, 2, 8, &rule);
+    if (!L) return;
+    uint8_t *att = att_of_layout(L, 2, 8);
+    struct {
+        maskpack_mask_convention conv;
+        maskpack_dtype dt;
+        double neg;
+    } forms[] = {
+        {MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0},       {MASKPACK_MASK_MASKED, MASKPACK_I32, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_U8, 0},           {MASKPACK_MASK_KEEP, MASKPACK_I64, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_F32, 0},          {MASKPACK_MASK_MASKED, MASKPACK_F16, 0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -10000.0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -FLT_MAX}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, -65504.0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, -INFINITY}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, -DBL_MAX},
+    };
+    maskpack_layout *first = NULL;
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        maskpack_tensor t = encode(att, 2, 1, 8, forms[f].conv, forms[f].dt, forms[f].neg);
+        check_mask2d(&t, forms[f].conv, L);
+        maskpack_layout *R = parse_and_match(&t, forms[f].conv, L, 1);
+        if (R) {
+            maskpack_rule r = maskpack_layout_rule(R);
+            CHECK_EQ(r.n_spans, 1);
+            CHECK(r.prefix != NULL);
+            if (r.prefix) CHECK_EQ(r.prefix[1], 2);
+            if (!first) {
+                first = R;
+            } else {
+                CHECK(same_segments(first, R));
+                CHECK_EQ(pred_diff(first, R, 2, 8), 0);
+                maskpack_layout_free(R);
+            }
+        }
+        free(t.data);
+    }
+    /* bf16's own most negative finite value, written as raw bits */
+    maskpack_tensor t = encode(att, 2, 1, 8, MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, -1.0);
+    uint16_t *bits = t.data;
+    for (int64_t k = 0; k < 2 * 8 * 8; k++)
+        if (bits[k] != 0) bits[k] = 0xff7fu;
+    maskpack_layout *R = parse_and_match(&t, MASKPACK_MASK_ADDITIVE, L, 1);
+    maskpack_layout_free(R);
+    free(t.data);
+    maskpack_layout_free(first);
+    free(att);
+    maskpack_layout_free(L);
+}
+
+/* ---- heads and strides ----------------------------------------------------------------------- */
+
+static void test_heads(void) {
+    const int64_t B = 2, H = 3, S = 6;
+    maskpack_segment segs[2] = {{0, 0, 4, 0, 4}, {1, 1, 5, 1, 5}};
+    maskpack_layout *L = layout_of(segs, 2, B, S, NULL);
+    if (!L) return;
+    uint8_t *att = att_of_layout(L, B, S);
+    maskpack_tensor t = encode(att, B, H, S, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+    uint8_t *d = t.data;
+    maskpack_layout *R = parse_and_match(&t, MASKPACK_MASK_MASKED, L, 1);
+    maskpack_layout_free(R);
+
+    /* heads may disagree on pad query rows (row 1, query 0 is padding; key 3 is valid anyway) */
+    d[((1 * H + 1) * S + 0) * S + 3] = 0;
+    R = parse_and_match(&t, MASKPACK_MASK_MASKED, L, 1);
+    maskpack_layout_free(R);
+
+    /* but not on a valid row: head 2 of row 1 lets query 4 see key 5 */
+    d[((1 * H + 2) * S + 4) * S + 5] = 0;
+    maskpack_layout *sentinel = (maskpack_layout *)&t;
+    R = sentinel;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+    CHECK(R == sentinel); /* nothing written on failure */
+    CHECK_EQ(e.index[0], 1);
+    CHECK_EQ(e.index[1], 2);
+    CHECK_EQ(e.index[2], 4);
+    CHECK_EQ(e.index[3], 5);
+    CHECK_MSG(e, "head 2");
+    /* the 2D mask is still defined (column 5 is valid either way) */
+    check_mask2d(&t, MASKPACK_MASK_MASKED, L);
+    free(t.data);
+    free(att);
+    maskpack_layout_free(L);
+}
+
+static void test_strides(void) {
+    const int64_t B = 2, S = 7;
+    maskpack_segment segs[3] = {{0, 0, 3, 0, 3}, {0, 3, 3, 3, 3}, {1, 2, 5, 2, 5}};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.window_left = 1;
+    maskpack_layout *L = layout_of(segs, 3, B, S, &rule);
+    if (!L) return;
+    uint8_t *att = att_of_layout(L, B, S);
+    maskpack_tensor t = encode(att, B, 1, S, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0);
+
+    /* expanded head dimension: [B,4,S,S] with head stride 0 */
+    maskpack_tensor x = t;
+    x.shape[1] = 4;
+    x.strides[1] = 0;
+    maskpack_layout *R = parse_and_match(&x, MASKPACK_MASK_KEEP, L, 1);
+    if (R) CHECK_EQ(maskpack_layout_rule(R).window_left, 1);
+    maskpack_layout_free(R);
+    check_mask2d(&x, MASKPACK_MASK_KEEP, L);
+
+    /* a transposed view: memory holds [b][j][i], strides swap the last two dims */
+    uint8_t *tr = malloc((size_t)(B * S * S));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++) tr[(b * S + j) * S + i] = att[(b * S + i) * S + j];
+    int64_t shape[4] = {B, 1, S, S};
+    maskpack_tensor y = maskpack_tensor_contiguous(tr, MASKPACK_BOOL, 4, shape);
+    y.strides[2] = 1;
+    y.strides[3] = S;
+    R = parse_and_match(&y, MASKPACK_MASK_KEEP, L, 1);
+    maskpack_layout_free(R);
+    check_mask2d(&y, MASKPACK_MASK_KEEP, L);
+
+    /* a strided output: every other int32 of a [B, 2S] buffer */
+    int32_t out[2 * 14];
+    for (int k = 0; k < 28; k++) out[k] = -7;
+    int64_t oshape[2] = {B, S};
+    maskpack_tensor o = maskpack_tensor_contiguous(out, MASKPACK_I32, 2, oshape);
+    o.strides[0] = 2 * S;
+    o.strides[1] = 2;
+    maskpack_error e;
+    CHECK_OK(maskpack_mask2d_from_mask4d(&y, MASKPACK_MASK_KEEP, &o, &e), e);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++) {
+            CHECK_EQ(out[b * 2 * S + 2 * s], maskpack_segment_of_query(L, b, s) >= 0);
+            CHECK_EQ(out[b * 2 * S + 2 * s + 1], -7); /* gaps untouched */
+        }
+    free(tr);
+    free(t.data);
+    free(att);
+    maskpack_layout_free(L);
+}
+
+/* ---- padding-only forms -------------------------------------------------------------------- */
+
+static void test_padding_mask_forms(void) {
+    const int64_t B = 2, S = 5;
+    /* TE [B,1,1,S] MASKED: row 0 has tokens 0..2, row 1 tokens 1..4 */
+    uint8_t te[10] = {0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
+    int64_t s4[4] = {B, 1, 1, S};
+    maskpack_tensor t = maskpack_tensor_contiguous(te, MASKPACK_BOOL, 4, s4);
+    uint8_t out[10];
+    int64_t os[2] = {B, S};
+    maskpack_tensor o = maskpack_tensor_contiguous(out, MASKPACK_BOOL, 2, os);
+    maskpack_error e;
+    CHECK_OK(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_MASKED, &o, &e), e);
+    for (int k = 0; k < 10; k++) CHECK_EQ(out[k], !te[k]);
+
+    /* [B,S] KEEP int32 read through a transposed view of an [S,B] buffer */
+    int32_t keep_t[10]; /* keep_t[s*B + b] */
+    int32_t keep[10] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++) keep_t[s * B + b] = keep[b * S + s];
+    int64_t s2[2] = {B, S};
+    maskpack_tensor k2 = maskpack_tensor_contiguous(keep_t, MASKPACK_I32, 2, s2);
+    k2.strides[0] = 1;
+    k2.strides[1] = B;
+    int64_t out64[10];
+    maskpack_tensor o64 = maskpack_tensor_contiguous(out64, MASKPACK_I64, 2, os);
+    CHECK_OK(maskpack_mask2d_from_mask4d(&k2, MASKPACK_MASK_KEEP, &o64, &e), e);
+    for (int k = 0; k < 10; k++) CHECK_EQ(out64[k], keep[k]);
+
+    /* a layout cannot be recovered from a padding-only mask */
+    maskpack_layout *R = NULL;
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_MSG(e, "Sq = 1");
+    CHECK(R == NULL);
+    CHECK_STATUS(maskpack_layout_from_mask4d(&k2, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_SHAPE, e);
+    /* wrong output shape or dtype */
+    int64_t bad[2] = {B, S + 1};
+    maskpack_tensor ob = maskpack_tensor_contiguous(out, MASKPACK_BOOL, 2, bad);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_MASKED, &ob, &e), MASKPACK_ERR_SHAPE, e);
+    float of[10];
+    maskpack_tensor obf = maskpack_tensor_contiguous(of, MASKPACK_F32, 2, os);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_MASKED, &obf, &e), MASKPACK_ERR_DTYPE, e);
+    /* [B,1,3,S]: neither square nor a padding row */
+    int64_t s43[4] = {1, 1, 3, 5};
+    uint8_t z[15] = {0};
+    maskpack_tensor t3 = maskpack_tensor_contiguous(z, MASKPACK_BOOL, 4, s43);
+    int64_t os1[2] = {1, 5};
+    maskpack_tensor o1 = maskpack_tensor_contiguous(out, MASKPACK_BOOL, 2, os1);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t3, MASKPACK_MASK_MASKED, &o1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t3, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_MSG(e, "Sq = 3, Skv = 5");
+}
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static void test_not_representable(void) {
+    maskpack_error e;
+    maskpack_layout *R = NULL;
+    /* a random sparse pattern (every token sees itself, so every column is valid) */
+    {
+        const int64_t S = 10;
+        uint8_t att[100];
+        rng r = {0x9e3779b97f4a7c15ull};
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++) att[i * S + j] = (uint8_t)(i == j || rnd(&r, 3) == 0);
+        maskpack_tensor t = encode(att, 1, 1, S, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+        CHECK(R == NULL);
+        CHECK_EQ(e.index[0], 0);
+        CHECK_EQ(e.index[1], 0);
+        CHECK(e.index[2] >= 0 && e.index[2] < S && e.index[3] >= 0 && e.index[3] < S);
+        CHECK(strlen(e.message) > 20);
+        free(t.data);
+    }
+    /* a query sees a key of another document: documents [0,3) and [3,7), query 6 sees key 1 */
+    {
+        maskpack_segment segs[2] = {{0, 0, 3, 0, 3}, {0, 3, 4, 3, 4}};
+        maskpack_layout *L = layout_of(segs, 2, 1, 8, NULL);
+        uint8_t *att = att_of_layout(L, 1, 8);
+        att[6 * 8 + 1] = 1;
+        maskpack_tensor t = encode(att, 1, 1, 8, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE,
+                     e);
+        CHECK_MSG(e, "not block-diagonal");
+        CHECK_EQ(e.index[0], 0);
+        CHECK_EQ(e.index[2], 6);
+        CHECK_EQ(e.index[3], 1);
+        free(t.data);
+        /* same with padding between the documents */
+        maskpack_segment segp[2] = {{0, 0, 3, 0, 3}, {0, 4, 4, 4, 4}};
+        maskpack_layout *L2 = layout_of(segp, 2, 1, 8, NULL);
+        uint8_t *att2 = att_of_layout(L2, 1, 8);
+        att2[6 * 8 + 1] = 1;
+        t = encode(att2, 1, 1, 8, MASKPACK_MASK_KEEP, MASKPACK_U8, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+        CHECK_MSG(e, "not block-diagonal");
+        CHECK_EQ(e.index[2], 6);
+        CHECK_EQ(e.index[3], 1);
+        free(t.data);
+        free(att2);
+        maskpack_layout_free(L2);
+        free(att);
+        maskpack_layout_free(L);
+    }
+    /* a causal query that sees one later key */
+    {
+        maskpack_segment seg = {0, 0, 8, 0, 8};
+        maskpack_layout *L = layout_of(&seg, 1, 1, 8, NULL);
+        uint8_t *att = att_of_layout(L, 1, 8);
+        att[5 * 8 + 7] = 1;
+        maskpack_tensor t = encode(att, 1, 1, 8, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+        CHECK_EQ(e.index[2], 5);
+        CHECK_MSG(e, "not a bidirectional span");
+        free(t.data);
+        /* a window with one row reaching too far */
+        maskpack_rule rule = maskpack_rule_default();
+        rule.window_left = 1;
+        maskpack_layout *W = layout_of(&seg, 1, 1, 8, &rule);
+        uint8_t *aw = att_of_layout(W, 1, 8);
+        aw[6 * 8 + 3] = 1;
+        t = encode(aw, 1, 1, 8, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+        CHECK_EQ(e.index[0], 0);
+        CHECK(e.index[2] >= 2);
+        free(t.data);
+        free(aw);
+        maskpack_layout_free(W);
+        /* a valid token (later queries see it) whose own row sees nothing */
+        uint8_t *a2 = att_of_layout(L, 1, 8);
+        memset(a2 + 3 * 8, 0, 8);
+        t = encode(a2, 1, 1, 8, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE,
+                     e);
+        CHECK_EQ(e.index[2], 3);
+        free(t.data);
+        free(a2);
+        /* while a last token nobody sees is padding: still representable */
+        a2 = att_of_layout(L, 1, 8);
+        memset(a2 + 7 * 8, 0, 8);
+        t = encode(a2, 1, 1, 8, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
+        CHECK_OK(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), e);
+        if (R) CHECK_EQ(maskpack_layout_n_tokens(R), 7);
+        maskpack_layout_free(R);
+        R = NULL;
+        free(t.data);
+        free(a2);
+        free(att);
+        maskpack_layout_free(L);
+    }
+}
+
+static void test_values(void) {
+    maskpack_error e;
+    maskpack_layout *R = NULL;
+    const int64_t B = 2, S = 5;
+    maskpack_segment segs[2] = {{0, 0, 5, 0, 5}, {1, 0, 3, 0, 3}};
+    maskpack_layout *L = layout_of(segs, 2, B, S, NULL);
+    uint8_t *att = att_of_layout(L, B, S);
+    uint8_t out[10];
+    int64_t os[2] = {B, S};
+    maskpack_tensor o = maskpack_tensor_contiguous(out, MASKPACK_U8, 2, os);
+
+    /* 2 in a MASKED int mask */
+    maskpack_tensor t = encode(att, B, 1, S, MASKPACK_MASK_MASKED, MASKPACK_I32, 0);
+    ((int32_t *)t.data)[(1 * S + 3) * S + 4] = 2;
+    memset(out, 0xAB, sizeof out);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_MASKED, &o, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_EQ(e.index[0], 1);
+    CHECK_EQ(e.index[1], 0);
+    CHECK_EQ(e.index[2], 3);
+    CHECK_EQ(e.index[3], 4);
+    CHECK_MSG(e, "found 2");
+    for (int k = 0; k < 10; k++) CHECK_EQ(out[k], 0xAB); /* nothing written */
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_EQ(e.index[3], 4);
+    CHECK(R == NULL);
+    /* -1 (what ~0 gives on an int mask) is rejected too */
+    ((int32_t *)t.data)[(1 * S + 3) * S + 4] = -1;
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_MASKED, &o, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_MSG(e, "found -1");
+    free(t.data);
+
+    /* additive: positive and NaN values are not biases */
+    t = encode(att, B, 1, S, MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY);
+    ((float *)t.data)[(0 * S + 2) * S + 1] = 1.0f;
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_ADDITIVE, &o, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_EQ(e.index[2], 2);
+    CHECK_EQ(e.index[3], 1);
+    ((float *)t.data)[(0 * S + 2) * S + 1] = NAN;
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_ADDITIVE, &R, &e), MASKPACK_ERR_VALUE, e);
+    /* a 0/1 float mask is not an additive one either, but a KEEP float with 0.5 is a value error */
+    free(t.data);
+    t = encode(att, B, 1, S, MASKPACK_MASK_KEEP, MASKPACK_F32, 0);
+    ((float *)t.data)[3] = 0.5f;
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_KEEP, &o, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_EQ(e.index[3], 3);
+    free(t.data);
+
+    /* ADDITIVE needs a float dtype; conventions must be known */
+    t = encode(att, B, 1, S, MASKPACK_MASK_KEEP, MASKPACK_I32, 0);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_ADDITIVE, &o, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_ADDITIVE, &R, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, (maskpack_mask_convention)7, &o, &e), MASKPACK_ERR_CONVENTION, e);
+    CHECK_STATUS(maskpack_layout_from_mask4d(NULL, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_KEEP, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    free(t.data);
+
+    /* the integer pitfall: int64 / int8 masks of 0 and 1; 1 means exactly what the convention says */
+    t = encode(att, B, 1, S, MASKPACK_MASK_MASKED, MASKPACK_I64, 0);
+    check_mask2d(&t, MASKPACK_MASK_MASKED, L);
+    R = parse_and_match(&t, MASKPACK_MASK_MASKED, L, 1);
+    maskpack_layout_free(R);
+    /* read with the wrong convention, the same integers are another mask entirely */
+    R = NULL;
+    maskpack_status s = maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e);
+    if (s == MASKPACK_OK) CHECK(pred_diff(R, L, B, S) > 0);
+    maskpack_layout_free(R);
+    free(t.data);
+    t = encode(att, B, 1, S, MASKPACK_MASK_KEEP, MASKPACK_I8, 0);
+    check_mask2d(&t, MASKPACK_MASK_KEEP, L);
+    R = parse_and_match(&t, MASKPACK_MASK_KEEP, L, 1);
+    maskpack_layout_free(R);
+    /* row 1's pad column 4 must read as padding: 1 = attend in KEEP */
+    CHECK_OK(maskpack_mask2d_from_mask4d(&t, MASKPACK_MASK_KEEP, &o, &e), e);
+    CHECK_EQ(out[1 * S + 4], 0);
+    CHECK_EQ(out[1 * S + 2], 1);
+    free(t.data);
+
+    /* empty inputs */
+    int64_t z4[4] = {0, 1, 0, 0};
+    maskpack_tensor tz = maskpack_tensor_contiguous(NULL, MASKPACK_BOOL, 4, z4);
+    R = NULL;
+    CHECK_OK(maskpack_layout_from_mask4d(&tz, MASKPACK_MASK_KEEP, &R, &e), e);
+    if (R) CHECK_EQ(maskpack_layout_n_segments(R), 0);
+    maskpack_layout_free(R);
+    free(att);
+    maskpack_layout_free(L);
+}
+
+/* All-pad rows and a fully masked batch are fine. */
+static void test_empty_rows(void) {
+    maskpack_segment seg = {1, 2, 3, 2, 3};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.causal = 0;
+    maskpack_layout *R = roundtrip(&seg, 1, 3, 6, &rule, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0, 1);
+    if (R) CHECK_EQ(maskpack_layout_n_segments(R), 1);
+    maskpack_layout_free(R);
+    R = roundtrip(NULL, 0, 2, 4, NULL, MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY, 1);
+    if (R) CHECK_EQ(maskpack_layout_n_tokens(R), 0);
+    maskpack_layout_free(R);
+}
+
+/* ---- round-trip property ------------------------------------------------------------------- */
+
+static void test_roundtrip_property(void) {
+    rng r = {0x243f6a8885a308d3ull};
+    int failures = 0;
+    for (int iter = 0; iter < 200; iter++) {
+        int64_t B = 1 + rnd(&r, 3), S = 1 + rnd(&r, 24);
+        maskpack_segment segs[128];
+        size_t n = 0;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t col = 0;
+            while (col < S && n < 120) {
+                if (rnd(&r, 4) == 0) col += 1 + rnd(&r, 2); /* padding */
+                if (col > S) col = S;
+                int64_t room = S - col;
+                int64_t len = rnd(&r, 3) == 0 ? rnd(&r, 2) : rnd(&r, room + 1); /* often 0 or 1 */
+                if (len > room) len = room;
+                maskpack_segment g = {b, col, len, col, len};
+                segs[n++] = g;
+                col += len;
+                if (len == 0 && rnd(&r, 2)) col++; /* avoid endless empty segments */
+            }
+        }
+        maskpack_rule rule = maskpack_rule_default();
+        rule.causal = (int)rnd(&r, 3) != 0;
+        if (rnd(&r, 3) == 0) rule.window_left = rnd(&r, 5);
+        if (!rule.causal && rnd(&r, 2)) rule.window_right = rnd(&r, 5);
+        int64_t prefix[128];
+        if (rnd(&r, 3) == 0) {
+            for (size_t k = 0; k < n; k++) prefix[k] = rnd(&r, segs[k].q_len + 1);
+            rule.prefix = prefix;
+            rule.n_prefix = n;
+        }
+        /* spans are HF's overlay on a causal rule (or redundant on an unwindowed bidirectional one) */
+        maskpack_span spans[256];
+        size_t ns = 0;
+        if ((rule.causal || (rule.window_left < 0 && rule.window_right < 0)) && rnd(&r, 2)) {
+            for (size_t k = 0; k < n; k++) {
+                int64_t at = 0, len = segs[k].q_len;
+                while (at < len && ns < 250) {
+                    at += rnd(&r, 4);
+                    if (at >= len) break;
+                    int64_t end = at + 1 + rnd(&r, len - at);
+                    if (rnd(&r, 2)) {
+                        maskpack_span sp = {(int64_t)k, at, end};
+                        spans[ns++] = sp;
+                    }
+                    at = end;
+                }
+            }
+            rule.spans = spans;
+            rule.n_spans = ns;
+        }
+        maskpack_layout *L = NULL;
+        maskpack_error e;
+        CHECK_OK(maskpack_layout_from_segments(segs, n, B, S, S, 0, &rule, &L, &e), e);
+        if (!L) continue;
+
+        uint8_t *att = att_of_layout(L, B, S);
+        int form = (int)rnd(&r, 3);
+        maskpack_mask_convention conv = form == 0 ? MASKPACK_MASK_KEEP : form == 1 ? MASKPACK_MASK_MASKED
+                                                                                : MASKPACK_MASK_ADDITIVE;
+        maskpack_dtype dt = form == 0 ? MASKPACK_BOOL : form == 1 ? MASKPACK_U8 : MASKPACK_F32;
+        maskpack_tensor t = encode(att, B, 1, S, conv, dt, -INFINITY);
+        if (rnd(&r, 2)) { /* broadcast heads */
+            t.shape[1] = 1 + rnd(&r, 3);
+            t.strides[1] = 0;
+        }
+        maskpack_layout *R = NULL;
+        maskpack_status s = maskpack_layout_from_mask4d(&t, conv, &R, &e);
+        CHECK_OK(s, e);
+        if (R) {
+            int64_t d = pred_diff(R, L, B, S);
+            CHECK_EQ(d, 0);
+            CHECK_EQ(maskpack_layout_n_tokens(R), maskpack_layout_n_tokens(L));
+            if (d) s = MASKPACK_ERR_NOT_REPRESENTABLE;
+        }
+        check_mask2d(&t, conv, L);
+        if (s != MASKPACK_OK && failures++ < 3) {
+            maskpack_rule q = maskpack_layout_rule(L);
+            fprintf(stderr, "  iter %d: B=%lld S=%lld causal=%d window=(%lld,%lld) spans=%zu prefix=%s\n", iter,
+                    (long long)B, (long long)S, q.causal, (long long)q.window_left, (long long)q.window_right,
+                    q.n_spans, q.prefix ? "yes" : "no");
+            for (size_t k = 0; k < n; k++)
+                fprintf(stderr, "    seg %zu: row %lld [%lld, +%lld) prefix %lld\n", k, (long long)segs[k].row,
+                        (long long)segs[k].q_start, (long long)segs[k].q_len,
+                        (long long)(q.prefix ? q.prefix[k] : 0));
+            for (size_t k = 0; k < q.n_spans; k++)
+                fprintf(stderr, "    span seg %lld [%lld, %lld)\n", (long long)q.spans[k].segment,
+                        (long long)q.spans[k].start, (long long)q.spans[k].end);
+        }
+        maskpack_layout_free(R);
+        free(t.data);
+        free(att);
+        maskpack_layout_free(L);
+    }
+}
+
+int main(void) {
+    test_padding_forms();
+    test_packed_documents();
+    test_bidirectional();
+    test_sliding_window();
+    test_prefix_lm();
+    test_vlm_span();
+    test_conventions();
+    test_heads();
+    test_strides();
+    test_padding_mask_forms();
+    test_not_representable();
+    test_values();
+    test_empty_rows();
+    test_roundtrip_property();
+    return check_report("test_mask4d");
+}

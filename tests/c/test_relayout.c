@@ -182,7 +182,7 @@ static void test_shard_gather(void) {
 
 static void test_threads_large(void) {
     /* 64 rows x 4096 tokens x 8 floats, random lengths: 2 threads give the same bytes as 1 */
-    int64_t n = 64, width = 4096, C = 8;
+    int64_t n = 64, width = 4096, C = 17;
     maskpack_segment s[64];
     for (int64_t b = 0; b < n; b++) {
         int64_t len = rnd_in(0, width);
@@ -204,6 +204,23 @@ static void test_threads_large(void) {
     CHECK_OK(maskpack_relayout(L, Pk, &xt, &at, NULL, 1, &e), e);
     CHECK_OK(maskpack_relayout(L, Pk, &xt, &bt, NULL, 2, &e), e);
     CHECK(memcmp(a, b, sizeof(float) * (size_t)(T * C)) == 0);
+    /* unpack writes n*width*C floats (> 16 MiB with C = 17): the streaming-store path, odd token size */
+    float *u1 = malloc(sizeof(float) * (size_t)(n * width * C)), *u2 = malloc(sizeof(float) * (size_t)(n * width * C));
+    maskpack_tensor u1t = maskpack_tensor_contiguous(u1, MASKPACK_F32, 3, xs);
+    maskpack_tensor u2t = maskpack_tensor_contiguous(u2, MASKPACK_F32, 3, xs);
+    CHECK_OK(maskpack_relayout(Pk, L, &at, &u1t, NULL, 1, &e), e);
+    CHECK_OK(maskpack_relayout(Pk, L, &at, &u2t, NULL, 2, &e), e);
+    CHECK(memcmp(u1, u2, sizeof(float) * (size_t)(n * width * C)) == 0);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < width; c++)
+            for (int64_t k = 0; k < C; k++) {
+                int64_t i = (r * width + c) * C + k;
+                bad += u1[i] != (c < s[r].q_len ? x[i] : 0.0f);
+            }
+    CHECK_EQ(bad, 0);
+    free(u1);
+    free(u2);
     free(x);
     free(a);
     free(b);
