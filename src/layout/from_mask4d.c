@@ -104,6 +104,11 @@ static const char *conv_name(maskpack_mask_convention c) {
  * [B,1,1,S] and [B,S] padding forms are accepted as well. */
 static maskpack_status make_view(const maskpack_tensor *mask, maskpack_mask_convention conv, int square, mview *v,
                                  maskpack_error *err) {
+    MP_CHECK_NULL(err, mask, "mask");
+    if (square && mask->ndim != 4)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "mask", -1, -1,
+                       "mask: layout recovery needs a [B,1,S,S] or [B,H,S,S] mask, found %d dimensions",
+                       (int)mask->ndim);
     maskpack_status s = mp_check_tensor(mask, "mask", square ? 4 : 2, 4, err);
     if (s) return s;
     if (conv != MASKPACK_MASK_KEEP && conv != MASKPACK_MASK_MASKED && conv != MASKPACK_MASK_ADDITIVE)
@@ -420,6 +425,15 @@ static int64_t needed_prefix(const cand *cd, int64_t n, int64_t pmax, const int6
     return need;
 }
 
+/* The window most rows fix exactly (the largest on a tie). On a representable mask every row fixes
+ * the same value; on a broken one the majority is the intent, so the error names the outlier row. */
+static int64_t most_voted(const int64_t *votes, int64_t S) {
+    int64_t best = 0;
+    for (int64_t w = 1; w <= S; w++)
+        if (votes[w] > 0 && votes[w] >= votes[best]) best = w;
+    return best;
+}
+
 /* Proposes the causal (causal = 1) or bidirectional candidate for a segmentation. p is the largest
  * prefix every row of the segment sees (a model with the true prefix also holds with this one).
  * Causal: spans are runs of rows whose last visible key c lies after them and is shared (HF's
@@ -440,10 +454,12 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
     int64_t *sp_s = malloc((size_t)(c->S ? c->S : 1) * sizeof *sp_s);
     int64_t *sp_e = malloc((size_t)(c->S ? c->S : 1) * sizeof *sp_e);
     int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0); /* first span of each segment */
-    if (!cd->prefix || !sp_s || !sp_e || !seg_span0) goto oom;
+    int64_t *votes_l = calloc((size_t)c->S + 1, sizeof *votes_l); /* rows fixing wl (wr) at each value */
+    int64_t *votes_r = calloc((size_t)c->S + 1, sizeof *votes_r);
+    if (!cd->prefix || !sp_s || !sp_e || !seg_span0 || !votes_l || !votes_r) goto oom;
 
     int have_exact_l = 0, have_upper_l = 0, have_exact_r = 0, have_upper_r = 0;
-    int64_t exact_l = -1, upper_l = INT64_MAX, exact_r = -1, upper_r = INT64_MAX;
+    int64_t upper_l = INT64_MAX, upper_r = INT64_MAX;
     for (size_t k = 0; k < segs->n; k++) {
         const maskpack_segment *g = &segs->a[k];
         int64_t n = g->q_len, p = pmax[k], base = g->row * c->S + g->q_start;
@@ -467,7 +483,7 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
                     sp_s[t] = i;
                     sp_e[t] = ce + 1;
                 }
-                i = ce + 1; /* spans never overlap; a row that disagrees is caught by verification */
+                i = ce + 1; /* spans never overlap */
             }
         }
         for (int64_t i = 0; i < n; i++) {
@@ -483,7 +499,7 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
             if (a > p && a <= i) {
                 if (sp_s[i] < 0 || a < sp_s[i]) {
                     have_exact_l = 1;
-                    if (i - a > exact_l) exact_l = i - a;
+                    votes_l[i - a]++;
                 } else if (a == sp_s[i]) {
                     have_upper_l = 1;
                     if (i - a < upper_l) upper_l = i - a;
@@ -491,13 +507,13 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
             }
             if (!causal && ce < n - 1 && ce >= i) {
                 have_exact_r = 1;
-                if (ce - i > exact_r) exact_r = ce - i;
+                votes_r[ce - i]++;
             }
         }
     }
     seg_span0[segs->n] = (int64_t)cd->spans.n;
-    cd->wl = have_exact_l ? exact_l : (have_upper_l ? upper_l : -1);
-    cd->wr = causal ? -1 : (have_exact_r ? exact_r : (have_upper_r ? upper_r : -1));
+    cd->wl = have_exact_l ? most_voted(votes_l, c->S) : (have_upper_l ? upper_l : -1);
+    cd->wr = causal ? -1 : (have_exact_r ? most_voted(votes_r, c->S) : (have_upper_r ? upper_r : -1));
     if (!causal && cd->wr == 0) { /* bidirectional (wl, 0) is the causal rule: say so */
         cd->causal = causal = 1;
         cd->wr = -1;
@@ -530,11 +546,15 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
     free(sp_s);
     free(sp_e);
     free(seg_span0);
+    free(votes_l);
+    free(votes_r);
     return mp_layout_build(copy, segs->n, c->B, c->S, c->S, 0, &rule, &cd->L, err);
 oom:
     free(sp_s);
     free(sp_e);
     free(seg_span0);
+    free(votes_l);
+    free(votes_r);
     return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
 }
 
@@ -558,8 +578,9 @@ static void verify(rctx *c, const maskpack_layout *L, mismatch *mm) {
                 ke = g->kv_start + g->kv_len;
                 mp_base_key_range(L, (size_t)k, il, &lo, &hi);
                 pre = L->prefix ? L->prefix[k] : 0;
+                int64_t sp = mp_span_pos(L, (size_t)k, il);
                 for (size_t t = L->span_begin[k]; t < L->span_begin[k + 1]; t++)
-                    if (il >= L->spans[t].start && il < L->spans[t].end) {
+                    if (sp >= L->spans[t].start && sp < L->spans[t].end) {
                         ss = L->spans[t].start;
                         se = L->spans[t].end;
                         break;
@@ -645,7 +666,12 @@ static maskpack_status report(rctx *c, const cand *cd, maskpack_error *err) {
                         "show (rule recovered: %s)",
                         b, i, j, i - j, rule);
     }
-    int64_t il = m->i - g->q_start, jl = m->j - g->q_start;
+    if (c->maxj[m->b * c->S + m->i] < 0)
+        return mp_fail4(err, NR, "mask", idx,
+                        "row %lld: query %lld attends no key, yet later queries attend key %lld, so it is a real "
+                        "token; in a layout every real token attends at least itself",
+                        b, i, i);
+    int64_t il = mp_span_pos(L, (size_t)k, m->i - g->q_start), jl = m->j - g->kv_start;
     for (size_t t = L->span_begin[k]; t < L->span_begin[k + 1]; t++) {
         const maskpack_span *sp = &L->spans[t];
         if (il >= sp->start && il < sp->end && jl >= sp->start && jl < sp->end)
