@@ -5,12 +5,17 @@
  *
  * Decisions (documented here once, tested in tests/c/test_npu.c):
  *   - The scale is always emitted: the operator defaults to 1.0, not 1/sqrt(D).
- *   - Plain causal maps to sparse_mode 3 (bottom-right) whenever every real segment has
- *     q_len == kv_len (the alignments agree there, so equivalent layouts give identical args);
- *     otherwise the rule's alignment decides: TOP_LEFT -> 2, BOTTOM_RIGHT -> 3.
- *   - Windows map to band mode 4, whose origin is the bottom-right corner; a top-left window with
- *     some q_len != kv_len has no band equivalent (TND: NOT_REPRESENTABLE; B*S: full mask).
- *   - Prefix-LM maps to mode 6 (bottom-right causal or j < prefix) under the same alignment rule.
+ *   - Each segment's causal diagonal sits at an offset from the bottom-right one (0 under
+ *     BOTTOM_RIGHT, -(kv_len - q_len) under TOP_LEFT, q_pos - (kv_len - q_len) for shard pieces).
+ *     Plain causal maps to sparse_mode 3 when every offset is 0 (also when q_len == kv_len
+ *     everywhere, where the alignments agree: equivalent layouts give identical args), else to 2
+ *     when every diagonal is top-left, else to band mode 4 when the offsets are equal, else (TND) to
+ *     the outer-split modes 7/8 when one odd item sits last/first (a sequence split across cards).
+ *   - Windows map to band mode 4 (origin bottom-right, pre/next shifted by the common offset);
+ *     differing offsets have no band equivalent (TND: NOT_REPRESENTABLE; B*S: full mask).
+ *   - Prefix-LM maps to mode 6 (bottom-right causal or j < prefix) when every offset is 0.
+ *   - B*S layouts whose rows are not one whole-row segment each (padding, several documents,
+ *     shard pieces) get sparse_mode 1 with a full [B,1,S,Skv] mask; so do spans.
  *   - Pad items (TND filler) and pad rows (B*S padding) compute garbage that nobody reads; they never
  *     see real tokens or are seen by them. fully_masked_rows counts only rows of real tokens; pad
  *     rows of a mode-1 full mask are always fully masked (B*S - n_tokens of them) and are, with the
@@ -121,6 +126,14 @@ maskpack_status mp_npu_tnd_items(const maskpack_layout *L, mp_npu_items *out, ma
         }
         if (k == L->n_segments) break;
         const maskpack_segment *g = &L->segs[k];
+        if (ks < ck) { /* shard pieces may share keys; TND items own consecutive disjoint key ranges */
+            mp_npu_items_free(&it);
+            return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "layout", (int64_t)k, -1,
+                           "layout: segment %zu's keys start at %lld, before the end %lld of the previous "
+                           "segment's keys (pieces of one sequence sharing keys, e.g. a zigzag CP shard): TND "
+                           "items need disjoint consecutive key ranges; use a B*S layout (full mask)",
+                           k, (long long)ks, (long long)ck);
+        }
         it.q_len[it.n] = g->q_len;
         it.kv_len[it.n] = g->kv_len;
         it.segment[it.n] = (int64_t)k;
@@ -134,14 +147,29 @@ maskpack_status mp_npu_tnd_items(const maskpack_layout *L, mp_npu_items *out, ma
 
 /* ---- the emitter ----------------------------------------------------------------------------- */
 
+/* Offset of segment k's causal diagonal from the bottom-right one: the diagonal key of query i is
+ * i + (kv_len - q_len) + offset. 0 under BOTTOM_RIGHT, -(kv_len - q_len) under TOP_LEFT, and
+ * q_pos - (kv_len - q_len) for explicit-position segments (CP shard pieces). */
+static int64_t seg_offset(const maskpack_layout *L, size_t k) {
+    const maskpack_segment *g = &L->segs[k];
+    return mp_query_pos(L, k, 0) - (g->kv_len - g->q_len);
+}
+
+/* Segments whose offset matters: both sides non-empty (other segments compute nothing). */
+static int effective(const maskpack_segment *g) { return g->q_len > 0 && g->kv_len > 0; }
+
+static int64_t clamp_inf(int64_t v) { return v > MP_NPU_INF ? MP_NPU_INF : v; }
+
 /* What the layout's rule needs, after dropping parts that change nothing. */
 typedef struct rule_class {
     int bidir_all; /* bidirectional without window: every pair of a segment, spans/prefix add nothing */
-    int spans;     /* a span of two or more tokens (a one-token span only adds (i,i), always kept) */
+    int spans;     /* a span of two or more tokens (a one-token span only adds the diagonal, always kept) */
     int prefix;
     int window;    /* a bound that the causal rule does not already imply */
-    int align_tl;  /* TOP_LEFT with some real segment q_len != kv_len: differs from the band origin */
-    int64_t pre, next;
+    int all_br;    /* every effective segment has the bottom-right diagonal (mode 3's) */
+    int all_tl;    /* every effective segment has the top-left diagonal (mode 2's) */
+    int uniform;   /* every effective segment has the same offset `o`: one band (mode 4) fits all */
+    int64_t o;
 } rule_class;
 
 static rule_class classify(const maskpack_layout *L) {
@@ -152,16 +180,36 @@ static rule_class classify(const maskpack_layout *L) {
         if (L->spans[t].end - L->spans[t].start >= 2) rc.spans = 1;
     rc.prefix = L->prefix != NULL;
     rc.window = L->window_left >= 0 || (!L->causal && L->window_right >= 0);
-    if (L->alignment == MASKPACK_ALIGN_TOP_LEFT)
-        for (size_t k = 0; k < L->n_segments; k++)
-            if (L->segs[k].q_len != L->segs[k].kv_len) rc.align_tl = 1;
-    rc.pre = L->window_left < 0 || L->window_left > MP_NPU_INF ? MP_NPU_INF : L->window_left;
-    if (L->causal)
-        rc.next = 0;
-    else
-        rc.next = L->window_right < 0 || L->window_right > MP_NPU_INF ? MP_NPU_INF : L->window_right;
+    rc.all_br = rc.all_tl = rc.uniform = 1;
+    int first = 1;
+    for (size_t k = 0; k < L->n_segments; k++) {
+        if (!effective(&L->segs[k])) continue;
+        int64_t o = seg_offset(L, k);
+        if (o != 0) rc.all_br = 0;
+        if (mp_query_pos(L, k, 0) != 0) rc.all_tl = 0;
+        if (first) rc.o = o;
+        else if (o != rc.o) rc.uniform = 0;
+        first = 0;
+    }
     if (rc.bidir_all) rc.spans = rc.prefix = 0;
     return rc;
+}
+
+/* Band mode 4 parameters of a window / causal rule whose segments share the diagonal offset o:
+ * -pre <= (j - i) - (Skv - Sq) <= next with the diagonal at (j - i) - (Skv - Sq) = o. */
+static void band_params(const maskpack_layout *L, int64_t o, int64_t *pre, int64_t *next) {
+    *pre = L->window_left < 0 ? MP_NPU_INF : clamp_inf(L->window_left - o);
+    if (L->causal)
+        *next = clamp_inf(o);
+    else
+        *next = L->window_right < 0 ? MP_NPU_INF : clamp_inf(L->window_right + o);
+}
+
+int mp_npu_layout_band(const maskpack_layout *L, int64_t *pre, int64_t *next) {
+    rule_class rc = classify(L);
+    if (rc.spans || rc.prefix || !rc.uniform) return 0;
+    band_params(L, rc.o, pre, next);
+    return 1;
 }
 
 /* 1 iff query i of segment k sees at least one key under the layout's own predicate. */
@@ -171,8 +219,9 @@ static int row_sees_something(const maskpack_layout *L, size_t k, int64_t i) {
     mp_base_key_range(L, k, i, &lo, &hi);
     if (lo < hi) return 1;
     if (L->prefix && L->prefix[k] > 0) return 1;
+    int64_t p = mp_span_pos(L, k, i);
     for (size_t t = L->span_begin[k]; t < L->span_begin[k + 1]; t++)
-        if (i >= L->spans[t].start && i < L->spans[t].end) return 1; /* (i, i) lies in the span */
+        if (p >= L->spans[t].start && p < L->spans[t].end) return 1; /* (i, p) lies in the span */
     return 0;
 }
 
@@ -195,48 +244,78 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
                        "layout: input_layout TND needs a packed (THD) layout, found a padded grid of %lld rows x "
                        "%lld columns (use BSND/BNSD/BSH/SBH for it)",
                        (long long)L->n_rows, (long long)L->q_width);
-    /* decide the mode before allocating anything */
-    if (rc->bidir_all) {
-        a->sparse_mode = 0;
-        a->pre_tokens = a->next_tokens = MP_NPU_INF;
-        set_mask_none(a);
-    } else if (rc->spans) {
+    if (rc->spans)
         return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.spans", -1, -1,
                        "rule.spans: bidirectional spans cannot be expressed in TND: the compressed sparse modes "
                        "have no spans and a TND full mask is one [maxSq, maxSkv] matrix shared by every "
                        "sequence; use a B*S input_layout (full mask, sparse_mode 1)");
-    } else if (rc->prefix) {
-        if (rc->window)
-            return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.prefix", -1, -1,
-                           "rule.prefix: a prefix together with a window has no TND sparse mode (mode 6 is "
-                           "prefix + plain bottom-right causal)");
-        if (rc->align_tl)
-            return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.alignment", -1, -1,
-                           "rule.alignment: prefix mode 6 is bottom-right causal; a top-left prefix layout with "
-                           "q_len != kv_len has no TND equivalent");
-        a->sparse_mode = 6;
-        a->pre_tokens = MP_NPU_INF;
-        a->next_tokens = 0;
-        set_mask_compressed(a, 1);
-    } else if (!rc->window) {
-        a->sparse_mode = rc->align_tl ? 2 : 3;
-        a->pre_tokens = MP_NPU_INF;
-        a->next_tokens = 0;
-        set_mask_compressed(a, 0);
-    } else {
-        if (rc->align_tl)
-            return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.alignment", -1, -1,
-                           "rule.alignment: band mode 4 is aligned bottom-right; a top-left window with q_len "
-                           "!= kv_len has no TND equivalent (use BOTTOM_RIGHT or a B*S layout)");
-        a->sparse_mode = 4;
-        a->pre_tokens = rc->pre;
-        a->next_tokens = rc->next;
-        set_mask_compressed(a, 0);
-    }
+    if (rc->prefix && rc->window)
+        return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.prefix", -1, -1,
+                       "rule.prefix: a prefix together with a window has no TND sparse mode (mode 6 is prefix + "
+                       "plain bottom-right causal)");
+    if (rc->prefix && !rc->all_br)
+        return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.alignment", -1, -1,
+                       "rule.alignment: prefix mode 6 is bottom-right causal; segments with another diagonal "
+                       "(top-left with q_len != kv_len, or shard pieces) have no TND equivalent");
+    if (rc->window && !rc->uniform)
+        return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "rule.alignment", -1, -1,
+                       "rule.alignment: band mode 4 takes one pre/next for all items, aligned bottom-right; these "
+                       "segments' diagonals sit at different offsets from it (a top-left window with differing "
+                       "kv_len - q_len, or shard pieces), so no TND call expresses the window");
 
     mp_npu_items it;
     maskpack_status s = mp_npu_tnd_items(L, &it, err);
     if (s) return s;
+    int64_t band = -1;
+    if (rc->bidir_all) {
+        a->sparse_mode = 0;
+        a->pre_tokens = a->next_tokens = MP_NPU_INF;
+        set_mask_none(a);
+    } else if (rc->prefix) {
+        a->sparse_mode = 6;
+        a->pre_tokens = MP_NPU_INF;
+        a->next_tokens = 0;
+        set_mask_compressed(a, 1);
+    } else if (rc->window || (!rc->all_br && !rc->all_tl && rc->uniform)) {
+        a->sparse_mode = 4;
+        band_params(L, rc->o, &a->pre_tokens, &a->next_tokens);
+        set_mask_compressed(a, 0);
+    } else if (rc->all_br || rc->all_tl) {
+        /* plain causal: 3 whenever it fits (also when both fit: q_len == kv_len everywhere) */
+        a->sparse_mode = rc->all_br ? 3 : 2;
+        a->pre_tokens = MP_NPU_INF;
+        a->next_tokens = 0;
+        set_mask_compressed(a, 0);
+    } else {
+        /* Diagonals differ: the outer-split modes cover one odd item, the last non-empty one under
+         * mode 7 (the others bottom-right, Sq <= Skv) or the first under mode 8 (the others
+         * top-left). That is the shape of a sequence split across cards (SEMANTICS.md section 6). */
+        for (int32_t mode = 7; mode <= 8 && band < 0; mode++) {
+            int64_t cand = mp_npu_band_item(mode, it.q_len, it.kv_len, it.n);
+            int ok = cand >= 0 && it.segment[cand] >= 0;
+            for (int64_t k = 0; ok && k < it.n; k++) {
+                if (k == cand) continue;
+                if (mode == 7 && it.q_len[k] > it.kv_len[k]) ok = 0;
+                int64_t g = it.segment[k];
+                if (g < 0 || !effective(&L->segs[g])) continue;
+                if (mode == 7 ? seg_offset(L, (size_t)g) != 0 : mp_query_pos(L, (size_t)g, 0) != 0) ok = 0;
+            }
+            if (ok) {
+                band = cand;
+                a->sparse_mode = mode;
+            }
+        }
+        if (band < 0) {
+            mp_npu_items_free(&it);
+            return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "layout", -1, -1,
+                           "layout: the segments' causal diagonals differ (shard pieces or mixed alignment) and "
+                           "not as one odd last item after bottom-right ones (mode 7) or one odd first item "
+                           "before top-left ones (mode 8): no TND sparse mode expresses it; use a B*S layout");
+        }
+        a->pre_tokens = MP_NPU_INF; /* >= the band item's Skv, as both modes require */
+        a->next_tokens = seg_offset(L, (size_t)it.segment[band]);
+        set_mask_compressed(a, 0);
+    }
     int64_t limit = a->sparse_mode == 6 ? MP_NPU_MAX_ITEMS_PREFIX : MASKPACK_NPU_MAX_ITEMS;
     if (it.n == 0 || it.n > limit) {
         int64_t n = it.n;
@@ -277,8 +356,8 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
                 lo = 0;
                 hi = it.kv_len[k];
             } else {
-                mp_npu_key_range(a->sparse_mode, a->pre_tokens, a->next_tokens, it.q_len[k], it.kv_len[k], pf, 0, i,
-                                 &lo, &hi);
+                mp_npu_key_range(a->sparse_mode, a->pre_tokens, a->next_tokens, it.q_len[k], it.kv_len[k], pf,
+                                 k == band, i, &lo, &hi);
             }
             if (lo < hi) continue;
             empty_rows++;
@@ -313,19 +392,18 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
         const maskpack_segment *g = &L->segs[L->row_begin[b]];
         full_rows = g->q_start == 0 && g->q_len == S && g->kv_start == 0 && g->kv_len == Skv;
     }
-    int tl = L->alignment == MASKPACK_ALIGN_TOP_LEFT && S != Skv;
-    int mode = 1; /* the fallback: a full [B,1,S,Skv] M-mask */
+    int mode = 1; /* the fallback: a full [B,1,S,Skv] M-mask expresses any predicate */
     if (full_rows) {
         if (rc->bidir_all)
             mode = 0;
         else if (rc->spans)
             mode = 1;
         else if (rc->prefix)
-            mode = (rc->window || tl || B > MP_NPU_MAX_PREFIX_BATCH) ? 1 : 6;
-        else if (!rc->window)
-            mode = tl ? 2 : 3;
+            mode = (rc->window || !rc->all_br || B > MP_NPU_MAX_PREFIX_BATCH) ? 1 : 6;
+        else if (!rc->window && (rc->all_br || rc->all_tl))
+            mode = rc->all_br ? 3 : 2;
         else
-            mode = tl ? 1 : 4;
+            mode = rc->uniform ? 4 : 1;
     }
     a->sparse_mode = mode;
     switch (mode) {
@@ -344,8 +422,7 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
         a->mask_shape[3] = Skv;
         break;
     case 4:
-        a->pre_tokens = rc->pre;
-        a->next_tokens = rc->next;
+        band_params(L, rc->o, &a->pre_tokens, &a->next_tokens);
         set_mask_compressed(a, 0);
         break;
     default: /* 2, 3, 6 */

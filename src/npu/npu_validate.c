@@ -11,7 +11,16 @@
  *   - the compressed masks are assumed to be what the operator expects; their content is checked
  *     separately (a keep-polarity or lower-triangular compressed mask is a MASK_MISMATCH).
  * Rows that are padding in the intended layout are not compared: their output is discarded anyway.
- * Content scans (full masks, predicate comparison) are skipped without a finding beyond 2^26 cells. */
+ * Content scans (full masks, predicate comparison) are skipped without a finding beyond 2^26 cells.
+ *
+ * Readings of the contract this file commits to:
+ *   - "non-empty" item of modes 7/8 = Sq > 0 and Skv > 0 (an item with no pair computes nothing).
+ *   - the origin of mode 0's pre/next when Sq != Skv is undocumented: we evaluate it top-left and
+ *     report any clipping pre/next on such an item, since no reading of it is safe.
+ *   - a leading 0 in actual_seq_* is reported as the likely TE form, unless `intended` is given and
+ *     its own NPU-form lists (mp_npu_tnd_items) are exactly the ones passed: then the first item is
+ *     genuinely empty.
+ *   - a single trailing 0 after a positive end is CANN 9.0's "trailing tokens belong to no item". */
 #include "npu_internal.h"
 
 #include <math.h>
@@ -427,14 +436,6 @@ static void check_fully_masked(state *st, const sem *s) {
             }
 }
 
-/* pre/next a window rule implies for band mode 4, or 0 when the rule is no plain window. */
-static int implied_band(const maskpack_layout *L, int64_t *pre, int64_t *next) {
-    if (L->n_spans || L->prefix) return 0;
-    *pre = L->window_left < 0 ? MP_NPU_INF : L->window_left;
-    *next = L->causal ? 0 : (L->window_right < 0 ? MP_NPU_INF : L->window_right);
-    return 1;
-}
-
 static void compare_intended(state *st, const sem *s) {
     const maskpack_npu_call *c = st->c;
     const maskpack_layout *L = c->intended;
@@ -513,15 +514,15 @@ static void compare_intended(state *st, const sem *s) {
                         want ? "allows" : "excludes");
                     int64_t ipre, inext;
                     int band_mode = c->sparse_mode == 4 || (c->sparse_mode == 0 && c->atten_mask);
-                    if (band_mode && implied_band(L, &ipre, &inext)) {
+                    if (band_mode && mp_npu_layout_band(L, &ipre, &inext)) {
                         /* values beyond the longest item are all "unbounded" */
                         int64_t cap = sat_add(st->tnd ? st->max_sq : c->q_len, st->tnd ? st->max_skv : c->kv_len);
                         int64_t p0 = c->pre_tokens > cap ? cap : c->pre_tokens, p1 = ipre > cap ? cap : ipre;
                         int64_t n0 = c->next_tokens > cap ? cap : c->next_tokens, n1 = inext > cap ? cap : inext;
                         if (p0 != p1 || n0 != n1)
                             add(f, MASKPACK_NPU_PRE_NEXT_MISMATCH,
-                                "the intended window (left %lld, right %lld, %s) needs pre_tokens %lld and "
-                                "next_tokens %lld, found %lld and %lld",
+                                "the intended rule (window left %lld, right %lld, %s) needs pre_tokens %lld and "
+                                "next_tokens %lld in band mode 4, found %lld and %lld",
                                 (long long)L->window_left, (long long)L->window_right,
                                 L->causal ? "causal" : "bidirectional", (long long)ipre, (long long)inext,
                                 (long long)c->pre_tokens, (long long)c->next_tokens);
@@ -537,8 +538,9 @@ static int lists_canonical(const maskpack_layout *L, const seq_list *lq, const s
     *st = MASKPACK_OK;
     if (!L || !L->packed || !lq->present || !lk->present) return 0;
     mp_npu_items it;
-    *st = mp_npu_tnd_items(L, &it, err);
-    if (*st) return 0;
+    maskpack_status s = mp_npu_tnd_items(L, &it, err);
+    if (s == MASKPACK_ERR_OUT_OF_MEMORY) *st = s;
+    if (s) return 0; /* keys shared between pieces: the layout has no TND lists to compare with */
     int same = it.n == lq->n_raw && it.n == lk->n_raw;
     int64_t eq = 0, ek = 0;
     for (int64_t k = 0; same && k < it.n; k++) {
