@@ -589,8 +589,8 @@ typedef struct maskpack_npu_argset {
 
 /* (layout, input_layout, scale (> 0 finite) or 0 with head_dim > 0 for 1/sqrt(head_dim)) -> args.
  * TND requires a packed layout; B*S layouts require padded or packed-row layouts. Rules the operator
- * cannot express (spans in TND, top-left windows with q != kv, ...) are NOT_REPRESENTABLE with the
- * reason. On success release with maskpack_npu_argset_release. */
+ * cannot express (spans in TND, windows whose diagonal offset kv_len - q_len differs between
+ * segments, zigzag CP pieces sharing keys in TND, ...) are NOT_REPRESENTABLE with the reason. On success release with maskpack_npu_argset_release. */
 MASKPACK_API maskpack_status maskpack_npu_args(const maskpack_layout *layout, maskpack_npu_layout input_layout,
                                                double scale, int64_t head_dim, maskpack_npu_argset *out,
                                                maskpack_error *err);

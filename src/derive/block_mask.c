@@ -1,11 +1,15 @@
 /* block_mask.c: FlexAttention-compatible block masks (one head), computed from the segments.
  *
- * A cell (i, j) can only be allowed when i and j belong to one segment, so for a q block only the
- * segments whose queries lie in it matter, and for each of them only the kv blocks overlapping the
- * keys those queries can see. Each candidate block is classified from the segment geometry:
+ * A cell (i, j) can only be allowed when j is a key of the segment owning query i, so for a q block
+ * only the segments whose queries lie in it matter, and for each of them only the kv blocks
+ * overlapping the keys those queries can see. Each candidate (segment, kv block) pair is classified
+ * from the segment geometry:
  *   - causal or bidirectional rules without window, span or prefix: in closed form (O(1));
  *   - otherwise: one interval computation per query row of the block (never per cell).
- * The work is therefore proportional to the candidate blocks plus B * (Qb + Kb), never S * Skv. */
+ * A block is FULL when its query rows are all real tokens and every segment owning them sees every
+ * key of the block; it is PARTIAL when some segment sees some key. Segments with explicit positions
+ * (context-parallel pieces) may share keys, so several segments can make one block FULL together.
+ * The work is proportional to the candidate blocks plus B * (Qb + Kb), never S * Skv. */
 #include "fill.h"
 
 #include <stdlib.h>
@@ -55,7 +59,7 @@ static void candidate_keys(const maskpack_layout *L, int analytic, size_t k, int
     mp_base_key_range(L, k, a, &l0, &h0);
     mp_base_key_range(L, k, b - 1, &l1, &h1);
     /* an empty row's interval may sit past the keys (lo = hi > kv_len): clip the hull to the
-     * segment, or it would reach into the next segment's blocks */
+     * segment, so that every candidate block holds some of its keys */
     int64_t x = l0, y = h1 > l0 ? h1 : l0; /* empty when every row's base interval is empty */
     if (y > g->kv_len) y = g->kv_len;
     if (analytic) {
@@ -68,7 +72,8 @@ static void candidate_keys(const maskpack_layout *L, int analytic, size_t k, int
         x = 0;
         if (L->prefix[k] > y) y = L->prefix[k];
     }
-    for (size_t t = mpd_span_cursor(L, k, a); t < L->span_begin[k + 1] && L->spans[t].start < b; t++) {
+    int64_t pa = mp_span_pos(L, k, a), pb = mp_span_pos(L, k, b - 1) + 1; /* span positions of the rows */
+    for (size_t t = mpd_span_cursor(L, k, pa); t < L->span_begin[k + 1] && L->spans[t].start < pb; t++) {
         if (x >= y) {
             x = L->spans[t].start;
             y = L->spans[t].end;
@@ -87,15 +92,16 @@ static int sub_status(const maskpack_layout *L, int analytic, size_t k, int64_t 
     const maskpack_segment *g = &L->segs[k];
     if (analytic) {
         if (!L->causal) return SUB_ALL;
-        /* row i sees local keys [0, i + d]: the first row bounds "all", the last row "any" */
-        int64_t d = L->alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? g->kv_len - g->q_len : 0;
+        /* row i sees local keys [0, i + d] (d: the diagonal of row 0): the first row bounds "all",
+         * the last row "any" */
+        int64_t d = mp_query_pos(L, k, 0);
         int64_t lc = c - g->kv_start, le = e - g->kv_start;
         if (le - 1 <= a + d) return SUB_ALL;
         if (lc <= b - 1 + d) return SUB_SOME;
         return SUB_NONE;
     }
     int any_in = 0, any_out = 0;
-    size_t cursor = mpd_span_cursor(L, k, a);
+    size_t cursor = mpd_span_cursor(L, k, mp_span_pos(L, k, a));
     for (int64_t i = a; i < b; i++) {
         int64_t iv[3][2];
         int n = mpd_row_intervals(L, k, i, &cursor, iv);
@@ -141,6 +147,20 @@ static void emit(emitter *m, int64_t kb, int st) {
     }
 }
 
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Per-kv-block scratch of one q block: which blocks some segment reaches (touched, in visiting
+ * order), and how many of the q block's segments see all of each. */
+typedef struct scratch {
+    uint8_t *mark;   /* [Kb] 1 while the block is in `touched` */
+    int32_t *nfull;  /* [Kb] segments of the q block seeing every cell of their rows in the block */
+    int32_t *touched;
+    int64_t n_touched;
+} scratch;
+
 maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, int64_t block_k,
                                     maskpack_block_mask_arrays *out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
@@ -160,17 +180,24 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
                        (long long)L->n_rows, (long long)n_qb, (long long)n_kb);
     const maskpack_block_mask_arrays o = *out;
     int want_q = o.q_num_blocks || o.q_indices || o.full_q_num_blocks || o.full_q_indices;
-    int32_t *qcnt = NULL;
-    if (want_q && n_kb > 0) {
-        qcnt = malloc((size_t)n_kb * 2 * sizeof *qcnt);
-        if (!qcnt) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "out", -1, -1, "out of memory");
+    /* all scratch is allocated before anything is written, so running out of memory writes nothing */
+    size_t nk = (size_t)n_kb;
+    int32_t *qcnt = want_q ? malloc((nk ? nk : 1) * 2 * sizeof *qcnt) : NULL;
+    scratch sc = {calloc(nk ? nk : 1, 1), malloc((nk ? nk : 1) * sizeof(int32_t)),
+                  malloc((nk ? nk : 1) * sizeof(int32_t)), 0};
+    if ((want_q && !qcnt) || !sc.mark || !sc.nfull || !sc.touched) {
+        free(qcnt);
+        free(sc.mark);
+        free(sc.nfull);
+        free(sc.touched);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "out", -1, -1, "out of memory");
     }
     /* causal with only a right window is plain causal: the right bound never binds */
     int analytic = L->window_left < 0 && (L->window_right < 0 || L->causal) && L->n_spans == 0 && L->prefix == NULL;
     int64_t S = L->q_width, Skv = L->kv_width;
 
     for (int64_t b = 0; b < L->n_rows; b++) {
-        if (qcnt) memset(qcnt, 0, (size_t)n_kb * 2 * sizeof *qcnt);
+        if (qcnt) memset(qcnt, 0, nk * 2 * sizeof *qcnt);
         emitter m = {&o, n_qb, n_kb, b, 0, 0, 0, qcnt};
         size_t ks = L->row_begin[b], kend = L->row_begin[b + 1];
         for (int64_t qb = 0; qb < n_qb; qb++) {
@@ -178,39 +205,44 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
             while (ks < kend && L->segs[ks].q_start + L->segs[ks].q_len <= q0) ks++;
             m.qb = qb;
             m.n_partial = m.n_full = 0;
-            int64_t pend_kb = -1;
-            int pend = BLK_EMPTY;
+            int32_t n_segs = 0;     /* segments owning query rows of this block */
+            int64_t real_rows = 0;  /* query rows of this block that are real tokens */
+            int sorted = 1;
+            sc.n_touched = 0;
             for (size_t k = ks; k < kend && L->segs[k].q_start < q1; k++) {
                 const maskpack_segment *g = &L->segs[k];
-                if (g->q_len == 0 || g->kv_len == 0) continue;
+                if (g->q_len == 0) continue;
                 int64_t qs = g->q_start, qe = qs + g->q_len, kvs = g->kv_start, kve = kvs + g->kv_len;
                 int64_t a = (q0 > qs ? q0 : qs) - qs, bb = (q1 < qe ? q1 : qe) - qs;
+                n_segs++;
+                real_rows += bb - a;
+                if (g->kv_len == 0) continue;
                 int64_t clo, chi;
                 candidate_keys(L, analytic, k, a, bb, &clo, &chi);
                 if (clo >= chi) continue;
-                int rows_cover = qs <= q0 && qe >= q1;
-                /* blocks of consecutive segments ascend and share at most one boundary block */
                 for (int64_t kb = (kvs + clo) / block_k, kb_end = (kvs + chi - 1) / block_k; kb <= kb_end; kb++) {
                     int64_t k0 = kb * block_k, k1 = Skv - k0 > block_k ? k0 + block_k : Skv;
                     int64_t c = k0 > kvs ? k0 : kvs, e = k1 < kve ? k1 : kve;
                     int st = sub_status(L, analytic, k, a, bb, c, e);
-                    int blk = st == SUB_NONE ? BLK_EMPTY
-                              : st == SUB_ALL && rows_cover && kvs <= k0 && kve >= k1 ? BLK_FULL
-                                                                                     : BLK_PARTIAL;
-                    if (kb == pend_kb) {
-                        /* two segments meet in this block: it mixes cells of both, never FULL */
-                        if (pend == BLK_EMPTY)
-                            pend = blk;
-                        else if (blk != BLK_EMPTY)
-                            pend = BLK_PARTIAL;
-                    } else {
-                        emit(&m, pend_kb, pend);
-                        pend_kb = kb;
-                        pend = blk;
+                    if (st == SUB_NONE) continue;
+                    if (!sc.mark[kb]) {
+                        sc.mark[kb] = 1;
+                        sc.nfull[kb] = 0;
+                        if (sc.n_touched > 0 && sc.touched[sc.n_touched - 1] > kb) sorted = 0;
+                        sc.touched[sc.n_touched++] = (int32_t)kb;
                     }
+                    /* this segment's rows see the whole block only if its keys span the block */
+                    if (st == SUB_ALL && kvs <= k0 && kve >= k1) sc.nfull[kb]++;
                 }
             }
-            emit(&m, pend_kb, pend);
+            /* segments sharing keys (explicit positions) can visit blocks out of order */
+            if (!sorted) qsort(sc.touched, (size_t)sc.n_touched, sizeof *sc.touched, cmp_i32);
+            int rows_real = real_rows == q1 - q0;
+            for (int64_t t = 0; t < sc.n_touched; t++) {
+                int32_t kb = sc.touched[t];
+                sc.mark[kb] = 0;
+                emit(&m, kb, rows_real && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);
+            }
             if (o.kv_num_blocks) o.kv_num_blocks[b * n_qb + qb] = m.n_partial;
             if (o.full_kv_num_blocks) o.full_kv_num_blocks[b * n_qb + qb] = m.n_full;
         }
@@ -220,5 +252,8 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
         }
     }
     free(qcnt);
+    free(sc.mark);
+    free(sc.nfull);
+    free(sc.touched);
     return mp_ok(err);
 }

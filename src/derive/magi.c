@@ -5,18 +5,20 @@
  * is either FULL or CAUSAL with qn <= kn, so each of its query rows sees at least one key and the
  * meaning does not depend on how a consumer treats rows that see nothing.
  *
- * Decomposition of one segment (m queries, n keys, local row i, local key j, d = n - m for
- * BOTTOM_RIGHT, 0 for TOP_LEFT, prefix p, 0 if none). Without spans, row i sees keys
- * [0, clamp(max(p, i + d + 1), 0, n)), and the rows split into three consecutive groups:
+ * Decomposition of one segment (m queries, n keys, local row i, local key j, prefix p, 0 if none;
+ * d = the diagonal key of row 0: n - m for BOTTOM_RIGHT, 0 for TOP_LEFT, q_pos for a segment with an
+ * explicit position). Without spans, row i sees keys [0, clamp(max(p, i + d + 1), 0, n)), and the
+ * rows split into three consecutive groups:
  *   rows [0, ia)   with ia = max(0, p - d):    i + d < p, they see the prefix [0, p)      -> FULL
  *   rows [ia, ib)  with ib = min(m, n - d):    they see [0, i + d]                        -> CAUSAL
  *                  over keys [0, ib + d) (bottom-right: query t = i - ia sees u <= i + d)
  *   rows [ib, m):                              i + d >= n, they see every key             -> FULL
- * A bidirectional segment is one FULL slice. Spans only exist on self-attention segments
- * (m == n, d = 0): a span [s, e) adds keys [s, e) to its rows, so a span row sees [0, max(e, p))
- * (the causal part [0, i] and the span touch) -> one FULL slice; the rows between spans are split
- * as above. Windows cannot be written with these slice types: NOT_REPRESENTABLE.
- * The groups are disjoint row ranges, so no pair is covered twice. */
+ * A bidirectional segment is one FULL slice. Spans are in key coordinates: row i is in span [s, e)
+ * when its span position (i, or q_pos + i) is; such a row sees [0, max(e, p)) (its causal part
+ * [0, i + d] reaches into the span, so the two touch) -> one FULL slice per span; the rows between
+ * spans are split as above. Windows cannot be written with these slice types: NOT_REPRESENTABLE.
+ * The groups are disjoint row ranges, so no pair is covered twice (segments sharing keys have
+ * disjoint queries). */
 #include "internal.h"
 
 typedef struct slice_sink {
@@ -62,14 +64,19 @@ static void segment_slices(const maskpack_layout *L, size_t k, slice_sink *s) {
         add(s, qb, kb, 0, m, 0, n, MASKPACK_MAGI_FULL);
         return;
     }
-    int64_t d = L->alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? n - m : 0;
+    int64_t d = mp_query_pos(L, k, 0), ds = mp_span_pos(L, k, 0);
     int64_t p = L->prefix ? L->prefix[k] : 0;
     int64_t row = 0;
     for (size_t t = L->span_begin[k]; t < L->span_begin[k + 1]; t++) {
-        const maskpack_span *sp = &L->spans[t]; /* spans imply m == n, so d == 0 */
-        causal_rows(s, qb, kb, row, sp->start, m, n, d, p);
-        add(s, qb, kb, sp->start, sp->end, 0, sp->end > p ? sp->end : p, MASKPACK_MAGI_FULL);
-        row = sp->end;
+        const maskpack_span *sp = &L->spans[t];
+        /* the span's rows: those whose span position lies in [start, end) */
+        int64_t rs = sp->start - ds, re = sp->end - ds;
+        if (rs < 0) rs = 0;
+        if (re > m) re = m;
+        if (re <= rs) continue;
+        causal_rows(s, qb, kb, row, rs, m, n, d, p);
+        add(s, qb, kb, rs, re, 0, sp->end > p ? sp->end : p, MASKPACK_MAGI_FULL);
+        row = re;
     }
     causal_rows(s, qb, kb, row, m, m, n, d, p);
 }

@@ -42,18 +42,20 @@ maskpack_status maskpack_cu_seqlens(const maskpack_layout *L, maskpack_cu_form f
     int64_t lead = form == MASKPACK_CU_TE ? 1 : 0, n = (int64_t)L->n_segments;
     maskpack_status s = check_vector(out, n + lead, err);
     if (s) return s;
-    /* the sums cannot overflow int64: segments are disjoint inside an n_rows x width grid whose
-     * cell count was checked when the layout was built. Only int32 needs a range check, and only
-     * the total matters (the sums never decrease). */
-    if (out->dtype == MASKPACK_I32) {
+    /* Query sums cannot overflow int64 and are bounded by the grid: queries are disjoint inside an
+     * n_rows x q_width grid whose cell count was checked when the layout was built. Key sums are
+     * bounded the same way unless explicit-position pieces share keys, so they are summed with
+     * checks. Only int32 needs a range check, and only the total matters (the sums never fall). */
+    int64_t grid = kv ? -1 : L->n_rows * L->q_width, limit = out->dtype == MASKPACK_I32 ? INT32_MAX : INT64_MAX;
+    if (grid < 0 || grid > limit) {
         int64_t total = 0;
-        for (size_t k = 0; k < L->n_segments; k++) total += kv ? L->segs[k].kv_len : L->segs[k].q_len;
-        if (total > INT32_MAX) {
-            total = 0;
-            for (size_t k = 0; k < L->n_segments; k++) {
-                total += kv ? L->segs[k].kv_len : L->segs[k].q_len;
-                if ((s = check_fits(out, total, (int64_t)k + lead, "cumulative length", err))) return s;
-            }
+        for (size_t k = 0; k < L->n_segments; k++) {
+            int64_t next;
+            if (mp_add_overflow(total, kv ? L->segs[k].kv_len : L->segs[k].q_len, &next))
+                return mp_fail(err, MASKPACK_ERR_OVERFLOW, "out", (int64_t)k + lead, -1,
+                               "out[%lld]: cumulative key length overflows int64", (long long)k + lead);
+            total = next;
+            if ((s = check_fits(out, total, (int64_t)k + lead, "cumulative length", err))) return s;
         }
     }
     const maskpack_segment *g = L->segs;
@@ -119,11 +121,11 @@ maskpack_status maskpack_seqlens(const maskpack_layout *L, int kv, maskpack_tens
     return mp_ok(err);
 }
 
-/* Index of the first token (flattened) whose position id would be `value`: for messages. */
-static int64_t first_token_with_position(const maskpack_layout *L, int64_t value) {
-    for (size_t k = 0; k < L->n_segments; k++)
-        if (L->segs[k].q_len > value) return L->segs[k].row * L->q_width + L->segs[k].q_start + value;
-    return -1;
+/* Position id of a segment's first token: 0, or q_pos for an explicit-position piece (a
+ * context-parallel chunk keeps the positions it has in its sequence, which is what RoPE needs:
+ * "restarting at each segment" means at each sequence, not at each chunk of one). */
+static int64_t first_position(const maskpack_segment *g) {
+    return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->q_pos : 0;
 }
 
 maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor *out, maskpack_error *err) {
@@ -132,9 +134,15 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
-    if (L->max_q - 1 > INT32_MAX &&
-        (s = check_fits(out, L->max_q - 1, first_token_with_position(L, (int64_t)INT32_MAX + 1), "position id", err)))
-        return s;
+    if (out->dtype == MASKPACK_I32 && (L->max_q - 1 > INT32_MAX || L->max_kv - 1 > INT32_MAX))
+        for (size_t k = 0; k < L->n_segments; k++) {
+            const maskpack_segment *g = &L->segs[k];
+            int64_t first = first_position(g);
+            if (g->q_len > 0 && first + g->q_len - 1 > INT32_MAX) {
+                int64_t skip = first > INT32_MAX ? 0 : (int64_t)INT32_MAX + 1 - first;
+                return check_fits(out, first + skip, g->row * L->q_width + g->q_start + skip, "position id", err);
+            }
+        }
 
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
@@ -142,7 +150,7 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
         for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
-            mpd_iota(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, 0);
+            mpd_iota(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, first_position(g));
             col = g->q_start + g->q_len;
         }
         mpd_fill(v.data, row + col * v.cs, v.cs, L->q_width - col, v.esize, 0);

@@ -43,6 +43,7 @@ typedef struct tcase {
     maskpack_rule rule;
     uint8_t *ref;    /* [B, S, Skv]: maskpack_allowed */
     int64_t *segid;  /* [B, S]: 1-based segment index owning the query column, 0 = pad */
+    int sharded;     /* built by maskpack_layout_cp_shard */
 } tcase;
 
 static int64_t pick_len(rng *r, int64_t remaining) {
@@ -58,20 +59,93 @@ static int64_t pick_len(rng *r, int64_t remaining) {
     }
 }
 
-/* Builds a random layout (kinds: padded rows, packed rows, THD, cross attention) and its reference. */
+static int finish_case(tcase *c);
+static int make_case(rng *r, tcase *c);
+
+/* A context-parallel shard (explicit-position pieces that share keys) of a random self layout,
+ * through maskpack_layout_cp_shard. Falls back to another random case when sharding refuses. */
+static int make_shard_case(rng *r, tcase *c) {
+    tcase base;
+    memset(&base, 0, sizeof base);
+    int64_t cp = 1 + rnd(r, 3), lens[4];
+    size_t n = (size_t)(1 + rnd(r, 4));
+    for (size_t k = 0; k < n; k++) lens[k] = pick_len(r, 40);
+    maskpack_rule ru = maskpack_rule_default();
+    ru.causal = rnd(r, 4) != 0;
+    if (rnd(r, 3) == 0) ru.window_left = rnd(r, 6);
+    int64_t prefix[4];
+    if (rnd(r, 3) == 0) {
+        for (size_t k = 0; k < n; k++) prefix[k] = rnd(r, lens[k] + 1);
+        ru.prefix = prefix;
+        ru.n_prefix = n;
+    }
+    maskpack_span span = {0, 0, 0};
+    if (lens[0] > 1 && rnd(r, 2)) {
+        span.start = rnd(r, lens[0] - 1);
+        span.end = span.start + 1 + rnd(r, lens[0] - span.start);
+        ru.spans = &span;
+        ru.n_spans = 1;
+    }
+    maskpack_layout *U = NULL, *P = NULL, *Sh = NULL;
+    maskpack_error e;
+    int ok = maskpack_layout_from_lengths(lens, n, rnd(r, 2) ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT, 0,
+                                          &ru, &U, &e) == MASKPACK_OK &&
+             maskpack_layout_pad_to_multiple(U, 2 * cp, &P, &e) == MASKPACK_OK &&
+             maskpack_layout_cp_shard(P, cp, rnd(r, cp), rnd(r, 2) ? MASKPACK_CP_ZIGZAG : MASKPACK_CP_CONTIGUOUS,
+                                      &Sh, &e) == MASKPACK_OK;
+    maskpack_layout_free(U);
+    maskpack_layout_free(P);
+    if (!ok || maskpack_layout_n_segments(Sh) > MAX_SEGS) {
+        maskpack_layout_free(Sh);
+        return make_case(r, c);
+    }
+    memset(c, 0, sizeof *c);
+    c->L = Sh;
+    c->B = maskpack_layout_n_rows(Sh);
+    c->S = maskpack_layout_q_width(Sh);
+    c->Skv = maskpack_layout_kv_width(Sh);
+    c->packed = maskpack_layout_is_packed(Sh);
+    c->N = maskpack_layout_n_segments(Sh);
+    for (size_t k = 0; k < c->N; k++) maskpack_layout_segment(Sh, k, &c->segs[k], &e);
+    c->rule = maskpack_layout_rule(Sh); /* its arrays live as long as the layout */
+    c->sharded = 1;
+    return finish_case(c);
+}
+
+/* Builds a random layout (kinds: padded rows, packed rows, THD, cross attention, explicit-position
+ * pieces, CP shards) and its reference. */
 static int make_case(rng *r, tcase *c) {
     memset(c, 0, sizeof *c);
-    int kind = (int)rnd(r, 4);
-    c->packed = kind == 2;
+    int kind = (int)rnd(r, 6);
+    if (kind == 5) return make_shard_case(r, c);
+    c->packed = kind == 2 || (kind == 4 && rnd(r, 2));
     c->B = c->packed ? 1 : 1 + rnd(r, 4);
     c->S = rnd(r, 10) == 0 ? rnd(r, 4) : rnd(r, 97);
-    c->Skv = kind == 3 ? (rnd(r, 10) == 0 ? rnd(r, 4) : rnd(r, 97)) : c->S;
+    c->Skv = kind >= 3 ? (rnd(r, 10) == 0 ? rnd(r, 4) : rnd(r, 97)) : c->S;
     for (int64_t b = 0; b < c->B; b++) {
         if (kind == 0) { /* padded: one segment per row, anywhere in the row */
             int64_t len = pick_len(r, c->S);
             int64_t start = rnd(r, c->S - len + 1);
             if (rnd(r, 8) == 0 && b > 0) continue; /* a row with no segment */
             c->segs[c->N++] = (maskpack_segment){b, start, len, start, len};
+            continue;
+        }
+        if (kind == 4) { /* explicit-position pieces: several query chunks of one key sequence */
+            int64_t qc = 0, kc = 0, seq = 0;
+            while (c->N < MAX_SEGS - 4 && kc <= c->Skv && qc <= c->S) {
+                int64_t kl = pick_len(r, c->Skv - kc), pieces = 1 + rnd(r, 3);
+                for (int64_t t = 0; t < pieces; t++) {
+                    if (rnd(r, 3) == 0) qc += rnd(r, 3);
+                    if (qc > c->S) break;
+                    int64_t ql = rnd(r, (kl < c->S - qc ? kl : c->S - qc) + 1);
+                    maskpack_segment g = {b, qc, ql, kc, kl, MASKPACK_SEGMENT_EXPLICIT_POS, rnd(r, kl - ql + 1), seq};
+                    c->segs[c->N++] = g;
+                    qc += ql;
+                }
+                seq++;
+                kc += kl + (rnd(r, 3) == 0 ? rnd(r, 3) : 0);
+                if (rnd(r, 5) == 0) break;
+            }
             continue;
         }
         int64_t qc = 0, kc = 0;
@@ -104,8 +178,9 @@ static int make_case(rng *r, tcase *c) {
     if ((extras & 2) && ru->causal) {
         size_t ns = 0;
         for (size_t k = 0; k < c->N; k++) {
-            int64_t len = c->segs[k].q_len;
-            if (len == 0 || len != c->segs[k].kv_len) continue;
+            /* spans live in key coordinates: [0, kv_len) for pieces, else self segments only */
+            int64_t len = c->segs[k].kv_len;
+            if (len == 0 || (!(c->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) && len != c->segs[k].q_len)) continue;
             int64_t pos = 0;
             for (int t = 0; t < 2 && ns < MAX_SPANS; t++) {
                 int64_t s = pos + rnd(r, len - pos + 1);
@@ -126,6 +201,11 @@ static int make_case(rng *r, tcase *c) {
     maskpack_error e;
     CHECK_OK(maskpack_layout_from_segments(c->segs, c->N, c->B, c->S, c->Skv, c->packed, ru, &c->L, &e), e);
     if (!c->L) return 0;
+    return finish_case(c);
+}
+
+/* Fills the reference of case c (layout built): the dense predicate and the owner of each column. */
+static int finish_case(tcase *c) {
     size_t cells = (size_t)(c->B * c->S * c->Skv);
     c->ref = malloc(cells ? cells : 1);
     c->segid = calloc((size_t)(c->B * c->S) + 1, sizeof *c->segid);
@@ -264,7 +344,9 @@ static void check_token_outputs(rng *r, const tcase *c) {
         v = token_view(c, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
         for (int64_t x = 0; x < cells; x++) want[x] = 0;
         for (size_t k = 0; k < c->N; k++)
-            for (int64_t t = 0; t < c->segs[k].q_len; t++) want[c->segs[k].row * c->S + c->segs[k].q_start + t] = t;
+            for (int64_t t = 0; t < c->segs[k].q_len; t++) /* pieces keep their place in the sequence */
+                want[c->segs[k].row * c->S + c->segs[k].q_start + t] =
+                    t + ((c->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? c->segs[k].q_pos : 0);
         CHECK_OK(maskpack_position_ids(c->L, &v.t, &e), e);
         CHECK(token_view_equals(&v, want));
         free(v.buf);
@@ -666,7 +748,7 @@ static void check_magi(const tcase *c) {
 static void test_random_layouts(void) {
     rng r = {0x9e3779b97f4a7c15ull};
     static tcase c;
-    int n_cases = 0, n_cross = 0, n_window = 0, n_span = 0, n_prefix = 0, n_packed = 0;
+    int n_cases = 0, n_cross = 0, n_window = 0, n_span = 0, n_prefix = 0, n_packed = 0, n_explicit = 0, n_shard = 0;
     for (int it = 0; it < 300; it++) {
         if (!make_case(&r, &c)) continue;
         n_cases++;
@@ -675,6 +757,12 @@ static void test_random_layouts(void) {
         n_span += c.rule.n_spans > 0;
         n_prefix += c.rule.prefix != NULL;
         n_packed += c.packed;
+        n_shard += c.sharded;
+        for (size_t k = 0; k < c.N; k++)
+            if (c.segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) {
+                n_explicit++;
+                break;
+            }
         check_token_outputs(&r, &c);
         check_vector_outputs(&r, &c);
         check_mask4d(&r, &c);
@@ -693,6 +781,11 @@ static void test_random_layouts(void) {
     CHECK(n_span > 10);
     CHECK(n_prefix > 20);
     CHECK(n_packed > 20);
+    CHECK(n_explicit > 40);
+    CHECK(n_shard > 10);
+    printf("random layouts: %d (cross %d, window %d, spans %d, prefix %d, packed %d, explicit positions %d, "
+           "CP shards %d)\n",
+           n_cases, n_cross, n_window, n_span, n_prefix, n_packed, n_explicit, n_shard);
 }
 
 /* ---- hand examples -------------------------------------------------------------------------- */
@@ -1021,6 +1114,46 @@ static void test_overflow(void) {
     maskpack_layout_free(L);
 }
 
+/* Pieces sharing keys: key-side sums exceed the key grid (int32), and even int64 */
+static void test_shared_key_overflow(void) {
+    maskpack_error e;
+    const int64_t w = (int64_t)1 << 30, huge = (int64_t)1 << 62;
+    maskpack_segment s[4];
+    for (int k = 0; k < 4; k++) s[k] = (maskpack_segment){0, k, 1, 0, w, MASKPACK_SEGMENT_EXPLICIT_POS, k, 0};
+    maskpack_layout *L = build(s, 3, 1, 4, w, 1, NULL);
+    if (L) {
+        int32_t b32[4];
+        int64_t b64[4], n4 = 4;
+        memset(b32, SENT, sizeof b32);
+        maskpack_tensor t = maskpack_tensor_contiguous(b32, MASKPACK_I32, 1, &n4);
+        CHECK_STATUS(maskpack_cu_seqlens(L, MASKPACK_CU_TE, 1, &t, &e), MASKPACK_ERR_OVERFLOW, e);
+        CHECK_EQ(e.index[0], 2); /* 2^31 does not fit */
+        CHECK(all_sentinel(b32, sizeof b32));
+        CHECK_OK(maskpack_cu_seqlens(L, MASKPACK_CU_TE, 0, &t, &e), e); /* the query side does */
+        CHECK(b32[3] == 3);
+        t = maskpack_tensor_contiguous(b64, MASKPACK_I64, 1, &n4);
+        CHECK_OK(maskpack_cu_seqlens(L, MASKPACK_CU_TE, 1, &t, &e), e);
+        CHECK(b64[3] == 3 * w);
+        /* explicit positions: position ids are q_pos + i */
+        int64_t pos[4];
+        t = maskpack_tensor_contiguous(pos, MASKPACK_I64, 1, &n4);
+        CHECK_OK(maskpack_position_ids(L, &t, &e), e);
+        CHECK(pos[0] == 0 && pos[1] == 1 && pos[2] == 2 && pos[3] == 0);
+        maskpack_layout_free(L);
+    }
+    for (int k = 0; k < 4; k++) s[k].kv_len = huge;
+    L = build(s, 4, 1, 4, huge, 1, NULL);
+    if (L) {
+        int64_t b64[5], n5 = 5;
+        memset(b64, SENT, sizeof b64);
+        maskpack_tensor t = maskpack_tensor_contiguous(b64, MASKPACK_I64, 1, &n5);
+        CHECK_STATUS(maskpack_cu_seqlens(L, MASKPACK_CU_TE, 1, &t, &e), MASKPACK_ERR_OVERFLOW, e);
+        CHECK_EQ(e.index[0], 2); /* 2^62 + 2^62 overflows at the second piece */
+        CHECK(all_sentinel(b64, sizeof b64));
+        maskpack_layout_free(L);
+    }
+}
+
 /* Block mask at benchmark scale stays sparse: 131072 packed tokens, causal, 128 blocks */
 static void test_block_mask_scale(void) {
     rng r = {12345};
@@ -1062,6 +1195,7 @@ int main(void) {
     test_hand_examples();
     test_errors();
     test_overflow();
+    test_shared_key_overflow();
     test_block_mask_scale();
     test_random_layouts();
     return check_report("test_derive");
