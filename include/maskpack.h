@@ -654,6 +654,15 @@ typedef struct maskpack_npu_report {
 MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call *call, maskpack_npu_report *report,
                                                         maskpack_error *err);
 
+/* ==== Attention kernels (fused CPU attention over a layout) ================================= */
+/* ==== end of Attention kernels ============================================================== */
+
+/* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
+/* ==== end of Gated DeltaNet ================================================================= */
+
+/* ==== Packing planner (sequences into rows, rows across ranks) ============================== */
+/* ==== end of Packing planner ================================================================ */
+
 #ifdef __cplusplus
 }
 #endif
