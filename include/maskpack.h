@@ -491,11 +491,13 @@ MASKPACK_API maskpack_status maskpack_cu_seqlens_padded(const maskpack_layout *l
 MASKPACK_API maskpack_status maskpack_seqlens(const maskpack_layout *layout, int kv, maskpack_tensor *out,
                                               maskpack_error *err);
 
-/* (layout) -> out per-token [B,S] int32/int64: 0,1,2,... restarting at each segment; pads get 0. */
+/* (layout) -> out per-token [B,S] int32/int64: 0,1,2,... restarting at each segment; pads get 0. A CP
+ * piece continues from its explicit position q_pos (global positions, as RoPE needs). */
 MASKPACK_API maskpack_status maskpack_position_ids(const maskpack_layout *layout, maskpack_tensor *out,
                                                    maskpack_error *err);
 
-/* (layout) -> out per-token [B,S] int32/int64: 1-based segment id (global order), 0 = pad. */
+/* (layout) -> out per-token [B,S] int32/int64: 1-based segment id (global order), 0 = pad. CP pieces
+ * carry their unsharded sequence's id (origin + 1). */
 MASKPACK_API maskpack_status maskpack_segment_ids(const maskpack_layout *layout, maskpack_tensor *out,
                                                   maskpack_error *err);
 

@@ -158,20 +158,24 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     return mp_ok(err);
 }
 
+/* 1-based id of the sequence segment k belongs to: a CP piece keeps its unsharded sequence's id, so
+ * one document has one id on every rank. */
+static int64_t seq_id(const maskpack_layout *L, size_t k) {
+    const maskpack_segment *g = &L->segs[k];
+    return ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->origin : (int64_t)k) + 1;
+}
+
 maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, out, "out");
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
-    /* the largest id is that of the last segment holding a token */
-    for (size_t k = L->n_segments; k-- > 0;)
-        if (L->segs[k].q_len > 0) {
-            if ((s = check_fits(out, (int64_t)k + 1, L->segs[k].row * L->q_width + L->segs[k].q_start, "segment id",
-                                err)))
-                return s;
-            break;
-        }
+    /* ids must fit the dtype: check the largest before writing anything */
+    for (size_t k = 0; k < L->n_segments; k++)
+        if (L->segs[k].q_len > 0 &&
+            (s = check_fits(out, seq_id(L, k), L->segs[k].row * L->q_width + L->segs[k].q_start, "segment id", err)))
+            return s;
 
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
@@ -179,7 +183,7 @@ maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *
         for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
-            mpd_fill(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, mpd_int_bits((int64_t)k + 1));
+            mpd_fill(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, mpd_int_bits(seq_id(L, k)));
             col = g->q_start + g->q_len;
         }
         mpd_fill(v.data, row + col * v.cs, v.cs, L->q_width - col, v.esize, 0);

@@ -43,6 +43,7 @@ typedef struct tcase {
     maskpack_rule rule;
     uint8_t *ref;    /* [B, S, Skv]: maskpack_allowed */
     int64_t *segid;  /* [B, S]: 1-based segment index owning the query column, 0 = pad */
+    int64_t *seqid;  /* [B, S]: 1-based sequence id (origin + 1 for CP pieces), 0 = pad */
     int sharded;     /* built by maskpack_layout_cp_shard */
 } tcase;
 
@@ -209,13 +210,19 @@ static int finish_case(tcase *c) {
     size_t cells = (size_t)(c->B * c->S * c->Skv);
     c->ref = malloc(cells ? cells : 1);
     c->segid = calloc((size_t)(c->B * c->S) + 1, sizeof *c->segid);
+    c->seqid = calloc((size_t)(c->B * c->S) + 1, sizeof *c->seqid);
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t i = 0; i < c->S; i++)
             for (int64_t j = 0; j < c->Skv; j++)
                 c->ref[(b * c->S + i) * c->Skv + j] = (uint8_t)maskpack_allowed(c->L, b, 0, i, j);
     for (size_t k = 0; k < c->N; k++)
         for (int64_t t = 0; t < c->segs[k].q_len; t++)
-            c->segid[c->segs[k].row * c->S + c->segs[k].q_start + t] = (int64_t)k + 1;
+        for (int64_t t = 0; t < c->segs[k].q_len; t++) {
+            int64_t x = c->segs[k].row * c->S + c->segs[k].q_start + t;
+            c->segid[x] = (int64_t)k + 1;
+            c->seqid[x] = ((c->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? c->segs[k].origin : (int64_t)k) + 1;
+        }
+    }
     return 1;
 }
 
@@ -223,6 +230,7 @@ static void free_case(tcase *c) {
     maskpack_layout_free(c->L);
     free(c->ref);
     free(c->segid);
+    free(c->seqid);
 }
 
 /* ---- strided views ------------------------------------------------------------------------ */
@@ -353,7 +361,7 @@ static void check_token_outputs(rng *r, const tcase *c) {
         /* segment ids */
         v = token_view(c, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
         CHECK_OK(maskpack_segment_ids(c->L, &v.t, &e), e);
-        CHECK(token_view_equals(&v, c->segid));
+        CHECK(token_view_equals(&v, c->seqid));
         free(v.buf);
     }
     free(want);
