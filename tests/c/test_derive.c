@@ -215,8 +215,7 @@ static int finish_case(tcase *c) {
         for (int64_t i = 0; i < c->S; i++)
             for (int64_t j = 0; j < c->Skv; j++)
                 c->ref[(b * c->S + i) * c->Skv + j] = (uint8_t)maskpack_allowed(c->L, b, 0, i, j);
-    for (size_t k = 0; k < c->N; k++)
-        for (int64_t t = 0; t < c->segs[k].q_len; t++)
+    for (size_t k = 0; k < c->N; k++) {
         for (int64_t t = 0; t < c->segs[k].q_len; t++) {
             int64_t x = c->segs[k].row * c->S + c->segs[k].q_start + t;
             c->segid[x] = (int64_t)k + 1;
