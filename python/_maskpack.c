@@ -1,0 +1,1149 @@
+/*
+ * _maskpack.c: the CPython extension behind the `maskpack` package.
+ *
+ * Deliberately thin: it owns a `Layout` handle type (a maskpack_layout* freed in dealloc) and
+ * exposes the C API function by function. Tensors cross as plain descriptors
+ *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
+ * built by the Python layer from numpy arrays / torch tensors without copying; outputs are
+ * allocated on the Python side and passed the same way, so this file never owns array memory and
+ * never needs numpy's or torch's C API. Every non-OK status raises the Python-level
+ * maskpack.Error (registered by the package at import through _set_error_type) carrying the
+ * status name, code, argument and index from maskpack_error.
+ *
+ * The GIL is released around every call that may touch a whole mask (constructors and derived
+ * outputs): the layout is immutable, and the Python layer keeps every described object alive for
+ * the duration of the call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "maskpack.h"
+
+/* Py_NewRef appeared in 3.10; the package supports 3.9. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *mp_newref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) mp_newref((PyObject *)(o))
+#endif
+
+/* ---- module state ------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *error_type; /* maskpack.Error, set by the package; ValueError until then */
+} module_state;
+
+static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+
+/* ---- the Layout handle ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD maskpack_layout *layout;
+} LayoutObject;
+
+static void Layout_dealloc(LayoutObject *self) {
+    maskpack_layout_free(self->layout);
+    self->layout = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject LayoutType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack.Layout",
+    .tp_basicsize = sizeof(LayoutObject),
+    .tp_itemsize = 0,
+    .tp_dealloc = (destructor)Layout_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Opaque handle to an immutable maskpack_layout (use maskpack.Layout instead).",
+    /* tp_new stays NULL: handles are only made by the constructors below. */
+};
+
+/* Wraps a freshly built layout; frees it if the wrapper cannot be allocated. */
+static PyObject *wrap_layout(maskpack_layout *L) {
+    LayoutObject *o = PyObject_New(LayoutObject, &LayoutType);
+    if (!o) {
+        maskpack_layout_free(L);
+        return NULL;
+    }
+    o->layout = L;
+    return (PyObject *)o;
+}
+
+static const maskpack_layout *handle(PyObject *obj) { return ((LayoutObject *)obj)->layout; }
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+/* Raises maskpack.Error(message, status_name, code, argument, index) for a failed call. */
+static PyObject *raise_status(PyObject *module, maskpack_status status, const maskpack_error *err) {
+    module_state *st = get_state(module);
+    const char *msg = (err && err->message[0]) ? err->message : maskpack_status_message(status);
+    const char *arg = (err && err->argument[0]) ? err->argument : NULL;
+    /* index: the meaningful leading entries (trailing -1 = n/a are dropped) */
+    int n_idx = 0;
+    if (err)
+        for (int i = 0; i < 4; i++)
+            if (err->index[i] != -1) n_idx = i + 1;
+    PyObject *idx = PyTuple_New(n_idx);
+    if (!idx) return NULL;
+    for (int i = 0; i < n_idx; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)err->index[i]);
+        if (!v) {
+            Py_DECREF(idx);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(idx, i, v);
+    }
+    PyObject *type = st->error_type ? st->error_type : PyExc_ValueError;
+    PyObject *exc;
+    if (st->error_type) {
+        exc = PyObject_CallFunction(type, "ssizO", msg, maskpack_status_name(status), (int)status, arg, idx);
+    } else {
+        exc = PyObject_CallFunction(type, "s", msg);
+    }
+    Py_DECREF(idx);
+    if (!exc) return NULL;
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* ---- argument conversion -------------------------------------------------------------------- */
+
+static int parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t cap, Py_ssize_t *n_out) {
+    PyObject *seq = PySequence_Fast(obj, "expected a sequence");
+    if (!seq) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tuple of ints", name);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > cap) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd entries are supported, found %zd", name, cap, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        out[i] = (int64_t)v;
+    }
+    Py_DECREF(seq);
+    *n_out = n;
+    return 0;
+}
+
+/* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor. */
+static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
+    memset(t, 0, sizeof *t);
+    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tensor descriptor (data_ptr, dtype, shape, strides)", name);
+        return -1;
+    }
+    PyObject *p = PyTuple_GET_ITEM(desc, 0);
+    if (!PyLong_Check(p)) {
+        PyErr_Format(PyExc_TypeError, "%s: data pointer must be an int", name);
+        return -1;
+    }
+    void *data = PyLong_AsVoidPtr(p);
+    if (!data && PyErr_Occurred()) return -1;
+    long dt = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
+    if (dt == -1 && PyErr_Occurred()) return -1;
+    if (dt < 0 || dt >= MASKPACK_DTYPE_COUNT_) {
+        PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %ld", name, dt);
+        return -1;
+    }
+    Py_ssize_t nd = 0, ns = 0;
+    if (parse_i64_seq(PyTuple_GET_ITEM(desc, 2), name, t->shape, MASKPACK_MAX_DIMS, &nd) < 0) return -1;
+    if (parse_i64_seq(PyTuple_GET_ITEM(desc, 3), name, t->strides, MASKPACK_MAX_DIMS, &ns) < 0) return -1;
+    if (nd != ns) {
+        PyErr_Format(PyExc_ValueError, "%s: shape has %zd entries but strides %zd", name, nd, ns);
+        return -1;
+    }
+    for (Py_ssize_t d = 0; d < nd; d++)
+        if (t->shape[d] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: negative dimension", name);
+            return -1;
+        }
+    t->data = data;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = (int32_t)nd;
+    return 0;
+}
+
+/* Optional descriptor: None -> *present = 0. */
+static int parse_opt_tensor(PyObject *desc, maskpack_tensor *t, int *present, const char *name) {
+    *present = 0;
+    if (desc == Py_None) return 0;
+    if (parse_tensor(desc, t, name) < 0) return -1;
+    *present = 1;
+    return 0;
+}
+
+/* The rule crosses as (causal, alignment, window_left, window_right, spans | None, prefix | None)
+ * with spans a sequence of (segment, start, end). Arrays live in rule_buf until rule_buf_free. */
+typedef struct {
+    maskpack_rule rule;
+    maskpack_span *spans;
+    int64_t *prefix;
+} rule_buf;
+
+static void rule_buf_free(rule_buf *rb) {
+    PyMem_Free(rb->spans);
+    PyMem_Free(rb->prefix);
+    rb->spans = NULL;
+    rb->prefix = NULL;
+}
+
+static int parse_rule(PyObject *obj, rule_buf *rb) {
+    memset(rb, 0, sizeof *rb);
+    rb->rule = maskpack_rule_default();
+    if (obj == Py_None) return 0;
+    long causal, align;
+    long long wl, wr;
+    PyObject *spans, *prefix;
+    if (!PyTuple_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "rule: expected a tuple (causal, alignment, left, right, spans, prefix)");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(obj, "llLLOO;rule: expected (causal, alignment, left, right, spans, prefix)", &causal,
+                          &align, &wl, &wr, &spans, &prefix))
+        return -1;
+    rb->rule.causal = (int)causal;
+    rb->rule.alignment = (maskpack_alignment)align;
+    rb->rule.window_left = (int64_t)wl;
+    rb->rule.window_right = (int64_t)wr;
+    if (spans != Py_None) {
+        PyObject *seq = PySequence_Fast(spans, "rule.spans: expected a sequence of (segment, start, end)");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        rb->spans = PyMem_Calloc(n ? (size_t)n : 1, sizeof *rb->spans);
+        if (!rb->spans) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t v[3];
+            Py_ssize_t got = 0;
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            if (parse_i64_seq(item, "rule.spans[i]", v, 3, &got) < 0 || got != 3) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_TypeError, "rule.spans[%zd]: expected (segment, start, end)", i);
+                Py_DECREF(seq);
+                rule_buf_free(rb);
+                return -1;
+            }
+            rb->spans[i].segment = v[0];
+            rb->spans[i].start = v[1];
+            rb->spans[i].end = v[2];
+        }
+        Py_DECREF(seq);
+        rb->rule.spans = rb->spans;
+        rb->rule.n_spans = (size_t)n;
+    }
+    if (prefix != Py_None) {
+        PyObject *seq = PySequence_Fast(prefix, "rule.prefix: expected a sequence of ints");
+        if (!seq) {
+            rule_buf_free(rb);
+            return -1;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        rb->prefix = PyMem_Calloc(n ? (size_t)n : 1, sizeof *rb->prefix);
+        if (!rb->prefix) {
+            Py_DECREF(seq);
+            rule_buf_free(rb);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                rule_buf_free(rb);
+                return -1;
+            }
+            rb->prefix[i] = (int64_t)v;
+        }
+        Py_DECREF(seq);
+        rb->rule.prefix = rb->prefix;
+        rb->rule.n_prefix = (size_t)n;
+    }
+    return 0;
+}
+
+static PyObject *i64_list(const int64_t *v, int64_t n) {
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
+}
+
+/* ---- version, status names, window converters ------------------------------------------------ */
+
+static PyObject *py_version(PyObject *m, PyObject *noargs) {
+    (void)m;
+    (void)noargs;
+    return PyUnicode_FromString(maskpack_version_string());
+}
+
+static PyObject *py_version_number(PyObject *m, PyObject *noargs) {
+    (void)m;
+    (void)noargs;
+    return PyLong_FromUnsignedLong(maskpack_version_number());
+}
+
+/* () -> list of status names indexed by code. */
+static PyObject *py_status_names(PyObject *m, PyObject *noargs) {
+    (void)m;
+    (void)noargs;
+    PyObject *l = PyList_New(MASKPACK_STATUS_COUNT_);
+    if (!l) return NULL;
+    for (int s = 0; s < MASKPACK_STATUS_COUNT_; s++) {
+        PyObject *x = PyUnicode_FromString(maskpack_status_name((maskpack_status)s));
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, s, x);
+    }
+    return l;
+}
+
+static PyObject *py_status_message(PyObject *m, PyObject *arg) {
+    (void)m;
+    long s = PyLong_AsLong(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    return PyUnicode_FromString(maskpack_status_message((maskpack_status)s));
+}
+
+static PyObject *py_set_error_type(PyObject *m, PyObject *type) {
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "expected an exception type");
+        return NULL;
+    }
+    module_state *st = get_state(m);
+    Py_INCREF(type);
+    PyObject *old = st->error_type;
+    st->error_type = type;
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
+static PyObject *window_conv(PyObject *m, PyObject *arg, int hf) {
+    long long w = PyLong_AsLongLong(arg);
+    if (w == -1 && PyErr_Occurred()) return NULL;
+    int64_t l = 0, r = 0;
+    maskpack_error err;
+    maskpack_status s = hf ? maskpack_window_from_hf(w, &l, &r, &err) : maskpack_window_from_gym(w, &l, &r, &err);
+    if (s) return raise_status(m, s, &err);
+    return Py_BuildValue("(LL)", (long long)l, (long long)r);
+}
+
+static PyObject *py_window_from_hf(PyObject *m, PyObject *arg) { return window_conv(m, arg, 1); }
+static PyObject *py_window_from_gym(PyObject *m, PyObject *arg) { return window_conv(m, arg, 0); }
+
+/* ---- constructors ------------------------------------------------------------------------------ */
+
+/* (segments: seq of (row, q_start, q_len, kv_start, kv_len[, q_pos|None]), n_rows, q_width, kv_width,
+ *  packed, rule) -> handle */
+static PyObject *py_from_segments(PyObject *m, PyObject *args) {
+    PyObject *segs_obj, *rule_obj;
+    long long n_rows, qw, kw;
+    int packed;
+    if (!PyArg_ParseTuple(args, "OLLLpO", &segs_obj, &n_rows, &qw, &kw, &packed, &rule_obj)) return NULL;
+    PyObject *seq = PySequence_Fast(segs_obj, "segments: expected a sequence of tuples");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    maskpack_segment *segs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *segs);
+    if (!segs) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "segment: expected a tuple");
+        if (!it) goto fail;
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(it);
+        if (k != 5 && k != 6) {
+            Py_DECREF(it);
+            PyErr_Format(PyExc_TypeError,
+                         "segments[%zd]: expected (row, q_start, q_len, kv_start, kv_len[, q_pos]), found %zd fields",
+                         i, k);
+            goto fail;
+        }
+        int64_t v[5];
+        for (int f = 0; f < 5; f++) {
+            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(it, f));
+            if (x == -1 && PyErr_Occurred()) {
+                Py_DECREF(it);
+                goto fail;
+            }
+            v[f] = (int64_t)x;
+        }
+        segs[i].row = v[0];
+        segs[i].q_start = v[1];
+        segs[i].q_len = v[2];
+        segs[i].kv_start = v[3];
+        segs[i].kv_len = v[4];
+        if (k == 6 && PySequence_Fast_GET_ITEM(it, 5) != Py_None) {
+            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(it, 5));
+            if (x == -1 && PyErr_Occurred()) {
+                Py_DECREF(it);
+                goto fail;
+            }
+            segs[i].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+            segs[i].q_pos = (int64_t)x;
+        }
+        Py_DECREF(it);
+    }
+    Py_DECREF(seq);
+    seq = NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) {
+        PyMem_Free(segs);
+        return NULL;
+    }
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_segments(segs, (size_t)n, n_rows, qw, kw, packed, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(segs);
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+fail:
+    Py_XDECREF(seq);
+    PyMem_Free(segs);
+    return NULL;
+}
+
+/* (lengths: seq of int, placement, capacity, rule) -> handle */
+static PyObject *py_from_lengths(PyObject *m, PyObject *args) {
+    PyObject *lens_obj, *rule_obj;
+    int placement;
+    long long capacity;
+    if (!PyArg_ParseTuple(args, "OiLO", &lens_obj, &placement, &capacity, &rule_obj)) return NULL;
+    PyObject *seq = PySequence_Fast(lens_obj, "lengths: expected a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *lens = PyMem_Calloc(n ? (size_t)n : 1, sizeof *lens);
+    if (!lens) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (x == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            PyMem_Free(lens);
+            return NULL;
+        }
+        lens[i] = (int64_t)x;
+    }
+    Py_DECREF(seq);
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) {
+        PyMem_Free(lens);
+        return NULL;
+    }
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_lengths(lens, (size_t)n, (maskpack_placement)placement, capacity, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(lens);
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (mask desc, convention, rule) -> handle */
+static PyObject *py_from_mask2d(PyObject *m, PyObject *args) {
+    PyObject *desc, *rule_obj;
+    int conv;
+    if (!PyArg_ParseTuple(args, "OiO", &desc, &conv, &rule_obj)) return NULL;
+    maskpack_tensor t;
+    if (parse_tensor(desc, &t, "mask") < 0) return NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_mask2d(&t, (maskpack_mask2d_convention)conv, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (cu desc, form, total, cu_padded desc|None, rule) -> handle */
+static PyObject *py_from_cu_seqlens(PyObject *m, PyObject *args) {
+    PyObject *desc, *pdesc, *rule_obj;
+    int form;
+    long long total;
+    if (!PyArg_ParseTuple(args, "OiLOO", &desc, &form, &total, &pdesc, &rule_obj)) return NULL;
+    maskpack_tensor cu, cp;
+    int has_p;
+    if (parse_tensor(desc, &cu, "cu_seqlens") < 0) return NULL;
+    if (parse_opt_tensor(pdesc, &cp, &has_p, "cu_seqlens_padded") < 0) return NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_cu_seqlens(&cu, (maskpack_cu_form)form, total, has_p ? &cp : NULL, &rb.rule, &L,
+                                        &err);
+    Py_END_ALLOW_THREADS
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (cu_q desc, cu_kv desc, form, rule) -> handle */
+static PyObject *py_from_cu_seqlens_qk(PyObject *m, PyObject *args) {
+    PyObject *dq, *dk, *rule_obj;
+    int form;
+    if (!PyArg_ParseTuple(args, "OOiO", &dq, &dk, &form, &rule_obj)) return NULL;
+    maskpack_tensor q, k;
+    if (parse_tensor(dq, &q, "cu_seqlens_q") < 0) return NULL;
+    if (parse_tensor(dk, &k, "cu_seqlens_kv") < 0) return NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_cu_seqlens_qk(&q, &k, (maskpack_cu_form)form, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (position_ids desc, boundary, rule) -> handle */
+static PyObject *py_from_position_ids(PyObject *m, PyObject *args) {
+    PyObject *desc, *rule_obj;
+    int boundary;
+    if (!PyArg_ParseTuple(args, "OiO", &desc, &boundary, &rule_obj)) return NULL;
+    maskpack_tensor t;
+    if (parse_tensor(desc, &t, "position_ids") < 0) return NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_position_ids(&t, (maskpack_boundary_rule)boundary, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (mask desc, convention) -> handle */
+static PyObject *py_from_mask4d(PyObject *m, PyObject *args) {
+    PyObject *desc;
+    int conv;
+    if (!PyArg_ParseTuple(args, "Oi", &desc, &conv)) return NULL;
+    maskpack_tensor t;
+    if (parse_tensor(desc, &t, "mask") < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_from_mask4d(&t, (maskpack_mask_convention)conv, &L, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (mask desc, convention, out desc) -> None */
+static PyObject *py_mask2d_from_mask4d(PyObject *m, PyObject *args) {
+    PyObject *desc, *odesc;
+    int conv;
+    if (!PyArg_ParseTuple(args, "OiO", &desc, &conv, &odesc)) return NULL;
+    maskpack_tensor t, o;
+    if (parse_tensor(desc, &t, "mask") < 0) return NULL;
+    if (parse_tensor(odesc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_mask2d_from_mask4d(&t, (maskpack_mask_convention)conv, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, rule) -> handle */
+static PyObject *py_with_rule(PyObject *m, PyObject *args) {
+    PyObject *h, *rule_obj;
+    if (!PyArg_ParseTuple(args, "O!O", &LayoutType, &h, &rule_obj)) return NULL;
+    rule_buf rb;
+    if (parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_with_rule(handle(h), &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    rule_buf_free(&rb);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* ---- accessors -------------------------------------------------------------------------------- */
+
+/* (handle) -> (n_rows, q_width, kv_width, packed, is_self, n_segments, n_tokens, max_q, max_kv) */
+static PyObject *py_info(PyObject *m, PyObject *h) {
+    (void)m;
+    if (!PyObject_TypeCheck(h, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
+        return NULL;
+    }
+    const maskpack_layout *L = handle(h);
+    return Py_BuildValue("(LLLNNnLLL)", (long long)maskpack_layout_n_rows(L), (long long)maskpack_layout_q_width(L),
+                         (long long)maskpack_layout_kv_width(L), PyBool_FromLong(maskpack_layout_is_packed(L)),
+                         PyBool_FromLong(maskpack_layout_is_self(L)), (Py_ssize_t)maskpack_layout_n_segments(L),
+                         (long long)maskpack_layout_n_tokens(L), (long long)maskpack_layout_max_seqlen(L),
+                         (long long)maskpack_layout_max_seqlen_kv(L));
+}
+
+/* (handle) -> list of (row, q_start, q_len, kv_start, kv_len, q_pos | None) */
+static PyObject *py_segments(PyObject *m, PyObject *h) {
+    if (!PyObject_TypeCheck(h, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
+        return NULL;
+    }
+    const maskpack_layout *L = handle(h);
+    size_t n = maskpack_layout_n_segments(L);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        maskpack_segment g;
+        maskpack_error err;
+        maskpack_status s = maskpack_layout_segment(L, i, &g, &err);
+        if (s) {
+            Py_DECREF(l);
+            return raise_status(m, s, &err);
+        }
+        PyObject *qpos;
+        if (g.flags & MASKPACK_SEGMENT_EXPLICIT_POS)
+            qpos = PyLong_FromLongLong((long long)g.q_pos);
+        else
+            qpos = Py_NewRef(Py_None);
+        PyObject *t = Py_BuildValue("(LLLLLN)", (long long)g.row, (long long)g.q_start, (long long)g.q_len,
+                                    (long long)g.kv_start, (long long)g.kv_len, qpos);
+        if (!t) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    return l;
+}
+
+/* (handle) -> (causal, alignment, left, right, [(seg, start, end)], prefix list | None) */
+static PyObject *py_rule(PyObject *m, PyObject *h) {
+    (void)m;
+    if (!PyObject_TypeCheck(h, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
+        return NULL;
+    }
+    const maskpack_layout *L = handle(h);
+    maskpack_rule r = maskpack_layout_rule(L);
+    PyObject *spans = PyList_New((Py_ssize_t)r.n_spans);
+    if (!spans) return NULL;
+    for (size_t i = 0; i < r.n_spans; i++) {
+        PyObject *t = Py_BuildValue("(LLL)", (long long)r.spans[i].segment, (long long)r.spans[i].start,
+                                    (long long)r.spans[i].end);
+        if (!t) {
+            Py_DECREF(spans);
+            return NULL;
+        }
+        PyList_SET_ITEM(spans, (Py_ssize_t)i, t);
+    }
+    PyObject *prefix;
+    if (r.prefix) {
+        prefix = i64_list(r.prefix, (int64_t)r.n_prefix);
+        if (!prefix) {
+            Py_DECREF(spans);
+            return NULL;
+        }
+    } else {
+        prefix = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NiLLNN)", PyBool_FromLong(r.causal), (int)r.alignment, (long long)r.window_left,
+                         (long long)r.window_right, spans, prefix);
+}
+
+static PyObject *py_allowed(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *h;
+    long long b, hd, i, j;
+    if (!PyArg_ParseTuple(args, "O!LLLL", &LayoutType, &h, &b, &hd, &i, &j)) return NULL;
+    return PyBool_FromLong(maskpack_allowed(handle(h), b, hd, i, j));
+}
+
+static PyObject *py_segment_of_query(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *h;
+    long long b, i;
+    if (!PyArg_ParseTuple(args, "O!LL", &LayoutType, &h, &b, &i)) return NULL;
+    return PyLong_FromLongLong((long long)maskpack_segment_of_query(handle(h), b, i));
+}
+
+/* ---- derived outputs ------------------------------------------------------------------------- */
+
+typedef maskpack_status (*out_fn)(const maskpack_layout *, maskpack_tensor *, maskpack_error *);
+
+static PyObject *simple_out(PyObject *m, PyObject *args, out_fn fn) {
+    PyObject *h, *desc;
+    if (!PyArg_ParseTuple(args, "O!O", &LayoutType, &h, &desc)) return NULL;
+    maskpack_tensor o;
+    if (parse_tensor(desc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = fn(handle(h), &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_mask2d(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_mask2d); }
+static PyObject *py_cu_seqlens_padded(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_cu_seqlens_padded); }
+static PyObject *py_position_ids(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_position_ids); }
+static PyObject *py_segment_ids(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_segment_ids); }
+static PyObject *py_valid_indices(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_valid_indices); }
+static PyObject *py_last_token_index(PyObject *m, PyObject *a) { return simple_out(m, a, maskpack_last_token_index); }
+
+/* (handle, convention, fill, out) */
+static PyObject *py_mask4d(PyObject *m, PyObject *args) {
+    PyObject *h, *desc;
+    int conv, fill;
+    if (!PyArg_ParseTuple(args, "O!iiO", &LayoutType, &h, &conv, &fill, &desc)) return NULL;
+    maskpack_tensor o;
+    if (parse_tensor(desc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_mask4d(handle(h), (maskpack_mask_convention)conv, (maskpack_fill)fill, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, form, kv, out) */
+static PyObject *py_cu_seqlens(PyObject *m, PyObject *args) {
+    PyObject *h, *desc;
+    int form, kv;
+    if (!PyArg_ParseTuple(args, "O!ipO", &LayoutType, &h, &form, &kv, &desc)) return NULL;
+    maskpack_tensor o;
+    if (parse_tensor(desc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_cu_seqlens(handle(h), (maskpack_cu_form)form, kv, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, kv, out) */
+static PyObject *py_seqlens(PyObject *m, PyObject *args) {
+    PyObject *h, *desc;
+    int kv;
+    if (!PyArg_ParseTuple(args, "O!pO", &LayoutType, &h, &kv, &desc)) return NULL;
+    maskpack_tensor o;
+    if (parse_tensor(desc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_seqlens(handle(h), kv, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, block_q, block_k) -> (Qb, Kb) */
+static PyObject *py_block_mask_dims(PyObject *m, PyObject *args) {
+    PyObject *h;
+    long long bq, bk;
+    if (!PyArg_ParseTuple(args, "O!LL", &LayoutType, &h, &bq, &bk)) return NULL;
+    int64_t qb = 0, kb = 0;
+    maskpack_error err;
+    maskpack_status s = maskpack_block_mask_dims(handle(h), bq, bk, &qb, &kb, &err);
+    if (s) return raise_status(m, s, &err);
+    return Py_BuildValue("(LL)", (long long)qb, (long long)kb);
+}
+
+/* A descriptor for an int32 C-contiguous buffer of exactly `numel` elements -> its pointer. The
+ * C API takes raw int32 pointers here, so shape and contiguity are checked before handing them on. */
+static int contiguous_i32(PyObject *desc, int64_t numel, const char *name, int32_t **out) {
+    *out = NULL;
+    if (desc == Py_None) return 0;
+    maskpack_tensor t;
+    if (parse_tensor(desc, &t, name) < 0) return -1;
+    if (t.dtype != MASKPACK_I32) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an int32 buffer", name);
+        return -1;
+    }
+    int64_t n = 1, expect = 1;
+    for (int32_t d = 0; d < t.ndim; d++) n *= t.shape[d];
+    for (int32_t d = t.ndim - 1; d >= 0 && n > 0; d--) { /* an empty buffer has no layout to check */
+        if (t.shape[d] != 1 && t.strides[d] != expect) {
+            PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous buffer", name);
+            return -1;
+        }
+        expect *= t.shape[d];
+    }
+    if (n != numel) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %lld elements, found %lld", name, (long long)numel, (long long)n);
+        return -1;
+    }
+    if (numel > 0 && !t.data) {
+        PyErr_Format(PyExc_ValueError, "%s: NULL data", name);
+        return -1;
+    }
+    *out = (int32_t *)t.data;
+    return 0;
+}
+
+/* (handle, block_q, block_k, (kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num,
+ *  full_q_idx) descriptors or None) -> None */
+static PyObject *py_block_mask(PyObject *m, PyObject *args) {
+    PyObject *h, *outs;
+    long long bq, bk;
+    if (!PyArg_ParseTuple(args, "O!LLO!", &LayoutType, &h, &bq, &bk, &PyTuple_Type, &outs)) return NULL;
+    if (PyTuple_GET_SIZE(outs) != 8) {
+        PyErr_SetString(PyExc_TypeError, "block_mask: expected 8 output descriptors");
+        return NULL;
+    }
+    const maskpack_layout *L = handle(h);
+    int64_t qb = 0, kb = 0;
+    maskpack_error err;
+    maskpack_status s = maskpack_block_mask_dims(L, bq, bk, &qb, &kb, &err);
+    if (s) return raise_status(m, s, &err);
+    int64_t B = maskpack_layout_n_rows(L);
+    int64_t sizes[8];
+    sizes[0] = sizes[2] = B * qb;
+    sizes[1] = sizes[3] = B * qb * kb;
+    sizes[4] = sizes[6] = B * kb;
+    sizes[5] = sizes[7] = B * kb * qb;
+    static const char *const names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                                         "q_num_blocks",  "q_indices",  "full_q_num_blocks",  "full_q_indices"};
+    int32_t *p[8];
+    for (int i = 0; i < 8; i++)
+        if (contiguous_i32(PyTuple_GET_ITEM(outs, i), sizes[i], names[i], &p[i]) < 0) return NULL;
+    maskpack_block_mask_arrays a = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_block_mask(L, bq, bk, &a, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, q_ranges desc|None, k_ranges desc|None, types desc|None, capacity) -> count */
+static PyObject *py_magi_slices(PyObject *m, PyObject *args) {
+    PyObject *h, *dq, *dk, *dt;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "O!OOOn", &LayoutType, &h, &dq, &dk, &dt, &cap)) return NULL;
+    if (cap < 0) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be >= 0");
+        return NULL;
+    }
+    int32_t *q = NULL, *k = NULL, *t = NULL;
+    if (cap > 0) {
+        if (contiguous_i32(dq, 2 * (int64_t)cap, "q_ranges", &q) < 0) return NULL;
+        if (contiguous_i32(dk, 2 * (int64_t)cap, "k_ranges", &k) < 0) return NULL;
+        if (contiguous_i32(dt, (int64_t)cap, "types", &t) < 0) return NULL;
+        if (!q || !k || !t) {
+            PyErr_SetString(PyExc_TypeError, "magi_slices: all three buffers are needed when capacity > 0");
+            return NULL;
+        }
+    }
+    size_t count = 0;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_magi_slices(handle(h), q, k, t, (size_t)cap, &count, &err);
+    Py_END_ALLOW_THREADS
+    /* sizing call: a too-small buffer still reports the count needed */
+    if (s == MASKPACK_ERR_BUFFER_TOO_SMALL && cap == 0) s = MASKPACK_OK;
+    if (s) return raise_status(m, s, &err);
+    return PyLong_FromSize_t(count);
+}
+
+/* ---- npu --------------------------------------------------------------------------------------- */
+
+/* (handle, input_layout, scale, head_dim, factory) -> (input_layout, sparse_mode, pre, next, scale,
+ * inner_precise, mask_kind, atten_mask | None, actual_seq_qlen | None, actual_seq_kvlen | None,
+ * prefix | None, pad_items | None, fully_masked_rows). factory(shape) -> (object, descriptor) allocates
+ * the atten_mask; the argset never outlives this call. */
+static PyObject *py_npu_args(PyObject *m, PyObject *args) {
+    PyObject *h, *factory;
+    int il;
+    double scale;
+    long long head_dim;
+    if (!PyArg_ParseTuple(args, "O!idLO", &LayoutType, &h, &il, &scale, &head_dim, &factory)) return NULL;
+    const maskpack_layout *L = handle(h);
+    maskpack_npu_argset a;
+    memset(&a, 0, sizeof a);
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_npu_args(L, (maskpack_npu_layout)il, scale, head_dim, &a, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+
+    PyObject *mask_obj = NULL, *ql = NULL, *kl = NULL, *pf = NULL, *pad = NULL, *res = NULL;
+    if (a.mask_kind != MASKPACK_NPU_MASK_NONE) {
+        int nd = a.mask_ndim < 0 ? 0 : (a.mask_ndim > 4 ? 4 : a.mask_ndim);
+        PyObject *shape = PyTuple_New(nd);
+        if (!shape) goto done;
+        for (int d = 0; d < nd; d++) {
+            PyObject *v = PyLong_FromLongLong((long long)a.mask_shape[d]);
+            if (!v) {
+                Py_DECREF(shape);
+                goto done;
+            }
+            PyTuple_SET_ITEM(shape, d, v);
+        }
+        PyObject *pair = PyObject_CallOneArg(factory, shape);
+        Py_DECREF(shape);
+        if (!pair) goto done;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "npu_args: factory must return (object, descriptor)");
+            goto done;
+        }
+        maskpack_tensor o;
+        if (parse_tensor(PyTuple_GET_ITEM(pair, 1), &o, "atten_mask") < 0) {
+            Py_DECREF(pair);
+            goto done;
+        }
+        mask_obj = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+        Py_DECREF(pair);
+        Py_BEGIN_ALLOW_THREADS
+        s = maskpack_npu_atten_mask(L, &a, &o, &err);
+        Py_END_ALLOW_THREADS
+        if (s) {
+            raise_status(m, s, &err);
+            goto done;
+        }
+    } else {
+        mask_obj = Py_NewRef(Py_None);
+    }
+    if (a.actual_seq_qlen) {
+        if (!(ql = i64_list(a.actual_seq_qlen, a.n_items))) goto done;
+    } else
+        ql = Py_NewRef(Py_None);
+    if (a.actual_seq_kvlen) {
+        if (!(kl = i64_list(a.actual_seq_kvlen, a.n_items))) goto done;
+    } else
+        kl = Py_NewRef(Py_None);
+    if (a.prefix) {
+        if (!(pf = i64_list(a.prefix, a.n_prefix))) goto done;
+    } else
+        pf = Py_NewRef(Py_None);
+    if (a.pad_items) {
+        pad = PyList_New((Py_ssize_t)a.n_items);
+        if (!pad) goto done;
+        for (int64_t i = 0; i < a.n_items; i++) PyList_SET_ITEM(pad, (Py_ssize_t)i, PyBool_FromLong(a.pad_items[i]));
+    } else
+        pad = Py_NewRef(Py_None);
+    res = Py_BuildValue("(iiLLdiiOOOOOL)", (int)a.input_layout, (int)a.sparse_mode, (long long)a.pre_tokens,
+                        (long long)a.next_tokens, a.scale, (int)a.inner_precise, (int)a.mask_kind, mask_obj, ql, kl,
+                        pf, pad, (long long)a.fully_masked_rows);
+done:
+    Py_XDECREF(mask_obj);
+    Py_XDECREF(ql);
+    Py_XDECREF(kl);
+    Py_XDECREF(pf);
+    Py_XDECREF(pad);
+    maskpack_npu_argset_release(&a);
+    return res;
+}
+
+/* keyword call description -> (status_code, [(code, message)], n_total). Raises only when the
+ * description itself is unusable (a status other than OK and NPU_CONTRACT). */
+static PyObject *py_validate_npu_args(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"input_layout", "batch",      "q_len",        "kv_len",          "total_q",
+                             "total_kv",     "heads_q",    "heads_kv",     "head_dim",        "sparse_mode",
+                             "pre_tokens",   "next_tokens", "atten_mask",  "actual_seq_qlen", "actual_seq_kvlen",
+                             "prefix",       "scale",      "inner_precise", "intended",       NULL};
+    maskpack_npu_call c;
+    memset(&c, 0, sizeof c);
+    int il = 0, sm = 0, ip = 0;
+    long long batch = 0, ql = 0, kl = 0, tq = 0, tk = 0, hq = 0, hk = 0, hd = 0, pre = 0, nxt = 0;
+    double scale = NAN;
+    PyObject *dmask = Py_None, *dq = Py_None, *dk = Py_None, *dp = Py_None, *intended = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|LLLLLLLLiLLOOOOdiO", kwlist, &il, &batch, &ql, &kl, &tq, &tk, &hq,
+                                     &hk, &hd, &sm, &pre, &nxt, &dmask, &dq, &dk, &dp, &scale, &ip, &intended))
+        return NULL;
+    maskpack_tensor tm, tq_, tk_, tp;
+    int has_m, has_q, has_k, has_p;
+    if (parse_opt_tensor(dmask, &tm, &has_m, "atten_mask") < 0) return NULL;
+    if (parse_opt_tensor(dq, &tq_, &has_q, "actual_seq_qlen") < 0) return NULL;
+    if (parse_opt_tensor(dk, &tk_, &has_k, "actual_seq_kvlen") < 0) return NULL;
+    if (parse_opt_tensor(dp, &tp, &has_p, "prefix") < 0) return NULL;
+    if (intended != Py_None && !PyObject_TypeCheck(intended, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "intended: expected a layout handle or None");
+        return NULL;
+    }
+    c.input_layout = (maskpack_npu_layout)il;
+    c.batch = batch;
+    c.q_len = ql;
+    c.kv_len = kl;
+    c.total_q = tq;
+    c.total_kv = tk;
+    c.heads_q = hq;
+    c.heads_kv = hk;
+    c.head_dim = hd;
+    c.sparse_mode = sm;
+    c.pre_tokens = pre;
+    c.next_tokens = nxt;
+    c.atten_mask = has_m ? &tm : NULL;
+    c.actual_seq_qlen = has_q ? &tq_ : NULL;
+    c.actual_seq_kvlen = has_k ? &tk_ : NULL;
+    c.prefix = has_p ? &tp : NULL;
+    c.scale = scale;
+    c.inner_precise = ip;
+    c.intended = intended == Py_None ? NULL : handle(intended);
+    maskpack_npu_report *rep = PyMem_Calloc(1, sizeof *rep);
+    if (!rep) return PyErr_NoMemory();
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_validate_npu_args(&c, rep, &err);
+    Py_END_ALLOW_THREADS
+    if (s != MASKPACK_OK && s != MASKPACK_ERR_NPU_CONTRACT) {
+        PyMem_Free(rep);
+        return raise_status(m, s, &err);
+    }
+    int nf = rep->n_findings;
+    if (nf < 0) nf = 0;
+    if (nf > MASKPACK_NPU_MAX_FINDINGS) nf = MASKPACK_NPU_MAX_FINDINGS;
+    PyObject *l = PyList_New(nf);
+    if (!l) {
+        PyMem_Free(rep);
+        return NULL;
+    }
+    for (int i = 0; i < nf; i++) {
+        rep->findings[i].message[MASKPACK_ERROR_MESSAGE_SIZE - 1] = '\0';
+        PyObject *t = Py_BuildValue("(is)", (int)rep->findings[i].code, rep->findings[i].message);
+        if (!t) {
+            Py_DECREF(l);
+            PyMem_Free(rep);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    int total = rep->n_total;
+    PyMem_Free(rep);
+    return Py_BuildValue("(iNi)", (int)s, l, total);
+}
+
+/* ---- module ------------------------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"version", py_version, METH_NOARGS, "() -> library version string"},
+    {"version_number", py_version_number, METH_NOARGS, "() -> MAJOR*10000 + MINOR*100 + PATCH"},
+    {"status_names", py_status_names, METH_NOARGS, "() -> status names indexed by code"},
+    {"status_message", py_status_message, METH_O, "(code) -> generic description"},
+    {"_set_error_type", py_set_error_type, METH_O, "(type) -> None: the exception raised on failures"},
+    {"window_from_hf", py_window_from_hf, METH_O, "(w) -> (left, right)"},
+    {"window_from_gym", py_window_from_gym, METH_O, "(w) -> (left, right)"},
+    {"from_segments", py_from_segments, METH_VARARGS, "(segments, n_rows, q_width, kv_width, packed, rule)"},
+    {"from_lengths", py_from_lengths, METH_VARARGS, "(lengths, placement, capacity, rule)"},
+    {"from_mask2d", py_from_mask2d, METH_VARARGS, "(mask, convention, rule)"},
+    {"from_cu_seqlens", py_from_cu_seqlens, METH_VARARGS, "(cu, form, total, cu_padded, rule)"},
+    {"from_cu_seqlens_qk", py_from_cu_seqlens_qk, METH_VARARGS, "(cu_q, cu_kv, form, rule)"},
+    {"from_position_ids", py_from_position_ids, METH_VARARGS, "(position_ids, boundary, rule)"},
+    {"from_mask4d", py_from_mask4d, METH_VARARGS, "(mask, convention)"},
+    {"mask2d_from_mask4d", py_mask2d_from_mask4d, METH_VARARGS, "(mask, convention, out)"},
+    {"with_rule", py_with_rule, METH_VARARGS, "(handle, rule)"},
+    {"info", py_info, METH_O, "(handle) -> sizes"},
+    {"segments", py_segments, METH_O, "(handle) -> segment tuples"},
+    {"rule", py_rule, METH_O, "(handle) -> rule tuple"},
+    {"allowed", py_allowed, METH_VARARGS, "(handle, b, h, i, j) -> bool"},
+    {"segment_of_query", py_segment_of_query, METH_VARARGS, "(handle, b, i) -> segment index or -1"},
+    {"mask2d", py_mask2d, METH_VARARGS, "(handle, out)"},
+    {"mask4d", py_mask4d, METH_VARARGS, "(handle, convention, fill, out)"},
+    {"cu_seqlens", py_cu_seqlens, METH_VARARGS, "(handle, form, kv, out)"},
+    {"cu_seqlens_padded", py_cu_seqlens_padded, METH_VARARGS, "(handle, out)"},
+    {"seqlens", py_seqlens, METH_VARARGS, "(handle, kv, out)"},
+    {"position_ids", py_position_ids, METH_VARARGS, "(handle, out)"},
+    {"segment_ids", py_segment_ids, METH_VARARGS, "(handle, out)"},
+    {"valid_indices", py_valid_indices, METH_VARARGS, "(handle, out)"},
+    {"last_token_index", py_last_token_index, METH_VARARGS, "(handle, out)"},
+    {"block_mask_dims", py_block_mask_dims, METH_VARARGS, "(handle, block_q, block_k) -> (Qb, Kb)"},
+    {"block_mask", py_block_mask, METH_VARARGS, "(handle, block_q, block_k, outs)"},
+    {"magi_slices", py_magi_slices, METH_VARARGS, "(handle, q, k, types, capacity) -> count"},
+    {"npu_args", py_npu_args, METH_VARARGS, "(handle, input_layout, scale, head_dim, factory) -> tuple"},
+    {"validate_npu_args", (PyCFunction)(void (*)(void))py_validate_npu_args, METH_VARARGS | METH_KEYWORDS,
+     "(input_layout, ...) -> (status, findings, n_total)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+    module_state *st = get_state(m);
+    if (st) Py_VISIT(st->error_type);
+    return 0;
+}
+
+static int module_clear(PyObject *m) {
+    module_state *st = get_state(m);
+    if (st) Py_CLEAR(st->error_type);
+    return 0;
+}
+
+static void module_free(void *m) { module_clear((PyObject *)m); }
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_maskpack",
+    .m_doc = "Low-level binding of libmaskpack (use the maskpack package).",
+    .m_size = sizeof(module_state),
+    .m_methods = methods,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__maskpack(void) {
+    if (PyType_Ready(&LayoutType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    get_state(m)->error_type = NULL;
+    Py_INCREF(&LayoutType);
+    if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
+        Py_DECREF(&LayoutType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "NPU_MAX_ITEMS", MASKPACK_NPU_MAX_ITEMS) < 0 ||
+        PyModule_AddIntConstant(m, "NPU_MAX_FINDINGS", MASKPACK_NPU_MAX_FINDINGS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_DIMS", MASKPACK_MAX_DIMS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,541 @@
+"""maskpack.Layout: one description of a variable-length batch, every backend's input derived from it."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _maskpack
+from . import _rule
+from ._errors import Error
+from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor
+
+__all__ = ["Layout", "mask2d_from_mask4d"]
+
+_PLACEMENTS = {"right": 0, "left": 1, "packed": 2}
+_MASK2D_CONV = {"keep": 0, "doc_id": 1}
+_MASK_CONV = {"keep": 0, "masked": 1, "additive": 2}
+_CU_FORMS = {"te": 0, "npu": 1}
+_BOUNDARY = {"reset": 0, "step": 1}
+_FILLS = {"-inf": 0, "min": 1}
+NPU_LAYOUTS = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3, "TND": 4}
+_NPU_LAYOUT_NAMES = {v: k for k, v in NPU_LAYOUTS.items()}
+_NPU_MASK_KINDS = {0: "none", 1: "compressed", 2: "prefix_compressed", 3: "full"}
+_FLOAT_CODES = {DTYPE_CODE[n] for n in ("float16", "bfloat16", "float32", "float64")}
+
+
+def _choice(value: Any, table: Dict[str, int], name: str, status: str) -> int:
+    """A string option -> its code. Non-strings are TypeErrors, unknown strings maskpack.Errors."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {', '.join(map(repr, table))}, found {value!r}")
+    if value not in table:
+        raise Error(f"{name}: expected one of {', '.join(map(repr, table))}, found {value!r}", status, argument=name)
+    return table[value]
+
+
+def _int(v: Any, name: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, found {type(v).__name__} {v!r}")
+    return int(v)
+
+
+def _check_alignment(layout: "Layout", explicit: bool) -> None:
+    """SEMANTICS.md section 3: where q_len != kv_len the causal alignment must be stated, never assumed."""
+    if explicit:
+        return
+    r = layout.rule
+    if not r["causal"] and tuple(r["window"]) == (-1, -1):
+        return  # the predicate does not depend on the alignment
+    for k, seg in enumerate(_maskpack.segments(layout._h)):
+        if seg[5] is None and seg[2] != seg[4]:
+            raise Error(
+                f"alignment: segment {k} has q_len {seg[2]} != kv_len {seg[4]}; pass alignment='bottom_right' "
+                "(flash-attn >= 2.1, NPU mode 3) or alignment='top_left' (torch SDPA is_causal, NPU mode 2) "
+                "explicitly",
+                "MASKPACK_ERR_CONVENTION",
+                argument="alignment",
+                index=(k,),
+            )
+
+
+class Layout:
+    """A batch described once: a list of segments on a token grid plus an attention rule.
+
+    Build one with a ``from_*`` constructor; derive every consumer's input from it. Outputs are
+    numpy arrays, or torch tensors when the layout was built from a torch tensor (bfloat16 outputs
+    are always torch tensors). Layouts are immutable, hashable and picklable.
+    """
+
+    __slots__ = ("_h", "_torch", "_align_explicit", "__weakref__")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("use a constructor: Layout.from_lengths, from_mask2d, from_cu_seqlens, from_position_ids, "
+                        "from_mask4d or from_segments")
+
+    @classmethod
+    def _wrap(cls, h: Any, torch: bool, align_explicit: bool = False) -> "Layout":
+        obj = object.__new__(cls)
+        obj._h = h
+        obj._torch = bool(torch)
+        obj._align_explicit = bool(align_explicit)
+        return obj
+
+    # ---- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def from_lengths(cls, lengths: Any, placement: str = "right", capacity: Optional[int] = None,
+                     **rule: Any) -> "Layout":
+        """Sequence lengths -> a padded ([n, max(len, capacity)]) or packed layout.
+
+        placement: "right" (padding after each sequence), "left" (padding before), "packed" (one
+        THD row when capacity is None, else rows of ``capacity`` columns filled in order)."""
+        lens = as_int_list(lengths, "lengths")
+        pcode = _choice(placement, _PLACEMENTS, "placement", "MASKPACK_ERR_INVALID_ARGUMENT")
+        cap = 0 if capacity is None else _int(capacity, "capacity")
+        r, explicit = _rule.normalize(rule, None, "from_lengths")
+        h = _maskpack.from_lengths(lens, pcode, cap, _rule.to_c(r))
+        return cls._wrap(h, is_torch_tensor(lengths), explicit)
+
+    @classmethod
+    def from_mask2d(cls, mask: Any, convention: str = "keep", **rule: Any) -> "Layout":
+        """[B,S] padding mask -> layout. convention "keep" (1 = token, HF attention_mask) or "doc_id"
+        (1-based document id, 0 = pad). Float masks are rejected: their meaning is ambiguous."""
+        code = _choice(convention, _MASK2D_CONV, "convention", "MASKPACK_ERR_CONVENTION")
+        d, keep, torch = describe(mask, "mask")
+        if d[1] in _FLOAT_CODES:
+            raise Error(
+                f"mask: a float mask is ambiguous (keep? additive?); pass a bool or integer mask with "
+                f"convention={convention!r}, found dtype {_dtype_of(d)}",
+                "MASKPACK_ERR_DTYPE",
+                argument="mask",
+            )
+        r, explicit = _rule.normalize(rule, None, "from_mask2d")
+        h = _maskpack.from_mask2d(d, code, _rule.to_c(r))
+        del keep
+        return cls._wrap(h, torch, explicit)
+
+    @classmethod
+    def from_cu_seqlens(cls, cu: Any, form: str = "te", total: Optional[int] = None, cu_padded: Any = None,
+                        cu_kv: Any = None, **rule: Any) -> "Layout":
+        """cu_seqlens -> packed layout. form "te" ([0, e1, ..., eN]) or "npu" ([e1, ..., eN]).
+
+        total: stream length (default: the last end); cu_padded: TE cu_seqlens_padded slot offsets;
+        cu_kv: key-side cu_seqlens in the same form for a cross layout (q_len != kv_len per segment,
+        where ``alignment`` must be given)."""
+        fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
+        d, keep, torch = describe(cu, "cu_seqlens", list_dtype=np.int64)
+        r, explicit = _rule.normalize(rule, None, "from_cu_seqlens")
+        if cu_kv is not None:
+            if total is not None or cu_padded is not None:
+                raise TypeError("from_cu_seqlens(): cu_kv cannot be combined with total or cu_padded")
+            dk, keep_k, torch_k = describe(cu_kv, "cu_kv", list_dtype=np.int64)
+            h = _maskpack.from_cu_seqlens_qk(d, dk, fcode, _rule.to_c(r))
+            del keep_k
+            torch = torch or torch_k
+        else:
+            tot = 0 if total is None else _int(total, "total")
+            if cu_padded is not None:
+                dp, keep_p, _tp = describe(cu_padded, "cu_padded", list_dtype=np.int64)
+            else:
+                dp, keep_p = None, None
+            h = _maskpack.from_cu_seqlens(d, fcode, tot, dp, _rule.to_c(r))
+            del keep_p
+        del keep
+        out = cls._wrap(h, torch, explicit)
+        _check_alignment(out, explicit)
+        return out
+
+    @classmethod
+    def from_position_ids(cls, position_ids: Any, rule: str = "reset", **rule_kwargs: Any) -> "Layout":
+        """position_ids ([T] packed, [B,S], or [3,B,S] M-RoPE: text row 0 decides) -> layout.
+
+        ``rule`` names the boundary rule: "reset" (a sequence starts where the position equals the
+        row minimum: HF's flash path) or "step" (at any step other than +1: HF's mask builders). A
+        trailing run of two or more zeros is tail padding, not a run of length-1 sequences."""
+        bcode = _choice(rule, _BOUNDARY, "rule", "MASKPACK_ERR_CONVENTION")
+        d, keep, torch = describe(position_ids, "position_ids", list_dtype=np.int64)
+        r, explicit = _rule.normalize(rule_kwargs, None, "from_position_ids")
+        h = _maskpack.from_position_ids(d, bcode, _rule.to_c(r))
+        del keep
+        return cls._wrap(h, torch, explicit)
+
+    @classmethod
+    def from_mask4d(cls, mask: Any, *, convention: str) -> "Layout":
+        """Dense [B,1,S,S] / [B,H,S,S] mask -> the layout (and rule) that reproduces it.
+
+        convention is required: "keep" (True = attend), "masked" (True = excluded: Megatron, TE,
+        Ascend) or "additive" (0 = attend, negative = excluded)."""
+        code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
+        d, keep, torch = describe(mask, "mask")
+        h = _maskpack.from_mask4d(d, code)
+        del keep
+        return cls._wrap(h, torch, True)
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Sequence[int]], n_rows: int, q_width: int,
+                      kv_width: Optional[int] = None, packed: bool = False, **rule: Any) -> "Layout":
+        """Explicit segments -> layout. Each segment is (row, q_start, q_len) for self-attention or
+        (row, q_start, q_len, kv_start, kv_len); sorted by (row, q_start), non-overlapping."""
+        segs = []
+        try:
+            items = list(segments)
+        except TypeError:
+            raise TypeError(f"segments: expected a list of tuples, found {type(segments).__name__}") from None
+        for k, s in enumerate(items):
+            if isinstance(s, (str, bytes)) or not hasattr(s, "__len__"):
+                raise TypeError(f"segments[{k}]: expected a tuple, found {s!r}")
+            if len(s) == 3:
+                row, qs, ql = (_int(x, f"segments[{k}]") for x in s)
+                segs.append((row, qs, ql, qs, ql))
+            elif len(s) in (5, 6):
+                vals = [_int(x, f"segments[{k}]") for x in s[:5]]
+                if len(s) == 6 and s[5] is not None:
+                    vals.append(_int(s[5], f"segments[{k}].q_pos"))
+                segs.append(tuple(vals))
+            else:
+                raise TypeError(f"segments[{k}]: expected (row, q_start, q_len) or "
+                                f"(row, q_start, q_len, kv_start, kv_len), found {len(s)} fields")
+        nr = _int(n_rows, "n_rows")
+        qw = _int(q_width, "q_width")
+        kw = qw if kv_width is None else _int(kv_width, "kv_width")
+        if not isinstance(packed, (bool, np.bool_)):
+            raise TypeError(f"packed: expected a bool, found {packed!r}")
+        r, explicit = _rule.normalize(rule, None, "from_segments")
+        h = _maskpack.from_segments(segs, nr, qw, kw, bool(packed), _rule.to_c(r))
+        out = cls._wrap(h, False, explicit)
+        _check_alignment(out, explicit)
+        return out
+
+    def with_rule(self, **rule: Any) -> "Layout":
+        """Same segments under another rule. Keys not given keep their current value (pass
+        ``spans=None`` / ``prefix=None`` / ``window=(-1, -1)`` to remove them)."""
+        r, explicit = _rule.normalize(rule, self.rule, "with_rule")
+        h = _maskpack.with_rule(self._h, _rule.to_c(r))
+        out = type(self)._wrap(h, self._torch, explicit or self._align_explicit)
+        _check_alignment(out, out._align_explicit)
+        return out
+
+    def with_outputs(self, kind: str) -> "Layout":
+        """The same layout returning "numpy" arrays or "torch" tensors from its methods."""
+        if kind not in ("numpy", "torch"):
+            raise TypeError(f"kind: expected 'numpy' or 'torch', found {kind!r}")
+        return type(self)._wrap(self._h, kind == "torch", self._align_explicit)
+
+    # ---- properties ---------------------------------------------------------------------------
+
+    @property
+    def n_rows(self) -> int:
+        return _maskpack.info(self._h)[0]
+
+    @property
+    def q_width(self) -> int:
+        return _maskpack.info(self._h)[1]
+
+    @property
+    def kv_width(self) -> int:
+        return _maskpack.info(self._h)[2]
+
+    @property
+    def packed(self) -> bool:
+        return _maskpack.info(self._h)[3]
+
+    @property
+    def is_self(self) -> bool:
+        """True when every segment attends to itself (kv == q)."""
+        return _maskpack.info(self._h)[4]
+
+    @property
+    def n_segments(self) -> int:
+        return _maskpack.info(self._h)[5]
+
+    @property
+    def n_tokens(self) -> int:
+        return _maskpack.info(self._h)[6]
+
+    @property
+    def max_seqlen(self) -> int:
+        return _maskpack.info(self._h)[7]
+
+    @property
+    def max_seqlen_kv(self) -> int:
+        return _maskpack.info(self._h)[8]
+
+    @property
+    def seqlens(self):
+        """int32 [N]: the real (query) length of each segment."""
+        return self._seqlens(False)
+
+    @property
+    def seqlens_kv(self):
+        """int32 [N]: the key length of each segment."""
+        return self._seqlens(True)
+
+    def _seqlens(self, kv: bool):
+        obj, d = alloc((self.n_segments,), "int32", self._torch)
+        _maskpack.seqlens(self._h, kv, d)
+        return obj
+
+    @property
+    def segments(self) -> List[Tuple[int, int, int, int, int]]:
+        """[(row, q_start, q_len, kv_start, kv_len), ...] sorted by (row, q_start)."""
+        return [tuple(s[:5]) for s in _maskpack.segments(self._h)]
+
+    @property
+    def rule(self) -> Dict[str, Any]:
+        """{"causal", "alignment", "window", "spans", "prefix"}: usable as keyword arguments."""
+        return _rule.from_c(_maskpack.rule(self._h))
+
+    # ---- derived outputs ----------------------------------------------------------------------
+
+    def _per_token_shape(self) -> Tuple[int, ...]:
+        info = _maskpack.info(self._h)
+        return (info[1],) if info[3] else (info[0], info[1])
+
+    def _fill(self, fn, shape, dtype, what="dtype"):
+        obj, d = alloc(shape, dtype_name(dtype, what), self._torch)
+        fn(self._h, d)
+        return obj
+
+    def cu_seqlens(self, form: str = "te", kv: bool = False, dtype: Any = "int32"):
+        """TE form [0, e1, ..., eN] (N+1) or NPU form [e1, ..., eN] (N) cumulative real lengths."""
+        fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
+        n = self.n_segments + (1 if fcode == 0 else 0)
+        obj, d = alloc((n,), dtype_name(dtype), self._torch)
+        _maskpack.cu_seqlens(self._h, fcode, bool(kv), d)
+        return obj
+
+    def cu_seqlens_padded(self, dtype: Any = "int32"):
+        """[N+1] TE cu_seqlens_padded: slot offsets in the flattened token grid."""
+        return self._fill(_maskpack.cu_seqlens_padded, (self.n_segments + 1,), dtype)
+
+    def mask2d(self, dtype: Any = "bool"):
+        """Per-token keep mask ([B,S], or [T] when packed): True = real token."""
+        return self._fill(_maskpack.mask2d, self._per_token_shape(), dtype)
+
+    def mask4d(self, convention: str, dtype: Any = None, fill: Any = "-inf", heads: int = 1):
+        """Dense [B, heads, S, Skv] mask. convention is required: "keep" (True = attend, torch SDPA),
+        "masked" (True = excluded: Megatron/TE/Ascend) or "additive" (0 / fill; fill "-inf" or "min"
+        = the dtype's most negative finite value as HF eager uses). Default dtype: bool, or float32
+        for additive."""
+        code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
+        if dtype is None:
+            dtype = "float32" if code == 2 else "bool"
+        if isinstance(fill, float) and fill == float("-inf"):
+            fill = "-inf"
+        fcode = _choice(fill, _FILLS, "fill", "MASKPACK_ERR_INVALID_ARGUMENT")
+        nh = _int(heads, "heads")
+        if nh < 1:
+            raise Error(f"heads: expected >= 1, found {nh}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="heads")
+        info = _maskpack.info(self._h)
+        obj, d = alloc((info[0], nh, info[1], info[2]), dtype_name(dtype), self._torch)
+        _maskpack.mask4d(self._h, code, fcode, d)
+        return obj
+
+    def position_ids(self, dtype: Any = "int64"):
+        """Per-token positions 0, 1, 2, ... restarting at each segment (pads 0)."""
+        return self._fill(_maskpack.position_ids, self._per_token_shape(), dtype)
+
+    def segment_ids(self, dtype: Any = "int64"):
+        """Per-token 1-based segment id (global order), 0 = pad."""
+        return self._fill(_maskpack.segment_ids, self._per_token_shape(), dtype)
+
+    def valid_indices(self, dtype: Any = "int64"):
+        """[V] flattened indices (b*S + s) of the real tokens (flash-attn unpad_input's indices)."""
+        return self._fill(_maskpack.valid_indices, (self.n_tokens,), dtype)
+
+    def last_token_index(self, dtype: Any = "int64"):
+        """[N] flattened index of each segment's last real token, -1 for an empty segment."""
+        return self._fill(_maskpack.last_token_index, (self.n_segments,), dtype)
+
+    def block_mask(self, block_q: int = 128, block_k: int = 128) -> Dict[str, Any]:
+        """FlexAttention BlockMask arrays, int32, shaped [B, 1, ...] (one broadcast head).
+
+        Keys: kv_num_blocks [B,1,Qb], kv_indices [B,1,Qb,Kb], full_kv_num_blocks, full_kv_indices,
+        q_num_blocks [B,1,Kb], q_indices [B,1,Kb,Qb], full_q_num_blocks, full_q_indices (entries past
+        each count are 0), block_size (block_q, block_k) and seq_lengths (S, Skv)."""
+        bq = _int(block_q, "block_q")
+        bk = _int(block_k, "block_k")
+        qb, kb = _maskpack.block_mask_dims(self._h, bq, bk)
+        b = self.n_rows
+        shapes = {
+            "kv_num_blocks": (b, 1, qb),
+            "kv_indices": (b, 1, qb, kb),
+            "full_kv_num_blocks": (b, 1, qb),
+            "full_kv_indices": (b, 1, qb, kb),
+            "q_num_blocks": (b, 1, kb),
+            "q_indices": (b, 1, kb, qb),
+            "full_q_num_blocks": (b, 1, kb),
+            "full_q_indices": (b, 1, kb, qb),
+        }
+        out: Dict[str, Any] = {}
+        descs = []
+        for name, shape in shapes.items():
+            obj, d = alloc(shape, "int32", self._torch)
+            out[name] = obj
+            descs.append(d)
+        _maskpack.block_mask(self._h, bq, bk, tuple(descs))
+        out["block_size"] = (bq, bk)
+        out["seq_lengths"] = (self.q_width, self.kv_width)
+        return out
+
+    def flex_block_mask(self, block_q: int = 128, block_k: int = 128):
+        """A torch FlexAttention ``BlockMask`` built from :meth:`block_mask` (needs torch). Its
+        mask_mod reads the dense predicate for the partial blocks."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        arrays = self.with_outputs("torch").block_mask(block_q, block_k)
+        allowed = self.with_outputs("torch").allowed()
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return allowed[b, q_idx, kv_idx]
+
+        return BlockMask.from_kv_blocks(
+            arrays["kv_num_blocks"],
+            arrays["kv_indices"],
+            arrays["full_kv_num_blocks"],
+            arrays["full_kv_indices"],
+            BLOCK_SIZE=(int(block_q), int(block_k)),
+            mask_mod=mask_mod,
+            seq_lengths=(self.q_width, self.kv_width),
+        )
+
+    def magi_slices(self):
+        """MagiAttention slices -> (q_ranges [n,2] int32, k_ranges [n,2] int32, types [n] int32),
+        half-open ranges over flattened token indices; types FULL=0, CAUSAL=1 (bottom-right),
+        INVCAUSAL=2, BICAUSAL=3. Windows are not representable (maskpack.Error)."""
+        n = _maskpack.magi_slices(self._h, None, None, None, 0)
+        q, dq = alloc((n, 2), "int32", self._torch)
+        k, dk = alloc((n, 2), "int32", self._torch)
+        t, dt = alloc((n,), "int32", self._torch)
+        got = _maskpack.magi_slices(self._h, dq, dk, dt, n)
+        if got != n:  # the layout is immutable: a different count means a library bug
+            raise RuntimeError(f"magi_slices: sized {n} slices, filled {got}")
+        return q, k, t
+
+    def npu_args(self, input_layout: str = "TND", scale: Optional[float] = None,
+                 head_dim: Optional[int] = None) -> Dict[str, Any]:
+        """Keyword arguments for ``torch_npu.npu_fusion_attention`` computing this layout's predicate.
+
+        Keys spelled as the operator spells them: input_layout, atten_mask (bool M-mask or None),
+        sparse_mode, pre_tockens, next_tockens, scale, inner_precise, actual_seq_qlen and
+        actual_seq_kvlen (NPU-form lists for TND, else None), prefix (list or None). Diagnostics
+        that are not operator arguments start with ``maskpack_``: maskpack_mask_kind,
+        maskpack_pad_items (TND: True where an item is declared filler), maskpack_fully_masked_rows.
+        Drop them with ``{k: v for k, v in args.items() if not k.startswith("maskpack_")}``.
+        scale: the softmax scale; or give head_dim for 1/sqrt(head_dim) (the operator's own default
+        is 1.0, a classic bug, so one of them is required)."""
+        il = _choice(input_layout, NPU_LAYOUTS, "input_layout", "MASKPACK_ERR_INVALID_ARGUMENT")
+        if scale is None:
+            sc = 0.0
+        elif isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale: expected a float, found {scale!r}")
+        else:
+            sc = float(scale)
+        hd = 0 if head_dim is None else _int(head_dim, "head_dim")
+        torch_out = self._torch
+
+        def factory(shape):
+            return alloc(shape, "bool", torch_out)
+
+        t = _maskpack.npu_args(self._h, il, sc, hd, factory)
+        (layout_code, mode, pre, nxt, scale_out, ip, kind, mask, ql, kl, prefix, pad, fully) = t
+        return {
+            "input_layout": _NPU_LAYOUT_NAMES.get(layout_code, str(layout_code)),
+            "atten_mask": mask,
+            "sparse_mode": mode,
+            "pre_tockens": pre,
+            "next_tockens": nxt,
+            "scale": scale_out,
+            "inner_precise": ip,
+            "actual_seq_qlen": ql,
+            "actual_seq_kvlen": kl,
+            "prefix": prefix,
+            "maskpack_mask_kind": _NPU_MASK_KINDS.get(kind, str(kind)),
+            "maskpack_pad_items": pad,
+            "maskpack_fully_masked_rows": fully,
+        }
+
+    def allowed(self):
+        """The dense predicate [B, S, Skv] bool (True = query i of row b may attend key j)."""
+        b, s, skv = (_maskpack.info(self._h)[i] for i in (0, 1, 2))
+        obj, d = alloc((b, s, skv), "bool", self._torch)
+        # describe the [B,S,Skv] buffer as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
+        ptr, code, _shape, st = d
+        _maskpack.mask4d(self._h, 0, 0, (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
+        return obj
+
+    def allowed_at(self, b: int, i: int, j: int, h: int = 0) -> bool:
+        """Reference predicate for one pair (out-of-grid -> False)."""
+        return _maskpack.allowed(self._h, _int(b, "b"), _int(h, "h"), _int(i, "i"), _int(j, "j"))
+
+    def segment_of_query(self, b: int, i: int) -> int:
+        """Index of the segment owning query column i of row b, or -1 for padding."""
+        return _maskpack.segment_of_query(self._h, _int(b, "b"), _int(i, "i"))
+
+    # ---- protocol -----------------------------------------------------------------------------
+
+    def _key(self):
+        info = _maskpack.info(self._h)
+        r = _maskpack.rule(self._h)
+        return (info[0], info[1], info[2], info[3], tuple(_maskpack.segments(self._h)),
+                (r[0], r[1], r[2], r[3], tuple(tuple(s) for s in r[4]), None if r[5] is None else tuple(r[5])))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self):
+        info = _maskpack.info(self._h)
+        segs = [tuple(s) if s[5] is not None else tuple(s[:5]) for s in _maskpack.segments(self._h)]
+        return (_rebuild, (segs, info[0], info[1], info[2], info[3], _maskpack.rule(self._h), self._torch,
+                           self._align_explicit))
+
+    def __repr__(self) -> str:
+        info = _maskpack.info(self._h)
+        r = self.rule
+        parts = ["causal" if r["causal"] else "bidirectional"]
+        if not info[4] or r["alignment"] != "bottom_right":
+            parts.append(r["alignment"])
+        if tuple(r["window"]) != (-1, -1):
+            parts.append(f"window={tuple(r['window'])}")
+        if r["spans"]:
+            parts.append(f"{len(r['spans'])} spans")
+        if r["prefix"] is not None:
+            parts.append("prefix")
+        grid = f"packed T={info[1]}" if info[3] else f"[{info[0]}, {info[1]}]"
+        if info[2] != info[1]:
+            grid += f" kv={info[2]}"
+        lens = [s[2] for s in _maskpack.segments(self._h)]
+        shown = ", ".join(map(str, lens[:8])) + (", ..." if len(lens) > 8 else "")
+        return (f"Layout({grid}, {info[5]} segments [{shown}], {info[6]} tokens, {' '.join(parts)})")
+
+
+def _rebuild(segs, n_rows, q_width, kv_width, packed, rule_t, torch, align_explicit):
+    h = _maskpack.from_segments(segs, n_rows, q_width, kv_width, packed, rule_t)
+    return Layout._wrap(h, torch, align_explicit)
+
+
+def _dtype_of(d: tuple) -> str:
+    from ._tensors import DTYPE_NAMES
+
+    return DTYPE_NAMES[d[1]]
+
+
+def mask2d_from_mask4d(mask: Any, convention: str, dtype: Any = "bool"):
+    """[B,1,S,S] / [B,H,S,S] / [B,1,1,S] / [B,S] mask -> [B,S] keep mask: token s is valid iff its key
+    column is not fully masked (some query, any head, attends to it). convention is required."""
+    code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
+    d, keep, torch = describe(mask, "mask")
+    shape = d[2]
+    if len(shape) not in (2, 4):
+        raise Error(f"mask: expected [B,S], [B,1,1,S], [B,1,S,S] or [B,H,S,S], found shape {list(shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="mask")
+    obj, od = alloc((shape[0], shape[-1]), dtype_name(dtype), torch)
+    _maskpack.mask2d_from_mask4d(d, code, od)
+    del keep
+    return obj

@@ -1,0 +1,223 @@
+"""Zero-copy tensor descriptors for the C extension.
+
+A descriptor is ``(data_ptr, dtype_code, shape, strides_in_elements)``. Inputs are described in
+place (numpy arrays, torch CPU tensors, DLPack producers, buffer-protocol objects); outputs are
+allocated here (numpy, or torch when the caller works in torch) and filled by the C library.
+The caller must keep the returned ``keepalive`` object referenced until the C call returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._errors import Error
+
+DTYPE_NAMES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+)
+DTYPE_CODE = {name: code for code, name in enumerate(DTYPE_NAMES)}
+
+_NP_CODE = {
+    np.dtype(np.bool_): 0,
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float16): 6,
+    np.dtype(np.float32): 8,
+    np.dtype(np.float64): 9,
+}
+
+
+def _torch():
+    """The torch module if it is already imported (a torch tensor cannot exist otherwise)."""
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(x: Any) -> bool:
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _torch_code(t, dtype) -> Optional[int]:
+    table = {
+        t.bool: 0,
+        t.uint8: 1,
+        t.int8: 2,
+        t.int16: 3,
+        t.int32: 4,
+        t.int64: 5,
+        t.float16: 6,
+        t.bfloat16: 7,
+        t.float32: 8,
+        t.float64: 9,
+    }
+    return table.get(dtype)
+
+
+def _np_code(dtype: np.dtype) -> Optional[int]:
+    if dtype.name == "bfloat16" and dtype.itemsize == 2:  # ml_dtypes.bfloat16
+        return 7
+    if not dtype.isnative:
+        return None
+    return _NP_CODE.get(dtype)
+
+
+def _describe_numpy(a: np.ndarray, name: str):
+    code = _np_code(a.dtype)
+    if code is None:
+        raise TypeError(f"{name}: dtype {a.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
+    item = a.dtype.itemsize
+    if any(s % item for s in a.strides):
+        # strides that are not whole elements (a view into a record array): the only case that copies
+        a = np.ascontiguousarray(a)
+    ptr = a.__array_interface__["data"][0]
+    return (ptr, code, tuple(int(d) for d in a.shape), tuple(int(s) // item for s in a.strides)), a
+
+
+def _describe_torch(x, name: str):
+    t = _torch()
+    if x.layout != t.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {x.layout}")
+    if x.device.type != "cpu":
+        raise TypeError(f"{name}: maskpack reads host memory; found a tensor on {x.device} (call .cpu() first)")
+    code = _torch_code(t, x.dtype)
+    if code is None:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
+    return (int(x.data_ptr()), code, tuple(int(d) for d in x.shape), tuple(int(s) for s in x.stride())), x
+
+
+def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
+    """Input object -> (descriptor, keepalive, is_torch). Never copies numpy arrays or tensors.
+
+    Python lists and tuples are converted with ``np.asarray`` (``list_dtype`` when given, so that an
+    empty list of lengths is an int64 array rather than float64).
+    """
+    if x is None:
+        raise TypeError(f"{name}: expected an array or tensor, found None")
+    if is_torch_tensor(x):
+        d, keep = _describe_torch(x, name)
+        return d, keep, True
+    if isinstance(x, np.ndarray):
+        d, keep = _describe_numpy(x, name)
+        return d, keep, False
+    if isinstance(x, (str, bytes, bytearray, dict, set)):
+        raise TypeError(f"{name}: expected an array or tensor, found {type(x).__name__}")
+    if isinstance(x, (list, tuple)):
+        try:
+            a = np.asarray(x, dtype=list_dtype) if list_dtype is not None else np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name}: cannot read a {type(x).__name__} as an array ({e})") from None
+        if a.dtype == object:
+            raise TypeError(f"{name}: ragged or non-numeric {type(x).__name__}")
+        if list_dtype is not None and len(x) and not all(_is_intlike(v) for v in np.ravel(np.asarray(x, dtype=object))):
+            raise TypeError(f"{name}: expected integers")
+        d, keep = _describe_numpy(a, name)
+        return d, keep, False
+    if hasattr(x, "__dlpack__"):
+        try:
+            a = np.from_dlpack(x)
+        except (TypeError, ValueError, RuntimeError, BufferError) as e:
+            raise TypeError(f"{name}: cannot read {type(x).__name__} through DLPack ({e})") from None
+        d, keep = _describe_numpy(a, name)
+        return d, (keep, x), False
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a numpy array, torch tensor, DLPack or buffer object, found {type(x).__name__}"
+        ) from None
+    try:
+        a = np.asarray(mv)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name}: unsupported buffer format ({e})") from None
+    d, keep = _describe_numpy(a, name)
+    return d, (keep, x), False
+
+
+def _is_intlike(v) -> bool:
+    return isinstance(v, (int, np.integer, np.bool_))
+
+
+def dtype_name(dtype: Any, what: str = "dtype") -> str:
+    """str / numpy dtype / Python type / torch dtype -> one of DTYPE_NAMES."""
+    if isinstance(dtype, str):
+        name = dtype[6:] if dtype.startswith("torch.") else dtype
+        if name in DTYPE_CODE:
+            return name
+        raise Error(
+            f"{what}: expected one of {', '.join(DTYPE_NAMES)}, found {dtype!r}",
+            "MASKPACK_ERR_DTYPE",
+            argument=what,
+        )
+    t = _torch()
+    if t is not None and isinstance(dtype, t.dtype):
+        name = str(dtype)[6:]
+        if name in DTYPE_CODE:
+            return name
+        raise Error(f"{what}: torch dtype {dtype} is not supported", "MASKPACK_ERR_DTYPE", argument=what)
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{what}: expected a dtype name, numpy dtype or torch dtype, found {dtype!r}") from None
+    if d.name in DTYPE_CODE and (d.isnative or d.itemsize == 1):
+        return d.name
+    raise Error(f"{what}: dtype {d} is not supported", "MASKPACK_ERR_DTYPE", argument=what)
+
+
+def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, tuple]:
+    """Zero-filled output -> (object, descriptor). bfloat16 is always a torch tensor (numpy has none)."""
+    shape = tuple(int(s) for s in shape)
+    if dtype == "bfloat16" or use_torch:
+        t = _torch()
+        if t is None:
+            try:
+                import torch as t  # noqa: F811  (only needed for bfloat16 outputs)
+            except ImportError:
+                raise TypeError("bfloat16 outputs need torch (numpy has no bfloat16); install torch") from None
+        x = t.zeros(shape, dtype=getattr(t, dtype))
+        return x, (int(x.data_ptr()), DTYPE_CODE[dtype], shape, tuple(int(s) for s in x.stride()))
+    a = np.zeros(shape, dtype=np.dtype(dtype))
+    return a, (
+        a.__array_interface__["data"][0],
+        DTYPE_CODE[dtype],
+        shape,
+        tuple(int(s) // a.dtype.itemsize for s in a.strides),
+    )
+
+
+def as_int_list(x: Any, name: str) -> list:
+    """Sequence / array / tensor of integers -> list of Python ints."""
+    if is_torch_tensor(x):
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            raise TypeError(f"{name}: expected integers, found {x.dtype}")
+        return [int(v) for v in x.reshape(-1).tolist()]
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "iub":
+            raise TypeError(f"{name}: expected integers, found {x.dtype}")
+        return [int(v) for v in x.reshape(-1).tolist()]
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"{name}: expected a sequence of integers, found {type(x).__name__}")
+    try:
+        items = list(x)
+    except TypeError:
+        raise TypeError(f"{name}: expected a sequence of integers, found {type(x).__name__}") from None
+    out = []
+    for v in items:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected integers, found {type(v).__name__} {v!r}")
+        out.append(int(v))
+    return out

@@ -1,0 +1,31 @@
+"""Shared pytest configuration for the maskpack Python tests.
+
+Hypothesis runs derandomized (the same examples on every run and machine) so a failure always
+reproduces. Profiles: "ci" (default, 200 examples per property) and "quick" (40) and "thorough"
+(1000); choose with MASKPACK_HYPOTHESIS_PROFILE. Nothing is skipped: a missing optional dependency
+(torch, transformers) makes the importing test module fail, because CI installs all of them.
+"""
+
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("ci", max_examples=200, **_COMMON)
+settings.register_profile("quick", max_examples=40, **_COMMON)
+settings.register_profile("thorough", max_examples=1000, **_COMMON)
+settings.load_profile(os.environ.get("MASKPACK_HYPOTHESIS_PROFILE", "ci"))
+
+sys.path.insert(0, os.path.dirname(__file__))  # for _reference.py
+
+
+def pytest_report_header(config):
+    import maskpack
+
+    return f"maskpack {maskpack.__version__} from {os.path.dirname(maskpack.__file__)}"
