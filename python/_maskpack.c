@@ -1063,7 +1063,244 @@ static PyObject *py_validate_npu_args(PyObject *m, PyObject *args, PyObject *kw)
 
 /* ---- module ------------------------------------------------------------------------------------- */
 
+/* ---- context parallelism, relayout, labels (issue 3) -------------------------------------- */
+
+/* (handle) -> address of the maskpack_layout*, for sibling extension modules (kernels, planner). */
+static PyObject *py_ptr(PyObject *m, PyObject *h) {
+    (void)m;
+    if (!PyObject_TypeCheck(h, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr((void *)handle(h));
+}
+
+/* (address) -> a new handle owning a layout built by a sibling extension (it passes ownership). */
+static PyObject *py_adopt(PyObject *m, PyObject *addr) {
+    (void)m;
+    void *p = PyLong_AsVoidPtr(addr);
+    if (!p) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "adopt: NULL layout pointer");
+        return NULL;
+    }
+    return wrap_layout((maskpack_layout *)p);
+}
+
+static PyObject *py_packed_of(PyObject *m, PyObject *h) {
+    if (!PyObject_TypeCheck(h, &LayoutType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
+        return NULL;
+    }
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_layout_packed_of(handle(h), &L, &err);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (handle, placement, width) */
+static PyObject *py_padded_of(PyObject *m, PyObject *args) {
+    PyObject *h;
+    int placement;
+    long long width;
+    if (!PyArg_ParseTuple(args, "O!iL", &LayoutType, &h, &placement, &width)) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_layout_padded_of(handle(h), (maskpack_placement)placement, (int64_t)width, &L, &err);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (handle, multiple) */
+static PyObject *py_pad_to_multiple(PyObject *m, PyObject *args) {
+    PyObject *h;
+    long long mult;
+    if (!PyArg_ParseTuple(args, "O!L", &LayoutType, &h, &mult)) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_layout_pad_to_multiple(handle(h), (int64_t)mult, &L, &err);
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (cp, tp, align) -> multiple */
+static PyObject *py_cp_multiple(PyObject *m, PyObject *args) {
+    long long cp, tp;
+    int align;
+    if (!PyArg_ParseTuple(args, "LLi", &cp, &tp, &align)) return NULL;
+    int64_t mult = 0;
+    maskpack_error err;
+    maskpack_status s = maskpack_cp_multiple((int64_t)cp, (int64_t)tp, (maskpack_cp_align)align, &mult, &err);
+    if (s) return raise_status(m, s, &err);
+    return PyLong_FromLongLong((long long)mult);
+}
+
+/* (handle, cp, rank, scheme) -> shard handle */
+static PyObject *py_cp_shard(PyObject *m, PyObject *args) {
+    PyObject *h;
+    long long cp, rank;
+    int scheme;
+    if (!PyArg_ParseTuple(args, "O!LLi", &LayoutType, &h, &cp, &rank, &scheme)) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_layout_cp_shard(handle(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &L, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    return wrap_layout(L);
+}
+
+/* (handle, cp, rank, scheme, out) */
+static PyObject *py_cp_shard_indices(PyObject *m, PyObject *args) {
+    PyObject *h, *desc;
+    long long cp, rank;
+    int scheme;
+    if (!PyArg_ParseTuple(args, "O!LLiO", &LayoutType, &h, &cp, &rank, &scheme, &desc)) return NULL;
+    maskpack_tensor o;
+    if (parse_tensor(desc, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_cp_shard_indices(handle(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, cp, scheme, rank_out, local_out) */
+static PyObject *py_cp_last_token(PyObject *m, PyObject *args) {
+    PyObject *h, *d1, *d2;
+    long long cp;
+    int scheme;
+    if (!PyArg_ParseTuple(args, "O!LiOO", &LayoutType, &h, &cp, &scheme, &d1, &d2)) return NULL;
+    maskpack_tensor r, l;
+    if (parse_tensor(d1, &r, "rank") < 0 || parse_tensor(d2, &l, "local") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_cp_last_token(handle(h), (int64_t)cp, (maskpack_cp_scheme)scheme, &r, &l, &err);
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (sources: tuple of handles, dst handle, xs: tuple of descriptors, out descriptor, pad: bytes | None,
+ * threads) -> None. One plan per call; the GIL is released for the copy. */
+static PyObject *py_relayout(PyObject *m, PyObject *args) {
+    PyObject *srcs, *dst, *xs, *odesc, *pad;
+    int threads;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOi", &PyTuple_Type, &srcs, &LayoutType, &dst, &PyTuple_Type, &xs, &odesc, &pad,
+                          &threads))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(srcs);
+    if (n < 1 || n > 4096 || PyTuple_GET_SIZE(xs) != n) {
+        PyErr_SetString(PyExc_ValueError, "relayout: expected as many tensors as source layouts (1 to 4096)");
+        return NULL;
+    }
+    const void *pad_ptr = NULL;
+    if (pad != Py_None) {
+        if (!PyBytes_Check(pad)) {
+            PyErr_SetString(PyExc_TypeError, "relayout: pad must be bytes (one element) or None");
+            return NULL;
+        }
+        pad_ptr = PyBytes_AS_STRING(pad);
+    }
+    const maskpack_layout **L = PyMem_Calloc((size_t)n, sizeof *L);
+    maskpack_tensor *X = PyMem_Calloc((size_t)n, sizeof *X);
+    const maskpack_tensor **XP = PyMem_Calloc((size_t)n, sizeof *XP);
+    if (!L || !X || !XP) {
+        PyMem_Free(L);
+        PyMem_Free(X);
+        PyMem_Free(XP);
+        return PyErr_NoMemory();
+    }
+    PyObject *ret = NULL;
+    maskpack_tensor o;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *hi = PyTuple_GET_ITEM(srcs, i);
+        if (!PyObject_TypeCheck(hi, &LayoutType)) {
+            PyErr_SetString(PyExc_TypeError, "relayout: sources must be layout handles");
+            goto done;
+        }
+        L[i] = handle(hi);
+        if (parse_tensor(PyTuple_GET_ITEM(xs, i), &X[i], "x") < 0) goto done;
+        XP[i] = &X[i];
+    }
+    if (parse_tensor(odesc, &o, "out") < 0) goto done;
+    if (pad_ptr && (size_t)PyBytes_GET_SIZE(pad) != maskpack_dtype_size(o.dtype)) {
+        PyErr_SetString(PyExc_ValueError, "relayout: pad must hold exactly one element of out's dtype");
+        goto done;
+    }
+    {
+        maskpack_error err;
+        maskpack_status s;
+        maskpack_relayout_plan *P = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        s = maskpack_relayout_plan_create(L, (size_t)n, handle(dst), &P, &err);
+        if (!s) s = maskpack_relayout_execute(P, XP, &o, pad_ptr, threads, &err);
+        maskpack_relayout_plan_free(P);
+        Py_END_ALLOW_THREADS
+        if (s) {
+            raise_status(m, s, &err);
+            goto done;
+        }
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(L);
+    PyMem_Free(X);
+    PyMem_Free(XP);
+    return ret;
+}
+
+/* (handle, labels, ignore_index, out) */
+static PyObject *py_shift_labels(PyObject *m, PyObject *args) {
+    PyObject *h, *ld, *od;
+    long long ignore;
+    if (!PyArg_ParseTuple(args, "O!OLO", &LayoutType, &h, &ld, &ignore, &od)) return NULL;
+    maskpack_tensor l, o;
+    if (parse_tensor(ld, &l, "labels") < 0 || parse_tensor(od, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_shift_labels(handle(h), &l, (int64_t)ignore, &o, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_NONE;
+}
+
+/* (handle, labels | None, ignore_index, mode, out) -> denominator */
+static PyObject *py_loss_weights(PyObject *m, PyObject *args) {
+    PyObject *h, *ld, *od;
+    long long ignore;
+    int mode;
+    if (!PyArg_ParseTuple(args, "O!OLiO", &LayoutType, &h, &ld, &ignore, &mode, &od)) return NULL;
+    maskpack_tensor l, o;
+    int has_labels = 0;
+    if (parse_opt_tensor(ld, &l, &has_labels, "labels") < 0 || parse_tensor(od, &o, "out") < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    double denom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_loss_weights(handle(h), has_labels ? &l : NULL, (int64_t)ignore, (maskpack_loss_mode)mode, &o,
+                              &denom, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    return PyFloat_FromDouble(denom);
+}
+
 static PyMethodDef methods[] = {
+    {"ptr", py_ptr, METH_O, "(handle) -> address of the maskpack_layout* (for sibling extensions)"},
+    {"adopt", py_adopt, METH_O, "(address) -> handle taking ownership of a maskpack_layout*"},
+    {"packed_of", py_packed_of, METH_O, "(handle) -> packed handle of the same sequences"},
+    {"padded_of", py_padded_of, METH_VARARGS, "(handle, placement, width) -> padded handle"},
+    {"pad_to_multiple", py_pad_to_multiple, METH_VARARGS, "(handle, multiple) -> handle"},
+    {"cp_multiple", py_cp_multiple, METH_VARARGS, "(cp, tp, align) -> multiple"},
+    {"cp_shard", py_cp_shard, METH_VARARGS, "(handle, cp, rank, scheme) -> shard handle"},
+    {"cp_shard_indices", py_cp_shard_indices, METH_VARARGS, "(handle, cp, rank, scheme, out)"},
+    {"cp_last_token", py_cp_last_token, METH_VARARGS, "(handle, cp, scheme, rank_out, local_out)"},
+    {"relayout", py_relayout, METH_VARARGS, "(sources, dst, xs, out, pad, threads)"},
+    {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},
+    {"loss_weights", py_loss_weights, METH_VARARGS, "(handle, labels, ignore_index, mode, out) -> denominator"},
+
     {"version", py_version, METH_NOARGS, "() -> library version string"},
     {"version_number", py_version_number, METH_NOARGS, "() -> MAJOR*10000 + MINOR*100 + PATCH"},
     {"status_names", py_status_names, METH_NOARGS, "() -> status names indexed by code"},

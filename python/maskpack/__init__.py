@@ -19,6 +19,8 @@ _STATUS_NAMES.extend(_maskpack.status_names())
 _maskpack._set_error_type(Error)
 
 from ._layout import Layout, mask2d_from_mask4d  # noqa: E402
+from ._moves import cp_gather, cp_multiple, relayout  # noqa: E402
+from .batch import Batch, prepare_batch  # noqa: E402
 from ._npu import NPU_FINDING_NAMES, validate_npu_args  # noqa: E402
 from ._rule import window_from_gym, window_from_hf  # noqa: E402
 
@@ -26,8 +28,13 @@ __version__ = _maskpack.version()
 version_number = _maskpack.version_number()
 
 __all__ = [
+    "Batch",
     "Error",
     "Layout",
+    "cp_gather",
+    "cp_multiple",
+    "prepare_batch",
+    "relayout",
     "NPU_FINDING_NAMES",
     "mask2d_from_mask4d",
     "validate_npu_args",

@@ -9,6 +9,7 @@ import numpy as np
 from . import _maskpack
 from . import _rule
 from ._errors import Error
+from ._moves import _Moves
 from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
@@ -59,7 +60,7 @@ def _check_alignment(layout: "Layout", explicit: bool) -> None:
             )
 
 
-class Layout:
+class Layout(_Moves):
     """A batch described once: a list of segments on a token grid plus an attention rule.
 
     Build one with a ``from_*`` constructor; derive every consumer's input from it. Outputs are

@@ -1,0 +1,209 @@
+"""Relayout (pack, unpack, CP shard and gather), label shifting, loss weights and last tokens, and the
+property that a CP rank's shard layout derives the original predicate restricted to its queries."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import maskpack
+from maskpack import Layout
+
+from test_properties import build, layout_specs
+
+
+def _padded(lengths, left=False, width=None):
+    return Layout.from_lengths(lengths, placement="left" if left else "right", capacity=width)
+
+
+def test_pack_unpack_numpy_and_strided():
+    lay = _padded([3, 5, 0, 2], left=True)
+    x = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)
+    idx = np.asarray(lay.valid_indices())
+    packed = lay.pack(x)
+    np.testing.assert_array_equal(packed, x.reshape(20, 3)[idx])  # flash-attn's unpad_input
+    back = lay.unpack(packed, pad_value=-2.5)
+    m = np.asarray(lay.mask2d())
+    np.testing.assert_array_equal(back[m], x[m])
+    assert (back[~m] == -2.5).all()
+    # a strided view of rows (every other row of a bigger array) is read in place
+    big = np.zeros((8, 5, 3), dtype=np.float32)
+    big[::2] = x
+    np.testing.assert_array_equal(lay.pack(big[::2]), packed)
+    # out= is written in place
+    out = np.full((10, 3), 7.0, dtype=np.float32)
+    assert lay.pack(x, out=out) is out
+    np.testing.assert_array_equal(out, packed)
+
+
+def test_pack_unpack_torch_bf16_and_ints():
+    lay = Layout.from_mask2d(torch.tensor([[1, 1, 0], [0, 1, 1]]), convention="keep")
+    x = torch.randn(2, 3, 4, 8, dtype=torch.bfloat16)
+    p = lay.pack(x)
+    assert isinstance(p, torch.Tensor) and p.dtype == torch.bfloat16 and p.shape == (4, 4, 8)
+    assert torch.equal(p, x.reshape(6, 4, 8)[torch.tensor([0, 1, 4, 5])])
+    u = lay.unpack(p, pad_value=1.5)
+    assert torch.equal(u[0, 2], torch.full((4, 8), 1.5, dtype=torch.bfloat16))
+    ids = torch.tensor([[5, 6, 0], [0, 7, 8]])
+    assert lay.pack(ids).tolist() == [5, 6, 7, 8]
+
+
+def test_relayout_errors_leave_out_untouched():
+    lay = _padded([3, 2])
+    x = np.zeros((2, 3, 4), dtype=np.float32)
+    out = np.full((5, 3), 9.0, dtype=np.float32)  # wrong trailing size
+    with pytest.raises(maskpack.Error) as e:
+        lay.pack(x, out=out)
+    assert e.value.status == "MASKPACK_ERR_SHAPE"
+    assert (out == 9.0).all()
+    out_dt = np.zeros((5, 4), dtype=np.float64)
+    with pytest.raises(maskpack.Error) as e:
+        lay.pack(x, out=out_dt)
+    assert e.value.status == "MASKPACK_ERR_DTYPE"
+    with pytest.raises(maskpack.Error) as e:  # in-place pack of a buffer onto itself
+        lay.pack(x, out=x.reshape(-1, 4)[:5])
+    assert e.value.status == "MASKPACK_ERR_OVERLAP"
+    with pytest.raises(maskpack.Error) as e:  # two batches of different sequences
+        maskpack.relayout(x, lay, _padded([3, 1]))
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and "sequence 1" in e.value.message
+
+
+def test_te_and_megatron_cp_golden_vectors():
+    lay = Layout.from_cu_seqlens(np.array([0, 8, 16], dtype=np.int32), form="te")
+    assert list(lay.cp_shard_indices(2, 0, align=None)) == [0, 1, 6, 7, 8, 9, 14, 15]
+    assert list(lay.cp_shard_indices(2, 1, align=None)) == [2, 3, 4, 5, 10, 11, 12, 13]
+    row = Layout.from_lengths([8])
+    assert list(row.cp_shard_indices(2, 0, align=None)) == [0, 1, 6, 7]
+    assert list(row.cp_shard_indices(2, 1, align=None)) == [2, 3, 4, 5]
+    # verl's tp*cp*2 and the minimal cp*lcm(2, tp); never lcm(tp, 2cp) (= 4 for tp 4, cp 2)
+    assert maskpack.cp_multiple(2, 4, "verl") == 16
+    assert maskpack.cp_multiple(2, 4, "minimal") == 8
+
+
+def test_cp_never_truncates():
+    lay = Layout.from_lengths([5, 3], placement="packed")
+    with pytest.raises(maskpack.Error) as e:
+        lay.cp_shard(2, 0, align=None)
+    assert "not divisible" in e.value.message and "nothing is truncated" in e.value.message
+    shards = [lay.cp_shard(2, r, align="minimal") for r in range(2)]
+    assert sum(s.n_tokens for s in shards) == 8
+    with pytest.raises(maskpack.Error) as e:
+        lay.cp_shard(2, 2)
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("scheme", ["zigzag", "contiguous"])
+def test_shard_then_gather_roundtrip(cp, scheme):
+    rng = np.random.default_rng(cp * 10 + len(scheme))
+    for _ in range(20):
+        lengths = rng.integers(0, 30, size=rng.integers(1, 6)).tolist()
+        pad = _padded(lengths, left=bool(rng.integers(0, 2)))
+        packed = pad.packed_of()
+        x = rng.standard_normal((pad.n_rows, pad.q_width, 3)).astype(np.float32)
+        # padded -> rank shard of the packed layout in one call, equal to pack then shard
+        parts = [maskpack.relayout(x, pad, packed.cp_shard(cp, r, scheme=scheme)) for r in range(cp)]
+        for r in range(cp):
+            np.testing.assert_array_equal(parts[r], packed.shard(pad.pack(x), cp, r, scheme=scheme))
+        back = maskpack.cp_gather(parts, packed, scheme=scheme)
+        np.testing.assert_array_equal(back, pad.pack(x))
+        # and straight back into the padded layout
+        shards = [packed.cp_shard(cp, r, scheme=scheme) for r in range(cp)]
+        np.testing.assert_array_equal(maskpack.relayout(parts, shards, pad), pad.unpack(pad.pack(x)))
+        if cp > 1 and shards[-1].n_tokens > 0:  # a missing rank's part is an error, never zeros
+            with pytest.raises(maskpack.Error) as e:
+                maskpack.relayout(parts[:-1], shards[:-1], packed)
+            assert "has no source" in e.value.message
+
+
+@given(layout_specs(kinds=("right", "left", "packed", "packed_rows", "segments")), st.sampled_from([1, 2, 4]),
+       st.sampled_from(["zigzag", "contiguous"]))
+def test_shard_layout_derives_the_restricted_predicate(spec, cp, scheme):
+    """Issue 2's property with cp in {1, 2, 4}: every derived output of a rank's shard equals the
+    original predicate on that rank's queries."""
+    lay = build(spec)
+    glob = lay.pad_to_multiple(maskpack.cp_multiple(cp, 1, "minimal"))
+    if glob.packed and scheme == "contiguous" and glob.q_width % cp:
+        return
+    dense = np.asarray(glob.allowed())  # [B, S, Skv]
+    B, S, K = dense.shape
+    flat = dense.reshape(B * S, K)
+    pos = np.asarray(glob.position_ids()).reshape(-1)
+    segid = np.asarray(glob.segment_ids()).reshape(-1)
+    for r in range(cp):
+        shard = glob.cp_shard(cp, r, scheme=scheme, align=None)
+        idx = np.asarray(glob.cp_shard_indices(cp, r, scheme=scheme, align=None))
+        m4 = np.asarray(shard.mask4d("masked"))[:, 0].reshape(shard.n_rows * shard.q_width, K)
+        np.testing.assert_array_equal(~m4, flat[idx])
+        np.testing.assert_array_equal(np.asarray(shard.mask2d()).reshape(-1), segid[idx] > 0)
+        np.testing.assert_array_equal(np.asarray(shard.position_ids()).reshape(-1), pos[idx])
+        np.testing.assert_array_equal(np.asarray(shard.segment_ids()).reshape(-1), segid[idx])
+        bm = shard.block_mask(4, 8)
+        kvn = np.asarray(bm["kv_num_blocks"])[:, 0]
+        full = np.asarray(bm["full_kv_num_blocks"])[:, 0]
+        kvi = np.asarray(bm["kv_indices"])[:, 0]
+        fki = np.asarray(bm["full_kv_indices"])[:, 0]
+        sd = (~m4).reshape(shard.n_rows, shard.q_width, K)
+        for b in range(shard.n_rows):
+            for qb in range(kvn.shape[1]):
+                listed = set(kvi[b, qb, : kvn[b, qb]].tolist()) | set(fki[b, qb, : full[b, qb]].tolist())
+                for kb in range(-(-K // 8)):
+                    blk = sd[b, qb * 4:(qb + 1) * 4, kb * 8:(kb + 1) * 8]
+                    assert (kb in listed) == bool(blk.any())
+
+
+def test_shift_labels_and_loss_weights_agree_across_layouts():
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        lengths = rng.integers(0, 20, size=rng.integers(1, 5)).tolist()
+        pad = _padded(lengths, left=bool(rng.integers(0, 2)))
+        labels = rng.integers(0, 1000, size=(pad.n_rows, pad.q_width))
+        labels[rng.random(labels.shape) < 0.2] = -100
+        shifted = pad.shift_labels(labels)
+        m = np.asarray(pad.mask2d())
+        for b in range(pad.n_rows):  # naive reference
+            cols = np.nonzero(m[b])[0]
+            for t, c in enumerate(cols):
+                want = labels[b, cols[t + 1]] if t + 1 < len(cols) else -100
+                assert shifted[b, c] == want
+            assert (shifted[b, ~m[b]] == -100).all()
+        loss = rng.random((pad.n_rows, pad.q_width))
+        for mode in ("token", "sequence"):
+            w, denom = pad.loss_weights(mode, labels=shifted, dtype="float64", return_denominator=True)
+            lab = (shifted != -100) & m
+            if mode == "token":
+                ref = loss[lab].mean() if lab.any() else 0.0
+            else:
+                per = [loss[b][lab[b]].mean() for b in range(pad.n_rows) if lab[b].any()]
+                ref = float(np.mean(per)) if per else 0.0
+            assert abs((loss * w).sum() - ref) < 1e-12
+            packed = pad.packed_of()
+            for cp in (1, 2, 4):
+                total = sum((pad.shard(loss, cp, r) * pad.shard(w, cp, r)).sum() for r in range(cp))
+                assert abs(total - ref) < 1e-12
+                total_packed = sum(
+                    (maskpack.relayout(loss, pad, packed.cp_shard(cp, r)) *
+                     maskpack.relayout(w, pad, packed.cp_shard(cp, r))).sum() for r in range(cp))
+                assert abs(total_packed - ref) < 1e-12
+
+
+def test_last_tokens_and_their_cp_rank():
+    lay = _padded([4, 0, 7, 1])
+    x = np.arange(4 * 7 * 2).reshape(4, 7, 2)
+    rows = lay.gather_last_tokens(x)
+    np.testing.assert_array_equal(rows[0], x[0, 3])
+    np.testing.assert_array_equal(rows[1], [0, 0])
+    np.testing.assert_array_equal(rows[2], x[2, 6])
+    packed = lay.packed_of()
+    for cp in (2, 4):
+        rank, local = packed.cp_last_token(cp)
+        last = np.asarray(packed.pad_to_multiple(maskpack.cp_multiple(cp)).last_token_index())
+        for k in range(4):
+            if local[k] < 0:
+                assert last[k] < 0
+                continue
+            idx = np.asarray(packed.cp_shard_indices(cp, int(rank[k])))
+            assert idx[local[k]] == last[k]
+    t = lay.gather_last_tokens(torch.as_tensor(x))
+    assert isinstance(t, torch.Tensor) and t[2].tolist() == x[2, 6].tolist()
