@@ -5,7 +5,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 PY := .venv/bin/python
 
-.PHONY: all deps build run test test-c test-python test-sanitize test-fuzz bench install clean
+.PHONY: all deps build run python test test-c test-install test-python test-sanitize test-fuzz bench install clean
 
 all: build
 
@@ -27,10 +27,14 @@ python: deps
 	$(PY) -m pip install -q --no-build-isolation .
 
 test: build python
-	$(MAKE) --no-print-directory test-c test-python test-fuzz test-sanitize
+	$(MAKE) --no-print-directory test-c test-install test-python test-fuzz test-sanitize
 
 test-c:
 	meson test -C $(BUILD) --print-errorlogs
+
+# The installed library, header and pkg-config file build the README's C example.
+test-install:
+	bash tools/check_install.sh $(BUILD)
 
 test-python:
 	$(PY) -m pytest tests/python -q
