@@ -8,10 +8,10 @@ prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 meson install -C "$BUILD" --destdir "$prefix" --quiet >/dev/null
 root="$prefix$(meson introspect "$BUILD" --buildoptions | .venv/bin/python -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"][0])')"
-pcdir=$(dirname "$(find "$root" -name maskpack.pc | head -n1)")
+pcdir=$(dirname "$(find "$root" -name maskpack.pc -print -quit)")
 export PKG_CONFIG_PATH="$pcdir"
 export PKG_CONFIG_SYSROOT_DIR="$prefix"
-libdir=$(dirname "$(find "$root" -name 'libmaskpack.so' | head -n1)")
+libdir=$(dirname "$(find "$root" -name libmaskpack.so -print -quit)")
 cc -std=c11 -Wall -Wextra -Werror examples/c/basic.c $(pkg-config --cflags --libs maskpack) -Wl,-rpath,"$libdir" \
   -o "$prefix/basic_shared"
 "$prefix/basic_shared" | tee "$prefix/out.txt"
