@@ -434,6 +434,36 @@ static int64_t most_voted(const int64_t *votes, int64_t S) {
     return best;
 }
 
+/* Completes a candidate whose window and spans are chosen (seg_span0[k]: first span of segment k):
+ * the smallest prefix each segment still needs, then the layout itself. sp_s/sp_e are [S] scratch. */
+static maskpack_status finish_candidate(rctx *c, const segvec *segs, const int64_t *pmax, const int64_t *seg_span0,
+                                        int64_t *sp_s, int64_t *sp_e, cand *cd, maskpack_error *err) {
+    int any_prefix = 0;
+    for (size_t k = 0; k < segs->n; k++) {
+        int64_t n = segs->a[k].q_len;
+        for (int64_t i = 0; i < n; i++) sp_s[i] = sp_e[i] = -1;
+        for (int64_t t = seg_span0[k]; t < seg_span0[k + 1]; t++)
+            for (int64_t i = cd->spans.a[t].start; i < cd->spans.a[t].end; i++) {
+                sp_s[i] = cd->spans.a[t].start;
+                sp_e[i] = cd->spans.a[t].end;
+            }
+        cd->prefix[k] = needed_prefix(cd, n, pmax[k], sp_s, sp_e);
+        any_prefix |= cd->prefix[k] != 0;
+    }
+    maskpack_rule rule = maskpack_rule_default();
+    rule.causal = cd->causal;
+    rule.window_left = cd->wl;
+    rule.window_right = cd->wr;
+    rule.spans = cd->spans.a;
+    rule.n_spans = cd->spans.n;
+    rule.prefix = any_prefix ? cd->prefix : NULL;
+    rule.n_prefix = any_prefix ? segs->n : 0;
+    maskpack_segment *copy = malloc((segs->n ? segs->n : 1) * sizeof *copy);
+    if (!copy) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
+    if (segs->n) memcpy(copy, segs->a, segs->n * sizeof *copy);
+    return mp_layout_build(copy, segs->n, c->B, c->S, c->S, 0, &rule, &cd->L, err);
+}
+
 /* Proposes the causal (causal = 1) or bidirectional candidate for a segmentation. p is the largest
  * prefix every row of the segment sees (a model with the true prefix also holds with this one).
  * Causal: spans are runs of rows whose last visible key c lies after them and is shared (HF's
@@ -519,42 +549,115 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
         cd->wr = -1;
     }
 
-    int any_prefix = 0;
-    for (size_t k = 0; k < segs->n; k++) {
-        int64_t n = segs->a[k].q_len;
-        for (int64_t i = 0; i < n; i++) sp_s[i] = sp_e[i] = -1;
-        for (int64_t t = seg_span0[k]; t < seg_span0[k + 1]; t++)
-            for (int64_t i = cd->spans.a[t].start; i < cd->spans.a[t].end; i++) {
-                sp_s[i] = cd->spans.a[t].start;
-                sp_e[i] = cd->spans.a[t].end;
-            }
-        cd->prefix[k] = needed_prefix(cd, n, pmax[k], sp_s, sp_e);
-        any_prefix |= cd->prefix[k] != 0;
-    }
-
-    maskpack_rule rule = maskpack_rule_default();
-    rule.causal = causal;
-    rule.window_left = cd->wl;
-    rule.window_right = cd->wr;
-    rule.spans = cd->spans.a;
-    rule.n_spans = cd->spans.n;
-    rule.prefix = any_prefix ? cd->prefix : NULL;
-    rule.n_prefix = any_prefix ? segs->n : 0;
-    maskpack_segment *copy = malloc((segs->n ? segs->n : 1) * sizeof *copy);
-    if (!copy) goto oom;
-    if (segs->n) memcpy(copy, segs->a, segs->n * sizeof *copy);
+    maskpack_status s = finish_candidate(c, segs, pmax, seg_span0, sp_s, sp_e, cd, err);
     free(sp_s);
     free(sp_e);
     free(seg_span0);
     free(votes_l);
     free(votes_r);
-    return mp_layout_build(copy, segs->n, c->B, c->S, c->S, 0, &rule, &cd->L, err);
+    return s;
 oom:
     free(sp_s);
     free(sp_e);
     free(seg_span0);
     free(votes_l);
     free(votes_r);
+    return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
+}
+
+/* Proposes the general candidate, tried when neither proposal above fits: one window (causal when
+ * its right side is 0) with spans wherever rows reach beyond it. The proposals above read spans
+ * only on a causal base; a bidirectional window with spans needs both sides of a row at once (a
+ * row i of span [s, e) sees [min(i - wl, s), max(i + wr, e - 1)], clipped to the segment).
+ * Window: a span only widens a row, so each row's reach beyond the prefix p bounds the window from
+ * above, and rows outside spans meet their bound exactly:
+ *   left:  a row whose first key a beyond the prefix lies above p reaches i - a >= wl;
+ *   right: a row whose last key c lies before n - 1 reaches c - i >= wr; a row of the prefix that
+ *          sees nothing past it has i + wr < p, i.e. wr <= p - 1 - i.
+ * The smallest bound is the window. When it is larger than the true window, no row outside a span
+ * tells the two apart (otherwise it would show a tighter bound) and span rows reach their span's
+ * ends anyway, so the larger window reproduces the same rows.
+ * Spans: against that window, a row whose last key c passes its window's end lies in a span ending
+ * at c + 1, which therefore holds rows [i, c]; a row whose first key a lies before its window's start
+ * lies in a span starting at a (at or below a when a == p: keys under p are seen anyway), holding
+ * rows [a, i]. The row ranges of one span overlap each other (they all contain its first or its
+ * last row, and the rows reaching past the window's end come before those reaching before its
+ * start), different spans are disjoint, so the spans are the unions of overlapping row ranges.
+ * Verification decides whether the result fits. */
+static maskpack_status propose_general(rctx *c, const segvec *segs, const int64_t *pmax, cand *cd,
+                                       maskpack_error *err) {
+    memset(cd, 0, sizeof *cd);
+    size_t ns = (size_t)(c->S ? c->S : 1);
+    cd->prefix = calloc(segs->n ? segs->n : 1, sizeof *cd->prefix);
+    int64_t *sp_s = malloc(ns * sizeof *sp_s);
+    int64_t *sp_e = malloc(ns * sizeof *sp_e);
+    int64_t *inside = malloc((ns + 1) * sizeof *inside); /* > 0: boundary t-1|t lies inside a span */
+    int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0);
+    maskpack_status s;
+    if (!cd->prefix || !sp_s || !sp_e || !inside || !seg_span0) goto oom;
+
+    int64_t wl = INT64_MAX, wr = INT64_MAX;
+    for (size_t k = 0; k < segs->n; k++) {
+        const maskpack_segment *g = &segs->a[k];
+        int64_t n = g->q_len, p = pmax[k], base = g->row * c->S + g->q_start;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t a, ce;
+            if (!beyond_prefix(c, base + i, p, &a, &ce)) {
+                if (i < p && p < n && p - 1 - i < wr) wr = p - 1 - i;
+                continue;
+            }
+            if (a > p && a <= i && i - a < wl) wl = i - a;
+            if (ce < n - 1 && ce >= i && ce - i < wr) wr = ce - i;
+        }
+    }
+    cd->causal = 0;
+    cd->wl = wl == INT64_MAX ? -1 : wl;
+    cd->wr = wr == INT64_MAX ? -1 : wr;
+    if (cd->wr == 0) { /* (wl, 0) is the causal rule: say so */
+        cd->causal = 1;
+        cd->wr = -1;
+    }
+
+    for (size_t k = 0; k < segs->n; k++) {
+        const maskpack_segment *g = &segs->a[k];
+        int64_t n = g->q_len, p = pmax[k], base = g->row * c->S + g->q_start;
+        seg_span0[k] = (int64_t)cd->spans.n;
+        for (int64_t t = 0; t <= n; t++) inside[t] = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t a, ce;
+            if (!beyond_prefix(c, base + i, p, &a, &ce)) continue;
+            int64_t lo = cd->wl < 0 || i - cd->wl < 0 ? 0 : i - cd->wl;
+            int64_t hi = cd->causal ? i : (cd->wr < 0 || i + cd->wr > n - 1 ? n - 1 : i + cd->wr);
+            int64_t r0 = a < lo && a < i ? a : i, r1 = ce > hi ? ce : i; /* rows of i's span */
+            if (r1 > r0) {
+                inside[r0 + 1]++;
+                inside[r1 + 1]--;
+            }
+        }
+        for (int64_t t = 1; t <= n; t++) inside[t] += inside[t - 1];
+        for (int64_t t = 1; t < n;) {
+            if (inside[t] <= 0) {
+                t++;
+                continue;
+            }
+            int64_t start = t - 1;
+            while (t < n && inside[t] > 0) t++;
+            maskpack_span sp = {(int64_t)k, start, t};
+            if (spanvec_push(&cd->spans, sp)) goto oom;
+        }
+    }
+    seg_span0[segs->n] = (int64_t)cd->spans.n;
+    s = finish_candidate(c, segs, pmax, seg_span0, sp_s, sp_e, cd, err);
+    free(sp_s);
+    free(sp_e);
+    free(inside);
+    free(seg_span0);
+    return s;
+oom:
+    free(sp_s);
+    free(sp_e);
+    free(inside);
+    free(seg_span0);
     return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
 }
 
@@ -740,11 +843,14 @@ static size_t extras(const cand *cd, size_t n_segments) {
     return x;
 }
 
-/* Builds both candidates of one segmentation and verifies them. */
+/* Builds both candidates of one segmentation and verifies them; when neither fits, also the general
+ * candidate (*gen_tried says so). */
 static maskpack_status try_segmentation(rctx *c, int mode, int64_t *cover, cand *cc, cand *cb, int *bidir_tried,
-                                        maskpack_error *err) {
+                                        cand *cg, int *gen_tried, maskpack_error *err) {
     segvec segs = {0};
     int64_t *pmax = NULL;
+    *bidir_tried = 0;
+    *gen_tried = 0;
     maskpack_status s = segment_rows(c, mode, &segs, cover, err);
     if (s) goto done;
     pmax = malloc((segs.n ? segs.n : 1) * sizeof *pmax);
@@ -756,13 +862,24 @@ static maskpack_status try_segmentation(rctx *c, int mode, int64_t *cover, cand 
     s = propose(c, &segs, pmax, 1, cc, err);
     if (s) goto done;
     verify(c, cc->L, &cc->mm);
-    *bidir_tried = 0;
     /* a causal fit that needs spans or prefixes may be a plain bidirectional mask */
     if (cc->mm.found || extras(cc, segs.n) > 0) {
         *bidir_tried = 1;
         s = propose(c, &segs, pmax, 0, cb, err);
         if (s) goto done;
         verify(c, cb->L, &cb->mm);
+    }
+    /* a window on both sides with spans on top (kept last: the two readings above are simpler) */
+    if (cc->mm.found && (!*bidir_tried || cb->mm.found)) {
+        *gen_tried = 1;
+        s = propose_general(c, &segs, pmax, cg, err);
+        if (s == MASKPACK_ERR_OUT_OF_MEMORY) goto done;
+        if (s || !cg->L) { /* a rule the layout builder refuses cannot be the answer: no fit */
+            s = MASKPACK_OK;
+            cg->mm.found = 1;
+        } else {
+            verify(c, cg->L, &cg->mm);
+        }
     }
 done:
     free(segs.a);
@@ -794,7 +911,9 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
     c.second = malloc(nt * sizeof(int64_t));
     c.last = malloc(nt * sizeof(int64_t));
     int64_t *cover = malloc((ns + 1) * sizeof *cover);
-    cand cc, cb, wc, wb;
+    cand cc, cb, cg, wc, wb, wg;
+    memset(&cg, 0, sizeof cg);
+    memset(&wg, 0, sizeof wg);
     memset(&cc, 0, sizeof cc);
     memset(&cb, 0, sizeof cb);
     memset(&wc, 0, sizeof wc);
@@ -809,8 +928,8 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
     s = scan_rows(&c, err);
     if (s) goto done;
 
-    int bidir_tried = 0;
-    s = try_segmentation(&c, SEG_SPEC, cover, &cc, &cb, &bidir_tried, err);
+    int bidir_tried = 0, gen_tried = 0;
+    s = try_segmentation(&c, SEG_SPEC, cover, &cc, &cb, &bidir_tried, &cg, &gen_tried, err);
     if (s) goto done;
     {
         /* both fit: the bidirectional rule wins only when it needs fewer spans and prefixes
@@ -820,6 +939,7 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
         if (bidir_tried && !cb.mm.found &&
             (!fit || extras(&cb, cb.L->n_segments) < extras(&cc, cc.L->n_segments)))
             fit = &cb;
+        if (!fit && gen_tried && !cg.mm.found) fit = &cg;
         if (fit) {
             *out = fit->L;
             fit->L = NULL;
@@ -831,11 +951,11 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
     /* Not representable. Explain with the candidate that matched the mask the longest, including the
      * weak segmentation's, whose first mismatch is a stray pair between two documents. */
     {
-        int wb_tried = 0;
-        s = try_segmentation(&c, SEG_WEAK, cover, &wc, &wb, &wb_tried, err);
+        int wb_tried = 0, wg_tried = 0;
+        s = try_segmentation(&c, SEG_WEAK, cover, &wc, &wb, &wb_tried, &wg, &wg_tried, err);
         if (s) goto done;
         /* both segmentations coincide on representable masks, so this is a safety net only */
-        cand *fit = !wc.mm.found ? &wc : (wb_tried && !wb.mm.found ? &wb : NULL);
+        cand *fit = !wc.mm.found ? &wc : (wb_tried && !wb.mm.found ? &wb : (wg_tried && !wg.mm.found ? &wg : NULL));
         if (fit) {
             *out = fit->L;
             fit->L = NULL;
@@ -851,6 +971,8 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
 done:
     cand_free(&cc);
     cand_free(&cb);
+    cand_free(&cg);
+    cand_free(&wg);
     cand_free(&wc);
     cand_free(&wb);
     free(cover);

@@ -325,6 +325,79 @@ static void test_vlm_span(void) {
 }
 
 /* The same predicate in every convention and several dtypes gives the same layout. */
+/* A bidirectional sliding window with bidirectional spans on top (a span row i sees
+ * [min(i - wl, s), max(i + wr, e - 1)]): both sides of the window and the spans must be read at once. */
+static void test_window_span(void) {
+    /* the smallest case: 3 tokens, window (0, 1), span [0, 2): row 1 sees key 0 only through the span */
+    maskpack_segment seg = {0, 0, 3, 0, 3};
+    maskpack_span sp = {0, 0, 2};
+    maskpack_rule rule = maskpack_rule_default();
+    rule.causal = 0;
+    rule.window_left = 0;
+    rule.window_right = 1;
+    rule.spans = &sp;
+    rule.n_spans = 1;
+    maskpack_layout *R = roundtrip(&seg, 1, 1, 3, &rule, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 0);
+        CHECK_EQ(r.window_left, 0);
+        CHECK_EQ(r.window_right, 1);
+        CHECK_EQ(r.n_spans, 1);
+        if (r.n_spans == 1) {
+            CHECK_EQ(r.spans[0].start, 0);
+            CHECK_EQ(r.spans[0].end, 2);
+        }
+        CHECK(r.prefix == NULL);
+        maskpack_layout_free(R);
+    }
+    /* two rows: band (2, 1) with two spans in the first document, one in the second, a prefix of 2
+     * in the third; every piece of the rule is visible in the mask, so it comes back as written */
+    maskpack_segment segs[3] = {{0, 0, 14, 0, 14}, {1, 1, 9, 1, 9}, {1, 10, 6, 10, 6}};
+    maskpack_span spans[3] = {{0, 2, 6}, {0, 8, 13}, {1, 4, 9}};
+    int64_t prefix[3] = {0, 0, 2};
+    rule.window_left = 2;
+    rule.window_right = 1;
+    rule.spans = spans;
+    rule.n_spans = 3;
+    rule.prefix = prefix;
+    rule.n_prefix = 3;
+    R = roundtrip(segs, 3, 2, 16, &rule, MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 0);
+        CHECK_EQ(r.window_left, 2);
+        CHECK_EQ(r.window_right, 1);
+        CHECK_EQ(r.n_spans, 3);
+        for (size_t k = 0; k < 3 && k < r.n_spans; k++) {
+            CHECK_EQ(r.spans[k].segment, spans[k].segment);
+            CHECK_EQ(r.spans[k].start, spans[k].start);
+            CHECK_EQ(r.spans[k].end, spans[k].end);
+        }
+        CHECK(r.prefix != NULL && r.n_prefix == 3);
+        if (r.prefix && r.n_prefix == 3) {
+            CHECK_EQ(r.prefix[0], 0);
+            CHECK_EQ(r.prefix[1], 0);
+            CHECK_EQ(r.prefix[2], 2);
+        }
+        maskpack_layout_free(R);
+    }
+    /* a causal window with a span is still read as causal (window_right 0 is the causal rule) */
+    rule.causal = 1;
+    rule.window_left = 1;
+    rule.window_right = -1;
+    rule.prefix = NULL;
+    rule.n_prefix = 0;
+    R = roundtrip(segs, 3, 2, 16, &rule, MASKPACK_MASK_KEEP, MASKPACK_U8, 0, 1);
+    if (R) {
+        maskpack_rule r = maskpack_layout_rule(R);
+        CHECK_EQ(r.causal, 1);
+        CHECK_EQ(r.window_left, 1);
+        CHECK_EQ(r.n_spans, 3);
+        maskpack_layout_free(R);
+    }
+}
+
 static void test_conventions(void) {
     maskpack_segment segs[3] = {{0, 1, 6, 1, 6}, {1, 0, 4, 0, 4}, {1, 4, 3, 4, 3}};
     maskpack_span sp = {0, 1, 4};
@@ -767,10 +840,10 @@ static void test_roundtrip_property(void) {
             rule.prefix = prefix;
             rule.n_prefix = n;
         }
-        /* spans are HF's overlay on a causal rule (or redundant on an unwindowed bidirectional one) */
+        /* spans on every rule: HF's overlay on a causal one, and on top of a bidirectional window */
         maskpack_span spans[256];
         size_t ns = 0;
-        if ((rule.causal || (rule.window_left < 0 && rule.window_right < 0)) && rnd(&r, 2)) {
+        if (rnd(&r, 2)) {
             for (size_t k = 0; k < n; k++) {
                 int64_t at = 0, len = segs[k].q_len;
                 while (at < len && ns < 250) {
@@ -899,6 +972,147 @@ static void test_perturbed_property(void) {
     CHECK(refused > 10);
 }
 
+/* ---- exhaustive small layouts ------------------------------------------------------------- */
+
+/* The contract on every small case: a mask rendered from a layout comes back as a layout with the
+ * same predicate on every cell. Packed rows of one or two segments of length 1-6, causal or not,
+ * every window -1..3 on each side, no span / every single span / every pair of spans, no prefix /
+ * every per-segment prefix. A causal rule only gets window_right -1: under j <= i a right window
+ * (>= 0) removes nothing, so the other values would repeat the same masks. To keep the loop a few
+ * seconds long, two-segment layouts take the full product of prefixes only without spans; with one
+ * span each segment's prefix runs through every value while the other's is 0, and with two spans
+ * there is no prefix (one-segment layouts get every combination). */
+typedef struct exh_stats {
+    int64_t cases, failures;
+} exh_stats;
+
+static void exh_one(const int64_t *len, size_t nseg, const maskpack_rule *rule, exh_stats *st) {
+    maskpack_segment segs[2];
+    int64_t S = 0;
+    for (size_t k = 0; k < nseg; k++) {
+        maskpack_segment g = {0, S, len[k], S, len[k]};
+        segs[k] = g;
+        S += len[k];
+    }
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    maskpack_status s = maskpack_layout_from_segments(segs, nseg, 1, S, S, 1, rule, &L, &e);
+    CHECK_OK(s, e);
+    if (s) return;
+    uint8_t att[12 * 12];
+    for (int64_t i = 0; i < S; i++)
+        for (int64_t j = 0; j < S; j++) att[i * S + j] = (uint8_t)maskpack_allowed(L, 0, 0, i, j);
+    int64_t shape[4] = {1, 1, S, S};
+    maskpack_tensor t = maskpack_tensor_contiguous(att, MASKPACK_BOOL, 4, shape);
+    maskpack_layout *R = NULL;
+    s = maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e);
+    int64_t bad = 0, bi = -1, bj = -1;
+    if (s == MASKPACK_OK)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t j = 0; j < S; j++)
+                if (maskpack_allowed(R, 0, 0, i, j) != att[i * S + j] && bad++ == 0) {
+                    bi = i;
+                    bj = j;
+                }
+    st->cases++;
+    if (s != MASKPACK_OK || bad) {
+        if (st->failures++ < 5) {
+            fprintf(stderr, "  exhaustive: lengths");
+            for (size_t k = 0; k < nseg; k++) fprintf(stderr, " %lld", (long long)len[k]);
+            fprintf(stderr, " causal=%d window=(%lld,%lld) spans", rule->causal, (long long)rule->window_left,
+                    (long long)rule->window_right);
+            for (size_t k = 0; k < rule->n_spans; k++)
+                fprintf(stderr, " (%lld,%lld,%lld)", (long long)rule->spans[k].segment,
+                        (long long)rule->spans[k].start, (long long)rule->spans[k].end);
+            fprintf(stderr, " prefix");
+            for (size_t k = 0; k < rule->n_prefix; k++) fprintf(stderr, " %lld", (long long)rule->prefix[k]);
+            if (s != MASKPACK_OK)
+                fprintf(stderr, ": %s: %s\n", maskpack_status_name(s), e.message);
+            else
+                fprintf(stderr, ": recovered predicate differs at (%lld, %lld) (%lld cells)\n", (long long)bi,
+                        (long long)bj, (long long)bad);
+        }
+    }
+    maskpack_layout_free(R);
+    maskpack_layout_free(L);
+}
+
+enum { EXH_NO_PREFIX = 0, EXH_EACH_PREFIX = 1, EXH_ALL_PREFIXES = 2 };
+
+/* Runs the prefix choices over one rule and span list: none, then (EXH_ALL_PREFIXES) every
+ * per-segment vector, or (EXH_EACH_PREFIX) every value of one segment's prefix, the others 0. */
+static void exh_prefixes(const int64_t *len, size_t nseg, maskpack_rule *rule, int which, exh_stats *st) {
+    rule->prefix = NULL;
+    rule->n_prefix = 0;
+    exh_one(len, nseg, rule, st);
+    if (which == EXH_NO_PREFIX) return;
+    int64_t pre[2] = {0, 0};
+    rule->prefix = pre;
+    rule->n_prefix = nseg;
+    if (which == EXH_EACH_PREFIX) {
+        for (size_t k = 0; k < nseg; k++) {
+            for (pre[k] = k == 0 ? 0 : 1; pre[k] <= len[k]; pre[k]++) exh_one(len, nseg, rule, st);
+            pre[k] = 0;
+        }
+    } else {
+        for (;;) {
+            exh_one(len, nseg, rule, st);
+            size_t k = 0; /* next vector, odometer style */
+            while (k < nseg && pre[k] == len[k]) pre[k++] = 0;
+            if (k == nseg) break;
+            pre[k]++;
+        }
+    }
+    rule->prefix = NULL;
+    rule->n_prefix = 0;
+}
+
+static void test_exhaustive_small(void) {
+    exh_stats st = {0, 0};
+    for (size_t nseg = 1; nseg <= 2; nseg++)
+        for (int64_t l0 = 1; l0 <= 6; l0++)
+            for (int64_t l1 = 1; l1 <= (nseg == 2 ? 6 : 1); l1++) {
+                int64_t len[2] = {l0, l1};
+                int64_t maxlen = nseg == 2 && l1 > l0 ? l1 : l0;
+                /* every span of the layout, sorted by (segment, start) */
+                maskpack_span all[2 * 21];
+                size_t na = 0;
+                for (size_t k = 0; k < nseg; k++)
+                    for (int64_t a = 0; a < len[k]; a++)
+                        for (int64_t b = a + 1; b <= len[k]; b++) {
+                            maskpack_span sp = {(int64_t)k, a, b};
+                            all[na++] = sp;
+                        }
+                for (int causal = 0; causal <= 1; causal++)
+                    for (int64_t wl = -1; wl <= 3; wl++)
+                        for (int64_t wr = -1; wr <= (causal ? -1 : 3); wr++) {
+                            /* a window of at least the longest segment's length - 1 draws the same
+                             * mask as an unbounded one: that mask is already covered */
+                            if ((wl >= 0 && wl >= maxlen - 1) || (wr >= 0 && wr >= maxlen - 1)) continue;
+                            maskpack_rule rule = maskpack_rule_default();
+                            rule.causal = causal;
+                            rule.window_left = wl;
+                            rule.window_right = wr;
+                            exh_prefixes(len, nseg, &rule, EXH_ALL_PREFIXES, &st);
+                            for (size_t x = 0; x < na; x++) {
+                                rule.spans = &all[x];
+                                rule.n_spans = 1;
+                                exh_prefixes(len, nseg, &rule, nseg == 1 ? EXH_ALL_PREFIXES : EXH_EACH_PREFIX, &st);
+                                for (size_t y = x + 1; y < na; y++) {
+                                    if (all[y].segment == all[x].segment && all[y].start < all[x].end) continue;
+                                    maskpack_span two[2] = {all[x], all[y]};
+                                    rule.spans = two;
+                                    rule.n_spans = 2;
+                                    exh_prefixes(len, nseg, &rule, nseg == 1 ? EXH_ALL_PREFIXES : EXH_NO_PREFIX, &st);
+                                }
+                            }
+                        }
+            }
+    fprintf(stderr, "  exhaustive: %lld layouts, %lld not recovered\n", (long long)st.cases, (long long)st.failures);
+    CHECK(st.cases > 300000);
+    CHECK_EQ(st.failures, 0);
+}
+
 int main(void) {
     test_padding_forms();
     test_packed_documents();
@@ -906,6 +1120,7 @@ int main(void) {
     test_sliding_window();
     test_prefix_lm();
     test_vlm_span();
+    test_window_span();
     test_conventions();
     test_heads();
     test_strides();
@@ -915,5 +1130,6 @@ int main(void) {
     test_empty_rows();
     test_roundtrip_property();
     test_perturbed_property();
+    test_exhaustive_small();
     return check_report("test_mask4d");
 }
