@@ -5,17 +5,20 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 PY := .venv/bin/python
 
-.PHONY: all deps build run python test test-c test-install test-python test-sanitize test-fuzz bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz bench install clean
 
 all: build
 
+deps-c:
+	bash tools/install_deps.sh c
+
 deps:
-	bash tools/install_deps.sh
+	bash tools/install_deps.sh all
 
 $(BUILD)/build.ninja:
 	meson setup $(BUILD) -Dpython=false
 
-build: deps $(BUILD)/build.ninja
+build: deps-c $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
 # The main job: inspect the sample batch embedded in the CLI and draw its mask.
@@ -26,7 +29,7 @@ run: build
 python: deps
 	$(PY) -m pip install -q --no-build-isolation .
 
-test: build python
+test: deps build python
 	$(MAKE) --no-print-directory test-c test-install test-python test-fuzz test-sanitize
 
 test-c:

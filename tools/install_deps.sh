@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Installs what building and testing maskpack needs on a fresh Debian machine: the C libraries
-# (zlib, libpng, cJSON), pkg-config, clang with libFuzzer for coverage-guided fuzzing, and a Python
-# virtual environment at .venv with the build and test packages. Idempotent and quiet when done.
+# (zlib, libpng, cJSON) and pkg-config; with `all` (the default) also clang with libFuzzer for
+# coverage-guided fuzzing and a Python virtual environment at .venv with the build and test
+# packages. Idempotent and quiet when everything is there.
+#   tools/install_deps.sh [c|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-all}
 
 need=()
 for pkg in pkg-config zlib1g-dev libpng-dev libcjson-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
-if [ "${MASKPACK_WITH_CLANG:-1}" = 1 ]; then
+if [ "$what" = all ] && [ "${MASKPACK_WITH_CLANG:-1}" = 1 ]; then
   for pkg in clang libclang-rt-14-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
@@ -20,6 +23,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+[ "$what" = all ] || exit 0
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
