@@ -657,12 +657,368 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
                                                         maskpack_error *err);
 
 /* ==== Attention kernels (fused CPU attention over a layout) ================================= */
+
+/*
+ * Fused CPU attention that takes the layout itself, so a padded batch, a packed batch and a CP shard
+ * of it give the same answer (SEMANTICS.md sections 3-5). Shapes (B = n_rows, S = q_width,
+ * Skv = kv_width; for a packed layout T = q_width, Tkv = kv_width; [1,T,...] is accepted as well):
+ *   q, out, dout, dq   [B,S,Hq,D] (padded and packed-row layouts) or [T,Hq,D] (packed)
+ *   k, v, dk, dv       [B,Skv,Hkv,D] or [Tkv,Hkv,D]
+ *   lse                f32 [B,Hq,S] or [Hq,T]: natural-log log-sum-exp of the scaled (capped)
+ *                      logits of each query row, flash-attn's softmax_lse convention
+ * Hq % Hkv == 0 (GQA/MQA: query head h reads key head h / (Hq / Hkv)); 1 <= D <= 256 (64 and 128
+ * are the fast ones). The D dimension must be contiguous; every other dimension may have any
+ * stride. dtypes: all f32, or bf16 for q, k, v, out, dout, dq, dk, dv (fp32 accumulation; lse stays
+ * f32). scale: 0 = 1/sqrt(D), otherwise any finite value. softcap: 0 = none, else finite > 0 and
+ * logits become softcap * tanh(scale * q.k / softcap) (Gemma-2 style).
+ * The rule is the layout's (segments, causal with its alignment or explicit CP positions,
+ * window, spans, prefix). A query row that may see no key gets out 0 and lse -inf; padding rows
+ * get out 0, lse -inf (dq 0); padding key columns get dk = dv = 0. Tiles the rule fully excludes
+ * are never read; fully allowed tiles never evaluate it. Tiles start at each segment's own first
+ * query and key, so the result of a token does not depend on where its sequence sits: packed and
+ * padded runs of one kernel are bitwise equal in f32.
+ * Kernels: a scalar reference (double accumulation), AVX-512 f32, and bf16 on AMX tiles (AVX-512
+ * with AVX512-BF16 conversion when there is no AMX), chosen from the CPU at each call. The
+ * environment variable MASKPACK_ISA=ref|avx512|amx forces one; forcing one this CPU lacks is
+ * MASKPACK_ERR_UNSUPPORTED, never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no f32).
+ * Threads: n_threads >= 1 worker threads are created per call (none kept); work is split over
+ * (segment, head, query block), so both cores work even for one sequence of one head.
+ * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
+ * let the call allocate it; a smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL. The size only
+ * depends on the layout, head counts, head dim, dtype and n_threads, never on S*Skv.
+ * On any error no output is written.
+ */
+typedef enum maskpack_attention_isa {
+    MASKPACK_ATTN_ISA_REF = 0,    /* scalar, double accumulation */
+    MASKPACK_ATTN_ISA_AVX512 = 1, /* AVX-512F f32 (bf16 converted on load) */
+    MASKPACK_ATTN_ISA_AMX = 2     /* AMX-BF16 tiles for bf16; AVX-512 for f32 */
+} maskpack_attention_isa;
+
+/* (dtype f32/bf16) -> *isa the next attention call will use (MASKPACK_ISA, else the best this CPU has). */
+MASKPACK_API maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa,
+                                                           maskpack_error *err);
+/* isa -> "ref" / "avx512" / "amx" (static storage; "unknown" if out of range). */
+MASKPACK_API const char *maskpack_attention_isa_name(maskpack_attention_isa isa);
+
+/* (layout, q, k, v as for the forward, n_threads) -> *bytes of workspace maskpack_attention_forward needs. */
+MASKPACK_API maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                                  const maskpack_tensor *k, const maskpack_tensor *v,
+                                                                  int n_threads, size_t *bytes, maskpack_error *err);
+
+/* (layout, q [B,S,Hq,D]|[T,Hq,D], k, v [B,Skv,Hkv,D]|[Tkv,Hkv,D], scale, softcap) -> out (q's shape and
+ * dtype), lse f32 [B,Hq,S]|[Hq,T] (NULL to skip). */
+MASKPACK_API maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                        const maskpack_tensor *k, const maskpack_tensor *v,
+                                                        double scale, double softcap, maskpack_tensor *out,
+                                                        maskpack_tensor *lse, int n_threads, void *workspace,
+                                                        size_t workspace_bytes, maskpack_error *err);
+
+/* (layout, q, k, v as for the backward, n_threads) -> *bytes of workspace maskpack_attention_backward needs. */
+MASKPACK_API maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *layout,
+                                                                   const maskpack_tensor *q, const maskpack_tensor *k,
+                                                                   const maskpack_tensor *v, int n_threads,
+                                                                   size_t *bytes, maskpack_error *err);
+
+/* (layout, dout and out like q, q, k, v, lse f32 from the forward, scale, softcap) -> dq (q's shape),
+ * dk, dv (k's shape), all of q's dtype. Tiles are recomputed (flash-attention 2): no S*Skv memory. */
+MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                                         const maskpack_tensor *q, const maskpack_tensor *k,
+                                                         const maskpack_tensor *v, const maskpack_tensor *out,
+                                                         const maskpack_tensor *lse, double scale, double softcap,
+                                                         maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
+                                                         int n_threads, void *workspace, size_t workspace_bytes,
+                                                         maskpack_error *err);
 /* ==== end of Attention kernels ============================================================== */
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
+/*
+ * The linear-attention layer of Qwen3-Next / Qwen3.5 (SEMANTICS.md section 9), computed per
+ * segment of a layout so that padded and packed batches agree bitwise and nothing crosses a
+ * segment boundary. Conventions of this section:
+ *   - A segment's tokens are its query columns [q_start, q_start + q_len) of its row (key columns
+ *     are ignored, so CP shards work: each piece is a segment; pass states between pieces).
+ *   - Per-token tensors are in the layout's token order: [B, S, ...] for a padded layout, [T, ...]
+ *     (or [1, T, ...]) for a packed one, with heads as the second-to-last dim: q, k [.., H, K],
+ *     v, o [.., HV, V], g, beta [.., HV]; conv input [.., C].
+ *   - Value head h uses key head h / (HV / H); HV must be a multiple of H.
+ *   - Inputs may be f32 or bf16 (each tensor independently); arithmetic and states are f32.
+ *   - Padded positions are never read (NaN there changes nothing) and padded output rows are 0.
+ *   - States: [N, HV, K, V] f32 per segment (flash-linear-attention's layout). A zero-length
+ *     segment's final state is its initial state. Conv prefix/state: [N, C, W-1], most recent last.
+ *   - Threads split (segment, head) pairs (rule) or channel ranges (conv); results do not depend
+ *     on the thread count.
+ */
+
+/* Which kernel runs the rule. AUTO reads the environment variable MASKPACK_ISA ("ref" or
+ * "avx512"; unset or "auto" = the best the CPU supports). */
+typedef enum maskpack_gdn_isa {
+    MASKPACK_GDN_ISA_AUTO = 0,
+    MASKPACK_GDN_ISA_REF = 1,    /* portable C (the reference) */
+    MASKPACK_GDN_ISA_AVX512 = 2  /* AVX-512 (F, DQ, VL, BW) micro-kernels; UNSUPPORTED on a CPU without them */
+} maskpack_gdn_isa;
+
+#define MASKPACK_GDN_CHUNK 64      /* chunk length of the chunked form (chunks start at each segment start) */
+#define MASKPACK_GDN_MAX_CONV 4    /* largest conv kernel */
+#define MASKPACK_GDN_L2_EPS 1e-6   /* q, k are normalised as x / sqrt(sum x^2 + eps) */
+
+typedef struct maskpack_gdn_options {
+    double scale;         /* output scale; 0 = 1/sqrt(K) */
+    int chunked;          /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
+    int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
+    int n_threads;        /* >= 1 (default 1) */
+    maskpack_gdn_isa isa; /* default AUTO */
+} maskpack_gdn_options;
+
+/* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO. */
+MASKPACK_API maskpack_gdn_options maskpack_gdn_options_default(void);
+
+/* (requested isa) -> *resolved: the kernel a call with this request would run (REF or AVX512). */
+MASKPACK_API maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
+                                                      maskpack_error *err);
+
+/* The inputs of the rule (see the conventions above for shapes). */
+typedef struct maskpack_gdn_inputs {
+    const maskpack_tensor *q;             /* [B,S,H,K] / [T,H,K] */
+    const maskpack_tensor *k;             /* same shape as q */
+    const maskpack_tensor *v;             /* [B,S,HV,V] / [T,HV,V] */
+    const maskpack_tensor *g;             /* [B,S,HV] / [T,HV]: log decay per token (<= 0 in practice) */
+    const maskpack_tensor *beta;          /* [B,S,HV] / [T,HV]: write strength */
+    const maskpack_tensor *initial_state; /* [N,HV,K,V] f32, or NULL for zeros */
+} maskpack_gdn_inputs;
+
+/* (layout, inputs, opts, backward?) -> *bytes of workspace one call needs (all threads). Per thread:
+ * forward O(chunk^2 + chunk*(K+V) + G*K*V) (G = HV/H value heads of one key head); backward adds
+ * about 2*sqrt(max_len/chunk) checkpointed states per value head of the group (states are
+ * recomputed from checkpoints, never stored per chunk); never O(T^2). */
+MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                                         const maskpack_gdn_options *opts, int backward,
+                                                         size_t *bytes, maskpack_error *err);
+
+/* (layout, inputs, opts, workspace (NULL = allocated here) of workspace_bytes) -> o [B,S,HV,V] / [T,HV,V]
+ * f32/bf16 (pad rows 0), final_state [N,HV,K,V] f32 or NULL. Per token of each segment:
+ * S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = scale S^T q. */
+MASKPACK_API maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                                  const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                                  maskpack_tensor *final_state, void *workspace,
+                                                  size_t workspace_bytes, maskpack_error *err);
+
+/* Gradient outputs of the rule; any pointer may be NULL to skip that output. */
+typedef struct maskpack_gdn_grads {
+    maskpack_tensor *dq, *dk;          /* like q, f32/bf16 (through the L2 norm when opts.l2norm) */
+    maskpack_tensor *dv;               /* like v */
+    maskpack_tensor *dg, *dbeta;       /* like g */
+    maskpack_tensor *d_initial_state;  /* [N,HV,K,V] f32 */
+} maskpack_gdn_grads;
+
+/* (layout, inputs, d_o like o (f32/bf16), d_final_state [N,HV,K,V] f32 or NULL = 0, opts, workspace)
+ * -> grads (pad rows 0). Differentiates the chunked form (whatever opts.chunked says) by recomputing
+ * chunk states from checkpoints; tasks are (segment, key head) pairs. */
+MASKPACK_API maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                                   const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                                   const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                                   void *workspace, size_t workspace_bytes, maskpack_error *err);
+
+/* (layout, x [B,S,C] / [T,C] f32/bf16, weight [C,W] f32/bf16 with 1 <= W <= 4, prefix [N,C,W-1]
+ * f32/bf16 or NULL = zeros, silu, n_threads) -> y like x f32/bf16 (pad rows 0) with
+ * y[t] = act(sum_w weight[w] x[t - (W-1) + w]) inside each segment (earlier positions come from
+ * the prefix), conv_state [N,C,W-1] f32/bf16 or NULL = the segment's last W-1 inputs (prefix
+ * included when the segment is shorter). */
+MASKPACK_API maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                    const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                    int silu, int n_threads, maskpack_tensor *y,
+                                                    maskpack_tensor *conv_state, maskpack_error *err);
+
+/* (layout, x, weight, prefix or NULL, silu, dy like x, d_conv_state [N,C,W-1] or NULL, n_threads)
+ * -> dx like x (pad rows 0), dweight [C,W] f32 (sum over all tokens), d_prefix [N,C,W-1] f32/bf16;
+ * each output may be NULL to skip it. */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                             const maskpack_tensor *weight,
+                                                             const maskpack_tensor *prefix, int silu,
+                                                             const maskpack_tensor *dy,
+                                                             const maskpack_tensor *d_conv_state, int n_threads,
+                                                             maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                             maskpack_tensor *d_prefix, maskpack_error *err);
+
+/* (layout, x [B,S,H,D] / [T,H,D] f32/bf16, eps > 0 (MASKPACK_GDN_L2_EPS)) -> y like x f32/bf16:
+ * x / sqrt(sum x^2 + eps) over the last dim (pad rows 0). */
+MASKPACK_API maskpack_status maskpack_gdn_l2norm(const maskpack_layout *layout, const maskpack_tensor *x, double eps,
+                                                 maskpack_tensor *y, maskpack_error *err);
+/* (layout, x, dy like x, eps) -> dx like x: the gradient of maskpack_gdn_l2norm (pad rows 0). */
+MASKPACK_API maskpack_status maskpack_gdn_l2norm_backward(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                          const maskpack_tensor *dy, double eps,
+                                                          maskpack_tensor *dx, maskpack_error *err);
+
+/* (layout, a, b [B,S,HV] / [T,HV] f32/bf16, A_log [HV], dt_bias [HV] f32/bf16) -> g, beta like a
+ * f32/bf16 or NULL: g = -exp(A_log) * softplus(a + dt_bias) (softplus(x) = x above 20, as torch),
+ * beta = sigmoid(b); pad rows 0. */
+MASKPACK_API maskpack_status maskpack_gdn_gates(const maskpack_layout *layout, const maskpack_tensor *a,
+                                                const maskpack_tensor *b, const maskpack_tensor *A_log,
+                                                const maskpack_tensor *dt_bias, maskpack_tensor *g,
+                                                maskpack_tensor *beta, maskpack_error *err);
+/* (layout, a, b, A_log, dt_bias, dg, dbeta like a (NULL = 0)) -> da, db like a, dA_log, ddt_bias [HV]
+ * f32 (sums over real tokens); any output may be NULL. */
+MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *layout, const maskpack_tensor *a,
+                                                         const maskpack_tensor *b, const maskpack_tensor *A_log,
+                                                         const maskpack_tensor *dt_bias, const maskpack_tensor *dg,
+                                                         const maskpack_tensor *dbeta, maskpack_tensor *da,
+                                                         maskpack_tensor *db, maskpack_tensor *dA_log,
+                                                         maskpack_tensor *ddt_bias, maskpack_error *err);
 /* ==== end of Gated DeltaNet ================================================================= */
 
 /* ==== Packing planner (sequences into rows, rows across ranks) ============================== */
+/*
+ * A plan packs sequences into rows of a fixed token capacity (SEMANTICS.md section 10) and hands the
+ * rows to data-parallel ranks and micro-batches so that no rank waits for another:
+ *   1. Each sequence's length is rounded up to the alignment multiple (maskpack_cp_multiple(cp, tp,
+ *      align); 1 when cp == tp == 1) so the plan's rows are exactly the rows the CP shard will run:
+ *      every slot (segment plus its filler, cu_seqlens_padded) divides by the multiple.
+ *   2. The rounded lengths are packed into rows: best-fit-decreasing (default; what ms-swift intends,
+ *      though its `binpacking` package puts each item into the emptiest row that fits), first-fit-
+ *      decreasing (NeMo) or order-preserving next-fit (input order kept). A rounded length above the
+ *      capacity is an error naming the sequence unless splitting is allowed: the sequence is then cut
+ *      into pieces of floor(capacity / multiple) * multiple tokens (the last piece holds the rest);
+ *      each piece is an independent segment of its row (it does not see the other pieces).
+ *   3. Empty rows are added until the row count divides by dp * micro_batches (and is at least that),
+ *      then the rows are split across ranks with the balanced Karmarkar-Karp differencing method
+ *      (equal row counts per rank, as verl does), then each rank's rows across its micro-batches
+ *      the same way. A row's cost is the sum of its slots' costs: L (tokens) or a*L + L^2 (attention,
+ *      L the slot length).
+ * Rows are numbered rank-major: row = (rank * micro_batches + micro_batch) * rows_per_microbatch + t,
+ * and inside a micro-batch by the order the packer opened them (empty rows last). Inside a row the
+ * pieces are sorted by (sequence, offset). Ties (equal lengths, equal costs) are broken by index,
+ * or, with a non-zero seed, by a seeded hash of the index: the same seed always gives the same plan,
+ * different seeds give different plans of the same packing quality. Among rows with equal free
+ * space best fit takes the one it filled last. Rank 0 receives the heaviest group of rows.
+ */
+
+typedef struct maskpack_plan maskpack_plan; /* opaque, immutable once built */
+
+typedef enum maskpack_plan_objective {
+    MASKPACK_PLAN_TOKENS = 0,   /* cost of a slot of L tokens = L */
+    MASKPACK_PLAN_ATTENTION = 1 /* cost = a*L + L^2 (verl's workload: linear layers + attention) */
+} maskpack_plan_objective;
+
+typedef enum maskpack_plan_algorithm {
+    MASKPACK_PLAN_BFD = 0,     /* best-fit-decreasing: the fullest row that still fits (O(n log n)) */
+    MASKPACK_PLAN_FFD = 1,     /* first-fit-decreasing: the first row that fits (O(n log n)) */
+    MASKPACK_PLAN_NEXTFIT = 2  /* input order; a new row when the next sequence does not fit (O(n)) */
+} maskpack_plan_algorithm;
+
+typedef enum maskpack_plan_width {
+    MASKPACK_PLAN_WIDTH_CAPACITY = 0, /* every row is `capacity` columns (static shapes); the last slot
+                                         of a row runs to its end, so capacity must divide by the multiple */
+    MASKPACK_PLAN_WIDTH_USED = 1      /* a row is as wide as its slots (varlen / THD streams) */
+} maskpack_plan_width;
+
+/* verl's a for a*L + L^2: 6 * hidden for hidden = 4096 (see maskpack_plan_attention_coefficient). */
+#define MASKPACK_PLAN_DEFAULT_ATTENTION_A 24576.0
+
+typedef struct maskpack_plan_options {
+    int64_t capacity;              /* tokens per row, >= 1 */
+    int64_t dp;                    /* data-parallel ranks, >= 1 */
+    int64_t micro_batches;         /* micro-batches per rank, >= 1 */
+    int64_t cp, tp;                /* context- and tensor-parallel sizes, >= 1 */
+    maskpack_cp_align align;       /* rule for the multiple (verl: tp*cp*2; minimal: cp*lcm(2,tp)) */
+    int64_t multiple;              /* 0 = derive from cp, tp, align; else this multiple (>= 1) */
+    maskpack_plan_objective objective;
+    double attention_a;            /* a of a*L + L^2; 0 = MASKPACK_PLAN_DEFAULT_ATTENTION_A */
+    maskpack_plan_algorithm algorithm;
+    uint64_t seed;                 /* 0 = ties by index */
+    int allow_split;               /* 1 = cut sequences longer than a row into pieces */
+    maskpack_plan_width row_width;
+    /* Optional progress report (called from the calling thread, a bounded number of times):
+     * stage "pack" or "balance", fraction in [0, 1]. NULL = none. */
+    void (*progress)(void *ctx, const char *stage, double fraction);
+    void *progress_ctx;
+} maskpack_plan_options;
+
+/* (capacity) -> options with dp = micro_batches = cp = tp = 1, verl alignment, derived multiple,
+ * tokens objective, best-fit-decreasing, seed 0, no splitting, rows of full capacity, no progress. */
+MASKPACK_API maskpack_plan_options maskpack_plan_options_default(int64_t capacity);
+
+/* (model shape: hidden > 0, intermediate >= 0 (0 = 4*hidden), q_dim >= 0 (heads*head_dim, 0 = hidden),
+ * kv_dim >= 0 (0 = q_dim), gated_mlp (1: 3 MLP matrices as SwiGLU, 0: 2), causal) -> *a such that a*L + L^2
+ * is proportional to one layer's forward FLOPs on a sequence of L tokens. With W = hidden*(q_dim +
+ * 2*kv_dim) + q_dim*hidden + (gated ? 3 : 2)*hidden*intermediate weights, linear layers cost 2*W*L and
+ * attention 4*q_dim*L^2 (half when causal), so a = W / (2*q_dim) (W / q_dim when causal). The layer
+ * count cancels. hidden 4096, MHA, 4*hidden non-gated, full square: a = 6*hidden = 24576 (verl). */
+MASKPACK_API maskpack_status maskpack_plan_attention_coefficient(int64_t hidden, int64_t intermediate, int64_t q_dim,
+                                                                 int64_t kv_dim, int gated_mlp, int causal, double *a,
+                                                                 maskpack_error *err);
+
+/* (lengths[n] >= 0, options) -> plan (see above). A sequence whose rounded length exceeds the capacity
+ * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split. Release with
+ * maskpack_plan_free. */
+MASKPACK_API maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
+                                                  maskpack_plan **out, maskpack_error *err);
+/* Releases a plan; NULL is a no-op. */
+MASKPACK_API void maskpack_plan_free(maskpack_plan *plan);
+
+/* One piece of a sequence placed in a row (a whole sequence is one piece with offset 0). */
+typedef struct maskpack_plan_piece {
+    int64_t sequence; /* index into the lengths the plan was made from */
+    int64_t offset;   /* first token of the sequence this piece holds */
+    int64_t length;   /* real tokens */
+    int64_t slot;     /* length rounded up to the multiple: the columns it occupies in its row */
+} maskpack_plan_piece;
+
+/* Accessors (plan must be non-NULL; an index out of range returns -1). */
+MASKPACK_API int64_t maskpack_plan_n_rows(const maskpack_plan *plan);
+MASKPACK_API int64_t maskpack_plan_n_sequences(const maskpack_plan *plan);
+/* (plan) -> the alignment multiple used. */
+MASKPACK_API int64_t maskpack_plan_multiple(const maskpack_plan *plan);
+MASKPACK_API int64_t maskpack_plan_rank_of_row(const maskpack_plan *plan, int64_t row);
+MASKPACK_API int64_t maskpack_plan_microbatch_of_row(const maskpack_plan *plan, int64_t row);
+/* (plan, row) -> sum of the row's slot lengths (columns in use). */
+MASKPACK_API int64_t maskpack_plan_row_used(const maskpack_plan *plan, int64_t row);
+/* (plan, row) -> the row's cost under the plan's objective (-1 out of range). */
+MASKPACK_API double maskpack_plan_row_cost(const maskpack_plan *plan, int64_t row);
+/* (plan, rank) -> the rank's cost (sum over its rows); (plan, rank, micro_batch) -> that micro-batch's. */
+MASKPACK_API double maskpack_plan_rank_cost(const maskpack_plan *plan, int64_t rank);
+MASKPACK_API double maskpack_plan_microbatch_cost(const maskpack_plan *plan, int64_t rank, int64_t micro_batch);
+
+/* (plan, row) -> number of pieces in the row (-1 out of range). */
+MASKPACK_API int64_t maskpack_plan_row_count(const maskpack_plan *plan, int64_t row);
+/* (plan, row, out[capacity]) -> out[0..count) = the row's pieces sorted by (sequence, offset), *count = how
+ * many. capacity 0 only sizes (out may be NULL); capacity < count is BUFFER_TOO_SMALL (nothing written). */
+MASKPACK_API maskpack_status maskpack_plan_row(const maskpack_plan *plan, int64_t row, maskpack_plan_piece *out,
+                                               size_t capacity, size_t *count, maskpack_error *err);
+
+/* (plan, row, rule or NULL = maskpack_rule_default()) -> packed layout [1 row of capacity, or of the
+ * used width] of the row's pieces: piece k at the sum of the previous slots, its slot's filler after
+ * it (the last slot runs to the row's end), so cu_seqlens_padded gives the slots. */
+MASKPACK_API maskpack_status maskpack_plan_row_layout(const maskpack_plan *plan, int64_t row, const maskpack_rule *rule,
+                                                      maskpack_layout **out, maskpack_error *err);
+/* (plan, rank, micro_batch, rule or NULL) -> layout [rows_per_microbatch, capacity (or the widest row's
+ * used width)] (not packed) whose row t is the micro-batch's t-th row laid out as above. */
+MASKPACK_API maskpack_status maskpack_plan_microbatch_layout(const maskpack_plan *plan, int64_t rank,
+                                                             int64_t micro_batch, const maskpack_rule *rule,
+                                                             maskpack_layout **out, maskpack_error *err);
+
+typedef struct maskpack_plan_report {
+    int64_t n_sequences, n_pieces;
+    int64_t n_split;               /* sequences cut into more than one piece */
+    int64_t n_rows;                /* rows in the plan = dp * micro_batches * rows_per_microbatch */
+    int64_t n_packed_rows;         /* rows the packer filled */
+    int64_t n_empty_rows;          /* rows added (empty) so every rank and micro-batch has as many rows */
+    int64_t rows_per_rank, rows_per_microbatch;
+    int64_t capacity, multiple;
+    int64_t real_tokens;           /* sum of lengths */
+    int64_t alignment_padding;     /* slot columns that are filler: sum(slot - length) */
+    int64_t tail_padding;          /* unused columns at the end of the packed rows (capacity - used) */
+    double fill;                   /* real_tokens / (capacity * n_packed_rows) (1 for no rows) */
+    double fill_all_rows;          /* real_tokens / (capacity * n_rows), empty rows included */
+    double attention_a;            /* a used by the attention objective */
+    double rank_cost_min, rank_cost_mean, rank_cost_max;
+    double imbalance;              /* rank_cost_max / rank_cost_mean - 1 (0 when the mean is 0) */
+    double microbatch_cost_max, microbatch_cost_mean;
+    double microbatch_imbalance;   /* over every (rank, micro-batch): max / mean - 1 */
+} maskpack_plan_report;
+
+/* (plan) -> *report. */
+MASKPACK_API maskpack_status maskpack_plan_get_report(const maskpack_plan *plan, maskpack_plan_report *report,
+                                                      maskpack_error *err);
+
 /* ==== end of Packing planner ================================================================ */
 
 #ifdef __cplusplus

@@ -1,0 +1,311 @@
+/*
+ * _plan.c: the CPython extension behind maskpack.plan (the packing planner).
+ *
+ * Thin, like _maskpack.c: a `Plan` handle type owning a maskpack_plan*, and one function per question
+ * asked of it. Lengths arrive as a C-contiguous int64 buffer (the Python layer converts); bulk
+ * results leave as bytes objects the Python layer views with numpy, so this file needs neither
+ * numpy's C API nor per-element Python objects. Failures raise maskpack.Error (imported from
+ * maskpack._errors when needed) with the status name, code, argument and index of maskpack_error.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "maskpack.h"
+
+/* the pieces buffer below relies on this layout */
+_Static_assert(sizeof(maskpack_plan_piece) == 4 * sizeof(int64_t), "maskpack_plan_piece is four int64");
+
+/* ---- the Plan handle --------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD maskpack_plan *plan;
+} PlanObject;
+
+static void Plan_dealloc(PlanObject *self) {
+    maskpack_plan_free(self->plan);
+    self->plan = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._plan.PlanHandle",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_itemsize = 0,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Opaque handle to an immutable maskpack_plan (use maskpack.plan instead).",
+};
+
+static const maskpack_plan *handle(PyObject *obj) {
+    if (!PyObject_TypeCheck(obj, &PlanType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a plan handle");
+        return NULL;
+    }
+    return ((PlanObject *)obj)->plan;
+}
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+/* Raises maskpack.Error(message, status_name, code, argument, index) for a failed call. */
+static PyObject *raise_status(maskpack_status status, const maskpack_error *err) {
+    const char *msg = err->message[0] ? err->message : maskpack_status_message(status);
+    const char *arg = err->argument[0] ? err->argument : NULL;
+    int n_idx = 0;
+    for (int i = 0; i < 4; i++)
+        if (err->index[i] != -1) n_idx = i + 1;
+    PyObject *idx = PyTuple_New(n_idx);
+    if (!idx) return NULL;
+    for (int i = 0; i < n_idx; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)err->index[i]);
+        if (!v) {
+            Py_DECREF(idx);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(idx, i, v);
+    }
+    PyObject *mod = PyImport_ImportModule("maskpack._errors");
+    PyObject *type = mod ? PyObject_GetAttrString(mod, "Error") : NULL;
+    Py_XDECREF(mod);
+    if (!type) {
+        Py_DECREF(idx);
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    PyObject *exc = PyObject_CallFunction(type, "ssizO", msg, maskpack_status_name(status), (int)status, arg, idx);
+    Py_DECREF(idx);
+    if (exc) {
+        PyErr_SetObject(type, exc);
+        Py_DECREF(exc);
+    }
+    Py_DECREF(type);
+    return NULL;
+}
+
+/* ---- creation -------------------------------------------------------------------------------------- */
+
+/* (lengths: int64 C-contiguous buffer, capacity, dp, micro_batches, cp, tp, align, multiple, objective,
+ *  attention_a, algorithm, seed, allow_split, row_width) -> handle */
+static PyObject *py_create(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *lens_obj;
+    long long capacity, dp, mb, cp, tp, multiple;
+    int align, objective, algorithm, allow_split, row_width;
+    double a;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "OLLLLLiLidiKpi", &lens_obj, &capacity, &dp, &mb, &cp, &tp, &align, &multiple,
+                          &objective, &a, &algorithm, &seed, &allow_split, &row_width))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(lens_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    const char *fmt = view.format ? view.format : "";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<') fmt++;
+    if (view.itemsize != 8 || view.ndim > 1 || (strcmp(fmt, "l") != 0 && strcmp(fmt, "q") != 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "lengths: expected a 1-D int64 buffer");
+        return NULL;
+    }
+    maskpack_plan_options o = maskpack_plan_options_default(capacity);
+    o.dp = dp;
+    o.micro_batches = mb;
+    o.cp = cp;
+    o.tp = tp;
+    o.align = (maskpack_cp_align)align;
+    o.multiple = multiple;
+    o.objective = (maskpack_plan_objective)objective;
+    o.attention_a = a;
+    o.algorithm = (maskpack_plan_algorithm)algorithm;
+    o.seed = (uint64_t)seed;
+    o.allow_split = allow_split;
+    o.row_width = (maskpack_plan_width)row_width;
+    maskpack_plan *p = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    size_t n = (size_t)(view.len / 8);
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_plan_create((const int64_t *)view.buf, n, &o, &p, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (s) return raise_status(s, &err);
+    PlanObject *obj = PyObject_New(PlanObject, &PlanType);
+    if (!obj) {
+        maskpack_plan_free(p);
+        return NULL;
+    }
+    obj->plan = p;
+    return (PyObject *)obj;
+}
+
+/* (hidden, intermediate, q_dim, kv_dim, gated, causal) -> a */
+static PyObject *py_attention_coefficient(PyObject *m, PyObject *args) {
+    (void)m;
+    long long h, inter, q, kv;
+    int gated, causal;
+    if (!PyArg_ParseTuple(args, "LLLLpp", &h, &inter, &q, &kv, &gated, &causal)) return NULL;
+    double a = 0;
+    maskpack_error err;
+    maskpack_status s = maskpack_plan_attention_coefficient(h, inter, q, kv, gated, causal, &a, &err);
+    if (s) return raise_status(s, &err);
+    return PyFloat_FromDouble(a);
+}
+
+/* ---- bulk results -------------------------------------------------------------------------------- */
+
+/* (plan) -> (pieces: bytes of int64 [n_pieces, 4] = (sequence, offset, length, slot) in row order,
+ *            row_begin: bytes of int64 [n_rows + 1]) */
+static PyObject *py_pieces(PyObject *m, PyObject *arg) {
+    (void)m;
+    const maskpack_plan *p = handle(arg);
+    if (!p) return NULL;
+    int64_t R = maskpack_plan_n_rows(p);
+    maskpack_plan_report rep;
+    maskpack_error err;
+    maskpack_status s = maskpack_plan_get_report(p, &rep, &err);
+    if (s) return raise_status(s, &err);
+    PyObject *pb = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)rep.n_pieces * 4 * 8);
+    PyObject *rb = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(R + 1) * 8);
+    if (!pb || !rb) {
+        Py_XDECREF(pb);
+        Py_XDECREF(rb);
+        return NULL;
+    }
+    /* maskpack_plan_piece is four int64 fields: rows are copied straight into the bytes object */
+    maskpack_plan_piece *pv = (maskpack_plan_piece *)PyBytes_AS_STRING(pb);
+    int64_t *rv = (int64_t *)PyBytes_AS_STRING(rb);
+    size_t k = 0;
+    rv[0] = 0;
+    for (int64_t r = 0; r < R; r++) {
+        size_t cnt = 0;
+        s = maskpack_plan_row(p, r, pv + k, (size_t)rep.n_pieces - k, &cnt, &err);
+        if (s) {
+            Py_DECREF(pb);
+            Py_DECREF(rb);
+            return raise_status(s, &err);
+        }
+        k += cnt;
+        rv[r + 1] = (int64_t)k;
+    }
+    return Py_BuildValue("NN", pb, rb);
+}
+
+/* (plan) -> (row_costs: bytes f64 [n_rows], row_used: bytes int64 [n_rows], rank_costs: bytes f64 [dp],
+ *            microbatch_costs: bytes f64 [dp * micro_batches]) */
+static PyObject *py_costs(PyObject *m, PyObject *arg) {
+    (void)m;
+    const maskpack_plan *p = handle(arg);
+    if (!p) return NULL;
+    maskpack_plan_report rep;
+    maskpack_error err;
+    maskpack_status s = maskpack_plan_get_report(p, &rep, &err);
+    if (s) return raise_status(s, &err);
+    int64_t R = rep.n_rows, dp = R / rep.rows_per_rank, mb = rep.rows_per_rank / rep.rows_per_microbatch;
+    PyObject *rc = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)R * 8);
+    PyObject *ru = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)R * 8);
+    PyObject *kc = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)dp * 8);
+    PyObject *mc = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(dp * mb) * 8);
+    if (!rc || !ru || !kc || !mc) {
+        Py_XDECREF(rc);
+        Py_XDECREF(ru);
+        Py_XDECREF(kc);
+        Py_XDECREF(mc);
+        return NULL;
+    }
+    double *a = (double *)PyBytes_AS_STRING(rc), *b = (double *)PyBytes_AS_STRING(kc),
+           *c = (double *)PyBytes_AS_STRING(mc);
+    int64_t *u = (int64_t *)PyBytes_AS_STRING(ru);
+    for (int64_t r = 0; r < R; r++) {
+        a[r] = maskpack_plan_row_cost(p, r);
+        u[r] = maskpack_plan_row_used(p, r);
+    }
+    for (int64_t q = 0; q < dp; q++) {
+        b[q] = maskpack_plan_rank_cost(p, q);
+        for (int64_t j = 0; j < mb; j++) c[q * mb + j] = maskpack_plan_microbatch_cost(p, q, j);
+    }
+    return Py_BuildValue("NNNN", rc, ru, kc, mc);
+}
+
+#define ADD_I(d, name, v)                                                          \
+    do {                                                                           \
+        PyObject *x_ = PyLong_FromLongLong((long long)(v));                        \
+        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;           \
+        Py_DECREF(x_);                                                             \
+    } while (0)
+#define ADD_F(d, name, v)                                                          \
+    do {                                                                           \
+        PyObject *x_ = PyFloat_FromDouble((double)(v));                            \
+        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;           \
+        Py_DECREF(x_);                                                             \
+    } while (0)
+
+/* (plan) -> dict of maskpack_plan_report */
+static PyObject *py_report(PyObject *m, PyObject *arg) {
+    (void)m;
+    const maskpack_plan *p = handle(arg);
+    if (!p) return NULL;
+    maskpack_plan_report r;
+    maskpack_error err;
+    maskpack_status s = maskpack_plan_get_report(p, &r, &err);
+    if (s) return raise_status(s, &err);
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    ADD_I(d, "n_sequences", r.n_sequences);
+    ADD_I(d, "n_pieces", r.n_pieces);
+    ADD_I(d, "n_split", r.n_split);
+    ADD_I(d, "n_rows", r.n_rows);
+    ADD_I(d, "n_packed_rows", r.n_packed_rows);
+    ADD_I(d, "n_empty_rows", r.n_empty_rows);
+    ADD_I(d, "rows_per_rank", r.rows_per_rank);
+    ADD_I(d, "rows_per_microbatch", r.rows_per_microbatch);
+    ADD_I(d, "capacity", r.capacity);
+    ADD_I(d, "multiple", r.multiple);
+    ADD_I(d, "real_tokens", r.real_tokens);
+    ADD_I(d, "alignment_padding", r.alignment_padding);
+    ADD_I(d, "tail_padding", r.tail_padding);
+    ADD_F(d, "fill", r.fill);
+    ADD_F(d, "fill_all_rows", r.fill_all_rows);
+    ADD_F(d, "attention_a", r.attention_a);
+    ADD_F(d, "rank_cost_min", r.rank_cost_min);
+    ADD_F(d, "rank_cost_mean", r.rank_cost_mean);
+    ADD_F(d, "rank_cost_max", r.rank_cost_max);
+    ADD_F(d, "imbalance", r.imbalance);
+    ADD_F(d, "microbatch_cost_max", r.microbatch_cost_max);
+    ADD_F(d, "microbatch_cost_mean", r.microbatch_cost_mean);
+    ADD_F(d, "microbatch_imbalance", r.microbatch_imbalance);
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"create", py_create, METH_VARARGS,
+     "(lengths int64 buffer, capacity, dp, micro_batches, cp, tp, align, multiple, objective, attention_a, "
+     "algorithm, seed, allow_split, row_width) -> handle"},
+    {"attention_coefficient", py_attention_coefficient, METH_VARARGS,
+     "(hidden, intermediate, q_dim, kv_dim, gated_mlp, causal) -> a"},
+    {"pieces", py_pieces, METH_O, "(handle) -> (pieces bytes int64 [P,4], row_begin bytes int64 [R+1])"},
+    {"costs", py_costs, METH_O, "(handle) -> (row_costs f64, row_used int64, rank_costs f64, microbatch_costs f64)"},
+    {"report", py_report, METH_O, "(handle) -> dict"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_plan", "Packing planner bindings (use maskpack.plan).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__plan(void) {
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    PyObject *mod = PyModule_Create(&moduledef);
+    if (!mod) return NULL;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(mod, "PlanHandle", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,18 @@
+/* plan_cmd.h: the `maskpack plan` command (packing planner front end). */
+#ifndef MASKPACK_CLI_PLAN_CMD_H
+#define MASKPACK_CLI_PLAN_CMD_H
+
+#include "maskpack.h"
+
+/* (argc, argv after "plan") -> exit status: 0 ok, 1 input or output problem, 2 bad usage. */
+int maskpack_cli_plan(int argc, char **argv);
+
+/* (path, plan) -> writes a PNG of the rows, ranks stacked top to bottom (plan_png.c). Each row is a
+ * bar of `capacity` columns coloured by sequence (alignment filler lighter, unused columns grey);
+ * rank blocks are separated by black lines, micro-batches by grey ones; a bar right of each rank
+ * shows its cost relative to the heaviest rank (the dark tick marks the mean). At most `max_rows`
+ * rows per rank are drawn (0 = automatic); *drawn_rows receives the rows drawn per rank. */
+maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *plan, int64_t max_rows, int64_t *drawn_rows,
+                                maskpack_error *err);
+
+#endif

@@ -1,0 +1,651 @@
+/* plan.c: the packing planner's public API: validate, cut into pieces, pack rows, balance rows across
+ * ranks and micro-batches, and answer questions about the result (rows, layouts, report). */
+#include "plan_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+maskpack_plan_options maskpack_plan_options_default(int64_t capacity) {
+    maskpack_plan_options o;
+    memset(&o, 0, sizeof o);
+    o.capacity = capacity;
+    o.dp = o.micro_batches = o.cp = o.tp = 1;
+    o.align = MASKPACK_CP_ALIGN_VERL;
+    o.multiple = 0;
+    o.objective = MASKPACK_PLAN_TOKENS;
+    o.attention_a = 0.0;
+    o.algorithm = MASKPACK_PLAN_BFD;
+    o.seed = 0;
+    o.allow_split = 0;
+    o.row_width = MASKPACK_PLAN_WIDTH_CAPACITY;
+    o.progress = NULL;
+    o.progress_ctx = NULL;
+    return o;
+}
+
+maskpack_status maskpack_plan_attention_coefficient(int64_t hidden, int64_t intermediate, int64_t q_dim, int64_t kv_dim,
+                                                    int gated_mlp, int causal, double *a, maskpack_error *err) {
+    MP_CHECK_NULL(err, a, "a");
+    const int64_t lim = (int64_t)1 << 30;
+    if (hidden < 1 || hidden > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "hidden", -1, -1, "hidden: expected in [1, 2^30], found %lld",
+                       (long long)hidden);
+    if (intermediate < 0 || intermediate > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "intermediate", -1, -1,
+                       "intermediate: expected in [0, 2^30] (0 = 4*hidden), found %lld", (long long)intermediate);
+    if (q_dim < 0 || q_dim > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "q_dim", -1, -1,
+                       "q_dim: expected in [0, 2^30] (0 = hidden), found %lld", (long long)q_dim);
+    if (kv_dim < 0 || kv_dim > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "kv_dim", -1, -1,
+                       "kv_dim: expected in [0, 2^30] (0 = q_dim), found %lld", (long long)kv_dim);
+    if (gated_mlp != 0 && gated_mlp != 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "gated_mlp", -1, -1, "gated_mlp: expected 0 or 1, found %d",
+                       gated_mlp);
+    if (causal != 0 && causal != 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "causal", -1, -1, "causal: expected 0 or 1, found %d",
+                       causal);
+    double h = (double)hidden;
+    double I = intermediate ? (double)intermediate : 4.0 * h;
+    double q = q_dim ? (double)q_dim : h;
+    double kv = kv_dim ? (double)kv_dim : q;
+    /* weights of one layer: q, k, v projections, the output projection, the MLP matrices */
+    double W = h * (q + 2.0 * kv) + q * h + (gated_mlp ? 3.0 : 2.0) * h * I;
+    /* linear: 2*W*L flops; attention scores + weighted sum: 4*q*L^2 (full square), half when causal */
+    *a = causal ? W / q : W / (2.0 * q);
+    return mp_ok(err);
+}
+
+/* ---- creation ---------------------------------------------------------------------------------- */
+
+/* length rounded up to the multiple (the caller has checked it does not overflow) */
+static inline int64_t slot_of(int64_t L, int64_t m) { return m == 1 || L % m == 0 ? L : L + (m - L % m); }
+
+static double slot_cost(maskpack_plan_objective obj, double a, int64_t slot) {
+    double L = (double)slot;
+    return obj == MASKPACK_PLAN_ATTENTION ? a * L + L * L : L;
+}
+
+static maskpack_status validate_options(const maskpack_plan_options *o, int64_t *multiple, maskpack_error *err) {
+    if (o->capacity < 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "capacity", -1, -1, "capacity: expected >= 1, found %lld",
+                       (long long)o->capacity);
+    const int64_t lim = (int64_t)1 << 24;
+    if (o->dp < 1 || o->dp > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "dp", -1, -1, "dp: expected in [1, 2^24], found %lld",
+                       (long long)o->dp);
+    if (o->micro_batches < 1 || o->micro_batches > lim)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "micro_batches", -1, -1,
+                       "micro_batches: expected in [1, 2^24], found %lld", (long long)o->micro_batches);
+    if (o->dp * o->micro_batches > ((int64_t)1 << 28))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "micro_batches", -1, -1,
+                       "dp * micro_batches: expected <= 2^28, found %lld", (long long)(o->dp * o->micro_batches));
+    int64_t m;
+    maskpack_status s = maskpack_cp_multiple(o->cp, o->tp, o->align, &m, err); /* validates cp, tp, align */
+    if (s) return s;
+    if (o->multiple < 0 || o->multiple > ((int64_t)1 << 40))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "multiple", -1, -1,
+                       "multiple: expected 0 (derive from cp, tp, align) or in [1, 2^40], found %lld",
+                       (long long)o->multiple);
+    if (o->multiple > 0)
+        m = o->multiple;
+    else if (o->cp == 1 && o->tp == 1)
+        m = 1; /* nothing is sharded: no sequence needs padding */
+    if (o->objective != MASKPACK_PLAN_TOKENS && o->objective != MASKPACK_PLAN_ATTENTION)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "objective", -1, -1,
+                       "objective: expected TOKENS (0) or ATTENTION (1), found %d", (int)o->objective);
+    if (!(o->attention_a >= 0.0) || !isfinite(o->attention_a))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "attention_a", -1, -1,
+                       "attention_a: expected a finite value >= 0 (0 = %g), found %g", MASKPACK_PLAN_DEFAULT_ATTENTION_A,
+                       o->attention_a);
+    if (o->algorithm != MASKPACK_PLAN_BFD && o->algorithm != MASKPACK_PLAN_FFD && o->algorithm != MASKPACK_PLAN_NEXTFIT)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "algorithm", -1, -1,
+                       "algorithm: expected BFD (0), FFD (1) or NEXTFIT (2), found %d", (int)o->algorithm);
+    if (o->allow_split != 0 && o->allow_split != 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "allow_split", -1, -1,
+                       "allow_split: expected 0 or 1, found %d", o->allow_split);
+    if (o->row_width != MASKPACK_PLAN_WIDTH_CAPACITY && o->row_width != MASKPACK_PLAN_WIDTH_USED)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "row_width", -1, -1,
+                       "row_width: expected CAPACITY (0) or USED (1), found %d", (int)o->row_width);
+    if (o->capacity < m)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "capacity", -1, -1,
+                       "capacity: expected >= the alignment multiple %lld (no slot would fit), found %lld",
+                       (long long)m, (long long)o->capacity);
+    if (o->row_width == MASKPACK_PLAN_WIDTH_CAPACITY && o->capacity % m != 0)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "capacity", -1, -1,
+                       "capacity: expected a multiple of the alignment multiple %lld (the last slot of a full-width row "
+                       "runs to its end and must divide too), found %lld; use %lld, or rows of the used width",
+                       (long long)m, (long long)o->capacity, (long long)(o->capacity - o->capacity % m));
+    *multiple = m;
+    return MASKPACK_OK;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Ascending; rows are short, so insertion sort unless one is long. */
+static void sort_u32(uint32_t *v, size_t n) {
+    if (n > 24) {
+        qsort(v, n, sizeof *v, cmp_u32);
+        return;
+    }
+    for (size_t j = 1; j < n; j++) {
+        uint32_t x = v[j];
+        size_t k = j;
+        while (k > 0 && v[k - 1] > x) {
+            v[k] = v[k - 1];
+            k--;
+        }
+        v[k] = x;
+    }
+}
+
+/* Working arrays of one creation, freed together. */
+typedef struct work {
+    int64_t *size;      /* items' slots in units of the multiple (NULL: the caller's lengths are the sizes) */
+    uint64_t *tie;      /* items' tie keys (NULL: index order) */
+    uint32_t *order;    /* processing order of the decreasing packers: item of position j */
+    int64_t *sorted;    /* sizes in that order (its memory later holds the row -> item map) */
+    int32_t *bin;       /* processing position -> packer row */
+    int64_t *bin_used;  /* packer row -> units in use */
+    double *row_cost;   /* packer row -> cost */
+    uint64_t *row_tie;  /* NULL: index order */
+    int32_t *rank;      /* packer row -> rank */
+    int32_t *by_rank;   /* packer rows grouped by rank, packer order inside */
+    int32_t *final_of;  /* packer row -> final row */
+    double *sub_cost;
+    uint64_t *sub_tie;
+    int32_t *sub_part;
+    size_t *cursor;
+} work;
+
+static void work_free(work *w) {
+    free(w->size);
+    free(w->tie);
+    free(w->order);
+    free(w->sorted);
+    free(w->bin);
+    free(w->bin_used);
+    free(w->row_cost);
+    free(w->row_tie);
+    free(w->rank);
+    free(w->by_rank);
+    free(w->final_of);
+    free(w->sub_cost);
+    free(w->sub_tie);
+    free(w->sub_part);
+    free(w->cursor);
+}
+
+void maskpack_plan_free(maskpack_plan *p) {
+    if (!p) return;
+    free(p->item_seq);
+    free(p->item_offset);
+    free(p->item_length);
+    free(p->pos_item);
+    free(p->row_begin);
+    free(p->row_used);
+    free(p->row_cost);
+    free(p->rank_cost);
+    free(p->microbatch_cost);
+    free(p);
+}
+
+static maskpack_status oom(work *w, maskpack_plan *p, maskpack_error *err) {
+    work_free(w);
+    maskpack_plan_free(p);
+    return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+}
+
+static maskpack_status bail(work *w, maskpack_plan *p, maskpack_status s) {
+    work_free(w);
+    maskpack_plan_free(p);
+    return s;
+}
+
+maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *o,
+                                     maskpack_plan **out, maskpack_error *err) {
+    return mp_plan_create_ex(lengths, n, o, MP_PLAN_INDEX_AUTO, out, err);
+}
+
+/* Memory note: first touches of fresh pages dominate a plan's cost at 10^5 sequences, so the
+ * common case (no splitting, multiple 1, seed 0) packs the caller's lengths in place and keeps per
+ * sequence only its length and, per row position, a 4-byte index. */
+maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpack_plan_options *o, int index_mode,
+                                  maskpack_plan **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    MP_CHECK_NULL(err, o, "options");
+    if (n > 0) MP_CHECK_NULL(err, lengths, "lengths");
+    if (n > (size_t)INT32_MAX - 1)
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", -1, -1, "lengths: %zu sequences is too many (limit 2^31-2)",
+                       n);
+    int64_t m = 1;
+    maskpack_status s = validate_options(o, &m, err);
+    if (s) return s;
+    const int64_t cap_units = o->capacity / m;
+    const int64_t piece_max = cap_units * m; /* the longest slot a row can hold */
+    const double a = o->attention_a > 0 ? o->attention_a : MASKPACK_PLAN_DEFAULT_ATTENTION_A;
+    mp_plan_progress progress = {o->progress, o->progress_ctx};
+
+    /* Validation pass: lengths, their slots, pieces. Nothing is allocated before it succeeds. */
+    int64_t total = 0;
+    size_t n_items = 0;
+    for (size_t k = 0; k < n; k++) {
+        int64_t L = lengths[k];
+        if (L < 0)
+            return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1, "lengths[%zu]: expected >= 0, found %lld",
+                           k, (long long)L);
+        if (mp_add_overflow(total, L, &total))
+            return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", (int64_t)k, -1,
+                           "lengths: the sum of lengths overflows int64 at index %zu", k);
+        if (m > 1 && L % m && L > INT64_MAX - (m - L % m))
+            return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", (int64_t)k, -1,
+                           "lengths[%zu]: rounding %lld up to a multiple of %lld overflows int64", k, (long long)L,
+                           (long long)m);
+        int64_t slot = slot_of(L, m);
+        size_t pieces = 1;
+        if (slot > o->capacity) {
+            if (!o->allow_split) {
+                if (m > 1)
+                    return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1,
+                                   "lengths[%zu]: sequence %zu needs a slot of %lld tokens (length %lld rounded up to "
+                                   "the alignment multiple %lld), more than the capacity %lld; allow splitting to cut "
+                                   "it into pieces",
+                                   k, k, (long long)slot, (long long)L, (long long)m, (long long)o->capacity);
+                return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1,
+                               "lengths[%zu]: sequence %zu has %lld tokens, more than the capacity %lld; allow "
+                               "splitting to cut it into pieces",
+                               k, k, (long long)L, (long long)o->capacity);
+            }
+            pieces = (size_t)((L - 1) / piece_max + 1);
+        }
+        if (pieces > (size_t)INT32_MAX - 1 - n_items)
+            return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", (int64_t)k, -1,
+                           "lengths: more than 2^31-2 pieces at sequence %zu", k);
+        n_items += pieces;
+    }
+
+    /* Items are pieces in (sequence, offset) order, so item index order is the input order next-fit
+     * keeps. Without splitting item i is sequence i (item_seq and item_offset stay NULL). */
+    work w;
+    memset(&w, 0, sizeof w);
+    maskpack_plan *p = calloc(1, sizeof *p);
+    if (!p) return oom(&w, p, err);
+    const int split = n_items != n;
+    const size_t ni = n_items ? n_items : 1;
+    p->item_length = malloc(ni * sizeof *p->item_length);
+    w.bin = malloc(ni * sizeof *w.bin);
+    /* the decreasing packers need an order; next-fit does not, but the buffer becomes pos_item later */
+    w.order = malloc(ni * sizeof *w.order);
+    if (split) {
+        p->item_seq = malloc(ni * sizeof *p->item_seq);
+        p->item_offset = malloc(ni * sizeof *p->item_offset);
+    }
+    const int decreasing = o->algorithm != MASKPACK_PLAN_NEXTFIT;
+    if (decreasing) w.sorted = malloc(ni * sizeof *w.sorted);
+    if (split || m > 1) w.size = malloc(ni * sizeof *w.size);
+    if (o->seed) w.tie = malloc(ni * sizeof *w.tie);
+    if (!p->item_length || !w.bin || !w.order || (decreasing && !w.sorted) ||
+        (split && (!p->item_seq || !p->item_offset)) || ((split || m > 1) && !w.size) || (o->seed && !w.tie))
+        return oom(&w, p, err);
+
+    int64_t n_split = 0;
+    if (!split) {
+        if (n) memcpy(p->item_length, lengths, n * sizeof *lengths);
+        if (m > 1)
+            for (size_t k = 0; k < n; k++) w.size[k] = slot_of(lengths[k], m) / m;
+    } else {
+        size_t it = 0;
+        for (size_t k = 0; k < n; k++) {
+            int64_t L = lengths[k];
+            int64_t slot = slot_of(L, m);
+            if (slot <= o->capacity) {
+                p->item_seq[it] = (int64_t)k;
+                p->item_offset[it] = 0;
+                p->item_length[it] = L;
+                w.size[it] = slot / m;
+                it++;
+                continue;
+            }
+            n_split++;
+            for (int64_t off = 0; off < L; off += piece_max) {
+                int64_t len = L - off < piece_max ? L - off : piece_max;
+                p->item_seq[it] = (int64_t)k;
+                p->item_offset[it] = off;
+                p->item_length[it] = len;
+                w.size[it] = (len + m - 1) / m; /* len <= piece_max: no overflow */
+                it++;
+            }
+        }
+    }
+    const int64_t *size = w.size ? w.size : lengths; /* multiple 1, no splitting: the lengths are the sizes */
+    if (o->seed)
+        for (size_t i = 0; i < n_items; i++) w.tie[i] = mp_plan_tie(o->seed, 1, i);
+
+    /* ---- pack: the packers see sizes in processing order and give the row of each position ---- */
+    if (decreasing) {
+        s = mp_plan_order_decreasing(size, w.tie, n_items, cap_units, w.order, w.sorted, err);
+        if (s) return bail(&w, p, s);
+    }
+    const int64_t *seq_size = decreasing ? w.sorted : size;
+    size_t n_bins = 0;
+    s = mp_plan_pack(seq_size, n_items, cap_units, o->algorithm, index_mode, &progress, w.bin, &n_bins, err);
+    if (s) return bail(&w, p, s);
+
+    /* ---- rows per rank and micro-batch: pad with empty rows to a multiple of dp * micro_batches ---- */
+    const int64_t groups = o->dp * o->micro_batches;
+    int64_t per_mb = ((int64_t)n_bins + groups - 1) / groups;
+    if (per_mb < 1) per_mb = 1; /* every micro-batch of every rank runs at least one (empty) row */
+    int64_t n_rows;
+    if (mp_mul_overflow(per_mb, groups, &n_rows) || n_rows > INT32_MAX) {
+        work_free(&w);
+        maskpack_plan_free(p);
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "dp", -1, -1,
+                       "%lld rows per micro-batch times dp * micro_batches = %lld exceeds 2^31-1 rows",
+                       (long long)per_mb, (long long)groups);
+    }
+    const size_t R = (size_t)n_rows;
+    const size_t per_rank = R / (size_t)o->dp;
+    w.bin_used = calloc(R, sizeof *w.bin_used);
+    w.row_cost = calloc(R, sizeof *w.row_cost);
+    w.rank = malloc(R * sizeof *w.rank);
+    w.by_rank = malloc(R * sizeof *w.by_rank);
+    w.final_of = malloc(R * sizeof *w.final_of);
+    w.cursor = malloc((R + 1) * sizeof *w.cursor);
+    if (o->seed) w.row_tie = malloc(R * sizeof *w.row_tie);
+    if (o->micro_batches > 1) {
+        w.sub_cost = malloc(per_rank * sizeof *w.sub_cost);
+        w.sub_tie = malloc(per_rank * sizeof *w.sub_tie);
+        w.sub_part = malloc(per_rank * sizeof *w.sub_part);
+    }
+    p->row_begin = calloc(R + 1, sizeof *p->row_begin);
+    p->row_used = malloc(R * sizeof *p->row_used);
+    p->row_cost = malloc(R * sizeof *p->row_cost);
+    p->rank_cost = calloc((size_t)o->dp, sizeof *p->rank_cost);
+    p->microbatch_cost = calloc((size_t)groups, sizeof *p->microbatch_cost);
+    if (!w.bin_used || !w.row_cost || !w.rank || !w.by_rank || !w.final_of || !w.cursor || (o->seed && !w.row_tie) ||
+        (o->micro_batches > 1 && (!w.sub_cost || !w.sub_tie || !w.sub_part)) || !p->row_begin || !p->row_used ||
+        !p->row_cost || !p->rank_cost || !p->microbatch_cost)
+        return oom(&w, p, err);
+    int64_t alignment_padding = 0;
+    if (o->objective == MASKPACK_PLAN_TOKENS) {
+        for (size_t j = 0; j < n_items; j++) w.bin_used[w.bin[j]] += seq_size[j];
+        for (size_t r = 0; r < n_bins; r++) w.row_cost[r] = (double)(w.bin_used[r] * m);
+    } else {
+        for (size_t j = 0; j < n_items; j++) {
+            w.bin_used[w.bin[j]] += seq_size[j];
+            w.row_cost[w.bin[j]] += slot_cost(o->objective, a, seq_size[j] * m);
+        }
+    }
+    if (m > 1)
+        for (size_t i = 0; i < n_items; i++) alignment_padding += size[i] * m - p->item_length[i];
+    if (o->seed)
+        for (size_t r = 0; r < R; r++) w.row_tie[r] = mp_plan_tie(o->seed, 2, r);
+
+    /* ---- balance: rows across ranks, then each rank's rows across its micro-batches ---- */
+    if (o->dp > 1) {
+        if (!o->seed) {
+            w.row_tie = malloc(R * sizeof *w.row_tie);
+            if (!w.row_tie) return oom(&w, p, err);
+            for (size_t r = 0; r < R; r++) w.row_tie[r] = r;
+        }
+        s = mp_plan_kk(w.row_cost, w.row_tie, R, (size_t)o->dp, w.rank, err);
+        if (s) return bail(&w, p, s);
+    } else {
+        memset(w.rank, 0, R * sizeof *w.rank);
+    }
+    if (progress.fn) progress.fn(progress.ctx, "balance", 0.5);
+    /* rows of each rank in packer order (counting sort by rank) */
+    memset(w.cursor, 0, (R + 1) * sizeof *w.cursor);
+    for (size_t r = 0; r < R; r++) w.cursor[w.rank[r] + 1]++;
+    for (int64_t q = 0; q < o->dp; q++) w.cursor[q + 1] += w.cursor[q];
+    for (size_t r = 0; r < R; r++) w.by_rank[w.cursor[w.rank[r]]++] = (int32_t)r;
+    for (int64_t q = 0; q < o->dp; q++) {
+        const int32_t *rows = w.by_rank + (size_t)q * per_rank;
+        const size_t base = (size_t)q * per_rank; /* final rows of rank q start here */
+        if (o->micro_batches == 1) {
+            for (size_t t = 0; t < per_rank; t++) w.final_of[rows[t]] = (int32_t)(base + t);
+            continue;
+        }
+        for (size_t t = 0; t < per_rank; t++) {
+            w.sub_cost[t] = w.row_cost[rows[t]];
+            w.sub_tie[t] = mp_plan_tie(o->seed, 3, (uint64_t)rows[t]);
+        }
+        s = mp_plan_kk(w.sub_cost, w.sub_tie, per_rank, (size_t)o->micro_batches, w.sub_part, err);
+        if (s) return bail(&w, p, s);
+        /* final position: micro-batch, then packer order inside the micro-batch */
+        for (int64_t j = 0; j < o->micro_batches; j++) {
+            size_t t_out = 0;
+            for (size_t t = 0; t < per_rank; t++) {
+                if (w.sub_part[t] != j) continue;
+                w.final_of[rows[t]] = (int32_t)(base + (size_t)j * (size_t)per_mb + t_out);
+                t_out++;
+            }
+        }
+        if (progress.fn && (q + 1) % 64 == 0)
+            progress.fn(progress.ctx, "balance", 0.5 + 0.5 * (double)(q + 1) / (double)o->dp);
+    }
+    if (progress.fn) progress.fn(progress.ctx, "balance", 1.0);
+
+    /* ---- the plan: rows in final order, items in index = (sequence, offset) order inside a row ---- */
+    p->n_sequences = (int64_t)n;
+    p->n_rows = n_rows;
+    p->dp = o->dp;
+    p->micro_batches = o->micro_batches;
+    p->rows_per_microbatch = per_mb;
+    p->capacity = o->capacity;
+    p->multiple = m;
+    p->row_width = o->row_width;
+    p->objective = o->objective;
+    p->attention_a = a;
+    p->n_pieces = n_items;
+    for (size_t j = 0; j < n_items; j++) p->row_begin[w.final_of[w.bin[j]] + 1]++;
+    for (size_t r = 0; r < R; r++) p->row_begin[r + 1] += p->row_begin[r];
+    for (size_t r = 0; r < R; r++) {
+        size_t f = (size_t)w.final_of[r];
+        p->row_used[f] = w.bin_used[r] * m;
+        p->row_cost[f] = w.row_cost[r];
+    }
+    /* The row -> item map reuses memory already touched (fresh pages cost more than the copies):
+     * next-fit's unused order buffer, or the sorted sizes' buffer of the decreasing packers, which
+     * then sort each row's items back into index order. */
+    memcpy(w.cursor, p->row_begin, R * sizeof *w.cursor);
+    if (!decreasing) {
+        p->pos_item = w.order;
+        w.order = NULL;
+        for (size_t j = 0; j < n_items; j++) p->pos_item[w.cursor[w.final_of[w.bin[j]]]++] = (uint32_t)j;
+    } else {
+        uint32_t *pos = (uint32_t *)(void *)w.sorted;
+        for (size_t j = 0; j < n_items; j++) pos[w.cursor[w.final_of[w.bin[j]]]++] = w.order[j];
+        for (size_t r = 0; r < R; r++) sort_u32(pos + p->row_begin[r], p->row_begin[r + 1] - p->row_begin[r]);
+        uint32_t *shrunk = realloc(pos, ni * sizeof *pos);
+        p->pos_item = shrunk ? shrunk : pos;
+        w.sorted = NULL;
+    }
+    for (size_t f = 0; f < R; f++) {
+        size_t g = f / (size_t)per_mb;
+        p->microbatch_cost[g] += p->row_cost[f];
+        p->rank_cost[g / (size_t)o->micro_batches] += p->row_cost[f];
+    }
+
+    /* ---- report ---- */
+    maskpack_plan_report *rep = &p->report;
+    rep->n_sequences = (int64_t)n;
+    rep->n_pieces = (int64_t)n_items;
+    rep->n_split = n_split;
+    rep->n_rows = n_rows;
+    rep->n_packed_rows = (int64_t)n_bins;
+    rep->n_empty_rows = n_rows - (int64_t)n_bins;
+    rep->rows_per_rank = (int64_t)per_rank;
+    rep->rows_per_microbatch = per_mb;
+    rep->capacity = o->capacity;
+    rep->multiple = m;
+    rep->real_tokens = total;
+    rep->alignment_padding = alignment_padding;
+    rep->tail_padding = 0;
+    for (size_t r = 0; r < n_bins; r++) rep->tail_padding += o->capacity - w.bin_used[r] * m;
+    rep->fill = n_bins ? (double)total / ((double)o->capacity * (double)n_bins) : 1.0;
+    rep->fill_all_rows = (double)total / ((double)o->capacity * (double)n_rows);
+    rep->attention_a = a;
+    double sum = 0, mx = -1, mn = INFINITY;
+    for (int64_t q = 0; q < o->dp; q++) {
+        double c = p->rank_cost[q];
+        sum += c;
+        if (c > mx) mx = c;
+        if (c < mn) mn = c;
+    }
+    rep->rank_cost_min = mn;
+    rep->rank_cost_max = mx;
+    rep->rank_cost_mean = sum / (double)o->dp;
+    rep->imbalance = rep->rank_cost_mean > 0 ? mx / rep->rank_cost_mean - 1.0 : 0.0;
+    sum = 0;
+    mx = -1;
+    for (int64_t g = 0; g < groups; g++) {
+        sum += p->microbatch_cost[g];
+        if (p->microbatch_cost[g] > mx) mx = p->microbatch_cost[g];
+    }
+    rep->microbatch_cost_max = mx;
+    rep->microbatch_cost_mean = sum / (double)groups;
+    rep->microbatch_imbalance = rep->microbatch_cost_mean > 0 ? mx / rep->microbatch_cost_mean - 1.0 : 0.0;
+
+    work_free(&w);
+    *out = p;
+    return mp_ok(err);
+}
+
+/* ---- accessors ----------------------------------------------------------------------------------- */
+
+int64_t maskpack_plan_n_rows(const maskpack_plan *p) { return p->n_rows; }
+int64_t maskpack_plan_n_sequences(const maskpack_plan *p) { return p->n_sequences; }
+int64_t maskpack_plan_multiple(const maskpack_plan *p) { return p->multiple; }
+
+int64_t maskpack_plan_rank_of_row(const maskpack_plan *p, int64_t row) {
+    if (row < 0 || row >= p->n_rows) return -1;
+    return row / p->rows_per_microbatch / p->micro_batches;
+}
+
+int64_t maskpack_plan_microbatch_of_row(const maskpack_plan *p, int64_t row) {
+    if (row < 0 || row >= p->n_rows) return -1;
+    return row / p->rows_per_microbatch % p->micro_batches;
+}
+
+int64_t maskpack_plan_row_used(const maskpack_plan *p, int64_t row) {
+    if (row < 0 || row >= p->n_rows) return -1;
+    return p->row_used[row];
+}
+
+double maskpack_plan_row_cost(const maskpack_plan *p, int64_t row) {
+    if (row < 0 || row >= p->n_rows) return -1;
+    return p->row_cost[row];
+}
+
+double maskpack_plan_rank_cost(const maskpack_plan *p, int64_t rank) {
+    if (rank < 0 || rank >= p->dp) return -1;
+    return p->rank_cost[rank];
+}
+
+double maskpack_plan_microbatch_cost(const maskpack_plan *p, int64_t rank, int64_t micro_batch) {
+    if (rank < 0 || rank >= p->dp || micro_batch < 0 || micro_batch >= p->micro_batches) return -1;
+    return p->microbatch_cost[rank * p->micro_batches + micro_batch];
+}
+
+static maskpack_status check_row(const maskpack_plan *p, int64_t row, maskpack_error *err) {
+    if (row < 0 || row >= p->n_rows)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "row", row, -1, "row: expected in [0, %lld), found %lld",
+                       (long long)p->n_rows, (long long)row);
+    return MASKPACK_OK;
+}
+
+int64_t maskpack_plan_row_count(const maskpack_plan *p, int64_t row) {
+    if (row < 0 || row >= p->n_rows) return -1;
+    return (int64_t)(p->row_begin[row + 1] - p->row_begin[row]);
+}
+
+/* The piece at position q of the plan (rows one after the other). */
+static maskpack_plan_piece piece_at(const maskpack_plan *p, size_t q) {
+    uint32_t i = p->pos_item[q];
+    int64_t len = p->item_length[i];
+    return (maskpack_plan_piece){p->item_seq ? p->item_seq[i] : (int64_t)i, p->item_offset ? p->item_offset[i] : 0,
+                                 len, slot_of(len, p->multiple)};
+}
+
+maskpack_status maskpack_plan_row(const maskpack_plan *p, int64_t row, maskpack_plan_piece *out, size_t capacity,
+                                  size_t *count, maskpack_error *err) {
+    MP_CHECK_NULL(err, p, "plan");
+    MP_CHECK_NULL(err, count, "count");
+    maskpack_status s = check_row(p, row, err);
+    if (s) return s;
+    size_t b = p->row_begin[row], n = p->row_begin[row + 1] - b;
+    *count = n;
+    if (capacity == 0) return mp_ok(err);
+    MP_CHECK_NULL(err, out, "out");
+    if (capacity < n)
+        return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "out", row, -1,
+                       "out: row %lld has %zu pieces, the buffer holds %zu", (long long)row, n, capacity);
+    for (size_t k = 0; k < n; k++) out[k] = piece_at(p, b + k);
+    return mp_ok(err);
+}
+
+/* Appends the segments of plan row `row` as grid row `grid_row` to segs[*n...]. */
+static void row_segments(const maskpack_plan *p, int64_t row, int64_t grid_row, maskpack_segment *segs, size_t *n) {
+    int64_t col = 0;
+    for (size_t q = p->row_begin[row]; q < p->row_begin[row + 1]; q++) {
+        maskpack_plan_piece pc = piece_at(p, q);
+        segs[(*n)++] = (maskpack_segment){.row = grid_row, .q_start = col, .q_len = pc.length, .kv_start = col,
+                                          .kv_len = pc.length};
+        col += pc.slot;
+    }
+}
+
+maskpack_status maskpack_plan_row_layout(const maskpack_plan *p, int64_t row, const maskpack_rule *rule,
+                                         maskpack_layout **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, p, "plan");
+    MP_CHECK_NULL(err, out, "out");
+    maskpack_status s = check_row(p, row, err);
+    if (s) return s;
+    size_t cnt = p->row_begin[row + 1] - p->row_begin[row];
+    maskpack_segment *segs = malloc((cnt ? cnt : 1) * sizeof *segs);
+    if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    size_t n = 0;
+    row_segments(p, row, 0, segs, &n);
+    int64_t width = p->row_width == MASKPACK_PLAN_WIDTH_CAPACITY ? p->capacity : p->row_used[row];
+    maskpack_rule def = maskpack_rule_default();
+    return mp_layout_build(segs, n, 1, width, width, 1, rule ? rule : &def, out, err);
+}
+
+maskpack_status maskpack_plan_microbatch_layout(const maskpack_plan *p, int64_t rank, int64_t micro_batch,
+                                                const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, p, "plan");
+    MP_CHECK_NULL(err, out, "out");
+    if (rank < 0 || rank >= p->dp)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "rank", rank, -1, "rank: expected in [0, %lld), found %lld",
+                       (long long)p->dp, (long long)rank);
+    if (micro_batch < 0 || micro_batch >= p->micro_batches)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "micro_batch", micro_batch, -1,
+                       "micro_batch: expected in [0, %lld), found %lld", (long long)p->micro_batches,
+                       (long long)micro_batch);
+    int64_t first = (rank * p->micro_batches + micro_batch) * p->rows_per_microbatch;
+    int64_t last = first + p->rows_per_microbatch;
+    size_t cnt = p->row_begin[last] - p->row_begin[first];
+    maskpack_segment *segs = malloc((cnt ? cnt : 1) * sizeof *segs);
+    if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    size_t n = 0;
+    int64_t width = 0;
+    for (int64_t r = first; r < last; r++) {
+        row_segments(p, r, r - first, segs, &n);
+        if (p->row_used[r] > width) width = p->row_used[r];
+    }
+    if (p->row_width == MASKPACK_PLAN_WIDTH_CAPACITY) width = p->capacity;
+    maskpack_rule def = maskpack_rule_default();
+    return mp_layout_build(segs, n, p->rows_per_microbatch, width, width, 0, rule ? rule : &def, out, err);
+}
+
+maskpack_status maskpack_plan_get_report(const maskpack_plan *p, maskpack_plan_report *report, maskpack_error *err) {
+    MP_CHECK_NULL(err, p, "plan");
+    MP_CHECK_NULL(err, report, "report");
+    *report = p->report;
+    return mp_ok(err);
+}
