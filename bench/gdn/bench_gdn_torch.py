@@ -1,0 +1,111 @@
+"""bench_gdn_torch.py: maskpack's gated delta rule against transformers' torch fallback, same run.
+
+T = 4096 tokens in 8 segments of 512, H = 16 key heads, HV = 32 value heads, K = V = 128, float32,
+2 threads (torch.set_num_threads and maskpack's n_threads). transformers' torch_chunk_gated_delta_rule
+takes no cu_seqlens, so it runs the 8 equal segments as a batch [8, 512, ...]: the same work, the
+same result. Forward: maskpack.gated_delta_rule (L2 norm in the kernel) vs torch_chunk_gated_delta_rule
+(use_qk_l2norm_in_kernel=True, output_final_state=True). Backward: maskpack's C backward (through
+its autograd Function) vs torch autograd through the fallback, both for loss = sum(o * dO) + sum(S * dS).
+Targets: forward >= 10x, backward >= 5x. Prints medians, the machine's load and the speedups.
+
+    .venv/bin/python bench/gdn/bench_gdn_torch.py [--runs 3] [--threads 2]
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import maskpack
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+    NSEG, L, H, HV, K, V = 8, 512, 16, 32, 128, 128
+    T = NSEG * L
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(NSEG, L, H, K, generator=gen)
+    k = torch.randn(NSEG, L, H, K, generator=gen)
+    v = torch.randn(NSEG, L, HV, V, generator=gen)
+    g = -torch.nn.functional.softplus(torch.randn(NSEG, L, HV, generator=gen)) * 0.5
+    beta = torch.sigmoid(torch.randn(NSEG, L, HV, generator=gen))
+    dO = torch.randn(NSEG, L, HV, V, generator=gen)
+    dS = torch.randn(NSEG, HV, K, V, generator=gen)
+    layout = maskpack.Layout.from_lengths([L] * NSEG, placement="packed")
+    flat = [x.reshape(T, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    dO_flat = dO.reshape(T, HV, V)
+
+    def load():
+        try:
+            return os.getloadavg()
+        except OSError:
+            return (float("nan"),) * 3
+
+    print(f"bench_gdn_torch: T {T} in {NSEG} segments, H {H}, HV {HV}, K {K}, V {V}, threads {args.threads}, "
+          f"isa {maskpack.gdn_isa()}, load average before {load()[0]:.2f} {load()[1]:.2f} {load()[2]:.2f}")
+
+    def timed(fn, runs):
+        ts = []
+        out = None
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            out = fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts), out
+
+    # ---- forward ---------------------------------------------------------------------------
+    with torch.no_grad():
+        t_ours, (o_ours, s_ours) = timed(lambda: maskpack.gated_delta_rule(*flat, layout, threads=args.threads),
+                                         args.runs + 2)
+        t_hf, (o_hf, s_hf) = timed(lambda: torch_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
+                                                                        use_qk_l2norm_in_kernel=True), args.runs)
+    err = ((o_ours.reshape(o_hf.shape) - o_hf).abs().max() / o_hf.abs().max()).item()
+    err_s = ((s_ours - s_hf).abs().max() / s_hf.abs().max()).item()
+    fwd = t_hf / t_ours
+    print(f"forward : maskpack {t_ours * 1e3:9.1f} ms   transformers {t_hf * 1e3:9.1f} ms   speedup {fwd:6.1f}x "
+          f"(target >= 10x: {'met' if fwd >= 10 else 'NOT met'})   max rel diff o {err:.1e}, state {err_s:.1e}")
+
+    # ---- backward --------------------------------------------------------------------------
+    def ours_bwd():
+        leaves = [x.clone().requires_grad_(True) for x in flat]
+        o, s = maskpack.gated_delta_rule(*leaves, layout, threads=args.threads)
+        loss = (o * dO_flat).sum() + (s * dS).sum()
+        t0 = time.perf_counter()
+        loss.backward()
+        return time.perf_counter() - t0, [x.grad for x in leaves]
+
+    def hf_bwd():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        o, s = torch_chunk_gated_delta_rule(*leaves, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        loss = (o * dO).sum() + (s * dS).sum()
+        t0 = time.perf_counter()
+        loss.backward()
+        return time.perf_counter() - t0, [x.grad for x in leaves]
+
+    tb_ours, tb_hf = [], []
+    gr_ours = gr_hf = None
+    for _ in range(args.runs):
+        t, gr_ours = ours_bwd()
+        tb_ours.append(t)
+    for _ in range(args.runs):
+        t, gr_hf = hf_bwd()
+        tb_hf.append(t)
+    tb_o, tb_h = statistics.median(tb_ours), statistics.median(tb_hf)
+    gerr = max(((a.reshape(b.shape) - b).abs().max() / b.abs().max()).item() for a, b in zip(gr_ours, gr_hf))
+    bwd = tb_h / tb_o
+    print(f"backward: maskpack {tb_o * 1e3:9.1f} ms   transformers {tb_h * 1e3:9.1f} ms   speedup {bwd:6.1f}x "
+          f"(target >= 5x: {'met' if bwd >= 5 else 'NOT met'})   max rel diff of the gradients {gerr:.1e}")
+    print(f"load average after {load()[0]:.2f} {load()[1]:.2f} {load()[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+/*
+ * _gdn.c: the CPython extension behind maskpack.gdn (Gated DeltaNet over a layout).
+ *
+ * Thin like its sibling _maskpack: tensors cross as descriptors
+ *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
+ * built by maskpack/gdn.py from torch tensors without copying (outputs are allocated there), and
+ * the layout as the address of its maskpack_layout (Layout._ptr; the Python side keeps the Layout
+ * alive for the call). The GIL is released around every computation. Failures raise
+ * maskpack.Error with the C library's status, argument, index and message.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "maskpack.h"
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static PyObject *raise_status(maskpack_status status, const maskpack_error *err) {
+    const char *msg = err->message[0] ? err->message : maskpack_status_message(status);
+    const char *arg = err->argument[0] ? err->argument : NULL;
+    int n_idx = 0;
+    for (int i = 0; i < 4; i++)
+        if (err->index[i] != -1) n_idx = i + 1;
+    PyObject *idx = PyTuple_New(n_idx);
+    if (!idx) return NULL;
+    for (int i = 0; i < n_idx; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)err->index[i]);
+        if (!v) {
+            Py_DECREF(idx);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(idx, i, v);
+    }
+    PyObject *mod = PyImport_ImportModule("maskpack._errors");
+    PyObject *type = mod ? PyObject_GetAttrString(mod, "Error") : NULL;
+    Py_XDECREF(mod);
+    if (!type) {
+        Py_DECREF(idx);
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    PyObject *exc = PyObject_CallFunction(type, "ssizO", msg, maskpack_status_name(status), (int)status, arg, idx);
+    Py_DECREF(idx);
+    if (exc) {
+        PyErr_SetObject(type, exc);
+        Py_DECREF(exc);
+    }
+    Py_DECREF(type);
+    return NULL;
+}
+
+/* ---- arguments ------------------------------------------------------------------------------- */
+
+static int parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
+    PyObject *seq = PySequence_Fast(obj, "expected a sequence");
+    if (!seq) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tuple of ints", name);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MASKPACK_MAX_DIMS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions are supported, found %zd", name, MASKPACK_MAX_DIMS, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        out[i] = (int64_t)v;
+    }
+    Py_DECREF(seq);
+    *n_out = n;
+    return 0;
+}
+
+/* descriptor or None -> *t, *present */
+static int parse_tensor(PyObject *desc, const char *name, maskpack_tensor *t, int *present) {
+    memset(t, 0, sizeof *t);
+    *present = 0;
+    if (desc == Py_None) return 0;
+    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tensor descriptor (data_ptr, dtype, shape, strides)", name);
+        return -1;
+    }
+    void *data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(desc, 0));
+    if (!data && PyErr_Occurred()) return -1;
+    long dt = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
+    if (dt == -1 && PyErr_Occurred()) return -1;
+    if (dt < 0 || dt >= MASKPACK_DTYPE_COUNT_) {
+        PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %ld", name, dt);
+        return -1;
+    }
+    Py_ssize_t nd = 0, ns = 0;
+    if (parse_dims(PyTuple_GET_ITEM(desc, 2), name, t->shape, &nd) < 0) return -1;
+    if (parse_dims(PyTuple_GET_ITEM(desc, 3), name, t->strides, &ns) < 0) return -1;
+    if (nd != ns) {
+        PyErr_Format(PyExc_ValueError, "%s: shape has %zd entries but strides %zd", name, nd, ns);
+        return -1;
+    }
+    t->data = data;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = (int32_t)nd;
+    *present = 1;
+    return 0;
+}
+
+static int parse_layout(PyObject *addr, const maskpack_layout **L) {
+    void *p = PyLong_AsVoidPtr(addr);
+    if (!p) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "layout: NULL address");
+        return -1;
+    }
+    *L = (const maskpack_layout *)p;
+    return 0;
+}
+
+/* Parses n descriptors from the tuple `descs` into ts[i] (NULL pointer in ptrs[i] when None). */
+static int parse_many(PyObject *descs, const char *const *names, int n, maskpack_tensor *ts, maskpack_tensor **ptrs) {
+    if (!PyTuple_Check(descs) || PyTuple_GET_SIZE(descs) != n) {
+        PyErr_Format(PyExc_TypeError, "expected a tuple of %d tensor descriptors", n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int present;
+        if (parse_tensor(PyTuple_GET_ITEM(descs, i), names[i], &ts[i], &present) < 0) return -1;
+        ptrs[i] = present ? &ts[i] : NULL;
+    }
+    return 0;
+}
+
+/* ---- the rule ------------------------------------------------------------------------------- */
+
+/* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads) */
+static PyObject *py_forward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    double scale;
+    int chunked, l2norm, threads;
+    if (!PyArg_ParseTuple(args, "OO!dppi", &addr, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads))
+        return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.scale = scale;
+    o.chunked = chunked;
+    o.l2norm = l2norm;
+    o.n_threads = threads;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_forward(L, &in, &o, p[6], p[7], NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads) */
+static PyObject *py_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    double scale;
+    int l2norm, threads;
+    if (!PyArg_ParseTuple(args, "OO!dpi", &addr, &PyTuple_Type, &descs, &scale, &l2norm, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
+                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    maskpack_tensor ts[14], *p[14];
+    if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_grads gr = {p[8], p[9], p[10], p[11], p[12], p[13]};
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.scale = scale;
+    o.l2norm = l2norm;
+    o.n_threads = threads;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_backward(L, &in, p[6], p[7], &o, &gr, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* workspace_size(layout, (q, k, v, g, beta, h0), chunked, backward, n_threads) -> bytes */
+static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    int chunked, backward, threads;
+    if (!PyArg_ParseTuple(args, "OO!ppi", &addr, &PyTuple_Type, &descs, &chunked, &backward, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[6] = {"q", "k", "v", "g", "beta", "initial_state"};
+    maskpack_tensor ts[6], *p[6];
+    if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.chunked = chunked;
+    o.n_threads = threads;
+    size_t bytes = 0;
+    maskpack_error err;
+    maskpack_status s = maskpack_gdn_workspace_size(L, &in, &o, backward, &bytes, &err);
+    if (s) return raise_status(s, &err);
+    return PyLong_FromSize_t(bytes);
+}
+
+/* ---- conv, l2norm, gates --------------------------------------------------------------------- */
+
+/* conv1d(layout, (x, weight, prefix, y, state), silu, n_threads) */
+static PyObject *py_conv1d(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    int silu, threads;
+    if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
+    maskpack_tensor ts[5], *p[5];
+    if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d(L, p[0], p[1], p[2], silu, threads, p[3], p[4], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* conv1d_backward(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, n_threads) */
+static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    int silu, threads;
+    if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], threads, p[5],
+                                                               p[6], p[7], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* l2norm(layout, (x, y), eps) */
+static PyObject *py_l2norm(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[2] = {"x", "y"};
+    maskpack_tensor ts[2], *p[2];
+    if (parse_many(descs, names, 2, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_l2norm(L, p[0], eps, p[1], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* l2norm_backward(layout, (x, dy, dx), eps) */
+static PyObject *py_l2norm_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[3] = {"x", "dy", "dx"};
+    maskpack_tensor ts[3], *p[3];
+    if (parse_many(descs, names, 3, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_l2norm_backward(L, p[0], p[1], eps, p[2], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* gates(layout, (a, b, A_log, dt_bias, g, beta)) */
+static PyObject *py_gates(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[6] = {"a", "b", "A_log", "dt_bias", "g", "beta"};
+    maskpack_tensor ts[6], *p[6];
+    if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_gates(L, p[0], p[1], p[2], p[3], p[4], p[5], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* gates_backward(layout, (a, b, A_log, dt_bias, dg, dbeta, da, db, dA_log, ddt_bias)) */
+static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs;
+    if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
+    const maskpack_layout *L;
+    if (parse_layout(addr, &L) < 0) return NULL;
+    static const char *const names[10] = {"a", "b", "A_log", "dt_bias", "dg", "dbeta", "da", "db", "dA_log", "ddt_bias"};
+    maskpack_tensor ts[10], *p[10];
+    if (parse_many(descs, names, 10, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_gates_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                                                           p[9], &err);
+    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* resolve_isa() -> "ref" | "avx512": the kernel AUTO (and MASKPACK_ISA) selects */
+static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
+    (void)m;
+    (void)noargs;
+    maskpack_gdn_isa isa;
+    maskpack_error err;
+    maskpack_status s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, &err);
+    if (s) return raise_status(s, &err);
+    return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : "ref");
+}
+
+static PyMethodDef methods[] = {
+    {"forward", py_forward, METH_VARARGS, "gated delta rule forward (use maskpack.gated_delta_rule)"},
+    {"backward", py_backward, METH_VARARGS, "gated delta rule backward"},
+    {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
+    {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
+    {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},
+    {"l2norm", py_l2norm, METH_VARARGS, "L2 normalisation over the last dim"},
+    {"l2norm_backward", py_l2norm_backward, METH_VARARGS, "L2 normalisation backward"},
+    {"gates", py_gates, METH_VARARGS, "g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)"},
+    {"gates_backward", py_gates_backward, METH_VARARGS, "gates backward"},
+    {"resolve_isa", py_resolve_isa, METH_NOARGS, "the kernel the rule runs: 'ref' or 'avx512'"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_gdn", "Gated DeltaNet bindings (use maskpack.gdn).", -1, methods,
+    NULL,                  NULL,   NULL,                                         NULL,
+};
+
+PyMODINIT_FUNC PyInit__gdn(void) { return PyModule_Create(&moduledef); }

@@ -1,0 +1,361 @@
+"""Gated DeltaNet (the linear-attention layer of Qwen3-Next / Qwen3.5) over a maskpack layout.
+
+Every op runs per segment of the layout, so a padded batch and the packed batch of the same
+sequences give bitwise equal results, padding is never read (a NaN there changes nothing) and
+padded output rows are exactly 0. Tensors are torch CPU tensors in the layout's token order with
+heads second-to-last: ``[B, S, H, D]`` for a padded layout, ``[T, H, D]`` for a packed one.
+
+    >>> o, state = maskpack.gated_delta_rule(q, k, v, g, beta, layout)      # doctest: +SKIP
+    >>> y, conv_state = maskpack.causal_conv1d(x, weight, layout)           # doctest: +SKIP
+
+Autograd flows through every op (the backward runs in C as well). ``GatedDeltaNet`` is the whole
+layer with transformers' ``Qwen3NextGatedDeltaNet`` parameter names, so its state dict loads
+directly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple
+
+import torch
+
+from . import _gdn
+from ._errors import Error
+
+__all__ = [
+    "GatedDeltaNet",
+    "GatedRMSNorm",
+    "causal_conv1d",
+    "gated_delta_rule",
+    "gdn_gates",
+    "gdn_isa",
+    "gdn_l2norm",
+]
+
+_CODES = {
+    torch.bool: 0,
+    torch.uint8: 1,
+    torch.int8: 2,
+    torch.int16: 3,
+    torch.int32: 4,
+    torch.int64: 5,
+    torch.float16: 6,
+    torch.bfloat16: 7,
+    torch.float32: 8,
+    torch.float64: 9,
+}
+
+
+def _d(t: Optional[torch.Tensor], name: str):
+    """A torch CPU tensor -> (data_ptr, dtype code, shape, strides); None stays None."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise Error(f"{name}: expected a torch tensor, found {type(t).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument=name)
+    if t.device.type != "cpu":
+        raise Error(f"{name}: expected a CPU tensor, found one on {t.device}", "MASKPACK_ERR_UNSUPPORTED", argument=name)
+    code = _CODES.get(t.dtype)
+    if code is None:
+        raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
+    return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
+
+
+def _ptr(layout: Any) -> int:
+    try:
+        return int(layout._ptr)
+    except AttributeError:
+        raise Error("layout: expected a maskpack.Layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="layout") from None
+
+
+def _threads(threads: Optional[int]) -> int:
+    return max(1, min(256, int(threads) if threads is not None else torch.get_num_threads()))
+
+
+def gdn_isa() -> str:
+    """The kernel the rule runs here: ``"avx512"`` or ``"ref"`` (``MASKPACK_ISA=ref|avx512`` forces one)."""
+    return _gdn.resolve_isa()
+
+
+# ---- the gated delta rule ---------------------------------------------------------------------
+
+
+class _RuleFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads):
+        n_seg = layout.n_segments
+        HV, V = v.shape[-2], v.shape[-1]
+        K = q.shape[-1]
+        o = torch.empty(v.shape, dtype=v.dtype)
+        ht = torch.empty((n_seg, HV, K, V), dtype=torch.float32)
+        descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
+                 _d(o, "o"), _d(ht, "final_state"))
+        _gdn.forward(_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+        ctx.save_for_backward(q, k, v, g, beta, h0)
+        ctx.layout, ctx.scale, ctx.l2norm, ctx.threads = layout, scale, l2norm, threads
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if do is None:
+            do = torch.zeros(v.shape, dtype=v.dtype)
+        dq = torch.empty(q.shape, dtype=q.dtype) if need[0] else None
+        dk = torch.empty(k.shape, dtype=k.dtype) if need[1] else None
+        dv = torch.empty(v.shape, dtype=v.dtype) if need[2] else None
+        dg = torch.empty(g.shape, dtype=g.dtype) if need[3] else None
+        db = torch.empty(beta.shape, dtype=beta.dtype) if need[4] else None
+        dh0 = torch.empty(h0.shape, dtype=torch.float32) if (h0 is not None and need[5]) else None
+        descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
+                 _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
+                 _d(db, "dbeta"), _d(dh0, "d_initial_state"))
+        _gdn.backward(_ptr(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+        return dq, dk, dv, dg, db, dh0, None, None, None, None, None
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     layout: Any, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
+                     chunked: bool = True, l2norm: bool = True,
+                     threads: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule per segment of ``layout``.
+
+    q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
+    h // (HV // H)), g (log decay) and beta ``[.., HV]``; float32 or bfloat16, ``..`` = ``[B, S]``
+    (padded layout) or ``[T]`` (packed). Per token: ``S <- exp(g) S``,
+    ``S <- S + k (beta (v - S^T k))^T``, ``o = scale S^T q`` with q, k L2-normalised first when
+    ``l2norm``. ``initial_state``: ``[segments, HV, K, V]`` (float32) or None for zeros.
+    ``chunked`` picks the forward form (chunks of 64 from each segment start, or the token
+    recurrence); the backward always runs the chunked algorithm.
+
+    Returns ``(o, final_state)``: o like v (pad rows 0), final_state ``[segments, HV, K, V]`` float32.
+    """
+    if initial_state is not None and initial_state.dtype != torch.float32:
+        initial_state = initial_state.float()
+    K = q.shape[-1] if q.dim() > 0 else 1
+    sc = (1.0 / math.sqrt(K)) if scale is None else float(scale)
+    if not math.isfinite(sc) or sc == 0.0:
+        raise Error(f"scale: expected a finite non-zero number, found {scale}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="scale")
+    return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
+                         _threads(threads))
+
+
+# ---- causal conv1d ------------------------------------------------------------------------------
+
+
+_ACTIVATIONS = {"silu": True, "swish": True, None: False, "none": False, "identity": False}
+
+
+class _ConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight2d, prefix, layout, silu, threads, weight_shape):
+        C, W = weight2d.shape
+        y = torch.empty(x.shape, dtype=x.dtype)
+        state = torch.empty((layout.n_segments, C, W - 1), dtype=torch.float32)
+        descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
+        _gdn.conv1d(_ptr(layout), descs, bool(silu), threads)
+        ctx.save_for_backward(x, weight2d, prefix)
+        ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
+        return y, state
+
+    @staticmethod
+    def backward(ctx, dy, dstate):
+        x, w, prefix = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if dy is None:
+            dy = torch.zeros(x.shape, dtype=x.dtype)
+        dx = torch.empty(x.shape, dtype=x.dtype) if need[0] else None
+        dw = torch.empty(w.shape, dtype=torch.float32) if need[1] else None
+        dp = torch.empty(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
+        descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
+                 _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
+        _gdn.conv1d_backward(_ptr(ctx.layout), descs, bool(ctx.silu), ctx.threads)
+        if dw is not None:
+            dw = dw.to(w.dtype)
+        if dp is not None:
+            dp = dp.to(prefix.dtype)
+        return dx, dw, dp, None, None, None, None
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation: Optional[str] = "silu",
+                  prefix: Optional[torch.Tensor] = None,
+                  threads: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv1d per segment: ``y[t] = act(sum_w weight[:, w] * x[t - (W-1) + w])``.
+
+    x ``[B, S, C]`` / ``[T, C]``; weight ``[C, W]`` or nn.Conv1d's ``[C, 1, W]`` with 1 <= W <= 4;
+    prefix ``[segments, C, W-1]`` (the inputs before each segment, most recent last: a cache or a
+    context-parallel halo) or None for zeros; activation "silu" or None.
+    Returns ``(y, conv_state)``: y like x (pad rows 0), conv_state ``[segments, C, W-1]`` float32
+    = each segment's last W-1 inputs (the prefix's tail when the segment is shorter)."""
+    if activation not in _ACTIVATIONS:
+        raise Error(f"activation: expected 'silu' or None, found {activation!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="activation")
+    weight_shape = tuple(weight.shape)
+    w2 = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
+    return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape)
+
+
+# ---- gates and L2 norm ---------------------------------------------------------------------------
+
+
+class _GatesFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, A_log, dt_bias, layout):
+        g = torch.empty(a.shape, dtype=torch.float32)
+        beta = torch.empty(b.shape, dtype=torch.float32)
+        _gdn.gates(_ptr(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
+                                  _d(beta, "beta")))
+        ctx.save_for_backward(a, b, A_log, dt_bias)
+        ctx.layout = layout
+        return g, beta
+
+    @staticmethod
+    def backward(ctx, dg, dbeta):
+        a, b, A_log, dt_bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        da = torch.empty(a.shape, dtype=a.dtype) if need[0] else None
+        db = torch.empty(b.shape, dtype=b.dtype) if need[1] else None
+        dA = torch.empty(A_log.shape, dtype=torch.float32) if need[2] else None
+        ddt = torch.empty(dt_bias.shape, dtype=torch.float32) if need[3] else None
+        _gdn.gates_backward(_ptr(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
+                                               _d(dg, "dg"), _d(dbeta, "dbeta"), _d(da, "da"), _d(db, "db"),
+                                               _d(dA, "dA_log"), _d(ddt, "ddt_bias")))
+        if dA is not None:
+            dA = dA.to(A_log.dtype)
+        if ddt is not None:
+            ddt = ddt.to(dt_bias.dtype)
+        return da, db, dA, ddt, None
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+              layout: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` per real token (float32;
+    pad rows 0). a, b ``[.., HV]``; A_log, dt_bias ``[HV]``."""
+    return _GatesFn.apply(a, b, A_log, dt_bias, layout)
+
+
+class _L2Fn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layout, eps):
+        y = torch.empty(x.shape, dtype=x.dtype)
+        _gdn.l2norm(_ptr(layout), (_d(x, "x"), _d(y, "y")), float(eps))
+        ctx.save_for_backward(x)
+        ctx.layout, ctx.eps = layout, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dx = torch.empty(x.shape, dtype=x.dtype)
+        _gdn.l2norm_backward(_ptr(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
+        return dx, None, None
+
+
+def gdn_l2norm(x: torch.Tensor, layout: Any, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2, -1) + eps)`` per real token and head (x ``[.., H, D]``; pad rows 0)."""
+    return _L2Fn.apply(x, layout, eps)
+
+
+# ---- the layer ------------------------------------------------------------------------------------
+
+
+class GatedRMSNorm(torch.nn.Module):
+    """RMS norm over the head dim, then times silu(gate) (transformers' Qwen3NextRMSNormGated)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        h = self.weight * h.to(dtype)
+        return (h * torch.nn.functional.silu(gate.to(torch.float32))).to(dtype)
+
+
+class GatedDeltaNet(torch.nn.Module):
+    """The Gated DeltaNet layer of Qwen3-Next, computed per segment of a layout.
+
+    Same parameters (and state-dict names) as transformers' ``Qwen3NextGatedDeltaNet``:
+    ``in_proj_qkvz``, ``in_proj_ba``, ``conv1d``, ``dt_bias``, ``A_log``, ``norm.weight``,
+    ``out_proj``. The projections, the gated RMS norm and the output projection run in torch; the
+    conv, the gates and the rule run in maskpack's C kernels, per segment.
+    """
+
+    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 conv_kernel_size: int = 4, rms_norm_eps: float = 1e-6, chunked: bool = True) -> None:
+        super().__init__()
+        if num_v_heads % num_k_heads:
+            raise Error(f"num_v_heads: expected a multiple of num_k_heads = {num_k_heads}, found {num_v_heads}",
+                        "MASKPACK_ERR_SHAPE", argument="num_v_heads")
+        self.hidden_size = hidden_size
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = head_k_dim * num_k_heads, head_v_dim * num_v_heads
+        self.conv_kernel_size = conv_kernel_size
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.chunked = chunked
+        self.conv1d = torch.nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=conv_kernel_size, bias=False,
+                                      groups=self.conv_dim, padding=conv_kernel_size - 1)
+        self.in_proj_qkvz = torch.nn.Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = torch.nn.Linear(hidden_size, 2 * num_v_heads, bias=False)
+        self.dt_bias = torch.nn.Parameter(torch.ones(num_v_heads))
+        self.A_log = torch.nn.Parameter(torch.log(torch.empty(num_v_heads).uniform_(0.01, 16)))
+        self.norm = GatedRMSNorm(head_v_dim, eps=rms_norm_eps)
+        self.out_proj = torch.nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    @classmethod
+    def from_config(cls, config: Any, **kwargs: Any) -> "GatedDeltaNet":
+        """From a transformers Qwen3NextConfig (or anything with the same attribute names)."""
+        return cls(config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads,
+                   config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim,
+                   config.rms_norm_eps, **kwargs)
+
+    def _split(self, qkvz: torch.Tensor, ba: torch.Tensor):
+        # transformers' ordering: per key head, [q (dk) | k (dk) | v (G*dv) | z (G*dv)] and [b (G) | a (G)]
+        lead = qkvz.shape[:-1]
+        G = self.num_v_heads // self.num_k_heads
+        qkvz = qkvz.view(*lead, self.num_k_heads, 2 * self.head_k_dim + 2 * G * self.head_v_dim)
+        ba = ba.view(*lead, self.num_k_heads, 2 * G)
+        q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, G * self.head_v_dim, G * self.head_v_dim],
+                                 dim=-1)
+        b, a = torch.split(ba, [G, G], dim=-1)
+        v = v.reshape(*lead, self.num_v_heads, self.head_v_dim)
+        z = z.reshape(*lead, self.num_v_heads, self.head_v_dim)
+        return q, k, v, z, b.reshape(*lead, self.num_v_heads), a.reshape(*lead, self.num_v_heads)
+
+    def forward(self, hidden_states: torch.Tensor, layout: Any, initial_state: Optional[torch.Tensor] = None,
+                conv_prefix: Optional[torch.Tensor] = None, return_states: bool = False,
+                threads: Optional[int] = None):
+        """hidden_states ``[B, S, hidden]`` (padded layout) or ``[T, hidden]`` (packed) -> the same
+        shape, pad rows 0. ``initial_state`` ``[segments, HV, dk, dv]`` and ``conv_prefix``
+        ``[segments, conv_dim, kernel-1]`` continue earlier pieces of the sequences (cache / CP);
+        with ``return_states`` the result is ``(out, final_state, conv_state)``."""
+        lead = hidden_states.shape[:-1]
+        # the projections are torch GEMMs over every row: select (never multiply) the real rows so
+        # a NaN in the padding reaches neither the outputs nor the weight gradients
+        keep = torch.as_tensor(layout.mask2d("bool")).reshape(*lead, 1)
+        zero = torch.zeros((), dtype=hidden_states.dtype)
+        hidden_states = torch.where(keep, hidden_states, zero)
+        q, k, v, z, b, a = self._split(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+        mixed = torch.cat((q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)), dim=-1)
+        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight, layout, "silu", prefix=conv_prefix,
+                                          threads=threads)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(*lead, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(*lead, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(*lead, self.num_v_heads, self.head_v_dim)
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, layout)
+        o, state = gated_delta_rule(q, k, v, g, beta, layout, initial_state=initial_state, chunked=self.chunked,
+                                    l2norm=True, threads=threads)
+        o = self.norm(o, z)
+        out = self.out_proj(o.reshape(*lead, self.value_dim))
+        # pad rows are exactly 0 (the norm and projections of zero rows need not give exact zeros)
+        out = torch.where(keep, out, torch.zeros((), dtype=out.dtype))
+        if return_states:
+            return out, state, conv_state
+        return out

@@ -1,0 +1,284 @@
+/* gdn_avx512.c: the AVX-512 build of the gated delta rule. The chunk products run as small GEMMs
+ * on an 8 x 32 register-blocked FMA micro-kernel (16 zmm accumulators; B rows streamed, A
+ * broadcast), exp is a vectorised range-reduced polynomial, transposes go 16 x 16 through
+ * registers. Compiled for AVX-512F by a target pragma (the rest of the library stays portable);
+ * only called after the run-time CPU check in gdn_api.c. */
+#include "gdn_internal.h"
+
+#include <math.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GDN_HAVE_AVX512_BUILD 1
+#endif
+
+#ifdef GDN_HAVE_AVX512_BUILD
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define GDN_MR 8
+
+/* One MR x (16*NV) tile of C: rows i0.., columns j0.., inner range [k0, k1). A(i, k) sits at
+ * A[i*ars + k*aks]. MR_ and NV are compile-time constants at every call site (see the switch
+ * below), so the loops unroll and the accumulators live in registers. */
+static inline __attribute__((always_inline)) void uk(const int mr, const int nv, int64_t k0, int64_t k1,
+                                                     float alpha, const float *A, int64_t ars, int64_t aks,
+                                                     const float *B, int64_t ldb, float *C, int64_t ldc,
+                                                     int acc) {
+    __m512 c0[GDN_MR], c1[GDN_MR];
+    for (int i = 0; i < mr; i++) {
+        c0[i] = _mm512_setzero_ps();
+        c1[i] = _mm512_setzero_ps();
+    }
+    const float *b = B + k0 * ldb;
+    const float *a = A + k0 * aks;
+    for (int64_t k = k0; k < k1; k++, b += ldb, a += aks) {
+        const __m512 b0 = _mm512_loadu_ps(b);
+        const __m512 b1 = nv == 2 ? _mm512_loadu_ps(b + 16) : b0;
+        for (int i = 0; i < mr; i++) {
+            const __m512 ai = _mm512_set1_ps(a[i * ars]);
+            c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+            if (nv == 2) c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int i = 0; i < mr; i++) {
+        float *c = C + i * ldc;
+        __m512 x0 = _mm512_mul_ps(c0[i], va);
+        if (acc) x0 = _mm512_add_ps(_mm512_loadu_ps(c), x0);
+        _mm512_storeu_ps(c, x0);
+        if (nv == 2) {
+            __m512 x1 = _mm512_mul_ps(c1[i], va);
+            if (acc) x1 = _mm512_add_ps(_mm512_loadu_ps(c + 16), x1);
+            _mm512_storeu_ps(c + 16, x1);
+        }
+    }
+}
+
+#define UK_CASE(MR_)                                                                                  \
+    case MR_:                                                                                         \
+        if (nv == 2)                                                                                  \
+            uk(MR_, 2, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc);          \
+        else                                                                                          \
+            uk(MR_, 1, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc);          \
+        break;
+
+void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float *C, int64_t ldc, unsigned flags) {
+    const int at = (flags & GDN_GEMM_AT) != 0, acc = (flags & GDN_GEMM_ACC) != 0;
+    const int64_t ars = at ? 1 : lda, aks = at ? lda : 1;
+    /* column panels outermost: a 32-column panel of B (kd x 32) stays in L1 across row blocks */
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        const int nv = n - j0 >= 32 ? 2 : 1;
+        for (int64_t i0 = 0; i0 < m; i0 += GDN_MR) {
+            const int mr = (int)(m - i0 < GDN_MR ? m - i0 : GDN_MR);
+            if ((flags & GDN_GEMM_TRI_OUT) && j0 > i0 + mr - 1) continue;
+            int64_t k0 = 0, k1 = kd;
+            if (flags & GDN_GEMM_TRI_LO) k1 = i0 + mr < kd ? i0 + mr : kd;
+            if (flags & GDN_GEMM_TRI_UP) k0 = i0 < kd ? i0 : kd;
+            const float *a = A + i0 * ars;
+            if (k0 >= k1) {
+                /* empty inner range: C = 0 (or unchanged) */
+                if (!acc)
+                    for (int i = 0; i < mr; i++) memset(C + (i0 + i) * ldc + j0, 0, (size_t)(16 * nv) * sizeof(float));
+                continue;
+            }
+            switch (mr) {
+                UK_CASE(8)
+                UK_CASE(7)
+                UK_CASE(6)
+                UK_CASE(5)
+                UK_CASE(4)
+                UK_CASE(3)
+                UK_CASE(2)
+                UK_CASE(1)
+            default: break;
+            }
+        }
+    }
+}
+
+/* exp(x): x = n ln2 + r, |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (error below
+ * 1e-8 relative), then 2^n by scalef. Arguments below -87 (results under FLT_MIN: the masked
+ * upper triangles get -inf) give exactly 0 by a mask rather than through a denormal scalef, whose
+ * underflow would cost a microcode assist per lane. */
+static inline __m512 exp512(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.7228394f), lo = _mm512_set1_ps(-87.0f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ); /* false for NaN too: restored by the caller */
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+void gdn_expv_avx512(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        _mm512_storeu_ps(x + i, _mm512_mask_mov_ps(exp512(v), nan, v));
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mask_mov_ps(exp512(v), nan, v));
+    }
+}
+
+/* 16 x 16 block: dst[c][r] = src[r][c]. Three stages: 32-bit interleave of row pairs, 64-bit
+ * interleave of pair pairs, then 128-bit lane gathers across the four groups of four rows. */
+static inline void tr16(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int q = 0; q < 16; q += 4) {
+        r[q + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[q]), _mm512_castps_pd(t[q + 2])));
+        r[q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[q]), _mm512_castps_pd(t[q + 2])));
+        r[q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[q + 1]), _mm512_castps_pd(t[q + 3])));
+        r[q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[q + 1]), _mm512_castps_pd(t[q + 3])));
+    }
+    /* r[4q + s], lane L = rows 4q..4q+3 at column 4L + s */
+    for (int s = 0; s < 4; s++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0x88), w0 = _mm512_shuffle_f32x4(r[s], r[4 + s], 0xdd);
+        const __m512 v1 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0x88),
+                     w1 = _mm512_shuffle_f32x4(r[8 + s], r[12 + s], 0xdd);
+        _mm512_storeu_ps(dst + (0 + s) * ldd, _mm512_shuffle_f32x4(v0, v1, 0x88));
+        _mm512_storeu_ps(dst + (8 + s) * ldd, _mm512_shuffle_f32x4(v0, v1, 0xdd));
+        _mm512_storeu_ps(dst + (4 + s) * ldd, _mm512_shuffle_f32x4(w0, w1, 0x88));
+        _mm512_storeu_ps(dst + (12 + s) * ldd, _mm512_shuffle_f32x4(w0, w1, 0xdd));
+    }
+}
+
+void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
+    const int64_t r16 = rows & ~(int64_t)15, c16 = cols & ~(int64_t)15;
+    for (int64_t r = 0; r < r16; r += 16)
+        for (int64_t c = 0; c < c16; c += 16) tr16(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t cstart = r < r16 ? c16 : 0;
+        for (int64_t c = cstart; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+    }
+}
+
+static inline void avx_copy(float *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+
+/* A = (I + Lm)^-1 (unit lower, n <= 64 = cn at most): row r = e_r - sum_{j<r} Lm[r][j] A[j], the
+ * row held in registers; even and odd j accumulate separately to halve the FMA latency chain. */
+static void avx_inv_lower(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {
+    const __m512 z = _mm512_setzero_ps();
+    for (int64_t r = 0; r < n; r++) {
+        __m512 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+        const __m512 one = _mm512_maskz_mov_ps((__mmask16)(1u << (r & 15)), _mm512_set1_ps(1.0f));
+        switch (r >> 4) {
+        case 0: a0 = one; break;
+        case 1: a1 = one; break;
+        case 2: a2 = one; break;
+        default: a3 = one; break;
+        }
+        const float *l = Lm + r * ld;
+        int64_t j = 0;
+        for (; j + 1 < r; j += 2) {
+            const __m512 l0 = _mm512_set1_ps(-l[j]), l1 = _mm512_set1_ps(-l[j + 1]);
+            const float *p0 = A + j * ld, *p1 = p0 + ld;
+            const int64_t nv = ((j + 1) >> 4) + 1; /* row j + 1 is zero past column j + 1 */
+            a0 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0), a0);
+            b0 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1), b0);
+            if (nv > 1) {
+                a1 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 16), a1);
+                b1 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 16), b1);
+            }
+            if (nv > 2) {
+                a2 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 32), a2);
+                b2 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 32), b2);
+            }
+            if (nv > 3) {
+                a3 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 48), a3);
+                b3 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 48), b3);
+            }
+        }
+        if (j < r) {
+            const __m512 l0 = _mm512_set1_ps(-l[j]);
+            const float *p0 = A + j * ld;
+            const int64_t nv = (j >> 4) + 1;
+            a0 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0), a0);
+            if (nv > 1) a1 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 16), a1);
+            if (nv > 2) a2 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 32), a2);
+            if (nv > 3) a3 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 48), a3);
+        }
+        float *ar = A + r * ld;
+        _mm512_storeu_ps(ar, _mm512_add_ps(a0, b0));
+        if (cn > 16) _mm512_storeu_ps(ar + 16, _mm512_add_ps(a1, b1));
+        if (cn > 32) _mm512_storeu_ps(ar + 32, _mm512_add_ps(a2, b2));
+        if (cn > 48) _mm512_storeu_ps(ar + 48, _mm512_add_ps(a3, b3));
+    }
+}
+
+#define GDN_SUFFIX(name) name##_avx512
+#define k_gemm gdn_gemm_avx512
+#define k_expv gdn_expv_avx512
+#define k_transpose gdn_transpose_avx512
+#define k_copy avx_copy
+#define k_inv_lower avx_inv_lower
+#include "gdn_kernel.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+int gdn_cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+}
+
+#else /* no AVX-512 build on this compiler/architecture: the dispatcher never selects it */
+
+int gdn_cpu_has_avx512(void) { return 0; }
+void gdn_fwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_fwd_chunk_ref(P, seg, kh, ws); }
+void gdn_fwd_recurrent_avx512(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {
+    gdn_fwd_recurrent_ref(P, seg, hv, ws);
+}
+void gdn_bwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_bwd_chunk_ref(P, seg, kh, ws); }
+void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float *C, int64_t ldc, unsigned flags) {
+    gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
+}
+void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+}
+void gdn_expv_avx512(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);
+}
+#endif

@@ -1,0 +1,159 @@
+/* gdn_common.c: tensor-against-layout validation, overlap checks and pad zeroing for the Gated
+ * DeltaNet calls. */
+#include "gdn_common.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void fmt_shape(char *buf, size_t cap, int32_t nd, const int64_t *shape) {
+    size_t u = (size_t)snprintf(buf, cap, "[");
+    for (int32_t d = 0; d < nd && u < cap; d++) {
+        if (shape[d] < 0)
+            u += (size_t)snprintf(buf + u, cap - u, d ? ", *" : "*");
+        else
+            u += (size_t)snprintf(buf + u, cap - u, d ? ", %lld" : "%lld", (long long)shape[d]);
+    }
+    if (u < cap) snprintf(buf + u, cap - u, "]");
+}
+
+maskpack_status gdn_token_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int n_extra,
+                               int64_t *extra, uint32_t dtypes, gdn_view *out, maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, 1, MASKPACK_MAX_DIMS, err);
+    if (s) return s;
+    if (!(dtypes & MP_DT(t->dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32 or bfloat16, found %s", name,
+                       maskpack_dtype_name(t->dtype));
+    int64_t want[MASKPACK_MAX_DIMS];
+    int32_t nd;
+    int lead;
+    if (L->packed) {
+        lead = (t->ndim == 2 + n_extra && t->shape[0] == 1) ? 2 : 1;
+        nd = lead + n_extra;
+        if (lead == 2) want[0] = 1;
+        want[lead - 1] = L->q_width;
+    } else {
+        lead = 2;
+        nd = 2 + n_extra;
+        want[0] = L->n_rows;
+        want[1] = L->q_width;
+    }
+    for (int i = 0; i < n_extra; i++) want[lead + i] = extra[i];
+    int ok = t->ndim == nd;
+    for (int32_t d = 0; ok && d < nd; d++) ok = want[d] < 0 || t->shape[d] == want[d];
+    if (!ok) {
+        char w[160], f[160];
+        fmt_shape(w, sizeof w, nd, want);
+        fmt_shape(f, sizeof f, t->ndim, t->shape);
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                       "%s: expected shape %s (the layout's %s token grid, heads second-to-last), found %s", name, w,
+                       L->packed ? "packed [T]" : "padded [B, S]", f);
+    }
+    for (int i = 0; i < n_extra; i++) extra[i] = t->shape[lead + i];
+    memset(out, 0, sizeof *out);
+    out->base = (char *)t->data;
+    out->dt = t->dtype;
+    out->s_row = (!L->packed) ? t->strides[0] : 0;
+    out->s_col = t->strides[lead - 1];
+    out->s_h = n_extra >= 1 ? t->strides[lead] : 0;
+    out->s_d = n_extra >= 2 ? t->strides[lead + 1] : 0;
+    return MASKPACK_OK;
+}
+
+static maskpack_status state_like(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
+                                  const int64_t *want, uint32_t dtypes, const char *what, gdn_sview *out,
+                                  maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, 0, MASKPACK_MAX_DIMS, err);
+    if (s) return s;
+    (void)L;
+    if (!(dtypes & MP_DT(t->dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected %s, found %s", name,
+                       dtypes == MP_DT(MASKPACK_F32) ? "float32" : "float32 or bfloat16", maskpack_dtype_name(t->dtype));
+    int ok = t->ndim == 3 + (want[3] >= 0);
+    int32_t nd = want[3] >= 0 ? 4 : 3;
+    for (int32_t d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+    if (!ok) {
+        char w[160], f[160];
+        fmt_shape(w, sizeof w, nd, want);
+        fmt_shape(f, sizeof f, t->ndim, t->shape);
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape %s (%s), found %s", name, w, what, f);
+    }
+    memset(out, 0, sizeof *out);
+    out->base = (char *)t->data;
+    out->dt = t->dtype;
+    out->s_n = t->strides[0];
+    out->s_h = t->strides[1];
+    out->s_k = t->strides[2];
+    out->s_v = nd == 4 ? t->strides[3] : 0;
+    return MASKPACK_OK;
+}
+
+maskpack_status gdn_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t HV,
+                               int64_t K, int64_t V, gdn_sview *out, maskpack_error *err) {
+    int64_t want[4] = {(int64_t)L->n_segments, HV, K, V};
+    return state_like(L, t, name, want, MP_DT(MASKPACK_F32), "[segments, HV, K, V]", out, err);
+}
+
+maskpack_status gdn_conv_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t C,
+                                    int64_t W, gdn_sview *out, maskpack_error *err) {
+    int64_t want[4] = {(int64_t)L->n_segments, C, W - 1, -1};
+    return state_like(L, t, name, want, GDN_FLOAT_DTYPES, "[segments, channels, kernel - 1]", out, err);
+}
+
+/* [lo, hi) byte range a tensor touches; empty (lo == hi) when it has no element. */
+static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    int64_t n = mp_numel(t);
+    if (n <= 0 || !t->data) {
+        *lo = *hi = 0;
+        return;
+    }
+    int64_t a = 0, b = 0, es = (int64_t)maskpack_dtype_size(t->dtype);
+    for (int32_t d = 0; d < t->ndim; d++) {
+        int64_t span = (t->shape[d] - 1) * t->strides[d];
+        if (span < 0)
+            a += span;
+        else
+            b += span;
+    }
+    *lo = (uintptr_t)t->data + (uintptr_t)(a * es);
+    *hi = (uintptr_t)t->data + (uintptr_t)((b + 1) * es);
+}
+
+static int meets(const maskpack_tensor *x, const maskpack_tensor *y) {
+    uintptr_t a0, a1, b0, b1;
+    extent(x, &a0, &a1);
+    extent(y, &b0, &b1);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
+maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, maskpack_tensor *const *outs,
+                                  const char *const *out_names, int n_out, maskpack_error *err) {
+    for (int o = 0; o < n_out; o++) {
+        if (!outs[o]) continue;
+        for (int i = 0; i < n_in; i++)
+            if (ins[i] && meets(outs[o], ins[i]))
+                return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, i,
+                               "%s: its memory overlaps input %d; outputs must not alias inputs", out_names[o], i);
+        for (int p = 0; p < o; p++)
+            if (outs[p] && meets(outs[o], outs[p]))
+                return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, p, "%s: its memory overlaps output %s",
+                               out_names[o], out_names[p]);
+    }
+    return MASKPACK_OK;
+}
+
+static void zero_col(const gdn_view *v, int64_t row, int64_t col, int64_t nh, int64_t nd) {
+    const int64_t off = row * v->s_row + col * v->s_col;
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t d = 0; d < nd; d++) gdn_put(v->dt, v->base, off + h * v->s_h + d * v->s_d, 0.0f);
+}
+
+void gdn_zero_pads(const maskpack_layout *L, const gdn_view *v, int64_t nh, int64_t nd) {
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        int64_t col = 0;
+        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+            for (; col < L->segs[k].q_start; col++) zero_col(v, r, col, nh, nd);
+            if (L->segs[k].q_start + L->segs[k].q_len > col) col = L->segs[k].q_start + L->segs[k].q_len;
+        }
+        for (; col < L->q_width; col++) zero_col(v, r, col, nh, nd);
+    }
+}

@@ -1,0 +1,45 @@
+/* gdn_common.h: validation and layout helpers shared by the Gated DeltaNet API files. */
+#ifndef MASKPACK_GDN_COMMON_H
+#define MASKPACK_GDN_COMMON_H
+
+#include "gdn_internal.h"
+
+#include <math.h>
+
+#define GDN_MAX_THREADS 256
+#define GDN_FLOAT_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
+
+/* Checks a per-token tensor against the layout's token grid: [B, S, e...] for a padded layout,
+ * [T, e...] or [1, T, e...] for a packed one, with n_extra trailing dims; extra[i] >= 0 must
+ * match, extra[i] = -1 accepts any size and receives it. Fills the view. */
+maskpack_status gdn_token_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int n_extra,
+                               int64_t *extra, uint32_t dtypes, gdn_view *out, maskpack_error *err);
+
+/* Checks an f32 state tensor [N, HV, K, V] (N = segments). */
+maskpack_status gdn_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t HV,
+                               int64_t K, int64_t V, gdn_sview *out, maskpack_error *err);
+
+/* Checks a [N, C, W-1] conv prefix / state tensor (f32 or bf16). */
+maskpack_status gdn_conv_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t C,
+                                    int64_t W, gdn_sview *out, maskpack_error *err);
+
+/* MASKPACK_ERR_OVERLAP when an output's memory range meets an input's or another output's
+ * (NULL entries are skipped). */
+maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, maskpack_tensor *const *outs,
+                                  const char *const *out_names, int n_out, maskpack_error *err);
+
+/* Writes 0 to every (head < nh, d < nd) element of every column that belongs to no segment. */
+void gdn_zero_pads(const maskpack_layout *L, const gdn_view *v, int64_t nh, int64_t nd);
+
+/* Element I/O of views (f32 or bf16). */
+static inline float gdn_get(maskpack_dtype dt, const char *base, int64_t off) {
+    return dt == MASKPACK_F32 ? ((const float *)base)[off] : mp_bf16_to_f32(((const uint16_t *)base)[off]);
+}
+static inline void gdn_put(maskpack_dtype dt, char *base, int64_t off, float x) {
+    if (dt == MASKPACK_F32)
+        ((float *)base)[off] = x;
+    else
+        ((uint16_t *)base)[off] = mp_f32_to_bf16(x);
+}
+
+#endif

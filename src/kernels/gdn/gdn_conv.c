@@ -1,0 +1,499 @@
+/* gdn_conv.c: the per-token pieces of the Gated DeltaNet layer over a layout: the causal
+ * depthwise conv1d (with a per-segment prefix = cache or CP halo, and the final conv state),
+ * the q/k L2 norm and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), each with
+ * its backward. The conv runs per segment, so no window ever reaches into another sequence; threads
+ * split the channels (each thread owns its channels' dweight, so no reduction across threads). */
+#include "gdn_common.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONV_CB 64 /* channels per block: the window (4 x 64 floats) and weights stay in registers/L1 */
+
+typedef struct conv_job {
+    const maskpack_layout *L;
+    gdn_view x, y, dy, dx;
+    const maskpack_tensor *weight;
+    gdn_sview prefix, state, dstate, dprefix;
+    float *dweight; /* [C][W] f32 (contiguous, owned by the caller of the job) */
+    int64_t C, W;
+    int silu;
+    int64_t c0, c1;
+} conv_job;
+
+static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W, float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
+    for (int64_t k = 0; k < W; k++)
+        for (int64_t c = 0; c < nb; c++)
+            wt[k][c] = gdn_get(w->dtype, (const char *)w->data, (c0 + c) * w->strides[0] + k * w->strides[1]);
+}
+
+static void conv_forward_job(const conv_job *J) {
+    const maskpack_layout *L = J->L;
+    const int64_t W = J->W;
+    float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], out[CONV_CB];
+    for (int64_t c0 = J->c0; c0 < J->c1; c0 += CONV_CB) {
+        const int64_t nb = J->c1 - c0 < CONV_CB ? J->c1 - c0 : CONV_CB;
+        load_weights(J->weight, c0, nb, W, wt);
+        for (size_t s = 0; s < L->n_segments; s++) {
+            const maskpack_segment *g = &L->segs[s];
+            const int64_t row = L->packed ? 0 : g->row;
+            for (int64_t i = 0; i < W - 1; i++)
+                for (int64_t c = 0; c < nb; c++)
+                    win[i][c] = J->prefix.base ? gdn_get(J->prefix.dt, J->prefix.base,
+                                                         (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h +
+                                                             i * J->prefix.s_k)
+                                               : 0.0f;
+            for (int64_t t = 0; t < g->q_len; t++) {
+                const int64_t col = g->q_start + t;
+                const int64_t xo = row * J->x.s_row + col * J->x.s_col + c0 * J->x.s_h;
+                for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
+                for (int64_t c = 0; c < nb; c++) {
+                    float acc = 0.0f;
+                    for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
+                    out[c] = J->silu ? acc * sigm(acc) : acc;
+                }
+                const int64_t yo = row * J->y.s_row + col * J->y.s_col + c0 * J->y.s_h;
+                for (int64_t c = 0; c < nb; c++) gdn_put(J->y.dt, J->y.base, yo + c * J->y.s_h, out[c]);
+                for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
+            }
+            if (J->state.base)
+                for (int64_t i = 0; i < W - 1; i++)
+                    for (int64_t c = 0; c < nb; c++)
+                        gdn_put(J->state.dt, J->state.base,
+                                (int64_t)s * J->state.s_n + (c0 + c) * J->state.s_h + i * J->state.s_k, win[i][c]);
+        }
+    }
+}
+
+/* Backward of one channel range. With xx = prefix ++ x (length len + W - 1) and
+ * pre[t] = sum_w w[w] xx[t + w]: d xx[i] = sum_w w[w] dpre[i - w] (+ d state[i - len] for the
+ * last W - 1 entries), dweight[w] = sum_t dpre[t] xx[t + w]. One forward sweep with a lag of
+ * W - 1 finalises each xx entry as soon as the outputs it feeds are known. */
+static void conv_backward_job(const conv_job *J) {
+    const maskpack_layout *L = J->L;
+    const int64_t W = J->W;
+    float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], dp[MASKPACK_GDN_MAX_CONV][CONV_CB];
+    double dw[MASKPACK_GDN_MAX_CONV][CONV_CB];
+    for (int64_t c0 = J->c0; c0 < J->c1; c0 += CONV_CB) {
+        const int64_t nb = J->c1 - c0 < CONV_CB ? J->c1 - c0 : CONV_CB;
+        load_weights(J->weight, c0, nb, W, wt);
+        memset(dw, 0, sizeof dw);
+        for (size_t s = 0; s < L->n_segments; s++) {
+            const maskpack_segment *g = &L->segs[s];
+            const int64_t row = L->packed ? 0 : g->row, len = g->q_len;
+            for (int64_t i = 0; i < W - 1; i++)
+                for (int64_t c = 0; c < nb; c++)
+                    win[i][c] = J->prefix.base ? gdn_get(J->prefix.dt, J->prefix.base,
+                                                         (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h +
+                                                             i * J->prefix.s_k)
+                                               : 0.0f;
+            memset(dp, 0, sizeof dp);
+            for (int64_t t = 0; t < len + W - 1; t++) {
+                /* dp[j] = dpre[t - j] */
+                for (int64_t j = W - 1; j > 0; j--) memcpy(dp[j], dp[j - 1], (size_t)nb * sizeof(float));
+                if (t < len) {
+                    const int64_t col = g->q_start + t;
+                    const int64_t xo = row * J->x.s_row + col * J->x.s_col + c0 * J->x.s_h;
+                    const int64_t yo = row * J->dy.s_row + col * J->dy.s_col + c0 * J->dy.s_h;
+                    for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
+                    for (int64_t c = 0; c < nb; c++) {
+                        float acc = 0.0f;
+                        for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
+                        float d = gdn_get(J->dy.dt, J->dy.base, yo + c * J->dy.s_h);
+                        if (J->silu) {
+                            const float sg = sigm(acc);
+                            d *= sg * (1.0f + acc * (1.0f - sg));
+                        }
+                        dp[0][c] = d;
+                        for (int64_t k = 0; k < W; k++) dw[k][c] += (double)d * (double)win[k][c];
+                    }
+                } else {
+                    memset(dp[0], 0, (size_t)nb * sizeof(float));
+                }
+                /* xx[t] is final: its gradient goes to the prefix or to x[t - (W - 1)] */
+                for (int64_t c = 0; c < nb; c++) {
+                    float d = 0.0f;
+                    for (int64_t k = 0; k < W; k++) d += wt[k][c] * dp[k][c];
+                    if (t >= len && J->dstate.base)
+                        d += gdn_get(J->dstate.dt, J->dstate.base,
+                                     (int64_t)s * J->dstate.s_n + (c0 + c) * J->dstate.s_h + (t - len) * J->dstate.s_k);
+                    if (t < W - 1) {
+                        if (J->dprefix.base)
+                            gdn_put(J->dprefix.dt, J->dprefix.base,
+                                    (int64_t)s * J->dprefix.s_n + (c0 + c) * J->dprefix.s_h + t * J->dprefix.s_k, d);
+                    } else if (J->dx.base) {
+                        const int64_t col = g->q_start + t - (W - 1);
+                        gdn_put(J->dx.dt, J->dx.base, row * J->dx.s_row + col * J->dx.s_col + (c0 + c) * J->dx.s_h, d);
+                    }
+                }
+                if (t < len)
+                    for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
+            }
+        }
+        if (J->dweight)
+            for (int64_t c = 0; c < nb; c++)
+                for (int64_t k = 0; k < W; k++) J->dweight[(c0 + c) * W + k] = (float)dw[k][c];
+    }
+}
+
+typedef struct conv_run {
+    conv_job job;
+    int backward;
+} conv_run;
+
+static void *conv_main(void *arg) {
+    conv_run *r = arg;
+    if (r->backward)
+        conv_backward_job(&r->job);
+    else
+        conv_forward_job(&r->job);
+    return NULL;
+}
+
+/* Splits channels into n_threads ranges (multiples of 16 where possible) and runs the jobs. */
+static void conv_team(const conv_job *proto, int backward, int n_threads) {
+    conv_run runs[GDN_MAX_THREADS];
+    pthread_t th[GDN_MAX_THREADS];
+    const int64_t C = proto->C;
+    int nt = n_threads;
+    int64_t per = (C + nt - 1) / nt;
+    per = (per + 15) & ~(int64_t)15;
+    if (per < 16) per = 16;
+    nt = (int)((C + per - 1) / per);
+    if (nt < 1) nt = 1;
+    for (int t = 0; t < nt; t++) {
+        runs[t].job = *proto;
+        runs[t].backward = backward;
+        runs[t].job.c0 = t * per;
+        runs[t].job.c1 = (t + 1) * per < C ? (t + 1) * per : C;
+    }
+    int started = 0;
+    for (int t = 1; t < nt; t++) {
+        if (pthread_create(&th[t], NULL, conv_main, &runs[t]) != 0) break;
+        started = t;
+    }
+    conv_main(&runs[0]);
+    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+    for (int t = started + 1; t < nt; t++) conv_main(&runs[t]);
+}
+
+static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tensor *x, const maskpack_tensor *weight,
+                                   const maskpack_tensor *prefix, int silu, int n_threads, conv_job *J,
+                                   maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    MP_CHECK_NULL(err, x, "x");
+    MP_CHECK_NULL(err, weight, "weight");
+    memset(J, 0, sizeof *J);
+    J->L = L;
+    int64_t cd[1] = {-1};
+    maskpack_status s = gdn_token_view(L, x, "x", 1, cd, GDN_FLOAT_DTYPES, &J->x, err);
+    if (s) return s;
+    if ((s = mp_check_tensor(weight, "weight", 2, 2, err))) return s;
+    if (!(GDN_FLOAT_DTYPES & MP_DT(weight->dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "weight", -1, -1, "weight: expected float32 or bfloat16, found %s",
+                       maskpack_dtype_name(weight->dtype));
+    if (weight->shape[0] != cd[0])
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "weight", -1, -1,
+                       "weight: expected [C, W] with C = %lld (the channels of x), found [%lld, %lld]",
+                       (long long)cd[0], (long long)weight->shape[0], (long long)weight->shape[1]);
+    if (weight->shape[1] < 1 || weight->shape[1] > MASKPACK_GDN_MAX_CONV)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "weight", -1, -1,
+                       "weight: expected a kernel size W in [1, %d], found %lld", MASKPACK_GDN_MAX_CONV,
+                       (long long)weight->shape[1]);
+    J->weight = weight;
+    J->C = cd[0];
+    J->W = weight->shape[1];
+    if (prefix && (s = gdn_conv_state_view(L, prefix, "prefix", J->C, J->W, &J->prefix, err))) return s;
+    if (silu != 0 && silu != 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "silu", -1, -1, "silu: expected 0 or 1, found %d", silu);
+    if (n_threads < 1 || n_threads > GDN_MAX_THREADS)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1, "n_threads: expected in [1, %d], found %d",
+                       GDN_MAX_THREADS, n_threads);
+    J->silu = silu;
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
+                                       const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                       int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
+                                       maskpack_error *err) {
+    conv_job J;
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, n_threads, &J, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, y, "y");
+    int64_t cd[1] = {J.C};
+    if ((s = gdn_token_view(layout, y, "y", 1, cd, GDN_FLOAT_DTYPES, &J.y, err))) return s;
+    if (conv_state && (s = gdn_conv_state_view(layout, conv_state, "conv_state", J.C, J.W, &J.state, err))) return s;
+    const maskpack_tensor *ins[3] = {x, weight, prefix};
+    maskpack_tensor *outs[2] = {y, conv_state};
+    const char *names[2] = {"y", "conv_state"};
+    if ((s = gdn_check_overlap(ins, 3, outs, names, 2, err))) return s;
+    gdn_zero_pads(layout, &J.y, J.C, 1);
+    conv_team(&J, 0, n_threads);
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                                const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+                                                int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                maskpack_tensor *d_prefix, maskpack_error *err) {
+    conv_job J;
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, n_threads, &J, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, dy, "dy");
+    int64_t cd[1] = {J.C};
+    if ((s = gdn_token_view(layout, dy, "dy", 1, cd, GDN_FLOAT_DTYPES, &J.dy, err))) return s;
+    if (d_conv_state &&
+        (s = gdn_conv_state_view(layout, d_conv_state, "d_conv_state", J.C, J.W, &J.dstate, err)))
+        return s;
+    if (dx && (s = gdn_token_view(layout, dx, "dx", 1, cd, GDN_FLOAT_DTYPES, &J.dx, err))) return s;
+    if (dweight) {
+        int64_t ws[2] = {J.C, J.W};
+        if ((s = mp_check_output(dweight, "dweight", MP_DT(MASKPACK_F32), 2, ws, err))) return s;
+    }
+    if (d_prefix && (s = gdn_conv_state_view(layout, d_prefix, "d_prefix", J.C, J.W, &J.dprefix, err))) return s;
+    const maskpack_tensor *ins[5] = {x, weight, prefix, dy, d_conv_state};
+    maskpack_tensor *outs[3] = {dx, dweight, d_prefix};
+    const char *names[3] = {"dx", "dweight", "d_prefix"};
+    if ((s = gdn_check_overlap(ins, 5, outs, names, 3, err))) return s;
+    float *dw = NULL;
+    if (dweight) {
+        dw = malloc((size_t)(J.C * J.W) * sizeof(float) + 1);
+        if (!dw) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dweight", -1, -1, "out of memory");
+    }
+    J.dweight = dw;
+    if (J.dx.base) gdn_zero_pads(layout, &J.dx, J.C, 1);
+    conv_team(&J, 1, n_threads);
+    if (dweight)
+        for (int64_t c = 0; c < J.C; c++)
+            for (int64_t k = 0; k < J.W; k++)
+                ((float *)dweight->data)[c * dweight->strides[0] + k * dweight->strides[1]] = dw[c * J.W + k];
+    free(dw);
+    return mp_ok(err);
+}
+
+/* ---- L2 norm ---------------------------------------------------------------------------------- */
+
+/* Calls fn(token offset views) for every real token: (row, col) of each segment. */
+#define GDN_FOR_TOKENS(L, row_, col_, ...)                                              \
+    for (size_t s_ = 0; s_ < (L)->n_segments; s_++) {                                    \
+        const maskpack_segment *g_ = &(L)->segs[s_];                                     \
+        const int64_t row_ = (L)->packed ? 0 : g_->row;                                  \
+        for (int64_t t_ = 0; t_ < g_->q_len; t_++) {                                     \
+            const int64_t col_ = g_->q_start + t_;                                       \
+            __VA_ARGS__                                                                  \
+        }                                                                                \
+    }
+
+static maskpack_status check_eps(double eps, maskpack_error *err) {
+    if (!(eps > 0.0) || eps > 1e30)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "eps", -1, -1, "eps: expected a finite number > 0, found %g",
+                       eps);
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_gdn_l2norm(const maskpack_layout *layout, const maskpack_tensor *x, double eps,
+                                    maskpack_tensor *y, maskpack_error *err) {
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, x, "x");
+    MP_CHECK_NULL(err, y, "y");
+    gdn_view xv, yv;
+    int64_t d[2] = {-1, -1};
+    maskpack_status s = gdn_token_view(layout, x, "x", 2, d, GDN_FLOAT_DTYPES, &xv, err);
+    if (s) return s;
+    if ((s = gdn_token_view(layout, y, "y", 2, d, GDN_FLOAT_DTYPES, &yv, err))) return s;
+    if ((s = check_eps(eps, err))) return s;
+    const maskpack_tensor *ins[1] = {x};
+    maskpack_tensor *outs[1] = {y};
+    const char *names[1] = {"y"};
+    if ((s = gdn_check_overlap(ins, 1, outs, names, 1, err))) return s;
+    gdn_zero_pads(layout, &yv, d[0], d[1]);
+    const float fe = (float)eps;
+    GDN_FOR_TOKENS(layout, row, col, {
+        for (int64_t h = 0; h < d[0]; h++) {
+            const int64_t xo = row * xv.s_row + col * xv.s_col + h * xv.s_h;
+            const int64_t yo = row * yv.s_row + col * yv.s_col + h * yv.s_h;
+            float ss = 0.0f;
+            for (int64_t i = 0; i < d[1]; i++) {
+                const float a = gdn_get(xv.dt, xv.base, xo + i * xv.s_d);
+                ss += a * a;
+            }
+            const float r = 1.0f / sqrtf(ss + fe);
+            for (int64_t i = 0; i < d[1]; i++)
+                gdn_put(yv.dt, yv.base, yo + i * yv.s_d, gdn_get(xv.dt, xv.base, xo + i * xv.s_d) * r);
+        }
+    })
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_gdn_l2norm_backward(const maskpack_layout *layout, const maskpack_tensor *x,
+                                             const maskpack_tensor *dy, double eps, maskpack_tensor *dx,
+                                             maskpack_error *err) {
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, x, "x");
+    MP_CHECK_NULL(err, dy, "dy");
+    MP_CHECK_NULL(err, dx, "dx");
+    gdn_view xv, dyv, dxv;
+    int64_t d[2] = {-1, -1};
+    maskpack_status s = gdn_token_view(layout, x, "x", 2, d, GDN_FLOAT_DTYPES, &xv, err);
+    if (s) return s;
+    if ((s = gdn_token_view(layout, dy, "dy", 2, d, GDN_FLOAT_DTYPES, &dyv, err))) return s;
+    if ((s = gdn_token_view(layout, dx, "dx", 2, d, GDN_FLOAT_DTYPES, &dxv, err))) return s;
+    if ((s = check_eps(eps, err))) return s;
+    const maskpack_tensor *ins[2] = {x, dy};
+    maskpack_tensor *outs[1] = {dx};
+    const char *names[1] = {"dx"};
+    if ((s = gdn_check_overlap(ins, 2, outs, names, 1, err))) return s;
+    gdn_zero_pads(layout, &dxv, d[0], d[1]);
+    const float fe = (float)eps;
+    GDN_FOR_TOKENS(layout, row, col, {
+        for (int64_t h = 0; h < d[0]; h++) {
+            const int64_t xo = row * xv.s_row + col * xv.s_col + h * xv.s_h;
+            const int64_t go = row * dyv.s_row + col * dyv.s_col + h * dyv.s_h;
+            const int64_t oo = row * dxv.s_row + col * dxv.s_col + h * dxv.s_h;
+            float ss = 0.0f, p = 0.0f;
+            for (int64_t i = 0; i < d[1]; i++) {
+                const float a = gdn_get(xv.dt, xv.base, xo + i * xv.s_d);
+                ss += a * a;
+                p += a * gdn_get(dyv.dt, dyv.base, go + i * dyv.s_d);
+            }
+            /* y = x r: dx = r (dy - y (y . dy)) = r dy - x r^3 (x . dy) */
+            const float r = 1.0f / sqrtf(ss + fe), r3p = r * r * r * p;
+            for (int64_t i = 0; i < d[1]; i++) {
+                const float a = gdn_get(xv.dt, xv.base, xo + i * xv.s_d);
+                const float gy = gdn_get(dyv.dt, dyv.base, go + i * dyv.s_d);
+                gdn_put(dxv.dt, dxv.base, oo + i * dxv.s_d, r * gy - a * r3p);
+            }
+        }
+    })
+    return mp_ok(err);
+}
+
+/* ---- gates ---------------------------------------------------------------------------------- */
+
+static maskpack_status head_vec(const maskpack_tensor *t, const char *name, int64_t HV, maskpack_error *err) {
+    int64_t sh[1] = {HV};
+    maskpack_status s = mp_check_tensor(t, name, 1, 1, err);
+    if (s) return s;
+    if (!(GDN_FLOAT_DTYPES & MP_DT(t->dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32 or bfloat16, found %s", name,
+                       maskpack_dtype_name(t->dtype));
+    if (t->shape[0] != HV)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape [%lld] (one per value head), found [%lld]",
+                       name, (long long)sh[0], (long long)t->shape[0]);
+    return MASKPACK_OK;
+}
+
+static inline double softplus_d(double z) { return z > 20.0 ? z : log1p(exp(z)); }
+
+maskpack_status maskpack_gdn_gates(const maskpack_layout *layout, const maskpack_tensor *a, const maskpack_tensor *b,
+                                   const maskpack_tensor *A_log, const maskpack_tensor *dt_bias, maskpack_tensor *g,
+                                   maskpack_tensor *beta, maskpack_error *err) {
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, a, "a");
+    MP_CHECK_NULL(err, b, "b");
+    MP_CHECK_NULL(err, A_log, "A_log");
+    MP_CHECK_NULL(err, dt_bias, "dt_bias");
+    gdn_view av, bv, gv, btv;
+    memset(&gv, 0, sizeof gv);
+    memset(&btv, 0, sizeof btv);
+    int64_t hd[1] = {-1};
+    maskpack_status s = gdn_token_view(layout, a, "a", 1, hd, GDN_FLOAT_DTYPES, &av, err);
+    if (s) return s;
+    if ((s = gdn_token_view(layout, b, "b", 1, hd, GDN_FLOAT_DTYPES, &bv, err))) return s;
+    if ((s = head_vec(A_log, "A_log", hd[0], err))) return s;
+    if ((s = head_vec(dt_bias, "dt_bias", hd[0], err))) return s;
+    if (g && (s = gdn_token_view(layout, g, "g", 1, hd, GDN_FLOAT_DTYPES, &gv, err))) return s;
+    if (beta && (s = gdn_token_view(layout, beta, "beta", 1, hd, GDN_FLOAT_DTYPES, &btv, err))) return s;
+    const maskpack_tensor *ins[4] = {a, b, A_log, dt_bias};
+    maskpack_tensor *outs[2] = {g, beta};
+    const char *names[2] = {"g", "beta"};
+    if ((s = gdn_check_overlap(ins, 4, outs, names, 2, err))) return s;
+    const int64_t HV = hd[0];
+    if (g) gdn_zero_pads(layout, &gv, HV, 1);
+    if (beta) gdn_zero_pads(layout, &btv, HV, 1);
+    GDN_FOR_TOKENS(layout, row, col, {
+        for (int64_t h = 0; h < HV; h++) {
+            if (g) {
+                const double A = gdn_get(A_log->dtype, A_log->data, h * A_log->strides[0]);
+                const double dtb = gdn_get(dt_bias->dtype, dt_bias->data, h * dt_bias->strides[0]);
+                const double z = (double)gdn_get(av.dt, av.base, row * av.s_row + col * av.s_col + h * av.s_h) + dtb;
+                gdn_put(gv.dt, gv.base, row * gv.s_row + col * gv.s_col + h * gv.s_h, (float)(-exp(A) * softplus_d(z)));
+            }
+            if (beta) {
+                const double x = gdn_get(bv.dt, bv.base, row * bv.s_row + col * bv.s_col + h * bv.s_h);
+                gdn_put(btv.dt, btv.base, row * btv.s_row + col * btv.s_col + h * btv.s_h, (float)(1.0 / (1.0 + exp(-x))));
+            }
+        }
+    })
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *layout, const maskpack_tensor *a,
+                                            const maskpack_tensor *b, const maskpack_tensor *A_log,
+                                            const maskpack_tensor *dt_bias, const maskpack_tensor *dg,
+                                            const maskpack_tensor *dbeta, maskpack_tensor *da, maskpack_tensor *db,
+                                            maskpack_tensor *dA_log, maskpack_tensor *ddt_bias, maskpack_error *err) {
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, a, "a");
+    MP_CHECK_NULL(err, b, "b");
+    MP_CHECK_NULL(err, A_log, "A_log");
+    MP_CHECK_NULL(err, dt_bias, "dt_bias");
+    gdn_view av, bv, dgv, dbv, dav, dbo;
+    memset(&dgv, 0, sizeof dgv);
+    memset(&dbv, 0, sizeof dbv);
+    memset(&dav, 0, sizeof dav);
+    memset(&dbo, 0, sizeof dbo);
+    int64_t hd[1] = {-1};
+    maskpack_status s = gdn_token_view(layout, a, "a", 1, hd, GDN_FLOAT_DTYPES, &av, err);
+    if (s) return s;
+    if ((s = gdn_token_view(layout, b, "b", 1, hd, GDN_FLOAT_DTYPES, &bv, err))) return s;
+    if ((s = head_vec(A_log, "A_log", hd[0], err))) return s;
+    if ((s = head_vec(dt_bias, "dt_bias", hd[0], err))) return s;
+    if (dg && (s = gdn_token_view(layout, dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &dgv, err))) return s;
+    if (dbeta && (s = gdn_token_view(layout, dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &dbv, err))) return s;
+    if (da && (s = gdn_token_view(layout, da, "da", 1, hd, GDN_FLOAT_DTYPES, &dav, err))) return s;
+    if (db && (s = gdn_token_view(layout, db, "db", 1, hd, GDN_FLOAT_DTYPES, &dbo, err))) return s;
+    const int64_t HV = hd[0];
+    int64_t sh[1] = {HV};
+    if (dA_log && (s = mp_check_output(dA_log, "dA_log", MP_DT(MASKPACK_F32), 1, sh, err))) return s;
+    if (ddt_bias && (s = mp_check_output(ddt_bias, "ddt_bias", MP_DT(MASKPACK_F32), 1, sh, err))) return s;
+    const maskpack_tensor *ins[6] = {a, b, A_log, dt_bias, dg, dbeta};
+    maskpack_tensor *outs[4] = {da, db, dA_log, ddt_bias};
+    const char *names[4] = {"da", "db", "dA_log", "ddt_bias"};
+    if ((s = gdn_check_overlap(ins, 6, outs, names, 4, err))) return s;
+    double *acc = calloc((size_t)(2 * HV) + 1, sizeof(double));
+    if (!acc) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dA_log", -1, -1, "out of memory");
+    if (da) gdn_zero_pads(layout, &dav, HV, 1);
+    if (db) gdn_zero_pads(layout, &dbo, HV, 1);
+    GDN_FOR_TOKENS(layout, row, col, {
+        for (int64_t h = 0; h < HV; h++) {
+            const double A = exp((double)gdn_get(A_log->dtype, A_log->data, h * A_log->strides[0]));
+            const double dtb = gdn_get(dt_bias->dtype, dt_bias->data, h * dt_bias->strides[0]);
+            const double z = (double)gdn_get(av.dt, av.base, row * av.s_row + col * av.s_col + h * av.s_h) + dtb;
+            const double gg = dg ? gdn_get(dgv.dt, dgv.base, row * dgv.s_row + col * dgv.s_col + h * dgv.s_h) : 0.0;
+            /* g = -A softplus(z): dg/dz = -A sigmoid(z) (1 above torch's threshold 20), dg/dA_log = g */
+            const double dsp = z > 20.0 ? 1.0 : 1.0 / (1.0 + exp(-z));
+            const double dz = gg * -A * dsp;
+            acc[h] += gg * (-A * softplus_d(z));
+            acc[HV + h] += dz;
+            if (da) gdn_put(dav.dt, dav.base, row * dav.s_row + col * dav.s_col + h * dav.s_h, (float)dz);
+            if (db) {
+                const double gb = dbeta ? gdn_get(dbv.dt, dbv.base, row * dbv.s_row + col * dbv.s_col + h * dbv.s_h) : 0.0;
+                const double x = gdn_get(bv.dt, bv.base, row * bv.s_row + col * bv.s_col + h * bv.s_h);
+                const double sg = 1.0 / (1.0 + exp(-x));
+                gdn_put(dbo.dt, dbo.base, row * dbo.s_row + col * dbo.s_col + h * dbo.s_h, (float)(gb * sg * (1.0 - sg)));
+            }
+        }
+    })
+    for (int64_t h = 0; h < HV; h++) {
+        if (dA_log) ((float *)dA_log->data)[h * dA_log->strides[0]] = (float)acc[h];
+        if (ddt_bias) ((float *)ddt_bias->data)[h * ddt_bias->strides[0]] = (float)acc[HV + h];
+    }
+    free(acc);
+    return mp_ok(err);
+}

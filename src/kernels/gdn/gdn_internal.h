@@ -1,0 +1,79 @@
+/* gdn_internal.h: shared definitions of the Gated DeltaNet kernels (never installed).
+ *
+ * The API layer (gdn_api.c) validates tensors, turns them into token views and runs tasks on
+ * threads; the rule's algorithms live once in gdn_kernel.inc, compiled twice: portable C
+ * (gdn_ref.c) and AVX-512 (gdn_avx512.c), each supplying its own GEMM, exp and transpose
+ * primitives. */
+#ifndef MASKPACK_GDN_INTERNAL_H
+#define MASKPACK_GDN_INTERNAL_H
+
+#include "internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GDN_C MASKPACK_GDN_CHUNK
+
+/* A per-token tensor seen through the layout: element (b, s, h, d) of a padded tensor, or
+ * (s, h, d) of a packed one (b = 0, s_row unused), sits at b*s_row + s*s_col + h*s_h + d*s_d. */
+typedef struct gdn_view {
+    char *base; /* NULL = absent */
+    maskpack_dtype dt;
+    int64_t s_row, s_col, s_h, s_d;
+} gdn_view;
+
+/* A per-segment state tensor [N, HV, K, V] (or [N, C, W-1] for the conv: s_h = channel). */
+typedef struct gdn_sview {
+    char *base; /* NULL = absent */
+    maskpack_dtype dt;
+    int64_t s_n, s_h, s_k, s_v;
+} gdn_sview;
+
+typedef struct gdn_problem {
+    const maskpack_layout *L;
+    int64_t H, HV, G, K, V; /* G = HV / H value heads per key head */
+    int64_t Kp, Vp;         /* K and V rounded up to 16 (internal row lengths) */
+    float scale;
+    int l2norm;
+    gdn_view q, k, v, g, beta, o;      /* forward */
+    gdn_view dO, dq, dk, dv, dg, dbeta; /* backward */
+    gdn_sview h0, ht, dht, dh0;
+    int64_t max_len; /* longest segment (sizes the backward checkpoints) */
+} gdn_problem;
+
+/* GEMM flags: C (m x n) op= alpha * A (m x kd) * B (kd x n), row-major, n a multiple of 16. */
+enum {
+    GDN_GEMM_ACC = 1u,      /* C += ...; otherwise C = ... */
+    GDN_GEMM_AT = 2u,       /* A is stored transposed (kd x m, row stride lda) */
+    GDN_GEMM_TRI_OUT = 4u,  /* only entries j <= i are needed (others may be left unwritten) */
+    GDN_GEMM_TRI_LO = 8u,   /* A(i, k) = 0 for k > i: the inner loop may stop at i */
+    GDN_GEMM_TRI_UP = 16u   /* A(i, k) = 0 for k < i: the inner loop may start at i */
+};
+
+/* Floats of per-thread workspace: forward (chunked or recurrent) and backward. */
+size_t gdn_ws_floats_fwd(const gdn_problem *P, int chunked);
+size_t gdn_ws_floats_bwd(const gdn_problem *P);
+
+/* Tasks. Chunked forward and backward: one segment and one key head (its G value heads);
+ * recurrent forward: one segment and one value head. ws: aligned per-thread workspace. */
+typedef void (*gdn_task_fn)(const gdn_problem *P, size_t seg, int64_t head, float *ws);
+
+void gdn_fwd_chunk_ref(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_fwd_recurrent_ref(const gdn_problem *P, size_t seg, int64_t hv, float *ws);
+void gdn_bwd_chunk_ref(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_fwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_fwd_recurrent_avx512(const gdn_problem *P, size_t seg, int64_t hv, float *ws);
+void gdn_bwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+
+/* Primitive tests hook (used by tests/c/test_gdn.c through the static library). */
+void gdn_gemm_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float *C, int64_t ldc, unsigned flags);
+void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float *C, int64_t ldc, unsigned flags);
+void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
+void gdn_expv_avx512(float *x, int64_t n);
+
+/* 1 iff the CPU (and OS) can run the AVX-512 kernels. */
+int gdn_cpu_has_avx512(void);
+
+#endif

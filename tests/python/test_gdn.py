@@ -1,0 +1,404 @@
+"""Gated DeltaNet over layouts (maskpack.gdn) against transformers' Qwen3-Next code, a float64
+autograd reference written here, and (when it imports) flash-linear-attention's naive reference.
+
+Checks: the rule against torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule (whole
+batches and per segment), gradients of every input against torch autograd of the float64
+recurrence, padded vs packed bitwise equality of outputs, states and gradients with NaN planted in
+the padding, the conv1d against F.conv1d per segment (with prefix and state) and its gradients,
+the whole layer against Qwen3NextGatedDeltaNet (outputs and parameter gradients), continuation of
+the layer with state and conv prefix, bf16, forcing the reference kernel, and bad input errors.
+"""
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maskpack
+from transformers import Qwen3NextConfig
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+torch.manual_seed(0)
+
+
+def relerr(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def make_inputs(lead, H, HV, K, V, dtype=torch.float32, gen=None):
+    gen = gen or torch.Generator().manual_seed(1)
+    q = torch.randn(*lead, H, K, generator=gen)
+    k = torch.randn(*lead, H, K, generator=gen)
+    v = torch.randn(*lead, HV, V, generator=gen)
+    g = -F.softplus(torch.randn(*lead, HV, generator=gen)) * 0.5
+    beta = torch.sigmoid(torch.randn(*lead, HV, generator=gen))
+    return [x.to(dtype) for x in (q, k, v, g, beta)]
+
+
+# ---- a float64 reference written here: the recurrence of SEMANTICS.md section 9 ---------------
+
+
+def ref_rule(q, k, v, g, beta, h0=None, scale=None, l2=True):
+    """One segment: q, k [L, H, K], v [L, HV, V], g, beta [L, HV], h0 [HV, K, V] -> o [L, HV, V], S."""
+    L, H, K = q.shape
+    HV, V = v.shape[-2:]
+    G = HV // H
+    scale = 1.0 / math.sqrt(K) if scale is None else scale
+    if l2:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q, k = q.repeat_interleave(G, dim=1), k.repeat_interleave(G, dim=1)
+    S = h0.clone() if h0 is not None else torch.zeros(HV, K, V, dtype=v.dtype)
+    outs = []
+    for t in range(L):
+        S = S * torch.exp(g[t])[:, None, None]
+        delta = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, k[t]))
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        outs.append(scale * torch.einsum("hkv,hk->hv", S, q[t]))
+    o = torch.stack(outs) if outs else torch.zeros(0, HV, V, dtype=v.dtype)
+    return o, S
+
+
+def packed_to_padded(x, lengths, width, fill=float("nan"), left=False):
+    """[T, ...] packed rows -> [B, width, ...] (one sequence per row), pads = fill."""
+    out = torch.full((len(lengths), width) + tuple(x.shape[1:]), fill, dtype=x.dtype)
+    at = 0
+    for i, n in enumerate(lengths):
+        if n:
+            if left:
+                out[i, width - n:] = x[at:at + n]
+            else:
+                out[i, :n] = x[at:at + n]
+        at += n
+    return out
+
+
+def padded_rows(x, lengths, left=False):
+    """[B, width, ...] -> [T, ...] of the real tokens, in order."""
+    width = x.shape[1]
+    parts = [x[i, width - n:] if left else x[i, :n] for i, n in enumerate(lengths)]
+    return torch.cat(parts) if parts else x[:0, 0]
+
+
+# ---- the rule against transformers' torch fallbacks ---------------------------------------------
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_rule_matches_transformers_fallbacks(chunked):
+    B, S, H, HV, K, V = 2, 150, 2, 4, 32, 16
+    lay = maskpack.Layout.from_lengths([S, S], placement="right")
+    q, k, v, g, beta = make_inputs((B, S), H, HV, K, V)
+    h0 = torch.randn(B, HV, K, V) * 0.3
+    o, st = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0, chunked=chunked)
+    for fn in (hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule):
+        ro, rs = fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert relerr(o, ro) < 2e-5, fn.__name__
+        assert relerr(st, rs) < 2e-5, fn.__name__
+
+
+def test_rule_per_segment_matches_transformers():
+    """A packed batch with chunk-boundary lengths: each segment equals the fallback on it alone."""
+    lengths = [40, 64, 129, 0, 1, 65]
+    H, HV, K, V = 2, 4, 16, 24
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    q, k, v, g, beta = make_inputs((sum(lengths),), H, HV, K, V)
+    h0 = torch.randn(len(lengths), HV, K, V) * 0.2
+    o, st = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0)
+    at = 0
+    for i, n in enumerate(lengths):
+        sl = slice(at, at + n)
+        if n == 0:
+            assert torch.equal(st[i], h0[i])  # zero-length segment: final state = initial state
+            continue
+        ro, rs = hf.torch_chunk_gated_delta_rule(q[sl][None], k[sl][None], v[sl][None], g=g[sl][None],
+                                                 beta=beta[sl][None], initial_state=h0[i:i + 1],
+                                                 output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert relerr(o[sl], ro[0]) < 2e-5
+        assert relerr(st[i], rs[0]) < 2e-5
+        at += n
+
+
+def _fla_naive():
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "flash-linear-attention is not installed (pip install flash-linear-attention)"
+    path = os.path.join(list(spec.submodule_search_locations)[0], "ops", "gated_delta_rule", "naive.py")
+    if not os.path.exists(path):
+        return None, f"flash-linear-attention has no naive reference at {path}"
+    try:
+        # the package itself imports triton (absent on CPU machines); the naive module needs only torch + einops
+        mspec = importlib.util.spec_from_file_location("_fla_gdn_naive", path)
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 - any import failure means the comparison cannot run
+        return None, f"flash-linear-attention's naive reference does not import here: {e!r}"
+    return mod, None
+
+
+def test_rule_matches_flash_linear_attention_naive():
+    mod, why = _fla_naive()
+    if mod is None:
+        print(f"skipping the flash-linear-attention comparison: {why}")
+        pytest.skip(why)
+    B, S, H, HV, K, V = 2, 100, 2, 4, 32, 16
+    lay = maskpack.Layout.from_lengths([S, S], placement="right")
+    q, k, v, g, beta = make_inputs((B, S), H, HV, K, V)
+    h0 = torch.randn(B, HV, K, V) * 0.3
+    o, st = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0)
+    # fla's naive functions take equal head counts and no in-kernel L2 norm: expand and normalise here
+    qn = hf.l2norm(q).repeat_interleave(HV // H, dim=2)
+    kn = hf.l2norm(k).repeat_interleave(HV // H, dim=2)
+    ro, rs = mod.naive_recurrent_gated_delta_rule(qn, kn, v, beta, g, initial_state=h0, output_final_state=True)
+    assert relerr(o, ro) < 2e-5 and relerr(st, rs) < 2e-5
+    ro, rs = mod.naive_chunk_gated_delta_rule(qn, kn, v, g, beta, initial_state=h0, output_final_state=True)
+    assert relerr(o, ro) < 2e-5 and relerr(st, rs) < 2e-5
+
+
+# ---- gradients against float64 autograd ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("l2norm", [True, False])
+def test_rule_gradients_match_float64_autograd(l2norm):
+    lengths = [70, 1, 0, 130]
+    H, HV, K, V = 2, 4, 16, 16
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    T = sum(lengths)
+    q, k, v, g, beta = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(5))
+    if not l2norm:  # keep the unnormalised recurrence contractive
+        q, k, beta = q * 0.25, k * 0.25, beta * 0.5
+    h0 = torch.randn(len(lengths), HV, K, V) * 0.3
+    R = torch.randn(T, HV, V)
+    Rs = torch.randn(len(lengths), HV, K, V)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    o, st = maskpack.gated_delta_rule(*leaves[:5], lay, initial_state=leaves[5], l2norm=l2norm)
+    ((o * R).sum() + (st * Rs).sum()).backward()
+    ours = [x.grad for x in leaves]
+    # float64 reference, segment by segment
+    ref_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    loss, at = 0.0, 0
+    for i, n in enumerate(lengths):
+        sl = slice(at, at + n)
+        ro, rs = ref_rule(*(x[sl] for x in ref_leaves[:5]), h0=ref_leaves[5][i], l2=l2norm)
+        loss = loss + (ro * R[sl].double()).sum() + (rs * Rs[i].double()).sum()
+        at += n
+    loss.backward()
+    names = ["q", "k", "v", "g", "beta", "initial_state"]
+    for name, a, b in zip(names, ours, (x.grad for x in ref_leaves)):
+        assert relerr(a, b) < 1e-4, name
+    # the forward agrees with the float64 reference as well
+    with torch.no_grad():
+        at = 0
+        for i, n in enumerate(lengths):
+            sl = slice(at, at + n)
+            ro, rs = ref_rule(*(x[sl].double() for x in (q, k, v, g, beta)), h0=h0[i].double(), l2=l2norm)
+            if n:
+                assert relerr(o[sl].detach(), ro) < 1e-5
+            assert relerr(st[i].detach(), rs) < 1e-5
+            at += n
+
+
+# ---- padded vs packed: bitwise, NaN in the padding changes nothing --------------------------------
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_padded_and_packed_are_bitwise_equal(left):
+    lengths = [65, 3, 0, 128, 20]
+    H, HV, K, V = 2, 4, 16, 16
+    width = 130
+    packed = maskpack.Layout.from_lengths(lengths, placement="packed")
+    padded = maskpack.Layout.from_lengths(lengths, placement="left" if left else "right", capacity=width)
+    T = sum(lengths)
+    xs = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(9))
+    h0 = torch.randn(len(lengths), HV, K, V) * 0.3
+    R = torch.randn(T, HV, V)
+    results = []
+    for lay, conv in ((packed, lambda x: x), (padded, lambda x: packed_to_padded(x, lengths, width, left=left))):
+        leaves = [conv(x).clone().requires_grad_(True) for x in xs]
+        h = h0.clone().requires_grad_(True)
+        o, st = maskpack.gated_delta_rule(*leaves, lay, initial_state=h)
+        Rl = conv(R).nan_to_num(0.0)
+        ((o * Rl).sum() + st.sum()).backward()
+        results.append((o.detach(), st.detach(), [x.grad for x in leaves], h.grad))
+    (o1, s1, g1, h1), (o2, s2, g2, h2) = results
+    mask = torch.as_tensor(padded.mask2d("bool"))
+    assert torch.equal(o2[~mask], torch.zeros_like(o2[~mask]))  # pad rows exactly 0 despite NaN inputs
+    assert torch.equal(padded_rows(o2, lengths, left), o1)
+    assert torch.equal(s1, s2) and torch.equal(h1, h2)
+    for a, b in zip(g1, g2):
+        assert torch.equal(b[~mask], torch.zeros_like(b[~mask]))
+        assert torch.equal(padded_rows(b, lengths, left), a)
+
+
+def test_chunked_and_recurrent_agree_and_reference_kernel():
+    lengths = [1, 63, 64, 65, 127, 128, 129]
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    xs = make_inputs((sum(lengths),), 2, 4, 32, 32)
+    oc, sc = maskpack.gated_delta_rule(*xs, lay, chunked=True)
+    orr, sr = maskpack.gated_delta_rule(*xs, lay, chunked=False)
+    assert relerr(oc, orr) < 1e-5 and relerr(sc, sr) < 1e-5
+    old = os.environ.get("MASKPACK_ISA")
+    try:
+        os.environ["MASKPACK_ISA"] = "ref"
+        assert maskpack.gdn_isa() == "ref"
+        o_ref, s_ref = maskpack.gated_delta_rule(*xs, lay)
+        os.environ["MASKPACK_ISA"] = "bogus"
+        with pytest.raises(maskpack.Error) as e:
+            maskpack.gated_delta_rule(*xs, lay)
+        assert e.value.argument == "MASKPACK_ISA"
+    finally:
+        if old is None:
+            os.environ.pop("MASKPACK_ISA", None)
+        else:
+            os.environ["MASKPACK_ISA"] = old
+    assert relerr(o_ref, oc) < 1e-5 and relerr(s_ref, sc) < 1e-5
+
+
+def test_bf16_inputs():
+    lay = maskpack.Layout.from_lengths([70, 9], placement="right")
+    xs = make_inputs((2, 70), 1, 2, 16, 16, dtype=torch.bfloat16)
+    o, st = maskpack.gated_delta_rule(*xs, lay)
+    assert o.dtype == torch.bfloat16 and st.dtype == torch.float32
+    o32, st32 = maskpack.gated_delta_rule(*(x.float() for x in xs), lay)
+    assert torch.equal(o, o32.to(torch.bfloat16))  # bf16 inputs are exactly their f32 values
+    assert torch.equal(st, st32)
+    leaves = [x.clone().requires_grad_(True) for x in xs]
+    o, _ = maskpack.gated_delta_rule(*leaves, lay)
+    o.float().sum().backward()
+    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all() for x in leaves)
+
+
+# ---- conv1d ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+def test_conv1d_matches_torch_per_segment(W):
+    lengths = [0, 1, 2, 3, 40]
+    C = 12
+    lay = maskpack.Layout.from_lengths(lengths, placement="right", capacity=41)
+    x = packed_to_padded(torch.randn(sum(lengths), C), lengths, 41)
+    w = torch.randn(C, 1, W, requires_grad=True)
+    prefix = torch.randn(len(lengths), C, W - 1, requires_grad=True)
+    xl = x.clone().requires_grad_(True)
+    y, st = maskpack.causal_conv1d(xl, w, lay, "silu", prefix=prefix)
+    R = torch.randn_like(y).nan_to_num(0.0) * torch.as_tensor(lay.mask2d("bool"))[..., None]
+    Rs = torch.randn_like(st)
+    ((y * R).sum() + (st * Rs).sum()).backward()
+    # reference: F.conv1d on prefix ++ segment, float64, autograd
+    wd = w.detach().double().requires_grad_(True)
+    pd = prefix.detach().double().requires_grad_(True)
+    xd = x.double().nan_to_num(0.0).requires_grad_(True)
+    loss = 0.0
+    for i, n in enumerate(lengths):
+        seq = torch.cat([pd[i], xd[i, :n].T], dim=1)[None]  # [1, C, W-1+n]
+        ref = F.silu(F.conv1d(seq, wd, groups=C))[0].T if n else seq[0, :, :0].T  # [n, C]
+        if n:
+            assert relerr(y[i, :n].detach(), ref.detach()) < 1e-5
+        ref_state = seq[0, :, seq.shape[-1] - (W - 1):]
+        assert relerr(st[i].detach(), ref_state.detach()) < 1e-6 if W > 1 else st[i].numel() == 0
+        loss = loss + (ref * R[i, :n].double()).sum() + (ref_state * Rs[i].double()).sum()
+    loss.backward()
+    assert relerr(xl.grad.nan_to_num(0.0), xd.grad) < 1e-5
+    assert relerr(w.grad, wd.grad) < 1e-5
+    if W > 1:
+        assert relerr(prefix.grad, pd.grad) < 1e-5
+    mask = torch.as_tensor(lay.mask2d("bool"))
+    assert torch.equal(y[~mask], torch.zeros_like(y[~mask])) and torch.equal(xl.grad[~mask], torch.zeros_like(y[~mask]))
+
+
+# ---- the layer against transformers' Qwen3NextGatedDeltaNet ------------------------------------------
+
+
+def tiny_config():
+    return Qwen3NextConfig(hidden_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                           linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
+                           vocab_size=32, rms_norm_eps=1e-6)
+
+
+def tiny_layers():
+    cfg = tiny_config()
+    theirs = hf.Qwen3NextGatedDeltaNet(cfg, layer_idx=0)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        theirs.A_log.copy_(torch.log(torch.rand(4, generator=gen) * 4 + 0.5))
+        theirs.norm.weight.add_(1.0)
+    ours = maskpack.GatedDeltaNet.from_config(cfg)
+    ours.load_state_dict(theirs.state_dict())
+    return cfg, theirs, ours
+
+
+def test_layer_matches_transformers_and_packed_matches_padded():
+    cfg, theirs, ours = tiny_layers()
+    lengths = [70, 9, 130]
+    width = 130
+    T = sum(lengths)
+    hidden = torch.randn(T, cfg.hidden_size)
+    padded = maskpack.Layout.from_lengths(lengths, placement="right", capacity=width)
+    packed = maskpack.Layout.from_lengths(lengths, placement="packed")
+    mask = torch.as_tensor(padded.mask2d("bool"))
+    hp = packed_to_padded(hidden, lengths, width, fill=0.0)
+    R = torch.randn(T, cfg.hidden_size)
+    # transformers: padded batch with its 2D mask (right padding: real tokens are exact there)
+    hp_t = hp.clone().requires_grad_(True)
+    ref = theirs(hp_t, attention_mask=mask.long())
+    (padded_rows(ref, lengths) * R).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in theirs.named_parameters()}
+    # ours, padded (NaN in the padding) and packed
+    hp_nan = packed_to_padded(hidden, lengths, width).requires_grad_(True)
+    out_pad = ours(hp_nan, padded)
+    assert torch.equal(out_pad[~mask], torch.zeros_like(out_pad[~mask]))
+    assert relerr(padded_rows(out_pad, lengths).detach(), padded_rows(ref, lengths).detach()) < 1e-4
+    (padded_rows(out_pad, lengths) * R).sum().backward()
+    for n, p in ours.named_parameters():
+        assert relerr(p.grad, ref_grads[n]) < 1e-3, n
+        p.grad = None
+    assert relerr(padded_rows(hp_nan.grad, lengths), padded_rows(hp_t.grad, lengths)) < 1e-3
+    out_packed = ours(hidden, packed)
+    assert relerr(out_packed.detach(), padded_rows(out_pad, lengths).detach()) < 1e-6
+    # the maskpack ops themselves are bitwise equal across layouts; the torch projections may
+    # block their GEMMs differently by batch shape, hence a tolerance at the layer level
+
+
+def test_layer_continuation_with_state_and_conv_prefix():
+    """A sequence run in two pieces (final state and conv state passed on) equals the whole run:
+    the basis of context parallelism and of cached decoding."""
+    cfg, _, ours = tiny_layers()
+    n, cut = 150, 64
+    hidden = torch.randn(n, cfg.hidden_size)
+    whole = maskpack.Layout.from_lengths([n], placement="packed")
+    first = maskpack.Layout.from_lengths([cut], placement="packed")
+    second = maskpack.Layout.from_lengths([n - cut], placement="packed")
+    with torch.no_grad():
+        out_w, st_w, cs_w = ours(hidden, whole, return_states=True)
+        out_1, st_1, cs_1 = ours(hidden[:cut], first, return_states=True)
+        out_2, st_2, cs_2 = ours(hidden[cut:], second, initial_state=st_1, conv_prefix=cs_1, return_states=True)
+    assert relerr(torch.cat([out_1, out_2]), out_w) < 1e-5
+    assert relerr(st_2, st_w) < 1e-5
+    assert torch.equal(cs_2, cs_w)  # the conv state is a copy of inputs
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_specific_errors():
+    lay = maskpack.Layout.from_lengths([5, 7], placement="packed")
+    q, k, v, g, beta = make_inputs((12,), 3, 4, 8, 8)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.gated_delta_rule(q, k, v, g, beta, lay)
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "v" and "multiple" in str(e.value)
+    q, k, v, g, beta = make_inputs((11,), 2, 4, 8, 8)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.gated_delta_rule(q, k, v, g, beta, lay)
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "q"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.causal_conv1d(torch.randn(12, 4), torch.randn(4, 5), lay)
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT" and e.value.argument == "weight"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.gated_delta_rule(*make_inputs((12,), 2, 4, 8, 8, dtype=torch.float64), lay)
+    assert e.value.status == "MASKPACK_ERR_DTYPE"
