@@ -462,6 +462,14 @@ static void build_merged(const cli_options *o, cli_report *r, const uint8_t *val
 
 /* ---- driver ------------------------------------------------------------------------------------ */
 
+int cli_is_known_member(const char *name) {
+    static const char *const known[] = {"attention_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded",
+                                        "input_ids",      "labels",       NULL};
+    for (int k = 0; known[k]; k++)
+        if (strcmp(known[k], name) == 0) return 1;
+    return 0;
+}
+
 static int analyze_sources(const cli_options *o, cli_report *r) {
     const mpio_array *mask = mpio_arrayset_find(&r->arrays, "attention_mask");
     const mpio_array *pos = mpio_arrayset_find(&r->arrays, "position_ids");
@@ -469,13 +477,9 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
     r->cu_padded = mpio_arrayset_find(&r->arrays, "cu_seqlens_padded");
     r->input_ids = mpio_arrayset_find(&r->arrays, "input_ids");
     r->labels = mpio_arrayset_find(&r->arrays, "labels");
-    static const char *const known[] = {"attention_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded",
-                                        "input_ids",      "labels",       NULL};
     for (size_t i = 0; i < r->arrays.n; i++) {
         const char *nm = r->arrays.arrays[i].name;
-        int k = 0;
-        while (known[k] && strcmp(known[k], nm) != 0) k++;
-        if (!known[k]) {
+        if (!cli_is_known_member(nm)) {
             size_t used = strlen(r->ignored);
             snprintf(r->ignored + used, sizeof r->ignored - used, "%s%s", used ? ", " : "", nm);
         }
@@ -606,7 +610,7 @@ int cli_inspect(int argc, char **argv) {
         cli_report_free(&r);
         return CLI_EXIT_USAGE;
     }
-    if (!rc && o.png) {
+    if (r.layout && o.png) { /* drawn even when there are problems: the picture helps find them */
         maskpack_error e;
         mpio_png_options po = {o.png_zoom, 0};
         size_t n_rows = o.n_png_rows;
@@ -619,7 +623,12 @@ int cli_inspect(int argc, char **argv) {
             rc = CLI_EXIT_PROBLEMS;
         }
     }
-    if (!rc && o.emit) rc = cli_emit_outputs(&o, &r);
+    if (o.emit) {
+        if (!rc && !r.n_problems_total)
+            rc = cli_emit_outputs(&o, &r);
+        else
+            cli_problem(&r, "emit: nothing written to %s: the batch has problems (fix them first)", o.out);
+    }
     if (o.json) {
         if (cli_print_json(&o, &r, stdout)) rc = CLI_EXIT_PROBLEMS;
     } else {

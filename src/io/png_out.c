@@ -108,7 +108,8 @@ maskpack_status mpio_png_encode_layout(const maskpack_layout *L, const int64_t *
     int64_t side = S > K ? S : K;
     int64_t f = (side + max_side - 1) / max_side; /* sampling step: every f-th query and key */
     int64_t Sd = (S + f - 1) / f, Kd = (K + f - 1) / f;
-    int64_t zoom = options && options->zoom > 0 ? options->zoom : PNG_AUTO_SIDE / (Sd > Kd ? Sd : Kd);
+    /* sampled grids are drawn one pixel per sample; small ones are enlarged to about PNG_AUTO_SIDE */
+    int64_t zoom = options && options->zoom > 0 ? options->zoom : f > 1 ? 1 : PNG_AUTO_SIDE / (Sd > Kd ? Sd : Kd);
     if (zoom < 1) zoom = 1;
     if (zoom > PNG_MAX_ZOOM) zoom = PNG_MAX_ZOOM;
     uint64_t w = (uint64_t)(Kd * zoom), panel = (uint64_t)(Sd * zoom);

@@ -1,0 +1,231 @@
+/* report.c: the human-readable and the JSON report of `maskpack inspect`. */
+#include "cli.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LISTED_SEGMENTS 40
+
+static const char *const npu_layout_names[] = {"BSND", "BNSD", "BSH", "SBH", "TND"};
+static const char *const npu_mask_names[] = {"none", "compressed", "prefix_compressed", "full"};
+
+static void shape_text(char *buf, size_t cap, const mpio_array *a) {
+    size_t used = (size_t)snprintf(buf, cap, "[");
+    for (int32_t d = 0; d < a->ndim && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld", (long long)a->shape[d]);
+    if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+static void rule_text(char *buf, size_t cap, const maskpack_layout *L) {
+    maskpack_rule rule = maskpack_layout_rule(L);
+    size_t used = (size_t)snprintf(buf, cap, "%s, %s alignment", rule.causal ? "causal" : "bidirectional",
+                                   rule.alignment == MASKPACK_ALIGN_TOP_LEFT ? "top_left" : "bottom_right");
+    if (rule.window_left < 0 && rule.window_right < 0)
+        used += (size_t)snprintf(buf + used, cap - used, ", no window");
+    else
+        used += (size_t)snprintf(buf + used, cap - used, ", window (%lld, %lld)", (long long)rule.window_left,
+                                 (long long)rule.window_right);
+    if (rule.n_spans && used < cap) used += (size_t)snprintf(buf + used, cap - used, ", %zu bidirectional spans", rule.n_spans);
+    if (rule.prefix && used < cap) snprintf(buf + used, cap - used, ", prefix-LM prefixes");
+}
+
+static double pad_fraction(const cli_report *r) {
+    int64_t cells = r->B * r->S;
+    return cells ? 1.0 - (double)maskpack_layout_n_tokens(r->layout) / (double)cells : 0.0;
+}
+
+static void print_source_line(FILE *f, const char *name, const mpio_array *a, const char *how, const char *result) {
+    char shape[160];
+    shape_text(shape, sizeof shape, a);
+    fprintf(f, "  %-18s %-8s %-14s %-30s %s\n", name, maskpack_dtype_name(a->dtype), shape, how, result);
+}
+
+void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
+    fprintf(f, "maskpack %s inspect: %s\n", maskpack_version_string(), r->origin ? r->origin : "?");
+    if (!o->file)
+        fprintf(f, "  (sample conventions: --mask-convention %s --position-rule %s)\n",
+                o->mask_conv == CLI_CONV_DOC_ID ? "doc_id" : "keep",
+                o->position_rule == MASKPACK_BOUNDARY_STEP ? "step" : "reset");
+    if (r->arrays.n) fprintf(f, "inputs:\n");
+    for (size_t k = 0; k < r->n_sources; k++) {
+        const cli_source *s = &r->sources[k];
+        char result[96];
+        if (s->layout)
+            snprintf(result, sizeof result, "-> %zu sequence%s, %lld tokens", maskpack_layout_n_segments(s->layout),
+                     maskpack_layout_n_segments(s->layout) == 1 ? "" : "s", (long long)maskpack_layout_n_tokens(s->layout));
+        else
+            snprintf(result, sizeof result, "-> not usable (see problems)");
+        print_source_line(f, s->name, s->array, s->how, result);
+    }
+    if (r->cu_padded) print_source_line(f, "cu_seqlens_padded", r->cu_padded, "slot offsets", "(read with cu_seqlens)");
+    if (r->input_ids) print_source_line(f, "input_ids", r->input_ids, "shape checked", "");
+    if (r->labels) print_source_line(f, "labels", r->labels, "-100 on padding", r->layout ? "checked" : "not checked");
+    if (r->ignored[0]) fprintf(f, "  (not read: %s)\n", r->ignored);
+    if (r->layout) {
+        const maskpack_layout *L = r->layout;
+        char rule[256];
+        rule_text(rule, sizeof rule, L);
+        if (r->packed)
+            fprintf(f, "shape: [%lld] packed stream (THD)\n", (long long)r->S);
+        else
+            fprintf(f, "shape: [%lld, %lld] (%lld rows x %lld columns)\n", (long long)r->B, (long long)r->S,
+                    (long long)r->B, (long long)r->S);
+        fprintf(f, "rule: %s (from %s)\n", rule, r->rule_origin ? r->rule_origin : "default");
+        size_t n = maskpack_layout_n_segments(L);
+        fprintf(f, "sequences: %zu, longest: %lld, tokens: %lld of %lld, pad fraction: %.3f\n", n,
+                (long long)maskpack_layout_max_seqlen(L), (long long)maskpack_layout_n_tokens(L),
+                (long long)(r->B * r->S), pad_fraction(r));
+        fprintf(f, "segments:\n  %5s %7s %7s\n", "row", "start", "length");
+        for (size_t k = 0; k < n && k < MAX_LISTED_SEGMENTS; k++) {
+            maskpack_segment g;
+            maskpack_layout_segment(L, k, &g, NULL);
+            fprintf(f, "  %5lld %7lld %7lld\n", (long long)g.row, (long long)g.q_start, (long long)g.q_len);
+        }
+        if (n > MAX_LISTED_SEGMENTS) fprintf(f, "  ... and %zu more segments\n", n - MAX_LISTED_SEGMENTS);
+    }
+    if (r->have_npu) {
+        const maskpack_npu_argset *a = &r->npu;
+        fprintf(f, "npu_fusion_attention: input_layout %s, sparse_mode %d, pre_tokens %lld, next_tokens %lld, "
+                   "scale %g, inner_precise %d, atten_mask %s",
+                npu_layout_names[a->input_layout], (int)a->sparse_mode, (long long)a->pre_tokens,
+                (long long)a->next_tokens, a->scale, (int)a->inner_precise, npu_mask_names[a->mask_kind]);
+        if (a->mask_kind != MASKPACK_NPU_MASK_NONE) {
+            fprintf(f, " [");
+            for (int32_t d = 0; d < a->mask_ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)a->mask_shape[d]);
+            fprintf(f, "]");
+        }
+        if (a->actual_seq_qlen) {
+            fprintf(f, ", actual_seq_qlen [");
+            for (int64_t i = 0; i < a->n_items && i < 16; i++)
+                fprintf(f, i ? ", %lld" : "%lld", (long long)a->actual_seq_qlen[i]);
+            fprintf(f, "%s]", a->n_items > 16 ? ", ..." : "");
+        }
+        fprintf(f, "\n");
+    }
+    if (r->n_emitted) {
+        fprintf(f, "wrote %s:\n", o->out);
+        for (size_t i = 0; i < r->n_emitted; i++) fprintf(f, "  %s\n", r->emitted[i]);
+    }
+    if (r->n_problems_total == 0) {
+        fprintf(f, "problems: none\n");
+        return;
+    }
+    fprintf(f, "problems (%zu):\n", r->n_problems_total);
+    for (size_t i = 0; i < r->n_problems; i++) fprintf(f, "  - %s\n", r->problems[i]);
+    if (r->n_problems_total > r->n_problems)
+        fprintf(f, "  ... and %zu more\n", r->n_problems_total - r->n_problems);
+}
+
+static cJSON *shape_json(const int64_t *shape, int32_t ndim) {
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t d = 0; a && d < ndim; d++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
+    return a;
+}
+
+static void add_input(cJSON *inputs, const char *name, const mpio_array *a, const char *how, const cli_source *s) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddStringToObject(o, "dtype", maskpack_dtype_name(a->dtype));
+    cJSON_AddItemToObject(o, "shape", shape_json(a->shape, a->ndim));
+    cJSON_AddStringToObject(o, "read_as", how);
+    if (s) {
+        cJSON_AddBoolToObject(o, "ok", s->layout != NULL);
+        if (s->layout) {
+            cJSON_AddNumberToObject(o, "n_sequences", (double)maskpack_layout_n_segments(s->layout));
+            cJSON_AddNumberToObject(o, "n_tokens", (double)maskpack_layout_n_tokens(s->layout));
+        } else if (s->err.status) {
+            cJSON_AddStringToObject(o, "status", maskpack_status_name(s->err.status));
+            cJSON_AddStringToObject(o, "message", s->err.message);
+        }
+    }
+    cJSON_AddItemToArray(inputs, o);
+}
+
+int cli_print_json(const cli_options *o, const cli_report *r, FILE *f) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return 1;
+    cJSON_AddStringToObject(root, "maskpack_version", maskpack_version_string());
+    cJSON_AddStringToObject(root, "source", r->origin ? r->origin : "");
+    cJSON_AddBoolToObject(root, "sample", o->file == NULL);
+    cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
+    for (size_t k = 0; inputs && k < r->n_sources; k++)
+        add_input(inputs, r->sources[k].name, r->sources[k].array, r->sources[k].how, &r->sources[k]);
+    if (inputs && r->cu_padded) add_input(inputs, "cu_seqlens_padded", r->cu_padded, "slot offsets", NULL);
+    if (inputs && r->input_ids) add_input(inputs, "input_ids", r->input_ids, "shape checked", NULL);
+    if (inputs && r->labels) add_input(inputs, "labels", r->labels, "-100 on padding", NULL);
+    cJSON *ignored = cJSON_AddArrayToObject(root, "ignored");
+    for (size_t i = 0; ignored && i < r->arrays.n; i++)
+        if (r->arrays.arrays[i].name && !cli_is_known_member(r->arrays.arrays[i].name))
+            cJSON_AddItemToArray(ignored, cJSON_CreateString(r->arrays.arrays[i].name));
+    if (r->layout) {
+        const maskpack_layout *L = r->layout;
+        int64_t shape[2] = {r->B, r->S};
+        cJSON_AddItemToObject(root, "shape", r->packed ? shape_json(&r->S, 1) : shape_json(shape, 2));
+        cJSON_AddBoolToObject(root, "packed", r->packed);
+        maskpack_rule rule = maskpack_layout_rule(L);
+        cJSON *jr = cJSON_AddObjectToObject(root, "rule");
+        if (jr) {
+            cJSON_AddBoolToObject(jr, "causal", rule.causal);
+            cJSON_AddStringToObject(jr, "alignment",
+                                    rule.alignment == MASKPACK_ALIGN_TOP_LEFT ? "top_left" : "bottom_right");
+            int64_t win[2] = {rule.window_left, rule.window_right};
+            cJSON_AddItemToObject(jr, "window", shape_json(win, 2));
+            cJSON_AddNumberToObject(jr, "n_spans", (double)rule.n_spans);
+            cJSON_AddBoolToObject(jr, "prefix", rule.prefix != NULL);
+            cJSON_AddStringToObject(jr, "from", r->rule_origin ? r->rule_origin : "default");
+        }
+        size_t n = maskpack_layout_n_segments(L);
+        cJSON_AddNumberToObject(root, "n_sequences", (double)n);
+        cJSON_AddNumberToObject(root, "n_tokens", (double)maskpack_layout_n_tokens(L));
+        cJSON_AddNumberToObject(root, "longest", (double)maskpack_layout_max_seqlen(L));
+        cJSON_AddNumberToObject(root, "pad_fraction", pad_fraction(r));
+        cJSON *segs = cJSON_AddArrayToObject(root, "segments");
+        for (size_t k = 0; segs && k < n; k++) {
+            maskpack_segment g;
+            maskpack_layout_segment(L, k, &g, NULL);
+            cJSON *s = cJSON_CreateObject();
+            if (!s) break;
+            cJSON_AddNumberToObject(s, "row", (double)g.row);
+            cJSON_AddNumberToObject(s, "start", (double)g.q_start);
+            cJSON_AddNumberToObject(s, "length", (double)g.q_len);
+            cJSON_AddItemToArray(segs, s);
+        }
+    } else {
+        cJSON_AddNullToObject(root, "shape");
+    }
+    if (r->have_npu) {
+        const maskpack_npu_argset *a = &r->npu;
+        cJSON *j = cJSON_AddObjectToObject(root, "npu");
+        if (j) {
+            cJSON_AddStringToObject(j, "input_layout", npu_layout_names[a->input_layout]);
+            cJSON_AddNumberToObject(j, "sparse_mode", a->sparse_mode);
+            cJSON_AddNumberToObject(j, "pre_tokens", (double)a->pre_tokens);
+            cJSON_AddNumberToObject(j, "next_tokens", (double)a->next_tokens);
+            cJSON_AddNumberToObject(j, "scale", a->scale);
+            cJSON_AddNumberToObject(j, "inner_precise", a->inner_precise);
+            cJSON_AddStringToObject(j, "atten_mask", npu_mask_names[a->mask_kind]);
+            if (a->mask_kind != MASKPACK_NPU_MASK_NONE)
+                cJSON_AddItemToObject(j, "atten_mask_shape", shape_json(a->mask_shape, a->mask_ndim));
+            if (a->actual_seq_qlen) {
+                cJSON_AddItemToObject(j, "actual_seq_qlen", shape_json(a->actual_seq_qlen, (int32_t)a->n_items));
+                cJSON_AddItemToObject(j, "actual_seq_kvlen", shape_json(a->actual_seq_kvlen, (int32_t)a->n_items));
+            }
+            cJSON_AddNumberToObject(j, "fully_masked_rows", (double)a->fully_masked_rows);
+        }
+    }
+    cJSON *em = cJSON_AddArrayToObject(root, "emitted");
+    for (size_t i = 0; em && i < r->n_emitted; i++) cJSON_AddItemToArray(em, cJSON_CreateString(r->emitted[i]));
+    if (o->out && r->n_emitted) cJSON_AddStringToObject(root, "out", o->out);
+    cJSON *pr = cJSON_AddArrayToObject(root, "problems");
+    for (size_t i = 0; pr && i < r->n_problems; i++) cJSON_AddItemToArray(pr, cJSON_CreateString(r->problems[i]));
+    cJSON_AddNumberToObject(root, "n_problems", (double)r->n_problems_total);
+    cJSON_AddBoolToObject(root, "ok", r->n_problems_total == 0 && r->layout != NULL);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return 1;
+    fprintf(f, "%s\n", text);
+    free(text);
+    return 0;
+}

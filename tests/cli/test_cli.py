@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Command-line tests of `maskpack` (Python standard library only).
+
+usage: test_cli.py MASKPACK_BINARY SOURCE_ROOT [CASE...]   (no CASE: run every case)
+
+Each case runs the binary and checks its exit status and output; test input files (.npy, .npz,
+.safetensors) are written here with struct and zipfile, independently of the C writers.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+BIN = None
+ROOT = None
+TMP = None
+FAILURES = []
+
+# ---- tiny independent writers and readers ---------------------------------------------------------
+
+DESCR = {"b1": ("|b1", "B", 1), "u1": ("|u1", "B", 1), "i4": ("<i4", "i", 4), "i8": ("<i8", "q", 8),
+         "f4": ("<f4", "f", 4)}
+
+
+def npy(kind, shape, values):
+    descr, fmt, _ = DESCR[kind]
+    shape_txt = "(%s)" % (", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else ""))
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape_txt)
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + \
+        struct.pack("<%d%s" % (len(values), fmt), *values)
+
+
+def npz(path, members, deflate=True):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED) as z:
+        for name, (kind, shape, values) in members.items():
+            z.writestr(name + ".npy", npy(kind, shape, values))
+
+
+def safetensors(path, members):
+    st = {"i8": "I64", "i4": "I32", "b1": "BOOL", "u1": "U8", "f4": "F32"}
+    header, data = {"__metadata__": {"source": "test_cli.py"}}, b""
+    for name, (kind, shape, values) in members.items():
+        raw = struct.pack("<%d%s" % (len(values), DESCR[kind][1]), *values)
+        header[name] = {"dtype": st[kind], "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def read_npy(data):
+    assert data[:6] == b"\x93NUMPY", "not an npy"
+    hlen = struct.unpack("<H", data[8:10])[0]
+    header = eval(data[10:10 + hlen].decode(), {}, {})  # our own test output: a Python dict literal
+    kinds = {"|b1": "B", "|u1": "B", "<i4": "i", "<i8": "q", "<f4": "f", "<f8": "d", "<i2": "h", "|i1": "b"}
+    fmt = kinds[header["descr"]]
+    n = 1
+    for d in header["shape"]:
+        n *= d
+    values = struct.unpack("<%d%s" % (n, fmt), data[10 + hlen:])
+    return header["shape"], list(values)
+
+
+def read_npz(path):
+    out = {}
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None, "CRC error"
+        for name in z.namelist():
+            out[name[:-4]] = read_npy(z.read(name))
+    return out
+
+
+# ---- running the binary ----------------------------------------------------------------------------
+
+
+def run(*args):
+    p = subprocess.run([BIN] + list(args), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what)
+
+
+def expect(args, status, out_has=(), err_has=(), out_lacks=()):
+    rc, out, err = run(*args)
+    check(rc == status, "%s: exit %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (" ".join(args), rc, status, out, err))
+    for s in out_has:
+        check(s in out, "%s: stdout lacks %r\nstdout:\n%s" % (" ".join(args), s, out))
+    for s in err_has:
+        check(s in err, "%s: stderr lacks %r\nstderr:\n%s" % (" ".join(args), s, err))
+    for s in out_lacks:
+        check(s not in out, "%s: stdout has %r" % (" ".join(args), s))
+    return out
+
+
+# ---- cases ------------------------------------------------------------------------------------------
+
+SAMPLE_SEGMENTS = [(0, 0, 11), (1, 0, 7), (1, 7, 6), (2, 4, 12)]
+
+
+def case_version_help():
+    expect(["--version"], 0, out_has=["maskpack 0.1.0\n"])
+    expect(["help"], 0, out_has=["maskpack inspect [FILE]"])
+    expect(["help", "inspect"], 0, out_has=["--mask-convention", "--emit"])
+    expect(["inspect", "--help"], 0, out_has=["--cu-form te|npu"])
+    expect([], 2)
+    expect(["frobnicate"], 2, err_has=["unknown command 'frobnicate'"])
+
+
+def case_sample_text():
+    out = expect(["inspect"], 0, out_has=["sample batch (embedded)", "shape: [3, 16]", "sequences: 4, longest: 12",
+                                         "tokens: 36 of 48, pad fraction: 0.250", "problems: none"])
+    rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()
+            if len(line.split()) == 3 and all(x.isdigit() for x in line.split())]
+    check(rows == SAMPLE_SEGMENTS, "sample segments %r" % rows)
+    # the file the sample was made from gives the same answer, once the conventions are named
+    sample = os.path.join(ROOT, "data", "sample_batch.npz")
+    out2 = expect(["inspect", sample, "--mask-convention", "keep", "--position-rule", "reset"], 0,
+                  out_has=["problems: none"])
+    check(out2.split("\n", 1)[1].replace("  (sample conventions: --mask-convention keep --position-rule reset)\n", "")
+          == out.split("\n", 1)[1].replace("  (sample conventions: --mask-convention keep --position-rule reset)\n", ""),
+          "the embedded sample and data/sample_batch.npz differ")
+    # the step rule reads the same boundaries here
+    expect(["inspect", "--position-rule", "step"], 0, out_has=["step rule", "problems: none"])
+
+
+def case_sample_json():
+    rc, out, err = run("inspect", "--json")
+    check(rc == 0, "inspect --json exit %d: %s" % (rc, err))
+    try:
+        d = json.loads(out)
+    except ValueError as e:
+        check(False, "inspect --json is not JSON: %s\n%s" % (e, out))
+        return
+    check(d["ok"] is True and d["n_problems"] == 0 and d["problems"] == [], "json ok/problems %r" % d)
+    check(d["shape"] == [3, 16] and d["packed"] is False, "json shape")
+    check([(s["row"], s["start"], s["length"]) for s in d["segments"]] == SAMPLE_SEGMENTS, "json segments")
+    check(d["n_sequences"] == 4 and d["n_tokens"] == 36 and d["longest"] == 12, "json counts")
+    check(abs(d["pad_fraction"] - 0.25) < 1e-12, "json pad fraction")
+    check(d["rule"]["causal"] is True and d["rule"]["window"] == [-1, -1], "json rule")
+    names = [i["name"] for i in d["inputs"]]
+    check(names == ["attention_mask", "position_ids", "input_ids", "labels"], "json inputs %r" % names)
+    check(d["inputs"][1]["n_sequences"] == 5, "position_ids alone read 5 sequences (left pads included)")
+
+
+def case_png():
+    path = os.path.join(TMP, "sample.png")
+    expect(["inspect", "--png", path], 0)
+    with open(path, "rb") as f:
+        data = f.read()
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", "PNG signature")
+    check(data[12:16] == b"IHDR", "IHDR first")
+    w, h = struct.unpack(">II", data[16:24])
+    check((w, h) == (16 * 32, 3 * 16 * 32 + 2 * 2), "png size %dx%d" % (w, h))
+    expect(["inspect", "--png", path, "--png-rows", "1", "--png-zoom", "2"], 0)
+    with open(path, "rb") as f:
+        data = f.read()
+    check(struct.unpack(">II", data[16:24]) == (32, 32), "one row at zoom 2")
+    expect(["inspect", "--png", path, "--png-rows", "7"], 1, out_has=["png: MASKPACK_ERR_INVALID_ARGUMENT"])
+
+
+def case_emit():
+    out_npz = os.path.join(TMP, "derived.npz")
+    expect(["inspect", "--emit", "all", "--out", out_npz, "--deflate"], 0,
+           out_has=["wrote " + out_npz, "cu_seqlens int32 [5]", "mask4d bool [3, 1, 16, 16]"])
+    z = read_npz(out_npz)
+    check(z["cu_seqlens"] == ((5,), [0, 11, 18, 24, 36]), "cu_seqlens %r" % (z["cu_seqlens"],))
+    check(z["cu_seqlens_npu"][1] == [11, 18, 24, 36], "cu_seqlens_npu")
+    check(z["cu_seqlens_padded"][1] == [0, 16, 23, 32, 48], "cu_seqlens_padded %r" % (z["cu_seqlens_padded"],))
+    shape, pos = z["position_ids"]
+    check(shape == (3, 16) and pos[16:32] == list(range(7)) + list(range(6)) + [0, 0, 0], "position_ids row 1")
+    check(pos[32:36] == [0, 0, 0, 0] and pos[36:48] == list(range(12)), "position_ids row 2 (left pad)")
+    shape, m2 = z["mask2d"]
+    check(sum(m2) == 36 and m2[32:36] == [0, 0, 0, 0], "mask2d")
+    shape, m4 = z["mask4d"]
+    check(shape == (3, 1, 16, 16), "mask4d shape")
+    row1 = m4[256:512]
+    check(row1[8 * 16 + 7] == 1 and row1[8 * 16 + 6] == 0 and row1[8 * 16 + 9] == 0, "mask4d: documents and causality")
+    check(z["segment_ids"][1][16:32] == [2] * 7 + [3] * 6 + [0] * 3, "segment_ids")
+    check(z["valid_indices"][1][11] == 16 and len(z["valid_indices"][1]) == 36, "valid_indices")
+    check(z["last_token_index"][1] == [10, 22, 28, 47], "last_token_index")
+    check("npu_sparse_mode" in z and "block_mask_kv_num_blocks" in z, "npu and block mask outputs")
+    # additive mask in float32, and the safetensors writer (which takes bfloat16)
+    out_st = os.path.join(TMP, "derived.safetensors")
+    expect(["inspect", "--emit", "mask4d,cu_seqlens", "--emit-convention", "additive", "--emit-dtype", "bfloat16",
+            "--out", out_st], 0, out_has=["mask4d bfloat16 [3, 1, 16, 16]"])
+    with open(out_st, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    check(header["mask4d"]["dtype"] == "BF16" and header["mask4d"]["shape"] == [3, 1, 16, 16], "safetensors mask4d")
+    check(header["cu_seqlens"]["dtype"] == "I32", "safetensors cu_seqlens")
+    # bfloat16 has no .npy form: the npz writer refuses and nothing is claimed written
+    expect(["inspect", "--emit", "mask4d", "--emit-convention", "additive", "--emit-dtype", "bfloat16",
+            "--out", os.path.join(TMP, "bf16.npz")], 1, out_has=["MASKPACK_ERR_UNSUPPORTED"], out_lacks=["wrote "])
+
+
+def case_corrupt():
+    with open(os.path.join(ROOT, "data", "sample_batch.npz"), "rb") as f:
+        data = f.read()
+    trunc = os.path.join(TMP, "truncated.npz")
+    with open(trunc, "wb") as f:
+        f.write(data[:600])
+    expect(["inspect", trunc, "--mask-convention", "keep", "--position-rule", "reset"], 1,
+           out_has=["MASKPACK_ERR_FORMAT", "end-of-central-directory"])
+    # one flipped byte inside the first member's compressed data: the deflate stream or CRC objects
+    bad = bytearray(data)
+    bad[100] ^= 0x55
+    flipped = os.path.join(TMP, "flipped.npz")
+    with open(flipped, "wb") as f:
+        f.write(bytes(bad))
+    out = expect(["inspect", flipped, "--mask-convention", "keep", "--position-rule", "reset", "--json"], 1)
+    d = json.loads(out)
+    check(d["ok"] is False and any("MASKPACK_ERR_FORMAT" in p for p in d["problems"]), "corrupt file in JSON: %r" % d)
+    missing = os.path.join(TMP, "does-not-exist.npz")
+    expect(["inspect", missing], 1, out_has=["MASKPACK_ERR_IO", "cannot open"])
+
+
+def case_usage():
+    sample = os.path.join(ROOT, "data", "sample_batch.npz")
+    expect(["inspect", "--frobnicate"], 2, err_has=["unknown option '--frobnicate'"])
+    expect(["inspect", sample], 2, err_has=["--mask-convention keep"])
+    expect(["inspect", sample, "--mask-convention", "keep"], 2, err_has=["--position-rule"])
+    expect(["inspect", sample, "--mask-convention", "masked", "--position-rule", "reset"], 2,
+           err_has=["a 2D attention_mask is keep or doc_id"])
+    expect(["inspect", "--emit", "mask2d"], 2, err_has=["--emit needs --out"])
+    expect(["inspect", "--emit", "nonsense", "--out", "x.npz"], 2, err_has=["--emit: expected"])
+    expect(["inspect", "--window", "3"], 2, err_has=["--window: expected L,R"])
+    expect(["inspect", "a.npz", "b.npz"], 2, err_has=["more than one FILE"])
+    bare = os.path.join(TMP, "bare.npy")
+    with open(bare, "wb") as f:
+        f.write(npy("i4", (3,), [3, 5, 8]))
+    expect(["inspect", bare], 2, err_has=["--as"])
+    expect(["inspect", sample, "--as", "cu_seqlens"], 2, err_has=["--as applies to a bare .npy"])
+
+
+def case_inputs():
+    # a bare .npy of NPU-form cu_seqlens
+    bare = os.path.join(TMP, "cu.npy")
+    with open(bare, "wb") as f:
+        f.write(npy("i4", (3,), [3, 5, 8]))
+    out = expect(["inspect", bare, "--as", "cu_seqlens", "--cu-form", "npu", "--json"], 0)
+    d = json.loads(out)
+    check(d["packed"] is True and d["shape"] == [8], "packed stream %r" % d.get("shape"))
+    check([(s["start"], s["length"]) for s in d["segments"]] == [(0, 3), (3, 2), (5, 3)], "cu segments")
+    # TE form with cu_seqlens_padded (filler between sequences), in a safetensors file
+    st = os.path.join(TMP, "padded.safetensors")
+    safetensors(st, {"cu_seqlens": ("i4", (4,), [0, 3, 5, 9]), "cu_seqlens_padded": ("i4", (4,), [0, 4, 8, 13])})
+    out = expect(["inspect", st, "--cu-form", "te", "--json"], 0)
+    d = json.loads(out)
+    check(d["shape"] == [13] and [(s["start"], s["length"]) for s in d["segments"]] == [(0, 3), (4, 2), (8, 4)],
+          "cu_seqlens_padded segments %r" % d.get("segments"))
+    # a 4D M-mask: causal with one left-pad token, rule recovered from the mask
+    S = 4
+    allowed = [[(i >= 1 and 1 <= j <= i) for j in range(S)] for i in range(S)]
+    masked = [0 if allowed[i][j] else 1 for i in range(S) for j in range(S)]
+    m4 = os.path.join(TMP, "mask4d.npz")
+    npz(m4, {"attention_mask": ("b1", (1, 1, S, S), masked)})
+    expect(["inspect", m4, "--mask-convention", "masked"], 0,
+           out_has=["4D masked mask", "rule: causal", "from attention_mask (4D)", "problems: none"])
+    expect(["inspect", m4, "--mask-convention", "masked", "--bidirectional"], 1,
+           out_has=["rule: attention_mask encodes a causal rule, the flags say --bidirectional"])
+    # a bare 4D npy with --as mask4d, keep polarity
+    keep = [1 - v for v in masked]
+    b4 = os.path.join(TMP, "keep4d.npy")
+    with open(b4, "wb") as f:
+        f.write(npy("u1", (1, 1, S, S), keep))
+    expect(["inspect", b4, "--as", "mask4d", "--mask-convention", "keep"], 0, out_has=["sequences: 1, longest: 3"])
+
+
+def case_disagreements():
+    # position_ids (reset) split row 0 at 3; cu_seqlens at 2; labels train on a pad token
+    f1 = os.path.join(TMP, "disagree.npz")
+    npz(f1, {
+        "attention_mask": ("i8", (1, 8), [1, 1, 1, 1, 1, 1, 0, 0]),
+        "position_ids": ("i8", (1, 8), [0, 1, 2, 0, 1, 2, 0, 0]),
+        "cu_seqlens": ("i4", (3,), [0, 2, 6]),
+        "labels": ("i8", (1, 8), [5, 5, 5, 5, 5, 5, 7, -100]),
+        "input_ids": ("i8", (1, 8), [5, 5, 5, 5, 5, 5, 0, 9]),  # pad ids differing is NOT a problem
+    })
+    out = expect(["inspect", f1, "--mask-convention", "keep", "--position-rule", "reset", "--cu-form", "te"], 1,
+                 out_has=["row 0: cu_seqlens says 2 sequences, position_ids says 2 (they split differently at column 2)",
+                          "row 0: labels are not -100 on 1 pad token (first at column 6: 7)"])
+    check("input_ids" not in out.split("problems")[1], "input_ids of pad tokens are not a problem")
+    # the brief's example: a doc-id mask says 2 sequences, position_ids say 3
+    f2 = os.path.join(TMP, "docid.npz")
+    npz(f2, {
+        "attention_mask": ("i4", (2, 8), [1, 1, 1, 2, 2, 2, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]),
+        "position_ids": ("i4", (2, 8), [0, 1, 0, 0, 1, 2, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0]),
+    }, deflate=False)
+    out = expect(["inspect", f2, "--mask-convention", "doc_id", "--position-rule", "reset", "--json"], 1)
+    d = json.loads(out)
+    check(d["problems"] == ["row 0: attention_mask says 2 sequences, position_ids says 3 (they split differently "
+                            "at column 2)"], "doc_id vs position_ids problems %r" % d["problems"])
+    # the step rule does not see the repeated 0 at column 3 as a second boundary either: still 3
+    # position_ids that call real tokens padding (a zero tail under the mask's ones)
+    f3 = os.path.join(TMP, "tail.npz")
+    npz(f3, {"attention_mask": ("i8", (1, 6), [1, 1, 1, 1, 1, 1]), "position_ids": ("i8", (1, 6), [0, 1, 2, 3, 0, 0])})
+    expect(["inspect", f3, "--mask-convention", "keep", "--position-rule", "step"], 1,
+           out_has=["row 0: position_ids end in a run of zeros read as padding from column 4, but attention_mask "
+                    "marks 2 of those tokens as real"])
+    # a constructor failure: a keep mask with a hole; the library's message is shown
+    f4 = os.path.join(TMP, "hole.npz")
+    npz(f4, {"attention_mask": ("i8", (1, 5), [1, 0, 1, 1, 0])})
+    expect(["inspect", f4, "--mask-convention", "keep"], 1, out_has=["attention_mask: MASKPACK_ERR_HOLE"])
+    # a grid disagreement
+    f5 = os.path.join(TMP, "shapes.npz")
+    npz(f5, {"attention_mask": ("i8", (1, 4), [1, 1, 1, 1]), "labels": ("i8", (1, 5), [1, 2, 3, 4, 5])})
+    expect(["inspect", f5, "--mask-convention", "keep"], 1, out_has=["shape: labels [1, 5] implies a [1, 5] token grid"])
+    # problems block --emit
+    expect(["inspect", f1, "--mask-convention", "keep", "--position-rule", "reset", "--cu-form", "te",
+            "--emit", "mask2d", "--out", os.path.join(TMP, "never.npz")], 1, out_has=["nothing written"])
+    check(not os.path.exists(os.path.join(TMP, "never.npz")), "--out written despite problems")
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main():
+    global BIN, ROOT, TMP
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    BIN, ROOT = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or sorted(CASES)
+    with tempfile.TemporaryDirectory(prefix="maskpack_cli_") as tmp:
+        TMP = tmp
+        for name in names:
+            CASES[name]()
+    if FAILURES:
+        print("%d check(s) failed" % len(FAILURES))
+        return 1
+    print("cli tests passed: %s" % ", ".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
