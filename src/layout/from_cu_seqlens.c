@@ -104,10 +104,10 @@ maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tensor *cu, maskp
             int64_t slot = cu_bound(&p, k + 1) - cu_bound(&p, k);
             if (slot < len)
                 return mp_fail(err, MASKPACK_ERR_VALUE, "cu_seqlens_padded", k + 1, -1,
-                               "cu_seqlens_padded[%lld]: expected >= %lld (slot %lld must hold its %lld real tokens), "
-                               "found %lld",
-                               (long long)(k + 1), (long long)(cu_bound(&p, k) + len), (long long)k, (long long)len,
-                               (long long)cu_bound(&p, k + 1));
+                               "cu_seqlens_padded[%lld]: expected >= cu_seqlens_padded[%lld] + %lld (slot %lld must "
+                               "hold its %lld real tokens), found a slot of %lld",
+                               (long long)(k + 1), (long long)k, (long long)len, (long long)k, (long long)len,
+                               (long long)slot);
         }
         /* every slot holds its sequence and slots start at 0, so the last slot end bounds the last real end */
         last = cu_bound(&p, p.n);

@@ -653,8 +653,10 @@ static maskpack_status run(state *st, maskpack_error *err) {
         check_compressed_content(st);
 
     /* the call's predicate, when the description allows one */
+    /* per-item semantics need one entry per batch item: a batch beyond 2^20 (no real call has one)
+     * skips the content checks rather than allocating gigabytes for a fuzzed description */
     int computable = st->known_layout && st->mode_ok && (!st->tnd || st->items_ok) && (!c->atten_mask || st->mask_ok) &&
-                     (mode != 5 && mode != 6 ? 1 : st->prefix_ok);
+                     (mode != 5 && mode != 6 ? 1 : st->prefix_ok) && (st->tnd || c->batch <= (INT64_C(1) << 20));
     if (!computable) {
         check_pre_next(st, NULL);
         return MASKPACK_OK;
