@@ -44,7 +44,7 @@ test-python:
 
 # Every fuzz target on its seed corpus for FUZZ_SECONDS each (libFuzzer when clang is present).
 test-fuzz:
-	bash tools/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+	bash tools/fuzz_ci.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 # The whole C suite and the Python suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize:
