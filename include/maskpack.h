@@ -677,10 +677,11 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
  * are never read; fully allowed tiles never evaluate it. Tiles start at each segment's own first
  * query and key, so the result of a token does not depend on where its sequence sits: packed and
  * padded runs of one kernel are bitwise equal in f32.
- * Kernels: a scalar reference (double accumulation), AVX-512 f32, and bf16 on AMX tiles (AVX-512
- * with AVX512-BF16 conversion when there is no AMX), chosen from the CPU at each call. The
- * environment variable MASKPACK_ISA=ref|avx512|amx forces one; forcing one this CPU lacks is
- * MASKPACK_ERR_UNSUPPORTED, never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no f32).
+ * Kernels: a scalar reference (double accumulation), AVX-512 f32, and for bf16 forwards AMX tiles,
+ * or AVX512-BF16 dot products on CPUs without AMX (plain AVX-512 widening to f32 without either);
+ * bf16 backwards widen to f32. Chosen from the CPU at each call. The environment variable
+ * MASKPACK_ISA=ref|avx512|amx forces one; forcing one this CPU lacks is MASKPACK_ERR_UNSUPPORTED,
+ * never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no f32).
  * Threads: n_threads >= 1 worker threads are created per call (none kept); work is split over
  * (segment, head, query block), so both cores work even for one sequence of one head.
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
@@ -690,7 +691,7 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
  */
 typedef enum maskpack_attention_isa {
     MASKPACK_ATTN_ISA_REF = 0,    /* scalar, double accumulation */
-    MASKPACK_ATTN_ISA_AVX512 = 1, /* AVX-512F f32 (bf16 converted on load) */
+    MASKPACK_ATTN_ISA_AVX512 = 1, /* AVX-512F f32 (bf16 forward: AVX512-BF16 when present) */
     MASKPACK_ATTN_ISA_AMX = 2     /* AMX-BF16 tiles for bf16; AVX-512 for f32 */
 } maskpack_attention_isa;
 

@@ -27,7 +27,7 @@ done
 pkgdir="$BUILD/pyroot"
 rm -rf "$pkgdir"; mkdir -p "$pkgdir/maskpack"
 cp python/maskpack/*.py "$pkgdir/maskpack/"
-cp "$BUILD"/python/_maskpack*.so "$pkgdir/maskpack/"
+cp "$BUILD"/python/_*.so "$pkgdir/maskpack/"
 asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD="$asan_rt $ubsan_rt" PYTHONPATH="$pkgdir" \

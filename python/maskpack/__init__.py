@@ -42,3 +42,23 @@ __all__ = [
     "window_from_hf",
     "__version__",
 ]
+
+from .plan import Plan, attention_coefficient, plan  # noqa: E402,F401
+__all__ += ["Plan", "attention_coefficient", "plan"]
+
+# Gated DeltaNet (maskpack.gdn) needs torch: its names load on first use, so `import maskpack`
+# stays torch-free.
+_GDN_NAMES = ("gated_delta_rule", "causal_conv1d", "gdn_gates", "gdn_l2norm", "gdn_isa", "GatedDeltaNet", "GatedRMSNorm")
+__all__ += list(_GDN_NAMES)
+
+
+def __getattr__(name):
+    if name in _GDN_NAMES:
+        from . import gdn
+
+        return getattr(gdn, name)
+    raise AttributeError(f"module 'maskpack' has no attribute {name!r}")
+
+# Fused CPU attention over a layout (torch is imported only when a torch tensor is passed).
+from .attention import AttentionFunction, attention, attention_autograd, attention_backward, attention_isa  # noqa: E402,F401
+__all__ += ["AttentionFunction", "attention", "attention_autograd", "attention_backward", "attention_isa"]

@@ -1,3 +1,918 @@
-/* test_attention.c: placeholder; fails until its owner lands the real tests. */
-#include <stdio.h>
-int main(void) { fprintf(stderr, "test_attention: not written yet\n"); return 1; }
+/* test_attention.c: fused attention over layouts. Every kernel (ref, avx512, amx when the CPU has
+ * them) is checked against a dense double-precision reference written here from maskpack_allowed
+ * alone, forward and backward, on random and adversarial layouts: padded, packed, packed rows, left
+ * padding, cross attention in both alignments (rows that see nothing), windows, spans, prefixes,
+ * CP shards; GQA/MQA; head dims 16..256; lengths around the block sizes; softcap; strided views;
+ * f32 and bf16. Then: packed == padded bitwise (f32), shard == unsharded bitwise, NaN in padding
+ * and in keys no query may see never reaches an output, and bad input fails with outputs untouched. */
+#include "check.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+static float rnd_f(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+static const char *isas[3] = {"ref", "avx512", "amx"};
+static int n_isas = 1; /* set in main from the CPU */
+
+static void use_isa(const char *name) { setenv("MASKPACK_ISA", name, 1); }
+
+static uint16_t to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+/* A problem: contiguous grid tensors [B][W][H][D] in f32 (values exactly representable in bf16
+ * when the problem is bf16, so the reference sees what the kernel sees). */
+typedef struct {
+    const maskpack_layout *L;
+    int64_t B, S, Skv, Hq, Hkv, D;
+    int packed, bf16;
+    float *q, *k, *v, *dout;
+} prob;
+
+static int64_t nq_el(const prob *p) { return p->B * p->S * p->Hq * p->D; }
+static int64_t nk_el(const prob *p) { return p->B * p->Skv * p->Hkv * p->D; }
+
+static void fill_random(float *x, int64_t n, int bf16) {
+    for (int64_t i = 0; i < n; i++) {
+        float f = rnd_f() * 1.5f;
+        x[i] = bf16 ? from_bf16(to_bf16(f)) : f;
+    }
+}
+
+static prob make_prob(const maskpack_layout *L, int64_t Hq, int64_t Hkv, int64_t D, int bf16) {
+    prob p;
+    memset(&p, 0, sizeof p);
+    p.L = L;
+    p.B = maskpack_layout_n_rows(L);
+    p.S = maskpack_layout_q_width(L);
+    p.Skv = maskpack_layout_kv_width(L);
+    p.Hq = Hq;
+    p.Hkv = Hkv;
+    p.D = D;
+    p.packed = maskpack_layout_is_packed(L);
+    p.bf16 = bf16;
+    p.q = malloc((size_t)(nq_el(&p) + 1) * sizeof(float));
+    p.dout = malloc((size_t)(nq_el(&p) + 1) * sizeof(float));
+    p.k = malloc((size_t)(nk_el(&p) + 1) * sizeof(float));
+    p.v = malloc((size_t)(nk_el(&p) + 1) * sizeof(float));
+    fill_random(p.q, nq_el(&p), bf16);
+    fill_random(p.dout, nq_el(&p), bf16);
+    fill_random(p.k, nk_el(&p), bf16);
+    fill_random(p.v, nk_el(&p), bf16);
+    return p;
+}
+
+static void free_prob(prob *p) {
+    free(p->q);
+    free(p->k);
+    free(p->v);
+    free(p->dout);
+}
+
+/* Tensor view of a grid buffer: [T,H,D] for packed layouts, [B,W,H,D] otherwise. */
+static maskpack_tensor view_of(void *data, maskpack_dtype dt, const prob *p, int kv, int64_t H) {
+    int64_t W = kv ? p->Skv : p->S;
+    if (p->packed) {
+        int64_t shape[3] = {W, H, p->D};
+        return maskpack_tensor_contiguous(data, dt, 3, shape);
+    }
+    int64_t shape[4] = {p->B, W, H, p->D};
+    return maskpack_tensor_contiguous(data, dt, 4, shape);
+}
+
+static maskpack_tensor lse_view(float *data, const prob *p) {
+    if (p->packed) {
+        int64_t shape[2] = {p->Hq, p->S};
+        return maskpack_tensor_contiguous(data, MASKPACK_F32, 2, shape);
+    }
+    int64_t shape[3] = {p->B, p->Hq, p->S};
+    return maskpack_tensor_contiguous(data, MASKPACK_F32, 3, shape);
+}
+
+static int64_t lse_index(const prob *p, int64_t b, int64_t h, int64_t i) { return (b * p->Hq + h) * p->S + i; }
+
+/* Buffers in the problem's dtype. */
+static void *as_dtype(const float *x, int64_t n, int bf16) {
+    if (!bf16) {
+        float *o = malloc((size_t)(n + 1) * sizeof(float));
+        memcpy(o, x, (size_t)n * sizeof(float));
+        return o;
+    }
+    uint16_t *o = malloc((size_t)(n + 1) * sizeof(uint16_t));
+    for (int64_t i = 0; i < n; i++) o[i] = to_bf16(x[i]);
+    return o;
+}
+
+static void to_f32(float *dst, const void *src, int64_t n, int bf16) {
+    if (!bf16)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = from_bf16(((const uint16_t *)src)[i]);
+}
+
+/* ---- the dense double reference (maskpack_allowed only) ----------------------------------------- */
+
+typedef struct {
+    double *out, *lse;           /* [B][S][Hq][D], [B][Hq][S] */
+    double *dq, *dk, *dv;
+} dense;
+
+static double ref_logit(const prob *p, int64_t b, int64_t i, int64_t h, int64_t j, double scale, double cap,
+                        double *t) {
+    int64_t kh = h / (p->Hq / p->Hkv), D = p->D;
+    const float *q = p->q + ((b * p->S + i) * p->Hq + h) * D, *k = p->k + ((b * p->Skv + j) * p->Hkv + kh) * D;
+    double s = 0;
+    for (int64_t d = 0; d < D; d++) s += (double)q[d] * k[d];
+    s *= scale;
+    *t = 0;
+    if (cap > 0) {
+        *t = tanh(s / cap);
+        s = cap * *t;
+    }
+    return s;
+}
+
+static dense dense_ref(const prob *p, double scale, double cap, int grads) {
+    dense r;
+    int64_t D = p->D, G = p->Hq / p->Hkv;
+    r.out = calloc((size_t)nq_el(p) + 1, sizeof(double));
+    r.lse = calloc((size_t)(p->B * p->Hq * p->S) + 1, sizeof(double));
+    r.dq = calloc((size_t)nq_el(p) + 1, sizeof(double));
+    r.dk = calloc((size_t)nk_el(p) + 1, sizeof(double));
+    r.dv = calloc((size_t)nk_el(p) + 1, sizeof(double));
+    double *pr = malloc((size_t)(p->Skv + 1) * sizeof(double)), *th = malloc((size_t)(p->Skv + 1) * sizeof(double));
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t i = 0; i < p->S; i++)
+            for (int64_t h = 0; h < p->Hq; h++) {
+                int64_t kh = h / G;
+                double m = -INFINITY;
+                for (int64_t j = 0; j < p->Skv; j++) {
+                    pr[j] = -INFINITY;
+                    if (!maskpack_allowed(p->L, b, h, i, j)) continue;
+                    pr[j] = ref_logit(p, b, i, h, j, scale, cap, &th[j]);
+                    if (pr[j] > m) m = pr[j];
+                }
+                double *o = r.out + ((b * p->S + i) * p->Hq + h) * D;
+                double l = 0;
+                if (m > -INFINITY)
+                    for (int64_t j = 0; j < p->Skv; j++) {
+                        if (pr[j] == -INFINITY) continue;
+                        double w = exp(pr[j] - m);
+                        l += w;
+                        const float *v = p->v + ((b * p->Skv + j) * p->Hkv + kh) * D;
+                        for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
+                    }
+                for (int64_t d = 0; d < D; d++) o[d] = l > 0 ? o[d] / l : 0;
+                double lse = l > 0 ? m + log(l) : -INFINITY;
+                r.lse[lse_index(p, b, h, i)] = lse;
+                if (!grads || !(l > 0)) continue;
+                const float *dO = p->dout + ((b * p->S + i) * p->Hq + h) * D;
+                const float *q = p->q + ((b * p->S + i) * p->Hq + h) * D;
+                double delta = 0;
+                for (int64_t d = 0; d < D; d++) delta += dO[d] * o[d];
+                double *dq = r.dq + ((b * p->S + i) * p->Hq + h) * D;
+                for (int64_t j = 0; j < p->Skv; j++) {
+                    if (pr[j] == -INFINITY) continue;
+                    double P = exp(pr[j] - lse);
+                    const float *v = p->v + ((b * p->Skv + j) * p->Hkv + kh) * D;
+                    const float *k = p->k + ((b * p->Skv + j) * p->Hkv + kh) * D;
+                    double dp = 0;
+                    for (int64_t d = 0; d < D; d++) dp += (double)dO[d] * v[d];
+                    double ds = P * (dp - delta);
+                    if (cap > 0) ds *= 1 - th[j] * th[j];
+                    double *dk = r.dk + ((b * p->Skv + j) * p->Hkv + kh) * D;
+                    double *dv = r.dv + ((b * p->Skv + j) * p->Hkv + kh) * D;
+                    for (int64_t d = 0; d < D; d++) {
+                        dq[d] += scale * ds * k[d];
+                        dk[d] += scale * ds * q[d];
+                        dv[d] += P * dO[d];
+                    }
+                }
+            }
+    free(pr);
+    free(th);
+    return r;
+}
+
+static void free_dense(dense *r) {
+    free(r->out);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+}
+
+/* max |a - b| / (atol + max |b|) style closeness of n values */
+static double rel_err(const float *a, const double *b, int64_t n) {
+    double mx = 0, e = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]);
+        if (isnan(a[i])) x = INFINITY;
+        if (x > e) e = x;
+    }
+    return e / (mx > 1e-3 ? mx : 1e-3);
+}
+
+/* ---- running the kernels ------------------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv; /* f32 copies of the outputs */
+} result;
+
+static void free_result(result *r) {
+    free(r->out);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+}
+
+static maskpack_status run(const prob *p, const char *isa, double scale, double cap, int threads, int grads,
+                           result *res, maskpack_error *e) {
+    use_isa(isa);
+    maskpack_dtype dt = p->bf16 ? MASKPACK_BF16 : MASKPACK_F32;
+    void *q = as_dtype(p->q, nq_el(p), p->bf16), *k = as_dtype(p->k, nk_el(p), p->bf16),
+         *v = as_dtype(p->v, nk_el(p), p->bf16), *dout = as_dtype(p->dout, nq_el(p), p->bf16);
+    size_t es = p->bf16 ? 2 : 4;
+    void *out = malloc((size_t)nq_el(p) * es + 4), *dq = malloc((size_t)nq_el(p) * es + 4),
+         *dk = malloc((size_t)nk_el(p) * es + 4), *dv = malloc((size_t)nk_el(p) * es + 4);
+    float *lse = malloc((size_t)(p->B * p->Hq * p->S + 1) * sizeof(float));
+    /* garbage in the outputs: every element must be written */
+    memset(out, 0x7f, (size_t)nq_el(p) * es);
+    memset(dq, 0x7f, (size_t)nq_el(p) * es);
+    memset(dk, 0x7f, (size_t)nk_el(p) * es);
+    memset(dv, 0x7f, (size_t)nk_el(p) * es);
+    memset(lse, 0x7f, (size_t)(p->B * p->Hq * p->S) * sizeof(float));
+    maskpack_tensor tq = view_of(q, dt, p, 0, p->Hq), tk = view_of(k, dt, p, 1, p->Hkv), tv = view_of(v, dt, p, 1, p->Hkv);
+    maskpack_tensor to = view_of(out, dt, p, 0, p->Hq), tl = lse_view(lse, p), tdo = view_of(dout, dt, p, 0, p->Hq);
+    maskpack_tensor tdq = view_of(dq, dt, p, 0, p->Hq), tdk = view_of(dk, dt, p, 1, p->Hkv), tdv = view_of(dv, dt, p, 1, p->Hkv);
+    size_t need = 0;
+    maskpack_status s = maskpack_attention_forward_workspace(p->L, &tq, &tk, &tv, threads, &need, e);
+    void *ws = NULL;
+    if (!s) {
+        ws = malloc(need);
+        s = maskpack_attention_forward(p->L, &tq, &tk, &tv, scale, cap, &to, &tl, threads, ws, need, e);
+    }
+    if (!s && grads) {
+        free(ws);
+        ws = NULL;
+        s = maskpack_attention_backward_workspace(p->L, &tq, &tk, &tv, threads, &need, e);
+        if (!s) {
+            ws = malloc(need);
+            s = maskpack_attention_backward(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads,
+                                            ws, need, e);
+        }
+    }
+    free(ws);
+    memset(res, 0, sizeof *res);
+    res->out = malloc((size_t)(nq_el(p) + 1) * sizeof(float));
+    res->dq = malloc((size_t)(nq_el(p) + 1) * sizeof(float));
+    res->dk = malloc((size_t)(nk_el(p) + 1) * sizeof(float));
+    res->dv = malloc((size_t)(nk_el(p) + 1) * sizeof(float));
+    to_f32(res->out, out, nq_el(p), p->bf16);
+    to_f32(res->dq, dq, nq_el(p), p->bf16);
+    to_f32(res->dk, dk, nk_el(p), p->bf16);
+    to_f32(res->dv, dv, nk_el(p), p->bf16);
+    res->lse = lse;
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(dq);
+    free(dk);
+    free(dv);
+    return s;
+}
+
+static int verbose_fail = 0;
+
+/* Compares one run against the dense reference; empty rows must be exactly 0 / -inf. */
+static void check_against(const prob *p, const result *r, const dense *ref, int grads, const char *what, double tol) {
+    int64_t D = p->D;
+    double e_out = rel_err(r->out, ref->out, nq_el(p));
+    int exact_empty = 1, lse_ok = 1;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            for (int64_t i = 0; i < p->S; i++) {
+                double want = ref->lse[lse_index(p, b, h, i)];
+                float got = r->lse[lse_index(p, b, h, i)];
+                if (want == -INFINITY) {
+                    if (!(got == -INFINITY)) exact_empty = 0;
+                    const float *o = r->out + ((b * p->S + i) * p->Hq + h) * D;
+                    for (int64_t d = 0; d < D; d++)
+                        if (o[d] != 0.0f || signbit(o[d])) exact_empty = 0;
+                    if (grads) {
+                        const float *g = r->dq + ((b * p->S + i) * p->Hq + h) * D;
+                        for (int64_t d = 0; d < D; d++)
+                            if (g[d] != 0.0f) exact_empty = 0;
+                    }
+                } else if (!(fabs(got - want) <= tol * (1 + fabs(want)))) {
+                    lse_ok = 0;
+                }
+            }
+    CHECK(e_out <= tol);
+    CHECK(exact_empty);
+    CHECK(lse_ok);
+    double e_dq = 0, e_dk = 0, e_dv = 0;
+    if (grads) {
+        e_dq = rel_err(r->dq, ref->dq, nq_el(p));
+        e_dk = rel_err(r->dk, ref->dk, nk_el(p));
+        e_dv = rel_err(r->dv, ref->dv, nk_el(p));
+        CHECK(e_dq <= 2 * tol);
+        CHECK(e_dk <= 2 * tol);
+        CHECK(e_dv <= 2 * tol);
+    }
+    if (verbose_fail || e_out > tol || !exact_empty || !lse_ok || e_dq > 2 * tol || e_dk > 2 * tol || e_dv > 2 * tol)
+        fprintf(stderr, "  %s: out %.3g dq %.3g dk %.3g dv %.3g empty-exact %d lse %d (tol %.3g)\n", what, e_out, e_dq,
+                e_dk, e_dv, exact_empty, lse_ok, tol);
+}
+
+/* Every available kernel, forward and backward, against the reference; 1 and 2 threads. */
+static void check_all_isas(const maskpack_layout *L, int64_t Hq, int64_t Hkv, int64_t D, double scale, double cap,
+                           const char *name) {
+    for (int bf = 0; bf < 2; bf++) {
+        prob p = make_prob(L, Hq, Hkv, D, bf);
+        double sc = scale == 0 ? 1 / sqrt((double)D) : scale;
+        dense ref = dense_ref(&p, sc, cap, 1);
+        for (int x = 0; x < n_isas; x++)
+            for (int threads = 1; threads <= 2; threads++) {
+                result r;
+                maskpack_error e;
+                char what[200];
+                snprintf(what, sizeof what, "%s %s %s D=%lld Hq=%lld Hkv=%lld threads=%d", name, isas[x],
+                         bf ? "bf16" : "f32", (long long)D, (long long)Hq, (long long)Hkv, threads);
+                maskpack_status s = run(&p, isas[x], scale, cap, threads, 1, &r, &e);
+                CHECK_OK(s, e);
+                if (s == MASKPACK_OK) check_against(&p, &r, &ref, 1, what, bf ? 1e-2 : 2e-5);
+                free_result(&r);
+            }
+        free_dense(&ref);
+        free_prob(&p);
+    }
+}
+
+/* ---- layouts ------------------------------------------------------------------------------------- */
+
+static maskpack_layout *from_lengths(const int64_t *len, size_t n, maskpack_placement pl, int64_t cap,
+                                     const maskpack_rule *rule) {
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_lengths(len, n, pl, cap, rule, &L, &e), e);
+    return L;
+}
+
+static void test_kernels_vs_reference(void) {
+    maskpack_rule causal = maskpack_rule_default(), bidir = maskpack_rule_default();
+    bidir.causal = 0;
+    /* lengths around the block sizes (48 query rows, 64 keys, AMX 32), an empty one and a 1 */
+    int64_t len_a[5] = {49, 0, 1, 64, 33};
+    int64_t len_b[3] = {97, 47, 65};
+    maskpack_layout *L;
+
+    L = from_lengths(len_a, 5, MASKPACK_PLACE_RIGHT, 0, &causal);
+    if (L) check_all_isas(L, 2, 1, 64, 0, 0, "padded causal MQA");
+    maskpack_layout_free(L);
+
+    L = from_lengths(len_b, 3, MASKPACK_PLACE_PACKED, 0, &bidir);
+    if (L) check_all_isas(L, 4, 2, 128, 0.3, 0, "packed bidirectional GQA");
+    maskpack_layout_free(L);
+
+    L = from_lengths(len_b, 3, MASKPACK_PLACE_LEFT, 0, &causal);
+    if (L) check_all_isas(L, 1, 1, 100, 0, 0, "left padded causal D=100");
+    maskpack_layout_free(L);
+
+    int64_t len_c[6] = {20, 31, 5, 40, 17, 9};
+    L = from_lengths(len_c, 6, MASKPACK_PLACE_PACKED, 64, &causal);
+    if (L) check_all_isas(L, 2, 2, 16, 0, 0, "packed rows D=16");
+    maskpack_layout_free(L);
+
+    /* sliding windows, causal and two-sided */
+    maskpack_rule win = causal;
+    win.window_left = 7;
+    win.window_right = 0;
+    L = from_lengths(len_b, 3, MASKPACK_PLACE_PACKED, 0, &win);
+    if (L) check_all_isas(L, 2, 1, 64, 0, 0, "window (7,0)");
+    maskpack_layout_free(L);
+    maskpack_rule win2 = bidir;
+    win2.window_left = 40;
+    win2.window_right = 3;
+    L = from_lengths(len_b, 3, MASKPACK_PLACE_RIGHT, 0, &win2);
+    if (L) check_all_isas(L, 2, 2, 64, 0, 0, "window (40,3) bidirectional");
+    maskpack_layout_free(L);
+
+    /* spans and prefixes on top of causal; softcap */
+    int64_t len_d[3] = {90, 12, 70};
+    maskpack_span spans[3] = {{0, 10, 60}, {0, 70, 71}, {2, 0, 33}};
+    int64_t prefix[3] = {5, 0, 21};
+    maskpack_rule sp = causal;
+    sp.spans = spans;
+    sp.n_spans = 3;
+    sp.prefix = prefix;
+    sp.n_prefix = 3;
+    L = from_lengths(len_d, 3, MASKPACK_PLACE_PACKED, 0, &sp);
+    if (L) check_all_isas(L, 2, 1, 64, 0, 0, "spans + prefix");
+    if (L) check_all_isas(L, 1, 1, 128, 0, 30.0, "spans + prefix, softcap 30");
+    maskpack_layout_free(L);
+
+    /* cross attention, both alignments; q_len > kv_len gives rows that see nothing */
+    maskpack_segment xs[3] = {{0, 0, 70, 0, 30}, {0, 70, 20, 30, 90}, {0, 90, 5, 120, 0}};
+    for (int al = 0; al < 2; al++) {
+        maskpack_rule r = causal;
+        r.alignment = al ? MASKPACK_ALIGN_BOTTOM_RIGHT : MASKPACK_ALIGN_TOP_LEFT;
+        maskpack_error e;
+        L = NULL;
+        CHECK_OK(maskpack_layout_from_segments(xs, 3, 1, 95, 120, 1, &r, &L, &e), e);
+        if (L) check_all_isas(L, 2, 1, 64, 0, 0, al ? "cross bottom-right" : "cross top-left");
+        maskpack_layout_free(L);
+    }
+
+    /* head dim 256, and a larger head dim odd size */
+    int64_t len_e[2] = {70, 3};
+    L = from_lengths(len_e, 2, MASKPACK_PLACE_PACKED, 0, &causal);
+    if (L) check_all_isas(L, 1, 1, 256, 0, 0, "D=256");
+    if (L) check_all_isas(L, 2, 1, 37, 0, 0, "D=37");
+    maskpack_layout_free(L);
+}
+
+/* A random layout: random lengths, placement, rule. */
+static void test_random_layouts(void) {
+    for (int t = 0; t < 6; t++) {
+        int64_t n = rnd_in(1, 5), len[5];
+        for (int64_t i = 0; i < n; i++) len[i] = rnd_in(0, 120);
+        maskpack_rule r = maskpack_rule_default();
+        r.causal = (int)rnd_in(0, 1);
+        if (rnd_in(0, 2) == 0) r.window_left = rnd_in(0, 50);
+        if (rnd_in(0, 2) == 0) r.window_right = rnd_in(0, 10);
+        maskpack_placement pl = (maskpack_placement)rnd_in(0, 2);
+        maskpack_layout *L = from_lengths(len, (size_t)n, pl, 0, &r);
+        int64_t D = (int64_t[]){16, 64, 100, 128}[rnd_in(0, 3)];
+        int64_t hk = rnd_in(1, 2), g = rnd_in(1, 2);
+        char name[64];
+        snprintf(name, sizeof name, "random #%d", t);
+        if (L) check_all_isas(L, hk * g, hk, D, 0, 0, name);
+        maskpack_layout_free(L);
+    }
+}
+
+/* ---- placement independence ---------------------------------------------------------------------- */
+
+/* out/lse of a packed run equal (bitwise, f32) the padded run's valid tokens, for every kernel;
+ * and likewise a CP shard's outputs equal the unsharded rows. */
+static void test_packed_equals_padded(void) {
+    int64_t len[4] = {130, 1, 49, 96};
+    maskpack_rule rules[3] = {maskpack_rule_default(), maskpack_rule_default(), maskpack_rule_default()};
+    rules[1].causal = 0;
+    rules[2].window_left = 20;
+    for (int ri = 0; ri < 3; ri++) {
+        maskpack_layout *Lp = from_lengths(len, 4, MASKPACK_PLACE_PACKED, 0, &rules[ri]);
+        maskpack_layout *Ld = from_lengths(len, 4, MASKPACK_PLACE_RIGHT, 160, &rules[ri]);
+        if (!Lp || !Ld) return;
+        int64_t H = 2, D = 64;
+        prob pp = make_prob(Lp, H, 1, D, 0), pd = make_prob(Ld, H, 1, D, 0);
+        /* same tokens in both: copy the packed values into the padded rows; NaN in the padding */
+        for (int64_t i = 0; i < nq_el(&pd); i++) pd.q[i] = pd.dout[i] = NAN;
+        for (int64_t i = 0; i < nk_el(&pd); i++) pd.k[i] = pd.v[i] = NAN;
+        int64_t t = 0;
+        for (int64_t s = 0; s < 4; s++)
+            for (int64_t i = 0; i < len[s]; i++, t++) {
+                memcpy(pd.q + (s * 160 + i) * H * D, pp.q + t * H * D, (size_t)(H * D) * sizeof(float));
+                memcpy(pd.dout + (s * 160 + i) * H * D, pp.dout + t * H * D, (size_t)(H * D) * sizeof(float));
+                memcpy(pd.k + (s * 160 + i) * D, pp.k + t * D, (size_t)D * sizeof(float));
+                memcpy(pd.v + (s * 160 + i) * D, pp.v + t * D, (size_t)D * sizeof(float));
+            }
+        for (int x = 0; x < n_isas; x++) {
+            result rp, rd;
+            maskpack_error e;
+            CHECK_OK(run(&pp, isas[x], 0, 0, 2, 1, &rp, &e), e);
+            CHECK_OK(run(&pd, isas[x], 0, 0, 2, 1, &rd, &e), e);
+            int same = 1, finite = 1;
+            t = 0;
+            for (int64_t s = 0; s < 4; s++)
+                for (int64_t i = 0; i < len[s]; i++, t++) {
+                    if (memcmp(rd.out + (s * 160 + i) * H * D, rp.out + t * H * D, (size_t)(H * D) * 4)) same = 0;
+                    if (memcmp(rd.dq + (s * 160 + i) * H * D, rp.dq + t * H * D, (size_t)(H * D) * 4)) same = 0;
+                    if (memcmp(rd.dk + (s * 160 + i) * D, rp.dk + t * D, (size_t)D * 4)) same = 0;
+                    if (memcmp(rd.dv + (s * 160 + i) * D, rp.dv + t * D, (size_t)D * 4)) same = 0;
+                    for (int64_t h = 0; h < H; h++)
+                        if (memcmp(&rd.lse[(s * H + h) * 160 + i], &rp.lse[h * pp.S + t], 4)) same = 0;
+                    for (int64_t d = 0; d < H * D; d++) finite &= isfinite(rd.out[(s * 160 + i) * H * D + d]) != 0;
+                }
+            /* padding rows and columns of the padded run: exactly 0 (NaN never leaks) */
+            int pad_zero = 1;
+            for (int64_t s = 0; s < 4; s++)
+                for (int64_t i = len[s]; i < 160; i++) {
+                    for (int64_t d = 0; d < H * D; d++) {
+                        pad_zero &= rd.out[(s * 160 + i) * H * D + d] == 0 && rd.dq[(s * 160 + i) * H * D + d] == 0;
+                    }
+                    for (int64_t d = 0; d < D; d++)
+                        pad_zero &= rd.dk[(s * 160 + i) * D + d] == 0 && rd.dv[(s * 160 + i) * D + d] == 0;
+                }
+            CHECK(same);
+            CHECK(finite);
+            CHECK(pad_zero);
+            if (!same || !finite || !pad_zero)
+                fprintf(stderr, "  packed vs padded, rule %d, isa %s: same %d finite %d pad_zero %d\n", ri, isas[x],
+                        same, finite, pad_zero);
+            free_result(&rp);
+            free_result(&rd);
+        }
+        free_prob(&pp);
+        free_prob(&pd);
+        maskpack_layout_free(Lp);
+        maskpack_layout_free(Ld);
+    }
+}
+
+/* A zigzag CP shard (pieces with explicit positions sharing their keys): outputs of the shard's
+ * tokens equal the unsharded run's (bitwise, f32), and its gradients match the reference. */
+static void test_cp_shard(void) {
+    int64_t len[2] = {192, 96};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = from_lengths(len, 2, MASKPACK_PLACE_PACKED, 0, &r);
+    if (!L) return;
+    int64_t H = 2, D = 64, T = 288;
+    prob full = make_prob(L, H, 1, D, 0);
+    for (int64_t rank = 0; rank < 2; rank++) {
+        maskpack_layout *S = NULL;
+        maskpack_error e;
+        CHECK_OK(maskpack_layout_cp_shard(L, 2, rank, MASKPACK_CP_ZIGZAG, &S, &e), e);
+        if (!S) continue;
+        int64_t idx[144], n = 144;
+        maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &n);
+        CHECK_OK(maskpack_cp_shard_indices(L, 2, rank, MASKPACK_CP_ZIGZAG, &ti, &e), e);
+        prob sh = make_prob(S, H, 1, D, 0);
+        CHECK_EQ(sh.S, 144);
+        CHECK_EQ(sh.Skv, T);
+        memcpy(sh.k, full.k, (size_t)nk_el(&full) * sizeof(float));
+        memcpy(sh.v, full.v, (size_t)nk_el(&full) * sizeof(float));
+        for (int64_t t = 0; t < 144; t++) {
+            memcpy(sh.q + t * H * D, full.q + idx[t] * H * D, (size_t)(H * D) * sizeof(float));
+            memcpy(sh.dout + t * H * D, full.dout + idx[t] * H * D, (size_t)(H * D) * sizeof(float));
+        }
+        for (int x = 0; x < n_isas; x++) {
+            result rf, rs;
+            CHECK_OK(run(&full, isas[x], 0, 0, 2, 0, &rf, &e), e);
+            CHECK_OK(run(&sh, isas[x], 0, 0, 2, 1, &rs, &e), e);
+            int same = 1;
+            for (int64_t t = 0; t < 144; t++) {
+                if (memcmp(rs.out + t * H * D, rf.out + idx[t] * H * D, (size_t)(H * D) * 4)) same = 0;
+                for (int64_t h = 0; h < H; h++)
+                    if (memcmp(&rs.lse[h * 144 + t], &rf.lse[h * T + idx[t]], 4)) same = 0;
+            }
+            CHECK(same);
+            if (!same) fprintf(stderr, "  cp shard rank %lld isa %s: outputs differ from the unsharded run\n",
+                               (long long)rank, isas[x]);
+            free_result(&rf);
+            free_result(&rs);
+        }
+        /* the shard's own gradients (keys shared by its two pieces) against the reference */
+        dense ref = dense_ref(&sh, 1 / sqrt((double)D), 0, 1);
+        for (int x = 0; x < n_isas; x++) {
+            result rs;
+            CHECK_OK(run(&sh, isas[x], 0, 0, 2, 1, &rs, &e), e);
+            check_against(&sh, &rs, &ref, 1, "cp shard", 2e-5);
+            free_result(&rs);
+        }
+        free_dense(&ref);
+        free_prob(&sh);
+        maskpack_layout_free(S);
+    }
+    free_prob(&full);
+    maskpack_layout_free(L);
+}
+
+/* Keys no query may see are never read: top-left causal cross attention with kv_len > q_len
+ * never looks past key q_len - 1; NaN planted there stays out of every output. */
+static void test_excluded_keys_untouched(void) {
+    maskpack_segment s[1] = {{0, 0, 100, 0, 300}};
+    maskpack_rule r = maskpack_rule_default();
+    r.alignment = MASKPACK_ALIGN_TOP_LEFT;
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(s, 1, 1, 100, 300, 1, &r, &L, &e), e);
+    if (!L) return;
+    prob p = make_prob(L, 1, 1, 64, 0);
+    dense ref = dense_ref(&p, 0.125, 0, 1);
+    for (int64_t j = 128; j < 300; j++)
+        for (int64_t d = 0; d < 64; d++) p.k[j * 64 + d] = p.v[j * 64 + d] = NAN;
+    for (int x = 0; x < n_isas; x++) {
+        result res;
+        CHECK_OK(run(&p, isas[x], 0, 0, 1, 1, &res, &e), e);
+        check_against(&p, &res, &ref, 0, "excluded keys", 2e-5);
+        int finite = 1;
+        for (int64_t i = 0; i < nq_el(&p); i++) finite &= isfinite(res.out[i]) && isfinite(res.dq[i]);
+        for (int64_t i = 0; i < 128 * 64; i++) finite &= isfinite(res.dk[i]) && isfinite(res.dv[i]);
+        CHECK(finite);
+        free_result(&res);
+    }
+    free_dense(&ref);
+    free_prob(&p);
+    maskpack_layout_free(L);
+}
+
+/* Strided views (q, k, v interleaved in one [T, 3, H, D] buffer) give the contiguous answer. */
+static void test_strided(void) {
+    int64_t len[2] = {50, 70};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = from_lengths(len, 2, MASKPACK_PLACE_PACKED, 0, &r);
+    if (!L) return;
+    int64_t T = 120, H = 2, D = 32;
+    prob p = make_prob(L, H, H, D, 0);
+    float *qkv = malloc((size_t)(T * 3 * H * D) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(qkv + (t * 3 + 0) * H * D, p.q + t * H * D, (size_t)(H * D) * 4);
+        memcpy(qkv + (t * 3 + 1) * H * D, p.k + t * H * D, (size_t)(H * D) * 4);
+        memcpy(qkv + (t * 3 + 2) * H * D, p.v + t * H * D, (size_t)(H * D) * 4);
+    }
+    /* out with a padded head stride as well */
+    float *out = malloc((size_t)(T * H * 40) * sizeof(float));
+    for (int x = 0; x < n_isas; x++) {
+        use_isa(isas[x]);
+        maskpack_tensor tq, tk, tv, to;
+        memset(&tq, 0, sizeof tq);
+        tq.dtype = MASKPACK_F32;
+        tq.ndim = 3;
+        tq.shape[0] = T;
+        tq.shape[1] = H;
+        tq.shape[2] = D;
+        tq.strides[0] = 3 * H * D;
+        tq.strides[1] = D;
+        tq.strides[2] = 1;
+        tk = tv = tq;
+        tq.data = qkv;
+        tk.data = qkv + H * D;
+        tv.data = qkv + 2 * H * D;
+        to = tq;
+        to.data = out;
+        to.strides[0] = H * 40;
+        to.strides[1] = 40;
+        float lse[240];
+        int64_t ls[2] = {H, T};
+        maskpack_tensor tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, ls);
+        maskpack_error e;
+        CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 0, &e), e);
+        result ref;
+        CHECK_OK(run(&p, isas[x], 0, 0, 2, 0, &ref, &e), e);
+        int same = 1;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++)
+                if (memcmp(out + (t * H + h) * 40, ref.out + (t * H + h) * D, (size_t)D * 4)) same = 0;
+        CHECK(same);
+        free_result(&ref);
+    }
+    free(out);
+    free(qkv);
+    free_prob(&p);
+    maskpack_layout_free(L);
+}
+
+/* ---- bad input --------------------------------------------------------------------------------- */
+
+static void test_bad_input(void) {
+    int64_t len[2] = {5, 3};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = from_lengths(len, 2, MASKPACK_PLACE_RIGHT, 0, &r);
+    if (!L) return;
+    enum { B = 2, S = 5, H = 2, D = 8 };
+    static float q[B * S * H * D], k[B * S * H * D], v[B * S * H * D], out[B * S * H * D], lse[B * H * S];
+    static float dq[B * S * H * D], dk[B * S * H * D], dv[B * S * H * D];
+    fill_random(q, B * S * H * D, 0);
+    fill_random(k, B * S * H * D, 0);
+    fill_random(v, B * S * H * D, 0);
+    int64_t sh[4] = {B, S, H, D}, shl[3] = {B, H, S};
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 4, sh), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 4, sh),
+                    tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 4, sh), to = maskpack_tensor_contiguous(out, MASKPACK_F32, 4, sh),
+                    tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, shl);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 4, sh), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 4, sh),
+                    tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 4, sh);
+    maskpack_error e;
+    use_isa("ref");
+#define UNTOUCHED()                                                                   \
+    do {                                                                              \
+        int ok_ = 1;                                                                  \
+        for (int i_ = 0; i_ < B * S * H * D; i_++)                                    \
+            ok_ &= out[i_] == 7.0f && dq[i_] == 7.0f && dk[i_] == 7.0f && dv[i_] == 7.0f; \
+        for (int i_ = 0; i_ < B * H * S; i_++) ok_ &= lse[i_] == 7.0f;                \
+        CHECK(ok_);                                                                   \
+    } while (0)
+#define RESET()                                                                                    \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < B * S * H * D; i_++) out[i_] = dq[i_] = dk[i_] = dv[i_] = 7.0f;        \
+        for (int i_ = 0; i_ < B * H * S; i_++) lse[i_] = 7.0f;                                     \
+    } while (0)
+    RESET();
+    /* non-finite scale, bad softcap, bad threads */
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, NAN, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "scale");
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, INFINITY, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, -1, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "softcap");
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 0, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    /* mismatched heads: Hq = 2, Hkv = 3 is not a divisor */
+    {
+        int64_t s3[4] = {B, S, 3, D};
+        static float k3[B * S * 3 * D];
+        maskpack_tensor t3 = maskpack_tensor_contiguous(k3, MASKPACK_F32, 4, s3);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &t3, &t3, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "multiple of key heads");
+    }
+    /* mismatched head dims */
+    {
+        int64_t s4[4] = {B, S, H, 4};
+        maskpack_tensor t4 = maskpack_tensor_contiguous(k, MASKPACK_F32, 4, s4);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &t4, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "head dim");
+    }
+    /* dtypes: k in bf16 with q in f32; lse in bf16; f64 inputs */
+    {
+        maskpack_tensor tb = tk;
+        tb.dtype = MASKPACK_BF16;
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tb, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        maskpack_tensor tlb = tl;
+        tlb.dtype = MASKPACK_BF16;
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tlb, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        maskpack_tensor tob = to;
+        tob.dtype = MASKPACK_BF16;
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tob, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        maskpack_tensor t64 = tq;
+        t64.dtype = MASKPACK_F64;
+        CHECK_STATUS(maskpack_attention_forward(L, &t64, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+    }
+    /* strides: a non-contiguous head dim */
+    {
+        maskpack_tensor ts = tq;
+        ts.shape[3] = 4;
+        ts.strides[3] = 2;
+        maskpack_tensor tks = tk, tvs = tv, tos = to;
+        tks.shape[3] = tvs.shape[3] = tos.shape[3] = 4;
+        CHECK_STATUS(maskpack_attention_forward(L, &ts, &tks, &tvs, 0, 0, &tos, &tl, 1, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, e);
+        CHECK_MSG(e, "contiguous");
+    }
+    /* layouts that do not cover the tensors: a layout of width 6, a packed layout */
+    {
+        int64_t len6[2] = {6, 3};
+        maskpack_layout *L6 = from_lengths(len6, 2, MASKPACK_PLACE_RIGHT, 0, &r);
+        CHECK_STATUS(maskpack_attention_forward(L6, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "expected 6 columns");
+        maskpack_layout_free(L6);
+        maskpack_layout *Lp = from_lengths(len, 2, MASKPACK_PLACE_PACKED, 0, &r);
+        CHECK_STATUS(maskpack_attention_forward(Lp, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        maskpack_layout_free(Lp);
+        CHECK_STATUS(maskpack_attention_forward(NULL, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    }
+    /* lse of the wrong shape; out of the wrong shape */
+    {
+        int64_t bad[3] = {B, S, H};
+        maskpack_tensor tlx = maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, bad);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tlx, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "[B, Hq, S]");
+        int64_t s1[4] = {B, S, 1, D};
+        maskpack_tensor tox = maskpack_tensor_contiguous(out, MASKPACK_F32, 4, s1);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+    }
+    /* overlap: out aliasing q */
+    {
+        maskpack_tensor tox = tq;
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_OVERLAP, e);
+        for (int i = 0; i < B * S * H * D; i++) CHECK(q[i] != 7.0f || 1);
+    }
+    /* workspace too small, or NULL with a size */
+    {
+        size_t need = 0;
+        CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tk, &tv, 2, &need, &e), e);
+        CHECK(need > 0);
+        char *ws = malloc(need);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 16, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        free(ws);
+    }
+    /* an unknown forced ISA */
+    use_isa("sse9");
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "MASKPACK_ISA");
+    maskpack_attention_isa isa;
+    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    use_isa("ref");
+    /* backward: mismatches */
+    CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, NAN, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    {
+        maskpack_tensor tdqb = tdq;
+        tdqb.dtype = MASKPACK_BF16;
+        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdqb, &tdk, &tdv, 1, NULL, 0, &e),
+                     MASKPACK_ERR_DTYPE, e);
+        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdq, &tdv, 1, NULL, 0, &e),
+                     MASKPACK_ERR_OVERLAP, e);
+        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, NULL, 0, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
+                     MASKPACK_ERR_NULL_ARGUMENT, e);
+        int64_t s4[4] = {B, S, H, 4};
+        maskpack_tensor t4 = maskpack_tensor_contiguous(dv, MASKPACK_F32, 4, s4);
+        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &t4, 1, NULL, 0, &e),
+                     MASKPACK_ERR_SHAPE, e);
+    }
+    UNTOUCHED();
+    /* a valid call now writes */
+    CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), e);
+    CHECK(out[0] != 7.0f);
+    CHECK(lse[0] != 7.0f);
+#undef UNTOUCHED
+#undef RESET
+    maskpack_layout_free(L);
+}
+
+/* Two runs with the same threads are bitwise equal (deterministic reductions); 1 vs 2 threads
+ * agree to rounding. One sequence of one head: the split path of the backward. */
+static void test_threads_deterministic(void) {
+    int64_t len[1] = {300};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = from_lengths(len, 1, MASKPACK_PLACE_PACKED, 0, &r);
+    if (!L) return;
+    prob p = make_prob(L, 1, 1, 64, 0);
+    dense ref = dense_ref(&p, 0.125, 0, 1);
+    for (int x = 0; x < n_isas; x++) {
+        result a, b, c;
+        maskpack_error e;
+        CHECK_OK(run(&p, isas[x], 0, 0, 2, 1, &a, &e), e);
+        CHECK_OK(run(&p, isas[x], 0, 0, 2, 1, &b, &e), e);
+        CHECK_OK(run(&p, isas[x], 0, 0, 1, 1, &c, &e), e);
+        CHECK(memcmp(a.out, b.out, (size_t)nq_el(&p) * 4) == 0);
+        CHECK(memcmp(a.dk, b.dk, (size_t)nk_el(&p) * 4) == 0);
+        CHECK(memcmp(a.dq, b.dq, (size_t)nq_el(&p) * 4) == 0);
+        CHECK(memcmp(a.out, c.out, (size_t)nq_el(&p) * 4) == 0);
+        check_against(&p, &a, &ref, 1, "one sequence, 2 threads", 2e-5);
+        check_against(&p, &c, &ref, 1, "one sequence, 1 thread", 2e-5);
+        free_result(&a);
+        free_result(&b);
+        free_result(&c);
+    }
+    free_dense(&ref);
+    free_prob(&p);
+    maskpack_layout_free(L);
+}
+
+static void test_isa_selection(void) {
+    maskpack_error e;
+    maskpack_attention_isa isa;
+    unsetenv("MASKPACK_ISA");
+    CHECK_OK(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), e);
+    CHECK(isa == MASKPACK_ATTN_ISA_REF || isa == MASKPACK_ATTN_ISA_AVX512);
+    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F64, &isa, &e), MASKPACK_ERR_DTYPE, e);
+    use_isa("ref");
+    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e), e);
+    CHECK(isa == MASKPACK_ATTN_ISA_REF);
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
+    /* which kernels this machine has decides n_isas; a forced one it lacks is an error */
+    use_isa("avx512");
+    if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
+        n_isas = 2;
+        use_isa("amx");
+        maskpack_status s = maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e);
+        if (s == MASKPACK_OK) {
+            n_isas = 3;
+            CHECK(isa == MASKPACK_ATTN_ISA_AMX);
+        } else {
+            CHECK_EQ(s, MASKPACK_ERR_UNSUPPORTED);
+        }
+    } else {
+        CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
+    }
+    printf("test_attention: kernels on this machine:");
+    for (int x = 0; x < n_isas; x++) printf(" %s", isas[x]);
+    printf("\n");
+}
+
+int main(void) {
+    verbose_fail = getenv("ATTN_TEST_VERBOSE") != NULL;
+    test_isa_selection();
+    test_bad_input();
+    test_kernels_vs_reference();
+    test_random_layouts();
+    test_packed_equals_padded();
+    test_cp_shard();
+    test_excluded_keys_untouched();
+    test_strided();
+    test_threads_deterministic();
+    unsetenv("MASKPACK_ISA");
+    return check_report("test_attention");
+}

@@ -1,0 +1,212 @@
+"""Fused CPU attention over a layout: forward, backward and a torch autograd wrapper.
+
+    >>> lay = maskpack.Layout.from_lengths([300, 120], placement="packed")   # causal by default
+    >>> out, lse = maskpack.attention(q, k, v, lay)        # q [T,Hq,D], k, v [T,Hkv,D]
+
+The attention rule is the layout's (segments, causal with its alignment, windows, spans, prefix,
+CP shards), so a padded batch, a packed batch and a CP shard of it give the same answer for every
+real token. Tensors: q (and out, dout, dq) are ``[B,S,Hq,D]`` for padded / packed-row layouts and
+``[T,Hq,D]`` for packed ones; k and v (dk, dv) the same over the key grid with Hkv heads (Hq a
+multiple of Hkv); lse is float32 ``[B,Hq,S]`` or ``[Hq,T]`` (flash-attn's softmax_lse). dtypes:
+float32, or bfloat16 with float32 accumulation. Torch tensors in give torch tensors out; numpy
+arrays give numpy arrays. Query rows that may see nothing get out 0 and lse -inf.
+
+When torch autograd is recording and an input requires grad, :func:`attention` runs through
+:class:`AttentionFunction`, so a torch model trains through it on the CPU. The environment variable
+``MASKPACK_ISA=ref|avx512|amx`` forces a kernel (see :func:`attention_isa`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _attention
+from ._errors import Error
+from ._tensors import DTYPE_CODE, describe, is_torch_tensor
+
+__all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
+
+
+def _layout_ptr(layout: Any) -> int:
+    ptr = getattr(layout, "_ptr", None)
+    if not isinstance(ptr, int):
+        raise TypeError(f"layout: expected a maskpack.Layout, found {type(layout).__name__}")
+    return ptr
+
+
+def _scale(scale: Optional[float]) -> float:
+    if scale is None:
+        return 0.0  # the library's 1/sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale: expected a float or None, found {type(scale).__name__}")
+    return float(scale)
+
+
+def _softcap(softcap: Any) -> float:
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating, np.integer)):
+        raise TypeError(f"softcap: expected a float, found {type(softcap).__name__}")
+    return float(softcap)
+
+
+def _threads(n_threads: Optional[int], use_torch: bool) -> int:
+    if n_threads is not None:
+        if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)):
+            raise TypeError(f"n_threads: expected an int, found {type(n_threads).__name__}")
+        return int(n_threads)
+    if use_torch:
+        import torch
+
+        return max(1, min(torch.get_num_threads(), 1024))
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), 1024))
+    except AttributeError:  # not Linux
+        return max(1, min(os.cpu_count() or 1, 1024))
+
+
+def _empty_like(x: Any, shape=None, dtype=None) -> Any:
+    """A contiguous uninitialised array/tensor of x's kind (the library writes every element)."""
+    shape = tuple(x.shape) if shape is None else tuple(shape)
+    if is_torch_tensor(x):
+        import torch
+
+        return torch.empty(shape, dtype=x.dtype if dtype is None else getattr(torch, dtype))
+    return np.empty(shape, dtype=x.dtype if dtype is None else np.dtype(dtype))
+
+
+def _lse_shape(layout: Any, q: Any) -> Tuple[int, ...]:
+    if q.ndim == 3:  # packed [T, Hq, D]
+        return (int(q.shape[1]), int(q.shape[0]))
+    if q.ndim == 4:
+        return (int(q.shape[0]), int(q.shape[2]), int(q.shape[1]))
+    raise Error(
+        f"q: expected [B,S,Hq,D] or [T,Hq,D], found {q.ndim} dimensions", "MASKPACK_ERR_SHAPE", argument="q"
+    )
+
+
+def _needs_grad(*xs: Any) -> bool:
+    if not any(is_torch_tensor(x) for x in xs):
+        return False
+    import torch
+
+    return torch.is_grad_enabled() and any(is_torch_tensor(x) and x.requires_grad for x in xs)
+
+
+def _forward(q, k, v, layout, scale, softcap, out, n_threads):
+    use_torch = any(is_torch_tensor(x) for x in (q, k, v))
+    if is_torch_tensor(q):
+        q, k, v = (x.detach() if is_torch_tensor(x) else x for x in (q, k, v))
+    ptr = _layout_ptr(layout)
+    if out is None:
+        out = _empty_like(q)
+    lse = _empty_like(q, _lse_shape(layout, q), "float32")
+    dq, kq, _ = describe(q, "q")
+    dk, kk, _ = describe(k, "k")
+    dv, kv, _ = describe(v, "v")
+    do, ko, _ = describe(out, "out")
+    dl, kl, _ = describe(lse, "lse")
+    _attention.forward(ptr, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, _threads(n_threads, use_torch))
+    del kq, kk, kv, ko, kl
+    return out, lse
+
+
+def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None, softcap: float = 0.0,
+              out: Any = None, n_threads: Optional[int] = None) -> Tuple[Any, Any]:
+    """Attention of q over k, v under the layout's rule -> ``(out, lse)``.
+
+    scale: None (or 0) = 1/sqrt(D); softcap: 0 = none, else logits become softcap*tanh(s/softcap).
+    out: an optional preallocated output (q's shape and dtype). n_threads: default = torch's thread
+    count for torch tensors, else the CPUs this process may use. When autograd records and an input
+    requires grad, the call is differentiable in q, k, v (lse is not)."""
+    if _needs_grad(q, k, v):
+        if out is not None:
+            raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")
+        return _function().apply(q, k, v, layout, scale, softcap, n_threads)
+    return _forward(q, k, v, layout, scale, softcap, out, n_threads)
+
+
+def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, layout: Any,
+                       scale: Optional[float] = None, softcap: float = 0.0,
+                       n_threads: Optional[int] = None) -> Tuple[Any, Any, Any]:
+    """Gradients of :func:`attention` -> ``(dq, dk, dv)`` from dout, the forward's out and lse.
+
+    Tiles are recomputed (flash-attention 2): memory stays linear in the tokens."""
+    xs = (dout, q, k, v, out, lse)
+    use_torch = any(is_torch_tensor(x) for x in xs)
+    xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
+    dout, q, k, v, out, lse = xs
+    ptr = _layout_ptr(layout)
+    dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
+    names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
+    descs, keep = [], []
+    for name, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv)):
+        d, kx, _ = describe(x, name)
+        descs.append(d)
+        keep.append(kx)
+    _attention.backward(ptr, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
+                        _softcap(softcap), descs[6], descs[7], descs[8], _threads(n_threads, use_torch))
+    del keep
+    return dq, dk, dv
+
+
+_FUNCTION = None
+
+
+def _function():
+    """The torch.autograd.Function, created on first use so that `import maskpack` needs no torch."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        import torch
+
+        class _AttentionFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, layout, scale, softcap, n_threads):
+                out, lse = _forward(q, k, v, layout, scale, softcap, None, n_threads)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.layout, ctx.scale, ctx.softcap, ctx.n_threads = layout, scale, softcap, n_threads
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, dlse):
+                q, k, v, out, lse = ctx.saved_tensors
+                if dout is None:
+                    dout = torch.zeros_like(out)
+                if dout.dim() > 0 and dout.stride(-1) != 1:
+                    dout = dout.contiguous()
+                dq, dk, dv = attention_backward(dout, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.softcap,
+                                                ctx.n_threads)
+                return dq, dk, dv, None, None, None, None
+
+        _FUNCTION = _AttentionFunction
+    return _FUNCTION
+
+
+class AttentionFunction:
+    """torch.autograd.Function of :func:`attention`: ``AttentionFunction.apply(q, k, v, layout,
+    scale=None, softcap=0.0, n_threads=None) -> (out, lse)``; lse is not differentiable. (A
+    stand-in that builds the real Function on first use, so importing maskpack needs no torch.)"""
+
+    @staticmethod
+    def apply(q, k, v, layout, scale=None, softcap=0.0, n_threads=None):
+        return _function().apply(q, k, v, layout, scale, softcap, n_threads)
+
+
+def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None,
+                       softcap: float = 0.0, n_threads: Optional[int] = None) -> Any:
+    """Differentiable attention for torch models: returns ``out`` only (gradients flow to q, k, v)."""
+    return _function().apply(q, k, v, layout, scale, softcap, n_threads)[0]
+
+
+def attention_isa(dtype: Any = "float32") -> str:
+    """The kernel the next call on this dtype uses: "ref", "avx512" or "amx" (MASKPACK_ISA honoured;
+    forcing one this CPU lacks raises maskpack.Error)."""
+    name = str(dtype)
+    name = name[6:] if name.startswith("torch.") else name
+    if name not in DTYPE_CODE:
+        name = np.dtype(dtype).name
+    return _attention.isa(DTYPE_CODE[name])

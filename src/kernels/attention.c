@@ -1,0 +1,827 @@
+/* attention.c: the public attention entry points: argument validation (everything is checked
+ * before anything is written), kernel selection, the work decomposition shared by every kernel,
+ * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c and
+ * attn_amx.c. */
+#include "attn_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- kernel selection ----------------------------------------------------------------------- */
+
+const char *maskpack_attention_isa_name(maskpack_attention_isa isa) {
+    switch (isa) {
+    case MASKPACK_ATTN_ISA_REF: return "ref";
+    case MASKPACK_ATTN_ISA_AVX512: return "avx512";
+    case MASKPACK_ATTN_ISA_AMX: return "amx";
+    }
+    return "unknown";
+}
+
+maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa, maskpack_error *err) {
+    MP_CHECK_NULL(err, isa, "isa");
+    if (dtype != MASKPACK_F32 && dtype != MASKPACK_BF16)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "dtype", -1, -1, "dtype: expected float32 or bfloat16, found %s",
+                       maskpack_dtype_name(dtype));
+    const char *env = getenv("MASKPACK_ISA");
+    if (env && env[0]) {
+        if (strcmp(env, "ref") == 0) {
+            *isa = MASKPACK_ATTN_ISA_REF;
+        } else if (strcmp(env, "avx512") == 0) {
+            if (!attn_cpu_has_avx512())
+                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
+                               "MASKPACK_ISA: avx512 was forced but this CPU (or build) lacks AVX-512F/BW/VL/DQ");
+            *isa = MASKPACK_ATTN_ISA_AVX512;
+        } else if (strcmp(env, "amx") == 0) {
+            if (!attn_cpu_has_avx512() || !attn_cpu_has_amx())
+                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
+                               "MASKPACK_ISA: amx was forced but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16 "
+                               "with AVX-512");
+            *isa = MASKPACK_ATTN_ISA_AMX;
+        } else {
+            return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
+                           "MASKPACK_ISA: expected ref, avx512 or amx, found \"%.40s\"", env);
+        }
+        return mp_ok(err);
+    }
+    if (attn_cpu_has_avx512())
+        *isa = (dtype == MASKPACK_BF16 && attn_cpu_has_amx()) ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512;
+    else
+        *isa = MASKPACK_ATTN_ISA_REF;
+    return mp_ok(err);
+}
+
+/* ---- threads -------------------------------------------------------------------------------- */
+
+typedef struct {
+    attn_thread_fn fn;
+    void *ctx;
+    int tid;
+} thread_arg;
+
+static void *thread_main(void *p) {
+    thread_arg *a = p;
+    a->fn(a->ctx, a->tid);
+    return NULL;
+}
+
+void attn_run_threads(int n, attn_thread_fn fn, void *ctx) {
+    enum { MAXT = 64 };
+    if (n > MAXT) n = MAXT;
+    if (n <= 1) {
+        fn(ctx, 0);
+        return;
+    }
+    pthread_t th[MAXT];
+    thread_arg args[MAXT];
+    int started[MAXT];
+    for (int t = 1; t < n; t++) {
+        args[t] = (thread_arg){fn, ctx, t};
+        started[t] = pthread_create(&th[t], NULL, thread_main, &args[t]) == 0;
+    }
+    fn(ctx, 0);
+    for (int t = 1; t < n; t++) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            fn(ctx, t); /* could not start: do its share here (every kernel tolerates late shares) */
+    }
+}
+
+/* ---- the rule of a query block -------------------------------------------------------------- */
+
+void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, attn_rows *r) {
+    int64_t pre = L->prefix ? L->prefix[k] : 0;
+    size_t sb = L->span_begin[k], se = L->span_begin[k + 1];
+    r->n = n;
+    int32_t kmin = INT32_MAX, kmax = 0;
+    for (int32_t x = 0; x < ATTN_MAX_BQ; x++) {
+        r->lo[x] = r->hi[x] = r->slo[x] = r->shi[x] = r->pre[x] = 0;
+        if (x >= n) continue;
+        int64_t i = i0 + x, lo, hi;
+        mp_base_key_range(L, k, i, &lo, &hi);
+        r->lo[x] = (int32_t)lo;
+        r->hi[x] = (int32_t)hi;
+        r->pre[x] = (int32_t)pre;
+        if (se > sb) {
+            int64_t p = mp_span_pos(L, k, i);
+            for (size_t t = sb; t < se; t++) {
+                const maskpack_span *sp = &L->spans[t];
+                if (p >= sp->start && p < sp->end) {
+                    r->slo[x] = (int32_t)sp->start;
+                    r->shi[x] = (int32_t)sp->end;
+                    break;
+                }
+            }
+        }
+        /* hull of this row's keys */
+        int32_t a = INT32_MAX, b = 0;
+        if (r->lo[x] < r->hi[x]) {
+            a = r->lo[x];
+            b = r->hi[x];
+        }
+        if (r->pre[x] > 0) {
+            a = 0;
+            if (r->pre[x] > b) b = r->pre[x];
+        }
+        if (r->slo[x] < r->shi[x]) {
+            if (r->slo[x] < a) a = r->slo[x];
+            if (r->shi[x] > b) b = r->shi[x];
+        }
+        if (a < b) {
+            if (a < kmin) kmin = a;
+            if (b > kmax) kmax = b;
+        }
+    }
+    if (kmin == INT32_MAX) kmin = kmax = 0;
+    r->kmin = kmin;
+    r->kmax = kmax;
+    r->simple = 1;
+    r->any_empty = 0;
+    r->lo_max = INT32_MIN;
+    r->hi_min = INT32_MAX;
+    for (int32_t x = 0; x < n; x++) {
+        if (r->pre[x] > 0 || r->slo[x] < r->shi[x]) r->simple = 0;
+        if (r->lo[x] >= r->hi[x]) r->any_empty = 1;
+        if (r->lo[x] > r->lo_max) r->lo_max = r->lo[x];
+        if (r->hi[x] < r->hi_min) r->hi_min = r->hi[x];
+    }
+}
+
+/* Does row x see all of [j0, j1)? The union of at most three intervals, walked from j0. */
+static int row_covers(const attn_rows *r, int x, int32_t j0, int32_t j1) {
+    int32_t pos = j0;
+    for (int guard = 0; guard < 4 && pos < j1; guard++) {
+        int32_t next = pos;
+        if (r->lo[x] <= pos && pos < r->hi[x] && r->hi[x] > next) next = r->hi[x];
+        if (pos < r->pre[x] && r->pre[x] > next) next = r->pre[x];
+        if (r->slo[x] <= pos && pos < r->shi[x] && r->shi[x] > next) next = r->shi[x];
+        if (next == pos) return 0;
+        pos = next;
+    }
+    return pos >= j1;
+}
+
+/* Keys of [j0, j1) row x sees: their hull as [*a, *b) (empty when *a >= *b). */
+static void row_hull(const attn_rows *r, int x, int32_t j0, int32_t j1, int32_t *a, int32_t *b) {
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    int32_t s[3] = {r->lo[x], 0, r->slo[x]}, e[3] = {r->hi[x], r->pre[x], r->shi[x]};
+    for (int t = 0; t < 3; t++) {
+        int32_t u = s[t] > j0 ? s[t] : j0, w = e[t] < j1 ? e[t] : j1;
+        if (u < w) {
+            if (u < lo) lo = u;
+            if (w > hi) hi = w;
+        }
+    }
+    *a = lo;
+    *b = hi;
+}
+
+int attn_classify(const attn_rows *r, int32_t j0, int32_t j1, int32_t *ja, int32_t *jb) {
+    if (r->kmin >= r->kmax || j1 <= r->kmin || j0 >= r->kmax) return ATTN_TILE_EMPTY;
+    if (r->simple) { /* O(1): see attn_rows */
+        if (!r->any_empty && r->lo_max <= j0 && r->hi_min >= j1) {
+            *ja = j0;
+            *jb = j1;
+            return ATTN_TILE_FULL;
+        }
+        *ja = r->kmin > j0 ? r->kmin : j0;
+        *jb = r->kmax < j1 ? r->kmax : j1;
+        return ATTN_TILE_PARTIAL;
+    }
+    int all = 1;
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    for (int x = 0; x < r->n; x++) {
+        int32_t a, b;
+        row_hull(r, x, j0, j1, &a, &b);
+        if (a < b) {
+            if (a < lo) lo = a;
+            if (b > hi) hi = b;
+        }
+        if (all && !row_covers(r, x, j0, j1)) all = 0;
+    }
+    if (lo >= hi) return ATTN_TILE_EMPTY;
+    if (all) {
+        *ja = j0;
+        *jb = j1;
+        return ATTN_TILE_FULL;
+    }
+    *ja = lo;
+    *jb = hi;
+    return ATTN_TILE_PARTIAL;
+}
+
+/* ---- row helpers shared by the kernels ---------------------------------------------------------- */
+
+void attn_store_row(void *dst, int bf16, const float *src, int64_t n, float mul) {
+    if (bf16) {
+        uint16_t *o = dst;
+        for (int64_t x = 0; x < n; x++) o[x] = mp_f32_to_bf16(src[x] * mul);
+    } else {
+        float *o = dst;
+        for (int64_t x = 0; x < n; x++) o[x] = src[x] * mul;
+    }
+}
+
+void attn_load_row(float *dst, const void *src, int bf16, int64_t n) {
+    if (bf16) {
+        const uint16_t *s = src;
+        for (int64_t x = 0; x < n; x++) dst[x] = mp_bf16_to_f32(s[x]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* ---- validation ---------------------------------------------------------------------------- */
+
+#define ATTN_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
+
+/* A per-token head tensor of the query grid (kv = 0) or key grid (kv = 1): [B,W,H,D] for padded
+ * layouts, [W,H,D] or [1,W,H,D] for packed. Fills the view, heads and head dim. */
+static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int kv,
+                                          attn_view *view, int64_t *heads, int64_t *d, maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, 3, 4, err);
+    if (s) return s;
+    if (!(ATTN_DTYPES & MP_DT(t->dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32 or bfloat16, found %s", name,
+                       maskpack_dtype_name(t->dtype));
+    int64_t width = kv ? L->kv_width : L->q_width;
+    const char *grid = kv ? "key" : "query";
+    if (L->packed) {
+        int lead = t->ndim == 4;
+        if (lead && t->shape[0] != 1)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, 0, -1,
+                           "%s: a packed layout takes [T,H,D] or [1,T,H,D], found %lld in dimension 0", name,
+                           (long long)t->shape[0]);
+        if (t->shape[lead] != width)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, lead, -1,
+                           "%s: expected %lld tokens (the layout's %s grid) in dimension %d, found %lld", name,
+                           (long long)width, grid, lead, (long long)t->shape[lead]);
+        view->sb = lead ? t->strides[0] : 0;
+        view->st = t->strides[lead];
+        view->sh = t->strides[lead + 1];
+    } else {
+        if (t->ndim != 4)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                           "%s: a padded layout takes [B,S,H,D], found %d dimensions", name, (int)t->ndim);
+        if (t->shape[0] != L->n_rows)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, 0, -1, "%s: expected %lld rows (B) in dimension 0, found %lld",
+                           name, (long long)L->n_rows, (long long)t->shape[0]);
+        if (t->shape[1] != width)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, 1, -1,
+                           "%s: expected %lld columns (the layout's %s grid) in dimension 1, found %lld", name,
+                           (long long)width, grid, (long long)t->shape[1]);
+        view->sb = t->strides[0];
+        view->st = t->strides[1];
+        view->sh = t->strides[2];
+    }
+    *heads = t->shape[t->ndim - 2];
+    *d = t->shape[t->ndim - 1];
+    if (*d > 1 && t->strides[t->ndim - 1] != 1)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, name, t->ndim - 1, -1,
+                       "%s: the head dimension (D) must be contiguous (stride 1), found stride %lld", name,
+                       (long long)t->strides[t->ndim - 1]);
+    view->base = t->data;
+    return MASKPACK_OK;
+}
+
+/* t must have exactly ref's shape and the given dtype. */
+static maskpack_status check_same(const maskpack_tensor *t, const char *name, const maskpack_tensor *ref,
+                                  const char *ref_name, maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, 0, MASKPACK_MAX_DIMS, err);
+    if (s) return s;
+    if (t->dtype != ref->dtype)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected %s's dtype %s, found %s", name, ref_name,
+                       maskpack_dtype_name(ref->dtype), maskpack_dtype_name(t->dtype));
+    int same = t->ndim == ref->ndim;
+    for (int32_t x = 0; same && x < t->ndim; x++) same = t->shape[x] == ref->shape[x];
+    if (!same) {
+        int32_t x = 0;
+        while (x < t->ndim && x < ref->ndim && t->shape[x] == ref->shape[x]) x++;
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, x, -1,
+                       "%s: expected the shape of %s (%d dimensions, dimension %d = %lld), found %d dimensions "
+                       "(dimension %d = %lld)",
+                       name, ref_name, (int)ref->ndim, (int)x, (long long)(x < ref->ndim ? ref->shape[x] : -1),
+                       (int)t->ndim, (int)x, (long long)(x < t->ndim ? t->shape[x] : -1));
+    }
+    if (t->ndim >= 1 && t->shape[t->ndim - 1] > 1 && t->strides[t->ndim - 1] != 1)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, name, t->ndim - 1, -1,
+                       "%s: the head dimension (D) must be contiguous (stride 1), found stride %lld", name,
+                       (long long)t->strides[t->ndim - 1]);
+    return MASKPACK_OK;
+}
+
+static maskpack_status check_lse(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t hq,
+                                 attn_view *view, maskpack_error *err) {
+    maskpack_status s = mp_check_tensor(t, name, 2, 3, err);
+    if (s) return s;
+    if (t->dtype != MASKPACK_F32)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32, found %s", name,
+                       maskpack_dtype_name(t->dtype));
+    int ok;
+    if (L->packed && t->ndim == 2) {
+        ok = t->shape[0] == hq && t->shape[1] == L->q_width;
+        view->sb = 0;
+        view->sh = t->strides[0];
+        view->st = t->strides[1];
+    } else {
+        ok = t->ndim == 3 && t->shape[0] == L->n_rows && t->shape[1] == hq && t->shape[2] == L->q_width;
+        view->sb = t->ndim == 3 ? t->strides[0] : 0;
+        view->sh = t->ndim == 3 ? t->strides[1] : 0;
+        view->st = t->ndim == 3 ? t->strides[2] : 0;
+    }
+    if (!ok) {
+        if (L->packed)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected [Hq, T] = [%lld, %lld] (or [1, %lld, %lld])",
+                           name, (long long)hq, (long long)L->q_width, (long long)hq, (long long)L->q_width);
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected [B, Hq, S] = [%lld, %lld, %lld]", name,
+                       (long long)L->n_rows, (long long)hq, (long long)L->q_width);
+    }
+    view->base = t->data;
+    return MASKPACK_OK;
+}
+
+/* Byte extent [lo, hi) of a tensor's elements (empty tensors: lo == hi). */
+static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    int64_t n = mp_numel(t);
+    if (n <= 0 || !t->data) {
+        *lo = *hi = 0;
+        return;
+    }
+    int64_t es = (int64_t)maskpack_dtype_size(t->dtype), a = 0, b = 0;
+    for (int32_t x = 0; x < t->ndim; x++) {
+        int64_t span = (t->shape[x] - 1) * t->strides[x] * es;
+        if (span < 0)
+            a += span;
+        else
+            b += span;
+    }
+    *lo = (uintptr_t)t->data + (uintptr_t)(intptr_t)a;
+    *hi = (uintptr_t)t->data + (uintptr_t)b + (uintptr_t)es;
+}
+
+static int overlaps(const maskpack_tensor *x, const maskpack_tensor *y) {
+    if (!x || !y) return 0;
+    uintptr_t a0, a1, b0, b1;
+    extent(x, &a0, &a1);
+    extent(y, &b0, &b1);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
+/* Outputs must not overlap each other or any input. */
+static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const char *const *out_names, int n_out,
+                                      const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
+                                      maskpack_error *err) {
+    for (int a = 0; a < n_out; a++) {
+        for (int b = 0; b < n_in; b++)
+            if (overlaps(outs[a], ins[b]))
+                return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the input %s",
+                               out_names[a], in_names[b]);
+        for (int b = a + 1; b < n_out; b++)
+            if (overlaps(outs[a], outs[b]))
+                return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the output %s",
+                               out_names[a], out_names[b]);
+    }
+    return MASKPACK_OK;
+}
+
+/* q, k, v against the layout and each other; fills P's shape fields and views. */
+static maskpack_status check_qkv(const maskpack_layout *L, const maskpack_tensor *q, const maskpack_tensor *k,
+                                 const maskpack_tensor *v, attn_problem *P, maskpack_error *err) {
+    MP_CHECK_NULL(err, L, "layout");
+    int64_t hq = 0, dq = 0, hk = 0, dk = 0, hv = 0, dv = 0;
+    maskpack_status s;
+    if ((s = check_heads_tensor(L, q, "q", 0, &P->q, &hq, &dq, err))) return s;
+    if ((s = check_heads_tensor(L, k, "k", 1, &P->k, &hk, &dk, err))) return s;
+    if ((s = check_heads_tensor(L, v, "v", 1, &P->v, &hv, &dv, err))) return s;
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, k->dtype != q->dtype ? "k" : "v", -1, -1,
+                       "%s: expected q's dtype %s, found %s", k->dtype != q->dtype ? "k" : "v",
+                       maskpack_dtype_name(q->dtype), maskpack_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype));
+    if (dq < 1 || dq > ATTN_MAX_D)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "q", q->ndim - 1, -1, "q: head dim must be in [1, %d], found %lld",
+                       ATTN_MAX_D, (long long)dq);
+    if (dk != dq || dv != dq)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, dk != dq ? "k" : "v", -1, -1, "%s: expected head dim %lld (q's), found %lld",
+                       dk != dq ? "k" : "v", (long long)dq, (long long)(dk != dq ? dk : dv));
+    if (hv != hk)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1, "v: expected %lld heads (k's), found %lld", (long long)hk,
+                       (long long)hv);
+    if (hq < 1 || hk < 1 || hq % hk != 0)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "k", -1, -1,
+                       "k: query heads (%lld) must be a positive multiple of key heads (%lld)", (long long)hq,
+                       (long long)hk);
+    if (L->max_q >= ((int64_t)1 << 30) || L->max_kv >= ((int64_t)1 << 30))
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "layout", -1, -1,
+                       "layout: segments longer than 2^30 tokens are not supported by the attention kernels");
+    P->L = L;
+    P->hq = hq;
+    P->hkv = hk;
+    P->group = hq / hk;
+    P->d = dq;
+    P->bf16 = q->dtype == MASKPACK_BF16;
+    P->esize = maskpack_dtype_size(q->dtype);
+    return MASKPACK_OK;
+}
+
+static maskpack_status check_scalars(attn_problem *P, double scale, double softcap, int n_threads, maskpack_error *err) {
+    if (!isfinite(scale))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "scale", -1, -1,
+                       "scale: expected a finite value (0 = 1/sqrt(D)), found %g", scale);
+    if (!isfinite(softcap) || softcap < 0)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "softcap", -1, -1,
+                       "softcap: expected 0 (none) or a finite value > 0, found %g", softcap);
+    if (n_threads < 1 || n_threads > 1024)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
+                       "n_threads: expected in [1, 1024], found %d", n_threads);
+    P->scale = scale == 0 ? 1.0 / sqrt((double)P->d) : scale;
+    P->softcap = softcap;
+    P->n_threads = n_threads > 64 ? 64 : n_threads; /* more would only add workspace */
+    return MASKPACK_OK;
+}
+
+/* ---- work decomposition ------------------------------------------------------------------------ */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Number of (segment, head, block) items at block size bq. */
+static int64_t count_items(const attn_problem *P, int32_t bq) {
+    const maskpack_layout *L = P->L;
+    int64_t n = 0;
+    for (size_t k = 0; k < L->n_segments; k++) n += ceil_div(L->segs[k].q_len, bq);
+    return n * P->hq;
+}
+
+int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e) {
+    _Atomic size_t *next = job->next;
+    size_t x = atomic_fetch_add(next, 1);
+    if (job->by_unit) {
+        if (x >= job->n_units) return 0;
+        *b = job->unit_begin[x];
+        *e = job->unit_begin[x + 1];
+        return 1;
+    }
+    if (x >= job->n_items) return 0;
+    *b = x;
+    *e = x + 1;
+    return 1;
+}
+
+/* Items ordered segment by segment and head by head (the query heads of one key head are
+ * consecutive: a unit), the costliest (last) block first, so the dynamic schedule ends on short
+ * items. unit_begin gets n_segments * hkv + 1 entries. */
+static size_t fill_items(const attn_problem *P, int32_t bq, attn_item *items, size_t *unit_begin) {
+    const maskpack_layout *L = P->L;
+    size_t n = 0, u = 0;
+    for (size_t k = 0; k < L->n_segments; k++) {
+        int64_t ql = L->segs[k].q_len, nb = ceil_div(ql, bq);
+        for (int32_t h = 0; h < P->hq; h++) {
+            if (h % P->group == 0) unit_begin[u++] = n;
+            for (int64_t b = nb - 1; b >= 0; b--) {
+                int64_t i0 = b * bq;
+                items[n++] = (attn_item){(int64_t)k, h, (int32_t)i0, (int32_t)(ql - i0 < bq ? ql - i0 : bq)};
+            }
+        }
+    }
+    unit_begin[u] = n;
+    return n;
+}
+
+/* Key groups: per row, segments whose key ranges overlap (CP pieces of one sequence share theirs)
+ * are one group; perm lists each group's segments. Returns the group count; *max_width is the
+ * widest group key range. */
+static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width) {
+    size_t ng = 0;
+    *max_width = 0;
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        size_t b = L->row_begin[r], e = L->row_begin[r + 1];
+        /* insertion sort of this row's segments by kv_start (rows are short or already sorted) */
+        for (size_t x = b; x < e; x++) {
+            size_t y = x;
+            perm[y] = x;
+            while (y > b && L->segs[perm[y - 1]].kv_start > L->segs[perm[y]].kv_start) {
+                size_t t = perm[y - 1];
+                perm[y - 1] = perm[y];
+                perm[y] = t;
+                y--;
+            }
+        }
+        size_t x = b;
+        while (x < e) {
+            const maskpack_segment *g = &L->segs[perm[x]];
+            attn_kgroup G = {x, x + 1, r, g->kv_start, g->kv_start + g->kv_len, g->q_len};
+            x++;
+            /* an empty key range inside the group's joins it harmlessly (its queries see nothing) */
+            while (x < e && L->segs[perm[x]].kv_start < G.kv_end) {
+                const maskpack_segment *h = &L->segs[perm[x]];
+                if (h->kv_start + h->kv_len > G.kv_end) G.kv_end = h->kv_start + h->kv_len;
+                G.q_rows += h->q_len;
+                G.seg_end = ++x;
+            }
+            if (G.kv_end - G.kv_start > *max_width) *max_width = G.kv_end - G.kv_start;
+            groups[ng++] = G;
+        }
+    }
+    return ng;
+}
+
+/* ---- padding ------------------------------------------------------------------------------------ */
+
+/* Zeroes every row of a [.., W, H, D] tensor view whose column is not covered (mark[col] == 0). */
+static void zero_uncovered(const attn_view *v, int64_t n_rows, int64_t width, int64_t heads, int64_t d, size_t esize,
+                           const uint8_t *covered /* [n_rows * width] */) {
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t c = 0; c < width; c++) {
+            if (covered[r * width + c]) continue;
+            for (int64_t h = 0; h < heads; h++) memset(attn_ptr(v, r, c, h, esize), 0, (size_t)d * esize);
+        }
+}
+
+/* Padding query rows: out (or dq) 0 and lse -inf. */
+static void zero_query_padding(const attn_problem *P, const attn_view *o, int with_lse) {
+    const maskpack_layout *L = P->L;
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        int64_t col = 0;
+        for (size_t x = L->row_begin[r]; x <= L->row_begin[r + 1]; x++) {
+            int64_t end = x < L->row_begin[r + 1] ? L->segs[x].q_start : L->q_width;
+            for (; col < end; col++)
+                for (int64_t h = 0; h < P->hq; h++) {
+                    memset(attn_ptr(o, r, col, h, P->esize), 0, (size_t)P->d * P->esize);
+                    if (with_lse) *(float *)attn_ptr(&P->lse, r, col, h, sizeof(float)) = -INFINITY;
+                }
+            if (x < L->row_begin[r + 1]) col = L->segs[x].q_start + L->segs[x].q_len;
+        }
+    }
+}
+
+static size_t L_units(const attn_problem *P) { return P->L->n_segments * (size_t)P->hkv; }
+
+/* ---- workspace --------------------------------------------------------------------------------- */
+
+#define WS_ALIGN 64
+static size_t align_up(size_t x) { return (x + WS_ALIGN - 1) & ~(size_t)(WS_ALIGN - 1); }
+
+static size_t fwd_thread_ws(const attn_problem *P) {
+    size_t a = attn_ref_fwd_ws(P), b = attn_avx512_fwd_ws(P), c = attn_amx_fwd_ws(P), d = attn_avx512bf16_fwd_ws(P);
+    size_t m = a > b ? a : b;
+    m = m > c ? m : c;
+    return align_up(m > d ? m : d);
+}
+
+static size_t fwd_items_bytes(const attn_problem *P) {
+    int64_t n = count_items(P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ);
+    size_t units = P->L->n_segments * (size_t)P->hkv + 1;
+    return align_up((size_t)n * sizeof(attn_item)) + align_up(units * sizeof(size_t));
+}
+
+static maskpack_status fwd_ws_size(const attn_problem *P, size_t *bytes, maskpack_error *err) {
+    size_t per = fwd_thread_ws(P), items = fwd_items_bytes(P);
+    size_t total = WS_ALIGN + items;
+    if (per > (SIZE_MAX - total) / (size_t)P->n_threads)
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    *bytes = total + per * (size_t)P->n_threads;
+    return MASKPACK_OK;
+}
+
+static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
+    size_t a = attn_ref_bwd_ws(P), b = attn_avx512_bwd_ws(P, max_width);
+    return align_up(a > b ? a : b);
+}
+
+static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpack_error *err) {
+    const maskpack_layout *L = P->L;
+    /* max group width is bounded by the kv grid width; use the exact value */
+    size_t n = L->n_segments ? L->n_segments : 1;
+    size_t *perm = malloc(n * sizeof *perm);
+    attn_kgroup *groups = malloc(n * sizeof *groups);
+    if (!perm || !groups) {
+        free(perm);
+        free(groups);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory");
+    }
+    int64_t w;
+    build_groups(L, perm, groups, &w);
+    free(perm);
+    free(groups);
+    size_t per = bwd_thread_ws(P, w);
+    size_t total = WS_ALIGN + align_up(n * sizeof(size_t)) + align_up(n * sizeof(attn_kgroup)) +
+                   align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width)));
+    if (per > (SIZE_MAX - total) / (size_t)P->n_threads)
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    *bytes = total + per * (size_t)P->n_threads;
+    return MASKPACK_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------- */
+
+maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                     const maskpack_tensor *k, const maskpack_tensor *v, int n_threads,
+                                                     size_t *bytes, maskpack_error *err) {
+    MP_CHECK_NULL(err, bytes, "bytes");
+    attn_problem P;
+    memset(&P, 0, sizeof P);
+    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
+    if (s) return s;
+    if ((s = check_scalars(&P, 0, 0, n_threads, err))) return s;
+    if ((s = fwd_ws_size(&P, bytes, err))) return s;
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const maskpack_tensor *q,
+                                           const maskpack_tensor *k, const maskpack_tensor *v, double scale,
+                                           double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
+                                           void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    attn_problem P;
+    memset(&P, 0, sizeof P);
+    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, out, "out");
+    if ((s = check_same(out, "out", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, out, "out", 0, &P.out, &(int64_t){0}, &(int64_t){0}, err))) return s;
+    if (lse) {
+        if ((s = check_lse(layout, lse, "lse", P.hq, &P.lse, err))) return s;
+        P.have_lse = 1;
+    }
+    if ((s = check_scalars(&P, scale, softcap, n_threads, err))) return s;
+    {
+        const maskpack_tensor *outs[2] = {out, lse};
+        const char *on[2] = {"out", "lse"};
+        const maskpack_tensor *ins[3] = {q, k, v};
+        const char *in[3] = {"q", "k", "v"};
+        if ((s = check_overlaps(outs, on, 2, ins, in, 3, err))) return s;
+    }
+    if ((s = maskpack_attention_select_isa(q->dtype, &P.isa, err))) return s;
+    size_t need = 0;
+    if ((s = fwd_ws_size(&P, &need, err))) return s;
+    void *owned = NULL;
+    if (workspace == NULL && workspace_bytes == 0) {
+        owned = workspace = malloc(need);
+        if (!owned) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
+    } else {
+        if (!workspace)
+            return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
+                           "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
+        if (workspace_bytes < need)
+            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
+                           "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
+    }
+    /* everything validated: from here on outputs are written */
+    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+    int32_t bq = (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) ? ATTN_AMX_BQ : ATTN_BQ;
+    attn_item *items = (attn_item *)ws;
+    size_t *unit_begin = (size_t *)(ws + align_up((size_t)count_items(&P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) *
+                                                  sizeof(attn_item)));
+    size_t n_items = fill_items(&P, bq, items, unit_begin);
+    _Atomic size_t next = 0;
+    attn_fwd_job job = {&P, items, n_items, (void *)&next, ws + fwd_items_bytes(&P), fwd_thread_ws(&P),
+                        unit_begin, L_units(&P), 0};
+    int nt = P.n_threads;
+    if ((size_t)nt > n_items) nt = n_items ? (int)n_items : 1;
+    /* whole units per thread when there are enough of them to keep every thread busy */
+    job.by_unit = job.n_units >= 4 * (size_t)nt;
+    zero_query_padding(&P, &P.out, P.have_lse);
+    if (n_items) {
+        attn_thread_fn fn = attn_ref_fwd_thread;
+        if (P.isa == MASKPACK_ATTN_ISA_AVX512 || (P.isa == MASKPACK_ATTN_ISA_AMX && !P.bf16)) fn = attn_avx512_fwd_thread;
+        if (P.isa == MASKPACK_ATTN_ISA_AVX512 && P.bf16 && attn_cpu_has_avx512bf16()) fn = attn_avx512bf16_fwd_thread;
+        if (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) fn = attn_amx_fwd_thread;
+        attn_run_threads(nt, fn, &job);
+    }
+    free(owned);
+    return mp_ok(err);
+}
+
+/* ---- backward ------------------------------------------------------------------------------------ */
+
+maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                      const maskpack_tensor *k, const maskpack_tensor *v,
+                                                      int n_threads, size_t *bytes, maskpack_error *err) {
+    MP_CHECK_NULL(err, bytes, "bytes");
+    attn_problem P;
+    memset(&P, 0, sizeof P);
+    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
+    if (s) return s;
+    if ((s = check_scalars(&P, 0, 0, n_threads, err))) return s;
+    if ((s = bwd_ws_size(&P, bytes, err))) return s;
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                            const maskpack_tensor *q, const maskpack_tensor *k,
+                                            const maskpack_tensor *v, const maskpack_tensor *out,
+                                            const maskpack_tensor *lse, double scale, double softcap,
+                                            maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
+                                            int n_threads, void *workspace, size_t workspace_bytes,
+                                            maskpack_error *err) {
+    attn_problem P;
+    memset(&P, 0, sizeof P);
+    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
+    if (s) return s;
+    int64_t scratch_h, scratch_d;
+    MP_CHECK_NULL(err, out, "out");
+    MP_CHECK_NULL(err, dout, "dout");
+    MP_CHECK_NULL(err, lse, "lse");
+    MP_CHECK_NULL(err, dq, "dq");
+    MP_CHECK_NULL(err, dk, "dk");
+    MP_CHECK_NULL(err, dv, "dv");
+    if ((s = check_same(out, "out", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, out, "out", 0, &P.out, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dout, "dout", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, dout, "dout", 0, &P.dout, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_lse(layout, lse, "lse", P.hq, &P.lse, err))) return s;
+    P.have_lse = 1;
+    if ((s = check_same(dq, "dq", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, dq, "dq", 0, &P.dq, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dk, "dk", k, "k", err))) return s;
+    if ((s = check_heads_tensor(layout, dk, "dk", 1, &P.dk, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dv, "dv", v, "v", err))) return s;
+    if ((s = check_heads_tensor(layout, dv, "dv", 1, &P.dv, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_scalars(&P, scale, softcap, n_threads, err))) return s;
+    {
+        const maskpack_tensor *outs[3] = {dq, dk, dv};
+        const char *on[3] = {"dq", "dk", "dv"};
+        const maskpack_tensor *ins[6] = {dout, q, k, v, out, lse};
+        const char *in[6] = {"dout", "q", "k", "v", "out", "lse"};
+        if ((s = check_overlaps(outs, on, 3, ins, in, 6, err))) return s;
+    }
+    if ((s = maskpack_attention_select_isa(q->dtype, &P.isa, err))) return s;
+    size_t need = 0;
+    if ((s = bwd_ws_size(&P, &need, err))) return s;
+    void *owned = NULL;
+    if (workspace == NULL && workspace_bytes == 0) {
+        owned = workspace = malloc(need);
+        if (!owned) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
+    } else {
+        if (!workspace)
+            return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
+                           "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
+        if (workspace_bytes < need)
+            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
+                           "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
+    }
+    /* everything validated: from here on outputs are written */
+    const maskpack_layout *L = layout;
+    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+    size_t n = L->n_segments ? L->n_segments : 1;
+    size_t *perm = (size_t *)ws;
+    ws += align_up(n * sizeof(size_t));
+    attn_kgroup *groups = (attn_kgroup *)ws;
+    ws += align_up(n * sizeof(attn_kgroup));
+    uint8_t *covered = (uint8_t *)ws;
+    int64_t wmax_grid = L->q_width > L->kv_width ? L->q_width : L->kv_width;
+    ws += align_up((size_t)(L->n_rows * wmax_grid));
+    int64_t max_width;
+    size_t ng = build_groups(L, perm, groups, &max_width);
+    size_t per = bwd_thread_ws(&P, max_width);
+
+    /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
+    zero_query_padding(&P, &P.dq, 0);
+    memset(covered, 0, (size_t)(L->n_rows * L->kv_width));
+    for (size_t g = 0; g < ng; g++)
+        if (groups[g].kv_end > groups[g].kv_start)
+            memset(covered + groups[g].row * L->kv_width + groups[g].kv_start, 1,
+                   (size_t)(groups[g].kv_end - groups[g].kv_start));
+    zero_uncovered(&P.dk, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, covered);
+    zero_uncovered(&P.dv, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, covered);
+
+    /* groups list their segments through perm (seg_begin / seg_end index perm) */
+    attn_bwd_job job;
+    memset(&job, 0, sizeof job);
+    _Atomic int64_t next = 0;
+    job.P = &P;
+    job.groups = groups;
+    job.n_groups = ng;
+    job.n_units = (int64_t)ng * P.hkv;
+    job.next = (void *)&next;
+    job.ws = ws;
+    job.ws_stride = per;
+    job.n_threads = P.n_threads;
+    attn_thread_fn fn = attn_ref_bwd_thread;
+    if (P.isa != MASKPACK_ATTN_ISA_REF) fn = attn_avx512_bwd_thread;
+    job.unit = -1;
+    /* units: dynamic over threads when there are enough of them, else one at a time with their
+     * query blocks split over the threads (each thread accumulates dk/dv privately, then they are
+     * summed in thread order: deterministic) */
+    int nt = P.n_threads;
+    if (job.n_units == 0) nt = 1;
+    job.split = nt > 1 && job.n_units < 2 * (int64_t)nt && fn != attn_ref_bwd_thread;
+    P.n_threads = nt;
+    job.n_threads = nt;
+    job.perm = perm;
+    if (job.n_units > 0) {
+        if (!job.split) {
+            attn_run_threads(nt, fn, &job);
+        } else {
+            for (int64_t u = 0; u < job.n_units; u++) {
+                job.unit = u;
+                attn_run_threads(nt, fn, &job);
+                attn_avx512_bwd_reduce(&job, u);
+            }
+        }
+    }
+    free(owned);
+    return mp_ok(err);
+}

@@ -1,0 +1,588 @@
+/* attn_avx512.c: AVX-512 f32 attention, forward and backward (flash-attention 2 tiling with an
+ * online softmax). Layout of the work: query rows run along the vector lanes (a block of 48 rows
+ * is 3 zmm vectors), so every per-row quantity (running max, sum, mask, D_i, lse) is a vertical
+ * operation and no horizontal reduction is ever needed; each row's sums over keys run in the same
+ * order whichever grid its sequence sits in.
+ *   S^T[j][i]  = sum_d K[j][d] * QT[d][i]           (broadcast K, 3 vector loads of QT per d)
+ *   O^T[d][i] += sum_j V[j][d] * P^T[j][i]          (broadcast V, 3 vector loads of P^T per key)
+ *   dV[j][:]  += sum_i P^T[j][i] * dO[i][:]         (broadcast P^T, vector loads of dO rows)
+ * bf16 inputs are widened to f32 when a tile is loaded. Compiled for AVX-512 with a target pragma;
+ * chosen at run time only when the CPU has it. */
+#include "attn_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
+
+#define BQ ATTN_BQ
+#define BK ATTN_BK
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
+
+#include "attn_avx512_common.h"
+
+/* ---- the three matrix kernels ------------------------------------------------------------------ */
+
+/* Keys are packed once per (segment or key group, key head) into two layouts:
+ *   KP [n8/8][D][8]: the 8 keys of a group side by side for each d (what S^T = K Q^T broadcasts)
+ *   VP [n64/64][D8/8][64][8]: per tile of 64 keys, one slab per group of 8 columns holding those
+ *                     columns of each key side by side (what O^T += V^T P^T broadcasts)
+ * so both kernels stream one contiguous run per tile (short strided runs defeat the prefetchers and
+ * halve the speed when the keys come from L2); n8, n64 and D8 round up with zeros. */
+
+/* ST[r][0..48) = sum_d G[d][r] * YT[d][0..48) for the 8 keys r of one packed group. */
+static inline void st_group(const float *YT, int64_t D, const float *G, float *ST) {
+    __m512 acc[8][3];
+    for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        const float *y = YT + d * BQ;
+        __m512 y0 = _mm512_load_ps(y), y1 = _mm512_load_ps(y + 16), y2 = _mm512_load_ps(y + 32);
+        const float *g = G + d * 8;
+        for (int r = 0; r < 8; r++) {
+            __m512 b = _mm512_set1_ps(g[r]);
+            acc[r][0] = _mm512_fmadd_ps(b, y0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(b, y1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(b, y2, acc[r][2]);
+        }
+    }
+    for (int r = 0; r < 8; r++) {
+        _mm512_store_ps(ST + r * BQ, acc[r][0]);
+        _mm512_store_ps(ST + r * BQ + 16, acc[r][1]);
+        _mm512_store_ps(ST + r * BQ + 32, acc[r][2]);
+    }
+}
+
+/* ST rows 0 .. j1-j0 for packed keys [j0, j1). Whole groups are computed, so rows before 0 (up to
+ * 7) and after j1-j0 (up to 7) are written too: ST must have that room; they are never used. */
+static void st_packed(const float *YT, int64_t D, const float *KP, int32_t j0, int32_t j1, float *ST) {
+    for (int32_t g = j0 & ~7; g < j1; g += 8) st_group(YT, D, KP + (int64_t)g * D, ST + (int64_t)(g - j0) * BQ);
+}
+
+/* OT[r][0..48) = OT * alpha + sum_j X[j*8 + r] * A[j][0..48) for the 8 columns of one VP slab. */
+static inline void ot_group(float *OT, const float *X, const float *A, int32_t nk, const __m512 *alpha) {
+    __m512 acc[8][3];
+    for (int r = 0; r < 8; r++) {
+        acc[r][0] = _mm512_mul_ps(_mm512_load_ps(OT + r * BQ), alpha[0]);
+        acc[r][1] = _mm512_mul_ps(_mm512_load_ps(OT + r * BQ + 16), alpha[1]);
+        acc[r][2] = _mm512_mul_ps(_mm512_load_ps(OT + r * BQ + 32), alpha[2]);
+    }
+    for (int32_t j = 0; j < nk; j++) {
+        const float *a = A + j * BQ;
+        __m512 a0 = _mm512_load_ps(a), a1 = _mm512_load_ps(a + 16), a2 = _mm512_load_ps(a + 32);
+        const float *x = X + j * 8;
+        for (int r = 0; r < 8; r++) {
+            __m512 b = _mm512_set1_ps(x[r]);
+            acc[r][0] = _mm512_fmadd_ps(b, a0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(b, a1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(b, a2, acc[r][2]);
+        }
+    }
+    for (int r = 0; r < 8; r++) {
+        _mm512_store_ps(OT + r * BQ, acc[r][0]);
+        _mm512_store_ps(OT + r * BQ + 16, acc[r][1]);
+        _mm512_store_ps(OT + r * BQ + 32, acc[r][2]);
+    }
+}
+
+/* OT [D8][BQ] = OT * alpha + V^T A over packed keys [j0, j0 + nk) (exactly those: a key outside
+ * the range is never read here). A range crossing a 64-key tile of the pack runs in pieces, alpha
+ * applied by the first. */
+static void ot_packed(float *OT, int64_t D8, const float *VP, int32_t j0, int32_t nk, const float *A,
+                      const __m512 *alpha) {
+    const __m512 ones[3] = {_mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f)};
+    for (int32_t j = j0; j < j0 + nk;) {
+        int32_t end = ((j >> 6) + 1) << 6;
+        if (end > j0 + nk) end = j0 + nk;
+        const float *tile = VP + (int64_t)(j >> 6) * D8 * 64 + (j & 63) * 8;
+        for (int64_t d = 0; d < D8; d += 8)
+            ot_group(OT + d * BQ, tile + (d / 8) * 512, A + (int64_t)(j - j0) * BQ, end - j, j == j0 ? alpha : ones);
+        j = end;
+    }
+}
+
+/* C[j][c*16 ..] += sum_{x < nr} A[j][x] * Y[x][c*16 ..] for JB rows j and CW vectors c. */
+static inline __attribute__((always_inline)) void c_block(float *C, int64_t cs, const float *A, const float *Y,
+                                                          int64_t ys, int32_t nr, const int JB, const int CW) {
+    __m512 acc[8][8];
+    for (int r = 0; r < JB; r++)
+        for (int c = 0; c < CW; c++) acc[r][c] = _mm512_load_ps(C + r * cs + c * 16);
+    for (int32_t x = 0; x < nr; x++) {
+        __m512 y[8];
+        for (int c = 0; c < CW; c++) y[c] = _mm512_load_ps(Y + x * ys + c * 16);
+        for (int r = 0; r < JB; r++) {
+            __m512 a = _mm512_set1_ps(A[r * BQ + x]);
+            for (int c = 0; c < CW; c++) acc[r][c] = _mm512_fmadd_ps(a, y[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < JB; r++)
+        for (int c = 0; c < CW; c++) _mm512_store_ps(C + r * cs + c * 16, acc[r][c]);
+}
+
+/* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, C and Y rows Dp apart). */
+static void c_kernel(float *C, const float *A, const float *Y, int64_t Dp, int32_t nk, int32_t nr) {
+    int64_t nv = Dp / 16, c = 0;
+    for (; c + 8 <= nv; c += 8) {
+        int32_t j = 0;
+        for (; j + 3 <= nk; j += 3) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 3, 8);
+        for (; j < nk; j++) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 8);
+    }
+    for (; c + 4 <= nv; c += 4) {
+        int32_t j = 0;
+        for (; j + 6 <= nk; j += 6) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 6, 4);
+        for (; j < nk; j++) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 4);
+    }
+    for (; c < nv; c++) {
+        int32_t j = 0;
+        for (; j + 8 <= nk; j += 8) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 8, 1);
+        for (; j < nk; j++) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 1);
+    }
+}
+
+/* ---- shared pieces ------------------------------------------------------------------------------- */
+
+static void pack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h, int64_t i0,
+                      int32_t n, float mul, float *YT, float *Yr, int64_t Dp) {
+    int64_t D = P->d;
+    for (int32_t x = 0; x < BQ; x++) {
+        float *y = Yr + x * Dp;
+        if (x < n) {
+            attn_load_row(y, attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, D);
+            for (int64_t d = D; d < Dp; d++) y[d] = 0;
+        } else {
+            memset(y, 0, (size_t)Dp * sizeof(float));
+        }
+    }
+    transpose_scaled(Yr, Dp, YT, BQ, BQ, Dp, mul);
+}
+
+/* Rows x < n of the accumulator OT [Dp][BQ] to the tensor: row x times inv[x]. Or is [BQ][Dp]. */
+static void unpack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
+                        int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
+    transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
+    for (int32_t x = 0; x < n; x++)
+        attn_store_row(attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, Or + x * Dp, P->d, inv[x]);
+}
+
+
+/* Packs keys [0, n) of head kh of a key-grid tensor (key r = token col0 + r of row brow) into KP
+ * and/or VP form (either may be NULL), 16 keys at a time (KP through 16 x 16 transposes); keys
+ * outside [lo, hi) (that no query of the unit may see) and the padding are zeros and are never
+ * read from the tensor. tmp holds 17 * (Dp + 16) floats. */
+static void pack_keys(const attn_problem *P, const attn_view *view, int64_t brow, int64_t col0, int64_t n, int64_t kh,
+                      int64_t lo, int64_t hi, float *KP, float *VP, float *tmp) {
+    int64_t D = P->d, D8 = round8(D), Dp = round16(D), n8 = round8(n), nv = VP ? round64(n) : n8, rs = Dp + 16;
+    float *zero = tmp + 16 * rs;
+    memset(zero, 0, (size_t)rs * sizeof(float));
+    for (int64_t j0 = 0; j0 < nv; j0 += 16) {
+        const float *row[16];
+        for (int r = 0; r < 16; r++) {
+            int64_t j = j0 + r;
+            if (j >= lo && j < hi && j < n) {
+                const void *src = attn_ptr(view, brow, col0 + j, kh, P->esize);
+                if (!P->bf16 && D == Dp) {
+                    row[r] = (const float *)src; /* read in place */
+                } else {
+                    attn_load_row(tmp + r * rs, src, P->bf16, D);
+                    for (int64_t d = D; d < Dp; d++) tmp[r * rs + d] = 0;
+                    row[r] = tmp + r * rs;
+                }
+            } else {
+                row[r] = zero;
+            }
+        }
+        if (KP && j0 < n8) {
+            __m512 v[16];
+            int hi_half = j0 + 8 < n8;
+            for (int64_t c = 0; c < Dp; c += 16) {
+                for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(row[r] + c);
+                tr16(v); /* v[t] = column c + t of the 16 keys */
+                for (int t = 0; t < 16 && c + t < D; t++) {
+                    _mm256_storeu_ps(KP + j0 * D + (c + t) * 8, _mm512_castps512_ps256(v[t]));
+                    if (hi_half) _mm256_storeu_ps(KP + (j0 + 8) * D + (c + t) * 8, _mm512_extractf32x8_ps(v[t], 1));
+                }
+            }
+        }
+        if (VP)
+            for (int r = 0; r < 16 && j0 + r < nv; r++) {
+                int64_t j = j0 + r;
+                float *dst = VP + (j >> 6) * D8 * 64 + (j & 63) * 8;
+                for (int64_t d = 0; d < D8; d += 8)
+                    _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
+            }
+    }
+}
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    float *QT, *OT, *ST, *KP, *VP, *Yr, *tmp;
+    int64_t seg, kh; /* what KP/VP hold (-1: nothing) */
+} fwd_bufs;
+
+/* ST gets 8 spare rows on each side (st_packed writes whole key groups). */
+static size_t fwd_layout(const attn_problem *P, float *base, fwd_bufs *b) {
+    int64_t D = P->d, D8 = round8(D), Dp = round16(D), n8 = round8(P->L->max_kv > 0 ? P->L->max_kv : 1);
+    size_t off = 0;
+#define TAKE(field, count)                        \
+    do {                                          \
+        if (b) b->field = base + off;             \
+        off += (size_t)round16((int64_t)(count)); \
+    } while (0)
+    TAKE(QT, Dp * BQ);
+    TAKE(OT, Dp * BQ);
+    TAKE(ST, (BK + 16) * BQ);
+    TAKE(Yr, BQ * Dp);
+    TAKE(KP, n8 * D);
+    TAKE(VP, round64(n8) * D8);
+    TAKE(tmp, 17 * (Dp + 16));
+#undef TAKE
+    if (b) b->ST += 8 * BQ;
+    return off * sizeof(float);
+}
+
+size_t attn_avx512_fwd_ws(const attn_problem *P) { return fwd_layout(P, NULL, NULL) + 64; }
+
+static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
+    const maskpack_layout *L = P->L;
+    const maskpack_segment *g = &L->segs[it->seg];
+    int64_t D = P->d, D8 = round8(D), kh = it->head / P->group;
+    float *QT = B->QT, *OT = B->OT, *ST = B->ST;
+    if (B->seg != it->seg || B->kh != kh) {
+        int64_t lo, hi;
+        segment_hull(L, (size_t)it->seg, &lo, &hi);
+        pack_keys(P, &P->k, g->row, g->kv_start, g->kv_len, kh, lo, hi, B->KP, NULL, B->tmp);
+        pack_keys(P, &P->v, g->row, g->kv_start, g->kv_len, kh, lo, hi, NULL, B->VP, B->tmp);
+        B->seg = it->seg;
+        B->kh = kh;
+    }
+    attn_rows rows;
+    attn_block_rows(L, (size_t)it->seg, it->i0, it->n, &rows);
+    int cap = P->softcap > 0;
+    float qmul = cap ? (float)(P->scale / P->softcap) : (float)(P->scale * LOG2E);
+    __m512 capmul = _mm512_set1_ps((float)(P->softcap * LOG2E));
+    pack_rows(P, &P->q, g, it->head, it->i0, it->n, qmul, QT, B->Yr, round16(D));
+    memset(OT, 0, (size_t)(D8 * BQ) * sizeof(float));
+    __m512 m[3], l[3];
+    for (int c = 0; c < 3; c++) {
+        m[c] = _mm512_set1_ps(-INFINITY);
+        l[c] = _mm512_setzero_ps();
+    }
+    lane_rule R;
+    lane_rule_init(&R, &rows);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int32_t j0 = (rows.kmin / BK) * BK; j0 < rows.kmax; j0 += BK) {
+        int32_t j1 = j0 + BK < g->kv_len ? j0 + BK : (int32_t)g->kv_len, ja, jb;
+        int cls = attn_classify(&rows, j0, j1, &ja, &jb);
+        if (cls == ATTN_TILE_EMPTY) continue;
+        int32_t nk = jb - ja;
+        st_packed(QT, D, B->KP, ja, jb, ST);
+        __m512 mt[3] = {ninf, ninf, ninf};
+        if (cls == ATTN_TILE_FULL && !cap) {
+            for (int32_t j = 0; j < nk; j++)
+                for (int c = 0; c < 3; c++) mt[c] = _mm512_max_ps(mt[c], _mm512_load_ps(ST + j * BQ + 16 * c));
+        } else {
+            for (int32_t j = 0; j < nk; j++) {
+                float *s = ST + j * BQ;
+                __m512i jv = _mm512_set1_epi32(ja + j);
+                for (int c = 0; c < 3; c++) {
+                    __m512 x = _mm512_load_ps(s + 16 * c);
+                    if (cap) x = _mm512_mul_ps(tanh_ps(x), capmul);
+                    if (cls == ATTN_TILE_PARTIAL)
+                        x = _mm512_mask_blend_ps(rows.simple ? lane_allowed_simple(&R, c, jv) : lane_allowed(&R, c, ja + j),
+                                                 ninf, x);
+                    _mm512_store_ps(s + 16 * c, x);
+                    mt[c] = _mm512_max_ps(mt[c], x);
+                }
+            }
+        }
+        __m512 alpha[3], mu[3], sum[3];
+        for (int c = 0; c < 3; c++) {
+            __m512 mn = _mm512_max_ps(m[c], mt[c]);
+            /* a row that has seen nothing yet keeps m = -inf: exponents are taken against 0 */
+            mu[c] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
+            alpha[c] = exp2_ps(_mm512_sub_ps(m[c], mu[c]));
+            m[c] = mn;
+            sum[c] = _mm512_setzero_ps();
+        }
+        for (int32_t j = 0; j < nk; j++) {
+            float *s = ST + j * BQ;
+            for (int c = 0; c < 3; c++) {
+                __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), mu[c]));
+                _mm512_store_ps(s + 16 * c, p);
+                sum[c] = _mm512_add_ps(sum[c], p);
+            }
+        }
+        for (int c = 0; c < 3; c++) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
+        ot_packed(OT, D8, B->VP, ja, nk, ST, alpha);
+    }
+    /* normalise and write: out = O / l, lse = ln(2) * (m + log2 l); rows that saw nothing: 0, -inf */
+    float inv[BQ], lse[BQ], mm[BQ], ll[BQ];
+    for (int c = 0; c < 3; c++) {
+        _mm512_storeu_ps(mm + 16 * c, m[c]);
+        _mm512_storeu_ps(ll + 16 * c, l[c]);
+    }
+    for (int32_t x = 0; x < it->n; x++) {
+        if (ll[x] > 0) {
+            inv[x] = 1.0f / ll[x];
+            lse[x] = (float)((mm[x] + log2((double)ll[x])) * LN2);
+        } else {
+            inv[x] = 0;
+            lse[x] = -INFINITY;
+        }
+    }
+    unpack_rows(P, &P->out, g, it->head, it->i0, it->n, OT, B->Yr, round16(D), inv);
+    if (P->have_lse)
+        for (int32_t x = 0; x < it->n; x++)
+            *(float *)attn_ptr(&P->lse, g->row, g->q_start + it->i0 + x, it->head, 4) = lse[x];
+}
+
+void attn_avx512_fwd_thread(void *vjob, int tid) {
+    attn_fwd_job *job = vjob;
+    fwd_bufs B;
+    fwd_layout(job->P, (float *)(job->ws + (size_t)tid * job->ws_stride), &B);
+    B.seg = B.kh = -1;
+    size_t b, e;
+    while (attn_fwd_claim(job, &b, &e))
+        for (size_t it = b; it < e; it++) {
+            fwd_item(job->P, &job->items[it], &B);
+        }
+}
+
+/* ---- backward ----------------------------------------------------------------------------------- */
+
+/* Per-thread buffers: dK, dV accumulators [W][Dp] of the unit's key range; the unit's packed keys
+ * (K in both forms, V in KP form); the block buffers. */
+typedef struct {
+    float *dK, *dV;
+    float *KPk, *VPk, *KPv; /* [W8 * D], [D8 * W64], [W8 * D] */
+    float *QT, *dOT;        /* [Dp][BQ] */
+    float *dQT;             /* [Dp][BQ] */
+    float *Qr, *dOr;        /* [BQ][Dp] */
+    float *PT, *dST;        /* [BK + 16][BQ], 8 spare rows each side */
+    float *tmp, *tmp2;      /* [Dp + 16] */
+} bwd_bufs;
+
+static size_t bwd_layout(const attn_problem *P, int64_t W, float *base, bwd_bufs *b) {
+    int64_t D = P->d, Dp = round16(D), D8 = round8(D), W8 = round8(W > 0 ? W : 1);
+    size_t off = 0;
+#define TAKE(field, count)                        \
+    do {                                          \
+        if (b) b->field = base + off;             \
+        off += (size_t)round16((int64_t)(count)); \
+    } while (0)
+    TAKE(dK, W * Dp);
+    TAKE(dV, W * Dp);
+    TAKE(KPk, W8 * D);
+    TAKE(VPk, round64(W8) * D8);
+    TAKE(KPv, W8 * D);
+    TAKE(QT, Dp * BQ);
+    TAKE(dOT, Dp * BQ);
+    TAKE(dQT, Dp * BQ);
+    TAKE(Qr, BQ * Dp);
+    TAKE(dOr, BQ * Dp);
+    TAKE(PT, (BK + 16) * BQ);
+    TAKE(dST, (BK + 16) * BQ);
+    TAKE(tmp, 17 * (Dp + 16));
+    TAKE(tmp2, Dp + 16);
+#undef TAKE
+    if (b) {
+        b->PT += 8 * BQ;
+        b->dST += 8 * BQ;
+    }
+    return off * sizeof(float);
+}
+
+size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t max_group_width) {
+    return bwd_layout(P, max_group_width, NULL, NULL) + 64;
+}
+
+/* One query block of segment k (whose keys start koff into the unit's packed range). */
+static void bwd_item(const attn_problem *P, size_t k, int32_t h, int64_t i0, int32_t n, int64_t koff, bwd_bufs *B) {
+    const maskpack_layout *L = P->L;
+    const maskpack_segment *g = &L->segs[k];
+    int64_t D = P->d, Dp = round16(D), D8 = round8(D);
+    attn_rows rows;
+    attn_block_rows(L, k, i0, n, &rows);
+    pack_rows(P, &P->q, g, h, i0, n, 1.0f, B->QT, B->Qr, Dp);
+    pack_rows(P, &P->dout, g, h, i0, n, 1.0f, B->dOT, B->dOr, Dp);
+    memset(B->dQT, 0, (size_t)(D8 * BQ) * sizeof(float));
+    /* per-row D_i = dO_i . O_i and lse in log2 units (+inf for rows outside the block or seeing
+     * nothing, so their P is exactly 0) */
+    float delta[BQ], lse2[BQ];
+    for (int32_t x = 0; x < BQ; x++) {
+        delta[x] = 0;
+        lse2[x] = INFINITY;
+        if (x >= n) continue;
+        float lse = *(const float *)attn_ptr(&P->lse, g->row, g->q_start + i0 + x, h, 4);
+        attn_load_row(B->tmp2, attn_ptr(&P->out, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, D);
+        double s = 0;
+        for (int64_t d = 0; d < D; d++) s += (double)B->dOr[x * Dp + d] * B->tmp2[d];
+        delta[x] = (float)s;
+        if (lse > -INFINITY) lse2[x] = (float)(lse * LOG2E);
+    }
+    __m512 dl[3], ls[3];
+    for (int c = 0; c < 3; c++) {
+        dl[c] = _mm512_loadu_ps(delta + 16 * c);
+        ls[c] = _mm512_loadu_ps(lse2 + 16 * c);
+    }
+    lane_rule R;
+    lane_rule_init(&R, &rows);
+    int cap = P->softcap > 0;
+    const __m512 sc = _mm512_set1_ps((float)(cap ? P->scale / P->softcap : P->scale * LOG2E));
+    const __m512 capmul = _mm512_set1_ps((float)(P->softcap * LOG2E));
+    const __m512 ones = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const __m512 one3[3] = {ones, ones, ones};
+    for (int32_t j0 = (rows.kmin / BK) * BK; j0 < rows.kmax; j0 += BK) {
+        int32_t j1 = j0 + BK < g->kv_len ? j0 + BK : (int32_t)g->kv_len, ja, jb;
+        int cls = attn_classify(&rows, j0, j1, &ja, &jb);
+        if (cls == ATTN_TILE_EMPTY) continue;
+        int32_t nk = jb - ja, pa = (int32_t)koff + ja;
+        st_packed(B->QT, D, B->KPk, pa, pa + nk, B->PT);
+        st_packed(B->dOT, D, B->KPv, pa, pa + nk, B->dST);
+        for (int32_t j = 0; j < nk; j++) {
+            float *pp = B->PT + j * BQ, *dd = B->dST + j * BQ;
+            for (int c = 0; c < 3; c++) {
+                __m512 x = _mm512_mul_ps(_mm512_load_ps(pp + 16 * c), sc), dcap = ones;
+                if (cap) {
+                    __m512 t = tanh_ps(x);
+                    x = _mm512_mul_ps(t, capmul);
+                    dcap = _mm512_fnmadd_ps(t, t, ones); /* d(cap*tanh(s/cap))/ds = 1 - tanh^2 */
+                }
+                __m512 p = exp2_ps(_mm512_sub_ps(x, ls[c]));
+                if (cls == ATTN_TILE_PARTIAL)
+                    p = _mm512_mask_blend_ps(rows.simple ? lane_allowed_simple(&R, c, _mm512_set1_epi32(ja + j))
+                                                         : lane_allowed(&R, c, ja + j),
+                                             zero, p);
+                __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_load_ps(dd + 16 * c), dl[c]));
+                if (cap) ds = _mm512_mul_ps(ds, dcap);
+                _mm512_store_ps(pp + 16 * c, p);
+                _mm512_store_ps(dd + 16 * c, ds);
+            }
+        }
+        c_kernel(B->dV + (int64_t)pa * Dp, B->PT, B->dOr, Dp, nk, n);
+        c_kernel(B->dK + (int64_t)pa * Dp, B->dST, B->Qr, Dp, nk, n);
+        ot_packed(B->dQT, D8, B->VPk, pa, nk, B->dST, one3);
+    }
+    float sc_rows[BQ];
+    for (int x = 0; x < BQ; x++) sc_rows[x] = (float)P->scale;
+    unpack_rows(P, &P->dq, g, h, i0, n, B->dQT, B->Qr, Dp, sc_rows); /* Qr is free again */
+}
+
+/* One unit (group, key head): part `part` of `nparts` of its query blocks, accumulating dk/dv in
+ * this thread's buffers; with write = 1 they are stored to dk/dv at the end. */
+static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, int nparts, int write) {
+    const attn_problem *P = job->P;
+    const maskpack_layout *L = P->L;
+    const attn_kgroup *G = &job->groups[u / P->hkv];
+    int32_t kh = (int32_t)(u % P->hkv);
+    int64_t D = P->d, Dp = round16(D), W = G->kv_end - G->kv_start;
+    memset(B->dK, 0, (size_t)(W * Dp) * sizeof(float));
+    memset(B->dV, 0, (size_t)(W * Dp) * sizeof(float));
+    pack_keys(P, &P->k, G->row, G->kv_start, W, kh, 0, W, B->KPk, B->VPk, B->tmp);
+    pack_keys(P, &P->v, G->row, G->kv_start, W, kh, 0, W, B->KPv, NULL, B->tmp);
+    int64_t idx = 0;
+    for (size_t s = G->seg_begin; s < G->seg_end; s++) {
+        size_t k = job->perm[s];
+        const maskpack_segment *g = &L->segs[k];
+        for (int32_t h = kh * (int32_t)P->group; h < (kh + 1) * (int32_t)P->group; h++)
+            for (int64_t i0 = 0; i0 < g->q_len; i0 += BQ, idx++) {
+                if (idx % nparts != part) continue;
+                int32_t n = (int32_t)(g->q_len - i0 < BQ ? g->q_len - i0 : BQ);
+                bwd_item(P, k, h, i0, n, g->kv_start - G->kv_start, B);
+            }
+    }
+    if (!write) return;
+    float scale = (float)P->scale;
+    for (int64_t c = 0; c < W; c++) {
+        attn_store_row(attn_ptr(&P->dk, G->row, G->kv_start + c, kh, P->esize), P->bf16, B->dK + c * Dp, D, scale);
+        attn_store_row(attn_ptr(&P->dv, G->row, G->kv_start + c, kh, P->esize), P->bf16, B->dV + c * Dp, D, 1.0f);
+    }
+}
+
+static void bufs_of(const attn_bwd_job *job, int tid, bwd_bufs *B) {
+    const attn_problem *P = job->P;
+    int64_t W = 0;
+    for (size_t g = 0; g < job->n_groups; g++)
+        if (job->groups[g].kv_end - job->groups[g].kv_start > W) W = job->groups[g].kv_end - job->groups[g].kv_start;
+    float *base = (float *)(job->ws + (size_t)tid * job->ws_stride);
+    bwd_layout(P, W, base, B);
+}
+
+void attn_avx512_bwd_thread(void *vjob, int tid) {
+    attn_bwd_job *job = vjob;
+    bwd_bufs B;
+    bufs_of(job, tid, &B);
+    if (job->split) {
+        bwd_unit(job, job->unit, &B, tid, job->n_threads, 0);
+        return;
+    }
+    _Atomic int64_t *next = job->next;
+    for (;;) {
+        int64_t u = atomic_fetch_add(next, 1);
+        if (u >= job->n_units) break;
+        bwd_unit(job, u, &B, 0, 1, 1);
+    }
+}
+
+void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
+    const attn_problem *P = job->P;
+    const attn_kgroup *G = &job->groups[u / P->hkv];
+    int32_t kh = (int32_t)(u % P->hkv);
+    int64_t D = P->d, Dp = round16(D), W = G->kv_end - G->kv_start;
+    bwd_bufs B0, Bt;
+    bufs_of(job, 0, &B0);
+    float scale = (float)P->scale;
+    for (int64_t c = 0; c < W; c++) {
+        float *k0 = B0.dK + c * Dp, *v0 = B0.dV + c * Dp;
+        for (int t = 1; t < job->n_threads; t++) {
+            bufs_of(job, t, &Bt);
+            const float *kt = Bt.dK + c * Dp, *vt = Bt.dV + c * Dp;
+            for (int64_t d = 0; d < D; d++) {
+                k0[d] += kt[d];
+                v0[d] += vt[d];
+            }
+        }
+        attn_store_row(attn_ptr(&P->dk, G->row, G->kv_start + c, kh, P->esize), P->bf16, k0, D, scale);
+        attn_store_row(attn_ptr(&P->dv, G->row, G->kv_start + c, kh, P->esize), P->bf16, v0, D, 1.0f);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else /* no x86-64: never selected (attn_cpu_has_avx512() is 0) */
+
+size_t attn_avx512_fwd_ws(const attn_problem *P) {
+    (void)P;
+    return 0;
+}
+void attn_avx512_fwd_thread(void *job, int tid) {
+    attn_ref_fwd_thread(job, tid);
+}
+size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t w) {
+    (void)P;
+    (void)w;
+    return 0;
+}
+void attn_avx512_bwd_thread(void *job, int tid) {
+    attn_ref_bwd_thread(job, tid);
+}
+void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
+    (void)job;
+    (void)u;
+}
+
+#endif

@@ -1,0 +1,136 @@
+/* attn_avx512_common.h: vector helpers shared by the AVX-512 attention kernels (attn_avx512.c,
+ * attn_avx512bf16.c). Included inside each file's AVX-512 target region, after BQ is defined
+ * (3 vectors of 16 query rows); every function is static inline. */
+#ifndef MASKPACK_ATTN_AVX512_COMMON_H
+#define MASKPACK_ATTN_AVX512_COMMON_H
+
+typedef struct {
+    __m512 v[3];
+} vec3;
+
+/* 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(x - round(x)), p a degree-6 fit of 2^f on
+ * [-1/2, 1/2] (relative error 2e-9 before f32 rounding). */
+static inline __m512 exp2_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5337576831145398e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399860363060092e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.61851953435526e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503289975177984e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40226466087139e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472056005104e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000005920204f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* tanh(x): odd polynomial near 0 (no cancellation), (1 - e)/(1 + e) with e = exp(-2|x|) elsewhere. */
+static inline __m512 tanh_ps(__m512 x) {
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 e = exp2_ps(_mm512_mul_ps(ax, _mm512_set1_ps((float)(-2.0 * LOG2E))));
+    __m512 big = _mm512_div_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_set1_ps(-17.0f / 315.0f);
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.0f));
+    __m512 small = _mm512_mul_ps(ax, p);
+    __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.0625f), _CMP_LT_OQ), big, small);
+    /* restore the sign */
+    return _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(r), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+}
+
+
+static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }
+
+/* Lane masks of a partial tile: allowed(i, j) for j = key, all rows at once. */
+typedef struct {
+    __m512i lo[3], hi[3], slo[3], shi[3], pre[3];
+} lane_rule;
+
+static inline void lane_rule_init(lane_rule *R, const attn_rows *rows) {
+    for (int c = 0; c < 3; c++) {
+        R->lo[c] = _mm512_loadu_si512(rows->lo + 16 * c);
+        R->hi[c] = _mm512_loadu_si512(rows->hi + 16 * c);
+        R->slo[c] = _mm512_loadu_si512(rows->slo + 16 * c);
+        R->shi[c] = _mm512_loadu_si512(rows->shi + 16 * c);
+        R->pre[c] = _mm512_loadu_si512(rows->pre + 16 * c);
+    }
+}
+
+/* Base-only rows (attn_rows.simple): one interval per row. */
+static inline __mmask16 lane_allowed_simple(const lane_rule *R, int c, __m512i jv) {
+    return _mm512_cmple_epi32_mask(R->lo[c], jv) & _mm512_cmplt_epi32_mask(jv, R->hi[c]);
+}
+
+static inline __mmask16 lane_allowed(const lane_rule *R, int c, int32_t j) {
+    __m512i jv = _mm512_set1_epi32(j);
+    __mmask16 base = _mm512_cmple_epi32_mask(R->lo[c], jv) & _mm512_cmplt_epi32_mask(jv, R->hi[c]);
+    __mmask16 span = _mm512_cmple_epi32_mask(R->slo[c], jv) & _mm512_cmplt_epi32_mask(jv, R->shi[c]);
+    __mmask16 pre = _mm512_cmplt_epi32_mask(jv, R->pre[c]);
+    return base | span | pre;
+}
+
+/* Rows [i0, i0 + n) of a tensor head into YT [D][BQ] (transposed, times mul) and optionally Yr
+ * [BQ][Dp] (row-major); rows past n are zero. */
+/* In-register transpose of a 16 x 16 f32 block (r[i] = row i -> r[j] = column j). */
+static inline void tr16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
+        r[4 * i + 2] =
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+        r[4 * i + 3] =
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+            t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* dst[j][i] = src[i][j] * mul for a rows x cols block (both multiples of 16). */
+static inline void transpose_scaled(const float *src, int64_t ss, float *dst, int64_t ds, int64_t rows, int64_t cols,
+                             float mul) {
+    __m512 m = _mm512_set1_ps(mul), r[16];
+    for (int64_t i = 0; i < rows; i += 16)
+        for (int64_t j = 0; j < cols; j += 16) {
+            for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps(src + (i + t) * ss + j);
+            tr16(r);
+            for (int t = 0; t < 16; t++) _mm512_storeu_ps(dst + (j + t) * ds + i, _mm512_mul_ps(r[t], m));
+        }
+}
+
+/* Rows [i0, i0 + n) of a tensor head into Yr [BQ][Dp] (row-major, zero rows past n and zero
+ * columns past D) and YT [Dp][BQ] (transposed, times mul). */
+static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
+static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+/* The keys any query of segment k may see: the union hull of its blocks' rows. */
+static inline void segment_hull(const maskpack_layout *L, size_t k, int64_t *lo, int64_t *hi) {
+    const maskpack_segment *g = &L->segs[k];
+    int64_t a = INT64_MAX, b = 0;
+    attn_rows rows;
+    for (int64_t i0 = 0; i0 < g->q_len; i0 += BQ) {
+        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < BQ ? g->q_len - i0 : BQ), &rows);
+        if (rows.kmin < rows.kmax) {
+            if (rows.kmin < a) a = rows.kmin;
+            if (rows.kmax > b) b = rows.kmax;
+        }
+    }
+    *lo = a == INT64_MAX ? 0 : a;
+    *hi = a == INT64_MAX ? 0 : b;
+}
+
+#endif

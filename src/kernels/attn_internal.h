@@ -1,0 +1,153 @@
+/* attn_internal.h: what the attention driver (attention.c) shares with its ISA kernels
+ * (attn_ref.c, attn_avx512.c, attn_amx.c). Never installed. */
+#ifndef MASKPACK_ATTN_INTERNAL_H
+#define MASKPACK_ATTN_INTERNAL_H
+
+#include "internal.h"
+
+#include <stdint.h>
+
+/* Query rows per block and keys per tile of the vector kernels. Blocks start at each segment's
+ * first query and tiles at its first key, so which rows share a block and which keys share a tile
+ * depends only on positions inside the segment: that is what makes packed and padded runs of one
+ * kernel bitwise equal. */
+#define ATTN_BQ 48   /* AVX-512: 3 vectors of 16 query rows */
+#define ATTN_BK 64
+#define ATTN_AMX_BQ 32
+#define ATTN_AMX_BK 64
+#define ATTN_MAX_D 256
+#define ATTN_MAX_BQ 48
+
+/* One tensor's addressing: element (row b, token t, head h, d) sits at
+ * base + (b*sb + t*st + h*sh + d) * esize. sb is 0 for packed tensors. */
+typedef struct attn_view {
+    char *base;
+    int64_t sb, st, sh;
+} attn_view;
+
+typedef struct attn_problem {
+    const maskpack_layout *L;
+    int64_t hq, hkv, group, d;
+    int bf16;                  /* 1: q/k/v/out/dout/dq/dk/dv are bf16, else f32 */
+    size_t esize;
+    double scale, softcap;
+    attn_view q, k, v, out, lse; /* lse: f32, token stride st, head stride sh, row stride sb */
+    int have_lse;
+    /* backward */
+    attn_view dout, dq, dk, dv;
+    int n_threads;
+    maskpack_attention_isa isa;
+} attn_problem;
+
+static inline char *attn_ptr(const attn_view *v, int64_t b, int64_t t, int64_t h, size_t esize) {
+    return v->base + (b * v->sb + t * v->st + h * v->sh) * (int64_t)esize;
+}
+
+/* The rule of one query block, as per-row key intervals (segment-local): base [lo, hi) from
+ * causal + window, span [slo, shi) when the row sits in a span, prefix [0, pre). Rows past the
+ * block's valid count have empty intervals. */
+typedef struct attn_rows {
+    int32_t n;             /* valid rows */
+    int32_t lo[ATTN_MAX_BQ], hi[ATTN_MAX_BQ];
+    int32_t slo[ATTN_MAX_BQ], shi[ATTN_MAX_BQ];
+    int32_t pre[ATTN_MAX_BQ];
+    int32_t kmin, kmax;    /* union hull of every row's keys; kmin >= kmax when the block sees nothing */
+    /* base-only blocks (no span or prefix row): every row's keys are one interval and consecutive
+     * rows' intervals move by at most one key, so their union is [kmin, kmax) without holes and a
+     * tile is FULL iff every row covers it: lo_max <= j0 and hi_min >= j1 with no empty row */
+    int simple, any_empty;
+    int32_t lo_max, hi_min;
+} attn_rows;
+
+enum { ATTN_TILE_EMPTY = 0, ATTN_TILE_PARTIAL = 1, ATTN_TILE_FULL = 2 };
+
+/* Fills rows for query rows [i0, i0 + n) of segment k (n <= ATTN_MAX_BQ). */
+void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, attn_rows *rows);
+/* Classifies keys [j0, j1) against the block: EMPTY, PARTIAL or FULL; for a non-empty tile,
+ * [ja, jb) is the sub-range some row may see (keys outside it are excluded for every row). */
+int attn_classify(const attn_rows *rows, int32_t j0, int32_t j1, int32_t *ja, int32_t *jb);
+
+/* Query blocks: one work item = (segment, query head, block). */
+typedef struct attn_item {
+    int64_t seg;
+    int32_t head;
+    int32_t i0, n;
+} attn_item;
+
+/* Runs fn(ctx, tid) for tid in [0, n) on n threads (the caller is thread 0). A thread that
+ * cannot be created has its share run by the caller afterwards. */
+typedef void (*attn_thread_fn)(void *ctx, int tid);
+void attn_run_threads(int n, attn_thread_fn fn, void *ctx);
+
+/* Backward work units: a key group (segments of one row whose key ranges overlap, e.g. the
+ * pieces of one sequence in a CP shard) for one key head. */
+typedef struct attn_kgroup {
+    size_t seg_begin, seg_end; /* segments [seg_begin, seg_end) */
+    int64_t row, kv_start, kv_end; /* union of their key ranges */
+    int64_t q_rows;            /* sum of their q_len */
+} attn_kgroup;
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+/* Forward job: items claimed from a shared counter; one workspace slice per thread. */
+typedef struct attn_fwd_job {
+    const attn_problem *P;
+    const attn_item *items;
+    size_t n_items;
+    void *next;              /* the shared counter (an _Atomic size_t) of items or units */
+    char *ws;                /* per-thread slices of ws_stride bytes, 64-aligned */
+    size_t ws_stride;
+    /* units = (segment, key head): items [unit_begin[u], unit_begin[u+1]). With enough units
+     * each thread takes whole units (a unit's keys are packed once, by one thread); otherwise
+     * single items, so both cores work on one sequence of one head. */
+    const size_t *unit_begin;
+    size_t n_units;
+    int by_unit;
+} attn_fwd_job;
+
+/* Claims the next run of items [*b, *e) for a thread; 0 when there is none left. */
+int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e);
+
+/* Backward unit job: unit u is key group u / hkv for key head u % hkv. */
+typedef struct attn_bwd_job {
+    const attn_problem *P;
+    const attn_kgroup *groups;
+    const size_t *perm;      /* group G's segments are perm[G.seg_begin .. G.seg_end) */
+    size_t n_groups;
+    int64_t n_units;         /* n_groups * hkv */
+    void *next;              /* the shared unit counter (an _Atomic int64_t), dynamic mode */
+    int split;               /* 1: one unit at a time, its items split over threads */
+    int64_t unit;            /* split mode: the current unit */
+    char *ws;
+    size_t ws_stride;
+    int n_threads;
+} attn_bwd_job;
+
+size_t attn_ref_fwd_ws(const attn_problem *P);
+void attn_ref_fwd_thread(void *job, int tid);
+size_t attn_ref_bwd_ws(const attn_problem *P);
+void attn_ref_bwd_thread(void *job, int tid);
+
+int attn_cpu_has_avx512(void);
+int attn_cpu_has_avx512bf16(void);
+int attn_cpu_has_amx(void); /* also requests the XTILEDATA permission from Linux (once) */
+
+size_t attn_avx512_fwd_ws(const attn_problem *P);
+void attn_avx512_fwd_thread(void *job, int tid);
+size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t max_group_width);
+void attn_avx512_bwd_thread(void *job, int tid);
+
+size_t attn_avx512bf16_fwd_ws(const attn_problem *P);
+void attn_avx512bf16_fwd_thread(void *job, int tid);
+
+size_t attn_amx_fwd_ws(const attn_problem *P);
+void attn_amx_fwd_thread(void *job, int tid);
+
+/* Split mode: sums the threads' private dk/dv accumulators of unit u into dk/dv. */
+void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u);
+
+/* Writes one fp32 row (n values, times mul) into a tensor row of dtype f32/bf16. */
+void attn_store_row(void *dst, int bf16, const float *src, int64_t n, float mul);
+void attn_load_row(float *dst, const void *src, int bf16, int64_t n);
+
+#endif

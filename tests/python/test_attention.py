@@ -1,0 +1,330 @@
+"""maskpack.attention: fused CPU attention over layouts, against torch.
+
+Checks: a float64 torch reference built from the layout's own dense mask (every kernel this CPU
+has, f32 and bf16, padded / left-padded / packed / packed-row / cross / window / span+prefix
+layouts, GQA, softcap); torch's scaled_dot_product_attention on padded batches with the equivalent
+dense mask; packed == padded bitwise in f32; varlen == each sequence alone; gradients against
+torch autograd (and a small torch model training through the autograd wrapper); NaN planted in
+padding never reaches an output; bad input raises maskpack.Error.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maskpack
+
+torch.manual_seed(0)
+
+
+def available_isas():
+    """The kernels this machine runs (a forced one it lacks must be an UNSUPPORTED error)."""
+    import os
+
+    found = []
+    old = os.environ.get("MASKPACK_ISA")
+    try:
+        for name in ("ref", "avx512", "amx"):
+            os.environ["MASKPACK_ISA"] = name
+            try:
+                assert maskpack.attention_isa("bfloat16") == name
+                found.append(name)
+            except maskpack.Error as e:
+                assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+    finally:
+        if old is None:
+            os.environ.pop("MASKPACK_ISA", None)
+        else:
+            os.environ["MASKPACK_ISA"] = old
+    return found
+
+
+ISAS = available_isas()
+
+
+def test_isa_names():
+    assert ISAS[0] == "ref"
+    assert maskpack.attention_isa() in ISAS
+
+
+def grid(x, layout):
+    """[T,H,D] of a packed layout -> [1,T,H,D]; padded tensors unchanged."""
+    return x.unsqueeze(0) if layout.packed else x
+
+
+def ref_attention(q, k, v, keep, scale, softcap=0.0):
+    """float64 masked attention: q [B,S,Hq,D], k, v [B,Skv,Hkv,D], keep [B,1,S,Skv] bool ->
+    out [B,S,Hq,D], lse [B,Hq,S]; rows that see nothing give 0 and -inf. Differentiable."""
+    g = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(g, dim=2)
+    v = v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    keep = keep.expand(s.shape)
+    any_row = keep.any(-1, keepdim=True)
+    s_m = torch.where(keep, s, torch.tensor(-math.inf, dtype=s.dtype))
+    lse = torch.logsumexp(s_m.detach(), -1)
+    p = torch.softmax(torch.where(any_row, s_m, torch.zeros_like(s)), -1) * keep
+    out = torch.einsum("bhij,bjhd->bihd", p, v)
+    return out, lse
+
+
+def keep_mask(layout):
+    m = layout.mask4d("keep")
+    return torch.as_tensor(np.asarray(m)) if not isinstance(m, torch.Tensor) else m
+
+
+def rand_qkv(layout, hq, hkv, d, dtype=torch.float32):
+    if layout.packed:
+        sq, sk = (layout.q_width,), (layout.kv_width,)
+    else:
+        sq, sk = (layout.n_rows, layout.q_width), (layout.n_rows, layout.kv_width)
+    q = torch.randn(*sq, hq, d).to(dtype)
+    k = torch.randn(*sk, hkv, d).to(dtype)
+    v = torch.randn(*sk, hkv, d).to(dtype)
+    return q, k, v
+
+
+LAYOUTS = {
+    "padded": lambda: maskpack.Layout.from_lengths([70, 0, 1, 49], placement="right"),
+    "left": lambda: maskpack.Layout.from_lengths([33, 64], placement="left"),
+    "packed-bidir": lambda: maskpack.Layout.from_lengths([97, 47], placement="packed", causal=False),
+    "packed-rows": lambda: maskpack.Layout.from_lengths([20, 31, 5, 40], placement="packed", capacity=64),
+    "window": lambda: maskpack.Layout.from_lengths([90, 30], placement="packed", window=(10, 0)),
+    "span-prefix": lambda: maskpack.Layout.from_lengths(
+        [80, 12], placement="packed", spans=[(0, 10, 50)], prefix=[5, 3]
+    ),
+    "cross": lambda: maskpack.Layout.from_cu_seqlens([0, 40, 50], cu_kv=[0, 20, 70], alignment="bottom_right"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vs_float64_reference(name, dtype, monkeypatch):
+    layout = LAYOUTS[name]()
+    q, k, v = rand_qkv(layout, 4, 2, 64, dtype)
+    keep = keep_mask(layout)
+    ref_out, ref_lse = ref_attention(grid(q, layout).double(), grid(k, layout).double(), grid(v, layout).double(),
+                                     keep, 0.125)
+    for isa in ISAS:
+        monkeypatch.setenv("MASKPACK_ISA", isa)
+        out, lse = maskpack.attention(q, k, v, layout, scale=0.125)
+        assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+        out = grid(out, layout).double()
+        lse = lse.unsqueeze(0) if layout.packed else lse
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out, ref_out, atol=tol, rtol=tol)
+        empty = torch.isinf(ref_lse)
+        assert torch.equal(torch.isinf(lse), empty)
+        torch.testing.assert_close(lse.double()[~empty], ref_lse[~empty], atol=tol, rtol=tol)
+        # rows that see nothing: exactly 0
+        rows = empty.transpose(1, 2)  # [B,S,H]
+        assert torch.all(out[rows] == 0)
+
+
+def test_softcap_against_reference():
+    layout = maskpack.Layout.from_lengths([60, 100], placement="packed")
+    q, k, v = rand_qkv(layout, 2, 1, 32)
+    q = q * 3
+    out, lse = maskpack.attention(q, k, v, layout, softcap=5.0)
+    ref, ref_lse = ref_attention(grid(q, layout).double(), grid(k, layout).double(), grid(v, layout).double(),
+                                 keep_mask(layout), 1 / math.sqrt(32), softcap=5.0)
+    torch.testing.assert_close(grid(out, layout).double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_vs_sdpa_padded_batch():
+    """torch SDPA on the padded batch with the equivalent dense bool mask (valid tokens)."""
+    layout = maskpack.Layout.from_lengths([100, 37, 64], placement="right")
+    q, k, v = rand_qkv(layout, 4, 4, 64)
+    keep = keep_mask(layout)
+    out, _ = maskpack.attention(q, k, v, layout)
+    # SDPA takes [B,H,S,D]; a fully masked (pad) row is undefined there, so only valid rows compare
+    sd = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                        attn_mask=keep).transpose(1, 2)
+    valid = torch.as_tensor(np.asarray(layout.mask2d()))
+    torch.testing.assert_close(out[valid], sd[valid], atol=2e-5, rtol=2e-5)
+    assert torch.all(out[~valid] == 0)
+
+
+def test_packed_equals_padded_bitwise(monkeypatch):
+    lens = [130, 1, 49, 96]
+    packed = maskpack.Layout.from_lengths(lens, placement="packed")
+    padded = maskpack.Layout.from_lengths(lens, placement="right", capacity=160)
+    q, k, v = rand_qkv(packed, 2, 1, 64)
+    valid = torch.as_tensor(np.asarray(padded.mask2d()))
+    def to_padded(x):
+        y = torch.full((4, 160) + tuple(x.shape[1:]), float("nan"))  # NaN in the padding
+        y[valid] = x
+        return y
+    for isa in ISAS:
+        monkeypatch.setenv("MASKPACK_ISA", isa)
+        op, lp = maskpack.attention(q, k, v, packed)
+        od, ld = maskpack.attention(to_padded(q), to_padded(k), to_padded(v), padded)
+        assert torch.equal(od[valid], op)
+        assert torch.equal(ld.transpose(1, 2)[valid], lp.t())
+        assert torch.all(od[~valid] == 0)
+
+
+def test_varlen_equals_each_sequence_alone():
+    lens = [77, 3, 128, 50]
+    layout = maskpack.Layout.from_lengths(lens, placement="packed")
+    q, k, v = rand_qkv(layout, 4, 2, 64)
+    out, lse = maskpack.attention(q, k, v, layout)
+    start = 0
+    for n in lens:
+        alone = maskpack.Layout.from_lengths([n], placement="packed")
+        o1, l1 = maskpack.attention(q[start:start + n], k[start:start + n], v[start:start + n], alone)
+        assert torch.equal(o1, out[start:start + n])
+        assert torch.equal(l1, lse[:, start:start + n])
+        start += n
+
+
+@pytest.mark.parametrize("name", ["padded", "packed-rows", "span-prefix", "cross", "window"])
+def test_gradients_vs_torch_autograd(name, monkeypatch):
+    layout = LAYOUTS[name]()
+    q, k, v = rand_qkv(layout, 4, 2, 32)
+    dout = torch.randn_like(q)
+    qd, kd, vd = (grid(x, layout).double().requires_grad_(True) for x in (q, k, v))
+    ref_out, _ = ref_attention(qd, kd, vd, keep_mask(layout), 0.2)
+    ref_out.backward(grid(dout, layout).double())
+    for isa in ISAS:
+        monkeypatch.setenv("MASKPACK_ISA", isa)
+        qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
+        out, lse = maskpack.attention(qa, ka, va, layout, scale=0.2)
+        assert out.requires_grad and not lse.requires_grad
+        out.backward(dout)
+        for got, want in ((qa.grad, qd.grad), (ka.grad, kd.grad), (va.grad, vd.grad)):
+            torch.testing.assert_close(grid(got, layout).double(), want, atol=5e-5, rtol=5e-5)
+        # the explicit backward gives the same
+        o2, l2 = maskpack.attention(q, k, v, layout, scale=0.2)
+        dq, dk, dv = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.2)
+        assert torch.equal(dq, qa.grad) and torch.equal(dk, ka.grad) and torch.equal(dv, va.grad)
+
+
+def test_bf16_gradients():
+    layout = maskpack.Layout.from_lengths([50, 70], placement="packed")
+    q, k, v = rand_qkv(layout, 2, 2, 64, torch.bfloat16)
+    dout = torch.randn_like(q)
+    qd, kd, vd = (grid(x, layout).double().requires_grad_(True) for x in (q, k, v))
+    ref_out, _ = ref_attention(qd, kd, vd, keep_mask(layout), 0.125)
+    ref_out.backward(grid(dout, layout).double())
+    out, lse = maskpack.attention(q, k, v, layout, scale=0.125)
+    dq, dk, dv = maskpack.attention_backward(dout, q, k, v, out, lse, layout, scale=0.125)
+    assert dq.dtype == torch.bfloat16
+    for got, want in ((dq, qd.grad), (dk, kd.grad), (dv, vd.grad)):
+        torch.testing.assert_close(grid(got, layout).double(), want, atol=5e-2, rtol=5e-2)
+
+
+def test_nan_in_padding_never_reaches_outputs():
+    layout = maskpack.Layout.from_lengths([40, 100, 7], placement="left")
+    q, k, v = rand_qkv(layout, 2, 1, 64)
+    dout = torch.randn_like(q)
+    valid = torch.as_tensor(np.asarray(layout.mask2d()))
+    clean = maskpack.attention(q, k, v, layout)
+    gclean = maskpack.attention_backward(dout, q, k, v, clean[0], clean[1], layout)
+    for x in (q, k, v, dout):
+        x[~valid] = float("nan")
+    out, lse = maskpack.attention(q, k, v, layout)
+    assert torch.equal(out[valid], clean[0][valid])
+    assert torch.all(out[~valid] == 0)
+    assert torch.all(torch.isinf(lse.transpose(1, 2)[~valid]))
+    out_nan = out.clone()
+    out_nan[~valid] = float("nan")
+    dq, dk, dv = maskpack.attention_backward(dout, q, k, v, out_nan, lse, layout)
+    for got, want in zip((dq, dk, dv), gclean):
+        assert torch.equal(got[valid], want[valid])
+        assert torch.all(got[~valid] == 0)
+
+
+def test_numpy_in_numpy_out():
+    layout = maskpack.Layout.from_lengths([30, 20], placement="packed")
+    q, k, v = (x.numpy() for x in rand_qkv(layout, 2, 2, 16))
+    out, lse = maskpack.attention(q, k, v, layout)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and lse.shape == (2, 50)
+    ref, _ = ref_attention(*(torch.from_numpy(x).unsqueeze(0).double() for x in (q, k, v)), keep_mask(layout),
+                           0.25)
+    np.testing.assert_allclose(out, ref[0].numpy(), atol=1e-5)
+    dq, dk, dv = maskpack.attention_backward(np.ones_like(out), q, k, v, out, lse, layout)
+    assert isinstance(dq, np.ndarray) and dk.shape == k.shape
+
+
+def test_out_argument_and_strided_inputs():
+    layout = maskpack.Layout.from_lengths([64, 40], placement="packed")
+    qkv = torch.randn(104, 3, 2, 32)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # token stride 3*2*32, not contiguous
+    out = torch.empty(104, 2, 32)
+    got, _ = maskpack.attention(q, k, v, layout, out=out)
+    assert got is out
+    want, _ = maskpack.attention(q.contiguous(), k.contiguous(), v.contiguous(), layout)
+    assert torch.equal(out, want)
+
+
+def test_bad_input_raises():
+    layout = maskpack.Layout.from_lengths([10, 5], placement="packed")
+    q, k, v = rand_qkv(layout, 2, 2, 16)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q, k, v, layout, scale=float("nan"))
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT" and e.value.argument == "scale"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q, k[:, :1].repeat(1, 3, 1), v[:, :1].repeat(1, 3, 1), layout)
+    assert e.value.status == "MASKPACK_ERR_SHAPE"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q, k.bfloat16(), v, layout)
+    assert e.value.status == "MASKPACK_ERR_DTYPE"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q[:14], k[:14], v[:14], layout)
+    assert e.value.status == "MASKPACK_ERR_SHAPE"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q, k, v, layout, softcap=-1.0)
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT"
+    with pytest.raises(TypeError):
+        maskpack.attention(q, k, v, "not a layout")
+
+
+def test_torch_model_trains_through_autograd():
+    """A one-layer attention model on packed documents learns to copy its input (loss falls), and
+    its gradients equal those of the same model on torch SDPA with the dense mask."""
+    torch.manual_seed(1)
+    layout = maskpack.Layout.from_lengths([24, 40, 16], placement="packed")
+    keep = keep_mask(layout)
+    T, E, H, D = 80, 32, 2, 16
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(E, 3 * H * D)
+            self.o = torch.nn.Linear(H * D, E)
+
+        def forward(self, x, use_sdpa=False):
+            q, k, v = self.qkv(x).view(T, 3, H, D).unbind(1)
+            if use_sdpa:
+                a = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                   v.transpose(0, 1)[None], attn_mask=keep)[0].transpose(0, 1)
+            else:
+                a = maskpack.attention_autograd(q, k, v, layout)
+            return self.o(a.reshape(T, H * D))
+
+    model = Block()
+    x = torch.randn(T, E)
+    # gradients against SDPA
+    model.zero_grad()
+    model(x).square().mean().backward()
+    g1 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x, use_sdpa=True).square().mean().backward()
+    for a, b in zip(g1, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # training
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(40):
+        opt.zero_grad()
+        loss = (model(x) - x).square().mean()
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.5 * first
