@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "maskpack.h"
+#include "ext_common.h"
 
 /* the pieces buffer below relies on this layout */
 _Static_assert(sizeof(maskpack_plan_piece) == 4 * sizeof(int64_t), "maskpack_plan_piece is four int64");
@@ -48,42 +49,6 @@ static const maskpack_plan *handle(PyObject *obj) {
 }
 
 /* ---- errors ---------------------------------------------------------------------------------- */
-
-/* Raises maskpack.Error(message, status_name, code, argument, index) for a failed call. */
-static PyObject *raise_status(maskpack_status status, const maskpack_error *err) {
-    const char *msg = err->message[0] ? err->message : maskpack_status_message(status);
-    const char *arg = err->argument[0] ? err->argument : NULL;
-    int n_idx = 0;
-    for (int i = 0; i < 4; i++)
-        if (err->index[i] != -1) n_idx = i + 1;
-    PyObject *idx = PyTuple_New(n_idx);
-    if (!idx) return NULL;
-    for (int i = 0; i < n_idx; i++) {
-        PyObject *v = PyLong_FromLongLong((long long)err->index[i]);
-        if (!v) {
-            Py_DECREF(idx);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(idx, i, v);
-    }
-    PyObject *mod = PyImport_ImportModule("maskpack._errors");
-    PyObject *type = mod ? PyObject_GetAttrString(mod, "Error") : NULL;
-    Py_XDECREF(mod);
-    if (!type) {
-        Py_DECREF(idx);
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, msg);
-        return NULL;
-    }
-    PyObject *exc = PyObject_CallFunction(type, "ssizO", msg, maskpack_status_name(status), (int)status, arg, idx);
-    Py_DECREF(idx);
-    if (exc) {
-        PyErr_SetObject(type, exc);
-        Py_DECREF(exc);
-    }
-    Py_DECREF(type);
-    return NULL;
-}
 
 /* ---- creation -------------------------------------------------------------------------------------- */
 
