@@ -16,7 +16,7 @@ meson test -C "$BUILD" --print-errorlogs --suite c
 
 # Replay every fuzz corpus through the sanitized standalone fuzz drivers.
 for t in "$BUILD"/fuzz/fuzz_*; do
-  [ -x "$t" ] || continue
+  [ -f "$t" ] && [ -x "$t" ] || continue
   name=$(basename "$t")
   "$t" -runs=0 "fuzz/corpus/$name" >/dev/null
 done
