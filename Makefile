@@ -50,8 +50,16 @@ test-fuzz:
 test-sanitize:
 	bash tools/run_sanitized.sh $(ASAN_BUILD)
 
-bench: build
+# Benchmark programs: each prints its figures beside a baseline measured in the same run.
+bench: build python
 	./$(BUILD)/bench/bench_derive
+	./$(BUILD)/bench/bench_relayout 2
+	$(PY) bench/bench_relayout_torch.py
+	./$(BUILD)/bench/plan/bench_plan
+	$(PY) bench/plan/bench_plan_binpacking.py
+	./$(BUILD)/bench/gdn/bench_gdn
+	$(PY) bench/gdn/bench_gdn_torch.py
+	./$(BUILD)/bench/attention/bench_attention
 
 install: build
 	meson install -C $(BUILD)
