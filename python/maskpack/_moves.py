@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _maskpack
 from ._errors import Error
-from ._tensors import DTYPE_CODE, alloc, describe, dtype_name, is_torch_tensor
+from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, dtype_name, is_torch_tensor
 
 _SCHEMES = {"zigzag": 0, "contiguous": 1}
 _ALIGNS = {"verl": 0, "minimal": 1}
@@ -76,31 +76,21 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
         raise Error(f"x: expected {len(srcs)} tensors (one per source layout), found {len(xs)}",
                     "MASKPACK_ERR_SHAPE", argument="x")
     descs, keep = [], []
-    for i, (xi, si) in enumerate(zip(xs, srcs)):
+    for i, xi in enumerate(xs):  # shapes are checked by the C engine, which names the argument
         d, k, _ = describe(xi, f"x[{i}]")
-        lead = _token_lead(si)
-        if len(d[2]) < lead:
-            raise Error(f"x[{i}]: expected at least {lead} dimensions (the source's token grid), found {len(d[2])}",
-                        "MASKPACK_ERR_SHAPE", argument="x")
         descs.append(d)
         keep.append(k)
-    trailing = tuple(descs[0][2][_token_lead(srcs[0]):])
-    shape = dst._per_token_shape() + trailing
     if out is None:
-        out = _alloc_like(xs[0], shape)
+        lead = _token_lead(srcs[0])
+        if len(descs[0][2]) < lead:
+            raise Error(f"x[0]: expected at least {lead} dimensions (the source's token grid), found "
+                        f"{len(descs[0][2])}", "MASKPACK_ERR_SHAPE", argument="x")
+        out = _alloc_like(xs[0], dst._per_token_shape() + tuple(descs[0][2][lead:]))
     od, okeep, _ = describe(out, "out")
-    dtype = dtype_name(_dtype_of_code(od[1]))
-    _maskpack.relayout(tuple(s._h for s in srcs), dst._h, tuple(descs), od, _pad_bytes(pad_value, dtype),
-                       _threads(threads))
+    pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[od[1]])
+    _maskpack.relayout(tuple(s._h for s in srcs), dst._h, tuple(descs), od, pad, _threads(threads))
     del keep, okeep
     return out
-
-
-def _dtype_of_code(code: int) -> str:
-    for k, v in DTYPE_CODE.items():
-        if v == code:
-            return k
-    raise ValueError(code)
 
 
 def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",

@@ -52,20 +52,15 @@ def is_torch_tensor(x: Any) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
+_TORCH_CODES: dict = {}
+
+
 def _torch_code(t, dtype) -> Optional[int]:
-    table = {
-        t.bool: 0,
-        t.uint8: 1,
-        t.int8: 2,
-        t.int16: 3,
-        t.int32: 4,
-        t.int64: 5,
-        t.float16: 6,
-        t.bfloat16: 7,
-        t.float32: 8,
-        t.float64: 9,
-    }
-    return table.get(dtype)
+    """torch dtype -> dtype code (the table is built once: this runs on every call into C)."""
+    if not _TORCH_CODES:
+        names = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+        _TORCH_CODES.update({getattr(t, n): DTYPE_CODE[n] for n in names})
+    return _TORCH_CODES.get(dtype)
 
 
 def _np_code(dtype: np.dtype) -> Optional[int]:
@@ -92,12 +87,12 @@ def _describe_torch(x, name: str):
     t = _torch()
     if x.layout != t.strided:
         raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {x.layout}")
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         raise TypeError(f"{name}: maskpack reads host memory; found a tensor on {x.device} (call .cpu() first)")
     code = _torch_code(t, x.dtype)
     if code is None:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
-    return (int(x.data_ptr()), code, tuple(int(d) for d in x.shape), tuple(int(s) for s in x.stride())), x
+    return (x.data_ptr(), code, tuple(x.shape), x.stride()), x
 
 
 def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
