@@ -27,9 +27,9 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     const maskpack_layout *L;
     maskpack_tensor q, k, v, out, lse;
     int pq, pk, pv, po, pl;
-    if (parse_layout(addr, &L) < 0 || parse_tensor(dq, "q", &q, &pq) < 0 || parse_tensor(dk, "k", &k, &pk) < 0 ||
-        parse_tensor(dv, "v", &v, &pv) < 0 || parse_tensor(dout, "out", &out, &po) < 0 ||
-        parse_tensor(dlse, "lse", &lse, &pl) < 0)
+    if (mpx_parse_layout(addr, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 || mpx_parse_tensor(dk, "k", &k, &pk) < 0 ||
+        mpx_parse_tensor(dv, "v", &v, &pv) < 0 || mpx_parse_tensor(dout, "out", &out, &po) < 0 ||
+        mpx_parse_tensor(dlse, "lse", &lse, &pl) < 0)
         return NULL;
     maskpack_error err;
     maskpack_status s;
@@ -37,7 +37,7 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     s = maskpack_attention_forward(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
                                    po ? &out : NULL, pl ? &lse : NULL, threads, NULL, 0, &err);
     Py_END_ALLOW_THREADS
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -54,9 +54,9 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     const maskpack_layout *L;
     maskpack_tensor t[9];
     int present[9];
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
-        if (parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
     for (int i = 0; i < 9; i++) p[i] = present[i] ? &t[i] : NULL;
     maskpack_error err;
@@ -65,7 +65,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], threads,
                                     NULL, 0, &err);
     Py_END_ALLOW_THREADS
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -77,7 +77,7 @@ static PyObject *py_isa(PyObject *m, PyObject *arg) {
     maskpack_attention_isa isa;
     maskpack_error err;
     maskpack_status s = maskpack_attention_select_isa((maskpack_dtype)dt, &isa, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     return PyUnicode_FromString(maskpack_attention_isa_name(isa));
 }
 

@@ -24,7 +24,7 @@ static int parse_many(PyObject *descs, const char *const *names, int n, maskpack
     }
     for (int i = 0; i < n; i++) {
         int present;
-        if (parse_tensor(PyTuple_GET_ITEM(descs, i), names[i], &ts[i], &present) < 0) return -1;
+        if (mpx_parse_tensor(PyTuple_GET_ITEM(descs, i), names[i], &ts[i], &present) < 0) return -1;
         ptrs[i] = present ? &ts[i] : NULL;
     }
     return 0;
@@ -41,7 +41,7 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!dppi", &addr, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads))
         return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -54,7 +54,7 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_forward(L, &in, &o, p[6], p[7], NULL, 0, &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -66,7 +66,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     int l2norm, threads;
     if (!PyArg_ParseTuple(args, "OO!dpi", &addr, &PyTuple_Type, &descs, &scale, &l2norm, &threads)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
                                           "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
@@ -80,7 +80,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_backward(L, &in, p[6], p[7], &o, &gr, NULL, 0, &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -91,7 +91,7 @@ static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     int chunked, backward, threads;
     if (!PyArg_ParseTuple(args, "OO!ppi", &addr, &PyTuple_Type, &descs, &chunked, &backward, &threads)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[6] = {"q", "k", "v", "g", "beta", "initial_state"};
     maskpack_tensor ts[6], *p[6];
     if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
@@ -102,7 +102,7 @@ static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     size_t bytes = 0;
     maskpack_error err;
     maskpack_status s = maskpack_gdn_workspace_size(L, &in, &o, backward, &bytes, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     return PyLong_FromSize_t(bytes);
 }
 
@@ -115,14 +115,14 @@ static PyObject *py_conv1d(PyObject *m, PyObject *args) {
     int silu, threads;
     if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
     maskpack_tensor ts[5], *p[5];
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d(L, p[0], p[1], p[2], silu, threads, p[3], p[4], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -133,7 +133,7 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     int silu, threads;
     if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -141,7 +141,7 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], threads, p[5],
                                                                p[6], p[7], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -152,14 +152,14 @@ static PyObject *py_l2norm(PyObject *m, PyObject *args) {
     double eps;
     if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[2] = {"x", "y"};
     maskpack_tensor ts[2], *p[2];
     if (parse_many(descs, names, 2, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_l2norm(L, p[0], eps, p[1], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -170,14 +170,14 @@ static PyObject *py_l2norm_backward(PyObject *m, PyObject *args) {
     double eps;
     if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[3] = {"x", "dy", "dx"};
     maskpack_tensor ts[3], *p[3];
     if (parse_many(descs, names, 3, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_l2norm_backward(L, p[0], p[1], eps, p[2], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -187,14 +187,14 @@ static PyObject *py_gates(PyObject *m, PyObject *args) {
     PyObject *addr, *descs;
     if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[6] = {"a", "b", "A_log", "dt_bias", "g", "beta"};
     maskpack_tensor ts[6], *p[6];
     if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_gates(L, p[0], p[1], p[2], p[3], p[4], p[5], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -204,7 +204,7 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     PyObject *addr, *descs;
     if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
     const maskpack_layout *L;
-    if (parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
     static const char *const names[10] = {"a", "b", "A_log", "dt_bias", "dg", "dbeta", "da", "db", "dA_log", "ddt_bias"};
     maskpack_tensor ts[10], *p[10];
     if (parse_many(descs, names, 10, ts, p) < 0) return NULL;
@@ -212,7 +212,7 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_gates_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
                                                            p[9], &err);
-    Py_END_ALLOW_THREADS if (s) return raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -223,7 +223,7 @@ static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     maskpack_gdn_isa isa;
     maskpack_error err;
     maskpack_status s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : "ref");
 }
 

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "maskpack.h"
+#include "ext_common.h"
 
 /* Py_NewRef appeared in 3.10; the package supports 3.9. */
 #if PY_VERSION_HEX < 0x030A0000
@@ -138,42 +139,14 @@ static int parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize
     return 0;
 }
 
-/* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor. */
+/* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor (None is refused here). */
 static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
-    memset(t, 0, sizeof *t);
-    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
+    int present = 0;
+    if (desc == Py_None) {
         PyErr_Format(PyExc_TypeError, "%s: expected a tensor descriptor (data_ptr, dtype, shape, strides)", name);
         return -1;
     }
-    PyObject *p = PyTuple_GET_ITEM(desc, 0);
-    if (!PyLong_Check(p)) {
-        PyErr_Format(PyExc_TypeError, "%s: data pointer must be an int", name);
-        return -1;
-    }
-    void *data = PyLong_AsVoidPtr(p);
-    if (!data && PyErr_Occurred()) return -1;
-    long dt = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
-    if (dt == -1 && PyErr_Occurred()) return -1;
-    if (dt < 0 || dt >= MASKPACK_DTYPE_COUNT_) {
-        PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %ld", name, dt);
-        return -1;
-    }
-    Py_ssize_t nd = 0, ns = 0;
-    if (parse_i64_seq(PyTuple_GET_ITEM(desc, 2), name, t->shape, MASKPACK_MAX_DIMS, &nd) < 0) return -1;
-    if (parse_i64_seq(PyTuple_GET_ITEM(desc, 3), name, t->strides, MASKPACK_MAX_DIMS, &ns) < 0) return -1;
-    if (nd != ns) {
-        PyErr_Format(PyExc_ValueError, "%s: shape has %zd entries but strides %zd", name, nd, ns);
-        return -1;
-    }
-    for (Py_ssize_t d = 0; d < nd; d++)
-        if (t->shape[d] < 0) {
-            PyErr_Format(PyExc_ValueError, "%s: negative dimension", name);
-            return -1;
-        }
-    t->data = data;
-    t->dtype = (maskpack_dtype)dt;
-    t->ndim = (int32_t)nd;
-    return 0;
+    return mpx_parse_tensor(desc, name, t, &present);
 }
 
 /* Optional descriptor: None -> *present = 0. */

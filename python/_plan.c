@@ -94,7 +94,7 @@ static PyObject *py_create(PyObject *m, PyObject *args) {
     s = maskpack_plan_create((const int64_t *)view.buf, n, &o, &p, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     PlanObject *obj = PyObject_New(PlanObject, &PlanType);
     if (!obj) {
         maskpack_plan_free(p);
@@ -113,7 +113,7 @@ static PyObject *py_attention_coefficient(PyObject *m, PyObject *args) {
     double a = 0;
     maskpack_error err;
     maskpack_status s = maskpack_plan_attention_coefficient(h, inter, q, kv, gated, causal, &a, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     return PyFloat_FromDouble(a);
 }
 
@@ -129,7 +129,7 @@ static PyObject *py_pieces(PyObject *m, PyObject *arg) {
     maskpack_plan_report rep;
     maskpack_error err;
     maskpack_status s = maskpack_plan_get_report(p, &rep, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     PyObject *pb = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)rep.n_pieces * 4 * 8);
     PyObject *rb = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(R + 1) * 8);
     if (!pb || !rb) {
@@ -148,7 +148,7 @@ static PyObject *py_pieces(PyObject *m, PyObject *arg) {
         if (s) {
             Py_DECREF(pb);
             Py_DECREF(rb);
-            return raise_status(s, &err);
+            return mpx_raise_status(s, &err);
         }
         k += cnt;
         rv[r + 1] = (int64_t)k;
@@ -165,7 +165,7 @@ static PyObject *py_costs(PyObject *m, PyObject *arg) {
     maskpack_plan_report rep;
     maskpack_error err;
     maskpack_status s = maskpack_plan_get_report(p, &rep, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     int64_t R = rep.n_rows, dp = R / rep.rows_per_rank, mb = rep.rows_per_rank / rep.rows_per_microbatch;
     PyObject *rc = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)R * 8);
     PyObject *ru = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)R * 8);
@@ -213,7 +213,7 @@ static PyObject *py_report(PyObject *m, PyObject *arg) {
     maskpack_plan_report r;
     maskpack_error err;
     maskpack_status s = maskpack_plan_get_report(p, &r, &err);
-    if (s) return raise_status(s, &err);
+    if (s) return mpx_raise_status(s, &err);
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     ADD_I(d, "n_sequences", r.n_sequences);

@@ -15,7 +15,7 @@
 #include "maskpack.h"
 
 /* Raises maskpack.Error(message, status_name, code, argument, index) for a failed call. */
-static inline PyObject *raise_status(maskpack_status status, const maskpack_error *err) {
+static inline PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err) {
     const char *msg = err->message[0] ? err->message : maskpack_status_message(status);
     const char *arg = err->argument[0] ? err->argument : NULL;
     int n_idx = 0;
@@ -50,7 +50,7 @@ static inline PyObject *raise_status(maskpack_status status, const maskpack_erro
     return NULL;
 }
 
-static inline int parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
+static inline int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
     PyObject *seq = PySequence_Fast(obj, "expected a sequence");
     if (!seq) {
         PyErr_Format(PyExc_TypeError, "%s: expected a tuple of ints", name);
@@ -76,7 +76,7 @@ static inline int parse_dims(PyObject *obj, const char *name, int64_t *out, Py_s
 }
 
 /* Descriptor -> tensor; None -> *present = 0. */
-static inline int parse_tensor(PyObject *desc, const char *name, maskpack_tensor *t, int *present) {
+static inline int mpx_parse_tensor(PyObject *desc, const char *name, maskpack_tensor *t, int *present) {
     memset(t, 0, sizeof *t);
     *present = 0;
     if (desc == Py_None) return 0;
@@ -93,8 +93,8 @@ static inline int parse_tensor(PyObject *desc, const char *name, maskpack_tensor
         return -1;
     }
     Py_ssize_t nd = 0, ns = 0;
-    if (parse_dims(PyTuple_GET_ITEM(desc, 2), name, t->shape, &nd) < 0) return -1;
-    if (parse_dims(PyTuple_GET_ITEM(desc, 3), name, t->strides, &ns) < 0) return -1;
+    if (mpx_parse_dims(PyTuple_GET_ITEM(desc, 2), name, t->shape, &nd) < 0) return -1;
+    if (mpx_parse_dims(PyTuple_GET_ITEM(desc, 3), name, t->strides, &ns) < 0) return -1;
     if (nd != ns) {
         PyErr_Format(PyExc_ValueError, "%s: shape has %zd entries but strides %zd", name, nd, ns);
         return -1;
@@ -106,7 +106,7 @@ static inline int parse_tensor(PyObject *desc, const char *name, maskpack_tensor
     return 0;
 }
 
-static inline int parse_layout(PyObject *addr, const maskpack_layout **L) {
+static inline int mpx_parse_layout(PyObject *addr, const maskpack_layout **L) {
     void *p = PyLong_AsVoidPtr(addr);
     if (!p) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "layout: NULL address");
