@@ -128,18 +128,23 @@ static inline __attribute__((always_inline)) void c_block(float *C, int64_t cs, 
         for (int c = 0; c < CW; c++) _mm512_store_ps(C + r * cs + c * 16, acc[r][c]);
 }
 
-/* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, C and Y rows Dp apart). */
+/* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, C and Y rows Dp apart). Blocks of
+ * 6 rows x 4 vectors: 24 accumulators + 4 row vectors of Y stay in registers and the 6 values of A
+ * are broadcast from memory, 10 loads per 24 FMAs (a wider 3 x 8 block leaves no register for Y
+ * and needs 27). */
 static void c_kernel(float *C, const float *A, const float *Y, int64_t Dp, int32_t nk, int32_t nr) {
     int64_t nv = Dp / 16, c = 0;
-    for (; c + 8 <= nv; c += 8) {
-        int32_t j = 0;
-        for (; j + 3 <= nk; j += 3) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 3, 8);
-        for (; j < nk; j++) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 8);
-    }
     for (; c + 4 <= nv; c += 4) {
         int32_t j = 0;
         for (; j + 6 <= nk; j += 6) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 6, 4);
-        for (; j < nk; j++) c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 4);
+        switch (nk - j) {
+        case 5: c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 5, 4); break;
+        case 4: c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 4, 4); break;
+        case 3: c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 3, 4); break;
+        case 2: c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 2, 4); break;
+        case 1: c_block(C + j * Dp + c * 16, Dp, A + j * BQ, Y + c * 16, Dp, nr, 1, 4); break;
+        default: break;
+        }
     }
     for (; c < nv; c++) {
         int32_t j = 0;
@@ -173,6 +178,39 @@ static void unpack_rows(const attn_problem *P, const attn_view *view, const mask
         attn_store_row(attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, Or + x * Dp, P->d, inv[x]);
 }
 
+
+/* f32 tensors with D a multiple of 16: the same two moves as pack_rows (QT only) and unpack_rows,
+ * straight between the tensor rows and the transposed block through 16 x 16 register transposes,
+ * without the row-major copy in between (same products, so the same values). */
+static void pack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
+                             int64_t i0, int32_t n, float mul, float *YT, const float *zero) {
+    int64_t D = P->d;
+    __m512 m = _mm512_set1_ps(mul), r[16];
+    for (int32_t x0 = 0; x0 < BQ; x0 += 16) {
+        const float *row[16];
+        for (int t = 0; t < 16; t++)
+            row[t] = x0 + t < n ? (const float *)attn_ptr(view, g->row, g->q_start + i0 + x0 + t, h, 4) : zero;
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps(row[t] + d0);
+            tr16(r);
+            for (int t = 0; t < 16; t++) _mm512_store_ps(YT + (d0 + t) * BQ + x0, _mm512_mul_ps(r[t], m));
+        }
+    }
+}
+
+static void unpack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
+                               int64_t i0, int32_t n, const float *OT, const float *inv) {
+    int64_t D = P->d;
+    __m512 r[16];
+    for (int32_t x0 = 0; x0 < n; x0 += 16)
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            for (int t = 0; t < 16; t++) r[t] = _mm512_load_ps(OT + (d0 + t) * BQ + x0);
+            tr16(r); /* r[t] = row x0 + t, columns d0 .. d0 + 15 */
+            for (int t = 0; t < 16 && x0 + t < n; t++)
+                _mm512_storeu_ps((float *)attn_ptr(view, g->row, g->q_start + i0 + x0 + t, h, 4) + d0,
+                                 _mm512_mul_ps(r[t], _mm512_set1_ps(inv[x0 + t])));
+        }
+}
 
 /* Packs keys [0, n) of head kh of a key-grid tensor (key r = token col0 + r of row brow) into KP
  * and/or VP form (either may be NULL), 16 keys at a time (KP through 16 x 16 transposes); keys
@@ -270,7 +308,13 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
     int cap = P->softcap > 0;
     float qmul = cap ? (float)(P->scale / P->softcap) : (float)(P->scale * LOG2E);
     __m512 capmul = _mm512_set1_ps((float)(P->softcap * LOG2E));
-    pack_rows(P, &P->q, g, it->head, it->i0, it->n, qmul, QT, B->Yr, round16(D));
+    int direct = !P->bf16 && D % 16 == 0;
+    if (direct) {
+        memset(B->tmp, 0, (size_t)D * sizeof(float)); /* the zero row for rows past n */
+        pack_rows_direct(P, &P->q, g, it->head, it->i0, it->n, qmul, QT, B->tmp);
+    } else {
+        pack_rows(P, &P->q, g, it->head, it->i0, it->n, qmul, QT, B->Yr, round16(D));
+    }
     memset(OT, 0, (size_t)(D8 * BQ) * sizeof(float));
     __m512 m[3], l[3];
     for (int c = 0; c < 3; c++) {
@@ -340,7 +384,10 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
             lse[x] = -INFINITY;
         }
     }
-    unpack_rows(P, &P->out, g, it->head, it->i0, it->n, OT, B->Yr, round16(D), inv);
+    if (direct)
+        unpack_rows_direct(P, &P->out, g, it->head, it->i0, it->n, OT, inv);
+    else
+        unpack_rows(P, &P->out, g, it->head, it->i0, it->n, OT, B->Yr, round16(D), inv);
     if (P->have_lse)
         for (int32_t x = 0; x < it->n; x++)
             *(float *)attn_ptr(&P->lse, g->row, g->q_start + it->i0 + x, it->head, 4) = lse[x];
