@@ -28,6 +28,9 @@
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 
+/* exp2_ps, tanh_ps and segment_hull (at this file's BQ) are shared with the AVX-512 kernels */
+#include "attn_avx512_common.h"
+
 static int64_t r32(int64_t x) { return (x + 31) & ~(int64_t)31; }
 
 typedef struct {
@@ -48,20 +51,6 @@ static void tiles_on(void) {
     _tile_loadconfig(&c);
 }
 
-static inline __m512 exp2_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5337576831145398e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3399860363060092e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.61851953435526e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503289975177984e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40226466087139e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472056005104e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000005920204f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* 2^x for P, which is rounded to bf16 (8 significant bits) right after: a degree-4 fit (relative
  * error 3e-6) is exact enough and two FMAs cheaper. x = -inf gives 0. */
 static inline __m512 exp2_p(__m512 x) {
@@ -74,21 +63,6 @@ static inline __m512 exp2_p(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931219676960609e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999991908565833e-1f));
     return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 tanh_ps(__m512 x) {
-    __m512 ax = _mm512_abs_ps(x);
-    __m512 e = exp2_ps(_mm512_mul_ps(ax, _mm512_set1_ps((float)(-2.0 * LOG2E))));
-    __m512 big = _mm512_div_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 p = _mm512_set1_ps(-17.0f / 315.0f);
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.0f));
-    __m512 small = _mm512_mul_ps(ax, p);
-    __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.0625f), _CMP_LT_OQ), big, small);
-    return _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_castps_si512(r), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
 }
 
 /* Per-thread workspace. */
@@ -166,22 +140,6 @@ static void pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int
     }
     B->cur_seg = (int64_t)k;
     B->cur_kh = kh;
-}
-
-/* The keys any query of segment k may see: the union hull of its blocks' rows. */
-static void segment_hull(const maskpack_layout *L, size_t k, int64_t *lo, int64_t *hi) {
-    const maskpack_segment *g = &L->segs[k];
-    int64_t a = INT64_MAX, b = 0;
-    attn_rows rows;
-    for (int64_t i0 = 0; i0 < g->q_len; i0 += BQ) {
-        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < BQ ? g->q_len - i0 : BQ), &rows);
-        if (rows.kmin < rows.kmax) {
-            if (rows.kmin < a) a = rows.kmin;
-            if (rows.kmax > b) b = rows.kmax;
-        }
-    }
-    *lo = a == INT64_MAX ? 0 : a;
-    *hi = a == INT64_MAX ? 0 : b;
 }
 
 /* The tile plan of one query block: the next non-empty 64-key tile at or after j0. */

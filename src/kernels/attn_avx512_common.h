@@ -1,5 +1,5 @@
 /* attn_avx512_common.h: vector helpers shared by the AVX-512 attention kernels (attn_avx512.c,
- * attn_avx512bf16.c). Included inside each file's AVX-512 target region, after BQ is defined
+ * attn_avx512bf16.c, attn_amx.c). Included inside each file's AVX-512 target region, after BQ is defined
  * (3 vectors of 16 query rows); every function is static inline. */
 #ifndef MASKPACK_ATTN_AVX512_COMMON_H
 #define MASKPACK_ATTN_AVX512_COMMON_H
