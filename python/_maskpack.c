@@ -114,31 +114,6 @@ static PyObject *raise_status(PyObject *module, maskpack_status status, const ma
 
 /* ---- argument conversion -------------------------------------------------------------------- */
 
-static int parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t cap, Py_ssize_t *n_out) {
-    PyObject *seq = PySequence_Fast(obj, "expected a sequence");
-    if (!seq) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a tuple of ints", name);
-        return -1;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > cap) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "%s: at most %zd entries are supported, found %zd", name, cap, n);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return -1;
-        }
-        out[i] = (int64_t)v;
-    }
-    Py_DECREF(seq);
-    *n_out = n;
-    return 0;
-}
-
 /* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor (None is refused here). */
 static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
     int present = 0;
@@ -205,7 +180,7 @@ static int parse_rule(PyObject *obj, rule_buf *rb) {
             int64_t v[3];
             Py_ssize_t got = 0;
             PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-            if (parse_i64_seq(item, "rule.spans[i]", v, 3, &got) < 0 || got != 3) {
+            if (mpx_parse_i64_seq(item, "rule.spans[i]", v, 3, &got) < 0 || got != 3) {
                 if (!PyErr_Occurred())
                     PyErr_Format(PyExc_TypeError, "rule.spans[%zd]: expected (segment, start, end)", i);
                 Py_DECREF(seq);

@@ -50,16 +50,17 @@ static inline PyObject *mpx_raise_status(maskpack_status status, const maskpack_
     return NULL;
 }
 
-static inline int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
+/* A sequence of at most `cap` ints -> out[0..n). */
+static inline int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t cap, Py_ssize_t *n_out) {
     PyObject *seq = PySequence_Fast(obj, "expected a sequence");
     if (!seq) {
         PyErr_Format(PyExc_TypeError, "%s: expected a tuple of ints", name);
         return -1;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > MASKPACK_MAX_DIMS) {
+    if (n > cap) {
         Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions are supported, found %zd", name, MASKPACK_MAX_DIMS, n);
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd entries are supported, found %zd", name, cap, n);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -73,6 +74,11 @@ static inline int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, 
     Py_DECREF(seq);
     *n_out = n;
     return 0;
+}
+
+/* A shape or strides tuple (at most MASKPACK_MAX_DIMS entries). */
+static inline int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
+    return mpx_parse_i64_seq(obj, name, out, MASKPACK_MAX_DIMS, n_out);
 }
 
 /* Descriptor -> tensor; None -> *present = 0. */
