@@ -126,11 +126,7 @@ static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
 
 /* Optional descriptor: None -> *present = 0. */
 static int parse_opt_tensor(PyObject *desc, maskpack_tensor *t, int *present, const char *name) {
-    *present = 0;
-    if (desc == Py_None) return 0;
-    if (parse_tensor(desc, t, name) < 0) return -1;
-    *present = 1;
-    return 0;
+    return mpx_parse_tensor(desc, name, t, present);
 }
 
 /* The rule crosses as (causal, alignment, window_left, window_right, spans | None, prefix | None)
