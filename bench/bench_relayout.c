@@ -22,7 +22,6 @@ static int cmp_d(const void *a, const void *b) {
 #define REPS 21
 
 typedef struct ctx {
-    const maskpack_layout *src, *dst;
     maskpack_relayout_plan *plan;
     const maskpack_tensor *x;
     maskpack_tensor *out;
@@ -85,10 +84,9 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
     memset(packed, 2, (size_t)TG * tokbytes);
     memset(scratch, 3, (size_t)(B * S) * tokbytes);
     memset(shard, 4, (size_t)TL * tokbytes);
-    int64_t ps[3] = {B, S, C}, ks[2] = {T, C}, gs[2] = {TG, C}, ls[2] = {TL, C};
+    int64_t ps[3] = {B, S, C}, ks[2] = {T, C}, ls[2] = {TL, C};
     maskpack_tensor pt = maskpack_tensor_contiguous(padded, MASKPACK_BF16, 3, ps);
     maskpack_tensor kt = maskpack_tensor_contiguous(packed, MASKPACK_BF16, 2, ks);
-    maskpack_tensor gt = maskpack_tensor_contiguous(packed, MASKPACK_BF16, 2, gs);
     maskpack_tensor lt = maskpack_tensor_contiguous(shard, MASKPACK_BF16, 2, ls);
     maskpack_tensor st = maskpack_tensor_contiguous(scratch, MASKPACK_BF16, 3, ps);
 
@@ -106,7 +104,7 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
     printf("%s: [%lld x %lld] x %lld bf16 (%.1f MB padded, %lld real tokens), %d thread(s)\n", label,
            (long long)B, (long long)S, (long long)C, (double)(B * S) * (double)tokbytes / 1e6, (long long)T, threads);
     for (int o = 0; o < 3; o++) {
-        ctx c = {ops[o].src, ops[o].dst, NULL, ops[o].x, ops[o].out, threads};
+        ctx c = {NULL, ops[o].x, ops[o].out, threads};
         const maskpack_layout *srcs[1] = {ops[o].src};
         if (maskpack_relayout_plan_create(srcs, 1, ops[o].dst, &c.plan, &e)) {
             fprintf(stderr, "plan failed: %s\n", e.message);
@@ -119,7 +117,6 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
                (double)ops[o].bytes / tr / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tr);
         maskpack_relayout_plan_free(c.plan);
     }
-    (void)gt;
     free(lens);
     free(padded);
     free(packed);
