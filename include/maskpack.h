@@ -422,6 +422,27 @@ MASKPACK_API maskpack_status maskpack_relayout_execute(const maskpack_relayout_p
                                                        const maskpack_tensor *const *x, maskpack_tensor *out,
                                                        const void *pad_value, int n_threads, maskpack_error *err);
 
+/* A team of worker threads the caller owns, reused across calls: starting a thread costs as much as
+ * copying a few hundred KB, so moves of L2-sized tensors only gain from a second core through a team
+ * that already runs. Idle workers spin for 0.2 ms, then sleep. One caller at a time uses a team; a
+ * concurrent second caller runs its work alone (no waiting). A child process after fork() gets no
+ * workers from the parent's team: calls there run on the caller, and free() only releases memory. */
+typedef struct maskpack_workers maskpack_workers; /* opaque */
+
+/* (n_threads >= 1, the caller included) -> a team of n_threads - 1 started worker threads. */
+MASKPACK_API maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, maskpack_error *err);
+/* Stops and joins the workers (NULL is a no-op). */
+MASKPACK_API void maskpack_workers_free(maskpack_workers *workers);
+/* (team) -> its participant count (1 for NULL). */
+MASKPACK_API int maskpack_workers_threads(const maskpack_workers *workers);
+
+/* As maskpack_relayout_execute, with the bytes split in chunks taken dynamically by the caller and the
+ * team's workers (NULL team: the caller alone). Small moves (< 64 KiB) run on the caller. */
+MASKPACK_API maskpack_status maskpack_relayout_execute_on(const maskpack_relayout_plan *plan,
+                                                          const maskpack_tensor *const *x, maskpack_tensor *out,
+                                                          const void *pad_value, maskpack_workers *workers,
+                                                          maskpack_error *err);
+
 /* One-source convenience: plan, execute, free. */
 MASKPACK_API maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst,
                                                const maskpack_tensor *x, maskpack_tensor *out,
@@ -789,8 +810,9 @@ typedef struct maskpack_gdn_inputs {
 
 /* (layout, inputs, opts, backward?) -> *bytes of workspace one call needs (all threads). Per thread:
  * forward O(chunk^2 + chunk*(K+V) + G*K*V) (G = HV/H value heads of one key head); backward adds
- * about 2*sqrt(max_len/chunk) checkpointed states per value head of the group (states are
- * recomputed from checkpoints, never stored per chunk); never O(T^2). */
+ * per value head of the group the states of the chunks of a segment of up to 8 chunks, beyond that
+ * about 2*sqrt(max_len/chunk) checkpointed states (recomputed from checkpoints, never stored per
+ * chunk); never O(T^2). */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);

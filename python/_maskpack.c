@@ -37,6 +37,9 @@ static inline PyObject *mp_newref(PyObject *o) {
 
 typedef struct {
     PyObject *error_type; /* maskpack.Error, set by the package; ValueError until then */
+    /* torch, registered by the package the first time it meets a tensor (the extension does not
+     * import torch): the Tensor type and {torch dtype: dtype code}. */
+    PyObject *torch_tensor, *torch_dtypes;
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -1126,16 +1129,76 @@ static PyObject *py_cp_last_token(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (sources: tuple of handles, dst handle, xs: tuple of descriptors, out descriptor, pad: bytes | None,
- * threads) -> None. One plan per call; the GIL is released for the copy. */
-static PyObject *py_relayout(PyObject *m, PyObject *args) {
-    PyObject *srcs, *dst, *xs, *odesc, *pad;
-    int threads;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOi", &PyTuple_Type, &srcs, &LayoutType, &dst, &PyTuple_Type, &xs, &odesc, &pad,
-                          &threads))
-        return NULL;
+/* ---- relayout plans and worker teams ------------------------------------------------------------
+ * Both cross to Python as capsules: a plan is immutable and cached on the source layout, a team is
+ * kept per process by the package so consecutive moves reuse running threads. */
+
+#define PLAN_CAPSULE "maskpack.relayout_plan"
+#define TEAM_CAPSULE "maskpack.workers"
+
+static void plan_capsule_free(PyObject *cap) {
+    maskpack_relayout_plan_free(PyCapsule_GetPointer(cap, PLAN_CAPSULE));
+}
+
+static void team_capsule_free(PyObject *cap) { maskpack_workers_free(PyCapsule_GetPointer(cap, TEAM_CAPSULE)); }
+
+/* (n_threads) -> team capsule */
+static PyObject *py_workers_create(PyObject *m, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    maskpack_workers *w = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_workers_create(n, &w, &err);
+    if (s) return raise_status(m, s, &err);
+    PyObject *cap = PyCapsule_New(w, TEAM_CAPSULE, team_capsule_free);
+    if (!cap) maskpack_workers_free(w);
+    return cap;
+}
+
+/* (sources: tuple of handles, dst handle) -> plan capsule */
+static PyObject *py_plan_create(PyObject *m, PyObject *args) {
+    PyObject *srcs, *dst;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &srcs, &LayoutType, &dst)) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(srcs);
-    if (n < 1 || n > 4096 || PyTuple_GET_SIZE(xs) != n) {
+    if (n < 1 || n > 4096) {
+        PyErr_SetString(PyExc_ValueError, "relayout: expected 1 to 4096 source layouts");
+        return NULL;
+    }
+    const maskpack_layout **L = PyMem_Calloc((size_t)n, sizeof *L);
+    if (!L) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *hi = PyTuple_GET_ITEM(srcs, i);
+        if (!PyObject_TypeCheck(hi, &LayoutType)) {
+            PyMem_Free(L);
+            PyErr_SetString(PyExc_TypeError, "relayout: sources must be layout handles");
+            return NULL;
+        }
+        L[i] = handle(hi);
+    }
+    maskpack_relayout_plan *P = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_relayout_plan_create(L, (size_t)n, handle(dst), &P, &err);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(L);
+    if (s) return raise_status(m, s, &err);
+    PyObject *cap = PyCapsule_New(P, PLAN_CAPSULE, plan_capsule_free);
+    if (!cap) maskpack_relayout_plan_free(P);
+    return cap;
+}
+
+/* (plan capsule, xs: tuple of descriptors, out descriptor, pad: bytes | None, team capsule | None)
+ * -> None. The GIL is released for the copy; the caller keeps the tensors alive. */
+static PyObject *py_plan_execute(PyObject *m, PyObject *args) {
+    PyObject *plan, *xs, *odesc, *pad, *team;
+    if (!PyArg_ParseTuple(args, "OO!OOO", &plan, &PyTuple_Type, &xs, &odesc, &pad, &team)) return NULL;
+    maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
+    if (!P) return NULL;
+    maskpack_workers *w = NULL;
+    if (team != Py_None && !(w = PyCapsule_GetPointer(team, TEAM_CAPSULE))) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(xs);
+    if (n < 1 || n > 4096) {
         PyErr_SetString(PyExc_ValueError, "relayout: expected as many tensors as source layouts (1 to 4096)");
         return NULL;
     }
@@ -1147,24 +1210,21 @@ static PyObject *py_relayout(PyObject *m, PyObject *args) {
         }
         pad_ptr = PyBytes_AS_STRING(pad);
     }
-    const maskpack_layout **L = PyMem_Calloc((size_t)n, sizeof *L);
-    maskpack_tensor *X = PyMem_Calloc((size_t)n, sizeof *X);
-    const maskpack_tensor **XP = PyMem_Calloc((size_t)n, sizeof *XP);
-    if (!L || !X || !XP) {
-        PyMem_Free(L);
-        PyMem_Free(X);
-        PyMem_Free(XP);
-        return PyErr_NoMemory();
+    /* one tensor is the common case: no heap allocation for it */
+    maskpack_tensor x1, *X = &x1;
+    const maskpack_tensor *xp1, **XP = &xp1;
+    if (n > 1) {
+        X = PyMem_Calloc((size_t)n, sizeof *X);
+        XP = PyMem_Calloc((size_t)n, sizeof *XP);
+        if (!X || !XP) {
+            PyMem_Free(X);
+            PyMem_Free(XP);
+            return PyErr_NoMemory();
+        }
     }
     PyObject *ret = NULL;
     maskpack_tensor o;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *hi = PyTuple_GET_ITEM(srcs, i);
-        if (!PyObject_TypeCheck(hi, &LayoutType)) {
-            PyErr_SetString(PyExc_TypeError, "relayout: sources must be layout handles");
-            goto done;
-        }
-        L[i] = handle(hi);
         if (parse_tensor(PyTuple_GET_ITEM(xs, i), &X[i], "x") < 0) goto done;
         XP[i] = &X[i];
     }
@@ -1176,11 +1236,8 @@ static PyObject *py_relayout(PyObject *m, PyObject *args) {
     {
         maskpack_error err;
         maskpack_status s;
-        maskpack_relayout_plan *P = NULL;
         Py_BEGIN_ALLOW_THREADS
-        s = maskpack_relayout_plan_create(L, (size_t)n, handle(dst), &P, &err);
-        if (!s) s = maskpack_relayout_execute(P, XP, &o, pad_ptr, threads, &err);
-        maskpack_relayout_plan_free(P);
+        s = maskpack_relayout_execute_on(P, XP, &o, pad_ptr, w, &err);
         Py_END_ALLOW_THREADS
         if (s) {
             raise_status(m, s, &err);
@@ -1189,10 +1246,180 @@ static PyObject *py_relayout(PyObject *m, PyObject *args) {
     }
     ret = Py_NewRef(Py_None);
 done:
-    PyMem_Free(L);
-    PyMem_Free(X);
-    PyMem_Free(XP);
+    if (n > 1) {
+        PyMem_Free(X);
+        PyMem_Free(XP);
+    }
     return ret;
+}
+
+/* ---- the fast path of a move: tensors read here, not through Python descriptors ------------------
+ * A relayout of an L2-sized tensor copies in ~10 us; building two descriptor tuples in Python costs
+ * half as much again, so the common cases (a torch CPU tensor, a numpy array) are read directly. */
+
+/* (torch.Tensor, {torch dtype: code}) -> None */
+static PyObject *py_register_torch(PyObject *m, PyObject *args) {
+    PyObject *tensor, *dtypes;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &tensor, &PyDict_Type, &dtypes)) return NULL;
+    module_state *st = get_state(m);
+    Py_XSETREF(st->torch_tensor, Py_NewRef(tensor));
+    Py_XSETREF(st->torch_dtypes, Py_NewRef(dtypes));
+    Py_RETURN_NONE;
+}
+
+/* A torch CPU strided tensor -> *t. 1 read, 0 not such a tensor (the caller falls back), -1 error.
+ * Every attribute costs ~0.25 us through torch's Python layer, so only five are read; a tensor
+ * without strides or storage (sparse, meta) makes stride() or data_ptr() raise, which sends it to
+ * the descriptor path and its error message. */
+static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
+    if (!st->torch_tensor || !PyObject_TypeCheck(x, (PyTypeObject *)st->torch_tensor)) return 0;
+    int ok = 0;
+    PyObject *is_cpu = PyObject_GetAttrString(x, "is_cpu");
+    PyObject *dtype = is_cpu ? PyObject_GetAttrString(x, "dtype") : NULL;
+    PyObject *code = dtype ? PyDict_GetItemWithError(st->torch_dtypes, dtype) : NULL; /* borrowed */
+    PyObject *ptr = NULL, *shape = NULL, *stride = NULL;
+    if (!is_cpu || !dtype || (!code && PyErr_Occurred())) {
+        ok = -1;
+        goto done;
+    }
+    if (is_cpu != Py_True || !code) goto done; /* the descriptor path explains */
+    stride = PyObject_CallMethod(x, "stride", NULL);
+    if (!stride) {
+        PyErr_Clear(); /* not strided: the descriptor path names the layout */
+        goto done;
+    }
+    ptr = PyObject_CallMethod(x, "data_ptr", NULL);
+    if (!ptr) {
+        PyErr_Clear(); /* no storage (sparse, meta): the descriptor path names the problem */
+        goto done;
+    }
+    shape = PyObject_GetAttrString(x, "shape");
+    if (!shape) {
+        ok = -1;
+        goto done;
+    }
+    memset(t, 0, sizeof *t);
+    Py_ssize_t nd = 0, ns = 0;
+    t->data = PyLong_AsVoidPtr(ptr);
+    t->dtype = (maskpack_dtype)PyLong_AsLong(code);
+    if (PyErr_Occurred() || mpx_parse_dims(shape, "x", t->shape, &nd) < 0 ||
+        mpx_parse_dims(stride, "x", t->strides, &ns) < 0 || nd != ns) {
+        ok = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    t->ndim = (int32_t)nd;
+    ok = 1;
+done:
+    Py_XDECREF(is_cpu);
+    Py_XDECREF(dtype);
+    Py_XDECREF(ptr);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    return ok;
+}
+
+/* A native-endian buffer of a supported element type (numpy arrays) -> *t, holding *view.
+ * 1 read (release the view), 0 not readable here (falls back), -1 error. */
+static int read_buffer(PyObject *x, int writable, maskpack_tensor *t, Py_buffer *view) {
+    if (!PyObject_CheckBuffer(x)) return 0;
+    if (PyObject_GetBuffer(x, view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear(); /* e.g. a read-only array given as out: the descriptor path reports it */
+        return 0;
+    }
+    const char *f = view->format ? view->format : "B";
+    if (*f == '=' || *f == '@' || (*f == '<' && 1 == *(const unsigned char *)&(uint16_t){1})) f++;
+    int dt = -1;
+    if (f[0] && !f[1]) switch (f[0]) {
+        case '?': dt = MASKPACK_BOOL; break;
+        case 'B': dt = MASKPACK_U8; break;
+        case 'b': dt = MASKPACK_I8; break;
+        case 'h': dt = MASKPACK_I16; break;
+        case 'i': dt = view->itemsize == 4 ? MASKPACK_I32 : -1; break;
+        case 'l': case 'q': dt = view->itemsize == 8 ? MASKPACK_I64 : view->itemsize == 4 ? MASKPACK_I32 : -1; break;
+        case 'e': dt = MASKPACK_F16; break;
+        case 'f': dt = MASKPACK_F32; break;
+        case 'd': dt = MASKPACK_F64; break;
+        default: break;
+        }
+    if (dt < 0 || view->ndim > MASKPACK_MAX_DIMS || view->ndim < 1 ||
+        (size_t)view->itemsize != maskpack_dtype_size((maskpack_dtype)dt)) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    memset(t, 0, sizeof *t);
+    for (int d = 0; d < view->ndim; d++) {
+        if (view->strides[d] % view->itemsize) {
+            PyBuffer_Release(view);
+            return 0;
+        }
+        t->shape[d] = view->shape[d];
+        t->strides[d] = view->strides[d] / view->itemsize;
+    }
+    t->data = view->buf;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = view->ndim;
+    return 1;
+}
+
+/* (plan, x, out, pad bytes | None, team | None) -> True when done, False when x or out is not a
+ * torch CPU tensor or a plain numpy array (the package then goes through descriptors). */
+static PyObject *py_move(PyObject *m, PyObject *args) {
+    PyObject *plan, *x, *out, *pad, *team;
+    if (!PyArg_ParseTuple(args, "OOOOO", &plan, &x, &out, &pad, &team)) return NULL;
+    maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
+    if (!P) return NULL;
+    maskpack_workers *w = NULL;
+    if (team != Py_None && !(w = PyCapsule_GetPointer(team, TEAM_CAPSULE))) return NULL;
+    const void *pad_ptr = NULL;
+    if (pad != Py_None) {
+        if (!PyBytes_Check(pad)) {
+            PyErr_SetString(PyExc_TypeError, "relayout: pad must be bytes (one element) or None");
+            return NULL;
+        }
+        pad_ptr = PyBytes_AS_STRING(pad);
+    }
+    module_state *st = get_state(m);
+    maskpack_tensor xt, ot;
+    Py_buffer xv, ov;
+    int xb = 0, ob = 0, rx, ro;
+    if ((rx = read_torch(st, x, &xt)) == 0 && !PyErr_Occurred()) rx = xb = read_buffer(x, 0, &xt, &xv);
+    if (rx < 0) return NULL;
+    if (rx == 0) Py_RETURN_FALSE;
+    if ((ro = read_torch(st, out, &ot)) == 0 && !PyErr_Occurred()) ro = ob = read_buffer(out, 1, &ot, &ov);
+    PyObject *ret = NULL;
+    if (ro < 0) goto done;
+    if (ro == 0) {
+        ret = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (pad_ptr && (size_t)PyBytes_GET_SIZE(pad) != maskpack_dtype_size(ot.dtype)) {
+        PyErr_SetString(PyExc_ValueError, "relayout: pad must hold exactly one element of out's dtype");
+        goto done;
+    }
+    {
+        const maskpack_tensor *xp[1] = {&xt};
+        maskpack_error err;
+        maskpack_status s;
+        Py_BEGIN_ALLOW_THREADS
+        s = maskpack_relayout_execute_on(P, xp, &ot, pad_ptr, w, &err);
+        Py_END_ALLOW_THREADS
+        if (s)
+            raise_status(m, s, &err);
+        else
+            ret = Py_NewRef(Py_True);
+    }
+done:
+    if (xb == 1) PyBuffer_Release(&xv);
+    if (ob == 1) PyBuffer_Release(&ov);
+    return ret;
+}
+
+/* (plan capsule) -> number of runs (copies and fills) */
+static PyObject *py_plan_runs(PyObject *m, PyObject *plan) {
+    (void)m;
+    maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
+    if (!P) return NULL;
+    return PyLong_FromSize_t(maskpack_relayout_plan_runs(P));
 }
 
 /* (handle, labels, ignore_index, out) */
@@ -1241,7 +1468,12 @@ static PyMethodDef methods[] = {
     {"cp_shard", py_cp_shard, METH_VARARGS, "(handle, cp, rank, scheme) -> shard handle"},
     {"cp_shard_indices", py_cp_shard_indices, METH_VARARGS, "(handle, cp, rank, scheme, out)"},
     {"cp_last_token", py_cp_last_token, METH_VARARGS, "(handle, cp, scheme, rank_out, local_out)"},
-    {"relayout", py_relayout, METH_VARARGS, "(sources, dst, xs, out, pad, threads)"},
+    {"workers_create", py_workers_create, METH_VARARGS, "(n_threads) -> worker team capsule"},
+    {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan capsule"},
+    {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
+    {"plan_runs", py_plan_runs, METH_O, "(plan) -> number of copy and fill runs"},
+    {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, {dtype: code}) -> None"},
+    {"move", py_move, METH_VARARGS, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},
     {"loss_weights", py_loss_weights, METH_VARARGS, "(handle, labels, ignore_index, mode, out) -> denominator"},
 
@@ -1286,13 +1518,21 @@ static PyMethodDef methods[] = {
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     module_state *st = get_state(m);
-    if (st) Py_VISIT(st->error_type);
+    if (st) {
+        Py_VISIT(st->error_type);
+        Py_VISIT(st->torch_tensor);
+        Py_VISIT(st->torch_dtypes);
+    }
     return 0;
 }
 
 static int module_clear(PyObject *m) {
     module_state *st = get_state(m);
-    if (st) Py_CLEAR(st->error_type);
+    if (st) {
+        Py_CLEAR(st->error_type);
+        Py_CLEAR(st->torch_tensor);
+        Py_CLEAR(st->torch_dtypes);
+    }
     return 0;
 }
 
@@ -1314,6 +1554,7 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     get_state(m)->error_type = NULL;
+    get_state(m)->torch_tensor = get_state(m)->torch_dtypes = NULL;
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);

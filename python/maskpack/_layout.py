@@ -68,7 +68,8 @@ class Layout(_Moves):
     are always torch tensors). Layouts are immutable, hashable and picklable.
     """
 
-    __slots__ = ("_h", "_torch", "_align_explicit", "__weakref__")
+    # _cache: layouts and copy plans derived from this one (immutable, so computed once per layout)
+    __slots__ = ("_h", "_torch", "_align_explicit", "_cache", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use a constructor: Layout.from_lengths, from_mask2d, from_cu_seqlens, from_position_ids, "
@@ -80,6 +81,7 @@ class Layout(_Moves):
         obj._h = h
         obj._torch = bool(torch)
         obj._align_explicit = bool(align_explicit)
+        obj._cache = None
         return obj
 
     # ---- constructors -------------------------------------------------------------------------

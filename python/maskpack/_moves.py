@@ -6,13 +6,14 @@ packed layout) is a single call and nothing is ever truncated."""
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _maskpack
 from ._errors import Error
-from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, dtype_name, is_torch_tensor
+from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
 
 _SCHEMES = {"zigzag": 0, "contiguous": 1}
 _ALIGNS = {"verl": 0, "minimal": 1}
@@ -29,9 +30,13 @@ def _pick(value: Any, table: dict, name: str) -> int:
     return table[value]
 
 
+# The default thread count, read once: os.cpu_count() reads sysfs on every call.
+_DEFAULT_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
 def _threads(threads: Optional[int]) -> int:
     if threads is None:
-        return max(1, min(2, os.cpu_count() or 1))
+        return _DEFAULT_THREADS
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
         raise TypeError(f"threads: expected an int, found {threads!r}")
     return int(threads)
@@ -66,15 +71,77 @@ def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
     return np.array([pad_value], dtype=np.dtype(dtype)).tobytes()
 
 
-def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Optional[int] = None):
-    """Per-token tensor ``x`` of layout ``src`` ([B,S,...] or [T,...]) -> the same tokens in layout
-    ``dst``; padding of dst gets ``pad_value``. ``src`` may also be a sequence of CP shard layouts with
-    ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given."""
-    srcs = list(src) if isinstance(src, (list, tuple)) else [src]
-    xs = list(x) if isinstance(src, (list, tuple)) else [x]
-    if len(xs) != len(srcs):
-        raise Error(f"x: expected {len(srcs)} tensors (one per source layout), found {len(xs)}",
-                    "MASKPACK_ERR_SHAPE", argument="x")
+# One worker team per (process, thread count), started on first use: a move of a few hundred KB takes
+# ~10 us, less than starting a thread, so only a team that is already running can put the second
+# core to work on it. A forked child (a DataLoader worker) starts its own: the parent's threads do not
+# exist there (the C library then runs the parent's team inline and only frees its memory).
+_TEAMS: dict = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_TEAMS.clear)
+
+
+def _team(threads: Optional[int]):
+    n = _DEFAULT_THREADS if threads is None else _threads(threads)
+    if n == 1:
+        return None
+    team = _TEAMS.get(n)
+    if team is None:
+        team = _TEAMS[n] = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
+    return team
+
+
+def _cached(layout, key, make):
+    """A value derived from an (immutable) layout, computed once and kept on it."""
+    c = layout._cache
+    if c is None:
+        c = layout._cache = {}
+    v = c.get(key)
+    if v is None:
+        v = c[key] = make()
+    return v
+
+
+def _plan(srcs: list, dst):
+    """The copy plan srcs -> dst, cached on the first source while the other layouts live."""
+    others = [dst] + srcs[1:]
+    key = ("plan",) + tuple(id(o) for o in others)
+    c = srcs[0]._cache
+    entry = c.get(key) if c is not None else None
+    if entry is None or any(r() is not o for r, o in zip(entry[0], others)):  # new, or an id reused
+        entry = ([weakref.ref(o) for o in others], _maskpack.plan_create(tuple(s._h for s in srcs), dst._h))
+        if srcs[0]._cache is None:
+            srcs[0]._cache = {}
+        srcs[0]._cache[key] = entry
+    return entry[1]
+
+
+def _register_torch() -> None:
+    """Lets the extension read torch tensors itself (it never imports torch on its own)."""
+    import torch
+
+    from ._tensors import DTYPE_CODE
+
+    _maskpack.register_torch(torch.Tensor, {getattr(torch, n): DTYPE_CODE[n] for n in _DTYPE_NAMES})
+    _TORCH_REGISTERED.append(True)
+
+
+_TORCH_REGISTERED: list = []
+
+
+def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int]):
+    if len(xs) == 1 and out is not None:
+        # fast path: the extension reads torch CPU tensors and numpy arrays itself
+        x = xs[0]
+        if not _TORCH_REGISTERED and is_torch_tensor(x):
+            _register_torch()
+        pad, readable = None, True
+        if not (pad_value is None or pad_value == 0):
+            try:
+                pad = _pad_bytes(pad_value, dtype_name(out.dtype))
+            except (AttributeError, TypeError, Error):
+                readable = False  # the descriptor path below reports it
+        if readable and _maskpack.move(plan, x, out, pad, _team(threads)):
+            return out
     descs, keep = [], []
     for i, xi in enumerate(xs):  # shapes are checked by the C engine, which names the argument
         d, k, _ = describe(xi, f"x[{i}]")
@@ -86,11 +153,26 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
             raise Error(f"x[0]: expected at least {lead} dimensions (the source's token grid), found "
                         f"{len(descs[0][2])}", "MASKPACK_ERR_SHAPE", argument="x")
         out = _alloc_like(xs[0], dst._per_token_shape() + tuple(descs[0][2][lead:]))
-    od, okeep, _ = describe(out, "out")
+    od, okeep, _ = describe_out(out, "out")
     pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[od[1]])
-    _maskpack.relayout(tuple(s._h for s in srcs), dst._h, tuple(descs), od, pad, _threads(threads))
+    _maskpack.plan_execute(plan, tuple(descs), od, pad, _team(threads))
     del keep, okeep
     return out
+
+
+def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Optional[int] = None):
+    """Per-token tensor ``x`` of layout ``src`` ([B,S,...] or [T,...]) -> the same tokens in layout
+    ``dst``; padding of dst gets ``pad_value``. ``src`` may also be a sequence of CP shard layouts with
+    ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given. The copy plan is
+    computed once per pair of layouts and kept on ``src``."""
+    srcs = list(src) if isinstance(src, (list, tuple)) else [src]
+    xs = list(x) if isinstance(src, (list, tuple)) else [x]
+    if len(xs) != len(srcs):
+        raise Error(f"x: expected {len(srcs)} tensors (one per source layout), found {len(xs)}",
+                    "MASKPACK_ERR_SHAPE", argument="x")
+    if not srcs:
+        raise Error("src: expected at least one source layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="src")
+    return _move(_plan(srcs, dst), srcs, dst, xs, out, pad_value, threads)
 
 
 def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
@@ -119,7 +201,7 @@ class _Moves:
 
     def packed_of(self):
         """The packed (THD) layout of the same sequences in order, without gaps (flash-attn's unpad)."""
-        return self._derived(_maskpack.packed_of(self._h))
+        return _cached(self, "packed_of", lambda: self._derived(_maskpack.packed_of(self._h)))
 
     def padded_of(self, placement: str = "right", width: Optional[int] = None):
         """One sequence per row, padded on the right or the left to ``width`` (default: the longest)."""
@@ -140,8 +222,12 @@ class _Moves:
         """The layout of CP rank ``cp_rank`` of ``cp_size``: its queries are the rank's tokens, its keys
         the whole (aligned) batch. ``align`` pads every sequence (packed) or row (padded) explicitly to
         ``cp_multiple(cp_size, tp, align)``; ``align=None`` requires divisibility and fails otherwise."""
-        g = self._cp_global(cp_size, tp, align)
-        return self._derived(_maskpack.cp_shard(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme")))
+        sch = _pick(scheme, _SCHEMES, "scheme")
+        if align is not None:
+            _pick(align, _ALIGNS, "align")
+        key = ("cp_shard", int(cp_size), int(cp_rank), sch, int(tp), align)
+        return _cached(self, key, lambda: self._derived(_maskpack.cp_shard(
+            self._cp_global(cp_size, tp, align)._h, int(cp_size), int(cp_rank), sch)))
 
     def cp_shard_indices(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
                          align: Optional[str] = "verl", dtype: Any = "int64"):
@@ -157,11 +243,19 @@ class _Moves:
 
     def pack(self, x: Any, out: Any = None, threads: Optional[int] = None):
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad)."""
-        return relayout(x, self, self.packed_of(), out=out, threads=threads)
+        c = self._cache
+        e = c.get("pack") if c is not None else None
+        if e is None:  # (packed layout, plan), kept on this layout
+            e = _cached(self, "pack", lambda: (self.packed_of(), _maskpack.plan_create((self._h,), self.packed_of()._h)))
+        return _move(e[1], [self], e[0], [x], out, 0, threads)
 
     def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``."""
-        return relayout(x, self.packed_of(), self, out=out, pad_value=pad_value, threads=threads)
+        c = self._cache
+        e = c.get("unpack") if c is not None else None
+        if e is None:
+            e = _cached(self, "unpack", lambda: (self.packed_of(), _maskpack.plan_create((self.packed_of()._h,), self._h)))
+        return _move(e[1], [e[0]], self, [x], out, pad_value, threads)
 
     def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
               align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
@@ -177,7 +271,7 @@ class _Moves:
         d, keep, torch_in = describe(labels, "labels")
         if out is None:
             out = _alloc_like(labels, tuple(d[2]))
-        od, okeep, _ = describe(out, "out")
+        od, okeep, _ = describe_out(out, "out")
         _maskpack.shift_labels(self._h, d, int(ignore_index), od)
         return out
 

@@ -143,6 +143,18 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
     return d, (keep, x), False
 
 
+def describe_out(x: Any, name: str = "out") -> Tuple[tuple, Any, bool]:
+    """As describe, for a buffer the C library writes: read-only memory (a numpy array with
+    writeable=False, a view of bytes) is refused instead of being written through a raw pointer."""
+    d, keep, is_torch = describe(x, name)
+    arr = keep[0] if isinstance(keep, tuple) else keep
+    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        raise TypeError(f"{name}: expected a writable array, found a read-only one")
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise TypeError(f"{name}: expected a writable array, found a read-only one")
+    return d, keep, is_torch
+
+
 def _is_intlike(v) -> bool:
     return isinstance(v, (int, np.integer, np.bool_))
 

@@ -54,6 +54,16 @@ maskpack_status mp_ok(maskpack_error *err);
             return mp_fail((err), MASKPACK_ERR_NULL_ARGUMENT, (name), -1, -1, "%s: expected a non-NULL pointer, found NULL", (name)); \
     } while (0)
 
+/* ---- worker team (workers.c) ---------------------------------------------------------------- */
+
+/* Parallel work shared dynamically: fn takes work items from a counter in ctx until none are left,
+ * and must be correct however many participants run it (tid identifies the participant). */
+typedef void (*mp_work_fn)(void *ctx, int tid);
+/* Runs fn on the caller (tid 0) and on every worker of w that joins before the caller's fn returns
+ * (w NULL: the caller alone); returns when every participant has left fn, with their writes
+ * visible. Never waits for a worker that has not started. Returns 1 when the caller worked alone. */
+int mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
+
 /* ---- checked arithmetic ------------------------------------------------------------------ */
 
 static inline bool mp_add_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }

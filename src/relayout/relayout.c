@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -485,9 +486,68 @@ static void *job_main(void *arg) {
     return NULL;
 }
 
-maskpack_status maskpack_relayout_execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x,
-                                          maskpack_tensor *out, const void *pad_value, int n_threads,
-                                          maskpack_error *err) {
+/* Splits the plan's token total into nj equal shares (jobs[0..nj)), walking the runs. */
+static void split_jobs(const maskpack_relayout_plan *P, int64_t total, int nj, job proto, job *jobs) {
+    size_t nr = P->n_copy + P->n_fill, r = 0;
+    int64_t off = 0;
+    for (int t = 0; t < nj; t++) {
+        int64_t share = total / nj + (t < total % nj);
+        jobs[t] = proto;
+        jobs[t].run_from = r;
+        jobs[t].tok_from = off;
+        int64_t left = share;
+        while (left > 0 && r < nr) {
+            int64_t avail = P->runs[r].len - off;
+            if (avail > left) {
+                off += left;
+                left = 0;
+            } else {
+                left -= avail;
+                r++;
+                off = 0;
+            }
+        }
+        /* job covers runs [run_from, run_to) with the last run ending at token tok_to */
+        if (off == 0) {
+            jobs[t].run_to = r;
+            jobs[t].tok_to = r > 0 ? P->runs[r - 1].len : 0;
+        } else {
+            jobs[t].run_to = r + 1;
+            jobs[t].tok_to = off;
+        }
+        if (jobs[t].run_to <= jobs[t].run_from) jobs[t].run_to = jobs[t].run_from; /* empty share */
+    }
+}
+
+/* Chunks of a move taken dynamically by a team: a worker that wakes late takes fewer chunks. The
+ * caller takes chunks from the front and workers from the back, so with a steady worker each core
+ * copies the same bytes call after call and finds them still in its own L2. */
+enum { MAX_CHUNKS = 64 };
+#define CHUNK_BYTES ((int64_t)64 << 10)
+typedef struct chunked {
+    job jobs[MAX_CHUNKS];
+    _Atomic uint64_t range; /* chunks [lo, hi) not yet taken: lo in the low 32 bits, hi in the high */
+} chunked;
+
+static void chunk_worker(void *ctx, int tid) {
+    chunked *c = ctx;
+    uint64_t r = atomic_load_explicit(&c->range, memory_order_relaxed);
+    for (;;) {
+        uint64_t lo = r & 0xffffffffu, hi = r >> 32;
+        if (lo >= hi) return;
+        uint64_t take = tid == 0 ? lo : hi - 1;
+        uint64_t next = tid == 0 ? (hi << 32) | (lo + 1) : ((hi - 1) << 32) | lo;
+        if (atomic_compare_exchange_weak_explicit(&c->range, &r, next, memory_order_relaxed, memory_order_relaxed)) {
+            run_job(&c->jobs[take]);
+            r = atomic_load_explicit(&c->range, memory_order_relaxed);
+        }
+    }
+}
+
+/* Validation, then the copy on n_threads per-call threads (workers NULL) or on a team. */
+static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x, maskpack_tensor *out,
+                               const void *pad_value, int n_threads, maskpack_workers *workers,
+                               maskpack_error *err) {
     MP_CHECK_NULL(err, P, "plan");
     MP_CHECK_NULL(err, x, "x");
     MP_CHECK_NULL(err, out, "out");
@@ -548,54 +608,51 @@ maskpack_status maskpack_relayout_execute(const maskpack_relayout_plan *P, const
         size_t nr = P->n_copy + P->n_fill;
         int64_t total = 0;
         for (size_t r = 0; r < nr; r++) total += P->runs[r].len;
-        int nt = n_threads;
-        if ((int64_t)nt > total) nt = total > 0 ? (int)total : 1;
-        if (total * ib < ((int64_t)1 << 20)) nt = 1; /* thread start-up costs more than small copies */
-        job jobs[256];
-        pthread_t th[256];
-        /* split the token total into nt equal shares, walking the runs */
-        size_t r = 0;
-        int64_t off = 0;
-        for (int t = 0; t < nt; t++) {
-            int64_t share = total / nt + (t < total % nt);
-            jobs[t] = (job){P, sv, &dv, ib, pad, total * ib >= MP_STREAM_THRESHOLD, r, 0, off, 0};
-            int64_t left = share;
-            while (left > 0 && r < nr) {
-                int64_t avail = P->runs[r].len - off;
-                if (avail > left) {
-                    off += left;
-                    left = 0;
-                } else {
-                    left -= avail;
-                    r++;
-                    off = 0;
-                }
-            }
-            /* job covers runs [run_from, run_to) with the last run ending at token tok_to */
-            if (off == 0) {
-                jobs[t].run_to = r;
-                jobs[t].tok_to = r > 0 ? P->runs[r - 1].len : 0;
-            } else {
-                jobs[t].run_to = r + 1;
-                jobs[t].tok_to = off;
-            }
-            if (jobs[t].run_to <= jobs[t].run_from) jobs[t].run_to = jobs[t].run_from; /* empty share */
+        int64_t bytes = total * ib;
+        job proto = {P, sv, &dv, ib, pad, bytes >= MP_STREAM_THRESHOLD, 0, 0, 0, 0};
+        if (workers && maskpack_workers_threads(workers) > 1 && bytes >= CHUNK_BYTES && total > 1) {
+            chunked c;
+            int64_t n = bytes / CHUNK_BYTES;
+            if (n > MAX_CHUNKS) n = MAX_CHUNKS;
+            if (n > total) n = total;
+            atomic_init(&c.range, (uint64_t)n << 32);
+            split_jobs(P, total, (int)n, proto, c.jobs);
+            mp_workers_run(workers, chunk_worker, &c);
+        } else {
+            int nt = workers ? 1 : n_threads;
+            if ((int64_t)nt > total) nt = total > 0 ? (int)total : 1;
+            if (bytes < ((int64_t)1 << 20)) nt = 1; /* thread start-up costs more than small copies */
+            job jobs[256];
+            pthread_t th[256];
+            split_jobs(P, total, nt, proto, jobs);
+            int started = 0;
+            for (int t = 1; t < nt; t++)
+                if (pthread_create(&th[t], NULL, job_main, &jobs[t]) == 0)
+                    started = t;
+                else
+                    break;
+            run_job(&jobs[0]);
+            for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+            for (int t = started + 1; t < nt; t++) run_job(&jobs[t]); /* threads that failed to start */
         }
-        int started = 0;
-        for (int t = 1; t < nt; t++)
-            if (pthread_create(&th[t], NULL, job_main, &jobs[t]) == 0)
-                started = t;
-            else
-                break;
-        run_job(&jobs[0]);
-        for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
-        for (int t = started + 1; t < nt; t++) run_job(&jobs[t]); /* threads that failed to start */
         free((void *)pad);
     }
     s = mp_ok(err);
 done:
     if (sv != sv_stack) free(sv);
     return s;
+}
+
+maskpack_status maskpack_relayout_execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x,
+                                          maskpack_tensor *out, const void *pad_value, int n_threads,
+                                          maskpack_error *err) {
+    return execute(P, x, out, pad_value, n_threads, NULL, err);
+}
+
+maskpack_status maskpack_relayout_execute_on(const maskpack_relayout_plan *P, const maskpack_tensor *const *x,
+                                             maskpack_tensor *out, const void *pad_value, maskpack_workers *workers,
+                                             maskpack_error *err) {
+    return execute(P, x, out, pad_value, 1, workers, err);
 }
 
 maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst, const maskpack_tensor *x,

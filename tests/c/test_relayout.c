@@ -2,7 +2,10 @@
  * checked token by token against the layouts' own index maps, plus every error path. */
 #include "check.h"
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint64_t rnd(void) {
@@ -277,10 +280,180 @@ static void test_errors(void) {
     maskpack_layout_free(Other);
 }
 
+/* ---- worker team ---------------------------------------------------------------------------- */
+
+typedef struct team_case {
+    maskpack_layout *L, *Pk;
+    float *x;        /* [n, width, C] padded source */
+    int64_t n, width, C, T;
+    float *expect;   /* [T, C] packed, from the single-threaded engine */
+} team_case;
+
+static void team_case_init(team_case *tc, int64_t n, int64_t width, int64_t C) {
+    maskpack_segment s[16];
+    for (int64_t b = 0; b < n; b++) {
+        int64_t len = rnd_in(0, width);
+        s[b] = (maskpack_segment){b, 0, len, 0, len};
+    }
+    maskpack_error e;
+    tc->L = tc->Pk = NULL;
+    CHECK_OK(maskpack_layout_from_segments(s, (size_t)n, n, width, width, 0, NULL, &tc->L, &e), e);
+    CHECK_OK(maskpack_layout_packed_of(tc->L, &tc->Pk, &e), e);
+    tc->n = n;
+    tc->width = width;
+    tc->C = C;
+    tc->T = tc->Pk ? maskpack_layout_q_width(tc->Pk) : 0;
+    tc->x = malloc(sizeof(float) * (size_t)(n * width * C));
+    tc->expect = malloc(sizeof(float) * (size_t)(tc->T * C + 1));
+    for (int64_t i = 0; i < n * width * C; i++) tc->x[i] = (float)i + 0.25f;
+    int64_t xs[3] = {n, width, C}, ps[2] = {tc->T, C};
+    maskpack_tensor xt = maskpack_tensor_contiguous(tc->x, MASKPACK_F32, 3, xs);
+    maskpack_tensor et = maskpack_tensor_contiguous(tc->expect, MASKPACK_F32, 2, ps);
+    CHECK_OK(maskpack_relayout(tc->L, tc->Pk, &xt, &et, NULL, 1, &e), e);
+}
+
+static void team_case_free(team_case *tc) {
+    maskpack_layout_free(tc->L);
+    maskpack_layout_free(tc->Pk);
+    free(tc->x);
+    free(tc->expect);
+}
+
+/* pack on the team; 1 when the bytes equal the single-threaded result */
+static int team_pack_matches(const team_case *tc, maskpack_workers *w) {
+    maskpack_relayout_plan *P = NULL;
+    maskpack_error e;
+    const maskpack_layout *srcs[1] = {tc->L};
+    if (maskpack_relayout_plan_create(srcs, 1, tc->Pk, &P, &e)) return 0;
+    float *out = malloc(sizeof(float) * (size_t)(tc->T * tc->C + 1));
+    for (int64_t i = 0; i < tc->T * tc->C; i++) out[i] = -1.0f;
+    int64_t xs[3] = {tc->n, tc->width, tc->C}, ps[2] = {tc->T, tc->C};
+    maskpack_tensor xt = maskpack_tensor_contiguous(tc->x, MASKPACK_F32, 3, xs);
+    maskpack_tensor ot = maskpack_tensor_contiguous(out, MASKPACK_F32, 2, ps);
+    const maskpack_tensor *xp[1] = {&xt};
+    int ok = maskpack_relayout_execute_on(P, xp, &ot, NULL, w, &e) == MASKPACK_OK &&
+             memcmp(out, tc->expect, sizeof(float) * (size_t)(tc->T * tc->C)) == 0;
+    free(out);
+    maskpack_relayout_plan_free(P);
+    return ok;
+}
+
+typedef struct team_thread_arg {
+    const team_case *tc;
+    maskpack_workers *w;
+    int failures;
+} team_thread_arg;
+
+static void *team_thread(void *p) {
+    team_thread_arg *a = p;
+    for (int i = 0; i < 50; i++) a->failures += !team_pack_matches(a->tc, a->w);
+    return NULL;
+}
+
+static void test_workers(void) {
+    maskpack_error e;
+    maskpack_workers *w = NULL;
+    CHECK_STATUS(maskpack_workers_create(0, &w, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "n_threads: expected in [1, 256], found 0");
+    CHECK_STATUS(maskpack_workers_create(2, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_EQ(maskpack_workers_threads(NULL), 1);
+    maskpack_workers_free(NULL);
+    CHECK_OK(maskpack_workers_create(3, &w, &e), e);
+    CHECK_EQ(maskpack_workers_threads(w), 3);
+
+    /* sizes on both sides of the chunk threshold, odd token sizes, more chunks than the cap */
+    const int64_t shapes[][3] = {{4, 64, 3}, {8, 512, 33}, {16, 2048, 16}, {16, 4096, 67}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        team_case tc;
+        team_case_init(&tc, shapes[k][0], shapes[k][1], shapes[k][2]);
+        for (int rep = 0; rep < 20; rep++) {
+            CHECK(team_pack_matches(&tc, w));
+            CHECK(team_pack_matches(&tc, NULL));
+        }
+        team_case_free(&tc);
+    }
+
+    /* unpack with a pad value and a strided (row-padded) destination on the team */
+    {
+        team_case tc;
+        team_case_init(&tc, 8, 1024, 24);
+        maskpack_relayout_plan *P = NULL;
+        const maskpack_layout *srcs[1] = {tc.Pk};
+        CHECK_OK(maskpack_relayout_plan_create(srcs, 1, tc.L, &P, &e), e);
+        int64_t rs = tc.width * tc.C + 40; /* row stride with a gap the engine must not touch */
+        float *u = malloc(sizeof(float) * (size_t)(tc.n * rs)), pad = -7.5f;
+        for (int64_t i = 0; i < tc.n * rs; i++) u[i] = 99.0f;
+        int64_t ps[2] = {tc.T, tc.C};
+        maskpack_tensor pt = maskpack_tensor_contiguous(tc.expect, MASKPACK_F32, 2, ps);
+        maskpack_tensor ut = {u, MASKPACK_F32, 3, {tc.n, tc.width, tc.C}, {rs, tc.C, 1}};
+        const maskpack_tensor *xp[1] = {&pt};
+        CHECK_OK(maskpack_relayout_execute_on(P, xp, &ut, &pad, w, &e), e);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < tc.n; r++) {
+            maskpack_segment g;
+            maskpack_layout_segment(tc.L, (size_t)r, &g, &e);
+            for (int64_t c = 0; c < tc.width; c++)
+                for (int64_t ch = 0; ch < tc.C; ch++) {
+                    float want = c < g.q_len ? tc.x[(r * tc.width + c) * tc.C + ch] : pad;
+                    bad += u[r * rs + c * tc.C + ch] != want;
+                }
+            for (int64_t gap = tc.width * tc.C; gap < rs; gap++) bad += u[r * rs + gap] != 99.0f;
+        }
+        CHECK_EQ(bad, 0);
+        /* a failing call on the team writes nothing */
+        maskpack_tensor small = {u, MASKPACK_F32, 3, {tc.n, tc.width - 1, tc.C}, {rs, tc.C, 1}};
+        for (int64_t i = 0; i < tc.n * rs; i++) u[i] = 99.0f;
+        CHECK_STATUS(maskpack_relayout_execute_on(P, xp, &small, &pad, w, &e), MASKPACK_ERR_SHAPE, e);
+        for (int64_t i = 0; i < tc.n * rs; i++) bad += u[i] != 99.0f;
+        CHECK_EQ(bad, 0);
+        free(u);
+        maskpack_relayout_plan_free(P);
+        team_case_free(&tc);
+    }
+
+    /* two threads sharing one team: the second runs alone while the team is busy; both correct */
+    {
+        team_case tc;
+        team_case_init(&tc, 8, 2048, 32);
+        team_thread_arg a = {&tc, w, 0}, b = {&tc, w, 0};
+        pthread_t ta, tb;
+        CHECK(pthread_create(&ta, NULL, team_thread, &a) == 0);
+        CHECK(pthread_create(&tb, NULL, team_thread, &b) == 0);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        CHECK_EQ(a.failures + b.failures, 0);
+
+        /* after fork() the child has none of the workers: its calls run inline and stay correct */
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            int ok = team_pack_matches(&tc, w) && team_pack_matches(&tc, w);
+            maskpack_workers_free(w); /* releases memory only: the threads belong to the parent */
+            _exit(ok ? 0 : 3);
+        }
+        CHECK(pid > 0);
+        int status = -1;
+        if (pid > 0) waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        CHECK(team_pack_matches(&tc, w)); /* the parent's team still works */
+        team_case_free(&tc);
+    }
+    maskpack_workers_free(w);
+
+    /* a team of one is the caller alone */
+    CHECK_OK(maskpack_workers_create(1, &w, &e), e);
+    team_case tc;
+    team_case_init(&tc, 8, 2048, 32);
+    CHECK(team_pack_matches(&tc, w));
+    team_case_free(&tc);
+    maskpack_workers_free(w);
+}
+
 int main(void) {
     test_pack_unpack_roundtrip();
     test_shard_gather();
     test_threads_large();
     test_errors();
+    test_workers();
     return check_report("test_relayout");
 }

@@ -207,3 +207,117 @@ def test_last_tokens_and_their_cp_rank():
             assert idx[local[k]] == last[k]
     t = lay.gather_last_tokens(torch.as_tensor(x))
     assert isinstance(t, torch.Tensor) and t[2].tolist() == x[2, 6].tolist()
+
+
+# ---- the fast path (tensors read by the extension), cached plans and the worker team -------------
+
+
+def _big_padded(seed=0, rows=8, width=512):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(width // 2, width + 1, size=rows)
+    return Layout.from_lengths(lengths.tolist(), capacity=width), lengths
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_out_moves_on_the_team_match_indexing(threads, kind):
+    # 8 x 512 x 64 float32: 1 MB, split in 64 KiB chunks between the caller and the team
+    lay, lengths = _big_padded()
+    x = torch.randn(8, 512, 64)
+    idx = torch.as_tensor(np.asarray(lay.valid_indices()))
+    want = x.reshape(-1, 64).index_select(0, idx)
+    xs = x if kind == "torch" else x.numpy()
+    out = torch.full((int(lengths.sum()), 64), 5.0)
+    outs = out if kind == "torch" else out.numpy()
+    for _ in range(20):  # repeated calls reuse the plan and the running team
+        assert lay.pack(xs, out=outs, threads=threads) is outs
+        assert torch.equal(out, want)
+    back = torch.full((8, 512, 64), 9.0)
+    backs = back if kind == "torch" else back.numpy()
+    lay.unpack(outs, pad_value=-1.5, out=backs, threads=threads)
+    m = torch.as_tensor(np.asarray(lay.mask2d()))
+    assert torch.equal(back[m], x[m])
+    assert bool((back[~m] == -1.5).all())
+    # the shard move through maskpack.relayout (plan cached on the source) against its own indices
+    sl = lay.packed_of().cp_shard(2, 1)
+    part = torch.empty(sl.q_width, 64)
+    parts = part if kind == "torch" else part.numpy()
+    maskpack.relayout(xs, lay, sl, out=parts, threads=threads)
+    maskpack.relayout(xs, lay, sl, out=parts, threads=threads)
+    g = torch.as_tensor(np.asarray(lay.packed_of().cp_shard_indices(2, 1)))
+    aligned = lay.packed_of().pad_to_multiple(maskpack.cp_multiple(2))
+    stream = maskpack.relayout(want, lay.packed_of(), aligned)  # packed -> aligned stream (zero pads)
+    assert torch.equal(part, torch.as_tensor(np.asarray(stream))[g])
+
+
+def test_fast_path_errors_leave_out_untouched_and_fallbacks_work():
+    lay, lengths = _big_padded(1)
+    T = int(lengths.sum())
+    x = torch.randn(8, 512, 16)
+    out = torch.full((T + 1, 16), 3.0)  # one token too many
+    with pytest.raises(maskpack.Error) as e:
+        lay.pack(x, out=out)
+    assert e.value.status == "MASKPACK_ERR_SHAPE"
+    assert bool((out == 3.0).all())
+    wrong = torch.full((T, 16), 3.0, dtype=torch.float64)
+    with pytest.raises(maskpack.Error) as e:
+        lay.pack(x, out=wrong)
+    assert e.value.status == "MASKPACK_ERR_DTYPE"
+    assert bool((wrong == 3.0).all())
+    with pytest.raises(maskpack.Error) as e:  # overlapping input and output, through the fast path
+        lay.pack(x, out=x.view(-1, 16)[:T])
+    assert e.value.status == "MASKPACK_ERR_OVERLAP"
+    # objects the extension does not read itself go through descriptors: nested lists, read-only arrays
+    ro = np.zeros((T, 16), dtype=np.float32)
+    ro.setflags(write=False)
+    with pytest.raises((maskpack.Error, ValueError, TypeError)):
+        lay.pack(x.numpy(), out=ro)
+    small = Layout.from_lengths([2, 1])
+    got = small.pack([[[1.0], [2.0]], [[3.0], [0.0]]])
+    np.testing.assert_array_equal(np.asarray(got).ravel(), [1.0, 2.0, 3.0])
+    # a sparse tensor is refused with the descriptor path's message
+    with pytest.raises(TypeError, match="strided"):
+        small.pack(torch.zeros(2, 2, 1).to_sparse(), out=torch.zeros(3, 1))
+    with pytest.raises(maskpack.Error):
+        lay.pack(x, out=torch.zeros(T, 16), threads=0)
+
+
+def test_plans_are_cached_per_layout_pair_and_survive_id_reuse():
+    lay, lengths = _big_padded(2, rows=4, width=64)
+    x = torch.randn(4, 64, 3)
+    for seed in range(30):  # new destination layouts, some reusing a freed one's id
+        other = Layout.from_lengths(lengths.tolist(), capacity=64 + seed % 3)
+        got = maskpack.relayout(x, lay, other)
+        assert got.shape == (4, 64 + seed % 3, 3)
+        m = torch.as_tensor(np.asarray(lay.mask2d()))
+        m2 = torch.as_tensor(np.asarray(other.mask2d()))
+        assert torch.equal(got[m2], x[m])
+        del other
+
+
+def _pack_in_child(q):
+    # numpy only: torch's OpenMP pool hangs in a forked child once the parent has used it
+    lay, lengths = _big_padded(3)
+    x = np.random.default_rng(0).standard_normal((8, 512, 32)).astype(np.float32)
+    out = np.empty((int(lengths.sum()), 32), dtype=np.float32)
+    lay.pack(x, out=out, threads=2)
+    q.put(bool(np.array_equal(out, x.reshape(-1, 32)[np.asarray(lay.valid_indices())])))
+
+
+def test_team_in_a_forked_child():
+    import multiprocessing as mp
+
+    lay, lengths = _big_padded(3)
+    x = np.zeros((8, 512, 32), dtype=np.float32)
+    lay.pack(x, out=np.empty((int(lengths.sum()), 32), dtype=np.float32), threads=2)  # the parent's team runs
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_pack_in_child, args=(q,))
+    p.start()
+    try:
+        ok = q.get(timeout=60)
+        p.join(60)
+    finally:
+        if p.is_alive():
+            p.kill()
+    assert ok and p.exitcode == 0
