@@ -424,7 +424,7 @@ MASKPACK_API maskpack_status maskpack_relayout_execute(const maskpack_relayout_p
 
 /* A team of worker threads the caller owns, reused across calls: starting a thread costs as much as
  * copying a few hundred KB, so moves of L2-sized tensors only gain from a second core through a team
- * that already runs. Idle workers spin for 0.2 ms, then sleep. One caller at a time uses a team; a
+ * that already runs. Idle workers spin politely (yielding the core) for 0.1 ms, then sleep. One caller at a time uses a team; a
  * concurrent second caller runs its work alone (no waiting). A child process after fork() gets no
  * workers from the parent's team: calls there run on the caller, and free() only releases memory. */
 typedef struct maskpack_workers maskpack_workers; /* opaque */

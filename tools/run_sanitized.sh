@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds maskpack with AddressSanitizer + UndefinedBehaviorSanitizer and runs the whole C suite, the
-# fuzz corpora replay and the Python suite against the sanitized extension. Any report fails the run.
+# fuzz corpora replay and the Python suite against the sanitized extension, plus ThreadSanitizer over
+# the threaded relayout tests. Any report fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-asan}
@@ -32,3 +33,14 @@ asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD="$asan_rt $ubsan_rt" PYTHONPATH="$pkgdir" \
   MASKPACK_EXPECT_SANITIZED=1 "$PY" -m pytest tests/python -q -p no:cacheprovider -x
+
+# ThreadSanitizer over the programs that start threads (the relayout worker team and its fork/busy
+# paths, the multi-threaded kernels), when clang is there (CI installs it for the fuzzers).
+if command -v clang >/dev/null 2>&1; then
+  TSAN_BUILD="$BUILD-tsan"
+  if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
+    CC=clang meson setup "$TSAN_BUILD" -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false -Dpython=false
+  fi
+  ninja -C "$TSAN_BUILD" tests/c/test_relayout
+  TSAN_OPTIONS=halt_on_error=1 "$TSAN_BUILD/tests/c/test_relayout"
+fi

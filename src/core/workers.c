@@ -32,7 +32,7 @@
 
 /* How long an idle worker spins before it sleeps: long enough to cover the gap between two moves
  * of one training step, short enough not to steal a core from anything else for long. */
-#define SPIN_NS 200000
+#define SPIN_NS 100000
 
 typedef struct worker_arg {
     maskpack_workers *w;
@@ -70,12 +70,15 @@ static void *worker_main(void *p) {
     for (;;) {
         uint64_t g = atomic_load_explicit(&w->gen, memory_order_acquire);
         int64_t t0 = 0;
+        /* Polite spin: yield the core every 64 pauses, so a thread of another pool (torch's OpenMP
+         * team) that becomes runnable on this core gets it at once instead of after a time slice. */
         for (unsigned i = 0; g == seen && !atomic_load_explicit(&w->stop, memory_order_relaxed); i++) {
             MP_PAUSE();
-            if ((i & 255) == 0) {
+            if ((i & 63) == 0) {
                 int64_t t = now_ns();
                 if (i == 0) t0 = t;
                 else if (t - t0 > SPIN_NS) break;
+                else sched_yield();
             }
             g = atomic_load_explicit(&w->gen, memory_order_acquire);
         }
