@@ -40,6 +40,8 @@ typedef struct {
     /* torch, registered by the package the first time it meets a tensor (the extension does not
      * import torch): the Tensor type and {torch dtype: dtype code}. */
     PyObject *torch_tensor, *torch_dtypes;
+    /* interned attribute names read on every move (a fresh string per call costs as much as a read) */
+    PyObject *s_is_cpu, *s_dtype, *s_stride, *s_data_ptr, *s_shape;
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -1274,8 +1276,8 @@ static PyObject *py_register_torch(PyObject *m, PyObject *args) {
 static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
     if (!st->torch_tensor || !PyObject_TypeCheck(x, (PyTypeObject *)st->torch_tensor)) return 0;
     int ok = 0;
-    PyObject *is_cpu = PyObject_GetAttrString(x, "is_cpu");
-    PyObject *dtype = is_cpu ? PyObject_GetAttrString(x, "dtype") : NULL;
+    PyObject *is_cpu = PyObject_GetAttr(x, st->s_is_cpu);
+    PyObject *dtype = is_cpu ? PyObject_GetAttr(x, st->s_dtype) : NULL;
     PyObject *code = dtype ? PyDict_GetItemWithError(st->torch_dtypes, dtype) : NULL; /* borrowed */
     PyObject *ptr = NULL, *shape = NULL, *stride = NULL;
     if (!is_cpu || !dtype || (!code && PyErr_Occurred())) {
@@ -1283,17 +1285,17 @@ static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
         goto done;
     }
     if (is_cpu != Py_True || !code) goto done; /* the descriptor path explains */
-    stride = PyObject_CallMethod(x, "stride", NULL);
+    stride = PyObject_CallMethodObjArgs(x, st->s_stride, NULL);
     if (!stride) {
         PyErr_Clear(); /* not strided: the descriptor path names the layout */
         goto done;
     }
-    ptr = PyObject_CallMethod(x, "data_ptr", NULL);
+    ptr = PyObject_CallMethodObjArgs(x, st->s_data_ptr, NULL);
     if (!ptr) {
         PyErr_Clear(); /* no storage (sparse, meta): the descriptor path names the problem */
         goto done;
     }
-    shape = PyObject_GetAttrString(x, "shape");
+    shape = PyObject_GetAttr(x, st->s_shape);
     if (!shape) {
         ok = -1;
         goto done;
@@ -1532,6 +1534,11 @@ static int module_clear(PyObject *m) {
         Py_CLEAR(st->error_type);
         Py_CLEAR(st->torch_tensor);
         Py_CLEAR(st->torch_dtypes);
+        Py_CLEAR(st->s_is_cpu);
+        Py_CLEAR(st->s_dtype);
+        Py_CLEAR(st->s_stride);
+        Py_CLEAR(st->s_data_ptr);
+        Py_CLEAR(st->s_shape);
     }
     return 0;
 }
@@ -1554,7 +1561,17 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     get_state(m)->error_type = NULL;
-    get_state(m)->torch_tensor = get_state(m)->torch_dtypes = NULL;
+    module_state *st = get_state(m);
+    st->torch_tensor = st->torch_dtypes = NULL;
+    st->s_is_cpu = PyUnicode_InternFromString("is_cpu");
+    st->s_dtype = PyUnicode_InternFromString("dtype");
+    st->s_stride = PyUnicode_InternFromString("stride");
+    st->s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    st->s_shape = PyUnicode_InternFromString("shape");
+    if (!st->s_is_cpu || !st->s_dtype || !st->s_stride || !st->s_data_ptr || !st->s_shape) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);

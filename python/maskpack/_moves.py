@@ -165,8 +165,17 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     ``dst``; padding of dst gets ``pad_value``. ``src`` may also be a sequence of CP shard layouts with
     ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given. The copy plan is
     computed once per pair of layouts and kept on ``src``."""
-    srcs = list(src) if isinstance(src, (list, tuple)) else [src]
-    xs = list(x) if isinstance(src, (list, tuple)) else [x]
+    if not isinstance(src, (list, tuple)):  # one source: the plan is kept on it, keyed by dst's id
+        c = src._cache
+        e = c.get(id(dst)) if c is not None else None
+        if e is None or e[0]() is not dst:  # new, or the id of a layout that died
+            e = (weakref.ref(dst), _maskpack.plan_create((src._h,), dst._h))
+            if src._cache is None:
+                src._cache = {}
+            src._cache[id(dst)] = e
+        return _move(e[1], [src], dst, [x], out, pad_value, threads)
+    srcs = list(src)
+    xs = list(x)
     if len(xs) != len(srcs):
         raise Error(f"x: expected {len(srcs)} tensors (one per source layout), found {len(xs)}",
                     "MASKPACK_ERR_SHAPE", argument="x")
