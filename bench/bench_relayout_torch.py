@@ -2,6 +2,7 @@
 with torch indexing (index_select / index_put_) and against a plain copy of the same bytes, all in one
 run, 2 threads each. Prints medians and ratios.   .venv/bin/python bench/bench_relayout_torch.py"""
 
+import os
 import statistics
 import time
 
@@ -14,7 +15,15 @@ torch.set_num_threads(2)
 REPS = 15
 
 
-def median_time(fn, reps=REPS):
+def load() -> str:
+    try:
+        return "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "load average unknown"
+
+
+def median_time(fn, reps=None):
+    reps = reps or REPS
     fn()  # warm-up
     ts = []
     for _ in range(reps):
@@ -77,6 +86,9 @@ def case(label, B, S, C, seed=0):
 
 
 if __name__ == "__main__":
-    print(f"maskpack {maskpack.__version__} relayout vs torch {torch.__version__} (medians of {REPS})")
+    print(f"maskpack {maskpack.__version__} relayout vs torch {torch.__version__} (medians; {load()})")
+    REPS = 101  # L2-sized moves take microseconds: many repetitions for a stable median
     case("L2-sized", 8, 512, 64)
+    REPS = 15
     case("DRAM-sized", 16, 8192, 1024)
+    print(f"after: {load()}")
