@@ -6,8 +6,9 @@
  *    seen is the peak (the machine is shared: a busy moment must not flatter the fraction).
  * 2. The rule: T = 4096 tokens in 8 packed segments of 512, H = 16 key heads, HV = 32 value heads,
  *    K = V = 128, f32, chunked forward on n_threads threads (median of runs). The matrix work is
- *    counted from the products the chunked form needs per chunk (triangular ones at their
- *    triangle, the shared Q K^T / K K^T once per key head, the unit-lower inverse at n^3/6).
+ *    counted from the products the kernel computes per chunk (triangular ones at their triangle,
+ *    the shared Q K^T / K K^T once per key head, the unit-lower inverse at n^3/6; Dv as
+ *    A diag(beta) (V - diag(E) K S), so A multiplies V-wide rows only).
  *    Target: >= 30% of the measured peak.
  * Also reported: the reference (portable) kernel, the recurrent form and the backward.
  *
@@ -123,8 +124,8 @@ static double chunk_macs(int64_t len, int64_t H, int64_t HV, int64_t K, int64_t 
         double tri = n * (n + 1) / 2, stri = n * (n - 1) / 2;
         macs += (double)H * (tri * K + stri * K);      /* Q K^T, K K^T: once per key head */
         macs += (double)HV * (n * n * n / 6.0           /* (I + L)^-1 */
-                              + tri * (double)(V + K)   /* A [beta V | beta E K] */
-                              + 2.0 * n * K * V         /* W S, (E Q) S */
+                              + 2.0 * n * K * V         /* [Q; K] S */
+                              + tri * V                 /* Dv = A diag(beta) (V - diag(E) K S) */
                               + tri * V                 /* P Dv */
                               + n * K * V);             /* state update */
     }

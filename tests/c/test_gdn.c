@@ -746,12 +746,18 @@ static double seg_f(const seg_data *s) {
 
 static void test_backward(void) {
     /* G = 2 value heads per key head, lengths around the chunk size, one zero-length segment,
-     * a long one (3 chunks + a partial one: exercises the checkpoint replay) */
+     * a long one (9 chunks + a partial one: more than the 8 chunks whose states are all kept, so
+     * it runs the checkpoint plan: checkpoints every 4 chunks, blocks of 4, 4 and 2 replayed) */
     dims d = {2, 4, 16, 16};
-    const int64_t lens[5] = {65, 0, 200, 1, 64};
+    const int64_t lens[5] = {65, 0, 600, 1, 64};
     maskpack_layout *L = lay_lengths(lens, 5, MASKPACK_PLACE_RIGHT, 0);
     if (!L) return;
     gcase c = case_make(L, d, 31, 1);
+    /* the long segment decays slowly (g in [-0.019, -0.0006]: a chunk keeps about half the state),
+     * so the state entering its last chunks carries every earlier chunk and a wrong replayed state
+     * would show in the gradients */
+    for (int64_t p = 0; p < lens[2]; p++)
+        for (int64_t j = 0; j < d.HV; j++) tok_at(L, &c.g, 2, p)[j] *= 0.03f;
     int64_t qd[2] = {d.H, d.K}, vd[2] = {d.HV, d.V}, hd[1] = {d.HV}, sd[3] = {d.HV, d.K, d.V};
     ttensor dO = tok_alloc(L, 2, vd);
     tok_fill(L, &dO, T_DO, 31);
@@ -877,6 +883,8 @@ static void test_backward(void) {
         /* and threads / padded vs packed are bitwise for a fixed ISA */
         maskpack_layout *Lp = lay_lengths(lens, 5, MASKPACK_PLACE_PACKED, 0);
         gcase cp = case_make(Lp, d, 31, 1);
+        for (int64_t p = 0; p < lens[2]; p++)
+            for (int64_t j = 0; j < d.HV; j++) tok_at(Lp, &cp.g, 2, p)[j] *= 0.03f;
         ttensor dOp = tok_alloc(Lp, 2, vd), gqp = tok_alloc(Lp, 2, qd), gkp = tok_alloc(Lp, 2, qd),
                 gvp = tok_alloc(Lp, 2, vd), ggp = tok_alloc(Lp, 1, hd), gbp = tok_alloc(Lp, 1, hd);
         stensor ghp = st_alloc(5, 3, sd, 0, 0);

@@ -33,7 +33,7 @@
 static inline __attribute__((always_inline)) void uk(const int mr, const int nv, int64_t k0, int64_t k1,
                                                      float alpha, const float *A, int64_t ars, int64_t aks,
                                                      const float *B, int64_t ldb, float *C, int64_t ldc,
-                                                     int acc) {
+                                                     int acc, const float *Cin, float cs) {
     __m512 c0[GDN_MR], c1[GDN_MR];
     for (int i = 0; i < mr; i++) {
         c0[i] = _mm512_setzero_ps();
@@ -50,15 +50,16 @@ static inline __attribute__((always_inline)) void uk(const int mr, const int nv,
             if (nv == 2) c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
         }
     }
-    const __m512 va = _mm512_set1_ps(alpha);
+    const __m512 va = _mm512_set1_ps(alpha), vcs = _mm512_set1_ps(cs);
     for (int i = 0; i < mr; i++) {
         float *c = C + i * ldc;
+        const float *ci = Cin + i * ldc;
         __m512 x0 = _mm512_mul_ps(c0[i], va);
-        if (acc) x0 = _mm512_add_ps(_mm512_loadu_ps(c), x0);
+        if (acc) x0 = _mm512_fmadd_ps(_mm512_loadu_ps(ci), vcs, x0); /* exactly ci + x0 when cs = 1 */
         _mm512_storeu_ps(c, x0);
         if (nv == 2) {
             __m512 x1 = _mm512_mul_ps(c1[i], va);
-            if (acc) x1 = _mm512_add_ps(_mm512_loadu_ps(c + 16), x1);
+            if (acc) x1 = _mm512_fmadd_ps(_mm512_loadu_ps(ci + 16), vcs, x1);
             _mm512_storeu_ps(c + 16, x1);
         }
     }
@@ -67,13 +68,53 @@ static inline __attribute__((always_inline)) void uk(const int mr, const int nv,
 #define UK_CASE(MR_)                                                                                  \
     case MR_:                                                                                         \
         if (nv == 2)                                                                                  \
-            uk(MR_, 2, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc);          \
+            uk(MR_, 2, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
         else                                                                                          \
-            uk(MR_, 1, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc);          \
+            uk(MR_, 1, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
         break;
+
+/* dst[i] = src[i] * mul (dst 4-byte aligned), the whole 64-byte lines inside the row with
+ * non-temporal stores; the partial lines at its ends (which may be shared with a neighbouring
+ * row another thread writes) with ordinary masked stores. */
+static inline void avx_stream_row(float *dst, const float *src, int64_t n, float mul) {
+    const __m512 m = _mm512_set1_ps(mul);
+    int64_t i = 0;
+    const int64_t head = (int64_t)((64 - ((uintptr_t)dst & 63)) & 63) / 4;
+    if (head > 0) {
+        const int64_t h = head < n ? head : n;
+        const __mmask16 k = (__mmask16)((1u << h) - 1u);
+        _mm512_mask_storeu_ps(dst, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src), m));
+        i = h;
+    }
+    for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(src + i), m));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + i), m));
+    }
+}
+
+/* Issues up to `count` of the pending prefetches and up to `rows` of the pending row stores. */
+static inline void pf_drain(gdn_pf *pf, int count, int64_t rows) {
+    if (!pf) return;
+    for (int i = 0; i < count && pf->next < pf->n; i++) {
+        const uintptr_t a = (uintptr_t)pf->line[pf->next++];
+        if (a & 1u)
+            _mm_prefetch((const char *)(a & ~(uintptr_t)1u), _MM_HINT_ET1);
+        else
+            _mm_prefetch((const char *)a, _MM_HINT_T1);
+    }
+    for (int64_t i = 0; i < rows && pf->st_next < pf->st_n; i++, pf->st_next++)
+        avx_stream_row(pf->st_dst + pf->st_next * pf->st_ldd, pf->st_src + pf->st_next * pf->st_lds, pf->st_len,
+                       pf->st_mul);
+}
 
 void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                      int64_t ldb, float *C, int64_t ldc, unsigned flags) {
+    gdn_gemm_x_avx512(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, NULL, C, 1.0f);
+}
+
+void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                       int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
     const int at = (flags & GDN_GEMM_AT) != 0, acc = (flags & GDN_GEMM_ACC) != 0;
     const int64_t ars = at ? 1 : lda, aks = at ? lda : 1;
     /* column panels outermost: a 32-column panel of B (kd x 32) stays in L1 across row blocks */
@@ -87,11 +128,16 @@ void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float 
             if (flags & GDN_GEMM_TRI_UP) k0 = i0 < kd ? i0 : kd;
             const float *a = A + i0 * ars;
             if (k0 >= k1) {
-                /* empty inner range: C = 0 (or unchanged) */
-                if (!acc)
-                    for (int i = 0; i < mr; i++) memset(C + (i0 + i) * ldc + j0, 0, (size_t)(16 * nv) * sizeof(float));
+                /* empty inner range: C = 0 (or cs * Cin) */
+                for (int i = 0; i < mr; i++) {
+                    float *c = C + (i0 + i) * ldc + j0;
+                    const float *ci = Cin + (i0 + i) * ldc + j0;
+                    for (int j = 0; j < 16 * nv; j++) c[j] = acc ? cs * ci[j] : 0.0f;
+                }
                 continue;
             }
+            /* a tile is a few thousand cycles of FMAs: enough to hide a handful of line fetches */
+            pf_drain(pf, 12, 1);
             switch (mr) {
                 UK_CASE(8)
                 UK_CASE(7)
@@ -242,8 +288,43 @@ static void avx_inv_lower(const float *Lm, float *A, int64_t n, int64_t cn, int6
     }
 }
 
+/* The decay rows in one pass per 16-column block (see k_decay_rows in gdn_kernel.inc): the
+ * differences, their exp (NaN kept as NaN, like gdn_expv_avx512), L and P, with the same products
+ * in the same order as the portable version. Blocks wholly right of the diagonal only get zeros. */
+static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, const float *QK, float *D, float *Lm,
+                           float *Pm, int64_t n, int64_t cn, int64_t ld) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), z = _mm512_setzero_ps();
+    for (int64_t r = 0; r < n; r++) {
+        const __m512 gr = _mm512_set1_ps(Gc[r]), br = _mm512_set1_ps(bv[r]);
+        float *d = D + r * ld, *l = Lm + r * ld, *p = QK ? Pm + r * ld : NULL;
+        const float *kk = KK + r * ld, *qk = QK ? QK + r * ld : NULL;
+        for (int64_t jb = 0; jb < cn; jb += 16) {
+            if (jb > r) {
+                _mm512_storeu_ps(l + jb, z);
+                if (p) _mm512_storeu_ps(p + jb, z);
+                continue;
+            }
+            const int64_t le = r - jb + 1 < 16 ? r - jb + 1 : 16, lt = r - jb < 16 ? r - jb : 16;
+            const __mmask16 mle = (__mmask16)((1u << le) - 1u), mlt = (__mmask16)((1u << lt) - 1u);
+            __m512 x = _mm512_mask_sub_ps(ninf, mle, gr, _mm512_maskz_loadu_ps(mle, Gc + jb));
+            const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            const __m512 dv = _mm512_mask_mov_ps(exp512(x), nan, x);
+            _mm512_storeu_ps(d + jb, dv);
+            _mm512_storeu_ps(l + jb, _mm512_maskz_mul_ps(mlt, _mm512_mul_ps(br, _mm512_loadu_ps(kk + jb)), dv));
+            if (p) _mm512_storeu_ps(p + jb, _mm512_maskz_mul_ps(mle, _mm512_loadu_ps(qk + jb), dv));
+        }
+    }
+}
+
+#define K_HAVE_DECAY_ROWS 1
+#define k_decay_rows avx_decay_rows
 #define GDN_SUFFIX(name) name##_avx512
 #define k_gemm gdn_gemm_avx512
+#define k_gemm_x gdn_gemm_x_avx512
+#define k_pf_flush(pf) pf_drain((pf), 1 << 30, INT64_MAX)
+#define K_CAN_STREAM 1
+#define k_stream_row avx_stream_row
+#define k_stream_fence() _mm_sfence()
 #define k_expv gdn_expv_avx512
 #define k_transpose gdn_transpose_avx512
 #define k_copy avx_copy
@@ -273,6 +354,10 @@ void gdn_bwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *w
 void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                      int64_t ldb, float *C, int64_t ldc, unsigned flags) {
     gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
+}
+void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                       int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
+    gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);
 }
 void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
     for (int64_t r = 0; r < rows; r++)

@@ -50,6 +50,22 @@ enum {
     GDN_GEMM_TRI_UP = 16u   /* A(i, k) = 0 for k < i: the inner loop may start at i */
 };
 
+/* Cache lines to prefetch (the next chunk's rows), drained a few at a time between GEMM tiles so
+ * that the fetches overlap this chunk's arithmetic: the token-major inputs put every (token, head)
+ * row on its own page, which the hardware prefetchers do not follow, and one burst of a whole
+ * chunk's lines would stall on the fill buffers. An entry with bit 0 set is prefetched for writing. */
+typedef struct gdn_pf {
+    const char **line;
+    int64_t n, next, cap;
+    /* Rows waiting to be stored the same way (streaming stores, drained between tiles so that
+     * they overlap arithmetic too): row r < st_n goes from st_src + r * st_lds to st_dst + r *
+     * st_ldd, st_len floats times st_mul. Only the AVX-512 build queues rows. */
+    float *st_dst;
+    const float *st_src;
+    int64_t st_n, st_next, st_len, st_ldd, st_lds;
+    float st_mul;
+} gdn_pf;
+
 /* Floats of per-thread workspace: forward (chunked or recurrent) and backward. */
 size_t gdn_ws_floats_fwd(const gdn_problem *P, int chunked);
 size_t gdn_ws_floats_bwd(const gdn_problem *P);
@@ -70,6 +86,13 @@ void gdn_gemm_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A,
                   int64_t ldb, float *C, int64_t ldc, unsigned flags);
 void gdn_gemm_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                      int64_t ldb, float *C, int64_t ldc, unsigned flags);
+/* The GEMMs the kernels call: like gdn_gemm_*, but with GDN_GEMM_ACC the result is
+ * C = cs * Cin + alpha * A * B (Cin has C's row stride and may be C itself), and pf (may be NULL)
+ * is drained between tiles. */
+void gdn_gemm_x_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                       int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 void gdn_expv_avx512(float *x, int64_t n);
 

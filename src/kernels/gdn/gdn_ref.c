@@ -51,9 +51,28 @@ static void ref_inv_lower(const float *Lm, float *A, int64_t n, int64_t cn, int6
     }
 }
 
+/* The kernels' GEMM: C = cs Cin first when accumulating into another array or with a scale, then
+ * the plain accumulation (the portable build issues no prefetches). */
+void gdn_gemm_x_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
+    (void)pf;
+    if ((flags & GDN_GEMM_ACC) && (Cin != C || cs != 1.0f)) {
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t jmax = (flags & GDN_GEMM_TRI_OUT) ? (i + 1 < n ? i + 1 : n) : n;
+            for (int64_t j = 0; j < jmax; j++) C[i * ldc + j] = cs * Cin[i * ldc + j];
+        }
+    }
+    gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
+}
+
 #define GDN_SUFFIX(name) name##_ref
 #define GDN_DEFINE_SIZES 1
 #define k_gemm gdn_gemm_ref
+#define k_gemm_x gdn_gemm_x_ref
+#define k_pf_flush(pf) ((void)(pf))
+#define K_CAN_STREAM 0
+#define k_stream_row(dst, src, n, mul) ((void)0)
+#define k_stream_fence() ((void)0)
 #define k_expv ref_expv
 #define k_transpose ref_transpose
 #define k_copy ref_copy
