@@ -1,12 +1,17 @@
 /* attn_amx.c: bf16 attention forward on AMX tiles (fp32 accumulation), for CPUs with AMX-TILE and
- * AMX-BF16 (Sapphire Rapids and later). Work item = 32 query rows of one segment and head:
- *   S (32 x 64 keys)  = Q (32 x D) . K^T          two 16-row A tiles of Q x VNNI-packed K tiles
- *   online softmax on S in AVX-512 (rows along vectors: keys are contiguous in S), P -> bf16
- *   O (32 x D)        = O * alpha + P . V          P as A tiles x VNNI-packed V tiles
- * K and V of the item's (segment, key head) are packed once into the thread's workspace in the
- * VNNI layouts the tiles read (padded with zeros to whole tiles); the thread keeps them while its
- * next items use the same (segment, key head). Tiles start at the segment's first query and key,
- * like every kernel here, so the result of a token does not depend on the grid it sits in. */
+ * AMX-BF16 (Sapphire Rapids and later). Work item = 64 query rows (4 row tiles) of one segment and
+ * head; keys go in chunks of up to KC non-empty 64-key tiles:
+ *   S (64 x chunk)  = Q (64 x D) . K^T        2 x 2 blocks: two 16-row A tiles of Q x two K tiles
+ *   softmax on S in AVX-512 (exact row max per chunk, running max across chunks), P -> bf16
+ *   O (64 x D)     += P . V                   2 x 2 blocks of O stay in tile registers per chunk
+ * The tile work runs in small steps interleaved with the vector softmax of the neighbouring chunk,
+ * so the tile unit and the vector units work at the same time; each K or V tile is used by both
+ * pairs of row tiles back to back (the second use reads it from L1: tile loads from L2 halve the
+ * speed of the tile products). K and V of the item's (segment, key head) are packed once into the
+ * thread's workspace in the VNNI layouts the tiles read (padded with zeros to whole tiles); the
+ * thread keeps them while its next items use the same (segment, key head). Tiles start at the
+ * segment's first query and key, like every kernel here, so the result of a token does not depend
+ * on the grid it sits in. */
 #include "attn_internal.h"
 
 #include <math.h>
@@ -23,7 +28,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma")
 #endif
 
-#define BQ ATTN_AMX_BQ /* 32 rows = 2 row tiles */
+#define BQ ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
+#define NRP (BQ / 32)     /* pairs of row tiles */
 #define BK ATTN_AMX_BK /* 64 keys = 2 halves of 32 (one A tile of P each) */
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
@@ -32,6 +38,12 @@
 #include "attn_avx512_common.h"
 
 static int64_t r32(int64_t x) { return (x + 31) & ~(int64_t)31; }
+
+/* Key tiles (of BK keys) per chunk: the scores of a chunk are computed, soft-maxed and multiplied
+ * by V as a whole, so the O accumulators make one trip through the tile registers per chunk
+ * instead of one per tile, and the exact row max of a chunk replaces per-tile rescaling. */
+#define KC 2
+#define SW (KC * BK) /* columns of the S and P buffers */
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -52,9 +64,12 @@ static void tiles_on(void) {
 }
 
 /* 2^x for P, which is rounded to bf16 (8 significant bits) right after: a degree-4 fit (relative
- * error 3e-6) is exact enough and two FMAs cheaper. x = -inf gives 0. */
+ * error 3e-6) is exact enough and two FMAs cheaper. x = -inf gives 0; results below 2^-125 are 0
+ * through the zeroing mask of scalef (an underflowing scalef costs a microcode assist, see
+ * exp2_ps). */
 static inline __m512 exp2_p(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(9.56051020648151e-3f);
@@ -62,20 +77,18 @@ static inline __m512 exp2_p(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024981109537302e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931219676960609e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999991908565833e-1f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 /* Per-thread workspace. */
 typedef struct {
-    uint16_t *KP;   /* [kv16/16][D32/32] B tiles of K^T: tile (kb, dc) row p = pairs of d, 16 keys x 2 */
-    uint16_t *VP;   /* [kv32/32][D32/16 + 1] B tiles of V: tile (kc, db) row p = key pair, 16 cols x 2;
-                     * the last block of each key chunk is all ones, so P.V also yields the row sums */
+    uint16_t *KP;   /* [kv32/16][D32/32] B tiles of K^T: tile (kb, dc) row p = pairs of d, 16 keys x 2 */
+    uint16_t *VP;   /* [kv32/32][D32/16] B tiles of V: tile (kc, db) row p = key pair, 16 cols x 2 */
     uint16_t *Q;    /* [BQ][D32] */
-    float *S[2];    /* [BQ][BK], two: the next tile's scores are computed while this one's softmax runs */
-    uint16_t *P;    /* [BQ][BK] bf16 */
-    float *O;       /* [BQ][D32 + 16]: the last 16 columns accumulate the row sum l */
-    float *T;       /* 4 C tiles [4][16][16] */
-    float *tmp;     /* [D32] */
+    float *S[2];    /* [BQ][SW], two: the next chunk's scores are computed while this one's softmax runs */
+    uint16_t *P;    /* [BQ][SW] bf16 */
+    float *O;       /* [BQ][D32 + 16] (16 columns of padding) */
+    uint16_t *zero; /* D32 + 32 zero bf16 (the row of a key or query that is not read) */
     int64_t cur_seg, cur_kh; /* what KP/VP hold (-1: nothing) */
 } amx_bufs;
 
@@ -90,110 +103,248 @@ static size_t amx_layout(const attn_problem *P, char *base, amx_bufs *b) {
     TAKE(KP, uint16_t, kv * D32);
     TAKE(VP, uint16_t, kv * (D32 + 16));
     TAKE(Q, uint16_t, BQ * D32);
-    TAKE(S[0], float, BQ * BK);
-    TAKE(S[1], float, BQ * BK);
-    TAKE(P, uint16_t, BQ * BK);
+    TAKE(S[0], float, BQ * SW);
+    TAKE(S[1], float, BQ * SW);
+    TAKE(P, uint16_t, BQ * SW);
     TAKE(O, float, BQ * (D32 + 16));
-    TAKE(T, float, 4 * 256);
-    TAKE(tmp, float, D32 + 16);
+    TAKE(zero, uint16_t, D32 + 32);
 #undef TAKE
     return off;
 }
 
 size_t attn_amx_fwd_ws(const attn_problem *P) { return amx_layout(P, NULL, NULL) + 64; }
 
+/* Words [0, D) of a bf16 row in 32-word chunks (zeros past D). */
+static inline __mmask32 dmask(int64_t D, int64_t c) {
+    int64_t r = D - c;
+    return r >= 32 ? (__mmask32)0xffffffffu : r <= 0 ? 0 : (__mmask32)((1u << r) - 1u);
+}
 
 /* Packs the keys and values of segment k, key head kh, into the VNNI tile layouts (bf16 inputs:
- * this kernel only runs for them). Keys outside [lo, hi) (no query of the segment sees them) and
- * the padding are zeros, never read from the tensors. */
+ * this kernel only runs for them), 16 keys at a time through 16 x 16 transposes of 32-bit words
+ * (K) and word interleaves (V). Keys outside [lo, hi) (no query of the segment sees them) and the
+ * padding are zeros, never read from the tensors. */
 static void pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int64_t hi, amx_bufs *B) {
     const maskpack_segment *g = &P->L->segs[k];
     int64_t D = P->d, D32 = r32(D), kvl = g->kv_len, kv32 = r32(kvl);
-    int64_t ndc = D32 / 32, ndb = D32 / 16 + 1;
-    uint16_t *row = (uint16_t *)B->tmp; /* D32 + 16 bf16 scratch */
-    /* K: tile (kb, dc) = 16 keys x 32 dims; row p holds the 32-bit pair (K[n][2p], K[n][2p+1]) for
-     * n = 0..15: a 16 x 16 transpose of 32-bit words */
-    for (int64_t j = 0; j < kv32; j++) {
-        if (j >= lo && j < hi && j < kvl) {
-            memcpy(row, attn_ptr(&P->k, g->row, g->kv_start + j, kh, 2), (size_t)D * 2);
-            memset(row + D, 0, (size_t)(D32 - D) * 2);
-        } else {
-            memset(row, 0, (size_t)D32 * 2);
-        }
-        const uint32_t *w = (const uint32_t *)row;
-        uint32_t *dst = (uint32_t *)B->KP + (j / 16) * ndc * 256 + (j % 16);
-        for (int64_t dc = 0; dc < ndc; dc++)
-            for (int64_t p = 0; p < 16; p++) dst[dc * 256 + p * 16] = w[dc * 16 + p];
+    int64_t ndc = D32 / 32, ndb = D32 / 16;
+    memset(B->zero, 0, (size_t)(D32 + 32) * 2);
+    uint16_t il[32];
+    for (int c = 0; c < 16; c++) {
+        il[2 * c] = (uint16_t)c;
+        il[2 * c + 1] = (uint16_t)(32 + c);
     }
-    /* V: tile (kc, db) = 32 keys x 16 dims; row p holds (V[2p][c], V[2p+1][c]) for c = 0..15 */
-    for (int64_t j = 0; j < kv32; j++) {
-        if (j >= lo && j < hi && j < kvl) {
-            memcpy(row, attn_ptr(&P->v, g->row, g->kv_start + j, kh, 2), (size_t)D * 2);
-            memset(row + D, 0, (size_t)(D32 - D) * 2);
-        } else {
-            memset(row, 0, (size_t)D32 * 2);
+    const __m512i ileave = _mm512_loadu_si512(il); /* word c of x, then word c of y */
+    for (int64_t j0 = 0; j0 < kv32; j0 += 16) {
+        const uint16_t *kr[16], *vr[16];
+        for (int r = 0; r < 16; r++) {
+            int64_t j = j0 + r;
+            int ok = j >= lo && j < hi && j < kvl;
+            kr[r] = ok ? (const uint16_t *)attn_ptr(&P->k, g->row, g->kv_start + j, kh, 2) : B->zero;
+            vr[r] = ok ? (const uint16_t *)attn_ptr(&P->v, g->row, g->kv_start + j, kh, 2) : B->zero;
         }
-        for (int64_t c = 0; c < 16; c++) row[D32 + c] = 0x3f80; /* 1.0 */
-        uint16_t *dst = B->VP + (j / 32) * ndb * 512 + ((j % 32) / 2) * 32 + (j & 1);
-        for (int64_t db = 0; db < ndb; db++)
-            for (int64_t c = 0; c < 16; c++) dst[db * 512 + 2 * c] = row[db * 16 + c];
+        /* K: tile (kb = j0/16, dc): row p = dword p of the chunk for each of the 16 keys */
+        uint16_t *kt = B->KP + (j0 / 16) * ndc * 512;
+        for (int64_t dc = 0; dc < ndc; dc++) {
+            __m512 w[16];
+            __mmask32 m = dmask(D, dc * 32);
+            for (int r = 0; r < 16; r++) w[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, kr[r] + dc * 32));
+            tr16(w);
+            for (int p = 0; p < 16; p++) _mm512_store_si512((void *)(kt + dc * 512 + p * 32), _mm512_castps_si512(w[p]));
+        }
+        /* V: tile (kc = j0/32, db) row p = (V[2p][c], V[2p+1][c]) for the 16 columns c of block db;
+         * these 16 keys fill rows (j0 % 32)/2 .. + 8 */
+        uint16_t *vt = B->VP + (j0 / 32) * ndb * 512 + ((j0 % 32) / 2) * 32;
+        for (int p = 0; p < 8; p++) {
+            const uint16_t *a = vr[2 * p], *b = vr[2 * p + 1];
+            for (int64_t dc = 0; dc < ndc; dc++) {
+                __mmask32 m = dmask(D, dc * 32);
+                __m512i x = _mm512_maskz_loadu_epi16(m, a + dc * 32), y = _mm512_maskz_loadu_epi16(m, b + dc * 32);
+                /* columns dc*32 .. +15 and +16 .. +31: two blocks db = 2 dc, 2 dc + 1 */
+                __m512i lo16 = _mm512_permutex2var_epi16(x, ileave, y);
+                __m512i hi16 = _mm512_permutex2var_epi16(
+                    x, _mm512_add_epi16(ileave, _mm512_set1_epi16(16)), y);
+                _mm512_store_si512((void *)(vt + (2 * dc) * 512 + p * 32), lo16);
+                _mm512_store_si512((void *)(vt + (2 * dc + 1) * 512 + p * 32), hi16);
+            }
+        }
     }
     B->cur_seg = (int64_t)k;
     B->cur_kh = kh;
 }
 
-/* The tile plan of one query block: the next non-empty 64-key tile at or after j0. */
+/* The plan of one 64-key tile of a chunk. */
 typedef struct {
     int32_t j0, ja, jb;
-    int cls, partial, half_on[2];
+    int partial, half_on[2];
 } tile_plan;
 
+/* The next non-empty 64-key tile at or after j0 (0 when there is none). */
 static int next_tile(const attn_rows *rows, int32_t j0, int32_t kvl, tile_plan *t) {
     for (; j0 < rows->kmax; j0 += BK) {
         int32_t j1 = j0 + BK < kvl ? j0 + BK : kvl;
-        t->cls = attn_classify(rows, j0, j1, &t->ja, &t->jb);
-        if (t->cls == ATTN_TILE_EMPTY) continue;
+        int cls = attn_classify(rows, j0, j1, &t->ja, &t->jb);
+        if (cls == ATTN_TILE_EMPTY) continue;
         t->j0 = j0;
         /* the tile computes whole 32-key halves: keys past the segment (zero padding) are masked */
-        t->partial = t->cls == ATTN_TILE_PARTIAL || j0 + BK > kvl;
+        t->partial = cls == ATTN_TILE_PARTIAL || j0 + BK > kvl;
         for (int h = 0; h < 2; h++) t->half_on[h] = t->ja < j0 + 32 * (h + 1) && t->jb > j0 + 32 * h;
         return 1;
     }
     return 0;
 }
 
-/* S = Q K^T for one tile, one 32-key half at a time: C tiles 0..3 = (row tile r, key block b). */
-static void score_tile(const amx_bufs *B, const tile_plan *t, int64_t D32, float *S) {
-    int64_t ndc = D32 / 32;
-    for (int h = 0; h < 2; h++) {
-        if (!t->half_on[h]) continue;
-        int64_t kb0 = (t->j0 + 32 * h) / 16;
+/* A chunk: up to KC non-empty tiles in key order. Returns their count (0: none left). */
+typedef struct {
+    tile_plan t[KC];
+    int n;
+    int32_t next;        /* where the next chunk's search starts */
+    int nh;              /* its 32-key halves that some row sees, in key order: */
+    int16_t ht[2 * KC];  /* tile */
+    int16_t hh[2 * KC];  /* half */
+} chunk_plan;
+
+static int next_chunk(const attn_rows *rows, int32_t j0, int32_t kvl, chunk_plan *c) {
+    c->n = 0;
+    while (c->n < KC && next_tile(rows, j0, kvl, &c->t[c->n])) {
+        j0 = c->t[c->n].j0 + BK;
+        c->n++;
+    }
+    c->next = j0;
+    c->nh = 0;
+    for (int t = 0; t < c->n; t++)
+        for (int h = 0; h < 2; h++)
+            if (c->t[t].half_on[h]) {
+                c->ht[c->nh] = (int16_t)t;
+                c->hh[c->nh] = (int16_t)h;
+                c->nh++;
+            }
+    return c->n;
+}
+
+/* The tile work of a chunk runs in small steps that the softmax loops interleave with their
+ * vector work, so the tile unit and the vector units run at the same time (the out-of-order window
+ * only overlaps a few hundred instructions: issued as one block, the tile work would mostly run
+ * alone). A step is 4 tile loads and 4 tile products. */
+typedef struct {
+    const amx_bufs *B;
+    const chunk_plan *c;
+    float *S;            /* score: the chunk's S buffer */
+    int64_t D32, ndb, OS;
+    int n, done;         /* steps in all, steps done */
+} tile_job;
+
+/* S = Q K^T: step s = (half k, pair of row tiles rp, d chunk dc); C tiles 0..3 = (row tile r of
+ * the pair, key block b). The pairs of a half run back to back, so the second reads the K tiles
+ * from L1 (tile loads from L2 halve the speed of the tile products). */
+static inline void score_step(tile_job *J) {
+    const amx_bufs *B = J->B;
+    const chunk_plan *c = J->c;
+    int64_t ndc = J->D32 / 32, D32 = J->D32;
+    int dc = J->done % (int)ndc, rp = (J->done / (int)ndc) % NRP, k = J->done / (int)ndc / NRP;
+    int t = c->ht[k], h = c->hh[k];
+    int64_t kb0 = (c->t[t].j0 + 32 * h) / 16;
+    const uint16_t *q = B->Q + 32 * rp * D32;
+    if (dc == 0) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (int64_t dc = 0; dc < ndc; dc++) {
-            _tile_loadd(4, B->Q + dc * 32, D32 * 2);
-            _tile_loadd(5, B->Q + 16 * D32 + dc * 32, D32 * 2);
-            _tile_loadd(6, B->KP + (kb0 * ndc + dc) * 512, 64);
-            _tile_loadd(7, B->KP + ((kb0 + 1) * ndc + dc) * 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, S + 32 * h, BK * 4);
-        _tile_stored(1, S + 32 * h + 16, BK * 4);
-        _tile_stored(2, S + 16 * BK + 32 * h, BK * 4);
-        _tile_stored(3, S + 16 * BK + 32 * h + 16, BK * 4);
     }
+    _tile_loadd(4, q + dc * 32, D32 * 2);
+    _tile_loadd(6, B->KP + (kb0 * ndc + dc) * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, q + 16 * D32 + dc * 32, D32 * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(7, B->KP + ((kb0 + 1) * ndc + dc) * 512, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    if (dc == ndc - 1) {
+        float *s = J->S + 32 * rp * SW + t * BK + 32 * h;
+        _tile_stored(0, s, SW * 4);
+        _tile_stored(1, s + 16, SW * 4);
+        _tile_stored(2, s + 16 * SW, SW * 4);
+        _tile_stored(3, s + 16 * SW + 16, SW * 4);
+    }
+    J->done++;
+}
+
+/* O += P V: step s = (pair of 16-column blocks db, db + 1; pair of row tiles rp; half k); C tiles
+ * 0..3 = (row tile r of the pair, block) stay in the tile registers over every key of the chunk,
+ * and the second row pair reads the V tiles from L1. */
+static inline void pv_step(tile_job *J) {
+    const amx_bufs *B = J->B;
+    const chunk_plan *c = J->c;
+    int64_t OS = J->OS, ndb = J->ndb;
+    int k = J->done % c->nh, rp = (J->done / c->nh) % NRP;
+    int64_t db = 2 * (int64_t)(J->done / c->nh / NRP);
+    int two = db + 1 < ndb;
+    float *o = B->O + 32 * rp * OS + db * 16;
+    const uint16_t *pp = B->P + 32 * rp * SW;
+    if (k == 0) {
+        _tile_loadd(0, o, OS * 4);
+        _tile_loadd(1, o + 16 * OS, OS * 4);
+        if (two) {
+            _tile_loadd(2, o + 16, OS * 4);
+            _tile_loadd(3, o + 16 * OS + 16, OS * 4);
+        }
+    }
+    int t = c->ht[k], h = c->hh[k];
+    const uint16_t *vt = B->VP + (((c->t[t].j0 + 32 * h) / 32) * ndb + db) * 512;
+    _tile_loadd(4, pp + t * BK + 32 * h, SW * 2);
+    _tile_loadd(6, vt, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, pp + 16 * SW + t * BK + 32 * h, SW * 2);
+    _tile_dpbf16ps(1, 5, 6);
+    if (two) {
+        _tile_loadd(7, vt + 512, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    if (k == c->nh - 1) {
+        _tile_stored(0, o, OS * 4);
+        _tile_stored(1, o + 16 * OS, OS * 4);
+        if (two) {
+            _tile_stored(2, o + 16, OS * 4);
+            _tile_stored(3, o + 16 * OS + 16, OS * 4);
+        }
+    }
+    J->done++;
+}
+
+static void score_job(tile_job *J, const amx_bufs *B, const chunk_plan *c, float *S, int64_t D32) {
+    J->B = B;
+    J->c = c;
+    J->S = S;
+    J->D32 = D32;
+    J->n = c ? c->nh * (int)(D32 / 32) * NRP : 0;
+    J->done = 0;
+}
+
+static void pv_job(tile_job *J, const amx_bufs *B, const chunk_plan *c, int64_t ndb, int64_t OS) {
+    J->B = B;
+    J->c = c;
+    J->ndb = ndb;
+    J->OS = OS;
+    J->n = c ? c->nh * (int)((ndb + 1) / 2) * NRP : 0;
+    J->done = 0;
+}
+
+/* Runs the steps of J due after row x of BQ (spread evenly over the rows). */
+static inline void score_until(tile_job *J, int x) {
+    int due = (int)(((int64_t)J->n * (x + 1)) / BQ);
+    while (J->done < due) score_step(J);
+}
+static inline void pv_until(tile_job *J, int x) {
+    int due = (int)(((int64_t)J->n * (x + 1)) / BQ);
+    while (J->done < due) pv_step(J);
 }
 
 static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     const maskpack_layout *L = P->L;
     const maskpack_segment *g = &L->segs[it->seg];
-    int64_t D = P->d, D32 = r32(D), kh = it->head / P->group, ndb = D32 / 16 + 1, OS = D32 + 16;
-    if (B->cur_seg != it->seg || B->cur_kh != kh) {
+    int64_t D = P->d, D32 = r32(D), kh = it->head / P->group, ndb = D32 / 16, OS = D32 + 16;
+    if ((B->cur_seg != it->seg || B->cur_kh != kh)) {
         int64_t lo, hi;
         segment_hull(L, (size_t)it->seg, &lo, &hi);
         pack_kv(P, (size_t)it->seg, kh, lo, hi, B);
@@ -202,17 +353,19 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     attn_block_rows(L, (size_t)it->seg, it->i0, it->n, &rows);
     /* Q rows (bf16, unscaled: the scale is applied to S in f32) */
     for (int32_t x = 0; x < BQ; x++) {
-        uint16_t *q = B->Q + x * D32;
-        if (x < it->n) {
-            memcpy(q, attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2), (size_t)D * 2);
-            memset(q + D, 0, (size_t)(D32 - D) * 2);
-        } else {
-            memset(q, 0, (size_t)D32 * 2);
-        }
+        const uint16_t *src = x < it->n ? (const uint16_t *)attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2)
+                                        : B->zero;
+        for (int64_t c = 0; c < D32; c += 32)
+            _mm512_store_si512((void *)(B->Q + x * D32 + c), _mm512_maskz_loadu_epi16(dmask(D, c), src + c));
     }
     memset(B->O, 0, (size_t)(BQ * OS) * sizeof(float));
-    float m[BQ];
-    for (int x = 0; x < BQ; x++) m[x] = -INFINITY;
+    /* m: the running max (log2 units), l: the running sum of P as rounded to bf16 (what P V uses) */
+    float m[BQ], l[BQ];
+    for (int x = 0; x < BQ; x++) {
+        m[x] = -INFINITY;
+        l[x] = 0;
+    }
+    const __m512bh one_bh = (__m512bh)_mm512_set1_epi16(0x3f80); /* bf16 1.0 pairs */
     int cap = P->softcap > 0;
     const float scf = (float)(cap ? P->scale / P->softcap : P->scale * LOG2E);
     const __m512 sc = _mm512_set1_ps(scf);
@@ -221,41 +374,43 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int32_t kvl = (int32_t)g->kv_len;
-    tile_plan cur, nxt;
-    int have = next_tile(&rows, (rows.kmin / BK) * BK, kvl, &cur), buf = 0;
-    if (have) score_tile(B, &cur, D32, B->S[0]);
+    /* chunk i is planned in cp[i % 3] and scored into S[i % 2]; while its softmax runs, the
+     * previous chunk's P V (pass 1) and the next chunk's scores (pass 2) run in the tile unit */
+    chunk_plan cp[3];
+    tile_job pv, sj;
+    int i = 0;
+    int have = next_chunk(&rows, (rows.kmin / BK) * BK, kvl, &cp[0]);
+    if (have) {
+        score_job(&sj, B, &cp[0], B->S[0], D32);
+        while (sj.done < sj.n) score_step(&sj);
+    }
+    pv_job(&pv, B, NULL, ndb, OS);
     while (have) {
-        /* the next tile's scores go to the other buffer first: the tile unit works on them while
-         * the vector units run this tile's softmax */
-        int more = next_tile(&rows, cur.j0 + BK, kvl, &nxt);
-        if (more) score_tile(B, &nxt, D32, B->S[buf ^ 1]);
-        const int32_t j0 = cur.j0;
-        const int partial = cur.partial;
-        const int *half_on = cur.half_on;
-        /* Online softmax with a lazily moved reference: a row's reference max m only moves when
-         * the tile's max exceeds it by more than 2^8 (or the row sees its first key), so P stays
-         * <= 256 and the accumulated O rarely needs a rescale; O then accumulates in the tile
-         * unit (load, P.V, store) without a vector pass over it. Pass 1 takes each row's max
-         * (scaling, capping and masking S in place when needed); pass 2 writes P in bf16. */
-        float mx[BQ], mu[BQ];
-        const float *Sb = B->S[buf];
-        int fast = !cap && !partial && scale_pos;
+        const chunk_plan *cur = &cp[i % 3];
+        float *Sb = B->S[i % 2];
+        /* a tile is "fast" when no scaling, capping or masking has to be written back: its row max
+         * is taken on the raw scores (the scale is positive) and P = 2^(s * scale - m) */
+        int fast[KC];
+        for (int t = 0; t < cur->n; t++) fast[t] = !cap && scale_pos && !cur->t[t].partial;
+        /* pass 1: each row's max over the chunk */
+        float mx[BQ];
         for (int x = 0; x < BQ; x++) {
-            float *s = B->S[buf] + x * BK;
-            __m512 m4 = ninf;
-            if (fast) {
-                m4 = _mm512_max_ps(_mm512_max_ps(_mm512_loadu_ps(s), _mm512_loadu_ps(s + 16)),
-                                   _mm512_max_ps(_mm512_loadu_ps(s + 32), _mm512_loadu_ps(s + 48)));
-                mx[x] = _mm512_reduce_max_ps(m4) * scf;
-                continue;
-            }
-            for (int c = 0; c < 4; c++) {
-                __m512 y = ninf;
-                if (half_on[c / 2]) {
-                    y = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), sc);
+            float *s = Sb + x * SW;
+            __m512 mf = ninf, ms = ninf;
+            for (int t = 0; t < cur->n; t++) {
+                const tile_plan *tp = &cur->t[t];
+                float *st = s + t * BK;
+                if (fast[t]) {
+                    mf = _mm512_max_ps(mf, _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(st), _mm512_load_ps(st + 16)),
+                                                         _mm512_max_ps(_mm512_load_ps(st + 32), _mm512_load_ps(st + 48))));
+                    continue;
+                }
+                for (int c = 0; c < 4; c++) {
+                    if (!tp->half_on[c / 2]) continue;
+                    __m512 y = _mm512_mul_ps(_mm512_load_ps(st + 16 * c), sc);
                     if (cap) y = _mm512_mul_ps(tanh_ps(y), capmul);
-                    if (partial) {
-                        __m512i j = _mm512_add_epi32(_mm512_set1_epi32(j0 + 16 * c), lane);
+                    if (tp->partial) {
+                        __m512i j = _mm512_add_epi32(_mm512_set1_epi32(tp->j0 + 16 * c), lane);
                         __mmask16 ok = 0;
                         if (x < rows.n) {
                             ok = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(rows.lo[x])) &
@@ -267,74 +422,74 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
                         }
                         y = _mm512_mask_blend_ps(ok, ninf, y);
                     }
+                    _mm512_store_ps(st + 16 * c, y);
+                    ms = _mm512_max_ps(ms, y);
                 }
-                _mm512_storeu_ps(s + 16 * c, y);
-                m4 = _mm512_max_ps(m4, y);
             }
-            mx[x] = _mm512_reduce_max_ps(m4);
+            float a = _mm512_reduce_max_ps(mf) * scf, b = _mm512_reduce_max_ps(ms);
+            mx[x] = a > b ? a : b;
+            pv_until(&pv, x);
         }
+        /* P V of the previous chunk is complete: O may be rescaled and P rewritten */
+        /* the running max: rows whose max grew rescale their O (and l) by 2^(m_old - m_new) */
+        float mu[BQ];
         for (int c = 0; c < BQ / 16; c++) {
             __m512 mo = _mm512_loadu_ps(m + 16 * c), t = _mm512_loadu_ps(mx + 16 * c);
-            __mmask16 first = _mm512_cmp_ps_mask(mo, ninf, _CMP_EQ_OQ) & _mm512_cmp_ps_mask(t, ninf, _CMP_NEQ_OQ);
-            __mmask16 jump = _mm512_cmp_ps_mask(t, _mm512_add_ps(mo, _mm512_set1_ps(8.0f)), _CMP_GT_OQ) &
-                             _mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ);
-            __m512 mn = _mm512_mask_mov_ps(mo, first | jump, t);
+            __mmask16 grow = _mm512_cmp_ps_mask(t, mo, _CMP_GT_OQ);
+            __mmask16 rescale = grow & _mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ);
+            __m512 mn = _mm512_mask_mov_ps(mo, grow, t);
             _mm512_storeu_ps(m + 16 * c, mn);
+            /* a row that has seen nothing yet keeps m = -inf: exponents are taken against 0 */
             _mm512_storeu_ps(mu + 16 * c, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn,
                                                                _mm512_setzero_ps()));
-            while (jump) { /* rare: rescale the rows whose reference moved */
-                int x = 16 * c + __builtin_ctz(jump);
-                jump &= jump - 1;
-                __m512 av = _mm512_set1_ps(exp2f(mo[x - 16 * c] - mn[x - 16 * c]));
-                for (int64_t d = 0; d < OS; d += 16)
-                    _mm512_storeu_ps(B->O + x * OS + d, _mm512_mul_ps(_mm512_loadu_ps(B->O + x * OS + d), av));
+            if (rescale) {
+                float al[16];
+                _mm512_storeu_ps(al, exp2_ps(_mm512_sub_ps(mo, mn)));
+                while (rescale) {
+                    int x = __builtin_ctz(rescale);
+                    rescale &= rescale - 1;
+                    __m512 av = _mm512_set1_ps(al[x]);
+                    l[16 * c + x] *= al[x];
+                    float *o = B->O + (16 * c + x) * OS;
+                    for (int64_t d = 0; d < OS; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), av));
+                }
             }
         }
+        int more = next_chunk(&rows, cur->next, kvl, &cp[(i + 1) % 3]);
+        score_job(&sj, B, more ? &cp[(i + 1) % 3] : NULL, B->S[(i + 1) % 2], D32);
+        /* pass 2: P in bf16 */
         for (int x = 0; x < BQ; x++) {
-            const float *s = Sb + x * BK;
-            __m512 muv = _mm512_set1_ps(mu[x]), p[4];
-            if (fast)
-                for (int c = 0; c < 4; c++) p[c] = exp2_p(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * c), sc, muv));
-            else
-                for (int c = 0; c < 4; c++) p[c] = exp2_p(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * c), muv));
-            __m512bh lo = _mm512_cvtne2ps_pbh(p[1], p[0]), hi = _mm512_cvtne2ps_pbh(p[3], p[2]);
-            _mm512_storeu_si512((void *)(B->P + x * BK), (__m512i)lo);
-            _mm512_storeu_si512((void *)(B->P + x * BK + 32), (__m512i)hi);
-        }
-        /* O += P V: P's four A tiles (row tile r, key half h) are loaded once; per 16-column block
-         * the two C tiles come from O and go back to it */
-        if (half_on[0]) {
-            _tile_loadd(4, B->P, BK * 2);
-            _tile_loadd(5, B->P + 16 * BK, BK * 2);
-        }
-        if (half_on[1]) {
-            _tile_loadd(6, B->P + 32, BK * 2);
-            _tile_loadd(7, B->P + 16 * BK + 32, BK * 2);
-        }
-        for (int64_t db = 0; db < ndb; db++) {
-            _tile_loadd(0, B->O + db * 16, OS * 4);
-            _tile_loadd(1, B->O + 16 * OS + db * 16, OS * 4);
-            if (half_on[0]) {
-                _tile_loadd(2, B->VP + ((j0 / 32) * ndb + db) * 512, 64);
-                _tile_dpbf16ps(0, 4, 2);
-                _tile_dpbf16ps(1, 5, 2);
+            const float *s = Sb + x * SW;
+            uint16_t *pr = B->P + x * SW;
+            __m512 muv = _mm512_set1_ps(mu[x]), rs = _mm512_setzero_ps();
+            for (int t = 0; t < cur->n; t++) {
+                const tile_plan *tp = &cur->t[t];
+                const float *st = s + t * BK;
+                __m512 p[4];
+                if (fast[t]) {
+                    for (int c = 0; c < 4; c++) p[c] = exp2_p(_mm512_fmsub_ps(_mm512_load_ps(st + 16 * c), sc, muv));
+                } else {
+                    for (int c = 0; c < 4; c++)
+                        p[c] = tp->half_on[c / 2] ? exp2_p(_mm512_sub_ps(_mm512_load_ps(st + 16 * c), muv))
+                                                  : _mm512_setzero_ps();
+                }
+                __m512bh b0 = _mm512_cvtne2ps_pbh(p[1], p[0]), b1 = _mm512_cvtne2ps_pbh(p[3], p[2]);
+                _mm512_store_si512((void *)(pr + t * BK), (__m512i)b0);
+                _mm512_store_si512((void *)(pr + t * BK + 32), (__m512i)b1);
+                /* the row sum of the rounded P: pairs of bf16 values times 1.0 summed in f32 */
+                rs = _mm512_dpbf16_ps(_mm512_dpbf16_ps(rs, b0, one_bh), b1, one_bh);
             }
-            if (half_on[1]) {
-                _tile_loadd(3, B->VP + ((j0 / 32 + 1) * ndb + db) * 512, 64);
-                _tile_dpbf16ps(0, 6, 3);
-                _tile_dpbf16ps(1, 7, 3);
-            }
-            _tile_stored(0, B->O + db * 16, OS * 4);
-            _tile_stored(1, B->O + 16 * OS + db * 16, OS * 4);
+            l[x] += _mm512_reduce_add_ps(rs);
+            score_until(&sj, x);
         }
-        cur = nxt;
+        pv_job(&pv, B, cur, ndb, OS);
         have = more;
-        buf ^= 1;
+        i++;
     }
+    while (pv.done < pv.n) pv_step(&pv);
     for (int32_t x = 0; x < it->n; x++) {
-        float l = B->O[x * OS + D32]; /* the ones column: sum of the row's P */
-        float inv = l > 0 ? 1.0f / l : 0.0f;
-        float lse = l > 0 ? (float)((m[x] + log2((double)l)) * LN2) : -INFINITY;
+        float inv = l[x] > 0 ? 1.0f / l[x] : 0.0f;
+        float lse = l[x] > 0 ? (float)((m[x] + log2((double)l[x])) * LN2) : -INFINITY;
         uint16_t *dst = (uint16_t *)attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2);
         const float *o = B->O + x * OS;
         __m512 iv = _mm512_set1_ps(inv);

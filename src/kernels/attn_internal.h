@@ -13,10 +13,10 @@
  * kernel bitwise equal. */
 #define ATTN_BQ 48   /* AVX-512: 3 vectors of 16 query rows */
 #define ATTN_BK 64
-#define ATTN_AMX_BQ 32
+#define ATTN_AMX_BQ 64 /* AMX: 4 row tiles of 16 */
 #define ATTN_AMX_BK 64
 #define ATTN_MAX_D 256
-#define ATTN_MAX_BQ 48
+#define ATTN_MAX_BQ 64 /* the larger of the two (attn_rows holds a block) */
 
 /* One tensor's addressing: element (row b, token t, head h, d) sits at
  * base + (b*sb + t*st + h*sh + d) * esize. sb is 0 for packed tensors. */

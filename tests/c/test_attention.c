@@ -385,7 +385,8 @@ static maskpack_layout *from_lengths(const int64_t *len, size_t n, maskpack_plac
 static void test_kernels_vs_reference(void) {
     maskpack_rule causal = maskpack_rule_default(), bidir = maskpack_rule_default();
     bidir.causal = 0;
-    /* lengths around the block sizes (48 query rows, 64 keys, AMX 32), an empty one and a 1 */
+    /* lengths around the block sizes (48 query rows, 64 keys, AMX 64 rows and chunks of 128 keys),
+     * an empty one and a 1 */
     int64_t len_a[5] = {49, 0, 1, 64, 33};
     int64_t len_b[3] = {97, 47, 65};
     maskpack_layout *L;
@@ -446,6 +447,19 @@ static void test_kernels_vs_reference(void) {
         if (L) check_all_isas(L, 2, 1, 64, 0, 0, al ? "cross bottom-right" : "cross top-left");
         maskpack_layout_free(L);
     }
+
+    /* longer sequences: several AMX key chunks (the running max moves between chunks) and several
+     * query blocks of every kernel, the last one partly full */
+    int64_t len_f[2] = {300, 145};
+    L = from_lengths(len_f, 2, MASKPACK_PLACE_PACKED, 0, &causal);
+    if (L) check_all_isas(L, 2, 1, 64, 0, 0, "long causal");
+    maskpack_layout_free(L);
+    maskpack_rule win3 = bidir;
+    win3.window_left = 100;
+    win3.window_right = 60;
+    L = from_lengths(len_f, 2, MASKPACK_PLACE_RIGHT, 0, &win3);
+    if (L) check_all_isas(L, 1, 1, 128, 0, 0, "long window (100,60)");
+    maskpack_layout_free(L);
 
     /* head dim 256, and a larger head dim odd size */
     int64_t len_e[2] = {70, 3};
