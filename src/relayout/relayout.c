@@ -523,7 +523,8 @@ static void split_jobs(const maskpack_relayout_plan *P, int64_t total, int nj, j
  * caller takes chunks from the front and workers from the back, so with a steady worker each core
  * copies the same bytes call after call and finds them still in its own L2. */
 enum { MAX_CHUNKS = 64 };
-#define CHUNK_BYTES ((int64_t)64 << 10)
+#define CHUNK_BYTES ((int64_t)16 << 10) /* small enough to balance a 300 KB move between 2 cores */
+#define TEAM_MIN_BYTES ((int64_t)64 << 10) /* below this, handing work over costs more than it saves */
 typedef struct chunked {
     job jobs[MAX_CHUNKS];
     _Atomic uint64_t range; /* chunks [lo, hi) not yet taken: lo in the low 32 bits, hi in the high */
@@ -610,7 +611,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         for (size_t r = 0; r < nr; r++) total += P->runs[r].len;
         int64_t bytes = total * ib;
         job proto = {P, sv, &dv, ib, pad, bytes >= MP_STREAM_THRESHOLD, 0, 0, 0, 0};
-        if (workers && maskpack_workers_threads(workers) > 1 && bytes >= CHUNK_BYTES && total > 1) {
+        if (workers && maskpack_workers_threads(workers) > 1 && bytes >= TEAM_MIN_BYTES && total > 1) {
             chunked c;
             int64_t n = bytes / CHUNK_BYTES;
             if (n > MAX_CHUNKS) n = MAX_CHUNKS;
