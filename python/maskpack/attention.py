@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _attention
 from ._errors import Error
-from ._tensors import DTYPE_CODE, describe, is_torch_tensor
+from ._tensors import DTYPE_CODE, describe, describe_out, is_torch_tensor
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
 
@@ -107,7 +107,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     dq, kq, _ = describe(q, "q")
     dk, kk, _ = describe(k, "k")
     dv, kv, _ = describe(v, "v")
-    do, ko, _ = describe(out, "out")
+    do, ko, _ = describe_out(out, "out")
     dl, kl, _ = describe(lse, "lse")
     _attention.forward(ptr, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, _threads(n_threads, use_torch))
     del kq, kk, kv, ko, kl

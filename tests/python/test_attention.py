@@ -328,3 +328,14 @@ def test_torch_model_trains_through_autograd():
         opt.step()
         first = loss.item() if first is None else first
     assert loss.item() < 0.5 * first
+
+
+def test_read_only_out_is_refused_untouched():
+    lay = maskpack.Layout.from_lengths([3, 2])
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 2, 16)).astype(np.float32) for _ in range(3))
+    out = np.full((2, 3, 2, 16), 4.0, dtype=np.float32)
+    out.setflags(write=False)
+    with pytest.raises(TypeError, match="writable"):
+        maskpack.attention(q, k, v, lay, out=out)
+    assert (out == 4.0).all()
