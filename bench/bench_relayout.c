@@ -26,6 +26,7 @@ typedef struct ctx {
     const maskpack_tensor *x;
     maskpack_tensor *out;
     int threads;
+    maskpack_workers *team; /* non-NULL: execute_on the team instead of per-call threads */
 } ctx;
 
 static double median(double *t) {
@@ -50,7 +51,8 @@ static double time_relayout(ctx *c, int reps) {
     for (int r = 0; r < REPS; r++) {
         double a = now();
         for (int i = 0; i < reps; i++)
-            if (maskpack_relayout_execute(c->plan, xs, c->out, NULL, c->threads, &e)) {
+            if (c->team ? maskpack_relayout_execute_on(c->plan, xs, c->out, NULL, c->team, &e)
+                        : maskpack_relayout_execute(c->plan, xs, c->out, NULL, c->threads, &e)) {
                 fprintf(stderr, "relayout failed: %s\n", e.message);
                 exit(1);
             }
@@ -103,8 +105,13 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
     };
     printf("%s: [%lld x %lld] x %lld bf16 (%.1f MB padded, %lld real tokens), %d thread(s)\n", label,
            (long long)B, (long long)S, (long long)C, (double)(B * S) * (double)tokbytes / 1e6, (long long)T, threads);
+    maskpack_workers *team = NULL;
+    if (threads > 1 && maskpack_workers_create(threads, &team, &e)) {
+        fprintf(stderr, "workers failed: %s\n", e.message);
+        exit(1);
+    }
     for (int o = 0; o < 3; o++) {
-        ctx c = {NULL, ops[o].x, ops[o].out, threads};
+        ctx c = {NULL, ops[o].x, ops[o].out, threads, NULL};
         const maskpack_layout *srcs[1] = {ops[o].src};
         if (maskpack_relayout_plan_create(srcs, 1, ops[o].dst, &c.plan, &e)) {
             fprintf(stderr, "plan failed: %s\n", e.message);
@@ -115,8 +122,16 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
         double tr = time_relayout(&c, reps);
         printf("  %-44s %7.2f GB/s   memcpy %7.2f GB/s   ratio %.2fx (target >= 0.8x)\n", ops[o].name,
                (double)ops[o].bytes / tr / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tr);
+        if (team) { /* the same move on a running worker team (what the Python package uses) */
+            c.team = team;
+            time_relayout(&c, 1);
+            double tt = time_relayout(&c, reps);
+            printf("  %-44s %7.2f GB/s   memcpy %7.2f GB/s   ratio %.2fx (on a %d-thread worker team)\n", "  same, worker team",
+                   (double)ops[o].bytes / tt / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tt, threads);
+        }
         maskpack_relayout_plan_free(c.plan);
     }
+    maskpack_workers_free(team);
     free(lens);
     free(padded);
     free(packed);
