@@ -1144,6 +1144,27 @@ static void plan_capsule_free(PyObject *cap) {
 
 static void team_capsule_free(PyObject *cap) { maskpack_workers_free(PyCapsule_GetPointer(cap, TEAM_CAPSULE)); }
 
+/* pad: bytes holding one element, or None (zero bytes) -> *ptr (NULL for None). */
+static int parse_pad(PyObject *pad, const void **ptr) {
+    *ptr = NULL;
+    if (pad == Py_None) return 0;
+    if (!PyBytes_Check(pad)) {
+        PyErr_SetString(PyExc_TypeError, "relayout: pad must be bytes (one element) or None");
+        return -1;
+    }
+    *ptr = PyBytes_AS_STRING(pad);
+    return 0;
+}
+
+/* A pad given as bytes must be exactly one element of out's dtype. */
+static int check_pad(PyObject *pad, maskpack_dtype dtype) {
+    if (pad != Py_None && (size_t)PyBytes_GET_SIZE(pad) != maskpack_dtype_size(dtype)) {
+        PyErr_SetString(PyExc_ValueError, "relayout: pad must hold exactly one element of out's dtype");
+        return -1;
+    }
+    return 0;
+}
+
 /* (n_threads) -> team capsule */
 static PyObject *py_workers_create(PyObject *m, PyObject *args) {
     int n;
@@ -1205,13 +1226,7 @@ static PyObject *py_plan_execute(PyObject *m, PyObject *args) {
         return NULL;
     }
     const void *pad_ptr = NULL;
-    if (pad != Py_None) {
-        if (!PyBytes_Check(pad)) {
-            PyErr_SetString(PyExc_TypeError, "relayout: pad must be bytes (one element) or None");
-            return NULL;
-        }
-        pad_ptr = PyBytes_AS_STRING(pad);
-    }
+    if (parse_pad(pad, &pad_ptr) < 0) return NULL;
     /* one tensor is the common case: no heap allocation for it */
     maskpack_tensor x1, *X = &x1;
     const maskpack_tensor *xp1, **XP = &xp1;
@@ -1231,10 +1246,7 @@ static PyObject *py_plan_execute(PyObject *m, PyObject *args) {
         XP[i] = &X[i];
     }
     if (parse_tensor(odesc, &o, "out") < 0) goto done;
-    if (pad_ptr && (size_t)PyBytes_GET_SIZE(pad) != maskpack_dtype_size(o.dtype)) {
-        PyErr_SetString(PyExc_ValueError, "relayout: pad must hold exactly one element of out's dtype");
-        goto done;
-    }
+    if (check_pad(pad, o.dtype) < 0) goto done;
     {
         maskpack_error err;
         maskpack_status s;
@@ -1373,13 +1385,7 @@ static PyObject *py_move(PyObject *m, PyObject *args) {
     maskpack_workers *w = NULL;
     if (team != Py_None && !(w = PyCapsule_GetPointer(team, TEAM_CAPSULE))) return NULL;
     const void *pad_ptr = NULL;
-    if (pad != Py_None) {
-        if (!PyBytes_Check(pad)) {
-            PyErr_SetString(PyExc_TypeError, "relayout: pad must be bytes (one element) or None");
-            return NULL;
-        }
-        pad_ptr = PyBytes_AS_STRING(pad);
-    }
+    if (parse_pad(pad, &pad_ptr) < 0) return NULL;
     module_state *st = get_state(m);
     maskpack_tensor xt, ot;
     Py_buffer xv, ov;
@@ -1394,10 +1400,7 @@ static PyObject *py_move(PyObject *m, PyObject *args) {
         ret = Py_NewRef(Py_False);
         goto done;
     }
-    if (pad_ptr && (size_t)PyBytes_GET_SIZE(pad) != maskpack_dtype_size(ot.dtype)) {
-        PyErr_SetString(PyExc_ValueError, "relayout: pad must hold exactly one element of out's dtype");
-        goto done;
-    }
+    if (check_pad(pad, ot.dtype) < 0) goto done;
     {
         const maskpack_tensor *xp[1] = {&xt};
         maskpack_error err;
