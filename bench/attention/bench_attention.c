@@ -32,83 +32,12 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* ---- the f32 FMA peak ---------------------------------------------------------------------------- */
+/* ---- the f32 FMA peak (shared with the other benchmarks) ------------------------------------------ */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-/* 12 independent accumulator chains (more than FMA latency x FMA ports), all in registers; the
- * empty asm keeps the compiler from folding the chains. */
-__attribute__((target("avx512f"))) static float fma_loop(long iters) {
-    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-           a10 = a0, a11 = a0;
-    __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    for (long n = 0; n < iters; n++) {
-#define FMA_(a) a = _mm512_fmadd_ps(a, x, y);
-        FMA_(a0) FMA_(a1) FMA_(a2) FMA_(a3) FMA_(a4) FMA_(a5) FMA_(a6) FMA_(a7) FMA_(a8) FMA_(a9) FMA_(a10) FMA_(a11)
-#undef FMA_
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
-                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
-    }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    return _mm512_reduce_add_ps(s);
-}
-#define FMA_PER_ITER (12.0 * 16 * 2)
-#else
-static float fma_loop(long iters) {
-    float a = 0;
-    for (long n = 0; n < iters; n++) a = a * 0.999999f + 1e-7f;
-    return a;
-}
-#define FMA_PER_ITER 2.0
-#endif
+#include "../common/fma_peak.h"
 
-/* Joint bursts: every thread runs one burst between two barriers; the best burst's wall time
- * gives the rate (the machine is shared, so the best of many short bursts is the uncontended one). */
-enum { PEAK_BURSTS = 25 };
-typedef struct {
-    long iters;
-    float sink;
-    pthread_barrier_t *bar;
-    double *t_start, *t_end; /* per burst, written by thread 0 */
-    int tid;
-} peak_arg;
-
-static void *peak_thread(void *p) {
-    peak_arg *a = p;
-    for (int b = 0; b < PEAK_BURSTS; b++) {
-        pthread_barrier_wait(a->bar);
-        if (a->tid == 0) a->t_start[b] = now();
-        a->sink += fma_loop(a->iters);
-        pthread_barrier_wait(a->bar);
-        if (a->tid == 0) a->t_end[b] = now();
-    }
-    return NULL;
-}
-
-static double measure_peak(int threads) {
-    long iters = 1000 * 1000; /* ~10-40 ms per burst */
-    pthread_t th[64];
-    peak_arg args[64];
-    double t0[PEAK_BURSTS], t1[PEAK_BURSTS];
-    pthread_barrier_t bar;
-    if (threads > 64) threads = 64;
-    pthread_barrier_init(&bar, NULL, (unsigned)threads);
-    for (int t = 0; t < threads; t++) {
-        args[t] = (peak_arg){iters, 0, &bar, t0, t1, t};
-        if (t) pthread_create(&th[t], NULL, peak_thread, &args[t]);
-    }
-    peak_thread(&args[0]);
-    for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
-    pthread_barrier_destroy(&bar);
-    double best = 0;
-    for (int b = 0; b < PEAK_BURSTS; b++) {
-        double gf = FMA_PER_ITER * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
-        if (gf > best) best = gf;
-    }
-    return best;
-}
+/* 25 joint bursts of ~10-40 ms each; the best one is the uncontended rate. */
+static double measure_peak(int threads) { return bench_fma_peak(threads, 500 * 1000, 25); }
 
 /* ---- problems ----------------------------------------------------------------------------------- */
 

@@ -28,78 +28,12 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- peak --------------------------------------------------------------------------------- */
+/* ---- peak (shared with the other benchmarks) ------------------------------------------------------ */
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* 24 independent accumulator chains kept in registers: the empty asm makes each chain's value
- * "used" every iteration, so the compiler can neither fold nor spill them (an array of vectors
- * indexed in a loop was kept in memory and measured half the peak). */
-__attribute__((target("avx512f"))) static double fma_loop(long iters) {
-    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0,
-           b9 = a0, b10 = a0, b11 = a0;
-    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (long it = 0; it < iters; it++) {
-#define FMA_(a) a = _mm512_fmadd_ps(a, m, c);
-        FMA_(a0) FMA_(a1) FMA_(a2) FMA_(a3) FMA_(a4) FMA_(a5) FMA_(a6) FMA_(a7) FMA_(a8) FMA_(a9) FMA_(a10) FMA_(a11)
-        FMA_(b0) FMA_(b1) FMA_(b2) FMA_(b3) FMA_(b4) FMA_(b5) FMA_(b6) FMA_(b7) FMA_(b8) FMA_(b9) FMA_(b10) FMA_(b11)
-#undef FMA_
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
-                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
-        __asm__ volatile("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7),
-                         "+v"(b8), "+v"(b9), "+v"(b10), "+v"(b11));
-    }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
-    return _mm512_reduce_add_ps(s);
-}
-#define HAVE_PEAK 1
-#endif
+#include "../common/fma_peak.h"
 
-typedef struct {
-    long iters;
-    double sink;
-} peak_arg;
-
-static void *peak_main(void *p) {
-    peak_arg *a = p;
-#ifdef HAVE_PEAK
-    a->sink = fma_loop(a->iters);
-#endif
-    return NULL;
-}
-
-static double measure_peak(int nt, long iters, int reps) {
-#ifdef HAVE_PEAK
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f")) return 0.0;
-    double best = 0;
-    for (int rep = 0; rep < reps; rep++) {
-        pthread_t th[64];
-        peak_arg args[64];
-        double t0 = now();
-        for (int t = 0; t < nt; t++) {
-            args[t].iters = iters;
-            pthread_create(&th[t], NULL, peak_main, &args[t]);
-        }
-        for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
-        double dt = now() - t0;
-        double gf = 2.0 * 16.0 * 24.0 * (double)iters * nt / dt * 1e-9;
-        if (gf > best) best = gf;
-    }
-    return best;
-#else
-    (void)nt;
-    (void)iters;
-    (void)reps;
-    return 0.0;
-#endif
-}
+/* reps joint bursts of iters loop iterations on nt threads; the best burst's rate. */
+static double measure_peak(int nt, long iters, int reps) { return bench_fma_peak(nt, iters, reps); }
 
 /* ---- the problem --------------------------------------------------------------------------- */
 

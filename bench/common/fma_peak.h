@@ -1,0 +1,113 @@
+/* fma_peak.h: the machine's fp32 FMA peak, measured by the benchmark programs themselves (one copy
+ * for every benchmark that quotes a fraction of peak).
+ *
+ * 24 independent AVX-512 accumulator chains (more than FMA latency x FMA ports) held in registers:
+ * the empty asm makes every chain "used" each iteration, so the compiler can neither fold nor spill
+ * them (an array of vectors indexed in a loop stayed in memory and measured half the peak). All
+ * threads run each burst between two barriers; the best burst's wall time gives the rate, because
+ * on a shared machine the best of several short bursts is the uncontended one. Machines without
+ * AVX-512 get 0 (the callers then print no fraction). */
+#ifndef MASKPACK_BENCH_FMA_PEAK_H
+#define MASKPACK_BENCH_FMA_PEAK_H
+
+#include <pthread.h>
+#include <time.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BENCH_HAVE_AVX512_PEAK 1
+__attribute__((target("avx512f"))) static float bench_fma_loop(long iters) {
+    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
+           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0,
+           b9 = a0, b10 = a0, b11 = a0;
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (long it = 0; it < iters; it++) {
+#define BENCH_FMA_(a) a = _mm512_fmadd_ps(a, m, c);
+        BENCH_FMA_(a0) BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5)
+        BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
+        BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2) BENCH_FMA_(b3) BENCH_FMA_(b4) BENCH_FMA_(b5)
+        BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9) BENCH_FMA_(b10) BENCH_FMA_(b11)
+#undef BENCH_FMA_
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
+                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+        __asm__ volatile("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7),
+                         "+v"(b8), "+v"(b9), "+v"(b10), "+v"(b11));
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
+    return _mm512_reduce_add_ps(s);
+}
+#define BENCH_FLOP_PER_ITER (24.0 * 16.0 * 2.0)
+#endif
+
+enum { BENCH_PEAK_MAX_THREADS = 64, BENCH_PEAK_MAX_BURSTS = 64 };
+
+typedef struct {
+    long iters;
+    int bursts, tid;
+    float sink;
+    pthread_barrier_t *bar;
+    double *t_start, *t_end; /* per burst, written by thread 0 */
+} bench_peak_arg;
+
+static double bench_peak_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *bench_peak_thread(void *p) {
+    bench_peak_arg *a = p;
+    for (int b = 0; b < a->bursts; b++) {
+        pthread_barrier_wait(a->bar);
+        if (a->tid == 0) a->t_start[b] = bench_peak_now();
+#ifdef BENCH_HAVE_AVX512_PEAK
+        a->sink += bench_fma_loop(a->iters);
+#endif
+        pthread_barrier_wait(a->bar);
+        if (a->tid == 0) a->t_end[b] = bench_peak_now();
+    }
+    return NULL;
+}
+
+/* (threads, loop iterations per burst, bursts) -> the best burst's fp32 GFLOP/s over all threads;
+ * 0 without AVX-512. */
+static double bench_fma_peak(int threads, long iters, int bursts) {
+#ifdef BENCH_HAVE_AVX512_PEAK
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) return 0.0;
+    if (threads < 1) threads = 1;
+    if (threads > BENCH_PEAK_MAX_THREADS) threads = BENCH_PEAK_MAX_THREADS;
+    if (bursts < 1) bursts = 1;
+    if (bursts > BENCH_PEAK_MAX_BURSTS) bursts = BENCH_PEAK_MAX_BURSTS;
+    pthread_t th[BENCH_PEAK_MAX_THREADS];
+    bench_peak_arg args[BENCH_PEAK_MAX_THREADS];
+    double t0[BENCH_PEAK_MAX_BURSTS], t1[BENCH_PEAK_MAX_BURSTS];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)threads);
+    for (int t = 0; t < threads; t++) {
+        args[t] = (bench_peak_arg){iters, bursts, t, 0.0f, &bar, t0, t1};
+        if (t) pthread_create(&th[t], NULL, bench_peak_thread, &args[t]);
+    }
+    bench_peak_thread(&args[0]);
+    for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    double best = 0;
+    for (int b = 0; b < bursts; b++) {
+        double gf = BENCH_FLOP_PER_ITER * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
+        if (gf > best) best = gf;
+    }
+    return best;
+#else
+    (void)threads;
+    (void)iters;
+    (void)bursts;
+    return 0.0;
+#endif
+}
+
+#endif
