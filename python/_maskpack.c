@@ -1419,14 +1419,6 @@ done:
     return ret;
 }
 
-/* (plan capsule) -> number of runs (copies and fills) */
-static PyObject *py_plan_runs(PyObject *m, PyObject *plan) {
-    (void)m;
-    maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
-    if (!P) return NULL;
-    return PyLong_FromSize_t(maskpack_relayout_plan_runs(P));
-}
-
 /* (handle, labels, ignore_index, out) */
 static PyObject *py_shift_labels(PyObject *m, PyObject *args) {
     PyObject *h, *ld, *od;
@@ -1476,7 +1468,6 @@ static PyMethodDef methods[] = {
     {"workers_create", py_workers_create, METH_VARARGS, "(n_threads) -> worker team capsule"},
     {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan capsule"},
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
-    {"plan_runs", py_plan_runs, METH_O, "(plan) -> number of copy and fill runs"},
     {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, {dtype: code}) -> None"},
     {"move", py_move, METH_VARARGS, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},

@@ -90,11 +90,17 @@ def _team(threads: Optional[int]):
     return team
 
 
-def _cached(layout, key, make):
-    """A value derived from an (immutable) layout, computed once and kept on it."""
+def _cache_of(layout) -> dict:
+    """The dict of values derived from an (immutable) layout, kept on it."""
     c = layout._cache
     if c is None:
         c = layout._cache = {}
+    return c
+
+
+def _cached(layout, key, make):
+    """A value derived from an (immutable) layout, computed once and kept on it."""
+    c = _cache_of(layout)
     v = c.get(key)
     if v is None:
         v = c[key] = make()
@@ -102,16 +108,15 @@ def _cached(layout, key, make):
 
 
 def _plan(srcs: list, dst):
-    """The copy plan srcs -> dst, cached on the first source while the other layouts live."""
-    others = [dst] + srcs[1:]
-    key = ("plan",) + tuple(id(o) for o in others)
-    c = srcs[0]._cache
-    entry = c.get(key) if c is not None else None
-    if entry is None or any(r() is not o for r, o in zip(entry[0], others)):  # new, or an id reused
-        entry = ([weakref.ref(o) for o in others], _maskpack.plan_create(tuple(s._h for s in srcs), dst._h))
-        if srcs[0]._cache is None:
-            srcs[0]._cache = {}
-        srcs[0]._cache[key] = entry
+    """The copy plan srcs -> dst, cached on the first source and keyed by the other layouts' ids; a
+    weak reference to each confirms it is still the same layout (an id can be reused after death)."""
+    others = (dst, *srcs[1:])
+    c = _cache_of(srcs[0])
+    key = tuple(map(id, others))
+    entry = c.get(key)
+    if entry is None or any(r() is not o for r, o in zip(entry[0], others)):
+        entry = c[key] = ([weakref.ref(o) for o in others],
+                          _maskpack.plan_create(tuple(s._h for s in srcs), dst._h))
     return entry[1]
 
 
@@ -165,15 +170,8 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     ``dst``; padding of dst gets ``pad_value``. ``src`` may also be a sequence of CP shard layouts with
     ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given. The copy plan is
     computed once per pair of layouts and kept on ``src``."""
-    if not isinstance(src, (list, tuple)):  # one source: the plan is kept on it, keyed by dst's id
-        c = src._cache
-        e = c.get(id(dst)) if c is not None else None
-        if e is None or e[0]() is not dst:  # new, or the id of a layout that died
-            e = (weakref.ref(dst), _maskpack.plan_create((src._h,), dst._h))
-            if src._cache is None:
-                src._cache = {}
-            src._cache[id(dst)] = e
-        return _move(e[1], [src], dst, [x], out, pad_value, threads)
+    if not isinstance(src, (list, tuple)):
+        return _move(_plan([src], dst), [src], dst, [x], out, pad_value, threads)
     srcs = list(src)
     xs = list(x)
     if len(xs) != len(srcs):
@@ -252,19 +250,13 @@ class _Moves:
 
     def pack(self, x: Any, out: Any = None, threads: Optional[int] = None):
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad)."""
-        c = self._cache
-        e = c.get("pack") if c is not None else None
-        if e is None:  # (packed layout, plan), kept on this layout
-            e = _cached(self, "pack", lambda: (self.packed_of(), _maskpack.plan_create((self._h,), self.packed_of()._h)))
-        return _move(e[1], [self], e[0], [x], out, 0, threads)
+        dst = self.packed_of()
+        return _move(_plan([self], dst), [self], dst, [x], out, 0, threads)
 
     def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``."""
-        c = self._cache
-        e = c.get("unpack") if c is not None else None
-        if e is None:
-            e = _cached(self, "unpack", lambda: (self.packed_of(), _maskpack.plan_create((self.packed_of()._h,), self._h)))
-        return _move(e[1], [e[0]], self, [x], out, pad_value, threads)
+        src = self.packed_of()
+        return _move(_plan([src], self), [src], self, [x], out, pad_value, threads)
 
     def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
               align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
