@@ -61,8 +61,8 @@ maskpack_status mp_ok(maskpack_error *err);
 typedef void (*mp_work_fn)(void *ctx, int tid);
 /* Runs fn on the caller (tid 0) and on every worker of w that joins before the caller's fn returns
  * (w NULL: the caller alone); returns when every participant has left fn, with their writes
- * visible. Never waits for a worker that has not started. Returns 1 when the caller worked alone. */
-int mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
+ * visible. Never waits for a worker that has not started. */
+void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
 
 /* ---- checked arithmetic ------------------------------------------------------------------ */
 

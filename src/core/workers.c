@@ -154,11 +154,11 @@ void maskpack_workers_free(maskpack_workers *w) {
 
 int maskpack_workers_threads(const maskpack_workers *w) { return w ? w->n : 1; }
 
-int mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
+void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
     /* alone: no team, no thread started, another process (after fork), or the team busy elsewhere */
     if (!w || w->started == 0 || getpid() != w->owner || pthread_mutex_trylock(&w->busy) != 0) {
         fn(ctx, 0);
-        return 1;
+        return;
     }
     w->fn = fn;
     w->ctx = ctx;
@@ -168,12 +168,9 @@ int mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
     pthread_mutex_unlock(&w->mu);
     fn(ctx, 0);
     atomic_store(&w->closed, g);
-    int joined = 1;
     for (unsigned i = 1; atomic_load_explicit(&w->active, memory_order_acquire) > 0; i++) {
-        joined = 2; /* at least one worker was inside (a lower bound on how many) */
         MP_PAUSE();
         if ((i & 1023) == 0) sched_yield(); /* a descheduled worker needs the core back */
     }
     pthread_mutex_unlock(&w->busy);
-    return joined;
 }
