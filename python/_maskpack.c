@@ -39,9 +39,8 @@ typedef struct {
     PyObject *error_type; /* maskpack.Error, set by the package; ValueError until then */
     /* torch, registered by the package the first time it meets a tensor (the extension does not
      * import torch): the Tensor type and {torch dtype: dtype code}. */
-    PyObject *torch_tensor, *torch_dtypes;
+    PyObject *torch_tensor, *torch_to_dlpack;
     /* interned attribute names read on every move (a fresh string per call costs as much as a read) */
-    PyObject *s_is_cpu, *s_dtype, *s_stride, *s_data_ptr, *s_shape;
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -1271,64 +1270,90 @@ done:
  * A relayout of an L2-sized tensor copies in ~10 us; building two descriptor tuples in Python costs
  * half as much again, so the common cases (a torch CPU tensor, a numpy array) are read directly. */
 
-/* (torch.Tensor, {torch dtype: code}) -> None */
+/* The DLPack exchange structs (the published ABI of dmlc/dlpack, unversioned form), declared here so
+ * that one call to torch.utils.dlpack.to_dlpack describes a tensor: it costs about as much as two of
+ * the five attribute reads (is_cpu, dtype, shape, stride(), data_ptr()) it replaces. */
+typedef struct {
+    int32_t device_type; /* 1: CPU */
+    int32_t device_id;
+} dlpack_device;
+typedef struct {
+    uint8_t code; /* 0 int, 1 uint, 2 float, 4 bfloat, 6 bool */
+    uint8_t bits;
+    uint16_t lanes;
+} dlpack_dtype;
+typedef struct {
+    void *data;
+    dlpack_device device;
+    int32_t ndim;
+    dlpack_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL means compact row-major */
+    uint64_t byte_offset;
+} dlpack_tensor;
+typedef struct dlpack_managed {
+    dlpack_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dlpack_managed *);
+} dlpack_managed;
+
+/* DLPack (code, bits) -> maskpack dtype, or -1. */
+static int dlpack_dtype_code(dlpack_dtype d) {
+    if (d.lanes != 1) return -1;
+    switch (d.code) {
+    case 0: return d.bits == 8 ? MASKPACK_I8 : d.bits == 16 ? MASKPACK_I16 : d.bits == 32 ? MASKPACK_I32
+                                                                          : d.bits == 64 ? MASKPACK_I64 : -1;
+    case 1: return d.bits == 8 ? MASKPACK_U8 : -1;
+    case 2: return d.bits == 16 ? MASKPACK_F16 : d.bits == 32 ? MASKPACK_F32 : d.bits == 64 ? MASKPACK_F64 : -1;
+    case 4: return d.bits == 16 ? MASKPACK_BF16 : -1;
+    case 6: return d.bits == 8 ? MASKPACK_BOOL : -1;
+    default: return -1;
+    }
+}
+
+/* (torch.Tensor, torch.utils.dlpack.to_dlpack) -> None */
 static PyObject *py_register_torch(PyObject *m, PyObject *args) {
-    PyObject *tensor, *dtypes;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &tensor, &PyDict_Type, &dtypes)) return NULL;
+    PyObject *tensor, *to_dlpack;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &tensor, &to_dlpack)) return NULL;
+    if (!PyCallable_Check(to_dlpack)) return PyErr_Format(PyExc_TypeError, "to_dlpack: expected a callable");
     module_state *st = get_state(m);
     Py_XSETREF(st->torch_tensor, Py_NewRef(tensor));
-    Py_XSETREF(st->torch_dtypes, Py_NewRef(dtypes));
+    Py_XSETREF(st->torch_to_dlpack, Py_NewRef(to_dlpack));
     Py_RETURN_NONE;
 }
 
-/* A torch CPU strided tensor -> *t. 1 read, 0 not such a tensor (the caller falls back), -1 error.
- * Every attribute costs ~0.25 us through torch's Python layer, so only five are read; a tensor
- * without strides or storage (sparse, meta) makes stride() or data_ptr() raise, which sends it to
- * the descriptor path and its error message. */
+/* A torch CPU strided tensor -> *t. 1 read, 0 not such a tensor (the caller falls back to the
+ * descriptor path, which names any problem), -1 error. The tensor's storage stays alive while the
+ * caller holds x; the DLPack capsule only borrows it and is released before returning. */
 static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
     if (!st->torch_tensor || !PyObject_TypeCheck(x, (PyTypeObject *)st->torch_tensor)) return 0;
+    PyObject *cap = PyObject_CallOneArg(st->torch_to_dlpack, x);
+    if (!cap) {
+        PyErr_Clear(); /* sparse, meta, conjugated...: the descriptor path explains */
+        return 0;
+    }
     int ok = 0;
-    PyObject *is_cpu = PyObject_GetAttr(x, st->s_is_cpu);
-    PyObject *dtype = is_cpu ? PyObject_GetAttr(x, st->s_dtype) : NULL;
-    PyObject *code = dtype ? PyDict_GetItemWithError(st->torch_dtypes, dtype) : NULL; /* borrowed */
-    PyObject *ptr = NULL, *shape = NULL, *stride = NULL;
-    if (!is_cpu || !dtype || (!code && PyErr_Occurred())) {
-        ok = -1;
+    const dlpack_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (!mt) {
+        PyErr_Clear();
         goto done;
     }
-    if (is_cpu != Py_True || !code) goto done; /* the descriptor path explains */
-    stride = PyObject_CallMethodObjArgs(x, st->s_stride, NULL);
-    if (!stride) {
-        PyErr_Clear(); /* not strided: the descriptor path names the layout */
-        goto done;
-    }
-    ptr = PyObject_CallMethodObjArgs(x, st->s_data_ptr, NULL);
-    if (!ptr) {
-        PyErr_Clear(); /* no storage (sparse, meta): the descriptor path names the problem */
-        goto done;
-    }
-    shape = PyObject_GetAttr(x, st->s_shape);
-    if (!shape) {
-        ok = -1;
-        goto done;
-    }
+    const dlpack_tensor *d = &mt->dl_tensor;
+    int dt = dlpack_dtype_code(d->dtype);
+    if (d->device.device_type != 1 || dt < 0 || d->ndim < 1 || d->ndim > MASKPACK_MAX_DIMS) goto done;
     memset(t, 0, sizeof *t);
-    Py_ssize_t nd = 0, ns = 0;
-    t->data = PyLong_AsVoidPtr(ptr);
-    t->dtype = (maskpack_dtype)PyLong_AsLong(code);
-    if (PyErr_Occurred() || mpx_parse_dims(shape, "x", t->shape, &nd) < 0 ||
-        mpx_parse_dims(stride, "x", t->strides, &ns) < 0 || nd != ns) {
-        ok = PyErr_Occurred() ? -1 : 0;
-        goto done;
+    int64_t compact = 1;
+    for (int i = d->ndim - 1; i >= 0; i--) {
+        t->shape[i] = d->shape[i];
+        t->strides[i] = d->strides ? d->strides[i] : compact;
+        compact *= d->shape[i];
     }
-    t->ndim = (int32_t)nd;
+    t->data = (char *)d->data + d->byte_offset;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = d->ndim;
     ok = 1;
 done:
-    Py_XDECREF(is_cpu);
-    Py_XDECREF(dtype);
-    Py_XDECREF(ptr);
-    Py_XDECREF(shape);
-    Py_XDECREF(stride);
+    Py_DECREF(cap); /* its destructor calls the producer's deleter: the capsule was not consumed */
     return ok;
 }
 
@@ -1377,9 +1402,9 @@ static int read_buffer(PyObject *x, int writable, maskpack_tensor *t, Py_buffer 
 
 /* (plan, x, out, pad bytes | None, team | None) -> True when done, False when x or out is not a
  * torch CPU tensor or a plain numpy array (the package then goes through descriptors). */
-static PyObject *py_move(PyObject *m, PyObject *args) {
-    PyObject *plan, *x, *out, *pad, *team;
-    if (!PyArg_ParseTuple(args, "OOOOO", &plan, &x, &out, &pad, &team)) return NULL;
+static PyObject *py_move(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "move: expected 5 arguments, found %zd", nargs);
+    PyObject *plan = args[0], *x = args[1], *out = args[2], *pad = args[3], *team = args[4];
     maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
     if (!P) return NULL;
     maskpack_workers *w = NULL;
@@ -1468,8 +1493,8 @@ static PyMethodDef methods[] = {
     {"workers_create", py_workers_create, METH_VARARGS, "(n_threads) -> worker team capsule"},
     {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan capsule"},
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
-    {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, {dtype: code}) -> None"},
-    {"move", py_move, METH_VARARGS, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
+    {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, torch.utils.dlpack.to_dlpack) -> None"},
+    {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},
     {"loss_weights", py_loss_weights, METH_VARARGS, "(handle, labels, ignore_index, mode, out) -> denominator"},
 
@@ -1517,7 +1542,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     if (st) {
         Py_VISIT(st->error_type);
         Py_VISIT(st->torch_tensor);
-        Py_VISIT(st->torch_dtypes);
+        Py_VISIT(st->torch_to_dlpack);
     }
     return 0;
 }
@@ -1527,12 +1552,7 @@ static int module_clear(PyObject *m) {
     if (st) {
         Py_CLEAR(st->error_type);
         Py_CLEAR(st->torch_tensor);
-        Py_CLEAR(st->torch_dtypes);
-        Py_CLEAR(st->s_is_cpu);
-        Py_CLEAR(st->s_dtype);
-        Py_CLEAR(st->s_stride);
-        Py_CLEAR(st->s_data_ptr);
-        Py_CLEAR(st->s_shape);
+        Py_CLEAR(st->torch_to_dlpack);
     }
     return 0;
 }
@@ -1556,16 +1576,7 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     if (!m) return NULL;
     get_state(m)->error_type = NULL;
     module_state *st = get_state(m);
-    st->torch_tensor = st->torch_dtypes = NULL;
-    st->s_is_cpu = PyUnicode_InternFromString("is_cpu");
-    st->s_dtype = PyUnicode_InternFromString("dtype");
-    st->s_stride = PyUnicode_InternFromString("stride");
-    st->s_data_ptr = PyUnicode_InternFromString("data_ptr");
-    st->s_shape = PyUnicode_InternFromString("shape");
-    if (!st->s_is_cpu || !st->s_dtype || !st->s_stride || !st->s_data_ptr || !st->s_shape) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    st->torch_tensor = st->torch_to_dlpack = NULL;
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);

@@ -110,6 +110,13 @@ def _cached(layout, key, make):
 def _plan(srcs: list, dst):
     """The copy plan srcs -> dst, cached on the first source and keyed by the other layouts' ids; a
     weak reference to each confirms it is still the same layout (an id can be reused after death)."""
+    if len(srcs) == 1:  # the common case, without the generator below (a move takes microseconds)
+        c = _cache_of(srcs[0])
+        key = id(dst)
+        entry = c.get(key)
+        if entry is None or entry[0][0]() is not dst:
+            entry = c[key] = ([weakref.ref(dst)], _maskpack.plan_create((srcs[0]._h,), dst._h))
+        return entry[1]
     others = (dst, *srcs[1:])
     c = _cache_of(srcs[0])
     key = tuple(map(id, others))
@@ -123,14 +130,14 @@ def _plan(srcs: list, dst):
 def _register_torch() -> None:
     """Lets the extension read torch tensors itself (it never imports torch on its own)."""
     import torch
+    import torch.utils.dlpack
 
-    from ._tensors import DTYPE_CODE
-
-    _maskpack.register_torch(torch.Tensor, {getattr(torch, n): DTYPE_CODE[n] for n in _DTYPE_NAMES})
+    _maskpack.register_torch(torch.Tensor, torch.utils.dlpack.to_dlpack)
     _TORCH_REGISTERED.append(True)
 
 
 _TORCH_REGISTERED: list = []
+_PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cache
 
 
 def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int]):
@@ -248,15 +255,31 @@ class _Moves:
 
     # ---- tensor moves -------------------------------------------------------------------------
 
+    # pack and unpack into a given ``out`` run once per step on small tensors, where each microsecond
+    # of Python shows: their plans are kept under fixed keys (the packed layout lives in the same
+    # cache, so no identity check is needed) and tried on the extension's fast path first.
+
     def pack(self, x: Any, out: Any = None, threads: Optional[int] = None):
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad)."""
+        c = self._cache
+        if out is not None and c is not None:
+            plan = c.get(_PACK_PLAN)
+            if plan is not None and _maskpack.move(plan, x, out, None, _team(threads)):
+                return out
         dst = self.packed_of()
-        return _move(_plan([self], dst), [self], dst, [x], out, 0, threads)
+        plan = _cached(self, _PACK_PLAN, lambda: _maskpack.plan_create((self._h,), dst._h))
+        return _move(plan, [self], dst, [x], out, 0, threads)
 
     def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``."""
+        c = self._cache
+        if out is not None and c is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0)):
+            plan = c.get(_UNPACK_PLAN)
+            if plan is not None and _maskpack.move(plan, x, out, None, _team(threads)):
+                return out
         src = self.packed_of()
-        return _move(_plan([src], self), [src], self, [x], out, pad_value, threads)
+        plan = _cached(self, _UNPACK_PLAN, lambda: _maskpack.plan_create((src._h,), self._h))
+        return _move(plan, [src], self, [x], out, pad_value, threads)
 
     def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
               align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):

@@ -321,3 +321,38 @@ def test_team_in_a_forked_child():
         if p.is_alive():
             p.kill()
     assert ok and p.exitcode == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_torch_fast_path_reads_dtypes_offsets_and_strides(dtype):
+    # the extension reads torch tensors through DLPack: every dtype, a storage offset, strided token
+    # dims, a tensor that requires grad, and a destination view inside a larger buffer
+    lay = Layout.from_lengths([5, 0, 3, 7], capacity=9)
+    big = (torch.arange(4 * 12 * 6) % 7).reshape(4, 12, 6).to(dtype)
+    x = big[:, 2:11, 1:4]  # [4, 9, 3]: offset into the storage, token dims strided, a token contiguous
+    assert x.storage_offset() > 0 and not x.is_contiguous()
+    m = torch.as_tensor(np.asarray(lay.mask2d()))
+    want = x[m]
+    canvas = torch.zeros(2, 15, 3, dtype=dtype)
+    out = canvas[1]  # storage offset of one buffer row
+    assert lay.pack(x, out=out) is out
+    assert torch.equal(out, want)
+    assert torch.equal(canvas[0], torch.zeros(15, 3, dtype=dtype))  # nothing outside out was written
+    back = torch.ones(9, 4, 3, dtype=dtype).transpose(0, 1)  # [4, 9, 3] with swapped token strides
+    lay.unpack(out, out=back)
+    assert torch.equal(back[m], want)
+    assert not bool(back[~m].any())
+    if dtype.is_floating_point:
+        g = x.clone().requires_grad_(True)
+        assert torch.equal(lay.pack(g, out=torch.empty_like(want)), want)
+
+
+def test_torch_fast_path_refuses_tensors_it_cannot_read():
+    lay = Layout.from_lengths([2, 1])
+    with pytest.raises((maskpack.Error, TypeError, ValueError)):  # no storage: refused, nothing read
+        lay.pack(torch.empty(2, 2, 4, device="meta"), out=torch.zeros(3, 4))
+    out = torch.full((3, 4), 7.0)
+    with pytest.raises((maskpack.Error, TypeError, ValueError)):
+        lay.pack(torch.zeros(2, 2, 4, dtype=torch.complex64), out=out)
+    assert bool((out == 7.0).all())
