@@ -21,7 +21,7 @@ void cli_print_inspect_usage(FILE *f) {
             "Reads a batch (.npz or .safetensors with members attention_mask, position_ids, cu_seqlens,\n"
             "cu_seqlens_padded, input_ids, labels - any subset - or one .npy with --as), builds the layout\n"
             "each input describes, reports the segments and every disagreement between the inputs.\n"
-            "Without FILE the embedded sample batch is used (3 rows x 16 tokens).\n"
+            "Without FILE the embedded sample batch is used (3 rows x 16 tokens); FILE '-' is standard input.\n"
             "\n"
             "conventions (required when the input needs them; never guessed):\n"
             "  --as attention_mask|position_ids|cu_seqlens|mask4d   what a bare .npy holds\n"

@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "Packs sequences into rows of N tokens and balances the rows across data-parallel ranks and\n"
             "micro-batches (equal row counts; empty rows are added when needed and reported).\n"
             "LENGTHS_FILE: text (one length per line), .npy (1-D integers) or JSON lines (a length, a token\n"
-            "list, or an object with \"length\" / \"input_ids\" / \"tokens\" per line).\n"
+            "list, or an object with \"length\" / \"input_ids\" / \"tokens\" per line); '-' is standard input.\n"
             "\n"
             "  --capacity N            tokens per row (required)\n"
             "  --dp N                  data-parallel ranks (default 1)\n"
@@ -150,12 +150,13 @@ static int push(lengths *L, int64_t x) {
     return 0;
 }
 
-static int load_npy(const char *path, lengths *L, const char **kind) {
+/* The file's bytes (already read: standard input cannot be read twice) -> lengths. */
+static int load_npy(const char *path, const uint8_t *buf, size_t len, lengths *L, const char **kind) {
     mpio_array a;
     maskpack_error e;
     *kind = "npy";
-    if (mpio_npy_load(path, &a, &e)) {
-        fprintf(stderr, "maskpack plan: %s\n", e.message);
+    if (mpio_npy_parse(buf, len, &a, &e)) {
+        fprintf(stderr, "maskpack plan: %s: %s\n", path, e.message);
         return EXIT_PROBLEM_;
     }
     int ok_shape = a.ndim == 1 || (a.ndim == 2 && a.shape[1] == 1);
@@ -624,14 +625,11 @@ int maskpack_cli_plan(int argc, char **argv) {
     pr.on = a.progress == 1 || (a.progress == -1 && isatty(2) && len >= PROGRESS_MIN_BYTES);
     lengths L = {0};
     const char *kind = "text";
-    if (mpio_detect(buf, len) == MPIO_KIND_NPY) {
-        free(buf);
-        buf = NULL;
-        rc = load_npy(a.file, &L, &kind);
-    } else {
+    if (mpio_detect(buf, len) == MPIO_KIND_NPY)
+        rc = load_npy(a.file, buf, len, &L, &kind);
+    else
         rc = load_lines(a.file, buf, len, &L, &kind, &pr);
-        free(buf);
-    }
+    free(buf);
     if (rc) {
         free(L.v);
         return rc;

@@ -67,7 +67,7 @@ typedef struct mpio_named_tensor {
 
 /* ---- files ------------------------------------------------------------------------------------- */
 
-/* (path, max_bytes) -> *buf (malloc'd, caller frees), *len. Files larger than max_bytes are refused
+/* (path or "-" for standard input, max_bytes) -> *buf (malloc'd, caller frees), *len. Files larger than max_bytes are refused
  * with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno text. */
 maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
                                maskpack_error *err);

@@ -86,31 +86,38 @@ maskpack_status mpio_prefix_path(maskpack_error *err, maskpack_status status, co
     return status;
 }
 
+/* Closes what mpio_read_file opened; standard input stays open for the rest of the process. */
+static void close_input(FILE *f, int is_stdin) {
+    if (!is_stdin) fclose(f);
+}
+
 maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
                                maskpack_error *err) {
     MP_CHECK_NULL(err, path, "path");
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
-    FILE *f = fopen(path, "rb");
+    /* "-" is standard input, as command-line tools spell it (a pipe: read until EOF, no size known) */
+    int is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     size_t cap = 1 << 16;
     if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
         if ((uint64_t)st.st_size > max_bytes) {
-            fclose(f);
+            close_input(f, is_stdin);
             return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
                            "%s: file has %lld bytes, more than the %llu this reader accepts", path,
                            (long long)st.st_size, (unsigned long long)max_bytes);
         }
         cap = (size_t)st.st_size + 1; /* +1 so EOF is seen without growing */
     } else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
+        close_input(f, is_stdin);
         return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: is a directory", path);
     }
     /* read in a loop: the size may change under us, and pipes have none */
     uint8_t *data = malloc(cap);
     if (!data) {
-        fclose(f);
+        close_input(f, is_stdin);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "path", -1, -1, "%s: out of memory", path);
     }
     size_t used = 0;
@@ -118,7 +125,7 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
         if (used == cap) {
             if ((uint64_t)cap > max_bytes) {
                 free(data);
-                fclose(f);
+                close_input(f, is_stdin);
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
                                "%s: more than the %llu bytes this reader accepts", path,
                                (unsigned long long)max_bytes);
@@ -127,7 +134,7 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
             uint8_t *n = realloc(data, ncap);
             if (!n) {
                 free(data);
-                fclose(f);
+                close_input(f, is_stdin);
                 return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "path", -1, -1, "%s: out of memory", path);
             }
             data = n;
@@ -139,7 +146,7 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
     }
     int failed = ferror(f);
     int saved = errno;
-    fclose(f);
+    close_input(f, is_stdin);
     if (failed) {
         free(data);
         return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: read failed: %s", path, strerror(saved));

@@ -78,9 +78,9 @@ def read_npz(path):
 # ---- running the binary ----------------------------------------------------------------------------
 
 
-def run(*args):
-    p = subprocess.run([BIN] + list(args), capture_output=True, text=True, timeout=60)
-    return p.returncode, p.stdout, p.stderr
+def run(*args, stdin=None):
+    p = subprocess.run([BIN] + list(args), capture_output=True, timeout=60, input=stdin)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
 def check(cond, what):
@@ -89,8 +89,8 @@ def check(cond, what):
         print("FAIL: " + what)
 
 
-def expect(args, status, out_has=(), err_has=(), out_lacks=()):
-    rc, out, err = run(*args)
+def expect(args, status, out_has=(), err_has=(), out_lacks=(), stdin=None):
+    rc, out, err = run(*args, stdin=stdin)
     check(rc == status, "%s: exit %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (" ".join(args), rc, status, out, err))
     for s in out_has:
         check(s in out, "%s: stdout lacks %r\nstdout:\n%s" % (" ".join(args), s, out))
@@ -251,6 +251,11 @@ def case_inputs():
     d = json.loads(out)
     check(d["packed"] is True and d["shape"] == [8], "packed stream %r" % d.get("shape"))
     check([(s["start"], s["length"]) for s in d["segments"]] == [(0, 3), (3, 2), (5, 3)], "cu segments")
+    # the same bytes through standard input ('-'), as from a pipe
+    with open(bare, "rb") as f:
+        piped = expect(["inspect", "-", "--as", "cu_seqlens", "--cu-form", "npu", "--json"], 0, stdin=f.read())
+    check(json.loads(piped)["segments"] == d["segments"], "inspect - reads standard input")
+    expect(["inspect", "-", "--as", "cu_seqlens"], 1, stdin=b"not a batch", out_has=["MASKPACK_ERR_FORMAT"])
     # TE form with cu_seqlens_padded (filler between sequences), in a safetensors file
     st = os.path.join(TMP, "padded.safetensors")
     safetensors(st, {"cu_seqlens": ("i4", (4,), [0, 3, 5, 9]), "cu_seqlens_padded": ("i4", (4,), [0, 4, 8, 13])})

@@ -347,6 +347,17 @@ def test_cli_text_npy_jsonl_agree_with_python(lengths_files, tmp_path):
         assert [rank["cost"] for rank in plan["ranks"]] == pytest.approx(want.rank_costs.tolist())
 
 
+def test_cli_reads_lengths_from_standard_input(lengths_files, tmp_path):
+    lengths, txt, npy, _ = lengths_files
+    want = maskpack.plan(lengths, 4096, dp=2)
+    for src in (txt, npy):  # text and .npy bytes through a pipe ('-')
+        out = tmp_path / (src.name + ".stdin.json")
+        r = subprocess.run([cli_path(), "plan", "-", "--capacity", "4096", "--dp", "2", "--json-out", str(out)],
+                           input=src.read_bytes(), capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert [row["sequences"] for row in json.loads(out.read_text())["rows"]] == want.rows
+
+
 def test_cli_json_report_and_png(lengths_files, tmp_path):
     lengths, txt, _, _ = lengths_files
     png = tmp_path / "rows.png"
