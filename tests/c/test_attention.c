@@ -855,6 +855,86 @@ static void test_bad_input(void) {
     maskpack_layout_free(L);
 }
 
+/* Sequences longer than the AVX-512 backward's chunks: it runs up to 16 query blocks of one segment
+ * and head together (two by two) over super-blocks of 256 keys. Lengths past both (several chunks
+ * and super-blocks, a partial last one, an odd block left alone) under every rule: packed and
+ * padded runs stay bitwise equal and match the reference; 1 thread (forward by whole units), 2
+ * threads (forward by single blocks), and one sequence of one head (the backward's split over
+ * threads). */
+static void test_long_sequences(void) {
+    if (n_isas < 2) return;
+    int64_t len[3] = {1100, 70, 820}, W = 1100;
+    maskpack_rule rules[3] = {maskpack_rule_default(), maskpack_rule_default(), maskpack_rule_default()};
+    rules[1].causal = 0;
+    rules[2].window_left = 300;
+    for (int ri = 0; ri < 3; ri++) {
+        maskpack_layout *Lp = from_lengths(len, 3, MASKPACK_PLACE_PACKED, 0, &rules[ri]);
+        maskpack_layout *Ld = from_lengths(len, 3, MASKPACK_PLACE_RIGHT, W, &rules[ri]);
+        if (!Lp || !Ld) return;
+        int64_t Hq = 4, Hkv = 2, D = 32;
+        prob pp = make_prob(Lp, Hq, Hkv, D, 0), pd = make_prob(Ld, Hq, Hkv, D, 0);
+        for (int64_t i = 0; i < nq_el(&pd); i++) pd.q[i] = pd.dout[i] = 0;
+        for (int64_t i = 0; i < nk_el(&pd); i++) pd.k[i] = pd.v[i] = 0;
+        int64_t t = 0;
+        for (int64_t s = 0; s < 3; s++)
+            for (int64_t i = 0; i < len[s]; i++, t++) {
+                memcpy(pd.q + (s * W + i) * Hq * D, pp.q + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+                memcpy(pd.dout + (s * W + i) * Hq * D, pp.dout + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+                memcpy(pd.k + (s * W + i) * Hkv * D, pp.k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+                memcpy(pd.v + (s * W + i) * Hkv * D, pp.v + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+            }
+        dense ref = dense_ref(&pp, 1 / sqrt((double)D), 0, 1);
+        for (int threads = 1; threads <= 2; threads++) {
+            result rp, rd;
+            maskpack_error e;
+            char what[100];
+            snprintf(what, sizeof what, "long sequences, rule %d, %d threads", ri, threads);
+            CHECK_OK(run(&pp, "avx512", 0, 0, threads, 1, &rp, &e), e);
+            CHECK_OK(run(&pd, "avx512", 0, 0, threads, 1, &rd, &e), e);
+            check_against(&pp, &rp, &ref, 1, what, 2e-5);
+            int same = 1;
+            t = 0;
+            for (int64_t s = 0; s < 3; s++)
+                for (int64_t i = 0; i < len[s]; i++, t++) {
+                    if (memcmp(rd.out + (s * W + i) * Hq * D, rp.out + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+                    if (memcmp(rd.dq + (s * W + i) * Hq * D, rp.dq + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+                    if (memcmp(rd.dk + (s * W + i) * Hkv * D, rp.dk + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+                    if (memcmp(rd.dv + (s * W + i) * Hkv * D, rp.dv + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+                    for (int64_t h = 0; h < Hq; h++)
+                        if (memcmp(&rd.lse[(s * Hq + h) * W + i], &rp.lse[h * pp.S + t], 4)) same = 0;
+                }
+            CHECK(same);
+            if (!same) fprintf(stderr, "  %s: packed and padded differ\n", what);
+            free_result(&rp);
+            free_result(&rd);
+        }
+        free_dense(&ref);
+        free_prob(&pp);
+        free_prob(&pd);
+        maskpack_layout_free(Lp);
+        maskpack_layout_free(Ld);
+    }
+    /* one long causal sequence of one head on 2 threads: the backward splits its blocks */
+    int64_t one[1] = {1000};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = from_lengths(one, 1, MASKPACK_PLACE_PACKED, 0, &r);
+    if (!L) return;
+    prob p = make_prob(L, 1, 1, 48, 0);
+    dense ref = dense_ref(&p, 0.2, 0, 1);
+    result a, b;
+    maskpack_error e;
+    CHECK_OK(run(&p, "avx512", 0.2, 0, 2, 1, &a, &e), e);
+    CHECK_OK(run(&p, "avx512", 0.2, 0, 2, 1, &b, &e), e);
+    check_against(&p, &a, &ref, 1, "one long sequence, 2 threads", 2e-5);
+    CHECK(memcmp(a.dk, b.dk, (size_t)nk_el(&p) * 4) == 0);
+    CHECK(memcmp(a.dq, b.dq, (size_t)nq_el(&p) * 4) == 0);
+    free_result(&a);
+    free_result(&b);
+    free_dense(&ref);
+    free_prob(&p);
+    maskpack_layout_free(L);
+}
+
 /* Two runs with the same threads are bitwise equal (deterministic reductions); 1 vs 2 threads
  * agree to rounding. One sequence of one head: the split path of the backward. */
 static void test_threads_deterministic(void) {
@@ -927,6 +1007,7 @@ int main(void) {
     test_excluded_keys_untouched();
     test_strided();
     test_threads_deterministic();
+    test_long_sequences();
     unsetenv("MASKPACK_ISA");
     return check_report("test_attention");
 }
