@@ -292,6 +292,10 @@ def test_plans_are_cached_per_layout_pair_and_survive_id_reuse():
         m = torch.as_tensor(np.asarray(lay.mask2d()))
         m2 = torch.as_tensor(np.asarray(other.mask2d()))
         assert torch.equal(got[m2], x[m])
+        # again into a given out: the fast path finds the cached plan only for this very layout
+        into = torch.full((4, 64 + seed % 3, 3), 8.0)
+        assert maskpack.relayout(x, lay, other, out=into) is into
+        assert torch.equal(into, got)
         del other
 
 
