@@ -810,9 +810,10 @@ typedef struct maskpack_gdn_inputs {
 
 /* (layout, inputs, opts, backward?) -> *bytes of workspace one call needs (all threads). Per thread:
  * forward O(chunk^2 + chunk*(K+V) + G*K*V) (G = HV/H value heads of one key head); backward adds
- * per value head of the group the states of the chunks of a segment of up to 8 chunks, beyond that
- * about 2*sqrt(max_len/chunk) checkpointed states (recomputed from checkpoints, never stored per
- * chunk); never O(T^2). */
+ * a fixed 16 states of K*V floats per value head of the group plus the state gradient, whatever
+ * the segment lengths (binomial checkpointing: a segment of up to 16 chunks keeps every chunk
+ * state; a longer one recomputes them, each chunk at most r times with binom(15 + r, r) >= its
+ * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);

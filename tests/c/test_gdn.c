@@ -746,8 +746,8 @@ static double seg_f(const seg_data *s) {
 
 static void test_backward(void) {
     /* G = 2 value heads per key head, lengths around the chunk size, one zero-length segment,
-     * a long one (9 chunks + a partial one: more than the 8 chunks whose states are all kept, so
-     * it runs the checkpoint plan: checkpoints every 4 chunks, blocks of 4, 4 and 2 replayed) */
+     * a long one (9 chunks + a partial one; test_backward_revolve runs longer segments and forces
+     * the recomputing checkpoint schedules on it) */
     dims d = {2, 4, 16, 16};
     const int64_t lens[5] = {65, 0, 600, 1, 64};
     maskpack_layout *L = lay_lengths(lens, 5, MASKPACK_PLACE_RIGHT, 0);
@@ -932,6 +932,208 @@ static void test_backward(void) {
     free(dO.data);
     free(dht.data);
     case_free(&c);
+    maskpack_layout_free(L);
+}
+
+/* ---- backward checkpointing: a constant number of states, results independent of it ---------- */
+
+typedef struct grads_set {
+    ttensor q, k, v, g, b;
+    stensor h;
+} grads_set;
+
+static grads_set grads_alloc(const maskpack_layout *L, dims d) {
+    int64_t qd[2] = {d.H, d.K}, vd[2] = {d.HV, d.V}, hd[1] = {d.HV}, sd[3] = {d.HV, d.K, d.V};
+    grads_set r;
+    r.q = tok_alloc(L, 2, qd);
+    r.k = tok_alloc(L, 2, qd);
+    r.v = tok_alloc(L, 2, vd);
+    r.g = tok_alloc(L, 1, hd);
+    r.b = tok_alloc(L, 1, hd);
+    r.h = st_alloc((int64_t)maskpack_layout_n_segments(L), 3, sd, 0, 0);
+    return r;
+}
+
+static void grads_free(grads_set *g) {
+    free(g->q.data);
+    free(g->k.data);
+    free(g->v.data);
+    free(g->g.data);
+    free(g->b.data);
+    free(g->h.data);
+}
+
+static int grads_same(const grads_set *a, const grads_set *b) {
+    const ttensor *x[5] = {&a->q, &a->k, &a->v, &a->g, &a->b}, *y[5] = {&b->q, &b->k, &b->v, &b->g, &b->b};
+    int same = memcmp(a->h.data, b->h.data, (size_t)mp_numel(&a->h.t) * 4) == 0;
+    for (int i = 0; i < 5; i++) same &= memcmp(x[i]->data, y[i]->data, (size_t)mp_numel(&x[i]->t) * 4) == 0;
+    return same;
+}
+
+/* Backward of case c with `slots` state buffers per value head (0 = the default). */
+static void run_bwd_slots(gcase *c, const ttensor *dO, const stensor *dht, maskpack_gdn_isa isa, int threads,
+                          int slots, grads_set *g, int own_ws) {
+    maskpack_gdn_inputs in = case_inputs(c);
+    maskpack_gdn_grads gr = {&g->q.t, &g->k.t, &g->v.t, &g->g.t, &g->b.t, &g->h.t};
+    maskpack_gdn_options o = opts_of(isa, 1, threads);
+    maskpack_error e;
+    void *ws = NULL;
+    size_t bytes = 0;
+    if (own_ws) {
+        CHECK_OK(gdn_workspace_size_slots(c->L, &in, &o, 1, slots, &bytes, &e), e);
+        ws = malloc(bytes);
+    }
+    CHECK_OK(gdn_backward_slots(c->L, &in, &dO->t, &dht->t, &o, &gr, ws, bytes, slots, &e), e);
+    free(ws);
+}
+
+static void test_backward_revolve(void) {
+    /* lengths around chunk boundaries, 8 chunks, and 17 chunks + 3 tokens (18 chunks: more than the
+     * default 16 buffers keep, so the default recomputes; with 4 buffers each chunk is advanced up to
+     * 3 times, with 3 up to 5 times, with 2 the quadratic schedule). 64 buffers keep every state:
+     * the all-states result every other schedule must reproduce bit for bit (a state is always
+     * computed by the same arithmetic, whichever checkpoint it is replayed from). */
+    dims d = {1, 2, 16, 20};
+    const int64_t lens[10] = {1, 63, 64, 65, 127, 128, 129, 8 * 64, 17 * 64 + 3, 0};
+    maskpack_layout *L = lay_lengths(lens, 10, MASKPACK_PLACE_PACKED, 0);
+    if (!L) return;
+    gcase c = case_make(L, d, 57, 1);
+    /* slow decay: each chunk keeps most of the state, so a wrong replayed state would show */
+    for (size_t s = 0; s < 10; s++)
+        for (int64_t p = 0; p < lens[s]; p++)
+            for (int64_t j = 0; j < d.HV; j++) tok_at(L, &c.g, s, p)[j] *= 0.03f;
+    int64_t vd[2] = {d.HV, d.V}, sd[3] = {d.HV, d.K, d.V};
+    ttensor dO = tok_alloc(L, 2, vd);
+    tok_fill(L, &dO, T_DO, 57);
+    stensor dht = st_alloc(10, 3, sd, T_DHT, 57);
+    const int n_isa = have_avx512() ? 2 : 1;
+    const maskpack_gdn_isa isas[2] = {MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX512};
+    const int slots[6] = {0, 2, 3, 4, 5, 17};
+    for (int ii = 0; ii < n_isa; ii++) {
+        grads_set all = grads_alloc(L, d);
+        run_bwd_slots(&c, &dO, &dht, isas[ii], 1, GDN_BWD_MAX_SLOTS, &all, 0);
+        for (int si = 0; si < 6; si++) {
+            grads_set g = grads_alloc(L, d);
+            run_bwd_slots(&c, &dO, &dht, isas[ii], 2, slots[si], &g, si & 1);
+            const int same = grads_same(&g, &all);
+            if (!same) fprintf(stderr, "test_gdn: backward with %d state buffers differs (isa %d)\n", slots[si], ii);
+            CHECK(same);
+            grads_free(&g);
+        }
+        grads_free(&all);
+    }
+    /* bad slot counts are refused */
+    {
+        grads_set g = grads_alloc(L, d);
+        maskpack_gdn_inputs in = case_inputs(&c);
+        maskpack_gdn_grads gr = {&g.q.t, &g.k.t, &g.v.t, &g.g.t, &g.b.t, &g.h.t};
+        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, 1);
+        maskpack_error e;
+        CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, 1, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, GDN_BWD_MAX_SLOTS + 1, &e),
+                     MASKPACK_ERR_INVALID_ARGUMENT, e);
+        grads_free(&g);
+    }
+    free(dO.data);
+    free(dht.data);
+    case_free(&c);
+    maskpack_layout_free(L);
+
+    /* a long segment (32768 + 5 tokens, 513 chunks): the default 16 buffers advance each chunk up
+     * to 3 times, 64 buffers up to twice; both give the same bits */
+    {
+        dims dl = {1, 1, 16, 16};
+        const int64_t ll[1] = {32768 + 5};
+        maskpack_layout *Ll = lay_lengths(ll, 1, MASKPACK_PLACE_PACKED, 0);
+        if (!Ll) return;
+        gcase cl = case_make(Ll, dl, 58, 1);
+        int64_t vl[2] = {dl.HV, dl.V}, sl[3] = {dl.HV, dl.K, dl.V};
+        ttensor dOl = tok_alloc(Ll, 2, vl);
+        tok_fill(Ll, &dOl, T_DO, 58);
+        stensor dhtl = st_alloc(1, 3, sl, T_DHT, 58);
+        const maskpack_gdn_isa isa = isas[n_isa - 1];
+        grads_set a = grads_alloc(Ll, dl), b2 = grads_alloc(Ll, dl);
+        run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, 0, &a, 1);
+        run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, GDN_BWD_MAX_SLOTS, &b2, 0);
+        CHECK(grads_same(&a, &b2));
+        /* and the gradients are finite numbers */
+        int finite = 1;
+        for (int64_t i = 0; i < mp_numel(&a.q.t); i++) finite &= isfinite(a.q.data[i]) != 0;
+        for (int64_t i = 0; i < mp_numel(&a.h.t); i++) finite &= isfinite(a.h.data[i]) != 0;
+        CHECK(finite);
+        grads_free(&a);
+        grads_free(&b2);
+        free(dOl.data);
+        free(dhtl.data);
+        case_free(&cl);
+        maskpack_layout_free(Ll);
+    }
+}
+
+/* The backward's workspace does not grow with the segment length: one segment of 512, 32768 or
+ * 131072 tokens (Qwen3-Next sizes: H = 16, HV = 32, K = V = 128) needs the same bytes. Only the
+ * sizes are queried (no data is read), so the tensors view a small dummy buffer. */
+static void test_workspace_constant(void) {
+    static float dummy[64];
+    const int64_t H = 16, HV = 32, K = 128, V = 128;
+    const int64_t lens[3] = {512, 32768, 131072};
+    size_t bytes[3][2] = {{0}}, fwd[3] = {0};
+    for (int li = 0; li < 3; li++) {
+        maskpack_layout *L = lay_lengths(&lens[li], 1, MASKPACK_PLACE_PACKED, 0);
+        if (!L) return;
+        const int64_t T = lens[li];
+        int64_t qs[3] = {T, H, K}, vs[3] = {T, HV, V}, gs[2] = {T, HV};
+        maskpack_tensor q = maskpack_tensor_contiguous(dummy, MASKPACK_F32, 3, qs);
+        maskpack_tensor k = maskpack_tensor_contiguous(dummy, MASKPACK_F32, 3, qs);
+        maskpack_tensor v = maskpack_tensor_contiguous(dummy, MASKPACK_F32, 3, vs);
+        maskpack_tensor g = maskpack_tensor_contiguous(dummy, MASKPACK_F32, 2, gs);
+        maskpack_tensor b = maskpack_tensor_contiguous(dummy, MASKPACK_F32, 2, gs);
+        maskpack_gdn_inputs in = {&q, &k, &v, &g, &b, NULL};
+        maskpack_error e;
+        for (int t = 0; t < 2; t++) {
+            maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, t + 1);
+            CHECK_OK(maskpack_gdn_workspace_size(L, &in, &o, 1, &bytes[li][t], &e), e);
+        }
+        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, 1);
+        CHECK_OK(maskpack_gdn_workspace_size(L, &in, &o, 0, &fwd[li], &e), e);
+        maskpack_layout_free(L);
+    }
+    printf("test_gdn: backward workspace per thread (H 16, HV 32, K = V = 128): %zu bytes at 512, 32768 and "
+           "131072 tokens\n",
+           bytes[0][0]);
+    for (int li = 1; li < 3; li++) {
+        CHECK_EQ(bytes[li][0], bytes[0][0]);
+        CHECK_EQ(bytes[li][1], bytes[0][1]);
+        CHECK_EQ(fwd[li], fwd[0]);
+    }
+    /* per thread: the G = 2 heads' GDN_BWD_SLOTS checkpoint states and two gradient states, plus
+     * chunk scratch well under 2 MiB */
+    const size_t state = (size_t)(K * V) * 4;
+    CHECK(bytes[0][0] >= 2 * (GDN_BWD_SLOTS + 2) * state);
+    CHECK(bytes[0][0] <= 2 * (GDN_BWD_SLOTS + 2) * state + ((size_t)2 << 20));
+    CHECK(bytes[0][1] - 64 == 2 * (bytes[0][0] - 64));
+}
+
+/* Runs of equally long tasks are dealt out to the threads part by part (gdn_api.c make_tasks):
+ * every task still runs exactly once, so any thread count gives the same bits (7 equal segments
+ * and 3 key heads: 21 equal tasks in parts of 10/11, 7 and 5/5/5/6, plus a longer and a shorter segment). */
+static void test_task_order(void) {
+    dims d = {3, 3, 16, 16};
+    const int64_t lens[9] = {64, 64, 64, 64, 100, 64, 64, 64, 5};
+    maskpack_layout *L = lay_lengths(lens, 9, MASKPACK_PLACE_PACKED, 0);
+    if (!L) return;
+    const maskpack_gdn_isa isa = have_avx512() ? MASKPACK_GDN_ISA_AVX512 : MASKPACK_GDN_ISA_REF;
+    gcase base = case_make(L, d, 77, 1);
+    CHECK_OK(case_forward(&base, isa, 1, 1), (maskpack_error){0});
+    const int threads[3] = {2, 3, 4};
+    for (int t = 0; t < 3; t++) {
+        gcase c = case_make(L, d, 77, 1);
+        CHECK_OK(case_forward(&c, isa, 1, threads[t]), (maskpack_error){0});
+        CHECK(case_same_bits(&c, &base));
+        CHECK(pads_zero(L, &c.o));
+        case_free(&c);
+    }
+    case_free(&base);
     maskpack_layout_free(L);
 }
 
@@ -1386,6 +1588,9 @@ int main(void) {
     test_bf16();
     test_continuation();
     test_backward();
+    test_backward_revolve();
+    test_workspace_constant();
+    test_task_order();
     test_conv();
     test_l2norm_gates();
     test_bad_input();

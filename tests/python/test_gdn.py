@@ -201,6 +201,55 @@ def test_rule_gradients_match_float64_autograd(l2norm):
             at += n
 
 
+def test_long_segment_gradients_match_float64_autograd():
+    """A segment of 18 chunks: more than the backward keeps states for (it recomputes them from
+    binomial checkpoints), with slow decay so every earlier chunk reaches the last ones."""
+    lengths = [17 * 64 + 3, 5]
+    H, HV, K, V = 1, 2, 16, 16
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    T = sum(lengths)
+    q, k, v, g, beta = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(11))
+    g = g * 0.05
+    h0 = torch.randn(len(lengths), HV, K, V) * 0.3
+    R = torch.randn(T, HV, V)
+    Rs = torch.randn(len(lengths), HV, K, V)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    o, st = maskpack.gated_delta_rule(*leaves[:5], lay, initial_state=leaves[5], threads=2)
+    ((o * R).sum() + (st * Rs).sum()).backward()
+    ref_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    loss, at = 0.0, 0
+    for i, n in enumerate(lengths):
+        sl = slice(at, at + n)
+        ro, rs = ref_rule(*(x[sl] for x in ref_leaves[:5]), h0=ref_leaves[5][i])
+        loss = loss + (ro * R[sl].double()).sum() + (rs * Rs[i].double()).sum()
+        at += n
+    loss.backward()
+    for name, a, b in zip(["q", "k", "v", "g", "beta", "initial_state"], (x.grad for x in leaves),
+                          (x.grad for x in ref_leaves)):
+        assert relerr(a, b) < 1e-4, name
+
+
+def test_backward_workspace_does_not_grow_with_segment_length():
+    """The backward's workspace is a constant number of states per thread: one segment of 512,
+    32768 or 131072 tokens asks for the same bytes (only sizes are queried: the inputs are
+    zero-stride views of one token, no data is read)."""
+    from maskpack import _gdn, gdn as gdn_mod
+
+    H, HV, K, V = 16, 32, 128, 128
+    sizes = []
+    for T in (512, 32768, 131072):
+        lay = maskpack.Layout.from_lengths([T], placement="packed")
+        q = torch.zeros(1, H, K).expand(T, H, K)
+        v = torch.zeros(1, HV, V).expand(T, HV, V)
+        g = torch.zeros(1, HV).expand(T, HV)
+        descs = tuple(gdn_mod._d(x, n) for x, n in ((q, "q"), (q, "k"), (v, "v"), (g, "g"), (g, "beta"))) + (None,)
+        sizes.append([_gdn.workspace_size(lay._ptr, descs, True, True, t) for t in (1, 2)])
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+    # a few states of K x V floats per value head of a key head, not O(T): well under 8 MiB a thread
+    assert sizes[0][0] < 8 << 20
+    assert sizes[0][1] > sizes[0][0]
+
+
 # ---- padded vs packed: bitwise, NaN in the padding changes nothing --------------------------------
 
 

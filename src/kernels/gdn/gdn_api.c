@@ -116,22 +116,21 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
     if (in->initial_state &&
         (s = gdn_state_view(L, in->initial_state, "initial_state", P->HV, P->K, P->V, &P->h0, err)))
         return s;
-    /* the largest workspace (backward: about 2 sqrt(chunks) states per value head of a group, per
-     * thread) must be addressable: refuse absurd sizes before any size_t arithmetic can wrap */
+    /* the largest workspace (backward: GDN_BWD_MAX_SLOTS + 2 states per value head of a group, per
+     * thread, whatever the segment lengths) must be addressable: refuse absurd sizes before any
+     * size_t arithmetic can wrap */
     {
-        const double nc = (double)maskpack_layout_max_seqlen(L) / GDN_C + 1.0;
         const double est = (double)GDN_MAX_THREADS * 4.0 *
-                           ((double)P->G * (2.0 * sqrt(nc) + 4.0) * (double)P->K * (double)P->Vp +
+                           ((double)P->G * (GDN_BWD_MAX_SLOTS + 4.0) * (double)P->K * (double)P->Vp +
                             64.0 * (double)GDN_C * (double)(P->Kp + P->Vp + GDN_C));
         if (est > 9.0e18)
             return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1,
-                           "q, v: workspace for K = %lld, V = %lld, %lld value heads per key head and segments of "
-                           "%lld tokens overflows",
-                           (long long)P->K, (long long)P->V, (long long)P->G, (long long)maskpack_layout_max_seqlen(L));
+                           "q, v: workspace for K = %lld, V = %lld and %lld value heads per key head overflows",
+                           (long long)P->K, (long long)P->V, (long long)P->G);
     }
     P->scale = o->scale != 0.0 ? (float)o->scale : (float)(1.0 / sqrt((double)P->K));
     P->l2norm = o->l2norm;
-    P->max_len = maskpack_layout_max_seqlen(L);
+    P->bwd_slots = GDN_BWD_SLOTS;
     return MASKPACK_OK;
 }
 
@@ -149,9 +148,17 @@ static maskpack_status total_ws(const gdn_problem *P, int backward, int chunked,
     return MASKPACK_OK;
 }
 
-maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                            const maskpack_gdn_options *opts, int backward, size_t *bytes,
-                                            maskpack_error *err) {
+static maskpack_status check_slots(int slots, gdn_problem *P, maskpack_error *err) {
+    if (slots != 0 && (slots < 2 || slots > GDN_BWD_MAX_SLOTS))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "slots", -1, -1,
+                       "slots: expected 0 or in [2, %d], found %d", GDN_BWD_MAX_SLOTS, slots);
+    P->bwd_slots = slots ? slots : GDN_BWD_SLOTS;
+    return MASKPACK_OK;
+}
+
+maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                         const maskpack_gdn_options *opts, int backward, int slots, size_t *bytes,
+                                         maskpack_error *err) {
     MP_CHECK_NULL(err, bytes, "bytes");
     maskpack_gdn_options o;
     maskpack_gdn_isa isa;
@@ -159,10 +166,17 @@ maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const
     maskpack_status s = check_options(opts, &o, &isa, err);
     if (s) return s;
     if ((s = check_inputs(layout, in, &o, &P, err))) return s;
+    if ((s = check_slots(slots, &P, err))) return s;
     size_t b = 0;
     if ((s = total_ws(&P, backward != 0, o.chunked, o.n_threads, &b, err))) return s;
     *bytes = b;
     return mp_ok(err);
+}
+
+maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                            const maskpack_gdn_options *opts, int backward, size_t *bytes,
+                                            maskpack_error *err) {
+    return gdn_workspace_size_slots(layout, in, opts, backward, 0, bytes, err);
 }
 
 /* ---- the thread team ------------------------------------------------------------------------- */
@@ -208,8 +222,16 @@ static void *member_main(void *arg) {
 }
 
 /* The (segment, head < n_heads) tasks, longest segment first. Allocated before any output is
- * written so that running them cannot fail. */
-static maskpack_status make_tasks(const gdn_problem *P, int64_t n_heads, task **out, size_t *n_out,
+ * written so that running them cannot fail.
+ *
+ * Within a run of equally long tasks (in segment, head order: memory order of their outputs) the
+ * run is cut into n_threads contiguous parts and dealt out part by part: part 0's first task, part
+ * 1's first, ..., part 0's second, ... The team takes tasks in list order, so while the threads
+ * keep pace each works through its own part of the outputs: their first writes fault in
+ * different pages (fresh output buffers: the kernel clears each page, 2 MiB with huge pages, on its
+ * first touch) instead of two threads faulting, and clearing, the same page at the same moment.
+ * Which thread runs a task never changes its results. */
+static maskpack_status make_tasks(const gdn_problem *P, int64_t n_heads, int n_threads, task **out, size_t *n_out,
                                   maskpack_error *err) {
     const maskpack_layout *L = P->L;
     size_t n = L->n_segments * (size_t)n_heads;
@@ -217,11 +239,33 @@ static maskpack_status make_tasks(const gdn_problem *P, int64_t n_heads, task **
     *n_out = n;
     if (n == 0) return MASKPACK_OK;
     task *tasks = malloc(n * sizeof *tasks);
-    if (!tasks) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "tasks", -1, -1, "out of memory for %zu tasks", n);
+    task *tmp = n_threads > 1 ? malloc(n * sizeof *tmp) : NULL;
+    if (!tasks || (n_threads > 1 && !tmp)) {
+        free(tasks);
+        free(tmp);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "tasks", -1, -1, "out of memory for %zu tasks", n);
+    }
     size_t i = 0;
     for (size_t s = 0; s < L->n_segments; s++)
         for (int64_t h = 0; h < n_heads; h++) tasks[i++] = (task){L->segs[s].q_len, s, h};
     qsort(tasks, n, sizeof *tasks, task_cmp);
+    if (tmp) {
+        for (size_t r0 = 0; r0 < n;) {
+            size_t r1 = r0 + 1;
+            while (r1 < n && tasks[r1].len == tasks[r0].len) r1++;
+            /* run [r0, r1): part p is [r0 + p * len / nt, r0 + (p + 1) * len / nt) */
+            const size_t len = r1 - r0, nt = (size_t)n_threads;
+            size_t w = r0;
+            for (size_t j = 0; w < r1; j++)
+                for (size_t p = 0; p < nt && w < r1; p++) {
+                    const size_t lo = r0 + p * len / nt, hi = r0 + (p + 1) * len / nt;
+                    if (lo + j < hi) tmp[w++] = tasks[lo + j];
+                }
+            r0 = r1;
+        }
+        memcpy(tasks, tmp, n * sizeof *tasks);
+        free(tmp);
+    }
     *out = tasks;
     return MASKPACK_OK;
 }
@@ -303,7 +347,7 @@ maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpa
     size_t stride;
     task *tasks;
     size_t n_tasks;
-    if ((s = make_tasks(&P, op.chunked ? P.H : P.HV, &tasks, &n_tasks, err))) return s;
+    if ((s = make_tasks(&P, op.chunked ? P.H : P.HV, op.n_threads, &tasks, &n_tasks, err))) return s;
     if ((s = get_ws(&P, 0, op.chunked, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
         free(tasks);
         return s;
@@ -319,16 +363,17 @@ maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpa
     return mp_ok(err);
 }
 
-maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
-                                      const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
-                                      size_t workspace_bytes, maskpack_error *err) {
+maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                   const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                   const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
+                                   size_t workspace_bytes, int slots, maskpack_error *err) {
     maskpack_gdn_options op;
     maskpack_gdn_isa isa;
     gdn_problem P;
     maskpack_status s = check_options(opts, &op, &isa, err);
     if (s) return s;
     if ((s = check_inputs(layout, in, &op, &P, err))) return s;
+    if ((s = check_slots(slots, &P, err))) return s;
     MP_CHECK_NULL(err, d_o, "d_o");
     MP_CHECK_NULL(err, grads, "grads");
     int64_t vd[2] = {P.HV, P.V}, qd[2] = {P.H, P.K}, hd[1] = {P.HV};
@@ -354,7 +399,7 @@ maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskp
     size_t stride;
     task *tasks;
     size_t n_tasks;
-    if ((s = make_tasks(&P, P.H, &tasks, &n_tasks, err))) return s;
+    if ((s = make_tasks(&P, P.H, op.n_threads, &tasks, &n_tasks, err))) return s;
     if ((s = get_ws(&P, 1, 1, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
         free(tasks);
         return s;
@@ -369,4 +414,11 @@ maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskp
     free(tasks);
     free(owned);
     return mp_ok(err);
+}
+
+maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                      const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
+                                      size_t workspace_bytes, maskpack_error *err) {
+    return gdn_backward_slots(layout, in, d_o, d_final_state, opts, grads, workspace, workspace_bytes, 0, err);
 }

@@ -117,12 +117,44 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
                        int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
     const int at = (flags & GDN_GEMM_AT) != 0, acc = (flags & GDN_GEMM_ACC) != 0;
     const int64_t ars = at ? 1 : lda, aks = at ? lda : 1;
+    if (flags == 0 && m >= 64) {
+        /* a plain product with many row blocks (the chunk's [Q; K] S): row blocks outermost, so
+         * the block's 8 rows of A (8 lines per 16 k) stay in L1 across all column panels. The
+         * other order would keep a kd x 32 panel of B in L1 instead, but B's V-wide rows are 512
+         * bytes apart and such a panel maps onto a sixth of L1's sets, so it does not stay there.
+         * The order of tiles changes no result. */
+        for (int64_t i0 = 0; i0 < m; i0 += GDN_MR) {
+            const int mr = (int)(m - i0 < GDN_MR ? m - i0 : GDN_MR);
+            const float *a = A + i0 * ars;
+            const int64_t k0 = 0, k1 = kd;
+            for (int64_t j0 = 0; j0 < n; j0 += 32) {
+                const int nv = n - j0 >= 32 ? 2 : 1;
+                pf_drain(pf, 12, 1);
+                switch (mr) {
+                    UK_CASE(8)
+                    UK_CASE(7)
+                    UK_CASE(6)
+                    UK_CASE(5)
+                    UK_CASE(4)
+                    UK_CASE(3)
+                    UK_CASE(2)
+                    UK_CASE(1)
+                default: break;
+                }
+            }
+        }
+        return;
+    }
     /* column panels outermost: a 32-column panel of B (kd x 32) stays in L1 across row blocks */
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
-        const int nv = n - j0 >= 32 ? 2 : 1;
+        const int nv0 = n - j0 >= 32 ? 2 : 1;
         for (int64_t i0 = 0; i0 < m; i0 += GDN_MR) {
             const int mr = (int)(m - i0 < GDN_MR ? m - i0 : GDN_MR);
             if ((flags & GDN_GEMM_TRI_OUT) && j0 > i0 + mr - 1) continue;
+            /* triangular output: the panel's second 16 columns lie wholly right of the tile's
+             * diagonal for the upper row blocks; skip them (a 16-column block holding any needed
+             * entry is still computed whole) */
+            const int nv = (flags & GDN_GEMM_TRI_OUT) && j0 + 16 > i0 + mr - 1 ? 1 : nv0;
             int64_t k0 = 0, k1 = kd;
             if (flags & GDN_GEMM_TRI_LO) k1 = i0 + mr < kd ? i0 + mr : kd;
             if (flags & GDN_GEMM_TRI_UP) k0 = i0 < kd ? i0 : kd;
@@ -237,54 +269,53 @@ static inline void avx_copy(float *dst, const float *src, int64_t n) {
     }
 }
 
+/* acc[(j - j0) % 4][v] += -Lm[r][j] * A[j][16 v ..] for j in [j0, j1), v < nv: rows j of a 16-row
+ * block have nonzeros in their first nv = block + 1 vectors only, so nv is a constant per block. */
+static inline __attribute__((always_inline)) void inv_rows(const int nv, const float *l, const float *A, int64_t ld,
+                                                           int64_t j0, int64_t j1, __m512 acc[4][4]) {
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4)
+        for (int u = 0; u < 4; u++) {
+            const __m512 lu = _mm512_set1_ps(-l[j + u]);
+            const float *p = A + (j + u) * ld;
+            for (int v = 0; v < nv; v++) acc[u][v] = _mm512_fmadd_ps(lu, _mm512_loadu_ps(p + 16 * v), acc[u][v]);
+        }
+    /* the last j1 - j < 4 rows (a constant set index each, so acc stays in registers) */
+    for (int u = 0; u < 3; u++)
+        if (j + u < j1) {
+            const __m512 lu = _mm512_set1_ps(-l[j + u]);
+            const float *p = A + (j + u) * ld;
+            for (int v = 0; v < nv; v++) acc[u][v] = _mm512_fmadd_ps(lu, _mm512_loadu_ps(p + 16 * v), acc[u][v]);
+        }
+}
+
 /* A = (I + Lm)^-1 (unit lower, n <= 64 = cn at most): row r = e_r - sum_{j<r} Lm[r][j] A[j], the
- * row held in registers; even and odd j accumulate separately to halve the FMA latency chain. */
+ * row held in registers. Row r needs every earlier row, so the rows form one dependency chain;
+ * within a row, four sets of accumulators (j mod 4 within each 16-row block, summed in a fixed
+ * order) quarter the FMA latency chain. */
 static void avx_inv_lower(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {
     const __m512 z = _mm512_setzero_ps();
     for (int64_t r = 0; r < n; r++) {
-        __m512 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
-        const __m512 one = _mm512_maskz_mov_ps((__mmask16)(1u << (r & 15)), _mm512_set1_ps(1.0f));
-        switch (r >> 4) {
-        case 0: a0 = one; break;
-        case 1: a1 = one; break;
-        case 2: a2 = one; break;
-        default: a3 = one; break;
-        }
+        __m512 acc[4][4];
+        for (int u = 0; u < 4; u++)
+            for (int v = 0; v < 4; v++) acc[u][v] = z;
         const float *l = Lm + r * ld;
-        int64_t j = 0;
-        for (; j + 1 < r; j += 2) {
-            const __m512 l0 = _mm512_set1_ps(-l[j]), l1 = _mm512_set1_ps(-l[j + 1]);
-            const float *p0 = A + j * ld, *p1 = p0 + ld;
-            const int64_t nv = ((j + 1) >> 4) + 1; /* row j + 1 is zero past column j + 1 */
-            a0 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0), a0);
-            b0 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1), b0);
-            if (nv > 1) {
-                a1 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 16), a1);
-                b1 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 16), b1);
+        for (int64_t jb = 0; jb * 16 < r; jb++) {
+            const int64_t j0 = jb * 16, j1 = j0 + 16 < r ? j0 + 16 : r;
+            switch (jb) {
+            case 0: inv_rows(1, l, A, ld, j0, j1, acc); break;
+            case 1: inv_rows(2, l, A, ld, j0, j1, acc); break;
+            case 2: inv_rows(3, l, A, ld, j0, j1, acc); break;
+            default: inv_rows(4, l, A, ld, j0, j1, acc); break;
             }
-            if (nv > 2) {
-                a2 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 32), a2);
-                b2 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 32), b2);
-            }
-            if (nv > 3) {
-                a3 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 48), a3);
-                b3 = _mm512_fmadd_ps(l1, _mm512_loadu_ps(p1 + 48), b3);
-            }
-        }
-        if (j < r) {
-            const __m512 l0 = _mm512_set1_ps(-l[j]);
-            const float *p0 = A + j * ld;
-            const int64_t nv = (j >> 4) + 1;
-            a0 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0), a0);
-            if (nv > 1) a1 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 16), a1);
-            if (nv > 2) a2 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 32), a2);
-            if (nv > 3) a3 = _mm512_fmadd_ps(l0, _mm512_loadu_ps(p0 + 48), a3);
         }
         float *ar = A + r * ld;
-        _mm512_storeu_ps(ar, _mm512_add_ps(a0, b0));
-        if (cn > 16) _mm512_storeu_ps(ar + 16, _mm512_add_ps(a1, b1));
-        if (cn > 32) _mm512_storeu_ps(ar + 32, _mm512_add_ps(a2, b2));
-        if (cn > 48) _mm512_storeu_ps(ar + 48, _mm512_add_ps(a3, b3));
+        for (int v = 0; v < 4 && 16 * v < cn; v++)
+            _mm512_storeu_ps(ar + 16 * v,
+                             _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]), _mm512_add_ps(acc[2][v], acc[3][v])));
+        /* the diagonal: rows j < r are zero in column r, so the sum there is 0 and the entry is
+         * exactly the identity's 1 */
+        ar[r] = 1.0f;
     }
 }
 

@@ -38,8 +38,17 @@ typedef struct gdn_problem {
     gdn_view q, k, v, g, beta, o;      /* forward */
     gdn_view dO, dq, dk, dv, dg, dbeta; /* backward */
     gdn_sview h0, ht, dht, dh0;
-    int64_t max_len; /* longest segment (sizes the backward checkpoints) */
+    int64_t bwd_slots; /* backward: state buffers per value head (GDN_BWD_SLOTS unless a test asks) */
 } gdn_problem;
+
+/* The backward keeps the chunk-start states it needs with binomial ("revolve") checkpointing in a
+ * fixed number of state buffers per value head, whatever the segment length: GDN_BWD_SLOTS - 1
+ * checkpoints plus one buffer the last one advances into. A segment of up to GDN_BWD_SLOTS chunks
+ * keeps every state (each computed once); a longer one recomputes states, each chunk at most r
+ * times with r the smallest such that binom(GDN_BWD_SLOTS - 1 + r, r) >= its chunk count (r = 3
+ * up to 816 chunks, 4 up to 3876). Tests may ask for 2..GDN_BWD_MAX_SLOTS buffers. */
+#define GDN_BWD_SLOTS 16
+#define GDN_BWD_MAX_SLOTS 64
 
 /* GEMM flags: C (m x n) op= alpha * A (m x kd) * B (kd x n), row-major, n a multiple of 16. */
 enum {
@@ -95,6 +104,17 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
                        int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 void gdn_expv_avx512(float *x, int64_t n);
+
+/* maskpack_gdn_backward and maskpack_gdn_workspace_size with `slots` state buffers per value head
+ * in the backward (0 = GDN_BWD_SLOTS, else 2..GDN_BWD_MAX_SLOTS): the test hook that forces deep
+ * recomputation on short segments (results must not depend on it). */
+maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                   const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                   const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
+                                   size_t workspace_bytes, int slots, maskpack_error *err);
+maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                         const maskpack_gdn_options *opts, int backward, int slots, size_t *bytes,
+                                         maskpack_error *err);
 
 /* 1 iff the CPU (and OS) can run the AVX-512 kernels. */
 int gdn_cpu_has_avx512(void);
