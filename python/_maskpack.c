@@ -40,6 +40,7 @@ typedef struct {
     /* torch, registered by the package the first time it meets a tensor (the extension does not
      * import torch): the Tensor type and {torch dtype: dtype code}. */
     PyObject *torch_tensor, *torch_to_dlpack;
+    PyObject *s_is_neg; /* interned "is_neg" */
     /* interned attribute names read on every move (a fresh string per call costs as much as a read) */
 } module_state;
 
@@ -1332,6 +1333,17 @@ static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
         PyErr_Clear(); /* sparse, meta, conjugated...: the descriptor path explains */
         return 0;
     }
+    /* DLPack exports a lazily negated view (x.is_neg(), e.g. conj().imag) as its raw memory, which
+     * holds -x: such tensors take the descriptor path, which resolves inputs and refuses outputs */
+    PyObject *self_arg[1] = {x};
+    PyObject *neg = PyObject_VectorcallMethod(st->s_is_neg, self_arg, 1, NULL);
+    if (neg != Py_False) {
+        if (!neg) PyErr_Clear();
+        Py_XDECREF(neg);
+        Py_DECREF(cap);
+        return 0;
+    }
+    Py_DECREF(neg);
     int ok = 0;
     const dlpack_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
     if (!mt) {
@@ -1553,6 +1565,7 @@ static int module_clear(PyObject *m) {
         Py_CLEAR(st->error_type);
         Py_CLEAR(st->torch_tensor);
         Py_CLEAR(st->torch_to_dlpack);
+        Py_CLEAR(st->s_is_neg);
     }
     return 0;
 }
@@ -1577,6 +1590,10 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     get_state(m)->error_type = NULL;
     module_state *st = get_state(m);
     st->torch_tensor = st->torch_to_dlpack = NULL;
+    if (!(st->s_is_neg = PyUnicode_InternFromString("is_neg"))) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);

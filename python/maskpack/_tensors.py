@@ -92,6 +92,8 @@ def _describe_torch(x, name: str):
     code = _torch_code(t, x.dtype)
     if code is None:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
+    if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
+        x = x.resolve_neg()
     return (x.data_ptr(), code, tuple(x.shape), x.stride()), x
 
 
@@ -145,7 +147,11 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
 
 def describe_out(x: Any, name: str = "out") -> Tuple[tuple, Any, bool]:
     """As describe, for a buffer the C library writes: read-only memory (a numpy array with
-    writeable=False, a view of bytes) is refused instead of being written through a raw pointer."""
+    writeable=False, a view of bytes) is refused instead of being written through a raw pointer, and so
+    is a lazily negated torch view, whose memory would receive the values with the wrong sign."""
+    if is_torch_tensor(x) and x.is_neg():
+        raise TypeError(f"{name}: expected a tensor without the negative bit (out.is_neg() is True); "
+                        "write into out.resolve_neg() instead")
     d, keep, is_torch = describe(x, name)
     arr = keep[0] if isinstance(keep, tuple) else keep
     if isinstance(arr, np.ndarray) and not arr.flags.writeable:

@@ -59,6 +59,9 @@ def _d(t: Optional[torch.Tensor], name: str):
     code = _CODES.get(t.dtype)
     if code is None:
         raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
+    if t.is_neg():  # a lazily negated view (conj().imag): its memory holds -t
+        raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
+                    argument=name)
     return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 

@@ -451,3 +451,10 @@ def test_bad_input_raises_specific_errors():
     with pytest.raises(maskpack.Error) as e:
         maskpack.gated_delta_rule(*make_inputs((12,), 2, 4, 8, 8, dtype=torch.float64), lay)
     assert e.value.status == "MASKPACK_ERR_DTYPE"
+    # a lazily negated view (its memory holds the negated values) is refused by name, not misread
+    q, k, v, g, beta = make_inputs((12,), 2, 4, 8, 8)
+    negq = torch.complex(torch.zeros_like(q), -q).conj().imag  # equals q, with the negative bit
+    assert negq.is_neg() and torch.equal(negq, q)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.gated_delta_rule(negq, k, v, g, beta, lay)
+    assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "q"

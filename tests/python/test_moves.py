@@ -360,3 +360,18 @@ def test_torch_fast_path_refuses_tensors_it_cannot_read():
     with pytest.raises((maskpack.Error, TypeError, ValueError)):
         lay.pack(torch.zeros(2, 2, 4, dtype=torch.complex64), out=out)
     assert bool((out == 7.0).all())
+
+
+def test_lazily_negated_views_are_read_resolved_and_refused_as_out():
+    # conj().imag is a float view with torch's negative bit: its memory holds -x
+    lay = Layout.from_lengths([3, 2])
+    m = torch.as_tensor(np.asarray(lay.mask2d()))
+    x = torch.randn(2, 3, 4, dtype=torch.complex64).conj().imag
+    assert x.is_neg()
+    assert torch.equal(lay.pack(x, out=torch.empty(5, 4)), x[m])  # fast path declines, descriptors resolve
+    assert torch.equal(lay.pack(x), x[m])
+    out = torch.zeros(5, 4, dtype=torch.complex64).conj().imag
+    before = out.clone()
+    with pytest.raises(TypeError, match="negative bit"):
+        lay.pack(torch.randn(2, 3, 4), out=out)
+    assert torch.equal(out, before)
