@@ -140,6 +140,14 @@ _TORCH_REGISTERED: list = []
 _PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cache
 
 
+def _fast_move(plan, x: Any, out: Any, pad_value: Any, threads: Optional[int]) -> bool:
+    """The first try of a move whose plan is already cached, into a given ``out`` with zero padding:
+    the extension reads torch/numpy tensors itself. False: the caller takes the full path (which
+    also reports any error)."""
+    return (plan is not None and out is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0))
+            and _maskpack.move(plan, x, out, None, _team(threads)))
+
+
 def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int]):
     if len(xs) == 1 and out is not None:
         # fast path: the extension reads torch CPU tensors and numpy arrays itself
@@ -179,10 +187,9 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     computed once per pair of layouts and kept on ``src``."""
     if not isinstance(src, (list, tuple)):
         c = src._cache
-        if out is not None and c is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0)):
-            entry = c.get(id(dst))  # a plan made before by _plan: tried on the fast path first
-            if entry is not None and entry[0][0]() is dst and _maskpack.move(entry[1], x, out, None, _team(threads)):
-                return out
+        entry = c.get(id(dst)) if c is not None else None  # a plan made before by _plan
+        if entry is not None and entry[0][0]() is dst and _fast_move(entry[1], x, out, pad_value, threads):
+            return out
         return _move(_plan([src], dst), [src], dst, [x], out, pad_value, threads)
     srcs = list(src)
     xs = list(x)
@@ -267,10 +274,8 @@ class _Moves:
     def pack(self, x: Any, out: Any = None, threads: Optional[int] = None):
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad)."""
         c = self._cache
-        if out is not None and c is not None:
-            plan = c.get(_PACK_PLAN)
-            if plan is not None and _maskpack.move(plan, x, out, None, _team(threads)):
-                return out
+        if c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
+            return out
         dst = self.packed_of()
         plan = _cached(self, _PACK_PLAN, lambda: _maskpack.plan_create((self._h,), dst._h))
         return _move(plan, [self], dst, [x], out, 0, threads)
@@ -278,10 +283,8 @@ class _Moves:
     def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``."""
         c = self._cache
-        if out is not None and c is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0)):
-            plan = c.get(_UNPACK_PLAN)
-            if plan is not None and _maskpack.move(plan, x, out, None, _team(threads)):
-                return out
+        if c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
+            return out
         src = self.packed_of()
         plan = _cached(self, _UNPACK_PLAN, lambda: _maskpack.plan_create((src._h,), self._h))
         return _move(plan, [src], self, [x], out, pad_value, threads)
