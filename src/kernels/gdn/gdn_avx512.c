@@ -72,6 +72,21 @@ static inline __attribute__((always_inline)) void uk(const int mr, const int nv,
         else                                                                                          \
             uk(MR_, 1, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
         break;
+/* the micro-kernel for a tile of MR_ rows (1..GDN_MR), its row count a compile-time constant */
+#define UK_TILE(MR_)                                                                                  \
+    do {                                                                                              \
+        switch (MR_) {                                                                                \
+            UK_CASE(8)                                                                                \
+            UK_CASE(7)                                                                                \
+            UK_CASE(6)                                                                                \
+            UK_CASE(5)                                                                                \
+            UK_CASE(4)                                                                                \
+            UK_CASE(3)                                                                                \
+            UK_CASE(2)                                                                                \
+            UK_CASE(1)                                                                                \
+        default: break;                                                                               \
+        }                                                                                             \
+    } while (0)
 
 /* dst[i] = src[i] * mul (dst 4-byte aligned), the whole 64-byte lines inside the row with
  * non-temporal stores; the partial lines at its ends (which may be shared with a neighbouring
@@ -130,17 +145,7 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
             for (int64_t j0 = 0; j0 < n; j0 += 32) {
                 const int nv = n - j0 >= 32 ? 2 : 1;
                 pf_drain(pf, 12, 1);
-                switch (mr) {
-                    UK_CASE(8)
-                    UK_CASE(7)
-                    UK_CASE(6)
-                    UK_CASE(5)
-                    UK_CASE(4)
-                    UK_CASE(3)
-                    UK_CASE(2)
-                    UK_CASE(1)
-                default: break;
-                }
+                UK_TILE(mr);
             }
         }
         return;
@@ -170,17 +175,7 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
             }
             /* a tile is a few thousand cycles of FMAs: enough to hide a handful of line fetches */
             pf_drain(pf, 12, 1);
-            switch (mr) {
-                UK_CASE(8)
-                UK_CASE(7)
-                UK_CASE(6)
-                UK_CASE(5)
-                UK_CASE(4)
-                UK_CASE(3)
-                UK_CASE(2)
-                UK_CASE(1)
-            default: break;
-            }
+            UK_TILE(mr);
         }
     }
 }
