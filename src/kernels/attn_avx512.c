@@ -112,53 +112,6 @@ static void ot_packed(float *OT, int64_t D8, const float *VP, int32_t j0, int32_
     }
 }
 
-/* C[j][c*16 ..] += sum_{x < nr} A[j][x] * Y[x][c*16 ..] for JB rows j and CW vectors c. */
-static inline __attribute__((always_inline)) void c_block(float *C, int64_t cs, const float *A, const float *Y,
-                                                          int64_t ys, int32_t nr, const int JB, const int CW) {
-    __m512 acc[8][8];
-    for (int r = 0; r < JB; r++)
-        for (int c = 0; c < CW; c++) acc[r][c] = _mm512_load_ps(C + r * cs + c * 16);
-    /* the next block's rows (the accumulators come from L2: a block starts with their loads) */
-    for (int r = 0; r < JB; r++)
-        for (int c = 0; c < CW; c++) _mm_prefetch((const char *)(C + (JB + r) * cs + c * 16), _MM_HINT_T0);
-    for (int32_t x = 0; x < nr; x++) {
-        __m512 y[8];
-        for (int c = 0; c < CW; c++) y[c] = _mm512_load_ps(Y + x * ys + c * 16);
-        for (int r = 0; r < JB; r++) {
-            __m512 a = _mm512_set1_ps(A[r * BQ + x]);
-            for (int c = 0; c < CW; c++) acc[r][c] = _mm512_fmadd_ps(a, y[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < JB; r++)
-        for (int c = 0; c < CW; c++) _mm512_store_ps(C + r * cs + c * 16, acc[r][c]);
-}
-
-/* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, rows of C cs and of Y ys apart). Blocks of
- * 6 rows x 4 vectors: 24 accumulators + 4 row vectors of Y stay in registers and the 6 values of A
- * are broadcast from memory, 10 loads per 24 FMAs (a wider 3 x 8 block leaves no register for Y
- * and needs 27). */
-static void c_kernel(float *C, int64_t cs, const float *A, const float *Y, int64_t ys, int64_t Dp, int32_t nk,
-                     int32_t nr) {
-    int64_t nv = Dp / 16, c = 0;
-    for (; c + 4 <= nv; c += 4) {
-        int32_t j = 0;
-        for (; j + 6 <= nk; j += 6) c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 6, 4);
-        switch (nk - j) {
-        case 5: c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 5, 4); break;
-        case 4: c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 4, 4); break;
-        case 3: c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 3, 4); break;
-        case 2: c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 2, 4); break;
-        case 1: c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 1, 4); break;
-        default: break;
-        }
-    }
-    for (; c < nv; c++) {
-        int32_t j = 0;
-        for (; j + 8 <= nk; j += 8) c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 8, 1);
-        for (; j < nk; j++) c_block(C + j * cs + c * 16, cs, A + j * BQ, Y + c * 16, ys, nr, 1, 1);
-    }
-}
-
 /* ---- shared pieces ------------------------------------------------------------------------------- */
 
 static void pack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h, int64_t i0,
@@ -613,6 +566,9 @@ static inline __attribute__((always_inline)) void c_block2(float *C, int64_t cs,
         for (int c = 0; c < CW; c++) _mm512_store_ps(C + r * cs + c * 16, acc[r][c]);
 }
 
+/* Blocks of 6 rows x 4 vectors: 24 accumulators + 4 row vectors of Y stay in registers and the 6
+ * values of A are broadcast from memory, 10 loads per 24 FMAs (a wider 3 x 8 block leaves no
+ * register for Y and needs 27). */
 static void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, int32_t n0, const float *A1,
                       const float *Y1, int32_t n1, int64_t ys, int64_t Dp, int32_t nk) {
     int64_t nv = Dp / 16, c = 0;
@@ -635,6 +591,13 @@ static void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, in
         for (; j < nk; j++) CB2(1, 1);
     }
 #undef CB2
+}
+
+/* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, rows of C cs and of Y ys apart): one
+ * query block, c_kernel2 with an empty second block. */
+static void c_kernel(float *C, int64_t cs, const float *A, const float *Y, int64_t ys, int64_t Dp, int32_t nk,
+                     int32_t nr) {
+    c_kernel2(C, cs, A, Y, nr, A, Y, 0, ys, Dp, nk);
 }
 
 /* One query block's per-tile state in bwd_tiles. */
