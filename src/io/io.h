@@ -127,10 +127,14 @@ maskpack_status mpio_npz_parse_member(const void *buf, size_t len, const char *n
 /* (path) -> mpio_npz_parse of the file. */
 maskpack_status mpio_npz_load(const char *path, mpio_arrayset *out, maskpack_error *err);
 /* (items[n], deflate?) -> an .npz archive: each item becomes member "<name>.npy", STORED, or DEFLATED
- * when deflate is set (stored anyway when deflating would not shrink it). Archives that would need
- * zip64 (> 4 GiB or > 65535 members) are refused with MASKPACK_ERR_UNSUPPORTED. */
+ * when deflate is set (stored anyway when deflating would not shrink it). Members, offsets or
+ * directories past 4 GiB and 65535 or more members use the zip64 forms, only where needed. */
 maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int deflate, uint8_t **buf, size_t *len,
                                 maskpack_error *err);
+/* mpio_npz_encode with the zip64 threshold lowered to zip64_from bytes (members and counts at or
+ * above it take the zip64 forms): lets tests check those forms without writing 4 GiB. */
+maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate,
+                                           uint64_t zip64_from, uint8_t **buf, size_t *len, maskpack_error *err);
 /* (path, items[n], deflate?) -> writes mpio_npz_encode's bytes to path. */
 maskpack_status mpio_npz_save(const char *path, const mpio_named_tensor *items, size_t n, int deflate,
                               maskpack_error *err);

@@ -555,12 +555,18 @@ static int gb_put(growbuf *g, const void *src, size_t n) {
 }
 
 typedef struct written_member {
-    uint32_t crc, comp, size, offset;
+    uint32_t crc;
+    uint64_t comp, size, offset;
     uint16_t method, flags;
-    const char *name; /* "<item>.npy" is rebuilt from the item name */
 } written_member;
 
-/* Deflates src into a fresh buffer; returns 0 (store instead) when it does not shrink. */
+static void wr64(uint8_t *p, uint64_t v) {
+    wr32(p, (uint32_t)v);
+    wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* Deflates src into a fresh buffer; returns 0 (store instead) when it does not shrink. zlib counts
+ * its input and output windows in 32-bit uInt, so members over 4 GiB are fed in 1 GiB pieces. */
 static maskpack_status deflate_member(const uint8_t *src, size_t n, uint8_t **dst, size_t *dlen,
                                       maskpack_error *err) {
     *dst = NULL;
@@ -569,49 +575,95 @@ static maskpack_status deflate_member(const uint8_t *src, size_t n, uint8_t **ds
     memset(&zs, 0, sizeof zs);
     if (deflateInit2(&zs, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK)
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "npz: deflateInit2 failed");
-    uLong bound = deflateBound(&zs, (uLong)n);
-    uint8_t *out = malloc(bound ? bound : 1);
+    /* no point keeping more than n bytes: a result that large is stored instead */
+    size_t cap = n + 64;
+    uint8_t *out = malloc(cap);
     if (!out) {
         deflateEnd(&zs);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
     }
-    zs.next_in = (Bytef *)(uintptr_t)src;
-    zs.avail_in = (uInt)n;
-    zs.next_out = out;
-    zs.avail_out = (uInt)bound;
-    int rc = deflate(&zs, Z_FINISH);
-    size_t got = zs.total_out;
+    const size_t piece = (size_t)1 << 30;
+    size_t in_done = 0, out_done = 0;
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+        size_t in_left = n - in_done, out_left = cap - out_done;
+        if (out_left == 0) break; /* does not shrink enough: store */
+        zs.next_in = (Bytef *)(uintptr_t)(src + in_done);
+        zs.avail_in = (uInt)(in_left < piece ? in_left : piece);
+        zs.next_out = out + out_done;
+        zs.avail_out = (uInt)(out_left < piece ? out_left : piece);
+        uInt in0 = zs.avail_in, out0 = zs.avail_out;
+        rc = deflate(&zs, in_left <= piece ? Z_FINISH : Z_NO_FLUSH);
+        in_done += in0 - zs.avail_in;
+        out_done += out0 - zs.avail_out;
+    }
     deflateEnd(&zs);
-    if (rc != Z_STREAM_END) {
+    /* Z_OK or Z_BUF_ERROR here: the output window filled before the end, so it does not shrink */
+    if (rc != Z_STREAM_END && rc != Z_OK && rc != Z_BUF_ERROR) {
         free(out);
         return mp_fail(err, MASKPACK_ERR_IO, ZIP_ARG, -1, -1, "npz: deflate failed (%d)", rc);
     }
-    if (got >= n) {
+    if (rc != Z_STREAM_END || out_done >= n) {
         free(out);
         return MASKPACK_OK;
     }
     *dst = out;
-    *dlen = got;
+    *dlen = out_done;
     return MASKPACK_OK;
 }
 
-maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int deflate, uint8_t **buf, size_t *len,
-                                maskpack_error *err) {
+typedef struct name_at {
+    const char *name;
+    size_t index;
+} name_at;
+
+static int cmp_name_at(const void *a, const void *b) {
+    const name_at *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+/* Duplicate member names, found by sorting (archives may hold many thousands of members). Reports
+ * the first item whose name repeats an earlier one, and the earliest item it repeats. */
+static maskpack_status check_unique_names(const mpio_named_tensor *items, size_t n, maskpack_error *err) {
+    if (n < 2) return MASKPACK_OK;
+    name_at *v = malloc(n * sizeof *v);
+    if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
+    for (size_t i = 0; i < n; i++) v[i] = (name_at){items[i].name, i};
+    qsort(v, n, sizeof *v, cmp_name_at);
+    size_t bad = SIZE_MAX, first = 0, group = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(v[i].name, v[group].name) != 0) {
+            group = i;
+        } else if (i == group + 1 && v[i].index < bad) { /* the group's second item is its first repeat */
+            bad = v[i].index;
+            first = v[group].index;
+        }
+    }
+    free(v);
+    if (bad == SIZE_MAX) return MASKPACK_OK;
+    return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "items", (int64_t)bad, -1,
+                   "items[%zu].name: '%s' repeats items[%zu]", bad, items[bad].name, first);
+}
+
+/* The writer uses the zip64 forms only where a value does not fit its classic field: a member's
+ * sizes or offset at or above zip64_from (0xFFFFFFFF in real use: that value itself is the marker),
+ * or 0xFFFF members or more. So every archive a classic reader can hold is written classically. */
+maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate,
+                                           uint64_t zip64_from, uint8_t **buf, size_t *len, maskpack_error *err) {
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
     if (n) MP_CHECK_NULL(err, items, "items");
-    if (n > 65535)
-        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "items", -1, -1,
-                       "items: %zu members need zip64, which this writer does not produce (max 65535)", n);
-    /* names: non-empty, no NUL (implicit), no duplicates, short enough for the 16-bit length field */
+    if (zip64_from > 0xffffffffu) zip64_from = 0xffffffffu;
+    /* names: non-empty, no NUL (implicit), short enough for the 16-bit length field, no duplicates */
     for (size_t i = 0; i < n; i++) {
         if (!items[i].name || !items[i].name[0] || strlen(items[i].name) > 4096)
             return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "items", (int64_t)i, -1,
                            "items[%zu].name: expected 1 to 4096 characters", i);
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(items[i].name, items[j].name) == 0)
-                return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "items", (int64_t)i, -1,
-                               "items[%zu].name: '%s' repeats items[%zu]", i, items[i].name, j);
+    }
+    maskpack_status dup = check_unique_names(items, n, err);
+    if (dup) return dup;
+    for (size_t i = 0; i < n; i++) {
         maskpack_status s = mp_check_tensor(&items[i].tensor, items[i].name, 0, MASKPACK_MAX_DIMS, err);
         if (s) return s;
         if (!mpio_npy_descr(items[i].tensor.dtype))
@@ -634,76 +686,111 @@ maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int de
             const uint8_t *body = packed ? packed : npy;
             size_t body_len = packed ? packed_len : npy_len;
             size_t nlen = (size_t)snprintf(fname, sizeof fname, "%s.npy", items[i].name);
-            if ((uint64_t)g.len + 30 + nlen + body_len > 0xfffffffeu || (uint64_t)npy_len > 0xfffffffeu) {
-                s = mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "items", (int64_t)i, -1,
-                            "%s: the archive would exceed 4 GiB, which needs zip64 (not written by this writer)",
-                            items[i].name);
-            } else {
-                written_member *m = &wm[i];
-                m->crc = (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), npy, (z_size_t)npy_len);
-                m->size = (uint32_t)npy_len;
-                m->comp = (uint32_t)body_len;
-                m->offset = (uint32_t)g.len;
-                m->method = packed ? 8 : 0;
-                m->flags = 0;
-                for (size_t c = 0; c < nlen; c++)
-                    if ((unsigned char)fname[c] >= 0x80) m->flags = 1u << 11; /* UTF-8 name */
-                uint8_t h[30];
-                wr32(h, SIG_LOCAL);
-                wr16(h + 4, 20);
-                wr16(h + 6, m->flags);
-                wr16(h + 8, m->method);
-                wr16(h + 10, 0);      /* time 00:00:00 */
-                wr16(h + 12, 0x21);   /* date 1980-01-01: fixed, so output is reproducible */
-                wr32(h + 14, m->crc);
-                wr32(h + 18, m->comp);
-                wr32(h + 22, m->size);
-                wr16(h + 26, (uint32_t)nlen);
-                wr16(h + 28, 0);
-                if (!gb_put(&g, h, 30) || !gb_put(&g, fname, nlen) || !gb_put(&g, body, body_len))
-                    s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
+            written_member *m = &wm[i];
+            m->crc = (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), npy, (z_size_t)npy_len);
+            m->size = npy_len;
+            m->comp = body_len;
+            m->offset = g.len;
+            m->method = packed ? 8 : 0;
+            m->flags = 0;
+            for (size_t c = 0; c < nlen; c++)
+                if ((unsigned char)fname[c] >= 0x80) m->flags = 1u << 11; /* UTF-8 name */
+            /* a local header's zip64 field, when present, holds both sizes (APPNOTE 4.5.3) */
+            int big = m->size >= zip64_from || m->comp >= zip64_from;
+            uint8_t h[30 + 20];
+            wr32(h, SIG_LOCAL);
+            wr16(h + 4, big ? 45 : 20);
+            wr16(h + 6, m->flags);
+            wr16(h + 8, m->method);
+            wr16(h + 10, 0);    /* time 00:00:00 */
+            wr16(h + 12, 0x21); /* date 1980-01-01: fixed, so output is reproducible */
+            wr32(h + 14, m->crc);
+            wr32(h + 18, big ? 0xffffffffu : (uint32_t)m->comp);
+            wr32(h + 22, big ? 0xffffffffu : (uint32_t)m->size);
+            wr16(h + 26, (uint32_t)nlen);
+            wr16(h + 28, big ? 20 : 0);
+            uint8_t *x = h + 30;
+            if (big) {
+                wr16(x, 1);
+                wr16(x + 2, 16);
+                wr64(x + 4, m->size);
+                wr64(x + 12, m->comp);
             }
+            if (!gb_put(&g, h, 30) || !gb_put(&g, fname, nlen) || !gb_put(&g, x, big ? 20 : 0) ||
+                !gb_put(&g, body, body_len))
+                s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
         }
         free(npy);
         free(packed);
     }
-    size_t cd_start = g.len;
+    uint64_t cd_start = g.len;
     for (size_t i = 0; i < n && !s; i++) {
         const written_member *m = &wm[i];
         size_t nlen = (size_t)snprintf(fname, sizeof fname, "%s.npy", items[i].name);
-        uint8_t c[46];
+        /* the central zip64 field holds only the saturated values, in this order */
+        int zs = m->size >= zip64_from, zc = m->comp >= zip64_from, zo = m->offset >= zip64_from;
+        uint8_t c[46], x[28];
+        size_t xl = 0;
+        if (zs || zc || zo) {
+            xl = 4;
+            if (zs) wr64(x + (xl += 8) - 8, m->size);
+            if (zc) wr64(x + (xl += 8) - 8, m->comp);
+            if (zo) wr64(x + (xl += 8) - 8, m->offset);
+            wr16(x, 1);
+            wr16(x + 2, (uint32_t)(xl - 4));
+        }
         wr32(c, SIG_CENTRAL);
-        wr16(c + 4, 20);
-        wr16(c + 6, 20);
+        wr16(c + 4, xl ? 45 : 20);
+        wr16(c + 6, xl ? 45 : 20);
         wr16(c + 8, m->flags);
         wr16(c + 10, m->method);
         wr16(c + 12, 0);
         wr16(c + 14, 0x21);
         wr32(c + 16, m->crc);
-        wr32(c + 20, m->comp);
-        wr32(c + 24, m->size);
+        wr32(c + 20, zc ? 0xffffffffu : (uint32_t)m->comp);
+        wr32(c + 24, zs ? 0xffffffffu : (uint32_t)m->size);
         wr16(c + 28, (uint32_t)nlen);
-        wr16(c + 30, 0);
+        wr16(c + 30, (uint32_t)xl);
         wr16(c + 32, 0);
         wr16(c + 34, 0);
         wr16(c + 36, 0);
         wr32(c + 38, 0100644u << 16); /* regular file, rw-r--r-- */
-        wr32(c + 42, m->offset);
-        if (!gb_put(&g, c, 46) || !gb_put(&g, fname, nlen))
+        wr32(c + 42, zo ? 0xffffffffu : (uint32_t)m->offset);
+        if (!gb_put(&g, c, 46) || !gb_put(&g, fname, nlen) || !gb_put(&g, x, xl))
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
     }
-    if (!s && (uint64_t)g.len + 22 > 0xfffffffeu)
-        s = mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "items", -1, -1,
-                    "the archive would exceed 4 GiB, which needs zip64 (not written by this writer)");
+    uint64_t cd_size = g.len - cd_start, eocd64_at = g.len;
+    uint64_t count_limit = zip64_from < 0xffffu ? zip64_from : 0xffffu;
+    int z64 = n >= count_limit || cd_size >= zip64_from || cd_start >= zip64_from;
+    if (!s && z64) {
+        /* zip64 end record (56 bytes, no extensible data) and its locator, then the classic record
+         * with every field that did not fit saturated */
+        uint8_t r[56 + 20];
+        wr32(r, SIG_EOCD64);
+        wr64(r + 4, 56 - 12);
+        wr16(r + 12, 45);
+        wr16(r + 14, 45);
+        wr32(r + 16, 0);
+        wr32(r + 20, 0);
+        wr64(r + 24, n);
+        wr64(r + 32, n);
+        wr64(r + 40, cd_size);
+        wr64(r + 48, cd_start);
+        wr32(r + 56, SIG_LOCATOR64);
+        wr32(r + 60, 0);
+        wr64(r + 64, eocd64_at);
+        wr32(r + 72, 1);
+        if (!gb_put(&g, r, sizeof r)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
+    }
     if (!s) {
         uint8_t e[22];
         wr32(e, SIG_EOCD);
         wr16(e + 4, 0);
         wr16(e + 6, 0);
-        wr16(e + 8, (uint32_t)n);
-        wr16(e + 10, (uint32_t)n);
-        wr32(e + 12, (uint32_t)(g.len - cd_start));
-        wr32(e + 16, (uint32_t)cd_start);
+        wr16(e + 8, n >= count_limit ? 0xffffu : (uint32_t)n);
+        wr16(e + 10, n >= count_limit ? 0xffffu : (uint32_t)n);
+        wr32(e + 12, cd_size >= zip64_from ? 0xffffffffu : (uint32_t)cd_size);
+        wr32(e + 16, cd_start >= zip64_from ? 0xffffffffu : (uint32_t)cd_start);
         wr16(e + 20, 0);
         if (!gb_put(&g, e, 22)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
     }
@@ -715,6 +802,11 @@ maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int de
     *buf = g.p;
     *len = g.len;
     return mp_ok(err);
+}
+
+maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int deflate, uint8_t **buf, size_t *len,
+                                maskpack_error *err) {
+    return mpio_npz_encode_zip64_from(items, n, deflate, 0xffffffffu, buf, len, err);
 }
 
 maskpack_status mpio_npz_save(const char *path, const mpio_named_tensor *items, size_t n, int deflate,

@@ -371,6 +371,12 @@ static void test_npz_round_trip(void) {
     mpio_named_tensor dup[2] = {items[0], items[0]};
     CHECK_STATUS(mpio_npz_encode(dup, 2, 0, &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "repeats items[0]");
+    /* the first item that repeats an earlier name is reported, with the earliest one it repeats */
+    mpio_named_tensor five[5] = {items[0], items[1], items[2], items[1], items[0]};
+    five[2].name = "c";
+    CHECK_STATUS(mpio_npz_encode(five, 5, 0, &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "items[3].name: 'cu_seqlens' repeats items[1]");
+    CHECK_EQ(e.index[0], 3);
     uint16_t h[2] = {0, 0};
     int64_t two = 2;
     mpio_named_tensor bf = {"w", maskpack_tensor_contiguous(h, MASKPACK_BF16, 1, &two)};
@@ -383,6 +389,117 @@ static void test_npz_round_trip(void) {
     CHECK_EQ(s.n, 0);
     mpio_arrayset_free(&s);
     free(buf);
+}
+
+/* The zip64 forms, with the threshold lowered so a few KiB exercise them (the real threshold is
+ * 0xFFFFFFFF; the reader is the one numpy-written zip64 archives are tested against above). The
+ * members are the round-trip test's: 48 + 12 + 5000 bytes of data plus .npy headers. */
+typedef struct {
+    int64_t mask[6];
+    int32_t cu[3];
+    uint8_t big[5000];
+    mpio_named_tensor items[3];
+} zip64_items;
+
+static void zip64_fill(zip64_items *z) {
+    static const int64_t s_mask[2] = {2, 3}, s_cu[1] = {3}, s_big[1] = {5000};
+    for (int i = 0; i < 6; i++) z->mask[i] = i % 3 != 2;
+    for (int i = 0; i < 3; i++) z->cu[i] = (int32_t)(i * i + i);
+    for (size_t i = 0; i < sizeof z->big; i++) z->big[i] = (uint8_t)(i % 7 == 0);
+    z->items[0] = (mpio_named_tensor){"attention_mask", maskpack_tensor_contiguous(z->mask, MASKPACK_I64, 2, s_mask)};
+    z->items[1] = (mpio_named_tensor){"cu_seqlens", maskpack_tensor_contiguous(z->cu, MASKPACK_I32, 1, s_cu)};
+    z->items[2] = (mpio_named_tensor){"big", maskpack_tensor_contiguous(z->big, MASKPACK_BOOL, 1, s_big)};
+}
+
+static int has_sig(const uint8_t *b, size_t len, uint32_t sig) {
+    for (size_t i = 0; i + 4 <= len; i++)
+        if (b[i] == (sig & 0xff) && b[i + 1] == ((sig >> 8) & 0xff) && b[i + 2] == ((sig >> 16) & 0xff) &&
+            b[i + 3] == sig >> 24)
+            return 1;
+    return 0;
+}
+
+static void test_npz_zip64_writer(void) {
+    zip64_items z;
+    zip64_fill(&z);
+    maskpack_error e;
+    /* threshold 200: the first member (offset 0, ~180 bytes) stays classic, the bool member's sizes
+     * and the later offsets and the directory's offset take the zip64 forms; threshold 2 also
+     * forces the member count into the zip64 end record */
+    const uint64_t limits[3] = {0xffffffffu, 200, 2};
+    for (int li = 0; li < 3; li++)
+        for (int deflate = 0; deflate <= 1; deflate++) {
+            uint8_t *buf = NULL;
+            size_t len = 0;
+            CHECK_OK(mpio_npz_encode_zip64_from(z.items, 3, deflate, limits[li], &buf, &len, &e), e);
+            /* classic output is byte-identical to mpio_npz_encode's */
+            if (li == 0) {
+                uint8_t *ref = NULL;
+                size_t rl = 0;
+                CHECK_OK(mpio_npz_encode(z.items, 3, deflate, &ref, &rl, &e), e);
+                CHECK(rl == len && memcmp(ref, buf, len) == 0);
+                free(ref);
+            }
+            CHECK_EQ(has_sig(buf, len, 0x06064b50u), li > 0); /* zip64 end record */
+            CHECK_EQ(has_sig(buf, len, 0x07064b50u), li > 0); /* its locator */
+            /* first local header: version 20 unless its own sizes reach the threshold */
+            CHECK_EQ(buf[4], li == 2 ? 45 : 20);
+            /* the classic end record: count saturated only when the count reaches the threshold */
+            const uint8_t *eocd = buf + len - 22;
+            CHECK_EQ(eocd[8] | (eocd[9] << 8), li == 2 ? 0xffff : 3);
+            CHECK_EQ(eocd[16] == 0xff && eocd[17] == 0xff && eocd[18] == 0xff && eocd[19] == 0xff, li > 0);
+            mpio_arrayset s;
+            CHECK_OK(mpio_npz_parse(buf, len, &s, &e), e);
+            CHECK_EQ(s.n, 3);
+            if (s.n == 3) {
+                CHECK(strcmp(s.arrays[2].name, "big") == 0);
+                CHECK(memcmp(s.arrays[0].data, z.mask, sizeof z.mask) == 0);
+                CHECK(memcmp(s.arrays[1].data, z.cu, sizeof z.cu) == 0);
+                CHECK(memcmp(s.arrays[2].data, z.big, sizeof z.big) == 0);
+            }
+            mpio_arrayset_free(&s);
+            free(buf);
+        }
+    /* many members: 70000 (past the classic 16-bit count) at the real threshold */
+    enum { MANY = 70000 };
+    mpio_named_tensor *many = calloc(MANY, sizeof *many);
+    char *names = calloc(MANY, 8);
+    uint8_t one = 1;
+    int64_t n1 = 1;
+    for (int i = 0; i < MANY; i++) {
+        snprintf(names + 8 * i, 8, "m%d", i);
+        many[i] = (mpio_named_tensor){names + 8 * i, maskpack_tensor_contiguous(&one, MASKPACK_U8, 1, &n1)};
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CHECK_OK(mpio_npz_encode(many, MANY, 0, &buf, &len, &e), e);
+    CHECK(has_sig(buf, len, 0x06064b50u));
+    mpio_zip *zz = NULL;
+    CHECK_OK(mpio_zip_open(buf, len, &zz, &e), e);
+    CHECK_EQ(mpio_zip_count(zz), MANY);
+    if (zz) CHECK(strcmp(mpio_zip_name(zz, MANY - 1), "m69999.npy") == 0);
+    mpio_zip_close(zz);
+    free(buf);
+    free(many);
+    free(names);
+}
+
+/* test_io --write-zip64 PATH: writes the zip64 test archive (threshold 200, deflated) for the
+ * cross-check with Python's zipfile (tests/c/check_zip64.py). */
+static int write_zip64(const char *path) {
+    zip64_items z;
+    zip64_fill(&z);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    maskpack_error e;
+    if (mpio_npz_encode_zip64_from(z.items, 3, 1, 200, &buf, &len, &e) ||
+        mpio_write_file(path, buf, len, &e)) {
+        fprintf(stderr, "%s\n", e.message);
+        free(buf);
+        return 1;
+    }
+    free(buf);
+    return 0;
 }
 
 /* A STORED archive with one int32 member, for the corruption tests. Offsets: local header at 0, name
@@ -782,13 +899,15 @@ static void test_png(void) {
     maskpack_layout_free(L);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--write-zip64") == 0) return write_zip64(argv[2]);
     test_npy_round_trip_all_dtypes();
     test_npy_header_text_and_strided_write();
     test_npy_versions_and_fortran();
     test_npy_corruptions();
     test_npz_files_from_numpy();
     test_npz_round_trip();
+    test_npz_zip64_writer();
     test_npz_corruptions();
     test_npz_hand_deflated();
     test_safetensors();
