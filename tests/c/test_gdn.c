@@ -505,6 +505,19 @@ static void test_forward_forms(void) {
         case_free(&a);
         case_free(&b);
     }
+    /* the L2 norm with K not a multiple of 16 (the AVX-512 kernels load and normalise each q, k row
+     * in one pass, the last 16 columns under a mask) and with K = 16: against the double recurrence */
+    {
+        const dims ds[2] = {{1, 2, 37, 16}, {2, 2, 16, 16}};
+        for (int j = 0; j < 2; j++) {
+            gcase c = case_make(L, ds[j], 13 + (uint64_t)j, 1);
+            CHECK_OK(case_forward(&c, have_avx512() ? MASKPACK_GDN_ISA_AVX512 : MASKPACK_GDN_ISA_REF, 1, 2),
+                     (maskpack_error){0});
+            CHECK(case_vs_naive(&c) < 1e-5);
+            CHECK(pads_zero(L, &c.o));
+            case_free(&c);
+        }
+    }
     maskpack_layout_free(L);
 }
 

@@ -180,6 +180,33 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
     }
 }
 
+/* dst[0..n) = src[0..n) * r with r = 1/sqrt(sum src^2 + eps) when `on` (else r = 1), zeros on to
+ * column np (a multiple of 16); returns r. One read of the caller's row: copied while the squares
+ * are summed (16 lanes, lane l taking the elements i = l mod 16 in order, then the fixed tree of
+ * _mm512_reduce_add_ps), then scaled in place in L1. */
+static float avx_load_l2_f32(float *dst, const float *src, int64_t n, int64_t np, int on) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(src + i);
+        acc = _mm512_fmadd_ps(x, x, acc);
+        _mm512_storeu_ps(dst + i, x);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+        acc = _mm512_fmadd_ps(x, x, acc);
+        _mm512_storeu_ps(dst + i, x); /* zeros past n: dst is np >= round16(n) wide */
+        i += 16;
+    }
+    for (; i < np; i += 16) _mm512_storeu_ps(dst + i, _mm512_setzero_ps());
+    if (!on) return 1.0f;
+    const float r = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) + (float)MASKPACK_GDN_L2_EPS);
+    const __m512 vr = _mm512_set1_ps(r);
+    for (int64_t j = 0; j < n; j += 16) _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(dst + j), vr));
+    return r;
+}
+
 /* exp(x): x = n ln2 + r, |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (error below
  * 1e-8 relative), then 2^n by scalef. Arguments below -87 (results under FLT_MIN: the masked
  * upper triangles get -inf) give exactly 0 by a mask rather than through a denormal scalef, whose
@@ -342,6 +369,8 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
     }
 }
 
+#define K_HAVE_LOAD_L2 1
+#define k_load_l2_f32 avx_load_l2_f32
 #define K_HAVE_DECAY_ROWS 1
 #define k_decay_rows avx_decay_rows
 #define GDN_SUFFIX(name) name##_avx512
