@@ -129,8 +129,8 @@ class _RuleFn(torch.autograd.Function):
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      layout: Any, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
-                     chunked: bool = True, l2norm: bool = True,
-                     threads: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                     chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
+                     out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per segment of ``layout``.
 
     q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
@@ -142,6 +142,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     recurrence); the backward always runs the chunked algorithm.
 
     Returns ``(o, final_state)``: o like v (pad rows 0), final_state ``[segments, HV, K, V]`` float32.
+    ``out=(o, final_state)``: preallocated outputs of those shapes and dtypes (any strides), filled
+    and returned, so a loop can reuse its memory instead of paying fresh pages every call; not
+    allowed while autograd records (an input requires grad).
     """
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
@@ -150,8 +153,25 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if not math.isfinite(sc) or sc == 0.0:
         raise Error(f"scale: expected a finite non-zero number, found {scale}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="scale")
-    return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
-                         _threads(threads))
+    if out is None:
+        return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
+                             _threads(threads))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
+        raise TypeError("gated_delta_rule(): out= cannot be used when autograd records (an input requires grad)")
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out):
+        raise TypeError("gated_delta_rule(): out= expects a pair of tensors (o, final_state)")
+    o, ht = out
+    want = (layout.n_segments, v.shape[-2], K, v.shape[-1])
+    if o.dtype != v.dtype or tuple(o.shape) != tuple(v.shape):
+        raise Error(f"out[0] (o): expected {v.dtype} {tuple(v.shape)}, found {o.dtype} {tuple(o.shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="o")
+    if ht.dtype != torch.float32 or tuple(ht.shape) != want:
+        raise Error(f"out[1] (final_state): expected torch.float32 {want}, found {ht.dtype} {tuple(ht.shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="final_state")
+    descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(initial_state, "initial_state"),
+             _d(o, "o"), _d(ht, "final_state"))
+    _gdn.forward(_ptr(layout), descs, float(sc), bool(chunked), bool(l2norm), _threads(threads))
+    return o, ht
 
 
 # ---- causal conv1d ------------------------------------------------------------------------------
