@@ -93,6 +93,13 @@ def gdn_isa() -> str:
 # ---- the gated delta rule ---------------------------------------------------------------------
 
 
+def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht) -> None:
+    """The C forward of the rule into the given outputs (it validates every tensor before writing)."""
+    descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
+             _d(o, "o"), _d(ht, "final_state"))
+    _gdn.forward(_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+
+
 class _RuleFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads):
@@ -101,9 +108,7 @@ class _RuleFn(torch.autograd.Function):
         K = q.shape[-1]
         o = _fresh(v.shape, v.dtype)
         ht = _fresh((n_seg, HV, K, V), torch.float32)
-        descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
-                 _d(o, "o"), _d(ht, "final_state"))
-        _gdn.forward(_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+        _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht)
         ctx.save_for_backward(q, k, v, g, beta, h0)
         ctx.layout, ctx.scale, ctx.l2norm, ctx.threads = layout, scale, l2norm, threads
         return o, ht
@@ -168,9 +173,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if ht.dtype != torch.float32 or tuple(ht.shape) != want:
         raise Error(f"out[1] (final_state): expected torch.float32 {want}, found {ht.dtype} {tuple(ht.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="final_state")
-    descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(initial_state, "initial_state"),
-             _d(o, "o"), _d(ht, "final_state"))
-    _gdn.forward(_ptr(layout), descs, float(sc), bool(chunked), bool(l2norm), _threads(threads))
+    _rule_into(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, _threads(threads), o, ht)
     return o, ht
 
 

@@ -733,9 +733,13 @@ maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_
         size_t xl = 0;
         if (zs || zc || zo) {
             xl = 4;
-            if (zs) wr64(x + (xl += 8) - 8, m->size);
-            if (zc) wr64(x + (xl += 8) - 8, m->comp);
-            if (zo) wr64(x + (xl += 8) - 8, m->offset);
+            const uint64_t vals[3] = {m->size, m->comp, m->offset};
+            const int saturated[3] = {zs, zc, zo};
+            for (int f = 0; f < 3; f++)
+                if (saturated[f]) {
+                    wr64(x + xl, vals[f]);
+                    xl += 8;
+                }
             wr16(x, 1);
             wr16(x + 2, (uint32_t)(xl - 4));
         }
