@@ -459,10 +459,12 @@ int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e) {
     _Atomic size_t *next = job->next;
     size_t x = atomic_fetch_add(next, 1);
     if (job->by_unit) {
-        if (x >= job->n_units) return 0;
-        *b = job->unit_begin[x];
-        *e = job->unit_begin[x + 1];
-        return 1;
+        if (x < job->n_whole) {
+            *b = job->unit_begin[x];
+            *e = job->unit_begin[x + 1];
+            return 1;
+        }
+        x = job->unit_begin[job->n_whole] + (x - job->n_whole); /* the tail, item by item */
     }
     if (x >= job->n_items) return 0;
     *b = x;
@@ -586,6 +588,14 @@ static maskpack_status fwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
     return MASKPACK_OK;
 }
 
+/* Tail units of the backward's dynamic mode (see attn_bwd_job), when there are enough units for
+ * that mode and more than one thread: n_threads - 1 of them, the most the whole units can leave
+ * the threads apart by (one unit each), so on a quiet machine the tail fills that gap and only one
+ * pack and reduction per tail unit is added. */
+static int64_t bwd_tail_units(const attn_problem *P, int64_t n_units) {
+    return P->n_threads > 1 && n_units >= 2 * (int64_t)P->n_threads ? P->n_threads - 1 : 0;
+}
+
 static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
     size_t a = attn_ref_bwd_ws(P), b = attn_avx512_bwd_ws(P, max_width);
     return align_up(a > b ? a : b);
@@ -603,12 +613,13 @@ static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory");
     }
     int64_t w;
-    build_groups(L, perm, groups, &w);
+    size_t ng = build_groups(L, perm, groups, &w);
     free(perm);
     free(groups);
     size_t per = bwd_thread_ws(P, w);
     size_t total = WS_ALIGN + align_up(n * sizeof(size_t)) + align_up(n * sizeof(attn_kgroup)) +
-                   align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width)));
+                   align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width))) +
+                   align_up(attn_avx512_bwd_tail_bytes(P, w, bwd_tail_units(P, (int64_t)ng * P->hkv)));
     if (per > (SIZE_MAX - total) / (size_t)P->n_threads)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
     *bytes = total + per * (size_t)P->n_threads;
@@ -682,6 +693,9 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
     if ((size_t)nt > n_items) nt = n_items ? (int)n_items : 1;
     /* whole units per thread when there are enough of them to keep every thread busy */
     job.by_unit = job.n_units >= 4 * (size_t)nt;
+    /* the last nt - 1 units item by item: on a quiet machine the whole units leave the threads at
+     * most one unit apart, which that tail fills without a second thread packing its keys */
+    job.n_whole = job.by_unit ? job.n_units - (size_t)(nt - 1) : 0;
     zero_query_padding(&P, &P.out, P.have_lse);
     if (n_items) {
         attn_thread_fn fn = attn_ref_fwd_thread;
@@ -776,6 +790,9 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     int64_t max_width;
     size_t ng = build_groups(L, perm, groups, &max_width);
     size_t per = bwd_thread_ws(&P, max_width);
+    int64_t n_tail = bwd_tail_units(&P, (int64_t)ng * P.hkv);
+    float *tail_acc = (float *)ws;
+    ws += align_up(attn_avx512_bwd_tail_bytes(&P, max_width, n_tail));
 
     /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
     zero_query_padding(&P, &P.dq, 0);
@@ -811,9 +828,14 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     P.n_threads = nt;
     job.n_threads = nt;
     job.perm = perm;
+    /* the tail pieces (n_tail is 0 unless the dynamic mode runs on several threads) */
+    job.n_whole = fn == attn_avx512_bwd_thread && !job.split ? job.n_units - n_tail : job.n_units;
+    job.tail_acc = tail_acc;
+    job.max_width = max_width;
     if (job.n_units > 0) {
         if (!job.split) {
             attn_run_threads(nt, fn, &job);
+            if (job.n_whole < job.n_units) attn_run_threads(nt, attn_avx512_bwd_tail_reduce, &job);
         } else {
             for (int64_t u = 0; u < job.n_units; u++) {
                 job.unit = u;

@@ -2,16 +2,20 @@
  * AMX-BF16 (Sapphire Rapids and later). Work item = 64 query rows (4 row tiles) of one segment and
  * head; keys go in chunks of up to KC non-empty 64-key tiles:
  *   S (64 x chunk)  = Q (64 x D) . K^T        2 x 2 blocks: two 16-row A tiles of Q x two K tiles
- *   softmax on S in AVX-512 (exact row max per chunk, running max across chunks), P -> bf16
+ *   softmax on S in AVX-512 (row max per chunk, running max across chunks), P -> bf16
  *   O (64 x D)     += P . V                   2 x 2 blocks of O stay in tile registers per chunk
- * The tile work runs in small steps interleaved with the vector softmax of the neighbouring chunk,
- * so the tile unit and the vector units work at the same time; each K or V tile is used by both
- * pairs of row tiles back to back (the second use reads it from L1: tile loads from L2 halve the
- * speed of the tile products). K and V of the item's (segment, key head) are packed once into the
- * thread's workspace in the VNNI layouts the tiles read (padded with zeros to whole tiles); the
- * thread keeps them while its next items use the same (segment, key head). Tiles start at the
- * segment's first query and key, like every kernel here, so the result of a token does not depend
- * on the grid it sits in. */
+ * The tile work runs in small steps interleaved with the vector softmax of the neighbouring chunks
+ * (the next chunk's scores, the previous chunk's P V), so that the tile unit and the vector units
+ * can work at the same time; each K or V tile is used by both pairs of row tiles back to back (the
+ * second use reads it from L1). After the first chunk of a block, a chunk without masking skips
+ * its row max pass ("lazy max", see amx_item). On the machine this was tuned on, tile loads, tile
+ * products and tile stores cost the same whether or not they can overlap (about 11, 18 and 10 ns),
+ * so the count of tile operations per product (one load per product in the 2 x 2 blocks, the
+ * minimum with 8 tiles) and per chunk (the S stores, the O round trip) is what the layout keeps low.
+ * K and V of the item's (segment, key head) are packed once into the thread's workspace in the
+ * VNNI layouts the tiles read (padded with zeros to whole tiles); the thread keeps them while its
+ * next items use the same (segment, key head). Tiles start at the segment's first query and key,
+ * like every kernel here, so the result of a token does not depend on the grid it sits in. */
 #include "attn_internal.h"
 
 #include <math.h>
@@ -22,10 +26,10 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw")
 #endif
 
 #define BQ ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
@@ -41,9 +45,15 @@ static int64_t r32(int64_t x) { return (x + 31) & ~(int64_t)31; }
 
 /* Key tiles (of BK keys) per chunk: the scores of a chunk are computed, soft-maxed and multiplied
  * by V as a whole, so the O accumulators make one trip through the tile registers per chunk
- * instead of one per tile, and the exact row max of a chunk replaces per-tile rescaling. */
-#define KC 2
+ * instead of one per tile, and the row max of a chunk replaces per-tile rescaling (4 measured
+ * faster than 2; 8 no faster). */
+#define KC 4
 #define SW (KC * BK) /* columns of the S and P buffers */
+/* Their row strides (in elements) are one cache line more than a row: a tile stores or loads 16
+ * rows at once, and at a stride of 1 KiB (512 bytes) those would fall into 4 (8) of the 64 sets
+ * of the L1 cache and evict each other. */
+#define SS (SW + 16)
+#define PS (SW + 32)
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -63,30 +73,37 @@ static void tiles_on(void) {
     _tile_loadconfig(&c);
 }
 
-/* 2^x for P, which is rounded to bf16 (8 significant bits) right after: a degree-4 fit (relative
- * error 3e-6) is exact enough and two FMAs cheaper. x = -inf gives 0; results below 2^-125 are 0
- * through the zeroing mask of scalef (an underflowing scalef costs a microcode assist, see
- * exp2_ps). */
+/* 2^x for P, which is rounded to bf16 (8 significant bits) right after: a degree-3 fit of 2^f on
+ * [-1/2, 1/2] (relative error 7.5e-5, far below the rounding to bf16) is exact enough. The
+ * integer part n comes from adding 1.5 * 2^23 (the float unit rounds x to an integer in the low
+ * mantissa bits) and 2^n is added to the exponent field as an integer, so no instruction is
+ * limited to one vector port (rounding and scalef are). x is clamped at -125 so every result is
+ * a normal float (denormals cost microcode assists); x < -125 (and -inf) give exactly 0. */
 static inline __m512 exp2_p(__m512 x) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f); /* 1.5 * 2^23 */
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(9.56051020648151e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5917039174868725e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4024981109537302e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931219676960609e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999991908565833e-1f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
+    __m512 t = _mm512_add_ps(x, magic);
+    __m512 f = _mm512_sub_ps(x, _mm512_sub_ps(t, magic));
+    __m512 p = _mm512_set1_ps(0.05517132207751274f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24261054396629333f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932609677314758f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999281167984009f));
+    /* the low bits of t hold n (two's complement, |n| < 256): shifted into the exponent field */
+    __m512i e = _mm512_slli_epi32(_mm512_castps_si512(t), 23);
+    return _mm512_castsi512_ps(_mm512_maskz_add_epi32(keep, _mm512_castps_si512(p), e));
 }
+
+/* Lazy max (see amx_item): the largest exponent (log2) taken against a stale row max. */
+#define LAZY_MAX 8.0f
 
 /* Per-thread workspace. */
 typedef struct {
     uint16_t *KP;   /* [kv32/16][D32/32] B tiles of K^T: tile (kb, dc) row p = pairs of d, 16 keys x 2 */
     uint16_t *VP;   /* [kv32/32][D32/16] B tiles of V: tile (kc, db) row p = key pair, 16 cols x 2 */
     uint16_t *Q;    /* [BQ][D32] */
-    float *S[2];    /* [BQ][SW], two: the next chunk's scores are computed while this one's softmax runs */
-    uint16_t *P;    /* [BQ][SW] bf16 */
+    float *S[2];    /* [BQ][SS], two: the next chunk's scores are computed while this one's softmax runs */
+    uint16_t *P[2]; /* [BQ][PS] bf16, two: P V of a chunk runs while the next chunk's P is written */
     float *O;       /* [BQ][D32 + 16] (16 columns of padding) */
     uint16_t *zero; /* D32 + 32 zero bf16 (the row of a key or query that is not read) */
     int64_t cur_seg, cur_kh; /* what KP/VP hold (-1: nothing) */
@@ -103,9 +120,10 @@ static size_t amx_layout(const attn_problem *P, char *base, amx_bufs *b) {
     TAKE(KP, uint16_t, kv * D32);
     TAKE(VP, uint16_t, kv * (D32 + 16));
     TAKE(Q, uint16_t, BQ * D32);
-    TAKE(S[0], float, BQ * SW);
-    TAKE(S[1], float, BQ * SW);
-    TAKE(P, uint16_t, BQ * SW);
+    TAKE(S[0], float, BQ * SS);
+    TAKE(S[1], float, BQ * SS);
+    TAKE(P[0], uint16_t, BQ * PS);
+    TAKE(P[1], uint16_t, BQ * PS);
     TAKE(O, float, BQ * (D32 + 16));
     TAKE(zero, uint16_t, D32 + 32);
 #undef TAKE
@@ -142,6 +160,16 @@ static void pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int
             int ok = j >= lo && j < hi && j < kvl;
             kr[r] = ok ? (const uint16_t *)attn_ptr(&P->k, g->row, g->kv_start + j, kh, 2) : B->zero;
             vr[r] = ok ? (const uint16_t *)attn_ptr(&P->v, g->row, g->kv_start + j, kh, 2) : B->zero;
+            /* the rows of the next 16 keys are strided far apart (no hardware prefetch): fetch them now */
+            j += 16;
+            if (j >= lo && j < hi && j < kvl) {
+                const char *pk = attn_ptr(&P->k, g->row, g->kv_start + j, kh, 2);
+                const char *pv = attn_ptr(&P->v, g->row, g->kv_start + j, kh, 2);
+                for (int64_t c = 0; c < 2 * D; c += 64) {
+                    _mm_prefetch(pk + c, _MM_HINT_T0);
+                    _mm_prefetch(pv + c, _MM_HINT_T0);
+                }
+            }
         }
         /* K: tile (kb = j0/16, dc): row p = dword p of the chunk for each of the 16 keys */
         uint16_t *kt = B->KP + (j0 / 16) * ndc * 512;
@@ -230,6 +258,7 @@ typedef struct {
     const amx_bufs *B;
     const chunk_plan *c;
     float *S;            /* score: the chunk's S buffer */
+    const uint16_t *P;   /* P V: the chunk's P buffer */
     int64_t D32, ndb, OS;
     int n, done;         /* steps in all, steps done */
 } tile_job;
@@ -251,20 +280,21 @@ static inline void score_step(tile_job *J) {
         _tile_zero(2);
         _tile_zero(3);
     }
+    /* the four loads, then the four products (measured faster than interleaving them) */
     _tile_loadd(4, q + dc * 32, D32 * 2);
-    _tile_loadd(6, B->KP + (kb0 * ndc + dc) * 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
     _tile_loadd(5, q + 16 * D32 + dc * 32, D32 * 2);
-    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, B->KP + (kb0 * ndc + dc) * 512, 64);
     _tile_loadd(7, B->KP + ((kb0 + 1) * ndc + dc) * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
     if (dc == ndc - 1) {
-        float *s = J->S + 32 * rp * SW + t * BK + 32 * h;
-        _tile_stored(0, s, SW * 4);
-        _tile_stored(1, s + 16, SW * 4);
-        _tile_stored(2, s + 16 * SW, SW * 4);
-        _tile_stored(3, s + 16 * SW + 16, SW * 4);
+        float *s = J->S + 32 * rp * SS + t * BK + 32 * h;
+        _tile_stored(0, s, SS * 4);
+        _tile_stored(1, s + 16, SS * 4);
+        _tile_stored(2, s + 16 * SS, SS * 4);
+        _tile_stored(3, s + 16 * SS + 16, SS * 4);
     }
     J->done++;
 }
@@ -280,7 +310,7 @@ static inline void pv_step(tile_job *J) {
     int64_t db = 2 * (int64_t)(J->done / c->nh / NRP);
     int two = db + 1 < ndb;
     float *o = B->O + 32 * rp * OS + db * 16;
-    const uint16_t *pp = B->P + 32 * rp * SW;
+    const uint16_t *pp = J->P + 32 * rp * PS;
     if (k == 0) {
         _tile_loadd(0, o, OS * 4);
         _tile_loadd(1, o + 16 * OS, OS * 4);
@@ -291,13 +321,13 @@ static inline void pv_step(tile_job *J) {
     }
     int t = c->ht[k], h = c->hh[k];
     const uint16_t *vt = B->VP + (((c->t[t].j0 + 32 * h) / 32) * ndb + db) * 512;
-    _tile_loadd(4, pp + t * BK + 32 * h, SW * 2);
+    _tile_loadd(4, pp + t * BK + 32 * h, PS * 2);
+    _tile_loadd(5, pp + 16 * PS + t * BK + 32 * h, PS * 2);
     _tile_loadd(6, vt, 64);
+    if (two) _tile_loadd(7, vt + 512, 64);
     _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(5, pp + 16 * SW + t * BK + 32 * h, SW * 2);
     _tile_dpbf16ps(1, 5, 6);
     if (two) {
-        _tile_loadd(7, vt + 512, 64);
         _tile_dpbf16ps(2, 4, 7);
         _tile_dpbf16ps(3, 5, 7);
     }
@@ -321,23 +351,36 @@ static void score_job(tile_job *J, const amx_bufs *B, const chunk_plan *c, float
     J->done = 0;
 }
 
-static void pv_job(tile_job *J, const amx_bufs *B, const chunk_plan *c, int64_t ndb, int64_t OS) {
+static void pv_job(tile_job *J, const amx_bufs *B, const chunk_plan *c, const uint16_t *P, int64_t ndb, int64_t OS) {
     J->B = B;
     J->c = c;
+    J->P = P;
     J->ndb = ndb;
     J->OS = OS;
     J->n = c ? c->nh * (int)((ndb + 1) / 2) * NRP : 0;
     J->done = 0;
 }
 
-/* Runs the steps of J due after row x of BQ (spread evenly over the rows). */
+/* Share (in 64ths) of a chunk's score steps run during the row max pass; the rest, after all of
+ * the previous chunk's P V, run during the exponent pass, which has most of the vector work.
+ * Both jobs keep partial sums in tiles 0..3 across steps, so one job's run of steps (a score
+ * block of ndc steps, a P V block of nh steps) is never interrupted by the other's. */
+#define SCORE_IN_MAX 16
+/* Pass 1: runs the score steps due after row x of BQ (the first SCORE_IN_MAX 64ths of them). */
 static inline void score_until(tile_job *J, int x) {
-    int due = (int)(((int64_t)J->n * (x + 1)) / BQ);
+    int due = (int)(((int64_t)J->n * SCORE_IN_MAX * (x + 1)) / (64 * BQ));
     while (J->done < due) score_step(J);
 }
-static inline void pv_until(tile_job *J, int x) {
-    int due = (int)(((int64_t)J->n * (x + 1)) / BQ);
-    while (J->done < due) pv_step(J);
+/* Pass 2: the P V steps, then the remaining score steps, spread evenly over the rows; base is
+ * the score steps done before the pass. */
+static inline void both_until(tile_job *pv, tile_job *sj, int base, int x) {
+    int due = (int)(((int64_t)(pv->n + sj->n - base) * (x + 1)) / BQ);
+    while (pv->done + sj->done - base < due) {
+        if (pv->done < pv->n)
+            pv_step(pv);
+        else
+            score_step(sj);
+    }
 }
 
 static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
@@ -374,8 +417,10 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int32_t kvl = (int32_t)g->kv_len;
-    /* chunk i is planned in cp[i % 3] and scored into S[i % 2]; while its softmax runs, the
-     * previous chunk's P V (pass 1) and the next chunk's scores (pass 2) run in the tile unit */
+    /* chunk i is planned in cp[i % 3], scored into S[i % 2] and its P written to P[i % 2]; while
+     * its softmax runs, the next chunk's scores (both passes) and the previous chunk's P V (pass 2)
+     * run in the tile unit, a few steps after each row, so that both units work at once. O and l
+     * are rescaled to chunk i's running max once the previous P V is complete (after pass 2). */
     chunk_plan cp[3];
     tile_job pv, sj;
     int i = 0;
@@ -384,18 +429,27 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
         score_job(&sj, B, &cp[0], B->S[0], D32);
         while (sj.done < sj.n) score_step(&sj);
     }
-    pv_job(&pv, B, NULL, ndb, OS);
+    pv_job(&pv, B, NULL, NULL, ndb, OS);
     while (have) {
         const chunk_plan *cur = &cp[i % 3];
         float *Sb = B->S[i % 2];
+        int more = next_chunk(&rows, cur->next, kvl, &cp[(i + 1) % 3]);
+        score_job(&sj, B, more ? &cp[(i + 1) % 3] : NULL, B->S[(i + 1) % 2], D32);
         /* a tile is "fast" when no scaling, capping or masking has to be written back: its row max
          * is taken on the raw scores (the scale is positive) and P = 2^(s * scale - m) */
-        int fast[KC];
-        for (int t = 0; t < cur->n; t++) fast[t] = !cap && scale_pos && !cur->t[t].partial;
+        int fast[KC], all_fast = 1;
+        for (int t = 0; t < cur->n; t++) all_fast &= fast[t] = !cap && scale_pos && !cur->t[t].partial;
+        /* lazy: a chunk of fast tiles after every row has a finite max skips pass 1 and takes its
+         * exponents against the current max; P may then exceed 1, up to 2^LAZY_MAX (harmless in
+         * bf16 and f32 alike). A row whose scores go beyond that takes its exact max and is redone
+         * (see pass 2). This is exact softmax all the same: O and l use one reference per row. */
+        int lazy = i > 0 && all_fast;
+        for (int c = 0; lazy && c < BQ / 16; c++)
+            lazy = !_mm512_cmp_ps_mask(_mm512_loadu_ps(m + 16 * c), ninf, _CMP_EQ_OQ);
         /* pass 1: each row's max over the chunk */
         float mx[BQ];
-        for (int x = 0; x < BQ; x++) {
-            float *s = Sb + x * SW;
+        for (int x = 0; x < BQ && !lazy; x++) {
+            float *s = Sb + x * SS;
             __m512 mf = ninf, ms = ninf;
             for (int t = 0; t < cur->n; t++) {
                 const tile_plan *tp = &cur->t[t];
@@ -426,14 +480,20 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
                     ms = _mm512_max_ps(ms, y);
                 }
             }
-            float a = _mm512_reduce_max_ps(mf) * scf, b = _mm512_reduce_max_ps(ms);
+            /* fast tiles exist only with a positive scale (else -inf * scale would be +inf) */
+            float a = scale_pos ? _mm512_reduce_max_ps(mf) * scf : -INFINITY, b = _mm512_reduce_max_ps(ms);
             mx[x] = a > b ? a : b;
-            pv_until(&pv, x);
+            score_until(&sj, x);
         }
-        /* P V of the previous chunk is complete: O may be rescaled and P rewritten */
-        /* the running max: rows whose max grew rescale their O (and l) by 2^(m_old - m_new) */
-        float mu[BQ];
-        for (int c = 0; c < BQ / 16; c++) {
+        /* a score block in progress is finished before P V may use the tiles */
+        while (sj.done % (int)(D32 / 32)) score_step(&sj);
+        int sbase = sj.done;
+        /* the running max: rows whose max grew rescale their O and l by 2^(m_old - m_new), after
+         * pass 2 (the previous chunk's P V still adds to O at the old max) */
+        float mu[BQ], al[BQ];
+        uint64_t resc = 0;
+        if (lazy) memcpy(mu, m, sizeof mu);
+        for (int c = 0; c < BQ / 16 && !lazy; c++) {
             __m512 mo = _mm512_loadu_ps(m + 16 * c), t = _mm512_loadu_ps(mx + 16 * c);
             __mmask16 grow = _mm512_cmp_ps_mask(t, mo, _CMP_GT_OQ);
             __mmask16 rescale = grow & _mm512_cmp_ps_mask(mo, ninf, _CMP_NEQ_OQ);
@@ -442,32 +502,29 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
             /* a row that has seen nothing yet keeps m = -inf: exponents are taken against 0 */
             _mm512_storeu_ps(mu + 16 * c, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn,
                                                                _mm512_setzero_ps()));
-            if (rescale) {
-                float al[16];
-                _mm512_storeu_ps(al, exp2_ps(_mm512_sub_ps(mo, mn)));
-                while (rescale) {
-                    int x = __builtin_ctz(rescale);
-                    rescale &= rescale - 1;
-                    __m512 av = _mm512_set1_ps(al[x]);
-                    l[16 * c + x] *= al[x];
-                    float *o = B->O + (16 * c + x) * OS;
-                    for (int64_t d = 0; d < OS; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), av));
-                }
-            }
+            if (rescale) _mm512_storeu_ps(al + 16 * c, exp2_ps(_mm512_sub_ps(mo, mn)));
+            resc |= (uint64_t)rescale << (16 * c);
         }
-        int more = next_chunk(&rows, cur->next, kvl, &cp[(i + 1) % 3]);
-        score_job(&sj, B, more ? &cp[(i + 1) % 3] : NULL, B->S[(i + 1) % 2], D32);
         /* pass 2: P in bf16 */
+        uint16_t *Pb = B->P[i % 2];
+        float rsum[BQ];
         for (int x = 0; x < BQ; x++) {
-            const float *s = Sb + x * SW;
-            uint16_t *pr = B->P + x * SW;
-            __m512 muv = _mm512_set1_ps(mu[x]), rs = _mm512_setzero_ps();
+            const float *s = Sb + x * SS;
+            uint16_t *pr = Pb + x * PS;
+            __m512 muv = _mm512_set1_ps(mu[x]), rs, top;
+        redo:
+            rs = _mm512_setzero_ps();
+            top = ninf; /* lazy: the largest exponent */
             for (int t = 0; t < cur->n; t++) {
                 const tile_plan *tp = &cur->t[t];
                 const float *st = s + t * BK;
                 __m512 p[4];
                 if (fast[t]) {
-                    for (int c = 0; c < 4; c++) p[c] = exp2_p(_mm512_fmsub_ps(_mm512_load_ps(st + 16 * c), sc, muv));
+                    for (int c = 0; c < 4; c++) {
+                        __m512 e = _mm512_fmsub_ps(_mm512_load_ps(st + 16 * c), sc, muv);
+                        if (lazy) top = _mm512_max_ps(top, e);
+                        p[c] = exp2_p(e);
+                    }
                 } else {
                     for (int c = 0; c < 4; c++)
                         p[c] = tp->half_on[c / 2] ? exp2_p(_mm512_sub_ps(_mm512_load_ps(st + 16 * c), muv))
@@ -479,10 +536,45 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
                 /* the row sum of the rounded P: pairs of bf16 values times 1.0 summed in f32 */
                 rs = _mm512_dpbf16_ps(_mm512_dpbf16_ps(rs, b0, one_bh), b1, one_bh);
             }
-            l[x] += _mm512_reduce_add_ps(rs);
-            score_until(&sj, x);
+            if (lazy && _mm512_cmp_ps_mask(top, _mm512_set1_ps(LAZY_MAX), _CMP_GT_OQ)) {
+                /* the row's scores outgrew its max: take the exact max of the chunk and redo the
+                 * row; O and l are rescaled after pass 2, like a grown max of pass 1 */
+                __m512 mf = ninf;
+                for (int t = 0; t < cur->n; t++)
+                    for (int c = 0; c < 4; c++) mf = _mm512_max_ps(mf, _mm512_load_ps(s + t * BK + 16 * c));
+                float mn = _mm512_reduce_max_ps(mf) * scf;
+                al[x] = (float)exp2((double)m[x] - (double)mn);
+                resc |= (uint64_t)1 << x;
+                m[x] = mu[x] = mn;
+                muv = _mm512_set1_ps(mn);
+                goto redo;
+            }
+            rsum[x] = _mm512_reduce_add_ps(rs);
+            /* during the last chunk: the Q row of the block before (the driver orders a head's
+             * blocks last first, so it is most often this thread's next item) into L2, as its rows
+             * are strided far apart (no hardware prefetch) */
+            if (!more && it->i0 >= BQ) {
+                const char *nq = attn_ptr(&P->q, g->row, g->q_start + it->i0 - BQ + x, it->head, 2);
+                for (int64_t c = 0; c < 2 * D; c += 64) _mm_prefetch(nq + c, _MM_HINT_T1);
+            }
+            /* and this block's output row, for writing (it is written right after this chunk) */
+            if (!more && x < it->n) {
+                char *od = attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2);
+                for (int64_t c = 0; c < 2 * D; c += 64) __builtin_prefetch(od + c, 1, 3);
+            }
+            both_until(&pv, &sj, sbase, x);
         }
-        pv_job(&pv, B, cur, ndb, OS);
+        /* the previous chunk's P V is complete: O and l move to the new max, then take this chunk */
+        while (resc) {
+            int x = __builtin_ctzll(resc);
+            resc &= resc - 1;
+            __m512 av = _mm512_set1_ps(al[x]);
+            l[x] *= al[x];
+            float *o = B->O + x * OS;
+            for (int64_t d = 0; d < OS; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), av));
+        }
+        for (int x = 0; x < BQ; x++) l[x] += rsum[x];
+        pv_job(&pv, B, cur, Pb, ndb, OS);
         have = more;
         i++;
     }

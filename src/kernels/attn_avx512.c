@@ -414,6 +414,7 @@ typedef struct {
     float *PT, *dST;        /* [BK + 16][BQ], 8 spare rows each side (PT2, dST2: the second block's) */
     float *PT2, *dST2;
     float *tmp, *tmp2;      /* [Dp + 16] */
+    int64_t packed_unit;    /* the unit whose keys KPk/VPk/KPv hold (-1: none) */
 } bwd_bufs;
 
 static int64_t bwd_chunk_blocks(const attn_problem *P) {
@@ -702,10 +703,21 @@ static void bwd_tiles(const attn_problem *P, size_t k, const int32_t *n, int64_t
     }
 }
 
-/* One unit (group, key head): part `part` of `nparts` of its query blocks (block number idx, counted
- * over the unit's segments, heads and blocks in that order, goes to part idx % nparts),
- * accumulating dk/dv in this thread's buffers; with write = 1 they are stored to dk/dv at the end. */
-static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, int nparts, int write) {
+/* The number of query blocks of unit u (what bwd_unit counts idx over). */
+static int64_t unit_blocks(const attn_bwd_job *job, int64_t u) {
+    const attn_problem *P = job->P;
+    const attn_kgroup *G = &job->groups[u / P->hkv];
+    int64_t nb = 0;
+    for (size_t s = G->seg_begin; s < G->seg_end; s++) nb += (P->L->segs[job->perm[s]].q_len + BQ - 1) / BQ;
+    return nb * P->group;
+}
+
+/* One unit (group, key head): part `part` of `nparts` of its query blocks [blo, bhi) (block number
+ * idx, counted over the unit's segments, heads and blocks in that order, goes to part idx % nparts),
+ * accumulating dk/dv in B->dK/dV (zeroed first); with write = 1 they are stored to dk/dv at the end.
+ * The unit's keys are packed unless B holds them already. */
+static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, int nparts, int64_t blo, int64_t bhi,
+                     int write) {
     const attn_problem *P = job->P;
     const maskpack_layout *L = P->L;
     const attn_kgroup *G = &job->groups[u / P->hkv];
@@ -713,8 +725,12 @@ static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, 
     int64_t D = P->d, Dp = round16(D), Rs = bwd_rs(Dp), W = G->kv_end - G->kv_start, C = bwd_chunk_blocks(P);
     memset(B->dK, 0, (size_t)(W * Rs) * sizeof(float));
     memset(B->dV, 0, (size_t)(W * Rs) * sizeof(float));
-    pack_keys(P, &P->k, G->row, G->kv_start, W, kh, 0, W, B->KPk, B->VPk, B->tmp);
-    pack_keys(P, &P->v, G->row, G->kv_start, W, kh, 0, W, B->KPv, NULL, B->tmp);
+    if (blo >= bhi) return;
+    if (B->packed_unit != u) {
+        pack_keys(P, &P->k, G->row, G->kv_start, W, kh, 0, W, B->KPk, B->VPk, B->tmp);
+        pack_keys(P, &P->v, G->row, G->kv_start, W, kh, 0, W, B->KPv, NULL, B->tmp);
+        B->packed_unit = u;
+    }
     int64_t idx = 0;
     float sc_rows[BQ];
     for (int x = 0; x < BQ; x++) sc_rows[x] = (float)P->scale;
@@ -727,7 +743,7 @@ static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, 
                 /* this part's blocks of the chunk [b0, b0 + C) */
                 int64_t mine[BWD_QCH], nm = 0;
                 for (int64_t b = b0; b < nblk && b < b0 + C; b++)
-                    if ((idx + b) % nparts == part) mine[nm++] = b;
+                    if ((idx + b) % nparts == part && idx + b >= blo && idx + b < bhi) mine[nm++] = b;
                 if (nm == 0) continue;
                 for (int64_t c = 0; c < nm; c++) {
                     bwd_slot S = slot_of(B, Dp, c);
@@ -772,6 +788,27 @@ static void bufs_of(const attn_bwd_job *job, int tid, bwd_bufs *B) {
         if (job->groups[g].kv_end - job->groups[g].kv_start > W) W = job->groups[g].kv_end - job->groups[g].kv_start;
     float *base = (float *)(job->ws + (size_t)tid * job->ws_stride);
     bwd_layout(P, W, base, B);
+    B->packed_unit = -1;
+}
+
+/* Query blocks [*blo, *bhi) of piece c of tail unit u: pieces of a quarter of its blocks, but at
+ * least a chunk's worth (a piece sweeps the unit's keys once per chunk, so a smaller one would
+ * add sweeps); later pieces may be empty. */
+static void tail_piece(const attn_bwd_job *job, int64_t u, int64_t c, int64_t *blo, int64_t *bhi) {
+    int64_t nb = unit_blocks(job, u), per = (nb + ATTN_BWD_TAIL_CHUNKS - 1) / ATTN_BWD_TAIL_CHUNKS;
+    if (per < bwd_chunk_blocks(job->P)) per = bwd_chunk_blocks(job->P);
+    *blo = c * per < nb ? c * per : nb;
+    *bhi = (c + 1) * per < nb ? (c + 1) * per : nb;
+}
+
+/* Tail unit t's piece c: its dK partial (the dV partial follows it). */
+static float *tail_partial(const attn_bwd_job *job, int64_t t, int64_t c) {
+    size_t one = (size_t)(job->max_width * bwd_rs(round16(job->P->d)));
+    return job->tail_acc + ((size_t)t * ATTN_BWD_TAIL_CHUNKS + (size_t)c) * 2 * one;
+}
+
+size_t attn_avx512_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
+    return (size_t)n_tail * ATTN_BWD_TAIL_CHUNKS * 2 * (size_t)(max_width * bwd_rs(round16(P->d))) * sizeof(float);
 }
 
 void attn_avx512_bwd_thread(void *vjob, int tid) {
@@ -779,14 +816,57 @@ void attn_avx512_bwd_thread(void *vjob, int tid) {
     bwd_bufs B;
     bufs_of(job, tid, &B);
     if (job->split) {
-        bwd_unit(job, job->unit, &B, tid, job->n_threads, 0);
+        bwd_unit(job, job->unit, &B, tid, job->n_threads, 0, INT64_MAX, 0);
         return;
     }
     _Atomic int64_t *next = job->next;
+    float *own_dK = B.dK, *own_dV = B.dV;
     for (;;) {
-        int64_t u = atomic_fetch_add(next, 1);
+        int64_t x = atomic_fetch_add(next, 1);
+        if (x < job->n_whole) {
+            B.dK = own_dK;
+            B.dV = own_dV;
+            bwd_unit(job, x, &B, 0, 1, 0, INT64_MAX, 1);
+            continue;
+        }
+        /* the tail: piece c of unit u into its own partial */
+        int64_t t = (x - job->n_whole) / ATTN_BWD_TAIL_CHUNKS, c = (x - job->n_whole) % ATTN_BWD_TAIL_CHUNKS;
+        int64_t u = job->n_whole + t;
         if (u >= job->n_units) break;
-        bwd_unit(job, u, &B, 0, 1, 1);
+        int64_t blo, bhi;
+        tail_piece(job, u, c, &blo, &bhi);
+        if (blo >= bhi && c > 0) continue; /* an empty piece: left out of the sum (piece 0 is zeroed) */
+        B.dK = tail_partial(job, t, c);
+        B.dV = B.dK + job->max_width * bwd_rs(round16(job->P->d));
+        bwd_unit(job, u, &B, 0, 1, blo, bhi, 0);
+    }
+}
+
+void attn_avx512_bwd_tail_reduce(void *vjob, int tid) {
+    const attn_bwd_job *job = vjob;
+    const attn_problem *P = job->P;
+    int64_t D = P->d, Rs = bwd_rs(round16(D)), one = job->max_width * Rs;
+    float scale = (float)P->scale;
+    for (int64_t u = job->n_whole; u < job->n_units; u++) {
+        const attn_kgroup *G = &job->groups[u / P->hkv];
+        int32_t kh = (int32_t)(u % P->hkv);
+        int64_t W = G->kv_end - G->kv_start, c0 = W * tid / job->n_threads, c1 = W * (tid + 1) / job->n_threads;
+        float *p0 = tail_partial(job, u - job->n_whole, 0);
+        int64_t np = 1, blo, bhi; /* the non-empty pieces are a prefix; piece 0 always counts (it may
+                                   * be empty when the unit has no blocks: then it holds zeros) */
+        while (np < ATTN_BWD_TAIL_CHUNKS && (tail_piece(job, u, np, &blo, &bhi), blo < bhi)) np++;
+        for (int64_t c = c0; c < c1; c++) {
+            float *k0 = p0 + c * Rs, *v0 = p0 + one + c * Rs;
+            for (int64_t q = 1; q < np; q++) { /* piece order: deterministic */
+                const float *kq = tail_partial(job, u - job->n_whole, q) + c * Rs, *vq = kq + one;
+                for (int64_t d = 0; d < D; d++) {
+                    k0[d] += kq[d];
+                    v0[d] += vq[d];
+                }
+            }
+            store_row(attn_ptr(&P->dk, G->row, G->kv_start + c, kh, P->esize), P->bf16, k0, D, scale);
+            store_row(attn_ptr(&P->dv, G->row, G->kv_start + c, kh, P->esize), P->bf16, v0, D, 1.0f);
+        }
     }
 }
 
@@ -839,6 +919,16 @@ void attn_avx512_bwd_thread(void *job, int tid) {
 void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
     (void)job;
     (void)u;
+}
+size_t attn_avx512_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
+    (void)P;
+    (void)max_width;
+    (void)n_tail;
+    return 0;
+}
+void attn_avx512_bwd_tail_reduce(void *job, int tid) {
+    (void)job;
+    (void)tid;
 }
 
 #endif

@@ -103,6 +103,11 @@ typedef struct attn_fwd_job {
     const size_t *unit_begin;
     size_t n_units;
     int by_unit;
+    /* by_unit mode: units [0, n_whole) are claimed whole, the items of the rest one by one, so
+     * the threads finish within one item of each other instead of one unit (a busy core on a
+     * shared machine otherwise leaves the other idle for up to a whole unit); a thread that
+     * meets a new unit there packs its keys itself (one more pack per thread and tail unit) */
+    size_t n_whole;
 } attn_fwd_job;
 
 /* Claims the next run of items [*b, *e) for a thread; 0 when there is none left. */
@@ -121,7 +126,18 @@ typedef struct attn_bwd_job {
     char *ws;
     size_t ws_stride;
     int n_threads;
+    /* Dynamic mode, AVX-512 kernel: units [0, n_whole) are claimed whole; each later (tail) unit
+     * is claimed as up to ATTN_BWD_TAIL_CHUNKS pieces of consecutive query blocks (counted as
+     * bwd_unit does; see tail_piece in attn_avx512.c), each accumulating its own dK/dV partial in
+     * tail_acc; attn_avx512_bwd_tail_reduce then sums each key's partials in piece order. So the
+     * threads finish within one piece of each other, and which thread ran a piece never changes a
+     * bit (n_whole = n_units: no tail). */
+    int64_t n_whole;
+    float *tail_acc;         /* [n_units - n_whole][ATTN_BWD_TAIL_CHUNKS][2][max width][row stride] */
+    int64_t max_width;
 } attn_bwd_job;
+
+#define ATTN_BWD_TAIL_CHUNKS 4
 
 size_t attn_ref_fwd_ws(const attn_problem *P);
 void attn_ref_fwd_thread(void *job, int tid);
@@ -145,6 +161,10 @@ void attn_amx_fwd_thread(void *job, int tid);
 
 /* Split mode: sums the threads' private dk/dv accumulators of unit u into dk/dv. */
 void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u);
+/* Bytes of tail_acc for n_tail tail units of width up to max_width. */
+size_t attn_avx512_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail);
+/* After the dynamic phase: thread tid of n sums and stores its share of the tail units' keys. */
+void attn_avx512_bwd_tail_reduce(void *job, int tid);
 
 /* Writes one fp32 row (n values, times mul) into a tensor row of dtype f32/bf16. */
 void attn_store_row(void *dst, int bf16, const float *src, int64_t n, float mul);

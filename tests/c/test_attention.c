@@ -385,7 +385,7 @@ static maskpack_layout *from_lengths(const int64_t *len, size_t n, maskpack_plac
 static void test_kernels_vs_reference(void) {
     maskpack_rule causal = maskpack_rule_default(), bidir = maskpack_rule_default();
     bidir.causal = 0;
-    /* lengths around the block sizes (48 query rows, 64 keys, AMX 64 rows and chunks of 128 keys),
+    /* lengths around the block sizes (48 query rows, 64 keys, AMX 64 rows and chunks of 256 keys),
      * an empty one and a 1 */
     int64_t len_a[5] = {49, 0, 1, 64, 33};
     int64_t len_b[3] = {97, 47, 65};
@@ -397,6 +397,8 @@ static void test_kernels_vs_reference(void) {
 
     L = from_lengths(len_b, 3, MASKPACK_PLACE_PACKED, 0, &bidir);
     if (L) check_all_isas(L, 4, 2, 128, 0.3, 0, "packed bidirectional GQA");
+    /* a negative scale is legal: the row max of the scaled scores is not the scaled max */
+    if (L) check_all_isas(L, 4, 2, 128, -0.3, 0, "packed bidirectional GQA, negative scale");
     maskpack_layout_free(L);
 
     L = from_lengths(len_b, 3, MASKPACK_PLACE_LEFT, 0, &causal);
@@ -459,6 +461,12 @@ static void test_kernels_vs_reference(void) {
     win3.window_right = 60;
     L = from_lengths(len_f, 2, MASKPACK_PLACE_RIGHT, 0, &win3);
     if (L) check_all_isas(L, 1, 1, 128, 0, 0, "long window (100,60)");
+    maskpack_layout_free(L);
+    /* three AMX key chunks of 256 keys without a mask: the second takes its exponents against
+     * the first chunk's max (lazy max), and a large scale makes some rows outgrow it (redone) */
+    int64_t len_g[1] = {520};
+    L = from_lengths(len_g, 1, MASKPACK_PLACE_PACKED, 0, &bidir);
+    if (L) check_all_isas(L, 1, 1, 64, 2.0, 0, "long bidirectional, scale 2");
     maskpack_layout_free(L);
 
     /* head dim 256, and a larger head dim odd size */
@@ -996,6 +1004,84 @@ static void test_isa_selection(void) {
     printf("\n");
 }
 
+/* Packed run rp and right-padded run rd (rows W wide) of the same tokens agree bitwise. */
+static int packed_padded_same(const prob *pp, const result *rp, const result *rd, const int64_t *len, int64_t n,
+                              int64_t W) {
+    int64_t Hq = pp->Hq, Hkv = pp->Hkv, D = pp->D, t = 0;
+    int same = 1;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < len[s]; i++, t++) {
+            if (memcmp(rd->out + (s * W + i) * Hq * D, rp->out + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+            if (memcmp(rd->dq + (s * W + i) * Hq * D, rp->dq + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+            if (memcmp(rd->dk + (s * W + i) * Hkv * D, rp->dk + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+            if (memcmp(rd->dv + (s * W + i) * Hkv * D, rp->dv + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+            for (int64_t h = 0; h < Hq; h++)
+                if (memcmp(&rd->lse[(s * Hq + h) * W + i], &rp->lse[h * pp->S + t], 4)) same = 0;
+        }
+    return same;
+}
+
+/* The schedule's tails on 2 threads with many units (segments x key heads >= 4 x threads): the
+ * forward claims whole units, then the last units block by block; the backward claims whole units,
+ * then splits the last one into pieces of its query blocks with their own dK/dV partials, summed in
+ * piece order. Tail units with many blocks (pieces across heads) and with fewer blocks than pieces
+ * (empty pieces); packed and padded runs stay bitwise equal, repeated runs are bitwise equal, and
+ * 1 and 2 threads match the reference. */
+static void test_schedule_tails(void) {
+    if (n_isas < 2) return;
+    int64_t lens[2][5] = {{300, 150, 220, 90, 40}, {40, 90, 220, 150, 300}}, W = 300;
+    for (int li = 0; li < 2; li++)
+        for (int causal = 0; causal <= 1; causal++) {
+            maskpack_rule r = maskpack_rule_default();
+            r.causal = causal;
+            const int64_t *len = lens[li];
+            maskpack_layout *Lp = from_lengths(len, 5, MASKPACK_PLACE_PACKED, 0, &r);
+            maskpack_layout *Ld = from_lengths(len, 5, MASKPACK_PLACE_RIGHT, W, &r);
+            if (!Lp || !Ld) return;
+            int64_t Hq = 4, Hkv = 2, D = 64;
+            prob pp = make_prob(Lp, Hq, Hkv, D, 0), pd = make_prob(Ld, Hq, Hkv, D, 0);
+            for (int64_t i = 0; i < nq_el(&pd); i++) pd.q[i] = pd.dout[i] = 0;
+            for (int64_t i = 0; i < nk_el(&pd); i++) pd.k[i] = pd.v[i] = 0;
+            int64_t t = 0;
+            for (int64_t s = 0; s < 5; s++)
+                for (int64_t i = 0; i < len[s]; i++, t++) {
+                    memcpy(pd.q + (s * W + i) * Hq * D, pp.q + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+                    memcpy(pd.dout + (s * W + i) * Hq * D, pp.dout + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+                    memcpy(pd.k + (s * W + i) * Hkv * D, pp.k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+                    memcpy(pd.v + (s * W + i) * Hkv * D, pp.v + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+                }
+            dense ref = dense_ref(&pp, 1 / sqrt((double)D), 0, 1);
+            result rp, rp2, rd, r1;
+            maskpack_error e;
+            char what[100];
+            snprintf(what, sizeof what, "schedule tails, lengths %d, causal %d", li, causal);
+            CHECK_OK(run(&pp, "avx512", 0, 0, 2, 1, &rp, &e), e);
+            CHECK_OK(run(&pp, "avx512", 0, 0, 2, 1, &rp2, &e), e);
+            CHECK_OK(run(&pd, "avx512", 0, 0, 2, 1, &rd, &e), e);
+            CHECK_OK(run(&pp, "avx512", 0, 0, 1, 1, &r1, &e), e);
+            check_against(&pp, &rp, &ref, 1, what, 2e-5);
+            check_against(&pp, &r1, &ref, 1, what, 2e-5);
+            int same = packed_padded_same(&pp, &rp, &rd, len, 5, W);
+            CHECK(same);
+            if (!same) fprintf(stderr, "  %s: packed and padded differ\n", what);
+            CHECK(memcmp(rp.out, rp2.out, (size_t)nq_el(&pp) * 4) == 0);
+            CHECK(memcmp(rp.dq, rp2.dq, (size_t)nq_el(&pp) * 4) == 0);
+            CHECK(memcmp(rp.dk, rp2.dk, (size_t)nk_el(&pp) * 4) == 0);
+            CHECK(memcmp(rp.dv, rp2.dv, (size_t)nk_el(&pp) * 4) == 0);
+            /* the forward's blocks do not depend on the schedule: 1 and 2 threads agree bitwise */
+            CHECK(memcmp(rp.out, r1.out, (size_t)nq_el(&pp) * 4) == 0);
+            free_result(&rp);
+            free_result(&rp2);
+            free_result(&rd);
+            free_result(&r1);
+            free_dense(&ref);
+            free_prob(&pp);
+            free_prob(&pd);
+            maskpack_layout_free(Lp);
+            maskpack_layout_free(Ld);
+        }
+}
+
 int main(void) {
     verbose_fail = getenv("ATTN_TEST_VERBOSE") != NULL;
     test_isa_selection();
@@ -1008,6 +1094,7 @@ int main(void) {
     test_strided();
     test_threads_deterministic();
     test_long_sequences();
+    test_schedule_tails();
     unsetenv("MASKPACK_ISA");
     return check_report("test_attention");
 }
