@@ -772,7 +772,8 @@ MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *
  */
 
 /* Which kernel runs the rule. AUTO reads the environment variable MASKPACK_ISA ("ref" or
- * "avx512"; unset or "auto" = the best the CPU supports). */
+ * "avx512"; unset or "auto" = the best the CPU supports; "amx", which the attention also reads,
+ * means the AVX-512 kernel here since the rule has no AMX kernel). */
 typedef enum maskpack_gdn_isa {
     MASKPACK_GDN_ISA_AUTO = 0,
     MASKPACK_GDN_ISA_REF = 1,    /* portable C (the reference) */

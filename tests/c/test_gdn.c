@@ -1529,6 +1529,16 @@ static void test_bad_input(void) {
     maskpack_gdn_isa r;
     CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
     CHECK_EQ(r, MASKPACK_GDN_ISA_REF);
+    /* "amx" (shared with the attention) means the AVX-512 kernel: the rule has no AMX kernel */
+    setenv("MASKPACK_ISA", "amx", 1);
+    if (have_avx512()) {
+        r = MASKPACK_GDN_ISA_REF;
+        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX512);
+        CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
+    } else {
+        EXPECT_FAIL(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), MASKPACK_ERR_UNSUPPORTED, "AVX-512");
+    }
     unsetenv("MASKPACK_ISA");
     if (!have_avx512()) {
         bad = o;

@@ -306,6 +306,39 @@ def test_chunked_and_recurrent_agree_and_reference_kernel():
     assert relerr(o_ref, oc) < 1e-5 and relerr(s_ref, sc) < 1e-5
 
 
+def test_isa_amx_means_avx512():
+    """MASKPACK_ISA=amx (which the attention reads too) selects the AVX-512 kernel of the rule."""
+    lengths = [5, 64, 70]
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    xs = make_inputs((sum(lengths),), 2, 4, 32, 32)
+    old = os.environ.get("MASKPACK_ISA")
+    try:
+        os.environ["MASKPACK_ISA"] = "avx512"
+        try:
+            o_avx, s_avx = maskpack.gated_delta_rule(*xs, lay)
+        except maskpack.Error as e:
+            assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+            o_avx = None
+        os.environ["MASKPACK_ISA"] = "amx"
+        if o_avx is None:
+            with pytest.raises(maskpack.Error) as e:
+                maskpack.gated_delta_rule(*xs, lay)
+            assert e.value.status == "MASKPACK_ERR_UNSUPPORTED"
+        else:
+            assert maskpack.gdn_isa() == "avx512"
+            o_amx, s_amx = maskpack.gated_delta_rule(*xs, lay)
+            assert torch.equal(o_amx, o_avx) and torch.equal(s_amx, s_avx)
+        os.environ["MASKPACK_ISA"] = "ref"
+        o_ref, s_ref = maskpack.gated_delta_rule(*xs, lay)
+    finally:
+        if old is None:
+            os.environ.pop("MASKPACK_ISA", None)
+        else:
+            os.environ["MASKPACK_ISA"] = old
+    if o_avx is not None:
+        assert relerr(o_amx, o_ref) < 1e-5 and relerr(s_amx, s_ref) < 1e-5
+
+
 def test_bf16_inputs():
     lay = maskpack.Layout.from_lengths([70, 9], placement="right")
     xs = make_inputs((2, 70), 1, 2, 16, 16, dtype=torch.bfloat16)

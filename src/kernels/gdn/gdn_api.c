@@ -32,11 +32,14 @@ maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gd
         if (env && *env && strcmp(env, "auto") != 0) {
             if (strcmp(env, "ref") == 0)
                 want = MASKPACK_GDN_ISA_REF;
-            else if (strcmp(env, "avx512") == 0)
+            else if (strcmp(env, "avx512") == 0 || strcmp(env, "amx") == 0)
+                /* the variable is shared with the attention, which has AMX kernels; the rule has
+                 * none, so "amx" means its AVX-512 kernel (a single setting serves the whole model) */
                 want = MASKPACK_GDN_ISA_AVX512;
             else
                 return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: expected \"ref\", \"avx512\" or \"auto\", found \"%.40s\"", env);
+                               "MASKPACK_ISA: expected \"ref\", \"avx512\", \"amx\" or \"auto\", found \"%.40s\"",
+                               env);
         }
     }
     const int has = gdn_cpu_has_avx512();
