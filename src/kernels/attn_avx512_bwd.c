@@ -43,13 +43,18 @@
  * (dQ sums in the same order) and each key still receives its dK/dV terms in the order (segment,
  * head, block), because one key lies in exactly one super-block of a segment. So the results are
  * bitwise those of the plain block-by-block sweep, whatever the chunk and super-block sizes.
- * (Measured at S = 2048, D = 128, 2 threads: about as fast as the plain sweep on a quiet machine,
- * much faster when other work shares the L3.) */
+ * The chunk is one pair of blocks (what bwd_tiles takes at once): a pair's Q, dO (both forms) and dQ
+ * (250 KB at D = 128) then stay in L2 while the keys stream past in their packed, sequential forms,
+ * whereas a chunk of 16 blocks (2 MB of them) plus a super-block's keys overflowed the 2 MB L2 and
+ * came back from L3 for every super-block. Measured at S = 2048, D = 128, 2 threads, 16 to 20
+ * alternated pairs each against 16 blocks per chunk (shared, busy machine): 1.7-4.4% faster with
+ * no mask, 1.8% causal, 1.9% on 16 packed causal documents; 4 blocks per chunk was in between and
+ * 32 was 5% slower. */
 #ifndef BWD_KB /* (overridable when tuning) */
 #define BWD_KB 256 /* keys per super-block: 640 KB of K/V/dK/dV at D = 128 */
 #endif
 #ifndef BWD_QCH
-#define BWD_QCH 16 /* query blocks per chunk */
+#define BWD_QCH 2 /* query blocks per chunk */
 #endif
 
 /* Row stride of the row-major Q, dO and the dK, dV accumulators: 16 floats past Dp, so that rows
@@ -396,10 +401,11 @@ static void bwd_unit(const attn_bwd_job *job, int64_t u, bwd_bufs *B, int part, 
         const maskpack_segment *g = &L->segs[k];
         int64_t koff = g->kv_start - G->kv_start, nblk = (g->q_len + BQ - 1) / BQ;
         for (int32_t h = kh * (int32_t)P->group; h < (kh + 1) * (int32_t)P->group; h++, idx += nblk)
-            for (int64_t b0 = 0; b0 < nblk; b0 += C) {
-                /* this part's blocks of the chunk [b0, b0 + C) */
+            for (int64_t b0 = 0; b0 < nblk; b0 += C * nparts) {
+                /* this part's blocks of [b0, b0 + C * nparts): at most C (one in nparts), so that a
+                 * part of a split unit still pairs its blocks */
                 int64_t mine[BWD_QCH], nm = 0;
-                for (int64_t b = b0; b < nblk && b < b0 + C; b++)
+                for (int64_t b = b0; b < nblk && b < b0 + C * nparts; b++)
                     if ((idx + b) % nparts == part && idx + b >= blo && idx + b < bhi) mine[nm++] = b;
                 if (nm == 0) continue;
                 for (int64_t c = 0; c < nm; c++) {
