@@ -63,6 +63,168 @@ static size_t fwd_layout(const attn_problem *P, float *base, fwd_bufs *b) {
 
 size_t attn_avx512_fwd_ws(const attn_problem *P) { return fwd_layout(P, NULL, NULL) + 64; }
 
+/* ---- partial tiles: only the row vectors that see some key -------------------------------------
+ * In a partial tile a vector of 16 query rows may see none of a run of keys: on the causal
+ * diagonal the first rows of the block see none of its last keys, and the rows past a short last
+ * block see nothing. Those (key, vector) pairs are skipped: their scores are masked to -inf after
+ * st anyway, so their probabilities are exactly 0 and add nothing to O (for finite V). A vector
+ * c sees keys only inside vlo[c] .. vhi[c] (the hull of its rows' intervals); the vectors that see
+ * a key form a run ca .. ca + nv - 1 since the hulls grow with the rows. */
+
+/* st_group for vectors ca .. ca + nv - 1 only (the other lanes of ST are left as they were). */
+static inline __attribute__((always_inline)) void st_group_cv(const float *YT, int64_t D, const float *G, float *ST,
+                                                             const int ca, const int nv) {
+    __m512 acc[8][3], y[3];
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        for (int c = 0; c < nv; c++) y[c] = _mm512_load_ps(YT + d * BQ + 16 * (ca + c));
+        const float *g = G + d * 8;
+        if (!(d & 1)) _mm_prefetch((const char *)(g + 8 * D), _MM_HINT_T0);
+        for (int r = 0; r < 8; r++) {
+            __m512 b = _mm512_set1_ps(g[r]);
+            for (int c = 0; c < nv; c++) acc[r][c] = _mm512_fmadd_ps(b, y[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < nv; c++) _mm512_store_ps(ST + r * BQ + 16 * (ca + c), acc[r][c]);
+}
+
+/* The run of vectors that see some key of [a, b): *ca and the count (0: none). */
+static inline int vec_run(const int32_t *vlo, const int32_t *vhi, int32_t a, int32_t b, int *ca) {
+    int c0 = 3, c1 = -1;
+    for (int c = 0; c < 3; c++)
+        if (vlo[c] < b && vhi[c] > a) {
+            if (c < c0) c0 = c;
+            c1 = c;
+        }
+    *ca = c0;
+    return c1 < c0 ? 0 : c1 - c0 + 1;
+}
+
+static void st_packed_cv(const float *YT, int64_t D, const float *KP, int32_t j0, int32_t j1, float *ST,
+                         const int32_t *vlo, const int32_t *vhi) {
+    for (int32_t g = j0 & ~7; g < j1; g += 8) {
+        int ca, nv = vec_run(vlo, vhi, g > j0 ? g : j0, g + 8 < j1 ? g + 8 : j1, &ca);
+        const float *G = KP + (int64_t)g * D;
+        float *S = ST + (int64_t)(g - j0) * BQ;
+        switch (ca * 4 + nv) {
+        case 3: st_group_cv(YT, D, G, S, 0, 3); break;
+        case 2: st_group_cv(YT, D, G, S, 0, 2); break;
+        case 1: st_group_cv(YT, D, G, S, 0, 1); break;
+        case 6: st_group_cv(YT, D, G, S, 1, 2); break;
+        case 5: st_group_cv(YT, D, G, S, 1, 1); break;
+        case 9: st_group_cv(YT, D, G, S, 2, 1); break;
+        default: break; /* no vector sees these keys: masked below */
+        }
+    }
+}
+
+/* Keys [j, e) of ot_group's loop for vectors ca .. ca + nv - 1. */
+static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], const float *X, const float *A,
+                                                           int32_t j, int32_t e, const int ca, const int nv) {
+    for (; j < e; j++) {
+        __m512 a[3];
+        for (int c = 0; c < nv; c++) a[c] = _mm512_load_ps(A + j * BQ + 16 * (ca + c));
+        const float *x = X + j * 8;
+        for (int r = 0; r < 8; r++) {
+            __m512 b = _mm512_set1_ps(x[r]);
+            for (int c = 0; c < nv; c++) acc[r][ca + c] = _mm512_fmadd_ps(b, a[c], acc[r][ca + c]);
+        }
+    }
+}
+
+/* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the vectors of
+ * code[k] = ca * 4 + nv); alpha is applied to every vector. */
+static inline void ot_group_cv(float *OT, const float *X, const float *A, const __m512 *alpha, const int32_t *cut,
+                               const int *code, int nrun) {
+    __m512 acc[8][3];
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 3; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(OT + r * BQ + 16 * c), alpha[c]);
+    for (int k = 0; k < nrun; k++) {
+        int32_t a = cut[k], b = cut[k + 1];
+        switch (code[k]) {
+        case 3: ot_run_cv(acc, X, A, a, b, 0, 3); break;
+        case 2: ot_run_cv(acc, X, A, a, b, 0, 2); break;
+        case 1: ot_run_cv(acc, X, A, a, b, 0, 1); break;
+        case 6: ot_run_cv(acc, X, A, a, b, 1, 2); break;
+        case 5: ot_run_cv(acc, X, A, a, b, 1, 1); break;
+        case 9: ot_run_cv(acc, X, A, a, b, 2, 1); break;
+        default: break;
+        }
+    }
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 3; c++) _mm512_store_ps(OT + r * BQ + 16 * c, acc[r][c]);
+}
+
+/* ot_packed for keys [j0, j0 + nk) inside one 64-key tile of VP (the forward's tiles are VP's). */
+static void ot_tile_cv(float *OT, int64_t D8, const float *VP, int32_t j0, int32_t nk, const float *A,
+                       const __m512 *alpha, const int32_t *vlo, const int32_t *vhi) {
+    /* runs of keys with the same vectors: cut at every hull end inside the range */
+    int32_t pts[8], cut[8];
+    int code[7], np = 0, nrun = 0;
+    pts[np++] = j0;
+    for (int c = 0; c < 3; c++) {
+        if (vlo[c] > j0 && vlo[c] < j0 + nk) pts[np++] = vlo[c];
+        if (vhi[c] > j0 && vhi[c] < j0 + nk) pts[np++] = vhi[c];
+    }
+    for (int x = 1; x < np; x++) /* insertion sort of at most 7 points */
+        for (int y = x; y > 0 && pts[y - 1] > pts[y]; y--) {
+            int32_t t = pts[y];
+            pts[y] = pts[y - 1];
+            pts[y - 1] = t;
+        }
+    pts[np++] = j0 + nk;
+    for (int x = 0; x + 1 < np; x++) {
+        if (pts[x + 1] <= pts[x]) continue;
+        int ca, nv = vec_run(vlo, vhi, pts[x], pts[x + 1], &ca);
+        if (nrun > 0 && code[nrun - 1] == ca * 4 + nv) { /* same vectors: extend */
+            cut[nrun] = pts[x + 1] - j0;
+            continue;
+        }
+        cut[nrun] = pts[x] - j0;
+        code[nrun] = ca * 4 + nv;
+        cut[++nrun] = pts[x + 1] - j0;
+    }
+    const float *tile = VP + (int64_t)(j0 >> 6) * D8 * 64 + (j0 & 63) * 8;
+    for (int64_t d = 0; d < D8; d += 8) ot_group_cv(OT + d * BQ, tile + (d / 8) * 512, A, alpha, cut, code, nrun);
+}
+
+/* The f32 output rows (unpack_rows_direct's job, same values: row x of O times inv[x]) through the
+ * row-major staging block Or [BQ][Dp], written with streaming stores: with interleaved heads each
+ * row sits on its own page, and ordinary stores wait to read every line of it first (one row at a
+ * time, the largest fixed cost of a short forward). The partial lines at either end of a row
+ * (other heads share them) get ordinary masked stores. */
+static void unpack_rows_nt(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
+                           int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
+    int64_t D = P->d;
+    transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
+    for (int32_t x = 0; x < n; x++) {
+        float *dst = (float *)attn_ptr(view, g->row, g->q_start + i0 + x, h, 4);
+        const float *src = Or + x * Dp;
+        __m512 m = _mm512_set1_ps(inv[x]);
+        uintptr_t a = (uintptr_t)dst, e = a + (uintptr_t)D * 4, f = (a + 63) & ~(uintptr_t)63, l = e & ~(uintptr_t)63;
+        if ((a & 3) || f >= l) { /* no whole line inside the row */
+            for (int64_t d = 0; d < D; d += 16) {
+                __mmask16 k = D - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - d)) - 1);
+                _mm512_mask_storeu_ps(dst + d, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + d), m));
+            }
+            continue;
+        }
+        int64_t h0 = (int64_t)(f - a) / 4, t0 = (int64_t)(l - a) / 4;
+        if (h0 > 0) {
+            __mmask16 k = (__mmask16)((1u << h0) - 1);
+            _mm512_mask_storeu_ps(dst, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src), m));
+        }
+        for (int64_t d = h0; d < t0; d += 16) _mm512_stream_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(src + d), m));
+        if (t0 < D) {
+            __mmask16 k = (__mmask16)((1u << (D - t0)) - 1);
+            _mm512_mask_storeu_ps(dst + t0, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + t0), m));
+        }
+    }
+    _mm_sfence(); /* streaming stores are weakly ordered: make them visible like the others */
+}
+
 static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
     const maskpack_layout *L = P->L;
     const maskpack_segment *g = &L->segs[it->seg];
@@ -97,12 +259,29 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
     lane_rule R;
     lane_rule_init(&R, &rows);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    /* per vector of 16 rows, the hull of its rows' keys (see st_packed_cv); a block with rows
+     * outside the base rule keeps every vector on every key */
+    int32_t vlo[3], vhi[3];
+    for (int c = 0; c < 3; c++) {
+        vlo[c] = rows.simple ? INT32_MAX : rows.kmin;
+        vhi[c] = rows.simple ? INT32_MIN : rows.kmax;
+        for (int x = 16 * c; rows.simple && x < 16 * c + 16 && x < it->n; x++)
+            if (rows.lo[x] < rows.hi[x]) {
+                if (rows.lo[x] < vlo[c]) vlo[c] = rows.lo[x];
+                if (rows.hi[x] > vhi[c]) vhi[c] = rows.hi[x];
+            }
+    }
     for (int32_t j0 = (rows.kmin / BK) * BK; j0 < rows.kmax; j0 += BK) {
         int32_t j1 = j0 + BK < g->kv_len ? j0 + BK : (int32_t)g->kv_len, ja, jb;
         int cls = attn_classify(&rows, j0, j1, &ja, &jb);
         if (cls == ATTN_TILE_EMPTY) continue;
+        /* a short block's missing rows are a vector that sees nothing: masked, it is skipped */
+        if (cls == ATTN_TILE_FULL && it->n <= 2 * 16) cls = ATTN_TILE_PARTIAL;
         int32_t nk = jb - ja;
-        st_packed(QT, D, B->KP, ja, jb, ST);
+        if (cls == ATTN_TILE_PARTIAL)
+            st_packed_cv(QT, D, B->KP, ja, jb, ST, vlo, vhi);
+        else
+            st_packed(QT, D, B->KP, ja, jb, ST);
         __m512 mt[3] = {ninf, ninf, ninf};
         if (cls == ATTN_TILE_FULL && !cap) {
             for (int32_t j = 0; j < nk; j++)
@@ -140,7 +319,10 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
             }
         }
         for (int c = 0; c < 3; c++) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
-        ot_packed(OT, D8, B->VP, ja, nk, ST, alpha);
+        if (cls == ATTN_TILE_PARTIAL)
+            ot_tile_cv(OT, D8, B->VP, ja, nk, ST, alpha, vlo, vhi);
+        else
+            ot_packed(OT, D8, B->VP, ja, nk, ST, alpha);
     }
     /* normalise and write: out = O / l, lse = ln(2) * (m + log2 l); rows that saw nothing: 0, -inf */
     float inv[BQ], lse[BQ], mm[BQ], ll[BQ];
@@ -158,7 +340,7 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
         }
     }
     if (direct)
-        unpack_rows_direct(P, &P->out, g, it->head, it->i0, it->n, OT, inv);
+        unpack_rows_nt(P, &P->out, g, it->head, it->i0, it->n, OT, B->Yr, round16(D), inv);
     else
         unpack_rows(P, &P->out, g, it->head, it->i0, it->n, OT, B->Yr, round16(D), inv);
     if (P->have_lse)

@@ -1082,6 +1082,75 @@ static void test_schedule_tails(void) {
         }
 }
 
+/* The f32 forward writes its output rows with streaming stores for the whole 64-byte lines inside
+ * a row and ordinary masked stores for the partial lines at its ends: whatever the alignment of
+ * the output, the values are those of an aligned run, bitwise, and no element outside the output
+ * view is touched (the floats around each row and after the tensor keep their sentinel). */
+static void test_output_alignment(void) {
+    int64_t len[3] = {131, 40, 17}; /* several blocks, a short last block, a block of one vector */
+    maskpack_rule rules[2] = {maskpack_rule_default(), maskpack_rule_default()};
+    rules[1].window_left = 29;
+    for (int ri = 0; ri < 2; ri++) {
+        maskpack_layout *L = from_lengths(len, 3, MASKPACK_PLACE_PACKED, 0, &rules[ri]);
+        if (!L) return;
+        int64_t T = 188, H = 2, D = 64, RS = D + 20; /* out rows RS floats apart: gaps to check */
+        prob p = make_prob(L, H, H, D, 0);
+        int64_t shape[3] = {T, H, D};
+        maskpack_tensor tq = maskpack_tensor_contiguous(p.q, MASKPACK_F32, 3, shape);
+        maskpack_tensor tk = maskpack_tensor_contiguous(p.k, MASKPACK_F32, 3, shape);
+        maskpack_tensor tv = maskpack_tensor_contiguous(p.v, MASKPACK_F32, 3, shape);
+        size_t n = (size_t)(T * H * RS + 64);
+        float *buf = aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64), *first = NULL;
+        for (int x = 0; x < n_isas && buf; x++) {
+            use_isa(isas[x]);
+            free(first); /* each kernel against its own aligned run */
+            first = NULL;
+            for (int off = 0; off < 16; off++) {
+                for (size_t i = 0; i < n; i++) buf[i] = -7.5f;
+                maskpack_tensor to = tq;
+                to.data = buf + off;
+                to.strides[0] = H * RS;
+                to.strides[1] = RS;
+                maskpack_error e;
+                CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, NULL, 2, NULL, 0, &e), e);
+                if (!first) {
+                    first = malloc((size_t)(T * H * D) * sizeof(float));
+                    if (!first) break;
+                    for (int64_t r = 0; r < T * H; r++) memcpy(first + r * D, buf + off + r * RS, (size_t)D * 4);
+                    /* against the reference, once */
+                    dense ref = dense_ref(&p, 1 / sqrt((double)D), 0, 0);
+                    double worst = 0;
+                    for (int64_t i = 0; i < T * H * D; i++) {
+                        double d = fabs((double)first[i] - ref.out[i]);
+                        if (d > worst) worst = d;
+                    }
+                    CHECK(worst < 2e-5);
+                    free_dense(&ref);
+                }
+                int same = 1, untouched = 1;
+                for (int64_t r = 0; r < T * H; r++) {
+                    if (memcmp(first + r * D, buf + off + r * RS, (size_t)D * 4)) same = 0;
+                    for (int64_t c = D; c < RS; c++)
+                        if (buf[off + r * RS + c] != -7.5f) untouched = 0;
+                }
+                for (int i = 0; i < off; i++)
+                    if (buf[i] != -7.5f) untouched = 0;
+                for (size_t i = (size_t)(off + T * H * RS); i < n; i++)
+                    if (buf[i] != -7.5f) untouched = 0;
+                CHECK(same);
+                CHECK(untouched);
+                if (!same || !untouched)
+                    fprintf(stderr, "  output alignment: %s, rule %d, offset %d: %s\n", isas[x], ri, off,
+                            same ? "wrote outside the output" : "values differ from the aligned run");
+            }
+        }
+        free(first);
+        free(buf);
+        free_prob(&p);
+        maskpack_layout_free(L);
+    }
+}
+
 int main(void) {
     verbose_fail = getenv("ATTN_TEST_VERBOSE") != NULL;
     test_isa_selection();
@@ -1092,6 +1161,7 @@ int main(void) {
     test_cp_shard();
     test_excluded_keys_untouched();
     test_strided();
+    test_output_alignment();
     test_threads_deterministic();
     test_long_sequences();
     test_schedule_tails();
