@@ -43,6 +43,16 @@ static int cmp_d(const void *a, const void *b) {
 /* 25 joint bursts of ~10-40 ms each; the best one is the uncontended rate. */
 static double measure_peak(int threads) { return bench_fma_peak(threads, 500 * 1000, 25); }
 
+/* The host's speed drifts within minutes, so a peak measured once at the start can be lower than
+ * what a later kernel run reached (fractions above 100% were printed). The peak is measured again
+ * right after each figure that quotes it, and the highest of all measurements is used: the
+ * fraction can then only err low. */
+static double update_peak(double *peak, int threads) {
+    double p = measure_peak(threads);
+    if (p > *peak) *peak = p;
+    return *peak;
+}
+
 /* ---- problems ----------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -362,16 +372,18 @@ int main(int argc, char **argv) {
     torch_side.name = "sdpa_fwd_nomask";
     paired_result r1 = paired(&ours_nomask, 1, &torch_side, 1, reps);
     double gf = flops_full / r1.a / 1e9;
+    update_peak(&peak, threads);
     printf("\n[1] f32 forward S=%lld D=%lld batch*heads=%lld, no mask\n", (long long)S, (long long)D, (long long)H);
-    printf("  ours %.2f ms, %.1f GFLOP/s = %.1f%% of f32 peak (target >= 50%%); torch SDPA %.2f ms -> %.2fx torch "
+    printf("  ours %.2f ms, %.1f GFLOP/s = %.1f%% of f32 peak (%.1f GFLOP/s, the best measured; target >= 50%%); torch SDPA %.2f ms -> %.2fx torch "
            "(target >= 1.0x; ratio of the medians %.2fx)\n",
-           r1.a * 1e3, gf, 100 * gf / peak, r1.b * 1e3, r1.ratio, r1.b / r1.a);
+           r1.a * 1e3, gf, 100 * gf / peak, peak, r1.b * 1e3, r1.ratio, r1.b / r1.a);
     verdict(!isnan(r1.ratio), gf >= 0.5 * peak && r1.ratio >= 1.0);
 
     /* 5. forward + backward vs torch (same problem) */
     side ours_fb = {run_ours, &pn, threads, 1, NULL, NULL};
     torch_side.name = "sdpa_fwd_bwd_nomask";
     paired_result r5 = paired(&ours_fb, 1, &torch_side, 1, reps);
+    update_peak(&peak, threads);
     printf("\n[5] f32 forward + backward, same shape, no mask\n");
     printf("  ours %.2f ms (%.1f GFLOP/s at 14*S^2*D*BH flops, %.1f%% of peak); torch SDPA fwd+bwd %.2f ms -> %.2fx "
            "faster (target >= 1.3x; ratio of the medians %.2fx)\n",
