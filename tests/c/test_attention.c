@@ -863,6 +863,38 @@ static void test_bad_input(void) {
     maskpack_layout_free(L);
 }
 
+/* Packed run rp and right-padded run rd (rows W wide) of the same tokens agree bitwise. */
+static int packed_padded_same(const prob *pp, const result *rp, const result *rd, const int64_t *len, int64_t n,
+                              int64_t W) {
+    int64_t Hq = pp->Hq, Hkv = pp->Hkv, D = pp->D, t = 0;
+    int same = 1;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < len[s]; i++, t++) {
+            if (memcmp(rd->out + (s * W + i) * Hq * D, rp->out + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+            if (memcmp(rd->dq + (s * W + i) * Hq * D, rp->dq + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
+            if (memcmp(rd->dk + (s * W + i) * Hkv * D, rp->dk + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+            if (memcmp(rd->dv + (s * W + i) * Hkv * D, rp->dv + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
+            for (int64_t h = 0; h < Hq; h++)
+                if (memcmp(&rd->lse[(s * Hq + h) * W + i], &rp->lse[h * pp->S + t], 4)) same = 0;
+        }
+    return same;
+}
+
+/* Fills the right-padded problem pd (rows W wide) with the tokens of the packed problem pp
+ * (sequences of lengths len[0..n)): pads 0, each token at (sequence, position). */
+static void copy_packed_to_padded(const prob *pp, prob *pd, const int64_t *len, int64_t n, int64_t W) {
+    int64_t Hq = pp->Hq, Hkv = pp->Hkv, D = pp->D, t = 0;
+    for (int64_t i = 0; i < nq_el(pd); i++) pd->q[i] = pd->dout[i] = 0;
+    for (int64_t i = 0; i < nk_el(pd); i++) pd->k[i] = pd->v[i] = 0;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t i = 0; i < len[s]; i++, t++) {
+            memcpy(pd->q + (s * W + i) * Hq * D, pp->q + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+            memcpy(pd->dout + (s * W + i) * Hq * D, pp->dout + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
+            memcpy(pd->k + (s * W + i) * Hkv * D, pp->k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+            memcpy(pd->v + (s * W + i) * Hkv * D, pp->v + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+        }
+}
+
 /* Sequences longer than the AVX-512 backward's chunks: it runs up to 16 query blocks of one segment
  * and head together (two by two) over super-blocks of 256 keys. Lengths past both (several chunks
  * and super-blocks, a partial last one, an odd block left alone) under every rule: packed and
@@ -881,16 +913,7 @@ static void test_long_sequences(void) {
         if (!Lp || !Ld) return;
         int64_t Hq = 4, Hkv = 2, D = 32;
         prob pp = make_prob(Lp, Hq, Hkv, D, 0), pd = make_prob(Ld, Hq, Hkv, D, 0);
-        for (int64_t i = 0; i < nq_el(&pd); i++) pd.q[i] = pd.dout[i] = 0;
-        for (int64_t i = 0; i < nk_el(&pd); i++) pd.k[i] = pd.v[i] = 0;
-        int64_t t = 0;
-        for (int64_t s = 0; s < 3; s++)
-            for (int64_t i = 0; i < len[s]; i++, t++) {
-                memcpy(pd.q + (s * W + i) * Hq * D, pp.q + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
-                memcpy(pd.dout + (s * W + i) * Hq * D, pp.dout + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
-                memcpy(pd.k + (s * W + i) * Hkv * D, pp.k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
-                memcpy(pd.v + (s * W + i) * Hkv * D, pp.v + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
-            }
+        copy_packed_to_padded(&pp, &pd, len, 3, W);
         dense ref = dense_ref(&pp, 1 / sqrt((double)D), 0, 1);
         for (int threads = 1; threads <= 2; threads++) {
             result rp, rd;
@@ -900,17 +923,7 @@ static void test_long_sequences(void) {
             CHECK_OK(run(&pp, "avx512", 0, 0, threads, 1, &rp, &e), e);
             CHECK_OK(run(&pd, "avx512", 0, 0, threads, 1, &rd, &e), e);
             check_against(&pp, &rp, &ref, 1, what, 2e-5);
-            int same = 1;
-            t = 0;
-            for (int64_t s = 0; s < 3; s++)
-                for (int64_t i = 0; i < len[s]; i++, t++) {
-                    if (memcmp(rd.out + (s * W + i) * Hq * D, rp.out + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
-                    if (memcmp(rd.dq + (s * W + i) * Hq * D, rp.dq + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
-                    if (memcmp(rd.dk + (s * W + i) * Hkv * D, rp.dk + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
-                    if (memcmp(rd.dv + (s * W + i) * Hkv * D, rp.dv + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
-                    for (int64_t h = 0; h < Hq; h++)
-                        if (memcmp(&rd.lse[(s * Hq + h) * W + i], &rp.lse[h * pp.S + t], 4)) same = 0;
-                }
+            int same = packed_padded_same(&pp, &rp, &rd, len, 3, W);
             CHECK(same);
             if (!same) fprintf(stderr, "  %s: packed and padded differ\n", what);
             free_result(&rp);
@@ -1004,22 +1017,6 @@ static void test_isa_selection(void) {
     printf("\n");
 }
 
-/* Packed run rp and right-padded run rd (rows W wide) of the same tokens agree bitwise. */
-static int packed_padded_same(const prob *pp, const result *rp, const result *rd, const int64_t *len, int64_t n,
-                              int64_t W) {
-    int64_t Hq = pp->Hq, Hkv = pp->Hkv, D = pp->D, t = 0;
-    int same = 1;
-    for (int64_t s = 0; s < n; s++)
-        for (int64_t i = 0; i < len[s]; i++, t++) {
-            if (memcmp(rd->out + (s * W + i) * Hq * D, rp->out + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
-            if (memcmp(rd->dq + (s * W + i) * Hq * D, rp->dq + t * Hq * D, (size_t)(Hq * D) * 4)) same = 0;
-            if (memcmp(rd->dk + (s * W + i) * Hkv * D, rp->dk + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
-            if (memcmp(rd->dv + (s * W + i) * Hkv * D, rp->dv + t * Hkv * D, (size_t)(Hkv * D) * 4)) same = 0;
-            for (int64_t h = 0; h < Hq; h++)
-                if (memcmp(&rd->lse[(s * Hq + h) * W + i], &rp->lse[h * pp->S + t], 4)) same = 0;
-        }
-    return same;
-}
 
 /* The schedule's tails on 2 threads with many units (segments x key heads >= 4 x threads): the
  * forward claims whole units, then the last units block by block; the backward claims whole units,
@@ -1040,16 +1037,7 @@ static void test_schedule_tails(void) {
             if (!Lp || !Ld) return;
             int64_t Hq = 4, Hkv = 2, D = 64;
             prob pp = make_prob(Lp, Hq, Hkv, D, 0), pd = make_prob(Ld, Hq, Hkv, D, 0);
-            for (int64_t i = 0; i < nq_el(&pd); i++) pd.q[i] = pd.dout[i] = 0;
-            for (int64_t i = 0; i < nk_el(&pd); i++) pd.k[i] = pd.v[i] = 0;
-            int64_t t = 0;
-            for (int64_t s = 0; s < 5; s++)
-                for (int64_t i = 0; i < len[s]; i++, t++) {
-                    memcpy(pd.q + (s * W + i) * Hq * D, pp.q + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
-                    memcpy(pd.dout + (s * W + i) * Hq * D, pp.dout + t * Hq * D, (size_t)(Hq * D) * sizeof(float));
-                    memcpy(pd.k + (s * W + i) * Hkv * D, pp.k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
-                    memcpy(pd.v + (s * W + i) * Hkv * D, pp.v + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
-                }
+            copy_packed_to_padded(&pp, &pd, len, 5, W);
             dense ref = dense_ref(&pp, 1 / sqrt((double)D), 0, 1);
             result rp, rp2, rd, r1;
             maskpack_error e;
