@@ -700,9 +700,12 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
  * padded runs of one kernel are bitwise equal in f32.
  * Kernels: a scalar reference (double accumulation), AVX-512 f32, and for bf16 forwards AMX tiles,
  * or AVX512-BF16 dot products on CPUs without AMX (plain AVX-512 widening to f32 without either);
- * bf16 backwards widen to f32. Chosen from the CPU at each call. The environment variable
- * MASKPACK_ISA=ref|avx512|amx forces one; forcing one this CPU lacks is MASKPACK_ERR_UNSUPPORTED,
- * never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no f32).
+ * bf16 backwards widen to f32. CPUs with AVX2 + FMA but no AVX-512 (e.g. AMD Zen 1-3) run an AVX2
+ * f32 kernel (bf16 widened to f32), which gives the AVX-512 f32 kernel's results bit for bit.
+ * Chosen from the CPU at each call: amx (bf16) > avx512 > avx2 > ref. The environment variable
+ * MASKPACK_ISA=ref|avx2|avx512|amx forces one; forcing one this CPU lacks is
+ * MASKPACK_ERR_UNSUPPORTED, never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no
+ * f32).
  * Threads: n_threads >= 1 worker threads are created per call (none kept); work is split over
  * (segment, head, query block), so both cores work even for one sequence of one head.
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
@@ -713,13 +716,14 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
 typedef enum maskpack_attention_isa {
     MASKPACK_ATTN_ISA_REF = 0,    /* scalar, double accumulation */
     MASKPACK_ATTN_ISA_AVX512 = 1, /* AVX-512F f32 (bf16 forward: AVX512-BF16 when present) */
-    MASKPACK_ATTN_ISA_AMX = 2     /* AMX-BF16 tiles for bf16; AVX-512 for f32 */
+    MASKPACK_ATTN_ISA_AMX = 2,    /* AMX-BF16 tiles for bf16; AVX-512 for f32 */
+    MASKPACK_ATTN_ISA_AVX2 = 3    /* AVX2 + FMA f32 (bf16 widened to f32): CPUs without AVX-512 (AMD Zen 1-3, ...) */
 } maskpack_attention_isa;
 
 /* (dtype f32/bf16) -> *isa the next attention call will use (MASKPACK_ISA, else the best this CPU has). */
 MASKPACK_API maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa,
                                                            maskpack_error *err);
-/* isa -> "ref" / "avx512" / "amx" (static storage; "unknown" if out of range). */
+/* isa -> "ref" / "avx512" / "amx" / "avx2" (static storage; "unknown" if out of range). */
 MASKPACK_API const char *maskpack_attention_isa_name(maskpack_attention_isa isa);
 
 /* (layout, q, k, v as for the forward, n_threads) -> *bytes of workspace maskpack_attention_forward needs. */
@@ -795,7 +799,7 @@ typedef struct maskpack_gdn_options {
 /* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO. */
 MASKPACK_API maskpack_gdn_options maskpack_gdn_options_default(void);
 
-/* (requested isa) -> *resolved: the kernel a call with this request would run (REF or AVX512). */
+/* (requested isa) -> *resolved: the kernel a call with this request would run (REF, AVX512 or AVX2). */
 MASKPACK_API maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
                                                       maskpack_error *err);
 

@@ -69,7 +69,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (dtype_code) -> "ref" | "avx512" | "amx": the kernel the next call uses (MASKPACK_ISA honoured). */
+/* (dtype_code) -> "ref" | "avx2" | "avx512" | "amx": the kernel the next call uses (MASKPACK_ISA honoured). */
 static PyObject *py_isa(PyObject *m, PyObject *arg) {
     (void)m;
     long dt = PyLong_AsLong(arg);

@@ -13,7 +13,7 @@ arrays give numpy arrays. Query rows that may see nothing get out 0 and lse -inf
 
 When torch autograd is recording and an input requires grad, :func:`attention` runs through
 :class:`AttentionFunction`, so a torch model trains through it on the CPU. The environment variable
-``MASKPACK_ISA=ref|avx512|amx`` forces a kernel (see :func:`attention_isa`).
+``MASKPACK_ISA=ref|avx2|avx512|amx`` forces a kernel (see :func:`attention_isa`).
 """
 
 from __future__ import annotations
@@ -203,8 +203,10 @@ def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[floa
 
 
 def attention_isa(dtype: Any = "float32") -> str:
-    """The kernel the next call on this dtype uses: "ref", "avx512" or "amx" (MASKPACK_ISA honoured;
-    forcing one this CPU lacks raises maskpack.Error)."""
+    """The kernel the next call on this dtype uses: "ref", "avx2", "avx512" or "amx" (the best this
+    CPU has, in the order amx (bfloat16 only) > avx512 > avx2 > ref; MASKPACK_ISA honoured, and
+    forcing one this CPU lacks raises maskpack.Error). "avx2" is AVX2 + FMA for CPUs without
+    AVX-512 (bfloat16 widened to float32); it gives the "avx512" float32 kernel's results bitwise."""
     name = str(dtype)
     name = name[6:] if name.startswith("torch.") else name
     if name not in DTYPE_CODE:

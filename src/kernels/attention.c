@@ -1,7 +1,7 @@
 /* attention.c: the public attention entry points: argument validation (everything is checked
  * before anything is written), kernel selection, the work decomposition shared by every kernel,
- * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c and
- * attn_amx.c. */
+ * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c (and its
+ * AVX2 build attn_avx2.c), attn_avx512_bwd.c (attn_avx2_bwd.c) and attn_amx.c. */
 #include "attn_internal.h"
 
 #include <math.h>
@@ -17,6 +17,7 @@ const char *maskpack_attention_isa_name(maskpack_attention_isa isa) {
     case MASKPACK_ATTN_ISA_REF: return "ref";
     case MASKPACK_ATTN_ISA_AVX512: return "avx512";
     case MASKPACK_ATTN_ISA_AMX: return "amx";
+    case MASKPACK_ATTN_ISA_AVX2: return "avx2";
     }
     return "unknown";
 }
@@ -35,6 +36,11 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
                                "MASKPACK_ISA: avx512 was forced but this CPU (or build) lacks AVX-512F/BW/VL/DQ");
             *isa = MASKPACK_ATTN_ISA_AVX512;
+        } else if (strcmp(env, "avx2") == 0) {
+            if (!attn_cpu_has_avx2())
+                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
+                               "MASKPACK_ISA: avx2 was forced but this CPU (or build, or OS) lacks AVX2 + FMA");
+            *isa = MASKPACK_ATTN_ISA_AVX2;
         } else if (strcmp(env, "amx") == 0) {
             if (!attn_cpu_has_avx512() || !attn_cpu_has_amx())
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
@@ -43,12 +49,15 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
             *isa = MASKPACK_ATTN_ISA_AMX;
         } else {
             return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
-                           "MASKPACK_ISA: expected ref, avx512 or amx, found \"%.40s\"", env);
+                           "MASKPACK_ISA: expected ref, avx2, avx512 or amx, found \"%.40s\"", env);
         }
         return mp_ok(err);
     }
+    /* amx (bf16) > avx512 > avx2 > ref */
     if (attn_cpu_has_avx512())
         *isa = (dtype == MASKPACK_BF16 && attn_cpu_has_amx()) ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512;
+    else if (attn_cpu_has_avx2())
+        *isa = MASKPACK_ATTN_ISA_AVX2;
     else
         *isa = MASKPACK_ATTN_ISA_REF;
     return mp_ok(err);
@@ -566,11 +575,19 @@ static size_t L_units(const attn_problem *P) { return P->L->n_segments * (size_t
 #define WS_ALIGN 64
 static size_t align_up(size_t x) { return (x + WS_ALIGN - 1) & ~(size_t)(WS_ALIGN - 1); }
 
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Every kernel's sizing function sits inside its kernel's target region, so the compiler may use
+ * that ISA's instructions in it (clang put an AVX-512 vpmaxsq into attn_avx512_fwd_ws: SIGILL on
+ * AMD Zen 3): each is called only where its kernel can run, and the workspace is the largest
+ * need among those, so a size queried once serves whichever kernel a call on this CPU selects. */
 static size_t fwd_thread_ws(const attn_problem *P) {
-    size_t a = attn_ref_fwd_ws(P), b = attn_avx512_fwd_ws(P), c = attn_amx_fwd_ws(P), d = attn_avx512bf16_fwd_ws(P);
-    size_t m = a > b ? a : b;
-    m = m > c ? m : c;
-    return align_up(m > d ? m : d);
+    size_t m = attn_ref_fwd_ws(P);
+    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_fwd_ws(P));
+    if (attn_cpu_has_avx512bf16()) m = max_sz(m, attn_avx512bf16_fwd_ws(P));
+    if (attn_cpu_has_avx512() && attn_cpu_has_amx()) m = max_sz(m, attn_amx_fwd_ws(P));
+    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_fwd_ws(P));
+    return align_up(m);
 }
 
 static size_t fwd_items_bytes(const attn_problem *P) {
@@ -596,9 +613,20 @@ static int64_t bwd_tail_units(const attn_problem *P, int64_t n_units) {
     return P->n_threads > 1 && n_units >= 2 * (int64_t)P->n_threads ? P->n_threads - 1 : 0;
 }
 
+/* Bytes of the backward's tail partials: the larger of the two vector kernels' needs (the same
+ * layout today), so a workspace sized once serves whichever kernel the call selects. */
+static size_t bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
+    size_t m = 0; /* (only kernels this CPU runs are asked: see fwd_thread_ws) */
+    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_bwd_tail_bytes(P, max_width, n_tail));
+    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_bwd_tail_bytes(P, max_width, n_tail));
+    return m;
+}
+
 static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
-    size_t a = attn_ref_bwd_ws(P), b = attn_avx512_bwd_ws(P, max_width);
-    return align_up(a > b ? a : b);
+    size_t m = attn_ref_bwd_ws(P);
+    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_bwd_ws(P, max_width));
+    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_bwd_ws(P, max_width));
+    return align_up(m);
 }
 
 static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpack_error *err) {
@@ -619,7 +647,7 @@ static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
     size_t per = bwd_thread_ws(P, w);
     size_t total = WS_ALIGN + align_up(n * sizeof(size_t)) + align_up(n * sizeof(attn_kgroup)) +
                    align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width))) +
-                   align_up(attn_avx512_bwd_tail_bytes(P, w, bwd_tail_units(P, (int64_t)ng * P->hkv)));
+                   align_up(bwd_tail_bytes(P, w, bwd_tail_units(P, (int64_t)ng * P->hkv)));
     if (per > (SIZE_MAX - total) / (size_t)P->n_threads)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
     *bytes = total + per * (size_t)P->n_threads;
@@ -702,6 +730,7 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
         if (P.isa == MASKPACK_ATTN_ISA_AVX512 || (P.isa == MASKPACK_ATTN_ISA_AMX && !P.bf16)) fn = attn_avx512_fwd_thread;
         if (P.isa == MASKPACK_ATTN_ISA_AVX512 && P.bf16 && attn_cpu_has_avx512bf16()) fn = attn_avx512bf16_fwd_thread;
         if (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) fn = attn_amx_fwd_thread;
+        if (P.isa == MASKPACK_ATTN_ISA_AVX2) fn = attn_avx2_fwd_thread; /* f32 and bf16 (widened) */
         attn_run_threads(nt, fn, &job);
     }
     free(owned);
@@ -792,7 +821,7 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     size_t per = bwd_thread_ws(&P, max_width);
     int64_t n_tail = bwd_tail_units(&P, (int64_t)ng * P.hkv);
     float *tail_acc = (float *)ws;
-    ws += align_up(attn_avx512_bwd_tail_bytes(&P, max_width, n_tail));
+    ws += align_up(bwd_tail_bytes(&P, max_width, n_tail));
 
     /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
     zero_query_padding(&P, &P.dq, 0);
@@ -816,8 +845,15 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     job.ws = ws;
     job.ws_stride = per;
     job.n_threads = P.n_threads;
-    attn_thread_fn fn = attn_ref_bwd_thread;
-    if (P.isa != MASKPACK_ATTN_ISA_REF) fn = attn_avx512_bwd_thread;
+    attn_thread_fn fn = attn_ref_bwd_thread, tail_reduce = attn_avx512_bwd_tail_reduce;
+    void (*reduce)(const attn_bwd_job *, int64_t) = attn_avx512_bwd_reduce;
+    if (P.isa == MASKPACK_ATTN_ISA_AVX2) {
+        fn = attn_avx2_bwd_thread;
+        tail_reduce = attn_avx2_bwd_tail_reduce;
+        reduce = attn_avx2_bwd_reduce;
+    } else if (P.isa != MASKPACK_ATTN_ISA_REF) {
+        fn = attn_avx512_bwd_thread;
+    }
     job.unit = -1;
     /* units: dynamic over threads when there are enough of them, else one at a time with their
      * query blocks split over the threads (each thread accumulates dk/dv privately, then they are
@@ -829,18 +865,18 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     job.n_threads = nt;
     job.perm = perm;
     /* the tail pieces (n_tail is 0 unless the dynamic mode runs on several threads) */
-    job.n_whole = fn == attn_avx512_bwd_thread && !job.split ? job.n_units - n_tail : job.n_units;
+    job.n_whole = fn != attn_ref_bwd_thread && !job.split ? job.n_units - n_tail : job.n_units;
     job.tail_acc = tail_acc;
     job.max_width = max_width;
     if (job.n_units > 0) {
         if (!job.split) {
             attn_run_threads(nt, fn, &job);
-            if (job.n_whole < job.n_units) attn_run_threads(nt, attn_avx512_bwd_tail_reduce, &job);
+            if (job.n_whole < job.n_units) attn_run_threads(nt, tail_reduce, &job);
         } else {
             for (int64_t u = 0; u < job.n_units; u++) {
                 job.unit = u;
                 attn_run_threads(nt, fn, &job);
-                attn_avx512_bwd_reduce(&job, u);
+                reduce(&job, u);
             }
         }
     }

@@ -14,14 +14,31 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#if defined(ATTN_AVX2_BUILD) /* the entry points of the AVX2 build (see below) */
+#define attn_avx512_fwd_ws attn_avx2_fwd_ws
+#define attn_avx512_fwd_thread attn_avx2_fwd_thread
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+/* ATTN_AVX2_BUILD (set by attn_avx2*.c, which include this file): the same kernel compiled for
+ * AVX2 + FMA, the AVX-512 intrinsics provided by attn_avx2_shim.h, entry points renamed. */
+#if defined(ATTN_AVX2_BUILD)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#include "attn_avx2_shim.h"
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
 #endif
 
 #define BQ ATTN_BQ
@@ -29,6 +46,7 @@
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 
+#define ATTN_AVX2_PARTIAL_TILES 1 /* (used by the AVX2 build only) */
 #include "attn_avx512_common.h"
 #include "attn_avx512_tiles.h"
 
@@ -71,6 +89,7 @@ size_t attn_avx512_fwd_ws(const attn_problem *P) { return fwd_layout(P, NULL, NU
  * c sees keys only inside vlo[c] .. vhi[c] (the hull of its rows' intervals); the vectors that see
  * a key form a run ca .. ca + nv - 1 since the hulls grow with the rows. */
 
+#if !defined(ATTN_AVX2_BUILD) /* (the AVX2 build's are in attn_avx2_tiles.h) */
 /* st_group for vectors ca .. ca + nv - 1 only (the other lanes of ST are left as they were). */
 static inline __attribute__((always_inline)) void st_group_cv(const float *YT, int64_t D, const float *G, float *ST,
                                                              const int ca, const int nv) {
@@ -89,6 +108,8 @@ static inline __attribute__((always_inline)) void st_group_cv(const float *YT, i
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < nv; c++) _mm512_store_ps(ST + r * BQ + 16 * (ca + c), acc[r][c]);
 }
+
+#endif
 
 /* The run of vectors that see some key of [a, b): *ca and the count (0: none). */
 static inline int vec_run(const int32_t *vlo, const int32_t *vhi, int32_t a, int32_t b, int *ca) {
@@ -120,6 +141,7 @@ static void st_packed_cv(const float *YT, int64_t D, const float *KP, int32_t j0
     }
 }
 
+#if !defined(ATTN_AVX2_BUILD)
 /* Keys [j, e) of ot_group's loop for vectors ca .. ca + nv - 1. */
 static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], const float *X, const float *A,
                                                            int32_t j, int32_t e, const int ca, const int nv) {
@@ -156,6 +178,8 @@ static inline void ot_group_cv(float *OT, const float *X, const float *A, const 
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < 3; c++) _mm512_store_ps(OT + r * BQ + 16 * c, acc[r][c]);
 }
+
+#endif
 
 /* ot_packed for keys [j0, j0 + nk) inside one 64-key tile of VP (the forward's tiles are VP's). */
 static void ot_tile_cv(float *OT, int64_t D8, const float *VP, int32_t j0, int32_t nk, const float *A,
@@ -294,8 +318,8 @@ static void fwd_item(const attn_problem *P, const attn_item *it, fwd_bufs *B) {
                     __m512 x = _mm512_load_ps(s + 16 * c);
                     if (cap) x = _mm512_mul_ps(tanh_ps(x), capmul);
                     if (cls == ATTN_TILE_PARTIAL)
-                        x = _mm512_mask_blend_ps(rows.simple ? lane_allowed_simple(&R, c, jv) : lane_allowed(&R, c, ja + j),
-                                                 ninf, x);
+                        x = lane_blend(rows.simple ? lane_allowed_simple(&R, c, jv) : lane_allowed(&R, c, ja + j), ninf,
+                                       x);
                     _mm512_store_ps(s + 16 * c, x);
                     mt[c] = _mm512_max_ps(mt[c], x);
                 }

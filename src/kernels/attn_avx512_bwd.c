@@ -11,14 +11,34 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#if defined(ATTN_AVX2_BUILD) /* the entry points of the AVX2 build (see below) */
+#define attn_avx512_bwd_ws attn_avx2_bwd_ws
+#define attn_avx512_bwd_thread attn_avx2_bwd_thread
+#define attn_avx512_bwd_reduce attn_avx2_bwd_reduce
+#define attn_avx512_bwd_tail_bytes attn_avx2_bwd_tail_bytes
+#define attn_avx512_bwd_tail_reduce attn_avx2_bwd_tail_reduce
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+/* ATTN_AVX2_BUILD (set by attn_avx2*.c, which include this file): the same kernel compiled for
+ * AVX2 + FMA, the AVX-512 intrinsics provided by attn_avx2_shim.h, entry points renamed. */
+#if defined(ATTN_AVX2_BUILD)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#include "attn_avx2_shim.h"
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
 #endif
 
 #define BQ ATTN_BQ
@@ -236,6 +256,22 @@ static void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, in
                       const float *Y1, int32_t n1, int64_t ys, int64_t Dp, int32_t nk) {
     int64_t nv = Dp / 16, c = 0;
 #define CB2(JB, CW) c_block2(C + j * cs + c * 16, cs, A0 + j * BQ, Y0 + c * 16, n0, A1 + j * BQ, Y1 + c * 16, n1, ys, JB, CW)
+#if defined(ATTN_AVX2_BUILD)
+    /* AVX2 (16 ymm): blocks of 6 rows x 1 vector of 16 columns = 12 ymm accumulators + 2 of Y + the
+     * broadcast; the sums per element are the same, in the same order, as the AVX-512 blocking's */
+    for (; c < nv; c++) {
+        int32_t j = 0;
+        for (; j + 6 <= nk; j += 6) CB2(6, 1);
+        switch (nk - j) {
+        case 5: CB2(5, 1); break;
+        case 4: CB2(4, 1); break;
+        case 3: CB2(3, 1); break;
+        case 2: CB2(2, 1); break;
+        case 1: CB2(1, 1); break;
+        default: break;
+        }
+    }
+#else
     for (; c + 4 <= nv; c += 4) {
         int32_t j = 0;
         for (; j + 6 <= nk; j += 6) CB2(6, 4);
@@ -253,6 +289,7 @@ static void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, in
         for (; j + 8 <= nk; j += 8) CB2(8, 1);
         for (; j < nk; j++) CB2(1, 1);
     }
+#endif
 #undef CB2
 }
 
@@ -334,10 +371,9 @@ static void bwd_tiles(const attn_problem *P, size_t k, const int32_t *n, int64_t
                     }
                     __m512 p = exp2_ps(_mm512_sub_ps(x, X->ls[c]));
                     if (X->cls == ATTN_TILE_PARTIAL)
-                        p = _mm512_mask_blend_ps(rows->simple
-                                                     ? lane_allowed_simple(&X->R, c, _mm512_set1_epi32(ja + j))
-                                                     : lane_allowed(&X->R, c, ja + j),
-                                                 zero, p);
+                        p = lane_blend(rows->simple ? lane_allowed_simple(&X->R, c, _mm512_set1_epi32(ja + j))
+                                                    : lane_allowed(&X->R, c, ja + j),
+                                       zero, p);
                     __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_load_ps(dd + 16 * c), X->dl[c]));
                     if (cap) ds = _mm512_mul_ps(ds, dcap);
                     _mm512_store_ps(pp + 16 * c, p);

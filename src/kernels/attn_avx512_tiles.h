@@ -14,6 +14,10 @@
  * so both kernels stream one contiguous run per tile (short strided runs defeat the prefetchers and
  * halve the speed when the keys come from L2); n8, n64 and D8 round up with zeros. */
 
+#if defined(ATTN_AVX2_BUILD) /* its own register blocking of st_group and ot_group */
+#include "attn_avx2_tiles.h"
+#else
+
 /* ST[r][0..48) = sum_d G[d][r] * YT[d][0..48) for the 8 keys r of one packed group. */
 static inline void st_group(const float *YT, int64_t D, const float *G, float *ST) {
     __m512 acc[8][3];
@@ -38,12 +42,15 @@ static inline void st_group(const float *YT, int64_t D, const float *G, float *S
     }
 }
 
+#endif
+
 /* ST rows 0 .. j1-j0 for packed keys [j0, j1). Whole groups are computed, so rows before 0 (up to
  * 7) and after j1-j0 (up to 7) are written too: ST must have that room; they are never used. */
 static inline void st_packed(const float *YT, int64_t D, const float *KP, int32_t j0, int32_t j1, float *ST) {
     for (int32_t g = j0 & ~7; g < j1; g += 8) st_group(YT, D, KP + (int64_t)g * D, ST + (int64_t)(g - j0) * BQ);
 }
 
+#if !defined(ATTN_AVX2_BUILD)
 /* OT[r][0..48) = OT * alpha + sum_j X[j*8 + r] * A[j][0..48) for the 8 columns of one VP slab. */
 static inline void ot_group(float *OT, const float *X, const float *A, int32_t nk, const __m512 *alpha) {
     __m512 acc[8][3];
@@ -69,6 +76,8 @@ static inline void ot_group(float *OT, const float *X, const float *A, int32_t n
         _mm512_store_ps(OT + r * BQ + 32, acc[r][2]);
     }
 }
+
+#endif
 
 /* OT [D8][BQ] = OT * alpha + V^T A over packed keys [j0, j0 + nk) (exactly those: a key outside
  * the range is never read here). A range crossing a 64-key tile of the pack runs in pieces, alpha

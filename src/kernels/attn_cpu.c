@@ -33,6 +33,14 @@ int attn_cpu_has_avx512(void) {
     return os_saves(0xe6); /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM state */
 }
 
+/* AVX2 + FMA with the OS saving YMM state: the vector path of CPUs without AVX-512. */
+int attn_cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 12))) return 0; /* FMA */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 5))) return 0; /* AVX2 */
+    return os_saves(0x6); /* SSE, AVX state */
+}
+
 int attn_cpu_has_avx512bf16(void) {
     unsigned a, b, c, d;
     if (!attn_cpu_has_avx512()) return 0;
@@ -64,6 +72,7 @@ int attn_cpu_has_amx(void) {
 #else
 
 int attn_cpu_has_avx512(void) { return 0; }
+int attn_cpu_has_avx2(void) { return 0; }
 int attn_cpu_has_avx512bf16(void) { return 0; }
 int attn_cpu_has_amx(void) { return 0; }
 

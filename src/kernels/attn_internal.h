@@ -1,5 +1,5 @@
 /* attn_internal.h: what the attention driver (attention.c) shares with its ISA kernels
- * (attn_ref.c, attn_avx512.c, attn_amx.c). Never installed. */
+ * (attn_ref.c, attn_avx512.c, attn_avx2.c, attn_amx.c). Never installed. */
 #ifndef MASKPACK_ATTN_INTERNAL_H
 #define MASKPACK_ATTN_INTERNAL_H
 
@@ -11,7 +11,7 @@
  * first query and tiles at its first key, so which rows share a block and which keys share a tile
  * depends only on positions inside the segment: that is what makes packed and padded runs of one
  * kernel bitwise equal. */
-#define ATTN_BQ 48   /* AVX-512: 3 vectors of 16 query rows */
+#define ATTN_BQ 48   /* AVX-512: 3 vectors of 16 query rows (AVX2: 6 of 8, same blocks) */
 #define ATTN_BK 64
 #define ATTN_AMX_BQ 64 /* AMX: 4 row tiles of 16 */
 #define ATTN_AMX_BK 64
@@ -126,12 +126,12 @@ typedef struct attn_bwd_job {
     char *ws;
     size_t ws_stride;
     int n_threads;
-    /* Dynamic mode, AVX-512 kernel: units [0, n_whole) are claimed whole; each later (tail) unit
-     * is claimed as up to ATTN_BWD_TAIL_CHUNKS pieces of consecutive query blocks (counted as
-     * bwd_unit does; see tail_piece in attn_avx512.c), each accumulating its own dK/dV partial in
-     * tail_acc; attn_avx512_bwd_tail_reduce then sums each key's partials in piece order. So the
-     * threads finish within one piece of each other, and which thread ran a piece never changes a
-     * bit (n_whole = n_units: no tail). */
+    /* Dynamic mode, vector kernels (AVX-512, AVX2): units [0, n_whole) are claimed whole; each
+     * later (tail) unit is claimed as up to ATTN_BWD_TAIL_CHUNKS pieces of consecutive query blocks
+     * (counted as bwd_unit does; see tail_piece in attn_avx512_bwd.c), each accumulating its own
+     * dK/dV partial in tail_acc; attn_avx512_bwd_tail_reduce (attn_avx2_...) then sums each key's
+     * partials in piece order. So the threads finish within one piece of each other, and which
+     * thread ran a piece never changes a bit (n_whole = n_units: no tail). */
     int64_t n_whole;
     float *tail_acc;         /* [n_units - n_whole][ATTN_BWD_TAIL_CHUNKS][2][max width][row stride] */
     int64_t max_width;
@@ -145,6 +145,7 @@ size_t attn_ref_bwd_ws(const attn_problem *P);
 void attn_ref_bwd_thread(void *job, int tid);
 
 int attn_cpu_has_avx512(void);
+int attn_cpu_has_avx2(void);    /* AVX2 + FMA, YMM state saved by the OS */
 int attn_cpu_has_avx512bf16(void);
 int attn_cpu_has_amx(void); /* also requests the XTILEDATA permission from Linux (once) */
 
@@ -152,6 +153,16 @@ size_t attn_avx512_fwd_ws(const attn_problem *P);
 void attn_avx512_fwd_thread(void *job, int tid);
 size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t max_group_width);
 void attn_avx512_bwd_thread(void *job, int tid);
+
+/* AVX2 + FMA: the AVX-512 f32 kernels compiled again through attn_avx2_shim.h (attn_avx2.c,
+ * attn_avx2_bwd.c); same contracts, workspace layouts and results as the attn_avx512_* ones. */
+size_t attn_avx2_fwd_ws(const attn_problem *P);
+void attn_avx2_fwd_thread(void *job, int tid);
+size_t attn_avx2_bwd_ws(const attn_problem *P, int64_t max_group_width);
+void attn_avx2_bwd_thread(void *job, int tid);
+void attn_avx2_bwd_reduce(const attn_bwd_job *job, int64_t u);
+size_t attn_avx2_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail);
+void attn_avx2_bwd_tail_reduce(void *job, int tid);
 
 size_t attn_avx512bf16_fwd_ws(const attn_problem *P);
 void attn_avx512bf16_fwd_thread(void *job, int tid);

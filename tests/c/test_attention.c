@@ -1,5 +1,5 @@
-/* test_attention.c: fused attention over layouts. Every kernel (ref, avx512, amx when the CPU has
- * them) is checked against a dense double-precision reference written here from maskpack_allowed
+/* test_attention.c: fused attention over layouts. Every kernel (ref, avx2, avx512, amx when the CPU
+ * has them) is checked against a dense double-precision reference written here from maskpack_allowed
  * alone, forward and backward, on random and adversarial layouts: padded, packed, packed rows, left
  * padding, cross attention in both alignments (rows that see nothing), windows, spans, prefixes,
  * CP shards; GQA/MQA; head dims 16..256; lengths around the block sizes; softcap; strided views;
@@ -20,8 +20,10 @@ static uint64_t rnd(void) {
 static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
 static float rnd_f(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
-static const char *isas[3] = {"ref", "avx512", "amx"};
-static int n_isas = 1; /* set in main from the CPU */
+/* The kernels this machine runs, "ref" first (set by test_isa_selection): isas[1 .. n_isas) are
+ * the vector kernels, which the tests of their schedules (long sequences, tails) loop over. */
+static const char *isas[4] = {"ref"};
+static int n_isas = 1;
 
 static void use_isa(const char *name) { setenv("MASKPACK_ISA", name, 1); }
 
@@ -475,6 +477,63 @@ static void test_kernels_vs_reference(void) {
     if (L) check_all_isas(L, 1, 1, 256, 0, 0, "D=256");
     if (L) check_all_isas(L, 2, 1, 37, 0, 0, "D=37");
     maskpack_layout_free(L);
+
+    /* odd head dims up to the largest, under a window and bidirectionally: partial 16-column
+     * vectors in every row move and matrix kernel (the AVX2 build's ymm blocks included) */
+    int64_t len_h[3] = {50, 97, 2};
+    L = from_lengths(len_h, 3, MASKPACK_PLACE_PACKED, 0, &win);
+    if (L) check_all_isas(L, 2, 1, 255, 0, 0, "window (7,0) D=255");
+    if (L) check_all_isas(L, 2, 2, 129, 0, 0, "window (7,0) D=129");
+    maskpack_layout_free(L);
+    L = from_lengths(len_h, 3, MASKPACK_PLACE_RIGHT, 0, &bidir);
+    if (L) check_all_isas(L, 3, 1, 200, 0, 0, "padded bidirectional D=200");
+    if (L) check_all_isas(L, 1, 1, 72, 0, 0, "padded bidirectional D=72");
+    maskpack_layout_free(L);
+}
+
+/* The AVX2 kernels are the AVX-512 f32 kernels compiled through a lane-exact shim, with matrix
+ * kernels that keep every output's summation order: on a machine that runs both, f32 forward and
+ * backward outputs are bitwise equal, on causal, windowed, span/prefix, cross and softcapped
+ * problems, 1 and 2 threads. (bf16 forwards may run on AVX512-BF16 or AMX instead: not compared.) */
+static void test_avx2_equals_avx512(void) {
+    int has2 = 0, has512 = 0;
+    for (int x = 0; x < n_isas; x++) {
+        has2 |= !strcmp(isas[x], "avx2");
+        has512 |= !strcmp(isas[x], "avx512");
+    }
+    if (!has2 || !has512) {
+        printf("test_attention: avx2 == avx512 bitwise: not run (this machine runs%s%s)\n", has2 ? " avx2" : "",
+               has512 ? " avx512" : "");
+        return;
+    }
+    maskpack_rule causal = maskpack_rule_default(), win = maskpack_rule_default(), bidir = maskpack_rule_default();
+    win.window_left = 33;
+    win.window_right = 4;
+    bidir.causal = 0;
+    int64_t len[4] = {130, 1, 49, 300};
+    const maskpack_rule *rules[3] = {&causal, &win, &bidir};
+    const int64_t dims[3] = {64, 128, 93};
+    for (int ri = 0; ri < 3; ri++) {
+        maskpack_layout *L = from_lengths(len, 4, ri == 2 ? MASKPACK_PLACE_RIGHT : MASKPACK_PLACE_PACKED, 0, rules[ri]);
+        if (!L) return;
+        prob p = make_prob(L, 4, 2, dims[ri], 0);
+        for (int threads = 1; threads <= 2; threads++) {
+            double cap = ri == 1 ? 20.0 : 0;
+            result a, b;
+            maskpack_error e;
+            CHECK_OK(run(&p, "avx2", 0, cap, threads, 1, &a, &e), e);
+            CHECK_OK(run(&p, "avx512", 0, cap, threads, 1, &b, &e), e);
+            int same = !memcmp(a.out, b.out, (size_t)nq_el(&p) * 4) && !memcmp(a.dq, b.dq, (size_t)nq_el(&p) * 4) &&
+                       !memcmp(a.dk, b.dk, (size_t)nk_el(&p) * 4) && !memcmp(a.dv, b.dv, (size_t)nk_el(&p) * 4) &&
+                       !memcmp(a.lse, b.lse, (size_t)(p.B * p.Hq * p.S) * 4);
+            CHECK(same);
+            if (!same) fprintf(stderr, "  avx2 vs avx512: rule %d, %d threads: outputs differ\n", ri, threads);
+            free_result(&a);
+            free_result(&b);
+        }
+        free_prob(&p);
+        maskpack_layout_free(L);
+    }
 }
 
 /* A random layout: random lengths, placement, rule. */
@@ -901,9 +960,9 @@ static void copy_packed_to_padded(const prob *pp, prob *pd, const int64_t *len, 
  * padded runs stay bitwise equal and match the reference; 1 thread (forward by whole units), 2
  * threads (forward by single blocks), and one sequence of one head (the backward's split over
  * threads). */
-static void test_long_sequences(void) {
-    if (n_isas < 2) return;
+static void long_sequences(const char *isa) {
     int64_t len[3] = {1100, 70, 820}, W = 1100;
+
     maskpack_rule rules[3] = {maskpack_rule_default(), maskpack_rule_default(), maskpack_rule_default()};
     rules[1].causal = 0;
     rules[2].window_left = 300;
@@ -919,9 +978,9 @@ static void test_long_sequences(void) {
             result rp, rd;
             maskpack_error e;
             char what[100];
-            snprintf(what, sizeof what, "long sequences, rule %d, %d threads", ri, threads);
-            CHECK_OK(run(&pp, "avx512", 0, 0, threads, 1, &rp, &e), e);
-            CHECK_OK(run(&pd, "avx512", 0, 0, threads, 1, &rd, &e), e);
+            snprintf(what, sizeof what, "long sequences, %s, rule %d, %d threads", isa, ri, threads);
+            CHECK_OK(run(&pp, isa, 0, 0, threads, 1, &rp, &e), e);
+            CHECK_OK(run(&pd, isa, 0, 0, threads, 1, &rd, &e), e);
             check_against(&pp, &rp, &ref, 1, what, 2e-5);
             int same = packed_padded_same(&pp, &rp, &rd, len, 3, W);
             CHECK(same);
@@ -944,8 +1003,8 @@ static void test_long_sequences(void) {
     dense ref = dense_ref(&p, 0.2, 0, 1);
     result a, b;
     maskpack_error e;
-    CHECK_OK(run(&p, "avx512", 0.2, 0, 2, 1, &a, &e), e);
-    CHECK_OK(run(&p, "avx512", 0.2, 0, 2, 1, &b, &e), e);
+    CHECK_OK(run(&p, isa, 0.2, 0, 2, 1, &a, &e), e);
+    CHECK_OK(run(&p, isa, 0.2, 0, 2, 1, &b, &e), e);
     check_against(&p, &a, &ref, 1, "one long sequence, 2 threads", 2e-5);
     CHECK(memcmp(a.dk, b.dk, (size_t)nk_el(&p) * 4) == 0);
     CHECK(memcmp(a.dq, b.dq, (size_t)nq_el(&p) * 4) == 0);
@@ -954,6 +1013,10 @@ static void test_long_sequences(void) {
     free_dense(&ref);
     free_prob(&p);
     maskpack_layout_free(L);
+}
+
+static void test_long_sequences(void) {
+    for (int x = 1; x < n_isas; x++) long_sequences(isas[x]);
 }
 
 /* Two runs with the same threads are bitwise equal (deterministic reductions); 1 vs 2 threads
@@ -991,20 +1054,36 @@ static void test_isa_selection(void) {
     maskpack_attention_isa isa;
     unsetenv("MASKPACK_ISA");
     CHECK_OK(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), e);
-    CHECK(isa == MASKPACK_ATTN_ISA_REF || isa == MASKPACK_ATTN_ISA_AVX512);
+    maskpack_attention_isa auto_f32 = isa;
+    CHECK(isa == MASKPACK_ATTN_ISA_REF || isa == MASKPACK_ATTN_ISA_AVX2 || isa == MASKPACK_ATTN_ISA_AVX512);
     CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F64, &isa, &e), MASKPACK_ERR_DTYPE, e);
     use_isa("ref");
     CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e), e);
     CHECK(isa == MASKPACK_ATTN_ISA_REF);
     CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
-    /* which kernels this machine has decides n_isas; a forced one it lacks is an error */
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX2), "avx2") == 0);
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX512), "avx512") == 0);
+    /* which kernels this machine has decides isas; a forced one it lacks is an error */
+    int has_avx2 = 0, has_avx512 = 0;
+    use_isa("avx2");
+    if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
+        CHECK(isa == MASKPACK_ATTN_ISA_AVX2);
+        CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e), e);
+        CHECK(isa == MASKPACK_ATTN_ISA_AVX2); /* bf16 too (widened) */
+        isas[n_isas++] = "avx2";
+        has_avx2 = 1;
+    } else {
+        CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
+        CHECK_MSG(e, "avx2");
+    }
     use_isa("avx512");
     if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
-        n_isas = 2;
+        isas[n_isas++] = "avx512";
+        has_avx512 = 1;
         use_isa("amx");
         maskpack_status s = maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e);
         if (s == MASKPACK_OK) {
-            n_isas = 3;
+            isas[n_isas++] = "amx";
             CHECK(isa == MASKPACK_ATTN_ISA_AMX);
         } else {
             CHECK_EQ(s, MASKPACK_ERR_UNSUPPORTED);
@@ -1012,6 +1091,8 @@ static void test_isa_selection(void) {
     } else {
         CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
     }
+    /* automatic order: avx512 > avx2 > ref for f32 */
+    CHECK(auto_f32 == (has_avx512 ? MASKPACK_ATTN_ISA_AVX512 : has_avx2 ? MASKPACK_ATTN_ISA_AVX2 : MASKPACK_ATTN_ISA_REF));
     printf("test_attention: kernels on this machine:");
     for (int x = 0; x < n_isas; x++) printf(" %s", isas[x]);
     printf("\n");
@@ -1024,8 +1105,7 @@ static void test_isa_selection(void) {
  * piece order. Tail units with many blocks (pieces across heads) and with fewer blocks than pieces
  * (empty pieces); packed and padded runs stay bitwise equal, repeated runs are bitwise equal, and
  * 1 and 2 threads match the reference. */
-static void test_schedule_tails(void) {
-    if (n_isas < 2) return;
+static void schedule_tails(const char *isa) {
     int64_t lens[2][5] = {{300, 150, 220, 90, 40}, {40, 90, 220, 150, 300}}, W = 300;
     for (int li = 0; li < 2; li++)
         for (int causal = 0; causal <= 1; causal++) {
@@ -1042,11 +1122,11 @@ static void test_schedule_tails(void) {
             result rp, rp2, rd, r1;
             maskpack_error e;
             char what[100];
-            snprintf(what, sizeof what, "schedule tails, lengths %d, causal %d", li, causal);
-            CHECK_OK(run(&pp, "avx512", 0, 0, 2, 1, &rp, &e), e);
-            CHECK_OK(run(&pp, "avx512", 0, 0, 2, 1, &rp2, &e), e);
-            CHECK_OK(run(&pd, "avx512", 0, 0, 2, 1, &rd, &e), e);
-            CHECK_OK(run(&pp, "avx512", 0, 0, 1, 1, &r1, &e), e);
+            snprintf(what, sizeof what, "schedule tails, %s, lengths %d, causal %d", isa, li, causal);
+            CHECK_OK(run(&pp, isa, 0, 0, 2, 1, &rp, &e), e);
+            CHECK_OK(run(&pp, isa, 0, 0, 2, 1, &rp2, &e), e);
+            CHECK_OK(run(&pd, isa, 0, 0, 2, 1, &rd, &e), e);
+            CHECK_OK(run(&pp, isa, 0, 0, 1, 1, &r1, &e), e);
             check_against(&pp, &rp, &ref, 1, what, 2e-5);
             check_against(&pp, &r1, &ref, 1, what, 2e-5);
             int same = packed_padded_same(&pp, &rp, &rd, len, 5, W);
@@ -1068,6 +1148,10 @@ static void test_schedule_tails(void) {
             maskpack_layout_free(Lp);
             maskpack_layout_free(Ld);
         }
+}
+
+static void test_schedule_tails(void) {
+    for (int x = 1; x < n_isas; x++) schedule_tails(isas[x]);
 }
 
 /* The f32 forward writes its output rows with streaming stores for the whole 64-byte lines inside
@@ -1144,6 +1228,7 @@ int main(void) {
     test_isa_selection();
     test_bad_input();
     test_kernels_vs_reference();
+    test_avx2_equals_avx512();
     test_random_layouts();
     test_packed_equals_padded();
     test_cp_shard();

@@ -27,7 +27,7 @@ def available_isas():
     found = []
     old = os.environ.get("MASKPACK_ISA")
     try:
-        for name in ("ref", "avx512", "amx"):
+        for name in ("ref", "avx2", "avx512", "amx"):
             os.environ["MASKPACK_ISA"] = name
             try:
                 assert maskpack.attention_isa("bfloat16") == name
@@ -48,6 +48,18 @@ ISAS = available_isas()
 def test_isa_names():
     assert ISAS[0] == "ref"
     assert maskpack.attention_isa() in ISAS
+
+
+def test_isa_auto_order(monkeypatch):
+    """Unforced: avx512 > avx2 > ref for float32; bfloat16 adds amx on top."""
+    monkeypatch.delenv("MASKPACK_ISA", raising=False)
+    best32 = "avx512" if "avx512" in ISAS else "avx2" if "avx2" in ISAS else "ref"
+    assert maskpack.attention_isa("float32") == best32
+    assert maskpack.attention_isa("bfloat16") == ("amx" if "amx" in ISAS else best32)
+    monkeypatch.setenv("MASKPACK_ISA", "sse9")
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention_isa("float32")
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT" and "avx2" in str(e.value)
 
 
 def grid(x, layout):
@@ -339,3 +351,58 @@ def test_read_only_out_is_refused_untouched():
     with pytest.raises(TypeError, match="writable"):
         maskpack.attention(q, k, v, lay, out=out)
     assert (out == 4.0).all()
+
+
+VECTOR_ISAS = [i for i in ISAS if i in ("avx2", "avx512")]
+
+
+@pytest.mark.skipif(not VECTOR_ISAS, reason="no AVX2 or AVX-512 on this CPU")
+@pytest.mark.parametrize("D", [64, 128, 72, 129, 200, 256])
+@pytest.mark.parametrize("rule", ["causal", "bidirectional", "window", "span-prefix", "cross"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vector_kernels_vs_reference_head_dims(D, rule, dtype, monkeypatch):
+    """The AVX2 / AVX-512 f32 kernels (bf16 widened) against the float64 reference, forward and
+    backward, for head dims 64, 128 and odd ones up to 256, under every kind of rule."""
+    lens = [70, 1, 130]
+    if rule == "cross":
+        layout = maskpack.Layout.from_cu_seqlens([0, 40, 50], cu_kv=[0, 20, 70], alignment="bottom_right")
+    elif rule == "span-prefix":
+        layout = LAYOUTS["span-prefix"]()
+    elif rule == "window":
+        layout = maskpack.Layout.from_lengths(lens, placement="packed", window=(17, 5))
+    else:
+        layout = maskpack.Layout.from_lengths(lens, placement="packed", causal=(rule == "causal"))
+    q, k, v = rand_qkv(layout, 2, 1, D, dtype)
+    dout = torch.randn_like(q)
+    scale = 1 / math.sqrt(D)
+    qd, kd, vd = (grid(x, layout).double().requires_grad_(True) for x in (q, k, v))
+    ref_out, ref_lse = ref_attention(qd, kd, vd, keep_mask(layout), scale)
+    ref_out.backward(grid(dout, layout).double())
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    for isa in VECTOR_ISAS:
+        monkeypatch.setenv("MASKPACK_ISA", isa)
+        out, lse = maskpack.attention(q, k, v, layout, scale=scale)
+        torch.testing.assert_close(grid(out, layout).double(), ref_out.detach(), atol=tol, rtol=tol)
+        dq, dk, dv = maskpack.attention_backward(dout, q, k, v, out, lse, layout, scale=scale)
+        for got, want in ((dq, qd.grad), (dk, kd.grad), (dv, vd.grad)):
+            torch.testing.assert_close(grid(got, layout).double(), want, atol=5 * tol, rtol=5 * tol)
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs both the AVX2 and AVX-512 kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avx2_equals_avx512_bitwise(dtype, monkeypatch):
+    """The AVX2 kernels are the AVX-512 f32 kernels compiled through a lane-exact shim with the same
+    summation orders: forward and backward outputs are bitwise equal (bf16: against plain AVX-512
+    widening, so only where the bf16 forward is not on AVX512-BF16 or AMX: backward always)."""
+    for name in ("padded", "window", "span-prefix", "cross"):
+        layout = LAYOUTS[name]()
+        q, k, v = rand_qkv(layout, 4, 2, 96, dtype)
+        dout = torch.randn_like(q)
+        res = {}
+        for isa in ("avx2", "avx512"):
+            monkeypatch.setenv("MASKPACK_ISA", isa)
+            out, lse = maskpack.attention(q.float(), k.float(), v.float(), layout, scale=0.1)
+            grads = maskpack.attention_backward(dout, q, k, v, out.to(dtype), lse, layout, scale=0.1)
+            res[isa] = (out, lse) + tuple(grads)
+        for a, b in zip(res["avx2"], res["avx512"]):
+            assert torch.equal(a, b)
