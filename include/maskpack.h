@@ -775,13 +775,17 @@ MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *
  *     on the thread count.
  */
 
-/* Which kernel runs the rule. AUTO reads the environment variable MASKPACK_ISA ("ref" or
- * "avx512"; unset or "auto" = the best the CPU supports; "amx", which the attention also reads,
- * means the AVX-512 kernel here since the rule has no AMX kernel). */
+/* Which kernel runs the rule. AUTO reads the environment variable MASKPACK_ISA ("ref", "avx2" or
+ * "avx512"; unset or "auto" = the best the CPU supports: AVX512 > AVX2 > REF; "amx", which the
+ * attention also reads, means the AVX-512 kernel here since the rule has no AMX kernel). Forcing a
+ * kernel the CPU lacks is MASKPACK_ERR_UNSUPPORTED, never a silent fallback. The causal conv1d
+ * follows the same AUTO choice: portable loops for REF, AVX2 + FMA rows otherwise (f32 tensors with
+ * contiguous channels). */
 typedef enum maskpack_gdn_isa {
     MASKPACK_GDN_ISA_AUTO = 0,
     MASKPACK_GDN_ISA_REF = 1,    /* portable C (the reference) */
-    MASKPACK_GDN_ISA_AVX512 = 2  /* AVX-512 (F, DQ, VL, BW) micro-kernels; UNSUPPORTED on a CPU without them */
+    MASKPACK_GDN_ISA_AVX512 = 2, /* AVX-512 (F, DQ, VL, BW) micro-kernels; UNSUPPORTED on a CPU without them */
+    MASKPACK_GDN_ISA_AVX2 = 3    /* AVX2 + FMA micro-kernels (CPUs without AVX-512); UNSUPPORTED without them */
 } maskpack_gdn_isa;
 
 #define MASKPACK_GDN_CHUNK 64      /* chunk length of the chunked form (chunks start at each segment start) */

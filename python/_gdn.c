@@ -220,7 +220,7 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* resolve_isa() -> "ref" | "avx512": the kernel AUTO (and MASKPACK_ISA) selects */
+/* resolve_isa() -> "ref" | "avx2" | "avx512": the kernel AUTO (and MASKPACK_ISA) selects */
 static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     (void)m;
     (void)noargs;
@@ -228,7 +228,7 @@ static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     maskpack_error err;
     maskpack_status s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
-    return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : "ref");
+    return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : isa == MASKPACK_GDN_ISA_AVX2 ? "avx2" : "ref");
 }
 
 /* advise_fresh(data_ptr, nbytes): asks Linux for transparent huge pages on the 2 MiB-aligned
@@ -265,7 +265,7 @@ static PyMethodDef methods[] = {
     {"l2norm_backward", py_l2norm_backward, METH_VARARGS, "L2 normalisation backward"},
     {"gates", py_gates, METH_VARARGS, "g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)"},
     {"gates_backward", py_gates_backward, METH_VARARGS, "gates backward"},
-    {"resolve_isa", py_resolve_isa, METH_NOARGS, "the kernel the rule runs: 'ref' or 'avx512'"},
+    {"resolve_isa", py_resolve_isa, METH_NOARGS, "the kernel the rule runs: 'ref', 'avx2' or 'avx512'"},
     {NULL, NULL, 0, NULL},
 };
 

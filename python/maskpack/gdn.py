@@ -86,11 +86,12 @@ def _threads(threads: Optional[int]) -> int:
 
 
 def gdn_isa() -> str:
-    """The kernel the rule runs here: ``"avx512"`` or ``"ref"``.
+    """The kernel the rule runs here: ``"avx512"``, ``"avx2"`` or ``"ref"``.
 
-    ``MASKPACK_ISA=ref|avx512`` forces one. ``MASKPACK_ISA=amx`` (the attention's AMX kernels) is
-    accepted too and means ``"avx512"`` here, since the rule has no AMX kernel; like ``avx512`` it
-    raises ``MASKPACK_ERR_UNSUPPORTED`` on a CPU without AVX-512.
+    Unset (or ``auto``), the best this CPU has: AVX-512, else AVX2 + FMA, else the portable
+    reference. ``MASKPACK_ISA=ref|avx2|avx512`` forces one; forcing one the CPU lacks raises
+    ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback). ``MASKPACK_ISA=amx`` (the attention's
+    AMX kernels) is accepted too and means ``"avx512"`` here, since the rule has no AMX kernel.
     """
     return _gdn.resolve_isa()
 

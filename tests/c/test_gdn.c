@@ -1,6 +1,6 @@
 /* test_gdn.c: Gated DeltaNet over layouts: the GEMM/exp/transpose primitives, the rule against an
  * independent double-precision recurrence written here, recurrent vs chunked, reference vs
- * AVX-512, padded vs packed (bitwise), NaN/Inf planted in padding and in other segments,
+ * AVX-512 and AVX2 (each build this CPU runs), padded vs packed (bitwise), NaN/Inf planted in padding and in other segments,
  * zero-length and short segments, chunk-boundary lengths, continuation with state and conv
  * prefix, gradients against finite differences of the double recurrence, bf16, the conv1d,
  * L2 norm and gates with their backward, and bad input leaving outputs untouched. */
@@ -349,16 +349,36 @@ static double case_vs_naive(const gcase *c) {
 }
 
 static int have_avx512(void) { return gdn_cpu_has_avx512(); }
+static int have_avx2(void) { return gdn_cpu_has_avx2(); }
+
+/* The kernels this CPU runs, the reference first (then AVX-512, AVX2 when present): every
+ * per-ISA test runs on each of them. Returns the count (1..3). */
+#define N_ISA_MAX 3
+static int isa_list(maskpack_gdn_isa out[N_ISA_MAX]) {
+    int n = 0;
+    out[n++] = MASKPACK_GDN_ISA_REF;
+    if (have_avx512()) out[n++] = MASKPACK_GDN_ISA_AVX512;
+    if (have_avx2()) out[n++] = MASKPACK_GDN_ISA_AVX2;
+    return n;
+}
+
+/* The fastest kernel here (the one AUTO picks): AVX-512 > AVX2 > REF. */
+static maskpack_gdn_isa best_isa(void) {
+    return have_avx512() ? MASKPACK_GDN_ISA_AVX512 : have_avx2() ? MASKPACK_GDN_ISA_AVX2 : MASKPACK_GDN_ISA_REF;
+}
+
+typedef void (*gemm_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t, float *,
+                        int64_t, unsigned);
+typedef void (*transpose_fn)(const float *, int64_t, int64_t, int64_t, float *, int64_t);
+typedef void (*expv_fn)(float *, int64_t);
 
 /* ---- primitives --------------------------------------------------------------------------- */
 
-static void test_primitives(void) {
-    if (!have_avx512()) {
-        printf("test_gdn: no AVX-512 on this CPU: primitive comparison skipped\n");
-        return;
-    }
-    /* GEMM: every flag combination on odd sizes, AVX-512 vs the plain loops */
-    const int64_t ms[] = {1, 7, 8, 13, 64}, ns[] = {16, 32, 48, 80}, ks[] = {1, 5, 64, 77};
+/* One vector build's GEMM, transpose and exp against the plain loops and libm. */
+static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn transpose, expv_fn expv) {
+    /* GEMM: every flag combination on odd sizes, the vector build vs the plain loops (m = 6, 12
+     * and 13 cover the AVX2 kernel's 6-row tiles and their remainders) */
+    const int64_t ms[] = {1, 6, 7, 8, 12, 13, 64}, ns[] = {16, 32, 48, 80}, ks[] = {1, 5, 64, 77};
     const unsigned fl[] = {0,
                            GDN_GEMM_ACC,
                            GDN_GEMM_AT,
@@ -370,7 +390,7 @@ static void test_primitives(void) {
     float *A = malloc(100 * 100 * 4), *B = malloc(100 * 100 * 4), *C1 = malloc(100 * 100 * 4), *C2 = malloc(100 * 100 * 4);
     double worst = 0;
     int tri_bad = 0;
-    for (size_t a = 0; a < 5; a++)
+    for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++)
         for (size_t b = 0; b < 4; b++)
             for (size_t kk = 0; kk < 4; kk++)
                 for (size_t f = 0; f < 8; f++) {
@@ -390,7 +410,7 @@ static void test_primitives(void) {
                             if ((flags & GDN_GEMM_TRI_UP) && cidx < r) A[i * 100 + k] = 0;
                         }
                     gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C1, 100, flags);
-                    gdn_gemm_avx512(m, n, kd, 0.75f, A, 100, B, 100, C2, 100, flags);
+                    gemm(m, n, kd, 0.75f, A, 100, B, 100, C2, 100, flags);
                     for (int64_t i = 0; i < m; i++)
                         for (int64_t j = 0; j < n; j++) {
                             if ((flags & GDN_GEMM_TRI_OUT) && j > i) continue;
@@ -400,17 +420,18 @@ static void test_primitives(void) {
                     for (int64_t i = 0; i < 100; i++)
                         if (C2[i * 100 + 99] != (float)uval(3, i * 100 + 99, 0, 0, f)) tri_bad = 1;
                 }
+    printf("test_gdn: %s GEMM vs plain loops: worst %.2e\n", name, worst);
     CHECK(worst < 1e-4);
     CHECK(!tri_bad);
     /* transpose: exact */
     float *T = malloc(100 * 100 * 4);
     int tbad = 0;
-    const int64_t dims_[][2] = {{16, 16}, {64, 128}, {37, 21}, {5, 70}, {128, 24}};
-    for (size_t i = 0; i < 5; i++) {
+    const int64_t dims_[][2] = {{16, 16}, {64, 128}, {37, 21}, {5, 70}, {128, 24}, {8, 8}, {13, 9}};
+    for (size_t i = 0; i < sizeof dims_ / sizeof dims_[0]; i++) {
         int64_t r = dims_[i][0], c = dims_[i][1];
         float *src = malloc((size_t)(r * c) * 4), *dst = malloc((size_t)(r * c + 8) * 4);
         for (int64_t j = 0; j < r * c; j++) src[j] = (float)j;
-        gdn_transpose_avx512(src, c, r, c, dst, r);
+        transpose(src, c, r, c, dst, r);
         for (int64_t a = 0; a < r; a++)
             for (int64_t b = 0; b < c; b++)
                 if (dst[b * r + a] != src[a * c + b]) tbad = 1;
@@ -426,18 +447,43 @@ static void test_primitives(void) {
     xs[1002] = NAN;
     float ys[1003];
     memcpy(ys, xs, sizeof xs);
-    gdn_expv_avx512(ys, 1003);
+    expv(ys, 1003);
     double er = 0;
     for (int i = 0; i < 1000; i++) er = fmax(er, fabs(ys[i] - exp((double)xs[i])) / exp((double)xs[i]));
     CHECK(er < 4e-7);
     CHECK(ys[1000] == 0.0f);
     CHECK(ys[1001] == 0.0f);
     CHECK(isnan(ys[1002]));
+    /* the top of the range stays finite and accurate (2^128 does not fit a float's exponent: the
+     * AVX2 build scales by two halves), and a tail shorter than a vector is handled */
+    {
+        const float hr[5] = {88.0f, 88.7f, 50.0f, 1.5f, 0.0f};
+        float hx[5];
+        memcpy(hx, hr, sizeof hx);
+        expv(hx, 5);
+        for (int i = 0; i < 5; i++) {
+            const double want = exp((double)hr[i]);
+            CHECK(isfinite(hx[i]) && fabs(hx[i] - want) / want < 4e-7);
+        }
+    }
     free(A);
     free(B);
     free(C1);
     free(C2);
     free(T);
+}
+
+static void test_primitives(void) {
+    int any = 0;
+    if (have_avx512()) {
+        test_primitives_of("avx512", gdn_gemm_avx512, gdn_transpose_avx512, gdn_expv_avx512);
+        any = 1;
+    }
+    if (have_avx2()) {
+        test_primitives_of("avx2", gdn_gemm_avx2, gdn_transpose_avx2, gdn_expv_avx2);
+        any = 1;
+    }
+    if (!any) printf("test_gdn: no AVX-512 or AVX2 on this CPU: primitive comparison skipped\n");
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
@@ -449,13 +495,13 @@ static void test_forward_forms(void) {
     dims d = {2, 4, 32, 24}; /* V = 24: padded internally to 32 */
     maskpack_layout *L = lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 0);
     if (!L) return;
-    maskpack_gdn_isa isas[2] = {MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX512};
-    gcase rec[2], chk[2];
-    for (int i = 0; i < 2; i++) {
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
+    gcase rec[N_ISA_MAX], chk[N_ISA_MAX];
+    for (int i = 0; i < N_ISA_MAX; i++) {
         rec[i] = case_make(L, d, 7, 1);
         chk[i] = case_make(L, d, 7, 1);
     }
-    int n_isa = have_avx512() ? 2 : 1;
     for (int i = 0; i < n_isa; i++) {
         CHECK_OK(case_forward(&rec[i], isas[i], 0, 1), (maskpack_error){0});
         CHECK_OK(case_forward(&chk[i], isas[i], 1, 2), (maskpack_error){0});
@@ -471,11 +517,12 @@ static void test_forward_forms(void) {
         CHECK(memcmp(chk[i].ht.data, chk[i].h0.data, (size_t)chk[i].h0.per * 4) == 0);
         CHECK(memcmp(rec[i].ht.data, rec[i].h0.data, (size_t)rec[i].h0.per * 4) == 0);
     }
-    if (n_isa == 2) {
-        CHECK(case_rel_err(&chk[1], &chk[0]) < 1e-5);
-        CHECK(case_rel_err(&rec[1], &rec[0]) < 1e-6);
+    /* each vector build against the reference */
+    for (int i = 1; i < n_isa; i++) {
+        CHECK(case_rel_err(&chk[i], &chk[0]) < 1e-5);
+        CHECK(case_rel_err(&rec[i], &rec[0]) < 1e-6);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < N_ISA_MAX; i++) {
         case_free(&rec[i]);
         case_free(&chk[i]);
     }
@@ -509,14 +556,16 @@ static void test_forward_forms(void) {
      * in one pass, the last 16 columns under a mask) and with K = 16: against the double recurrence */
     {
         const dims ds[2] = {{1, 2, 37, 16}, {2, 2, 16, 16}};
-        for (int j = 0; j < 2; j++) {
-            gcase c = case_make(L, ds[j], 13 + (uint64_t)j, 1);
-            CHECK_OK(case_forward(&c, have_avx512() ? MASKPACK_GDN_ISA_AVX512 : MASKPACK_GDN_ISA_REF, 1, 2),
-                     (maskpack_error){0});
-            CHECK(case_vs_naive(&c) < 1e-5);
-            CHECK(pads_zero(L, &c.o));
-            case_free(&c);
-        }
+        maskpack_gdn_isa isas2[N_ISA_MAX];
+        const int n2 = isa_list(isas2);
+        for (int ii = 0; ii < n2; ii++)
+            for (int j = 0; j < 2; j++) {
+                gcase c = case_make(L, ds[j], 13 + (uint64_t)j, 1);
+                CHECK_OK(case_forward(&c, isas2[ii], 1, 2), (maskpack_error){0});
+                CHECK(case_vs_naive(&c) < 1e-5);
+                CHECK(pads_zero(L, &c.o));
+                case_free(&c);
+            }
     }
     maskpack_layout_free(L);
 }
@@ -531,8 +580,8 @@ static void test_layout_invariance(void) {
                               lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 200)};
     for (int i = 0; i < 4; i++)
         if (!Ls[i]) return;
-    int n_isa = have_avx512() ? 2 : 1;
-    maskpack_gdn_isa isas[2] = {MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX512};
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
     for (int ii = 0; ii < n_isa; ii++)
         for (int chunked = 0; chunked <= 1; chunked++) {
             gcase base = case_make(Ls[0], d, 3, 1);
@@ -776,10 +825,10 @@ static void test_backward(void) {
     tok_fill(L, &dO, T_DO, 31);
     stensor dht = st_alloc(5, 3, sd, T_DHT, 31);
     maskpack_gdn_inputs in = case_inputs(&c);
-    int n_isa = have_avx512() ? 2 : 1;
-    maskpack_gdn_isa isas[2] = {MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX512};
-    ttensor gq[2], gk[2], gv[2], gg[2], gb[2];
-    stensor gh[2];
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
+    ttensor gq[N_ISA_MAX], gk[N_ISA_MAX], gv[N_ISA_MAX], gg[N_ISA_MAX], gb[N_ISA_MAX];
+    stensor gh[N_ISA_MAX];
     for (int ii = 0; ii < n_isa; ii++) {
         gq[ii] = tok_alloc(L, 2, qd);
         gk[ii] = tok_alloc(L, 2, qd);
@@ -880,9 +929,9 @@ static void test_backward(void) {
         free(sd_.Rs);
     }
     printf("test_gdn: backward vs finite differences of the double recurrence: worst %.2e\n", worst);
-    if (n_isa == 2) {
-        /* the two ISAs agree */
-        ttensor *a0[5] = {&gq[0], &gk[0], &gv[0], &gg[0], &gb[0]}, *a1[5] = {&gq[1], &gk[1], &gv[1], &gg[1], &gb[1]};
+    for (int vi = 1; vi < n_isa; vi++) {
+        /* each vector build agrees with the reference */
+        ttensor *a0[5] = {&gq[0], &gk[0], &gv[0], &gg[0], &gb[0]}, *a1[5] = {&gq[vi], &gk[vi], &gv[vi], &gg[vi], &gb[vi]};
         for (int i = 0; i < 5; i++) {
             double num = 0, den = 0;
             int64_t nn = mp_numel(&a0[i]->t);
@@ -891,6 +940,7 @@ static void test_backward(void) {
                 num = fmax(num, fabs(a0[i]->data[j] - a1[i]->data[j]));
                 den = fmax(den, fabs(a0[i]->data[j]));
             }
+            if (!(num / den < 1e-4)) fprintf(stderr, "test_gdn: backward isa %d grad %d vs ref: %.2e\n", (int)isas[vi], i, num / den);
             CHECK(num / den < 1e-4);
         }
         /* and threads / padded vs packed are bitwise for a fixed ISA */
@@ -904,17 +954,17 @@ static void test_backward(void) {
         tok_fill(Lp, &dOp, T_DO, 31);
         maskpack_gdn_inputs inp = case_inputs(&cp);
         maskpack_gdn_grads gr = {&gqp.t, &gkp.t, &gvp.t, &ggp.t, &gbp.t, &ghp.t};
-        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AVX512, 1, 1);
+        maskpack_gdn_options o = opts_of(isas[vi], 1, 1);
         maskpack_error e;
         CHECK_OK(maskpack_gdn_backward(Lp, &inp, &dOp.t, &dht.t, &o, &gr, NULL, 0, &e), e);
-        int same = memcmp(ghp.data, gh[1].data, (size_t)(5 * ghp.per) * 4) == 0;
+        int same = memcmp(ghp.data, gh[vi].data, (size_t)(5 * ghp.per) * 4) == 0;
         for (size_t s = 0; s < 5; s++)
             for (int64_t p = 0; p < lens[s]; p++) {
-                same &= memcmp(tok_at(Lp, &gqp, s, p), tok_at(L, &gq[1], s, p), (size_t)gqp.per_token * 4) == 0;
-                same &= memcmp(tok_at(Lp, &gkp, s, p), tok_at(L, &gk[1], s, p), (size_t)gkp.per_token * 4) == 0;
-                same &= memcmp(tok_at(Lp, &gvp, s, p), tok_at(L, &gv[1], s, p), (size_t)gvp.per_token * 4) == 0;
-                same &= memcmp(tok_at(Lp, &ggp, s, p), tok_at(L, &gg[1], s, p), (size_t)ggp.per_token * 4) == 0;
-                same &= memcmp(tok_at(Lp, &gbp, s, p), tok_at(L, &gb[1], s, p), (size_t)gbp.per_token * 4) == 0;
+                same &= memcmp(tok_at(Lp, &gqp, s, p), tok_at(L, &gq[vi], s, p), (size_t)gqp.per_token * 4) == 0;
+                same &= memcmp(tok_at(Lp, &gkp, s, p), tok_at(L, &gk[vi], s, p), (size_t)gkp.per_token * 4) == 0;
+                same &= memcmp(tok_at(Lp, &gvp, s, p), tok_at(L, &gv[vi], s, p), (size_t)gvp.per_token * 4) == 0;
+                same &= memcmp(tok_at(Lp, &ggp, s, p), tok_at(L, &gg[vi], s, p), (size_t)ggp.per_token * 4) == 0;
+                same &= memcmp(tok_at(Lp, &gbp, s, p), tok_at(L, &gb[vi], s, p), (size_t)gbp.per_token * 4) == 0;
             }
         CHECK(same);
         /* workspace sized by the query */
@@ -922,7 +972,7 @@ static void test_backward(void) {
         CHECK_OK(maskpack_gdn_workspace_size(Lp, &inp, &o, 1, &bytes, &e), e);
         void *ws = malloc(bytes);
         CHECK_OK(maskpack_gdn_backward(Lp, &inp, &dOp.t, &dht.t, &o, &gr, ws, bytes, &e), e);
-        CHECK(memcmp(ghp.data, gh[1].data, (size_t)(5 * ghp.per) * 4) == 0);
+        CHECK(memcmp(ghp.data, gh[vi].data, (size_t)(5 * ghp.per) * 4) == 0);
         free(ws);
         free(dOp.data);
         free(gqp.data);
@@ -1019,8 +1069,8 @@ static void test_backward_revolve(void) {
     ttensor dO = tok_alloc(L, 2, vd);
     tok_fill(L, &dO, T_DO, 57);
     stensor dht = st_alloc(10, 3, sd, T_DHT, 57);
-    const int n_isa = have_avx512() ? 2 : 1;
-    const maskpack_gdn_isa isas[2] = {MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX512};
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
     const int slots[6] = {0, 2, 3, 4, 5, 17};
     for (int ii = 0; ii < n_isa; ii++) {
         grads_set all = grads_alloc(L, d);
@@ -1064,7 +1114,7 @@ static void test_backward_revolve(void) {
         ttensor dOl = tok_alloc(Ll, 2, vl);
         tok_fill(Ll, &dOl, T_DO, 58);
         stensor dhtl = st_alloc(1, 3, sl, T_DHT, 58);
-        const maskpack_gdn_isa isa = isas[n_isa - 1];
+        const maskpack_gdn_isa isa = best_isa();
         grads_set a = grads_alloc(Ll, dl), b2 = grads_alloc(Ll, dl);
         run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, 0, &a, 1);
         run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, GDN_BWD_MAX_SLOTS, &b2, 0);
@@ -1135,7 +1185,7 @@ static void test_task_order(void) {
     const int64_t lens[9] = {64, 64, 64, 64, 100, 64, 64, 64, 5};
     maskpack_layout *L = lay_lengths(lens, 9, MASKPACK_PLACE_PACKED, 0);
     if (!L) return;
-    const maskpack_gdn_isa isa = have_avx512() ? MASKPACK_GDN_ISA_AVX512 : MASKPACK_GDN_ISA_REF;
+    const maskpack_gdn_isa isa = best_isa();
     gcase base = case_make(L, d, 77, 1);
     CHECK_OK(case_forward(&base, isa, 1, 1), (maskpack_error){0});
     const int threads[3] = {2, 3, 4};
@@ -1172,8 +1222,9 @@ static void naive_conv(int64_t len, int64_t C, int64_t W, const double *x, const
     }
 }
 
-static void test_conv(void) {
-    const int64_t lens[6] = {0, 1, 2, 3, 70, 5}, C = 37;
+/* C = 37: one channel block ending mid-vector; C = 150: three blocks, the last partial. */
+static void test_conv_c(int64_t C) {
+    const int64_t lens[6] = {0, 1, 2, 3, 70, 5};
     maskpack_layout *Lp = lay_lengths(lens, 6, MASKPACK_PLACE_PACKED, 0), *Lr = lay_lengths(lens, 6, MASKPACK_PLACE_LEFT, 0);
     if (!Lp || !Lr) return;
     for (int64_t W = 1; W <= 4; W++)
@@ -1351,6 +1402,85 @@ static void test_conv(void) {
     }
     maskpack_layout_free(Lp);
     maskpack_layout_free(Lr);
+}
+
+/* The conv's vector rows (AVX2) against its portable loops on one problem with several channel
+ * blocks, long segments, a prefix and a state gradient: forward, state (bitwise: copies) and all
+ * gradients within float rounding. Skipped on a CPU without AVX2. */
+static void test_conv_isa_agree(void) {
+    if (!have_avx2()) {
+        printf("test_gdn: no AVX2 on this CPU: conv vector rows not compared\n");
+        return;
+    }
+    const int64_t lens[3] = {300, 64, 7}, C = 200, W = 4;
+    maskpack_layout *L = lay_lengths(lens, 3, MASKPACK_PLACE_RIGHT, 0);
+    if (!L) return;
+    int64_t cd[1] = {C}, pd[2] = {C, W - 1}, wsh[2] = {C, W};
+    float *wd = malloc((size_t)(C * W) * 4);
+    for (int64_t i = 0; i < C * W; i++) wd[i] = (float)uval(T_W, i, W, 0, 0);
+    maskpack_tensor wt = maskpack_tensor_contiguous(wd, MASKPACK_F32, 2, wsh);
+    ttensor x = tok_alloc(L, 1, cd), dy = tok_alloc(L, 1, cd);
+    tok_fill(L, &x, T_X, 91);
+    tok_fill(L, &dy, T_DY, 91);
+    stensor pre = st_alloc(3, 2, pd, T_PRE, 91), dst = st_alloc(3, 2, pd, T_DST, 91);
+    ttensor y[2], dx[2];
+    stensor st[2], dpre[2];
+    float *dw[2];
+    for (int r = 0; r < 2; r++) {
+        /* r = 0: the portable loops (MASKPACK_ISA=ref), r = 1: the default (vector rows here) */
+        if (r == 0)
+            setenv("MASKPACK_ISA", "ref", 1);
+        else
+            unsetenv("MASKPACK_ISA");
+        y[r] = tok_alloc(L, 1, cd);
+        dx[r] = tok_alloc(L, 1, cd);
+        st[r] = st_alloc(3, 2, pd, 0, 0);
+        dpre[r] = st_alloc(3, 2, pd, 0, 0);
+        dw[r] = malloc((size_t)(C * W) * 4);
+        maskpack_tensor dwt = maskpack_tensor_contiguous(dw[r], MASKPACK_F32, 2, wsh);
+        maskpack_error e;
+        CHECK_OK(maskpack_causal_conv1d(L, &x.t, &wt, &pre.t, 1, 2, &y[r].t, &st[r].t, &e), e);
+        CHECK_OK(maskpack_causal_conv1d_backward(L, &x.t, &wt, &pre.t, 1, &dy.t, &dst.t, 2, &dx[r].t, &dwt,
+                                                 &dpre[r].t, &e),
+                 e);
+        CHECK(pads_zero(L, &y[r]) && pads_zero(L, &dx[r]));
+    }
+    CHECK(memcmp(st[0].data, st[1].data, (size_t)(3 * st[0].per) * 4) == 0);
+    double ey = 0, my = 0, ex = 0, mx = 0, ep = 0, mp = 0, ew = 0, mw = 0;
+    const int64_t n = mp_numel(&y[0].t);
+    for (int64_t i = 0; i < n; i++) {
+        ey = fmax(ey, fabs((double)y[0].data[i] - y[1].data[i]));
+        my = fmax(my, fabs((double)y[0].data[i]));
+        ex = fmax(ex, fabs((double)dx[0].data[i] - dx[1].data[i]));
+        mx = fmax(mx, fabs((double)dx[0].data[i]));
+    }
+    for (int64_t i = 0; i < 3 * dpre[0].per; i++) {
+        ep = fmax(ep, fabs((double)dpre[0].data[i] - dpre[1].data[i]));
+        mp = fmax(mp, fabs((double)dpre[0].data[i]));
+    }
+    for (int64_t i = 0; i < C * W; i++) {
+        ew = fmax(ew, fabs((double)dw[0][i] - dw[1][i]));
+        mw = fmax(mw, fabs((double)dw[0][i]));
+    }
+    printf("test_gdn: conv vector rows vs portable loops: y %.1e, dx %.1e, d_prefix %.1e, dweight %.1e (relative)\n",
+           ey / my, ex / mx, ep / mp, ew / mw);
+    CHECK(my > 0 && ey / my < 1e-5);
+    CHECK(mx > 0 && ex / mx < 1e-5);
+    CHECK(mp > 0 && ep / mp < 1e-5);
+    CHECK(mw > 0 && ew / mw < 1e-5);
+    for (int r = 0; r < 2; r++) {
+        free(y[r].data);
+        free(dx[r].data);
+        free(st[r].data);
+        free(dpre[r].data);
+        free(dw[r]);
+    }
+    free(x.data);
+    free(dy.data);
+    free(pre.data);
+    free(dst.data);
+    free(wd);
+    maskpack_layout_free(L);
 }
 
 /* ---- l2norm and gates -------------------------------------------------------------------------- */
@@ -1539,11 +1669,36 @@ static void test_bad_input(void) {
     } else {
         EXPECT_FAIL(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), MASKPACK_ERR_UNSUPPORTED, "AVX-512");
     }
+    /* "avx2" forces the AVX2 kernel: UNSUPPORTED on a CPU without AVX2 + FMA, never a fallback */
+    setenv("MASKPACK_ISA", "avx2", 1);
+    if (have_avx2()) {
+        r = MASKPACK_GDN_ISA_REF;
+        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX2);
+        CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
+    } else {
+        EXPECT_FAIL(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), MASKPACK_ERR_UNSUPPORTED, "AVX2");
+    }
+    /* an explicit request is not overridden by the environment */
+    setenv("MASKPACK_ISA", "avx2", 1);
+    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_REF, &r, &e), e);
+    CHECK_EQ(r, MASKPACK_GDN_ISA_REF);
     unsetenv("MASKPACK_ISA");
+    /* AUTO: AVX-512 > AVX2 > REF */
+    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
+    CHECK_EQ(r, best_isa());
     if (!have_avx512()) {
         bad = o;
         bad.isa = MASKPACK_GDN_ISA_AVX512;
         EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "AVX-512");
+    }
+    bad = o;
+    bad.isa = MASKPACK_GDN_ISA_AVX2;
+    if (have_avx2()) {
+        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX2, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX2);
+    } else {
+        EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "AVX2");
     }
     /* output aliasing an input */
     maskpack_tensor oq = c.o.t;
@@ -1614,7 +1769,14 @@ int main(void) {
     test_backward_revolve();
     test_workspace_constant();
     test_task_order();
-    test_conv();
+    /* the conv under the vector rows (AUTO on an AVX2 CPU) and under the portable loops */
+    test_conv_c(37);
+    test_conv_c(150);
+    setenv("MASKPACK_ISA", "ref", 1);
+    test_conv_c(37);
+    test_conv_c(150);
+    unsetenv("MASKPACK_ISA");
+    test_conv_isa_agree();
     test_l2norm_gates();
     test_bad_input();
     return check_report("test_gdn");

@@ -7,6 +7,8 @@ recurrence, padded vs packed bitwise equality of outputs, states and gradients w
 the padding, the conv1d against F.conv1d per segment (with prefix and state) and its gradients,
 the whole layer against Qwen3NextGatedDeltaNet (outputs and parameter gradients), continuation of
 the layer with state and conv prefix, bf16, forcing the reference kernel, and bad input errors.
+The tests marked with the ``isa`` fixture run once per kernel this CPU has (ref, avx2, avx512;
+MASKPACK_ISA forces each), the others under the default choice.
 """
 
 import importlib.util
@@ -22,6 +24,22 @@ from transformers import Qwen3NextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 torch.manual_seed(0)
+
+ISAS = ["ref", "avx2", "avx512"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    """Runs the test with MASKPACK_ISA forcing one kernel; skips a kernel this CPU lacks (after
+    checking that forcing it is refused with UNSUPPORTED rather than silently replaced)."""
+    monkeypatch.setenv("MASKPACK_ISA", request.param)
+    try:
+        got = maskpack.gdn_isa()
+    except maskpack.Error as e:
+        assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+        pytest.skip(f"this CPU has no {request.param} kernel")
+    assert got == request.param
+    return request.param
 
 
 def relerr(a, b):
@@ -88,7 +106,7 @@ def padded_rows(x, lengths, left=False):
 
 
 @pytest.mark.parametrize("chunked", [True, False])
-def test_rule_matches_transformers_fallbacks(chunked):
+def test_rule_matches_transformers_fallbacks(chunked, isa):
     B, S, H, HV, K, V = 2, 150, 2, 4, 32, 16
     lay = maskpack.Layout.from_lengths([S, S], placement="right")
     q, k, v, g, beta = make_inputs((B, S), H, HV, K, V)
@@ -100,7 +118,7 @@ def test_rule_matches_transformers_fallbacks(chunked):
         assert relerr(st, rs) < 2e-5, fn.__name__
 
 
-def test_rule_per_segment_matches_transformers():
+def test_rule_per_segment_matches_transformers(isa):
     """A packed batch with chunk-boundary lengths: each segment equals the fallback on it alone."""
     lengths = [40, 64, 129, 0, 1, 65]
     H, HV, K, V = 2, 4, 16, 24
@@ -162,7 +180,7 @@ def test_rule_matches_flash_linear_attention_naive():
 
 
 @pytest.mark.parametrize("l2norm", [True, False])
-def test_rule_gradients_match_float64_autograd(l2norm):
+def test_rule_gradients_match_float64_autograd(l2norm, isa):
     lengths = [70, 1, 0, 130]
     H, HV, K, V = 2, 4, 16, 16
     lay = maskpack.Layout.from_lengths(lengths, placement="packed")
@@ -201,7 +219,7 @@ def test_rule_gradients_match_float64_autograd(l2norm):
             at += n
 
 
-def test_long_segment_gradients_match_float64_autograd():
+def test_long_segment_gradients_match_float64_autograd(isa):
     """A segment of 18 chunks: more than the backward keeps states for (it recomputes them from
     binomial checkpoints), with slow decay so every earlier chunk reaches the last ones."""
     lengths = [17 * 64 + 3, 5]
@@ -254,7 +272,7 @@ def test_backward_workspace_does_not_grow_with_segment_length():
 
 
 @pytest.mark.parametrize("left", [False, True])
-def test_padded_and_packed_are_bitwise_equal(left):
+def test_padded_and_packed_are_bitwise_equal(left, isa):
     lengths = [65, 3, 0, 128, 20]
     H, HV, K, V = 2, 4, 16, 16
     width = 130
@@ -339,6 +357,76 @@ def test_isa_amx_means_avx512():
         assert relerr(o_amx, o_ref) < 1e-5 and relerr(s_amx, s_ref) < 1e-5
 
 
+def _with_isa(name, fn):
+    old = os.environ.get("MASKPACK_ISA")
+    try:
+        os.environ["MASKPACK_ISA"] = name
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop("MASKPACK_ISA", None)
+        else:
+            os.environ["MASKPACK_ISA"] = old
+
+
+def test_isa_avx2_forced_or_unsupported_and_auto_order():
+    """MASKPACK_ISA=avx2 runs the AVX2 kernel (or raises UNSUPPORTED on a CPU without AVX2 + FMA,
+    never falling back); AUTO picks avx512 > avx2 > ref."""
+    have = {}
+    for name in ISAS:
+        try:
+            have[name] = _with_isa(name, maskpack.gdn_isa) == name
+        except maskpack.Error as e:
+            assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+            have[name] = False
+    assert have["ref"]
+    best = "avx512" if have["avx512"] else "avx2" if have["avx2"] else "ref"
+    assert _with_isa("auto", maskpack.gdn_isa) == best
+    assert _with_isa("", maskpack.gdn_isa) == best
+    lay = maskpack.Layout.from_lengths([5, 64, 70], placement="packed")
+    xs = make_inputs((139,), 2, 4, 32, 32)
+    if not have["avx2"]:
+        with pytest.raises(maskpack.Error) as e:
+            _with_isa("avx2", lambda: maskpack.gated_delta_rule(*xs, lay))
+        assert e.value.status == "MASKPACK_ERR_UNSUPPORTED"
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_vector_kernels_match_reference_kernel(chunked):
+    """Each vector kernel this CPU has against the portable one: outputs, final states and every
+    gradient (the tolerances of the C tests)."""
+    lengths = [1, 63, 64, 65, 127, 129, 0, 200]
+    H, HV, K, V = 2, 4, 40, 24  # K, V not multiples of 16: the pad columns are exercised
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    T = sum(lengths)
+    xs = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(21))
+    h0 = torch.randn(len(lengths), HV, K, V) * 0.3
+    R, Rs = torch.randn(T, HV, V), torch.randn(len(lengths), HV, K, V)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (*xs, h0)]
+        o, st = maskpack.gated_delta_rule(*leaves[:5], lay, initial_state=leaves[5], chunked=chunked, threads=2)
+        if chunked:  # the backward is the chunked one whatever the forward form
+            ((o * R).sum() + (st * Rs).sum()).backward()
+        return o.detach(), st.detach(), [x.grad for x in leaves]
+
+    o0, s0, g0 = _with_isa("ref", run)
+    tested = 0
+    for name in ("avx2", "avx512"):
+        try:
+            o1, s1, g1 = _with_isa(name, run)
+        except maskpack.Error as e:
+            assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+            continue
+        tested += 1
+        assert relerr(o1, o0) < 1e-5 and relerr(s1, s0) < 1e-5, name
+        if chunked:
+            for a, b in zip(g1, g0):
+                assert relerr(a, b) < 1e-4, name
+    if tested == 0:
+        pytest.skip("no vector kernel on this CPU")
+
+
 def test_bf16_inputs():
     lay = maskpack.Layout.from_lengths([70, 9], placement="right")
     xs = make_inputs((2, 70), 1, 2, 16, 16, dtype=torch.bfloat16)
@@ -357,7 +445,7 @@ def test_bf16_inputs():
 
 
 @pytest.mark.parametrize("W", [1, 2, 4])
-def test_conv1d_matches_torch_per_segment(W):
+def test_conv1d_matches_torch_per_segment(W, isa):
     lengths = [0, 1, 2, 3, 40]
     C = 12
     lay = maskpack.Layout.from_lengths(lengths, placement="right", capacity=41)
@@ -415,7 +503,7 @@ def tiny_layers():
     return cfg, theirs, ours
 
 
-def test_layer_matches_transformers_and_packed_matches_padded():
+def test_layer_matches_transformers_and_packed_matches_padded(isa):
     cfg, theirs, ours = tiny_layers()
     lengths = [70, 9, 130]
     width = 130
@@ -447,7 +535,7 @@ def test_layer_matches_transformers_and_packed_matches_padded():
     # block their GEMMs differently by batch shape, hence a tolerance at the layer level
 
 
-def test_layer_continuation_with_state_and_conv_prefix():
+def test_layer_continuation_with_state_and_conv_prefix(isa):
     """A sequence run in two pieces (final state and conv state passed on) equals the whole run:
     the basis of context parallelism and of cached decoding."""
     cfg, _, ours = tiny_layers()

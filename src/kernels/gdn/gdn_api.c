@@ -23,9 +23,10 @@ maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gd
                                          maskpack_error *err) {
     MP_CHECK_NULL(err, resolved, "resolved");
     maskpack_gdn_isa want = requested;
-    if (want != MASKPACK_GDN_ISA_AUTO && want != MASKPACK_GDN_ISA_REF && want != MASKPACK_GDN_ISA_AVX512)
+    if (want != MASKPACK_GDN_ISA_AUTO && want != MASKPACK_GDN_ISA_REF && want != MASKPACK_GDN_ISA_AVX512 &&
+        want != MASKPACK_GDN_ISA_AVX2)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "isa", -1, -1,
-                       "isa: expected AUTO (0), REF (1) or AVX512 (2), found %d", (int)requested);
+                       "isa: expected AUTO (0), REF (1), AVX512 (2) or AVX2 (3), found %d", (int)requested);
     if (want == MASKPACK_GDN_ISA_AUTO) {
         /* read-only look at the environment: the override the benchmarks and tests use */
         const char *env = getenv("MASKPACK_ISA");
@@ -36,17 +37,25 @@ maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gd
                 /* the variable is shared with the attention, which has AMX kernels; the rule has
                  * none, so "amx" means its AVX-512 kernel (a single setting serves the whole model) */
                 want = MASKPACK_GDN_ISA_AVX512;
+            else if (strcmp(env, "avx2") == 0)
+                want = MASKPACK_GDN_ISA_AVX2;
             else
                 return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: expected \"ref\", \"avx512\", \"amx\" or \"auto\", found \"%.40s\"",
+                               "MASKPACK_ISA: expected \"ref\", \"avx2\", \"avx512\", \"amx\" or \"auto\", "
+                               "found \"%.40s\"",
                                env);
         }
     }
-    const int has = gdn_cpu_has_avx512();
-    if (want == MASKPACK_GDN_ISA_AVX512 && !has)
+    /* a forced kernel the CPU lacks is an error, never a silent fallback */
+    const int has512 = gdn_cpu_has_avx512(), has2 = gdn_cpu_has_avx2();
+    if (want == MASKPACK_GDN_ISA_AVX512 && !has512)
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
                        "isa: AVX-512 kernels requested but this CPU (or build) lacks AVX-512F/DQ/VL/BW");
-    if (want == MASKPACK_GDN_ISA_AUTO) want = has ? MASKPACK_GDN_ISA_AVX512 : MASKPACK_GDN_ISA_REF;
+    if (want == MASKPACK_GDN_ISA_AVX2 && !has2)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
+                       "isa: AVX2 kernels requested but this CPU (or build) lacks AVX2/FMA");
+    if (want == MASKPACK_GDN_ISA_AUTO)
+        want = has512 ? MASKPACK_GDN_ISA_AVX512 : has2 ? MASKPACK_GDN_ISA_AVX2 : MASKPACK_GDN_ISA_REF;
     *resolved = want;
     return mp_ok(err);
 }
@@ -357,9 +366,13 @@ maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpa
     }
     /* validated and allocated: from here on only writes */
     gdn_zero_pads(layout, &P.o, P.HV, P.V);
-    const int avx = isa == MASKPACK_GDN_ISA_AVX512;
-    gdn_task_fn fn = op.chunked ? (avx ? gdn_fwd_chunk_avx512 : gdn_fwd_chunk_ref)
-                                : (avx ? gdn_fwd_recurrent_avx512 : gdn_fwd_recurrent_ref);
+    gdn_task_fn fn;
+    if (isa == MASKPACK_GDN_ISA_AVX512)
+        fn = op.chunked ? gdn_fwd_chunk_avx512 : gdn_fwd_recurrent_avx512;
+    else if (isa == MASKPACK_GDN_ISA_AVX2)
+        fn = op.chunked ? gdn_fwd_chunk_avx2 : gdn_fwd_recurrent_avx2;
+    else
+        fn = op.chunked ? gdn_fwd_chunk_ref : gdn_fwd_recurrent_ref;
     run_team(&P, fn, tasks, n_tasks, op.n_threads, base, stride);
     free(tasks);
     free(owned);
@@ -412,7 +425,9 @@ maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack
     if (P.dv.base) gdn_zero_pads(layout, &P.dv, P.HV, P.V);
     if (P.dg.base) gdn_zero_pads(layout, &P.dg, P.HV, 1);
     if (P.dbeta.base) gdn_zero_pads(layout, &P.dbeta, P.HV, 1);
-    gdn_task_fn fn = isa == MASKPACK_GDN_ISA_AVX512 ? gdn_bwd_chunk_avx512 : gdn_bwd_chunk_ref;
+    gdn_task_fn fn = isa == MASKPACK_GDN_ISA_AVX512 ? gdn_bwd_chunk_avx512
+                     : isa == MASKPACK_GDN_ISA_AVX2 ? gdn_bwd_chunk_avx2
+                                                    : gdn_bwd_chunk_ref;
     run_team(&P, fn, tasks, n_tasks, op.n_threads, base, stride);
     free(tasks);
     free(owned);

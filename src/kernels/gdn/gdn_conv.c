@@ -2,7 +2,11 @@
  * depthwise conv1d (with a per-segment prefix = cache or CP halo, and the final conv state),
  * the q/k L2 norm and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), each with
  * its backward. The conv runs per segment, so no window ever reaches into another sequence; threads
- * split the channels (each thread owns its channels' dweight, so no reduction across threads). */
+ * split the channels (each thread owns its channels' dweight, so no reduction across threads).
+ * The conv follows the rule's kernel choice (maskpack_gdn_resolve_isa, MASKPACK_ISA): the portable
+ * loops for REF, rows of 8-lane AVX2 + FMA vectors for AVX2 and AVX512 (every AVX-512 CPU has
+ * AVX2; the conv is memory-bound, wider vectors would not pay) when x and y (dy, dx) are f32 with
+ * contiguous channels. */
 #include "gdn_common.h"
 
 #include <pthread.h>
@@ -19,10 +23,125 @@ typedef struct conv_job {
     float *dweight; /* [C][W] f32 (contiguous, owned by the caller of the job) */
     int64_t C, W;
     int silu;
+    int vec; /* 1: the AVX2 rows (f32 tensors with contiguous channels, see conv_vec_ok) */
     int64_t c0, c1;
 } conv_job;
 
 static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The token rows of a channel block sit C elements apart, each on its own page for large C: the
+ * hardware prefetchers do not follow them, so the rows a few tokens ahead are requested here (a
+ * hint only; results do not depend on it). */
+#define CONV_PF_AHEAD 8
+static inline void conv_pf(const gdn_view *v, int64_t off, int64_t nb, int write) {
+#if defined(__GNUC__) || defined(__clang__)
+    if (!v->base || v->s_h != 1) return;
+    const int64_t es = v->dt == MASKPACK_F32 ? 4 : 2;
+    const char *p = v->base + off * es;
+    for (int64_t b = 0; b < nb * es; b += 64) {
+        if (write)
+            __builtin_prefetch(p + b, 1, 3);
+        else
+            __builtin_prefetch(p + b, 0, 3);
+    }
+#else
+    (void)v;
+    (void)off;
+    (void)nb;
+    (void)write;
+#endif
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CONV_HAVE_AVX2 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#include "gdn_avx2_math.h"
+
+static inline __m256i conv_lanes(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* the pre-activation sum_k wt[k] win[k] of 8 channels, k in order (as the portable loop) */
+static inline __m256 conv_pre8(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
+                               const float win[MASKPACK_GDN_MAX_CONV][CONV_CB], int64_t W, int64_t c) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < W; k++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt[k] + c), _mm256_loadu_ps(win[k] + c), acc);
+    return acc;
+}
+
+/* 1 / (1 + exp(-a)) (exp256 clamps, so no inf: a very negative a gives a tiny positive value) */
+static inline __m256 conv_sigm8(__m256 a) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), a))));
+}
+
+/* One token of a channel block (nb channels; the arrays are CONV_CB wide and zero past nb): the
+ * x row goes into win[W-1], the y row gets act(sum_k wt[k] win[k]). */
+static void conv_fwd_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], float win[MASKPACK_GDN_MAX_CONV][CONV_CB],
+                              int64_t W, int64_t nb, const float *xr, float *yr, int silu) {
+    for (int64_t c = 0; c < nb; c += 8) {
+        const __m256i m = conv_lanes(nb - c);
+        _mm256_storeu_ps(win[W - 1] + c, _mm256_maskload_ps(xr + c, m));
+        __m256 a = conv_pre8(wt, win, W, c);
+        if (silu) {
+            /* a * sigm(a); NaN stays NaN (exp256 gives 0 for it, a * 1 = NaN) */
+            const __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
+            a = _mm256_blendv_ps(_mm256_mul_ps(a, conv_sigm8(a)), a, nan);
+        }
+        _mm256_maskstore_ps(yr + c, m, a);
+    }
+}
+
+/* Backward of one token of a channel block: dp[0] = the gradient of the pre-activation from the dy
+ * row, dw[k] += dp[0] win[k] in double (the products of two floats are exact in double, so the fused
+ * multiply-add gives the portable loop's bits). win[W-1] must hold the x row. */
+static void conv_bwd_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
+                              const float win[MASKPACK_GDN_MAX_CONV][CONV_CB], float dp0[CONV_CB],
+                              double dw[MASKPACK_GDN_MAX_CONV][CONV_CB], int64_t W, int64_t nb, const float *dyr,
+                              int silu) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t c = 0; c < nb; c += 8) {
+        __m256 d = _mm256_maskload_ps(dyr + c, conv_lanes(nb - c));
+        if (silu) {
+            const __m256 a = conv_pre8(wt, win, W, c), sg = conv_sigm8(a);
+            d = _mm256_mul_ps(d, _mm256_mul_ps(sg, _mm256_fmadd_ps(a, _mm256_sub_ps(one, sg), one)));
+        }
+        _mm256_storeu_ps(dp0 + c, d);
+        const __m256d dlo = _mm256_cvtps_pd(_mm256_castps256_ps128(d)), dhi = _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1));
+        for (int64_t k = 0; k < W; k++) {
+            const __m256 x = _mm256_loadu_ps(win[k] + c);
+            _mm256_storeu_pd(dw[k] + c, _mm256_fmadd_pd(dlo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                                                        _mm256_loadu_pd(dw[k] + c)));
+            _mm256_storeu_pd(dw[k] + c + 4, _mm256_fmadd_pd(dhi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)),
+                                                            _mm256_loadu_pd(dw[k] + c + 4)));
+        }
+    }
+}
+
+/* dxr[c] = sum_k wt[k][c] dp[k][c] for the nb channels of a block */
+static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
+                             const float dp[MASKPACK_GDN_MAX_CONV][CONV_CB], int64_t W, int64_t nb, float *dxr) {
+    for (int64_t c = 0; c < nb; c += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < W; k++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt[k] + c), _mm256_loadu_ps(dp[k] + c), acc);
+        _mm256_maskstore_ps(dxr + c, conv_lanes(nb - c), acc);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+/* Whether a view can take the AVX2 rows: f32 with contiguous channels (or absent). */
+static int conv_vec_ok(const gdn_view *v) { return !v->base || (v->dt == MASKPACK_F32 && v->s_h == 1); }
 
 static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W, float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
     for (int64_t k = 0; k < W; k++)
@@ -34,6 +153,9 @@ static void conv_forward_job(const conv_job *J) {
     const maskpack_layout *L = J->L;
     const int64_t W = J->W;
     float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], out[CONV_CB];
+    /* the vector rows read whole 8-lane groups: lanes past nb must hold numbers */
+    memset(wt, 0, sizeof wt);
+    memset(win, 0, sizeof win);
     for (int64_t c0 = J->c0; c0 < J->c1; c0 += CONV_CB) {
         const int64_t nb = J->c1 - c0 < CONV_CB ? J->c1 - c0 : CONV_CB;
         load_weights(J->weight, c0, nb, W, wt);
@@ -49,13 +171,25 @@ static void conv_forward_job(const conv_job *J) {
             for (int64_t t = 0; t < g->q_len; t++) {
                 const int64_t col = g->q_start + t;
                 const int64_t xo = row * J->x.s_row + col * J->x.s_col + c0 * J->x.s_h;
+                const int64_t yo = row * J->y.s_row + col * J->y.s_col + c0 * J->y.s_h;
+                if (t + CONV_PF_AHEAD < g->q_len) {
+                    conv_pf(&J->x, xo + CONV_PF_AHEAD * J->x.s_col, nb, 0);
+                    conv_pf(&J->y, yo + CONV_PF_AHEAD * J->y.s_col, nb, 1);
+                }
+#ifdef CONV_HAVE_AVX2
+                if (J->vec) {
+                    conv_fwd_row_avx2((const float(*)[CONV_CB])wt, win, W, nb, (const float *)J->x.base + xo,
+                                      (float *)J->y.base + yo, J->silu);
+                    for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
+                    continue;
+                }
+#endif
                 for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
                 for (int64_t c = 0; c < nb; c++) {
                     float acc = 0.0f;
                     for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
                     out[c] = J->silu ? acc * sigm(acc) : acc;
                 }
-                const int64_t yo = row * J->y.s_row + col * J->y.s_col + c0 * J->y.s_h;
                 for (int64_t c = 0; c < nb; c++) gdn_put(J->y.dt, J->y.base, yo + c * J->y.s_h, out[c]);
                 for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
             }
@@ -77,6 +211,9 @@ static void conv_backward_job(const conv_job *J) {
     const int64_t W = J->W;
     float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], dp[MASKPACK_GDN_MAX_CONV][CONV_CB];
     double dw[MASKPACK_GDN_MAX_CONV][CONV_CB];
+    /* the vector rows read whole 8-lane groups: lanes past nb must hold numbers */
+    memset(wt, 0, sizeof wt);
+    memset(win, 0, sizeof win);
     for (int64_t c0 = J->c0; c0 < J->c1; c0 += CONV_CB) {
         const int64_t nb = J->c1 - c0 < CONV_CB ? J->c1 - c0 : CONV_CB;
         load_weights(J->weight, c0, nb, W, wt);
@@ -98,7 +235,26 @@ static void conv_backward_job(const conv_job *J) {
                     const int64_t col = g->q_start + t;
                     const int64_t xo = row * J->x.s_row + col * J->x.s_col + c0 * J->x.s_h;
                     const int64_t yo = row * J->dy.s_row + col * J->dy.s_col + c0 * J->dy.s_h;
-                    for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
+                    if (t + CONV_PF_AHEAD < len) {
+                        conv_pf(&J->x, xo + CONV_PF_AHEAD * J->x.s_col, nb, 0);
+                        conv_pf(&J->dy, yo + CONV_PF_AHEAD * J->dy.s_col, nb, 0);
+                        if (J->dx.base)
+                            conv_pf(&J->dx,
+                                    row * J->dx.s_row + (col + CONV_PF_AHEAD - (W - 1)) * J->dx.s_col + c0 * J->dx.s_h,
+                                    nb, 1);
+                    }
+#ifdef CONV_HAVE_AVX2
+                    if (J->vec)
+                        memcpy(win[W - 1], (const float *)J->x.base + xo, (size_t)nb * sizeof(float));
+                    else
+#endif
+                        for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
+#ifdef CONV_HAVE_AVX2
+                    if (J->vec)
+                        conv_bwd_row_avx2((const float(*)[CONV_CB])wt, (const float(*)[CONV_CB])win, dp[0], dw, W, nb,
+                                          (const float *)J->dy.base + yo, J->silu);
+                    else
+#endif
                     for (int64_t c = 0; c < nb; c++) {
                         float acc = 0.0f;
                         for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
@@ -114,6 +270,18 @@ static void conv_backward_job(const conv_job *J) {
                     memset(dp[0], 0, (size_t)nb * sizeof(float));
                 }
                 /* xx[t] is final: its gradient goes to the prefix or to x[t - (W - 1)] */
+#ifdef CONV_HAVE_AVX2
+                if (J->vec && t >= W - 1 && t < len) {
+                    /* the common case: no state gradient term, a dx row (or none) */
+                    if (J->dx.base) {
+                        const int64_t col = g->q_start + t - (W - 1);
+                        conv_dx_row_avx2((const float(*)[CONV_CB])wt, (const float(*)[CONV_CB])dp, W, nb,
+                                         (float *)J->dx.base + row * J->dx.s_row + col * J->dx.s_col + c0);
+                    }
+                    for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
+                    continue;
+                }
+#endif
                 for (int64_t c = 0; c < nb; c++) {
                     float d = 0.0f;
                     for (int64_t k = 0; k < W; k++) d += wt[k][c] * dp[k][c];
@@ -213,6 +381,15 @@ static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tens
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1, "n_threads: expected in [1, %d], found %d",
                        GDN_MAX_THREADS, n_threads);
     J->silu = silu;
+    /* the rule's kernel choice (MASKPACK_ISA) picks the conv's: a bad or unsupported setting fails
+     * here as it would for the rule */
+    maskpack_gdn_isa isa;
+    if ((s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, err))) return s;
+#ifdef CONV_HAVE_AVX2
+    J->vec = isa == MASKPACK_GDN_ISA_AVX2 || isa == MASKPACK_GDN_ISA_AVX512;
+#else
+    J->vec = 0;
+#endif
     return MASKPACK_OK;
 }
 
@@ -231,6 +408,7 @@ maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const mask
     maskpack_tensor *outs[2] = {y, conv_state};
     const char *names[2] = {"y", "conv_state"};
     if ((s = gdn_check_overlap(ins, 3, outs, names, 2, err))) return s;
+    J.vec = J.vec && conv_vec_ok(&J.x) && conv_vec_ok(&J.y);
     gdn_zero_pads(layout, &J.y, J.C, 1);
     conv_team(&J, 0, n_threads);
     return mp_ok(err);
@@ -266,6 +444,7 @@ maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, c
         if (!dw) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dweight", -1, -1, "out of memory");
     }
     J.dweight = dw;
+    J.vec = J.vec && conv_vec_ok(&J.x) && conv_vec_ok(&J.dy) && conv_vec_ok(&J.dx);
     if (J.dx.base) gdn_zero_pads(layout, &J.dx, J.C, 1);
     conv_team(&J, 1, n_threads);
     if (dweight)

@@ -68,7 +68,7 @@ typedef struct gdn_pf {
     int64_t n, next, cap;
     /* Rows waiting to be stored the same way (streaming stores, drained between tiles so that
      * they overlap arithmetic too): row r < st_n goes from st_src + r * st_lds to st_dst + r *
-     * st_ldd, st_len floats times st_mul. Only the AVX-512 build queues rows. */
+     * st_ldd, st_len floats times st_mul. Only the AVX-512 and AVX2 builds queue rows. */
     float *st_dst;
     const float *st_src;
     int64_t st_n, st_next, st_len, st_ldd, st_lds;
@@ -89,6 +89,9 @@ void gdn_bwd_chunk_ref(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 void gdn_fwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 void gdn_fwd_recurrent_avx512(const gdn_problem *P, size_t seg, int64_t hv, float *ws);
 void gdn_bwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_fwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_fwd_recurrent_avx2(const gdn_problem *P, size_t seg, int64_t hv, float *ws);
+void gdn_bwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 
 /* Primitive tests hook (used by tests/c/test_gdn.c through the static library). */
 void gdn_gemm_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -104,6 +107,13 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
                        int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 void gdn_expv_avx512(float *x, int64_t n);
+/* The same primitives of the AVX2 + FMA build (gdn_avx2.c). */
+void gdn_gemm_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                   int64_t ldb, float *C, int64_t ldc, unsigned flags);
+void gdn_gemm_x_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+void gdn_transpose_avx2(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
+void gdn_expv_avx2(float *x, int64_t n);
 
 /* maskpack_gdn_backward and maskpack_gdn_workspace_size with `slots` state buffers per value head
  * in the backward (0 = GDN_BWD_SLOTS, else 2..GDN_BWD_MAX_SLOTS): the test hook that forces deep
@@ -118,5 +128,7 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
 
 /* 1 iff the CPU (and OS) can run the AVX-512 kernels. */
 int gdn_cpu_has_avx512(void);
+/* 1 iff the CPU (and OS) can run the AVX2 + FMA kernels. */
+int gdn_cpu_has_avx2(void);
 
 #endif
