@@ -388,24 +388,5 @@ int gdn_cpu_has_avx2(void) {
 #else /* no AVX2 build on this compiler/architecture: the dispatcher never selects it */
 
 int gdn_cpu_has_avx2(void) { return 0; }
-void gdn_fwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_fwd_chunk_ref(P, seg, kh, ws); }
-void gdn_fwd_recurrent_avx2(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {
-    gdn_fwd_recurrent_ref(P, seg, hv, ws);
-}
-void gdn_bwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_bwd_chunk_ref(P, seg, kh, ws); }
-void gdn_gemm_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                   int64_t ldb, float *C, int64_t ldc, unsigned flags) {
-    gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
-}
-void gdn_gemm_x_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
-    gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);
-}
-void gdn_transpose_avx2(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
-}
-void gdn_expv_avx2(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);
-}
+GDN_REF_FALLBACKS(avx2)
 #endif

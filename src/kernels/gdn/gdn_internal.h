@@ -127,6 +127,37 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
                                          maskpack_error *err);
 
 /* 1 iff the CPU (and OS) can run the AVX-512 kernels. */
+/* Where a vector build cannot be compiled (not x86-64 GCC/clang) its entry points still have to
+ * link: GDN_REF_FALLBACKS(sfx) defines them as the portable build's (the dispatcher never selects
+ * them there, since gdn_cpu_has_<sfx> is 0). */
+#define GDN_REF_FALLBACKS(sfx)                                                                                \
+    void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                        \
+        gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                    \
+    }                                                                                                         \
+    void gdn_fwd_recurrent_##sfx(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {                    \
+        gdn_fwd_recurrent_ref(P, seg, hv, ws);                                                                \
+    }                                                                                                         \
+    void gdn_bwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                        \
+        gdn_bwd_chunk_ref(P, seg, kh, ws);                                                                    \
+    }                                                                                                         \
+    void gdn_gemm_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,            \
+                        const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags) {                 \
+        gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);                                         \
+    }                                                                                                         \
+    void gdn_gemm_x_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,          \
+                          const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf,     \
+                          const float *Cin, float cs) {                                                       \
+        gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);                          \
+    }                                                                                                         \
+    void gdn_transpose_##sfx(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst,            \
+                             int64_t ldd) {                                                                   \
+        for (int64_t r = 0; r < rows; r++)                                                                    \
+            for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];                           \
+    }                                                                                                         \
+    void gdn_expv_##sfx(float *x, int64_t n) {                                                                \
+        for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                    \
+    }
+
 int gdn_cpu_has_avx512(void);
 /* 1 iff the CPU (and OS) can run the AVX2 + FMA kernels. */
 int gdn_cpu_has_avx2(void);
