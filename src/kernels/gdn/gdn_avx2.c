@@ -34,47 +34,81 @@ static inline __m256i avx2_lanes(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* Row i of a tile: C[i][0..16) = alpha acc (+ cs Cin[i][..] with acc). */
+static inline __attribute__((always_inline)) void uk2_out(__m256 x0, __m256 x1, __m256 va, __m256 vcs, float *c,
+                                                          const float *ci, int acc) {
+    x0 = _mm256_mul_ps(x0, va);
+    x1 = _mm256_mul_ps(x1, va);
+    if (acc) { /* exactly ci + x when cs = 1 */
+        x0 = _mm256_fmadd_ps(_mm256_loadu_ps(ci), vcs, x0);
+        x1 = _mm256_fmadd_ps(_mm256_loadu_ps(ci + 8), vcs, x1);
+    }
+    _mm256_storeu_ps(c, x0);
+    _mm256_storeu_ps(c + 8, x1);
+}
+
 /* One MR x 16 tile of C: rows i0.., columns j0..j0+15, inner range [k0, k1). A(i, k) sits at
- * A[i*ars + k*aks]. mr is a compile-time constant at every call site (the switch below), so the
- * loops unroll and the 2*mr accumulators live in registers. */
+ * A[i*ars + k*aks]. mr is a compile-time constant in each uk2_MR below, so the unused rows fold
+ * away. The 2*mr accumulators are named variables, not an array: compiled as a function of its
+ * own, gcc 12 stored an accumulator array to the stack every iteration (checked in the
+ * disassembly); the named ones stay in registers. */
 static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, int64_t k1, float alpha,
                                                       const float *A, int64_t ars, int64_t aks, const float *B,
                                                       int64_t ldb, float *C, int64_t ldc, int acc, const float *Cin,
                                                       float cs) {
-    __m256 c0[GDN_MR2], c1[GDN_MR2];
-    for (int i = 0; i < mr; i++) {
-        c0[i] = _mm256_setzero_ps();
-        c1[i] = _mm256_setzero_ps();
-    }
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *b = B + k0 * ldb;
     const float *a = A + k0 * aks;
     for (int64_t k = k0; k < k1; k++, b += ldb, a += aks) {
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        for (int i = 0; i < mr; i++) {
-            const __m256 ai = _mm256_broadcast_ss(a + i * ars);
-            c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
-            c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
-        }
+#define UK2_ROW(I_)                                                                                        \
+    if (mr > I_) {                                                                                         \
+        const __m256 ai = _mm256_broadcast_ss(a + I_ * ars);                                               \
+        c##I_##0 = _mm256_fmadd_ps(ai, b0, c##I_##0);                                                      \
+        c##I_##1 = _mm256_fmadd_ps(ai, b1, c##I_##1);                                                      \
+    }
+        UK2_ROW(0)
+        UK2_ROW(1)
+        UK2_ROW(2)
+        UK2_ROW(3)
+        UK2_ROW(4)
+        UK2_ROW(5)
+#undef UK2_ROW
     }
     const __m256 va = _mm256_set1_ps(alpha), vcs = _mm256_set1_ps(cs);
-    for (int i = 0; i < mr; i++) {
-        float *c = C + i * ldc;
-        const float *ci = Cin + i * ldc;
-        __m256 x0 = _mm256_mul_ps(c0[i], va), x1 = _mm256_mul_ps(c1[i], va);
-        if (acc) { /* exactly ci + x when cs = 1 */
-            x0 = _mm256_fmadd_ps(_mm256_loadu_ps(ci), vcs, x0);
-            x1 = _mm256_fmadd_ps(_mm256_loadu_ps(ci + 8), vcs, x1);
-        }
-        _mm256_storeu_ps(c, x0);
-        _mm256_storeu_ps(c + 8, x1);
-    }
+    uk2_out(c00, c01, va, vcs, C, Cin, acc);
+    if (mr > 1) uk2_out(c10, c11, va, vcs, C + ldc, Cin + ldc, acc);
+    if (mr > 2) uk2_out(c20, c21, va, vcs, C + 2 * ldc, Cin + 2 * ldc, acc);
+    if (mr > 3) uk2_out(c30, c31, va, vcs, C + 3 * ldc, Cin + 3 * ldc, acc);
+    if (mr > 4) uk2_out(c40, c41, va, vcs, C + 4 * ldc, Cin + 4 * ldc, acc);
+    if (mr > 5) uk2_out(c50, c51, va, vcs, C + 5 * ldc, Cin + 5 * ldc, acc);
 }
+
+/* The tile kernel per row count, each its own (never inlined) function: inlined into the GEMM's
+ * constant-propagated copies, gcc 12 allocated the 15 vector registers the loop needs badly and
+ * kept one accumulator on the stack in some of them (a store and a reload in that accumulator's
+ * FMA chain every iteration: measured at half speed for Q K^T and 0.7x for A Y in the forward).
+ * On its own the loop gets its registers; the call costs a few cycles per tile of hundreds. */
+#define UK2_FN(MR_)                                                                                        \
+    static __attribute__((noinline)) void uk2_##MR_(int64_t k0, int64_t k1, float alpha, const float *A,    \
+                                                    int64_t ars, int64_t aks, const float *B, int64_t ldb,  \
+                                                    float *C, int64_t ldc, int acc, const float *Cin, float cs) { \
+        uk2(MR_, k0, k1, alpha, A, ars, aks, B, ldb, C, ldc, acc, Cin, cs);                                \
+    }
+UK2_FN(1)
+UK2_FN(2)
+UK2_FN(3)
+UK2_FN(4)
+UK2_FN(5)
+UK2_FN(6)
+#undef UK2_FN
 
 #define UK2_CASE(MR_)                                                                                      \
     case MR_:                                                                                              \
-        uk2(MR_, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
+        uk2_##MR_(k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
         break;
-/* the micro-kernel for a tile of MR_ rows (1..GDN_MR2), its row count a compile-time constant */
+/* the micro-kernel for a tile of MR_ rows (1..GDN_MR2) */
 #define UK2_TILE(MR_)                                                                                      \
     do {                                                                                                   \
         switch (MR_) {                                                                                     \
@@ -372,6 +406,7 @@ static void avx2_decay_rows(const float *Gc, const float *bv, const float *KK, c
 #define k_transpose gdn_transpose_avx2
 #define k_copy avx2_copy
 #define k_inv_lower avx2_inv_lower
+#define K_SU_FROM_KT 1
 #include "gdn_kernel.inc"
 
 #if defined(__clang__)
