@@ -423,6 +423,41 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
     printf("test_gdn: %s GEMM vs plain loops: worst %.2e\n", name, worst);
     CHECK(worst < 1e-4);
     CHECK(!tri_bad);
+    /* the state-sized rectangular products ([Q;K] S, the state update: m >= 64, n and kd up to
+     * 256, odd edges), plain and accumulating, transposed A or not, against the plain loops, and
+     * nothing written past column n */
+    {
+        const int64_t big[][3] = {{128, 128, 128}, {130, 144, 128}, {64, 256, 64}, {70, 160, 120}};
+        const int64_t ld = 272;
+        float *bA = malloc((size_t)(ld * ld) * 4), *bB = malloc((size_t)(ld * ld) * 4);
+        float *bC1 = malloc((size_t)(ld * ld) * 4), *bC2 = malloc((size_t)(ld * ld) * 4);
+        double bworst = 0;
+        for (size_t t = 0; t < sizeof big / sizeof big[0]; t++)
+            for (unsigned f = 0; f < 4; f++) { /* 0, ACC, AT, ACC | AT */
+                const int64_t m = big[t][0], n = big[t][1], kd = big[t][2];
+                const unsigned flags = (f & 1 ? GDN_GEMM_ACC : 0) | (f & 2 ? GDN_GEMM_AT : 0);
+                for (int64_t i = 0; i < ld * ld; i++) {
+                    bA[i] = (float)uval(4, i, t, 0, f);
+                    bB[i] = (float)uval(5, i, t, 0, f);
+                    bC1[i] = bC2[i] = (float)uval(6, i, t, 0, f);
+                }
+                gdn_gemm_ref(m, n, kd, 0.5f, bA, ld, bB, ld, bC1, ld, flags);
+                gemm(m, n, kd, 0.5f, bA, ld, bB, ld, bC2, ld, flags);
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++)
+                        bworst = fmax(bworst, fabs((double)bC1[i * ld + j] - bC2[i * ld + j]));
+                /* nothing written past column n */
+                for (int64_t i = 0; i < m; i++)
+                    if (bC2[i * ld + n] != (float)uval(6, i * ld + n, t, 0, f)) tri_bad = 1;
+            }
+        printf("test_gdn: %s state-sized GEMM vs plain loops: worst %.2e\n", name, bworst);
+        CHECK(bworst < 1e-3);
+        CHECK(!tri_bad);
+        free(bA);
+        free(bB);
+        free(bC1);
+        free(bC2);
+    }
     /* transpose: exact */
     float *T = malloc(100 * 100 * 4);
     int tbad = 0;
