@@ -22,29 +22,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-/* ATTN_AVX2_BUILD (set by attn_avx2*.c, which include this file): the same kernel compiled for
- * AVX2 + FMA, the AVX-512 intrinsics provided by attn_avx2_shim.h, entry points renamed. */
-#if defined(ATTN_AVX2_BUILD)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-#include "attn_avx2_shim.h"
-#else
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
-#endif
-#endif
-
-#define BQ ATTN_BQ
-#define BK ATTN_BK
-#define LOG2E 1.4426950408889634
-#define LN2 0.6931471805599453
+#include "attn_f32_target.h" /* the AVX-512 or (ATTN_AVX2_BUILD) AVX2 target region, BQ, BK */
 
 #include "attn_avx512_common.h"
 #include "attn_avx512_tiles.h"

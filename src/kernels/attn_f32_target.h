@@ -1,0 +1,26 @@
+/* attn_f32_target.h: opens the target region of the f32 vector attention kernels (attn_avx512.c,
+ * attn_avx512_bwd.c) and the constants they share. With ATTN_AVX2_BUILD (set by attn_avx2*.c,
+ * which include those files) the same kernel is compiled for AVX2 + FMA, the AVX-512 intrinsics
+ * provided by attn_avx2_shim.h; without it, for AVX-512. Included once per file, after
+ * immintrin.h; the file closes the region with its own pop at the end. */
+#if defined(ATTN_AVX2_BUILD)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#include "attn_avx2_shim.h"
+#else
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
+#endif
+
+#define BQ ATTN_BQ
+#define BK ATTN_BK
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
