@@ -3,6 +3,7 @@
  * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c (and its
  * AVX2 build attn_avx2.c), attn_avx512_bwd.c (attn_avx2_bwd.c) and attn_amx.c. */
 #include "attn_internal.h"
+#include "cpu_features.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -32,17 +33,17 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
         if (strcmp(env, "ref") == 0) {
             *isa = MASKPACK_ATTN_ISA_REF;
         } else if (strcmp(env, "avx512") == 0) {
-            if (!attn_cpu_has_avx512())
+            if (!mp_cpu_has_avx512())
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
                                "MASKPACK_ISA: avx512 was forced but this CPU (or build) lacks AVX-512F/BW/VL/DQ");
             *isa = MASKPACK_ATTN_ISA_AVX512;
         } else if (strcmp(env, "avx2") == 0) {
-            if (!attn_cpu_has_avx2())
+            if (!mp_cpu_has_avx2())
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
                                "MASKPACK_ISA: avx2 was forced but this CPU (or build, or OS) lacks AVX2 + FMA");
             *isa = MASKPACK_ATTN_ISA_AVX2;
         } else if (strcmp(env, "amx") == 0) {
-            if (!attn_cpu_has_avx512() || !attn_cpu_has_amx())
+            if (!mp_cpu_has_avx512() || !mp_cpu_has_amx())
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
                                "MASKPACK_ISA: amx was forced but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16 "
                                "with AVX-512");
@@ -54,9 +55,10 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
         return mp_ok(err);
     }
     /* amx (bf16) > avx512 > avx2 > ref */
-    if (attn_cpu_has_avx512())
-        *isa = (dtype == MASKPACK_BF16 && attn_cpu_has_amx()) ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512;
-    else if (attn_cpu_has_avx2())
+    const unsigned cpu = mp_cpu_features();
+    if (cpu & MP_CPU_AVX512)
+        *isa = (dtype == MASKPACK_BF16 && mp_cpu_has_amx()) ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512;
+    else if (cpu & MP_CPU_AVX2)
         *isa = MASKPACK_ATTN_ISA_AVX2;
     else
         *isa = MASKPACK_ATTN_ISA_REF;
@@ -583,10 +585,11 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
  * need among those, so a size queried once serves whichever kernel a call on this CPU selects. */
 static size_t fwd_thread_ws(const attn_problem *P) {
     size_t m = attn_ref_fwd_ws(P);
-    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_fwd_ws(P));
-    if (attn_cpu_has_avx512bf16()) m = max_sz(m, attn_avx512bf16_fwd_ws(P));
-    if (attn_cpu_has_avx512() && attn_cpu_has_amx()) m = max_sz(m, attn_amx_fwd_ws(P));
-    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_fwd_ws(P));
+    const unsigned cpu = mp_cpu_features(); /* once: each cpuid is a hypervisor exit on a VM */
+    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_fwd_ws(P));
+    if (cpu & MP_CPU_AVX512BF16) m = max_sz(m, attn_avx512bf16_fwd_ws(P));
+    if ((cpu & MP_CPU_AVX512) && mp_cpu_has_amx()) m = max_sz(m, attn_amx_fwd_ws(P));
+    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_fwd_ws(P));
     return align_up(m);
 }
 
@@ -617,15 +620,17 @@ static int64_t bwd_tail_units(const attn_problem *P, int64_t n_units) {
  * layout today), so a workspace sized once serves whichever kernel the call selects. */
 static size_t bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
     size_t m = 0; /* (only kernels this CPU runs are asked: see fwd_thread_ws) */
-    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_bwd_tail_bytes(P, max_width, n_tail));
-    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_bwd_tail_bytes(P, max_width, n_tail));
+    const unsigned cpu = mp_cpu_features();
+    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_bwd_tail_bytes(P, max_width, n_tail));
+    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_bwd_tail_bytes(P, max_width, n_tail));
     return m;
 }
 
 static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
     size_t m = attn_ref_bwd_ws(P);
-    if (attn_cpu_has_avx512()) m = max_sz(m, attn_avx512_bwd_ws(P, max_width));
-    if (attn_cpu_has_avx2()) m = max_sz(m, attn_avx2_bwd_ws(P, max_width));
+    const unsigned cpu = mp_cpu_features();
+    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_bwd_ws(P, max_width));
+    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_bwd_ws(P, max_width));
     return align_up(m);
 }
 
@@ -728,7 +733,7 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
     if (n_items) {
         attn_thread_fn fn = attn_ref_fwd_thread;
         if (P.isa == MASKPACK_ATTN_ISA_AVX512 || (P.isa == MASKPACK_ATTN_ISA_AMX && !P.bf16)) fn = attn_avx512_fwd_thread;
-        if (P.isa == MASKPACK_ATTN_ISA_AVX512 && P.bf16 && attn_cpu_has_avx512bf16()) fn = attn_avx512bf16_fwd_thread;
+        if (P.isa == MASKPACK_ATTN_ISA_AVX512 && P.bf16 && mp_cpu_has_avx512bf16()) fn = attn_avx512bf16_fwd_thread;
         if (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) fn = attn_amx_fwd_thread;
         if (P.isa == MASKPACK_ATTN_ISA_AVX2) fn = attn_avx2_fwd_thread; /* f32 and bf16 (widened) */
         attn_run_threads(nt, fn, &job);

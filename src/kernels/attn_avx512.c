@@ -368,7 +368,7 @@ void attn_avx512_fwd_thread(void *vjob, int tid) {
 #pragma GCC pop_options
 #endif
 
-#else /* no x86-64: never selected (attn_cpu_has_avx512() is 0) */
+#else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */
 
 size_t attn_avx512_fwd_ws(const attn_problem *P) {
     (void)P;

@@ -589,7 +589,7 @@ void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
 #pragma GCC pop_options
 #endif
 
-#else /* no x86-64: never selected (attn_cpu_has_avx512() is 0) */
+#else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */
 
 size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t w) {
     (void)P;

@@ -144,10 +144,8 @@ void attn_ref_fwd_thread(void *job, int tid);
 size_t attn_ref_bwd_ws(const attn_problem *P);
 void attn_ref_bwd_thread(void *job, int tid);
 
-int attn_cpu_has_avx512(void);
-int attn_cpu_has_avx2(void);    /* AVX2 + FMA, YMM state saved by the OS */
-int attn_cpu_has_avx512bf16(void);
-int attn_cpu_has_amx(void); /* also requests the XTILEDATA permission from Linux (once) */
+/* The CPU checks that choose among these kernels: src/core/cpu_features.h (shared with the gated
+ * delta rule). */
 
 size_t attn_avx512_fwd_ws(const attn_problem *P);
 void attn_avx512_fwd_thread(void *job, int tid);

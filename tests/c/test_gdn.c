@@ -5,6 +5,7 @@
  * prefix, gradients against finite differences of the double recurrence, bf16, the conv1d,
  * L2 norm and gates with their backward, and bad input leaving outputs untouched. */
 #include "check.h"
+#include "cpu_features.h"
 #include "internal.h"
 
 #include "../../src/kernels/gdn/gdn_internal.h"
@@ -348,8 +349,8 @@ static double case_vs_naive(const gcase *c) {
     return den > 0 ? num / den : num;
 }
 
-static int have_avx512(void) { return gdn_cpu_has_avx512(); }
-static int have_avx2(void) { return gdn_cpu_has_avx2(); }
+static int have_avx512(void) { return mp_cpu_has_avx512(); }
+static int have_avx2(void) { return mp_cpu_has_avx2(); }
 
 /* The kernels this CPU runs, the reference first (then AVX-512, AVX2 when present): every
  * per-ISA test runs on each of them. Returns the count (1..3). */

@@ -2,6 +2,7 @@
  * views through the layout, ISA dispatch, workspace and the per-call thread team over
  * (segment, head) tasks. The algorithms are in gdn_kernel.inc. */
 #include "gdn_common.h"
+#include "cpu_features.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -47,7 +48,8 @@ maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gd
         }
     }
     /* a forced kernel the CPU lacks is an error, never a silent fallback */
-    const int has512 = gdn_cpu_has_avx512(), has2 = gdn_cpu_has_avx2();
+    const unsigned cpu = mp_cpu_features(); /* the attention's checks: cpuid + the OS's saved state */
+    const int has512 = (cpu & MP_CPU_AVX512) != 0, has2 = (cpu & MP_CPU_AVX2) != 0;
     if (want == MASKPACK_GDN_ISA_AVX512 && !has512)
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
                        "isa: AVX-512 kernels requested but this CPU (or build) lacks AVX-512F/DQ/VL/BW");

@@ -415,13 +415,7 @@ static void avx2_decay_rows(const float *Gc, const float *bv, const float *KK, c
 #pragma GCC pop_options
 #endif
 
-int gdn_cpu_has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 #else /* no AVX2 build on this compiler/architecture: the dispatcher never selects it */
 
-int gdn_cpu_has_avx2(void) { return 0; }
 GDN_REF_FALLBACKS(avx2)
 #endif

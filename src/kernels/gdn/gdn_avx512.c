@@ -392,14 +392,7 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
 #pragma GCC pop_options
 #endif
 
-int gdn_cpu_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-}
-
 #else /* no AVX-512 build on this compiler/architecture: the dispatcher never selects it */
 
-int gdn_cpu_has_avx512(void) { return 0; }
 GDN_REF_FALLBACKS(avx512)
 #endif

@@ -126,10 +126,10 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
                                          const maskpack_gdn_options *opts, int backward, int slots, size_t *bytes,
                                          maskpack_error *err);
 
-/* 1 iff the CPU (and OS) can run the AVX-512 kernels. */
 /* Where a vector build cannot be compiled (not x86-64 GCC/clang) its entry points still have to
  * link: GDN_REF_FALLBACKS(sfx) defines them as the portable build's (the dispatcher never selects
- * them there, since gdn_cpu_has_<sfx> is 0). */
+ * them there: mp_cpu_features() of src/core/cpu_features.h, which the dispatcher asks, is 0 off
+ * x86-64 GCC/clang, the same condition that leaves the vector builds out). */
 #define GDN_REF_FALLBACKS(sfx)                                                                                \
     void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                        \
         gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                    \
@@ -157,9 +157,5 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
     void gdn_expv_##sfx(float *x, int64_t n) {                                                                \
         for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                    \
     }
-
-int gdn_cpu_has_avx512(void);
-/* 1 iff the CPU (and OS) can run the AVX2 + FMA kernels. */
-int gdn_cpu_has_avx2(void);
 
 #endif

@@ -1,0 +1,108 @@
+/* cpu_features.c: the run-time CPU feature checks of every kernel family (cpuid for what the CPU
+ * has, xgetbv for which register state the OS saves on a context switch), and the one-time Linux
+ * permission request AMX tile data needs.
+ *
+ * This file must stay free of target pragmas and target attributes: it runs before anything knows
+ * what the CPU supports, so the compiler may only emit baseline x86-64 code here (clang once put
+ * AVX-512 instructions into a helper compiled inside such a region: SIGILL on AMD). */
+#define _GNU_SOURCE /* syscall() */
+#include "cpu_features.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdint.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* XCR0 bits: which register state the OS saves. */
+#define XCR0_AVX 0x6ull      /* SSE, AVX (YMM upper halves) */
+#define XCR0_AVX512 0xe6ull  /* the above, opmask, ZMM_Hi256, Hi16_ZMM */
+#define XCR0_AMX 0x60000ull  /* XTILECFG, XTILEDATA */
+
+/* The caller has checked CPUID.1:ECX.OSXSAVE (xgetbv faults without it). */
+static uint64_t xgetbv0(void) {
+    uint32_t a, d;
+    __asm__ volatile("xgetbv" : "=a"(a), "=d"(d) : "c"(0));
+    return ((uint64_t)d << 32) | a;
+}
+
+/* XCR0, or 0 when the OS has not enabled XSAVE (then no AVX state is saved at all). */
+static uint64_t os_saved_state(unsigned leaf1_ecx) {
+    return (leaf1_ecx & (1u << 27)) ? xgetbv0() : 0; /* OSXSAVE */
+}
+
+/* Each cpuid traps to the hypervisor on a VM (5-9 us each, measured), so this asks each leaf once:
+ * leaf 0 (the highest leaf, since leaf 7 is garbage where it does not exist), 1, 7.0 and, only when
+ * AVX-512 is there, 7.1. */
+static unsigned detect_features(void) {
+    unsigned a, b, c, d;
+    const unsigned max_leaf = __get_cpuid_max(0, 0);
+    if (max_leaf < 7) return 0;
+    __cpuid_count(1, 0, a, b, c, d);
+    if (!(c & (1u << 12))) return 0; /* FMA: both vector paths need it */
+    const uint64_t xcr0 = os_saved_state(c);
+    unsigned b7, max_sub7;
+    __cpuid_count(7, 0, max_sub7, b7, c, d);
+    unsigned f = 0;
+    if ((b7 & (1u << 5)) && (xcr0 & XCR0_AVX) == XCR0_AVX) f |= MP_CPU_AVX2;
+    const unsigned need512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F, DQ, BW, VL */
+    if ((b7 & need512) == need512 && (xcr0 & XCR0_AVX512) == XCR0_AVX512) {
+        f |= MP_CPU_AVX512;
+        if (max_sub7 >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            if (a & (1u << 5)) f |= MP_CPU_AVX512BF16;
+        }
+    }
+    return f;
+}
+
+/* The answer is a fact about the machine the process runs on, computed once (thread-safely) and
+ * then only read: a per-call check cost ~14 us, as much as a decode-sized kernel call. */
+static pthread_once_t features_once = PTHREAD_ONCE_INIT;
+static unsigned features = 0;
+
+static void features_init(void) { features = detect_features(); }
+
+unsigned mp_cpu_features(void) {
+    pthread_once(&features_once, features_init);
+    return features;
+}
+
+/* Linux enables AMX tile data per process on request (arch_prctl ARCH_REQ_XCOMP_PERM): done once,
+ * thread-safely; the permission is process state the OS keeps, not library state (amx_ok only
+ * records the answer, written once inside the pthread_once). */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok = 0;
+
+static void amx_request(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, 0) < 7) return;
+    __cpuid_count(1, 0, a, b, c, d);
+    const uint64_t xcr0 = os_saved_state(c);
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return; /* AMX-BF16, AMX-TILE */
+    if ((xcr0 & XCR0_AMX) != XCR0_AMX) return;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return;
+    amx_ok = 1;
+#endif
+}
+
+int mp_cpu_has_amx(void) {
+    pthread_once(&amx_once, amx_request);
+    return amx_ok;
+}
+
+#else /* not x86-64 GCC/clang: no vector kernel is built, none is ever selected */
+
+unsigned mp_cpu_features(void) { return 0; }
+int mp_cpu_has_amx(void) { return 0; }
+
+#endif
+
+int mp_cpu_has_avx2(void) { return (mp_cpu_features() & MP_CPU_AVX2) != 0; }
+int mp_cpu_has_avx512(void) { return (mp_cpu_features() & MP_CPU_AVX512) != 0; }
+int mp_cpu_has_avx512bf16(void) { return (mp_cpu_features() & MP_CPU_AVX512BF16) != 0; }
