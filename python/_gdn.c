@@ -13,9 +13,6 @@
 
 #include <stdint.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "maskpack.h"
 #include "ext_common.h"
@@ -231,31 +228,7 @@ static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : isa == MASKPACK_GDN_ISA_AVX2 ? "avx2" : "ref");
 }
 
-/* advise_fresh(data_ptr, nbytes): asks Linux for transparent huge pages on the 2 MiB-aligned
- * interior of a buffer maskpack/gdn.py has just allocated for an output and not touched yet. The
- * kernels then fault it in 2 MiB at a time instead of 4 KiB (tens of milliseconds on the
- * benchmark's 16 MiB outputs: the allocator hands large buffers back to the OS on every free). A
- * hint only: failures and other systems are ignored; small buffers are left alone. */
-static PyObject *py_advise_fresh(PyObject *m, PyObject *args) {
-    (void)m;
-    unsigned long long addr, nbytes;
-    if (!PyArg_ParseTuple(args, "KK", &addr, &nbytes)) return NULL;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    if (nbytes >= 2 * huge) {
-        const uintptr_t lo = ((uintptr_t)addr + huge - 1) & ~(huge - 1);
-        const uintptr_t hi = ((uintptr_t)addr + (uintptr_t)nbytes) & ~(huge - 1);
-        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
-#else
-    (void)addr;
-    (void)nbytes;
-#endif
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"advise_fresh", py_advise_fresh, METH_VARARGS, "hint huge pages for a freshly allocated output buffer"},
     {"forward", py_forward, METH_VARARGS, "gated delta rule forward (use maskpack.gated_delta_rule)"},
     {"backward", py_backward, METH_VARARGS, "gated delta rule backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},

@@ -52,11 +52,20 @@ _GDN_NAMES = ("gated_delta_rule", "causal_conv1d", "gdn_gates", "gdn_l2norm", "g
 __all__ += list(_GDN_NAMES)
 
 
+# The output-buffer cache of the torch binding (maskpack._alloc) needs torch too: loaded on use.
+_ALLOC_NAMES = ("output_cache_info", "set_output_cache_limit", "empty_output_cache")
+__all__ += list(_ALLOC_NAMES)
+
+
 def __getattr__(name):
     if name in _GDN_NAMES:
         from . import gdn
 
         return getattr(gdn, name)
+    if name in _ALLOC_NAMES:
+        from . import _alloc
+
+        return getattr(_alloc, name)
     raise AttributeError(f"module 'maskpack' has no attribute {name!r}")
 
 # Fused CPU attention over a layout (torch is imported only when a torch tensor is passed).

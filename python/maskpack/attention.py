@@ -74,7 +74,9 @@ def _empty_like(x: Any, shape=None, dtype=None) -> Any:
     if is_torch_tensor(x):
         import torch
 
-        return torch.empty(shape, dtype=x.dtype if dtype is None else getattr(torch, dtype))
+        from ._alloc import fresh  # imports torch: only on this path (numpy callers need no torch)
+
+        return fresh(shape, x.dtype if dtype is None else getattr(torch, dtype))
     return np.empty(shape, dtype=x.dtype if dtype is None else np.dtype(dtype))
 
 

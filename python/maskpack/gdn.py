@@ -21,6 +21,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from . import _gdn
+from ._alloc import fresh
 from ._errors import Error
 
 __all__ = [
@@ -65,15 +66,6 @@ def _d(t: Optional[torch.Tensor], name: str):
     return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
-def _fresh(shape, dtype) -> torch.Tensor:
-    """torch.empty for an output the C kernels fill: large ones get a huge-page hint first (their
-    first touch is then 512x fewer page faults)."""
-    t = torch.empty(shape, dtype=dtype)
-    if t.numel() * t.element_size() >= (4 << 20):
-        _gdn.advise_fresh(int(t.data_ptr()), int(t.numel() * t.element_size()))
-    return t
-
-
 def _ptr(layout: Any) -> int:
     try:
         return int(layout._ptr)
@@ -112,8 +104,8 @@ class _RuleFn(torch.autograd.Function):
         n_seg = layout.n_segments
         HV, V = v.shape[-2], v.shape[-1]
         K = q.shape[-1]
-        o = _fresh(v.shape, v.dtype)
-        ht = _fresh((n_seg, HV, K, V), torch.float32)
+        o = fresh(v.shape, v.dtype)
+        ht = fresh((n_seg, HV, K, V), torch.float32)
         _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht)
         ctx.save_for_backward(q, k, v, g, beta, h0)
         ctx.layout, ctx.scale, ctx.l2norm, ctx.threads = layout, scale, l2norm, threads
@@ -125,12 +117,12 @@ class _RuleFn(torch.autograd.Function):
         need = ctx.needs_input_grad
         if do is None:
             do = torch.zeros(v.shape, dtype=v.dtype)
-        dq = _fresh(q.shape, q.dtype) if need[0] else None
-        dk = _fresh(k.shape, k.dtype) if need[1] else None
-        dv = _fresh(v.shape, v.dtype) if need[2] else None
-        dg = torch.empty(g.shape, dtype=g.dtype) if need[3] else None
-        db = torch.empty(beta.shape, dtype=beta.dtype) if need[4] else None
-        dh0 = torch.empty(h0.shape, dtype=torch.float32) if (h0 is not None and need[5]) else None
+        dq = fresh(q.shape, q.dtype) if need[0] else None
+        dk = fresh(k.shape, k.dtype) if need[1] else None
+        dv = fresh(v.shape, v.dtype) if need[2] else None
+        dg = fresh(g.shape, dtype=g.dtype) if need[3] else None
+        db = fresh(beta.shape, dtype=beta.dtype) if need[4] else None
+        dh0 = fresh(h0.shape, dtype=torch.float32) if (h0 is not None and need[5]) else None
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
@@ -193,8 +185,8 @@ class _ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight2d, prefix, layout, silu, threads, weight_shape):
         C, W = weight2d.shape
-        y = torch.empty(x.shape, dtype=x.dtype)
-        state = torch.empty((layout.n_segments, C, W - 1), dtype=torch.float32)
+        y = fresh(x.shape, dtype=x.dtype)
+        state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
         _gdn.conv1d(_ptr(layout), descs, bool(silu), threads)
         ctx.save_for_backward(x, weight2d, prefix)
@@ -207,9 +199,9 @@ class _ConvFn(torch.autograd.Function):
         need = ctx.needs_input_grad
         if dy is None:
             dy = torch.zeros(x.shape, dtype=x.dtype)
-        dx = torch.empty(x.shape, dtype=x.dtype) if need[0] else None
-        dw = torch.empty(w.shape, dtype=torch.float32) if need[1] else None
-        dp = torch.empty(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
+        dx = fresh(x.shape, dtype=x.dtype) if need[0] else None
+        dw = fresh(w.shape, dtype=torch.float32) if need[1] else None
+        dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
         _gdn.conv1d_backward(_ptr(ctx.layout), descs, bool(ctx.silu), ctx.threads)
@@ -244,8 +236,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
 class _GatesFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, A_log, dt_bias, layout):
-        g = torch.empty(a.shape, dtype=torch.float32)
-        beta = torch.empty(b.shape, dtype=torch.float32)
+        g = fresh(a.shape, dtype=torch.float32)
+        beta = fresh(b.shape, dtype=torch.float32)
         _gdn.gates(_ptr(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
                                   _d(beta, "beta")))
         ctx.save_for_backward(a, b, A_log, dt_bias)
@@ -256,10 +248,10 @@ class _GatesFn(torch.autograd.Function):
     def backward(ctx, dg, dbeta):
         a, b, A_log, dt_bias = ctx.saved_tensors
         need = ctx.needs_input_grad
-        da = torch.empty(a.shape, dtype=a.dtype) if need[0] else None
-        db = torch.empty(b.shape, dtype=b.dtype) if need[1] else None
-        dA = torch.empty(A_log.shape, dtype=torch.float32) if need[2] else None
-        ddt = torch.empty(dt_bias.shape, dtype=torch.float32) if need[3] else None
+        da = fresh(a.shape, dtype=a.dtype) if need[0] else None
+        db = fresh(b.shape, dtype=b.dtype) if need[1] else None
+        dA = fresh(A_log.shape, dtype=torch.float32) if need[2] else None
+        ddt = fresh(dt_bias.shape, dtype=torch.float32) if need[3] else None
         _gdn.gates_backward(_ptr(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
                                                _d(dg, "dg"), _d(dbeta, "dbeta"), _d(da, "da"), _d(db, "db"),
                                                _d(dA, "dA_log"), _d(ddt, "ddt_bias")))
@@ -280,7 +272,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
 class _L2Fn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout, eps):
-        y = torch.empty(x.shape, dtype=x.dtype)
+        y = fresh(x.shape, dtype=x.dtype)
         _gdn.l2norm(_ptr(layout), (_d(x, "x"), _d(y, "y")), float(eps))
         ctx.save_for_backward(x)
         ctx.layout, ctx.eps = layout, eps
@@ -289,7 +281,7 @@ class _L2Fn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        dx = torch.empty(x.shape, dtype=x.dtype)
+        dx = fresh(x.shape, dtype=x.dtype)
         _gdn.l2norm_backward(_ptr(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
         return dx, None, None
 
