@@ -10,12 +10,12 @@
  * and hands them out again, already mapped (like the caching allocators GPU frameworks use).
  *
  * How: a block is an anonymous mapping (2 MiB aligned and sized, with a transparent-huge-page
- * hint) wrapped in a DLPack capsule that torch.from_dlpack turns into a tensor. When torch frees
- * the tensor's storage (possibly on another thread, without the GIL) the DLPack deleter gives the
- * block back: kept in the cache while the cache stays under its byte limit (the least recently
- * freed blocks go first), else unmapped. A request takes the smallest cached block that fits and
- * wastes at most a quarter of it (packed batches change length from step to step), else maps a
- * new one. A block is never handed out while any tensor or view of it lives: only the deleter
+ * hint, followed by one inaccessible guard page) wrapped in a DLPack capsule that torch.from_dlpack
+ * turns into a tensor. When torch frees the tensor's storage (possibly on another thread, without
+ * the GIL) the DLPack deleter gives the block back: kept in the cache while the cache stays under
+ * its byte limit (the least recently freed blocks go first), else unmapped. A request takes the
+ * smallest cached block that fits and wastes at most a quarter of it (packed batches change length
+ * from step to step), else maps a new one. A block is never handed out while any tensor or view of it lives: only the deleter
  * returns it. The contents of a reused block are stale data of this process, as torch.empty's may
  * be: every caller writes each element.
  *
@@ -33,6 +33,7 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
+#include <unistd.h>
 #define MPM_HAVE_MMAP 1
 #endif
 
@@ -92,17 +93,38 @@ static void mpm_atfork_prepare(void) { mpm_lock(); }
 static void mpm_atfork_parent(void) { mpm_unlock(); }
 static void mpm_atfork_child(void) { mpm_unlock(); }
 
-/* A new block of `bytes` (a multiple of MPM_ALIGN), MPM_ALIGN-aligned, or NULL. */
+/* The inaccessible page kept right after every mapped block. Why: torch leaves a tensor whose resize_
+ * failed (our storages cannot grow) with the larger shape over the old storage; reading or writing
+ * it runs off the block's end, and blocks are mapped next to each other, so without this page such
+ * a tensor would silently read or overwrite another live output. With it, the overrun faults. */
+static size_t mpm_page = 4096; /* set once from sysconf in PyInit__memory, before any block exists */
+
+static size_t mpm_guard(void) {
+#ifdef MPM_HAVE_MMAP
+    return mpm_page;
+#else
+    return 0;
+#endif
+}
+
+/* A new block of `bytes` (a multiple of MPM_ALIGN), MPM_ALIGN-aligned, followed by a PROT_NONE guard
+ * page (mpm_guard()), or NULL. */
 static void *mpm_map(size_t bytes) {
 #ifdef MPM_HAVE_MMAP
-    /* over-map by one alignment unit and trim both ends, so the block starts on a huge-page boundary */
-    const size_t span = bytes + MPM_ALIGN;
+    /* over-map by one alignment unit (and the guard) and trim both ends, so the block starts on a
+     * huge-page boundary */
+    const size_t guard = mpm_guard();
+    const size_t span = bytes + MPM_ALIGN + guard;
     char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
     char *p = (char *)(((uintptr_t)raw + MPM_ALIGN - 1) & ~(uintptr_t)(MPM_ALIGN - 1));
     if (p > raw) munmap(raw, (size_t)(p - raw));
-    const size_t tail = (size_t)(raw + span - (p + bytes));
-    if (tail) munmap(p + bytes, tail);
+    const size_t tail = (size_t)(raw + span - (p + bytes + guard));
+    if (tail) munmap(p + bytes + guard, tail);
+    if (mprotect(p + bytes, guard, PROT_NONE) != 0) {
+        munmap(p, bytes + guard);
+        return NULL;
+    }
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: 512x fewer first-touch faults where honoured */
 #endif
@@ -113,9 +135,10 @@ static void *mpm_map(size_t bytes) {
 #endif
 }
 
+/* Releases a block of mpm_map (and its guard page). */
 static void mpm_unmap(void *p, size_t bytes) {
 #ifdef MPM_HAVE_MMAP
-    munmap(p, bytes);
+    munmap(p, bytes + mpm_guard());
 #else
     (void)bytes;
     free(p);
@@ -369,6 +392,10 @@ PyMODINIT_FUNC PyInit__memory(void) {
             return NULL;
         }
         atfork_done = 1;
+#ifdef MPM_HAVE_MMAP
+        const long ps = sysconf(_SC_PAGESIZE);
+        if (ps > 0) mpm_page = (size_t)ps;
+#endif
     }
     return PyModule_Create(&moduledef);
 }

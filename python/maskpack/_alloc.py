@@ -10,7 +10,10 @@ most ``output_cache_info()["limit"]`` bytes of unused blocks (1 GiB unless the e
 ``MASKPACK_OUTPUT_CACHE_BYTES`` says otherwise; 0 turns the cache off).
 
 Such tensors are ordinary CPU tensors whose storage cannot be resized in place (``resize_`` to a
-larger size raises), as for any tensor torch imports through DLPack.
+larger size, or an ``out=`` argument of a larger result, raises), as for any tensor torch imports
+through DLPack or numpy. Torch then leaves the tensor with the larger shape over the old storage:
+drop it. (Touching its elements past the block faults on the inaccessible page that follows every
+block, instead of reading or overwriting another output.)
 """
 
 from __future__ import annotations

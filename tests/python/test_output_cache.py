@@ -217,3 +217,321 @@ def test_attention_outputs_come_from_the_cache(cache):
     maskpack.set_output_cache_limit(0)
     out0, lse0 = maskpack.attention(q, k, v, lay)
     assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+# ---- adversarial uses (review of the cache): what torch users do with outputs ----------------------
+
+
+def cached(n_floats=2 * MB):
+    """A float32 tensor of n_floats from the cache (at least 4 MiB, so fresh() takes this path)."""
+    t = _alloc.fresh((n_floats,), torch.float32)
+    assert not t.untyped_storage().resizable()  # it is a cache block, not a torch allocation
+    return t
+
+
+def test_save_load_pickle_deepcopy_copy_out_of_the_block(cache):
+    import copy
+    import io
+    import pickle
+
+    t = cached()
+    t.copy_(torch.arange(2 * MB, dtype=torch.float32))
+    buf = io.BytesIO()
+    torch.save(t[1:], buf)  # a view: the whole storage is written
+    buf.seek(0)
+    copies = [torch.load(buf), pickle.loads(pickle.dumps(t)), copy.deepcopy(t)]
+    p = t.data_ptr()
+    del t
+    assert maskpack.output_cache_info()["cached_blocks"] == 1  # the copies do not hold the block
+    u = cached()
+    assert u.data_ptr() == p
+    u.fill_(-7.0)
+    want = torch.arange(2 * MB, dtype=torch.float32)
+    assert torch.equal(copies[0], want[1:]) and torch.equal(copies[1], want) and torch.equal(copies[2], want)
+
+
+def test_share_memory_moves_off_the_block_and_returns_it(cache):
+    t = cached()
+    t.fill_(2.0)
+    view = t[::1024]
+    p = t.data_ptr()
+    t.share_memory_()  # torch copies into shared memory and drops the old data (our block)
+    assert t.is_shared() and t.data_ptr() != p and view.data_ptr() == t.data_ptr()
+    info = maskpack.output_cache_info()
+    assert info["live_blocks"] == 0 and info["cached_blocks"] == 1
+    u = cached()
+    assert u.data_ptr() == p
+    u.fill_(5.0)  # the old block is reused: the shared tensor and its view must not see it
+    assert bool((t == 2.0).all()) and bool((view == 2.0).all())
+
+
+def test_storage_set_numpy_as_strided_hold_the_block(cache):
+    holders = []
+    for make in (lambda t: t.untyped_storage(), lambda t: torch.empty(0).set_(t.untyped_storage(), 0, (10,)),
+                 lambda t: t.numpy(), lambda t: t.as_strided((10, 10), (1, 1)), lambda t: t.view(torch.int32)):
+        t = cached()
+        t.fill_(1.0)
+        p = t.data_ptr()
+        holders.append((make(t), p))
+        del t
+    info = maskpack.output_cache_info()
+    assert info["live_blocks"] == 5 and info["cached_blocks"] == 0
+    fresh_ptrs = {cached().data_ptr() for _ in range(2)}
+    assert fresh_ptrs.isdisjoint(p for _, p in holders)
+    holders.clear()
+    assert maskpack.output_cache_info()["live_blocks"] == 0
+    t = cached()
+    t.set_(torch.zeros(5))  # set_ drops the tensor's hold on its block at once
+    assert maskpack.output_cache_info()["live_blocks"] == 0
+
+
+def test_resize_smaller_keeps_the_block_larger_raises(cache):
+    t = cached()
+    t.fill_(4.0)
+    t.resize_(10)
+    assert t.shape == (10,) and bool((t == 4.0).all()) and maskpack.output_cache_info()["live_blocks"] == 1
+    del t
+    assert maskpack.output_cache_info()["live_blocks"] == 0
+    # growing raises, like any tensor torch imports from DLPack or numpy. Torch then leaves the tensor
+    # with the new shape over the old storage (its bug, also for torch.from_numpy), so these tensors
+    # are dropped without being read again.
+    with pytest.raises(RuntimeError, match="not resizable"):
+        cached().resize_(3 * MB)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        with pytest.warns(UserWarning, match="resized"):  # torch's deprecation note, then the error
+            torch.add(torch.ones(3 * MB), 1.0, out=cached())
+    assert maskpack.output_cache_info()["live_blocks"] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_an_inaccessible_page_follows_every_block(cache):
+    # a tensor torch left larger than its storage (above) then faults instead of reading or writing
+    # the next block, another live output
+    for n in (2 * MB, 3 * MB):
+        t = cached(n)
+        end = t.data_ptr() + 4 * n
+        regions = [line.split() for line in open("/proc/self/maps").read().splitlines()]
+        guard = [r for r in regions if int(r[0].split("-")[0], 16) == end]
+        assert len(guard) == 1 and guard[0][1].startswith("---")
+    code = ("import torch\n"
+            "from maskpack import _alloc\n"
+            "t = _alloc.fresh((2 << 20,), torch.float32)\n"
+            "try:\n"
+            "    t.resize_(3 << 20)\n"
+            "except RuntimeError:\n"
+            "    pass\n"
+            "print('grown', t.shape[0], flush=True)\n"
+            "t.clone()\n"
+            "print('read past the block', flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["grown", str(3 * MB)] and r.returncode != 0
+
+
+def test_zero_numel_never_reaches_the_cache(cache):
+    before = maskpack.output_cache_info()
+    t = _alloc.fresh((0, 1 << 22), torch.float32)
+    assert t.shape == (0, 1 << 22) and t.untyped_storage().resizable()
+    assert maskpack.output_cache_info()["misses"] == before["misses"]
+    # the C module itself still hands out a (minimal) block for an empty shape and takes it back
+    e = torch.from_dlpack(_memory.empty((0, 5), 2, 32))
+    assert e.shape == (0, 5) and e.numel() == 0 and maskpack.output_cache_info()["live_bytes"] == 2 * MB
+    del e
+    assert maskpack.output_cache_info()["cached_bytes"] == 2 * MB
+
+
+def test_free_slot_limit_keeps_the_most_recently_freed(cache):
+    ts = [torch.from_dlpack(_memory.empty((1,), 2, 32)) for _ in range(300)]  # 300 x 2 MiB, untouched
+    order = [t.data_ptr() for t in ts]
+    for i in range(300):
+        ts[i] = None  # freed oldest first
+    info = maskpack.output_cache_info()
+    assert info["cached_blocks"] == 256 and info["cached_bytes"] == 512 * MB and info["live_blocks"] == 0
+    hits = info["hits"]
+    again = [torch.from_dlpack(_memory.empty((1,), 2, 32)) for _ in range(256)]
+    assert maskpack.output_cache_info()["hits"] == hits + 256
+    assert {t.data_ptr() for t in again} == set(order[44:])
+
+
+def test_limit_changed_while_blocks_are_live(cache):
+    ts = [cached() for _ in range(4)]  # 4 x 8 MiB live
+    maskpack.set_output_cache_limit(16 * MB)
+    ts.clear()
+    info = maskpack.output_cache_info()
+    assert info["cached_bytes"] == 16 * MB and info["live_blocks"] == 0
+    maskpack.set_output_cache_limit(1 << 30)
+    ts = [cached() for _ in range(4)]
+    assert maskpack.output_cache_info()["hits"] == info["hits"] + 2
+    ts.clear()
+    assert maskpack.output_cache_info()["cached_bytes"] == 32 * MB
+
+
+def test_many_threads_take_and_free_never_share_a_block(cache):
+    live, lock, errors = set(), threading.Lock(), []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(100):
+                n = int(torch.randint(1, 6, (1,), generator=g)) * MB
+                t = torch.from_dlpack(_memory.empty((n,), 2, 32))
+                with lock:
+                    if t.data_ptr() in live:
+                        errors.append(f"block {t.data_ptr():#x} handed out twice")
+                    live.add(t.data_ptr())
+                t[::65536] = float(seed)  # one element per 256 KiB
+                if not bool((t[::65536] == float(seed)).all()):
+                    errors.append("a block changed under its holder")
+                with lock:
+                    live.discard(t.data_ptr())
+                del t  # the deleter runs here, on this thread, racing the others
+        except Exception as exc:  # reported below: an assertion in a thread would be lost
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    info = maskpack.output_cache_info()
+    assert info["live_blocks"] == 0 and info["live_bytes"] == 0
+    assert info["cached_blocks"] <= 256 and info["cached_bytes"] <= info["limit"]
+    assert info["hits"] + info["misses"] >= 800
+
+
+def poisoned_rerun(fn):
+    """Runs fn() (-> tensors), fills its outputs with NaN, frees them and runs fn again: the second
+    run takes the same blocks, so an element a kernel leaves unwritten shows up as a NaN."""
+    first = fn()
+    for t in first:
+        t.fill_(float("nan"))
+    del first
+    hits = maskpack.output_cache_info()["hits"]
+    second = fn()
+    assert maskpack.output_cache_info()["hits"] > hits  # the poisoned blocks were reused
+    return second
+
+
+def test_stale_blocks_never_leak_into_padded_outputs_and_grads(cache):
+    # pad rows and zero-length segments are the elements a kernel could skip; fresh pages are zero
+    # there, a reused block is not
+    lay = maskpack.Layout.from_lengths([300, 0, 212], placement="right")
+    g0 = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(3, 300, 2, 64, generator=g0) for _ in range(2))
+    v, do = (torch.randn(3, 300, 8, 256, generator=g0) for _ in range(2))
+    g = -torch.nn.functional.softplus(torch.randn(3, 300, 8, generator=g0)) * 0.5
+    beta = torch.sigmoid(torch.randn(3, 300, 8, generator=g0))
+
+    def gdn():
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta)]
+        o, h = maskpack.gated_delta_rule(*xs, lay)
+        ((o * do).sum() + h.sum()).backward()
+        return [o.detach(), h.detach()] + [x.grad for x in xs]
+
+    qkv = [torch.randn(3, 1400, 4, 64, generator=g0) for _ in range(3)]  # 4.1 MB each
+
+    def attn():
+        xs = [t.clone().requires_grad_(True) for t in qkv]
+        la = maskpack.Layout.from_lengths([1400, 0, 848], placement="right")
+        o = maskpack.attention_autograd(*xs, la)
+        (o * o).sum().backward()
+        return [o.detach()] + [x.grad for x in xs]
+
+    for fn in (gdn, attn):
+        maskpack.set_output_cache_limit(0)
+        want = fn()
+        maskpack.set_output_cache_limit(1 << 30)
+        got = poisoned_rerun(fn)
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+
+
+def test_retained_graph_accumulates_into_stolen_cached_grads(cache):
+    q, k, v, g, beta, lay = gdn_inputs(seed=3)
+    grads = []
+    for limit, n_backward in ((0, 1), (1 << 30, 2)):
+        maskpack.set_output_cache_limit(limit)
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v, g, beta)]
+        o, h = maskpack.gated_delta_rule(*xs, lay)
+        loss = o.square().sum() + h.sum()
+        for _ in range(n_backward):
+            loss.backward(retain_graph=True)  # the second pass adds in place into the first's grads
+        grads.append([x.grad for x in xs])
+    assert not grads[1][2].untyped_storage().resizable()  # v.grad is the stolen cached dv
+    for one, two in zip(*grads):
+        assert torch.equal(one * 2, two)
+
+
+def test_in_place_change_of_a_saved_cached_output_is_caught(cache):
+    g0 = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(4096, 4, 64, generator=g0).requires_grad_(True) for _ in range(3))
+    lay = maskpack.Layout.from_lengths([2048, 2048], placement="packed")
+    out = maskpack.attention_autograd(q, k, v, lay)
+    assert not out.untyped_storage().resizable()
+    out.mul_(2.0)  # out is saved for the backward: autograd's version check must see this
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_forked_children_and_dataloader_workers(cache):
+    from torch.utils.data import DataLoader, Dataset
+
+    hold = [cached()]  # the parent's live output (a list: the child drops it)
+    hold[0].fill_(7.0)
+    spare = cached()
+    spare_ptr = spare.data_ptr()
+    del spare  # a cached block the children inherit
+    before = maskpack.output_cache_info()
+
+    class Items(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            # a worker reads the parent's block (copy-on-write) and makes outputs from its own cache
+            assert float(hold[0][12345]) == 7.0
+            t = cached()
+            t.fill_(float(i))
+            return t
+
+    got = [float(t[::MB].sum()) for t in DataLoader(Items(), batch_size=None, num_workers=2,
+                                                  multiprocessing_context="fork", timeout=60)]
+    assert got == [0.0, 2.0, 4.0, 6.0]
+
+    pid = os.fork()
+    if pid == 0:  # only small (single-threaded) torch ops here: torch's OpenMP pool hangs after fork
+        code = 0
+        try:
+            info = maskpack.output_cache_info()
+            x = torch.from_dlpack(_memory.empty((2 * MB,), 2, 32))  # takes the inherited cached block
+            x[:8] = 1.0
+            code |= 0 if (info["cached_blocks"] == 1 and x.data_ptr() == spare_ptr) else 2
+            hold.clear()  # nothing else holds it in the child: its block goes back to the child's cache
+            code |= 0 if maskpack.output_cache_info()["cached_blocks"] == 1 else 4
+        except BaseException:
+            code = 8
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    after = maskpack.output_cache_info()
+    assert float(hold[0][12345]) == 7.0 and float(hold[0][0]) == 7.0
+    assert after["live_blocks"] == before["live_blocks"] and after["cached_blocks"] == before["cached_blocks"]
+
+
+def test_interpreter_exit_with_live_and_cached_blocks_and_busy_threads():
+    code = ("import threading, time, torch, maskpack\n"
+            "from maskpack import _alloc, _memory\n"
+            "keep = [_alloc.fresh((4 << 20,), torch.float32) for _ in range(3)]\n"
+            "cycle = [_alloc.fresh((4 << 20,), torch.float32)]; cycle.append(cycle)\n"
+            "x = _alloc.fresh((4 << 20,), torch.float32).requires_grad_(); graph = (x * 3).sum()\n"
+            "del keep[0]\n"  # after the last 16 MiB request: it stays cached
+            "def spin():\n"
+            "    while True:\n"
+            "        c = _memory.empty((1 << 18,), 2, 32); del c\n"  # 2 MiB blocks: never the 16 MiB one
+            "for _ in range(2): threading.Thread(target=spin, daemon=True).start()\n"
+            "time.sleep(0.1)\n"
+            "i = maskpack.output_cache_info()\n"
+            "print(i['live_blocks'] >= 4, i['cached_bytes'] >= 16 << 20)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
