@@ -15,9 +15,9 @@
  * the GIL) the DLPack deleter gives the block back: kept in the cache while the cache stays under
  * its byte limit (the least recently freed blocks go first), else unmapped. A request takes the
  * smallest cached block that fits and wastes at most a quarter of it (packed batches change length
- * from step to step), else maps a new one. A block is never handed out while any tensor or view of it lives: only the deleter
- * returns it. The contents of a reused block are stale data of this process, as torch.empty's may
- * be: every caller writes each element.
+ * from step to step), else maps a new one. A block is never handed out while any tensor or view of
+ * it lives: only the deleter returns it. The contents of a reused block are stale data of this
+ * process, as torch.empty's may be: every caller writes each element.
  *
  * The cache is process state by nature (like an allocator), guarded by one mutex; fork() is made
  * safe with pthread_atfork (the child never inherits a held lock).
