@@ -77,7 +77,18 @@ def main() -> int:
             to.append(t1 - t0)
             th.append(t2 - t1)
             ratios.append((t2 - t1) / (t1 - t0))
+        spread["fwd"] = (min(to), max(to), min(th), max(th), min(ratios), max(ratios))
         return statistics.median(to), statistics.median(th), statistics.median(ratios), out_o, out_h
+
+    spread = {}
+
+    def print_spread(key):
+        """The range of the runs behind a line: on a shared machine the two sides do not slow down
+        alike (the fallback's many allocations and small ops swing more than our compute-bound
+        kernel), so the ratio moves with the machine's phase; the range shows by how much."""
+        a0, a1, b0, b1, r0, r1 = spread[key]
+        print(f"          range over the runs: maskpack {a0 * 1e3:.1f}-{a1 * 1e3:.1f} ms, transformers "
+              f"{b0 * 1e3:.1f}-{b1 * 1e3:.1f} ms, per-pair speedup {r0:.1f}-{r1:.1f}x")
 
     # ---- forward ---------------------------------------------------------------------------
     with torch.no_grad():
@@ -92,6 +103,7 @@ def main() -> int:
     print(f"forward : maskpack {t_ours * 1e3:9.1f} ms   transformers {t_hf * 1e3:9.1f} ms   speedup {fwd:6.1f}x "
           f"(median of paired runs {fwd_pair:.1f}x; target >= 10x: {'met' if fwd >= 10 else 'NOT met'})   "
           f"max rel diff o {err:.1e}, state {err_s:.1e}")
+    print_spread("fwd")
 
     # ---- backward --------------------------------------------------------------------------
     def ours_bwd():
@@ -120,11 +132,13 @@ def main() -> int:
         tb_hf.append(t2)
         tb_ratio.append(t2 / t)
     tb_o, tb_h = statistics.median(tb_ours), statistics.median(tb_hf)
+    spread["bwd"] = (min(tb_ours), max(tb_ours), min(tb_hf), max(tb_hf), min(tb_ratio), max(tb_ratio))
     gerr = max(((a.reshape(b.shape) - b).abs().max() / b.abs().max()).item() for a, b in zip(gr_ours, gr_hf))
     bwd = tb_h / tb_o
     print(f"backward: maskpack {tb_o * 1e3:9.1f} ms   transformers {tb_h * 1e3:9.1f} ms   speedup {bwd:6.1f}x "
           f"(median of paired runs {statistics.median(tb_ratio):.1f}x; target >= 5x: {'met' if bwd >= 5 else 'NOT met'})"
           f"   max rel diff of the gradients {gerr:.1e}")
+    print_spread("bwd")
     print(f"load average after {load()[0]:.2f} {load()[1]:.2f} {load()[2]:.2f}")
     return 0
 
