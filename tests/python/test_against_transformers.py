@@ -28,7 +28,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import PretrainedConfig
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask, find_packed_sequence_indices
-from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask
+
+try:  # the legacy builder: transformers 5.24 removed modeling_attn_mask_utils
+    from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask
+except ImportError:
+    _prepare_4d_causal_attention_mask = None
 from transformers.modeling_flash_attention_utils import (
     _get_unpad_data,
     _unpad_input,
@@ -138,6 +142,8 @@ def test_bidirectional_mask_matches_hf(mask):
 def test_legacy_4d_builder_counts_windows_like_attention_gym(mask, window):
     # _prepare_4d_causal_attention_mask keeps keys with i - j <= sliding_window (w + 1 keys), unlike
     # masking_utils' j > i - w (w keys): the same integer means two different windows.
+    if _prepare_4d_causal_attention_mask is None:
+        pytest.skip(f"transformers {transformers.__version__} has no modeling_attn_mask_utils (removed in 5.24)")
     b, s = mask.shape
     rule = {} if window is None else {"window_gym": window}
     lay = Layout.from_mask2d(mask, convention="keep", **rule)
