@@ -53,11 +53,12 @@ def _token_lead(layout) -> int:
 
 
 def _alloc_like(x: Any, shape: Tuple[int, ...]):
-    """An uninitialised tensor of x's kind and dtype (the relayout writes every element)."""
+    """An uninitialised tensor of x's kind and dtype (the relayout writes every element); large
+    torch outputs come from the output cache (maskpack._alloc), like the kernels' outputs."""
     if is_torch_tensor(x):
-        import torch
+        from ._alloc import fresh  # imports torch: only on this path
 
-        return torch.empty(shape, dtype=x.dtype)
+        return fresh(shape, x.dtype)
     return np.empty(shape, dtype=np.asarray(x).dtype)
 
 

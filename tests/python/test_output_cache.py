@@ -535,3 +535,22 @@ def test_interpreter_exit_with_live_and_cached_blocks_and_busy_threads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relayout_outputs_come_from_the_cache(cache, dtype):
+    # padded [2, 2048, 1024] -> packed [lengths 2048 + 1500, 1024]: 14 MiB in f32 / 7 MiB in bf16
+    g0 = torch.Generator().manual_seed(3)
+    mask = torch.zeros(2, 2048, dtype=torch.bool)
+    mask[0, :] = True
+    mask[1, :1500] = True
+    pad = maskpack.Layout.from_mask2d(mask, convention="keep")
+    packed = maskpack.Layout.from_lengths([2048, 1500], placement="packed")
+    x = torch.randn(2, 2048, 1024, generator=g0).to(dtype)
+    before = maskpack.output_cache_info()
+    y = maskpack.relayout(x, pad, packed)
+    assert maskpack.output_cache_info()["live_blocks"] == before["live_blocks"] + 1
+    back = maskpack.relayout(y, packed, pad, pad_value=-2.0)  # every pad row written with -2
+    assert torch.equal(back[mask], x[mask]) and bool((back[~mask] == -2.0).all())
+    maskpack.set_output_cache_limit(0)
+    assert torch.equal(maskpack.relayout(x, pad, packed), y)
