@@ -607,11 +607,7 @@ void attn_amx_fwd_thread(void *vjob, int tid) {
     _tile_release();
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target_pop.h"
 
 #else /* no x86-64: never selected */
 

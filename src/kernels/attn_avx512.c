@@ -362,11 +362,7 @@ void attn_avx512_fwd_thread(void *vjob, int tid) {
         }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target_pop.h"
 
 #else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */
 

@@ -583,11 +583,7 @@ void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target_pop.h"
 
 #else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */
 

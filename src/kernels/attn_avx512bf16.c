@@ -245,11 +245,7 @@ void attn_avx512bf16_fwd_thread(void *vjob, int tid) {
         for (size_t it = b; it < e; it++) bf_item(job->P, &job->items[it], &B);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target_pop.h"
 
 #else /* no x86-64: never selected */
 

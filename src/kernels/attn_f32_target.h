@@ -4,12 +4,7 @@
  * provided by attn_avx2_shim.h; without it, for AVX-512. Included once per file, after
  * immintrin.h; the file closes the region with its own pop at the end. */
 #if defined(ATTN_AVX2_BUILD)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#include "target_avx2.h"
 #include "attn_avx2_shim.h"
 #else
 #if defined(__clang__)

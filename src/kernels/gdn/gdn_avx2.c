@@ -15,12 +15,7 @@
 
 #ifdef GDN_HAVE_AVX2_BUILD
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#include "../target_avx2.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -409,11 +404,7 @@ static void avx2_decay_rows(const float *Gc, const float *bv, const float *KK, c
 #define K_SU_FROM_KT 1
 #include "gdn_kernel.inc"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "../target_pop.h"
 
 #else /* no AVX2 build on this compiler/architecture: the dispatcher never selects it */
 

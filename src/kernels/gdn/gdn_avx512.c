@@ -386,11 +386,7 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
 #define k_inv_lower avx_inv_lower
 #include "gdn_kernel.inc"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "../target_pop.h"
 
 #else /* no AVX-512 build on this compiler/architecture: the dispatcher never selects it */
 

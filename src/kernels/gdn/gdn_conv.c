@@ -54,12 +54,7 @@ static inline void conv_pf(const gdn_view *v, int64_t off, int64_t nb, int write
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CONV_HAVE_AVX2 1
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#include "../target_avx2.h"
 #include "gdn_avx2_math.h"
 
 static inline __m256i conv_lanes(int64_t n) {
@@ -133,11 +128,7 @@ static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "../target_pop.h"
 #endif
 
 /* Whether a view can take the AVX2 rows: f32 with contiguous channels (or absent). */
