@@ -73,6 +73,10 @@ static inline bool mp_mul_overflow(int64_t a, int64_t b, int64_t *r) { return __
 
 /* numel of t, or -1 when a dimension is negative or the product overflows int64. */
 int64_t mp_numel(const maskpack_tensor *t);
+/* (stride of dimension d + 1, extent of d + 1) -> stride of dimension d for a C-order tensor: the
+ * product, a non-positive extent counting as 1, saturated at INT64_MAX (empty or oversized shapes,
+ * which never index memory or are rejected by mp_numel). */
+int64_t mp_stride_step(int64_t stride, int64_t dim);
 
 /* Validates rank and dtype class of t: ndim in [min_ndim, max_ndim], shape >= 0, numel fits,
  * data non-NULL when numel > 0. `name` is used in the message. */

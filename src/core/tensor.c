@@ -33,9 +33,18 @@ maskpack_tensor maskpack_tensor_contiguous(void *data, maskpack_dtype dtype, int
     for (int32_t d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape ? shape[d] : 0;
         t.strides[d] = stride;
-        stride *= t.shape[d] > 0 ? t.shape[d] : 1;
+        stride = mp_stride_step(stride, t.shape[d]);
     }
     return t;
+}
+
+int64_t mp_stride_step(int64_t stride, int64_t dim) {
+    int64_t next;
+    /* a zero (or invalid) dimension counts as 1. The product can only exceed int64 when another
+     * dimension is 0 (an empty tensor: no stride is ever used) or the shape is too large (numel
+     * checks reject it): saturate instead of overflowing, which is undefined behaviour in C. */
+    if (mp_mul_overflow(stride, dim > 0 ? dim : 1, &next)) return INT64_MAX;
+    return next;
 }
 
 int64_t mp_numel(const maskpack_tensor *t) {

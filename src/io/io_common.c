@@ -30,7 +30,7 @@ maskpack_tensor mpio_array_view(const mpio_array *a) {
         int64_t stride = 1;
         for (int32_t d = 0; d < a->ndim; d++) {
             t.strides[d] = stride;
-            stride *= a->shape[d] > 0 ? a->shape[d] : 1;
+            stride = mp_stride_step(stride, a->shape[d]);
         }
     }
     return t;

@@ -57,6 +57,18 @@ static void test_tensor_checks(void) {
     CHECK_STATUS(mp_check_output(&t, "out", MP_DT_INDEX, 2, want, &e), MASKPACK_ERR_SHAPE, e);
     CHECK_MSG(e, "expected shape [2, 4], found [2, 3]");
     CHECK_STATUS(mp_check_output(&t, "out", MP_DT(MASKPACK_F32), 2, shape, &e), MASKPACK_ERR_DTYPE, e);
+    /* an empty shape whose other extents multiply past int64 (a fuzzer's .npy header): the strides
+     * saturate instead of overflowing (signed overflow is undefined; UBSan runs this test) */
+    int64_t huge[4] = {0, 200000000000000000, 0, 700000000000000};
+    t = maskpack_tensor_contiguous(buf, MASKPACK_F32, 4, huge);
+    CHECK_EQ(t.strides[3], 1);
+    CHECK_EQ(t.strides[2], 700000000000000);
+    CHECK_EQ(t.strides[1], 700000000000000);
+    CHECK_EQ(t.strides[0], INT64_MAX);
+    CHECK_EQ(mp_numel(&t), 0);
+    CHECK_EQ(mp_stride_step(3, 0), 3);
+    CHECK_EQ(mp_stride_step(3, -5), 3);
+    CHECK_EQ(mp_stride_step(INT64_MAX / 2, 3), INT64_MAX);
 }
 
 /* Two rows: row 0 holds two documents (3 and 2 tokens) then one pad; row 1 one document of 4
