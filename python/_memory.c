@@ -264,7 +264,9 @@ static PyObject *py_empty(PyObject *mod, PyObject *args) {
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
-    size_t count = 1;
+    /* span: the product with zero extents counted as 1, which the outermost stride reaches; bounding
+     * it (not just the element count, 0 for an empty shape) keeps every stride and byte count in range */
+    size_t count = 1, span = 1;
     for (Py_ssize_t i = 0; i < nd; i++) {
         const long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
         if (d == -1 && PyErr_Occurred()) {
@@ -272,7 +274,7 @@ static PyObject *py_empty(PyObject *mod, PyObject *args) {
             free(e);
             return NULL;
         }
-        if (d < 0 || (d > 0 && count > SIZE_MAX / 8 / (size_t)d)) {
+        if (d < 0 || span > SIZE_MAX / 8 / (size_t)(d > 0 ? d : 1)) {
             Py_DECREF(seq);
             free(e);
             PyErr_Format(PyExc_ValueError, "empty(): dimension %zd is %lld (negative or too large)", i, d);
@@ -280,6 +282,7 @@ static PyObject *py_empty(PyObject *mod, PyObject *args) {
         }
         e->shape[i] = d;
         count *= (size_t)d;
+        span *= (size_t)(d > 0 ? d : 1);
     }
     Py_DECREF(seq);
     for (Py_ssize_t i = nd - 1, s = 1; i >= 0; i--) {
@@ -320,6 +323,16 @@ static PyObject *py_info(PyObject *mod, PyObject *noargs) {
     mpm_unlock();
     return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "cached_bytes", cb, "cached_blocks", nb, "live_bytes", lb,
                          "live_blocks", ln, "limit", lim, "hits", h, "misses", m);
+}
+
+/* limit() -> the byte limit (0: the cache is off); no dict, for the per-call check. */
+static PyObject *py_limit(PyObject *mod, PyObject *noargs) {
+    (void)mod;
+    (void)noargs;
+    mpm_lock();
+    const unsigned long long lim = C.limit;
+    mpm_unlock();
+    return PyLong_FromUnsignedLongLong(lim);
 }
 
 /* set_limit(bytes) -> the previous limit; cached blocks beyond the new limit are unmapped now. */
@@ -374,6 +387,7 @@ static PyMethodDef methods[] = {
     {"advise", py_advise, METH_VARARGS, "hint huge pages for a fresh output buffer"},
     {"empty", py_empty, METH_VARARGS, "a DLPack capsule of an uninitialised CPU tensor from the output cache"},
     {"info", py_info, METH_NOARGS, "the output cache's counters"},
+    {"limit", py_limit, METH_NOARGS, "the cache's byte limit (0: off)"},
     {"set_limit", py_set_limit, METH_VARARGS, "bytes the cache may keep; returns the previous limit"},
     {"empty_cache", py_empty_cache, METH_NOARGS, "unmap every cached block; returns the bytes released"},
     {NULL, NULL, 0, NULL},

@@ -168,6 +168,8 @@ def test_bad_arguments():
         _memory.empty(tuple([1] * 17), 2, 32)
     with pytest.raises(ValueError):
         _memory.empty((1 << 40, 1 << 40), 2, 32)
+    with pytest.raises(ValueError):  # no elements, but strides past int64 (as a fuzzer found in the C library)
+        _memory.empty((0, 1 << 40, 1 << 40), 2, 32)
 
 
 def test_unconsumed_capsule_gives_its_block_back(cache):
