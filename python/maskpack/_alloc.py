@@ -54,10 +54,10 @@ def fresh(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     n = 1
     for s in shape:
         n *= s
-    nbytes = n * (torch.finfo(dtype).bits // 8 if code else 0)
+    nbytes = n * code[1] // 8 if code else 0
     if code is None or nbytes < CACHE_MIN_BYTES:
         return torch.empty(shape, dtype=dtype)
-    if _memory.info()["limit"] == 0:
+    if _memory.limit() == 0:
         t = torch.empty(shape, dtype=dtype)
         _memory.advise(int(t.data_ptr()), nbytes)
         return t
