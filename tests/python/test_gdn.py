@@ -427,6 +427,40 @@ def test_vector_kernels_match_reference_kernel(chunked):
         pytest.skip("no vector kernel on this CPU")
 
 
+def test_no_initial_state_equals_zero_initial_state(isa):
+    """Without an initial state the kernels skip the first chunk's state products (S = 0 there);
+    the outputs, final states and gradients must equal those of an explicit all-zero initial state
+    exactly (the skipped products are exact zeros), for first chunks that are whole, partial and
+    single tokens, in the forward, in the backward's state replay and in the recurrent form."""
+    lengths = [1, 5, 63, 64, 65, 129, 0, 200]
+    H, HV, K, V = 2, 4, 40, 24
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    T = sum(lengths)
+    xs = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(5))
+    R, Rs = torch.randn(T, HV, V), torch.randn(len(lengths), HV, K, V)
+    zero = torch.zeros(len(lengths), HV, K, V)
+    for chunked in (True, False):
+        runs = []
+        for h0 in (None, zero):
+            leaves = [x.clone().requires_grad_(True) for x in xs]
+            o, st = maskpack.gated_delta_rule(*leaves, lay, initial_state=h0, chunked=chunked, threads=2)
+            ((o * R).sum() + (st * Rs).sum()).backward()
+            runs.append((o.detach(), st.detach(), [x.grad for x in leaves]))
+        (o0, s0, g0), (o1, s1, g1) = runs
+        assert torch.equal(o0, o1) and torch.equal(s0, s1), chunked
+        for name, a, b in zip("q k v g beta".split(), g0, g1):
+            assert torch.equal(a, b), (chunked, name)
+        # and both are right: against the float64 recurrence, segment by segment
+        at = 0
+        for i, n in enumerate(lengths):
+            sl = slice(at, at + n)
+            ro, rs = ref_rule(*(x[sl].double() for x in xs))
+            if n:
+                assert relerr(o0[sl], ro) < 1e-5, (chunked, n)
+            assert relerr(s0[i], rs) < 1e-5 if n else torch.count_nonzero(s0[i]) == 0
+            at += n
+
+
 def test_bf16_inputs():
     lay = maskpack.Layout.from_lengths([70, 9], placement="right")
     xs = make_inputs((2, 70), 1, 2, 16, 16, dtype=torch.bfloat16)
