@@ -60,8 +60,9 @@ static double chunk_macs(int64_t len, int64_t H, int64_t HV, int64_t K, int64_t 
         double n = (double)(len - t0 < MASKPACK_GDN_CHUNK ? len - t0 : MASKPACK_GDN_CHUNK);
         double tri = n * (n + 1) / 2, stri = n * (n - 1) / 2;
         macs += (double)H * (tri * K + stri * K);      /* Q K^T, K K^T: once per key head */
+        /* no initial state is given: the first chunk starts from S = 0 and has no [Q; K] S */
         macs += (double)HV * (n * n * n / 6.0           /* (I + L)^-1 */
-                              + 2.0 * n * K * V         /* [Q; K] S */
+                              + (t0 ? 2.0 * n * K * V : 0.0) /* [Q; K] S */
                               + tri * V                 /* Dv = A diag(beta) (V - diag(E) K S) */
                               + tri * V                 /* P Dv */
                               + n * K * V);             /* state update */
