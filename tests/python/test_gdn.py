@@ -427,13 +427,16 @@ def test_vector_kernels_match_reference_kernel(chunked):
         pytest.skip("no vector kernel on this CPU")
 
 
-def test_no_initial_state_equals_zero_initial_state(isa):
+@pytest.mark.parametrize("dims", [(2, 4, 40, 24), (1, 2, 64, 80)])
+def test_no_initial_state_equals_zero_initial_state(dims, isa):
     """Without an initial state the kernels skip the first chunk's state products (S = 0 there);
     the outputs, final states and gradients must equal those of an explicit all-zero initial state
     exactly (the skipped products are exact zeros), for first chunks that are whole, partial and
-    single tokens, in the forward, in the backward's state replay and in the recurrent form."""
+    single tokens, in the forward, in the backward's state replay and in the recurrent form. The
+    second shape has K, V >= the chunk, where the chunked forward lets its decay matrices share
+    buffers with later ones."""
     lengths = [1, 5, 63, 64, 65, 129, 0, 200]
-    H, HV, K, V = 2, 4, 40, 24
+    H, HV, K, V = dims
     lay = maskpack.Layout.from_lengths(lengths, placement="packed")
     T = sum(lengths)
     xs = make_inputs((T,), H, HV, K, V, gen=torch.Generator().manual_seed(5))
