@@ -1169,6 +1169,62 @@ static void test_backward_revolve(void) {
     }
 }
 
+/* Without an initial state the first chunk's state is zero and the backward skips its products
+ * with S (and, when d(initial state) is not asked for, that gradient). Gradients of every input,
+ * d(initial state) included, must equal those of an explicit all-zero initial state (the skipped
+ * products are exact zeros; compared as values, so a zero's sign does not count), per ISA, with
+ * d(initial state) asked for and not. */
+static int grads_equal_values(const grads_set *a, const grads_set *b, int with_h) {
+    const ttensor *x[5] = {&a->q, &a->k, &a->v, &a->g, &a->b}, *y[5] = {&b->q, &b->k, &b->v, &b->g, &b->b};
+    int same = 1;
+    for (int i = 0; i < 5; i++)
+        for (int64_t j = 0; j < mp_numel(&x[i]->t); j++) same &= x[i]->data[j] == y[i]->data[j];
+    if (with_h)
+        for (int64_t j = 0; j < mp_numel(&a->h.t); j++) same &= a->h.data[j] == b->h.data[j];
+    return same;
+}
+
+static void test_backward_zero_initial_state(void) {
+    dims d = {1, 2, 16, 20};
+    const int64_t lens[5] = {1, 64, 65, 200, 0};
+    maskpack_layout *L = lay_lengths(lens, 5, MASKPACK_PLACE_PACKED, 0);
+    if (!L) return;
+    gcase c = case_make(L, d, 61, 1);
+    memset(c.h0.data, 0, (size_t)(5 * c.h0.per) * sizeof(float));
+    int64_t vd[2] = {d.HV, d.V}, sd[3] = {d.HV, d.K, d.V};
+    ttensor dO = tok_alloc(L, 2, vd);
+    tok_fill(L, &dO, T_DO, 61);
+    stensor dht = st_alloc(5, 3, sd, T_DHT, 61);
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
+    for (int ii = 0; ii < n_isa; ii++)
+        for (int want_dh = 0; want_dh < 2; want_dh++) {
+            grads_set zero = grads_alloc(L, d), none = grads_alloc(L, d);
+            grads_set *gs[2] = {&zero, &none};
+            for (int w = 0; w < 2; w++) {
+                c.with_h0 = w == 0; /* an all-zero initial state, then none */
+                maskpack_gdn_inputs in = case_inputs(&c);
+                maskpack_gdn_grads gr = {&gs[w]->q.t, &gs[w]->k.t, &gs[w]->v.t, &gs[w]->g.t, &gs[w]->b.t,
+                                         want_dh ? &gs[w]->h.t : NULL};
+                maskpack_gdn_options o = opts_of(isas[ii], 1, 2);
+                maskpack_error e;
+                CHECK_OK(maskpack_gdn_backward(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, &e), e);
+            }
+            c.with_h0 = 1;
+            const int same = grads_equal_values(&zero, &none, want_dh);
+            if (!same)
+                fprintf(stderr, "test_gdn: backward without initial state differs from a zero one (isa %d, dh0 %d)\n",
+                        ii, want_dh);
+            CHECK(same);
+            grads_free(&zero);
+            grads_free(&none);
+        }
+    free(dO.data);
+    free(dht.data);
+    case_free(&c);
+    maskpack_layout_free(L);
+}
+
 /* The backward's workspace does not grow with the segment length: one segment of 512, 32768 or
  * 131072 tokens (Qwen3-Next sizes: H = 16, HV = 32, K = V = 128) needs the same bytes. Only the
  * sizes are queried (no data is read), so the tensors view a small dummy buffer. */
@@ -1803,6 +1859,7 @@ int main(void) {
     test_continuation();
     test_backward();
     test_backward_revolve();
+    test_backward_zero_initial_state();
     test_workspace_constant();
     test_task_order();
     /* the conv under the vector rows (AUTO on an AVX2 CPU) and under the portable loops */
