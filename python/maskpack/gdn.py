@@ -9,8 +9,8 @@ heads second-to-last: ``[B, S, H, D]`` for a padded layout, ``[T, H, D]`` for a 
     >>> y, conv_state = maskpack.causal_conv1d(x, weight, layout)           # doctest: +SKIP
 
 Autograd flows through every op (the backward runs in C as well). ``GatedDeltaNet`` is the whole
-layer with transformers' ``Qwen3NextGatedDeltaNet`` parameter names, so its state dict loads
-directly.
+layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (``projections=
+"qwen3_5"``) ``Qwen3_5GatedDeltaNet``, so either state dict loads directly.
 """
 
 from __future__ import annotations
@@ -310,21 +310,33 @@ class GatedRMSNorm(torch.nn.Module):
         return (h * torch.nn.functional.silu(gate.to(torch.float32))).to(dtype)
 
 
-class GatedDeltaNet(torch.nn.Module):
-    """The Gated DeltaNet layer of Qwen3-Next, computed per segment of a layout.
+# the two projection layouts of transformers' GDN layers: Qwen3-Next fuses q, k, v, z (and b, a)
+# into one projection whose columns are grouped per key head; Qwen3.5 (dense and MoE) projects q|k|v
+# (already in the conv's channel order), z, b and a separately
+_PROJECTIONS = ("qwen3_next", "qwen3_5")
 
-    Same parameters (and state-dict names) as transformers' ``Qwen3NextGatedDeltaNet``:
-    ``in_proj_qkvz``, ``in_proj_ba``, ``conv1d``, ``dt_bias``, ``A_log``, ``norm.weight``,
+
+class GatedDeltaNet(torch.nn.Module):
+    """The Gated DeltaNet layer of Qwen3-Next and Qwen3.5, computed per segment of a layout.
+
+    Same parameters (and state-dict names) as transformers' ``Qwen3NextGatedDeltaNet``
+    (``projections="qwen3_next"``: ``in_proj_qkvz``, ``in_proj_ba``) or ``Qwen3_5GatedDeltaNet``
+    and ``Qwen3_5MoeGatedDeltaNet`` (``projections="qwen3_5"``: ``in_proj_qkv``, ``in_proj_z``,
+    ``in_proj_b``, ``in_proj_a``), plus ``conv1d``, ``dt_bias``, ``A_log``, ``norm.weight`` and
     ``out_proj``. The projections, the gated RMS norm and the output projection run in torch; the
     conv, the gates and the rule run in maskpack's C kernels, per segment.
     """
 
     def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 conv_kernel_size: int = 4, rms_norm_eps: float = 1e-6, chunked: bool = True) -> None:
+                 conv_kernel_size: int = 4, rms_norm_eps: float = 1e-6, chunked: bool = True,
+                 projections: str = "qwen3_next") -> None:
         super().__init__()
         if num_v_heads % num_k_heads:
             raise Error(f"num_v_heads: expected a multiple of num_k_heads = {num_k_heads}, found {num_v_heads}",
                         "MASKPACK_ERR_SHAPE", argument="num_v_heads")
+        if projections not in _PROJECTIONS:
+            raise Error(f"projections: expected one of {', '.join(_PROJECTIONS)}, found {projections!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="projections")
         self.hidden_size = hidden_size
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
@@ -332,10 +344,17 @@ class GatedDeltaNet(torch.nn.Module):
         self.conv_kernel_size = conv_kernel_size
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.chunked = chunked
+        self.projections = projections
         self.conv1d = torch.nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=conv_kernel_size, bias=False,
                                       groups=self.conv_dim, padding=conv_kernel_size - 1)
-        self.in_proj_qkvz = torch.nn.Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-        self.in_proj_ba = torch.nn.Linear(hidden_size, 2 * num_v_heads, bias=False)
+        if projections == "qwen3_next":
+            self.in_proj_qkvz = torch.nn.Linear(hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = torch.nn.Linear(hidden_size, 2 * num_v_heads, bias=False)
+        else:
+            self.in_proj_qkv = torch.nn.Linear(hidden_size, self.conv_dim, bias=False)
+            self.in_proj_z = torch.nn.Linear(hidden_size, self.value_dim, bias=False)
+            self.in_proj_b = torch.nn.Linear(hidden_size, num_v_heads, bias=False)
+            self.in_proj_a = torch.nn.Linear(hidden_size, num_v_heads, bias=False)
         self.dt_bias = torch.nn.Parameter(torch.ones(num_v_heads))
         self.A_log = torch.nn.Parameter(torch.log(torch.empty(num_v_heads).uniform_(0.01, 16)))
         self.norm = GatedRMSNorm(head_v_dim, eps=rms_norm_eps)
@@ -343,23 +362,41 @@ class GatedDeltaNet(torch.nn.Module):
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> "GatedDeltaNet":
-        """From a transformers Qwen3NextConfig (or anything with the same attribute names)."""
-        return cls(config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads,
-                   config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim,
-                   config.rms_norm_eps, **kwargs)
+        """From a transformers Qwen3NextConfig, Qwen3_5TextConfig or Qwen3_5MoeTextConfig (or the
+        vision-language Qwen3_5Config / Qwen3_5MoeConfig, whose ``text_config`` holds the layer's
+        fields; or anything with the same attribute names). The projection layout follows the
+        config's ``model_type`` unless ``projections=`` is given."""
+        text = getattr(config, "text_config", None) or config
+        if "projections" not in kwargs:
+            kwargs["projections"] = "qwen3_5" if str(getattr(text, "model_type", "")).startswith("qwen3_5") \
+                else "qwen3_next"
+        act = getattr(text, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            # the layer's conv runs with config.hidden_act; maskpack's conv has SiLU or nothing
+            raise Error(f"hidden_act: the conv activation must be silu, found {act!r}",
+                        "MASKPACK_ERR_UNSUPPORTED", argument="hidden_act")
+        return cls(text.hidden_size, text.linear_num_key_heads, text.linear_num_value_heads,
+                   text.linear_key_head_dim, text.linear_value_head_dim, text.linear_conv_kernel_dim,
+                   text.rms_norm_eps, **kwargs)
 
-    def _split(self, qkvz: torch.Tensor, ba: torch.Tensor):
-        # transformers' ordering: per key head, [q (dk) | k (dk) | v (G*dv) | z (G*dv)] and [b (G) | a (G)]
-        lead = qkvz.shape[:-1]
+    def _project(self, hidden: torch.Tensor):
+        """hidden [.., hidden] -> mixed [.., conv_dim] (q | k | v, the conv's channel order),
+        z [.., HV, dv], b and a [.., HV]."""
+        lead = hidden.shape[:-1]
+        if self.projections == "qwen3_5":
+            z = self.in_proj_z(hidden).reshape(*lead, self.num_v_heads, self.head_v_dim)
+            return self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden)
+        # transformers' Qwen3-Next ordering: per key head, [q (dk) | k (dk) | v (G*dv) | z (G*dv)]
+        # and [b (G) | a (G)]
         G = self.num_v_heads // self.num_k_heads
-        qkvz = qkvz.view(*lead, self.num_k_heads, 2 * self.head_k_dim + 2 * G * self.head_v_dim)
-        ba = ba.view(*lead, self.num_k_heads, 2 * G)
+        qkvz = self.in_proj_qkvz(hidden).view(*lead, self.num_k_heads, 2 * self.head_k_dim + 2 * G * self.head_v_dim)
+        ba = self.in_proj_ba(hidden).view(*lead, self.num_k_heads, 2 * G)
         q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, G * self.head_v_dim, G * self.head_v_dim],
                                  dim=-1)
         b, a = torch.split(ba, [G, G], dim=-1)
-        v = v.reshape(*lead, self.num_v_heads, self.head_v_dim)
+        mixed = torch.cat((q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)), dim=-1)
         z = z.reshape(*lead, self.num_v_heads, self.head_v_dim)
-        return q, k, v, z, b.reshape(*lead, self.num_v_heads), a.reshape(*lead, self.num_v_heads)
+        return mixed, z, b.reshape(*lead, self.num_v_heads), a.reshape(*lead, self.num_v_heads)
 
     def forward(self, hidden_states: torch.Tensor, layout: Any, initial_state: Optional[torch.Tensor] = None,
                 conv_prefix: Optional[torch.Tensor] = None, return_states: bool = False,
@@ -374,8 +411,7 @@ class GatedDeltaNet(torch.nn.Module):
         keep = torch.as_tensor(layout.mask2d("bool")).reshape(*lead, 1)
         zero = torch.zeros((), dtype=hidden_states.dtype)
         hidden_states = torch.where(keep, hidden_states, zero)
-        q, k, v, z, b, a = self._split(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
-        mixed = torch.cat((q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)), dim=-1)
+        mixed, z, b, a = self._project(hidden_states)
         mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight, layout, "silu", prefix=conv_prefix,
                                           threads=threads)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)

@@ -518,19 +518,39 @@ def test_conv1d_matches_torch_per_segment(W, isa):
     assert torch.equal(y[~mask], torch.zeros_like(y[~mask])) and torch.equal(xl.grad[~mask], torch.zeros_like(y[~mask]))
 
 
-# ---- the layer against transformers' Qwen3NextGatedDeltaNet ------------------------------------------
+# ---- the layer against transformers' Qwen3NextGatedDeltaNet and Qwen3_5GatedDeltaNet ------------------
+
+# the same tiny shapes in each family's config class
+_TINY = dict(hidden_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+             linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=4, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16, intermediate_size=32, vocab_size=32, rms_norm_eps=1e-6)
+LAYER_KINDS = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
-def tiny_config():
-    return Qwen3NextConfig(hidden_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                           linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=4,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
-                           vocab_size=32, rms_norm_eps=1e-6)
+def tiny_config(kind="qwen3_next"):
+    if kind == "qwen3_next":
+        return Qwen3NextConfig(**_TINY)
+    if kind == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+        return Qwen3_5TextConfig(**_TINY)
+    from transformers import Qwen3_5MoeTextConfig
+    return Qwen3_5MoeTextConfig(**_TINY)
 
 
-def tiny_layers():
-    cfg = tiny_config()
-    theirs = hf.Qwen3NextGatedDeltaNet(cfg, layer_idx=0)
+def hf_layer_class(kind):
+    if kind == "qwen3_next":
+        return hf.Qwen3NextGatedDeltaNet
+    if kind == "qwen3_5":
+        from transformers.models.qwen3_5 import modeling_qwen3_5
+        return modeling_qwen3_5.Qwen3_5GatedDeltaNet
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+    return modeling_qwen3_5_moe.Qwen3_5MoeGatedDeltaNet
+
+
+def tiny_layers(kind="qwen3_next"):
+    cfg = tiny_config(kind)
+    assert cfg.layer_types[0] == "linear_attention"
+    theirs = hf_layer_class(kind)(cfg, layer_idx=0)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for p in theirs.parameters():
@@ -538,12 +558,14 @@ def tiny_layers():
         theirs.A_log.copy_(torch.log(torch.rand(4, generator=gen) * 4 + 0.5))
         theirs.norm.weight.add_(1.0)
     ours = maskpack.GatedDeltaNet.from_config(cfg)
-    ours.load_state_dict(theirs.state_dict())
+    assert ours.projections == ("qwen3_next" if kind == "qwen3_next" else "qwen3_5")
+    ours.load_state_dict(theirs.state_dict())  # strict: the same names and shapes, nothing left over
     return cfg, theirs, ours
 
 
-def test_layer_matches_transformers_and_packed_matches_padded(isa):
-    cfg, theirs, ours = tiny_layers()
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_layer_matches_transformers_and_packed_matches_padded(isa, kind):
+    cfg, theirs, ours = tiny_layers(kind)
     lengths = [70, 9, 130]
     width = 130
     T = sum(lengths)
@@ -574,10 +596,11 @@ def test_layer_matches_transformers_and_packed_matches_padded(isa):
     # block their GEMMs differently by batch shape, hence a tolerance at the layer level
 
 
-def test_layer_continuation_with_state_and_conv_prefix(isa):
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5"])
+def test_layer_continuation_with_state_and_conv_prefix(isa, kind):
     """A sequence run in two pieces (final state and conv state passed on) equals the whole run:
     the basis of context parallelism and of cached decoding."""
-    cfg, _, ours = tiny_layers()
+    cfg, _, ours = tiny_layers(kind)
     n, cut = 150, 64
     hidden = torch.randn(n, cfg.hidden_size)
     whole = maskpack.Layout.from_lengths([n], placement="packed")
@@ -590,6 +613,27 @@ def test_layer_continuation_with_state_and_conv_prefix(isa):
     assert relerr(torch.cat([out_1, out_2]), out_w) < 1e-5
     assert relerr(st_2, st_w) < 1e-5
     assert torch.equal(cs_2, cs_w)  # the conv state is a copy of inputs
+
+
+def test_layer_from_config_picks_the_projection_layout_and_refuses_what_it_cannot_run():
+    from transformers import Qwen3_5Config
+    # the vision-language config holds the layer's fields in text_config
+    vl = Qwen3_5Config(text_config=dict(_TINY))
+    layer = maskpack.GatedDeltaNet.from_config(vl)
+    assert layer.projections == "qwen3_5" and layer.num_v_heads == 4 and layer.head_k_dim == 16
+    names = {n for n, _ in layer.named_parameters()}
+    assert {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"} <= names
+    assert not any(n.startswith(("in_proj_qkvz", "in_proj_ba")) for n in names)
+    # an explicit layout wins over the config's model_type
+    assert maskpack.GatedDeltaNet.from_config(tiny_config("qwen3_5"), projections="qwen3_next").projections == \
+        "qwen3_next"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.GatedDeltaNet(48, 2, 4, 16, 8, projections="qwen2")
+    assert e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT" and e.value.argument == "projections"
+    # the conv runs with config.hidden_act in transformers; maskpack's conv has SiLU only
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.GatedDeltaNet.from_config(Qwen3NextConfig(**{**_TINY, "hidden_act": "gelu"}))
+    assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "hidden_act"
 
 
 # ---- bad input --------------------------------------------------------------------------------------
