@@ -48,7 +48,8 @@ __all__ += ["Plan", "attention_coefficient", "plan"]
 
 # Gated DeltaNet (maskpack.gdn) needs torch: its names load on first use, so `import maskpack`
 # stays torch-free.
-_GDN_NAMES = ("gated_delta_rule", "causal_conv1d", "gdn_gates", "gdn_l2norm", "gdn_isa", "GatedDeltaNet", "GatedRMSNorm")
+_GDN_NAMES = ("gated_delta_rule", "causal_conv1d", "gdn_gates", "gdn_l2norm", "gdn_isa", "GatedDeltaNet", "GatedRMSNorm",
+              "patch_linear_attention")
 __all__ += list(_GDN_NAMES)
 
 

@@ -15,7 +15,9 @@ layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (`
 
 from __future__ import annotations
 
+import functools
 import math
+import types
 from typing import Any, Optional, Tuple
 
 import torch
@@ -26,6 +28,7 @@ from ._errors import Error
 
 __all__ = [
     "GatedDeltaNet",
+    "patch_linear_attention",
     "GatedRMSNorm",
     "causal_conv1d",
     "gated_delta_rule",
@@ -310,6 +313,52 @@ class GatedRMSNorm(torch.nn.Module):
         return (h * torch.nn.functional.silu(gate.to(torch.float32))).to(dtype)
 
 
+def _layer_project(m: Any, projections: str, hidden: torch.Tensor):
+    """hidden [.., hidden] -> mixed [.., conv_dim] (q | k | v, the conv's channel order),
+    z [.., HV, dv], b and a [.., HV]. ``m``: a GatedDeltaNet or transformers' layer (same names)."""
+    lead = hidden.shape[:-1]
+    if projections == "qwen3_5":
+        z = m.in_proj_z(hidden).reshape(*lead, m.num_v_heads, m.head_v_dim)
+        return m.in_proj_qkv(hidden), z, m.in_proj_b(hidden), m.in_proj_a(hidden)
+    # transformers' Qwen3-Next ordering: per key head, [q (dk) | k (dk) | v (G*dv) | z (G*dv)]
+    # and [b (G) | a (G)]
+    G = m.num_v_heads // m.num_k_heads
+    qkvz = m.in_proj_qkvz(hidden).view(*lead, m.num_k_heads, 2 * m.head_k_dim + 2 * G * m.head_v_dim)
+    ba = m.in_proj_ba(hidden).view(*lead, m.num_k_heads, 2 * G)
+    q, k, v, z = torch.split(qkvz, [m.head_k_dim, m.head_k_dim, G * m.head_v_dim, G * m.head_v_dim], dim=-1)
+    b, a = torch.split(ba, [G, G], dim=-1)
+    mixed = torch.cat((q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)), dim=-1)
+    z = z.reshape(*lead, m.num_v_heads, m.head_v_dim)
+    return mixed, z, b.reshape(*lead, m.num_v_heads), a.reshape(*lead, m.num_v_heads)
+
+
+def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout: Any,
+                   initial_state: Optional[torch.Tensor], conv_prefix: Optional[torch.Tensor], chunked: bool,
+                   threads: Optional[int]):
+    """The layer over ``layout`` with the parameters of ``m`` (a GatedDeltaNet or transformers'
+    Qwen3-Next / Qwen3.5 layer: the same attribute names) -> (out, final_state, conv_state, the
+    conv's input [.., conv_dim])."""
+    lead = hidden_states.shape[:-1]
+    # the projections are torch GEMMs over every row: select (never multiply) the real rows so
+    # a NaN in the padding reaches neither the outputs nor the weight gradients
+    keep = torch.as_tensor(layout.mask2d("bool")).reshape(*lead, 1)
+    zero = torch.zeros((), dtype=hidden_states.dtype)
+    hidden_states = torch.where(keep, hidden_states, zero)
+    conv_in, z, b, a = _layer_project(m, projections, hidden_states)
+    mixed, conv_state = causal_conv1d(conv_in, m.conv1d.weight, layout, "silu", prefix=conv_prefix, threads=threads)
+    q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+    q = q.reshape(*lead, m.num_k_heads, m.head_k_dim)
+    k = k.reshape(*lead, m.num_k_heads, m.head_k_dim)
+    v = v.reshape(*lead, m.num_v_heads, m.head_v_dim)
+    g, beta = gdn_gates(a, b, m.A_log, m.dt_bias, layout)
+    o, state = gated_delta_rule(q, k, v, g, beta, layout, initial_state=initial_state, chunked=chunked, l2norm=True,
+                                threads=threads)
+    o = m.norm(o, z)
+    out = m.out_proj(o.reshape(*lead, m.value_dim))
+    # pad rows are exactly 0 (the norm and projections of zero rows need not give exact zeros)
+    return torch.where(keep, out, torch.zeros((), dtype=out.dtype)), state, conv_state, conv_in
+
+
 # the two projection layouts of transformers' GDN layers: Qwen3-Next fuses q, k, v, z (and b, a)
 # into one projection whose columns are grouped per key head; Qwen3.5 (dense and MoE) projects q|k|v
 # (already in the conv's channel order), z, b and a separately
@@ -379,25 +428,6 @@ class GatedDeltaNet(torch.nn.Module):
                    text.linear_key_head_dim, text.linear_value_head_dim, text.linear_conv_kernel_dim,
                    text.rms_norm_eps, **kwargs)
 
-    def _project(self, hidden: torch.Tensor):
-        """hidden [.., hidden] -> mixed [.., conv_dim] (q | k | v, the conv's channel order),
-        z [.., HV, dv], b and a [.., HV]."""
-        lead = hidden.shape[:-1]
-        if self.projections == "qwen3_5":
-            z = self.in_proj_z(hidden).reshape(*lead, self.num_v_heads, self.head_v_dim)
-            return self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden)
-        # transformers' Qwen3-Next ordering: per key head, [q (dk) | k (dk) | v (G*dv) | z (G*dv)]
-        # and [b (G) | a (G)]
-        G = self.num_v_heads // self.num_k_heads
-        qkvz = self.in_proj_qkvz(hidden).view(*lead, self.num_k_heads, 2 * self.head_k_dim + 2 * G * self.head_v_dim)
-        ba = self.in_proj_ba(hidden).view(*lead, self.num_k_heads, 2 * G)
-        q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, G * self.head_v_dim, G * self.head_v_dim],
-                                 dim=-1)
-        b, a = torch.split(ba, [G, G], dim=-1)
-        mixed = torch.cat((q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)), dim=-1)
-        z = z.reshape(*lead, self.num_v_heads, self.head_v_dim)
-        return mixed, z, b.reshape(*lead, self.num_v_heads), a.reshape(*lead, self.num_v_heads)
-
     def forward(self, hidden_states: torch.Tensor, layout: Any, initial_state: Optional[torch.Tensor] = None,
                 conv_prefix: Optional[torch.Tensor] = None, return_states: bool = False,
                 threads: Optional[int] = None):
@@ -405,26 +435,83 @@ class GatedDeltaNet(torch.nn.Module):
         shape, pad rows 0. ``initial_state`` ``[segments, HV, dk, dv]`` and ``conv_prefix``
         ``[segments, conv_dim, kernel-1]`` continue earlier pieces of the sequences (cache / CP);
         with ``return_states`` the result is ``(out, final_state, conv_state)``."""
-        lead = hidden_states.shape[:-1]
-        # the projections are torch GEMMs over every row: select (never multiply) the real rows so
-        # a NaN in the padding reaches neither the outputs nor the weight gradients
-        keep = torch.as_tensor(layout.mask2d("bool")).reshape(*lead, 1)
-        zero = torch.zeros((), dtype=hidden_states.dtype)
-        hidden_states = torch.where(keep, hidden_states, zero)
-        mixed, z, b, a = self._project(hidden_states)
-        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight, layout, "silu", prefix=conv_prefix,
-                                          threads=threads)
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(*lead, self.num_k_heads, self.head_k_dim)
-        k = k.reshape(*lead, self.num_k_heads, self.head_k_dim)
-        v = v.reshape(*lead, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias, layout)
-        o, state = gated_delta_rule(q, k, v, g, beta, layout, initial_state=initial_state, chunked=self.chunked,
-                                    l2norm=True, threads=threads)
-        o = self.norm(o, z)
-        out = self.out_proj(o.reshape(*lead, self.value_dim))
-        # pad rows are exactly 0 (the norm and projections of zero rows need not give exact zeros)
-        out = torch.where(keep, out, torch.zeros((), dtype=out.dtype))
+        out, state, conv_state, _ = _layer_forward(self, self.projections, hidden_states, layout, initial_state,
+                                                   conv_prefix, self.chunked, threads)
         if return_states:
             return out, state, conv_state
         return out
+
+
+# ---- transformers' own layers through maskpack -------------------------------------------------------
+
+_HF_GDN_LAYERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+
+
+def _patched_forward(mod: torch.nn.Module, hidden_states: torch.Tensor, cache_params: Any = None,
+                     attention_mask: Optional[torch.Tensor] = None, *, projections: str, threads: Optional[int],
+                     **kwargs: Any) -> torch.Tensor:
+    """transformers' call of a GDN layer -> maskpack's layer with that layer's parameters. The
+    segments come from what the call carries: flash-attention's ``cu_seq_lens_q`` (a packed row
+    [1, T, hidden]), else the 2D keep mask, else whole rows."""
+    layer_idx = getattr(mod, "layer_idx", None)
+    if cache_params is not None and cache_params.has_previous_state(layer_idx):
+        # a decode step or a continuation: transformers' own path reads and updates its cache
+        return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                 **kwargs)
+    from ._layout import Layout
+
+    B, S = hidden_states.shape[:2]
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        if B != 1:
+            raise Error(f"cu_seq_lens_q: a packed batch is one row [1, T, hidden], found {B} rows",
+                        "MASKPACK_ERR_SHAPE", argument="cu_seq_lens_q")
+        layout = Layout.from_cu_seqlens(torch.as_tensor(cu).cpu(), form="te", total=S)
+        # a packed row holds several sequences: it is no batch to continue, so the cache (which
+        # transformers' training forward creates by default) gets no entry for this layer
+        return _layer_forward(mod, projections, hidden_states[0], layout, None, None, True, threads)[0].unsqueeze(0)
+    if attention_mask is not None and attention_mask.dim() == 2:
+        layout = Layout.from_mask2d(attention_mask, convention="keep")
+    else:
+        layout = Layout.from_lengths([S] * B, placement="right", capacity=S)
+    out, state, _, conv_in = _layer_forward(mod, projections, hidden_states, layout, None, None, True, threads)
+    if cache_params is not None:
+        # a prefill: the entries transformers' own prefill writes, so generation continues from
+        # them: the conv's last `kernel` inputs per row (as transformers keeps them) and the final
+        # recurrent state per row (rows without a token keep zeros)
+        cache_params.update_conv_state(conv_in.transpose(1, 2), layer_idx, conv_kernel_size=mod.conv_kernel_size)
+        per_row = state.new_zeros((B, *state.shape[1:]))
+        per_row[[seg[0] for seg in layout.segments]] = state
+        cache_params.update_recurrent_state(per_row, layer_idx)
+    return out
+
+
+def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None) -> int:
+    """Routes the Gated DeltaNet layers of a transformers Qwen3-Next / Qwen3.5 model (any module of
+    class Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or Qwen3_5MoeGatedDeltaNet) through
+    maskpack, in place; returns how many layers it set. ``enabled=False`` gives them back their
+    own forward (and returns how many it gave back).
+
+    Each patched layer keeps its parameters (the optimizer, state dict and checkpoints see no
+    change) and runs per sequence: a packed row with flash-attention's ``cu_seq_lens_q`` (as
+    DataCollatorWithFlattening(return_flash_attn_kwargs=True) gives it) no longer mixes its
+    sequences in the conv or the recurrence, and a padded batch never reads its padding. Calls that
+    carry a cache (generation) still take transformers' own path."""
+    n = 0
+    for mod in model.modules():
+        if type(mod).__name__ not in _HF_GDN_LAYERS:
+            continue
+        if not enabled:
+            if "forward" in mod.__dict__:  # the instance attribute set below shadows the class's
+                del mod.forward
+                n += 1
+            continue
+        act = getattr(mod, "activation", "silu")
+        if act not in ("silu", "swish"):
+            raise Error(f"hidden_act: the conv activation must be silu, found {act!r}", "MASKPACK_ERR_UNSUPPORTED",
+                        argument="hidden_act")
+        projections = "qwen3_next" if hasattr(mod, "in_proj_qkvz") else "qwen3_5"
+        mod.forward = types.MethodType(functools.partial(_patched_forward, projections=projections, threads=threads),
+                                       mod)
+        n += 1
+    return n

@@ -636,6 +636,90 @@ def test_layer_from_config_picks_the_projection_layout_and_refuses_what_it_canno
     assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "hidden_act"
 
 
+# ---- transformers' own layers and models, patched --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_patched_transformers_layer_keeps_packed_sequences_apart(isa, kind):
+    """patch_linear_attention: transformers' layer, called as a padding-free trainer calls it (one
+    packed row with cu_seq_lens_q), gives its own padded result per sequence, gradients included;
+    padded calls (NaN in the padding) match too; enabled=False restores its own forward."""
+    cfg, theirs, _ = tiny_layers(kind)
+    lengths = [70, 9, 130]
+    width, T = 130, sum(lengths)
+    hidden = torch.randn(T, cfg.hidden_size)
+    R = torch.randn(T, cfg.hidden_size)
+    mask = torch.as_tensor(maskpack.Layout.from_lengths(lengths, placement="right", capacity=width).mask2d("bool"))
+    # reference: transformers' own layer on the padded batch with its 2D mask (right padding)
+    hp = packed_to_padded(hidden, lengths, width, fill=0.0).requires_grad_(True)
+    ref = padded_rows(theirs(hp, attention_mask=mask.long()), lengths)
+    (ref * R).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in theirs.named_parameters()}
+    theirs.zero_grad(set_to_none=True)
+    assert maskpack.patch_linear_attention(theirs) == 1
+    cu = torch.tensor([0, 70, 79, 209], dtype=torch.int32)
+    hl = hidden[None].clone().requires_grad_(True)
+    out = theirs(hl, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    assert out.shape == (1, T, cfg.hidden_size)
+    assert relerr(out[0].detach(), ref.detach()) < 1e-4
+    (out[0] * R).sum().backward()
+    for n, p in theirs.named_parameters():
+        assert relerr(p.grad, ref_grads[n]) < 1e-3, n
+    assert relerr(hl.grad[0], padded_rows(hp.grad, lengths)) < 1e-3
+    with torch.no_grad():
+        out_pad = theirs(packed_to_padded(hidden, lengths, width), attention_mask=mask.long())  # NaN pads
+    assert torch.equal(out_pad[~mask], torch.zeros_like(out_pad[~mask]))
+    assert relerr(padded_rows(out_pad, lengths), ref.detach()) < 1e-4
+    with pytest.raises(maskpack.Error) as e:
+        theirs(hidden[None].expand(2, T, -1), cu_seq_lens_q=cu)
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "cu_seq_lens_q"
+    assert maskpack.patch_linear_attention(theirs, enabled=False) == 1 and "forward" not in theirs.__dict__
+    with torch.no_grad():
+        again = padded_rows(theirs(packed_to_padded(hidden, lengths, width, fill=0.0), attention_mask=mask.long()),
+                            lengths)
+    assert torch.equal(again, ref.detach())  # transformers' own forward again, bit for bit
+
+
+def test_patched_transformers_model_packed_equals_padded_and_generation_is_unchanged(isa):
+    """A whole (tiny) Qwen3.5 causal LM: after patching, the padding-free batch (one packed row,
+    position ids and cu_seq_lens) gives the logits of the padded batch; a prefill through maskpack
+    leaves transformers' cache as its own prefill would, so greedy generation is unchanged."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+
+    torch.manual_seed(5)
+    cfg = Qwen3_5TextConfig(**_TINY)
+    cfg._attn_implementation = "sdpa"
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    lengths, width = [7, 3, 12], 12
+    ids = [torch.randint(0, cfg.vocab_size, (n,)) for n in lengths]
+    pad = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(pad)
+    for i, x in enumerate(ids):
+        pad[i, :len(x)], mask[i, :len(x)] = x, 1
+    flat = torch.cat(ids)[None]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, 7, 10, 22], dtype=torch.int32)
+    packed_kw = dict(position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=12, max_length_k=12,
+                     use_cache=False)
+    left = torch.zeros(2, 7, dtype=torch.long)
+    lmask = torch.zeros_like(left)
+    left[0], lmask[0] = ids[0], 1
+    left[1, 4:], lmask[1, 4:] = ids[1], 1
+    gen_kw = dict(attention_mask=lmask, max_new_tokens=5, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = padded_rows(model(pad, attention_mask=mask, use_cache=False).logits, lengths)
+        gen_ref = model.generate(left, **gen_kw)
+        assert maskpack.patch_linear_attention(model) == 3  # three of every four layers
+        assert relerr(model(flat, **packed_kw).logits[0], ref) < 1e-5
+        assert relerr(padded_rows(model(pad, attention_mask=mask, use_cache=False).logits, lengths), ref) < 1e-5
+        gen = model.generate(left, **gen_kw)
+    assert torch.equal(gen.sequences, gen_ref.sequences)
+    for a, b in zip(gen.scores, gen_ref.scores):
+        assert relerr(a, b) < 1e-5
+
+
 # ---- bad input --------------------------------------------------------------------------------------
 
 
