@@ -72,6 +72,29 @@ class Batch:
                   for r in range(self.cp)]
         return relayout(list(parts), shards, self.source_layout, pad_value=pad_value)
 
+    def hf_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments for a transformers model's forward (``model(**bundle.hf_kwargs())``),
+        one rank (cp = 1: transformers models do no context parallelism). Padded: input_ids and
+        position_ids ``[B, S]`` and the 2D keep mask, whatever the backend (transformers builds its
+        attention masks from it, and its Gated DeltaNet / Mamba layers need exactly that 2D mask: a
+        4D one reaches them as no mask at all). Padding-free: one packed row ``[1, T]`` with
+        flash-attention's ``cu_seq_lens_q/k`` and ``max_length_q/k`` (which the flash kernels and
+        maskpack-patched GDN layers read; sdpa/eager separate the sequences by the restarting
+        position ids) and ``use_cache=False`` (with a cache transformers stops detecting packed
+        sequences). Labels are left out: pass ``shift_labels`` and ``loss_weights`` to the loss."""
+        if self.cp != 1:
+            raise Error(f"cp: transformers models run no context parallelism; hf_kwargs needs cp = 1, found {self.cp}",
+                        "MASKPACK_ERR_UNSUPPORTED", argument="cp")
+        if not self.padding_free:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids,
+                    "attention_mask": self.layout.mask2d("int64")}
+        import torch
+
+        cu = torch.as_tensor(self.cu_seqlens).to(torch.int32)
+        return {"input_ids": self.input_ids[None], "position_ids": self.position_ids[None], "cu_seq_lens_q": cu,
+                "cu_seq_lens_k": cu, "max_length_q": int(self.max_seqlen), "max_length_k": int(self.max_seqlen),
+                "use_cache": False}
+
 
 def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_form: str, position_rule: str,
                    rule: Dict[str, Any]) -> Layout:

@@ -140,3 +140,49 @@ def test_inputs_other_than_a_2d_mask():
         maskpack.prepare_batch({"input_ids": torch.arange(5)[None]}, backend="npu")  # no head_dim: scale 1.0 trap
     with pytest.raises(maskpack.Error):
         maskpack.prepare_batch({"input_ids": torch.arange(5)[None]}, cp=2, cp_rank=2)
+
+
+def test_hf_kwargs_train_a_transformers_model_padded_and_padding_free_alike():
+    """The bundle's hf_kwargs() run a (tiny, maskpack-patched) transformers Qwen3.5 causal LM:
+    padded and padding-free give the logits of transformers' own padded run, and the loss from
+    shift_labels and loss_weights is transformers' own loss from the labels."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+
+    torch.manual_seed(11)
+    cfg = Qwen3_5TextConfig(hidden_size=48, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=4,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
+                            vocab_size=64, rms_norm_eps=1e-6)
+    cfg._attn_implementation = "sdpa"
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    lengths, S = [9, 4, 13], 15
+    mask = torch.zeros(len(lengths), S, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+    ids = torch.randint(1, cfg.vocab_size, mask.shape) * mask
+    labels = torch.where(mask == 1, ids, torch.full_like(ids, -100))
+    labels[:, :2] = -100
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    keep = mask.bool()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, labels=labels, use_cache=False)
+        assert maskpack.patch_linear_attention(model) == 3
+        for padding_free in (False, True):
+            bundle = maskpack.prepare_batch(batch, backend="sdpa", padding_free=padding_free)
+            kw = bundle.hf_kwargs()
+            assert ("cu_seq_lens_q" in kw) == padding_free and kw["input_ids"].dim() == 2
+            logits = model(**kw).logits
+            flat = logits[0] if padding_free else logits
+            back = bundle.to_padded(flat)
+            assert back.shape == ref.logits.shape
+            err = (back[keep] - ref.logits[keep]).abs().max() / ref.logits[keep].abs().max()
+            assert err < 1e-5, (padding_free, err)
+            per_token = torch.nn.functional.cross_entropy(flat.reshape(-1, flat.shape[-1]),
+                                                          bundle.shift_labels.reshape(-1), ignore_index=-100,
+                                                          reduction="none")
+            loss = (per_token * bundle.loss_weights.reshape(-1)).sum()
+            assert abs(loss.item() - ref.loss.item()) < 1e-5 * abs(ref.loss.item()), (padding_free, loss, ref.loss)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch(batch, backend="sdpa", padding_free=True, cp=2, cp_rank=0).hf_kwargs()
+    assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "cp"
