@@ -176,6 +176,11 @@ maskpack_status mpio_png_write_layout(const char *path, const maskpack_layout *l
 
 /* ---- helpers shared by the readers (io_common.c) ---------------------------------------------------- */
 
+/* A parser of a whole in-memory file into an array set (mpio_parse_any, mpio_npz_parse, ...). */
+typedef maskpack_status (*mpio_set_parser)(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err);
+/* (path, parser) -> *out: the file read (at most MPIO_MAX_BYTES) and parsed, messages prefixed with
+ * the path; *out is zeroed first, so it is empty on failure. */
+maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arrayset *out, maskpack_error *err);
 /* Prefixes err->message with "<path>: " after a failed parse of a file (keeps the status). */
 maskpack_status mpio_prefix_path(maskpack_error *err, maskpack_status status, const char *path);
 /* Prefixes err->message (if err) with `prefix`, truncating the result to the message size. */

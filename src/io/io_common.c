@@ -217,7 +217,7 @@ maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, 
     }
 }
 
-maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err) {
+maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arrayset *out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     uint8_t *buf = NULL;
@@ -225,9 +225,13 @@ maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_err
     /* an archive may hold several arrays of up to MPIO_MAX_BYTES each, but the file itself is capped */
     maskpack_status s = mpio_read_file(path, MPIO_MAX_BYTES, &buf, &len, err);
     if (s) return s;
-    s = mpio_parse_any(buf, len, out, err);
+    s = parse(buf, len, out, err);
     free(buf);
     return mpio_prefix_path(err, s, path);
+}
+
+maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err) {
+    return mpio_load_set(path, mpio_parse_any, out, err);
 }
 
 const char *mpio_npy_descr(maskpack_dtype d) {

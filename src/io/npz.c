@@ -518,15 +518,7 @@ maskpack_status mpio_npz_parse_member(const void *buf, size_t len, const char *n
 }
 
 maskpack_status mpio_npz_load(const char *path, mpio_arrayset *out, maskpack_error *err) {
-    MP_CHECK_NULL(err, out, "out");
-    memset(out, 0, sizeof *out);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    maskpack_status s = mpio_read_file(path, MPIO_MAX_BYTES, &buf, &len, err);
-    if (s) return s;
-    s = mpio_npz_parse(buf, len, out, err);
-    free(buf);
-    return mpio_prefix_path(err, s, path);
+    return mpio_load_set(path, mpio_npz_parse, out, err);
 }
 
 /* ---- writer ---------------------------------------------------------------------------------------- */

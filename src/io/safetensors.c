@@ -258,15 +258,7 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
 }
 
 maskpack_status mpio_safetensors_load(const char *path, mpio_arrayset *out, maskpack_error *err) {
-    MP_CHECK_NULL(err, out, "out");
-    memset(out, 0, sizeof *out);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    maskpack_status s = mpio_read_file(path, MPIO_MAX_BYTES, &buf, &len, err);
-    if (s) return s;
-    s = mpio_safetensors_parse(buf, len, out, err);
-    free(buf);
-    return mpio_prefix_path(err, s, path);
+    return mpio_load_set(path, mpio_safetensors_parse, out, err);
 }
 
 static const char *st_name(maskpack_dtype d) {
