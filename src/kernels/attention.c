@@ -383,6 +383,25 @@ static int overlaps(const maskpack_tensor *x, const maskpack_tensor *y) {
 }
 
 /* Outputs must not overlap each other or any input. */
+/* (caller's workspace and size, bytes needed) -> *workspace usable: the caller's when it is large
+ * enough, or (NULL and 0 given) a fresh allocation, also returned in *owned for the caller to free. */
+static maskpack_status take_workspace(void **workspace, size_t workspace_bytes, size_t need, void **owned,
+                                      maskpack_error *err) {
+    if (*workspace == NULL && workspace_bytes == 0) {
+        *owned = *workspace = malloc(need);
+        if (!*owned)
+            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
+        return MASKPACK_OK;
+    }
+    if (!*workspace)
+        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
+                       "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
+    if (workspace_bytes < need)
+        return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
+                       "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
+    return MASKPACK_OK;
+}
+
 static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const char *const *out_names, int n_out,
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
                                       maskpack_error *err) {
@@ -701,17 +720,7 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
     size_t need = 0;
     if ((s = fwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if (workspace == NULL && workspace_bytes == 0) {
-        owned = workspace = malloc(need);
-        if (!owned) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
-    } else {
-        if (!workspace)
-            return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
-                           "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
-        if (workspace_bytes < need)
-            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                           "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
-    }
+    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
     /* everything validated: from here on outputs are written */
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
     int32_t bq = (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) ? ATTN_AMX_BQ : ATTN_BQ;
@@ -799,17 +808,7 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     size_t need = 0;
     if ((s = bwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if (workspace == NULL && workspace_bytes == 0) {
-        owned = workspace = malloc(need);
-        if (!owned) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
-    } else {
-        if (!workspace)
-            return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
-                           "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
-        if (workspace_bytes < need)
-            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                           "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
-    }
+    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
     /* everything validated: from here on outputs are written */
     const maskpack_layout *L = layout;
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
