@@ -51,15 +51,12 @@ void cli_print_inspect_usage(FILE *f) {
             "exit status: 0 no problems, 1 problems found or a file unreadable, 2 bad usage\n");
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static int usage_error(const char *fmt, ...) {
+int cli_usage_error(const char *command, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "maskpack inspect: ");
+    fprintf(stderr, "maskpack %s: ", command);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'maskpack inspect --help')\n");
+    fprintf(stderr, "\n(see 'maskpack %s --help')\n", command);
     va_end(ap);
     return CLI_EXIT_USAGE;
 }
@@ -146,7 +143,7 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (arg[0] != '-' || arg[1] == 0) {
-            if (o->file) return usage_error("more than one FILE given ('%s' and '%s')", o->file, arg);
+            if (o->file) return cli_usage_error("inspect", "more than one FILE given ('%s' and '%s')", o->file, arg);
             o->file = arg;
             continue;
         }
@@ -159,7 +156,7 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
         const char *value = NULL;
         const char *eq = strchr(arg, '=');
         size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (flen >= sizeof flag) return usage_error("unknown option '%s'", arg);
+        if (flen >= sizeof flag) return cli_usage_error("inspect", "unknown option '%s'", arg);
         memcpy(flag, arg, flen);
         flag[flen] = 0;
         if (eq) value = eq + 1;
@@ -171,55 +168,55 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
         else if (strcmp(flag, "--deflate") == 0) o->deflate = 1;
         else is_switch = 0;
         if (is_switch) {
-            if (value) return usage_error("option '%s' takes no value", flag);
+            if (value) return cli_usage_error("inspect", "option '%s' takes no value", flag);
             continue;
         }
         static const char *const with_value[] = {
             "--as", "--mask-convention", "--cu-form", "--position-rule", "--window", "--alignment", "--total",
             "--emit", "--out", "--emit-convention", "--emit-dtype", "--emit-fill", "--index-dtype", "--block",
             "--npu-layout", "--head-dim", "--scale", "--png", "--png-rows", "--png-zoom", NULL};
-        if (pick(flag, with_value) < 0) return usage_error("unknown option '%s'", arg);
+        if (pick(flag, with_value) < 0) return cli_usage_error("inspect", "unknown option '%s'", arg);
         if (!value) {
-            if (i + 1 >= argc) return usage_error("option '%s' needs a value", flag);
+            if (i + 1 >= argc) return cli_usage_error("inspect", "option '%s' needs a value", flag);
             value = argv[++i];
         }
         int k;
         int64_t x;
         if (strcmp(flag, "--as") == 0) {
             if (pick(value, as_names) < 0)
-                return usage_error("--as: expected attention_mask|position_ids|cu_seqlens|mask4d, found '%s'", value);
+                return cli_usage_error("inspect", "--as: expected attention_mask|position_ids|cu_seqlens|mask4d, found '%s'", value);
             o->as = value;
         } else if (strcmp(flag, "--mask-convention") == 0) {
             if ((k = pick(value, convs)) < 0)
-                return usage_error("--mask-convention: expected keep|doc_id|masked|additive, found '%s'", value);
+                return cli_usage_error("inspect", "--mask-convention: expected keep|doc_id|masked|additive, found '%s'", value);
             o->mask_conv = (cli_mask_conv)k;
         } else if (strcmp(flag, "--cu-form") == 0) {
-            if ((k = pick(value, forms)) < 0) return usage_error("--cu-form: expected te|npu, found '%s'", value);
+            if ((k = pick(value, forms)) < 0) return cli_usage_error("inspect", "--cu-form: expected te|npu, found '%s'", value);
             o->cu_form = k;
         } else if (strcmp(flag, "--position-rule") == 0) {
             if ((k = pick(value, rules)) < 0)
-                return usage_error("--position-rule: expected reset|step, found '%s'", value);
+                return cli_usage_error("inspect", "--position-rule: expected reset|step, found '%s'", value);
             o->position_rule = k;
         } else if (strcmp(flag, "--window") == 0) {
             char buf[64];
             snprintf(buf, sizeof buf, "%s", value);
             char *comma = strchr(buf, ',');
-            if (!comma) return usage_error("--window: expected L,R (e.g. 128,0 or -1,-1), found '%s'", value);
+            if (!comma) return cli_usage_error("inspect", "--window: expected L,R (e.g. 128,0 or -1,-1), found '%s'", value);
             *comma = 0;
             if (!parse_i64(buf, &o->window_left) || !parse_i64(comma + 1, &o->window_right) || o->window_left < -1 ||
                 o->window_right < -1)
-                return usage_error("--window: expected two integers >= -1, found '%s'", value);
+                return cli_usage_error("inspect", "--window: expected two integers >= -1, found '%s'", value);
             o->have_window = 1;
         } else if (strcmp(flag, "--alignment") == 0) {
             if ((k = pick(value, aligns)) < 0)
-                return usage_error("--alignment: expected top_left|bottom_right, found '%s'", value);
+                return cli_usage_error("inspect", "--alignment: expected top_left|bottom_right, found '%s'", value);
             o->alignment = k;
         } else if (strcmp(flag, "--total") == 0) {
             if (!parse_i64(value, &o->total) || o->total < 0)
-                return usage_error("--total: expected an integer >= 0, found '%s'", value);
+                return cli_usage_error("inspect", "--total: expected an integer >= 0, found '%s'", value);
         } else if (strcmp(flag, "--emit") == 0) {
             if (!parse_emit(value, &o->emit))
-                return usage_error("--emit: expected a comma list of mask2d, mask4d, cu_seqlens, cu_seqlens_npu, "
+                return cli_usage_error("inspect", "--emit: expected a comma list of mask2d, mask4d, cu_seqlens, cu_seqlens_npu, "
                                    "cu_seqlens_padded, seqlens, position_ids, segment_ids, valid_indices, "
                                    "last_token_index, block_mask, npu or all; found '%s'",
                                    value);
@@ -227,51 +224,51 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
             o->out = value;
         } else if (strcmp(flag, "--emit-convention") == 0) {
             if ((k = pick(value, convs)) < 0 || k == CLI_CONV_DOC_ID)
-                return usage_error("--emit-convention: expected keep|masked|additive, found '%s'", value);
+                return cli_usage_error("inspect", "--emit-convention: expected keep|masked|additive, found '%s'", value);
             o->emit_conv = (cli_mask_conv)k;
         } else if (strcmp(flag, "--emit-dtype") == 0) {
             if ((o->emit_dtype = parse_dtype(value)) < 0)
-                return usage_error("--emit-dtype: expected a dtype name (bool, uint8, int32, float32, ...), found "
+                return cli_usage_error("inspect", "--emit-dtype: expected a dtype name (bool, uint8, int32, float32, ...), found "
                                    "'%s'",
                                    value);
         } else if (strcmp(flag, "--emit-fill") == 0) {
             if ((k = pick(value, fills)) < 0)
-                return usage_error("--emit-fill: expected neg_inf|dtype_min, found '%s'", value);
+                return cli_usage_error("inspect", "--emit-fill: expected neg_inf|dtype_min, found '%s'", value);
             o->emit_fill = k == 0 ? MASKPACK_FILL_NEG_INF : MASKPACK_FILL_DTYPE_MIN;
         } else if (strcmp(flag, "--index-dtype") == 0) {
             k = parse_dtype(value);
             if (k != MASKPACK_I32 && k != MASKPACK_I64)
-                return usage_error("--index-dtype: expected int32|int64, found '%s'", value);
+                return cli_usage_error("inspect", "--index-dtype: expected int32|int64, found '%s'", value);
             o->index_dtype = k;
         } else if (strcmp(flag, "--block") == 0) {
             if (!parse_i64(value, &o->block) || o->block < 1)
-                return usage_error("--block: expected an integer >= 1, found '%s'", value);
+                return cli_usage_error("inspect", "--block: expected an integer >= 1, found '%s'", value);
         } else if (strcmp(flag, "--npu-layout") == 0) {
             if ((k = pick(value, npu_layouts)) < 0)
-                return usage_error("--npu-layout: expected TND|BSND|BNSD|BSH|SBH, found '%s'", value);
+                return cli_usage_error("inspect", "--npu-layout: expected TND|BSND|BNSD|BSH|SBH, found '%s'", value);
             o->npu_layout = k;
         } else if (strcmp(flag, "--head-dim") == 0) {
             if (!parse_i64(value, &o->head_dim) || o->head_dim < 1)
-                return usage_error("--head-dim: expected an integer >= 1, found '%s'", value);
+                return cli_usage_error("inspect", "--head-dim: expected an integer >= 1, found '%s'", value);
         } else if (strcmp(flag, "--scale") == 0) {
             char *end = NULL;
             o->scale = strtod(value, &end);
             if (end == value || *end || !(o->scale > 0) || !isfinite(o->scale))
-                return usage_error("--scale: expected a finite number > 0, found '%s'", value);
+                return cli_usage_error("inspect", "--scale: expected a finite number > 0, found '%s'", value);
         } else if (strcmp(flag, "--png") == 0) {
             o->png = value;
         } else if (strcmp(flag, "--png-rows") == 0) {
             if (!parse_rows(value, o))
-                return usage_error("--png-rows: expected a comma list of up to 64 row indices, found '%s'", value);
+                return cli_usage_error("inspect", "--png-rows: expected a comma list of up to 64 row indices, found '%s'", value);
         } else if (strcmp(flag, "--png-zoom") == 0) {
             if (!parse_i64(value, &x) || x < 1 || x > 32)
-                return usage_error("--png-zoom: expected an integer in [1, 32], found '%s'", value);
+                return cli_usage_error("inspect", "--png-zoom: expected an integer in [1, 32], found '%s'", value);
             o->png_zoom = (int)x;
         }
     }
-    if (o->emit && !o->out) return usage_error("--emit needs --out FILE.npz");
-    if (o->out && !o->emit) return usage_error("--out needs --emit a,b,...");
+    if (o->emit && !o->out) return cli_usage_error("inspect", "--emit needs --out FILE.npz");
+    if (o->out && !o->emit) return cli_usage_error("inspect", "--out needs --emit a,b,...");
     if (o->emit_dtype >= 0 && !(o->emit & (1u << EMIT_MASK4D)))
-        return usage_error("--emit-dtype applies to --emit mask4d only");
+        return cli_usage_error("inspect", "--emit-dtype applies to --emit mask4d only");
     return 0;
 }

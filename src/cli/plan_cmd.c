@@ -8,12 +8,13 @@
  * .npy magic; otherwise each line is JSON when it starts with '[' or '{', else an integer. */
 #include "plan_cmd.h"
 
+#include "cli.h"
+
 #include "io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,18 +60,6 @@ static void usage(FILE *f) {
             "exit status: 0 ok, 1 unreadable input or a sequence that does not fit, 2 bad usage\n");
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static int usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "maskpack plan: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'maskpack plan --help')\n");
-    va_end(ap);
-    return EXIT_USAGE_;
-}
 
 static int parse_i64(const char *v, int64_t *out) {
     char *end = NULL;
@@ -316,7 +305,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             return -1;
         }
         if (arg[0] != '-' || arg[1] == 0) {
-            if (a->file) return usage_error("one lengths file expected, found '%s' and '%s'", a->file, arg);
+            if (a->file) return cli_usage_error("plan", "one lengths file expected, found '%s' and '%s'", a->file, arg);
             a->file = arg;
             continue;
         }
@@ -332,92 +321,92 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         const char *eq = strchr(arg, '=');
         if (eq) {
             size_t k = (size_t)(eq - arg);
-            if (k >= sizeof name) return usage_error("unknown option '%s'", arg);
+            if (k >= sizeof name) return cli_usage_error("plan", "unknown option '%s'", arg);
             memcpy(name, arg, k);
             name[k] = 0;
             val = eq + 1;
         } else {
-            if (strlen(arg) >= sizeof name) return usage_error("unknown option '%s'", arg);
+            if (strlen(arg) >= sizeof name) return cli_usage_error("plan", "unknown option '%s'", arg);
             strcpy(name, arg);
-            if (i + 1 >= argc) return usage_error("%s needs a value", arg);
+            if (i + 1 >= argc) return cli_usage_error("plan", "%s needs a value", arg);
             val = argv[++i];
         }
         int64_t x;
         int k;
         if (!strcmp(name, "--capacity")) {
-            if (!parse_i64(val, &x) || x < 1) return usage_error("--capacity: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--capacity: expected an integer >= 1, found '%s'", val);
             a->o.capacity = x;
             a->have_capacity = 1;
         } else if (!strcmp(name, "--dp")) {
-            if (!parse_i64(val, &x) || x < 1) return usage_error("--dp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--dp: expected an integer >= 1, found '%s'", val);
             a->o.dp = x;
         } else if (!strcmp(name, "--micro-batches")) {
             if (!parse_i64(val, &x) || x < 1)
-                return usage_error("--micro-batches: expected an integer >= 1, found '%s'", val);
+                return cli_usage_error("plan", "--micro-batches: expected an integer >= 1, found '%s'", val);
             a->o.micro_batches = x;
         } else if (!strcmp(name, "--cp")) {
-            if (!parse_i64(val, &x) || x < 1) return usage_error("--cp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--cp: expected an integer >= 1, found '%s'", val);
             a->o.cp = x;
         } else if (!strcmp(name, "--tp")) {
-            if (!parse_i64(val, &x) || x < 1) return usage_error("--tp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--tp: expected an integer >= 1, found '%s'", val);
             a->o.tp = x;
         } else if (!strcmp(name, "--multiple")) {
             if (!parse_i64(val, &x) || x < 1)
-                return usage_error("--multiple: expected an integer >= 1, found '%s'", val);
+                return cli_usage_error("plan", "--multiple: expected an integer >= 1, found '%s'", val);
             a->o.multiple = x;
         } else if (!strcmp(name, "--align")) {
-            if ((k = pick(val, aligns)) < 0) return usage_error("--align: expected verl or minimal, found '%s'", val);
+            if ((k = pick(val, aligns)) < 0) return cli_usage_error("plan", "--align: expected verl or minimal, found '%s'", val);
             a->o.align = k == 0 ? MASKPACK_CP_ALIGN_VERL : MASKPACK_CP_ALIGN_MINIMAL;
         } else if (!strcmp(name, "--objective")) {
             if ((k = pick(val, objectives)) < 0)
-                return usage_error("--objective: expected tokens or attention, found '%s'", val);
+                return cli_usage_error("plan", "--objective: expected tokens or attention, found '%s'", val);
             a->o.objective = (maskpack_plan_objective)k;
         } else if (!strcmp(name, "--attention-a")) {
             char *end = NULL;
             double d = strtod(val, &end);
             if (end == val || *end || !(d > 0) || !isfinite(d))
-                return usage_error("--attention-a: expected a number > 0, found '%s'", val);
+                return cli_usage_error("plan", "--attention-a: expected a number > 0, found '%s'", val);
             a->o.attention_a = d;
         } else if (!strcmp(name, "--model")) {
             char buf[256];
-            if (strlen(val) >= sizeof buf) return usage_error("--model: value too long");
+            if (strlen(val) >= sizeof buf) return cli_usage_error("plan", "--model: value too long");
             strcpy(buf, val);
             int n = 0;
             for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 if (n >= 6 || !parse_i64(tok, &x) || x < 0)
-                    return usage_error("--model: expected H[,I[,Q[,KV[,GATED[,CAUSAL]]]]] non-negative integers, "
+                    return cli_usage_error("plan", "--model: expected H[,I[,Q[,KV[,GATED[,CAUSAL]]]]] non-negative integers, "
                                        "found '%s'",
                                        val);
                 a->model[n++] = x;
             }
-            if (n == 0) return usage_error("--model: expected at least the hidden size");
+            if (n == 0) return cli_usage_error("plan", "--model: expected at least the hidden size");
             a->have_model = 1;
         } else if (!strcmp(name, "--algorithm")) {
             if ((k = pick(val, algorithms)) < 0)
-                return usage_error("--algorithm: expected bfd, ffd or nextfit, found '%s'", val);
+                return cli_usage_error("plan", "--algorithm: expected bfd, ffd or nextfit, found '%s'", val);
             a->o.algorithm = (maskpack_plan_algorithm)k;
         } else if (!strcmp(name, "--seed")) {
             uint64_t u;
-            if (!parse_u64(val, &u)) return usage_error("--seed: expected an integer >= 0, found '%s'", val);
+            if (!parse_u64(val, &u)) return cli_usage_error("plan", "--seed: expected an integer >= 0, found '%s'", val);
             a->o.seed = u;
         } else if (!strcmp(name, "--row-width")) {
             if ((k = pick(val, widths)) < 0)
-                return usage_error("--row-width: expected capacity or used, found '%s'", val);
+                return cli_usage_error("plan", "--row-width: expected capacity or used, found '%s'", val);
             a->o.row_width = (maskpack_plan_width)k;
         } else if (!strcmp(name, "--json-out")) {
             a->json_out = val;
         } else if (!strcmp(name, "--png")) {
             a->png = val;
         } else if (!strcmp(name, "--png-rows")) {
-            if (!parse_i64(val, &x) || x < 1) return usage_error("--png-rows: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--png-rows: expected an integer >= 1, found '%s'", val);
             a->png_rows = x;
         } else {
-            return usage_error("unknown option '%s'", name);
+            return cli_usage_error("plan", "unknown option '%s'", name);
         }
     }
-    if (!a->file) return usage_error("a lengths file is required");
-    if (!a->have_capacity) return usage_error("--capacity is required");
-    if (a->have_model && a->o.attention_a > 0) return usage_error("--model and --attention-a exclude each other");
+    if (!a->file) return cli_usage_error("plan", "a lengths file is required");
+    if (!a->have_capacity) return cli_usage_error("plan", "--capacity is required");
+    if (a->have_model && a->o.attention_a > 0) return cli_usage_error("plan", "--model and --attention-a exclude each other");
     return 0;
 }
 
@@ -611,7 +600,7 @@ int maskpack_cli_plan(int argc, char **argv) {
         int64_t *m = a.model;
         if (maskpack_plan_attention_coefficient(m[0], m[1], m[2], m[3], (int)(m[4] != 0), (int)(m[5] != 0),
                                                 &a.o.attention_a, &e))
-            return usage_error("--model: %s", e.message);
+            return cli_usage_error("plan", "--model: %s", e.message);
     }
 
     /* read */
