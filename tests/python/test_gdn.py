@@ -680,17 +680,23 @@ def test_patched_transformers_layer_keeps_packed_sequences_apart(isa, kind):
     assert torch.equal(again, ref.detach())  # transformers' own forward again, bit for bit
 
 
-def test_patched_transformers_model_packed_equals_padded_and_generation_is_unchanged(isa):
-    """A whole (tiny) Qwen3.5 causal LM: after patching, the padding-free batch (one packed row,
-    position ids and cu_seq_lens) gives the logits of the padded batch; a prefill through maskpack
-    leaves transformers' cache as its own prefill would, so greedy generation is unchanged."""
-    from transformers import Qwen3_5TextConfig
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
-
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_patched_transformers_model_packed_equals_padded_and_generation_is_unchanged(isa, kind):
+    """A whole (tiny) Qwen3.5 or Qwen3-Next causal LM: after patching, the padding-free batch (one
+    packed row, position ids and cu_seq_lens) gives the logits of the padded batch; a prefill
+    through maskpack leaves transformers' cache as its own prefill would, so greedy generation is
+    unchanged."""
     torch.manual_seed(5)
-    cfg = Qwen3_5TextConfig(**_TINY)
+    if kind == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM as LM
+        cfg = Qwen3_5TextConfig(**_TINY)
+    else:
+        LM = hf.Qwen3NextForCausalLM
+        cfg = Qwen3NextConfig(**_TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16)
     cfg._attn_implementation = "sdpa"
-    model = Qwen3_5ForCausalLM(cfg).eval()
+    model = LM(cfg).eval()
     lengths, width = [7, 3, 12], 12
     ids = [torch.randint(0, cfg.vocab_size, (n,)) for n in lengths]
     pad = torch.zeros(len(lengths), width, dtype=torch.long)
