@@ -7,12 +7,20 @@
 
 #include <math.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(MASKPACK_EMULATE_AVX512_GDN)
+/* a test build: this file's code on any CPU, every intrinsic carried out by SIMDe's portable
+ * AVX-512 (../simde_avx512.h); the library itself never defines this */
+#define GDN_HAVE_AVX512_BUILD 1
+#define GDN_AVX512_EMULATED 1
+#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GDN_HAVE_AVX512_BUILD 1
 #endif
 
 #ifdef GDN_HAVE_AVX512_BUILD
 
+#ifdef GDN_AVX512_EMULATED
+#include "../simde_avx512.h"
+#else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c"))), \
                              apply_to = function)
@@ -20,8 +28,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c")
 #endif
-
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <string.h>
 
@@ -386,7 +394,9 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
 #define k_inv_lower avx_inv_lower
 #include "gdn_kernel.inc"
 
+#ifndef GDN_AVX512_EMULATED
 #include "../target_pop.h"
+#endif
 
 #else /* no AVX-512 build on this compiler/architecture: the dispatcher never selects it */
 
