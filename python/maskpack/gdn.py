@@ -15,9 +15,7 @@ layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (`
 
 from __future__ import annotations
 
-import functools
 import math
-import types
 from typing import Any, Optional, Tuple
 
 import torch
@@ -486,6 +484,19 @@ def _patched_forward(mod: torch.nn.Module, hidden_states: torch.Tensor, cache_pa
     return out
 
 
+class _PatchedForward:
+    """A patched layer's forward: an object rather than a bound partial, so that a patched model
+    still deep-copies (the copy's forward calls the copy) and pickles (torch.save of the model)."""
+
+    def __init__(self, module: torch.nn.Module, projections: str, threads: Optional[int]) -> None:
+        self.module, self.projections, self.threads = module, projections, threads
+
+    def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None,
+                 attention_mask: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+        return _patched_forward(self.module, hidden_states, cache_params, attention_mask,
+                                projections=self.projections, threads=self.threads, **kwargs)
+
+
 def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None) -> int:
     """Routes the Gated DeltaNet layers of a transformers Qwen3-Next / Qwen3.5 model (any module of
     class Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or Qwen3_5MoeGatedDeltaNet) through
@@ -511,7 +522,6 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
             raise Error(f"hidden_act: the conv activation must be silu, found {act!r}", "MASKPACK_ERR_UNSUPPORTED",
                         argument="hidden_act")
         projections = "qwen3_next" if hasattr(mod, "in_proj_qkvz") else "qwen3_5"
-        mod.forward = types.MethodType(functools.partial(_patched_forward, projections=projections, threads=threads),
-                                       mod)
+        mod.forward = _PatchedForward(mod, projections, threads)
         n += 1
     return n

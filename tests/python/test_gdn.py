@@ -11,7 +11,9 @@ The tests marked with the ``isa`` fixture run once per kernel this CPU has (ref,
 MASKPACK_ISA forces each), the others under the default choice.
 """
 
+import copy
 import importlib.util
+import io
 import math
 import os
 
@@ -673,6 +675,16 @@ def test_patched_transformers_layer_keeps_packed_sequences_apart(isa, kind):
     with pytest.raises(maskpack.Error) as e:
         theirs(hidden[None].expand(2, T, -1), cu_seq_lens_q=cu)
     assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "cu_seq_lens_q"
+    # a patched layer deep-copies (the copy runs itself) and survives torch.save / torch.load
+    twin = copy.deepcopy(theirs)
+    buf = io.BytesIO()
+    torch.save(theirs, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        twin.out_proj.weight.mul_(2.0)  # the copy's own parameters, not the original's
+        assert relerr(twin(hidden[None], cu_seq_lens_q=cu)[0], 2.0 * ref.detach()) < 1e-4
+        assert torch.equal(loaded(hidden[None], cu_seq_lens_q=cu), theirs(hidden[None], cu_seq_lens_q=cu))
     assert maskpack.patch_linear_attention(theirs, enabled=False) == 1 and "forward" not in theirs.__dict__
     with torch.no_grad():
         again = padded_rows(theirs(packed_to_padded(hidden, lengths, width, fill=0.0), attention_mask=mask.long()),
