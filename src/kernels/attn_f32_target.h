@@ -1,11 +1,14 @@
 /* attn_f32_target.h: opens the target region of the f32 vector attention kernels (attn_avx512.c,
  * attn_avx512_bwd.c) and the constants they share. With ATTN_AVX2_BUILD (set by attn_avx2*.c,
  * which include those files) the same kernel is compiled for AVX2 + FMA, the AVX-512 intrinsics
- * provided by attn_avx2_shim.h; without it, for AVX-512. Included once per file, after
+ * provided by attn_avx2_shim.h; without it, for AVX-512 (or, in the emulated test build,
+ * ATTN_F32_EMULATED, for none: SIMDe carries the intrinsics out). Included once per file, after
  * immintrin.h; the file closes the region with its own pop at the end. */
 #if defined(ATTN_AVX2_BUILD)
 #include "target_avx2.h"
 #include "attn_avx2_shim.h"
+#elif defined(ATTN_F32_EMULATED)
+/* a test build: no target region, the intrinsics are SIMDe's (the file included simde_avx512.h) */
 #else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)

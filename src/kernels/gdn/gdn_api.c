@@ -49,12 +49,7 @@ maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gd
     }
     /* a forced kernel the CPU lacks is an error, never a silent fallback */
     const unsigned cpu = mp_cpu_features(); /* the attention's checks: cpuid + the OS's saved state */
-#ifdef MASKPACK_EMULATE_AVX512_GDN
-    const int has512 = 1; /* a test build: the AVX-512 kernel runs emulated (gdn_avx512.c) on any CPU */
-#else
-    const int has512 = (cpu & MP_CPU_AVX512) != 0;
-#endif
-    const int has2 = (cpu & MP_CPU_AVX2) != 0;
+    const int has512 = (cpu & MP_CPU_AVX512) != 0, has2 = (cpu & MP_CPU_AVX2) != 0;
     if (want == MASKPACK_GDN_ISA_AVX512 && !has512)
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
                        "isa: AVX-512 kernels requested but this CPU (or build) lacks AVX-512F/DQ/VL/BW");

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#if defined(MASKPACK_EMULATE_AVX512_GDN)
+#if defined(MASKPACK_EMULATE_AVX512)
 /* a test build: this file's code on any CPU, every intrinsic carried out by SIMDe's portable
  * AVX-512 (../simde_avx512.h); the library itself never defines this */
 #define GDN_HAVE_AVX512_BUILD 1
