@@ -445,47 +445,8 @@ class GatedDeltaNet(torch.nn.Module):
 _HF_GDN_LAYERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 
 
-def _patched_forward(mod: torch.nn.Module, hidden_states: torch.Tensor, cache_params: Any = None,
-                     attention_mask: Optional[torch.Tensor] = None, *, projections: str, threads: Optional[int],
-                     **kwargs: Any) -> torch.Tensor:
-    """transformers' call of a GDN layer -> maskpack's layer with that layer's parameters. The
-    segments come from what the call carries: flash-attention's ``cu_seq_lens_q`` (a packed row
-    [1, T, hidden]), else the 2D keep mask, else whole rows."""
-    layer_idx = getattr(mod, "layer_idx", None)
-    if cache_params is not None and cache_params.has_previous_state(layer_idx):
-        # a decode step or a continuation: transformers' own path reads and updates its cache
-        return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
-                                 **kwargs)
-    from ._layout import Layout
-
-    B, S = hidden_states.shape[:2]
-    cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None:
-        if B != 1:
-            raise Error(f"cu_seq_lens_q: a packed batch is one row [1, T, hidden], found {B} rows",
-                        "MASKPACK_ERR_SHAPE", argument="cu_seq_lens_q")
-        layout = Layout.from_cu_seqlens(torch.as_tensor(cu).cpu(), form="te", total=S)
-        # a packed row holds several sequences: it is no batch to continue, so the cache (which
-        # transformers' training forward creates by default) gets no entry for this layer
-        return _layer_forward(mod, projections, hidden_states[0], layout, None, None, True, threads)[0].unsqueeze(0)
-    if attention_mask is not None and attention_mask.dim() == 2:
-        layout = Layout.from_mask2d(attention_mask, convention="keep")
-    else:
-        layout = Layout.from_lengths([S] * B, placement="right", capacity=S)
-    out, state, _, conv_in = _layer_forward(mod, projections, hidden_states, layout, None, None, True, threads)
-    if cache_params is not None:
-        # a prefill: the entries transformers' own prefill writes, so generation continues from
-        # them: the conv's last `kernel` inputs per row (as transformers keeps them) and the final
-        # recurrent state per row (rows without a token keep zeros)
-        cache_params.update_conv_state(conv_in.transpose(1, 2), layer_idx, conv_kernel_size=mod.conv_kernel_size)
-        per_row = state.new_zeros((B, *state.shape[1:]))
-        per_row[[seg[0] for seg in layout.segments]] = state
-        cache_params.update_recurrent_state(per_row, layer_idx)
-    return out
-
-
 class _PatchedForward:
-    """A patched layer's forward: an object rather than a bound partial, so that a patched model
+    """A patched layer's forward: an object rather than a bound function, so that a patched model
     still deep-copies (the copy's forward calls the copy) and pickles (torch.save of the model)."""
 
     def __init__(self, module: torch.nn.Module, projections: str, threads: Optional[int]) -> None:
@@ -493,8 +454,43 @@ class _PatchedForward:
 
     def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None,
                  attention_mask: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
-        return _patched_forward(self.module, hidden_states, cache_params, attention_mask,
-                                projections=self.projections, threads=self.threads, **kwargs)
+        """transformers' call of a GDN layer -> maskpack's layer with that layer's parameters. The
+        segments come from what the call carries: flash-attention's ``cu_seq_lens_q`` (a packed row
+        [1, T, hidden]), else the 2D keep mask, else whole rows."""
+        mod = self.module
+        layer_idx = getattr(mod, "layer_idx", None)
+        if cache_params is not None and cache_params.has_previous_state(layer_idx):
+            # a decode step or a continuation: transformers' own path reads and updates its cache
+            return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
+                                     **kwargs)
+        from ._layout import Layout
+
+        B, S = hidden_states.shape[:2]
+        cu = kwargs.get("cu_seq_lens_q")
+        if cu is not None:
+            if B != 1:
+                raise Error(f"cu_seq_lens_q: a packed batch is one row [1, T, hidden], found {B} rows",
+                            "MASKPACK_ERR_SHAPE", argument="cu_seq_lens_q")
+            layout = Layout.from_cu_seqlens(torch.as_tensor(cu).cpu(), form="te", total=S)
+            # a packed row holds several sequences: it is no batch to continue, so the cache (which
+            # transformers' training forward creates by default) gets no entry for this layer
+            out = _layer_forward(mod, self.projections, hidden_states[0], layout, None, None, True, self.threads)[0]
+            return out.unsqueeze(0)
+        if attention_mask is not None and attention_mask.dim() == 2:
+            layout = Layout.from_mask2d(attention_mask, convention="keep")
+        else:
+            layout = Layout.from_lengths([S] * B, placement="right", capacity=S)
+        out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states, layout, None, None, True,
+                                                self.threads)
+        if cache_params is not None:
+            # a prefill: the entries transformers' own prefill writes, so generation continues from
+            # them: the conv's last `kernel` inputs per row (as transformers keeps them) and the final
+            # recurrent state per row (rows without a token keep zeros)
+            cache_params.update_conv_state(conv_in.transpose(1, 2), layer_idx, conv_kernel_size=mod.conv_kernel_size)
+            per_row = state.new_zeros((B, *state.shape[1:]))
+            per_row[[seg[0] for seg in layout.segments]] = state
+            cache_params.update_recurrent_state(per_row, layer_idx)
+        return out
 
 
 def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None) -> int:

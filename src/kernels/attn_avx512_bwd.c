@@ -20,14 +20,6 @@
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#if defined(MASKPACK_EMULATE_AVX512) && !defined(ATTN_AVX2_BUILD)
-/* a test build: the AVX-512 code on any CPU through SIMDe's portable AVX-512 (simde_avx512.h) */
-#define ATTN_F32_EMULATED 1
-#include "simde_avx512.h"
-#else
-#include <immintrin.h>
-#endif
-
 #include "attn_f32_target.h" /* the AVX-512 or (ATTN_AVX2_BUILD) AVX2 target region, BQ, BK */
 
 #include "attn_avx512_common.h"
