@@ -410,6 +410,14 @@ MASKPACK_API maskpack_status maskpack_relayout_plan_create(const maskpack_layout
                                                            const maskpack_layout *dst,
                                                            maskpack_relayout_plan **out, maskpack_error *err);
 MASKPACK_API void maskpack_relayout_plan_free(maskpack_relayout_plan *plan);
+/* (plan, source < n_src) -> the adjoint plan of source `source`: one source, dst's grid, into that source's
+ * grid. Each token the plan copied from that source receives the dst token it was copied to; every other
+ * token of the source's grid (its padding, and tokens dst does not hold, as in a CP shard) is a fill
+ * (pad_value at execution; zero bytes for a gradient). Executing it on the gradient of dst is the exact
+ * transpose of the move (the move is injective), and an adjoint is itself a plan, so its adjoint is the
+ * move again up to the fills. The reverse of a gather is n_src adjoint plans, one per part. */
+MASKPACK_API maskpack_status maskpack_relayout_plan_adjoint(const maskpack_relayout_plan *plan, size_t source,
+                                                            maskpack_relayout_plan **out, maskpack_error *err);
 /* (plan) -> the number of copy runs (contiguous token ranges) it executes. */
 MASKPACK_API size_t maskpack_relayout_plan_runs(const maskpack_relayout_plan *plan);
 

@@ -1211,6 +1211,26 @@ static PyObject *py_plan_create(PyObject *m, PyObject *args) {
     return cap;
 }
 
+/* (plan capsule, source index) -> the adjoint plan capsule (dst -> that source's grid, fills elsewhere) */
+static PyObject *py_plan_adjoint(PyObject *m, PyObject *args) {
+    PyObject *plan;
+    Py_ssize_t src;
+    if (!PyArg_ParseTuple(args, "On", &plan, &src)) return NULL;
+    maskpack_relayout_plan *P = PyCapsule_GetPointer(plan, PLAN_CAPSULE);
+    if (!P) return NULL;
+    if (src < 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_adjoint: source must be >= 0");
+        return NULL;
+    }
+    maskpack_relayout_plan *A = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_relayout_plan_adjoint(P, (size_t)src, &A, &err);
+    if (s) return raise_status(m, s, &err);
+    PyObject *cap = PyCapsule_New(A, PLAN_CAPSULE, plan_capsule_free);
+    if (!cap) maskpack_relayout_plan_free(A);
+    return cap;
+}
+
 /* (plan capsule, xs: tuple of descriptors, out descriptor, pad: bytes | None, team capsule | None)
  * -> None. The GIL is released for the copy; the caller keeps the tensors alive. */
 static PyObject *py_plan_execute(PyObject *m, PyObject *args) {
@@ -1505,6 +1525,7 @@ static PyMethodDef methods[] = {
     {"workers_create", py_workers_create, METH_VARARGS, "(n_threads) -> worker team capsule"},
     {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan capsule"},
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
+    {"plan_adjoint", py_plan_adjoint, METH_VARARGS, "(plan, source) -> the adjoint plan capsule"},
     {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, torch.utils.dlpack.to_dlpack) -> None"},
     {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},

@@ -677,3 +677,59 @@ maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_lay
     maskpack_relayout_plan_free(P);
     return s;
 }
+
+/* ---- adjoint ------------------------------------------------------------------------------------- */
+
+static int cmp_run_dst(const void *a, const void *b) {
+    const run *x = a, *y = b;
+    return x->dst_tok < y->dst_tok ? -1 : x->dst_tok > y->dst_tok;
+}
+
+maskpack_status maskpack_relayout_plan_adjoint(const maskpack_relayout_plan *P, size_t source,
+                                               maskpack_relayout_plan **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, P, "plan");
+    MP_CHECK_NULL(err, out, "out");
+    if (source >= P->n_src)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "source", (int64_t)source, -1,
+                       "source: expected < %zu (the plan's sources), found %zu", P->n_src, source);
+    const grid g = P->src[source]; /* the adjoint writes this grid */
+    size_t k = 0;
+    for (size_t r = 0; r < P->n_copy; r++) k += P->runs[r].src == (int64_t)source;
+    /* fills: the gaps between the k copies, split at row ends: at most k + rows of them */
+    size_t rows = g.rows > 0 ? (size_t)g.rows : 0, cap;
+    if (__builtin_add_overflow(k, k, &cap) || __builtin_add_overflow(cap, rows + 1, &cap) ||
+        cap > SIZE_MAX / sizeof(run))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "plan", -1, -1, "plan: adjoint run count overflows");
+    maskpack_relayout_plan *A = calloc(1, sizeof *A);
+    if (A) A->src = malloc(sizeof *A->src);
+    if (A) A->runs = malloc(cap * sizeof *A->runs);
+    if (!A || !A->src || !A->runs) {
+        maskpack_relayout_plan_free(A);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    }
+    A->n_src = 1;
+    A->src[0] = P->dst;
+    A->dst = g;
+    size_t n = 0;
+    for (size_t r = 0; r < P->n_copy; r++)
+        if (P->runs[r].src == (int64_t)source)
+            A->runs[n++] = (run){0, P->runs[r].dst_tok, P->runs[r].src_tok, P->runs[r].len};
+    /* a copy run never crosses a row of either grid (it lies inside one segment of each), so the
+     * swapped runs are valid runs of the adjoint; sorted by their new destination for the gaps */
+    qsort(A->runs, n, sizeof *A->runs, cmp_run_dst);
+    A->n_copy = n;
+    int64_t at = 0, end = g.rows * g.width;
+    for (size_t r = 0; r <= A->n_copy; r++) {
+        int64_t next = r < A->n_copy ? A->runs[r].dst_tok : end;
+        while (at < next) { /* the gap [at, next), one fill per row it touches */
+            int64_t row_end = (at / g.width + 1) * g.width;
+            int64_t stop = next < row_end ? next : row_end;
+            A->runs[n++] = (run){-1, 0, at, stop - at};
+            at = stop;
+        }
+        if (r < A->n_copy) at = A->runs[r].dst_tok + A->runs[r].len;
+    }
+    A->n_fill = n - A->n_copy;
+    *out = A;
+    return mp_ok(err);
+}

@@ -449,9 +449,126 @@ static void test_workers(void) {
     maskpack_workers_free(w);
 }
 
+
+/* <P x, y> for f64 tensors of int values: exact. x: the sources' grids concatenated. */
+static double dot(const double *a, const double *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Executes plan P (sources srcs[n_src]) on random integer x and each adjoint plan on random y:
+ * <P x, y> == sum_s <x_s, A_s y> holds exactly for the true transpose, and with random x it fails
+ * whenever A_s writes a nonzero into a token the move does not read (padding, tokens outside a
+ * shard). Also: the adjoint of an adjoint reproduces the move on every token the move writes. */
+static void check_adjoint(const maskpack_layout *const *srcs, size_t n_src, const maskpack_layout *dst) {
+    maskpack_error e;
+    maskpack_relayout_plan *P = NULL;
+    CHECK_OK(maskpack_relayout_plan_create(srcs, n_src, dst, &P, &e), e);
+    if (!P) return;
+    int64_t nd = maskpack_layout_n_rows(dst) * maskpack_layout_q_width(dst), ns[8], total = 0;
+    for (size_t s = 0; s < n_src; s++) total += ns[s] = maskpack_layout_n_rows(srcs[s]) * maskpack_layout_q_width(srcs[s]);
+    double *x = malloc(sizeof(double) * (size_t)(total + 1)), *y = malloc(sizeof(double) * (size_t)(nd + 1));
+    double *px = malloc(sizeof(double) * (size_t)(nd + 1)), *ay = malloc(sizeof(double) * (size_t)(total + 1));
+    double *aax = malloc(sizeof(double) * (size_t)(nd + 1));
+    for (int64_t i = 0; i < total; i++) x[i] = (double)rnd_in(-50, 50);
+    for (int64_t i = 0; i < nd; i++) y[i] = (double)rnd_in(-50, 50);
+    maskpack_tensor xt[8], yt, pxt, ayt[8], aaxt;
+    const maskpack_tensor *xp[8];
+    for (size_t s = 0, off = 0; s < n_src; off += (size_t)ns[s], s++) {
+        xt[s] = maskpack_tensor_contiguous(x + off, MASKPACK_F64, 1, &ns[s]);
+        ayt[s] = maskpack_tensor_contiguous(ay + off, MASKPACK_F64, 1, &ns[s]);
+        xp[s] = &xt[s];
+        if (!maskpack_layout_is_packed(srcs[s])) { /* a padded source: [rows, width] */
+            int64_t sh[2] = {maskpack_layout_n_rows(srcs[s]), maskpack_layout_q_width(srcs[s])};
+            xt[s] = maskpack_tensor_contiguous(x + off, MASKPACK_F64, 2, sh);
+            ayt[s] = maskpack_tensor_contiguous(ay + off, MASKPACK_F64, 2, sh);
+        }
+    }
+    int64_t dsh[2] = {maskpack_layout_n_rows(dst), maskpack_layout_q_width(dst)};
+    int dpk = maskpack_layout_is_packed(dst);
+    yt = maskpack_tensor_contiguous(y, MASKPACK_F64, dpk ? 1 : 2, dpk ? &nd : dsh);
+    pxt = maskpack_tensor_contiguous(px, MASKPACK_F64, dpk ? 1 : 2, dpk ? &nd : dsh);
+    aaxt = maskpack_tensor_contiguous(aax, MASKPACK_F64, dpk ? 1 : 2, dpk ? &nd : dsh);
+    CHECK_OK(maskpack_relayout_execute(P, xp, &pxt, NULL, 1, &e), e);
+    double lhs = dot(px, y, nd), rhs = 0;
+    for (size_t s = 0; s < n_src; s++) {
+        maskpack_relayout_plan *A = NULL, *AA = NULL;
+        CHECK_OK(maskpack_relayout_plan_adjoint(P, s, &A, &e), e);
+        if (!A) continue;
+        const maskpack_tensor *yp[1] = {&yt};
+        double fill = 12345.0; /* fills must be exactly the tokens the move does not read */
+        CHECK_OK(maskpack_relayout_execute(A, yp, &ayt[s], &fill, 1, &e), e);
+        int64_t o = 0;
+        for (size_t q = 0; q < s; q++) o += ns[q];
+        for (int64_t i = 0; i < ns[s]; i++) {
+            if (ay[o + i] == fill) ay[o + i] = 0; /* a filled token: gradient zero */
+            rhs += x[o + i] * ay[o + i];
+        }
+        /* the adjoint's adjoint maps source s's tokens back to dst: equal to the move where s wrote */
+        CHECK_OK(maskpack_relayout_plan_adjoint(A, 0, &AA, &e), e);
+        if (AA && n_src == 1) {
+            CHECK_OK(maskpack_relayout_execute(AA, xp, &aaxt, NULL, 1, &e), e);
+            for (int64_t i = 0; i < nd; i++) CHECK(aax[i] == px[i]);
+        }
+        CHECK_STATUS(maskpack_relayout_plan_adjoint(P, n_src, &AA, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        maskpack_relayout_plan_free(A);
+        maskpack_relayout_plan_free(AA);
+    }
+    CHECK(lhs == rhs);
+    free(x), free(y), free(px), free(ay), free(aax);
+    maskpack_relayout_plan_free(P);
+}
+
+/* The adjoint of every move (pack, unpack, padded -> padded of another width and side, shard,
+ * padded -> shard, gather) is its transpose. */
+static void test_adjoint(void) {
+    for (int iter = 0; iter < 150; iter++) {
+        size_t n = (size_t)rnd_in(1, 6);
+        int64_t lens[16], width = 0;
+        for (size_t k = 0; k < n; k++) {
+            lens[k] = rnd_in(0, 13);
+            if (lens[k] > width) width = lens[k];
+        }
+        maskpack_error e;
+        maskpack_layout *Pd = padded_layout(lens, n, (int)rnd_in(0, 1), width + rnd_in(0, 3)), *Pk = NULL, *G = NULL,
+                        *Lp = NULL;
+        if (!Pd) continue;
+        CHECK_OK(maskpack_layout_packed_of(Pd, &Pk, &e), e);
+        CHECK_OK(maskpack_layout_padded_of(Pd, MASKPACK_PLACE_LEFT, width + 2, &Lp, &e), e);
+        int64_t cp = (int64_t)1 << rnd_in(0, 2);
+        CHECK_OK(maskpack_layout_pad_to_multiple(Pk, 2 * cp, &G, &e), e);
+        if (!Pk || !G || !Lp) continue;
+        const maskpack_layout *one[1];
+        one[0] = Pd, check_adjoint(one, 1, Pk);  /* pack */
+        one[0] = Pk, check_adjoint(one, 1, Pd);  /* unpack */
+        one[0] = Pd, check_adjoint(one, 1, Lp);  /* right -> left padded, another width */
+        one[0] = Pd, check_adjoint(one, 1, G);   /* into a layout with padded slots */
+        maskpack_layout *parts[4] = {0};
+        for (int64_t r = 0; r < cp; r++) {
+            CHECK_OK(maskpack_layout_cp_shard(G, cp, r, r % 2 ? MASKPACK_CP_CONTIGUOUS : MASKPACK_CP_ZIGZAG, &parts[r], &e), e);
+            if (!parts[r]) continue;
+            one[0] = G, check_adjoint(one, 1, parts[r]);  /* shard */
+            one[0] = Pd, check_adjoint(one, 1, parts[r]); /* padded -> a rank's shard */
+            one[0] = parts[r], check_adjoint(one, 1, parts[r]);
+        }
+        for (int64_t r = 0; r < cp; r++) maskpack_layout_free(parts[r]);
+        for (int64_t r = 0; r < cp; r++)
+            CHECK_OK(maskpack_layout_cp_shard(G, cp, r, MASKPACK_CP_ZIGZAG, &parts[r], &e), e);
+        check_adjoint((const maskpack_layout *const *)parts, (size_t)cp, G); /* gather */
+        check_adjoint((const maskpack_layout *const *)parts, (size_t)cp, Pd); /* gather into the padded batch */
+        for (int64_t r = 0; r < cp; r++) maskpack_layout_free(parts[r]);
+        maskpack_layout_free(Pd), maskpack_layout_free(Pk), maskpack_layout_free(G), maskpack_layout_free(Lp);
+    }
+    maskpack_error e;
+    maskpack_relayout_plan *A = NULL;
+    CHECK_STATUS(maskpack_relayout_plan_adjoint(NULL, 0, &A, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+}
+
 int main(void) {
     test_pack_unpack_roundtrip();
     test_shard_gather();
+    test_adjoint();
     test_threads_large();
     test_errors();
     test_workers();
