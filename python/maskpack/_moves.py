@@ -1,7 +1,19 @@
 """Moving per-token tensors between layouts: pack, unpack, context-parallel shard and gather, label
 shifting, loss weights and last tokens. Every move is one pass of the C copy-plan engine; a tensor is
 matched between layouts by (sequence, position), so any composition (padded -> a CP rank's shard of the
-packed layout) is a single call and nothing is ever truncated."""
+packed layout) is a single call and nothing is ever truncated.
+
+Two engines run a move. Host tensors (numpy, torch CPU) go through the C engine: one pass of copies
+split across a team of threads. Tensors on any other torch device (cuda, npu, xpu, mps, meta) go
+through torch's own indexing with index tensors derived from the same C plan (the plan moved over a
+token counter), kept per device on the plan, so the data never visits the host; ``engine="torch"``
+picks that path on the CPU too, and both agree bit for bit (a move only copies).
+
+Every move of a torch tensor that requires grad records autograd. A move is injective (a token of
+the destination comes from one source token; padding from none), so its adjoint is a move too: the
+destination's tokens go back to where they came from and every other source token (padding, tokens a
+CP shard does not hold) receives zero; the C library builds that plan (maskpack_relayout_plan_adjoint).
+The adjoint runs through the same autograd function, so double backward works."""
 
 from __future__ import annotations
 
@@ -108,23 +120,96 @@ def _cached(layout, key, make):
     return v
 
 
-def _plan(srcs: list, dst):
-    """The copy plan srcs -> dst, cached on the first source and keyed by the other layouts' ids; a
-    weak reference to each confirms it is still the same layout (an id can be reused after death)."""
+class _Move:
+    """One copy plan between layouts, as both engines run it: the C plan, the source and destination
+    token grids, the adjoint plans (per source) and, per torch device, the torch engine's index
+    tensors. Immutable; kept in the source layout's cache, so every move of a batch plans once."""
+
+    __slots__ = ("plan", "src_grids", "dst_grid", "_adjoints", "_index", "__weakref__")
+
+    def __init__(self, plan, src_grids: Tuple[Tuple[int, ...], ...], dst_grid: Tuple[int, ...]) -> None:
+        self.plan = plan
+        self.src_grids = src_grids
+        self.dst_grid = dst_grid
+        self._adjoints: dict = {}
+        self._index: dict = {}
+
+    @classmethod
+    def create(cls, srcs: list, dst) -> "_Move":
+        return cls(_maskpack.plan_create(tuple(x._h for x in srcs), dst._h),
+                   tuple(x._per_token_shape() for x in srcs), dst._per_token_shape())
+
+    def adjoint(self, s: int) -> "_Move":
+        """The transpose of this move for source ``s``: dst's grid -> source s's grid, zero elsewhere."""
+        a = self._adjoints.get(s)
+        if a is None:
+            a = self._adjoints[s] = _Move(_maskpack.plan_adjoint(self.plan, s), (self.dst_grid,), self.src_grids[s])
+        return a
+
+    def host_index(self) -> np.ndarray:
+        """int64 [dst tokens]: the flat index of each destination token in the concatenated sources'
+        tokens, -1 for padding. Computed by the C engine itself (the plan run over a counter), so
+        the torch engine follows the C engine by construction."""
+        idx = self._index.get("host")
+        if idx is None:
+            xs, descs, off = [], [], 0
+            for g in self.src_grids:
+                n = _numel(g)
+                a = np.arange(off, off + n, dtype=np.int64).reshape(g)
+                xs.append(a)
+                descs.append(describe(a, "x")[0])
+                off += n
+            idx = np.empty(self.dst_grid, dtype=np.int64)
+            od = describe_out(idx, "out")[0]
+            _maskpack.plan_execute(self.plan, tuple(descs), od, np.int64(-1).tobytes(), None)
+            idx = self._index["host"] = idx.reshape(-1)
+        return idx
+
+    def index(self, device):
+        """(per source: (dst positions, source positions)), fill positions, whole-gather index or None)
+        as int64 tensors on ``device``, derived once per device."""
+        key = str(device)
+        e = self._index.get(key)
+        if e is None:
+            import torch
+
+            flat = self.host_index()
+            pairs, off = [], 0
+            for g in self.src_grids:
+                n = _numel(g)
+                sel = np.nonzero((flat >= off) & (flat < off + n))[0]
+                pairs.append((torch.from_numpy(sel).to(device), torch.from_numpy(flat[sel] - off).to(device)))
+                off += n
+            fills = np.nonzero(flat < 0)[0]
+            # one source and no padding: the move is a single gather (flash-attn's index_first_axis)
+            whole = pairs[0][1] if len(self.src_grids) == 1 and fills.size == 0 else None
+            e = self._index[key] = (pairs, torch.from_numpy(fills).to(device), whole)
+        return e
+
+
+def _numel(shape: Tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _plan(srcs: list, dst) -> _Move:
+    """The move srcs -> dst, cached on the first source and keyed by the other layouts' ids; a weak
+    reference to each confirms it is still the same layout (an id can be reused after death)."""
     if len(srcs) == 1:  # the common case, without the generator below (a move takes microseconds)
         c = _cache_of(srcs[0])
         key = id(dst)
         entry = c.get(key)
         if entry is None or entry[0][0]() is not dst:
-            entry = c[key] = ([weakref.ref(dst)], _maskpack.plan_create((srcs[0]._h,), dst._h))
+            entry = c[key] = ([weakref.ref(dst)], _Move.create(srcs, dst))
         return entry[1]
     others = (dst, *srcs[1:])
     c = _cache_of(srcs[0])
     key = tuple(map(id, others))
     entry = c.get(key)
     if entry is None or any(r() is not o for r, o in zip(entry[0], others)):
-        entry = c[key] = ([weakref.ref(o) for o in others],
-                          _maskpack.plan_create(tuple(s._h for s in srcs), dst._h))
+        entry = c[key] = ([weakref.ref(o) for o in others], _Move.create(srcs, dst))
     return entry[1]
 
 
@@ -139,17 +224,133 @@ def _register_torch() -> None:
 
 _TORCH_REGISTERED: list = []
 _PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cache
+_ENGINES = ("c", "torch")
 
 
-def _fast_move(plan, x: Any, out: Any, pad_value: Any, threads: Optional[int]) -> bool:
+def _records(x: Any) -> bool:
+    """True when autograd would record a move of x (a torch tensor that requires grad)."""
+    if not is_torch_tensor(x) or not x.requires_grad:
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def _fast_move(move, x: Any, out: Any, pad_value: Any, threads: Optional[int]) -> bool:
     """The first try of a move whose plan is already cached, into a given ``out`` with zero padding:
-    the extension reads torch/numpy tensors itself. False: the caller takes the full path (which
-    also reports any error)."""
-    return (plan is not None and out is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0))
-            and _maskpack.move(plan, x, out, None, _team(threads)))
+    the extension reads host torch/numpy tensors itself. False: the caller takes the full path (which
+    also reports any error, a tensor that requires grad or one on another device included)."""
+    return (move is not None and out is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0))
+            and _maskpack.move(move.plan, x, out, None, _team(threads)))
 
 
-def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int]):
+def _device_of(t) -> Any:
+    return t.device
+
+
+def _pick_engine(xs: list, out: Any, engine: Optional[str]) -> str:
+    """The engine of a move: "c" for host memory, "torch" for any other torch device (or when asked).
+    Every tensor of one call is on one device; the C engine reads host memory only."""
+    if engine is not None and engine not in _ENGINES:
+        raise Error(f"engine: expected one of 'c', 'torch' or None, found {engine!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="engine")
+    dev, first = None, None
+    for i, xi in enumerate(xs):
+        if is_torch_tensor(xi):
+            if dev is None:
+                dev, first = xi.device, f"x[{i}]"
+            elif xi.device != dev:
+                raise Error(f"x[{i}]: expected a tensor on {dev} (as {first}), found one on {xi.device}",
+                            "MASKPACK_ERR_INVALID_ARGUMENT", argument=f"x[{i}]", index=(i,))
+    if out is not None and is_torch_tensor(out) and dev is not None and out.device != dev:
+        raise Error(f"out: expected a tensor on {dev} (as the input), found one on {out.device}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="out")
+    host = dev is None or dev.type == "cpu"
+    if engine == "c" and not host:
+        raise Error(f"engine: 'c' reads host memory, found tensors on {dev}; use engine='torch' (the default there)",
+                    "MASKPACK_ERR_UNSUPPORTED", argument="engine")
+    if engine is None:
+        engine = "c" if host else "torch"
+    return engine
+
+
+def _as_torch(x: Any, name: str):
+    import torch
+
+    if is_torch_tensor(x):
+        return x
+    d, keep, _ = describe(x, name)  # validates the type and dtype
+    return torch.as_tensor(keep[0] if isinstance(keep, tuple) else keep)
+
+
+def _check_grid(x, grid: Tuple[int, ...], name: str) -> None:
+    lead = len(grid)
+    if x.dim() < lead or tuple(x.shape[:lead]) != tuple(grid):
+        found = list(x.shape[:lead]) if x.dim() >= lead else list(x.shape)
+        raise Error(f"{name}: expected leading dimensions {list(grid)} (the layout's token grid), found {found} "
+                    f"(shape {list(x.shape)})", "MASKPACK_ERR_SHAPE", argument=name)
+
+
+def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
+    """The torch engine: the move as torch indexing on the tensors' own device (cuda, npu, xpu, mps,
+    meta or cpu). One index_select for a gather without padding (pack); else the padding is filled and
+    each source's tokens copied in with index_copy_ (unpack, shard, gather)."""
+    import torch
+
+    xs = [_as_torch(x, f"x[{i}]") for i, x in enumerate(xs)]
+    x0 = xs[0]
+    trailing = tuple(x0.shape[len(move.src_grids[0]):])
+    for i, (x, g) in enumerate(zip(xs, move.src_grids)):
+        _check_grid(x, g, f"x[{i}]")
+        if tuple(x.shape[len(g):]) != trailing:
+            raise Error(f"x[{i}]: expected per-token shape {list(trailing)} (as x[0]), found {list(x.shape[len(g):])}",
+                        "MASKPACK_ERR_SHAPE", argument=f"x[{i}]", index=(i,))
+        if x.dtype != x0.dtype:
+            raise Error(f"x[{i}]: expected dtype {x0.dtype} (as x[0]), found {x.dtype}", "MASKPACK_ERR_DTYPE",
+                        argument=f"x[{i}]", index=(i,))
+    shape = tuple(move.dst_grid) + trailing
+    if out is not None:
+        if not is_torch_tensor(out):
+            raise TypeError(f"out: expected a torch tensor on {x0.device}, found {type(out).__name__}")
+        if tuple(out.shape) != shape:
+            raise Error(f"out: expected shape {list(shape)}, found {list(out.shape)}", "MASKPACK_ERR_SHAPE",
+                        argument="out")
+        if out.dtype != x0.dtype:
+            raise Error(f"out: expected dtype {x0.dtype} (as x), found {out.dtype}", "MASKPACK_ERR_DTYPE",
+                        argument="out")
+    pairs, fills, whole = move.index(x0.device)
+    n_dst = _numel(move.dst_grid)
+    flats = [x.reshape((_numel(g),) + trailing) for x, g in zip(xs, move.src_grids)]
+    target = out
+    if out is not None and not out.is_contiguous():
+        target = None  # written through a contiguous result, then copied into out's strides
+    if whole is not None:
+        res = torch.index_select(flats[0], 0, whole)
+        if target is not None:
+            target.view((n_dst,) + trailing).copy_(res)
+            return out
+        res = res.view(shape)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    res = (target if target is not None else torch.empty(shape, dtype=x0.dtype, device=x0.device)).view(
+        (n_dst,) + trailing)
+    if fills.numel():
+        res.index_fill_(0, fills, 0 if pad_value is None else pad_value)
+    for flat, (dst_pos, src_pos) in zip(flats, pairs):
+        if dst_pos.numel():
+            res.index_copy_(0, dst_pos, flat.index_select(0, src_pos))
+    res = res.view(shape)
+    if out is not None and target is None:
+        out.copy_(res)
+        return out
+    return res
+
+
+def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int]):
+    """The C engine: host tensors (numpy, torch CPU), one pass of copies."""
+    plan = move.plan
     if len(xs) == 1 and out is not None:
         # fast path: the extension reads torch CPU tensors and numpy arrays itself
         x = xs[0]
@@ -169,11 +370,11 @@ def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Op
         descs.append(d)
         keep.append(k)
     if out is None:
-        lead = _token_lead(srcs[0])
+        lead = len(move.src_grids[0])
         if len(descs[0][2]) < lead:
             raise Error(f"x[0]: expected at least {lead} dimensions (the source's token grid), found "
                         f"{len(descs[0][2])}", "MASKPACK_ERR_SHAPE", argument="x")
-        out = _alloc_like(xs[0], dst._per_token_shape() + tuple(descs[0][2][lead:]))
+        out = _alloc_like(xs[0], tuple(move.dst_grid) + tuple(descs[0][2][lead:]))
     od, okeep, _ = describe_out(out, "out")
     pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[od[1]])
     _maskpack.plan_execute(plan, tuple(descs), od, pad, _team(threads))
@@ -181,17 +382,73 @@ def _move(plan, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Op
     return out
 
 
-def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Optional[int] = None):
+def _execute(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int], engine: str):
+    if engine == "torch":
+        return _run_torch(move, xs, out, pad_value)
+    return _run_c(move, srcs, dst, xs, out, pad_value, threads)
+
+
+_FUNCTION: list = []
+
+
+def _move_function():
+    """The torch.autograd.Function of a move, created on first use (``import maskpack`` needs no torch).
+    forward: the move; backward: each source's adjoint move of the gradient, through this same function
+    (so the backward is differentiable: double backward works)."""
+    if _FUNCTION:
+        return _FUNCTION[0]
+    import torch
+
+    class MoveFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, move, pad_value, threads, engine, *xs):
+            ctx.move, ctx.threads, ctx.engine = move, threads, engine
+            return _execute(move, None, None, [x.detach() for x in xs], None, pad_value, threads, engine)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if grad.dim() and not grad.is_contiguous():
+                grad = grad.contiguous()  # e.g. the expanded gradient of a sum(): stride 0 per token
+            grads = []
+            for s in range(len(ctx.move.src_grids)):
+                if ctx.needs_input_grad[4 + s]:
+                    grads.append(_apply(ctx.move.adjoint(s), None, None, [grad], None, 0, ctx.threads, ctx.engine))
+                else:
+                    grads.append(None)
+            return (None, None, None, None, *grads)
+
+    _FUNCTION.append(MoveFunction)
+    return MoveFunction
+
+
+def _apply(move: _Move, srcs, dst, xs: list, out: Any, pad_value: Any, threads: Optional[int],
+           engine: Optional[str]):
+    """Runs a move on the engine its tensors call for, recording autograd when an input requires grad."""
+    eng = _pick_engine(xs, out, engine)
+    if any(_records(x) for x in xs):
+        if out is not None:
+            raise Error("out: cannot be given while autograd records (an input requires grad): the move's "
+                        "output must be a new tensor of the graph; drop out= or call under torch.no_grad()",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="out")
+        return _move_function().apply(move, pad_value, threads, eng, *xs)
+    return _execute(move, srcs, dst, xs, out, pad_value, threads, eng)
+
+
+def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Optional[int] = None,
+             engine: Optional[str] = None):
     """Per-token tensor ``x`` of layout ``src`` ([B,S,...] or [T,...]) -> the same tokens in layout
     ``dst``; padding of dst gets ``pad_value``. ``src`` may also be a sequence of CP shard layouts with
-    ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given. The copy plan is
-    computed once per pair of layouts and kept on ``src``."""
+    ``x`` the matching sequence of parts (a gather). Writes into ``out`` when given (not while autograd
+    records). Differentiable (the gradient goes back to the source tokens, zero to the rest); runs on
+    the tensors' device (``engine``: None picks "c" for host memory, "torch" elsewhere). The copy plan
+    is computed once per pair of layouts and kept on ``src``."""
     if not isinstance(src, (list, tuple)):
         c = src._cache
         entry = c.get(id(dst)) if c is not None else None  # a plan made before by _plan
-        if entry is not None and entry[0][0]() is dst and _fast_move(entry[1], x, out, pad_value, threads):
+        if (engine is None and entry is not None and entry[0][0]() is dst
+                and _fast_move(entry[1], x, out, pad_value, threads)):
             return out
-        return _move(_plan([src], dst), [src], dst, [x], out, pad_value, threads)
+        return _apply(_plan([src], dst), [src], dst, [x], out, pad_value, threads, engine)
     srcs = list(src)
     xs = list(x)
     if len(xs) != len(srcs):
@@ -199,16 +456,17 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
                     "MASKPACK_ERR_SHAPE", argument="x")
     if not srcs:
         raise Error("src: expected at least one source layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="src")
-    return _move(_plan(srcs, dst), srcs, dst, xs, out, pad_value, threads)
+    return _apply(_plan(srcs, dst), srcs, dst, xs, out, pad_value, threads, engine)
 
 
 def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-              pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
+              pad_value: Any = 0, out: Any = None, threads: Optional[int] = None, engine: Optional[str] = None):
     """The per-rank parts of a per-token tensor (rank order, as ``layout.shard`` produced them) -> the
-    tensor in ``layout``. Every token of ``layout`` must be held by exactly one part."""
+    tensor in ``layout``. Every token of ``layout`` must be held by exactly one part. Differentiable:
+    the gradient of the whole goes back to each part as that rank's shard of it."""
     cp = len(parts)
     shards = [layout.cp_shard(cp, r, scheme=scheme, tp=tp, align=align) for r in range(cp)]
-    return relayout(list(parts), shards, layout, out=out, pad_value=pad_value, threads=threads)
+    return relayout(list(parts), shards, layout, out=out, pad_value=pad_value, threads=threads, engine=engine)
 
 
 class _Moves:
@@ -272,29 +530,34 @@ class _Moves:
     # of Python shows: their plans are kept under fixed keys (the packed layout lives in the same
     # cache, so no identity check is needed) and tried on the extension's fast path first.
 
-    def pack(self, x: Any, out: Any = None, threads: Optional[int] = None):
-        """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad)."""
+    def pack(self, x: Any, out: Any = None, threads: Optional[int] = None, engine: Optional[str] = None):
+        """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad).
+        Differentiable; any torch device (see :func:`relayout`)."""
         c = self._cache
-        if c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
+        if engine is None and c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
             return out
         dst = self.packed_of()
-        plan = _cached(self, _PACK_PLAN, lambda: _maskpack.plan_create((self._h,), dst._h))
-        return _move(plan, [self], dst, [x], out, 0, threads)
+        move = _cached(self, _PACK_PLAN, lambda: _Move.create([self], dst))
+        return _apply(move, [self], dst, [x], out, 0, threads, engine)
 
-    def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
-        """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``."""
+    def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None,
+               engine: Optional[str] = None):
+        """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``.
+        Differentiable (pad slots take no gradient); any torch device (see :func:`relayout`)."""
         c = self._cache
-        if c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
+        if engine is None and c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
             return out
         src = self.packed_of()
-        plan = _cached(self, _UNPACK_PLAN, lambda: _maskpack.plan_create((src._h,), self._h))
-        return _move(plan, [src], self, [x], out, pad_value, threads)
+        move = _cached(self, _UNPACK_PLAN, lambda: _Move.create([src], self))
+        return _apply(move, [src], self, [x], out, pad_value, threads, engine)
 
     def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
-              align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None):
-        """Per-token tensor of this layout -> CP rank ``cp_rank``'s part (shape of ``cp_shard(...)``)."""
+              align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None,
+              engine: Optional[str] = None):
+        """Per-token tensor of this layout -> CP rank ``cp_rank``'s part (shape of ``cp_shard(...)``).
+        Differentiable: the part's gradient lands in the whole's tokens, zero elsewhere."""
         return relayout(x, self, self.cp_shard(cp_size, cp_rank, scheme, tp, align), out=out, pad_value=pad_value,
-                        threads=threads)
+                        threads=threads, engine=engine)
 
     # ---- labels, losses, last tokens ----------------------------------------------------------
 
@@ -335,20 +598,33 @@ class _Moves:
 
     def gather_last_tokens(self, x: Any):
         """Per-token tensor [B,S,...] / [T,...] -> [N, ...]: each sequence's last real token (for reward
-        and value heads). Empty sequences give zeros."""
-        idx = self.last_token_index(dtype="int64")
+        and value heads). Empty sequences give zeros. Differentiable, on x's device (torch indexing
+        with an index kept on the layout per device)."""
         lead = _token_lead(self)
         if is_torch_tensor(x):
             import torch
 
+            _check_grid(x, self._per_token_shape(), "x")
+            key = ("last tokens", str(x.device))
+            idx, empty = _cached(self, key, lambda: self._last_token_index_on(x.device))
             flat = x.reshape((-1,) + tuple(x.shape[lead:]))
-            idx_t = torch.as_tensor(np.asarray(idx) if not is_torch_tensor(idx) else idx.numpy())
-            rows = flat[idx_t.clamp(min=0)]
-            rows[idx_t < 0] = 0
+            rows = flat.index_select(0, idx)
+            if empty is not None:
+                rows = rows.index_fill(0, empty, 0)
             return rows
         a = np.asarray(x)
         flat = a.reshape((-1,) + a.shape[lead:])
-        idx = np.asarray(idx)
+        idx = np.asarray(self.last_token_index(dtype="int64"))
         rows = flat[np.maximum(idx, 0)].copy()
         rows[idx < 0] = 0
         return rows
+
+    def _last_token_index_on(self, device):
+        import torch
+
+        idx = np.asarray(self.last_token_index(dtype="int64"))
+        if not isinstance(idx, np.ndarray):
+            idx = idx.numpy()
+        empty = np.nonzero(idx < 0)[0]
+        return (torch.from_numpy(np.maximum(idx, 0)).to(device),
+                torch.from_numpy(empty).to(device) if empty.size else None)
