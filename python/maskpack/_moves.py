@@ -241,7 +241,7 @@ def _fast_move(move, x: Any, out: Any, pad_value: Any, threads: Optional[int]) -
     the extension reads host torch/numpy tensors itself. False: the caller takes the full path (which
     also reports any error, a tensor that requires grad or one on another device included)."""
     return (move is not None and out is not None and (pad_value is None or (type(pad_value) is int and pad_value == 0))
-            and _maskpack.move(move.plan, x, out, None, _team(threads)))
+            and not _records(x) and _maskpack.move(move.plan, x, out, None, _team(threads)))
 
 
 def _device_of(t) -> Any:
@@ -342,8 +342,9 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
         if dst_pos.numel():
             res.index_copy_(0, dst_pos, flat.index_select(0, src_pos))
     res = res.view(shape)
-    if out is not None and target is None:
-        out.copy_(res)
+    if out is not None:
+        if target is None:
+            out.copy_(res)
         return out
     return res
 

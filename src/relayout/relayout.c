@@ -372,12 +372,14 @@ static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *
     if (s) return s;
     int32_t lead = g->packed ? 1 : 2;
     int ok = g->packed ? t->shape[0] == g->width : (t->shape[0] == g->rows && t->shape[1] == g->width);
+    if (!ok && g->packed)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                       "%s: expected leading dimension %lld (tokens of a packed layout), found %lld", name,
+                       (long long)g->width, (long long)t->shape[0]);
     if (!ok)
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       g->packed ? "%s: expected leading dimension %lld (tokens of a packed layout), found %lld"
-                                 : "%s: expected leading dimensions [%lld, %lld] (rows, columns), found [%lld, ...]",
-                       name, (long long)(g->packed ? g->width : g->rows), (long long)(g->packed ? t->shape[0] : g->width),
-                       (long long)t->shape[0]);
+                       "%s: expected leading dimensions [%lld, %lld] (rows, columns), found [%lld, %lld]", name,
+                       (long long)g->rows, (long long)g->width, (long long)t->shape[0], (long long)t->shape[1]);
     if (t->dtype != dtype)
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected dtype %s (as out), found %s", name,
                        maskpack_dtype_name(dtype), maskpack_dtype_name(t->dtype));
@@ -568,6 +570,12 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
     if (!out || (s = mp_check_tensor(out, "out", 1, MASKPACK_MAX_DIMS, err))) goto done;
     s = check_token_tensor(out, "out", &P->dst, out->dtype, &dv, &inner, err);
     if (s) goto done;
+    /* out's dtype follows the input's: a mismatch is out's fault, named as such */
+    if (P->n_src && x[0] && x[0]->dtype != out->dtype) {
+        s = mp_fail(err, MASKPACK_ERR_DTYPE, "out", -1, -1, "out: expected dtype %s (as x[0]), found %s",
+                    maskpack_dtype_name(x[0]->dtype), maskpack_dtype_name(out->dtype));
+        goto done;
+    }
     int32_t lead_out = P->dst.packed ? 1 : 2;
     uintptr_t olo, ohi;
     extent(out, &olo, &ohi);

@@ -349,7 +349,10 @@ def test_torch_fast_path_reads_dtypes_offsets_and_strides(dtype):
     assert not bool(back[~m].any())
     if dtype.is_floating_point:
         g = x.clone().requires_grad_(True)
-        assert torch.equal(lay.pack(g, out=torch.empty_like(want)), want)
+        with torch.no_grad():  # out= is for moves autograd does not record
+            assert torch.equal(lay.pack(g, out=torch.empty_like(want)), want)
+        with pytest.raises(maskpack.Error, match="autograd"):
+            lay.pack(g, out=torch.empty_like(want))
 
 
 def test_torch_fast_path_refuses_tensors_it_cannot_read():
