@@ -10,7 +10,7 @@ from . import _maskpack
 from . import _rule
 from ._errors import Error
 from ._moves import _Moves
-from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor
+from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor, placed as _placed
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
@@ -295,28 +295,34 @@ class Layout(_Moves):
         info = _maskpack.info(self._h)
         return (info[1],) if info[3] else (info[0], info[1])
 
-    def _fill(self, fn, shape, dtype, what="dtype"):
+    def _fill(self, fn, shape, dtype, what="dtype", device=None, pin_memory=False):
         obj, d = alloc(shape, dtype_name(dtype, what), self._torch)
         fn(self._h, d)
-        return obj
+        return _placed(obj, device, pin_memory)
 
-    def cu_seqlens(self, form: str = "te", kv: bool = False, dtype: Any = "int32"):
-        """TE form [0, e1, ..., eN] (N+1) or NPU form [e1, ..., eN] (N) cumulative real lengths."""
+    def cu_seqlens(self, form: str = "te", kv: bool = False, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
+        """TE form [0, e1, ..., eN] (N+1) or NPU form [e1, ..., eN] (N) cumulative real lengths.
+
+        Every derived output takes ``device=`` (a torch device: the result is a torch tensor there) and
+        ``pin_memory=True`` (page-locked host memory, copied with non_blocking=True when a device is
+        given too)."""
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
         n = self.n_segments + (1 if fcode == 0 else 0)
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
         _maskpack.cu_seqlens(self._h, fcode, bool(kv), d)
-        return obj
+        return _placed(obj, device, pin_memory)
 
-    def cu_seqlens_padded(self, dtype: Any = "int32"):
+    def cu_seqlens_padded(self, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
         """[N+1] TE cu_seqlens_padded: slot offsets in the flattened token grid."""
-        return self._fill(_maskpack.cu_seqlens_padded, (self.n_segments + 1,), dtype)
+        return self._fill(_maskpack.cu_seqlens_padded, (self.n_segments + 1,), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def mask2d(self, dtype: Any = "bool"):
+    def mask2d(self, dtype: Any = "bool", device: Any = None, pin_memory: bool = False):
         """Per-token keep mask ([B,S], or [T] when packed): True = real token."""
-        return self._fill(_maskpack.mask2d, self._per_token_shape(), dtype)
+        return self._fill(_maskpack.mask2d, self._per_token_shape(), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def mask4d(self, convention: str, dtype: Any = None, fill: Any = "-inf", heads: int = 1):
+    def mask4d(self, convention: str, dtype: Any = None, fill: Any = "-inf", heads: int = 1, device: Any = None, pin_memory: bool = False):
         """Dense [B, heads, S, Skv] mask. convention is required: "keep" (True = attend, torch SDPA),
         "masked" (True = excluded: Megatron/TE/Ascend) or "additive" (0 / fill; fill "-inf" or "min"
         = the dtype's most negative finite value as HF eager uses). Default dtype: bool, or float32
@@ -333,25 +339,30 @@ class Layout(_Moves):
         info = _maskpack.info(self._h)
         obj, d = alloc((info[0], nh, info[1], info[2]), dtype_name(dtype), self._torch)
         _maskpack.mask4d(self._h, code, fcode, d)
-        return obj
+        return _placed(obj, device, pin_memory)
 
-    def position_ids(self, dtype: Any = "int64"):
+    def position_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token positions 0, 1, 2, ... restarting at each segment (pads 0)."""
-        return self._fill(_maskpack.position_ids, self._per_token_shape(), dtype)
+        return self._fill(_maskpack.position_ids, self._per_token_shape(), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def segment_ids(self, dtype: Any = "int64"):
+    def segment_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token 1-based segment id (global order), 0 = pad."""
-        return self._fill(_maskpack.segment_ids, self._per_token_shape(), dtype)
+        return self._fill(_maskpack.segment_ids, self._per_token_shape(), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def valid_indices(self, dtype: Any = "int64"):
+    def valid_indices(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[V] flattened indices (b*S + s) of the real tokens (flash-attn unpad_input's indices)."""
-        return self._fill(_maskpack.valid_indices, (self.n_tokens,), dtype)
+        return self._fill(_maskpack.valid_indices, (self.n_tokens,), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def last_token_index(self, dtype: Any = "int64"):
+    def last_token_index(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[N] flattened index of each segment's last real token, -1 for an empty segment."""
-        return self._fill(_maskpack.last_token_index, (self.n_segments,), dtype)
+        return self._fill(_maskpack.last_token_index, (self.n_segments,), dtype,
+                          device=device, pin_memory=pin_memory)
 
-    def block_mask(self, block_q: int = 128, block_k: int = 128) -> Dict[str, Any]:
+    def block_mask(self, block_q: int = 128, block_k: int = 128, device: Any = None,
+                   pin_memory: bool = False) -> Dict[str, Any]:
         """FlexAttention BlockMask arrays, int32, shaped [B, 1, ...] (one broadcast head).
 
         Keys: kv_num_blocks [B,1,Qb], kv_indices [B,1,Qb,Kb], full_kv_num_blocks, full_kv_indices,
@@ -378,6 +389,7 @@ class Layout(_Moves):
             out[name] = obj
             descs.append(d)
         _maskpack.block_mask(self._h, bq, bk, tuple(descs))
+        out = {k: _placed(v, device, pin_memory) for k, v in out.items()}
         out["block_size"] = (bq, bk)
         out["seq_lengths"] = (self.q_width, self.kv_width)
         return out

@@ -26,6 +26,7 @@ import numpy as np
 from . import _maskpack
 from ._errors import Error
 from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
+from ._tensors import placed as _placed
 
 _SCHEMES = {"zigzag": 0, "contiguous": 1}
 _ALIGNS = {"verl": 0, "minimal": 1}
@@ -225,6 +226,18 @@ def _register_torch() -> None:
 _TORCH_REGISTERED: list = []
 _PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cache
 _ENGINES = ("c", "torch")
+
+
+def _torch_path(labels: Any, engine: Optional[str]) -> bool:
+    """Labels work on the torch path when asked, or when they live on an accelerator."""
+    if engine is not None and engine not in _ENGINES:
+        raise Error(f"engine: expected one of 'c', 'torch' or None, found {engine!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="engine")
+    on_device = is_torch_tensor(labels) and labels.device.type != "cpu"
+    if engine == "c" and on_device:
+        raise Error(f"engine: 'c' reads host memory, found labels on {labels.device}", "MASKPACK_ERR_UNSUPPORTED",
+                    argument="engine")
+    return engine == "torch" or (engine is None and on_device)
 
 
 def _records(x: Any) -> bool:
@@ -516,14 +529,15 @@ class _Moves:
             self._cp_global(cp_size, tp, align)._h, int(cp_size), int(cp_rank), sch)))
 
     def cp_shard_indices(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
-                         align: Optional[str] = "verl", dtype: Any = "int64"):
+                         align: Optional[str] = "verl", dtype: Any = "int64", device: Any = None,
+                         pin_memory: bool = False):
         """int [local tokens]: flattened index, in the aligned layout, of each token of the rank's shard
         (TransformerEngine's thd_get_partitioned_indices for packed layouts)."""
         g = self._cp_global(cp_size, tp, align)
         n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
         _maskpack.cp_shard_indices(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme"), d)
-        return obj
+        return _placed(obj, device, pin_memory)
 
     # ---- tensor moves -------------------------------------------------------------------------
 
@@ -562,9 +576,13 @@ class _Moves:
 
     # ---- labels, losses, last tokens ----------------------------------------------------------
 
-    def shift_labels(self, labels: Any, ignore_index: int = -100, out: Any = None):
+    def shift_labels(self, labels: Any, ignore_index: int = -100, out: Any = None, engine: Optional[str] = None):
         """Next-token labels inside each sequence: out[t] = labels[t+1] within a sequence, ignore_index
-        on each sequence's last token and on padding. Shift before sharding."""
+        on each sequence's last token and on padding. Shift before sharding. Labels on an accelerator
+        are shifted there (torch indexing with an index the C library derives once per device);
+        ``engine="torch"`` takes that path on the CPU too."""
+        if _torch_path(labels, engine):
+            return self._shift_labels_torch(labels, int(ignore_index), out)
         d, keep, torch_in = describe(labels, "labels")
         if out is None:
             out = _alloc_like(labels, tuple(d[2]))
@@ -572,30 +590,97 @@ class _Moves:
         _maskpack.shift_labels(self._h, d, int(ignore_index), od)
         return out
 
+    def _shift_index(self) -> np.ndarray:
+        """int64 [tokens]: the flat index of each token's label after the shift, -1 where ignore_index
+        goes: the C shift run over a token counter."""
+        def make():
+            grid = self._per_token_shape()
+            counter = np.arange(_numel(grid), dtype=np.int64).reshape(grid)
+            return np.asarray(self.with_outputs("numpy").shift_labels(counter, ignore_index=-1)).reshape(-1)
+        return _cached(self, "shift index", make)
+
+    def _shift_labels_torch(self, labels, ignore_index: int, out):
+        import torch
+
+        grid = self._per_token_shape()
+        _check_grid(labels, grid, "labels")
+        if labels.dim() != len(grid) or labels.dtype not in (torch.int32, torch.int64):
+            raise Error(f"labels: expected an int32 or int64 tensor of shape {list(grid)}, found {labels.dtype} "
+                        f"{list(labels.shape)}", "MASKPACK_ERR_SHAPE", argument="labels")
+
+        def make():
+            idx = self._shift_index()
+            return (torch.from_numpy(np.maximum(idx, 0)).to(labels.device),
+                    torch.from_numpy(np.nonzero(idx < 0)[0]).to(labels.device))
+        take, ignore = _cached(self, ("shift index", str(labels.device)), make)
+        res = labels.reshape(-1).index_select(0, take).index_fill_(0, ignore, ignore_index).view(grid)
+        if out is None:
+            return res
+        if not is_torch_tensor(out) or out.device != labels.device or out.dtype != labels.dtype:
+            raise Error(f"out: expected a {labels.dtype} tensor on {labels.device} (as labels)",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="out")
+        return out.copy_(res)
+
     def loss_weights(self, mode: str = "token", labels: Any = None, ignore_index: int = -100,
-                     dtype: Any = "float32", return_denominator: bool = False):
+                     dtype: Any = "float32", return_denominator: bool = False, device: Any = None,
+                     pin_memory: bool = False, engine: Optional[str] = None):
         """Per-token weights with sum(loss * w) == the mean loss ("token": over labelled tokens,
         "sequence": mean of per-sequence means). ``labels`` are the shifted labels (None: every token but
         each sequence's last). Shard the weights like any per-token tensor: per-rank sums add up to the
-        exact global mean."""
+        exact global mean. Labels on an accelerator give weights there (the same values as the C
+        library's, computed in float64 and rounded once; the denominator then costs a device sync)."""
+        code = _pick(mode, _LOSS_MODES, "mode")
+        if _torch_path(labels, engine):
+            return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), return_denominator,
+                                            device)
         keep = None
         ld = None
         if labels is not None:
             ld, keep, _ = describe(labels, "labels")
         obj, od = alloc(self._per_token_shape(), dtype_name(dtype), self._torch)
-        denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), _pick(mode, _LOSS_MODES, "mode"), od)
+        denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), code, od)
         del keep
+        obj = _placed(obj, device, pin_memory)
         return (obj, denom) if return_denominator else obj
 
+    def _loss_weights_torch(self, code: int, labels, ignore_index: int, dtype: str, return_denominator: bool,
+                            device: Any):
+        import torch
+
+        grid = self._per_token_shape()
+        if dtype not in ("float32", "float64"):
+            raise Error(f"dtype: expected float32 or float64, found {dtype}", "MASKPACK_ERR_DTYPE", argument="dtype")
+        if labels is not None:
+            labels = _as_torch(labels, "labels")
+            _check_grid(labels, grid, "labels")
+        dev = labels.device if labels is not None else torch.device(device if device is not None else "cpu")
+        seg = _cached(self, ("segment ids", str(dev)),
+                      lambda: torch.as_tensor(np.asarray(self.with_outputs("numpy").segment_ids())).reshape(-1).to(dev))
+        if labels is None:  # every token but each sequence's last: the tokens the shift gives a label
+            lab = _cached(self, ("shifted", str(dev)), lambda: torch.from_numpy(self._shift_index() >= 0).to(dev))
+        else:
+            lab = (labels.reshape(-1) != ignore_index) & (seg > 0)
+        per_seq = torch.zeros(self.n_segments + 1, dtype=torch.float64, device=dev).index_add_(
+            0, seg, lab.to(torch.float64))
+        per_seq[0] = 0  # padding belongs to no sequence
+        if code == 0:
+            denom = per_seq.sum()
+            w = torch.where(lab, 1.0 / denom, 0.0)
+        else:
+            denom = (per_seq > 0).sum().to(torch.float64)
+            w = torch.where(lab, 1.0 / (per_seq[seg] * denom), 0.0)
+        w = w.to(getattr(torch, dtype)).view(grid)
+        return (w, float(denom)) if return_denominator else w
+
     def cp_last_token(self, cp_size: int, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-                      dtype: Any = "int64"):
+                      dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """(rank [N], local [N]): the CP rank holding each sequence's last token and its flattened index
         in that rank's shard (-1 for empty sequences)."""
         g = self._cp_global(cp_size, tp, align)
         r, rd = alloc((self.n_segments,), dtype_name(dtype), self._torch)
         l, ld = alloc((self.n_segments,), dtype_name(dtype), self._torch)
         _maskpack.cp_last_token(g._h, int(cp_size), _pick(scheme, _SCHEMES, "scheme"), rd, ld)
-        return r, l
+        return _placed(r, device, pin_memory), _placed(l, device, pin_memory)
 
     def gather_last_tokens(self, x: Any):
         """Per-token tensor [B,S,...] / [T,...] -> [N, ...]: each sequence's last real token (for reward

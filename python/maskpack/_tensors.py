@@ -191,6 +191,25 @@ def dtype_name(dtype: Any, what: str = "dtype") -> str:
     raise Error(f"{what}: dtype {d} is not supported", "MASKPACK_ERR_DTYPE", argument=what)
 
 
+def placed(obj: Any, device: Any, pin_memory: bool) -> Any:
+    """A derived output (built in host memory by the C library) on ``device``, or pinned for an
+    asynchronous copy to one. ``device=None, pin_memory=False``: as built (numpy or torch CPU)."""
+    if device is None and not pin_memory:
+        return obj
+    import torch
+
+    t = obj if isinstance(obj, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(obj))
+    if pin_memory:
+        acc = getattr(torch, "accelerator", None)
+        if acc is None or not acc.is_available():
+            raise Error("pin_memory: page-locked host memory needs an accelerator (cuda, npu, xpu), and this "
+                        "process has none", "MASKPACK_ERR_UNSUPPORTED", argument="pin_memory")
+        t = t.pin_memory()
+    if device is not None:
+        t = t.to(device, non_blocking=pin_memory)
+    return t
+
+
 def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, tuple]:
     """Zero-filled output -> (object, descriptor). bfloat16 is always a torch tensor (numpy has none)."""
     shape = tuple(int(s) for s in shape)

@@ -59,6 +59,15 @@ class Batch:
             d["npu"] = self.npu
         return d
 
+    def to(self, device: Any, non_blocking: bool = False) -> "Batch":
+        """The bundle with every tensor on ``device`` (numpy arrays become torch tensors there; dicts
+        such as ``npu`` and ``extras`` are walked; layouts and scalars are kept). ``non_blocking``
+        as torch's ``Tensor.to`` (asynchronous from pinned host memory)."""
+        import dataclasses
+
+        return dataclasses.replace(self, **{f.name: _to_device(getattr(self, f.name), device, non_blocking)
+                                            for f in dataclasses.fields(self)})
+
     def to_padded(self, x: Any, parts: Optional[List[Any]] = None, pad_value: Any = 0):
         """Output of the model step (per-token, this rank's layout) -> the dataloader's layout. Under CP,
         pass every rank's output in rank order as ``parts`` (e.g. from an all_gather) to reassemble the
@@ -94,6 +103,21 @@ class Batch:
         return {"input_ids": self.input_ids[None], "position_ids": self.position_ids[None], "cu_seq_lens_q": cu,
                 "cu_seq_lens_k": cu, "max_length_q": int(self.max_seqlen), "max_length_k": int(self.max_seqlen),
                 "use_cache": False}
+
+
+def _to_device(v: Any, device: Any, non_blocking: bool) -> Any:
+    import numpy as np
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return v.to(device, non_blocking=non_blocking)
+    if isinstance(v, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=non_blocking)
+    if isinstance(v, dict):
+        return {k: _to_device(x, device, non_blocking) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) and any(isinstance(x, (torch.Tensor, np.ndarray)) for x in v):
+        return type(v)(_to_device(x, device, non_blocking) for x in v)
+    return v
 
 
 def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_form: str, position_rule: str,

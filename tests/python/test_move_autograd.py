@@ -309,3 +309,77 @@ def test_readme_training_step_trains():
     torch.testing.assert_close(loss, ref, rtol=1e-13, atol=0)
     torch.testing.assert_close(head.weight.grad, g_ref, rtol=1e-12, atol=1e-14)
     assert emb.weight.grad is not None and torch.isfinite(emb.weight.grad).all()
+
+
+def test_derived_outputs_take_device_and_pin_memory():
+    lay = Layout.from_mask2d(np.array([[1, 1, 1, 0], [0, 1, 1, 1]]))
+    for name, call in [("cu_seqlens", lambda **k: lay.cu_seqlens(**k)),
+                       ("cu_seqlens_padded", lambda **k: lay.cu_seqlens_padded(**k)),
+                       ("mask2d", lambda **k: lay.mask2d(**k)),
+                       ("mask4d", lambda **k: lay.mask4d("keep", **k)),
+                       ("position_ids", lambda **k: lay.position_ids(**k)),
+                       ("segment_ids", lambda **k: lay.segment_ids(**k)),
+                       ("valid_indices", lambda **k: lay.valid_indices(**k)),
+                       ("last_token_index", lambda **k: lay.last_token_index(**k)),
+                       ("loss_weights", lambda **k: lay.loss_weights(**k)),
+                       ("cp_shard_indices", lambda **k: lay.cp_shard_indices(2, 1, **k))]:
+        host = call()
+        assert isinstance(host, np.ndarray), name  # as before: numpy in, numpy out
+        on = call(device="cpu")
+        assert isinstance(on, torch.Tensor) and np.array_equal(on.numpy(), host), name
+        meta = call(device="meta")
+        assert meta.device.type == "meta" and tuple(meta.shape) == host.shape, name
+        with pytest.raises(maskpack.Error) as e:  # this machine has no accelerator to pin for
+            call(pin_memory=True)
+        assert e.value.argument == "pin_memory", name
+    r, loc = lay.cp_last_token(2, device="meta")
+    assert r.device.type == loc.device.type == "meta" and r.shape == (2,)
+    bm = lay.block_mask(2, 2, device="meta")
+    assert bm["kv_indices"].device.type == "meta" and bm["block_size"] == (2, 2)
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_labels_on_the_torch_path_equal_the_c_library(mode):
+    """shift_labels and loss_weights of labels on an accelerator run there; engine='torch' runs that
+    path on the CPU: the values equal the C library's bit for bit."""
+    rng = np.random.default_rng(5)
+    mask = np.array([[0, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    for lay in (Layout.from_mask2d(mask), Layout.from_mask2d(mask).packed_of()):
+        shape = lay._per_token_shape()
+        labels = torch.from_numpy(rng.integers(0, 50, size=shape))
+        labels[torch.from_numpy(rng.random(shape) < 0.3)] = -100
+        for dt in (torch.int64, torch.int32):
+            a = lay.shift_labels(labels.to(dt), ignore_index=-7)
+            b = lay.shift_labels(labels.to(dt), ignore_index=-7, engine="torch")
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        sl = lay.shift_labels(labels)
+        for lab in (sl, None):
+            for dtype in ("float32", "float64"):
+                wa, da = lay.loss_weights(mode, labels=lab, dtype=dtype, return_denominator=True)
+                wb, db = lay.loss_weights(mode, labels=lab, dtype=dtype, return_denominator=True, engine="torch")
+                assert da == db
+                assert torch.equal(torch.as_tensor(np.asarray(wa)), wb)
+        meta = lay.shift_labels(labels.to("meta"))
+        assert meta.device.type == "meta" and meta.shape == labels.shape
+        assert lay.loss_weights(mode, labels=sl.to("meta")).device.type == "meta"
+
+
+def test_batch_to_moves_every_tensor():
+    batch = {"input_ids": torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+             "labels": torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]])}
+    for kw in (dict(backend="sdpa"), dict(backend="flash_attn", padding_free=True, cp=2, cp_rank=1),
+               dict(backend="npu", padding_free=True, head_dim=64)):
+        b = maskpack.prepare_batch(batch, **kw)
+        m = b.to("meta", non_blocking=True)
+        for k, v in b.as_dict().items():
+            mv = m.as_dict()[k]
+            if isinstance(v, (torch.Tensor, np.ndarray)):
+                assert isinstance(mv, torch.Tensor) and mv.device.type == "meta" and tuple(mv.shape) == v.shape, k
+            elif isinstance(v, dict):
+                for kk, vv in v.items():
+                    if isinstance(vv, (torch.Tensor, np.ndarray)):
+                        assert mv[kk].device.type == "meta", (k, kk)
+            else:
+                assert mv == v, k
+        assert m.layout is b.layout and b.input_ids.device.type == "cpu"  # the original is unchanged
