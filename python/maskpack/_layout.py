@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -10,7 +11,7 @@ from . import _maskpack
 from . import _rule
 from ._errors import Error
 from ._moves import _Moves
-from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor, placed as _placed
+from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor, compiling, placed as _placed
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
@@ -60,6 +61,11 @@ def _check_alignment(layout: "Layout", explicit: bool) -> None:
             )
 
 
+# Every live layout by id(): torch.compile'd code names a layout by this key (maskpack._compile), so the
+# traced graph never holds a Python object. Weak: the registry keeps no layout alive.
+_LIVE: "weakref.WeakValueDictionary[int, Layout]" = weakref.WeakValueDictionary()
+
+
 class Layout(_Moves):
     """A batch described once: a list of segments on a token grid plus an attention rule.
 
@@ -69,7 +75,9 @@ class Layout(_Moves):
     """
 
     # _cache: layouts and copy plans derived from this one (immutable, so computed once per layout)
-    __slots__ = ("_h", "_torch", "_align_explicit", "_cache", "__weakref__")
+    # _info: the C layout's (rows, q_width, kv_width, packed, is_self, segments, tokens, max_seqlen,
+    # max_seqlen_kv), read once: the layout is immutable, and torch.compile traces plain attributes
+    __slots__ = ("_h", "_info", "_torch", "_align_explicit", "_cache", "__weakref__")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use a constructor: Layout.from_lengths, from_mask2d, from_cu_seqlens, from_position_ids, "
@@ -79,9 +87,11 @@ class Layout(_Moves):
     def _wrap(cls, h: Any, torch: bool, align_explicit: bool = False) -> "Layout":
         obj = object.__new__(cls)
         obj._h = h
+        obj._info = tuple(_maskpack.info(h))
         obj._torch = bool(torch)
         obj._align_explicit = bool(align_explicit)
         obj._cache = None
+        _LIVE[id(obj)] = obj
         return obj
 
     # ---- constructors -------------------------------------------------------------------------
@@ -229,40 +239,40 @@ class Layout(_Moves):
 
     @property
     def n_rows(self) -> int:
-        return _maskpack.info(self._h)[0]
+        return self._info[0]
 
     @property
     def q_width(self) -> int:
-        return _maskpack.info(self._h)[1]
+        return self._info[1]
 
     @property
     def kv_width(self) -> int:
-        return _maskpack.info(self._h)[2]
+        return self._info[2]
 
     @property
     def packed(self) -> bool:
-        return _maskpack.info(self._h)[3]
+        return self._info[3]
 
     @property
     def is_self(self) -> bool:
         """True when every segment attends to itself (kv == q)."""
-        return _maskpack.info(self._h)[4]
+        return self._info[4]
 
     @property
     def n_segments(self) -> int:
-        return _maskpack.info(self._h)[5]
+        return self._info[5]
 
     @property
     def n_tokens(self) -> int:
-        return _maskpack.info(self._h)[6]
+        return self._info[6]
 
     @property
     def max_seqlen(self) -> int:
-        return _maskpack.info(self._h)[7]
+        return self._info[7]
 
     @property
     def max_seqlen_kv(self) -> int:
-        return _maskpack.info(self._h)[8]
+        return self._info[8]
 
     @property
     def seqlens(self):
@@ -292,7 +302,7 @@ class Layout(_Moves):
     # ---- derived outputs ----------------------------------------------------------------------
 
     def _per_token_shape(self) -> Tuple[int, ...]:
-        info = _maskpack.info(self._h)
+        info = self._info
         return (info[1],) if info[3] else (info[0], info[1])
 
     def _fill(self, fn, shape, dtype, what="dtype", device=None, pin_memory=False):
@@ -306,6 +316,10 @@ class Layout(_Moves):
         Every derived output takes ``device=`` (a torch device: the result is a torch tensor there) and
         ``pin_memory=True`` (page-locked host memory, copied with non_blocking=True when a device is
         given too)."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
         n = self.n_segments + (1 if fcode == 0 else 0)
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
@@ -314,11 +328,19 @@ class Layout(_Moves):
 
     def cu_seqlens_padded(self, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
         """[N+1] TE cu_seqlens_padded: slot offsets in the flattened token grid."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "cu_seqlens_padded", dict(dtype=dtype), device)
         return self._fill(_maskpack.cu_seqlens_padded, (self.n_segments + 1,), dtype,
                           device=device, pin_memory=pin_memory)
 
     def mask2d(self, dtype: Any = "bool", device: Any = None, pin_memory: bool = False):
         """Per-token keep mask ([B,S], or [T] when packed): True = real token."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "mask2d", dict(dtype=dtype), device)
         return self._fill(_maskpack.mask2d, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
@@ -327,6 +349,10 @@ class Layout(_Moves):
         "masked" (True = excluded: Megatron/TE/Ascend) or "additive" (0 / fill; fill "-inf" or "min"
         = the dtype's most negative finite value as HF eager uses). Default dtype: bool, or float32
         for additive."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "mask4d", dict(convention=convention, dtype=dtype, fill=fill, heads=heads), device)
         code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
         if dtype is None:
             dtype = "float32" if code == 2 else "bool"
@@ -336,28 +362,44 @@ class Layout(_Moves):
         nh = _int(heads, "heads")
         if nh < 1:
             raise Error(f"heads: expected >= 1, found {nh}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="heads")
-        info = _maskpack.info(self._h)
+        info = self._info
         obj, d = alloc((info[0], nh, info[1], info[2]), dtype_name(dtype), self._torch)
         _maskpack.mask4d(self._h, code, fcode, d)
         return _placed(obj, device, pin_memory)
 
     def position_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token positions 0, 1, 2, ... restarting at each segment (pads 0)."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "position_ids", dict(dtype=dtype), device)
         return self._fill(_maskpack.position_ids, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
     def segment_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token 1-based segment id (global order), 0 = pad."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "segment_ids", dict(dtype=dtype), device)
         return self._fill(_maskpack.segment_ids, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
     def valid_indices(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[V] flattened indices (b*S + s) of the real tokens (flash-attn unpad_input's indices)."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "valid_indices", dict(dtype=dtype), device)
         return self._fill(_maskpack.valid_indices, (self.n_tokens,), dtype,
                           device=device, pin_memory=pin_memory)
 
     def last_token_index(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[N] flattened index of each segment's last real token, -1 for an empty segment."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "last_token_index", dict(dtype=dtype), device)
         return self._fill(_maskpack.last_token_index, (self.n_segments,), dtype,
                           device=device, pin_memory=pin_memory)
 
@@ -473,7 +515,7 @@ class Layout(_Moves):
 
     def allowed(self):
         """The dense predicate [B, S, Skv] bool (True = query i of row b may attend key j)."""
-        b, s, skv = (_maskpack.info(self._h)[i] for i in (0, 1, 2))
+        b, s, skv = (self._info[i] for i in (0, 1, 2))
         obj, d = alloc((b, s, skv), "bool", self._torch)
         # describe the [B,S,Skv] buffer as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
         ptr, code, _shape, st = d
@@ -491,7 +533,7 @@ class Layout(_Moves):
     # ---- protocol -----------------------------------------------------------------------------
 
     def _key(self):
-        info = _maskpack.info(self._h)
+        info = self._info
         r = _maskpack.rule(self._h)
         return (info[0], info[1], info[2], info[3], tuple(_maskpack.segments(self._h)),
                 (r[0], r[1], r[2], r[3], tuple(tuple(s) for s in r[4]), None if r[5] is None else tuple(r[5])))
@@ -505,13 +547,13 @@ class Layout(_Moves):
         return hash(self._key())
 
     def __reduce__(self):
-        info = _maskpack.info(self._h)
+        info = self._info
         segs = [tuple(s) if s[5] is not None else tuple(s[:5]) for s in _maskpack.segments(self._h)]
         return (_rebuild, (segs, info[0], info[1], info[2], info[3], _maskpack.rule(self._h), self._torch,
                            self._align_explicit))
 
     def __repr__(self) -> str:
-        info = _maskpack.info(self._h)
+        info = self._info
         r = self.rule
         parts = ["causal" if r["causal"] else "bidirectional"]
         if not info[4] or r["alignment"] != "bottom_right":

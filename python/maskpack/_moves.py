@@ -26,7 +26,7 @@ import numpy as np
 from . import _maskpack
 from ._errors import Error
 from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
-from ._tensors import placed as _placed
+from ._tensors import compiling, placed as _placed
 
 _SCHEMES = {"zigzag": 0, "contiguous": 1}
 _ALIGNS = {"verl": 0, "minimal": 1}
@@ -126,7 +126,7 @@ class _Move:
     token grids, the adjoint plans (per source) and, per torch device, the torch engine's index
     tensors. Immutable; kept in the source layout's cache, so every move of a batch plans once."""
 
-    __slots__ = ("plan", "src_grids", "dst_grid", "_adjoints", "_index", "__weakref__")
+    __slots__ = ("plan", "src_grids", "dst_grid", "_adjoints", "_index", "_cache", "__weakref__")
 
     def __init__(self, plan, src_grids: Tuple[Tuple[int, ...], ...], dst_grid: Tuple[int, ...]) -> None:
         self.plan = plan
@@ -134,6 +134,7 @@ class _Move:
         self.dst_grid = dst_grid
         self._adjoints: dict = {}
         self._index: dict = {}
+        self._cache = None  # the torch.compile registry key (maskpack._compile)
 
     @classmethod
     def create(cls, srcs: list, dst) -> "_Move":
@@ -456,6 +457,12 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     records). Differentiable (the gradient goes back to the source tokens, zero to the rest); runs on
     the tensors' device (``engine``: None picks "c" for host memory, "torch" elsewhere). The copy plan
     is computed once per pair of layouts and kept on ``src``."""
+    if out is None and compiling():  # under torch.compile: a custom op (maskpack._compile)
+        from . import _compile
+
+        if isinstance(src, (list, tuple)):
+            return _compile.move(list(x), list(src), dst, "", pad_value, threads, engine)
+        return _compile.move([x], [src], dst, "", pad_value, threads, engine)
     if not isinstance(src, (list, tuple)):
         c = src._cache
         entry = c.get(id(dst)) if c is not None else None  # a plan made before by _plan
@@ -479,6 +486,11 @@ def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1,
     tensor in ``layout``. Every token of ``layout`` must be held by exactly one part. Differentiable:
     the gradient of the whole goes back to each part as that rank's shard of it."""
     cp = len(parts)
+    if out is None and compiling():
+        from . import _compile
+
+        return _compile.move(list(parts), [layout] * cp, layout, f"gather,{scheme},{int(tp)},{align}", pad_value,
+                             threads, engine)
     shards = [layout.cp_shard(cp, r, scheme=scheme, tp=tp, align=align) for r in range(cp)]
     return relayout(list(parts), shards, layout, out=out, pad_value=pad_value, threads=threads, engine=engine)
 
@@ -533,6 +545,12 @@ class _Moves:
                          pin_memory: bool = False):
         """int [local tokens]: flattened index, in the aligned layout, of each token of the rank's shard
         (TransformerEngine's thd_get_partitioned_indices for packed layouts)."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "cp_shard_indices", dict(cp_size=int(cp_size), cp_rank=int(cp_rank),
+                                                                   scheme=scheme, tp=int(tp), align=align, dtype=dtype),
+                                    device)
         g = self._cp_global(cp_size, tp, align)
         n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
@@ -548,6 +566,10 @@ class _Moves:
     def pack(self, x: Any, out: Any = None, threads: Optional[int] = None, engine: Optional[str] = None):
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad).
         Differentiable; any torch device (see :func:`relayout`)."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, "pack", 0, threads, engine)
         c = self._cache
         if engine is None and c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
             return out
@@ -559,6 +581,10 @@ class _Moves:
                engine: Optional[str] = None):
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``.
         Differentiable (pad slots take no gradient); any torch device (see :func:`relayout`)."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, "unpack", pad_value, threads, engine)
         c = self._cache
         if engine is None and c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
             return out
@@ -571,6 +597,11 @@ class _Moves:
               engine: Optional[str] = None):
         """Per-token tensor of this layout -> CP rank ``cp_rank``'s part (shape of ``cp_shard(...)``).
         Differentiable: the part's gradient lands in the whole's tokens, zero elsewhere."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, f"shard,{int(cp_size)},{int(cp_rank)},{scheme},{int(tp)},{align}",
+                                 pad_value, threads, engine)
         return relayout(x, self, self.cp_shard(cp_size, cp_rank, scheme, tp, align), out=out, pad_value=pad_value,
                         threads=threads, engine=engine)
 
@@ -581,6 +612,10 @@ class _Moves:
         on each sequence's last token and on padding. Shift before sharding. Labels on an accelerator
         are shifted there (torch indexing with an index the C library derives once per device);
         ``engine="torch"`` takes that path on the CPU too."""
+        if out is None and is_torch_tensor(labels) and compiling():
+            from . import _compile
+
+            return _compile.shift_labels(self, labels, int(ignore_index))
         if _torch_path(labels, engine):
             return self._shift_labels_torch(labels, int(ignore_index), out)
         d, keep, torch_in = describe(labels, "labels")
@@ -630,6 +665,14 @@ class _Moves:
         exact global mean. Labels on an accelerator give weights there (the same values as the C
         library's, computed in float64 and rounded once; the denominator then costs a device sync)."""
         code = _pick(mode, _LOSS_MODES, "mode")
+        if compiling() and not return_denominator:
+            if labels is None:
+                from . import _compile
+
+                return _compile.derived(self, "loss_weights", dict(mode=mode, ignore_index=int(ignore_index),
+                                                                   dtype=dtype), device)
+            if is_torch_tensor(labels):
+                return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), False, device)
         if _torch_path(labels, engine):
             return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), return_denominator,
                                             device)
@@ -654,8 +697,13 @@ class _Moves:
             labels = _as_torch(labels, "labels")
             _check_grid(labels, grid, "labels")
         dev = labels.device if labels is not None else torch.device(device if device is not None else "cpu")
-        seg = _cached(self, ("segment ids", str(dev)),
-                      lambda: torch.as_tensor(np.asarray(self.with_outputs("numpy").segment_ids())).reshape(-1).to(dev))
+        if compiling():
+            from . import _compile
+
+            seg = _compile.derived(self, "segment_ids", {"dtype": "int64"}, dev).reshape(-1)
+        else:
+            seg = _cached(self, ("segment ids", str(dev)), lambda: torch.as_tensor(
+                np.asarray(self.with_outputs("numpy").segment_ids())).reshape(-1).to(dev))
         if labels is None:  # every token but each sequence's last: the tokens the shift gives a label
             lab = _cached(self, ("shifted", str(dev)), lambda: torch.from_numpy(self._shift_index() >= 0).to(dev))
         else:
@@ -691,6 +739,13 @@ class _Moves:
             import torch
 
             _check_grid(x, self._per_token_shape(), "x")
+            if compiling():
+                from . import _compile
+
+                idx = _compile.derived(self, "last_token_index", {"dtype": "int64"}, x.device)
+                rows = x.reshape((-1,) + tuple(x.shape[lead:])).index_select(0, idx.clamp(min=0))
+                keep = (idx >= 0).reshape((-1,) + (1,) * (rows.dim() - 1))
+                return torch.where(keep, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
             key = ("last tokens", str(x.device))
             idx, empty = _cached(self, key, lambda: self._last_token_index_on(x.device))
             flat = x.reshape((-1,) + tuple(x.shape[lead:]))

@@ -47,6 +47,17 @@ def _torch():
     return sys.modules.get("torch")
 
 
+# > 0 while maskpack's own custom ops run their eager or fake implementation (maskpack._compile), which
+# call the ordinary methods: those must not route back into the ops.
+IN_OP = [0]
+
+
+def compiling() -> bool:
+    """True while torch.compile traces the caller (then the C extension is reached through custom ops)."""
+    t = _torch()
+    return IN_OP[0] == 0 and t is not None and t.compiler.is_compiling()
+
+
 def is_torch_tensor(x: Any) -> bool:
     t = _torch()
     return t is not None and isinstance(x, t.Tensor)
