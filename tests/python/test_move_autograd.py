@@ -383,3 +383,17 @@ def test_batch_to_moves_every_tensor():
             else:
                 assert mv == v, k
         assert m.layout is b.layout and b.input_ids.device.type == "cpu"  # the original is unchanged
+
+
+def test_device_check_script_runs_its_device_path_on_the_cpu():
+    """tools/device/check_moves_cuda.py (run where a GPU is lent) exercises the same torch-engine code on
+    the CPU with --device cpu: it must pass here, so the prepared script is known to work."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "device", "check_moves_cuda.py"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checks passed" in r.stdout and "DIFFERENT" not in r.stdout

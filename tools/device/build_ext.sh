@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# build_ext.sh OUT_DIR: the maskpack Python package built with nothing but a C compiler and the Python
+# headers (no meson, no pip, no network), for a machine with an accelerator that holds torch but
+# reaches no package registry. OUT_DIR/maskpack is then importable with PYTHONPATH=OUT_DIR.
+# Every kernel chooses its ISA at run time through target pragmas, so one plain compile suffices.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: build_ext.sh OUT_DIR}
+py=${PYTHON:-python3}
+mkdir -p "$out/maskpack" "$out/obj"
+inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+cflags=(-std=c11 -O2 -fPIC -D_POSIX_C_SOURCE=200809L -DNDEBUG -Iinclude -Isrc/core -fvisibility=hidden)
+objs=()
+for f in $(find src/core src/layout src/derive src/npu src/relayout src/plan src/kernels -name '*.c' | sort); do
+  o="$out/obj/$(echo "$f" | tr / _).o"
+  cc "${cflags[@]}" -c "$f" -o "$o" &
+  objs+=("$o")
+done
+wait
+for m in _maskpack _plan _gdn _attention _memory; do
+  cc "${cflags[@]}" -I"$inc" -shared "python/$m.c" "${objs[@]}" -lm -lpthread -o "$out/maskpack/$m$suffix"
+done
+cp python/maskpack/*.py python/maskpack/py.typed "$out/maskpack/"
+echo "build_ext: $out/maskpack"
