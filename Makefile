@@ -55,6 +55,7 @@ bench: build python
 	./$(BUILD)/bench/bench_derive
 	./$(BUILD)/bench/bench_relayout 2
 	$(PY) bench/bench_relayout_torch.py
+	$(PY) bench/bench_moves_autograd.py
 	./$(BUILD)/bench/plan/bench_plan
 	$(PY) bench/plan/bench_plan_binpacking.py
 	./$(BUILD)/bench/gdn/bench_gdn
