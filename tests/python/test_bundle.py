@@ -1,0 +1,197 @@
+"""prepare_batch reads every form a dataloader hands over and drops nothing: transformers' flattening
+collator (cu_seq_lens_q/k, seq_idx, position ids), M-RoPE position ids, other per-token keys,
+inputs_embeds; disagreeing descriptions are refused at the first token where they disagree; fields are
+built only when read; each consumer's argument set. Expectations are computed here from the input
+batch (numpy), not from the library."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import DataCollatorWithFlattening
+
+import maskpack
+
+
+def _seqs_of(bundle):
+    """The token ids of each sequence of a padding-free bundle (cp = 1), from its cu_seqlens."""
+    ids = np.asarray(bundle.input_ids).reshape(-1)
+    cu = np.asarray(bundle.cu_seqlens)
+    return [ids[a:b].tolist() for a, b in zip(cu[:-1], cu[1:])]
+
+
+@pytest.mark.parametrize("kw", [dict(return_flash_attn_kwargs=True), dict(return_flash_attn_kwargs=True,
+                                return_position_ids=False), dict(return_seq_idx=True)])
+def test_flattening_collator_keeps_every_sequence(kw):
+    examples = [{"input_ids": [5, 6, 7]}, {"input_ids": [8]}, {"input_ids": [9]}]
+    batch = DataCollatorWithFlattening(**kw)(examples)
+    b = maskpack.prepare_batch(batch, padding_free=True)
+    assert _seqs_of(b) == [[5, 6, 7], [8], [9]]
+    # the shifted labels never cross a sequence: only 5->6 and 6->7 are predicted
+    assert np.asarray(b.shift_labels).tolist() == [6, 7, -100, -100, -100]
+    ones = DataCollatorWithFlattening(**kw)([{"input_ids": [1]}, {"input_ids": [2]}])
+    b1 = maskpack.prepare_batch(ones, padding_free=True)
+    assert _seqs_of(b1) == [[1], [2]] and b1.source_layout.n_segments == 2
+
+
+def test_collator_position_ids_feed_a_transformers_loss_unchanged():
+    """hf_kwargs(labels=True) of the flattened batch gives a tiny Llama the padded batch's loss."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).eval()
+    seqs = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    S = max(map(len, seqs))
+    ids = torch.tensor([s + [0] * (S - len(s)) for s in seqs])
+    mask = (torch.arange(S)[None] < torch.tensor([len(s) for s in seqs])[:, None]).long()
+    labels = torch.where(mask.bool(), ids, -100)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": s} for s in seqs])
+        b = maskpack.prepare_batch(flat, padding_free=True)
+        kw = b.hf_kwargs(labels=True)
+        assert kw["input_ids"].shape == (1, 11) and torch.equal(kw["cu_seq_lens_q"], flat["cu_seq_lens_q"])
+        got = model(**kw).loss
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_mrope_position_ids_are_kept_and_moved():
+    # Qwen-VL style: 3 rows (temporal, height, width); an image run makes them differ from 0..n-1
+    pos = torch.tensor([[[0, 1, 2, 2, 2, 5], [0, 1, 2, 3, 0, 0]],
+                        [[0, 1, 2, 3, 3, 5], [0, 1, 2, 3, 0, 0]],
+                        [[0, 1, 2, 4, 4, 5], [0, 1, 2, 3, 0, 0]]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    ids = torch.arange(12).reshape(2, 6)
+    b = maskpack.prepare_batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+    assert torch.equal(torch.as_tensor(b.position_ids), pos * mask)  # given ids, pads 0
+    pf = maskpack.prepare_batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, padding_free=True)
+    want = torch.cat([pos[:, 0, :6], pos[:, 1, :4]], dim=1)  # [3, T]
+    assert torch.equal(torch.as_tensor(pf.position_ids), want)
+    kw = pf.hf_kwargs()
+    assert kw["position_ids"].shape == (3, 1, 10)
+    # recompute_position_ids=True asks for derived ones
+    rb = maskpack.prepare_batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+                                recompute_position_ids=True)
+    assert np.asarray(rb.position_ids).tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 0]]
+
+
+def test_other_keys_move_or_pass_through():
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
+    ids = torch.tensor([[0, 1, 2, 3], [4, 5, 0, 0]])
+    tt = torch.tensor([[9, 1, 1, 2], [3, 3, 9, 9]])
+    emb = torch.randn(2, 4, 5)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "inputs_embeds": emb,
+             "pixel_values": torch.randn(3, 7), "task": "chat"}
+    b = maskpack.prepare_batch(batch, padding_free=True)
+    keep = mask.bool()
+    assert torch.equal(torch.as_tensor(b.tokens["token_type_ids"]), tt[keep])
+    assert torch.equal(b.inputs_embeds, emb[keep])
+    assert b.passthrough_keys == ["pixel_values", "task"] and b.passthrough["task"] == "chat"
+    kw = b.hf_kwargs()
+    assert kw["token_type_ids"].shape == (1, 5) and kw["inputs_embeds"].shape == (1, 5, 5)
+
+
+def test_inputs_embeds_without_input_ids():
+    emb = torch.randn(2, 3, 4)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    labels = torch.tensor([[7, 8, -100], [1, 2, 3]])
+    b = maskpack.prepare_batch({"inputs_embeds": emb, "attention_mask": mask, "labels": labels}, padding_free=True)
+    assert b.input_ids is None and b.inputs_embeds.shape == (5, 4)
+    assert np.asarray(b.shift_labels).tolist() == [8, -100, 2, 3, -100]
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch({"inputs_embeds": emb, "attention_mask": mask})
+    assert e.value.argument == "labels"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch({"attention_mask": mask})
+    assert e.value.status == "MASKPACK_ERR_NOT_FOUND"
+
+
+def test_disagreeing_descriptions_name_the_first_token():
+    ids = torch.arange(7)[None]
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    with pytest.raises(maskpack.Error) as e:  # position ids restart one token late
+        maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu, "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2]])})
+    assert e.value.argument == "position_ids" and e.value.index == (3,)
+    with pytest.raises(maskpack.Error) as e:  # position ids run on across a boundary
+        maskpack.prepare_batch({"input_ids": ids, "cu_seq_lens_q": cu, "position_ids": torch.arange(7)[None]})
+    assert e.value.argument == "position_ids" and e.value.index == (3,)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu, "cu_seq_lens_q": torch.tensor([0, 4, 7])})
+    assert e.value.argument == "cu_seq_lens_q" and e.value.index == (3,)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch({"input_ids": ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": torch.tensor([0, 3, 6])})
+    assert e.value.argument == "cu_seq_lens_k"
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.prepare_batch({"input_ids": ids, "seq_idx": torch.tensor([[0, 0, 1, 1, 1, 2, 2]]), "cu_seqlens": cu})
+    assert e.value.argument == "seq_idx" and e.value.index == (2,)
+    with pytest.raises(maskpack.Error) as e:  # a mask that calls a token padding where cu_seqlens has a token
+        maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu, "attention_mask": torch.tensor([[1] * 6 + [0]])})
+    assert e.value.argument == "attention_mask" and e.value.index == (6,)
+    # agreeing descriptions are fine
+    ok = maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu, "seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1]]),
+                                 "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3]])}, padding_free=True)
+    assert _seqs_of(ok) == [[0, 1, 2], [3, 4, 5, 6]]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_max_seqlen_is_the_padded_slot_under_cp(cp):
+    lengths = [5, 11, 2]
+    batch = {"input_ids": torch.arange(18)[None],
+             "cu_seqlens": torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)}
+    m = 2 * cp  # verl's alignment at tp = 1
+    slots = [-(-n // m) * m for n in lengths]
+    for r in range(cp):
+        b = maskpack.prepare_batch(batch, padding_free=True, cp=cp, cp_rank=r)
+        assert b.max_seqlen == max(slots)  # >= what any rank holds of a sequence, times cp
+        p = b.megatron_packed_seq_params()
+        assert p["qkv_format"] == "thd" and p["max_seqlen_q"] == p["max_seqlen_kv"] == max(slots)
+        assert p["cu_seqlens_q"].tolist() == [0, 5, 16, 18] and p["cu_seqlens_q"].dtype == torch.int32
+        assert p["cu_seqlens_q_padded"].tolist() == list(np.concatenate([[0], np.cumsum(slots)]))
+    one = maskpack.prepare_batch(batch, padding_free=True)
+    assert one.max_seqlen == 11 and one.megatron_packed_seq_params()["max_seqlen_q"] == 11
+    assert maskpack.prepare_batch(batch, padding_free=True, max_seqlen=64).max_seqlen == 64
+
+
+def test_fields_are_built_on_first_access_only():
+    batch = {"input_ids": torch.ones(1, 4096, dtype=torch.long),
+             "cu_seqlens": torch.tensor([0, 1000, 4096], dtype=torch.int32)}
+    b = maskpack.prepare_batch(batch, backend="sdpa", padding_free=True)
+    kw = b.hf_kwargs()
+    assert "attention_mask" not in kw and "attention_mask" not in b.__dict__  # no [1,1,T,T] mask built
+    m = b.attention_mask  # built when read
+    assert m.shape == (1, 1, 4096, 4096) and "attention_mask" in b.__dict__
+    assert b.attention_mask is m  # and kept
+
+
+def test_consumer_argument_sets():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    batch = {"input_ids": torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]), "attention_mask": mask}
+    pf = maskpack.prepare_batch(batch, padding_free=True, backend="npu", head_dim=64)
+    fa = pf.flash_attn_kwargs()
+    assert fa["cu_seqlens_q"].tolist() == [0, 3, 5] and fa["max_seqlen_q"] == 3 and fa["cu_seqlens_q"].dtype == torch.int32
+    fla = pf.fla_kwargs()
+    assert fla["cu_seqlens"].tolist() == [0, 3, 5] and fla["cu_seqlens"].dtype == torch.int64
+    npu = pf.npu_kwargs()
+    assert not any(k.startswith("maskpack_") for k in npu) and "pre_tockens" in npu
+    assert npu["actual_seq_qlen"] == [3, 5] and npu["input_layout"] == "TND"
+    padded = maskpack.prepare_batch(batch, backend="eager")
+    keep = torch.as_tensor(padded.sdpa_mask())
+    assert keep.shape == (2, 1, 4, 4) and keep.dtype == torch.bool
+    # the keep mask from the definition: causal within the real tokens
+    want = torch.zeros(2, 1, 4, 4, dtype=torch.bool)
+    for b, n in enumerate([3, 2]):
+        want[b, 0, :n, :n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    assert torch.equal(keep, want)
+    add = torch.as_tensor(padded.eager_mask("bfloat16"))
+    assert add.dtype == torch.bfloat16 and torch.equal(add == 0, want)
+    assert torch.equal(torch.as_tensor(padded.attention_mask).to(torch.float32),
+                       torch.as_tensor(padded.eager_mask("float32")))
+    assert padded.fla_kwargs()["attention_mask"].tolist() == mask.tolist()
+    with pytest.raises(maskpack.Error):
+        padded.megatron_packed_seq_params()
+    empty = maskpack.prepare_batch({"input_ids": torch.zeros(2, 3, dtype=torch.long),
+                                    "attention_mask": torch.tensor([[1, 1, 0], [0, 0, 0]])})
+    # an all-zero row holds no sequence: one last token (row 0's), and the empty row is named
+    assert empty.empty_rows == [1] and np.asarray(empty.last_token_index).tolist() == [1]
