@@ -875,27 +875,34 @@ static PyObject *py_npu_args(PyObject *m, PyObject *args) {
             }
             PyTuple_SET_ITEM(shape, d, v);
         }
-        PyObject *pair = PyObject_CallOneArg(factory, shape);
+        /* factory(shape, mask kind) -> (object, descriptor to fill) or (object, None): a mask the
+         * caller already holds (the compressed masks are the same for every layout: built once) */
+        PyObject *kind = PyLong_FromLong((long)a.mask_kind);
+        PyObject *pair = kind ? PyObject_CallFunctionObjArgs(factory, shape, kind, NULL) : NULL;
         Py_DECREF(shape);
+        Py_XDECREF(kind);
         if (!pair) goto done;
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             Py_DECREF(pair);
-            PyErr_SetString(PyExc_TypeError, "npu_args: factory must return (object, descriptor)");
+            PyErr_SetString(PyExc_TypeError, "npu_args: factory must return (object, descriptor or None)");
             goto done;
         }
+        int fill = PyTuple_GET_ITEM(pair, 1) != Py_None;
         maskpack_tensor o;
-        if (parse_tensor(PyTuple_GET_ITEM(pair, 1), &o, "atten_mask") < 0) {
+        if (fill && parse_tensor(PyTuple_GET_ITEM(pair, 1), &o, "atten_mask") < 0) {
             Py_DECREF(pair);
             goto done;
         }
         mask_obj = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
         Py_DECREF(pair);
-        Py_BEGIN_ALLOW_THREADS
-        s = maskpack_npu_atten_mask(L, &a, &o, &err);
-        Py_END_ALLOW_THREADS
-        if (s) {
-            raise_status(m, s, &err);
-            goto done;
+        if (fill) {
+            Py_BEGIN_ALLOW_THREADS
+            s = maskpack_npu_atten_mask(L, &a, &o, &err);
+            Py_END_ALLOW_THREADS
+            if (s) {
+                raise_status(m, s, &err);
+                goto done;
+            }
         }
     } else {
         mask_obj = Py_NewRef(Py_None);

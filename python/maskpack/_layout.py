@@ -24,6 +24,7 @@ _FILLS = {"-inf": 0, "min": 1}
 NPU_LAYOUTS = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3, "TND": 4}
 _NPU_LAYOUT_NAMES = {v: k for k, v in NPU_LAYOUTS.items()}
 _NPU_MASK_KINDS = {0: "none", 1: "compressed", 2: "prefix_compressed", 3: "full"}
+_NPU_MASKS: Dict[Any, Any] = {}  # the compressed NPU masks, one per (kind, shape, output kind) per process
 _FLOAT_CODES = {DTYPE_CODE[n] for n in ("float16", "bfloat16", "float32", "float64")}
 
 
@@ -492,10 +493,22 @@ class Layout(_Moves):
         hd = 0 if head_dim is None else _int(head_dim, "head_dim")
         torch_out = self._torch
 
-        def factory(shape):
+        def factory(shape, kind):
+            # the compressed masks (kinds 1 and 2) depend on nothing but their kind: built once per
+            # process and shared (read-only inputs of the operator)
+            if kind in (1, 2):
+                key = (kind, tuple(shape), torch_out)
+                cached = _NPU_MASKS.get(key)
+                if cached is not None:
+                    return cached, None
+                fresh_key.append(key)  # kept once filled (below): a failed fill must not be cached
             return alloc(shape, "bool", torch_out)
 
+        fresh_key: list = []
+
         t = _maskpack.npu_args(self._h, il, sc, hd, factory)
+        if fresh_key:
+            _NPU_MASKS[fresh_key[0]] = t[7]
         (layout_code, mode, pre, nxt, scale_out, ip, kind, mask, ql, kl, prefix, pad, fully) = t
         return {
             "input_layout": _NPU_LAYOUT_NAMES.get(layout_code, str(layout_code)),

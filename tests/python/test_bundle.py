@@ -195,3 +195,13 @@ def test_consumer_argument_sets():
                                     "attention_mask": torch.tensor([[1, 1, 0], [0, 0, 0]])})
     # an all-zero row holds no sequence: one last token (row 0's), and the empty row is named
     assert empty.empty_rows == [1] and np.asarray(empty.last_token_index).tolist() == [1]
+
+
+def test_compressed_npu_mask_is_built_once_per_process():
+    a = maskpack.Layout.from_lengths([3, 5], placement="packed").npu_args("TND", head_dim=64)
+    b = maskpack.Layout.from_lengths([7, 1, 2], placement="packed").npu_args("TND", head_dim=64)
+    assert a["maskpack_mask_kind"] == b["maskpack_mask_kind"] == "compressed"
+    assert a["atten_mask"] is b["atten_mask"]
+    # the operator's documented compressed mask: the strict upper triangle of 2048 x 2048 is masked
+    want = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
+    assert np.array_equal(np.asarray(a["atten_mask"]), want)
