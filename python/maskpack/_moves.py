@@ -511,7 +511,12 @@ class _Moves:
         return type(self)._wrap(h, self._torch, self._align_explicit)
 
     def packed_of(self):
-        """The packed (THD) layout of the same sequences in order, without gaps (flash-attn's unpad)."""
+        """The packed (THD) layout of the same sequences in order, without gaps (flash-attn's unpad);
+        the layout itself when it already is one (packed, every column a token of a self-attention
+        segment), so moves between the two are no moves at all."""
+        info = self._info
+        if info[3] and info[4] and info[6] == info[1]:
+            return self
         return _cached(self, "packed_of", lambda: self._derived(_maskpack.packed_of(self._h)))
 
     def padded_of(self, placement: str = "right", width: Optional[int] = None):

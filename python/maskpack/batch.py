@@ -592,7 +592,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
                 passthrough[k] = v
             continue
         pad = ignore_index if k in _LABEL_KEYS else (pad_token_id if k == "input_ids" else 0)
-        tokens[k] = relayout(t, src, local, pad_value=pad)
+        tokens[k] = _move(t, src, local, pad)
     labels_src = _token_tensor(batch.get("labels"), src, "labels", grid) if batch.get("labels") is not None else None
     base = labels_src if labels_src is not None else (_token_tensor(batch[key], src, key, grid)
                                                       if key == "input_ids" else None)
@@ -602,8 +602,8 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     shifted = src.shift_labels(base, ignore_index=ignore_index)
     weights, denom = src.loss_weights(loss_mode, labels=shifted, ignore_index=ignore_index, dtype="float32",
                                       return_denominator=True)
-    tokens["shift_labels"] = relayout(shifted, src, local, pad_value=ignore_index)
-    tokens["loss_weights"] = relayout(weights, src, local)
+    tokens["shift_labels"] = _move(shifted, src, local, ignore_index)
+    tokens["loss_weights"] = _move(weights, src, local, 0)
     mrope = False
     pos = batch.get("position_ids")
     if pos is not None and not recompute_position_ids:
@@ -611,10 +611,10 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
         mrope = len(ps) == 3
         if mrope:  # [3, B, S] / [3, 1, T]: move the token dims, keep the 3 rows
             p = pos[:, 0] if src.packed else pos
-            moved = relayout(_movedim(p, 0, -1), src, local)
+            moved = _move(_movedim(p, 0, -1), src, local, 0)
             tokens["position_ids"] = _movedim(moved, -1, 0)
         else:
-            tokens["position_ids"] = relayout(_token_tensor(pos, src, "position_ids", grid), src, local)
+            tokens["position_ids"] = _move(_token_tensor(pos, src, "position_ids", grid), src, local, 0)
     else:
         tokens["position_ids"] = local.position_ids()
     options = {"cp_scheme": cp_scheme, "tp": tp, "align": align, "mask_dtype": mask_dtype, "input_layout": input_layout,
@@ -622,6 +622,12 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
                "mrope": mrope, "described_by": _described_by}
     return Batch(backend=backend, padding_free=padding_free, cp=cp, cp_rank=cp_rank, layout=local, global_layout=glob,
                  source_layout=src, tokens=tokens, passthrough=passthrough, loss_denominator=denom, options=options)
+
+
+def _move(x, src: Layout, dst: Layout, pad: Any):
+    """x from the dataloader's layout to this rank's; no copy when they are one layout (a packed batch at
+    cp = 1: the bundle then shares the batch's tensors)."""
+    return x if dst is src else relayout(x, src, dst, pad_value=pad)
 
 
 def _movedim(x, a: int, b: int):

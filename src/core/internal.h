@@ -95,17 +95,66 @@ static inline void *mp_elem_ptr(const maskpack_tensor *t, const int64_t *idx) {
 
 /* Reads one element at linear element offset `off` (already multiplied by strides) as int64 / double.
  * Floats read as int64 are truncated; callers that need 0/1 checks use mp_read_f64. */
-int64_t mp_read_i64(maskpack_dtype d, const void *base, int64_t off);
-double mp_read_f64(maskpack_dtype d, const void *base, int64_t off);
-/* Writes v at linear element offset `off` converted to dtype d (floats: exact for small ints). */
-void mp_write_i64(maskpack_dtype d, void *base, int64_t off, int64_t v);
-void mp_write_f64(maskpack_dtype d, void *base, int64_t off, double v);
+/* Writes v at linear element offset `off` converted to dtype d (floats: exact for small ints).
+ * Inline: per-token loops call them with a loop-invariant dtype, which the compiler then hoists. */
 
 /* fp16 / bf16 conversions (round to nearest even). */
 uint16_t mp_f32_to_f16(float f);
 float mp_f16_to_f32(uint16_t h);
 uint16_t mp_f32_to_bf16(float f);
 float mp_bf16_to_f32(uint16_t h);
+
+static inline double mp_read_f64(maskpack_dtype d, const void *base, int64_t off);
+static inline void mp_write_f64(maskpack_dtype d, void *base, int64_t off, double v);
+
+static inline int64_t mp_read_i64(maskpack_dtype d, const void *base, int64_t off) {
+    switch (d) {
+    case MASKPACK_BOOL:
+    case MASKPACK_U8: return ((const uint8_t *)base)[off];
+    case MASKPACK_I8: return ((const int8_t *)base)[off];
+    case MASKPACK_I16: return ((const int16_t *)base)[off];
+    case MASKPACK_I32: return ((const int32_t *)base)[off];
+    case MASKPACK_I64: return ((const int64_t *)base)[off];
+    default: {
+        double v = mp_read_f64(d, base, off);
+        if (!(v >= -9.2e18 && v <= 9.2e18)) return v > 0 ? INT64_MAX : INT64_MIN; /* NaN -> INT64_MIN */
+        return (int64_t)v;
+    }
+    }
+}
+
+static inline double mp_read_f64(maskpack_dtype d, const void *base, int64_t off) {
+    switch (d) {
+    case MASKPACK_F16: return mp_f16_to_f32(((const uint16_t *)base)[off]);
+    case MASKPACK_BF16: return mp_bf16_to_f32(((const uint16_t *)base)[off]);
+    case MASKPACK_F32: return ((const float *)base)[off];
+    case MASKPACK_F64: return ((const double *)base)[off];
+    default: return (double)mp_read_i64(d, base, off);
+    }
+}
+
+static inline void mp_write_i64(maskpack_dtype d, void *base, int64_t off, int64_t v) {
+    switch (d) {
+    case MASKPACK_BOOL: ((uint8_t *)base)[off] = v != 0; break;
+    case MASKPACK_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
+    case MASKPACK_I8: ((int8_t *)base)[off] = (int8_t)v; break;
+    case MASKPACK_I16: ((int16_t *)base)[off] = (int16_t)v; break;
+    case MASKPACK_I32: ((int32_t *)base)[off] = (int32_t)v; break;
+    case MASKPACK_I64: ((int64_t *)base)[off] = v; break;
+    default: mp_write_f64(d, base, off, (double)v); break;
+    }
+}
+
+static inline void mp_write_f64(maskpack_dtype d, void *base, int64_t off, double v) {
+    switch (d) {
+    case MASKPACK_F16: ((uint16_t *)base)[off] = mp_f32_to_f16((float)v); break;
+    case MASKPACK_BF16: ((uint16_t *)base)[off] = mp_f32_to_bf16((float)v); break;
+    case MASKPACK_F32: ((float *)base)[off] = (float)v; break;
+    case MASKPACK_F64: ((double *)base)[off] = v; break;
+    default: mp_write_i64(d, base, off, (int64_t)v); break;
+    }
+}
+
 
 /* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape).
  * `name` is used in messages. */
