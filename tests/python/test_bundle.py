@@ -205,3 +205,54 @@ def test_compressed_npu_mask_is_built_once_per_process():
     # the operator's documented compressed mask: the strict upper triangle of 2048 x 2048 is masked
     want = np.triu(np.ones((2048, 2048), dtype=bool), k=1)
     assert np.array_equal(np.asarray(a["atten_mask"]), want)
+
+
+def _examples():
+    return [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "token_type_ids": [1, 1, 2], "source": "a"},
+            {"input_ids": [8], "labels": [-100], "token_type_ids": [3], "source": "b"},
+            {"input_ids": [9, 10, 11, 12, 13], "labels": [-100, 10, 11, 12, 13], "token_type_ids": [4] * 5,
+             "source": "c"}]
+
+
+def test_collator_padded_packed_and_rows():
+    ex = _examples()
+    padded = maskpack.Collator(pad_to_multiple_of=4)(ex)
+    assert padded.input_ids.shape == (3, 8)  # longest 5, rounded to 8
+    assert padded.input_ids[2].tolist() == [9, 10, 11, 12, 13, 0, 0, 0]
+    assert padded.tokens["token_type_ids"][0].tolist() == [1, 1, 2, 0, 0, 0, 0, 0]
+    assert padded.passthrough["source"] == ["a", "b", "c"]
+    packed = maskpack.Collator(padding_free=True)(ex)
+    assert _seqs_of(packed) == [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    assert np.asarray(packed.shift_labels).tolist() == [6, 7, -100, -100, 10, 11, 12, 13, -100]
+    assert packed.tokens["token_type_ids"].tolist() == [1, 1, 2, 3, 4, 4, 4, 4, 4]
+    rows = maskpack.Collator(capacity=6)(ex)  # whole examples into rows of 6 tokens
+    lay = rows.source_layout
+    assert lay.q_width == 6 and sorted(int(n) for n in np.asarray(lay.seqlens)) == [1, 3, 5]
+    ids = np.asarray(rows.input_ids)
+    got = sorted(ids[r, qs:qs + ql].tolist() for r, qs, ql, _, _ in lay.segments)
+    assert got == [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    # attention never crosses two examples of one row
+    allowed = np.asarray(lay.allowed())
+    seg = np.asarray(lay.with_outputs("numpy").segment_ids())
+    for r in range(lay.n_rows):
+        for i in range(6):
+            for j in range(6):
+                if allowed[r, i, j]:
+                    assert seg[r, i] == seg[r, j] != 0 and j <= i
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.Collator(capacity=4)(ex)
+    assert e.value.argument == "capacity" and e.value.index == (2,)
+
+
+def test_collator_pickles_into_dataloader_workers():
+    import pickle
+
+    col = maskpack.Collator(padding_free=True, backend="sdpa")
+    assert repr(pickle.loads(pickle.dumps(col))) == repr(col)
+    data = _examples() * 4
+    loader = torch.utils.data.DataLoader(data, batch_size=3, collate_fn=col, num_workers=2)
+    seen = []
+    for bundle in loader:
+        assert isinstance(bundle, maskpack.Batch)
+        seen.extend(_seqs_of(bundle))
+    assert seen == [[5, 6, 7], [8], [9, 10, 11, 12, 13]] * 4

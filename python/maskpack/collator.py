@@ -1,0 +1,177 @@
+"""maskpack.Collator: a ``collate_fn`` for a torch DataLoader that turns a list of examples into a
+:class:`maskpack.Batch`, keeping every per-token key of the examples.
+
+    loader = DataLoader(dataset, batch_size=8, collate_fn=maskpack.Collator(padding_free=True), num_workers=2)
+    for bundle in loader:
+        out = model(**bundle.hf_kwargs(labels=True))
+
+Three shapes of batch: padded (one example per row, right padding to the longest, or to a multiple),
+padding-free (every example in one packed row: cu_seqlens), and packed rows of a token budget
+(``capacity=``: the planner places whole examples into rows of ``capacity`` tokens, several per row,
+each row a doc-id mask row). The collator holds only plain values, so it pickles into worker processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ._errors import Error
+from .batch import Batch, prepare_batch
+
+__all__ = ["Collator"]
+
+
+def _as_array(v: Any) -> Optional[np.ndarray]:
+    """A per-token value of one example as a numpy array, or None when it is not array-like."""
+    if isinstance(v, (str, bytes, dict)) or v is None:
+        return None
+    try:
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a test dependency
+        pass
+    try:
+        a = np.asarray(v)
+    except (TypeError, ValueError):
+        return None
+    return None if a.dtype == object or a.ndim == 0 else a
+
+
+class Collator:
+    """Examples (dicts with ``input_ids`` or ``inputs_embeds``, optional ``labels`` and any other keys)
+    -> a :class:`Batch`. Keys whose value has the example's length as its first dimension are per-token
+    and are padded/packed with the tokens (labels with ``ignore_index``, ``input_ids`` with
+    ``pad_token_id``, others with 0); other keys are gathered into lists and pass through.
+
+    padding_free: one packed row of all examples (cu_seqlens), else one padded row each.
+    capacity: pack whole examples into rows of this many tokens with the planner (several per row;
+    an example longer than the capacity is an error), padded rows of a doc-id mask.
+    pad_to_multiple_of: the padded width (or, padding-free, the packed total) rounded up (FP8 and
+    tensor-parallel kernels need multiples of 8 or 16).
+    The remaining keyword arguments go to :func:`maskpack.prepare_batch` (backend, cp, cp_rank, tp, ...)."""
+
+    def __init__(self, padding_free: bool = False, capacity: Optional[int] = None, pad_token_id: int = 0,
+                 ignore_index: int = -100, pad_to_multiple_of: Optional[int] = None, return_tensors: str = "pt",
+                 **prepare_kwargs: Any) -> None:
+        if return_tensors not in ("pt", "np"):
+            raise Error(f"return_tensors: expected 'pt' or 'np', found {return_tensors!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="return_tensors")
+        if capacity is not None and (isinstance(capacity, bool) or int(capacity) < 1):
+            raise Error(f"capacity: expected a token count >= 1, found {capacity!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="capacity")
+        if pad_to_multiple_of is not None and int(pad_to_multiple_of) < 1:
+            raise Error(f"pad_to_multiple_of: expected >= 1, found {pad_to_multiple_of!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="pad_to_multiple_of")
+        self.padding_free = bool(padding_free)
+        self.capacity = None if capacity is None else int(capacity)
+        self.pad_token_id = int(pad_token_id)
+        self.ignore_index = int(ignore_index)
+        self.pad_to_multiple_of = None if pad_to_multiple_of is None else int(pad_to_multiple_of)
+        self.return_tensors = return_tensors
+        self.prepare_kwargs = dict(prepare_kwargs)
+
+    def __repr__(self) -> str:
+        return (f"Collator(padding_free={self.padding_free}, capacity={self.capacity}, "
+                f"pad_to_multiple_of={self.pad_to_multiple_of}, {self.prepare_kwargs})")
+
+    def _pad_of(self, key: str) -> int:
+        return self.ignore_index if key in ("labels", "shift_labels") else (self.pad_token_id if key == "input_ids"
+                                                                             else 0)
+
+    def _round(self, n: int) -> int:
+        m = self.pad_to_multiple_of
+        return n if not m else -(-n // m) * m
+
+    def __call__(self, examples: Sequence[Dict[str, Any]]) -> Batch:
+        if not examples:
+            raise Error("examples: expected at least one example", "MASKPACK_ERR_SHAPE", argument="examples")
+        tok_key = "input_ids" if "input_ids" in examples[0] else "inputs_embeds"
+        if tok_key not in examples[0]:
+            raise Error("examples[0]: expected an 'input_ids' or an 'inputs_embeds' entry", "MASKPACK_ERR_NOT_FOUND",
+                        argument="input_ids")
+        lengths, per_token, other = [], {}, {}
+        for i, ex in enumerate(examples):
+            a = _as_array(ex.get(tok_key))
+            if a is None or a.ndim < 1:
+                raise Error(f"examples[{i}].{tok_key}: expected a sequence, found {type(ex.get(tok_key)).__name__}",
+                            "MASKPACK_ERR_SHAPE", argument=tok_key, index=(i,))
+            lengths.append(int(a.shape[0]))
+        for k in examples[0]:
+            arrays = [_as_array(ex.get(k)) for ex in examples]
+            if all(a is not None and a.ndim >= 1 and a.shape[0] == n for a, n in zip(arrays, lengths)):
+                per_token[k] = arrays
+            else:
+                other[k] = [ex.get(k) for ex in examples]
+        if self.capacity is not None:
+            batch = self._rows(per_token, lengths)
+        elif self.padding_free:
+            batch = self._packed(per_token, lengths)
+        else:
+            batch = self._padded(per_token, lengths)
+        if self.return_tensors == "pt":
+            import torch
+
+            batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+        batch.update(other)
+        kw = dict(self.prepare_kwargs)
+        if self.capacity is not None:
+            kw.setdefault("mask_convention", "doc_id")
+        return prepare_batch(batch, padding_free=self.padding_free, ignore_index=self.ignore_index,
+                             pad_token_id=self.pad_token_id, **kw)
+
+    def _padded(self, per_token: Dict[str, List[np.ndarray]], lengths: List[int]) -> Dict[str, np.ndarray]:
+        S = self._round(max(lengths))
+        out = {}
+        for k, arrays in per_token.items():
+            a0 = arrays[0]
+            buf = np.full((len(arrays), S) + a0.shape[1:], self._pad_of(k), dtype=a0.dtype)
+            for b, a in enumerate(arrays):
+                buf[b, :a.shape[0]] = a
+            out[k] = buf
+        out["attention_mask"] = (np.arange(S)[None] < np.asarray(lengths)[:, None]).astype(np.int64)
+        return out
+
+    def _packed(self, per_token: Dict[str, List[np.ndarray]], lengths: List[int]) -> Dict[str, np.ndarray]:
+        T = sum(lengths)
+        Tp = self._round(T)
+        out = {}
+        for k, arrays in per_token.items():
+            a = np.concatenate(arrays, axis=0)
+            if Tp > T:  # the rounded tail is padding: a slot of no sequence
+                a = np.concatenate([a, np.full((Tp - T,) + a.shape[1:], self._pad_of(k), dtype=a.dtype)], axis=0)
+            out[k] = a[None]
+        out["cu_seqlens"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return out
+
+    def _rows(self, per_token: Dict[str, List[np.ndarray]], lengths: List[int]) -> Dict[str, np.ndarray]:
+        from .plan import plan
+
+        cap = self.capacity
+        for i, n in enumerate(lengths):
+            if n > cap:
+                raise Error(f"examples[{i}]: {n} tokens do not fit a row of capacity {cap}", "MASKPACK_ERR_SHAPE",
+                            argument="capacity", index=(i,))
+        rows = [r for r in plan(lengths, capacity=cap).rows if r]
+        W = self._round(cap)
+        out = {}
+        for k, arrays in per_token.items():
+            a0 = arrays[0]
+            buf = np.full((len(rows), W) + a0.shape[1:], self._pad_of(k), dtype=a0.dtype)
+            for r, seqs in enumerate(rows):
+                col = 0
+                for s in seqs:
+                    buf[r, col:col + lengths[s]] = arrays[s]
+                    col += lengths[s]
+            out[k] = buf
+        doc = np.zeros((len(rows), W), dtype=np.int64)
+        for r, seqs in enumerate(rows):
+            col = 0
+            for j, s in enumerate(seqs):
+                doc[r, col:col + lengths[s]] = j + 1
+                col += lengths[s]
+        out["attention_mask"] = doc
+        return out
