@@ -353,6 +353,7 @@ MASKPACK_API int64_t maskpack_segment_of_query(const maskpack_layout *layout, in
 typedef enum maskpack_cp_scheme {
     MASKPACK_CP_ZIGZAG = 0,     /* 2*cp chunks per slot; rank r holds chunks r and 2cp-1-r (Megatron, TE THD) */
     MASKPACK_CP_CONTIGUOUS = 1  /* cp equal pieces of each row (padded) or of the token stream (packed) */
+    /* at cp = 1 both schemes are the identity: the one rank holds every token, nothing must divide */
 } maskpack_cp_scheme;
 
 typedef enum maskpack_cp_align {
@@ -360,7 +361,9 @@ typedef enum maskpack_cp_align {
     MASKPACK_CP_ALIGN_MINIMAL = 1 /* multiple = cp * lcm(2, tp): the smallest that zigzag + sequence parallel need */
 } maskpack_cp_align;
 
-/* (cp >= 1, tp >= 1, align) -> *multiple each slot length must divide by. Never lcm(tp, 2cp). */
+/* (cp >= 1, tp >= 1, align) -> *multiple each slot length must divide by. Never lcm(tp, 2cp). At cp = 1
+ * there is no zigzag split and the multiple is tp for either align (sequence parallelism splits the
+ * tokens tp ways); prepare_batch and the planner pad by this one rule. */
 MASKPACK_API maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align align,
                                                   int64_t *multiple, maskpack_error *err);
 

@@ -685,9 +685,18 @@ class _Moves:
         ld = None
         if labels is not None:
             ld, keep, _ = describe(labels, "labels")
-        obj, od = alloc(self._per_token_shape(), dtype_name(dtype), self._torch)
+        name = dtype_name(dtype)
+        if name not in ("float32", "float64", "bfloat16", "float16"):
+            raise Error(f"dtype: expected a floating dtype (float32, float64, bfloat16, float16), found {name}",
+                        "MASKPACK_ERR_DTYPE", argument="dtype")
+        # bfloat16 / float16 weights: computed in float32 and rounded once
+        obj, od = alloc(self._per_token_shape(), name if name in ("float32", "float64") else "float32", self._torch)
         denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), code, od)
         del keep
+        if name not in ("float32", "float64"):
+            import torch
+
+            obj = torch.as_tensor(obj).to(getattr(torch, name))
         obj = _placed(obj, device, pin_memory)
         return (obj, denom) if return_denominator else obj
 
@@ -696,8 +705,8 @@ class _Moves:
         import torch
 
         grid = self._per_token_shape()
-        if dtype not in ("float32", "float64"):
-            raise Error(f"dtype: expected float32 or float64, found {dtype}", "MASKPACK_ERR_DTYPE", argument="dtype")
+        if dtype not in ("float32", "float64", "bfloat16", "float16"):
+            raise Error(f"dtype: expected a floating dtype, found {dtype}", "MASKPACK_ERR_DTYPE", argument="dtype")
         if labels is not None:
             labels = _as_torch(labels, "labels")
             _check_grid(labels, grid, "labels")
@@ -722,6 +731,8 @@ class _Moves:
         else:
             denom = (per_seq > 0).sum().to(torch.float64)
             w = torch.where(lab, 1.0 / (per_seq[seg] * denom), 0.0)
+        if dtype in ("bfloat16", "float16"):
+            w = w.to(torch.float32)  # rounded as the host path: float64 -> float32 -> the narrow type
         w = w.to(getattr(torch, dtype)).view(grid)
         return (w, float(denom)) if return_denominator else w
 

@@ -53,6 +53,15 @@ def _softcap(softcap: Any) -> float:
     return float(softcap)
 
 
+def _alias(threads: Optional[int], n_threads: Optional[int]) -> Optional[int]:
+    """``threads=`` is the name every maskpack call uses; ``n_threads=`` (this module's first spelling)
+    stays accepted. Both given and different: an error."""
+    if threads is not None and n_threads is not None and threads != n_threads:
+        raise Error(f"threads: given as threads={threads!r} and n_threads={n_threads!r}; pass one",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="threads")
+    return threads if threads is not None else n_threads
+
+
 def _threads(n_threads: Optional[int], use_torch: bool) -> int:
     if n_threads is not None:
         if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)):
@@ -117,7 +126,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
 
 
 def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None, softcap: float = 0.0,
-              out: Any = None, n_threads: Optional[int] = None) -> Tuple[Any, Any]:
+              out: Any = None, n_threads: Optional[int] = None, threads: Optional[int] = None) -> Tuple[Any, Any]:
     """Attention of q over k, v under the layout's rule -> ``(out, lse)``.
 
     scale: None (or 0) = 1/sqrt(D); softcap: 0 = none, else logits become softcap*tanh(s/softcap).
@@ -127,16 +136,17 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
     if _needs_grad(q, k, v):
         if out is not None:
             raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")
-        return _function().apply(q, k, v, layout, scale, softcap, n_threads)
-    return _forward(q, k, v, layout, scale, softcap, out, n_threads)
+        return _function().apply(q, k, v, layout, scale, softcap, _alias(threads, n_threads))
+    return _forward(q, k, v, layout, scale, softcap, out, _alias(threads, n_threads))
 
 
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, layout: Any,
                        scale: Optional[float] = None, softcap: float = 0.0,
-                       n_threads: Optional[int] = None) -> Tuple[Any, Any, Any]:
+                       n_threads: Optional[int] = None, threads: Optional[int] = None) -> Tuple[Any, Any, Any]:
     """Gradients of :func:`attention` -> ``(dq, dk, dv)`` from dout, the forward's out and lse.
 
     Tiles are recomputed (flash-attention 2): memory stays linear in the tokens."""
+    n_threads = _alias(threads, n_threads)
     xs = (dout, q, k, v, out, lse)
     use_torch = any(is_torch_tensor(x) for x in xs)
     xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
@@ -199,8 +209,9 @@ class AttentionFunction:
 
 
 def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None,
-                       softcap: float = 0.0, n_threads: Optional[int] = None) -> Any:
+                       softcap: float = 0.0, n_threads: Optional[int] = None, threads: Optional[int] = None) -> Any:
     """Differentiable attention for torch models: returns ``out`` only (gradients flow to q, k, v)."""
+    n_threads = _alias(threads, n_threads)
     return _function().apply(q, k, v, layout, scale, softcap, n_threads)[0]
 
 

@@ -539,7 +539,7 @@ def _token_tensor(x: Any, layout: Layout, key: str, grid: Tuple[int, ...]) -> Op
 
 
 def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_free: bool = False, tp: int = 1,
-                  cp: int = 1, cp_rank: int = 0, *, cp_scheme: str = "zigzag", align: str = "verl",
+                  cp: int = 1, cp_rank: int = 0, *, cp_scheme: str = "zigzag", align: Optional[str] = "verl",
                   input_layout: Optional[str] = None, head_dim: Optional[int] = None, scale: Optional[float] = None,
                   mask_convention: Optional[str] = None, cu_form: str = "te", position_rule: str = "reset",
                   ignore_index: int = -100, loss_mode: str = "token", pad_token_id: int = 0,
@@ -572,12 +572,13 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     key, grid, _one_row = _token_grid(batch)
     src, _described_by = _source_layout(batch, mask_convention, cu_form, position_rule, rule)
     target = src.packed_of() if padding_free else src
-    if cp > 1:
-        glob = target.pad_to_multiple(cp_multiple(cp, tp, align))
-        local = glob.cp_shard(cp, cp_rank, scheme=cp_scheme, align=None)
-    else:
-        glob = target.pad_to_multiple(tp) if (tp > 1 and padding_free) else target
-        local = glob
+    # one padding rule (cp_multiple): zigzag halves and sequence parallelism at cp > 1, tp alone at cp = 1;
+    # align=None pads nothing (every slot must already divide, as cp_shard(align=None) requires)
+    multiple = 1 if align is None else cp_multiple(cp, tp, align)
+    if cp == 1 and not padding_free:
+        multiple = 1  # a padded batch at cp = 1 runs as given
+    glob = target.pad_to_multiple(multiple) if multiple > 1 else target
+    local = glob.cp_shard(cp, cp_rank, scheme=cp_scheme, align=None) if cp > 1 else glob
 
     tokens: Dict[str, Any] = {}
     passthrough: Dict[str, Any] = {}

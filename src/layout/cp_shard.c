@@ -17,7 +17,13 @@ maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align a
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "tp", -1, -1, "tp: expected in [1, 2^20], found %lld",
                        (long long)tp);
     int64_t m;
-    if (align == MASKPACK_CP_ALIGN_VERL)
+    if (align != MASKPACK_CP_ALIGN_VERL && align != MASKPACK_CP_ALIGN_MINIMAL)
+        return mp_fail(err, MASKPACK_ERR_CONVENTION, "align", -1, -1,
+                       "align: expected MASKPACK_CP_ALIGN_VERL (0) or MASKPACK_CP_ALIGN_MINIMAL (1), found %d",
+                       (int)align);
+    if (cp == 1) /* no CP: no zigzag halves to make equal; sequence parallelism alone needs tp */
+        m = tp;
+    else if (align == MASKPACK_CP_ALIGN_VERL)
         m = tp * cp * 2;
     else if (align == MASKPACK_CP_ALIGN_MINIMAL)
         m = cp * (tp % 2 == 0 ? tp : 2 * tp); /* cp * lcm(2, tp) */
@@ -160,6 +166,7 @@ maskpack_status maskpack_cp_shard_indices(const maskpack_layout *L, int64_t cp, 
     if (s) return s;
     range *R;
     size_t n;
+    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
     s = rank_ranges(L, cp, rank, scheme, &R, &n, err);
     if (s) return s;
     int64_t total = L->n_rows * L->q_width / cp;
@@ -188,6 +195,7 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
     if (s) return s;
     range *R;
     size_t n;
+    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
     s = rank_ranges(L, cp, rank, scheme, &R, &n, err);
     if (s) return s;
     /* Each range cuts at most (segments it overlaps) pieces; a piece per (range, segment) pair. */
@@ -268,6 +276,7 @@ maskpack_status maskpack_cp_last_token(const maskpack_layout *L, int64_t cp, mas
     if (s) return s;
     range *R;
     size_t n;
+    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
     s = rank_ranges(L, cp, 0, scheme, &R, &n, err); /* validates cp, scheme and divisibility */
     if (s) return s;
     free(R);

@@ -77,7 +77,11 @@ static void test_alignment_rules(void) {
     CHECK_OK(maskpack_cp_multiple(2, 3, MASKPACK_CP_ALIGN_MINIMAL, &m, &e), e);
     CHECK_EQ(m, 12);
     CHECK_OK(maskpack_cp_multiple(1, 1, MASKPACK_CP_ALIGN_MINIMAL, &m, &e), e);
-    CHECK_EQ(m, 2);
+    CHECK_EQ(m, 1); /* cp = 1: no zigzag halves */
+    CHECK_OK(maskpack_cp_multiple(1, 2, MASKPACK_CP_ALIGN_VERL, &m, &e), e);
+    CHECK_EQ(m, 2); /* cp = 1: tp alone, the same rule prepare_batch pads by */
+    CHECK_OK(maskpack_cp_multiple(1, 3, MASKPACK_CP_ALIGN_MINIMAL, &m, &e), e);
+    CHECK_EQ(m, 3);
     CHECK_STATUS(maskpack_cp_multiple(0, 1, MASKPACK_CP_ALIGN_VERL, &m, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_STATUS(maskpack_cp_multiple(2, 0, MASKPACK_CP_ALIGN_VERL, &m, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_STATUS(maskpack_cp_multiple(2, 1, (maskpack_cp_align)9, &m, &e), MASKPACK_ERR_CONVENTION, e);

@@ -973,7 +973,7 @@ static void test_random_invariants(void) {
         o.cp = rnd_range(&g, 1, 3);
         o.tp = rnd_range(&g, 1, 2);
         o.align = (maskpack_cp_align)(trial % 2);
-        int64_t m = o.cp == 1 && o.tp == 1 ? 1 : (o.align == MASKPACK_CP_ALIGN_VERL ? 2 * o.cp * o.tp : o.cp * 2);
+        int64_t m = o.cp == 1 ? o.tp : (o.align == MASKPACK_CP_ALIGN_VERL ? 2 * o.cp * o.tp : o.cp * 2);
         o.capacity = m * rnd_range(&g, 2, 200);
         o.dp = rnd_range(&g, 1, 6);
         o.micro_batches = rnd_range(&g, 1, 3);

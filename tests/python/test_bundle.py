@@ -256,3 +256,32 @@ def test_collator_pickles_into_dataloader_workers():
         assert isinstance(bundle, maskpack.Batch)
         seen.extend(_seqs_of(bundle))
     assert seen == [[5, 6, 7], [8], [9, 10, 11, 12, 13]] * 4
+
+
+def test_rough_edges():
+    # one padding rule: cp = 1 pads to tp alone, as cp_multiple says
+    assert maskpack.cp_multiple(1, 2, "verl") == 2 and maskpack.cp_multiple(2, 2, "verl") == 8
+    b = maskpack.prepare_batch({"input_ids": torch.arange(7)[None], "cu_seqlens": torch.tensor([0, 3, 7])},
+                               padding_free=True, tp=2)
+    assert b.cu_seqlens_padded.tolist() == [0, 4, 8]
+    # align=None: accepted where every slot already divides, refused (naming the problem) where not
+    ok = maskpack.prepare_batch({"input_ids": torch.arange(8)[None], "cu_seqlens": torch.tensor([0, 4, 8])},
+                                padding_free=True, cp=2, cp_rank=1, align=None)
+    assert ok.input_ids.shape == (4,)
+    with pytest.raises(maskpack.Error):
+        maskpack.prepare_batch({"input_ids": torch.arange(7)[None], "cu_seqlens": torch.tensor([0, 3, 7])},
+                               padding_free=True, cp=2, cp_rank=0, align=None)
+    # bfloat16 loss weights: the float32 weights rounded once
+    lay = maskpack.Layout.from_lengths([3, 4], placement="packed").with_outputs("torch")
+    w16 = lay.loss_weights(dtype=torch.bfloat16)
+    assert w16.dtype == torch.bfloat16 and torch.equal(w16, lay.loss_weights().to(torch.bfloat16))
+    assert torch.equal(lay.loss_weights(dtype="bfloat16", engine="torch"), w16)
+    with pytest.raises(maskpack.Error):
+        lay.loss_weights(dtype="int32")
+    # attention takes threads= like every other call (n_threads= stays an alias)
+    q = torch.randn(7, 2, 8)
+    o1, _ = maskpack.attention(q, q, q, lay, threads=1)
+    o2, _ = maskpack.attention(q, q, q, lay, n_threads=1)
+    assert torch.equal(o1, o2)
+    with pytest.raises(maskpack.Error):
+        maskpack.attention(q, q, q, lay, threads=1, n_threads=2)
