@@ -7,7 +7,7 @@
  * position ids, FlexAttention block masks, MagiAttention slices and npu_fusion_attention
  * arguments. Two consumers of one layout can therefore never disagree.
  *
- * Conventions used everywhere in this header (section numbers refer to SEMANTICS.md):
+ * Conventions used everywhere in this header (section numbers refer to docs/conventions.md):
  *   - Shapes are written [dim0, dim1, ...], row-major; strides are counted in ELEMENTS.
  *   - Token grid: a layout has n_rows rows of q_width query columns (and kv_width key columns).
  *     A padded batch [B,S] has n_rows = B, q_width = S. A packed (THD) batch of T tokens has
@@ -347,7 +347,7 @@ MASKPACK_API int maskpack_allowed(const maskpack_layout *layout, int64_t b, int6
 MASKPACK_API int64_t maskpack_segment_of_query(const maskpack_layout *layout, int64_t b, int64_t i);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Context parallelism (SEMANTICS.md section 8)                                               */
+/* Context parallelism (docs/conventions.md section 8)                                               */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef enum maskpack_cp_scheme {
@@ -580,7 +580,7 @@ MASKPACK_API maskpack_status maskpack_magi_slices(const maskpack_layout *layout,
                                                   size_t *count, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Ascend npu_fusion_attention arguments (SEMANTICS.md section 6)                              */
+/* Ascend npu_fusion_attention arguments (docs/conventions.md section 6)                              */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef enum maskpack_npu_layout {
@@ -692,7 +692,7 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
 
 /*
  * Fused CPU attention that takes the layout itself, so a padded batch, a packed batch and a CP shard
- * of it give the same answer (SEMANTICS.md sections 3-5). Shapes (B = n_rows, S = q_width,
+ * of it give the same answer (docs/conventions.md sections 3-5). Shapes (B = n_rows, S = q_width,
  * Skv = kv_width; for a packed layout T = q_width, Tkv = kv_width; [1,T,...] is accepted as well):
  *   q, out, dout, dq   [B,S,Hq,D] (padded and packed-row layouts) or [T,Hq,D] (packed)
  *   k, v, dk, dv       [B,Skv,Hkv,D] or [Tkv,Hkv,D]
@@ -769,7 +769,7 @@ MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
 /*
- * The linear-attention layer of Qwen3-Next / Qwen3.5 (SEMANTICS.md section 9), computed per
+ * The linear-attention layer of Qwen3-Next / Qwen3.5 (docs/conventions.md section 9), computed per
  * segment of a layout so that padded and packed batches agree bitwise and nothing crosses a
  * segment boundary. Conventions of this section:
  *   - A segment's tokens are its query columns [q_start, q_start + q_len) of its row (key columns
@@ -911,7 +911,7 @@ MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *
 
 /* ==== Packing planner (sequences into rows, rows across ranks) ============================== */
 /*
- * A plan packs sequences into rows of a fixed token capacity (SEMANTICS.md section 10) and hands the
+ * A plan packs sequences into rows of a fixed token capacity (docs/conventions.md section 10) and hands the
  * rows to data-parallel ranks and micro-batches so that no rank waits for another:
  *   1. Each sequence's length is rounded up to the alignment multiple (maskpack_cp_multiple(cp, tp,
  *      align); 1 when cp == tp == 1) so the plan's rows are exactly the rows the CP shard will run:

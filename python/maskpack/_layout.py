@@ -44,7 +44,7 @@ def _int(v: Any, name: str) -> int:
 
 
 def _check_alignment(layout: "Layout", explicit: bool) -> None:
-    """SEMANTICS.md section 3: where q_len != kv_len the causal alignment must be stated, never assumed."""
+    """docs/conventions.md section 3: where q_len != kv_len the causal alignment must be stated, never assumed."""
     if explicit:
         return
     r = layout.rule

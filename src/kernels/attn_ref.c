@@ -95,7 +95,7 @@ static void ref_fwd_row(const attn_problem *P, size_t k, int32_t h, int64_t i) {
             axpy_d(acc, w, attn_ptr(&P->v, g->row, g->kv_start + j, kh, P->esize), P->bf16, D);
         }
     }
-    /* a row that sees nothing: exact 0 and -inf (SEMANTICS.md section 5) */
+    /* a row that sees nothing: exact 0 and -inf (docs/conventions.md section 5) */
     store_d(attn_ptr(&P->out, g->row, g->q_start + i, h, P->esize), P->bf16, acc, D, l > 0 ? 1.0 / l : 0.0);
     if (P->have_lse)
         *(float *)attn_ptr(&P->lse, g->row, g->q_start + i, h, sizeof(float)) =

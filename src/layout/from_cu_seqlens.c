@@ -1,5 +1,5 @@
 /* from_cu_seqlens.c: packed (THD) layouts from cumulative sequence lengths, in the TE/flash-attn
- * form [0, e1, ..., eN] or the Ascend NPU form [e1, ..., eN] (SEMANTICS.md sections 1 and 6), with
+ * form [0, e1, ..., eN] or the Ascend NPU form [e1, ..., eN] (docs/conventions.md sections 1 and 6), with
  * optional TE cu_seqlens_padded slot offsets, and the cross-attention variant with separate q and kv
  * lists. */
 #include "internal.h"

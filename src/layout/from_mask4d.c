@@ -3,7 +3,7 @@
  * Both functions first read the whole mask once: every element must be a legal value of its
  * convention, and a key column is valid iff some query (any head, any row) attends it. That column
  * rule is the only one that gives the same answer for ms-swift's masks (pad query rows still see
- * the valid keys) and verl's (pad rows see nothing); a row rule is wrong (SEMANTICS.md section 7).
+ * the valid keys) and verl's (pad rows see nothing); a row rule is wrong (docs/conventions.md section 7).
  *
  * maskpack_layout_from_mask4d then proposes a layout (segments + rule) from per-row summaries and
  * VERIFIES it against every valid query row before returning it: a heuristic may guess, but the

@@ -1,5 +1,5 @@
 /* from_position_ids.c: a layout from position ids, the way packed batches are described when no
- * cu_seqlens travel with them (SEMANTICS.md section 7). Two boundary rules exist in the wild (HF's
+ * cu_seqlens travel with them (docs/conventions.md section 7). Two boundary rules exist in the wild (HF's
  * flash path resets at the minimum, its mask builders at any step other than +1); the caller picks
  * one. A tail of zeros is padding, not a run of length-1 sequences (bug class 8). */
 #include "internal.h"

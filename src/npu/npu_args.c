@@ -1,4 +1,4 @@
-/* npu_args.c: the arguments of Ascend's npu_fusion_attention for a layout (SEMANTICS.md section 6):
+/* npu_args.c: the arguments of Ascend's npu_fusion_attention for a layout (docs/conventions.md section 6):
  * which sparse_mode, which atten_mask (none, the compressed 2048x2048 / 3072x2048 masks that never
  * depend on S, or a full M-mask), pre/next tokens, the explicit scale, and in TND the NPU-form
  * actual_seq lists with declared pad items.
@@ -289,7 +289,7 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
     } else {
         /* Diagonals differ: the outer-split modes cover one odd item, the last non-empty one under
          * mode 7 (the others bottom-right, Sq <= Skv) or the first under mode 8 (the others
-         * top-left). That is the shape of a sequence split across cards (SEMANTICS.md section 6). */
+         * top-left). That is the shape of a sequence split across cards (docs/conventions.md section 6). */
         for (int32_t mode = 7; mode <= 8 && band < 0; mode++) {
             int64_t cand = mp_npu_band_item(mode, it.q_len, it.kv_len, it.n);
             int ok = cand >= 0 && it.segment[cand] >= 0;

@@ -1,5 +1,5 @@
 /* npu_validate.c: checks a hand-built npu_fusion_attention call against the operator's contract
- * (SEMANTICS.md section 6) and, when the caller says which layout the call is meant to compute,
+ * (docs/conventions.md section 6) and, when the caller says which layout the call is meant to compute,
  * against that layout's predicate. Every violation is reported, not just the first: a call that is
  * wrong in three ways should be fixed once.
  *

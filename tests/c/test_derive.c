@@ -807,7 +807,7 @@ static maskpack_layout *build(const maskpack_segment *s, size_t n, int64_t B, in
 
 static void test_hand_examples(void) {
     maskpack_error e;
-    /* SEMANTICS.md: tokens a a a . b b . . c c c c . -> cu [0,3,5,9], cu_padded [0,4,8,13] */
+    /* docs/conventions.md section 1: tokens a a a . b b . . c c c c . -> cu [0,3,5,9], cu_padded [0,4,8,13] */
     maskpack_segment s[3] = {{0, 0, 3, 0, 3}, {0, 4, 2, 4, 2}, {0, 8, 4, 8, 4}};
     maskpack_layout *L = build(s, 3, 1, 13, 13, 1, NULL);
     if (!L) return;

@@ -570,7 +570,7 @@ static void test_cu_basic(void) {
         maskpack_layout_free(out);
     }
 
-    /* NPU form with a leading 0: an empty first item, not an error (SEMANTICS 1 and 6) */
+    /* NPU form with a leading 0: an empty first item, not an error (docs/conventions.md sections 1 and 6) */
     tn = typed(b64, MASKPACK_I64, te, 4, 1, (const int64_t[1]){4});
     out = NULL;
     CHECK_OK(maskpack_layout_from_cu_seqlens(&tn, MASKPACK_CU_NPU, 0, NULL, NULL, &out, &e), e);

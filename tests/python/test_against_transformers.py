@@ -13,7 +13,7 @@ Every comparison calls the installed transformers functions (nothing is copied f
   against find_packed_sequence_indices (the mask builders' "step" rule).
 
 HF builds pad query rows from the key padding only (a pad row still sees valid keys), maskpack's pad
-rows see nothing (SEMANTICS.md section 5), so dense masks are compared on the rows of real tokens and
+rows see nothing (docs/conventions.md section 5), so dense masks are compared on the rows of real tokens and
 maskpack's pad rows are checked to be empty. transformers is imported unconditionally: without it
 this module fails instead of skipping.
 """
@@ -318,7 +318,7 @@ def test_step_rule_is_hf_mask_builders(pos, hf_window):
 
 
 def test_the_two_boundary_rules_disagree_on_a_jump():
-    # SEMANTICS.md section 7: [0, 1, 2, 5, 6] is one sequence to HF's flash path and two to its mask
+    # docs/conventions.md section 7: [0, 1, 2, 5, 6] is one sequence to HF's flash path and two to its mask
     # builders; maskpack names the rule instead of guessing.
     pos = torch.tensor([[0, 1, 2, 5, 6]])
     (cu_q, _cu_k), (max_q, _mk) = prepare_fa_kwargs_from_position_ids(pos)

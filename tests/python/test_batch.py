@@ -117,7 +117,7 @@ def test_cp_ranks_reassemble_and_losses_agree(padding_free, cp, tp):
         # each sequence's last token sits on exactly one rank
         owners = np.stack([np.asarray(r.last_token_index) >= 0 for r in ranks])
         assert (owners.sum(axis=0) == 1).all()
-        # the 2D mask is split along the sequence like every other per-token tensor (SEMANTICS.md 7)
+        # the 2D mask is split along the sequence like every other per-token tensor (docs/conventions.md section 7)
         assert sum(int(np.asarray(r.attention_mask_2d).sum()) for r in ranks) == int(np.asarray(batch["attention_mask"]).sum())
 
 

@@ -59,7 +59,7 @@ def make_inputs(lead, H, HV, K, V, dtype=torch.float32, gen=None):
     return [x.to(dtype) for x in (q, k, v, g, beta)]
 
 
-# ---- a float64 reference written here: the recurrence of SEMANTICS.md section 9 ---------------
+# ---- a float64 reference written here: the recurrence of docs/conventions.md section 9 ---------------
 
 
 def ref_rule(q, k, v, g, beta, h0=None, scale=None, l2=True):
