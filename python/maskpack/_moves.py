@@ -28,7 +28,8 @@ from ._errors import Error
 from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
 from ._tensors import compiling, placed as _placed
 
-_SCHEMES = {"zigzag": 0, "contiguous": 1}
+# "ulysses" runs as "contiguous" over a global layout padded only at the end (see _cp_global)
+_SCHEMES = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
 _ALIGNS = {"verl": 0, "minimal": 1}
 _PLACEMENTS = {"right": 0, "left": 1}
 _LOSS_MODES = {"token": 0, "sequence": 1}
@@ -528,9 +529,23 @@ class _Moves:
         """Each sequence's slot (packed) or the row width (padded) padded up to a multiple, explicitly."""
         return self._derived(_maskpack.pad_to_multiple(self._h, int(multiple)))
 
-    def _cp_global(self, cp_size: int, tp: int, align: Optional[str]):
+    def _cp_global(self, cp_size: int, tp: int, align: Optional[str], scheme: str = "zigzag"):
+        """The layout a CP split cuts: every slot padded to cp_multiple (zigzag, contiguous), or, for
+        Ulysses (verl's ulysses_pad_and_slice_inputs), only the total of a packed stream padded up to a
+        multiple of cp * tp at its end (a padded batch: its row width), then cut contiguously."""
         if align is None:
             return self
+        if scheme == "ulysses":
+            m = int(cp_size) * int(tp)
+            info = self._info
+            if not info[3]:
+                return self.pad_to_multiple(m)
+            total = -(-info[1] // m) * m
+            if total == info[1]:
+                return self
+            return _cached(self, ("ulysses", m), lambda: self._derived(_maskpack.from_segments(
+                [tuple(sg[:5]) + ((sg[5],) if sg[5] is not None else ()) for sg in _maskpack.segments(self._h)],
+                1, total, total if info[4] else info[2] + (total - info[1]), True, _maskpack.rule(self._h))))
         return self.pad_to_multiple(cp_multiple(cp_size, tp, align))
 
     def cp_shard(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
@@ -541,9 +556,9 @@ class _Moves:
         sch = _pick(scheme, _SCHEMES, "scheme")
         if align is not None:
             _pick(align, _ALIGNS, "align")
-        key = ("cp_shard", int(cp_size), int(cp_rank), sch, int(tp), align)
+        key = ("cp_shard", int(cp_size), int(cp_rank), scheme, int(tp), align)
         return _cached(self, key, lambda: self._derived(_maskpack.cp_shard(
-            self._cp_global(cp_size, tp, align)._h, int(cp_size), int(cp_rank), sch)))
+            self._cp_global(cp_size, tp, align, scheme)._h, int(cp_size), int(cp_rank), sch)))
 
     def cp_shard_indices(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
                          align: Optional[str] = "verl", dtype: Any = "int64", device: Any = None,
@@ -556,7 +571,7 @@ class _Moves:
             return _compile.derived(self, "cp_shard_indices", dict(cp_size=int(cp_size), cp_rank=int(cp_rank),
                                                                    scheme=scheme, tp=int(tp), align=align, dtype=dtype),
                                     device)
-        g = self._cp_global(cp_size, tp, align)
+        g = self._cp_global(cp_size, tp, align, scheme)
         n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
         _maskpack.cp_shard_indices(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme"), d)
@@ -740,7 +755,7 @@ class _Moves:
                       dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """(rank [N], local [N]): the CP rank holding each sequence's last token and its flattened index
         in that rank's shard (-1 for empty sequences)."""
-        g = self._cp_global(cp_size, tp, align)
+        g = self._cp_global(cp_size, tp, align, scheme)
         r, rd = alloc((self.n_segments,), dtype_name(dtype), self._torch)
         l, ld = alloc((self.n_segments,), dtype_name(dtype), self._torch)
         _maskpack.cp_last_token(g._h, int(cp_size), _pick(scheme, _SCHEMES, "scheme"), rd, ld)

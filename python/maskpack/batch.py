@@ -137,6 +137,8 @@ class Batch:
         forced = self.extras.get("max_seqlen")
         if forced is not None:
             return int(forced)
+        if self.extras.get("cp_scheme") == "ulysses":  # whole sequences per head group: the real longest
+            return int(self.global_layout.max_seqlen)
         if self.cp > 1 or self.extras.get("tp", 1) > 1:
             return _max_slot(self.global_layout)
         return int(self.global_layout.max_seqlen)
@@ -577,7 +579,10 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     multiple = 1 if align is None else cp_multiple(cp, tp, align)
     if cp == 1 and not padding_free:
         multiple = 1  # a padded batch at cp = 1 runs as given
-    glob = target.pad_to_multiple(multiple) if multiple > 1 else target
+    if cp_scheme == "ulysses" and cp > 1:  # only the total is padded, at the end; the stream is cut evenly
+        glob = target._cp_global(cp, tp, "verl" if align is None else align, "ulysses")
+    else:
+        glob = target.pad_to_multiple(multiple) if multiple > 1 else target
     local = glob.cp_shard(cp, cp_rank, scheme=cp_scheme, align=None) if cp > 1 else glob
 
     tokens: Dict[str, Any] = {}

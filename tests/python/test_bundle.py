@@ -285,3 +285,32 @@ def test_rough_edges():
     assert torch.equal(o1, o2)
     with pytest.raises(maskpack.Error):
         maskpack.attention(q, q, q, lay, threads=1, n_threads=2)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ulysses_split_pads_only_the_total(cp):
+    """Ulysses (verl's ulysses_pad_and_slice_inputs): the packed stream is padded only at its end to a
+    multiple of cp and cut into cp contiguous pieces; expectations from that definition."""
+    lengths = [5, 3, 6]
+    T = sum(lengths)
+    Tp = -(-T // cp) * cp
+    ids = torch.arange(1, T + 1)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    batch = {"input_ids": ids[None], "cu_seqlens": cu}
+    stream = torch.cat([ids, torch.zeros(Tp - T, dtype=ids.dtype)])
+    per = Tp // cp
+    parts = []
+    for r in range(cp):
+        b = maskpack.prepare_batch(batch, padding_free=True, cp=cp, cp_rank=r, cp_scheme="ulysses")
+        assert torch.equal(torch.as_tensor(b.input_ids), stream[r * per:(r + 1) * per])
+        assert b.max_seqlen == max(lengths)
+        idx = np.asarray(b.source_layout.cp_shard_indices(cp, r, scheme="ulysses"))
+        assert idx.tolist() == list(range(r * per, (r + 1) * per))
+        parts.append(b.input_ids)
+    whole = b.to_padded(parts[-1], parts=parts)
+    assert torch.equal(torch.as_tensor(whole), ids)
+    # the last token of each sequence: on the rank whose piece holds its end
+    rank, local = b.source_layout.cp_last_token(cp, scheme="ulysses")
+    ends = np.cumsum(lengths) - 1
+    assert np.asarray(rank).tolist() == (ends // per).tolist()
+    assert np.asarray(local).tolist() == (ends % per).tolist()
