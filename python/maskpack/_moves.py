@@ -536,17 +536,25 @@ class _Moves:
         if align is None:
             return self
         if scheme == "ulysses":
-            m = int(cp_size) * int(tp)
-            info = self._info
-            if not info[3]:
-                return self.pad_to_multiple(m)
-            total = -(-info[1] // m) * m
-            if total == info[1]:
-                return self
-            return _cached(self, ("ulysses", m), lambda: self._derived(_maskpack.from_segments(
-                [tuple(sg[:5]) + ((sg[5],) if sg[5] is not None else ()) for sg in _maskpack.segments(self._h)],
-                1, total, total if info[4] else info[2] + (total - info[1]), True, _maskpack.rule(self._h))))
+            return self.pad_total_to_multiple(int(cp_size) * int(tp))
         return self.pad_to_multiple(cp_multiple(cp_size, tp, align))
+
+    def pad_total_to_multiple(self, multiple: int):
+        """A packed stream padded at its end (one padding run after the last slot) so that its token count
+        divides by ``multiple`` (FP8 and other kernels that need token counts in multiples of 16); a
+        padded layout: its row width rounded up (as pad_to_multiple)."""
+        m = int(multiple)
+        if m < 1:
+            raise Error(f"multiple: expected >= 1, found {m}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="multiple")
+        info = self._info
+        if not info[3]:
+            return self.pad_to_multiple(m)
+        total = -(-info[1] // m) * m
+        if total == info[1]:
+            return self
+        return _cached(self, ("pad total", m), lambda: self._derived(_maskpack.from_segments(
+            [tuple(sg[:5]) + ((sg[5],) if sg[5] is not None else ()) for sg in _maskpack.segments(self._h)],
+            1, total, total if info[4] else info[2] + (total - info[1]), True, _maskpack.rule(self._h))))
 
     def cp_shard(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
                  align: Optional[str] = "verl"):
@@ -627,11 +635,22 @@ class _Moves:
 
     # ---- labels, losses, last tokens ----------------------------------------------------------
 
-    def shift_labels(self, labels: Any, ignore_index: int = -100, out: Any = None, engine: Optional[str] = None):
+    def shift_labels(self, labels: Any, ignore_index: int = -100, out: Any = None, engine: Optional[str] = None,
+                     shift: int = 1):
         """Next-token labels inside each sequence: out[t] = labels[t+1] within a sequence, ignore_index
         on each sequence's last token and on padding. Shift before sharding. Labels on an accelerator
         are shifted there (torch indexing with an index the C library derives once per device);
-        ``engine="torch"`` takes that path on the CPU too."""
+        ``engine="torch"`` takes that path on the CPU too. ``shift=k`` rolls by k tokens (a
+        multi-token-prediction head at depth d takes ``shift=d + 1``): out[t] = labels[t+k] within a
+        sequence, ignore_index on each sequence's last k tokens."""
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)) or shift < 1:
+            raise Error(f"shift: expected an int >= 1, found {shift!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="shift")
+        if shift > 1:  # k shifts inside each sequence: each one moves the ignored tail one token further
+            out_k = self.shift_labels(labels, ignore_index, None, engine)
+            for _ in range(int(shift) - 2):
+                out_k = self.shift_labels(out_k, ignore_index, None, engine)
+            return self.shift_labels(out_k, ignore_index, out, engine)
         if out is None and is_torch_tensor(labels) and compiling():
             from . import _compile
 

@@ -282,6 +282,15 @@ class Batch:
         new.extras = dict(self.extras, device=device)
         return new
 
+    def mtp_labels(self, depth: int):
+        """Labels of a multi-token-prediction head at ``depth`` (1 = the first extra head): the batch's
+        labels rolled by depth + 1 tokens inside each sequence (never across one), on this rank."""
+        base = self.extras["label_source"]
+        rolled = self.source_layout.shift_labels(base, ignore_index=self.extras["ignore_index"], shift=int(depth) + 1)
+        moved = rolled if self.layout is self.source_layout else relayout(
+            rolled, self.source_layout, self.layout, pad_value=self.extras["ignore_index"])
+        return self._place(moved)
+
     def to_padded(self, x: Any, parts: Optional[List[Any]] = None, pad_value: Any = 0):
         """Output of the model step (per-token, this rank's layout) -> the dataloader's layout. Under CP,
         pass every rank's output in rank order as ``parts`` (e.g. from an all_gather) to reassemble the
@@ -546,7 +555,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
                   mask_convention: Optional[str] = None, cu_form: str = "te", position_rule: str = "reset",
                   ignore_index: int = -100, loss_mode: str = "token", pad_token_id: int = 0,
                   mask_dtype: Any = "float32", recompute_position_ids: bool = False, max_seqlen: Optional[int] = None,
-                  **rule: Any) -> Batch:
+                  pad_to_multiple_of: Optional[int] = None, **rule: Any) -> Batch:
     """A dataloader batch dict and a target -> :class:`Batch` (derived fields built on first access).
 
     The batch gives the tokens (input_ids, or inputs_embeds) and their segments in any of the forms
@@ -560,7 +569,9 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     when read): "flash_attn", "sdpa", "eager" (additive in ``mask_dtype``), "npu" (arguments in
     ``bundle.npu``; TND when padding_free, BSND otherwise; ``head_dim`` or ``scale`` required),
     "megatron". The rule (causal=True, window=..., spans=..., prefix=...) applies to every backend alike.
-    ``max_seqlen`` forces the value reported to kernels."""
+    ``max_seqlen`` forces the value reported to kernels; ``pad_to_multiple_of`` pads the token count (each
+    rank's, under CP) to a multiple, at the end of the packed stream (or the row width when padded), for
+    kernels such as FP8 GEMMs that need it."""
     if backend not in BACKENDS:
         raise Error(f"backend: expected one of {', '.join(BACKENDS)}, found {backend!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="backend")
@@ -583,6 +594,10 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
         glob = target._cp_global(cp, tp, "verl" if align is None else align, "ulysses")
     else:
         glob = target.pad_to_multiple(multiple) if multiple > 1 else target
+    if pad_to_multiple_of is not None and int(pad_to_multiple_of) > 1:
+        # token counts in multiples (FP8 GEMMs): the stream's end padded so every rank's part divides
+        m = int(pad_to_multiple_of) * (cp if cp_scheme == "ulysses" else 2 * cp if cp > 1 else 1)
+        glob = glob.pad_total_to_multiple(m) if padding_free else glob.pad_to_multiple(m)
     local = glob.cp_shard(cp, cp_rank, scheme=cp_scheme, align=None) if cp > 1 else glob
 
     tokens: Dict[str, Any] = {}
@@ -625,7 +640,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
         tokens["position_ids"] = local.position_ids()
     options = {"cp_scheme": cp_scheme, "tp": tp, "align": align, "mask_dtype": mask_dtype, "input_layout": input_layout,
                "head_dim": head_dim, "scale": scale, "ignore_index": ignore_index, "max_seqlen": max_seqlen,
-               "mrope": mrope, "described_by": _described_by}
+               "mrope": mrope, "described_by": _described_by, "label_source": base}
     return Batch(backend=backend, padding_free=padding_free, cp=cp, cp_rank=cp_rank, layout=local, global_layout=glob,
                  source_layout=src, tokens=tokens, passthrough=passthrough, loss_denominator=denom, options=options)
 

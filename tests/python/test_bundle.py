@@ -314,3 +314,38 @@ def test_ulysses_split_pads_only_the_total(cp):
     ends = np.cumsum(lengths) - 1
     assert np.asarray(rank).tolist() == (ends // per).tolist()
     assert np.asarray(local).tolist() == (ends % per).tolist()
+
+
+def test_mtp_labels_roll_inside_sequences():
+    labels = torch.tensor([10, 11, 12, 13, 20, 21, 22])
+    batch = {"input_ids": labels[None], "cu_seqlens": torch.tensor([0, 4, 7]), "labels": labels[None]}
+    b = maskpack.prepare_batch(batch, padding_free=True)
+    assert np.asarray(b.shift_labels).tolist() == [11, 12, 13, -100, 21, 22, -100]
+    assert np.asarray(b.mtp_labels(1)).tolist() == [12, 13, -100, -100, 22, -100, -100]
+    assert np.asarray(b.mtp_labels(2)).tolist() == [13, -100, -100, -100, -100, -100, -100]
+    lay = b.source_layout
+    assert torch.equal(lay.shift_labels(labels, shift=2, engine="torch"), lay.shift_labels(labels, shift=2))
+    with pytest.raises(maskpack.Error):
+        lay.shift_labels(labels, shift=0)
+    # on a CP rank: the rolled labels are that rank's shard of the whole's
+    parts = [maskpack.prepare_batch(batch, padding_free=True, cp=2, cp_rank=r).mtp_labels(1) for r in range(2)]
+    whole = maskpack.prepare_batch(batch, padding_free=True, cp=2, cp_rank=0).to_padded(parts[0], parts=parts,
+                                                                                          pad_value=-100)
+    assert np.asarray(whole).tolist() == [12, 13, -100, -100, 22, -100, -100]
+
+
+@pytest.mark.parametrize("cp,scheme", [(1, "zigzag"), (2, "zigzag"), (2, "ulysses"), (4, "contiguous")])
+def test_pad_to_multiple_of_for_fp8(cp, scheme):
+    lengths = [5, 3, 6]
+    ids = torch.arange(1, 15)
+    batch = {"input_ids": ids[None], "cu_seqlens": torch.tensor(np.concatenate([[0], np.cumsum(lengths)])),
+             "labels": ids[None]}
+    parts = []
+    for r in range(cp):
+        b = maskpack.prepare_batch(batch, padding_free=True, cp=cp, cp_rank=r, cp_scheme=scheme, pad_to_multiple_of=16)
+        n = b.input_ids.shape[0]
+        assert n % 16 == 0, n  # every rank's token count
+        parts.append(b.input_ids)
+        assert float(torch.as_tensor(b.loss_weights).sum()) <= 1.0 + 1e-6
+    back = b.to_padded(parts[-1], parts=parts if cp > 1 else None)
+    assert torch.equal(torch.as_tensor(back), ids)  # nothing lost, nothing added
