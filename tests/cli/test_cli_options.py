@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""The options of `maskpack inspect` and `maskpack plan` that no other CLI test gives, each parsed
+and checked for its effect on the output (and each refused with exit status 2 and its message on a
+bad value). Python standard library only; the writers and readers are test_cli.py's.
+
+usage: test_cli_options.py MASKPACK_BINARY SOURCE_ROOT [CASE...]   (no CASE: run every case)
+"""
+import json
+import math
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cli as base  # noqa: E402  (its writers, readers, run/check/expect and failure list)
+
+check, expect, npy, read_npz = base.check, base.expect, base.npy, base.read_npz
+
+
+def tmp(name):
+    return os.path.join(base.TMP, name)
+
+
+def inspect_json(*args):
+    out = expect(["inspect", *args, "--json"], 0)
+    return json.loads(out)
+
+
+def mask4d(*args):
+    """The sample batch's mask4d (keep, bool) under the given rule flags: [3][16][16] lists."""
+    path = tmp("m4.npz")
+    expect(["inspect", *args, "--emit", "mask4d", "--out", path], 0)
+    shape, m = read_npz(path)["mask4d"]
+    check(shape == (3, 1, 16, 16), "mask4d shape %r" % (shape,))
+    return [[m[b * 256 + i * 16:b * 256 + i * 16 + 16] for i in range(16)] for b in range(3)]
+
+
+# ---- inspect --------------------------------------------------------------------------------------
+
+def case_inspect_window():
+    # row 0 of the sample is one 11-token sequence at columns 0..10
+    full = mask4d()
+    check(full[0][8][0:9] == [1] * 9, "causal, no window: query 8 sees keys 0..8")
+    win = mask4d("--window", "2,0")
+    check(win[0][8][0:11] == [0] * 6 + [1] * 3 + [0] * 2, "--window 2,0: query 8 sees keys 6..8 only, got %r"
+          % (win[0][8][0:11],))
+    check(inspect_json("--window", "2,0")["rule"]["window"] == [2, 0], "--window in the report's rule")
+    both = mask4d("--bidirectional", "--window", "1,1")
+    check(both[0][5][0:11] == [0] * 4 + [1] * 3 + [0] * 4, "--bidirectional --window 1,1: keys 4..6 of query 5")
+    expect(["inspect", "--window", "3"], 2, err_has=["--window: expected L,R"])
+    expect(["inspect", "--window", "3,-2"], 2, err_has=["--window: expected two integers >= -1"])
+
+
+def case_inspect_alignment():
+    rule = inspect_json("--alignment", "top_left")["rule"]
+    check(rule["alignment"] == "top_left" and rule["from"] == "flags", "--alignment top_left: %r" % (rule,))
+    check(inspect_json()["rule"]["alignment"] == "bottom_right", "default alignment bottom_right")
+    expect(["inspect", "--alignment", "middle"], 2, err_has=["--alignment: expected top_left|bottom_right"])
+
+
+def case_inspect_total():
+    path = tmp("cu.npy")
+    with open(path, "wb") as f:
+        f.write(npy("i4", (3,), [0, 3, 7]))
+    plain = inspect_json(path, "--as", "cu_seqlens", "--cu-form", "te")
+    check(plain["shape"] == [7] and plain["pad_fraction"] == 0, "cu_seqlens alone: stream of 7 tokens")
+    tot = inspect_json(path, "--as", "cu_seqlens", "--cu-form", "te", "--total", "10")
+    check(tot["shape"] == [10] and tot["n_tokens"] == 7 and abs(tot["pad_fraction"] - 0.3) < 1e-12,
+          "--total 10: a stream of 10 with 3 padding tokens, got %r" % ({k: tot[k] for k in ("shape", "n_tokens")},))
+    expect(["inspect", path, "--as", "cu_seqlens", "--cu-form", "te", "--total", "-4"], 2,
+           err_has=["--total: expected an integer >= 0"])
+
+
+def case_inspect_block():
+    path = tmp("bm.npz")
+    expect(["inspect", "--emit", "block_mask", "--block", "4", "--out", path], 0)
+    z = read_npz(path)
+    shape, kvn = z["block_mask_kv_num_blocks"]
+    check(shape == (3, 4), "--block 4: 16 columns make 4 query blocks, got %r" % (shape,))
+    # row 0: tokens 0..10 causal; query block 1 (rows 4..7) sees key blocks 0 and 1, partly or fully
+    _, full = z["block_mask_full_kv_num_blocks"]
+    check(kvn[1] + full[1] == 2, "row 0, query block 1 reaches 2 key blocks (partial %d + full %d)" % (kvn[1], full[1]))
+    expect(["inspect", "--emit", "block_mask", "--out", tmp("bm128.npz")], 0)
+    check(read_npz(tmp("bm128.npz"))["block_mask_kv_num_blocks"][0] == (3, 1), "default block 128: one block")
+    expect(["inspect", "--emit", "block_mask", "--block", "0", "--out", path], 2, err_has=["--block: expected an integer >= 1"])
+
+
+def case_inspect_npu():
+    codes = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3}
+    for name, code in codes.items():
+        path = tmp("npu_%s.npz" % name)
+        expect(["inspect", "--emit", "npu", "--npu-layout", name, "--out", path], 0)
+        check(read_npz(path)["npu_input_layout"][1] == [code], "--npu-layout %s -> input_layout %d" % (name, code))
+    # TND needs a packed layout: the sample is a padded grid
+    expect(["inspect", "--emit", "npu", "--npu-layout", "TND", "--out", tmp("tnd.npz")], 1,
+           out_has=["input_layout TND needs a packed (THD) layout"])
+    expect(["inspect", "--npu-layout", "NTD"], 2, err_has=["--npu-layout: expected TND|BSND|BNSD|BSH|SBH"])
+    # the scale: 1/sqrt(head dim), or given
+    path = tmp("npu_scale.npz")
+    expect(["inspect", "--emit", "npu", "--head-dim", "64", "--out", path], 0)
+    check(read_npz(path)["npu_scale"][1] == [0.125], "--head-dim 64 -> scale 1/8")
+    expect(["inspect", "--emit", "npu", "--out", path], 0)
+    check(abs(read_npz(path)["npu_scale"][1][0] - 1 / math.sqrt(128)) < 1e-15, "default head dim 128")
+    expect(["inspect", "--emit", "npu", "--scale", "0.3", "--out", path], 0)
+    check(read_npz(path)["npu_scale"][1] == [0.3], "--scale 0.3")
+    expect(["inspect", "--head-dim", "0"], 2, err_has=["--head-dim: expected an integer >= 1"])
+    expect(["inspect", "--scale", "-1"], 2, err_has=["--scale: expected a finite number > 0"])
+    expect(["inspect", "--scale", "inf"], 2, err_has=["--scale: expected a finite number > 0"])
+
+
+def case_inspect_fill_and_index_dtype():
+    path = tmp("fill.npz")
+    expect(["inspect", "--emit", "mask4d", "--emit-convention", "additive", "--emit-dtype", "float32",
+            "--emit-fill", "neg_inf", "--out", path], 0)
+    _, m = read_npz(path)["mask4d"]
+    check(m[1] == -math.inf and m[0] == 0.0, "--emit-fill neg_inf: masked entries are -inf, allowed 0")
+    expect(["inspect", "--emit", "mask4d", "--emit-convention", "additive", "--emit-dtype", "float32",
+            "--emit-fill", "dtype_min", "--out", path], 0)
+    _, m = read_npz(path)["mask4d"]
+    check(m[1] == -3.4028234663852886e38, "--emit-fill dtype_min: masked entries are float32's lowest, got %r" % m[1])
+    expect(["inspect", "--emit-fill", "zero"], 2, err_has=["--emit-fill: expected neg_inf|dtype_min"])
+
+    path = tmp("idx.npz")
+    out = expect(["inspect", "--emit", "cu_seqlens,valid_indices", "--index-dtype", "int64", "--out", path], 0,
+                 out_has=["cu_seqlens int64 [5]", "valid_indices int64 [36]"])
+    check(read_npz(path)["cu_seqlens"][1] == [0, 11, 18, 24, 36], "int64 cu_seqlens values")
+    expect(["inspect", "--emit", "cu_seqlens,valid_indices", "--index-dtype", "int32", "--out", path], 0,
+           out_has=["cu_seqlens int32 [5]", "valid_indices int32 [36]"])
+    expect(["inspect", "--index-dtype", "int16"], 2, err_has=["--index-dtype: expected int32|int64"])
+    del out
+
+
+# ---- plan ------------------------------------------------------------------------------------------
+
+def lengths(name, values):
+    path = tmp(name)
+    with open(path, "w") as f:
+        f.write("".join("%d\n" % v for v in values))
+    return path
+
+
+def plan_json(*args):
+    return json.loads(expect(["plan", *args, "--json"], 0))
+
+
+def case_plan_parallel_alignment():
+    path = lengths("l.txt", [5, 9, 3, 12, 7])
+    # verl: tp * cp * 2; minimal: cp * lcm(2, tp); --multiple overrides both
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "2")
+    check(r["options"]["tp"] == 2 and r["report"]["multiple"] == 8, "--tp 2 --cp 2 verl: multiple 8, got %r"
+          % r["report"]["multiple"])
+    check(r["report"]["alignment_padding"] == sum(-v % 8 for v in [5, 9, 3, 12, 7]), "padding to multiples of 8")
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "3", "--align", "minimal")
+    check(r["options"]["align"] == "minimal" and r["report"]["multiple"] == 12, "minimal: cp * lcm(2, 3) = 12")
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "3", "--align", "verl")
+    check(r["report"]["multiple"] == 12, "verl: tp * cp * 2 = 12")
+    r = plan_json(path, "--capacity", "48", "--multiple", "16")
+    check(r["report"]["multiple"] == 16 and r["report"]["alignment_padding"] == sum(-v % 16 for v in [5, 9, 3, 12, 7]),
+          "--multiple 16")
+    expect(["plan", path, "--capacity", "48", "--align", "wide"], 2, err_has=["--align"])
+    expect(["plan", path, "--capacity", "48", "--tp", "0"], 2, err_has=["--tp"])
+    expect(["plan", path, "--capacity", "48", "--multiple", "x"], 2, err_has=["--multiple"])
+
+
+def case_plan_objective():
+    values = [5, 9, 3, 12, 7]
+    path = lengths("l.txt", values)
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--attention-a", "10")
+    check(r["options"]["objective"] == "attention" and r["report"]["attention_a"] == 10, "--attention-a 10")
+    check(sum(r["rank_costs"]) == sum(10 * v + v * v for v in values),
+          "attention objective: costs sum a*L + L^2, got %r" % r["rank_costs"])
+    r = plan_json(path, "--capacity", "16")
+    check(sum(r["rank_costs"]) == sum(values), "tokens objective: costs sum the lengths")
+    # --model H: a = W / (2 q) with W = H (q + 2 kv) + q H + 2 H I (I = 4H, q = kv = H), / q when causal
+    h = 1024
+    w = h * (h + 2 * h) + h * h + 2 * h * 4 * h
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", str(h))
+    check(r["report"]["attention_a"] == w // (2 * h), "--model 1024: a = %d, got %r" % (w // (2 * h), r["report"]["attention_a"]))
+    w = h * (512 + 2 * 256) + 512 * h + 3 * h * 2048
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", "%d,2048,512,256,1,1" % h)
+    check(r["report"]["attention_a"] == w // 512, "--model 1024,2048,512,256,1,1 (gated, causal): a = %d, got %r"
+          % (w // 512, r["report"]["attention_a"]))
+    expect(["plan", path, "--capacity", "16", "--model", "1024", "--attention-a", "5"], 2,
+           err_has=["--model and --attention-a exclude each other"])
+    expect(["plan", path, "--capacity", "16", "--model", "a,b"], 2, err_has=["--model: expected"])
+    expect(["plan", path, "--capacity", "16", "--objective", "flops"], 2, err_has=["--objective"])
+    expect(["plan", path, "--capacity", "16", "--attention-a", "-3"], 2, err_has=["--attention-a"])
+
+
+def case_plan_seed_and_row_width():
+    path = lengths("eq.txt", [4] * 8)
+
+    def rows(seed):
+        out = tmp("seed%d.json" % seed)
+        expect(["plan", path, "--capacity", "8", "--dp", "2", "--seed", str(seed), "--json-out", out, "-q"], 0)
+        with open(out) as f:
+            plan = json.load(f)
+        check(plan["options"]["seed"] == seed, "--seed %d in the plan's options" % seed)
+        return [r["sequences"] for r in plan["rows"]]
+
+    r0, r0b, r7 = rows(0), rows(0), rows(7)
+    check(r0 == r0b, "the same seed gives the same plan")
+    check(r0 != r7, "--seed 7 breaks the ties between equal lengths differently: %r vs %r" % (r0, r7))
+    check(sorted(s for r in r7 for s in r) == list(range(8)), "every sequence placed once under --seed 7")
+    expect(["plan", path, "--capacity", "8", "--seed", "-1"], 2, err_has=["--seed"])
+
+    # --row-width: full-capacity rows need the capacity to divide by the multiple, used-width rows not
+    path = lengths("l.txt", [5, 9, 3, 12, 7])
+    expect(["plan", path, "--capacity", "14", "--multiple", "4"], 2,
+           err_has=["capacity: expected a multiple of the alignment multiple 4"])
+    r = plan_json(path, "--capacity", "14", "--multiple", "4", "--row-width", "used", "--allow-split")
+    check(r["options"]["row_width"] == "used" and r["report"]["multiple"] == 4, "--row-width used accepted")
+    check(r["report"]["real_tokens"] == 36, "every token planned")
+    expect(["plan", path, "--capacity", "14", "--row-width", "half"], 2, err_has=["--row-width: expected capacity or used"])
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    base.BIN, base.ROOT = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or sorted(CASES)
+    with tempfile.TemporaryDirectory(prefix="maskpack_cli_opts_") as t:
+        base.TMP = t
+        for name in names:
+            CASES[name]()
+    if base.FAILURES:
+        print("%d check(s) failed" % len(base.FAILURES))
+        return 1
+    print("cli option tests passed: %s" % ", ".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
