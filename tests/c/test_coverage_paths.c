@@ -1,0 +1,152 @@
+/* test_coverage_paths.c: branches no other C test reached. Half-precision conversion over every
+ * f16 value (subnormals included) against a decoding written here, and f32 -> f16 rounding of
+ * subnormal results against round-to-nearest-even in double; the Gated DeltaNet argument guards
+ * (options out of range, zero heads or head dims, value heads not a multiple of key heads, head
+ * dims whose workspace overflows), each with its status and message. */
+#include "check.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- f16 ------------------------------------------------------------------------------------------ */
+
+/* the value of an f16 bit pattern, decoded from the format's definition */
+static double f16_value(uint16_t h) {
+    const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    double v;
+    if (exp == 0)
+        v = ldexp((double)man, -24); /* subnormal: man * 2^-24 */
+    else if (exp == 31)
+        v = man ? NAN : INFINITY;
+    else
+        v = ldexp((double)(1024 + man), exp - 25);
+    return sign ? -v : v;
+}
+
+static void test_f16_every_value(void) {
+    int wrong_decode = 0, wrong_round_trip = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const double want = f16_value((uint16_t)h);
+        const float f = mp_f16_to_f32((uint16_t)h);
+        if (isnan(want)) {
+            if (!isnan(f)) wrong_decode++;
+            if ((mp_f32_to_f16(f) & 0x7c00u) != 0x7c00u || !(mp_f32_to_f16(f) & 0x3ffu)) wrong_round_trip++;
+            continue;
+        }
+        if ((double)f != want || !!signbit(f) != (int)(h >> 15)) wrong_decode++;
+        if (mp_f32_to_f16(f) != (uint16_t)h) wrong_round_trip++;
+    }
+    CHECK_EQ(wrong_decode, 0);
+    CHECK_EQ(wrong_round_trip, 0);
+    /* the subnormals by name: the smallest, the largest, and one in between */
+    CHECK(mp_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    CHECK(mp_f16_to_f32(0x03ff) == ldexpf(1023.0f, -24));
+    CHECK(mp_f16_to_f32(0x8200) == -ldexpf(512.0f, -24));
+}
+
+/* f32 values in and below f16's subnormal range: rounded to the nearest multiple of 2^-24, ties to
+ * even, values below half the smallest subnormal to (signed) zero */
+static void test_f16_subnormal_rounding(void) {
+    int wrong = 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        /* |f| in [2^-30, 2^-14): exponents from below the subnormals to the smallest normal */
+        const float f = ldexpf(1.0f + (float)(x & 0x7fffff) / 8388608.0f, -30 + (int)((x >> 23) % 16)) *
+                        ((x >> 40) & 1 ? -1.0f : 1.0f);
+        const double units = rint(fabs((double)f) * 16777216.0); /* multiples of 2^-24, ties to even */
+        const uint16_t want = (uint16_t)((f < 0 ? 0x8000u : 0u) | (uint32_t)units); /* 1024 units = 0x0400 */
+        if (mp_f32_to_f16(f) != want) {
+            if (wrong < 5) fprintf(stderr, "f32 %a -> f16 %04x, expected %04x\n", (double)f, mp_f32_to_f16(f), want);
+            wrong++;
+        }
+    }
+    CHECK_EQ(wrong, 0);
+    /* exact ties: 0.5 and 1.5 units round to 0 and 2, 2^-25 (half the smallest) to zero */
+    CHECK_EQ(mp_f32_to_f16(ldexpf(1.0f, -25)), 0);
+    CHECK_EQ(mp_f32_to_f16(ldexpf(3.0f, -25)), 2);
+    CHECK_EQ(mp_f32_to_f16(ldexpf(5.0f, -25)), 2);
+    CHECK_EQ(mp_f32_to_f16(-ldexpf(1.0f, -40)), 0x8000);
+}
+
+/* ---- Gated DeltaNet guards ------------------------------------------------------------------------ */
+
+typedef struct gdn_case {
+    maskpack_tensor q, k, v, g, beta;
+    maskpack_gdn_inputs in;
+} gdn_case;
+
+/* [T = 4, H, K] q/k, [T, HV, V] v, [T, HV] g/beta over a packed layout of one 4-token sequence. Data
+ * points at a small buffer: the guards refuse before anything is read. */
+static void gdn_shapes(gdn_case *c, int64_t H, int64_t K, int64_t HV, int64_t V) {
+    static float data[64];
+    int64_t qs[3] = {4, H, K}, vs[3] = {4, HV, V}, gs[2] = {4, HV};
+    c->q = maskpack_tensor_contiguous(data, MASKPACK_F32, 3, qs);
+    c->k = c->q;
+    c->v = maskpack_tensor_contiguous(data, MASKPACK_F32, 3, vs);
+    c->g = maskpack_tensor_contiguous(data, MASKPACK_F32, 2, gs);
+    c->beta = c->g;
+    c->in = (maskpack_gdn_inputs){&c->q, &c->k, &c->v, &c->g, &c->beta, NULL};
+}
+
+static void expect_ws(const maskpack_layout *L, const gdn_case *c, const maskpack_gdn_options *o, maskpack_status want,
+                      const char *fragment) {
+    size_t bytes = 12345;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_gdn_workspace_size(L, &c->in, o, 0, &bytes, &e), want, e);
+    CHECK_MSG(e, fragment);
+}
+
+static void test_gdn_guards(void) {
+    const int64_t len = 4;
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_lengths(&len, 1, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    gdn_case c;
+    gdn_shapes(&c, 1, 4, 2, 4);
+    size_t bytes = 0;
+    CHECK_OK(maskpack_gdn_workspace_size(L, &c.in, NULL, 0, &bytes, &e), e); /* the control */
+    CHECK(bytes > 0);
+
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.chunked = 2;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.chunked: expected 0 or 1, found 2");
+    o = maskpack_gdn_options_default();
+    o.l2norm = -1;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.l2norm: expected 0 or 1, found -1");
+    o = maskpack_gdn_options_default();
+    o.scale = NAN;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.scale: expected a finite number");
+    o = maskpack_gdn_options_default();
+    o.isa = (maskpack_gdn_isa)9;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "isa: expected AUTO (0), REF (1), AVX512 (2) or AVX2 (3)");
+
+    /* zero key heads, a zero key head dim, zero value heads, a zero value head dim */
+    gdn_shapes(&c, 0, 4, 2, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "q: expected at least one head and a head dim >= 1");
+    gdn_shapes(&c, 1, 0, 2, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "found H = 1, K = 0");
+    gdn_shapes(&c, 1, 4, 0, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "v: expected at least one head and a head dim >= 1");
+    gdn_shapes(&c, 1, 4, 2, 0);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "found HV = 2, V = 0");
+    /* 3 value heads over 2 key heads */
+    gdn_shapes(&c, 2, 4, 3, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "multiple of the key heads H = 2, found HV = 3");
+    /* head dims whose per-chunk buffers overflow int64, and ones whose workspace would */
+    gdn_shapes(&c, 1, (int64_t)1 << 40, 1, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_OVERFLOW, "are too large");
+    gdn_shapes(&c, 1, (int64_t)1 << 24, 1, (int64_t)1 << 24);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_OVERFLOW, "workspace for K = 16777216, V = 16777216");
+    maskpack_layout_free(L);
+}
+
+int main(void) {
+    test_f16_every_value();
+    test_f16_subnormal_rounding();
+    test_gdn_guards();
+    return check_report("test_coverage_paths");
+}
