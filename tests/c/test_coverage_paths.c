@@ -2,7 +2,9 @@
  * f16 value (subnormals included) against a decoding written here, and f32 -> f16 rounding of
  * subnormal results against round-to-nearest-even in double; the Gated DeltaNet argument guards
  * (options out of range, zero heads or head dims, value heads not a multiple of key heads, head
- * dims whose workspace overflows), each with its status and message. */
+ * dims whose workspace overflows), each with its status and message; the NPU validator's check of a
+ * sparse_mode 5 full mask against bottom-right causal + prefix (a matching mask passes, one flipped
+ * entry is reported with its position). */
 #include "check.h"
 #include "internal.h"
 
@@ -144,9 +146,62 @@ static void test_gdn_guards(void) {
     maskpack_layout_free(L);
 }
 
+/* ---- NPU sparse_mode 5 with a full mask ------------------------------------------------------------- */
+
+/* Validates c; returns the number of findings (printed when it is not `expected`). */
+static int npu_findings(const maskpack_npu_call *c, maskpack_npu_report *rep, maskpack_status *st, int expected) {
+    maskpack_error e;
+    *st = maskpack_validate_npu_args(c, rep, &e);
+    if (rep->n_total != expected)
+        for (int i = 0; i < rep->n_findings; i++)
+            fprintf(stderr, "  finding %d: %s\n", (int)rep->findings[i].code, rep->findings[i].message);
+    return rep->n_total;
+}
+
+static void test_npu_mode5_full_mask(void) {
+    /* B = 2, S = Skv = 4, prefixes 2 and 0: masked (1) where neither j <= i nor j < prefix */
+    static uint8_t m[2 * 4 * 4];
+    const int64_t pf[2] = {2, 0};
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) m[b * 16 + i * 4 + j] = !(j <= i || j < pf[b]);
+    int64_t shape[4] = {2, 1, 4, 4}, two = 2;
+    maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape);
+    maskpack_tensor pt = maskpack_tensor_contiguous((void *)pf, MASKPACK_I64, 1, &two);
+    maskpack_npu_call c;
+    memset(&c, 0, sizeof c);
+    c.input_layout = MASKPACK_NPU_BSND;
+    c.batch = 2;
+    c.q_len = c.kv_len = 4;
+    c.heads_q = c.heads_kv = 2;
+    c.head_dim = 64;
+    c.sparse_mode = 5;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    c.atten_mask = &mt;
+    c.prefix = &pt;
+    c.scale = 0.125;
+    c.inner_precise = 0;
+    maskpack_npu_report rep;
+    maskpack_status st;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    CHECK_EQ(st, MASKPACK_OK);
+    /* batch 1, row 0, column 1: the rule says masked (no prefix there); the mask says visible */
+    m[16 + 1] = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
+    CHECK(rep.n_findings == 1 && rep.findings[0].code == MASKPACK_NPU_MASK_MISMATCH);
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 5: atten_mask (b 1, head 0, i 0, j 1) is 0") != NULL);
+    m[16 + 1] = 1;
+    /* batch 0, row 0, column 1 is inside the prefix 2: masking it disagrees too */
+    m[1] = 1;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(rep.n_findings == 1 && strstr(rep.findings[0].message, "(b 0, head 0, i 0, j 1) is 1") != NULL);
+}
+
 int main(void) {
     test_f16_every_value();
     test_f16_subnormal_rounding();
     test_gdn_guards();
+    test_npu_mode5_full_mask();
     return check_report("test_coverage_paths");
 }
