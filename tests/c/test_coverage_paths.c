@@ -4,9 +4,13 @@
  * (options out of range, zero heads or head dims, value heads not a multiple of key heads, head
  * dims whose workspace overflows), each with its status and message; the NPU validator's check of a
  * sparse_mode 5 full mask against bottom-right causal + prefix (a matching mask passes, one flipped
- * entry is reported with its position). */
+ * entry is reported with its position); the empty inner range of the triangular GEMM of each build
+ * this CPU runs. */
 #include "check.h"
+#include "cpu_features.h"
 #include "internal.h"
+
+#include "../../src/kernels/gdn/gdn_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -198,10 +202,58 @@ static void test_npu_mode5_full_mask(void) {
     CHECK(rep.n_findings == 1 && strstr(rep.findings[0].message, "(b 0, head 0, i 0, j 1) is 1") != NULL);
 }
 
+/* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
+
+typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                          int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+
+/* C [20 x 32] = cs Cin + alpha A B with A upper triangular (A(i, k) = 0 for k < i, GDN_GEMM_TRI_UP)
+ * and kd = 8: the row blocks at or below row 8 have an empty inner range, and must come out as
+ * exactly 0 (or cs Cin when accumulating); the others match the product in double. */
+static void check_tri_up(const char *name, gemm_x_fn fn) {
+    enum { M = 20, N = 32, KD = 8 };
+    static float A[M * KD], B[KD * N], C[M * N], Cin[M * N];
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < KD; k++) A[i * KD + k] = k < i ? 0.0f : (float)((i * 7 + k * 3) % 11) / 8.0f - 0.6f;
+    for (int k = 0; k < KD; k++)
+        for (int j = 0; j < N; j++) B[k * N + j] = (float)((k * 5 + j * 13) % 17) / 16.0f - 0.5f;
+    for (int i = 0; i < M * N; i++) Cin[i] = (float)(i % 23) - 11.0f;
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        const float alpha = 0.75f, cs = 0.5f;
+        for (int i = 0; i < M * N; i++) C[i] = NAN; /* every entry must be written */
+        const unsigned flags = GDN_GEMM_TRI_UP | (accumulate ? GDN_GEMM_ACC : 0u);
+        fn(M, N, KD, alpha, A, KD, B, N, C, N, flags, NULL, Cin, cs);
+        double worst = 0.0;
+        int empty_rows_exact = 1;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double want = accumulate ? (double)cs * Cin[i * N + j] : 0.0;
+                for (int k = 0; k < KD; k++) want += (double)alpha * A[i * KD + k] * B[k * N + j];
+                const double d = fabs(C[i * N + j] - want);
+                if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+                if (i >= KD && C[i * N + j] != (accumulate ? cs * Cin[i * N + j] : 0.0f)) empty_rows_exact = 0;
+            }
+        if (worst >= 1e-5 || !empty_rows_exact)
+            fprintf(stderr, "%s: TRI_UP gemm (acc %d): worst %g, empty rows exact %d\n", name, accumulate, worst,
+                    empty_rows_exact);
+        CHECK(worst < 1e-5);
+        CHECK(empty_rows_exact);
+    }
+}
+
+static void test_gemm_empty_inner_range(void) {
+    check_tri_up("ref", gdn_gemm_x_ref);
+    maskpack_gdn_isa r;
+    maskpack_error e;
+    if (maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX512, &r, &e) == MASKPACK_OK) check_tri_up("avx512", gdn_gemm_x_avx512);
+    if (mp_cpu_has_avx2()) check_tri_up("avx2", gdn_gemm_x_avx2);
+}
+
 int main(void) {
     test_f16_every_value();
     test_f16_subnormal_rounding();
     test_gdn_guards();
     test_npu_mode5_full_mask();
+    test_gemm_empty_inner_range();
     return check_report("test_coverage_paths");
 }
