@@ -200,6 +200,32 @@ static void test_npu_mode5_full_mask(void) {
     m[1] = 1;
     CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
     CHECK(rep.n_findings == 1 && strstr(rep.findings[0].message, "(b 0, head 0, i 0, j 1) is 1") != NULL);
+    m[1] = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    /* the prefix list: missing, one entry too many, a negative entry */
+    c.prefix = NULL;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 5 needs prefix (one length per batch), none passed") != NULL);
+    const int64_t pf3[3] = {2, 0, 1}, pfneg[2] = {2, -1};
+    int64_t three = 3;
+    maskpack_tensor p3 = maskpack_tensor_contiguous((void *)pf3, MASKPACK_I64, 1, &three);
+    c.prefix = &p3;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(strstr(rep.findings[0].message, "prefix has 3 entries, expected 2 (one per batch)") != NULL);
+    maskpack_tensor pn = maskpack_tensor_contiguous((void *)pfneg, MASKPACK_I64, 1, &two);
+    c.prefix = &pn;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(strstr(rep.findings[0].message, "prefix[1]: expected >= 0, found -1") != NULL);
+    /* mode 5 does not exist for TND */
+    c.prefix = &pt;
+    c.input_layout = MASKPACK_NPU_TND;
+    maskpack_error e;
+    st = maskpack_validate_npu_args(&c, &rep, &e);
+    int seen = 0;
+    for (int i = 0; i < rep.n_findings; i++)
+        seen |= strstr(rep.findings[i].message, "sparse_mode 5 (prefix with a full mask) is not supported with TND") != NULL;
+    CHECK(seen);
+    CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
 }
 
 /* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
