@@ -214,6 +214,60 @@ def case_plan_seed_and_row_width():
     expect(["plan", path, "--capacity", "14", "--row-width", "half"], 2, err_has=["--row-width: expected capacity or used"])
 
 
+def case_plan_inputs_and_outputs():
+    import struct
+    # JSON lines: an object with length / input_ids / tokens, a token list, a bare number
+    path = tmp("j.jsonl")
+    with open(path, "w") as f:
+        f.write('{"length": 5}\n[1, 2, 3]\n{"input_ids": [1, 2, 3, 4]}\n{"tokens": [7, 7]}\n9\n')
+    r = plan_json(path, "--capacity", "16")
+    check(r["format"] == "json lines" and r["report"]["n_sequences"] == 5 and r["report"]["real_tokens"] == 23,
+          "JSON lines: 5 sequences, 23 tokens, got %r" % ({k: r["report"][k] for k in ("n_sequences", "real_tokens")},))
+    # a 1-D integer .npy, and standard input
+    npy_path = tmp("l.npy")
+    with open(npy_path, "wb") as f:
+        f.write(npy("i8", (4,), [10, 10, 6, 6]))
+    r = plan_json(npy_path, "--capacity", "16")
+    check(r["report"]["n_sequences"] == 4 and r["report"]["real_tokens"] == 32, ".npy lengths")
+    # the algorithms: next-fit keeps the input order ([10], [10, 6], [6]); first-fit-decreasing pairs them
+    out = expect(["plan", "-", "--capacity", "16", "--algorithm", "nextfit", "--json"], 0, stdin=b"10\n10\n6\n6\n")
+    r = json.loads(out)
+    check(r["source"] == "-" and r["options"]["algorithm"] == "nextfit" and r["report"]["n_rows"] == 3,
+          "nextfit from stdin: 3 rows, got %r" % r["report"]["n_rows"])
+    out = expect(["plan", "-", "--capacity", "16", "--algorithm", "ffd", "--json"], 0, stdin=b"10\n10\n6\n6\n")
+    check(json.loads(out)["report"]["n_rows"] == 2, "ffd: 2 rows")
+    expect(["plan", "-", "--capacity", "16", "--algorithm", "best"], 2, stdin=b"1\n", err_has=["--algorithm"])
+    # a sequence longer than a row: refused, or cut with --allow-split
+    expect(["plan", "-", "--capacity", "16"], 1, stdin=b"20\n3\n", err_has=["more than the capacity 16"])
+    out = expect(["plan", "-", "--capacity", "16", "--allow-split", "--json"], 0, stdin=b"20\n3\n")
+    r = json.loads(out)["report"]
+    check(r["n_split"] == 1 and r["n_pieces"] == 3 and r["real_tokens"] == 23, "--allow-split: one sequence cut in two")
+    # micro-batches: 4 ranks' worth of rows over dp 2 x 2 micro-batches
+    r = plan_json(lengths("m.txt", [16, 16, 16, 16]), "--capacity", "16", "--dp", "2", "--micro-batches", "2")
+    check(r["report"]["rows_per_microbatch"] == 1 and r["report"]["rows_per_rank"] == 2, "--micro-batches 2")
+    # the progress bar on stderr, forced on and off
+    rc, _, err = base.run("plan", lengths("p.txt", [5, 9, 3]), "--capacity", "16", "--progress")
+    check(rc == 0 and "pack" in err and "100%" in err, "--progress draws on stderr: %r" % err[:200])
+    rc, _, err = base.run("plan", lengths("p.txt", [5, 9, 3]), "--capacity", "16", "--no-progress")
+    check(rc == 0 and err == "", "--no-progress: nothing on stderr, got %r" % err[:200])
+    # the rows picture: a PNG, shorter with fewer rows drawn per rank
+    heights = []
+    for rows in (None, "1"):
+        png = tmp("rows.png")
+        args = ["plan", lengths("r.txt", [5, 9, 3, 12, 7, 1]), "--capacity", "16", "--dp", "2", "--png", png]
+        if rows:
+            args += ["--png-rows", rows]
+        expect(args, 0, out_has=["picture written to " + png])
+        with open(png, "rb") as f:
+            data = f.read()
+        check(data[:8] == b"\x89PNG\r\n\x1a\n", "--png writes a PNG")
+        heights.append(struct.unpack(">II", data[16:24])[1])
+    check(heights[1] < heights[0], "--png-rows 1 draws fewer rows: heights %r" % heights)
+    # -q prints nothing
+    rc, out, _ = base.run("plan", lengths("q.txt", [5]), "--capacity", "16", "-q")
+    check(rc == 0 and out == "", "-q: no output")
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
