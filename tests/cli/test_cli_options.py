@@ -130,6 +130,41 @@ def case_inspect_fill_and_index_dtype():
     del out
 
 
+def case_inspect_input_shapes():
+    # --as mask4d on a 2D array: a usage error
+    m2 = tmp("m2.npy")
+    with open(m2, "wb") as f:
+        f.write(npy("b1", (2, 4), [1, 1, 1, 0, 1, 1, 0, 0]))
+    expect(["inspect", m2, "--as", "mask4d", "--mask-convention", "keep"], 2,
+           err_has=["--as mask4d, but " + m2 + " has 2 dimensions"])
+    # a [B,1,1,S] padding-only 4D mask (TransformerEngine's) reads as its 2D keep mask
+    p4 = tmp("p4.npz")
+    base.npz(p4, {"attention_mask": ("b1", (2, 1, 1, 4), [1, 1, 1, 0, 1, 1, 0, 0])})
+    r = inspect_json(p4, "--mask-convention", "keep")
+    check(r["inputs"][0]["read_as"] == "[B,1,1,S] keep padding mask" and r["n_tokens"] == 5 and r["shape"] == [2, 4],
+          "[B,1,1,S] mask: %r" % (r["inputs"][0],))
+    check([(s["row"], s["start"], s["length"]) for s in r["segments"]] == [(0, 0, 3), (1, 0, 2)], "its segments")
+    # mrope position_ids [3,B,S]; a member nobody reads is listed as ignored; float labels are a problem
+    m3 = tmp("m3.npz")
+    base.npz(m3, {"position_ids": ("i8", (3, 2, 4), [0, 1, 2, 3, 0, 1, 0, 1] * 3), "foo": ("i4", (2,), [1, 2]),
+                  "labels": ("f4", (2, 4), [0.0] * 8)})
+    out = expect(["inspect", m3, "--position-rule", "reset", "--json"], 1)
+    r = json.loads(out)
+    check(r["n_sequences"] == 3 and r["shape"] == [2, 4], "[3,B,S] position_ids: 3 sequences on a [2, 4] grid")
+    check(r["ignored"] == ["foo"], "unknown member ignored: %r" % (r["ignored"],))
+    check(r["problems"] == ["labels: expected an integer dtype, found float32"], "float labels: %r" % (r["problems"],))
+    # a 3D attention_mask has no per-token shape
+    x3 = tmp("x3.npz")
+    base.npz(x3, {"attention_mask": ("i4", (2, 3, 4), [1] * 24)})
+    expect(["inspect", x3, "--mask-convention", "keep"], 1,
+           out_has=["attention_mask: int32 [2, 3, 4] has no per-token shape (expected [B,S] or [T], or a 4D mask)"])
+    # a packed stream laid over a grid must not run from one row into the next
+    cr = tmp("cr.npz")
+    base.npz(cr, {"attention_mask": ("i4", (2, 4), [1] * 8), "cu_seqlens": ("i4", (3,), [0, 6, 8])})
+    expect(["inspect", cr, "--mask-convention", "keep", "--cu-form", "te"], 1,
+           out_has=["cu_seqlens: sequence 0 (tokens [0, 6)) runs from row 0 into row 1 of the [2, 4] grid"])
+
+
 # ---- plan ------------------------------------------------------------------------------------------
 
 def lengths(name, values):
