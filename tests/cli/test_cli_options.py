@@ -165,6 +165,28 @@ def case_inspect_input_shapes():
            out_has=["cu_seqlens: sequence 0 (tokens [0, 6)) runs from row 0 into row 1 of the [2, 4] grid"])
 
 
+def case_inspect_reports():
+    # a packed stream's TND npu arguments, in the text report and in the JSON one
+    cu = tmp("cu.npy")
+    with open(cu, "wb") as f:
+        f.write(npy("i4", (3,), [0, 3, 7]))
+    args = ["inspect", cu, "--as", "cu_seqlens", "--cu-form", "te", "--emit", "npu", "--npu-layout", "TND",
+            "--out", tmp("t.npz")]
+    expect(args, 0, out_has=["shape: [7] packed stream (THD)", "input_layout TND, sparse_mode 3",
+                             "actual_seq_qlen [3, 7]", "npu_actual_seq_kvlen int64 [2]"])
+    npu = json.loads(expect(args + ["--json"], 0))["npu"]
+    check(npu["input_layout"] == "TND" and npu["actual_seq_qlen"] == [3, 7] and npu["actual_seq_kvlen"] == [3, 7]
+          and npu["atten_mask"] == "compressed" and npu["atten_mask_shape"] == [2048, 2048],
+          "JSON npu arguments: %r" % (npu,))
+    check(read_npz(tmp("t.npz"))["npu_actual_seq_qlen"][1] == [3, 7], "the npz holds actual_seq_qlen")
+    # the rule line names a window
+    expect(["inspect", "--window", "2,0"], 0, out_has=["rule: causal, bottom_right alignment, window (2, 0) (from flags)"])
+    # help for each command, and for one that does not exist
+    expect(["help", "inspect"], 0, out_has=["usage: maskpack inspect [FILE] [options]"])
+    expect(["help", "plan"], 0, out_has=["usage: maskpack plan LENGTHS_FILE --capacity N [options]"])
+    expect(["help", "bogus"], 2, err_has=["maskpack: unknown command 'bogus'"])
+
+
 # ---- plan ------------------------------------------------------------------------------------------
 
 def lengths(name, values):
