@@ -78,6 +78,35 @@ static void test_f16_subnormal_rounding(void) {
     CHECK_EQ(mp_f32_to_f16(-ldexpf(1.0f, -40)), 0x8000);
 }
 
+/* the element readers and writers across integer and float dtypes (saturating float -> int64) */
+static void test_element_conversions(void) {
+    const float f[4] = {3.75f, 1e30f, -1e30f, NAN};
+    CHECK_EQ(mp_read_i64(MASKPACK_F32, f, 0), 3);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 1) == INT64_MAX);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 2) == INT64_MIN);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 3) == INT64_MIN);
+    const int16_t h[2] = {-5, 300};
+    CHECK(mp_read_f64(MASKPACK_I16, h, 0) == -5.0 && mp_read_f64(MASKPACK_I16, h, 1) == 300.0);
+    float out[2] = {0, 0};
+    mp_write_i64(MASKPACK_F32, out, 1, 7);
+    CHECK(out[1] == 7.0f);
+    int32_t io[2] = {0, 0};
+    mp_write_f64(MASKPACK_I32, io, 0, -2.9);
+    CHECK_EQ(io[0], -2);
+    uint16_t bf = 0;
+    mp_write_i64(MASKPACK_BF16, &bf, 0, 3);
+    CHECK(mp_read_f64(MASKPACK_BF16, &bf, 0) == 3.0);
+    /* the tensor checks: an unknown dtype code, a byte size past int64 */
+    maskpack_error e;
+    int64_t shape[2] = {(int64_t)1 << 31, (int64_t)1 << 31};
+    maskpack_tensor t = maskpack_tensor_contiguous(io, MASKPACK_I32, 2, shape);
+    CHECK_STATUS(mp_check_tensor(&t, "x", 1, 4, &e), MASKPACK_ERR_OVERFLOW, e);
+    CHECK_MSG(e, "x: byte size overflows int64");
+    t.dtype = (maskpack_dtype)99;
+    CHECK_STATUS(mp_check_tensor(&t, "x", 1, 4, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_MSG(e, "x: expected a known dtype code, found 99");
+}
+
 /* ---- Gated DeltaNet guards ------------------------------------------------------------------------ */
 
 typedef struct gdn_case {
@@ -278,6 +307,7 @@ static void test_gemm_empty_inner_range(void) {
 int main(void) {
     test_f16_every_value();
     test_f16_subnormal_rounding();
+    test_element_conversions();
     test_gdn_guards();
     test_npu_mode5_full_mask();
     test_gemm_empty_inner_range();
