@@ -58,6 +58,7 @@ PYTHONPATH="$PWD/$pkgdir" "$PY" -m pytest tests/python -q -p no:cacheprovider ||
   --filter 'src/' --filter 'python/' \
   --exclude-unreachable-branches \
   --gcov-ignore-parse-errors=negative_hits.warn_once_per_file \
+  --gcov-ignore-parse-errors=suspicious_hits.warn_once_per_file \
   --merge-mode-functions=merge-use-line-0 \
   --json-summary-pretty --json-summary "$OUT/coverage.json" \
   --html-details "$OUT/index.html" --html-title "maskpack coverage" \
