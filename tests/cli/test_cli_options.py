@@ -325,6 +325,60 @@ def case_plan_inputs_and_outputs():
     check(rc == 0 and out == "", "-q: no output")
 
 
+def case_bad_values():
+    """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
+    for args, msg in [
+        (["--as", "foo"], "--as: expected attention_mask|position_ids|cu_seqlens|mask4d, found 'foo'"),
+        (["--mask-convention", "foo"], "--mask-convention: expected keep|doc_id|masked|additive, found 'foo'"),
+        (["--position-rule", "foo"], "--position-rule: expected reset|step, found 'foo'"),
+        (["--cu-form", "xx"], "--cu-form: expected te|npu, found 'xx'"),
+        (["--emit-convention", "foo"], "--emit-convention: expected keep|masked|additive, found 'foo'"),
+        (["--emit-dtype", "foo"], "--emit-dtype: expected a dtype name"),
+        (["--png-rows", "a,b"], "--png-rows: expected a comma list of up to 64 row indices, found 'a,b'"),
+        (["--png-zoom", "99"], "--png-zoom: expected an integer in [1, 32], found '99'"),
+        (["--emit-dtype", "int32"], "--emit-dtype applies to --emit mask4d only"),
+        (["--emit", "mask2d"], "--emit needs --out FILE.npz"),
+        (["--out", tmp("x.npz")], "--out needs --emit a,b,..."),
+        (["--emit", "foo", "--out", tmp("x.npz")], "--emit: expected a comma list of mask2d"),
+    ]:
+        expect(["inspect"] + args, 2, err_has=[msg])
+    path = lengths("ok.txt", [5])
+    expect(["plan", path, "--capacity", "16", "--micro-batches", "0"], 2,
+           err_has=["--micro-batches: expected an integer >= 1, found '0'"])
+    expect(["plan", path, "--capacity", "16", "--frobnicate"], 2, err_has=["--frobnicate needs a value"])
+    expect(["plan", path, "--capacity", "16", "--model", "0"], 2, err_has=["--model: hidden: expected in [1, 2^30], found 0"])
+    # --flag=value is the same as --flag value
+    r = json.loads(expect(["plan", path, "--capacity=16", "--dp=1", "--json"], 0))
+    check(r["options"]["capacity"] == 16, "--capacity=16")
+
+
+def case_plan_bad_inputs():
+    """Unreadable length files: each refused (exit 1) with the file, the line and what was wrong."""
+    two_d = tmp("l2d.npy")
+    with open(two_d, "wb") as f:
+        f.write(npy("i8", (2, 2), [1, 2, 3, 4]))
+    expect(["plan", two_d, "--capacity", "16"], 1,
+           err_has=["expected a 1-D integer array of lengths, found int64 with 2 dimension(s)"])
+    floats = tmp("lf.npy")
+    with open(floats, "wb") as f:
+        f.write(npy("f4", (2,), [5.0, 6.0]))
+    expect(["plan", floats, "--capacity", "16"], 1,
+           err_has=["expected a 1-D integer array of lengths, found float32 with 1 dimension(s)"])
+    u8 = tmp("lu8.npy")
+    with open(u8, "wb") as f:
+        f.write(npy("u1", (3,), [5, 6, 7]))
+    check(plan_json(u8, "--capacity", "16")["report"]["real_tokens"] == 18, "uint8 lengths read")
+    expect(["plan", tmp("missing.txt"), "--capacity", "16"], 1, err_has=["missing.txt: cannot open"])
+    for text, msg in [(b'{"length": 5}\n{bad json\n', "-:2: not valid JSON"),
+                      (b'{"length": 5}\n{"foo": 1}\n', '-:2: an object needs "length", "input_ids" or "tokens"'),
+                      (b"5\n12abc\n", "-:2: expected an integer length, found '12abc'"),
+                      (b"5\n-3\n", "-:2: expected a length >= 0, found -3")]:
+        expect(["plan", "-", "--capacity", "16"], 1, stdin=text, err_has=[msg])
+    # micro-batches: the report gives their costs
+    expect(["plan", "-", "--capacity", "16", "--micro-batches", "2"], 0, stdin=b"5\n6\n7\n",
+           out_has=["micro-batch cost: mean 9, max 13"])
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
