@@ -107,6 +107,54 @@ static void test_element_conversions(void) {
     CHECK_MSG(e, "x: expected a known dtype code, found 99");
 }
 
+/* ---- layout_from_segments: the segment and rule checks --------------------------------------------- */
+
+static void expect_segments(const maskpack_segment *segs, size_t n, int64_t rows, int64_t qw, int64_t kw,
+                            const maskpack_rule *rule, maskpack_status want, const char *fragment) {
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_layout_from_segments(segs, n, rows, qw, kw, 0, rule, &L, &e), want, e);
+    CHECK_MSG(e, fragment);
+    CHECK(L == NULL);
+}
+
+static void test_segment_checks(void) {
+    const maskpack_segment ok[2] = {{0, 0, 3, 0, 3, 0, 0, 0}, {0, 3, 2, 3, 2, 0, 0, 0}};
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(ok, 2, 1, 6, 6, 0, NULL, &L, &e), e); /* the control */
+    maskpack_layout_free(L);
+    expect_segments(ok, 2, -1, 6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT,
+                    "grid: expected n_rows, q_width, kv_width >= 0, found -1, 6, 6");
+    maskpack_segment s[2] = {ok[0], ok[1]};
+    s[1].kv_len = 9; /* keys [3, 12) past the 6 key columns */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1]: key columns [3, 3 + 9) must lie in [0, 6)");
+    s[1] = ok[1];
+    s[1].flags = 0x80;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS");
+    s[1].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+    s[1].q_pos = 1; /* 1 + 2 queries > 2 keys */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    s[1].q_pos = 0;
+    s[1].origin = -2;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].origin: expected >= 0");
+    s[1] = ok[1];
+    s[1].kv_start = 2; /* keys overlap the previous segment's, without explicit positions */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_UNSORTED, "segments[1].kv_start: expected >= 3 (end of segment 0)");
+    /* the rule: spans without a pointer, a prefix count without a pointer, a span of a missing segment */
+    maskpack_rule r = maskpack_rule_default();
+    r.n_spans = 2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.spans: 2 spans declared but the pointer is NULL");
+    r = maskpack_rule_default();
+    r.n_prefix = 2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.prefix: 2 entries declared but the pointer is NULL");
+    const maskpack_span sp = {5, 0, 1};
+    r = maskpack_rule_default();
+    r.spans = &sp;
+    r.n_spans = 1;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[0].segment: expected in [0, 2), found 5");
+}
+
 /* ---- Gated DeltaNet guards ------------------------------------------------------------------------ */
 
 typedef struct gdn_case {
@@ -308,6 +356,7 @@ int main(void) {
     test_f16_every_value();
     test_f16_subnormal_rounding();
     test_element_conversions();
+    test_segment_checks();
     test_gdn_guards();
     test_npu_mode5_full_mask();
     test_gemm_empty_inner_range();
