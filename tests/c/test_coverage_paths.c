@@ -155,6 +155,46 @@ static void test_segment_checks(void) {
     expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[0].segment: expected in [0, 2), found 5");
 }
 
+/* ---- planner and CP argument checks ------------------------------------------------------------------ */
+
+static void test_plan_and_cp_arguments(void) {
+    double a = -1.0;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, -1, 0, 0, 0, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "q_dim: expected in [0, 2^30] (0 = hidden), found -1");
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, 0, -5, 0, 0, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "kv_dim: expected in [0, 2^30] (0 = q_dim), found -5");
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, 0, 0, 0, 2, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "causal: expected 0 or 1, found 2");
+    CHECK(a == -1.0); /* untouched on error */
+
+    const int64_t lens[3] = {5, 9, 3};
+    maskpack_plan *p = NULL;
+    maskpack_plan_options o = maskpack_plan_options_default(16);
+    o.dp = 1 << 20;
+    o.micro_batches = 1 << 10;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "dp * micro_batches: expected <= 2^28, found 1073741824");
+    o = maskpack_plan_options_default(16);
+    o.multiple = -2;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "multiple: expected 0 (derive from cp, tp, align) or in [1, 2^40], found -2");
+    o = maskpack_plan_options_default(16);
+    o.row_width = (maskpack_plan_width)7;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "row_width: expected CAPACITY (0) or USED (1), found 7");
+    CHECK(p == NULL);
+
+    maskpack_layout *L = NULL, *S = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    CHECK_STATUS(maskpack_layout_cp_shard(L, 0, 0, MASKPACK_CP_ZIGZAG, &S, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "cp: expected in [1, 2^20], found 0");
+    CHECK_STATUS(maskpack_layout_cp_shard(L, 2, 0, (maskpack_cp_scheme)5, &S, &e), MASKPACK_ERR_CONVENTION, e);
+    CHECK_MSG(e, "scheme: expected MASKPACK_CP_ZIGZAG (0) or MASKPACK_CP_CONTIGUOUS (1), found 5");
+    CHECK(S == NULL);
+    maskpack_layout_free(L);
+}
+
 /* ---- Gated DeltaNet guards ------------------------------------------------------------------------ */
 
 typedef struct gdn_case {
@@ -357,6 +397,7 @@ int main(void) {
     test_f16_subnormal_rounding();
     test_element_conversions();
     test_segment_checks();
+    test_plan_and_cp_arguments();
     test_gdn_guards();
     test_npu_mode5_full_mask();
     test_gemm_empty_inner_range();
