@@ -2,10 +2,11 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+COV_BUILD ?= build-cov
 FUZZ_SECONDS ?= 20
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz coverage bench install clean
 
 all: build
 
@@ -50,6 +51,11 @@ test-fuzz:
 test-sanitize:
 	bash tools/run_sanitized.sh $(ASAN_BUILD)
 
+# Line and branch coverage (not part of `test`): an instrumented build in $(COV_BUILD), every meson
+# test, the fuzz corpora and the Python suite against it, gcovr's report in $(COV_BUILD)/coverage/.
+coverage: deps
+	PY=$(PY) bash tools/coverage.sh $(COV_BUILD)
+
 # Benchmark programs: each prints its figures beside a baseline measured in the same run.
 bench: build python
 	./$(BUILD)/bench/bench_derive
@@ -66,4 +72,4 @@ install: build
 	meson install -C $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(COV_BUILD)

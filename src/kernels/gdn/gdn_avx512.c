@@ -325,7 +325,18 @@ static inline __attribute__((always_inline)) void inv_rows(const int nv, const f
  * order) quarter the FMA latency chain. */
 static void avx_inv_lower(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {
     const __m512 z = _mm512_setzero_ps();
-    for (int64_t r = 0; r < n; r++) {
+    if (n <= 0) return;
+    /* Row 0 is e_0, written before the loop, so the loop starts at r = 1 with at least one block.
+     * Starting at r = 0 (where the block loop runs no iteration) let GCC 12.2 at -O3 split the row
+     * loop at "r > 0" (-fsplit-loops); with atomic profile counters (-fprofile-arcs
+     * -fprofile-update=atomic, which --coverage with -pthread implies) the split loop then applied
+     * the tail row of a block twice: row 1 became -2 Lm[1][0] instead of -Lm[1][0] (the emulated
+     * AVX-512 test build; -fno-split-loops, -fno-ivopts, -fno-tree-ch or -fprofile-update=single
+     * each gave the right answer, as did clang). A compiler fault, not this code's: the same source
+     * is exact under every other flag set, and reads only rows it has written. */
+    for (int v = 0; v < 4 && 16 * v < cn; v++) _mm512_storeu_ps(A + 16 * v, z);
+    A[0] = 1.0f;
+    for (int64_t r = 1; r < n; r++) {
         __m512 acc[4][4];
         for (int u = 0; u < 4; u++)
             for (int v = 0; v < 4; v++) acc[u][v] = z;

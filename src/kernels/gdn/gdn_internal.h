@@ -107,6 +107,11 @@ void gdn_gemm_x_avx512(int64_t m, int64_t n, int64_t kd, float alpha, const floa
                        int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 void gdn_transpose_avx512(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 void gdn_expv_avx512(float *x, int64_t n);
+/* A = (I + Lm)^-1 of one chunk as each build computes it (k_inv_lower of gdn_kernel.inc): Lm strictly
+ * lower [n, ld] (n <= cn <= GDN_C, cn a multiple of 16), A [n, ld] written in columns [0, cn). */
+void gdn_inv_lower_ref(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
+void gdn_inv_lower_avx512(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
+void gdn_inv_lower_avx2(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
 /* The same primitives of the AVX2 + FMA build (gdn_avx2.c). */
 void gdn_gemm_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                    int64_t ldb, float *C, int64_t ldc, unsigned flags);
@@ -156,6 +161,9 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
     }                                                                                                         \
     void gdn_expv_##sfx(float *x, int64_t n) {                                                                \
         for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                    \
+    }                                                                                                         \
+    void gdn_inv_lower_##sfx(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {                   \
+        gdn_inv_lower_ref(Lm, A, n, cn, ld);                                                                  \
     }
 
 #endif

@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""The options of `maskpack inspect` and `maskpack plan` that no other CLI test gives, each parsed
+and checked for its effect on the output (and each refused with exit status 2 and its message on a
+bad value). Python standard library only; the writers and readers are test_cli.py's.
+
+usage: test_cli_options.py MASKPACK_BINARY SOURCE_ROOT [CASE...]   (no CASE: run every case)
+"""
+import json
+import math
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_cli as base  # noqa: E402  (its writers, readers, run/check/expect and failure list)
+
+check, expect, npy, read_npz = base.check, base.expect, base.npy, base.read_npz
+
+
+def tmp(name):
+    return os.path.join(base.TMP, name)
+
+
+def inspect_json(*args):
+    out = expect(["inspect", *args, "--json"], 0)
+    return json.loads(out)
+
+
+def mask4d(*args):
+    """The sample batch's mask4d (keep, bool) under the given rule flags: [3][16][16] lists."""
+    path = tmp("m4.npz")
+    expect(["inspect", *args, "--emit", "mask4d", "--out", path], 0)
+    shape, m = read_npz(path)["mask4d"]
+    check(shape == (3, 1, 16, 16), "mask4d shape %r" % (shape,))
+    return [[m[b * 256 + i * 16:b * 256 + i * 16 + 16] for i in range(16)] for b in range(3)]
+
+
+# ---- inspect --------------------------------------------------------------------------------------
+
+def case_inspect_window():
+    # row 0 of the sample is one 11-token sequence at columns 0..10
+    full = mask4d()
+    check(full[0][8][0:9] == [1] * 9, "causal, no window: query 8 sees keys 0..8")
+    win = mask4d("--window", "2,0")
+    check(win[0][8][0:11] == [0] * 6 + [1] * 3 + [0] * 2, "--window 2,0: query 8 sees keys 6..8 only, got %r"
+          % (win[0][8][0:11],))
+    check(inspect_json("--window", "2,0")["rule"]["window"] == [2, 0], "--window in the report's rule")
+    both = mask4d("--bidirectional", "--window", "1,1")
+    check(both[0][5][0:11] == [0] * 4 + [1] * 3 + [0] * 4, "--bidirectional --window 1,1: keys 4..6 of query 5")
+    expect(["inspect", "--window", "3"], 2, err_has=["--window: expected L,R"])
+    expect(["inspect", "--window", "3,-2"], 2, err_has=["--window: expected two integers >= -1"])
+
+
+def case_inspect_alignment():
+    rule = inspect_json("--alignment", "top_left")["rule"]
+    check(rule["alignment"] == "top_left" and rule["from"] == "flags", "--alignment top_left: %r" % (rule,))
+    check(inspect_json()["rule"]["alignment"] == "bottom_right", "default alignment bottom_right")
+    expect(["inspect", "--alignment", "middle"], 2, err_has=["--alignment: expected top_left|bottom_right"])
+
+
+def case_inspect_total():
+    path = tmp("cu.npy")
+    with open(path, "wb") as f:
+        f.write(npy("i4", (3,), [0, 3, 7]))
+    plain = inspect_json(path, "--as", "cu_seqlens", "--cu-form", "te")
+    check(plain["shape"] == [7] and plain["pad_fraction"] == 0, "cu_seqlens alone: stream of 7 tokens")
+    tot = inspect_json(path, "--as", "cu_seqlens", "--cu-form", "te", "--total", "10")
+    check(tot["shape"] == [10] and tot["n_tokens"] == 7 and abs(tot["pad_fraction"] - 0.3) < 1e-12,
+          "--total 10: a stream of 10 with 3 padding tokens, got %r" % ({k: tot[k] for k in ("shape", "n_tokens")},))
+    expect(["inspect", path, "--as", "cu_seqlens", "--cu-form", "te", "--total", "-4"], 2,
+           err_has=["--total: expected an integer >= 0"])
+
+
+def case_inspect_block():
+    path = tmp("bm.npz")
+    expect(["inspect", "--emit", "block_mask", "--block", "4", "--out", path], 0)
+    z = read_npz(path)
+    shape, kvn = z["block_mask_kv_num_blocks"]
+    check(shape == (3, 4), "--block 4: 16 columns make 4 query blocks, got %r" % (shape,))
+    # row 0: tokens 0..10 causal; query block 1 (rows 4..7) sees key blocks 0 and 1, partly or fully
+    _, full = z["block_mask_full_kv_num_blocks"]
+    check(kvn[1] + full[1] == 2, "row 0, query block 1 reaches 2 key blocks (partial %d + full %d)" % (kvn[1], full[1]))
+    expect(["inspect", "--emit", "block_mask", "--out", tmp("bm128.npz")], 0)
+    check(read_npz(tmp("bm128.npz"))["block_mask_kv_num_blocks"][0] == (3, 1), "default block 128: one block")
+    expect(["inspect", "--emit", "block_mask", "--block", "0", "--out", path], 2, err_has=["--block: expected an integer >= 1"])
+
+
+def case_inspect_npu():
+    codes = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3}
+    for name, code in codes.items():
+        path = tmp("npu_%s.npz" % name)
+        expect(["inspect", "--emit", "npu", "--npu-layout", name, "--out", path], 0)
+        check(read_npz(path)["npu_input_layout"][1] == [code], "--npu-layout %s -> input_layout %d" % (name, code))
+    # TND needs a packed layout: the sample is a padded grid
+    expect(["inspect", "--emit", "npu", "--npu-layout", "TND", "--out", tmp("tnd.npz")], 1,
+           out_has=["input_layout TND needs a packed (THD) layout"])
+    expect(["inspect", "--npu-layout", "NTD"], 2, err_has=["--npu-layout: expected TND|BSND|BNSD|BSH|SBH"])
+    # the scale: 1/sqrt(head dim), or given
+    path = tmp("npu_scale.npz")
+    expect(["inspect", "--emit", "npu", "--head-dim", "64", "--out", path], 0)
+    check(read_npz(path)["npu_scale"][1] == [0.125], "--head-dim 64 -> scale 1/8")
+    expect(["inspect", "--emit", "npu", "--out", path], 0)
+    check(abs(read_npz(path)["npu_scale"][1][0] - 1 / math.sqrt(128)) < 1e-15, "default head dim 128")
+    expect(["inspect", "--emit", "npu", "--scale", "0.3", "--out", path], 0)
+    check(read_npz(path)["npu_scale"][1] == [0.3], "--scale 0.3")
+    expect(["inspect", "--head-dim", "0"], 2, err_has=["--head-dim: expected an integer >= 1"])
+    expect(["inspect", "--scale", "-1"], 2, err_has=["--scale: expected a finite number > 0"])
+    expect(["inspect", "--scale", "inf"], 2, err_has=["--scale: expected a finite number > 0"])
+
+
+def case_inspect_fill_and_index_dtype():
+    path = tmp("fill.npz")
+    expect(["inspect", "--emit", "mask4d", "--emit-convention", "additive", "--emit-dtype", "float32",
+            "--emit-fill", "neg_inf", "--out", path], 0)
+    _, m = read_npz(path)["mask4d"]
+    check(m[1] == -math.inf and m[0] == 0.0, "--emit-fill neg_inf: masked entries are -inf, allowed 0")
+    expect(["inspect", "--emit", "mask4d", "--emit-convention", "additive", "--emit-dtype", "float32",
+            "--emit-fill", "dtype_min", "--out", path], 0)
+    _, m = read_npz(path)["mask4d"]
+    check(m[1] == -3.4028234663852886e38, "--emit-fill dtype_min: masked entries are float32's lowest, got %r" % m[1])
+    expect(["inspect", "--emit-fill", "zero"], 2, err_has=["--emit-fill: expected neg_inf|dtype_min"])
+
+    path = tmp("idx.npz")
+    out = expect(["inspect", "--emit", "cu_seqlens,valid_indices", "--index-dtype", "int64", "--out", path], 0,
+                 out_has=["cu_seqlens int64 [5]", "valid_indices int64 [36]"])
+    check(read_npz(path)["cu_seqlens"][1] == [0, 11, 18, 24, 36], "int64 cu_seqlens values")
+    expect(["inspect", "--emit", "cu_seqlens,valid_indices", "--index-dtype", "int32", "--out", path], 0,
+           out_has=["cu_seqlens int32 [5]", "valid_indices int32 [36]"])
+    expect(["inspect", "--index-dtype", "int16"], 2, err_has=["--index-dtype: expected int32|int64"])
+    del out
+
+
+def case_inspect_input_shapes():
+    # --as mask4d on a 2D array: a usage error
+    m2 = tmp("m2.npy")
+    with open(m2, "wb") as f:
+        f.write(npy("b1", (2, 4), [1, 1, 1, 0, 1, 1, 0, 0]))
+    expect(["inspect", m2, "--as", "mask4d", "--mask-convention", "keep"], 2,
+           err_has=["--as mask4d, but " + m2 + " has 2 dimensions"])
+    # a [B,1,1,S] padding-only 4D mask (TransformerEngine's) reads as its 2D keep mask
+    p4 = tmp("p4.npz")
+    base.npz(p4, {"attention_mask": ("b1", (2, 1, 1, 4), [1, 1, 1, 0, 1, 1, 0, 0])})
+    r = inspect_json(p4, "--mask-convention", "keep")
+    check(r["inputs"][0]["read_as"] == "[B,1,1,S] keep padding mask" and r["n_tokens"] == 5 and r["shape"] == [2, 4],
+          "[B,1,1,S] mask: %r" % (r["inputs"][0],))
+    check([(s["row"], s["start"], s["length"]) for s in r["segments"]] == [(0, 0, 3), (1, 0, 2)], "its segments")
+    # mrope position_ids [3,B,S]; a member nobody reads is listed as ignored; float labels are a problem
+    m3 = tmp("m3.npz")
+    base.npz(m3, {"position_ids": ("i8", (3, 2, 4), [0, 1, 2, 3, 0, 1, 0, 1] * 3), "foo": ("i4", (2,), [1, 2]),
+                  "labels": ("f4", (2, 4), [0.0] * 8)})
+    out = expect(["inspect", m3, "--position-rule", "reset", "--json"], 1)
+    r = json.loads(out)
+    check(r["n_sequences"] == 3 and r["shape"] == [2, 4], "[3,B,S] position_ids: 3 sequences on a [2, 4] grid")
+    check(r["ignored"] == ["foo"], "unknown member ignored: %r" % (r["ignored"],))
+    check(r["problems"] == ["labels: expected an integer dtype, found float32"], "float labels: %r" % (r["problems"],))
+    # a 3D attention_mask has no per-token shape
+    x3 = tmp("x3.npz")
+    base.npz(x3, {"attention_mask": ("i4", (2, 3, 4), [1] * 24)})
+    expect(["inspect", x3, "--mask-convention", "keep"], 1,
+           out_has=["attention_mask: int32 [2, 3, 4] has no per-token shape (expected [B,S] or [T], or a 4D mask)"])
+    # a packed stream laid over a grid must not run from one row into the next
+    cr = tmp("cr.npz")
+    base.npz(cr, {"attention_mask": ("i4", (2, 4), [1] * 8), "cu_seqlens": ("i4", (3,), [0, 6, 8])})
+    expect(["inspect", cr, "--mask-convention", "keep", "--cu-form", "te"], 1,
+           out_has=["cu_seqlens: sequence 0 (tokens [0, 6)) runs from row 0 into row 1 of the [2, 4] grid"])
+
+
+def case_inspect_reports():
+    # a packed stream's TND npu arguments, in the text report and in the JSON one
+    cu = tmp("cu.npy")
+    with open(cu, "wb") as f:
+        f.write(npy("i4", (3,), [0, 3, 7]))
+    args = ["inspect", cu, "--as", "cu_seqlens", "--cu-form", "te", "--emit", "npu", "--npu-layout", "TND",
+            "--out", tmp("t.npz")]
+    expect(args, 0, out_has=["shape: [7] packed stream (THD)", "input_layout TND, sparse_mode 3",
+                             "actual_seq_qlen [3, 7]", "npu_actual_seq_kvlen int64 [2]"])
+    npu = json.loads(expect(args + ["--json"], 0))["npu"]
+    check(npu["input_layout"] == "TND" and npu["actual_seq_qlen"] == [3, 7] and npu["actual_seq_kvlen"] == [3, 7]
+          and npu["atten_mask"] == "compressed" and npu["atten_mask_shape"] == [2048, 2048],
+          "JSON npu arguments: %r" % (npu,))
+    check(read_npz(tmp("t.npz"))["npu_actual_seq_qlen"][1] == [3, 7], "the npz holds actual_seq_qlen")
+    # the rule line names a window
+    expect(["inspect", "--window", "2,0"], 0, out_has=["rule: causal, bottom_right alignment, window (2, 0) (from flags)"])
+    # help for each command, and for one that does not exist
+    expect(["help", "inspect"], 0, out_has=["usage: maskpack inspect [FILE] [options]"])
+    expect(["help", "plan"], 0, out_has=["usage: maskpack plan LENGTHS_FILE --capacity N [options]"])
+    expect(["help", "bogus"], 2, err_has=["maskpack: unknown command 'bogus'"])
+
+
+# ---- plan ------------------------------------------------------------------------------------------
+
+def lengths(name, values):
+    path = tmp(name)
+    with open(path, "w") as f:
+        f.write("".join("%d\n" % v for v in values))
+    return path
+
+
+def plan_json(*args):
+    return json.loads(expect(["plan", *args, "--json"], 0))
+
+
+def case_plan_parallel_alignment():
+    path = lengths("l.txt", [5, 9, 3, 12, 7])
+    # verl: tp * cp * 2; minimal: cp * lcm(2, tp); --multiple overrides both
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "2")
+    check(r["options"]["tp"] == 2 and r["report"]["multiple"] == 8, "--tp 2 --cp 2 verl: multiple 8, got %r"
+          % r["report"]["multiple"])
+    check(r["report"]["alignment_padding"] == sum(-v % 8 for v in [5, 9, 3, 12, 7]), "padding to multiples of 8")
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "3", "--align", "minimal")
+    check(r["options"]["align"] == "minimal" and r["report"]["multiple"] == 12, "minimal: cp * lcm(2, 3) = 12")
+    r = plan_json(path, "--capacity", "48", "--cp", "2", "--tp", "3", "--align", "verl")
+    check(r["report"]["multiple"] == 12, "verl: tp * cp * 2 = 12")
+    r = plan_json(path, "--capacity", "48", "--multiple", "16")
+    check(r["report"]["multiple"] == 16 and r["report"]["alignment_padding"] == sum(-v % 16 for v in [5, 9, 3, 12, 7]),
+          "--multiple 16")
+    expect(["plan", path, "--capacity", "48", "--align", "wide"], 2, err_has=["--align"])
+    expect(["plan", path, "--capacity", "48", "--tp", "0"], 2, err_has=["--tp"])
+    expect(["plan", path, "--capacity", "48", "--multiple", "x"], 2, err_has=["--multiple"])
+
+
+def case_plan_objective():
+    values = [5, 9, 3, 12, 7]
+    path = lengths("l.txt", values)
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--attention-a", "10")
+    check(r["options"]["objective"] == "attention" and r["report"]["attention_a"] == 10, "--attention-a 10")
+    check(sum(r["rank_costs"]) == sum(10 * v + v * v for v in values),
+          "attention objective: costs sum a*L + L^2, got %r" % r["rank_costs"])
+    r = plan_json(path, "--capacity", "16")
+    check(sum(r["rank_costs"]) == sum(values), "tokens objective: costs sum the lengths")
+    # --model H: a = W / (2 q) with W = H (q + 2 kv) + q H + 2 H I (I = 4H, q = kv = H), / q when causal
+    h = 1024
+    w = h * (h + 2 * h) + h * h + 2 * h * 4 * h
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", str(h))
+    check(r["report"]["attention_a"] == w // (2 * h), "--model 1024: a = %d, got %r" % (w // (2 * h), r["report"]["attention_a"]))
+    w = h * (512 + 2 * 256) + 512 * h + 3 * h * 2048
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", "%d,2048,512,256,1,1" % h)
+    check(r["report"]["attention_a"] == w // 512, "--model 1024,2048,512,256,1,1 (gated, causal): a = %d, got %r"
+          % (w // 512, r["report"]["attention_a"]))
+    expect(["plan", path, "--capacity", "16", "--model", "1024", "--attention-a", "5"], 2,
+           err_has=["--model and --attention-a exclude each other"])
+    expect(["plan", path, "--capacity", "16", "--model", "a,b"], 2, err_has=["--model: expected"])
+    expect(["plan", path, "--capacity", "16", "--objective", "flops"], 2, err_has=["--objective"])
+    expect(["plan", path, "--capacity", "16", "--attention-a", "-3"], 2, err_has=["--attention-a"])
+
+
+def case_plan_seed_and_row_width():
+    path = lengths("eq.txt", [4] * 8)
+
+    def rows(seed):
+        out = tmp("seed%d.json" % seed)
+        expect(["plan", path, "--capacity", "8", "--dp", "2", "--seed", str(seed), "--json-out", out, "-q"], 0)
+        with open(out) as f:
+            plan = json.load(f)
+        check(plan["options"]["seed"] == seed, "--seed %d in the plan's options" % seed)
+        return [r["sequences"] for r in plan["rows"]]
+
+    r0, r0b, r7 = rows(0), rows(0), rows(7)
+    check(r0 == r0b, "the same seed gives the same plan")
+    check(r0 != r7, "--seed 7 breaks the ties between equal lengths differently: %r vs %r" % (r0, r7))
+    check(sorted(s for r in r7 for s in r) == list(range(8)), "every sequence placed once under --seed 7")
+    expect(["plan", path, "--capacity", "8", "--seed", "-1"], 2, err_has=["--seed"])
+
+    # --row-width: full-capacity rows need the capacity to divide by the multiple, used-width rows not
+    path = lengths("l.txt", [5, 9, 3, 12, 7])
+    expect(["plan", path, "--capacity", "14", "--multiple", "4"], 2,
+           err_has=["capacity: expected a multiple of the alignment multiple 4"])
+    r = plan_json(path, "--capacity", "14", "--multiple", "4", "--row-width", "used", "--allow-split")
+    check(r["options"]["row_width"] == "used" and r["report"]["multiple"] == 4, "--row-width used accepted")
+    check(r["report"]["real_tokens"] == 36, "every token planned")
+    expect(["plan", path, "--capacity", "14", "--row-width", "half"], 2, err_has=["--row-width: expected capacity or used"])
+
+
+def case_plan_inputs_and_outputs():
+    import struct
+    # JSON lines: an object with length / input_ids / tokens, a token list, a bare number
+    path = tmp("j.jsonl")
+    with open(path, "w") as f:
+        f.write('{"length": 5}\n[1, 2, 3]\n{"input_ids": [1, 2, 3, 4]}\n{"tokens": [7, 7]}\n9\n')
+    r = plan_json(path, "--capacity", "16")
+    check(r["format"] == "json lines" and r["report"]["n_sequences"] == 5 and r["report"]["real_tokens"] == 23,
+          "JSON lines: 5 sequences, 23 tokens, got %r" % ({k: r["report"][k] for k in ("n_sequences", "real_tokens")},))
+    # a 1-D integer .npy, and standard input
+    npy_path = tmp("l.npy")
+    with open(npy_path, "wb") as f:
+        f.write(npy("i8", (4,), [10, 10, 6, 6]))
+    r = plan_json(npy_path, "--capacity", "16")
+    check(r["report"]["n_sequences"] == 4 and r["report"]["real_tokens"] == 32, ".npy lengths")
+    # the algorithms: next-fit keeps the input order ([10], [10, 6], [6]); first-fit-decreasing pairs them
+    out = expect(["plan", "-", "--capacity", "16", "--algorithm", "nextfit", "--json"], 0, stdin=b"10\n10\n6\n6\n")
+    r = json.loads(out)
+    check(r["source"] == "-" and r["options"]["algorithm"] == "nextfit" and r["report"]["n_rows"] == 3,
+          "nextfit from stdin: 3 rows, got %r" % r["report"]["n_rows"])
+    out = expect(["plan", "-", "--capacity", "16", "--algorithm", "ffd", "--json"], 0, stdin=b"10\n10\n6\n6\n")
+    check(json.loads(out)["report"]["n_rows"] == 2, "ffd: 2 rows")
+    expect(["plan", "-", "--capacity", "16", "--algorithm", "best"], 2, stdin=b"1\n", err_has=["--algorithm"])
+    # a sequence longer than a row: refused, or cut with --allow-split
+    expect(["plan", "-", "--capacity", "16"], 1, stdin=b"20\n3\n", err_has=["more than the capacity 16"])
+    out = expect(["plan", "-", "--capacity", "16", "--allow-split", "--json"], 0, stdin=b"20\n3\n")
+    r = json.loads(out)["report"]
+    check(r["n_split"] == 1 and r["n_pieces"] == 3 and r["real_tokens"] == 23, "--allow-split: one sequence cut in two")
+    # micro-batches: 4 ranks' worth of rows over dp 2 x 2 micro-batches
+    r = plan_json(lengths("m.txt", [16, 16, 16, 16]), "--capacity", "16", "--dp", "2", "--micro-batches", "2")
+    check(r["report"]["rows_per_microbatch"] == 1 and r["report"]["rows_per_rank"] == 2, "--micro-batches 2")
+    # the progress bar on stderr, forced on and off
+    rc, _, err = base.run("plan", lengths("p.txt", [5, 9, 3]), "--capacity", "16", "--progress")
+    check(rc == 0 and "pack" in err and "100%" in err, "--progress draws on stderr: %r" % err[:200])
+    rc, _, err = base.run("plan", lengths("p.txt", [5, 9, 3]), "--capacity", "16", "--no-progress")
+    check(rc == 0 and err == "", "--no-progress: nothing on stderr, got %r" % err[:200])
+    # the rows picture: a PNG, shorter with fewer rows drawn per rank
+    heights = []
+    for rows in (None, "1"):
+        png = tmp("rows.png")
+        args = ["plan", lengths("r.txt", [5, 9, 3, 12, 7, 1]), "--capacity", "16", "--dp", "2", "--png", png]
+        if rows:
+            args += ["--png-rows", rows]
+        expect(args, 0, out_has=["picture written to " + png])
+        with open(png, "rb") as f:
+            data = f.read()
+        check(data[:8] == b"\x89PNG\r\n\x1a\n", "--png writes a PNG")
+        heights.append(struct.unpack(">II", data[16:24])[1])
+    check(heights[1] < heights[0], "--png-rows 1 draws fewer rows: heights %r" % heights)
+    # -q prints nothing
+    rc, out, _ = base.run("plan", lengths("q.txt", [5]), "--capacity", "16", "-q")
+    check(rc == 0 and out == "", "-q: no output")
+
+
+def case_bad_values():
+    """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
+    for args, msg in [
+        (["--as", "foo"], "--as: expected attention_mask|position_ids|cu_seqlens|mask4d, found 'foo'"),
+        (["--mask-convention", "foo"], "--mask-convention: expected keep|doc_id|masked|additive, found 'foo'"),
+        (["--position-rule", "foo"], "--position-rule: expected reset|step, found 'foo'"),
+        (["--cu-form", "xx"], "--cu-form: expected te|npu, found 'xx'"),
+        (["--emit-convention", "foo"], "--emit-convention: expected keep|masked|additive, found 'foo'"),
+        (["--emit-dtype", "foo"], "--emit-dtype: expected a dtype name"),
+        (["--png-rows", "a,b"], "--png-rows: expected a comma list of up to 64 row indices, found 'a,b'"),
+        (["--png-zoom", "99"], "--png-zoom: expected an integer in [1, 32], found '99'"),
+        (["--emit-dtype", "int32"], "--emit-dtype applies to --emit mask4d only"),
+        (["--emit", "mask2d"], "--emit needs --out FILE.npz"),
+        (["--out", tmp("x.npz")], "--out needs --emit a,b,..."),
+        (["--emit", "foo", "--out", tmp("x.npz")], "--emit: expected a comma list of mask2d"),
+    ]:
+        expect(["inspect"] + args, 2, err_has=[msg])
+    path = lengths("ok.txt", [5])
+    expect(["plan", path, "--capacity", "16", "--micro-batches", "0"], 2,
+           err_has=["--micro-batches: expected an integer >= 1, found '0'"])
+    expect(["plan", path, "--capacity", "16", "--frobnicate"], 2, err_has=["--frobnicate needs a value"])
+    expect(["plan", path, "--capacity", "16", "--model", "0"], 2, err_has=["--model: hidden: expected in [1, 2^30], found 0"])
+    # --flag=value is the same as --flag value
+    r = json.loads(expect(["plan", path, "--capacity=16", "--dp=1", "--json"], 0))
+    check(r["options"]["capacity"] == 16, "--capacity=16")
+
+
+def case_plan_bad_inputs():
+    """Unreadable length files: each refused (exit 1) with the file, the line and what was wrong."""
+    two_d = tmp("l2d.npy")
+    with open(two_d, "wb") as f:
+        f.write(npy("i8", (2, 2), [1, 2, 3, 4]))
+    expect(["plan", two_d, "--capacity", "16"], 1,
+           err_has=["expected a 1-D integer array of lengths, found int64 with 2 dimension(s)"])
+    floats = tmp("lf.npy")
+    with open(floats, "wb") as f:
+        f.write(npy("f4", (2,), [5.0, 6.0]))
+    expect(["plan", floats, "--capacity", "16"], 1,
+           err_has=["expected a 1-D integer array of lengths, found float32 with 1 dimension(s)"])
+    u8 = tmp("lu8.npy")
+    with open(u8, "wb") as f:
+        f.write(npy("u1", (3,), [5, 6, 7]))
+    check(plan_json(u8, "--capacity", "16")["report"]["real_tokens"] == 18, "uint8 lengths read")
+    expect(["plan", tmp("missing.txt"), "--capacity", "16"], 1, err_has=["missing.txt: cannot open"])
+    for text, msg in [(b'{"length": 5}\n{bad json\n', "-:2: not valid JSON"),
+                      (b'{"length": 5}\n{"foo": 1}\n', '-:2: an object needs "length", "input_ids" or "tokens"'),
+                      (b"5\n12abc\n", "-:2: expected an integer length, found '12abc'"),
+                      (b"5\n-3\n", "-:2: expected a length >= 0, found -3")]:
+        expect(["plan", "-", "--capacity", "16"], 1, stdin=text, err_has=[msg])
+    # micro-batches: the report gives their costs
+    expect(["plan", "-", "--capacity", "16", "--micro-batches", "2"], 0, stdin=b"5\n6\n7\n",
+           out_has=["micro-batch cost: mean 9, max 13"])
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    base.BIN, base.ROOT = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or sorted(CASES)
+    with tempfile.TemporaryDirectory(prefix="maskpack_cli_opts_") as t:
+        base.TMP = t
+        for name in names:
+            CASES[name]()
+    if base.FAILURES:
+        print("%d check(s) failed" % len(base.FAILURES))
+        return 1
+    print("cli option tests passed: %s" % ", ".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
