@@ -181,11 +181,16 @@ class _Move:
             for g in self.src_grids:
                 n = _numel(g)
                 sel = np.nonzero((flat >= off) & (flat < off + n))[0]
-                pairs.append((torch.from_numpy(sel).to(device), torch.from_numpy(flat[sel] - off).to(device)))
+                src = flat[sel] - off
+                # every token of the source, in order (an unpack's packed source): no gather needed
+                identity = src.size == n and bool((src == np.arange(n)).all())
+                pairs.append((torch.from_numpy(sel).to(device), None if identity else torch.from_numpy(src).to(device)))
                 off += n
             fills = np.nonzero(flat < 0)[0]
             # one source and no padding: the move is a single gather (flash-attn's index_first_axis)
-            whole = pairs[0][1] if len(self.src_grids) == 1 and fills.size == 0 else None
+            whole = None
+            if len(self.src_grids) == 1 and fills.size == 0:
+                whole = pairs[0][1] if pairs[0][1] is not None else pairs[0][0]  # identity: dst order = src order
             e = self._index[key] = (pairs, torch.from_numpy(fills).to(device), whole)
         return e
 
@@ -349,13 +354,19 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
             out.copy_(res)
             return out
         return res
-    res = (target if target is not None else torch.empty(shape, dtype=x0.dtype, device=x0.device)).view(
-        (n_dst,) + trailing)
-    if fills.numel():
+    zero_pad = pad_value is None or (not isinstance(pad_value, bool) and pad_value == 0)
+    if target is None:  # zero padding: one memset of the whole, as the torch a user writes (zeros + index_put_)
+        res = (torch.zeros if zero_pad and fills.numel() else torch.empty)(shape, dtype=x0.dtype, device=x0.device)
+        res = res.view((n_dst,) + trailing)
+        fill = not zero_pad and fills.numel()
+    else:
+        res = target.view((n_dst,) + trailing)
+        fill = fills.numel()
+    if fill:
         res.index_fill_(0, fills, 0 if pad_value is None else pad_value)
     for flat, (dst_pos, src_pos) in zip(flats, pairs):
         if dst_pos.numel():
-            res.index_copy_(0, dst_pos, flat.index_select(0, src_pos))
+            res.index_copy_(0, dst_pos, flat if src_pos is None else flat.index_select(0, src_pos))
     res = res.view(shape)
     if out is not None:
         if target is None:
