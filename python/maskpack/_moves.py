@@ -311,6 +311,18 @@ def _check_grid(x, grid: Tuple[int, ...], name: str) -> None:
                     f"(shape {list(x.shape)})", "MASKPACK_ERR_SHAPE", argument=name)
 
 
+def _torch_empty(shape: Tuple[int, ...], like):
+    """An uninitialised output on like's device; on the host a large one comes from the output cache
+    (pages already mapped: a fresh 32 MiB allocation costs more in page faults than the move itself)."""
+    if like.device.type == "cpu":
+        from ._alloc import fresh
+
+        return fresh(shape, like.dtype)
+    import torch
+
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
 def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
     """The torch engine: the move as torch indexing on the tensors' own device (cuda, npu, xpu, mps,
     meta or cpu). One index_select for a gather without padding (pack); else the padding is filled and
@@ -345,7 +357,11 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
     if out is not None and not out.is_contiguous():
         target = None  # written through a contiguous result, then copied into out's strides
     if whole is not None:
-        res = torch.index_select(flats[0], 0, whole)
+        if target is None and x0.device.type == "cpu":  # large host outputs: the output cache's pages
+            res = _torch_empty(shape, x0).view((n_dst,) + trailing)
+            torch.index_select(flats[0], 0, whole, out=res)
+        else:
+            res = torch.index_select(flats[0], 0, whole)
         if target is not None:
             target.view((n_dst,) + trailing).copy_(res)
             return out
@@ -356,7 +372,9 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
         return res
     zero_pad = pad_value is None or (not isinstance(pad_value, bool) and pad_value == 0)
     if target is None:  # zero padding: one memset of the whole, as the torch a user writes (zeros + index_put_)
-        res = (torch.zeros if zero_pad and fills.numel() else torch.empty)(shape, dtype=x0.dtype, device=x0.device)
+        res = _torch_empty(shape, x0)
+        if zero_pad and fills.numel():
+            res.zero_()
         res = res.view((n_dst,) + trailing)
         fill = not zero_pad and fills.numel()
     else:
