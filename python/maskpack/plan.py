@@ -20,6 +20,9 @@ Rows are numbered rank-major: ``row = (rank * micro_batches + micro_batch) * row
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -34,6 +37,20 @@ _ALIGN = {"verl": 0, "minimal": 1}
 _OBJECTIVE = {"tokens": 0, "attention": 1}
 _ALGORITHM = {"bfd": 0, "ffd": 1, "nextfit": 2}
 _ROW_WIDTH = {"capacity": 0, "used": 1}
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Building the per-row lists of a large plan creates ~1e5 container objects at once: the cyclic
+    garbage collector would run several full passes over them (most of the time of ``.rows`` at 1e5
+    sequences); none of them can be part of a cycle, so it is paused meanwhile."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _choice(value: Any, table: Dict[str, int], name: str) -> int:
@@ -150,18 +167,20 @@ class Plan:
     def rows(self) -> List[List[int]]:
         if "rows" not in self._cache:
             arr, begin = self._arrays()
-            seqs = arr[:, 0].tolist()
-            b = begin.tolist()
-            self._cache["rows"] = [seqs[b[r]:b[r + 1]] for r in range(len(b) - 1)]
+            with _no_gc():
+                seqs = arr[:, 0].tolist()
+                b = begin.tolist()
+                self._cache["rows"] = [seqs[b[r]:b[r + 1]] for r in range(len(b) - 1)]
         return self._cache["rows"]
 
     @property
     def pieces(self) -> List[List[Tuple[int, int, int, int]]]:
         if "piece_lists" not in self._cache:
             arr, begin = self._arrays()
-            tuples = [tuple(t) for t in arr.tolist()]
-            b = begin.tolist()
-            self._cache["piece_lists"] = [tuples[b[r]:b[r + 1]] for r in range(len(b) - 1)]
+            with _no_gc():
+                tuples = list(map(tuple, arr.tolist()))
+                b = begin.tolist()
+                self._cache["piece_lists"] = [tuples[b[r]:b[r + 1]] for r in range(len(b) - 1)]
         return self._cache["piece_lists"]
 
     @property
