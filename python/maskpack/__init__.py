@@ -55,6 +55,10 @@ _GDN_NAMES = ("gated_delta_rule", "causal_conv1d", "gdn_gates", "gdn_l2norm", "g
 __all__ += list(_GDN_NAMES)
 
 
+# Context-parallel collectives over torch.distributed (maskpack.distributed): loaded on use.
+_DIST_NAMES = ("cp_all_gather", "ulysses_all_to_all", "cp_loss")
+__all__ += list(_DIST_NAMES)
+
 # The output-buffer cache of the torch binding (maskpack._alloc) needs torch too: loaded on use.
 _ALLOC_NAMES = ("output_cache_info", "set_output_cache_limit", "empty_output_cache")
 __all__ += list(_ALLOC_NAMES)
@@ -65,6 +69,10 @@ def __getattr__(name):
         from . import gdn
 
         return getattr(gdn, name)
+    if name in _DIST_NAMES:
+        from . import distributed
+
+        return getattr(distributed, name)
     if name in _ALLOC_NAMES:
         from . import _alloc
 

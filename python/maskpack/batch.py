@@ -291,11 +291,17 @@ class Batch:
             rolled, self.source_layout, self.layout, pad_value=self.extras["ignore_index"])
         return self._place(moved)
 
-    def to_padded(self, x: Any, parts: Optional[List[Any]] = None, pad_value: Any = 0):
+    def to_padded(self, x: Any, parts: Optional[List[Any]] = None, pad_value: Any = 0, group: Any = None):
         """Output of the model step (per-token, this rank's layout) -> the dataloader's layout. Under CP,
         pass every rank's output in rank order as ``parts`` (e.g. from an all_gather) to reassemble the
-        whole batch; without ``parts`` only this rank's tokens are placed and the rest is pad_value.
-        Differentiable."""
+        whole batch, or ``group`` (a torch.distributed ProcessGroup) to have the gather done here
+        (:func:`maskpack.cp_all_gather`: backward reduce-scatters); without either only this rank's
+        tokens are placed and the rest is pad_value. Differentiable."""
+        if group is not None and self.cp > 1:
+            from .distributed import cp_all_gather
+
+            whole = cp_all_gather(x, self.global_layout, group, scheme=self.extras["cp_scheme"], align=None)
+            return relayout(whole, self.global_layout, self.source_layout, pad_value=pad_value)
         if self.cp == 1 or parts is None:
             return relayout(x, self.layout, self.source_layout, pad_value=pad_value)
         if len(parts) != self.cp:

@@ -1,0 +1,140 @@
+"""Context-parallel collectives over a communicator the caller owns (a torch.distributed ProcessGroup):
+maskpack never initialises or tears down a process group. Every collective is differentiable and runs
+on whatever device the tensors are on (gloo on CPUs, NCCL / HCCL on accelerators).
+
+    whole = maskpack.cp_all_gather(part, packed, group)         # this rank's shard -> the whole batch
+    logits = bundle.to_padded(out.logits, group=group)           # the gather done by the bundle
+    heads = maskpack.ulysses_all_to_all(x, group, 1, 0)          # [T/cp, H, D] -> [T, H/cp, D] and back
+    loss = maskpack.cp_loss(per_token_loss, bundle.loss_weights, group)   # the exact mean over all ranks
+
+Adjoints: the all-gather's is a reduce-scatter (each rank's part receives the sum over ranks of the
+whole's gradient at its tokens), the all-to-all's the opposite all-to-all, the loss's all-reduce an
+all-reduce of the (scalar) gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ._errors import Error
+
+__all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss"]
+
+
+def _rank_size(group) -> tuple:
+    if not dist.is_available() or not dist.is_initialized():
+        raise Error("group: torch.distributed is not initialised; maskpack uses the caller's process group and "
+                    "never creates one (init_process_group first)", "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_gather(x: torch.Tensor, group) -> list:
+    _, n = _rank_size(group)
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return parts
+
+
+class _AllGatherParts(torch.autograd.Function):
+    """part (this rank's shard) -> the whole, in the layout; backward: every rank's gradient of the
+    whole summed, restricted to this rank's tokens (a reduce-scatter through the layout's shards)."""
+
+    @staticmethod
+    def forward(ctx, part, layout, scheme, tp, align, group):
+        from ._moves import cp_gather
+
+        rank, n = _rank_size(group)
+        ctx.args = (layout, scheme, tp, align, group, rank, n)
+        parts = _all_gather(part.detach(), group)
+        return cp_gather(parts, layout, scheme=scheme, tp=tp, align=align)
+
+    @staticmethod
+    def backward(ctx, grad):
+        layout, scheme, tp, align, group, rank, n = ctx.args
+        grad = grad.contiguous()
+        shards = [layout.shard(grad, n, r, scheme=scheme, tp=tp, align=align) for r in range(n)]
+        out = torch.empty_like(shards[rank])
+        try:
+            dist.reduce_scatter(out, shards, op=dist.ReduceOp.SUM, group=group)
+        except (RuntimeError, NotImplementedError, ValueError):
+            # backends without reduce_scatter (gloo on some builds): all-reduce the whole, then cut
+            total = grad.clone()
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+            out = layout.shard(total, n, rank, scheme=scheme, tp=tp, align=align)
+        return out, None, None, None, None, None
+
+
+def cp_all_gather(part: torch.Tensor, layout, group: Any = None, scheme: str = "zigzag", tp: int = 1,
+                  align: Optional[str] = "verl") -> torch.Tensor:
+    """This rank's CP shard of a per-token tensor ([local tokens, ...], as ``layout.shard`` cut it) ->
+    the whole tensor in ``layout`` (rank order is the group's). Differentiable: backward is a
+    reduce-scatter of the gradient to the shard, i.e. the objective is the sum over ranks of what each
+    rank computes from the whole (when every rank computes the same loss from it, that loss counts cp
+    times: scale it by 1/cp, or reduce with :func:`cp_loss` on the shards instead). ``group``: a
+    torch.distributed ProcessGroup (None: the default group)."""
+    if not isinstance(part, torch.Tensor):
+        raise TypeError(f"part: expected a torch tensor, found {type(part).__name__}")
+    return _AllGatherParts.apply(part, layout, scheme, tp, align, group)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, scatter_dim, gather_dim):
+        ctx.args = (group, scatter_dim, gather_dim)
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, scatter_dim, gather_dim = ctx.args
+        return _AllToAll.apply(grad.contiguous(), group, gather_dim, scatter_dim), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    _, n = _rank_size(group)
+    if x.shape[scatter_dim] % n:
+        raise Error(f"x: dimension {scatter_dim} ({x.shape[scatter_dim]}) must divide by the group size {n} "
+                    "(Ulysses splits the heads evenly)", "MASKPACK_ERR_SHAPE", argument="x")
+    ins = [c.contiguous() for c in torch.tensor_split(x, n, dim=scatter_dim)]
+    outs = [torch.empty_like(ins[0]) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=group)
+    return torch.cat(outs, dim=gather_dim)
+
+
+def ulysses_all_to_all(x: torch.Tensor, group: Any = None, scatter_dim: int = 1, gather_dim: int = 0) -> torch.Tensor:
+    """Ulysses' exchange: split ``scatter_dim`` over the group and concatenate the received pieces along
+    ``gather_dim``. Sequence-split -> head-split: ``(x [T/cp, H, D], scatter_dim=1, gather_dim=0)`` gives
+    ``[T, H/cp, D]`` (each rank holds every token of H/cp heads, in rank order of the sequence pieces,
+    as ``cp_shard(scheme="ulysses")`` cut them); the reverse call ``(scatter_dim=0, gather_dim=1)``
+    brings the attention output back. Differentiable (backward: the opposite exchange)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch tensor, found {type(x).__name__}")
+    return _AllToAll.apply(x, group, int(scatter_dim) % x.dim(), int(gather_dim) % x.dim())
+
+
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        y = x.detach().clone()
+        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        # every rank's loss is the same sum: d(sum_r L_r)/dx_r as each rank backpropagates its own copy
+        return grad, None
+
+
+def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """sum(per_token_loss * weights) over this rank's tokens, summed over the group: with a bundle's
+    ``loss_weights`` the exact mean loss of the whole batch, the same number on every rank. Backward on
+    each rank gives the global mean's gradient through the rank's own tokens; sum the parameter
+    gradients over the CP group (all-reduce SUM, as Megatron does) for the full gradient."""
+    w = torch.as_tensor(weights, device=per_token_loss.device).to(per_token_loss.dtype)
+    if w.shape != per_token_loss.shape:
+        raise Error(f"weights: expected the loss's shape {list(per_token_loss.shape)}, found {list(w.shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="weights")
+    return _AllReduceSum.apply((per_token_loss * w).sum(), group)
