@@ -543,8 +543,9 @@ MASKPACK_API maskpack_status maskpack_last_token_index(const maskpack_layout *la
                                                        maskpack_error *err);
 
 /* FlexAttention-compatible block mask for one head (H = 1, broadcast), Qb = ceil(S/block_q),
- * Kb = ceil(Skv/block_k). A block is FULL when every (i,j) in it is allowed, PARTIAL when some but not
- * all are. kv_num_blocks [B,Qb] counts partial blocks, kv_indices [B,Qb,Kb] lists them ascending in
+ * Kb = ceil(Skv/block_k). A block is FULL when it is a whole block_q x block_k block and every (i,j) in
+ * it is allowed, PARTIAL when some but not all are; a block cut short by the end of the grid is at most
+ * PARTIAL, as torch's create_block_mask classifies it (it pads to whole blocks with False). kv_num_blocks [B,Qb] counts partial blocks, kv_indices [B,Qb,Kb] lists them ascending in
  * its first kv_num_blocks entries (later entries are left untouched: FlexAttention ignores them);
  * full_kv_* likewise for full blocks; q_* / full_q_* are the transposes ([B,Kb], [B,Kb,Qb]).
  * Any pointer may be NULL to skip that output. All arrays int32, C-contiguous. */

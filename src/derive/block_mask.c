@@ -6,8 +6,9 @@
  * from the segment geometry:
  *   - causal or bidirectional rules without window, span or prefix: in closed form (O(1));
  *   - otherwise: one interval computation per query row of the block (never per cell).
- * A block is FULL when its query rows are all real tokens and every segment owning them sees every
- * key of the block; it is PARTIAL when some segment sees some key. Segments with explicit positions
+ * A block is FULL when it is a whole block (not cut short by the end of the grid: torch's
+ * create_block_mask pads to whole blocks with False), its query rows are all real tokens and every
+ * segment owning them sees every key of the block; it is PARTIAL when some segment sees some key. Segments with explicit positions
  * (context-parallel pieces) may share keys, so several segments can make one block FULL together.
  * The work is proportional to the candidate blocks plus B * (Qb + Kb), never S * Skv. */
 #include "fill.h"
@@ -237,11 +238,14 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
             }
             /* segments sharing keys (explicit positions) can visit blocks out of order */
             if (!sorted) qsort(sc.touched, (size_t)sc.n_touched, sizeof *sc.touched, cmp_i32);
-            int rows_real = real_rows == q1 - q0;
+            /* a block cut short by the grid's end is never FULL: torch's create_block_mask pads the
+             * predicate to whole blocks with False, so such a block is partial there too */
+            int rows_real = real_rows == q1 - q0 && q1 - q0 == block_q;
             for (int64_t t = 0; t < sc.n_touched; t++) {
                 int32_t kb = sc.touched[t];
                 sc.mark[kb] = 0;
-                emit(&m, kb, rows_real && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);
+                int whole_kv = Skv - (int64_t)kb * block_k >= block_k;
+                emit(&m, kb, rows_real && whole_kv && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);
             }
             if (o.kv_num_blocks) o.kv_num_blocks[b * n_qb + qb] = m.n_partial;
             if (o.full_kv_num_blocks) o.full_kv_num_blocks[b * n_qb + qb] = m.n_full;

@@ -97,7 +97,8 @@ def last_token_index(segments, q_width):
 
 
 def block_status(allowed_rows, block_q, block_k):
-    """allowed_rows [B,S,Skv] -> [B,Qb,Kb] 0 empty / 1 partial / 2 full (in-grid cells only)."""
+    """allowed_rows [B,S,Skv] -> [B,Qb,Kb] 0 empty / 1 partial / 2 full. As torch's create_block_mask,
+    the grid is padded to whole blocks with False: a block cut short by the grid's end is never full."""
     b, s, skv = allowed_rows.shape
     qb = -(-s // block_q)
     kb = -(-skv // block_k)
@@ -106,7 +107,8 @@ def block_status(allowed_rows, block_q, block_k):
         for y in range(kb):
             blk = allowed_rows[:, x * block_q:(x + 1) * block_q, y * block_k:(y + 1) * block_k]
             anyv = blk.reshape(b, -1).any(axis=1)
-            allv = blk.reshape(b, -1).all(axis=1)
+            whole = blk.shape[1] == block_q and blk.shape[2] == block_k
+            allv = blk.reshape(b, -1).all(axis=1) & whole
             st[:, x, y] = np.where(allv, 2, np.where(anyv, 1, 0))
     return st
 

@@ -349,3 +349,27 @@ def test_pad_to_multiple_of_for_fp8(cp, scheme):
         assert float(torch.as_tensor(b.loss_weights).sum()) <= 1.0 + 1e-6
     back = b.to_padded(parts[-1], parts=parts if cp > 1 else None)
     assert torch.equal(torch.as_tensor(back), ids)  # nothing lost, nothing added
+
+
+def test_block_mask_matches_torch_create_block_mask_at_the_grid_end():
+    """A block cut short by the end of the grid is partial, as torch's create_block_mask classifies it
+    (it pads the predicate to whole blocks with False)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    for lengths, S, blk in (([5, 3], 5, 2), ([7, 2, 6], 7, 4), ([3], 3, 2)):
+        lay = maskpack.Layout.from_lengths(lengths, placement="right", capacity=S).with_outputs("torch")
+        allowed = lay.allowed()
+
+        def mask_mod(b, h, q, kv):
+            return allowed[b, q, kv]
+
+        ref = create_block_mask(mask_mod, len(lengths), 1, S, S, device="cpu", BLOCK_SIZE=blk)
+        ours = lay.block_mask(blk, blk)
+        for name in ("kv_num_blocks", "full_kv_num_blocks"):
+            assert torch.equal(ours[name].to(torch.int32), getattr(ref, name).to(torch.int32)), (lengths, name)
+        for name, count in (("kv_indices", "kv_num_blocks"), ("full_kv_indices", "full_kv_num_blocks")):
+            a, r, n = ours[name], getattr(ref, name), ours[count]
+            for b in range(n.shape[0]):
+                for q in range(n.shape[2]):
+                    k = int(n[b, 0, q])
+                    assert sorted(a[b, 0, q, :k].tolist()) == sorted(r[b, 0, q, :k].tolist()), (lengths, name, b, q)
