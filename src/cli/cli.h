@@ -71,7 +71,12 @@ typedef struct cli_options {
     size_t n_png_rows;
     int64_t png_rows[CLI_MAX_PNG_ROWS];
     int png_zoom;
+    uint64_t max_bytes;        /* memory budget of the reader and the per-token analysis (--max-bytes) */
 } cli_options;
+
+/* Default --max-bytes: larger than any batch a training step holds, small enough that a hostile file
+ * is refused before the machine swaps. */
+#define CLI_DEFAULT_MAX_BYTES ((uint64_t)4 << 30)
 
 /* (argc, argv after "inspect") -> *o. Returns 0, or CLI_EXIT_USAGE after printing the reason. */
 int cli_parse_inspect_options(int argc, char **argv, cli_options *o);

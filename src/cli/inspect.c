@@ -254,9 +254,19 @@ static void build_mask_source(const cli_options *o, cli_report *r, const mpio_ar
 }
 
 /* Fills src->seg over the grid; returns 0 when the source's layout does not cover the grid. */
-static int fill_seg(cli_report *r, cli_source *src) {
+static int fill_seg(const cli_options *o, cli_report *r, cli_source *src) {
     const maskpack_layout *L = src->layout;
-    int64_t B = r->B, S = r->S, cells = B * S;
+    int64_t B = r->B, S = r->S, cells;
+    /* The per-token analysis holds a segment id per grid cell: a grid a few bytes can claim (a
+     * cu_seqlens [0, 2^61]) must fit the budget before anything is allocated or visited. */
+    size_t bytes;
+    if (mp_mul_overflow(B, S, &cells) || mp_mul_size((size_t)cells, sizeof *src->seg, &bytes) ||
+        bytes > o->max_bytes) {
+        cli_problem(r, "%s: the token grid [%lld, %lld] is too large to analyze token by token: it needs more "
+                       "than the memory budget of %llu bytes (--max-bytes)",
+                    src->name, (long long)B, (long long)S, (unsigned long long)o->max_bytes);
+        return 0;
+    }
     if (src->flat) {
         if (maskpack_layout_n_rows(L) != 1 || maskpack_layout_q_width(L) != cells) {
             cli_problem(r, "%s: describes a stream of %lld tokens, the [%lld, %lld] grid holds %lld", src->name,
@@ -269,7 +279,7 @@ static int fill_seg(cli_report *r, cli_source *src) {
                     (long long)S);
         return 0;
     }
-    src->seg = malloc((size_t)(cells ? cells : 1) * sizeof *src->seg);
+    src->seg = mp_alloc_array((size_t)cells, sizeof *src->seg);
     if (!src->seg) {
         cli_problem(r, "%s: out of memory", src->name);
         return 0;
@@ -403,7 +413,7 @@ static void check_rule(const cli_options *o, cli_report *r, const maskpack_rule 
 
 static void build_merged(const cli_options *o, cli_report *r, const uint8_t *valid) {
     int64_t cells = r->B * r->S;
-    maskpack_segment *segs = malloc((size_t)(cells ? cells : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array((size_t)cells, sizeof *segs);
     if (!segs) {
         cli_problem(r, "layout: out of memory");
         return;
@@ -541,7 +551,7 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
             problem_from_error(r, s->name, &s->err);
             continue;
         }
-        if (!fill_seg(r, s)) {
+        if (!fill_seg(o, r, s)) {
             maskpack_layout_free(s->layout);
             s->layout = NULL;
         }
@@ -566,8 +576,8 @@ int cli_analyze(const cli_options *o, cli_report *r) {
     }
     if (!auth) auth = partial;
     if (!auth) return CLI_EXIT_PROBLEMS; /* every constructor failed: already reported */
-    int64_t cells = r->B * r->S;
-    uint8_t *valid = malloc((size_t)(cells ? cells : 1));
+    int64_t cells = r->B * r->S; /* fits: fill_seg checked it for auth */
+    uint8_t *valid = mp_alloc_array((size_t)cells, 1);
     if (!valid) {
         cli_problem(r, "out of memory");
         return CLI_EXIT_PROBLEMS;

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 
+#include "internal.h"
 #include "io.h"
 
 #include <cjson/cJSON.h>
@@ -130,7 +131,7 @@ typedef struct lengths {
 static int push(lengths *L, int64_t x) {
     if (L->n == L->cap) {
         size_t c = L->cap ? 2 * L->cap : 1024;
-        int64_t *v = realloc(L->v, c * sizeof *v);
+        int64_t *v = mp_realloc_array(L->v, c, sizeof *v);
         if (!v) return -1;
         L->v = v;
         L->cap = c;
@@ -159,7 +160,7 @@ static int load_npy(const char *path, const uint8_t *buf, size_t len, lengths *L
     }
     int64_t n = a.shape[0];
     maskpack_tensor t = mpio_array_view(&a);
-    L->v = malloc((size_t)(n ? n : 1) * sizeof *L->v);
+    L->v = mp_alloc_array((size_t)n, sizeof *L->v);
     if (!L->v) {
         mpio_array_free(&a);
         fprintf(stderr, "maskpack plan: out of memory\n");
@@ -500,7 +501,7 @@ static cJSON *plan_json(const plan_args *a, const maskpack_plan *p, const char *
         if (r % 4096 == 0) progress_draw(pr, "json", (double)r / (double)rep.n_rows);
         size_t cnt = (size_t)maskpack_plan_row_count(p, r);
         if (cnt > cap) {
-            maskpack_plan_piece *g = realloc(pc, cnt * sizeof *pc);
+            maskpack_plan_piece *g = mp_realloc_array(pc, cnt, sizeof *pc);
             if (!g) break;
             pc = g;
             cap = cnt;

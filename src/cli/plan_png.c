@@ -1,5 +1,6 @@
 /* plan_png.c: a picture of a packing plan, so its fill and balance can be seen at a glance. */
 #include "plan_cmd.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <png.h>
@@ -66,7 +67,7 @@ static void row_pixels(const maskpack_plan *p, int64_t row, int64_t capacity, rg
     maskpack_error e;
     for (int x = 0; x < BAR_W; x++) px[x] = unused;
     if (maskpack_plan_row(p, row, NULL, 0, &cnt, &e) || cnt == 0) return;
-    maskpack_plan_piece *pc = malloc(cnt * sizeof *pc);
+    maskpack_plan_piece *pc = mp_alloc_array(cnt, sizeof *pc);
     if (!pc || maskpack_plan_row(p, row, pc, cnt, &cnt, &e)) {
         free(pc);
         return;
@@ -111,8 +112,8 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     if (dp > MAX_H / 2)
         return fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "png: %lld ranks are too many to draw (at most %d)",
                     (long long)dp, MAX_H / 2);
-    uint8_t *img = malloc((size_t)height * IMG_W * 3);
-    rgb *px = malloc(BAR_W * sizeof *px);
+    uint8_t *img = mp_alloc_array((size_t)height, IMG_W * 3);
+    rgb *px = mp_alloc_array(BAR_W, sizeof *px);
     if (!img || !px) {
         free(img);
         free(px);
@@ -173,7 +174,7 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
         free(rows);
         return fail(err, MASKPACK_ERR_IO, "%s: libpng failed to write the image", path);
     }
-    rows = malloc((size_t)height * sizeof *rows);
+    rows = mp_alloc_array((size_t)height, sizeof *rows);
     if (!rows) png_error(png, "out of memory");
     for (int64_t r = 0; r < height; r++) rows[r] = img + (size_t)r * IMG_W * 3;
     png_init_io(png, f);

@@ -69,6 +69,25 @@ void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
 static inline bool mp_add_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
 static inline bool mp_mul_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
 
+/* The one checked multiply for allocation sizes: (a, b) -> true when a * b does not fit size_t
+ * (then *r = SIZE_MAX, which no allocator grants), else false with *r = a * b. Every `count * size`
+ * handed to an allocator in src/ goes through it, directly or through the helpers below
+ * (tools/check_alloc_sizes.py, run by the test suite, refuses an unchecked `*` in an allocation). */
+static inline bool mp_mul_size(size_t a, size_t b, size_t *r) {
+    if (__builtin_mul_overflow(a, b, r)) {
+        *r = SIZE_MAX;
+        return true;
+    }
+    return false;
+}
+/* malloc of n elements of `size` bytes: NULL when n * size overflows (as when memory runs out);
+ * n == 0 allocates one byte, so an empty array is a valid pointer, never a NULL read as failure. */
+void *mp_alloc_array(size_t n, size_t size);
+/* calloc of n elements of `size` bytes (zeroed), n == 0 as one element; NULL on overflow. */
+void *mp_calloc_array(size_t n, size_t size);
+/* realloc of p to n elements of `size` bytes; NULL (p untouched) on overflow or exhaustion. */
+void *mp_realloc_array(void *p, size_t n, size_t size);
+
 /* ---- tensors ----------------------------------------------------------------------------- */
 
 /* numel of t, or -1 when a dimension is negative or the product overflows int64. */

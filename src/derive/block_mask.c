@@ -182,9 +182,9 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     int want_q = o.q_num_blocks || o.q_indices || o.full_q_num_blocks || o.full_q_indices;
     /* all scratch is allocated before anything is written, so running out of memory writes nothing */
     size_t nk = (size_t)n_kb;
-    int32_t *qcnt = want_q ? malloc((nk ? nk : 1) * 2 * sizeof *qcnt) : NULL;
-    scratch sc = {calloc(nk ? nk : 1, 1), malloc((nk ? nk : 1) * sizeof(int32_t)),
-                  malloc((nk ? nk : 1) * sizeof(int32_t)), 0};
+    int32_t *qcnt = want_q ? mp_alloc_array(nk, 2 * sizeof *qcnt) : NULL;
+    scratch sc = {calloc(nk ? nk : 1, 1), mp_alloc_array(nk, sizeof(int32_t)),
+                  mp_alloc_array(nk, sizeof(int32_t)), 0};
     if ((want_q && !qcnt) || !sc.mark || !sc.nfull || !sc.touched) {
         free(qcnt);
         free(sc.mark);

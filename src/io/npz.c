@@ -286,7 +286,7 @@ maskpack_status mpio_zip_open(const void *buf, size_t len, mpio_zip **out, maskp
     z->buf = b;
     z->len = len;
     z->entries = calloc(count ? (size_t)count : 1, sizeof *z->entries);
-    zip_entry **order = malloc((count ? (size_t)count : 1) * sizeof *order);
+    zip_entry **order = mp_alloc_array((size_t)count, sizeof *order);
     if (!z->entries || !order) {
         free(order);
         mpio_zip_close(z);
@@ -619,7 +619,7 @@ static int cmp_name_at(const void *a, const void *b) {
  * the first item whose name repeats an earlier one, and the earliest item it repeats. */
 static maskpack_status check_unique_names(const mpio_named_tensor *items, size_t n, maskpack_error *err) {
     if (n < 2) return MASKPACK_OK;
-    name_at *v = malloc(n * sizeof *v);
+    name_at *v = mp_alloc_array(n, sizeof *v);
     if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
     for (size_t i = 0; i < n; i++) v[i] = (name_at){items[i].name, i};
     qsort(v, n, sizeof *v, cmp_name_at);

@@ -202,7 +202,7 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
     }
     if (!s && count > 1) {
         /* names are unique (sorted copy: headers may hold very many entries) */
-        const char **names = malloc(count * sizeof *names);
+        const char **names = mp_alloc_array(count, sizeof *names);
         if (!names) {
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
         } else {
@@ -217,7 +217,7 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
     }
     if (!s && count > 1) {
         /* two tensors may not share bytes (empty tensors occupy none) */
-        st_range *sorted = malloc(count * sizeof *sorted);
+        st_range *sorted = mp_alloc_array(count, sizeof *sorted);
         if (!sorted) {
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
         } else {

@@ -657,8 +657,8 @@ static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
     const maskpack_layout *L = P->L;
     /* max group width is bounded by the kv grid width; use the exact value */
     size_t n = L->n_segments ? L->n_segments : 1;
-    size_t *perm = malloc(n * sizeof *perm);
-    attn_kgroup *groups = malloc(n * sizeof *groups);
+    size_t *perm = mp_alloc_array(n, sizeof *perm);
+    attn_kgroup *groups = mp_alloc_array(n, sizeof *groups);
     if (!perm || !groups) {
         free(perm);
         free(groups);

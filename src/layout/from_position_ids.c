@@ -109,7 +109,7 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
     for (int64_t r = 0; r < v.n_rows; r++) n += row_sequences(&v, r, boundary, NULL); /* <= numel, fits */
     if (n > SIZE_MAX / sizeof(maskpack_segment))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, name, -1, -1, "%s: too many sequences (%zu)", name, n);
-    maskpack_segment *segs = malloc((n ? n : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, name, -1, -1, "out of memory");
     size_t k = 0;
     for (int64_t r = 0; r < v.n_rows; r++) k += row_sequences(&v, r, boundary, segs + k);

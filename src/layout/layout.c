@@ -173,7 +173,7 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
     L->span_begin = calloc(L->n_segments + 1, sizeof *L->span_begin);
     if (!L->span_begin) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
     if (r->n_spans) {
-        L->spans = malloc(r->n_spans * sizeof *L->spans);
+        L->spans = mp_alloc_array(r->n_spans, sizeof *L->spans);
         if (!L->spans) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
         memcpy(L->spans, r->spans, r->n_spans * sizeof *L->spans);
         L->n_spans = r->n_spans;
@@ -184,7 +184,7 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
         int any = 0;
         for (size_t k = 0; k < L->n_segments; k++) any |= r->prefix[k] != 0;
         if (any) { /* an all-zero prefix is no prefix: keep one canonical form */
-            L->prefix = malloc(L->n_segments * sizeof *L->prefix);
+            L->prefix = mp_alloc_array(L->n_segments, sizeof *L->prefix);
             if (!L->prefix) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
             memcpy(L->prefix, r->prefix, L->n_segments * sizeof *L->prefix);
         }
@@ -247,7 +247,7 @@ maskpack_status maskpack_layout_from_segments(const maskpack_segment *segments, 
                                               maskpack_layout **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     if (n > 0) MP_CHECK_NULL(err, segments, "segments");
-    maskpack_segment *copy = malloc((n ? n : 1) * sizeof *copy);
+    maskpack_segment *copy = mp_alloc_array(n, sizeof *copy);
     if (!copy) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "segments", -1, -1, "out of memory");
     if (n) memcpy(copy, segments, n * sizeof *copy);
     return mp_layout_build(copy, n, n_rows, q_width, kv_width, packed, rule, out, err);

@@ -137,7 +137,7 @@ maskpack_status maskpack_layout_packed_of(const maskpack_layout *L, maskpack_lay
     MP_CHECK_NULL(err, out, "out");
     maskpack_status s = refuse_pieces(L, "packed_of", err);
     if (s) return s;
-    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     int64_t q = 0, kv = 0;
     for (size_t k = 0; k < L->n_segments; k++) {
@@ -165,7 +165,7 @@ maskpack_status maskpack_layout_padded_of(const maskpack_layout *L, maskpack_pla
                        "width: expected 0 or >= %lld (the longest sequence), found %lld", (long long)need,
                        (long long)width);
     int64_t kv_width = L->self ? width : L->max_kv;
-    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     for (size_t k = 0; k < L->n_segments; k++) {
         const maskpack_segment *g = &L->segs[k];
@@ -250,9 +250,9 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
                                    (long long)dst->segs[k].q_len, (long long)S->segs[k].q_len);
         }
     }
-    piece *pc = malloc((n_pieces ? n_pieces : 1) * sizeof *pc);
+    piece *pc = mp_alloc_array(n_pieces, sizeof *pc);
     maskpack_relayout_plan *P = calloc(1, sizeof *P);
-    if (P) P->src = malloc(n_src * sizeof *P->src);
+    if (P) P->src = mp_alloc_array(n_src, sizeof *P->src);
     if (!pc || !P || !P->src) {
         free(pc);
         maskpack_relayout_plan_free(P);
@@ -283,7 +283,7 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
         }
     /* copies: at most one run per (dst segment, piece) boundary; fills: at most one per dst segment + row */
     size_t cap = m + 2 * dst->n_segments + (size_t)dst->n_rows + 1;
-    P->runs = malloc(cap * sizeof *P->runs);
+    P->runs = mp_alloc_array(cap, sizeof *P->runs);
     if (!P->runs) {
         free(pc);
         maskpack_relayout_plan_free(P);
@@ -563,7 +563,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
                        "n_threads: expected in [1, 256], found %d", n_threads);
     view dv, sv_stack[8];
-    view *sv = P->n_src <= 8 ? sv_stack : malloc(P->n_src * sizeof *sv);
+    view *sv = P->n_src <= 8 ? sv_stack : mp_alloc_array(P->n_src, sizeof *sv);
     if (!sv) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     int64_t inner = 0, inner_s;
     maskpack_status s = MASKPACK_OK;

@@ -78,8 +78,8 @@ def read_npz(path):
 # ---- running the binary ----------------------------------------------------------------------------
 
 
-def run(*args, stdin=None):
-    p = subprocess.run([BIN] + list(args), capture_output=True, timeout=60, input=stdin)
+def run(*args, stdin=None, timeout=60):
+    p = subprocess.run([BIN] + list(args), capture_output=True, timeout=timeout, input=stdin)
     return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
@@ -89,8 +89,8 @@ def check(cond, what):
         print("FAIL: " + what)
 
 
-def expect(args, status, out_has=(), err_has=(), out_lacks=(), stdin=None):
-    rc, out, err = run(*args, stdin=stdin)
+def expect(args, status, out_has=(), err_has=(), out_lacks=(), stdin=None, timeout=60):
+    rc, out, err = run(*args, stdin=stdin, timeout=timeout)
     check(rc == status, "%s: exit %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (" ".join(args), rc, status, out, err))
     for s in out_has:
         check(s in out, "%s: stdout lacks %r\nstdout:\n%s" % (" ".join(args), s, out))
@@ -324,6 +324,30 @@ def case_disagreements():
     expect(["inspect", f1, "--mask-convention", "keep", "--position-rule", "reset", "--cu-form", "te",
             "--emit", "mask2d", "--out", os.path.join(TMP, "never.npz")], 1, out_has=["nothing written"])
     check(not os.path.exists(os.path.join(TMP, "never.npz")), "--out written despite problems")
+
+
+def case_hostile():
+    """Hostile inputs: a specific problem, fast, nothing crashed, nothing written or removed."""
+    # a 24-byte cu_seqlens claiming 2^61 (or 2^62 + 1) tokens: the per-token grid B * S * 8 bytes
+    # wrapped to 0 and the analysis wrote past a malloc(0) (SIGSEGV); now refused against the budget
+    for end in (2 ** 61, 2 ** 62 + 1):
+        f = os.path.join(TMP, "huge_cu_%d.npy" % end)
+        with open(f, "wb") as fh:
+            fh.write(npy("i8", (2,), [0, end]))
+        expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te"], 1,
+               out_has=["cu_seqlens: the token grid [1, %d] is too large" % end, "4294967296 bytes (--max-bytes)"])
+        f = os.path.join(TMP, "huge_cu_%d.npz" % end)
+        npz(f, {"cu_seqlens": ("i8", (2,), [0, end])})
+        expect(["inspect", f, "--cu-form", "te"], 1, out_has=["the token grid [1, %d] is too large" % end])
+    # the budget is the user's: a small grid under a smaller --max-bytes is refused the same way
+    f = os.path.join(TMP, "small_cu.npy")
+    with open(f, "wb") as fh:
+        fh.write(npy("i8", (3,), [0, 3, 8]))
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te"], 0)
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "63"], 1,
+           out_has=["token grid [1, 8] is too large", "budget of 63 bytes"])
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "0"], 2,
+           err_has=["--max-bytes: expected a byte count >= 1"])
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
