@@ -284,7 +284,7 @@ static int fill_seg(const cli_options *o, cli_report *r, cli_source *src) {
         cli_problem(r, "%s: out of memory", src->name);
         return 0;
     }
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; cells && b < B; b++) /* a [2^33, 0] grid holds nothing: no loop over its rows */
         for (int64_t s = 0; s < S; s++)
             src->seg[b * S + s] =
                 src->flat ? maskpack_segment_of_query(L, 0, b * S + s) : maskpack_segment_of_query(L, b, s);
@@ -379,7 +379,7 @@ static void check_labels(cli_report *r) {
         cli_problem(r, "labels: expected an integer dtype, found %s", maskpack_dtype_name(lab->dtype));
         return;
     }
-    for (int64_t b = 0; b < r->B; b++) {
+    for (int64_t b = 0; r->S && b < r->B; b++) { /* an empty grid: no loop over its rows */
         int64_t n = 0, first = -1, value = 0;
         for (int64_t s = 0; s < r->S; s++) {
             if (maskpack_segment_of_query(r->layout, r->packed ? 0 : b, r->packed ? b * r->S + s : s) >= 0) continue;
@@ -419,7 +419,7 @@ static void build_merged(const cli_options *o, cli_report *r, const uint8_t *val
         return;
     }
     size_t n = 0;
-    for (int64_t b = 0; b < r->B; b++)
+    for (int64_t b = 0; cells && b < r->B; b++) /* an empty grid: no loop over its rows */
         for (int64_t s = 0; s < r->S; s++) {
             int64_t t = b * r->S + s;
             if (!valid[t]) continue;
@@ -584,17 +584,18 @@ int cli_analyze(const cli_options *o, cli_report *r) {
     }
     for (int64_t t = 0; t < cells; t++) valid[t] = auth->seg[t] >= 0;
 
-    for (size_t k = 0; k < r->n_sources; k++) {
+    /* the cross-checks walk the grid row by row: an empty grid ([2^33, 0]) has nothing to compare */
+    for (size_t k = 0; cells && k < r->n_sources; k++) {
         const cli_source *s = &r->sources[k];
         if (!s->seg || s == auth) continue;
         if (s->full_validity) check_validity(r, auth, s);
         else if (auth->full_validity) check_partial_validity(r, auth, s);
     }
-    for (size_t x = 0; x < r->n_sources; x++)
+    for (size_t x = 0; cells && x < r->n_sources; x++)
         for (size_t y = x + 1; y < r->n_sources; y++)
             if (r->sources[x].seg && r->sources[y].seg && r->sources[x].boundaries && r->sources[y].boundaries)
                 check_boundaries(r, valid, &r->sources[x], &r->sources[y]);
-    for (size_t k = 0; k < r->n_sources; k++)
+    for (size_t k = 0; cells && k < r->n_sources; k++)
         if (r->sources[k].seg && r->sources[k].flat) check_row_crossing(r, &r->sources[k]);
 
     build_merged(o, r, valid);

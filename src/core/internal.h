@@ -16,7 +16,9 @@ struct maskpack_layout {
     int self;              /* every segment has kv == q */
     size_t n_segments;
     maskpack_segment *segs;
-    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]) */
+    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]); NULL when
+                            * there are no segments (all zero, so a layout of 2^50 empty rows costs
+                            * nothing): read it through mp_row_begin */
     /* rule (owned copies) */
     int causal;
     maskpack_alignment alignment;
@@ -194,6 +196,16 @@ maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpa
  * `segs` is freed. The rule is copied (validated against the segments). */
 maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows, int64_t q_width, int64_t kv_width,
                                 int packed, const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err);
+
+/* First segment of row r (r in [0, n_rows]): the index of the row's segments, 0 for a layout without
+ * segments (which keeps no index). */
+static inline size_t mp_row_begin(const maskpack_layout *L, int64_t r) { return L->row_begin ? L->row_begin[r] : 0; }
+
+/* Builds the layout of an input with no tokens ([B, 0], [0, S], [B, 1, 0, 0]...): n_rows rows of
+ * width `width`, no segments. Costs nothing whatever n_rows is: constructors call it instead of
+ * visiting rows that hold nothing to read. */
+maskpack_status mp_layout_empty(int64_t n_rows, int64_t width, int packed, const maskpack_rule *rule,
+                                maskpack_layout **out, maskpack_error *err);
 
 /* Position of query i of segment k on its key axis, i.e. the diagonal key of the causal rule:
  * q_pos + i for explicit-position segments (CP chunks), i + kv_len - q_len under bottom-right

@@ -199,7 +199,7 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     for (int64_t b = 0; b < L->n_rows; b++) {
         if (qcnt) memset(qcnt, 0, nk * 2 * sizeof *qcnt);
         emitter m = {&o, n_qb, n_kb, b, 0, 0, 0, qcnt};
-        size_t ks = L->row_begin[b], kend = L->row_begin[b + 1];
+        size_t ks = mp_row_begin(L, b), kend = mp_row_begin(L, b + 1);
         for (int64_t qb = 0; qb < n_qb; qb++) {
             int64_t q0 = qb * block_q, q1 = S - q0 > block_q ? q0 + block_q : S;
             while (ks < kend && L->segs[ks].q_start + L->segs[ks].q_len <= q0) ks++;

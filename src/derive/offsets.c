@@ -147,7 +147,7 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t row = r * v.rs, col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
             mpd_iota(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, first_position(g));
@@ -180,7 +180,7 @@ maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t row = r * v.rs, col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
             mpd_fill(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, mpd_int_bits(seq_id(L, k)));

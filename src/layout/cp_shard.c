@@ -216,7 +216,7 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
             local_col = 0;
         }
         int64_t a = R[t].start, e = R[t].start + R[t].len;
-        for (size_t k = L->row_begin[cur_row]; k < L->row_begin[cur_row + 1]; k++) {
+        for (size_t k = mp_row_begin(L, cur_row); k < mp_row_begin(L, cur_row + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             int64_t lo = g->q_start > a ? g->q_start : a;
             int64_t hi = g->q_start + g->q_len < e ? g->q_start + g->q_len : e;

@@ -115,6 +115,8 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
     if ((uint64_t)B > SIZE_MAX / sizeof(maskpack_segment) || (uint64_t)S > SIZE_MAX / (2 * sizeof(doc_run)))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: shape [%lld, %lld] is too large",
                        (long long)B, (long long)S);
+    /* nothing to read: no loop over the rows of a [2^50, 0] mask */
+    if (B == 0 || S == 0) return mp_layout_empty(B, S, 0, rule, out, err);
 
     if (convention == MASKPACK_MASK2D_KEEP) {
         /* one segment per row (empty for an all-pad row), so validate everything, then allocate */

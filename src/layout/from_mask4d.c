@@ -223,6 +223,7 @@ maskpack_status maskpack_mask2d_from_mask4d(const maskpack_tensor *mask, maskpac
     int64_t n; /* fits: mp_check_tensor bounded B*S via the input's numel (H, Q >= 1) or it is 0 */
     if (mp_mul_overflow(v.B, v.S, &n))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: B * S overflows int64");
+    if (n == 0) return mp_ok(err); /* out holds no element: no loop over the rows of a [2^50, 1, 0, 0] mask */
     /* computed into a private buffer first: nothing is written unless the whole mask is legal, and
      * an out that aliases the mask cannot corrupt the reading */
     uint8_t *valid = calloc((size_t)(n ? n : 1), 1);
@@ -900,6 +901,9 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
     int64_t n;
     if (mp_mul_overflow(c.B, c.S, &n))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: B * S overflows int64");
+    /* no token: the default rule (nothing to infer one from), and no loop over the rows of a
+     * [2^50, 1, 0, 0] mask */
+    if (n == 0) return mp_layout_empty(c.B, c.S, 0, NULL, out, err);
     size_t nt = (size_t)(n ? n : 1), ns = (size_t)(c.S ? c.S : 1);
     c.valid = calloc(nt, 1);
     c.seen_later = calloc(nt, 1);

@@ -89,6 +89,8 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
     /* M-RoPE: the temporal/height/width rows 1 and 2 of image tokens do not count up per token; the
      * text row (index 0) is the one that describes the documents (HF's 3x-too-long cu_seqlens bug) */
     if (t->ndim == 3) v = (pos_view){t, t->shape[1], t->shape[2], t->strides[1], t->strides[2]};
+    /* nothing to read: no loop over the rows of a [2^50, 0] or [3, 2^50, 0] tensor */
+    if (v.n_rows == 0 || v.width == 0) return mp_layout_empty(v.n_rows, v.width, t->ndim == 1, rule, out, err);
 
     for (int64_t r = 0; r < v.n_rows; r++)
         for (int64_t c = 0; c < v.width; c++) {

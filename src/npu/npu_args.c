@@ -385,11 +385,11 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
      * covers the whole row (no padding, no second document) can use them. */
     int full_rows = 1;
     for (int64_t b = 0; b < B && full_rows; b++) {
-        if (L->row_begin[b + 1] - L->row_begin[b] != 1) {
+        if (mp_row_begin(L, b + 1) - mp_row_begin(L, b) != 1) {
             full_rows = 0;
             break;
         }
-        const maskpack_segment *g = &L->segs[L->row_begin[b]];
+        const maskpack_segment *g = &L->segs[mp_row_begin(L, b)];
         full_rows = g->q_start == 0 && g->q_len == S && g->kv_start == 0 && g->kv_len == Skv;
     }
     int mode = 1; /* the fallback: a full [B,1,S,Skv] M-mask expresses any predicate */
@@ -435,7 +435,7 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
         a->prefix = mp_alloc_array((size_t)B, sizeof(int64_t));
         if (!a->prefix) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "out", -1, -1, "out of memory");
         a->n_prefix = B;
-        for (int64_t b = 0; b < B; b++) a->prefix[b] = L->prefix[L->row_begin[b]];
+        for (int64_t b = 0; b < B; b++) a->prefix[b] = L->prefix[mp_row_begin(L, b)];
     }
     for (size_t k = 0; k < L->n_segments; k++)
         for (int64_t i = 0; i < L->segs[k].q_len; i++)

@@ -36,10 +36,10 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
                        "out: must not alias labels (the shift reads a token after writing its predecessor)");
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t col = 0;
-        for (size_t k = L->row_begin[r]; k <= L->row_begin[r + 1]; k++) {
-            int64_t next = k < L->row_begin[r + 1] ? L->segs[k].q_start : L->q_width;
+        for (size_t k = mp_row_begin(L, r); k <= mp_row_begin(L, r + 1); k++) {
+            int64_t next = k < mp_row_begin(L, r + 1) ? L->segs[k].q_start : L->q_width;
             for (; col < next; col++) mp_write_i64(out->dtype, out->data, tok_off(out, r, col), ignore_index);
-            if (k == L->row_begin[r + 1]) break;
+            if (k == mp_row_begin(L, r + 1)) break;
             const maskpack_segment *g = &L->segs[k];
             for (int64_t i = 0; i + 1 < g->q_len; i++) {
                 int64_t v = mp_read_i64(labels->dtype, labels->data, tok_off(labels, r, g->q_start + i + 1));

@@ -339,10 +339,10 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
     /* padding fills of dst: the columns of each row outside real tokens */
     for (int64_t r = 0; r < dst->n_rows; r++) {
         int64_t col = 0;
-        for (size_t k = dst->row_begin[r]; k <= dst->row_begin[r + 1]; k++) {
-            int64_t next = k < dst->row_begin[r + 1] ? dst->segs[k].q_start : dst->q_width;
+        for (size_t k = mp_row_begin(dst, r); k <= mp_row_begin(dst, r + 1); k++) {
+            int64_t next = k < mp_row_begin(dst, r + 1) ? dst->segs[k].q_start : dst->q_width;
             if (next > col) P->runs[nr++] = (run){-1, 0, r * dst->q_width + col, next - col};
-            if (k < dst->row_begin[r + 1]) col = dst->segs[k].q_start + dst->segs[k].q_len;
+            if (k < mp_row_begin(dst, r + 1)) col = dst->segs[k].q_start + dst->segs[k].q_len;
         }
     }
     P->n_fill = nr - P->n_copy;

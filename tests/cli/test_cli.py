@@ -348,6 +348,24 @@ def case_hostile():
            out_has=["token grid [1, 8] is too large", "budget of 63 bytes"])
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "0"], 2,
            err_has=["--max-bytes: expected a byte count >= 1"])
+    # 128-byte files of shape (2^33, 0): nothing to read, so an empty analysis at once (every row was
+    # visited: still running after 20 s)
+    def header_only(name, descr, shape):
+        h = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, ", ".join(map(str, shape)))
+        h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+        f = os.path.join(TMP, name)
+        with open(f, "wb") as fh:
+            fh.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode())
+        return f
+    rows = 2 ** 33
+    for name, descr, shape, flags in [
+            ("zm.npy", "|i1", (rows, 0), ["--as", "attention_mask", "--mask-convention", "keep"]),
+            ("zd.npy", "|i1", (rows, 0), ["--as", "attention_mask", "--mask-convention", "doc_id"]),
+            ("zp.npy", "<i8", (rows, 0), ["--as", "position_ids", "--position-rule", "reset"]),
+            ("zp3.npy", "<i8", (3, rows, 0), ["--as", "position_ids", "--position-rule", "step"]),
+            ("z4.npy", "|b1", (rows, 1, 0, 0), ["--as", "mask4d", "--mask-convention", "keep"])]:
+        f = header_only(name, descr, shape)
+        expect(["inspect", f] + flags, 0, out_has=["(%d rows x 0 columns)" % rows, "tokens: 0 of 0"], timeout=10)
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
