@@ -1,6 +1,7 @@
 /* plan_png.c: a picture of a packing plan, so its fill and balance can be seen at a glance. */
 #include "plan_cmd.h"
 #include "internal.h"
+#include "io.h"
 
 #include <errno.h>
 #include <png.h>
@@ -158,11 +159,14 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     }
     free(px);
 
-    FILE *f = fopen(path, "wb");
+    /* encoded into memory, then written by mpio_write_file: a failed write never destroys what was at path */
+    char *encoded = NULL;
+    size_t encoded_len = 0;
+    FILE *f = open_memstream(&encoded, &encoded_len);
     if (!f) {
-        int e = errno;
         free(img);
-        return fail(err, MASKPACK_ERR_IO, "%s: cannot open for writing: %s", path, strerror(e));
+        return fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "png: out of memory for a %d x %lld image", IMG_W,
+                    (long long)height);
     }
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -170,6 +174,7 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     if (!png || !info || setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, info ? &info : NULL);
         fclose(f);
+        free(encoded);
         free(img);
         free(rows);
         return fail(err, MASKPACK_ERR_IO, "%s: libpng failed to write the image", path);
@@ -187,7 +192,13 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     int close_failed = fclose(f) != 0;
     free(rows);
     free(img);
-    if (close_failed) return fail(err, MASKPACK_ERR_IO, "%s: write failed", path);
+    if (close_failed) {
+        free(encoded);
+        return fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "png: out of memory encoding the image");
+    }
+    maskpack_status ws = mpio_write_file(path, encoded, encoded_len, err);
+    free(encoded);
+    if (ws) return ws;
     if (drawn_rows) *drawn_rows = per_rank;
     if (err) {
         memset(err, 0, sizeof *err);

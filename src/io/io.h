@@ -71,7 +71,10 @@ typedef struct mpio_named_tensor {
  * with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno text. */
 maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
                                maskpack_error *err);
-/* (path, bytes) -> writes the file (created or truncated). MASKPACK_ERR_IO on failure. */
+/* (path, bytes) -> writes the file. A regular file (or a new one) is written to a temporary file beside
+ * it and renamed over it only on success, so a failed write leaves the old content as it was; a
+ * link is followed (the link stays); a device, fifo or socket is written in place and never removed.
+ * MASKPACK_ERR_IO on failure. */
 maskpack_status mpio_write_file(const char *path, const void *buf, size_t len, maskpack_error *err);
 
 /* What a file holds, from its first bytes. */

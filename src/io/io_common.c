@@ -1,5 +1,6 @@
 /* io_common.c: arrays, array sets, whole-file reads and writes, container detection and the helpers
  * every reader and writer shares. */
+#define _XOPEN_SOURCE 700 /* realpath, fchmod */
 #include "io.h"
 
 #include "internal.h"
@@ -8,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void mpio_array_free(mpio_array *a) {
     if (!a) return;
@@ -161,22 +164,86 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
     return mp_ok(err);
 }
 
+/* Writes all of buf to fd; 0 or an errno value. */
+static int write_all(int fd, const uint8_t *buf, size_t len) {
+    while (len) {
+        ssize_t put = write(fd, buf, len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len);
+        if (put < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        buf += put;
+        len -= (size_t)put;
+    }
+    return 0;
+}
+
+/* A device, fifo or socket is written in place: it cannot be replaced by a rename, and it must never be
+ * removed (as root, removing /dev/full after a failed write would delete the device node). */
+static maskpack_status write_in_place(const char *path, const void *buf, size_t len, maskpack_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot open: %s", path, strerror(errno));
+    int e = write_all(fd, buf, len);
+    if (close(fd) != 0 && !e) e = errno;
+    if (e) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(e));
+    return mp_ok(err);
+}
+
 maskpack_status mpio_write_file(const char *path, const void *buf, size_t len, maskpack_error *err) {
     MP_CHECK_NULL(err, path, "path");
     if (len) MP_CHECK_NULL(err, buf, "buf");
-    FILE *f = fopen(path, "wb");
-    if (!f) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot create: %s", path, strerror(errno));
-    size_t put = len ? fwrite(buf, 1, len, f) : 0;
-    int saved = errno;
-    int bad = put != len;
-    if (fclose(f) != 0 && !bad) {
-        bad = 1;
-        saved = errno;
+    /* where the bytes go: through a link to its target, so the link survives and a link to a device
+     * writes the device */
+    char *real = realpath(path, NULL);
+    const char *target = real ? real : path; /* absent (or a dangling link): created at path */
+    struct stat st;
+    int exists = stat(target, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: is a directory", path);
     }
-    if (bad) {
-        remove(path); /* never leave a truncated file behind that looks valid */
-        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(saved));
+    if (exists && !S_ISREG(st.st_mode)) {
+        free(real);
+        return write_in_place(path, buf, len, err);
     }
+    /* a regular file (or none yet): write a temporary file beside it and rename it over the target
+     * only once every byte is written and flushed, so a failed write (full disk, quota, signal)
+     * leaves what was there as it was */
+    const char *slash = strrchr(target, '/');
+    size_t dir_len = slash ? (size_t)(slash - target) + 1 : 0;
+    const char *base = slash ? slash + 1 : target;
+    char *tmp = malloc(dir_len + strlen(base) + 16);
+    if (!tmp) {
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "path", -1, -1, "%s: out of memory", path);
+    }
+    memcpy(tmp, target, dir_len);
+    sprintf(tmp + dir_len, ".%s.XXXXXX", base);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot create: %s", path, strerror(e));
+    }
+    /* the permissions a plain create would give (0666 less the umask), or the old file's */
+    mode_t mode;
+    if (exists) {
+        mode = st.st_mode & 07777;
+    } else {
+        mode_t mask = umask(022);
+        umask(mask);
+        mode = 0666 & ~mask;
+    }
+    int e = fchmod(fd, mode) != 0 ? errno : 0;
+    if (!e) e = write_all(fd, buf, len);
+    if (!e && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && !e) e = errno;
+    if (!e && rename(tmp, target) != 0) e = errno;
+    if (e) unlink(tmp); /* only our own temporary file is ever removed */
+    free(tmp);
+    free(real);
+    if (e) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(e));
     return mp_ok(err);
 }
 

@@ -5,7 +5,12 @@
 #include "check.h"
 #include "io.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <png.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -899,6 +904,87 @@ static void test_png(void) {
     maskpack_layout_free(L);
 }
 
+/* Reads a whole small file into buf (NUL-terminated); returns its length or -1. */
+static long slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return (long)n;
+}
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *x; (x = readdir(d));)
+        if (strcmp(x->d_name, ".") && strcmp(x->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+/* mpio_write_file never destroys what was at the path: a failed write leaves the old file as it was
+ * (it used to truncate it, then remove it), a device is written in place and never removed (a failed
+ * write to a link to /dev/full removed the link; as root, --out /dev/full removed the device). */
+static void test_write_never_destroys(void) {
+    char dir[] = "/tmp/maskpack_write_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char target[256], link_full[256], link_reg[256], got[4096];
+    snprintf(target, sizeof target, "%s/out.npz", dir);
+    snprintf(link_full, sizeof link_full, "%s/full", dir);
+    snprintf(link_reg, sizeof link_reg, "%s/link.npz", dir);
+    maskpack_error e;
+    CHECK_OK(mpio_write_file(target, "old content", 11, &e), e);
+    CHECK(chmod(target, 0640) == 0);
+
+    /* a write that fails half way (file size limit: EFBIG, also as root) keeps the old file */
+    static char big[4096];
+    memset(big, 'x', sizeof big);
+    struct rlimit old_lim, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old_lim) == 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    lim = old_lim;
+    lim.rlim_cur = 1024;
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    CHECK_STATUS(mpio_write_file(target, big, sizeof big, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, "write failed");
+    CHECK(setrlimit(RLIMIT_FSIZE, &old_lim) == 0);
+    signal(SIGXFSZ, old_handler);
+    CHECK_EQ(slurp(target, got, sizeof got), 11);
+    CHECK(strcmp(got, "old content") == 0);
+    CHECK_EQ(count_entries(dir), 1); /* the temporary file is gone too */
+
+    /* a successful rewrite replaces the content and keeps the permissions */
+    CHECK_OK(mpio_write_file(target, "new", 3, &e), e);
+    CHECK_EQ(slurp(target, got, sizeof got), 3);
+    struct stat st;
+    CHECK(stat(target, &st) == 0 && (st.st_mode & 07777) == 0640);
+
+    /* through a link to a regular file: the file is rewritten, the link stays a link */
+    CHECK(symlink("out.npz", link_reg) == 0);
+    CHECK_OK(mpio_write_file(link_reg, "via link", 8, &e), e);
+    CHECK(lstat(link_reg, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK_EQ(slurp(target, got, sizeof got), 8);
+
+    /* a link to a full device: an error naming the cause; the link and the device are still there */
+    CHECK(symlink("/dev/full", link_full) == 0);
+    CHECK_STATUS(mpio_write_file(link_full, "data", 4, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, link_full);
+    CHECK_MSG(e, strerror(ENOSPC));
+    CHECK(lstat(link_full, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode));
+    /* a directory is refused, not replaced */
+    CHECK_STATUS(mpio_write_file(dir, "data", 4, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, "is a directory");
+    CHECK_EQ(count_entries(dir), 3);
+
+    unlink(link_full);
+    unlink(link_reg);
+    unlink(target);
+    CHECK(rmdir(dir) == 0);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-zip64") == 0) return write_zip64(argv[2]);
     test_npy_round_trip_all_dtypes();
@@ -912,6 +998,7 @@ int main(int argc, char **argv) {
     test_npz_hand_deflated();
     test_safetensors();
     test_files();
+    test_write_never_destroys();
     test_png();
     return check_report("test_io");
 }

@@ -366,6 +366,36 @@ def case_hostile():
             ("z4.npy", "|b1", (rows, 1, 0, 0), ["--as", "mask4d", "--mask-convention", "keep"])]:
         f = header_only(name, descr, shape)
         expect(["inspect", f] + flags, 0, out_has=["(%d rows x 0 columns)" % rows, "tokens: 0 of 0"], timeout=10)
+    # a failed --out write never destroys: a link to a full device reports the error and stays (it
+    # was removed; as root --out /dev/full removed the device), an existing file keeps its bytes
+    full = os.path.join(TMP, "full.npz")
+    os.symlink("/dev/full", full)
+    expect(["inspect", "--emit", "cu_seqlens", "--out", full], 1, out_has=["write failed", "No space left"])
+    check(os.path.islink(full), "--out: the link to /dev/full was removed after a failed write")
+    check(os.path.exists("/dev/full"), "/dev/full is gone")
+    lengths = os.path.join(TMP, "lengths.txt")
+    with open(lengths, "w") as fh:
+        fh.write("3\n5\n2\n")
+    for flag in ("--png", "--json-out"):
+        expect(["plan", lengths, "--capacity", "8", flag, full], 1, err_has=["No space left"])
+        check(os.path.islink(full), "plan %s: the link to /dev/full was removed after a failed write" % flag)
+    old = os.path.join(TMP, "old.npz")
+    with open(old, "wb") as fh:
+        fh.write(b"precious")
+    import resource
+
+    def small_files():
+        # writes past 4 KiB fail with EFBIG (SIGXFSZ ignored), as on a full disk
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    p = subprocess.run([BIN, "inspect", "--emit", "all", "--out", old], capture_output=True, timeout=60,
+                       preexec_fn=small_files)
+    check(p.returncode == 1 and b"write failed" in p.stdout, "--out over the size limit: %r" % (p.stdout,))
+    with open(old, "rb") as fh:
+        check(fh.read() == b"precious", "--out: a failed write changed the existing file")
+    check(sorted(os.listdir(TMP)).count("old.npz") == 1 and not any(n.startswith(".old.npz") for n in os.listdir(TMP)),
+          "--out: a temporary file was left behind")
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
