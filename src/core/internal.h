@@ -177,8 +177,13 @@ static inline void mp_write_f64(maskpack_dtype d, void *base, int64_t off, doubl
 }
 
 
-/* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape).
- * `name` is used in messages. */
+/* MASKPACK_ERR_OVERLAP when two elements of t may share memory (a zero stride, as in an expanded
+ * tensor, or strides interleaved so that one dimension steps inside another's span): an output
+ * like that has every thread write the same bytes. */
+maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *name, maskpack_error *err);
+
+/* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape),
+ * no element sharing memory with another (mp_check_no_self_overlap). `name` is used in messages. */
 maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed_dtypes, int32_t ndim,
                                 const int64_t *shape, maskpack_error *err);
 
@@ -186,6 +191,9 @@ maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint
  * shape [1,T] is also accepted for packed layouts. Returns OK or a SHAPE/DTYPE error. */
 maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
                                           uint32_t allowed_dtypes, maskpack_error *err);
+/* Same checks of dtype and shape for a per-token input, which may share memory between elements. */
+maskpack_status mp_check_per_token_input(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
+                                         uint32_t allowed_dtypes, maskpack_error *err);
 
 #define MP_DT(x) (1u << (x))
 #define MP_DT_INDEX (MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64))

@@ -406,6 +406,8 @@ static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const 
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
                                       maskpack_error *err) {
     for (int a = 0; a < n_out; a++) {
+        maskpack_status s;
+        if (outs[a] && (s = mp_check_no_self_overlap(outs[a], out_names[a], err))) return s;
         for (int b = 0; b < n_in; b++)
             if (overlaps(outs[a], ins[b]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the input %s",

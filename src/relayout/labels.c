@@ -26,7 +26,7 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
     MP_CHECK_NULL(err, out, "out");
     maskpack_status s = refuse_shards(L, "shift labels", err);
     if (s) return s;
-    if ((s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if ((s = mp_check_per_token_input(L, labels, "labels", MP_DT_INDEX, err))) return s;
     if ((s = mp_check_per_token_output(L, out, "out", MP_DT(labels->dtype), err))) return s;
     if (labels->dtype == MASKPACK_I32 && (ignore_index < INT32_MIN || ignore_index > INT32_MAX))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "ignore_index", -1, -1,
@@ -64,7 +64,7 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     if (mode != MASKPACK_LOSS_TOKEN && mode != MASKPACK_LOSS_SEQUENCE)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "mode", -1, -1,
                        "mode: expected MASKPACK_LOSS_TOKEN (0) or MASKPACK_LOSS_SEQUENCE (1), found %d", (int)mode);
-    if (labels && (s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if (labels && (s = mp_check_per_token_input(L, labels, "labels", MP_DT_INDEX, err))) return s;
     if ((s = mp_check_per_token_output(L, out, "out", MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_F64), err))) return s;
     /* pass 1: labelled tokens per sequence and the denominator */
     int64_t tokens = 0, sequences = 0;

@@ -569,7 +569,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
     maskpack_status s = MASKPACK_OK;
     if (!out || (s = mp_check_tensor(out, "out", 1, MASKPACK_MAX_DIMS, err))) goto done;
     s = check_token_tensor(out, "out", &P->dst, out->dtype, &dv, &inner, err);
-    if (s) goto done;
+    if (s || (s = mp_check_no_self_overlap(out, "out", err))) goto done;
     /* out's dtype follows the input's: a mismatch is out's fault, named as such */
     if (P->n_src && x[0] && x[0]->dtype != out->dtype) {
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "out", -1, -1, "out: expected dtype %s (as x[0]), found %s",

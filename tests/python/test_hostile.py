@@ -55,3 +55,51 @@ def test_zero_size_layouts_match_small_ones():
     assert (small.n_rows, small.q_width, small.n_segments) == (2, 0, 0)
     wide = Layout.from_position_ids(np.zeros((0, 7), np.int64))
     assert (wide.n_rows, wide.q_width, wide.n_segments) == (0, 7, 0)
+
+
+# ---- outputs that overlap themselves ---------------------------------------------------------------
+
+def _overlap_error(excinfo, argument):
+    e = excinfo.value
+    assert isinstance(e, Error)
+    assert e.status == "MASKPACK_ERR_OVERLAP", e
+    assert e.argument == argument, e
+    assert "overlaps itself" in str(e)
+
+
+def test_pack_and_unpack_refuse_an_expanded_out():
+    L = Layout.from_lengths([3, 5], placement="right", capacity=5)
+    x = torch.arange(2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4)
+    out = torch.zeros(1, 4).expand(8, 4)  # every token would write the same 4 floats
+    with pytest.raises(Error) as ei:
+        L.pack(x, out=out)
+    _overlap_error(ei, "out")
+    assert not out.any()
+    packed = L.pack(x)
+    up = torch.zeros(1, 1, 4).expand(2, 5, 4)
+    with pytest.raises(Error) as ei:
+        L.unpack(packed, out=up)
+    _overlap_error(ei, "out")
+    # its own memory per element: accepted
+    assert torch.equal(L.unpack(packed, out=torch.empty(2, 5, 4)), L.unpack(packed))
+
+
+def test_gated_delta_rule_and_attention_refuse_expanded_outputs():
+    torch.manual_seed(0)
+    L = Layout.from_lengths([3, 2], placement="packed")
+    T, H, K, V = 5, 1, 4, 4
+    q, k, v = torch.randn(T, H, K), torch.randn(T, H, K), torch.randn(T, H, V)
+    g, beta = -torch.rand(T, H), torch.rand(T, H)
+    o_exp = torch.zeros(1, H, V).expand(T, H, V)
+    state = torch.zeros(L.n_segments, H, K, V)
+    with pytest.raises(Error) as ei:
+        maskpack.gated_delta_rule(q, k, v, g, beta, L, out=(o_exp, state))
+    _overlap_error(ei, "o")
+    st_exp = torch.zeros(1, H, K, V).expand(L.n_segments, H, K, V)
+    with pytest.raises(Error) as ei:
+        maskpack.gated_delta_rule(q, k, v, g, beta, L, out=(torch.empty(T, H, V), st_exp))
+    assert ei.value.status == "MASKPACK_ERR_OVERLAP"
+    a_out = torch.zeros(1, H, V).expand(T, H, V)
+    with pytest.raises(Error) as ei:
+        maskpack.attention(q, k, v, L, out=a_out)
+    _overlap_error(ei, "out")

@@ -129,6 +129,8 @@ maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, m
                                   const char *const *out_names, int n_out, maskpack_error *err) {
     for (int o = 0; o < n_out; o++) {
         if (!outs[o]) continue;
+        maskpack_status s = mp_check_no_self_overlap(outs[o], out_names[o], err);
+        if (s) return s;
         for (int i = 0; i < n_in; i++)
             if (ins[i] && meets(outs[o], ins[i]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, i,
