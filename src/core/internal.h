@@ -104,6 +104,9 @@ int64_t mp_stride_step(int64_t stride, int64_t dim);
 maskpack_status mp_check_tensor(const maskpack_tensor *t, const char *name, int32_t min_ndim, int32_t max_ndim,
                                 maskpack_error *err);
 
+/* (ndim, shape) -> "[d0, d1, ...]" in buf (truncated to cap bytes), for messages. */
+void mp_format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape);
+
 /* 1 for integer/bool dtypes, 0 for floats. */
 int mp_dtype_is_integer(maskpack_dtype d);
 

@@ -49,6 +49,13 @@ int64_t mp_stride_step(int64_t stride, int64_t dim) {
 
 int64_t mp_numel(const maskpack_tensor *t) {
     int64_t n = 1;
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0) n = 0; /* empty: [2^40, 2^40, 0] holds 0 elements, no overflow */
+    if (n == 0) {
+        for (int32_t d = 0; d < t->ndim; d++)
+            if (t->shape[d] < 0) return -1;
+        return 0;
+    }
     for (int32_t d = 0; d < t->ndim; d++) {
         if (t->shape[d] < 0) return -1;
         if (mp_mul_overflow(n, t->shape[d], &n)) return -1;
@@ -153,7 +160,7 @@ float mp_bf16_to_f32(uint16_t h) {
 }
 
 
-static void format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) {
+void mp_format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) {
     size_t used = 0;
     used += (size_t)snprintf(buf + used, cap - used, "[");
     for (int32_t d = 0; d < ndim && used < cap; d++)
@@ -223,8 +230,8 @@ static maskpack_status check_dtype_and_shape(const maskpack_tensor *t, const cha
     for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
     if (!same) {
         char want[160], got[160];
-        format_shape(want, sizeof want, ndim, shape);
-        format_shape(got, sizeof got, t->ndim, t->shape);
+        mp_format_shape(want, sizeof want, ndim, shape);
+        mp_format_shape(got, sizeof got, t->ndim, t->shape);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape %s, found %s", name, want, got);
     }
     return MASKPACK_OK;

@@ -21,6 +21,8 @@ void mpio_array_free(mpio_array *a) {
 }
 
 int64_t mpio_array_numel(const mpio_array *a) {
+    for (int32_t d = 0; d < a->ndim; d++)
+        if (a->shape[d] == 0) return 0; /* empty: the other dimensions may multiply past int64 */
     int64_t n = 1;
     for (int32_t d = 0; d < a->ndim; d++) n *= a->shape[d]; /* the readers checked the product */
     return n;

@@ -372,14 +372,17 @@ static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *
     if (s) return s;
     int32_t lead = g->packed ? 1 : 2;
     int ok = g->packed ? t->shape[0] == g->width : (t->shape[0] == g->rows && t->shape[1] == g->width);
-    if (!ok && g->packed)
+    if (!ok) { /* the whole shape: which dimension is off is often the question */
+        char shape[200];
+        mp_format_shape(shape, sizeof shape, t->ndim, t->shape);
+        if (g->packed)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                           "%s: expected leading dimension %lld (tokens of a packed layout), found shape %s", name,
+                           (long long)g->width, shape);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       "%s: expected leading dimension %lld (tokens of a packed layout), found %lld", name,
-                       (long long)g->width, (long long)t->shape[0]);
-    if (!ok)
-        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       "%s: expected leading dimensions [%lld, %lld] (rows, columns), found [%lld, %lld]", name,
-                       (long long)g->rows, (long long)g->width, (long long)t->shape[0], (long long)t->shape[1]);
+                       "%s: expected leading dimensions [%lld, %lld] (rows, columns), found shape %s", name,
+                       (long long)g->rows, (long long)g->width, shape);
+    }
     if (t->dtype != dtype)
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected dtype %s (as out), found %s", name,
                        maskpack_dtype_name(dtype), maskpack_dtype_name(t->dtype));
@@ -710,7 +713,7 @@ maskpack_status maskpack_relayout_plan_adjoint(const maskpack_relayout_plan *P, 
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "plan", -1, -1, "plan: adjoint run count overflows");
     maskpack_relayout_plan *A = calloc(1, sizeof *A);
     if (A) A->src = malloc(sizeof *A->src);
-    if (A) A->runs = malloc(cap * sizeof *A->runs);
+    if (A) A->runs = mp_alloc_array(cap, sizeof *A->runs);
     if (!A || !A->src || !A->runs) {
         maskpack_relayout_plan_free(A);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");

@@ -250,6 +250,19 @@ static void test_npy_corruptions(void) {
     b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4611686018427387904, 4), }\n", 0, &len);
     expect_npy_error(b, len, MASKPACK_ERR_FORMAT, "overflows int64");
     free(b);
+    /* the message keeps the shape (it was formatted after the shape was cleared: "dimension 1 = 0") */
+    b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }\n", 0, &len);
+    expect_npy_error(b, len, MASKPACK_ERR_FORMAT,
+                     "shape [4294967296, 4294967296, 2]: element count overflows int64 at dimension 1 (4294967296)");
+    free(b);
+    /* with a zero dimension the array is empty, however large the others: no overflow, no bytes */
+    b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0), }\n", 0, &len);
+    mpio_array za;
+    maskpack_error ze;
+    CHECK_OK(mpio_npy_parse(b, len, &za, &ze), ze);
+    CHECK_EQ(za.nbytes, 0);
+    mpio_array_free(&za);
+    free(b);
     b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (1152921504606846976,), }\n", 0, &len);
     expect_npy_error(b, len, MASKPACK_ERR_FORMAT, "byte size of 1152921504606846976 elements overflows");
     free(b);
