@@ -2,6 +2,7 @@
  * library's derive functions and written as .npz (or .safetensors when the name ends so). Nothing is
  * written when the batch has problems or any output fails. */
 #include "cli.h"
+#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,9 @@ static maskpack_tensor *new_item(emit_ctx *c, const char *name, maskpack_dtype d
     for (int32_t d = 0; d < ndim; d++) {
         if (shape[d] < 0 || __builtin_mul_overflow(numel, shape[d], &numel)) return NULL;
     }
-    uint64_t bytes = (uint64_t)numel * maskpack_dtype_size(dt);
-    if (bytes > MPIO_MAX_BYTES) return NULL;
-    void *buf = calloc(bytes ? (size_t)bytes : 1, 1);
+    size_t bytes;
+    if (mp_mul_size((size_t)numel, maskpack_dtype_size(dt), &bytes) || bytes > MPIO_MAX_BYTES) return NULL;
+    void *buf = mp_calloc_array(bytes, 1);
     if (!buf) return NULL;
     c->buffers[c->n] = buf;
     c->items[c->n].name = name;

@@ -67,7 +67,7 @@ static int load_arrays(const cli_options *o, cli_report *r) {
     maskpack_status s;
     if (o->file) {
         r->origin = o->file;
-        s = mpio_load_any(o->file, &r->arrays, &e);
+        s = mpio_load_any_budget(o->file, o->max_bytes, &r->arrays, &e);
     } else {
         r->origin = "sample batch (embedded)";
         s = mpio_parse_any(mp_cli_sample_npz, mp_cli_sample_npz_len, &r->arrays, &e);

@@ -111,10 +111,12 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
         if ((uint64_t)st.st_size > max_bytes) {
             close_input(f, is_stdin);
             return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                           "%s: file has %lld bytes, more than the %llu this reader accepts", path,
+                           "%s: file has %lld bytes, more than the memory budget of %llu bytes", path,
                            (long long)st.st_size, (unsigned long long)max_bytes);
         }
         cap = (size_t)st.st_size + 1; /* +1 so EOF is seen without growing */
+    } else if ((uint64_t)cap > max_bytes + 1) {
+        cap = (size_t)max_bytes + 1; /* a tiny budget: not even the first block past it */
     } else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         close_input(f, is_stdin);
         return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: is a directory", path);
@@ -132,10 +134,12 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
                 free(data);
                 close_input(f, is_stdin);
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                               "%s: more than the %llu bytes this reader accepts", path,
+                               "%s: more than the memory budget of %llu bytes (the input was read up to it)", path,
                                (unsigned long long)max_bytes);
             }
-            size_t ncap = cap * 2;
+            /* grow up to one byte past the budget, never beyond: an endless stream (/dev/zero, a
+             * pipe) stops there instead of doubling the buffer past it */
+            size_t ncap = (uint64_t)cap * 2 > max_bytes + 1 ? (size_t)(max_bytes + 1) : cap * 2;
             uint8_t *n = realloc(data, ncap);
             if (!n) {
                 free(data);
@@ -159,7 +163,7 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
     if ((uint64_t)used > max_bytes) {
         free(data);
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                       "%s: more than the %llu bytes this reader accepts", path, (unsigned long long)max_bytes);
+                       "%s: more than the memory budget of %llu bytes (the input was read up to it)", path, (unsigned long long)max_bytes);
     }
     *buf = data;
     *len = used;
@@ -262,6 +266,11 @@ mpio_kind mpio_detect(const void *buf, size_t len) {
 }
 
 maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err) {
+    return mpio_parse_any_budget(buf, len, MPIO_MAX_BYTES, out, err);
+}
+
+maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t budget, mpio_arrayset *out,
+                                      maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     switch (mpio_detect(buf, len)) {
@@ -277,7 +286,7 @@ maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, 
         out->n = 1;
         return MASKPACK_OK;
     }
-    case MPIO_KIND_NPZ: return mpio_npz_parse(buf, len, out, err);
+    case MPIO_KIND_NPZ: return mpio_npz_parse_budget(buf, len, budget, out, err);
     case MPIO_KIND_SAFETENSORS: return mpio_safetensors_parse(buf, len, out, err);
     default:
         return mp_fail(err, MASKPACK_ERR_FORMAT, "file", -1, -1,
@@ -301,6 +310,19 @@ maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arra
 
 maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err) {
     return mpio_load_set(path, mpio_parse_any, out, err);
+}
+
+maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
+                                     maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    memset(out, 0, sizeof *out);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    maskpack_status s = mpio_read_file(path, max_bytes, &buf, &len, err);
+    if (s) return s;
+    s = mpio_parse_any_budget(buf, len, max_bytes, out, err);
+    free(buf);
+    return mpio_prefix_path(err, s, path);
 }
 
 const char *mpio_npy_descr(maskpack_dtype d) {

@@ -472,11 +472,31 @@ static maskpack_status member_to_array(const mpio_zip *z, size_t i, mpio_array *
 }
 
 maskpack_status mpio_npz_parse(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err) {
+    return mpio_npz_parse_budget(buf, len, MPIO_MAX_BYTES, out, err);
+}
+
+maskpack_status mpio_npz_parse_budget(const void *buf, size_t len, uint64_t max_bytes, mpio_arrayset *out,
+                                      maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     mpio_zip *z = NULL;
     maskpack_status s = mpio_zip_open(buf, len, &z, err);
     if (s) return s;
+    /* the members' claimed sizes against the budget before anything is inflated: a 2 MB archive of
+     * deflated zeros claims gigabytes (each claim is already bounded by deflate's ratio) */
+    uint64_t claimed = 0;
+    for (size_t i = 0; i < z->n; i++) {
+        claimed += z->entries[i].size; /* each <= MPIO_MAX_BYTES, count < 2^32: no overflow */
+        if (claimed > max_bytes) {
+            s = mp_fail(err, MASKPACK_ERR_UNSUPPORTED, ZIP_ARG, (int64_t)i, -1,
+                        "npz: member '%.200s' claims %llu bytes (%llu with the members before it), more than the "
+                        "memory budget of %llu bytes (--max-bytes)",
+                        z->entries[i].name, (unsigned long long)z->entries[i].size, (unsigned long long)claimed,
+                        (unsigned long long)max_bytes);
+            mpio_zip_close(z);
+            return s;
+        }
+    }
     mpio_arrayset set = {0, calloc(z->n ? z->n : 1, sizeof(mpio_array))};
     if (!set.arrays) {
         mpio_zip_close(z);

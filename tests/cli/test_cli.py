@@ -342,10 +342,11 @@ def case_hostile():
     # the budget is the user's: a small grid under a smaller --max-bytes is refused the same way
     f = os.path.join(TMP, "small_cu.npy")
     with open(f, "wb") as fh:
-        fh.write(npy("i8", (3,), [0, 3, 8]))
+        fh.write(npy("i8", (3,), [0, 3, 20]))  # 88 bytes; the analysis needs 20 * 8 bytes
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te"], 0)
-    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "63"], 1,
-           out_has=["token grid [1, 8] is too large", "budget of 63 bytes"])
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "159"], 1,
+           out_has=["token grid [1, 20] is too large", "budget of 159 bytes"])
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "160"], 0)
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "0"], 2,
            err_has=["--max-bytes: expected a byte count >= 1"])
     # 128-byte files of shape (2^33, 0): nothing to read, so an empty analysis at once (every row was
@@ -396,6 +397,27 @@ def case_hostile():
         check(fh.read() == b"precious", "--out: a failed write changed the existing file")
     check(sorted(os.listdir(TMP)).count("old.npz") == 1 and not any(n.startswith(".old.npz") for n in os.listdir(TMP)),
           "--out: a temporary file was left behind")
+    # the memory budget: an archive whose deflated members claim more than --max-bytes is refused
+    # before anything is inflated, naming the member, its claim and the budget
+    bomb = os.path.join(TMP, "bomb.npz")
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in ("a", "b", "c"):
+            h = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % (8 << 20)
+            h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+            z.writestr(name + ".npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(8 << 20))
+    check(os.path.getsize(bomb) < 200000, "bomb.npz is not small")
+    expect(["inspect", bomb, "--max-bytes", str(20 << 20)], 1,
+           out_has=["member 'c.npy' claims 8388736 bytes (25166208 with the members before it), more than the memory "
+                    "budget of 20971520 bytes (--max-bytes)"])
+    # endless or long streams stop at the budget
+    expect(["inspect", "/dev/zero", "--max-bytes", "1000000"], 1,
+           out_has=["/dev/zero: more than the memory budget of 1000000 bytes"], timeout=20)
+    expect(["inspect", "-", "--max-bytes", "100000"], 1, out_has=["-: more than the memory budget of 100000 bytes"],
+           stdin=bytes(300000))
+    big = os.path.join(TMP, "big.bin")
+    with open(big, "wb") as fh:
+        fh.write(bytes(5000))
+    expect(["inspect", big, "--max-bytes", "4096"], 1, out_has=["file has 5000 bytes, more than the memory budget of 4096"])
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
