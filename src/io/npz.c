@@ -471,6 +471,42 @@ static maskpack_status member_to_array(const mpio_zip *z, size_t i, mpio_array *
     return MASKPACK_OK;
 }
 
+/* A member's array name: its name without a trailing ".npy". */
+typedef struct {
+    const char *p;
+    size_t len, index;
+} array_name;
+
+static int cmp_array_name(const void *a, const void *b) {
+    const array_name *x = a, *y = b;
+    int c = memcmp(x->p, y->p, x->len < y->len ? x->len : y->len);
+    if (c) return c;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Two members that load as the same array ('x' and 'x.npy') are refused: which one wins would be an
+ * accident of their order in the archive. Sorted, as archives may hold very many members. */
+static maskpack_status check_array_names(const mpio_zip *z, maskpack_error *err) {
+    if (z->n < 2) return MASKPACK_OK;
+    array_name *v = mp_alloc_array(z->n, sizeof *v);
+    if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
+    for (size_t i = 0; i < z->n; i++) {
+        const char *name = z->entries[i].name;
+        size_t n = strlen(name);
+        v[i] = (array_name){name, n > 4 && strcmp(name + n - 4, ".npy") == 0 ? n - 4 : n, i};
+    }
+    qsort(v, z->n, sizeof *v, cmp_array_name);
+    maskpack_status s = MASKPACK_OK;
+    for (size_t i = 1; i < z->n && !s; i++)
+        if (v[i].len == v[i - 1].len && memcmp(v[i].p, v[i - 1].p, v[i].len) == 0)
+            s = mp_fail(err, MASKPACK_ERR_FORMAT, ZIP_ARG, (int64_t)v[i].index, -1,
+                        "npz: members '%.200s' and '%.200s' both hold the array '%.*s'", z->entries[v[i - 1].index].name,
+                        z->entries[v[i].index].name, (int)(v[i].len > 200 ? 200 : v[i].len), v[i].p);
+    free(v);
+    return s;
+}
+
 maskpack_status mpio_npz_parse(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err) {
     return mpio_npz_parse_budget(buf, len, MPIO_MAX_BYTES, out, err);
 }
@@ -496,6 +532,10 @@ maskpack_status mpio_npz_parse_budget(const void *buf, size_t len, uint64_t max_
             mpio_zip_close(z);
             return s;
         }
+    }
+    if ((s = check_array_names(z, err))) {
+        mpio_zip_close(z);
+        return s;
     }
     mpio_arrayset set = {0, calloc(z->n ? z->n : 1, sizeof(mpio_array))};
     if (!set.arrays) {

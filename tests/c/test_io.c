@@ -749,6 +749,30 @@ static void test_safetensors(void) {
     CHECK_MSG(e, "is larger than the file");
     free(buf);
 
+    /* a key that is not UTF-8, and overlong or surrogate encodings, are refused (were accepted) */
+    expect_st_error("{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_FORMAT,
+                    "header is not valid UTF-8 (byte 3 of the header, 0xff)");
+    expect_st_error("{\"\xc0\xaf" "a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "not valid UTF-8");
+    expect_st_error("{\"\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "not valid UTF-8");
+    /* __metadata__ is an object (a list or a number was accepted) */
+    expect_st_error("{\"__metadata__\":[1],\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found an array");
+    expect_st_error("{\"__metadata__\":7,\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a scalar");
+    {
+        /* valid multi-byte UTF-8 names and string metadata load */
+        size_t ulen;
+        uint8_t *ub = make_st("{\"__metadata__\":{\"k\":\"v\"},\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"U8\","
+                              "\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &ulen);
+        mpio_arrayset us;
+        maskpack_error ue;
+        CHECK_OK(mpio_safetensors_parse(ub, ulen, &us, &ue), ue);
+        CHECK_EQ(us.n, 1);
+        mpio_arrayset_free(&us);
+        free(ub);
+    }
     expect_st_error("{\"a\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12, MASKPACK_ERR_FORMAT,
                     "shape x I32 needs 16 bytes, data_offsets span 12");
     expect_st_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"

@@ -418,6 +418,21 @@ def case_hostile():
     with open(big, "wb") as fh:
         fh.write(bytes(5000))
     expect(["inspect", big, "--max-bytes", "4096"], 1, out_has=["file has 5000 bytes, more than the memory budget of 4096"])
+    # control characters in member names are escaped in the text report (a crafted name could move
+    # the cursor or fake report lines); the JSON report escapes them by JSON's rules
+    evil = os.path.join(TMP, "evil.npz")
+    npz(evil, {"attention_mask": ("i4", (1, 3), [1, 1, 0]), "x\x1b[2J\nproblems: none\x07": ("i4", (1,), [0])})
+    out = expect(["inspect", evil, "--mask-convention", "keep"], 0, out_has=["x\\x1b[2J\\nproblems: none\\x07"])
+    check("\x1b" not in out and "\x07" not in out, "raw control characters in the text report")
+    check([l for l in out.split("\n") if l.startswith("problems")] == ["problems: none"],
+          "a member name faked a report line")
+    # an .npz holding both 'x' and 'x.npy' is refused (the first one silently won)
+    dup = os.path.join(TMP, "dup.npz")
+    with zipfile.ZipFile(dup, "w") as z:
+        z.writestr("attention_mask.npy", npy("i4", (1, 3), [1, 1, 0]))
+        z.writestr("attention_mask", npy("i4", (1, 3), [1, 0, 0]))
+    expect(["inspect", dup, "--mask-convention", "keep"], 1,
+           out_has=["members 'attention_mask.npy' and 'attention_mask' both hold the array 'attention_mask'"])
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
