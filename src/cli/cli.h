@@ -72,6 +72,10 @@ typedef struct cli_options {
     int64_t png_rows[CLI_MAX_PNG_ROWS];
     int png_zoom;
     uint64_t max_bytes;        /* memory budget of the reader and the per-token analysis (--max-bytes) */
+    /* in-memory use (the fuzz target): a file's bytes read instead of `file` when data is non-NULL;
+     * with out NULL, --emit encodes the outputs (.npz and .safetensors) in memory and drops them */
+    const uint8_t *data;
+    size_t data_len;
 } cli_options;
 
 /* Default --max-bytes: larger than any batch a training step holds, small enough that a hostile file

@@ -65,7 +65,13 @@ static void fmt_shape(char *buf, size_t cap, const mpio_array *a) {
 static int load_arrays(const cli_options *o, cli_report *r) {
     maskpack_error e;
     maskpack_status s;
-    if (o->file) {
+    if (o->data) {
+        r->origin = o->file ? o->file : "memory";
+        s = o->data_len > o->max_bytes
+                ? mp_fail(&e, MASKPACK_ERR_UNSUPPORTED, "file", -1, -1, "more than the memory budget of %llu bytes",
+                          (unsigned long long)o->max_bytes)
+                : mpio_parse_any_budget(o->data, o->data_len, o->max_bytes, &r->arrays, &e);
+    } else if (o->file) {
         r->origin = o->file;
         s = mpio_load_any_budget(o->file, o->max_bytes, &r->arrays, &e);
     } else {

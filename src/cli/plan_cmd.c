@@ -271,6 +271,23 @@ static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths 
     return EXIT_OK_;
 }
 
+int mp_cli_plan_parse_lengths(const char *origin, const uint8_t *buf, size_t len, int64_t **lengths_out, size_t *n,
+                              const char **kind) {
+    lengths L = {0};
+    progress pr = {0, -1, 0.0, NULL, 0.0}; /* off */
+    int rc = mpio_detect(buf, len) == MPIO_KIND_NPY ? load_npy(origin, buf, len, &L, kind)
+                                                     : load_lines(origin, buf, len, &L, kind, &pr);
+    if (rc) {
+        free(L.v);
+        *lengths_out = NULL;
+        *n = 0;
+        return rc;
+    }
+    *lengths_out = L.v;
+    *n = L.n;
+    return 0;
+}
+
 /* ---- options ------------------------------------------------------------------------------------- */
 
 typedef struct plan_args {

@@ -196,7 +196,8 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     int analytic = L->window_left < 0 && (L->window_right < 0 || L->causal) && L->n_spans == 0 && L->prefix == NULL;
     int64_t S = L->q_width, Skv = L->kv_width;
 
-    for (int64_t b = 0; b < L->n_rows; b++) {
+    /* no block on either axis: every output is empty, so no loop over the rows of a [2^50, 0] grid */
+    for (int64_t b = 0; (n_qb || n_kb) && b < L->n_rows; b++) {
         if (qcnt) memset(qcnt, 0, nk * 2 * sizeof *qcnt);
         emitter m = {&o, n_qb, n_kb, b, 0, 0, 0, qcnt};
         size_t ks = mp_row_begin(L, b), kend = mp_row_begin(L, b + 1);

@@ -19,6 +19,7 @@ maskpack_status maskpack_mask2d(const maskpack_layout *L, maskpack_tensor *out, 
     maskpack_status s = mp_check_per_token_output(L, out, "out", MASK2D_DTYPES, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
 
     mpd_rows v = mpd_token_rows(out);
     uint64_t one = mpd_one_bits(out->dtype);
@@ -102,6 +103,7 @@ maskpack_status maskpack_mask4d(const maskpack_layout *L, maskpack_mask_conventi
     maskpack_status s = mp_check_output(out, "out", allowed, 4, shape, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
 
     uint64_t allow, deny;
     if (convention == MASKPACK_MASK_KEEP) {

@@ -134,6 +134,7 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
     if (out->dtype == MASKPACK_I32 && (L->max_q - 1 > INT32_MAX || L->max_kv - 1 > INT32_MAX))
         for (size_t k = 0; k < L->n_segments; k++) {
             const maskpack_segment *g = &L->segs[k];
@@ -171,6 +172,7 @@ maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
     /* ids must fit the dtype: check the largest before writing anything */
     for (size_t k = 0; k < L->n_segments; k++)
         if (L->segs[k].q_len > 0 &&

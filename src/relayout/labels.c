@@ -34,6 +34,7 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
     if (labels->data == out->data && mp_numel(out) > 0)
         return mp_fail(err, MASKPACK_ERR_OVERLAP, "out", -1, -1,
                        "out: must not alias labels (the shift reads a token after writing its predecessor)");
+    if (mp_numel(out) == 0) return mp_ok(err); /* no token: no loop over the rows of a [2^50, 0] grid */
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t col = 0;
         for (size_t k = mp_row_begin(L, r); k <= mp_row_begin(L, r + 1); k++) {
@@ -80,7 +81,7 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     }
     double denom = mode == MASKPACK_LOSS_TOKEN ? (double)tokens : (double)sequences;
     /* pass 2: pads 0, labelled tokens 1/denom (token) or 1/(count * denom) (sequence) */
-    for (int64_t r = 0; r < L->n_rows; r++)
+    for (int64_t r = 0; L->q_width && r < L->n_rows; r++) /* an empty grid: no loop over its rows */
         for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
     for (size_t k = 0; k < L->n_segments && denom > 0; k++) {
         const maskpack_segment *g = &L->segs[k];
