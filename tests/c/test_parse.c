@@ -1151,6 +1151,30 @@ static void test_zero_size_dims(void) {
         CHECK_OK(maskpack_layout_from_position_ids(&p, (maskpack_boundary_rule)rule, NULL, &out, &e), e);
         check_empty_layout(out, big, 0);
     }
+    /* derivations of such a layout return at once too (they looped over every row) */
+    {
+        maskpack_tensor m = maskpack_tensor_contiguous(&byte, MASKPACK_I8, 2, s2);
+        maskpack_layout *L = NULL;
+        CHECK_OK(maskpack_layout_from_mask2d(&m, MASKPACK_MASK2D_KEEP, NULL, &L, &e), e);
+        if (L) {
+            maskpack_tensor o64 = maskpack_tensor_contiguous(&word, MASKPACK_I64, 2, s2);
+            CHECK_OK(maskpack_mask2d(L, &o64, &e), e);
+            CHECK_OK(maskpack_position_ids(L, &o64, &e), e);
+            CHECK_OK(maskpack_segment_ids(L, &o64, &e), e);
+            const int64_t s4o[4] = {big, 1, 0, 0};
+            maskpack_tensor o4 = maskpack_tensor_contiguous(&byte, MASKPACK_BOOL, 4, s4o);
+            CHECK_OK(maskpack_mask4d(L, MASKPACK_MASK_KEEP, MASKPACK_FILL_DTYPE_MIN, &o4, &e), e);
+            maskpack_tensor lab = maskpack_tensor_contiguous(&word, MASKPACK_I64, 2, s2);
+            int64_t shifted = 0;
+            maskpack_tensor so = maskpack_tensor_contiguous(&shifted, MASKPACK_I64, 2, s2);
+            CHECK_OK(maskpack_shift_labels(L, &lab, -100, &so, &e), e);
+            double wbuf = 0, denom = -1;
+            maskpack_tensor wo = maskpack_tensor_contiguous(&wbuf, MASKPACK_F64, 2, s2);
+            CHECK_OK(maskpack_loss_weights(L, &lab, -100, MASKPACK_LOSS_TOKEN, &wo, &denom, &e), e);
+            CHECK(denom == 0);
+            maskpack_layout_free(L);
+        }
+    }
     maskpack_tensor m4 = maskpack_tensor_contiguous(&byte, MASKPACK_BOOL, 4, s4);
     out = NULL;
     CHECK_OK(maskpack_layout_from_mask4d(&m4, MASKPACK_MASK_KEEP, &out, &e), e);
