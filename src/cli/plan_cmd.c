@@ -247,8 +247,9 @@ static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths 
         } else {
             char tmp[32];
             if (n >= sizeof tmp) {
-                fprintf(stderr, "maskpack plan: %s:%zu: expected an integer length, found '%.40s...'\n", path, line,
-                        s);
+                /* the line is not NUL-terminated: print at most its own bytes (this read past the buffer) */
+                fprintf(stderr, "maskpack plan: %s:%zu: expected an integer length, found '%.*s...'\n", path, line,
+                        (int)(n < 40 ? n : 40), s);
                 return EXIT_PROBLEM_;
             }
             memcpy(tmp, s, n);
