@@ -49,7 +49,8 @@ static int fail(emit_ctx *c, const char *what, const maskpack_error *e) {
 }
 
 static int oom(emit_ctx *c, const char *what) {
-    cli_problem(c->r, "emit %s: cannot allocate the output (too large or out of memory)", what);
+    cli_problem(c->r, "emit %s: cannot allocate the output (larger than the memory budget of %llu bytes "
+                      "(--max-bytes), or out of memory)", what, (unsigned long long)c->o->max_bytes);
     return CLI_EXIT_PROBLEMS;
 }
 

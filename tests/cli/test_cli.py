@@ -347,6 +347,11 @@ def case_hostile():
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "159"], 1,
            out_has=["token grid [1, 20] is too large", "budget of 159 bytes"])
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "160"], 0)
+    # the outputs count against the budget too: a [1, 20, 20] mask4d of 400 bytes does not fit 300
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "300", "--emit", "mask4d", "--out",
+            os.path.join(TMP, "m4.npz")], 1, out_has=["emit mask4d: cannot allocate the output (larger than the "
+                                                       "memory budget of 300 bytes (--max-bytes)"])
+    check(not os.path.exists(os.path.join(TMP, "m4.npz")), "--out written although an output did not fit")
     expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "0"], 2,
            err_has=["--max-bytes: expected a byte count >= 1"])
     # 128-byte files of shape (2^33, 0): nothing to read, so an empty analysis at once (every row was
