@@ -4,9 +4,10 @@ ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 COV_BUILD ?= build-cov
 FUZZ_SECONDS ?= 20
+FUZZ_LONG_SECONDS ?= 300
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz coverage bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz fuzz-long coverage bench install clean
 
 all: build
 
@@ -46,6 +47,11 @@ test-python:
 # Every fuzz target on its seed corpus for FUZZ_SECONDS each (libFuzzer when clang is present).
 test-fuzz:
 	bash tools/fuzz_ci.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+# A longer fuzz run, not part of `make test`: every target (the CLI's inspect analysis and plan parsing
+# included) for FUZZ_LONG_SECONDS each (default 5 minutes; about an hour in all).
+fuzz-long:
+	bash tools/fuzz_ci.sh $(FUZZ_BUILD) $(FUZZ_LONG_SECONDS)
 
 # The whole C suite and the Python suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-sanitize:

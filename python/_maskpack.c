@@ -119,6 +119,32 @@ static PyObject *raise_status(PyObject *module, maskpack_status status, const ma
 
 /* ---- argument conversion -------------------------------------------------------------------- */
 
+/* item i of argument `arg` -> *out; a value past int64 is maskpack.Error (OVERFLOW, naming the
+ * argument and the index) instead of Python's bare "int too big to convert". Returns 0 or -1. */
+static int item_i64(PyObject *module, PyObject *item, const char *arg, Py_ssize_t i, int64_t *out) {
+    long long x = PyLong_AsLongLong(item);
+    if (x == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        maskpack_error e;
+        memset(&e, 0, sizeof e);
+        e.status = MASKPACK_ERR_OVERFLOW;
+        snprintf(e.argument, sizeof e.argument, "%s", arg);
+        e.index[0] = (int64_t)i;
+        e.index[1] = e.index[2] = e.index[3] = -1;
+        PyObject *r = PyObject_Repr(item);
+        const char *txt = r ? PyUnicode_AsUTF8(r) : NULL;
+        if (!txt) PyErr_Clear();
+        snprintf(e.message, sizeof e.message, "%s[%zd]: expected a value that fits int64, found %.80s", arg, i,
+                 txt ? txt : "a larger integer");
+        Py_XDECREF(r);
+        raise_status(module, MASKPACK_ERR_OVERFLOW, &e);
+        return -1;
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
 /* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor (None is refused here). */
 static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
     int present = 0;
@@ -395,13 +421,11 @@ static PyObject *py_from_lengths(PyObject *m, PyObject *args) {
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (x == -1 && PyErr_Occurred()) {
+        if (item_i64(m, PySequence_Fast_GET_ITEM(seq, i), "lengths", i, &lens[i]) < 0) {
             Py_DECREF(seq);
             PyMem_Free(lens);
             return NULL;
         }
-        lens[i] = (int64_t)x;
     }
     Py_DECREF(seq);
     rule_buf rb;

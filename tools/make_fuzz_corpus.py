@@ -254,6 +254,67 @@ def npu_corpus():
     write(t, "hand_compressed", hand(0, 1, 8, 8, 1, 0, 2, 0, 0, 2 | 8 | 16, [0, 255, 0] + [0, 0]))
 
 
+def header_only_npy(descr, shape):
+    """An .npy header with no data: a shape holding no element (or lying about its size)."""
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, "".join("%d, " % d for d in shape))
+    h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode()
+
+
+def inspect_corpus():
+    """fuzz_inspect: one selector byte (bits 0-1 mask convention keep/doc_id/masked/additive, 2 npu
+    cu form, 3 step position rule, 4 bidirectional, 5-7 --as none/attention_mask/position_ids/
+    cu_seqlens/mask4d) then a file. The regression seeds are the hostile inputs of the issue."""
+    t = "fuzz_inspect"
+    AS_MASK, AS_POS, AS_CU, AS_M4 = 1 << 5, 2 << 5, 3 << 5, 4 << 5
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=np.int64)
+    pos = np.array([[0, 1, 2, 0], [0, 1, 0, 0]], dtype=np.int64)
+    write(t, "batch.npz", bytes([0]) + npz_bytes({"attention_mask": mask, "position_ids": pos,
+                                                 "cu_seqlens": np.array([0, 3, 5], np.int32),
+                                                 "labels": np.array([[5, 6, 7, -100], [8, 9, -100, -100]])},
+                                                compressed=True))
+    write(t, "batch.safetensors", bytes([0]) + safetensors_bytes(
+        [("attention_mask", "I64", mask.shape, mask.tobytes()), ("position_ids", "I64", pos.shape, pos.tobytes())]))
+    m4 = np.tril(np.ones((4, 4), dtype=bool))[None, None].repeat(2, 0)
+    m4[1, :, 2:, :] = False
+    write(t, "mask4d.npy", bytes([AS_M4]) + npy_bytes(m4))
+    write(t, "doc_id.npy", bytes([AS_MASK | 1]) + npy_bytes(np.array([[1, 1, 2, 0]], dtype=np.int32)))
+    write(t, "pos_mrope.npy", bytes([AS_POS]) + npy_bytes(np.zeros((3, 1, 4), dtype=np.int64) + np.arange(4)))
+    # regression seeds: a cu_seqlens claiming 2^61 (2^62 + 1) tokens crashed the analysis (B*S*8 wrapped)
+    write(t, "cu_2pow61.npy", bytes([AS_CU]) + npy_bytes(np.array([0, 2 ** 61], dtype=np.int64)))
+    write(t, "cu_2pow62p1.npy", bytes([AS_CU]) + npy_bytes(np.array([0, 2 ** 62 + 1], dtype=np.int64)))
+    write(t, "cu_2pow61.npz", bytes([0]) + npz_bytes({"cu_seqlens": np.array([0, 2 ** 61])}, compressed=False))
+    # zero-size dimensions with a huge other one hung (every row visited)
+    write(t, "mask_2pow33x0.npy", bytes([AS_MASK]) + header_only_npy("|i1", (2 ** 33, 0)))
+    write(t, "pos_2pow33x0.npy", bytes([AS_POS]) + header_only_npy("<i8", (2 ** 33, 0)))
+    write(t, "pos_3x2pow33x0.npy", bytes([AS_POS | 8]) + header_only_npy("<i8", (3, 2 ** 33, 0)))
+    write(t, "mask4d_2pow33x1x0x0.npy", bytes([AS_M4]) + header_only_npy("|b1", (2 ** 33, 1, 0, 0)))
+    # members that claim more than the budget once inflated (deflated zeros)
+    z = np.zeros(12 << 20, dtype=np.uint8)
+    write(t, "inflates_past_budget.npz", bytes([0]) + npz_bytes({"a": z, "b": z, "c": z}, compressed=True))
+    # names with control characters, and 'x' beside 'x.npy'
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("attention_mask.npy", npy_bytes(mask))
+        zf.writestr("x\x1b[2J\nproblems: none\x07.npy", npy_bytes(np.zeros(1, np.int8)))
+        zf.writestr("attention_mask", npy_bytes(mask))
+    write(t, "names.npz", bytes([0]) + out.getvalue())
+    write(t, "st_not_utf8.safetensors", bytes([0]) + safetensors_bytes([("a", "U8", (4,), bytes(4))]).replace(
+        b'"a"', b'"\xff"', 1))
+
+
+def plan_corpus():
+    """fuzz_plan: the lengths file of `maskpack plan` (text, JSON lines, .npy)."""
+    t = "fuzz_plan"
+    write(t, "lines.txt", b"5\n3\n8\n1\n\n2\n")
+    write(t, "crlf.txt", b"7\r\n 4 \r\n")
+    write(t, "jsonl.txt", b'{"length": 5}\n{"input_ids": [1, 2, 3]}\n[4, 5]\n{"tokens": [9]}\n3\n')
+    write(t, "lengths.npy", npy_bytes(np.array([5, 3, 8, 1], dtype=np.int64)))
+    write(t, "lengths_i32.npy", npy_bytes(np.array([4, 4, 2], dtype=np.int32)))
+    write(t, "bad.txt", b"5\n-3\nx\n")  # rejected: a near miss
+    write(t, "ones.txt", b"1\n" * 600)
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -263,6 +324,8 @@ def main():
     position_corpus()
     mask4d_corpus()
     npu_corpus()
+    inspect_corpus()
+    plan_corpus()
     n = sum(len(files) for _, _, files in os.walk(CORPUS))
     print("wrote %d seed inputs under fuzz/corpus/" % n)
 

@@ -40,7 +40,10 @@ def _choice(value: Any, table: Dict[str, int], name: str, status: str) -> int:
 def _int(v: Any, name: str) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, found {type(v).__name__} {v!r}")
-    return int(v)
+    v = int(v)
+    if not -(2 ** 63) <= v < 2 ** 63:  # the C library's int64, named here rather than as OverflowError
+        raise Error(f"{name}: expected a value that fits int64, found {v}", "MASKPACK_ERR_OVERFLOW", argument=name)
+    return v
 
 
 def _check_alignment(layout: "Layout", explicit: bool) -> None:

@@ -76,7 +76,33 @@ def _alloc_like(x: Any, shape: Tuple[int, ...]):
     return np.empty(shape, dtype=np.asarray(x).dtype)
 
 
+def _check_pad_value(pad_value: Any, dtype: str) -> None:
+    """pad_value must be a number the output's dtype holds exactly: no string, no fraction into an
+    integer dtype (1.5 into int32 wrote 1), nothing out of range (1000 into int8)."""
+    if isinstance(pad_value, (bool, np.bool_)):
+        pad_value = int(pad_value)
+    if not isinstance(pad_value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"pad_value: expected a number, found {type(pad_value).__name__} {pad_value!r}")
+    if dtype == "bool":
+        ok, what = pad_value in (0, 1), "0 or 1 (bool output)"
+    elif dtype in ("int8", "uint8", "int16", "int32", "int64"):
+        info = np.iinfo(dtype)
+        if isinstance(pad_value, (float, np.floating)) and not float(pad_value).is_integer():
+            raise Error(f"pad_value: expected an integer for a {dtype} output, found {pad_value!r}",
+                        "MASKPACK_ERR_VALUE", argument="pad_value")
+        ok = info.min <= pad_value <= info.max
+        what = f"a {dtype} value in [{info.min}, {info.max}]"
+    else:
+        big = 65504.0 if dtype == "float16" else 3.3895313892515355e38 if dtype == "bfloat16" else \
+            float(np.finfo(dtype).max)
+        ok, what = not (abs(float(pad_value)) > big and np.isfinite(float(pad_value))), f"a finite {dtype} value"
+    if not ok:
+        raise Error(f"pad_value: expected {what}, found {pad_value!r}", "MASKPACK_ERR_OVERFLOW", argument="pad_value")
+
+
 def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
+    if pad_value is not None:
+        _check_pad_value(pad_value, dtype)
     if pad_value is None or pad_value == 0:
         return None
     if dtype == "bfloat16":
@@ -370,6 +396,8 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
             out.copy_(res)
             return out
         return res
+    if pad_value is not None:
+        _check_pad_value(pad_value, dtype_name(x0.dtype))
     zero_pad = pad_value is None or (not isinstance(pad_value, bool) and pad_value == 0)
     if target is None:  # zero padding: one memset of the whole, as the torch a user writes (zeros + index_put_)
         res = _torch_empty(shape, x0)

@@ -127,6 +127,9 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
     if isinstance(x, (list, tuple)):
         try:
             a = np.asarray(x, dtype=list_dtype) if list_dtype is not None else np.asarray(x)
+        except OverflowError:  # a Python int past the dtype (int64 for lengths and offsets)
+            raise Error(f"{name}: a value does not fit {np.dtype(list_dtype or np.int64).name}",
+                        "MASKPACK_ERR_OVERFLOW", argument=name) from None
         except (TypeError, ValueError) as e:
             raise TypeError(f"{name}: cannot read a {type(x).__name__} as an array ({e})") from None
         if a.dtype == object:

@@ -16,6 +16,7 @@ layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (`
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Optional, Tuple
 
 import torch
@@ -74,8 +75,35 @@ def _ptr(layout: Any) -> int:
         raise Error("layout: expected a maskpack.Layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="layout") from None
 
 
+_MAX_THREADS = 256  # GDN_MAX_THREADS of the C kernels
+
+
 def _threads(threads: Optional[int]) -> int:
-    return max(1, min(256, int(threads) if threads is not None else torch.get_num_threads()))
+    """None -> torch's thread count (clamped to what the kernels take); an explicit count must be in
+    range, as for attention and relayout (0 or -1 used to be clamped silently)."""
+    if threads is None:
+        return max(1, min(_MAX_THREADS, torch.get_num_threads()))
+    try:
+        if isinstance(threads, bool):
+            raise TypeError
+        n = operator.index(threads)  # int, numpy integer
+    except TypeError:
+        raise TypeError(f"threads: expected an int, found {type(threads).__name__}") from None
+    if not 1 <= n <= _MAX_THREADS:
+        raise Error(f"threads: expected in [1, {_MAX_THREADS}], found {n}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="threads")
+    return n
+
+
+def _check_call(layout: Any, **tensors: Any) -> None:
+    """The arguments a kernel reads before anything is computed from them: torch tensors (numpy
+    arrays and lists are a TypeError naming the argument, not an AttributeError from deep inside)
+    and a maskpack.Layout."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__module__}.{type(t).__name__}")
+    if not hasattr(layout, "_ptr") or not hasattr(layout, "n_segments"):
+        raise TypeError(f"layout: expected a maskpack.Layout, found {type(layout).__name__}")
 
 
 def gdn_isa() -> str:
@@ -150,9 +178,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     and returned, so a loop can reuse its memory instead of paying fresh pages every call; not
     allowed while autograd records (an input requires grad).
     """
+    _check_call(layout, q=q, k=k, v=v, g=g, beta=beta)
+    if initial_state is not None and not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"initial_state: expected a torch.Tensor or None, found {type(initial_state).__name__}")
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
     K = q.shape[-1] if q.dim() > 0 else 1
+    if K < 1:  # 1/sqrt(K) below; the C checks would name the shape after the division failed
+        raise Error(f"q: expected a head dimension K >= 1 (last dimension), found shape {list(q.shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="q")
     sc = (1.0 / math.sqrt(K)) if scale is None else float(scale)
     if not math.isfinite(sc) or sc == 0.0:
         raise Error(f"scale: expected a finite non-zero number, found {scale}", "MASKPACK_ERR_INVALID_ARGUMENT",
@@ -226,6 +260,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
     if activation not in _ACTIVATIONS:
         raise Error(f"activation: expected 'silu' or None, found {activation!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="activation")
+    _check_call(layout, x=x, weight=weight)
+    if weight.dim() not in (2, 3) or weight.shape[-1] < 1 or (weight.dim() == 3 and weight.shape[1] != 1):
+        raise Error(f"weight: expected [C, W] or [C, 1, W] with W >= 1, found shape {list(weight.shape)}",
+                    "MASKPACK_ERR_SHAPE", argument="weight")
     weight_shape = tuple(weight.shape)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
     return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape)

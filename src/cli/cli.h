@@ -71,7 +71,16 @@ typedef struct cli_options {
     size_t n_png_rows;
     int64_t png_rows[CLI_MAX_PNG_ROWS];
     int png_zoom;
+    uint64_t max_bytes;        /* memory budget of the reader and the per-token analysis (--max-bytes) */
+    /* in-memory use (the fuzz target): a file's bytes read instead of `file` when data is non-NULL;
+     * with out NULL, --emit encodes the outputs (.npz and .safetensors) in memory and drops them */
+    const uint8_t *data;
+    size_t data_len;
 } cli_options;
+
+/* Default --max-bytes: larger than any batch a training step holds, small enough that a hostile file
+ * is refused before the machine swaps. */
+#define CLI_DEFAULT_MAX_BYTES ((uint64_t)4 << 30)
 
 /* (argc, argv after "inspect") -> *o. Returns 0, or CLI_EXIT_USAGE after printing the reason. */
 int cli_parse_inspect_options(int argc, char **argv, cli_options *o);

@@ -2,6 +2,7 @@
  * library's derive functions and written as .npz (or .safetensors when the name ends so). Nothing is
  * written when the batch has problems or any output fails. */
 #include "cli.h"
+#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,11 @@ static maskpack_tensor *new_item(emit_ctx *c, const char *name, maskpack_dtype d
     for (int32_t d = 0; d < ndim; d++) {
         if (shape[d] < 0 || __builtin_mul_overflow(numel, shape[d], &numel)) return NULL;
     }
-    uint64_t bytes = (uint64_t)numel * maskpack_dtype_size(dt);
-    if (bytes > MPIO_MAX_BYTES) return NULL;
-    void *buf = calloc(bytes ? (size_t)bytes : 1, 1);
+    size_t bytes;
+    /* outputs count against the memory budget too (--max-bytes) */
+    if (mp_mul_size((size_t)numel, maskpack_dtype_size(dt), &bytes) || bytes > MPIO_MAX_BYTES || bytes > c->o->max_bytes)
+        return NULL;
+    void *buf = mp_calloc_array(bytes, 1);
     if (!buf) return NULL;
     c->buffers[c->n] = buf;
     c->items[c->n].name = name;
@@ -46,7 +49,8 @@ static int fail(emit_ctx *c, const char *what, const maskpack_error *e) {
 }
 
 static int oom(emit_ctx *c, const char *what) {
-    cli_problem(c->r, "emit %s: cannot allocate the output (too large or out of memory)", what);
+    cli_problem(c->r, "emit %s: cannot allocate the output (larger than the memory budget of %llu bytes "
+                      "(--max-bytes), or out of memory)", what, (unsigned long long)c->o->max_bytes);
     return CLI_EXIT_PROBLEMS;
 }
 
@@ -242,7 +246,20 @@ int cli_emit_outputs(const cli_options *o, cli_report *r) {
         default: break;
         }
     }
-    if (!rc) {
+    if (!rc && !o->out) { /* in memory: both encoders, nothing kept */
+        maskpack_error e;
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        maskpack_status s = mpio_npz_encode(c.items, c.n, o->deflate, &buf, &len, &e);
+        free(buf);
+        buf = NULL;
+        if (!s) s = mpio_safetensors_encode(c.items, c.n, &buf, &len, &e);
+        free(buf);
+        if (s) {
+            cli_problem(r, "emit: encoding: %s: %s", maskpack_status_name(s), e.message);
+            rc = CLI_EXIT_PROBLEMS;
+        }
+    } else if (!rc) {
         maskpack_error e;
         maskpack_status s = ends_with(o->out, ".safetensors") ? mpio_safetensors_save(o->out, c.items, c.n, &e)
                                                               : mpio_npz_save(o->out, c.items, c.n, o->deflate, &e);

@@ -65,9 +65,15 @@ static void fmt_shape(char *buf, size_t cap, const mpio_array *a) {
 static int load_arrays(const cli_options *o, cli_report *r) {
     maskpack_error e;
     maskpack_status s;
-    if (o->file) {
+    if (o->data) {
+        r->origin = o->file ? o->file : "memory";
+        s = o->data_len > o->max_bytes
+                ? mp_fail(&e, MASKPACK_ERR_UNSUPPORTED, "file", -1, -1, "more than the memory budget of %llu bytes",
+                          (unsigned long long)o->max_bytes)
+                : mpio_parse_any_budget(o->data, o->data_len, o->max_bytes, &r->arrays, &e);
+    } else if (o->file) {
         r->origin = o->file;
-        s = mpio_load_any(o->file, &r->arrays, &e);
+        s = mpio_load_any_budget(o->file, o->max_bytes, &r->arrays, &e);
     } else {
         r->origin = "sample batch (embedded)";
         s = mpio_parse_any(mp_cli_sample_npz, mp_cli_sample_npz_len, &r->arrays, &e);
@@ -254,9 +260,19 @@ static void build_mask_source(const cli_options *o, cli_report *r, const mpio_ar
 }
 
 /* Fills src->seg over the grid; returns 0 when the source's layout does not cover the grid. */
-static int fill_seg(cli_report *r, cli_source *src) {
+static int fill_seg(const cli_options *o, cli_report *r, cli_source *src) {
     const maskpack_layout *L = src->layout;
-    int64_t B = r->B, S = r->S, cells = B * S;
+    int64_t B = r->B, S = r->S, cells;
+    /* The per-token analysis holds a segment id per grid cell: a grid a few bytes can claim (a
+     * cu_seqlens [0, 2^61]) must fit the budget before anything is allocated or visited. */
+    size_t bytes;
+    if (mp_mul_overflow(B, S, &cells) || mp_mul_size((size_t)cells, sizeof *src->seg, &bytes) ||
+        bytes > o->max_bytes) {
+        cli_problem(r, "%s: the token grid [%lld, %lld] is too large to analyze token by token: it needs more "
+                       "than the memory budget of %llu bytes (--max-bytes)",
+                    src->name, (long long)B, (long long)S, (unsigned long long)o->max_bytes);
+        return 0;
+    }
     if (src->flat) {
         if (maskpack_layout_n_rows(L) != 1 || maskpack_layout_q_width(L) != cells) {
             cli_problem(r, "%s: describes a stream of %lld tokens, the [%lld, %lld] grid holds %lld", src->name,
@@ -269,12 +285,12 @@ static int fill_seg(cli_report *r, cli_source *src) {
                     (long long)S);
         return 0;
     }
-    src->seg = malloc((size_t)(cells ? cells : 1) * sizeof *src->seg);
+    src->seg = mp_alloc_array((size_t)cells, sizeof *src->seg);
     if (!src->seg) {
         cli_problem(r, "%s: out of memory", src->name);
         return 0;
     }
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; cells && b < B; b++) /* a [2^33, 0] grid holds nothing: no loop over its rows */
         for (int64_t s = 0; s < S; s++)
             src->seg[b * S + s] =
                 src->flat ? maskpack_segment_of_query(L, 0, b * S + s) : maskpack_segment_of_query(L, b, s);
@@ -369,7 +385,7 @@ static void check_labels(cli_report *r) {
         cli_problem(r, "labels: expected an integer dtype, found %s", maskpack_dtype_name(lab->dtype));
         return;
     }
-    for (int64_t b = 0; b < r->B; b++) {
+    for (int64_t b = 0; r->S && b < r->B; b++) { /* an empty grid: no loop over its rows */
         int64_t n = 0, first = -1, value = 0;
         for (int64_t s = 0; s < r->S; s++) {
             if (maskpack_segment_of_query(r->layout, r->packed ? 0 : b, r->packed ? b * r->S + s : s) >= 0) continue;
@@ -403,13 +419,13 @@ static void check_rule(const cli_options *o, cli_report *r, const maskpack_rule 
 
 static void build_merged(const cli_options *o, cli_report *r, const uint8_t *valid) {
     int64_t cells = r->B * r->S;
-    maskpack_segment *segs = malloc((size_t)(cells ? cells : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array((size_t)cells, sizeof *segs);
     if (!segs) {
         cli_problem(r, "layout: out of memory");
         return;
     }
     size_t n = 0;
-    for (int64_t b = 0; b < r->B; b++)
+    for (int64_t b = 0; cells && b < r->B; b++) /* an empty grid: no loop over its rows */
         for (int64_t s = 0; s < r->S; s++) {
             int64_t t = b * r->S + s;
             if (!valid[t]) continue;
@@ -541,7 +557,7 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
             problem_from_error(r, s->name, &s->err);
             continue;
         }
-        if (!fill_seg(r, s)) {
+        if (!fill_seg(o, r, s)) {
             maskpack_layout_free(s->layout);
             s->layout = NULL;
         }
@@ -566,25 +582,26 @@ int cli_analyze(const cli_options *o, cli_report *r) {
     }
     if (!auth) auth = partial;
     if (!auth) return CLI_EXIT_PROBLEMS; /* every constructor failed: already reported */
-    int64_t cells = r->B * r->S;
-    uint8_t *valid = malloc((size_t)(cells ? cells : 1));
+    int64_t cells = r->B * r->S; /* fits: fill_seg checked it for auth */
+    uint8_t *valid = mp_alloc_array((size_t)cells, 1);
     if (!valid) {
         cli_problem(r, "out of memory");
         return CLI_EXIT_PROBLEMS;
     }
     for (int64_t t = 0; t < cells; t++) valid[t] = auth->seg[t] >= 0;
 
-    for (size_t k = 0; k < r->n_sources; k++) {
+    /* the cross-checks walk the grid row by row: an empty grid ([2^33, 0]) has nothing to compare */
+    for (size_t k = 0; cells && k < r->n_sources; k++) {
         const cli_source *s = &r->sources[k];
         if (!s->seg || s == auth) continue;
         if (s->full_validity) check_validity(r, auth, s);
         else if (auth->full_validity) check_partial_validity(r, auth, s);
     }
-    for (size_t x = 0; x < r->n_sources; x++)
+    for (size_t x = 0; cells && x < r->n_sources; x++)
         for (size_t y = x + 1; y < r->n_sources; y++)
             if (r->sources[x].seg && r->sources[y].seg && r->sources[x].boundaries && r->sources[y].boundaries)
                 check_boundaries(r, valid, &r->sources[x], &r->sources[y]);
-    for (size_t k = 0; k < r->n_sources; k++)
+    for (size_t k = 0; cells && k < r->n_sources; k++)
         if (r->sources[k].seg && r->sources[k].flat) check_row_crossing(r, &r->sources[k]);
 
     build_merged(o, r, valid);

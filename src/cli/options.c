@@ -48,6 +48,9 @@ void cli_print_inspect_usage(FILE *f) {
             "  --npu-layout TND|BSND|BNSD|BSH|SBH  npu args (default TND when packed, else BSND)\n"
             "  --head-dim D | --scale X            npu scale: X, or 1/sqrt(D) (default D = 128)\n"
             "  --deflate                           compress .npz members\n"
+            "limits:\n"
+            "  --max-bytes N                       memory budget: larger files, members and token grids are\n"
+            "                                      refused (default 4 GiB)\n"
             "exit status: 0 no problems, 1 problems found or a file unreadable, 2 bad usage\n");
 }
 
@@ -129,6 +132,7 @@ static void defaults(cli_options *o) {
     o->block = 128;
     o->npu_layout = -1;
     o->head_dim = 128;
+    o->max_bytes = CLI_DEFAULT_MAX_BYTES;
 }
 
 int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
@@ -174,7 +178,7 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
         static const char *const with_value[] = {
             "--as", "--mask-convention", "--cu-form", "--position-rule", "--window", "--alignment", "--total",
             "--emit", "--out", "--emit-convention", "--emit-dtype", "--emit-fill", "--index-dtype", "--block",
-            "--npu-layout", "--head-dim", "--scale", "--png", "--png-rows", "--png-zoom", NULL};
+            "--npu-layout", "--head-dim", "--scale", "--png", "--png-rows", "--png-zoom", "--max-bytes", NULL};
         if (pick(flag, with_value) < 0) return cli_usage_error("inspect", "unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc) return cli_usage_error("inspect", "option '%s' needs a value", flag);
@@ -260,6 +264,10 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
         } else if (strcmp(flag, "--png-rows") == 0) {
             if (!parse_rows(value, o))
                 return cli_usage_error("inspect", "--png-rows: expected a comma list of up to 64 row indices, found '%s'", value);
+        } else if (strcmp(flag, "--max-bytes") == 0) {
+            if (!parse_i64(value, &x) || x < 1)
+                return cli_usage_error("inspect", "--max-bytes: expected a byte count >= 1, found '%s'", value);
+            o->max_bytes = (uint64_t)x;
         } else if (strcmp(flag, "--png-zoom") == 0) {
             if (!parse_i64(value, &x) || x < 1 || x > 32)
                 return cli_usage_error("inspect", "--png-zoom: expected an integer in [1, 32], found '%s'", value);

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 
+#include "internal.h"
 #include "io.h"
 
 #include <cjson/cJSON.h>
@@ -130,7 +131,7 @@ typedef struct lengths {
 static int push(lengths *L, int64_t x) {
     if (L->n == L->cap) {
         size_t c = L->cap ? 2 * L->cap : 1024;
-        int64_t *v = realloc(L->v, c * sizeof *v);
+        int64_t *v = mp_realloc_array(L->v, c, sizeof *v);
         if (!v) return -1;
         L->v = v;
         L->cap = c;
@@ -159,7 +160,7 @@ static int load_npy(const char *path, const uint8_t *buf, size_t len, lengths *L
     }
     int64_t n = a.shape[0];
     maskpack_tensor t = mpio_array_view(&a);
-    L->v = malloc((size_t)(n ? n : 1) * sizeof *L->v);
+    L->v = mp_alloc_array((size_t)n, sizeof *L->v);
     if (!L->v) {
         mpio_array_free(&a);
         fprintf(stderr, "maskpack plan: out of memory\n");
@@ -246,8 +247,9 @@ static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths 
         } else {
             char tmp[32];
             if (n >= sizeof tmp) {
-                fprintf(stderr, "maskpack plan: %s:%zu: expected an integer length, found '%.40s...'\n", path, line,
-                        s);
+                /* the line is not NUL-terminated: print at most its own bytes (this read past the buffer) */
+                fprintf(stderr, "maskpack plan: %s:%zu: expected an integer length, found '%.*s...'\n", path, line,
+                        (int)(n < 40 ? n : 40), s);
                 return EXIT_PROBLEM_;
             }
             memcpy(tmp, s, n);
@@ -268,6 +270,23 @@ static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths 
     }
     progress_draw(pr, "reading", 1.0);
     return EXIT_OK_;
+}
+
+int mp_cli_plan_parse_lengths(const char *origin, const uint8_t *buf, size_t len, int64_t **lengths_out, size_t *n,
+                              const char **kind) {
+    lengths L = {0};
+    progress pr = {0, -1, 0.0, NULL, 0.0}; /* off */
+    int rc = mpio_detect(buf, len) == MPIO_KIND_NPY ? load_npy(origin, buf, len, &L, kind)
+                                                     : load_lines(origin, buf, len, &L, kind, &pr);
+    if (rc) {
+        free(L.v);
+        *lengths_out = NULL;
+        *n = 0;
+        return rc;
+    }
+    *lengths_out = L.v;
+    *n = L.n;
+    return 0;
 }
 
 /* ---- options ------------------------------------------------------------------------------------- */
@@ -500,7 +519,7 @@ static cJSON *plan_json(const plan_args *a, const maskpack_plan *p, const char *
         if (r % 4096 == 0) progress_draw(pr, "json", (double)r / (double)rep.n_rows);
         size_t cnt = (size_t)maskpack_plan_row_count(p, r);
         if (cnt > cap) {
-            maskpack_plan_piece *g = realloc(pc, cnt * sizeof *pc);
+            maskpack_plan_piece *g = mp_realloc_array(pc, cnt, sizeof *pc);
             if (!g) break;
             pc = g;
             cap = cnt;

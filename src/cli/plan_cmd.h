@@ -4,8 +4,17 @@
 
 #include "maskpack.h"
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* (argc, argv after "plan") -> exit status: 0 ok, 1 input or output problem, 2 bad usage. */
 int maskpack_cli_plan(int argc, char **argv);
+
+/* (name for messages, bytes of a lengths file: text, JSON lines or .npy) -> *lengths (malloc'd, caller
+ * frees), *n, *kind ("text", "jsonl", "npy"): what `maskpack plan` reads, from memory (the fuzz
+ * target's entry). Returns 0, or 1 after printing the problem to stderr. */
+int mp_cli_plan_parse_lengths(const char *origin, const uint8_t *buf, size_t len, int64_t **lengths, size_t *n,
+                              const char **kind);
 
 /* (path, plan) -> writes a PNG of the rows, ranks stacked top to bottom (plan_png.c). Each row is a
  * bar of `capacity` columns coloured by sequence (alignment filler lighter, unused columns grey);

@@ -1,5 +1,7 @@
 /* plan_png.c: a picture of a packing plan, so its fill and balance can be seen at a glance. */
 #include "plan_cmd.h"
+#include "internal.h"
+#include "io.h"
 
 #include <errno.h>
 #include <png.h>
@@ -66,7 +68,7 @@ static void row_pixels(const maskpack_plan *p, int64_t row, int64_t capacity, rg
     maskpack_error e;
     for (int x = 0; x < BAR_W; x++) px[x] = unused;
     if (maskpack_plan_row(p, row, NULL, 0, &cnt, &e) || cnt == 0) return;
-    maskpack_plan_piece *pc = malloc(cnt * sizeof *pc);
+    maskpack_plan_piece *pc = mp_alloc_array(cnt, sizeof *pc);
     if (!pc || maskpack_plan_row(p, row, pc, cnt, &cnt, &e)) {
         free(pc);
         return;
@@ -111,8 +113,8 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     if (dp > MAX_H / 2)
         return fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "png: %lld ranks are too many to draw (at most %d)",
                     (long long)dp, MAX_H / 2);
-    uint8_t *img = malloc((size_t)height * IMG_W * 3);
-    rgb *px = malloc(BAR_W * sizeof *px);
+    uint8_t *img = mp_alloc_array((size_t)height, IMG_W * 3);
+    rgb *px = mp_alloc_array(BAR_W, sizeof *px);
     if (!img || !px) {
         free(img);
         free(px);
@@ -157,11 +159,14 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     }
     free(px);
 
-    FILE *f = fopen(path, "wb");
+    /* encoded into memory, then written by mpio_write_file: a failed write never destroys what was at path */
+    char *encoded = NULL;
+    size_t encoded_len = 0;
+    FILE *f = open_memstream(&encoded, &encoded_len);
     if (!f) {
-        int e = errno;
         free(img);
-        return fail(err, MASKPACK_ERR_IO, "%s: cannot open for writing: %s", path, strerror(e));
+        return fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "png: out of memory for a %d x %lld image", IMG_W,
+                    (long long)height);
     }
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -169,11 +174,12 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     if (!png || !info || setjmp(png_jmpbuf(png))) {
         png_destroy_write_struct(&png, info ? &info : NULL);
         fclose(f);
+        free(encoded);
         free(img);
         free(rows);
         return fail(err, MASKPACK_ERR_IO, "%s: libpng failed to write the image", path);
     }
-    rows = malloc((size_t)height * sizeof *rows);
+    rows = mp_alloc_array((size_t)height, sizeof *rows);
     if (!rows) png_error(png, "out of memory");
     for (int64_t r = 0; r < height; r++) rows[r] = img + (size_t)r * IMG_W * 3;
     png_init_io(png, f);
@@ -186,7 +192,13 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, int64_
     int close_failed = fclose(f) != 0;
     free(rows);
     free(img);
-    if (close_failed) return fail(err, MASKPACK_ERR_IO, "%s: write failed", path);
+    if (close_failed) {
+        free(encoded);
+        return fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "png: out of memory encoding the image");
+    }
+    maskpack_status ws = mpio_write_file(path, encoded, encoded_len, err);
+    free(encoded);
+    if (ws) return ws;
     if (drawn_rows) *drawn_rows = per_rank;
     if (err) {
         memset(err, 0, sizeof *err);

@@ -35,6 +35,21 @@ static double pad_fraction(const cli_report *r) {
     return cells ? 1.0 - (double)maskpack_layout_n_tokens(r->layout) / (double)cells : 0.0;
 }
 
+/* Prints s with control characters escaped (\n, \t, \xNN; the C1 controls U+0080..U+009F too):
+ * member names and the messages that quote them come from the file, and a crafted name must not
+ * move the cursor, clear the screen or fake report lines on the user's terminal. */
+static void put_escaped(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)(s ? s : "?");
+    for (; *p; p++) {
+        if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p == '\r') fputs("\\r", f);
+        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) fprintf(f, "\\u%04x", (unsigned)*++p);
+        else fputc(*p, f);
+    }
+}
+
 static void print_source_line(FILE *f, const char *name, const mpio_array *a, const char *how, const char *result) {
     char shape[160];
     shape_text(shape, sizeof shape, a);
@@ -42,7 +57,9 @@ static void print_source_line(FILE *f, const char *name, const mpio_array *a, co
 }
 
 void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
-    fprintf(f, "maskpack %s inspect: %s\n", maskpack_version_string(), r->origin ? r->origin : "?");
+    fprintf(f, "maskpack %s inspect: ", maskpack_version_string());
+    put_escaped(f, r->origin);
+    fputc('\n', f);
     if (!o->file)
         fprintf(f, "  (sample conventions: --mask-convention %s --position-rule %s)\n",
                 o->mask_conv == CLI_CONV_DOC_ID ? "doc_id" : "keep",
@@ -61,7 +78,11 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
     if (r->cu_padded) print_source_line(f, "cu_seqlens_padded", r->cu_padded, "slot offsets", "(read with cu_seqlens)");
     if (r->input_ids) print_source_line(f, "input_ids", r->input_ids, "shape checked", "");
     if (r->labels) print_source_line(f, "labels", r->labels, "-100 on padding", r->layout ? "checked" : "not checked");
-    if (r->ignored[0]) fprintf(f, "  (not read: %s)\n", r->ignored);
+    if (r->ignored[0]) {
+        fputs("  (not read: ", f);
+        put_escaped(f, r->ignored);
+        fputs(")\n", f);
+    }
     if (r->layout) {
         const maskpack_layout *L = r->layout;
         char rule[256];
@@ -104,7 +125,9 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         fprintf(f, "\n");
     }
     if (r->n_emitted) {
-        fprintf(f, "wrote %s:\n", o->out);
+        fputs("wrote ", f);
+        put_escaped(f, o->out);
+        fputs(":\n", f);
         for (size_t i = 0; i < r->n_emitted; i++) fprintf(f, "  %s\n", r->emitted[i]);
     }
     if (r->n_problems_total == 0) {
@@ -112,7 +135,11 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         return;
     }
     fprintf(f, "problems (%zu):\n", r->n_problems_total);
-    for (size_t i = 0; i < r->n_problems; i++) fprintf(f, "  - %s\n", r->problems[i]);
+    for (size_t i = 0; i < r->n_problems; i++) {
+        fputs("  - ", f);
+        put_escaped(f, r->problems[i]);
+        fputc('\n', f);
+    }
     if (r->n_problems_total > r->n_problems)
         fprintf(f, "  ... and %zu more\n", r->n_problems_total - r->n_problems);
 }

@@ -16,7 +16,9 @@ struct maskpack_layout {
     int self;              /* every segment has kv == q */
     size_t n_segments;
     maskpack_segment *segs;
-    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]) */
+    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]); NULL when
+                            * there are no segments (all zero, so a layout of 2^50 empty rows costs
+                            * nothing): read it through mp_row_begin */
     /* rule (owned copies) */
     int causal;
     maskpack_alignment alignment;
@@ -69,6 +71,25 @@ void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
 static inline bool mp_add_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
 static inline bool mp_mul_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
 
+/* The one checked multiply for allocation sizes: (a, b) -> true when a * b does not fit size_t
+ * (then *r = SIZE_MAX, which no allocator grants), else false with *r = a * b. Every `count * size`
+ * handed to an allocator in src/ goes through it, directly or through the helpers below
+ * (tools/check_alloc_sizes.py, run by the test suite, refuses an unchecked `*` in an allocation). */
+static inline bool mp_mul_size(size_t a, size_t b, size_t *r) {
+    if (__builtin_mul_overflow(a, b, r)) {
+        *r = SIZE_MAX;
+        return true;
+    }
+    return false;
+}
+/* malloc of n elements of `size` bytes: NULL when n * size overflows (as when memory runs out);
+ * n == 0 allocates one byte, so an empty array is a valid pointer, never a NULL read as failure. */
+void *mp_alloc_array(size_t n, size_t size);
+/* calloc of n elements of `size` bytes (zeroed), n == 0 as one element; NULL on overflow. */
+void *mp_calloc_array(size_t n, size_t size);
+/* realloc of p to n elements of `size` bytes; NULL (p untouched) on overflow or exhaustion. */
+void *mp_realloc_array(void *p, size_t n, size_t size);
+
 /* ---- tensors ----------------------------------------------------------------------------- */
 
 /* numel of t, or -1 when a dimension is negative or the product overflows int64. */
@@ -82,6 +103,9 @@ int64_t mp_stride_step(int64_t stride, int64_t dim);
  * data non-NULL when numel > 0. `name` is used in the message. */
 maskpack_status mp_check_tensor(const maskpack_tensor *t, const char *name, int32_t min_ndim, int32_t max_ndim,
                                 maskpack_error *err);
+
+/* (ndim, shape) -> "[d0, d1, ...]" in buf (truncated to cap bytes), for messages. */
+void mp_format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape);
 
 /* 1 for integer/bool dtypes, 0 for floats. */
 int mp_dtype_is_integer(maskpack_dtype d);
@@ -156,8 +180,13 @@ static inline void mp_write_f64(maskpack_dtype d, void *base, int64_t off, doubl
 }
 
 
-/* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape).
- * `name` is used in messages. */
+/* MASKPACK_ERR_OVERLAP when two elements of t may share memory (a zero stride, as in an expanded
+ * tensor, or strides interleaved so that one dimension steps inside another's span): an output
+ * like that has every thread write the same bytes. */
+maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *name, maskpack_error *err);
+
+/* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape),
+ * no element sharing memory with another (mp_check_no_self_overlap). `name` is used in messages. */
 maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed_dtypes, int32_t ndim,
                                 const int64_t *shape, maskpack_error *err);
 
@@ -165,6 +194,9 @@ maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint
  * shape [1,T] is also accepted for packed layouts. Returns OK or a SHAPE/DTYPE error. */
 maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
                                           uint32_t allowed_dtypes, maskpack_error *err);
+/* Same checks of dtype and shape for a per-token input, which may share memory between elements. */
+maskpack_status mp_check_per_token_input(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
+                                         uint32_t allowed_dtypes, maskpack_error *err);
 
 #define MP_DT(x) (1u << (x))
 #define MP_DT_INDEX (MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64))
@@ -175,6 +207,16 @@ maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpa
  * `segs` is freed. The rule is copied (validated against the segments). */
 maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows, int64_t q_width, int64_t kv_width,
                                 int packed, const maskpack_rule *rule, maskpack_layout **out, maskpack_error *err);
+
+/* First segment of row r (r in [0, n_rows]): the index of the row's segments, 0 for a layout without
+ * segments (which keeps no index). */
+static inline size_t mp_row_begin(const maskpack_layout *L, int64_t r) { return L->row_begin ? L->row_begin[r] : 0; }
+
+/* Builds the layout of an input with no tokens ([B, 0], [0, S], [B, 1, 0, 0]...): n_rows rows of
+ * width `width`, no segments. Costs nothing whatever n_rows is: constructors call it instead of
+ * visiting rows that hold nothing to read. */
+maskpack_status mp_layout_empty(int64_t n_rows, int64_t width, int packed, const maskpack_rule *rule,
+                                maskpack_layout **out, maskpack_error *err);
 
 /* Position of query i of segment k on its key axis, i.e. the diagonal key of the causal rule:
  * q_pos + i for explicit-position segments (CP chunks), i + kv_len - q_len under bottom-right

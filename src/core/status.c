@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 unsigned maskpack_version_number(void) { return MASKPACK_VERSION_NUMBER; }
@@ -80,4 +81,23 @@ maskpack_status mp_ok(maskpack_error *err) {
         for (int i = 0; i < 4; i++) err->index[i] = -1;
     }
     return MASKPACK_OK;
+}
+
+/* ---- checked allocation ---------------------------------------------------------------------- */
+
+void *mp_alloc_array(size_t n, size_t size) {
+    size_t bytes;
+    if (mp_mul_size(n ? n : 1, size ? size : 1, &bytes)) return NULL;
+    return malloc(bytes);
+}
+
+void *mp_calloc_array(size_t n, size_t size) {
+    /* calloc checks n * size itself; only the empty case needs care */
+    return calloc(n ? n : 1, size ? size : 1);
+}
+
+void *mp_realloc_array(void *p, size_t n, size_t size) {
+    size_t bytes;
+    if (mp_mul_size(n ? n : 1, size ? size : 1, &bytes)) return NULL;
+    return realloc(p, bytes);
 }

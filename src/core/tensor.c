@@ -49,6 +49,13 @@ int64_t mp_stride_step(int64_t stride, int64_t dim) {
 
 int64_t mp_numel(const maskpack_tensor *t) {
     int64_t n = 1;
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0) n = 0; /* empty: [2^40, 2^40, 0] holds 0 elements, no overflow */
+    if (n == 0) {
+        for (int32_t d = 0; d < t->ndim; d++)
+            if (t->shape[d] < 0) return -1;
+        return 0;
+    }
     for (int32_t d = 0; d < t->ndim; d++) {
         if (t->shape[d] < 0) return -1;
         if (mp_mul_overflow(n, t->shape[d], &n)) return -1;
@@ -153,7 +160,7 @@ float mp_bf16_to_f32(uint16_t h) {
 }
 
 
-static void format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) {
+void mp_format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) {
     size_t used = 0;
     used += (size_t)snprintf(buf + used, cap - used, "[");
     for (int32_t d = 0; d < ndim && used < cap; d++)
@@ -161,8 +168,59 @@ static void format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *sha
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
-maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed, int32_t ndim,
-                                const int64_t *shape, maskpack_error *err) {
+static uint64_t abs_u64(int64_t v) { return v < 0 ? 0 - (uint64_t)v : (uint64_t)v; }
+
+maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *name, maskpack_error *err) {
+    /* Dimensions of extent > 1 in increasing |stride|: each stride must step past everything the
+     * smaller ones reach, which proves distinct indices reach distinct elements (the test PyTorch
+     * and NumPy use for "non-overlapping"). A zero stride (an expanded or broadcast tensor) always
+     * fails it; strides so interleaved that they fail it without sharing memory are refused too. */
+    int32_t order[MASKPACK_MAX_DIMS], n = 0;
+    for (int32_t d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return MASKPACK_OK; /* no element */
+        if (t->shape[d] > 1) order[n++] = d;
+    }
+    /* offsets past int64 are the callers' OVERFLOW error (their extent checks), not an overlap */
+    int64_t total = 0, part;
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t ust = abs_u64(t->strides[order[i]]);
+        if (ust > INT64_MAX || mp_mul_overflow((int64_t)ust, t->shape[order[i]] - 1, &part) ||
+            mp_add_overflow(total, part, &total))
+            return MASKPACK_OK;
+    }
+    for (int32_t i = 1; i < n; i++) { /* insertion sort by |stride|: at most 8 entries */
+        int32_t d = order[i], j = i;
+        while (j > 0 && abs_u64(t->strides[order[j - 1]]) > abs_u64(t->strides[d])) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = d;
+    }
+    int64_t reach = 0; /* largest element offset the dimensions so far reach */
+    for (int32_t i = 0; i < n; i++) {
+        int32_t d = order[i];
+        int64_t st = (int64_t)abs_u64(t->strides[d]), span; /* fits: checked above */
+        if (st <= reach || st == 0) {
+            if (st == 0)
+                return mp_fail(err, MASKPACK_ERR_OVERLAP, name, -1, -1,
+                               "%s: overlaps itself: dimension %d (extent %lld) has stride 0, so its %lld elements "
+                               "share memory (an expanded or broadcast tensor); pass one with its own memory for "
+                               "each element",
+                               name, (int)d, (long long)t->shape[d], (long long)t->shape[d]);
+            return mp_fail(err, MASKPACK_ERR_OVERLAP, name, -1, -1,
+                           "%s: overlaps itself: dimension %d (extent %lld, stride %lld) steps inside the %lld "
+                           "elements the smaller strides span, so elements may share memory; pass one with its own "
+                           "memory for each element",
+                           name, (int)d, (long long)t->shape[d], (long long)t->strides[d], (long long)reach + 1);
+        }
+        span = st * (t->shape[d] - 1); /* <= total: no overflow */
+        reach += span;
+    }
+    return MASKPACK_OK;
+}
+
+static maskpack_status check_dtype_and_shape(const maskpack_tensor *t, const char *name, uint32_t allowed,
+                                             int32_t ndim, const int64_t *shape, maskpack_error *err) {
     maskpack_status s = mp_check_tensor(t, name, 0, MASKPACK_MAX_DIMS, err);
     if (s) return s;
     if (!(allowed & MP_DT(t->dtype)))
@@ -172,11 +230,17 @@ maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint
     for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
     if (!same) {
         char want[160], got[160];
-        format_shape(want, sizeof want, ndim, shape);
-        format_shape(got, sizeof got, t->ndim, t->shape);
+        mp_format_shape(want, sizeof want, ndim, shape);
+        mp_format_shape(got, sizeof got, t->ndim, t->shape);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape %s, found %s", name, want, got);
     }
     return MASKPACK_OK;
+}
+
+maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed, int32_t ndim,
+                                const int64_t *shape, maskpack_error *err) {
+    maskpack_status s = check_dtype_and_shape(t, name, allowed, ndim, shape, err);
+    return s ? s : mp_check_no_self_overlap(t, name, err);
 }
 
 maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
@@ -187,4 +251,14 @@ maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpa
     }
     int64_t shape[2] = {L->n_rows, L->q_width};
     return mp_check_output(t, name, allowed, 2, shape, err);
+}
+
+maskpack_status mp_check_per_token_input(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
+                                         uint32_t allowed, maskpack_error *err) {
+    if (L->packed && t && t->ndim == 1) {
+        int64_t shape[1] = {L->q_width};
+        return check_dtype_and_shape(t, name, allowed, 1, shape, err);
+    }
+    int64_t shape[2] = {L->n_rows, L->q_width};
+    return check_dtype_and_shape(t, name, allowed, 2, shape, err);
 }

@@ -183,9 +183,9 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     int want_q = o.q_num_blocks || o.q_indices || o.full_q_num_blocks || o.full_q_indices;
     /* all scratch is allocated before anything is written, so running out of memory writes nothing */
     size_t nk = (size_t)n_kb;
-    int32_t *qcnt = want_q ? malloc((nk ? nk : 1) * 2 * sizeof *qcnt) : NULL;
-    scratch sc = {calloc(nk ? nk : 1, 1), malloc((nk ? nk : 1) * sizeof(int32_t)),
-                  malloc((nk ? nk : 1) * sizeof(int32_t)), 0};
+    int32_t *qcnt = want_q ? mp_alloc_array(nk, 2 * sizeof *qcnt) : NULL;
+    scratch sc = {calloc(nk ? nk : 1, 1), mp_alloc_array(nk, sizeof(int32_t)),
+                  mp_alloc_array(nk, sizeof(int32_t)), 0};
     if ((want_q && !qcnt) || !sc.mark || !sc.nfull || !sc.touched) {
         free(qcnt);
         free(sc.mark);
@@ -197,10 +197,11 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     int analytic = L->window_left < 0 && (L->window_right < 0 || L->causal) && L->n_spans == 0 && L->prefix == NULL;
     int64_t S = L->q_width, Skv = L->kv_width;
 
-    for (int64_t b = 0; b < L->n_rows; b++) {
+    /* no block on either axis: every output is empty, so no loop over the rows of a [2^50, 0] grid */
+    for (int64_t b = 0; (n_qb || n_kb) && b < L->n_rows; b++) {
         if (qcnt) memset(qcnt, 0, nk * 2 * sizeof *qcnt);
         emitter m = {&o, n_qb, n_kb, b, 0, 0, 0, qcnt};
-        size_t ks = L->row_begin[b], kend = L->row_begin[b + 1];
+        size_t ks = mp_row_begin(L, b), kend = mp_row_begin(L, b + 1);
         for (int64_t qb = 0; qb < n_qb; qb++) {
             int64_t q0 = qb * block_q, q1 = S - q0 > block_q ? q0 + block_q : S;
             while (ks < kend && L->segs[ks].q_start + L->segs[ks].q_len <= q0) ks++;

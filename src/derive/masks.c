@@ -19,12 +19,13 @@ maskpack_status maskpack_mask2d(const maskpack_layout *L, maskpack_tensor *out, 
     maskpack_status s = mp_check_per_token_output(L, out, "out", MASK2D_DTYPES, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
 
     mpd_rows v = mpd_token_rows(out);
     uint64_t one = mpd_one_bits(out->dtype);
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t row = r * v.rs, col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
             mpd_fill(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, one);
@@ -63,7 +64,7 @@ static void write_plane(const maskpack_layout *L, int64_t b, void *data, int64_t
                         size_t es, uint64_t allow, uint64_t deny) {
     int64_t skv = L->kv_width, i = 0;
     int64_t none[3][2];
-    for (size_t k = L->row_begin[b]; k < L->row_begin[b + 1]; k++) {
+    for (size_t k = mp_row_begin(L, b); k < mp_row_begin(L, b + 1); k++) {
         const maskpack_segment *g = &L->segs[k];
         for (; i < g->q_start; i++) write_row(data, plane + i * s2, s3, skv, es, allow, deny, none, 0);
         size_t cursor = L->span_begin[k];
@@ -102,6 +103,7 @@ maskpack_status maskpack_mask4d(const maskpack_layout *L, maskpack_mask_conventi
     maskpack_status s = mp_check_output(out, "out", allowed, 4, shape, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
 
     uint64_t allow, deny;
     if (convention == MASKPACK_MASK_KEEP) {

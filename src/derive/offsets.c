@@ -134,6 +134,7 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
     if (out->dtype == MASKPACK_I32 && (L->max_q - 1 > INT32_MAX || L->max_kv - 1 > INT32_MAX))
         for (size_t k = 0; k < L->n_segments; k++) {
             const maskpack_segment *g = &L->segs[k];
@@ -147,7 +148,7 @@ maskpack_status maskpack_position_ids(const maskpack_layout *L, maskpack_tensor 
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t row = r * v.rs, col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
             mpd_iota(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, first_position(g));
@@ -171,6 +172,7 @@ maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *
     maskpack_status s = mp_check_per_token_output(L, out, "out", MP_DT_INDEX, err);
     if (s) return s;
     if ((s = mpd_check_extent(out, "out", err))) return s;
+    if (mp_numel(out) == 0) return mp_ok(err); /* no element: no loop over the rows of a [2^50, 0] grid */
     /* ids must fit the dtype: check the largest before writing anything */
     for (size_t k = 0; k < L->n_segments; k++)
         if (L->segs[k].q_len > 0 &&
@@ -180,7 +182,7 @@ maskpack_status maskpack_segment_ids(const maskpack_layout *L, maskpack_tensor *
     mpd_rows v = mpd_token_rows(out);
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t row = r * v.rs, col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             mpd_fill(v.data, row + col * v.cs, v.cs, g->q_start - col, v.esize, 0);
             mpd_fill(v.data, row + g->q_start * v.cs, v.cs, g->q_len, v.esize, mpd_int_bits(seq_id(L, k)));

@@ -71,7 +71,10 @@ typedef struct mpio_named_tensor {
  * with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno text. */
 maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
                                maskpack_error *err);
-/* (path, bytes) -> writes the file (created or truncated). MASKPACK_ERR_IO on failure. */
+/* (path, bytes) -> writes the file. A regular file (or a new one) is written to a temporary file beside
+ * it and renamed over it only on success, so a failed write leaves the old content as it was; a
+ * link is followed (the link stays); a device, fifo or socket is written in place and never removed.
+ * MASKPACK_ERR_IO on failure. */
 maskpack_status mpio_write_file(const char *path, const void *buf, size_t len, maskpack_error *err);
 
 /* What a file holds, from its first bytes. */
@@ -84,6 +87,14 @@ mpio_kind mpio_detect(const void *buf, size_t len);
 maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err);
 /* (bytes) -> same as mpio_load_any for an in-memory file. */
 maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err);
+/* Same under a memory budget of max_bytes for what is loaded (an .npz's inflated members; an .npy or
+ * .safetensors holds no more than its own bytes). */
+maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t max_bytes, mpio_arrayset *out,
+                                      maskpack_error *err);
+/* (path, budget) -> mpio_load_any reading at most max_bytes (a file, a pipe or an endless stream stops
+ * there: memory stays within the budget) and parsing under the same budget. */
+maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
+                                     maskpack_error *err);
 
 /* ---- .npy ------------------------------------------------------------------------------------------ */
 
@@ -121,6 +132,11 @@ maskpack_status mpio_zip_extract(const mpio_zip *z, size_t i, uint8_t **data, si
 
 /* (bytes of an .npz) -> every member as an array named without its ".npy" suffix, in archive order. */
 maskpack_status mpio_npz_parse(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err);
+/* Same under a memory budget: the members' claimed (inflated) sizes together must not exceed
+ * max_bytes, checked before anything is inflated; the error names the member, its claim and the
+ * budget (MASKPACK_ERR_UNSUPPORTED). */
+maskpack_status mpio_npz_parse_budget(const void *buf, size_t len, uint64_t max_bytes, mpio_arrayset *out,
+                                      maskpack_error *err);
 /* (bytes of an .npz, name with or without ".npy") -> that member; MASKPACK_ERR_NOT_FOUND if absent. */
 maskpack_status mpio_npz_parse_member(const void *buf, size_t len, const char *name, mpio_array *out,
                                       maskpack_error *err);

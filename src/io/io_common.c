@@ -1,5 +1,6 @@
 /* io_common.c: arrays, array sets, whole-file reads and writes, container detection and the helpers
  * every reader and writer shares. */
+#define _XOPEN_SOURCE 700 /* realpath, fchmod */
 #include "io.h"
 
 #include "internal.h"
@@ -8,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void mpio_array_free(mpio_array *a) {
     if (!a) return;
@@ -18,6 +21,8 @@ void mpio_array_free(mpio_array *a) {
 }
 
 int64_t mpio_array_numel(const mpio_array *a) {
+    for (int32_t d = 0; d < a->ndim; d++)
+        if (a->shape[d] == 0) return 0; /* empty: the other dimensions may multiply past int64 */
     int64_t n = 1;
     for (int32_t d = 0; d < a->ndim; d++) n *= a->shape[d]; /* the readers checked the product */
     return n;
@@ -106,10 +111,12 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
         if ((uint64_t)st.st_size > max_bytes) {
             close_input(f, is_stdin);
             return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                           "%s: file has %lld bytes, more than the %llu this reader accepts", path,
+                           "%s: file has %lld bytes, more than the memory budget of %llu bytes", path,
                            (long long)st.st_size, (unsigned long long)max_bytes);
         }
         cap = (size_t)st.st_size + 1; /* +1 so EOF is seen without growing */
+    } else if ((uint64_t)cap > max_bytes + 1) {
+        cap = (size_t)max_bytes + 1; /* a tiny budget: not even the first block past it */
     } else if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         close_input(f, is_stdin);
         return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: is a directory", path);
@@ -127,10 +134,12 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
                 free(data);
                 close_input(f, is_stdin);
                 return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                               "%s: more than the %llu bytes this reader accepts", path,
+                               "%s: more than the memory budget of %llu bytes (the input was read up to it)", path,
                                (unsigned long long)max_bytes);
             }
-            size_t ncap = cap * 2;
+            /* grow up to one byte past the budget, never beyond: an endless stream (/dev/zero, a
+             * pipe) stops there instead of doubling the buffer past it */
+            size_t ncap = (uint64_t)cap * 2 > max_bytes + 1 ? (size_t)(max_bytes + 1) : cap * 2;
             uint8_t *n = realloc(data, ncap);
             if (!n) {
                 free(data);
@@ -154,29 +163,93 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
     if ((uint64_t)used > max_bytes) {
         free(data);
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                       "%s: more than the %llu bytes this reader accepts", path, (unsigned long long)max_bytes);
+                       "%s: more than the memory budget of %llu bytes (the input was read up to it)", path, (unsigned long long)max_bytes);
     }
     *buf = data;
     *len = used;
     return mp_ok(err);
 }
 
+/* Writes all of buf to fd; 0 or an errno value. */
+static int write_all(int fd, const uint8_t *buf, size_t len) {
+    while (len) {
+        ssize_t put = write(fd, buf, len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len);
+        if (put < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        buf += put;
+        len -= (size_t)put;
+    }
+    return 0;
+}
+
+/* A device, fifo or socket is written in place: it cannot be replaced by a rename, and it must never be
+ * removed (as root, removing /dev/full after a failed write would delete the device node). */
+static maskpack_status write_in_place(const char *path, const void *buf, size_t len, maskpack_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot open: %s", path, strerror(errno));
+    int e = write_all(fd, buf, len);
+    if (close(fd) != 0 && !e) e = errno;
+    if (e) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(e));
+    return mp_ok(err);
+}
+
 maskpack_status mpio_write_file(const char *path, const void *buf, size_t len, maskpack_error *err) {
     MP_CHECK_NULL(err, path, "path");
     if (len) MP_CHECK_NULL(err, buf, "buf");
-    FILE *f = fopen(path, "wb");
-    if (!f) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot create: %s", path, strerror(errno));
-    size_t put = len ? fwrite(buf, 1, len, f) : 0;
-    int saved = errno;
-    int bad = put != len;
-    if (fclose(f) != 0 && !bad) {
-        bad = 1;
-        saved = errno;
+    /* where the bytes go: through a link to its target, so the link survives and a link to a device
+     * writes the device */
+    char *real = realpath(path, NULL);
+    const char *target = real ? real : path; /* absent (or a dangling link): created at path */
+    struct stat st;
+    int exists = stat(target, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: is a directory", path);
     }
-    if (bad) {
-        remove(path); /* never leave a truncated file behind that looks valid */
-        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(saved));
+    if (exists && !S_ISREG(st.st_mode)) {
+        free(real);
+        return write_in_place(path, buf, len, err);
     }
+    /* a regular file (or none yet): write a temporary file beside it and rename it over the target
+     * only once every byte is written and flushed, so a failed write (full disk, quota, signal)
+     * leaves what was there as it was */
+    const char *slash = strrchr(target, '/');
+    size_t dir_len = slash ? (size_t)(slash - target) + 1 : 0;
+    const char *base = slash ? slash + 1 : target;
+    char *tmp = malloc(dir_len + strlen(base) + 16);
+    if (!tmp) {
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "path", -1, -1, "%s: out of memory", path);
+    }
+    memcpy(tmp, target, dir_len);
+    sprintf(tmp + dir_len, ".%s.XXXXXX", base);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        free(real);
+        return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: cannot create: %s", path, strerror(e));
+    }
+    /* the permissions a plain create would give (0666 less the umask), or the old file's */
+    mode_t mode;
+    if (exists) {
+        mode = st.st_mode & 07777;
+    } else {
+        mode_t mask = umask(022);
+        umask(mask);
+        mode = 0666 & ~mask;
+    }
+    int e = fchmod(fd, mode) != 0 ? errno : 0;
+    if (!e) e = write_all(fd, buf, len);
+    if (!e && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && !e) e = errno;
+    if (!e && rename(tmp, target) != 0) e = errno;
+    if (e) unlink(tmp); /* only our own temporary file is ever removed */
+    free(tmp);
+    free(real);
+    if (e) return mp_fail(err, MASKPACK_ERR_IO, "path", -1, -1, "%s: write failed: %s", path, strerror(e));
     return mp_ok(err);
 }
 
@@ -193,6 +266,11 @@ mpio_kind mpio_detect(const void *buf, size_t len) {
 }
 
 maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err) {
+    return mpio_parse_any_budget(buf, len, MPIO_MAX_BYTES, out, err);
+}
+
+maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t budget, mpio_arrayset *out,
+                                      maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     switch (mpio_detect(buf, len)) {
@@ -208,7 +286,7 @@ maskpack_status mpio_parse_any(const void *buf, size_t len, mpio_arrayset *out, 
         out->n = 1;
         return MASKPACK_OK;
     }
-    case MPIO_KIND_NPZ: return mpio_npz_parse(buf, len, out, err);
+    case MPIO_KIND_NPZ: return mpio_npz_parse_budget(buf, len, budget, out, err);
     case MPIO_KIND_SAFETENSORS: return mpio_safetensors_parse(buf, len, out, err);
     default:
         return mp_fail(err, MASKPACK_ERR_FORMAT, "file", -1, -1,
@@ -232,6 +310,19 @@ maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arra
 
 maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err) {
     return mpio_load_set(path, mpio_parse_any, out, err);
+}
+
+maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
+                                     maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    memset(out, 0, sizeof *out);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    maskpack_status s = mpio_read_file(path, max_bytes, &buf, &len, err);
+    if (s) return s;
+    s = mpio_parse_any_budget(buf, len, max_bytes, out, err);
+    free(buf);
+    return mpio_prefix_path(err, s, path);
 }
 
 const char *mpio_npy_descr(maskpack_dtype d) {

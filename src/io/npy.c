@@ -251,13 +251,20 @@ maskpack_status mpio_npy_parse(const void *buf, size_t len, mpio_array *out, mas
     }
     /* sizes: numel and byte count, overflow-checked, must equal what the file holds exactly */
     int64_t numel = 1, nbytes;
-    for (int32_t d = 0; d < out->ndim; d++)
+    int empty = 0; /* a zero dimension: no element, however large the others (no overflow then) */
+    for (int32_t d = 0; d < out->ndim; d++) empty |= out->shape[d] == 0;
+    for (int32_t d = 0; d < out->ndim && !empty; d++)
         if (mp_mul_overflow(numel, out->shape[d], &numel)) {
+            /* the message is formatted before the shape is cleared (it used to read the zeroed one) */
+            char shape[200];
+            mp_format_shape(shape, sizeof shape, out->ndim, out->shape);
+            maskpack_status st = mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1,
+                                         "npy header: shape %s: element count overflows int64 at dimension %d (%lld)",
+                                         shape, (int)d, (long long)out->shape[d]);
             memset(out, 0, sizeof *out);
-            return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1,
-                           "npy header: shape element count overflows int64 (dimension %d = %lld)", (int)d,
-                           (long long)out->shape[d]);
+            return st;
         }
+    if (empty) numel = 0;
     if (mp_mul_overflow(numel, (int64_t)maskpack_dtype_size(out->dtype), &nbytes)) {
         memset(out, 0, sizeof *out);
         return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1, "npy header: byte size of %lld elements overflows",

@@ -286,7 +286,7 @@ maskpack_status mpio_zip_open(const void *buf, size_t len, mpio_zip **out, maskp
     z->buf = b;
     z->len = len;
     z->entries = calloc(count ? (size_t)count : 1, sizeof *z->entries);
-    zip_entry **order = malloc((count ? (size_t)count : 1) * sizeof *order);
+    zip_entry **order = mp_alloc_array((size_t)count, sizeof *order);
     if (!z->entries || !order) {
         free(order);
         mpio_zip_close(z);
@@ -471,12 +471,72 @@ static maskpack_status member_to_array(const mpio_zip *z, size_t i, mpio_array *
     return MASKPACK_OK;
 }
 
+/* A member's array name: its name without a trailing ".npy". */
+typedef struct {
+    const char *p;
+    size_t len, index;
+} array_name;
+
+static int cmp_array_name(const void *a, const void *b) {
+    const array_name *x = a, *y = b;
+    int c = memcmp(x->p, y->p, x->len < y->len ? x->len : y->len);
+    if (c) return c;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Two members that load as the same array ('x' and 'x.npy') are refused: which one wins would be an
+ * accident of their order in the archive. Sorted, as archives may hold very many members. */
+static maskpack_status check_array_names(const mpio_zip *z, maskpack_error *err) {
+    if (z->n < 2) return MASKPACK_OK;
+    array_name *v = mp_alloc_array(z->n, sizeof *v);
+    if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
+    for (size_t i = 0; i < z->n; i++) {
+        const char *name = z->entries[i].name;
+        size_t n = strlen(name);
+        v[i] = (array_name){name, n > 4 && strcmp(name + n - 4, ".npy") == 0 ? n - 4 : n, i};
+    }
+    qsort(v, z->n, sizeof *v, cmp_array_name);
+    maskpack_status s = MASKPACK_OK;
+    for (size_t i = 1; i < z->n && !s; i++)
+        if (v[i].len == v[i - 1].len && memcmp(v[i].p, v[i - 1].p, v[i].len) == 0)
+            s = mp_fail(err, MASKPACK_ERR_FORMAT, ZIP_ARG, (int64_t)v[i].index, -1,
+                        "npz: members '%.200s' and '%.200s' both hold the array '%.*s'", z->entries[v[i - 1].index].name,
+                        z->entries[v[i].index].name, (int)(v[i].len > 200 ? 200 : v[i].len), v[i].p);
+    free(v);
+    return s;
+}
+
 maskpack_status mpio_npz_parse(const void *buf, size_t len, mpio_arrayset *out, maskpack_error *err) {
+    return mpio_npz_parse_budget(buf, len, MPIO_MAX_BYTES, out, err);
+}
+
+maskpack_status mpio_npz_parse_budget(const void *buf, size_t len, uint64_t max_bytes, mpio_arrayset *out,
+                                      maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     mpio_zip *z = NULL;
     maskpack_status s = mpio_zip_open(buf, len, &z, err);
     if (s) return s;
+    /* the members' claimed sizes against the budget before anything is inflated: a 2 MB archive of
+     * deflated zeros claims gigabytes (each claim is already bounded by deflate's ratio) */
+    uint64_t claimed = 0;
+    for (size_t i = 0; i < z->n; i++) {
+        claimed += z->entries[i].size; /* each <= MPIO_MAX_BYTES, count < 2^32: no overflow */
+        if (claimed > max_bytes) {
+            s = mp_fail(err, MASKPACK_ERR_UNSUPPORTED, ZIP_ARG, (int64_t)i, -1,
+                        "npz: member '%.200s' claims %llu bytes (%llu with the members before it), more than the "
+                        "memory budget of %llu bytes (--max-bytes)",
+                        z->entries[i].name, (unsigned long long)z->entries[i].size, (unsigned long long)claimed,
+                        (unsigned long long)max_bytes);
+            mpio_zip_close(z);
+            return s;
+        }
+    }
+    if ((s = check_array_names(z, err))) {
+        mpio_zip_close(z);
+        return s;
+    }
     mpio_arrayset set = {0, calloc(z->n ? z->n : 1, sizeof(mpio_array))};
     if (!set.arrays) {
         mpio_zip_close(z);
@@ -619,7 +679,7 @@ static int cmp_name_at(const void *a, const void *b) {
  * the first item whose name repeats an earlier one, and the earliest item it repeats. */
 static maskpack_status check_unique_names(const mpio_named_tensor *items, size_t n, maskpack_error *err) {
     if (n < 2) return MASKPACK_OK;
-    name_at *v = malloc(n * sizeof *v);
+    name_at *v = mp_alloc_array(n, sizeof *v);
     if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ZIP_ARG, -1, -1, "out of memory");
     for (size_t i = 0; i < n; i++) v[i] = (name_at){items[i].name, i};
     qsort(v, n, sizeof *v, cmp_name_at);

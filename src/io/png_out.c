@@ -114,12 +114,12 @@ maskpack_status mpio_png_encode_layout(const maskpack_layout *L, const int64_t *
     if (zoom > PNG_MAX_ZOOM) zoom = PNG_MAX_ZOOM;
     uint64_t w = (uint64_t)(Kd * zoom), panel = (uint64_t)(Sd * zoom);
     uint64_t h = panel * n_draw + (uint64_t)PNG_SEPARATOR * (n_draw - 1);
-    if (n_draw > PNG_MAX_PIXELS || w * h > PNG_MAX_PIXELS || h > 1000000) /* libpng's default height limit */
+    if (n_draw > PNG_MAX_PIXELS || (h && w > PNG_MAX_PIXELS / h) || h > 1000000) /* libpng's default height limit */
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "rows", -1, -1,
                        "rows: the image would have %llu x %llu pixels, more than %llu; draw fewer rows",
                        (unsigned long long)w, (unsigned long long)h, (unsigned long long)PNG_MAX_PIXELS);
-    uint8_t *img = malloc((size_t)(w * h * 3));
-    int64_t *owner = malloc((size_t)Kd * sizeof *owner);
+    uint8_t *img = mp_alloc_array((size_t)w, (size_t)h * 3); /* w * h <= PNG_MAX_PIXELS, h <= 1e6 */
+    int64_t *owner = mp_alloc_array((size_t)Kd, sizeof *owner);
     if (!img || !owner) {
         free(img);
         free(owner);

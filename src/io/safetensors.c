@@ -119,6 +119,38 @@ static maskpack_status read_entry(const cJSON *item, uint64_t data_len, mpio_arr
     return MASKPACK_OK;
 }
 
+/* Index of the first byte of p[0..n) that is not part of well-formed UTF-8 (no overlong forms, no
+ * surrogates, nothing past U+10FFFF), or n. JSON text is UTF-8: names that are not would reach the
+ * report and the arrays' names as arbitrary bytes. */
+static size_t utf8_invalid_at(const uint8_t *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = p[i];
+        size_t k;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            k = 1, cp = c & 0x1f, min = 0x80;
+        } else if ((c & 0xf0) == 0xe0) {
+            k = 2, cp = c & 0x0f, min = 0x800;
+        } else if ((c & 0xf8) == 0xf0) {
+            k = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            return i;
+        }
+        if (n - i <= k) return i;
+        for (size_t t = 1; t <= k; t++) {
+            if ((p[i + t] & 0xc0) != 0x80) return i;
+            cp = (cp << 6) | (p[i + t] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+        i += k + 1;
+    }
+    return n;
+}
+
 static maskpack_status parse_json(const uint8_t *b, size_t len, uint64_t *data_start, cJSON **root,
                                   maskpack_error *err) {
     if (len < 8)
@@ -138,6 +170,10 @@ static maskpack_status parse_json(const uint8_t *b, size_t len, uint64_t *data_s
                        "safetensors: header must be a JSON object starting with '{'");
     if (memchr(b + 8, 0, (size_t)n))
         return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: header contains a NUL byte");
+    size_t bad = utf8_invalid_at(b + 8, (size_t)n);
+    if (bad < (size_t)n)
+        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
+                       "safetensors: header is not valid UTF-8 (byte %zu of the header, 0x%02x)", bad, b[8 + bad]);
     char *text = malloc((size_t)n + 1);
     if (!text) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
     memcpy(text, b + 8, (size_t)n);
@@ -163,6 +199,13 @@ static maskpack_status parse_json(const uint8_t *b, size_t len, uint64_t *data_s
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: header is not a JSON object");
+    }
+    /* __metadata__, when present, is an object (the format's map; what it holds is not read) */
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "__metadata__");
+    if (meta && !cJSON_IsObject(meta)) {
+        cJSON_Delete(j);
+        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: __metadata__ must be an object, found %s",
+                       cJSON_IsArray(meta) ? "an array" : cJSON_IsString(meta) ? "a string" : "a scalar");
     }
     *root = j;
     *data_start = 8 + n;
@@ -202,7 +245,7 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
     }
     if (!s && count > 1) {
         /* names are unique (sorted copy: headers may hold very many entries) */
-        const char **names = malloc(count * sizeof *names);
+        const char **names = mp_alloc_array(count, sizeof *names);
         if (!names) {
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
         } else {
@@ -217,7 +260,7 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
     }
     if (!s && count > 1) {
         /* two tensors may not share bytes (empty tensors occupy none) */
-        st_range *sorted = malloc(count * sizeof *sorted);
+        st_range *sorted = mp_alloc_array(count, sizeof *sorted);
         if (!sorted) {
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
         } else {

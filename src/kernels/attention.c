@@ -406,6 +406,8 @@ static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const 
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
                                       maskpack_error *err) {
     for (int a = 0; a < n_out; a++) {
+        maskpack_status s;
+        if (outs[a] && (s = mp_check_no_self_overlap(outs[a], out_names[a], err))) return s;
         for (int b = 0; b < n_in; b++)
             if (overlaps(outs[a], ins[b]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the input %s",
@@ -529,7 +531,7 @@ static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *
     size_t ng = 0;
     *max_width = 0;
     for (int64_t r = 0; r < L->n_rows; r++) {
-        size_t b = L->row_begin[r], e = L->row_begin[r + 1];
+        size_t b = mp_row_begin(L, r), e = mp_row_begin(L, r + 1);
         /* insertion sort of this row's segments by kv_start (rows are short or already sorted) */
         for (size_t x = b; x < e; x++) {
             size_t y = x;
@@ -577,14 +579,14 @@ static void zero_query_padding(const attn_problem *P, const attn_view *o, int wi
     const maskpack_layout *L = P->L;
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t col = 0;
-        for (size_t x = L->row_begin[r]; x <= L->row_begin[r + 1]; x++) {
-            int64_t end = x < L->row_begin[r + 1] ? L->segs[x].q_start : L->q_width;
+        for (size_t x = mp_row_begin(L, r); x <= mp_row_begin(L, r + 1); x++) {
+            int64_t end = x < mp_row_begin(L, r + 1) ? L->segs[x].q_start : L->q_width;
             for (; col < end; col++)
                 for (int64_t h = 0; h < P->hq; h++) {
                     memset(attn_ptr(o, r, col, h, P->esize), 0, (size_t)P->d * P->esize);
                     if (with_lse) *(float *)attn_ptr(&P->lse, r, col, h, sizeof(float)) = -INFINITY;
                 }
-            if (x < L->row_begin[r + 1]) col = L->segs[x].q_start + L->segs[x].q_len;
+            if (x < mp_row_begin(L, r + 1)) col = L->segs[x].q_start + L->segs[x].q_len;
         }
     }
 }
@@ -657,8 +659,8 @@ static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
     const maskpack_layout *L = P->L;
     /* max group width is bounded by the kv grid width; use the exact value */
     size_t n = L->n_segments ? L->n_segments : 1;
-    size_t *perm = malloc(n * sizeof *perm);
-    attn_kgroup *groups = malloc(n * sizeof *groups);
+    size_t *perm = mp_alloc_array(n, sizeof *perm);
+    attn_kgroup *groups = mp_alloc_array(n, sizeof *groups);
     if (!perm || !groups) {
         free(perm);
         free(groups);

@@ -66,7 +66,7 @@ maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *L, int64_
                        "multiple: expected in [1, 2^40], found %lld", (long long)multiple);
     maskpack_status s = require_self(L, err);
     if (s) return s;
-    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     if (L->n_segments) memcpy(segs, L->segs, L->n_segments * sizeof *segs);
     int64_t width;
@@ -118,7 +118,7 @@ static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t
         cap = 2 * (L->n_segments ? L->n_segments : 1);
     else
         cap = (size_t)L->n_rows * 2 + 1;
-    range *R = malloc(cap * sizeof *R);
+    range *R = mp_alloc_array(cap, sizeof *R);
     if (!R) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "ranges", -1, -1, "out of memory");
     size_t n = 0;
     if (L->packed && scheme == MASKPACK_CP_ZIGZAG) {
@@ -200,8 +200,8 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
     if (s) return s;
     /* Each range cuts at most (segments it overlaps) pieces; a piece per (range, segment) pair. */
     size_t cap = n + L->n_segments * 2 + 1;
-    maskpack_segment *segs = malloc(cap * sizeof *segs);
-    size_t *origin = malloc(cap * sizeof *origin);
+    maskpack_segment *segs = mp_alloc_array(cap, sizeof *segs);
+    size_t *origin = mp_alloc_array(cap, sizeof *origin);
     if (!segs || !origin) {
         free(R);
         free(segs);
@@ -216,7 +216,7 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
             local_col = 0;
         }
         int64_t a = R[t].start, e = R[t].start + R[t].len;
-        for (size_t k = L->row_begin[cur_row]; k < L->row_begin[cur_row + 1]; k++) {
+        for (size_t k = mp_row_begin(L, cur_row); k < mp_row_begin(L, cur_row + 1); k++) {
             const maskpack_segment *g = &L->segs[k];
             int64_t lo = g->q_start > a ? g->q_start : a;
             int64_t hi = g->q_start + g->q_len < e ? g->q_start + g->q_len : e;
@@ -241,8 +241,8 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
     int64_t *prefix = NULL;
     size_t n_spans = 0;
     for (size_t p = 0; p < m; p++) n_spans += L->span_begin[origin[p] + 1] - L->span_begin[origin[p]];
-    if (n_spans) spans = malloc(n_spans * sizeof *spans);
-    if (L->prefix) prefix = malloc((m ? m : 1) * sizeof *prefix);
+    if (n_spans) spans = mp_alloc_array(n_spans, sizeof *spans);
+    if (L->prefix) prefix = mp_alloc_array(m, sizeof *prefix);
     if ((n_spans && !spans) || (L->prefix && !prefix)) {
         free(segs);
         free(origin);

@@ -119,7 +119,7 @@ maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tensor *cu, maskp
                        cu_padded ? "entry of cu_seqlens_padded" : "end in cu_seqlens", (long long)total);
 
     size_t n = (size_t)v.n;
-    maskpack_segment *segs = malloc((n ? n : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "cu_seqlens", -1, -1, "out of memory");
     for (int64_t k = 0; k < v.n; k++) {
         int64_t len = cu_bound(&v, k + 1) - cu_bound(&v, k);
@@ -145,7 +145,7 @@ maskpack_status maskpack_layout_from_cu_seqlens_qk(const maskpack_tensor *cu_q, 
                        "cu_seqlens_kv: expected %lld entries (as many sequences as cu_seqlens_q), found %lld",
                        (long long)cu_q->shape[0], (long long)cu_kv->shape[0]);
     size_t n = (size_t)q.n;
-    maskpack_segment *segs = malloc((n ? n : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "cu_seqlens_q", -1, -1, "out of memory");
     for (int64_t k = 0; k < q.n; k++) {
         int64_t qs = cu_bound(&q, k), ks = cu_bound(&kv, k);

@@ -43,7 +43,7 @@ maskpack_status maskpack_layout_from_lengths(const int64_t *lengths, size_t n, m
                            "lengths: the sum of lengths overflows int64 at index %zu", k);
     }
 
-    maskpack_segment *segs = malloc((n ? n : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "lengths", -1, -1, "out of memory");
 
     int64_t n_rows, width;

@@ -115,6 +115,8 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
     if ((uint64_t)B > SIZE_MAX / sizeof(maskpack_segment) || (uint64_t)S > SIZE_MAX / (2 * sizeof(doc_run)))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: shape [%lld, %lld] is too large",
                        (long long)B, (long long)S);
+    /* nothing to read: no loop over the rows of a [2^50, 0] mask */
+    if (B == 0 || S == 0) return mp_layout_empty(B, S, 0, rule, out, err);
 
     if (convention == MASKPACK_MASK2D_KEEP) {
         /* one segment per row (empty for an all-pad row), so validate everything, then allocate */
@@ -123,7 +125,7 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
             s = keep_row(mask, b, &st, &len, err);
             if (s) return s;
         }
-        maskpack_segment *segs = malloc((B ? (size_t)B : 1) * sizeof *segs);
+        maskpack_segment *segs = mp_alloc_array((size_t)B, sizeof *segs);
         if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
         size_t n = 0;
         for (int64_t b = 0; b < B; b++) {
@@ -135,7 +137,7 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
     }
 
     /* DOC_ID: per-row scratch for the runs, first pass validates and counts, second fills */
-    doc_run *runs = malloc((S ? (size_t)S : 1) * 2 * sizeof *runs);
+    doc_run *runs = mp_alloc_array((size_t)S, 2 * sizeof *runs);
     if (!runs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
     doc_run *sorted = runs + (S ? S : 1);
     size_t total = 0;
@@ -152,7 +154,7 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
         free(runs);
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: too many documents (%zu)", total);
     }
-    maskpack_segment *segs = malloc((total ? total : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(total, sizeof *segs);
     if (!segs) {
         free(runs);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");

@@ -223,6 +223,7 @@ maskpack_status maskpack_mask2d_from_mask4d(const maskpack_tensor *mask, maskpac
     int64_t n; /* fits: mp_check_tensor bounded B*S via the input's numel (H, Q >= 1) or it is 0 */
     if (mp_mul_overflow(v.B, v.S, &n))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: B * S overflows int64");
+    if (n == 0) return mp_ok(err); /* out holds no element: no loop over the rows of a [2^50, 1, 0, 0] mask */
     /* computed into a private buffer first: nothing is written unless the whole mask is legal, and
      * an out that aliases the mask cannot corrupt the reading */
     uint8_t *valid = calloc((size_t)(n ? n : 1), 1);
@@ -254,7 +255,7 @@ typedef struct {
 static int segvec_push(segvec *v, maskpack_segment g) {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 16;
-        maskpack_segment *p = realloc(v->a, cap * sizeof *p);
+        maskpack_segment *p = mp_realloc_array(v->a, cap, sizeof *p);
         if (!p) return -1;
         v->a = p;
         v->cap = cap;
@@ -266,7 +267,7 @@ static int segvec_push(segvec *v, maskpack_segment g) {
 static int spanvec_push(spanvec *v, maskpack_span sp) {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 16;
-        maskpack_span *p = realloc(v->a, cap * sizeof *p);
+        maskpack_span *p = mp_realloc_array(v->a, cap, sizeof *p);
         if (!p) return -1;
         v->a = p;
         v->cap = cap;
@@ -458,7 +459,7 @@ static maskpack_status finish_candidate(rctx *c, const segvec *segs, const int64
     rule.n_spans = cd->spans.n;
     rule.prefix = any_prefix ? cd->prefix : NULL;
     rule.n_prefix = any_prefix ? segs->n : 0;
-    maskpack_segment *copy = malloc((segs->n ? segs->n : 1) * sizeof *copy);
+    maskpack_segment *copy = mp_alloc_array(segs->n, sizeof *copy);
     if (!copy) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
     if (segs->n) memcpy(copy, segs->a, segs->n * sizeof *copy);
     return mp_layout_build(copy, segs->n, c->B, c->S, c->S, 0, &rule, &cd->L, err);
@@ -481,8 +482,8 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
     cd->causal = causal;
     cd->wl = cd->wr = -1;
     cd->prefix = calloc(segs->n ? segs->n : 1, sizeof *cd->prefix);
-    int64_t *sp_s = malloc((size_t)(c->S ? c->S : 1) * sizeof *sp_s);
-    int64_t *sp_e = malloc((size_t)(c->S ? c->S : 1) * sizeof *sp_e);
+    int64_t *sp_s = mp_alloc_array((size_t)c->S, sizeof *sp_s);
+    int64_t *sp_e = mp_alloc_array((size_t)c->S, sizeof *sp_e);
     int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0); /* first span of each segment */
     int64_t *votes_l = calloc((size_t)c->S + 1, sizeof *votes_l); /* rows fixing wl (wr) at each value */
     int64_t *votes_r = calloc((size_t)c->S + 1, sizeof *votes_r);
@@ -589,9 +590,9 @@ static maskpack_status propose_general(rctx *c, const segvec *segs, const int64_
     memset(cd, 0, sizeof *cd);
     size_t ns = (size_t)(c->S ? c->S : 1);
     cd->prefix = calloc(segs->n ? segs->n : 1, sizeof *cd->prefix);
-    int64_t *sp_s = malloc(ns * sizeof *sp_s);
-    int64_t *sp_e = malloc(ns * sizeof *sp_e);
-    int64_t *inside = malloc((ns + 1) * sizeof *inside); /* > 0: boundary t-1|t lies inside a span */
+    int64_t *sp_s = mp_alloc_array(ns, sizeof *sp_s);
+    int64_t *sp_e = mp_alloc_array(ns, sizeof *sp_e);
+    int64_t *inside = mp_alloc_array(ns + 1, sizeof *inside); /* > 0: boundary t-1|t lies inside a span */
     int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0);
     maskpack_status s;
     if (!cd->prefix || !sp_s || !sp_e || !inside || !seg_span0) goto oom;
@@ -853,7 +854,7 @@ static maskpack_status try_segmentation(rctx *c, int mode, int64_t *cover, cand 
     *gen_tried = 0;
     maskpack_status s = segment_rows(c, mode, &segs, cover, err);
     if (s) goto done;
-    pmax = malloc((segs.n ? segs.n : 1) * sizeof *pmax);
+    pmax = mp_alloc_array(segs.n, sizeof *pmax);
     if (!pmax) {
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
         goto done;
@@ -900,17 +901,20 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
     int64_t n;
     if (mp_mul_overflow(c.B, c.S, &n))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "mask", -1, -1, "mask: B * S overflows int64");
+    /* no token: the default rule (nothing to infer one from), and no loop over the rows of a
+     * [2^50, 1, 0, 0] mask */
+    if (n == 0) return mp_layout_empty(c.B, c.S, 0, NULL, out, err);
     size_t nt = (size_t)(n ? n : 1), ns = (size_t)(c.S ? c.S : 1);
     c.valid = calloc(nt, 1);
     c.seen_later = calloc(nt, 1);
     c.row = malloc(ns);
     c.row2 = malloc(ns);
-    c.minj = malloc(nt * sizeof(int64_t));
-    c.maxj = malloc(nt * sizeof(int64_t));
-    c.first0 = malloc(nt * sizeof(int64_t));
-    c.second = malloc(nt * sizeof(int64_t));
-    c.last = malloc(nt * sizeof(int64_t));
-    int64_t *cover = malloc((ns + 1) * sizeof *cover);
+    c.minj = mp_alloc_array(nt, sizeof(int64_t));
+    c.maxj = mp_alloc_array(nt, sizeof(int64_t));
+    c.first0 = mp_alloc_array(nt, sizeof(int64_t));
+    c.second = mp_alloc_array(nt, sizeof(int64_t));
+    c.last = mp_alloc_array(nt, sizeof(int64_t));
+    int64_t *cover = mp_alloc_array(ns + 1, sizeof *cover);
     cand cc, cb, cg, wc, wb, wg;
     memset(&cg, 0, sizeof cg);
     memset(&wg, 0, sizeof wg);

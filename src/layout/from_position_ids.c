@@ -89,6 +89,8 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
     /* M-RoPE: the temporal/height/width rows 1 and 2 of image tokens do not count up per token; the
      * text row (index 0) is the one that describes the documents (HF's 3x-too-long cu_seqlens bug) */
     if (t->ndim == 3) v = (pos_view){t, t->shape[1], t->shape[2], t->strides[1], t->strides[2]};
+    /* nothing to read: no loop over the rows of a [2^50, 0] or [3, 2^50, 0] tensor */
+    if (v.n_rows == 0 || v.width == 0) return mp_layout_empty(v.n_rows, v.width, t->ndim == 1, rule, out, err);
 
     for (int64_t r = 0; r < v.n_rows; r++)
         for (int64_t c = 0; c < v.width; c++) {
@@ -109,7 +111,7 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
     for (int64_t r = 0; r < v.n_rows; r++) n += row_sequences(&v, r, boundary, NULL); /* <= numel, fits */
     if (n > SIZE_MAX / sizeof(maskpack_segment))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, name, -1, -1, "%s: too many sequences (%zu)", name, n);
-    maskpack_segment *segs = malloc((n ? n : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, name, -1, -1, "out of memory");
     size_t k = 0;
     for (int64_t r = 0; r < v.n_rows; r++) k += row_sequences(&v, r, boundary, segs + k);

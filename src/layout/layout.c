@@ -173,7 +173,7 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
     L->span_begin = calloc(L->n_segments + 1, sizeof *L->span_begin);
     if (!L->span_begin) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
     if (r->n_spans) {
-        L->spans = malloc(r->n_spans * sizeof *L->spans);
+        L->spans = mp_alloc_array(r->n_spans, sizeof *L->spans);
         if (!L->spans) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
         memcpy(L->spans, r->spans, r->n_spans * sizeof *L->spans);
         L->n_spans = r->n_spans;
@@ -184,7 +184,7 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
         int any = 0;
         for (size_t k = 0; k < L->n_segments; k++) any |= r->prefix[k] != 0;
         if (any) { /* an all-zero prefix is no prefix: keep one canonical form */
-            L->prefix = malloc(L->n_segments * sizeof *L->prefix);
+            L->prefix = mp_alloc_array(L->n_segments, sizeof *L->prefix);
             if (!L->prefix) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "rule", -1, -1, "out of memory");
             memcpy(L->prefix, r->prefix, L->n_segments * sizeof *L->prefix);
         }
@@ -217,8 +217,10 @@ maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows
     L->kv_width = kv_width;
     L->packed = packed != 0;
     L->self = 1;
-    L->row_begin = calloc((size_t)n_rows + 1, sizeof *L->row_begin);
-    if (!L->row_begin) {
+    /* no segments: every row is empty and the index would be all zeros; keeping none makes a layout of
+     * many empty rows (a [2^50, 0] mask) cost nothing, and mp_row_begin reads it as zeros */
+    L->row_begin = n ? mp_calloc_array((size_t)n_rows + 1, sizeof *L->row_begin) : NULL;
+    if (n && !L->row_begin) {
         maskpack_layout_free(L);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     }
@@ -232,7 +234,8 @@ maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows
             L->self = 0;
     }
     if (q_width != kv_width) L->self = 0;
-    for (int64_t r = 0; r < n_rows; r++) L->row_begin[r + 1] += L->row_begin[r];
+    if (n)
+        for (int64_t r = 0; r < n_rows; r++) L->row_begin[r + 1] += L->row_begin[r];
     s = copy_rule(L, rule, err);
     if (s) {
         maskpack_layout_free(L);
@@ -242,12 +245,19 @@ maskpack_status mp_layout_build(maskpack_segment *segs, size_t n, int64_t n_rows
     return mp_ok(err);
 }
 
+maskpack_status mp_layout_empty(int64_t n_rows, int64_t width, int packed, const maskpack_rule *rule,
+                                maskpack_layout **out, maskpack_error *err) {
+    maskpack_segment *none = mp_alloc_array(0, sizeof *none);
+    if (!none) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
+    return mp_layout_build(none, 0, n_rows, width, width, packed, rule, out, err);
+}
+
 maskpack_status maskpack_layout_from_segments(const maskpack_segment *segments, size_t n, int64_t n_rows,
                                               int64_t q_width, int64_t kv_width, int packed, const maskpack_rule *rule,
                                               maskpack_layout **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     if (n > 0) MP_CHECK_NULL(err, segments, "segments");
-    maskpack_segment *copy = malloc((n ? n : 1) * sizeof *copy);
+    maskpack_segment *copy = mp_alloc_array(n, sizeof *copy);
     if (!copy) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "segments", -1, -1, "out of memory");
     if (n) memcpy(copy, segments, n * sizeof *copy);
     return mp_layout_build(copy, n, n_rows, q_width, kv_width, packed, rule, out, err);
@@ -329,7 +339,7 @@ int mp_allowed_local(const maskpack_layout *L, size_t k, int64_t i, int64_t j) {
 
 int64_t maskpack_segment_of_query(const maskpack_layout *L, int64_t b, int64_t i) {
     if (!L || b < 0 || b >= L->n_rows || i < 0 || i >= L->q_width) return -1;
-    size_t lo = L->row_begin[b], hi = L->row_begin[b + 1]; /* last segment with q_start <= i */
+    size_t lo = mp_row_begin(L, b), hi = mp_row_begin(L, b + 1); /* last segment with q_start <= i */
     if (lo == hi) return -1;
     size_t a = lo, z = hi;
     while (z - a > 1) {

@@ -107,9 +107,9 @@ maskpack_status mp_npu_tnd_items(const maskpack_layout *L, mp_npu_items *out, ma
     mp_npu_items it;
     memset(&it, 0, sizeof it);
     size_t cap = 2 * L->n_segments + 1; /* a gap before every segment and one after the last */
-    it.q_len = malloc(cap * sizeof *it.q_len);
-    it.kv_len = malloc(cap * sizeof *it.kv_len);
-    it.segment = malloc(cap * sizeof *it.segment);
+    it.q_len = mp_alloc_array(cap, sizeof *it.q_len);
+    it.kv_len = mp_alloc_array(cap, sizeof *it.kv_len);
+    it.segment = mp_alloc_array(cap, sizeof *it.segment);
     if (!it.q_len || !it.kv_len || !it.segment) {
         mp_npu_items_free(&it);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
@@ -329,11 +329,11 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
                        (long long)n, (long long)limit, limit == MP_NPU_MAX_ITEMS_PREFIX ? " when prefix is passed" : "");
     }
     a->n_items = it.n;
-    a->actual_seq_qlen = malloc((size_t)it.n * sizeof(int64_t));
-    a->actual_seq_kvlen = malloc((size_t)it.n * sizeof(int64_t));
+    a->actual_seq_qlen = mp_alloc_array((size_t)it.n, sizeof(int64_t));
+    a->actual_seq_kvlen = mp_alloc_array((size_t)it.n, sizeof(int64_t));
     a->pad_items = malloc((size_t)it.n);
     if (a->sparse_mode == 6) {
-        a->prefix = malloc((size_t)it.n * sizeof(int64_t));
+        a->prefix = mp_alloc_array((size_t)it.n, sizeof(int64_t));
         a->n_prefix = it.n;
     }
     if (!a->actual_seq_qlen || !a->actual_seq_kvlen || !a->pad_items || (a->sparse_mode == 6 && !a->prefix)) {
@@ -385,11 +385,11 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
      * covers the whole row (no padding, no second document) can use them. */
     int full_rows = 1;
     for (int64_t b = 0; b < B && full_rows; b++) {
-        if (L->row_begin[b + 1] - L->row_begin[b] != 1) {
+        if (mp_row_begin(L, b + 1) - mp_row_begin(L, b) != 1) {
             full_rows = 0;
             break;
         }
-        const maskpack_segment *g = &L->segs[L->row_begin[b]];
+        const maskpack_segment *g = &L->segs[mp_row_begin(L, b)];
         full_rows = g->q_start == 0 && g->q_len == S && g->kv_start == 0 && g->kv_len == Skv;
     }
     int mode = 1; /* the fallback: a full [B,1,S,Skv] M-mask expresses any predicate */
@@ -432,10 +432,10 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
         break;
     }
     if (mode == 6) {
-        a->prefix = malloc((size_t)B * sizeof(int64_t));
+        a->prefix = mp_alloc_array((size_t)B, sizeof(int64_t));
         if (!a->prefix) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "out", -1, -1, "out of memory");
         a->n_prefix = B;
-        for (int64_t b = 0; b < B; b++) a->prefix[b] = L->prefix[L->row_begin[b]];
+        for (int64_t b = 0; b < B; b++) a->prefix[b] = L->prefix[mp_row_begin(L, b)];
     }
     for (size_t k = 0; k < L->n_segments; k++)
         for (int64_t i = 0; i < L->segs[k].q_len; i++)

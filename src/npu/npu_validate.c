@@ -90,7 +90,7 @@ static maskpack_status read_ints(const maskpack_tensor *t, const char *name, int
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected an integer list (int32/int64), found %s",
                        name, maskpack_dtype_name(t->dtype));
     int64_t len = t->shape[0];
-    int64_t *v = malloc((size_t)(len > 0 ? len : 1) * sizeof *v);
+    int64_t *v = mp_alloc_array((size_t)(len > 0 ? len : 1), sizeof *v);
     if (!v) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, name, -1, -1, "out of memory");
     for (int64_t k = 0; k < len; k++) v[k] = mp_read_i64(t->dtype, t->data, k * t->strides[0]);
     *out = v;
@@ -672,10 +672,10 @@ static maskpack_status run(state *st, maskpack_error *err) {
     s.full = !s.mask_none && full_mode(mode, 1) ? c->atten_mask : NULL;
     s.heads = s.full && s.full->ndim == 4 ? s.full->shape[1] : 1;
     size_t nn = (size_t)(s.n > 0 ? s.n : 1);
-    s.sq = malloc(nn * sizeof(int64_t));
-    s.skv = malloc(nn * sizeof(int64_t));
-    s.q_off = malloc(nn * sizeof(int64_t));
-    s.kv_off = malloc(nn * sizeof(int64_t));
+    s.sq = mp_alloc_array(nn, sizeof(int64_t));
+    s.skv = mp_alloc_array(nn, sizeof(int64_t));
+    s.q_off = mp_alloc_array(nn, sizeof(int64_t));
+    s.kv_off = mp_alloc_array(nn, sizeof(int64_t));
     maskpack_status rs = MASKPACK_OK;
     if (!s.sq || !s.skv || !s.q_off || !s.kv_off) {
         rs = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "call", -1, -1, "out of memory");

@@ -142,12 +142,12 @@ maskpack_status mp_plan_kk(const double *cost, const uint64_t *tie, size_t n, si
     if (n > (size_t)INT32_MAX)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "rows", -1, -1, "rows: %zu is too many to balance", n);
     size_t groups = n / k;
-    item_key *items = malloc(n * sizeof *items), *items_tmp = malloc(n * sizeof *items_tmp);
-    part *parts = malloc(n * sizeof *parts); /* groups states of k parts each */
-    int32_t *next = malloc(n * sizeof *next);
-    double *spread = malloc(groups * sizeof *spread);
-    int32_t *heap_ids = malloc(groups * sizeof *heap_ids);
-    part *merged = malloc(k * sizeof *merged);
+    item_key *items = mp_alloc_array(n, sizeof *items), *items_tmp = mp_alloc_array(n, sizeof *items_tmp);
+    part *parts = mp_alloc_array(n, sizeof *parts); /* groups states of k parts each */
+    int32_t *next = mp_alloc_array(n, sizeof *next);
+    double *spread = mp_alloc_array(groups, sizeof *spread);
+    int32_t *heap_ids = mp_alloc_array(groups, sizeof *heap_ids);
+    part *merged = mp_alloc_array(k, sizeof *merged);
     if (!items || !items_tmp || !parts || !next || !spread || !heap_ids || !merged) {
         free(items);
         free(items_tmp);

@@ -36,14 +36,14 @@ maskpack_status mp_plan_order_decreasing(const int64_t *size, const uint64_t *ti
     if (cap <= MP_PLAN_BUCKET_LIMIT) {
         /* counting sort by size (descending), stable over the tie pre-order: O(n + cap) */
         size_t *count = calloc((size_t)cap + 2, sizeof *count);
-        uint32_t *pre = identity ? NULL : malloc(n * sizeof *pre);
+        uint32_t *pre = identity ? NULL : mp_alloc_array(n, sizeof *pre);
         if (!count || (!identity && !pre)) {
             free(count);
             free(pre);
             return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "lengths", -1, -1, "out of memory");
         }
         if (!identity) {
-            sort_item *tmp = malloc(n * sizeof *tmp);
+            sort_item *tmp = mp_alloc_array(n, sizeof *tmp);
             if (!tmp) {
                 free(count);
                 free(pre);
@@ -68,7 +68,7 @@ maskpack_status mp_plan_order_decreasing(const int64_t *size, const uint64_t *ti
         free(pre);
         return MASKPACK_OK;
     }
-    sort_item *tmp = malloc(n * sizeof *tmp);
+    sort_item *tmp = mp_alloc_array(n, sizeof *tmp);
     if (!tmp) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "lengths", -1, -1, "out of memory");
     for (size_t i = 0; i < n; i++) tmp[i] = (sort_item){size[i], tie ? tie[i] : i, (uint32_t)i};
     qsort(tmp, n, sizeof *tmp, cmp_size_desc);
@@ -166,8 +166,8 @@ static void report_progress(const mp_plan_progress *p, size_t done, size_t n) {
 static maskpack_status bfd_buckets(const int64_t *size, size_t n, int64_t cap,
                                    const mp_plan_progress *progress, int32_t *bin, size_t *n_bins,
                                    maskpack_error *err) {
-    int32_t *head = malloc(((size_t)cap + 1) * sizeof *head);
-    int32_t *next = malloc((n ? n : 1) * sizeof *next); /* stack links, per row */
+    int32_t *head = mp_alloc_array((size_t)cap + 1, sizeof *head);
+    int32_t *next = mp_alloc_array(n, sizeof *next); /* stack links, per row */
     bitset bs;
     if (!head || !next || bs_init(&bs, (size_t)cap + 1) != 0) {
         free(head);
@@ -284,8 +284,8 @@ static int32_t tr_lower_bound(const treap *t, int64_t s) {
 static maskpack_status bfd_tree(const int64_t *size, size_t n, int64_t cap,
                                 const mp_plan_progress *progress, int32_t *bin, size_t *n_bins, maskpack_error *err) {
     size_t m = n ? n : 1;
-    treap t = {malloc(m * sizeof(int32_t)), malloc(m * sizeof(int32_t)), malloc(m * sizeof(int64_t)),
-               malloc(m * sizeof(uint64_t)), malloc(m * sizeof(uint64_t)), -1};
+    treap t = {mp_alloc_array(m, sizeof(int32_t)), mp_alloc_array(m, sizeof(int32_t)), mp_alloc_array(m, sizeof(int64_t)),
+               mp_alloc_array(m, sizeof(uint64_t)), mp_alloc_array(m, sizeof(uint64_t)), -1};
     if (!t.left || !t.right || !t.free_ || !t.stamp || !t.prio) {
         free(t.left);
         free(t.right);
@@ -333,7 +333,7 @@ static maskpack_status ffd(const int64_t *size, size_t n, int64_t cap,
     size_t limit = bound < (uint64_t)n ? (size_t)bound : n;
     size_t p = 1;
     while (p < limit) p <<= 1;
-    int64_t *tree = malloc(2 * p * sizeof *tree);
+    int64_t *tree = mp_alloc_array(p, 2 * sizeof *tree);
     if (!tree) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "lengths", -1, -1, "out of memory");
     for (size_t x = 1; x < 2 * p; x++) tree[x] = cap;
     size_t rows = 0;

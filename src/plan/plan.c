@@ -276,18 +276,18 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     if (!p) return oom(&w, p, err);
     const int split = n_items != n;
     const size_t ni = n_items ? n_items : 1;
-    p->item_length = malloc(ni * sizeof *p->item_length);
-    w.bin = malloc(ni * sizeof *w.bin);
+    p->item_length = mp_alloc_array(ni, sizeof *p->item_length);
+    w.bin = mp_alloc_array(ni, sizeof *w.bin);
     /* the decreasing packers need an order; next-fit does not, but the buffer becomes pos_item later */
-    w.order = malloc(ni * sizeof *w.order);
+    w.order = mp_alloc_array(ni, sizeof *w.order);
     if (split) {
-        p->item_seq = malloc(ni * sizeof *p->item_seq);
-        p->item_offset = malloc(ni * sizeof *p->item_offset);
+        p->item_seq = mp_alloc_array(ni, sizeof *p->item_seq);
+        p->item_offset = mp_alloc_array(ni, sizeof *p->item_offset);
     }
     const int decreasing = o->algorithm != MASKPACK_PLAN_NEXTFIT;
-    if (decreasing) w.sorted = malloc(ni * sizeof *w.sorted);
-    if (split || m > 1) w.size = malloc(ni * sizeof *w.size);
-    if (o->seed) w.tie = malloc(ni * sizeof *w.tie);
+    if (decreasing) w.sorted = mp_alloc_array(ni, sizeof *w.sorted);
+    if (split || m > 1) w.size = mp_alloc_array(ni, sizeof *w.size);
+    if (o->seed) w.tie = mp_alloc_array(ni, sizeof *w.tie);
     if (!p->item_length || !w.bin || !w.order || (decreasing && !w.sorted) ||
         (split && (!p->item_seq || !p->item_offset)) || ((split || m > 1) && !w.size) || (o->seed && !w.tie))
         return oom(&w, p, err);
@@ -351,19 +351,19 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     const size_t per_rank = R / (size_t)o->dp;
     w.bin_used = calloc(R, sizeof *w.bin_used);
     w.row_cost = calloc(R, sizeof *w.row_cost);
-    w.rank = malloc(R * sizeof *w.rank);
-    w.by_rank = malloc(R * sizeof *w.by_rank);
-    w.final_of = malloc(R * sizeof *w.final_of);
-    w.cursor = malloc((R + 1) * sizeof *w.cursor);
-    if (o->seed) w.row_tie = malloc(R * sizeof *w.row_tie);
+    w.rank = mp_alloc_array(R, sizeof *w.rank);
+    w.by_rank = mp_alloc_array(R, sizeof *w.by_rank);
+    w.final_of = mp_alloc_array(R, sizeof *w.final_of);
+    w.cursor = mp_alloc_array(R + 1, sizeof *w.cursor);
+    if (o->seed) w.row_tie = mp_alloc_array(R, sizeof *w.row_tie);
     if (o->micro_batches > 1) {
-        w.sub_cost = malloc(per_rank * sizeof *w.sub_cost);
-        w.sub_tie = malloc(per_rank * sizeof *w.sub_tie);
-        w.sub_part = malloc(per_rank * sizeof *w.sub_part);
+        w.sub_cost = mp_alloc_array(per_rank, sizeof *w.sub_cost);
+        w.sub_tie = mp_alloc_array(per_rank, sizeof *w.sub_tie);
+        w.sub_part = mp_alloc_array(per_rank, sizeof *w.sub_part);
     }
     p->row_begin = calloc(R + 1, sizeof *p->row_begin);
-    p->row_used = malloc(R * sizeof *p->row_used);
-    p->row_cost = malloc(R * sizeof *p->row_cost);
+    p->row_used = mp_alloc_array(R, sizeof *p->row_used);
+    p->row_cost = mp_alloc_array(R, sizeof *p->row_cost);
     p->rank_cost = calloc((size_t)o->dp, sizeof *p->rank_cost);
     p->microbatch_cost = calloc((size_t)groups, sizeof *p->microbatch_cost);
     if (!w.bin_used || !w.row_cost || !w.rank || !w.by_rank || !w.final_of || !w.cursor || (o->seed && !w.row_tie) ||
@@ -388,7 +388,7 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     /* ---- balance: rows across ranks, then each rank's rows across its micro-batches ---- */
     if (o->dp > 1) {
         if (!o->seed) {
-            w.row_tie = malloc(R * sizeof *w.row_tie);
+            w.row_tie = mp_alloc_array(R, sizeof *w.row_tie);
             if (!w.row_tie) return oom(&w, p, err);
             for (size_t r = 0; r < R; r++) w.row_tie[r] = r;
         }
@@ -403,6 +403,10 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     for (size_t r = 0; r < R; r++) w.cursor[w.rank[r] + 1]++;
     for (int64_t q = 0; q < o->dp; q++) w.cursor[q + 1] += w.cursor[q];
     for (size_t r = 0; r < R; r++) w.by_rank[w.cursor[w.rank[r]]++] = (int32_t)r;
+    /* next free slot of each micro-batch of the current rank (one pass over its rows; a scan of the
+     * rows per micro-batch was O(rows x micro-batches): minutes at 1e5 micro-batches) */
+    size_t *mb_next = o->micro_batches > 1 ? mp_alloc_array((size_t)o->micro_batches, sizeof *mb_next) : NULL;
+    if (o->micro_batches > 1 && !mb_next) return oom(&w, p, err);
     for (int64_t q = 0; q < o->dp; q++) {
         const int32_t *rows = w.by_rank + (size_t)q * per_rank;
         const size_t base = (size_t)q * per_rank; /* final rows of rank q start here */
@@ -415,19 +419,20 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
             w.sub_tie[t] = mp_plan_tie(o->seed, 3, (uint64_t)rows[t]);
         }
         s = mp_plan_kk(w.sub_cost, w.sub_tie, per_rank, (size_t)o->micro_batches, w.sub_part, err);
-        if (s) return bail(&w, p, s);
+        if (s) {
+            free(mb_next);
+            return bail(&w, p, s);
+        }
         /* final position: micro-batch, then packer order inside the micro-batch */
-        for (int64_t j = 0; j < o->micro_batches; j++) {
-            size_t t_out = 0;
-            for (size_t t = 0; t < per_rank; t++) {
-                if (w.sub_part[t] != j) continue;
-                w.final_of[rows[t]] = (int32_t)(base + (size_t)j * (size_t)per_mb + t_out);
-                t_out++;
-            }
+        memset(mb_next, 0, (size_t)o->micro_batches * sizeof *mb_next);
+        for (size_t t = 0; t < per_rank; t++) {
+            size_t j = (size_t)w.sub_part[t];
+            w.final_of[rows[t]] = (int32_t)(base + j * (size_t)per_mb + mb_next[j]++);
         }
         if (progress.fn && (q + 1) % 64 == 0)
             progress.fn(progress.ctx, "balance", 0.5 + 0.5 * (double)(q + 1) / (double)o->dp);
     }
+    free(mb_next);
     if (progress.fn) progress.fn(progress.ctx, "balance", 1.0);
 
     /* ---- the plan: rows in final order, items in index = (sequence, offset) order inside a row ---- */
@@ -461,7 +466,7 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         uint32_t *pos = (uint32_t *)(void *)w.sorted;
         for (size_t j = 0; j < n_items; j++) pos[w.cursor[w.final_of[w.bin[j]]]++] = w.order[j];
         for (size_t r = 0; r < R; r++) sort_u32(pos + p->row_begin[r], p->row_begin[r + 1] - p->row_begin[r]);
-        uint32_t *shrunk = realloc(pos, ni * sizeof *pos);
+        uint32_t *shrunk = mp_realloc_array(pos, ni, sizeof *pos);
         p->pos_item = shrunk ? shrunk : pos;
         w.sorted = NULL;
     }
@@ -607,7 +612,7 @@ maskpack_status maskpack_plan_row_layout(const maskpack_plan *p, int64_t row, co
     maskpack_status s = check_row(p, row, err);
     if (s) return s;
     size_t cnt = p->row_begin[row + 1] - p->row_begin[row];
-    maskpack_segment *segs = malloc((cnt ? cnt : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(cnt, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
     size_t n = 0;
     row_segments(p, row, 0, segs, &n);
@@ -630,7 +635,7 @@ maskpack_status maskpack_plan_microbatch_layout(const maskpack_plan *p, int64_t 
     int64_t first = (rank * p->micro_batches + micro_batch) * p->rows_per_microbatch;
     int64_t last = first + p->rows_per_microbatch;
     size_t cnt = p->row_begin[last] - p->row_begin[first];
-    maskpack_segment *segs = malloc((cnt ? cnt : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(cnt, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
     size_t n = 0;
     int64_t width = 0;

@@ -26,7 +26,7 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
     MP_CHECK_NULL(err, out, "out");
     maskpack_status s = refuse_shards(L, "shift labels", err);
     if (s) return s;
-    if ((s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if ((s = mp_check_per_token_input(L, labels, "labels", MP_DT_INDEX, err))) return s;
     if ((s = mp_check_per_token_output(L, out, "out", MP_DT(labels->dtype), err))) return s;
     if (labels->dtype == MASKPACK_I32 && (ignore_index < INT32_MIN || ignore_index > INT32_MAX))
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "ignore_index", -1, -1,
@@ -34,12 +34,13 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
     if (labels->data == out->data && mp_numel(out) > 0)
         return mp_fail(err, MASKPACK_ERR_OVERLAP, "out", -1, -1,
                        "out: must not alias labels (the shift reads a token after writing its predecessor)");
+    if (mp_numel(out) == 0) return mp_ok(err); /* no token: no loop over the rows of a [2^50, 0] grid */
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t col = 0;
-        for (size_t k = L->row_begin[r]; k <= L->row_begin[r + 1]; k++) {
-            int64_t next = k < L->row_begin[r + 1] ? L->segs[k].q_start : L->q_width;
+        for (size_t k = mp_row_begin(L, r); k <= mp_row_begin(L, r + 1); k++) {
+            int64_t next = k < mp_row_begin(L, r + 1) ? L->segs[k].q_start : L->q_width;
             for (; col < next; col++) mp_write_i64(out->dtype, out->data, tok_off(out, r, col), ignore_index);
-            if (k == L->row_begin[r + 1]) break;
+            if (k == mp_row_begin(L, r + 1)) break;
             const maskpack_segment *g = &L->segs[k];
             for (int64_t i = 0; i + 1 < g->q_len; i++) {
                 int64_t v = mp_read_i64(labels->dtype, labels->data, tok_off(labels, r, g->q_start + i + 1));
@@ -64,7 +65,7 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     if (mode != MASKPACK_LOSS_TOKEN && mode != MASKPACK_LOSS_SEQUENCE)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "mode", -1, -1,
                        "mode: expected MASKPACK_LOSS_TOKEN (0) or MASKPACK_LOSS_SEQUENCE (1), found %d", (int)mode);
-    if (labels && (s = mp_check_per_token_output(L, labels, "labels", MP_DT_INDEX, err))) return s;
+    if (labels && (s = mp_check_per_token_input(L, labels, "labels", MP_DT_INDEX, err))) return s;
     if ((s = mp_check_per_token_output(L, out, "out", MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_F64), err))) return s;
     /* pass 1: labelled tokens per sequence and the denominator */
     int64_t tokens = 0, sequences = 0;
@@ -80,7 +81,7 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     }
     double denom = mode == MASKPACK_LOSS_TOKEN ? (double)tokens : (double)sequences;
     /* pass 2: pads 0, labelled tokens 1/denom (token) or 1/(count * denom) (sequence) */
-    for (int64_t r = 0; r < L->n_rows; r++)
+    for (int64_t r = 0; L->q_width && r < L->n_rows; r++) /* an empty grid: no loop over its rows */
         for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
     for (size_t k = 0; k < L->n_segments && denom > 0; k++) {
         const maskpack_segment *g = &L->segs[k];

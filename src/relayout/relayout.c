@@ -137,7 +137,7 @@ maskpack_status maskpack_layout_packed_of(const maskpack_layout *L, maskpack_lay
     MP_CHECK_NULL(err, out, "out");
     maskpack_status s = refuse_pieces(L, "packed_of", err);
     if (s) return s;
-    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     int64_t q = 0, kv = 0;
     for (size_t k = 0; k < L->n_segments; k++) {
@@ -165,7 +165,7 @@ maskpack_status maskpack_layout_padded_of(const maskpack_layout *L, maskpack_pla
                        "width: expected 0 or >= %lld (the longest sequence), found %lld", (long long)need,
                        (long long)width);
     int64_t kv_width = L->self ? width : L->max_kv;
-    maskpack_segment *segs = malloc((L->n_segments ? L->n_segments : 1) * sizeof *segs);
+    maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
     for (size_t k = 0; k < L->n_segments; k++) {
         const maskpack_segment *g = &L->segs[k];
@@ -250,9 +250,9 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
                                    (long long)dst->segs[k].q_len, (long long)S->segs[k].q_len);
         }
     }
-    piece *pc = malloc((n_pieces ? n_pieces : 1) * sizeof *pc);
+    piece *pc = mp_alloc_array(n_pieces, sizeof *pc);
     maskpack_relayout_plan *P = calloc(1, sizeof *P);
-    if (P) P->src = malloc(n_src * sizeof *P->src);
+    if (P) P->src = mp_alloc_array(n_src, sizeof *P->src);
     if (!pc || !P || !P->src) {
         free(pc);
         maskpack_relayout_plan_free(P);
@@ -283,7 +283,7 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
         }
     /* copies: at most one run per (dst segment, piece) boundary; fills: at most one per dst segment + row */
     size_t cap = m + 2 * dst->n_segments + (size_t)dst->n_rows + 1;
-    P->runs = malloc(cap * sizeof *P->runs);
+    P->runs = mp_alloc_array(cap, sizeof *P->runs);
     if (!P->runs) {
         free(pc);
         maskpack_relayout_plan_free(P);
@@ -339,10 +339,10 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
     /* padding fills of dst: the columns of each row outside real tokens */
     for (int64_t r = 0; r < dst->n_rows; r++) {
         int64_t col = 0;
-        for (size_t k = dst->row_begin[r]; k <= dst->row_begin[r + 1]; k++) {
-            int64_t next = k < dst->row_begin[r + 1] ? dst->segs[k].q_start : dst->q_width;
+        for (size_t k = mp_row_begin(dst, r); k <= mp_row_begin(dst, r + 1); k++) {
+            int64_t next = k < mp_row_begin(dst, r + 1) ? dst->segs[k].q_start : dst->q_width;
             if (next > col) P->runs[nr++] = (run){-1, 0, r * dst->q_width + col, next - col};
-            if (k < dst->row_begin[r + 1]) col = dst->segs[k].q_start + dst->segs[k].q_len;
+            if (k < mp_row_begin(dst, r + 1)) col = dst->segs[k].q_start + dst->segs[k].q_len;
         }
     }
     P->n_fill = nr - P->n_copy;
@@ -372,14 +372,17 @@ static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *
     if (s) return s;
     int32_t lead = g->packed ? 1 : 2;
     int ok = g->packed ? t->shape[0] == g->width : (t->shape[0] == g->rows && t->shape[1] == g->width);
-    if (!ok && g->packed)
+    if (!ok) { /* the whole shape: which dimension is off is often the question */
+        char shape[200];
+        mp_format_shape(shape, sizeof shape, t->ndim, t->shape);
+        if (g->packed)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                           "%s: expected leading dimension %lld (tokens of a packed layout), found shape %s", name,
+                           (long long)g->width, shape);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       "%s: expected leading dimension %lld (tokens of a packed layout), found %lld", name,
-                       (long long)g->width, (long long)t->shape[0]);
-    if (!ok)
-        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       "%s: expected leading dimensions [%lld, %lld] (rows, columns), found [%lld, %lld]", name,
-                       (long long)g->rows, (long long)g->width, (long long)t->shape[0], (long long)t->shape[1]);
+                       "%s: expected leading dimensions [%lld, %lld] (rows, columns), found shape %s", name,
+                       (long long)g->rows, (long long)g->width, shape);
+    }
     if (t->dtype != dtype)
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected dtype %s (as out), found %s", name,
                        maskpack_dtype_name(dtype), maskpack_dtype_name(t->dtype));
@@ -563,13 +566,13 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
                        "n_threads: expected in [1, 256], found %d", n_threads);
     view dv, sv_stack[8];
-    view *sv = P->n_src <= 8 ? sv_stack : malloc(P->n_src * sizeof *sv);
+    view *sv = P->n_src <= 8 ? sv_stack : mp_alloc_array(P->n_src, sizeof *sv);
     if (!sv) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     int64_t inner = 0, inner_s;
     maskpack_status s = MASKPACK_OK;
     if (!out || (s = mp_check_tensor(out, "out", 1, MASKPACK_MAX_DIMS, err))) goto done;
     s = check_token_tensor(out, "out", &P->dst, out->dtype, &dv, &inner, err);
-    if (s) goto done;
+    if (s || (s = mp_check_no_self_overlap(out, "out", err))) goto done;
     /* out's dtype follows the input's: a mismatch is out's fault, named as such */
     if (P->n_src && x[0] && x[0]->dtype != out->dtype) {
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "out", -1, -1, "out: expected dtype %s (as x[0]), found %s",
@@ -710,7 +713,7 @@ maskpack_status maskpack_relayout_plan_adjoint(const maskpack_relayout_plan *P, 
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "plan", -1, -1, "plan: adjoint run count overflows");
     maskpack_relayout_plan *A = calloc(1, sizeof *A);
     if (A) A->src = malloc(sizeof *A->src);
-    if (A) A->runs = malloc(cap * sizeof *A->runs);
+    if (A) A->runs = mp_alloc_array(cap, sizeof *A->runs);
     if (!A || !A->src || !A->runs) {
         maskpack_relayout_plan_free(A);
         return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");

@@ -283,6 +283,71 @@ static void test_windows(void) {
     maskpack_layout_free(L);
 }
 
+/* An output whose elements share memory (a zero stride: an expanded tensor; or interleaved strides)
+ * is refused with OVERLAP before anything is written, by every entry point that writes per-token or
+ * moved data; inputs may share memory. Before, every token wrote the same bytes (a data race with
+ * threads). */
+static void test_self_overlapping_outputs(void) {
+    maskpack_error e;
+    maskpack_layout *padded = NULL, *packed = NULL;
+    const int64_t lengths[2] = {3, 5};
+    CHECK_OK(maskpack_layout_from_lengths(lengths, 2, MASKPACK_PLACE_RIGHT, 5, NULL, &padded, &e), e);
+    CHECK_OK(maskpack_layout_from_lengths(lengths, 2, MASKPACK_PLACE_PACKED, 0, NULL, &packed, &e), e);
+    if (!padded || !packed) return;
+    int64_t buf[64];
+    for (int i = 0; i < 64; i++) buf[i] = -7;
+    /* [2, 5] whose rows share memory (stride 0 on rows), as torch.zeros(1, 5).expand(2, 5) */
+    const int64_t bs[2] = {2, 5};
+    maskpack_tensor ex = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, bs);
+    ex.strides[0] = 0;
+    CHECK_STATUS(maskpack_mask2d(padded, &ex, &e), MASKPACK_ERR_OVERLAP, e);
+    CHECK_MSG(e, "out: overlaps itself: dimension 0 (extent 2) has stride 0");
+    CHECK_EQ(e.status, MASKPACK_ERR_OVERLAP);
+    CHECK(strcmp(e.argument, "out") == 0);
+    /* interleaved strides: row stride 2 inside a column span of 4 */
+    maskpack_tensor il = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, bs);
+    il.strides[0] = 2;
+    il.strides[1] = 1;
+    CHECK_STATUS(maskpack_mask2d(padded, &il, &e), MASKPACK_ERR_OVERLAP, e);
+    CHECK_MSG(e, "dimension 0 (extent 2, stride 2) steps inside");
+    /* moves: packing [8] tokens of width 4 into an out whose tokens share their 4 values */
+    int64_t src[40];
+    for (int i = 0; i < 40; i++) src[i] = i;
+    const int64_t xs[3] = {2, 5, 4}, os[2] = {8, 4};
+    maskpack_tensor x = maskpack_tensor_contiguous(src, MASKPACK_I64, 3, xs);
+    maskpack_tensor o = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, os);
+    o.strides[0] = 0;
+    CHECK_STATUS(maskpack_relayout(padded, packed, &x, &o, NULL, 2, &e), MASKPACK_ERR_OVERLAP, e);
+    CHECK_MSG(e, "out: overlaps itself");
+    int untouched = 1;
+    for (int i = 0; i < 64; i++) untouched &= buf[i] == -7;
+    CHECK(untouched);
+    /* the same call with its own memory per element works, and so does a permuted (transposed) out:
+     * distinct elements, strides not in C order */
+    o = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, os);
+    CHECK_OK(maskpack_relayout(padded, packed, &x, &o, NULL, 2, &e), e);
+    CHECK_EQ(buf[4 * 3], 5 * 4); /* token 3 of the pack is row 1's first token */
+    maskpack_tensor tr = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, bs);
+    tr.strides[0] = 1;
+    tr.strides[1] = 2;
+    CHECK_OK(maskpack_mask2d(padded, &tr, &e), e);
+    CHECK_EQ(buf[2 * 4 + 1], 1); /* row 1, column 4: row 1 holds 5 tokens */
+    CHECK_EQ(buf[2 * 4 + 0], 0); /* row 0, column 4: pad (3 tokens) */
+    /* an input that shares memory is fine: a broadcast row read twice */
+    maskpack_tensor bx = maskpack_tensor_contiguous(src, MASKPACK_I64, 3, xs);
+    bx.strides[0] = 0;
+    o = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, os);
+    CHECK_OK(maskpack_relayout(padded, packed, &bx, &o, NULL, 1, &e), e);
+    CHECK_EQ(buf[4 * 3], 0);
+    /* an out of zero elements has nothing to share */
+    const int64_t zs[2] = {0, 5};
+    maskpack_tensor z = maskpack_tensor_contiguous(buf, MASKPACK_I64, 2, zs);
+    z.strides[1] = 0;
+    CHECK(mp_check_no_self_overlap(&z, "z", &e) == MASKPACK_OK);
+    maskpack_layout_free(padded);
+    maskpack_layout_free(packed);
+}
+
 int main(void) {
     test_version_and_status();
     test_half_conversions();
@@ -292,5 +357,6 @@ int main(void) {
     test_alignment();
     test_segment_validation();
     test_windows();
+    test_self_overlapping_outputs();
     return check_report("test_core");
 }

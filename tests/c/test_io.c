@@ -5,7 +5,12 @@
 #include "check.h"
 #include "io.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <png.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -244,6 +249,19 @@ static void test_npy_corruptions(void) {
     /* huge dimensions: the element count overflows int64, and one dimension beyond int64 */
     b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4611686018427387904, 4), }\n", 0, &len);
     expect_npy_error(b, len, MASKPACK_ERR_FORMAT, "overflows int64");
+    free(b);
+    /* the message keeps the shape (it was formatted after the shape was cleared: "dimension 1 = 0") */
+    b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }\n", 0, &len);
+    expect_npy_error(b, len, MASKPACK_ERR_FORMAT,
+                     "shape [4294967296, 4294967296, 2]: element count overflows int64 at dimension 1 (4294967296)");
+    free(b);
+    /* with a zero dimension the array is empty, however large the others: no overflow, no bytes */
+    b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0), }\n", 0, &len);
+    mpio_array za;
+    maskpack_error ze;
+    CHECK_OK(mpio_npy_parse(b, len, &za, &ze), ze);
+    CHECK_EQ(za.nbytes, 0);
+    mpio_array_free(&za);
     free(b);
     b = make_npy(1, "{'descr': '<i8', 'fortran_order': False, 'shape': (1152921504606846976,), }\n", 0, &len);
     expect_npy_error(b, len, MASKPACK_ERR_FORMAT, "byte size of 1152921504606846976 elements overflows");
@@ -731,6 +749,30 @@ static void test_safetensors(void) {
     CHECK_MSG(e, "is larger than the file");
     free(buf);
 
+    /* a key that is not UTF-8, and overlong or surrogate encodings, are refused (were accepted) */
+    expect_st_error("{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_FORMAT,
+                    "header is not valid UTF-8 (byte 3 of the header, 0xff)");
+    expect_st_error("{\"\xc0\xaf" "a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "not valid UTF-8");
+    expect_st_error("{\"\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "not valid UTF-8");
+    /* __metadata__ is an object (a list or a number was accepted) */
+    expect_st_error("{\"__metadata__\":[1],\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found an array");
+    expect_st_error("{\"__metadata__\":7,\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+                    MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a scalar");
+    {
+        /* valid multi-byte UTF-8 names and string metadata load */
+        size_t ulen;
+        uint8_t *ub = make_st("{\"__metadata__\":{\"k\":\"v\"},\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"U8\","
+                              "\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &ulen);
+        mpio_arrayset us;
+        maskpack_error ue;
+        CHECK_OK(mpio_safetensors_parse(ub, ulen, &us, &ue), ue);
+        CHECK_EQ(us.n, 1);
+        mpio_arrayset_free(&us);
+        free(ub);
+    }
     expect_st_error("{\"a\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12, MASKPACK_ERR_FORMAT,
                     "shape x I32 needs 16 bytes, data_offsets span 12");
     expect_st_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
@@ -899,6 +941,87 @@ static void test_png(void) {
     maskpack_layout_free(L);
 }
 
+/* Reads a whole small file into buf (NUL-terminated); returns its length or -1. */
+static long slurp(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return (long)n;
+}
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *x; (x = readdir(d));)
+        if (strcmp(x->d_name, ".") && strcmp(x->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+/* mpio_write_file never destroys what was at the path: a failed write leaves the old file as it was
+ * (it used to truncate it, then remove it), a device is written in place and never removed (a failed
+ * write to a link to /dev/full removed the link; as root, --out /dev/full removed the device). */
+static void test_write_never_destroys(void) {
+    char dir[] = "/tmp/maskpack_write_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char target[256], link_full[256], link_reg[256], got[4096];
+    snprintf(target, sizeof target, "%s/out.npz", dir);
+    snprintf(link_full, sizeof link_full, "%s/full", dir);
+    snprintf(link_reg, sizeof link_reg, "%s/link.npz", dir);
+    maskpack_error e;
+    CHECK_OK(mpio_write_file(target, "old content", 11, &e), e);
+    CHECK(chmod(target, 0640) == 0);
+
+    /* a write that fails half way (file size limit: EFBIG, also as root) keeps the old file */
+    static char big[4096];
+    memset(big, 'x', sizeof big);
+    struct rlimit old_lim, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old_lim) == 0);
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    lim = old_lim;
+    lim.rlim_cur = 1024;
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    CHECK_STATUS(mpio_write_file(target, big, sizeof big, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, "write failed");
+    CHECK(setrlimit(RLIMIT_FSIZE, &old_lim) == 0);
+    signal(SIGXFSZ, old_handler);
+    CHECK_EQ(slurp(target, got, sizeof got), 11);
+    CHECK(strcmp(got, "old content") == 0);
+    CHECK_EQ(count_entries(dir), 1); /* the temporary file is gone too */
+
+    /* a successful rewrite replaces the content and keeps the permissions */
+    CHECK_OK(mpio_write_file(target, "new", 3, &e), e);
+    CHECK_EQ(slurp(target, got, sizeof got), 3);
+    struct stat st;
+    CHECK(stat(target, &st) == 0 && (st.st_mode & 07777) == 0640);
+
+    /* through a link to a regular file: the file is rewritten, the link stays a link */
+    CHECK(symlink("out.npz", link_reg) == 0);
+    CHECK_OK(mpio_write_file(link_reg, "via link", 8, &e), e);
+    CHECK(lstat(link_reg, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK_EQ(slurp(target, got, sizeof got), 8);
+
+    /* a link to a full device: an error naming the cause; the link and the device are still there */
+    CHECK(symlink("/dev/full", link_full) == 0);
+    CHECK_STATUS(mpio_write_file(link_full, "data", 4, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, link_full);
+    CHECK_MSG(e, strerror(ENOSPC));
+    CHECK(lstat(link_full, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(stat("/dev/full", &st) == 0 && S_ISCHR(st.st_mode));
+    /* a directory is refused, not replaced */
+    CHECK_STATUS(mpio_write_file(dir, "data", 4, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, "is a directory");
+    CHECK_EQ(count_entries(dir), 3);
+
+    unlink(link_full);
+    unlink(link_reg);
+    unlink(target);
+    CHECK(rmdir(dir) == 0);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-zip64") == 0) return write_zip64(argv[2]);
     test_npy_round_trip_all_dtypes();
@@ -912,6 +1035,7 @@ int main(int argc, char **argv) {
     test_npz_hand_deflated();
     test_safetensors();
     test_files();
+    test_write_never_destroys();
     test_png();
     return check_report("test_io");
 }

@@ -1106,6 +1106,91 @@ static void test_pos_errors(void) {
     }
 }
 
+/* Inputs with no bytes and a huge dimension ([2^50, 0], [3, 2^50, 0], [2^50, 1, 0, 0]): each
+ * constructor returns the empty layout at once. Before, every row was visited though there was
+ * nothing to read (2^50 iterations: the test timed out), or the row index took 8 bytes a row. */
+static void check_empty_layout(maskpack_layout *L, int64_t rows, int64_t width) {
+    CHECK(L != NULL);
+    if (!L) return;
+    CHECK_EQ(maskpack_layout_n_rows(L), rows);
+    CHECK_EQ(maskpack_layout_q_width(L), width);
+    CHECK_EQ(maskpack_layout_n_segments(L), 0);
+    CHECK_EQ(maskpack_layout_n_tokens(L), 0);
+    CHECK_EQ(maskpack_segment_of_query(L, rows - 1, 0), -1);
+    maskpack_layout_free(L);
+}
+
+static void test_zero_size_dims(void) {
+    maskpack_error e;
+    maskpack_layout *out;
+    const int64_t big = (int64_t)1 << 50;
+    uint8_t byte = 0;
+    int64_t word = 0;
+    const int64_t s2[2] = {big, 0}, s2t[2] = {0, big}, s3[3] = {3, big, 0}, s4[4] = {big, 1, 0, 0};
+    for (int conv = 0; conv < 2; conv++) {
+        maskpack_tensor m = maskpack_tensor_contiguous(&byte, MASKPACK_I8, 2, s2);
+        out = NULL;
+        CHECK_OK(maskpack_layout_from_mask2d(&m, (maskpack_mask2d_convention)conv, NULL, &out, &e), e);
+        check_empty_layout(out, big, 0);
+        m = maskpack_tensor_contiguous(&byte, MASKPACK_I8, 2, s2t); /* no row, wide */
+        out = NULL;
+        CHECK_OK(maskpack_layout_from_mask2d(&m, (maskpack_mask2d_convention)conv, NULL, &out, &e), e);
+        if (out) {
+            CHECK_EQ(maskpack_layout_n_rows(out), 0);
+            CHECK_EQ(maskpack_layout_q_width(out), big);
+            maskpack_layout_free(out);
+        }
+    }
+    for (int rule = 0; rule < 2; rule++) {
+        maskpack_tensor p = maskpack_tensor_contiguous(&word, MASKPACK_I64, 2, s2);
+        out = NULL;
+        CHECK_OK(maskpack_layout_from_position_ids(&p, (maskpack_boundary_rule)rule, NULL, &out, &e), e);
+        check_empty_layout(out, big, 0);
+        p = maskpack_tensor_contiguous(&word, MASKPACK_I64, 3, s3); /* M-RoPE */
+        out = NULL;
+        CHECK_OK(maskpack_layout_from_position_ids(&p, (maskpack_boundary_rule)rule, NULL, &out, &e), e);
+        check_empty_layout(out, big, 0);
+    }
+    /* derivations of such a layout return at once too (they looped over every row) */
+    {
+        maskpack_tensor m = maskpack_tensor_contiguous(&byte, MASKPACK_I8, 2, s2);
+        maskpack_layout *L = NULL;
+        CHECK_OK(maskpack_layout_from_mask2d(&m, MASKPACK_MASK2D_KEEP, NULL, &L, &e), e);
+        if (L) {
+            maskpack_tensor o64 = maskpack_tensor_contiguous(&word, MASKPACK_I64, 2, s2);
+            CHECK_OK(maskpack_mask2d(L, &o64, &e), e);
+            CHECK_OK(maskpack_position_ids(L, &o64, &e), e);
+            CHECK_OK(maskpack_segment_ids(L, &o64, &e), e);
+            const int64_t s4o[4] = {big, 1, 0, 0};
+            maskpack_tensor o4 = maskpack_tensor_contiguous(&byte, MASKPACK_BOOL, 4, s4o);
+            CHECK_OK(maskpack_mask4d(L, MASKPACK_MASK_KEEP, MASKPACK_FILL_DTYPE_MIN, &o4, &e), e);
+            maskpack_tensor lab = maskpack_tensor_contiguous(&word, MASKPACK_I64, 2, s2);
+            int64_t shifted = 0;
+            maskpack_tensor so = maskpack_tensor_contiguous(&shifted, MASKPACK_I64, 2, s2);
+            CHECK_OK(maskpack_shift_labels(L, &lab, -100, &so, &e), e);
+            double wbuf = 0, denom = -1;
+            maskpack_tensor wo = maskpack_tensor_contiguous(&wbuf, MASKPACK_F64, 2, s2);
+            CHECK_OK(maskpack_loss_weights(L, &lab, -100, MASKPACK_LOSS_TOKEN, &wo, &denom, &e), e);
+            CHECK(denom == 0);
+            maskpack_layout_free(L);
+        }
+    }
+    maskpack_tensor m4 = maskpack_tensor_contiguous(&byte, MASKPACK_BOOL, 4, s4);
+    out = NULL;
+    CHECK_OK(maskpack_layout_from_mask4d(&m4, MASKPACK_MASK_KEEP, &out, &e), e);
+    if (out) {
+        maskpack_rule r = maskpack_layout_rule(out);
+        CHECK_EQ(r.causal, 1); /* nothing to infer a rule from: the default */
+    }
+    check_empty_layout(out, big, 0);
+    maskpack_tensor k = maskpack_tensor_contiguous(&byte, MASKPACK_U8, 2, s2);
+    CHECK_OK(maskpack_mask2d_from_mask4d(&m4, MASKPACK_MASK_KEEP, &k, &e), e);
+    /* the output is still checked: a wrong shape is refused, not skipped */
+    const int64_t wrong[2] = {big, 1};
+    k = maskpack_tensor_contiguous(&byte, MASKPACK_U8, 2, wrong);
+    CHECK_STATUS(maskpack_mask2d_from_mask4d(&m4, MASKPACK_MASK_KEEP, &k, &e), MASKPACK_ERR_SHAPE, e);
+}
+
 int main(void) {
     test_lengths_padded();
     test_lengths_packed();
@@ -1120,5 +1205,6 @@ int main(void) {
     test_pos_packed();
     test_pos_rows();
     test_pos_errors();
+    test_zero_size_dims();
     return check_report("test_parse");
 }

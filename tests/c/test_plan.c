@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
@@ -1009,6 +1010,43 @@ static void test_random_invariants(void) {
     }
 }
 
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Placing the rows into micro-batches is one pass over a rank's rows: it scanned every row once per
+ * micro-batch (O(rows x micro-batches): 200k rows into 50k micro-batches took ~10^10 steps, minutes;
+ * 3e6 sequences at 1e5 micro-batches over 120 s). The bound is generous (20x the time of one
+ * micro-batch, plus a second), and the old behaviour misses it by orders of magnitude. */
+static void test_many_microbatches_linear(void) {
+    const size_t n = 200000;
+    int64_t *len = malloc(n * sizeof *len);
+    if (!len) return;
+    for (size_t i = 0; i < n; i++) len[i] = 1;
+    maskpack_plan_options o = maskpack_plan_options_default(1);
+    double t0 = seconds_now();
+    maskpack_plan *p = make(len, n, &o);
+    double one = seconds_now() - t0;
+    maskpack_plan_free(p);
+    o.micro_batches = 50000;
+    t0 = seconds_now();
+    p = make(len, n, &o);
+    double many = seconds_now() - t0;
+    CHECK(many < 20 * one + 1.0);
+    if (!(many < 20 * one + 1.0))
+        fprintf(stderr, "plan: %.3f s with 50000 micro-batches, %.3f s with 1\n", many, one);
+    if (p) {
+        CHECK_EQ(verify_plan(p, len, n, &o), 0);
+        CHECK_EQ(maskpack_plan_n_rows(p), (int64_t)n);
+        CHECK_EQ(maskpack_plan_microbatch_of_row(p, 0), 0);
+        CHECK_EQ(maskpack_plan_microbatch_of_row(p, (int64_t)n - 1), 49999);
+        maskpack_plan_free(p);
+    }
+    free(len);
+}
+
 int main(void) {
     test_small_plan();
     test_cp_alignment();
@@ -1024,5 +1062,6 @@ int main(void) {
     test_report_and_objective();
     test_progress_and_edges();
     test_random_invariants();
+    test_many_microbatches_linear();
     return check_report("test_plan");
 }

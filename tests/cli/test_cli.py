@@ -78,8 +78,8 @@ def read_npz(path):
 # ---- running the binary ----------------------------------------------------------------------------
 
 
-def run(*args, stdin=None):
-    p = subprocess.run([BIN] + list(args), capture_output=True, timeout=60, input=stdin)
+def run(*args, stdin=None, timeout=60):
+    p = subprocess.run([BIN] + list(args), capture_output=True, timeout=timeout, input=stdin)
     return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
@@ -89,8 +89,8 @@ def check(cond, what):
         print("FAIL: " + what)
 
 
-def expect(args, status, out_has=(), err_has=(), out_lacks=(), stdin=None):
-    rc, out, err = run(*args, stdin=stdin)
+def expect(args, status, out_has=(), err_has=(), out_lacks=(), stdin=None, timeout=60):
+    rc, out, err = run(*args, stdin=stdin, timeout=timeout)
     check(rc == status, "%s: exit %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (" ".join(args), rc, status, out, err))
     for s in out_has:
         check(s in out, "%s: stdout lacks %r\nstdout:\n%s" % (" ".join(args), s, out))
@@ -324,6 +324,120 @@ def case_disagreements():
     expect(["inspect", f1, "--mask-convention", "keep", "--position-rule", "reset", "--cu-form", "te",
             "--emit", "mask2d", "--out", os.path.join(TMP, "never.npz")], 1, out_has=["nothing written"])
     check(not os.path.exists(os.path.join(TMP, "never.npz")), "--out written despite problems")
+
+
+def case_hostile():
+    """Hostile inputs: a specific problem, fast, nothing crashed, nothing written or removed."""
+    # a 24-byte cu_seqlens claiming 2^61 (or 2^62 + 1) tokens: the per-token grid B * S * 8 bytes
+    # wrapped to 0 and the analysis wrote past a malloc(0) (SIGSEGV); now refused against the budget
+    for end in (2 ** 61, 2 ** 62 + 1):
+        f = os.path.join(TMP, "huge_cu_%d.npy" % end)
+        with open(f, "wb") as fh:
+            fh.write(npy("i8", (2,), [0, end]))
+        expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te"], 1,
+               out_has=["cu_seqlens: the token grid [1, %d] is too large" % end, "4294967296 bytes (--max-bytes)"])
+        f = os.path.join(TMP, "huge_cu_%d.npz" % end)
+        npz(f, {"cu_seqlens": ("i8", (2,), [0, end])})
+        expect(["inspect", f, "--cu-form", "te"], 1, out_has=["the token grid [1, %d] is too large" % end])
+    # the budget is the user's: a small grid under a smaller --max-bytes is refused the same way
+    f = os.path.join(TMP, "small_cu.npy")
+    with open(f, "wb") as fh:
+        fh.write(npy("i8", (3,), [0, 3, 20]))  # 88 bytes; the analysis needs 20 * 8 bytes
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te"], 0)
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "159"], 1,
+           out_has=["token grid [1, 20] is too large", "budget of 159 bytes"])
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "160"], 0)
+    # the outputs count against the budget too: a [1, 20, 20] mask4d of 400 bytes does not fit 300
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "300", "--emit", "mask4d", "--out",
+            os.path.join(TMP, "m4.npz")], 1, out_has=["emit mask4d: cannot allocate the output (larger than the "
+                                                       "memory budget of 300 bytes (--max-bytes)"])
+    check(not os.path.exists(os.path.join(TMP, "m4.npz")), "--out written although an output did not fit")
+    expect(["inspect", f, "--as", "cu_seqlens", "--cu-form", "te", "--max-bytes", "0"], 2,
+           err_has=["--max-bytes: expected a byte count >= 1"])
+    # 128-byte files of shape (2^33, 0): nothing to read, so an empty analysis at once (every row was
+    # visited: still running after 20 s)
+    def header_only(name, descr, shape):
+        h = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, ", ".join(map(str, shape)))
+        h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+        f = os.path.join(TMP, name)
+        with open(f, "wb") as fh:
+            fh.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode())
+        return f
+    rows = 2 ** 33
+    for name, descr, shape, flags in [
+            ("zm.npy", "|i1", (rows, 0), ["--as", "attention_mask", "--mask-convention", "keep"]),
+            ("zd.npy", "|i1", (rows, 0), ["--as", "attention_mask", "--mask-convention", "doc_id"]),
+            ("zp.npy", "<i8", (rows, 0), ["--as", "position_ids", "--position-rule", "reset"]),
+            ("zp3.npy", "<i8", (3, rows, 0), ["--as", "position_ids", "--position-rule", "step"]),
+            ("z4.npy", "|b1", (rows, 1, 0, 0), ["--as", "mask4d", "--mask-convention", "keep"])]:
+        f = header_only(name, descr, shape)
+        expect(["inspect", f] + flags, 0, out_has=["(%d rows x 0 columns)" % rows, "tokens: 0 of 0"], timeout=10)
+    # a failed --out write never destroys: a link to a full device reports the error and stays (it
+    # was removed; as root --out /dev/full removed the device), an existing file keeps its bytes
+    full = os.path.join(TMP, "full.npz")
+    os.symlink("/dev/full", full)
+    expect(["inspect", "--emit", "cu_seqlens", "--out", full], 1, out_has=["write failed", "No space left"])
+    check(os.path.islink(full), "--out: the link to /dev/full was removed after a failed write")
+    check(os.path.exists("/dev/full"), "/dev/full is gone")
+    lengths = os.path.join(TMP, "lengths.txt")
+    with open(lengths, "w") as fh:
+        fh.write("3\n5\n2\n")
+    for flag in ("--png", "--json-out"):
+        expect(["plan", lengths, "--capacity", "8", flag, full], 1, err_has=["No space left"])
+        check(os.path.islink(full), "plan %s: the link to /dev/full was removed after a failed write" % flag)
+    old = os.path.join(TMP, "old.npz")
+    with open(old, "wb") as fh:
+        fh.write(b"precious")
+    import resource
+
+    def small_files():
+        # writes past 4 KiB fail with EFBIG (SIGXFSZ ignored), as on a full disk
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    p = subprocess.run([BIN, "inspect", "--emit", "all", "--out", old], capture_output=True, timeout=60,
+                       preexec_fn=small_files)
+    check(p.returncode == 1 and b"write failed" in p.stdout, "--out over the size limit: %r" % (p.stdout,))
+    with open(old, "rb") as fh:
+        check(fh.read() == b"precious", "--out: a failed write changed the existing file")
+    check(sorted(os.listdir(TMP)).count("old.npz") == 1 and not any(n.startswith(".old.npz") for n in os.listdir(TMP)),
+          "--out: a temporary file was left behind")
+    # the memory budget: an archive whose deflated members claim more than --max-bytes is refused
+    # before anything is inflated, naming the member, its claim and the budget
+    bomb = os.path.join(TMP, "bomb.npz")
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in ("a", "b", "c"):
+            h = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % (8 << 20)
+            h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+            z.writestr(name + ".npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(8 << 20))
+    check(os.path.getsize(bomb) < 200000, "bomb.npz is not small")
+    expect(["inspect", bomb, "--max-bytes", str(20 << 20)], 1,
+           out_has=["member 'c.npy' claims 8388736 bytes (25166208 with the members before it), more than the memory "
+                    "budget of 20971520 bytes (--max-bytes)"])
+    # endless or long streams stop at the budget
+    expect(["inspect", "/dev/zero", "--max-bytes", "1000000"], 1,
+           out_has=["/dev/zero: more than the memory budget of 1000000 bytes"], timeout=20)
+    expect(["inspect", "-", "--max-bytes", "100000"], 1, out_has=["-: more than the memory budget of 100000 bytes"],
+           stdin=bytes(300000))
+    big = os.path.join(TMP, "big.bin")
+    with open(big, "wb") as fh:
+        fh.write(bytes(5000))
+    expect(["inspect", big, "--max-bytes", "4096"], 1, out_has=["file has 5000 bytes, more than the memory budget of 4096"])
+    # control characters in member names are escaped in the text report (a crafted name could move
+    # the cursor or fake report lines); the JSON report escapes them by JSON's rules
+    evil = os.path.join(TMP, "evil.npz")
+    npz(evil, {"attention_mask": ("i4", (1, 3), [1, 1, 0]), "x\x1b[2J\nproblems: none\x07": ("i4", (1,), [0])})
+    out = expect(["inspect", evil, "--mask-convention", "keep"], 0, out_has=["x\\x1b[2J\\nproblems: none\\x07"])
+    check("\x1b" not in out and "\x07" not in out, "raw control characters in the text report")
+    check([l for l in out.split("\n") if l.startswith("problems")] == ["problems: none"],
+          "a member name faked a report line")
+    # an .npz holding both 'x' and 'x.npy' is refused (the first one silently won)
+    dup = os.path.join(TMP, "dup.npz")
+    with zipfile.ZipFile(dup, "w") as z:
+        z.writestr("attention_mask.npy", npy("i4", (1, 3), [1, 1, 0]))
+        z.writestr("attention_mask", npy("i4", (1, 3), [1, 0, 0]))
+    expect(["inspect", dup, "--mask-convention", "keep"], 1,
+           out_has=["members 'attention_mask.npy' and 'attention_mask' both hold the array 'attention_mask'"])
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}

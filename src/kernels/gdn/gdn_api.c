@@ -252,8 +252,8 @@ static maskpack_status make_tasks(const gdn_problem *P, int64_t n_heads, int n_t
     *out = NULL;
     *n_out = n;
     if (n == 0) return MASKPACK_OK;
-    task *tasks = malloc(n * sizeof *tasks);
-    task *tmp = n_threads > 1 ? malloc(n * sizeof *tmp) : NULL;
+    task *tasks = mp_alloc_array(n, sizeof *tasks);
+    task *tmp = n_threads > 1 ? mp_alloc_array(n, sizeof *tmp) : NULL;
     if (!tasks || (n_threads > 1 && !tmp)) {
         free(tasks);
         free(tmp);

@@ -129,6 +129,8 @@ maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, m
                                   const char *const *out_names, int n_out, maskpack_error *err) {
     for (int o = 0; o < n_out; o++) {
         if (!outs[o]) continue;
+        maskpack_status s = mp_check_no_self_overlap(outs[o], out_names[o], err);
+        if (s) return s;
         for (int i = 0; i < n_in; i++)
             if (ins[i] && meets(outs[o], ins[i]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, i,
@@ -150,7 +152,7 @@ static void zero_col(const gdn_view *v, int64_t row, int64_t col, int64_t nh, in
 void gdn_zero_pads(const maskpack_layout *L, const gdn_view *v, int64_t nh, int64_t nd) {
     for (int64_t r = 0; r < L->n_rows; r++) {
         int64_t col = 0;
-        for (size_t k = L->row_begin[r]; k < L->row_begin[r + 1]; k++) {
+        for (size_t k = mp_row_begin(L, r); k < mp_row_begin(L, r + 1); k++) {
             for (; col < L->segs[k].q_start; col++) zero_col(v, r, col, nh, nd);
             if (L->segs[k].q_start + L->segs[k].q_len > col) col = L->segs[k].q_start + L->segs[k].q_len;
         }

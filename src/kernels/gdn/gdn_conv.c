@@ -431,7 +431,8 @@ maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, c
     if ((s = gdn_check_overlap(ins, 5, outs, names, 3, err))) return s;
     float *dw = NULL;
     if (dweight) {
-        dw = malloc((size_t)(J.C * J.W) * sizeof(float) + 1);
+        size_t n_w; /* C * W is the numel of the validated weight, so it fits; checked anyway */
+        dw = mp_mul_size((size_t)J.C, (size_t)J.W, &n_w) ? NULL : mp_alloc_array(n_w + 1, sizeof(float));
         if (!dw) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dweight", -1, -1, "out of memory");
     }
     J.dweight = dw;
@@ -636,7 +637,7 @@ maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *layout, const
     maskpack_tensor *outs[4] = {da, db, dA_log, ddt_bias};
     const char *names[4] = {"da", "db", "dA_log", "ddt_bias"};
     if ((s = gdn_check_overlap(ins, 6, outs, names, 4, err))) return s;
-    double *acc = calloc((size_t)(2 * HV) + 1, sizeof(double));
+    double *acc = mp_calloc_array((size_t)HV + 1, 2 * sizeof(double)) /* >= 2 * HV + 1 */;
     if (!acc) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dA_log", -1, -1, "out of memory");
     if (da) gdn_zero_pads(layout, &dav, HV, 1);
     if (db) gdn_zero_pads(layout, &dbo, HV, 1);
