@@ -412,7 +412,7 @@ static void test_stdin_large(void) {
     free(got);
     /* more than the limit: refused once the buffer would pass it */
     CHECK_STATUS(read_stdin_of(want, 100 * 1024, &got, &n, &e), MASKPACK_ERR_UNSUPPORTED, e);
-    CHECK_MSG(e, "more than the 102400 bytes this reader accepts");
+    CHECK_MSG(e, "more than the memory budget of 102400 bytes");
     CHECK(got == NULL);
 }
 
