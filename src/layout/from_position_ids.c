@@ -16,10 +16,32 @@ static maskpack_segment self_seg(int64_t row, int64_t start, int64_t len) {
 typedef struct pos_view {
     const maskpack_tensor *t;
     int64_t n_rows, width, rstride, cstride;
+    const int64_t *row;  /* when set: row `row_index` as contiguous int64 (read in place or converted once) */
+    int64_t row_index;
 } pos_view;
 
-static int64_t pos_at(const pos_view *v, int64_t r, int64_t c) {
+static inline int64_t pos_at(const pos_view *v, int64_t r, int64_t c) {
+    if (v->row && r == v->row_index) return v->row[c];
     return mp_read_i64(v->t->dtype, v->t->data, r * v->rstride + c * v->cstride);
+}
+
+/* Points v->row at row r as contiguous int64: in place for contiguous int64 ids, else converted into
+ * buf [width] (one pass with the dtype switch hoisted; the scans then read plain int64s). */
+static void load_row(pos_view *v, int64_t r, int64_t *buf) {
+    v->row_index = r;
+    if (v->t->dtype == MASKPACK_I64 && v->cstride == 1) {
+        v->row = (const int64_t *)v->t->data + r * v->rstride;
+        return;
+    }
+    v->row = NULL;
+    if (!buf) return;
+    if (v->t->dtype == MASKPACK_I32) {
+        const int32_t *p = (const int32_t *)v->t->data + r * v->rstride;
+        for (int64_t c = 0; c < v->width; c++) buf[c] = p[c * v->cstride];
+    } else {
+        for (int64_t c = 0; c < v->width; c++) buf[c] = pos_at(v, r, c);
+    }
+    v->row = buf;
 }
 
 /* Length of the non-padding prefix of row r: a trailing run of two or more zeros is padding. A single
@@ -84,18 +106,23 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
                        "%s: expected [3, B, S] (M-RoPE) for 3 dimensions, found a first dimension of %lld", name,
                        (long long)t->shape[0]);
 
-    pos_view v = {t, 1, t->shape[0], 0, t->strides[0]};
-    if (t->ndim == 2) v = (pos_view){t, t->shape[0], t->shape[1], t->strides[0], t->strides[1]};
+    pos_view v = {t, 1, t->shape[0], 0, t->strides[0], NULL, -1};
+    if (t->ndim == 2) v = (pos_view){t, t->shape[0], t->shape[1], t->strides[0], t->strides[1], NULL, -1};
     /* M-RoPE: the temporal/height/width rows 1 and 2 of image tokens do not count up per token; the
      * text row (index 0) is the one that describes the documents (HF's 3x-too-long cu_seqlens bug) */
-    if (t->ndim == 3) v = (pos_view){t, t->shape[1], t->shape[2], t->strides[1], t->strides[2]};
+    if (t->ndim == 3) v = (pos_view){t, t->shape[1], t->shape[2], t->strides[1], t->strides[2], NULL, -1};
     /* nothing to read: no loop over the rows of a [2^50, 0] or [3, 2^50, 0] tensor */
     if (v.n_rows == 0 || v.width == 0) return mp_layout_empty(v.n_rows, v.width, t->ndim == 1, rule, out, err);
 
-    for (int64_t r = 0; r < v.n_rows; r++)
+    /* one row of int64 scratch (rows of int64 ids are read in place); without it the scans read
+     * element by element, which is only slower */
+    int64_t *buf = (t->dtype == MASKPACK_I64 && v.cstride == 1) ? NULL : mp_alloc_array((size_t)v.width, sizeof *buf);
+    for (int64_t r = 0; r < v.n_rows; r++) {
+        load_row(&v, r, buf);
         for (int64_t c = 0; c < v.width; c++) {
             int64_t x = pos_at(&v, r, c);
             if (x >= 0) continue;
+            free(buf);
             if (t->ndim == 1)
                 return mp_fail(err, MASKPACK_ERR_VALUE, name, c, -1, "%s[%lld]: expected >= 0, found %lld", name,
                                (long long)c, (long long)x);
@@ -106,15 +133,28 @@ maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *positio
             return mp_fail4(err, MASKPACK_ERR_VALUE, name, idx, "%s[0, %lld, %lld]: expected >= 0, found %lld", name,
                             (long long)r, (long long)c, (long long)x);
         }
+    }
 
     size_t n = 0;
-    for (int64_t r = 0; r < v.n_rows; r++) n += row_sequences(&v, r, boundary, NULL); /* <= numel, fits */
-    if (n > SIZE_MAX / sizeof(maskpack_segment))
+    for (int64_t r = 0; r < v.n_rows; r++) {
+        load_row(&v, r, buf);
+        n += row_sequences(&v, r, boundary, NULL); /* <= numel, fits */
+    }
+    if (n > SIZE_MAX / sizeof(maskpack_segment)) {
+        free(buf);
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, name, -1, -1, "%s: too many sequences (%zu)", name, n);
+    }
     maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);
-    if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, name, -1, -1, "out of memory");
+    if (!segs) {
+        free(buf);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, name, -1, -1, "out of memory");
+    }
     size_t k = 0;
-    for (int64_t r = 0; r < v.n_rows; r++) k += row_sequences(&v, r, boundary, segs + k);
+    for (int64_t r = 0; r < v.n_rows; r++) {
+        load_row(&v, r, buf);
+        k += row_sequences(&v, r, boundary, segs + k);
+    }
+    free(buf);
     int packed = t->ndim == 1;
     return mp_layout_build(segs, n, v.n_rows, v.width, v.width, packed, rule, out, err);
 }

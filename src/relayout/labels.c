@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static maskpack_status refuse_shards(const maskpack_layout *L, const char *what, maskpack_error *err) {
     for (size_t k = 0; k < L->n_segments; k++)
@@ -42,9 +43,20 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
             for (; col < next; col++) mp_write_i64(out->dtype, out->data, tok_off(out, r, col), ignore_index);
             if (k == mp_row_begin(L, r + 1)) break;
             const maskpack_segment *g = &L->segs[k];
-            for (int64_t i = 0; i + 1 < g->q_len; i++) {
-                int64_t v = mp_read_i64(labels->dtype, labels->data, tok_off(labels, r, g->q_start + i + 1));
-                mp_write_i64(out->dtype, out->data, tok_off(out, r, g->q_start + i), v);
+            int64_t ls = labels->strides[labels->ndim - 1], os = out->strides[out->ndim - 1];
+            if (labels->dtype == MASKPACK_I64) { /* the common case, with the dtype switch out of the loop */
+                const int64_t *src = (const int64_t *)labels->data + tok_off(labels, r, g->q_start + 1);
+                int64_t *dst = (int64_t *)out->data + tok_off(out, r, g->q_start);
+                for (int64_t i = 0; i + 1 < g->q_len; i++) dst[i * os] = src[i * ls];
+            } else if (labels->dtype == MASKPACK_I32) {
+                const int32_t *src = (const int32_t *)labels->data + tok_off(labels, r, g->q_start + 1);
+                int32_t *dst = (int32_t *)out->data + tok_off(out, r, g->q_start);
+                for (int64_t i = 0; i + 1 < g->q_len; i++) dst[i * os] = src[i * ls];
+            } else {
+                for (int64_t i = 0; i + 1 < g->q_len; i++) {
+                    int64_t v = mp_read_i64(labels->dtype, labels->data, tok_off(labels, r, g->q_start + i + 1));
+                    mp_write_i64(out->dtype, out->data, tok_off(out, r, g->q_start + i), v);
+                }
             }
             if (g->q_len > 0)
                 mp_write_i64(out->dtype, out->data, tok_off(out, r, g->q_start + g->q_len - 1), ignore_index);
@@ -52,6 +64,23 @@ maskpack_status maskpack_shift_labels(const maskpack_layout *L, const maskpack_t
         }
     }
     return mp_ok(err);
+}
+
+/* Labelled tokens of segment g: labels != ignore_index, or (no labels) every token but its last. */
+static int64_t labelled_in(const maskpack_tensor *labels, const maskpack_segment *g, int64_t ignore_index) {
+    if (!labels) return g->q_len > 0 ? g->q_len - 1 : 0;
+    int64_t c = 0, ls = labels->strides[labels->ndim - 1];
+    if (labels->dtype == MASKPACK_I64) {
+        const int64_t *l = (const int64_t *)labels->data + tok_off(labels, g->row, g->q_start);
+        for (int64_t i = 0; i < g->q_len; i++) c += l[i * ls] != ignore_index;
+    } else if (labels->dtype == MASKPACK_I32) {
+        const int32_t *l = (const int32_t *)labels->data + tok_off(labels, g->row, g->q_start);
+        for (int64_t i = 0; i < g->q_len; i++) c += l[i * ls] != ignore_index;
+    } else {
+        for (int64_t i = 0; i < g->q_len; i++)
+            c += mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) != ignore_index;
+    }
+    return c;
 }
 
 maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_tensor *labels, int64_t ignore_index,
@@ -70,28 +99,37 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     /* pass 1: labelled tokens per sequence and the denominator */
     int64_t tokens = 0, sequences = 0;
     for (size_t k = 0; k < L->n_segments; k++) {
-        const maskpack_segment *g = &L->segs[k];
-        int64_t c = 0;
-        for (int64_t i = 0; i < g->q_len; i++)
-            c += labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
-                              ignore_index
-                        : i + 1 < g->q_len;
+        int64_t c = labelled_in(labels, &L->segs[k], ignore_index);
         tokens += c;
         sequences += c > 0;
     }
     double denom = mode == MASKPACK_LOSS_TOKEN ? (double)tokens : (double)sequences;
     /* pass 2: pads 0, labelled tokens 1/denom (token) or 1/(count * denom) (sequence) */
-    for (int64_t r = 0; L->q_width && r < L->n_rows; r++) /* an empty grid: no loop over its rows */
-        for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
+    int64_t os = out->strides[out->ndim - 1], es = (int64_t)maskpack_dtype_size(out->dtype);
+    for (int64_t r = 0; L->q_width && r < L->n_rows; r++) { /* an empty grid: no loop over its rows */
+        if (os == 1) /* a row of zero bytes is 0.0 in both float dtypes */
+            memset((char *)out->data + tok_off(out, r, 0) * es, 0, (size_t)(L->q_width * es));
+        else
+            for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
+    }
     for (size_t k = 0; k < L->n_segments && denom > 0; k++) {
         const maskpack_segment *g = &L->segs[k];
-        int64_t c = 0;
-        for (int64_t i = 0; i < g->q_len; i++)
-            c += labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
-                              ignore_index
-                        : i + 1 < g->q_len;
+        int64_t c = labelled_in(labels, g, ignore_index);
         if (c == 0) continue;
         double w = mode == MASKPACK_LOSS_TOKEN ? 1.0 / denom : 1.0 / ((double)c * denom);
+        if (!labels && out->dtype == MASKPACK_F32) { /* every token but the last: a plain fill */
+            float *o = (float *)out->data + tok_off(out, g->row, g->q_start);
+            for (int64_t i = 0; i + 1 < g->q_len; i++) o[i * os] = (float)w;
+            continue;
+        }
+        if (labels && labels->dtype == MASKPACK_I64 && out->dtype == MASKPACK_F32) {
+            const int64_t *l = (const int64_t *)labels->data + tok_off(labels, g->row, g->q_start);
+            int64_t ls = labels->strides[labels->ndim - 1];
+            float *o = (float *)out->data + tok_off(out, g->row, g->q_start);
+            for (int64_t i = 0; i < g->q_len; i++)
+                if (l[i * ls] != ignore_index) o[i * os] = (float)w;
+            continue;
+        }
         for (int64_t i = 0; i < g->q_len; i++) {
             int lab = labels ? mp_read_i64(labels->dtype, labels->data, tok_off(labels, g->row, g->q_start + i)) !=
                                    ignore_index
