@@ -27,6 +27,38 @@ static void test_half_conversions(void) {
         float bf = mp_bf16_to_f32(mp_f32_to_bf16(v));
         CHECK(fabsf(bf - v) <= fabsf(v) * 0.01f);
     }
+    /* bf16 rounds to nearest, ties to even, bit for bit: a truncating conversion (or ties away
+     * from zero) is off by one unit in the last place on these. 1 + 2^-8 is halfway between 1 and
+     * 1 + 2^-7 (even: down), 1 + 3 * 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6 (even: up), and
+     * anything above a half goes up. */
+    CHECK_EQ(mp_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    CHECK_EQ(mp_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    CHECK_EQ(mp_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+    CHECK_EQ(mp_f32_to_bf16(-(1.0f + 0x1p-8f + 0x1p-20f)), 0xbf81);
+    CHECK_EQ(mp_f32_to_bf16(0x1.fffffep127f), 0x7f80); /* rounds up into infinity, as the hardware */
+    /* every sign, exponent and a spread of mantissas against an independent reference: the two
+     * bf16 neighbours of x (truncated and one up), the nearer in double precision, ties to even */
+    int bad = 0;
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int n = 0; n < 200000; n++) {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        uint32_t x = (uint32_t)st;
+        if ((x & 0x7f800000u) == 0x7f800000u) continue; /* inf / NaN: checked below */
+        float f;
+        memcpy(&f, &x, 4);
+        uint32_t lo = x & 0xffff0000u, hi = lo + 0x10000u;
+        float flo, fhi;
+        memcpy(&flo, &lo, 4);
+        memcpy(&fhi, &hi, 4);
+        if ((hi & 0x7f800000u) == 0x7f800000u) continue; /* rounding into infinity: checked above */
+        double dlo = fabs((double)f - flo), dhi = fabs((double)f - fhi);
+        uint16_t want = (uint16_t)((dlo < dhi || (dlo == dhi && !((lo >> 16) & 1u))) ? lo >> 16 : hi >> 16);
+        if (mp_f32_to_bf16(f) != want && bad++ < 5)
+            fprintf(stderr, "  bf16(%a) = %04x, want %04x\n", (double)f, mp_f32_to_bf16(f), want);
+    }
+    CHECK_EQ(bad, 0);
     CHECK(mp_f16_to_f32(mp_f32_to_f16(65504.0f)) == 65504.0f);
     CHECK(isinf(mp_f16_to_f32(mp_f32_to_f16(1e6f))));
     CHECK(isinf(mp_bf16_to_f32(mp_f32_to_bf16(-INFINITY))));

@@ -394,6 +394,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                            GDN_GEMM_TRI_UP | GDN_GEMM_AT,
                            GDN_GEMM_TRI_LO | GDN_GEMM_ACC};
     float *A = malloc(100 * 100 * 4), *B = malloc(100 * 100 * 4), *C1 = malloc(100 * 100 * 4), *C2 = malloc(100 * 100 * 4);
+    float *C0 = malloc(100 * 100 * 4);
     double worst = 0;
     int tri_bad = 0;
     for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++)
@@ -406,7 +407,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                     for (int i = 0; i < 100 * 100; i++) {
                         A[i] = (float)uval(1, i, 0, 0, f);
                         B[i] = (float)uval(2, i, 0, 0, f);
-                        C1[i] = C2[i] = (float)uval(3, i, 0, 0, f);
+                        C0[i] = C1[i] = C2[i] = (float)uval(3, i, 0, 0, f);
                     }
                     /* triangular A: zero the other triangle (what the kernels guarantee) */
                     for (int64_t i = 0; i < 100; i++)
@@ -415,16 +416,25 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                             if ((flags & GDN_GEMM_TRI_LO) && cidx > r) A[i * 100 + k] = 0;
                             if ((flags & GDN_GEMM_TRI_UP) && cidx < r) A[i * 100 + k] = 0;
                         }
+                    /* TRI_OUT: the full product as well, which the upper triangle may hold */
+                    if (flags & GDN_GEMM_TRI_OUT) gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C0, 100, flags & ~GDN_GEMM_TRI_OUT);
                     gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C1, 100, flags);
                     gemm(m, n, kd, 0.75f, A, 100, B, 100, C2, 100, flags);
                     for (int64_t i = 0; i < m; i++)
                         for (int64_t j = 0; j < n; j++) {
-                            if ((flags & GDN_GEMM_TRI_OUT) && j > i) continue;
+                            if ((flags & GDN_GEMM_TRI_OUT) && j > i) {
+                                /* "may be left unwritten": untouched, or the product itself */
+                                float c = C2[i * 100 + j];
+                                if (c != (float)uval(3, i * 100 + j, 0, 0, f) && !(fabs((double)c - C0[i * 100 + j]) < 1e-4))
+                                    tri_bad = 1;
+                                continue;
+                            }
                             worst = fmax(worst, fabs((double)C1[i * 100 + j] - C2[i * 100 + j]));
                         }
-                    /* beyond n (column 96..99) and rows past m nothing is written */
+                    /* nothing is written beyond column n or in the rows past m */
                     for (int64_t i = 0; i < 100; i++)
-                        if (C2[i * 100 + 99] != (float)uval(3, i * 100 + 99, 0, 0, f)) tri_bad = 1;
+                        for (int64_t j = i < m ? n : 0; j < 100; j++)
+                            if (C2[i * 100 + j] != (float)uval(3, i * 100 + j, 0, 0, f)) tri_bad = 1;
                 }
     printf("test_gdn: %s GEMM vs plain loops: worst %.2e\n", name, worst);
     CHECK(worst < 1e-4);
@@ -511,6 +521,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
     free(B);
     free(C1);
     free(C2);
+    free(C0);
     free(T);
 }
 
