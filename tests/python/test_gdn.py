@@ -476,10 +476,19 @@ def test_bf16_inputs():
     o32, st32 = maskpack.gated_delta_rule(*(x.float() for x in xs), lay)
     assert torch.equal(o, o32.to(torch.bfloat16))  # bf16 inputs are exactly their f32 values
     assert torch.equal(st, st32)
+    # gradients by value: bf16 inputs are widened, so each bf16 gradient is the f32 gradient of the
+    # same values rounded to nearest once, bit for bit (a truncating store or a 5% error fails)
     leaves = [x.clone().requires_grad_(True) for x in xs]
     o, _ = maskpack.gated_delta_rule(*leaves, lay)
-    o.float().sum().backward()
-    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all() for x in leaves)
+    gout = torch.randn(o.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    o.backward(gout)
+    leaves32 = [x.float().requires_grad_(True) for x in xs]
+    o32, _ = maskpack.gated_delta_rule(*leaves32, lay)
+    o32.backward(gout.float())
+    for x, x32 in zip(leaves, leaves32):
+        assert x.grad.dtype == torch.bfloat16
+        assert torch.count_nonzero(x32.grad) > 0
+        assert torch.equal(x.grad, x32.grad.to(torch.bfloat16))
 
 
 # ---- conv1d ---------------------------------------------------------------------------------------
