@@ -1,6 +1,7 @@
 /* test_cp.c: context-parallel alignment, padding and shards: TE and Megatron golden vectors, and the
  * property that a rank's shard layout is the original predicate restricted to the rank's queries. */
 #include "check.h"
+#include "cp_expect.h"
 
 #include <stdlib.h>
 
@@ -18,6 +19,41 @@ static void shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank, ma
     maskpack_error e;
     maskpack_tensor t = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &n);
     CHECK_OK(maskpack_cp_shard_indices(L, cp, rank, scheme, &t, &e), e);
+}
+
+/* Goldens by hand for cp = 4 and slots of unequal lengths (cp = 2 with equal slots cannot tell a
+ * swapped chunk or a chunk size taken from another slot). */
+static void test_golden_cp4_unequal(void) {
+    maskpack_error e;
+    /* packed slots of 8 and 16 tokens, cp = 4: chunks of 1 and 2 */
+    maskpack_segment s[2] = {{0, 0, 8, 0, 8}, {0, 8, 16, 8, 16}};
+    maskpack_layout *L = NULL;
+    CHECK_OK(maskpack_layout_from_segments(s, 2, 1, 24, 24, 1, NULL, &L, &e), e);
+    const int64_t want[4][6] = {{0, 7, 8, 9, 22, 23}, {1, 6, 10, 11, 20, 21}, {2, 5, 12, 13, 18, 19},
+                                {3, 4, 14, 15, 16, 17}};
+    int64_t idx[6];
+    for (int r = 0; r < 4 && L; r++) {
+        shard_indices(L, 4, r, MASKPACK_CP_ZIGZAG, idx, 6);
+        for (int i = 0; i < 6; i++) CHECK_EQ(idx[i], want[r][i]);
+    }
+    /* cp = 2 on the same slots: chunks of 2 and 4 */
+    const int64_t want2[2][12] = {{0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23}, {2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19}};
+    int64_t idx2[12];
+    for (int r = 0; r < 2 && L; r++) {
+        shard_indices(L, 2, r, MASKPACK_CP_ZIGZAG, idx2, 12);
+        for (int i = 0; i < 12; i++) CHECK_EQ(idx2[i], want2[r][i]);
+    }
+    maskpack_layout_free(L);
+    /* two padded rows of 16, cp = 4: each row in 8 chunks of 2 */
+    maskpack_segment rows[2] = {{0, 0, 16, 0, 16}, {1, 0, 9, 0, 9}};
+    CHECK_OK(maskpack_layout_from_segments(rows, 2, 2, 16, 16, 0, NULL, &L, &e), e);
+    const int64_t wantp[8] = {4, 5, 10, 11, 20, 21, 26, 27}; /* rank 2 */
+    int64_t idxp[8];
+    if (L) {
+        shard_indices(L, 4, 2, MASKPACK_CP_ZIGZAG, idxp, 8);
+        for (int i = 0; i < 8; i++) CHECK_EQ(idxp[i], wantp[i]);
+    }
+    maskpack_layout_free(L);
 }
 
 static void test_golden(void) {
@@ -199,6 +235,15 @@ static void test_shard_property(void) {
             CHECK_OK(st, e);
             if (!Sh) continue;
             shard_indices(L, cp, rank, scheme, idx, local);
+            /* the indices are the scheme's definition, computed independently */
+            int64_t *want = malloc((size_t)(local ? local : 1) * sizeof *want);
+            int64_t nw = expected_indices(L, cp, rank, scheme, want), same = nw == local;
+            for (int64_t t = 0; same && t < local; t++) same = idx[t] == want[t];
+            CHECK(same);
+            if (!same)
+                fprintf(stderr, "  iter %d cp %lld rank %lld scheme %d: indices differ from the definition\n", iter,
+                        (long long)cp, (long long)rank, (int)scheme);
+            free(want);
             tokens += maskpack_layout_n_tokens(Sh);
             int64_t ls = maskpack_layout_q_width(Sh);
             for (int64_t t = 0; t < local; t++) {
@@ -232,6 +277,7 @@ static void test_shard_property(void) {
 
 int main(void) {
     test_golden();
+    test_golden_cp4_unequal();
     test_alignment_rules();
     test_shard_property();
     return check_report("test_cp");

@@ -117,6 +117,39 @@ def test_shard_then_gather_roundtrip(cp, scheme):
             assert "has no source" in e.value.message
 
 
+def expected_shard_indices(lay, cp, r, scheme):
+    """A rank's token indices from the scheme's definition (not the library's): contiguous cuts each
+    row, or the packed stream, into cp chunks and rank r takes chunk r; zigzag cuts each row, or each
+    slot of a packed stream (a sequence and the padding up to the next one; the first from 0), into
+    2 cp chunks and rank r takes chunks r and 2 cp - 1 - r, in that order, slot after slot."""
+    B, S = lay.n_rows, lay.q_width
+    out = []
+    if lay.packed and scheme == "zigzag":
+        starts = [0] + [seg[1] for seg in lay.segments[1:]]
+        for a, z in zip(starts, starts[1:] + [S]):
+            c = (z - a) // (2 * cp)
+            out += list(range(a + r * c, a + (r + 1) * c)) + list(range(a + (2 * cp - 1 - r) * c, a + (2 * cp - r) * c))
+        return np.array(out, dtype=np.int64)
+    c = S // (2 * cp if scheme == "zigzag" else cp)
+    for b in range(B):
+        out += range(b * S + r * c, b * S + (r + 1) * c)
+        if scheme == "zigzag":
+            out += range(b * S + (2 * cp - 1 - r) * c, b * S + (2 * cp - r) * c)
+    return np.array(out, dtype=np.int64)
+
+
+def test_zigzag_goldens_cp4_unequal_slots():
+    """By hand: packed slots of 8 and 16 tokens, cp = 4 (chunks of 1 and 2), and padded rows of 16."""
+    lay = maskpack.Layout.from_cu_seqlens([0, 8, 24])
+    want = [[0, 7, 8, 9, 22, 23], [1, 6, 10, 11, 20, 21], [2, 5, 12, 13, 18, 19], [3, 4, 14, 15, 16, 17]]
+    for r in range(4):
+        assert np.asarray(lay.cp_shard_indices(4, r, align=None)).tolist() == want[r]
+    x = np.arange(24)
+    assert np.asarray(lay.shard(x, 4, 1, align=None)).tolist() == want[1]
+    pad = maskpack.Layout.from_lengths([16, 9], placement="right")
+    assert np.asarray(pad.cp_shard_indices(4, 2, align=None)).tolist() == [4, 5, 10, 11, 20, 21, 26, 27]
+
+
 @given(layout_specs(kinds=("right", "left", "packed", "packed_rows", "segments")), st.sampled_from([1, 2, 4]),
        st.sampled_from(["zigzag", "contiguous"]))
 def test_shard_layout_derives_the_restricted_predicate(spec, cp, scheme):
@@ -134,6 +167,7 @@ def test_shard_layout_derives_the_restricted_predicate(spec, cp, scheme):
     for r in range(cp):
         shard = glob.cp_shard(cp, r, scheme=scheme, align=None)
         idx = np.asarray(glob.cp_shard_indices(cp, r, scheme=scheme, align=None))
+        np.testing.assert_array_equal(idx, expected_shard_indices(glob, cp, r, scheme))
         m4 = np.asarray(shard.mask4d("masked"))[:, 0].reshape(shard.n_rows * shard.q_width, K)
         np.testing.assert_array_equal(~m4, flat[idx])
         np.testing.assert_array_equal(np.asarray(shard.mask2d()).reshape(-1), segid[idx] > 0)
