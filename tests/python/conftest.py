@@ -29,3 +29,14 @@ def pytest_report_header(config):
     import maskpack
 
     return f"maskpack {maskpack.__version__} from {os.path.dirname(maskpack.__file__)}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    # the hypothesis feature frequencies of test_properties (test_strategies_cover_every_feature)
+    for mod in list(sys.modules.values()):
+        lines = getattr(mod, "FEATURE_REPORT", None)
+        if isinstance(lines, list) and lines and getattr(mod, "__name__", "").endswith("test_properties"):
+            terminalreporter.write_sep("-", "hypothesis: share of examples with each feature")
+            for line in lines:
+                terminalreporter.write_line(line)
+            break

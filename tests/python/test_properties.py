@@ -186,10 +186,14 @@ def test_dense_masks_match_reference_predicate(spec):
     assert two.shape == (b, 2, s, skv)
     np.testing.assert_array_equal(two[:, 0], a)
     np.testing.assert_array_equal(two[:, 1], a)
-    # the reference predicate of the C library agrees at a sample of points
-    for bi, i, j in [(0, 0, 0), (b - 1, s - 1, skv - 1), (b // 2, s // 2, skv // 3)]:
-        if b and s and skv:
-            assert lay.allowed_at(bi, i, j) == bool(a[bi, i, j])
+    # the C library's reference predicate (maskpack_allowed, its own code path: allowed() above is
+    # mask4d) agrees with the independent one at every point of grids up to 4096 cells, and on
+    # larger ones at every key of every 7th query row; outside the grid it is False
+    rows = range(s) if b * s * skv <= 4096 else range(0, s, 7)
+    got_at = np.array([[[lay.allowed_at(bi, i, j) for j in range(skv)] for i in rows] for bi in range(b)], bool)
+    np.testing.assert_array_equal(got_at.reshape(b, len(rows), skv), a[:, list(rows)])
+    for bi, i, j in [(-1, 0, 0), (b, 0, 0), (0, -1, 0), (0, s, 0), (0, 0, -1), (0, 0, skv)]:
+        assert lay.allowed_at(bi, i, j) is False
 
 
 @given(layout_specs())
@@ -312,11 +316,15 @@ def position_id_specs(draw):
     has no positions), a packed stream's last sequence of length >= 2 and padded rows with no pad or
     at least two pads (a trailing run of two or more zeros is tail padding by definition, while a
     single 0 at the end is a length-1 sequence), and every padded sequence of length >= 2 (a length-1
-    sequence followed by pads would be one run of zeros)."""
-    spec = draw(layout_specs(kinds=("packed", "right"), min_len=1))
+    sequence followed by pads would be one run of zeros). Left padding is drawn too, with sequences
+    of length >= 2: its pads, written as position 0 before the sequence, read as length-1 sequences
+    (see the test)."""
+    spec = draw(layout_specs(kinds=("packed", "right", "left"), min_len=1))
     segs = spec["segments"]
     if spec["kind"] == "packed":
         assume(segs[-1][2] >= 2)
+    elif spec["kind"] == "left":
+        assume(all(n >= 2 for (_b, _qs, n, _ks, _kn) in segs))
     else:
         for (_b, _qs, n, _ks, _kn) in segs:
             assume(n >= 2 and spec["q_width"] - n != 1)
@@ -327,6 +335,20 @@ def position_id_specs(draw):
 def test_roundtrip_position_ids(spec, boundary):
     lay = build(spec)
     pos = lay.position_ids()
+    if spec["kind"] == "left":
+        # Left padding: every pad is a 0 followed by another 0, so under both rules each reads as a
+        # length-1 sequence; the real sequences come back exactly, with the same positions. (Spans
+        # and prefixes are per segment index, which the extra segments shift: rule without them.)
+        r = {key: spec["rule"][key] for key in ("causal", "alignment", "window")}
+        back = Layout.from_position_ids(pos, rule=boundary, **r)
+        np.testing.assert_array_equal(back.position_ids(), pos)
+        real, got = set(lay.segments), set(back.segments)
+        assert real <= got
+        pads = ~np.asarray(lay.mask2d())
+        extra = got - real
+        assert len(extra) == int(pads.sum())
+        assert all(seg[2] == 1 and seg[4] == 1 and pads[seg[0], seg[1]] for seg in extra)
+        return
     back = Layout.from_position_ids(pos, rule=boundary, **spec["rule"])
     assert back == lay
     np.testing.assert_array_equal(back.allowed(), reference_allowed(spec))
@@ -405,16 +427,73 @@ def test_with_rule_keeps_segments(spec):
     assert other == build(spec)
 
 
-def test_strategies_cover_every_kind():
-    # The properties above are only as good as the layouts drawn: every kind must show up.
-    seen = set()
+def drawn_features(spec, cp=1):
+    """The features of interest one drawn example has (names as in FEATURE_FLOORS)."""
+    segs, rule, f = spec["segments"], spec["rule"], set()
+    f.add("kind " + spec["kind"])
+    if spec["kind"] == "left" and any(qs > 0 for (_b, qs, _n, _ks, _kn) in segs):
+        f.add("left padding")
+    if any(n == 0 for (_b, _qs, n, _ks, _kn) in segs):
+        f.add("empty segment")
+    if any(n == 1 for (_b, _qs, n, _ks, _kn) in segs):
+        f.add("length-1 sequence")
+    for (_b, _qs, ql, _ks, kl) in segs:
+        if ql and kl and ql != kl:
+            f.add("q_len != kv_len, " + rule["alignment"])
+            if ql > kl and rule["alignment"] == "bottom_right":
+                f.add("q_len > kv_len, bottom_right (rows that see nothing)")
+    f.add("causal" if rule["causal"] else "bidirectional")
+    if tuple(rule["window"]) != (-1, -1):
+        f.add("window")
+    if rule["spans"]:
+        f.add("spans")
+    if rule["prefix"] is not None and any(rule["prefix"]):
+        f.add("prefix")
+    lens = [n for (_b, _qs, n, _ks, _kn) in segs]
+    if cp > 1 and spec["packed"] and len(set(lens)) > 1:
+        f.add("cp > 1, packed slots of unequal lengths")
+    if cp > 1 and not spec["packed"] and len(set(lens)) > 1:
+        f.add("cp > 1, padded rows of unequal lengths")
+    return f
 
-    @given(layout_specs())
-    def collect(spec):
-        seen.add(spec["kind"])
+
+# Floors: the share of drawn examples (per run of the profile) that must have each feature; the
+# properties above only check what the strategies draw. Measured with the "ci" profile (200).
+FEATURE_FLOORS = {
+    "kind right": 0.05, "kind left": 0.05, "kind packed": 0.05, "kind packed_rows": 0.05, "kind segments": 0.05,
+    "kind cross": 0.05,
+    "left padding": 0.04,
+    "empty segment": 0.10,
+    "length-1 sequence": 0.05,
+    "q_len != kv_len, top_left": 0.04,
+    "q_len != kv_len, bottom_right": 0.04,
+    "q_len > kv_len, bottom_right (rows that see nothing)": 0.02,
+    "causal": 0.2, "bidirectional": 0.2, "window": 0.2, "spans": 0.05, "prefix": 0.05,
+    "cp > 1, packed slots of unequal lengths": 0.04,
+    "cp > 1, padded rows of unequal lengths": 0.04,
+}
+FEATURE_REPORT = []  # lines for the run's terminal summary (conftest.py prints them)
+
+
+def test_strategies_cover_every_feature():
+    # The properties above are only as good as the layouts drawn: every kind and every feature of
+    # interest shows up in at least its floor's share of the examples (the draws of test_moves'
+    # shard property, with cp, included), and the frequencies are reported with the run.
+    counts, n = {}, [0]
+
+    @given(layout_specs(), st.sampled_from([1, 2, 4]))
+    def collect(spec, cp):
+        n[0] += 1
+        for name in drawn_features(spec, cp):
+            counts[name] = counts.get(name, 0) + 1
 
     collect()
-    assert seen == {"right", "left", "packed", "packed_rows", "segments", "cross"}
+    FEATURE_REPORT[:] = ["%-55s %5.1f%%  (floor %4.1f%%)" % (name, 100 * counts.get(name, 0) / n[0], 100 * floor)
+                         for name, floor in FEATURE_FLOORS.items()]
+    FEATURE_REPORT.append("(%d examples of layout_specs)" % n[0])
+    low = {name: counts.get(name, 0) / n[0] for name, floor in FEATURE_FLOORS.items()
+           if counts.get(name, 0) / n[0] < floor}
+    assert not low, "features under their floor: %r" % low
 
 
 if __name__ == "__main__":  # pragma: no cover
