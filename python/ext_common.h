@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "maskpack.h"
@@ -78,6 +79,19 @@ static inline int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *ou
 
 /* A shape or strides tuple (at most MASKPACK_MAX_DIMS entries). */
 static inline int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
+    /* more dimensions than any maskpack tensor has: a shape error (maskpack.Error), as the library's */
+    Py_ssize_t len = PyTuple_Check(obj) || PyList_Check(obj) ? PySequence_Size(obj) : -1;
+    if (len > MASKPACK_MAX_DIMS) {
+        maskpack_error e;
+        memset(&e, 0, sizeof e);
+        e.status = MASKPACK_ERR_SHAPE;
+        for (int i = 0; i < 4; i++) e.index[i] = -1;
+        snprintf(e.argument, sizeof e.argument, "%s", name);
+        snprintf(e.message, sizeof e.message, "%s: expected at most %d dimensions, found %zd", name, MASKPACK_MAX_DIMS,
+                 len);
+        mpx_raise_status(MASKPACK_ERR_SHAPE, &e);
+        return -1;
+    }
     return mpx_parse_i64_seq(obj, name, out, MASKPACK_MAX_DIMS, n_out);
 }
 
