@@ -24,7 +24,8 @@ done
 
 # Python suite against the sanitized extension: a throwaway package dir holding the sources and the
 # sanitized module, with the ASan runtime preloaded into the interpreter (leaks off: CPython and
-# torch keep allocations alive at exit by design).
+# torch keep allocations alive at exit by design). MASKPACK_EXPECT_SANITIZED=1 makes
+# tests/python/conftest.py refuse to run unless ASan is loaded and the extension is this pkgdir's.
 pkgdir="$BUILD/pyroot"
 rm -rf "$pkgdir"; mkdir -p "$pkgdir/maskpack"
 cp python/maskpack/*.py "$pkgdir/maskpack/"

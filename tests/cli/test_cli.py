@@ -306,6 +306,10 @@ def case_disagreements():
     check(d["problems"] == ["row 0: attention_mask says 2 sequences, position_ids says 3 (they split differently "
                             "at column 2)"], "doc_id vs position_ids problems %r" % d["problems"])
     # the step rule does not see the repeated 0 at column 3 as a second boundary either: still 3
+    out = expect(["inspect", f2, "--mask-convention", "doc_id", "--position-rule", "step", "--json"], 1)
+    d = json.loads(out)
+    check(d["problems"] == ["row 0: attention_mask says 2 sequences, position_ids says 3 (they split differently "
+                            "at column 2)"], "doc_id vs position_ids (step) problems %r" % d["problems"])
     # position_ids that call real tokens padding (a zero tail under the mask's ones)
     f3 = os.path.join(TMP, "tail.npz")
     npz(f3, {"attention_mask": ("i8", (1, 6), [1, 1, 1, 1, 1, 1]), "position_ids": ("i8", (1, 6), [0, 1, 2, 3, 0, 0])})

@@ -31,6 +31,25 @@ def pytest_report_header(config):
     return f"maskpack {maskpack.__version__} from {os.path.dirname(maskpack.__file__)}"
 
 
+def pytest_sessionstart(session):
+    # tools/run_sanitized.sh sets MASKPACK_EXPECT_SANITIZED=1: the run is only worth something if the
+    # extension imported is the sanitized one it built (not an installed copy) and ASan is loaded.
+    if os.environ.get("MASKPACK_EXPECT_SANITIZED") != "1":
+        return
+    import maskpack
+    from maskpack import _maskpack
+
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    if "libasan" not in maps:
+        raise RuntimeError("MASKPACK_EXPECT_SANITIZED=1 but AddressSanitizer is not loaded in this process")
+    roots = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    ext = os.path.abspath(_maskpack.__file__)
+    if not any(ext.startswith(r + os.sep) for r in roots):
+        raise RuntimeError(f"MASKPACK_EXPECT_SANITIZED=1 but maskpack's extension comes from {ext}, not from "
+                           f"PYTHONPATH {roots} (maskpack at {maskpack.__file__})")
+
+
 def pytest_terminal_summary(terminalreporter):
     # the hypothesis feature frequencies of test_properties (test_strategies_cover_every_feature)
     for mod in list(sys.modules.values()):

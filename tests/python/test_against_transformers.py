@@ -18,9 +18,11 @@ maskpack's pad rows are checked to be empty. transformers is imported unconditio
 this module fails instead of skipping.
 """
 
+import re
 import warnings
 
 import numpy as np
+
 import pytest
 import torch
 import transformers
@@ -349,10 +351,16 @@ def test_tail_padding_zeros_are_padding_not_sequences():
     assert not ours[0, 0, 5:].any()  # maskpack: pads attend nothing
 
 
-def test_transformers_version_is_reported():
-    # The helpers above are private HF functions; record which version the comparison ran against.
-    assert transformers.__version__
-    assert callable(_get_unpad_data) and callable(prepare_fa_kwargs_from_position_ids)
+def test_transformers_version_and_helper_goldens():
+    # The helpers above are private HF functions: the version they ran against is a real release
+    # number, and each still computes what the comparisons assume on a golden input (a renamed or
+    # changed helper fails here, not silently in the comparisons).
+    assert re.fullmatch(r"\d+\.\d+\.\d+([.a-z0-9+-]*)?", transformers.__version__), transformers.__version__
+    indices, cu, max_len = _get_unpad_data(torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]))
+    assert indices.tolist() == [0, 1, 2, 4, 5] and cu.tolist() == [0, 3, 5] and int(max_len) == 3
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    assert cu_q.tolist() == cu_k.tolist() == [0, 3, 5, 6] and int(max_q) == int(max_k) == 3
+    # HF sliding_window w = w keys including the query itself: flash-attn (w - 1, w - 1)
     assert maskpack.window_from_hf(4) == (3, 3)
 
 
