@@ -186,3 +186,95 @@ def test_hf_kwargs_train_a_transformers_model_padded_and_padding_free_alike():
     with pytest.raises(maskpack.Error) as e:
         maskpack.prepare_batch(batch, backend="sdpa", padding_free=True, cp=2, cp_rank=0).hf_kwargs()
     assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "cp"
+
+
+# ---- the bundle against expectations computed with numpy from the input batch alone ------------
+
+
+def _batch_with_empty_rows(rng, left):
+    """A right- or left-padded batch whose rows include empty ones (all padding)."""
+    lengths = rng.integers(0, 16, size=rng.integers(2, 6))
+    lengths[rng.integers(0, len(lengths))] = 0  # at least one empty row
+    lengths[rng.integers(0, len(lengths))] = max(1, int(lengths.max()))  # and a real one
+    S = int(lengths.max()) + int(rng.integers(0, 3))
+    mask = np.zeros((len(lengths), S), dtype=np.int64)
+    for b, n in enumerate(lengths):
+        mask[b, S - n:S] = 1 if left else 0
+        if not left:
+            mask[b, :n] = 1
+    ids = rng.integers(1, 30000, size=mask.shape) * mask
+    labels = np.where(mask == 1, ids, -100)
+    labels[rng.random(labels.shape) < 0.2] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _numpy_expectations(batch):
+    """What every bundle must hold, from the batch alone: the real tokens in row-major order, their
+    positions, next-token labels inside each row's sequence, token-mode loss weights, the
+    document-causal keep matrix over real tokens, cu_seqlens of the non-empty rows, last tokens."""
+    ids, mask, labels = (np.asarray(batch[k]) for k in ("input_ids", "attention_mask", "labels"))
+    m = mask.astype(bool)
+    lengths = m.sum(1)
+    seq_of = np.concatenate([np.full(n, b) for b, n in enumerate(lengths)]).astype(np.int64)
+    pos = np.concatenate([np.arange(n) for n in lengths]).astype(np.int64)
+    shift = np.concatenate([np.append(labels[b][m[b]][1:], -100) if n else np.zeros(0, np.int64)
+                            for b, n in enumerate(lengths)])
+    n_lab = int((shift != -100).sum())
+    keep = (seq_of[:, None] == seq_of[None, :]) & (pos[None, :] <= pos[:, None])
+    keep4d = np.zeros((m.shape[0], 1, m.shape[1], m.shape[1]), bool)  # padded: pads see and are seen by nothing
+    for b in range(m.shape[0]):
+        cols = np.flatnonzero(m[b])
+        keep4d[b, 0][np.ix_(cols, cols)] = np.tril(np.ones((len(cols), len(cols)), bool))
+    nz = lengths[lengths > 0]
+    return dict(ids=ids[m], pos=pos, labels=labels[m], shift=shift, n_lab=n_lab,
+                weights=np.where(shift != -100, 1.0 / max(n_lab, 1), 0.0), keep=keep, keep4d=keep4d, mask=mask,
+                cu=np.concatenate([[0], np.cumsum(nz)]), max_len=int(nz.max()),
+                last_padded=np.array([b * m.shape[1] + np.flatnonzero(m[b])[-1] for b in range(m.shape[0]) if lengths[b]]),
+                last_packed=np.cumsum(nz) - 1)
+
+
+@pytest.mark.parametrize("backend", maskpack.batch.BACKENDS)
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_bundle_matches_numpy_expectations(backend, padding_free):
+    rng = np.random.default_rng(3 + len(backend) + 10 * padding_free)
+    for trial in range(6):
+        batch = _batch_with_empty_rows(rng, left=bool(trial % 2))
+        want = _numpy_expectations(batch)
+        b = maskpack.prepare_batch(batch, backend=backend, padding_free=padding_free, head_dim=8)
+        np.testing.assert_array_equal(_tokens(b, b.input_ids), want["ids"])
+        np.testing.assert_array_equal(_tokens(b, b.position_ids), want["pos"])
+        np.testing.assert_array_equal(_tokens(b, b.labels), want["labels"])
+        np.testing.assert_array_equal(_tokens(b, b.shift_labels), want["shift"])
+        np.testing.assert_allclose(_tokens(b, b.loss_weights), want["weights"], rtol=1e-6)
+        assert b.loss_denominator == want["n_lab"]
+        # every pad slot carries no loss and is ignored
+        pads = ~np.asarray(b.attention_mask_2d).astype(bool)
+        assert (np.asarray(b.shift_labels)[pads] == -100).all() and (np.asarray(b.loss_weights)[pads] == 0).all()
+        np.testing.assert_array_equal(np.asarray(b.last_token_index),
+                                      want["last_packed"] if padding_free else want["last_padded"])
+        if padding_free:
+            np.testing.assert_array_equal(np.asarray(b.cu_seqlens), want["cu"])
+            assert b.max_seqlen == want["max_len"]
+        # the mask each backend hands its kernel, against the numpy one
+        am = b.attention_mask
+        if backend == "sdpa":
+            got = np.asarray(am)
+            np.testing.assert_array_equal(got[0, 0] if padding_free else got,
+                                          want["keep"] if padding_free else want["keep4d"])
+        elif backend == "eager":
+            got = np.asarray(am.float() if isinstance(am, torch.Tensor) else am)
+            neg = np.finfo(np.float32).min
+            np.testing.assert_array_equal(got[0, 0] if padding_free else got,
+                                          np.where(want["keep"] if padding_free else want["keep4d"], 0.0, neg))
+        elif backend == "megatron":
+            assert am is None if padding_free else np.array_equal(np.asarray(am), ~want["keep4d"])
+        elif backend == "flash_attn":
+            assert am is None if padding_free else np.array_equal(np.asarray(am), want["mask"])
+        else:  # npu: TND cumulative ends of the non-empty sequences, causal bottom-right (mode 3)
+            if padding_free:
+                assert b.npu["input_layout"] == "TND" and b.npu["sparse_mode"] == 3
+                assert list(b.npu["actual_seq_qlen"]) == want["cu"][1:].tolist()
+                assert list(b.npu["actual_seq_kvlen"]) == want["cu"][1:].tolist()
+            else:
+                assert b.npu["input_layout"] == "BSND"
+                np.testing.assert_array_equal(np.asarray(b.npu["atten_mask"]), ~want["keep4d"])
