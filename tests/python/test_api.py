@@ -749,3 +749,59 @@ def test_arbitrary_arrays_give_a_layout_or_a_clean_error(values, dtype, how):
         if isinstance(out, Layout):  # whatever came back is a usable layout
             assert out.n_tokens == int(np.asarray(out.mask2d()).sum())
             out.mask4d("keep")
+
+
+def test_npu_args_goldens_from_the_operator_documentation():
+    """npu_fusion_attention's documented conventions (torch_npu API reference, ptaoplist_000850 of
+    hiascend.com; the sparse-mode introduction of Ascend ops-transformer), written here by hand for TND
+    and BSND in sparse modes 0-4 and 6, independently of the library's builder and validator:
+    actual_seq_qlen/kvlen are cumulative ends without a leading 0 (lengths 2 2 2 2 2 -> 2 4 6 8 10);
+    mode 0 with no mask ignores pre/next; mode 1 takes the whole mask (True = masked); modes 2
+    (leftUpCausal) and 3 (rightDownCausal) take the 2048 x 2048 compressed mask, lower triangle 0 and
+    upper triangle 1; mode 4 (band) keeps pre_tockens keys before and next_tockens after the diagonal;
+    mode 6 (prefix, compressed) takes a 3072 x 2048 mask and one prefix N per sequence."""
+    big = 2147483647
+    tri = np.triu(np.ones((2048, 2048), bool), k=1)
+
+    def args(lay, fmt):
+        return lay.npu_args(fmt, scale=0.125)
+
+    # TND, mode 0: the documentation's own length example, no mask
+    a = args(Layout.from_lengths([2] * 5, placement="packed", causal=False), "TND")
+    assert (a["sparse_mode"], a["atten_mask"]) == (0, None)
+    assert list(a["actual_seq_qlen"]) == [2, 4, 6, 8, 10] and list(a["actual_seq_kvlen"]) == [2, 4, 6, 8, 10]
+    # TND, modes 2 and 3: causal cross attention, queries [2, 3], keys [4, 5]
+    for align, mode in (("top_left", 2), ("bottom_right", 3)):
+        a = args(Layout.from_cu_seqlens([0, 2, 5], cu_kv=[0, 4, 9], alignment=align), "TND")
+        assert a["sparse_mode"] == mode
+        assert list(a["actual_seq_qlen"]) == [2, 5] and list(a["actual_seq_kvlen"]) == [4, 9]
+        np.testing.assert_array_equal(np.asarray(a["atten_mask"]), tri)
+    # TND, mode 4: a causal window of 2 keys back, and a two-sided one (2 back, 1 ahead)
+    for kw, pre, nxt in (({"window": (2, 0)}, 2, 0), ({"window": (2, 1), "causal": False}, 2, 1)):
+        a = args(Layout.from_lengths([3, 5], placement="packed", **kw), "TND")
+        assert (a["sparse_mode"], a["pre_tockens"], a["next_tockens"]) == (4, pre, nxt)
+        assert list(a["actual_seq_qlen"]) == [3, 8] and np.asarray(a["atten_mask"]).shape == (2048, 2048)
+    # TND, mode 6: prefix-LM, one N per sequence
+    a = args(Layout.from_lengths([3, 5], placement="packed", prefix=[1, 2]), "TND")
+    assert a["sparse_mode"] == 6 and list(a["prefix"]) == [1, 2]
+    assert np.asarray(a["atten_mask"]).shape == (3072, 2048) and list(a["actual_seq_qlen"]) == [3, 8]
+
+    # BSND, mode 0: equal rows, bidirectional: no mask, no lists
+    a = args(Layout.from_lengths([4, 4], placement="right", causal=False), "BSND")
+    assert (a["sparse_mode"], a["atten_mask"], a["actual_seq_qlen"]) == (0, None, None)
+    # BSND, mode 1: rows of unequal lengths need the whole [B,1,S,S] mask: True = masked
+    a = args(Layout.from_lengths([3, 5], placement="right"), "BSND")
+    want = np.ones((2, 1, 5, 5), bool)
+    for b, n in enumerate([3, 5]):
+        want[b, 0, :n, :n] = np.triu(np.ones((n, n), bool), k=1)
+    assert (a["sparse_mode"], a["pre_tockens"], a["next_tockens"]) == (1, big, big)
+    np.testing.assert_array_equal(np.asarray(a["atten_mask"]), want)
+    # BSND, mode 3 (causal equal rows; q_len == kv_len, so rightDownCausal is leftUpCausal) + compressed mask
+    a = args(Layout.from_lengths([4, 4], placement="right"), "BSND")
+    assert a["sparse_mode"] in (2, 3)
+    np.testing.assert_array_equal(np.asarray(a["atten_mask"]), tri)
+    # BSND, mode 4 and mode 6
+    a = args(Layout.from_lengths([4, 4], placement="right", window=(1, 0)), "BSND")
+    assert (a["sparse_mode"], a["pre_tockens"], a["next_tockens"]) == (4, 1, 0)
+    a = args(Layout.from_lengths([4, 4], placement="right", prefix=[1, 2]), "BSND")
+    assert a["sparse_mode"] == 6 and list(a["prefix"]) == [1, 2] and np.asarray(a["atten_mask"]).shape == (3072, 2048)
