@@ -51,6 +51,17 @@ def pytest_sessionstart(session):
 
 
 def pytest_terminal_summary(terminalreporter):
+    # kernels this CPU could not run (test_attention, test_gdn): a passing run checked less
+    missing = set()
+    for key, mod in list(sys.modules.items()):
+        if key.rsplit(".", 1)[-1].startswith("test_"):
+            names = mod.__dict__.get("NOT_RUN_ON_THIS_CPU") if hasattr(mod, "__dict__") else None
+            if isinstance(names, list):
+                missing.update(names)
+    missing = sorted(missing)
+    if missing:
+        terminalreporter.write_sep("-", "kernels NOT RUN on this CPU (it lacks their ISA)")
+        terminalreporter.write_line(", ".join(missing))
     # the hypothesis feature frequencies of test_properties (test_strategies_cover_every_feature)
     for mod in list(sys.modules.values()):
         lines = getattr(mod, "FEATURE_REPORT", None)

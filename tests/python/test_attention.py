@@ -110,6 +110,22 @@ def _cpu_flags():
 # avx512 ISA on a CPU with it) and AMX. The others compute in f32 and round the output once.
 P_ROUNDED = {"amx"} | ({"avx512"} if "avx512_bf16" in _cpu_flags() else set())
 
+# kernels this CPU cannot run: a skip each below, and conftest.py names them in the run's summary
+NOT_RUN_ON_THIS_CPU = ["attention " + k for k in ("avx2", "avx512", "amx") if k not in ISAS] + (
+    ["attention avx512bf16 (bf16 forward)"] if "avx512" in ISAS and "avx512" not in P_ROUNDED else [])
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16", "amx"])
+def test_kernel_runs_here_or_is_reported(isa, monkeypatch):
+    """Each vector kernel is checked by every test above on a CPU that has it; on one that lacks it
+    the loops run without it, and this says so (a skip with its reason, and the summary line)."""
+    name = "attention " + isa + (" (bf16 forward)" if isa == "avx512bf16" else "")
+    if name in NOT_RUN_ON_THIS_CPU:
+        pytest.skip(f"{name} NOT RUN: this CPU lacks its ISA")
+    monkeypatch.setenv("MASKPACK_ISA", "avx512" if isa == "avx512bf16" else isa)
+    assert maskpack.attention_isa("bfloat16") == ("avx512" if isa == "avx512bf16" else isa)
+    assert isa in ISAS or isa == "avx512bf16"
+
 # Bounds, from the errors measured on a Zen 4 (ref, avx2, avx512 with AVX512-BF16): a bf16 output
 # rounded once is within 1 ulp of the exact value (measured 0.54); a P-rounding forward within 1 ulp
 # plus 1.5 times 2^-8 sum_j P_j |v_j| (measured 0.69) and its lse within 2e-3 (measured 1.0e-3);
