@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_LONG_SECONDS ?= 300
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz fuzz-long coverage bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz fuzz-long coverage test-mutation bench install clean
 
 all: build
 
@@ -61,6 +61,11 @@ test-sanitize:
 # test, the fuzz corpora and the Python suite against it, gcovr's report in $(COV_BUILD)/coverage/.
 coverage: deps
 	PY=$(PY) bash tools/coverage.sh $(COV_BUILD)
+
+# Planted bugs (tests/mutations/mutations.py), one at a time in a scratch copy under /tmp: every one
+# must make its tests fail. Not part of `make test` (about 20 minutes on 2 cores).
+test-mutation: python
+	PY=$(PY) $(PY) tools/run_mutations.py
 
 # Benchmark programs: each prints its figures beside a baseline measured in the same run.
 bench: build python
