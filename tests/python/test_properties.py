@@ -491,6 +491,8 @@ def test_strategies_cover_every_feature():
     FEATURE_REPORT[:] = ["%-55s %5.1f%%  (floor %4.1f%%)" % (name, 100 * counts.get(name, 0) / n[0], 100 * floor)
                          for name, floor in FEATURE_FLOORS.items()]
     FEATURE_REPORT.append("(%d examples of layout_specs)" % n[0])
+    if n[0] < 100:  # the "quick" profile: its first examples are the simplest ones, shares mean little
+        pytest.skip("feature floors need a run of >= 100 examples; this profile drew %d (see the summary)" % n[0])
     low = {name: counts.get(name, 0) / n[0] for name, floor in FEATURE_FLOORS.items()
            if counts.get(name, 0) / n[0] < floor}
     assert not low, "features under their floor: %r" % low
