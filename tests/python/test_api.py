@@ -699,7 +699,9 @@ def test_long_calls_release_the_gil():
     try:
         th = threading.Thread(target=work)
         th.start()
-        at_call.wait()  # returns with the GIL: only while the worker's call has let it go
+        # returns with the GIL: only while the worker's call has let it go (or after the worker is
+        # done); the timeout only guards against a hook that never fires
+        reached = at_call.wait(timeout=120)
         progress[0] += 1
         th.join()
     finally:
@@ -707,6 +709,7 @@ def test_long_calls_release_the_gil():
     m = result["m"]
     assert m.shape == (1, 1, 8000, 8000)
     assert m[0, 0, 7999, 4000] and not m[0, 0, 3999, 4000]
+    assert reached, "the profile hook never saw the C call mask4d"
     assert moved and moved[-1], "the main thread never ran during a mask4d call (%d calls)" % len(moved)
 
 
