@@ -9,10 +9,14 @@
  * rank ranges): contiguous cuts each row (or the packed stream) into cp chunks and rank r takes chunk
  * r; zigzag cuts each row, or each slot of a packed stream (a sequence and the padding up to the next
  * one, as cu_seqlens_padded: the first starts at 0), into 2 cp chunks and rank r takes chunks r and
- * 2 cp - 1 - r, in that order, slot after slot. -> number written. */
+ * 2 cp - 1 - r, in that order, slot after slot; at cp = 1 both are the identity. -> number written. */
 static inline int64_t expected_indices(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
                                 int64_t *out) {
     int64_t B = maskpack_layout_n_rows(L), S = maskpack_layout_q_width(L), n = 0;
+    if (cp == 1) { /* both schemes are the identity at cp = 1 (nothing must divide) */
+        for (int64_t t = 0; t < B * S; t++) out[n++] = t;
+        return n;
+    }
     size_t ns = maskpack_layout_n_segments(L);
     if (maskpack_layout_is_packed(L) && scheme == MASKPACK_CP_ZIGZAG) {
         for (size_t k = 0; k < (ns ? ns : 1); k++) {

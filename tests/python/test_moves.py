@@ -121,8 +121,11 @@ def expected_shard_indices(lay, cp, r, scheme):
     """A rank's token indices from the scheme's definition (not the library's): contiguous cuts each
     row, or the packed stream, into cp chunks and rank r takes chunk r; zigzag cuts each row, or each
     slot of a packed stream (a sequence and the padding up to the next one; the first from 0), into
-    2 cp chunks and rank r takes chunks r and 2 cp - 1 - r, in that order, slot after slot."""
+    2 cp chunks and rank r takes chunks r and 2 cp - 1 - r, in that order, slot after slot. At cp = 1
+    both schemes are the identity (nothing must divide)."""
     B, S = lay.n_rows, lay.q_width
+    if cp == 1:
+        return np.arange(B * S, dtype=np.int64)
     out = []
     if lay.packed and scheme == "zigzag":
         starts = [0] + [seg[1] for seg in lay.segments[1:]]
