@@ -63,9 +63,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "kernels NOT RUN on this CPU (it lacks their ISA)")
         terminalreporter.write_line(", ".join(missing))
     # the hypothesis feature frequencies of test_properties (test_strategies_cover_every_feature)
-    for mod in list(sys.modules.values()):
-        lines = getattr(mod, "FEATURE_REPORT", None)
-        if isinstance(lines, list) and lines and getattr(mod, "__name__", "").endswith("test_properties"):
+    for key, mod in list(sys.modules.items()):
+        lines = mod.__dict__.get("FEATURE_REPORT") if key.endswith("test_properties") else None
+        if isinstance(lines, list) and lines:
             terminalreporter.write_sep("-", "hypothesis: share of examples with each feature")
             for line in lines:
                 terminalreporter.write_line(line)
