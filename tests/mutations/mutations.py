@@ -103,10 +103,10 @@ MUTATIONS = [
          replace='return None if self.padding_free else self._place(self.layout.mask4d("keep"))',
          py=["tests/python/test_batch.py"]),
     dict(name="block_mask_full_with_pad_rows",
-         why="a block whose query rows include padding classed FULL",
+         why="a block whose query rows include padding (or are cut short by the grid's end) classed FULL",
          file="src/derive/block_mask.c",
-         find="emit(&m, kb, rows_real && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);",
-         replace="emit(&m, kb, sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);",
+         find="emit(&m, kb, rows_real && whole_kv && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);",
+         replace="emit(&m, kb, whole_kv && sc.nfull[kb] == n_segs ? BLK_FULL : BLK_PARTIAL);",
          py=["tests/python/test_properties.py", "-k", "block_mask"]),
     # ---- offsets and NPU arguments -----------------------------------------------------------
     dict(name="npu_actual_seq_leading_zero",
