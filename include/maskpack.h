@@ -606,8 +606,8 @@ typedef enum maskpack_npu_mask_kind {
 typedef struct maskpack_npu_argset {
     maskpack_npu_layout input_layout;
     int32_t sparse_mode;
-    int64_t pre_tokens;
-    int64_t next_tokens;
+    int64_t pre_tokens;                /* the operator's pre_tockens: torch_npu's spelling, which the CLI's */
+    int64_t next_tokens;               /* reports and the Python dict use; C keeps plain field names */
     double scale;
     int32_t inner_precise;             /* 0, or 2 when fully masked query rows exist */
     maskpack_npu_mask_kind mask_kind;

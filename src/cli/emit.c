@@ -193,8 +193,8 @@ static int emit_npu(emit_ctx *c) {
     int rc = add_copy(c, "npu_sparse_mode", MASKPACK_I32, 0, NULL, &i32[0]);
     if (!rc) rc = add_copy(c, "npu_inner_precise", MASKPACK_I32, 0, NULL, &i32[1]);
     if (!rc) rc = add_copy(c, "npu_input_layout", MASKPACK_I32, 0, NULL, &i32[2]);
-    if (!rc) rc = add_copy(c, "npu_pre_tokens", MASKPACK_I64, 0, NULL, &i64[0]);
-    if (!rc) rc = add_copy(c, "npu_next_tokens", MASKPACK_I64, 0, NULL, &i64[1]);
+    if (!rc) rc = add_copy(c, "npu_pre_tockens", MASKPACK_I64, 0, NULL, &i64[0]);
+    if (!rc) rc = add_copy(c, "npu_next_tockens", MASKPACK_I64, 0, NULL, &i64[1]);
     if (!rc) rc = add_copy(c, "npu_scale", MASKPACK_F64, 0, NULL, &a->scale);
     if (!rc && a->actual_seq_qlen) rc = add_copy(c, "npu_actual_seq_qlen", MASKPACK_I64, 1, &a->n_items, a->actual_seq_qlen);
     if (!rc && a->actual_seq_kvlen)

@@ -107,7 +107,7 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
     }
     if (r->have_npu) {
         const maskpack_npu_argset *a = &r->npu;
-        fprintf(f, "npu_fusion_attention: input_layout %s, sparse_mode %d, pre_tokens %lld, next_tokens %lld, "
+        fprintf(f, "npu_fusion_attention: input_layout %s, sparse_mode %d, pre_tockens %lld, next_tockens %lld, "
                    "scale %g, inner_precise %d, atten_mask %s",
                 npu_layout_names[a->input_layout], (int)a->sparse_mode, (long long)a->pre_tokens,
                 (long long)a->next_tokens, a->scale, (int)a->inner_precise, npu_mask_names[a->mask_kind]);
@@ -228,8 +228,8 @@ int cli_print_json(const cli_options *o, const cli_report *r, FILE *f) {
         if (j) {
             cJSON_AddStringToObject(j, "input_layout", npu_layout_names[a->input_layout]);
             cJSON_AddNumberToObject(j, "sparse_mode", a->sparse_mode);
-            cJSON_AddNumberToObject(j, "pre_tokens", (double)a->pre_tokens);
-            cJSON_AddNumberToObject(j, "next_tokens", (double)a->next_tokens);
+            cJSON_AddNumberToObject(j, "pre_tockens", (double)a->pre_tokens);
+            cJSON_AddNumberToObject(j, "next_tockens", (double)a->next_tokens);
             cJSON_AddNumberToObject(j, "scale", a->scale);
             cJSON_AddNumberToObject(j, "inner_precise", a->inner_precise);
             cJSON_AddStringToObject(j, "atten_mask", npu_mask_names[a->mask_kind]);

@@ -188,6 +188,11 @@ def case_emit():
     check(z["valid_indices"][1][11] == 16 and len(z["valid_indices"][1]) == 36, "valid_indices")
     check(z["last_token_index"][1] == [10, 22, 28, 47], "last_token_index")
     check("npu_sparse_mode" in z and "block_mask_kv_num_blocks" in z, "npu and block mask outputs")
+    # the operator's own spelling, as torch_npu and the Python dict spell it
+    check("npu_pre_tockens" in z and "npu_next_tockens" in z and "npu_pre_tokens" not in z, "torch_npu spelling")
+    rc, js, err = run("inspect", "--emit", "npu", "--json", "--out", os.path.join(TMP, "npu_only.npz"))
+    npu = json.loads(js)["npu"] if rc == 0 else {}
+    check("pre_tockens" in npu and "next_tockens" in npu and "pre_tokens" not in npu, "json: torch_npu spelling")
     # additive mask in float32, and the safetensors writer (which takes bfloat16)
     out_st = os.path.join(TMP, "derived.safetensors")
     expect(["inspect", "--emit", "mask4d,cu_seqlens", "--emit-convention", "additive", "--emit-dtype", "bfloat16",
