@@ -295,17 +295,24 @@ maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t budg
     }
 }
 
-maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arrayset *out, maskpack_error *err) {
+/* Reads path (at most max_bytes) and parses it with `parse`, or, when that is NULL, with
+ * mpio_parse_any_budget under the same budget; messages are prefixed with the path. */
+static maskpack_status load_and_parse(const char *path, uint64_t max_bytes, mpio_set_parser parse,
+                                      mpio_arrayset *out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     uint8_t *buf = NULL;
     size_t len = 0;
-    /* an archive may hold several arrays of up to MPIO_MAX_BYTES each, but the file itself is capped */
-    maskpack_status s = mpio_read_file(path, MPIO_MAX_BYTES, &buf, &len, err);
+    maskpack_status s = mpio_read_file(path, max_bytes, &buf, &len, err);
     if (s) return s;
-    s = parse(buf, len, out, err);
+    s = parse ? parse(buf, len, out, err) : mpio_parse_any_budget(buf, len, max_bytes, out, err);
     free(buf);
     return mpio_prefix_path(err, s, path);
+}
+
+maskpack_status mpio_load_set(const char *path, mpio_set_parser parse, mpio_arrayset *out, maskpack_error *err) {
+    /* an archive may hold several arrays of up to MPIO_MAX_BYTES each, but the file itself is capped */
+    return load_and_parse(path, MPIO_MAX_BYTES, parse, out, err);
 }
 
 maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_error *err) {
@@ -314,15 +321,7 @@ maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_err
 
 maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
                                      maskpack_error *err) {
-    MP_CHECK_NULL(err, out, "out");
-    memset(out, 0, sizeof *out);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    maskpack_status s = mpio_read_file(path, max_bytes, &buf, &len, err);
-    if (s) return s;
-    s = mpio_parse_any_budget(buf, len, max_bytes, out, err);
-    free(buf);
-    return mpio_prefix_path(err, s, path);
+    return load_and_parse(path, max_bytes, NULL, out, err);
 }
 
 const char *mpio_npy_descr(maskpack_dtype d) {
