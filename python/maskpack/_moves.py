@@ -261,11 +261,15 @@ _PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cach
 _ENGINES = ("c", "torch")
 
 
-def _torch_path(labels: Any, engine: Optional[str]) -> bool:
-    """Labels work on the torch path when asked, or when they live on an accelerator."""
+def _check_engine(engine: Optional[str]) -> None:
     if engine is not None and engine not in _ENGINES:
         raise Error(f"engine: expected one of 'c', 'torch' or None, found {engine!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="engine")
+
+
+def _torch_path(labels: Any, engine: Optional[str]) -> bool:
+    """Labels work on the torch path when asked, or when they live on an accelerator."""
+    _check_engine(engine)
     on_device = is_torch_tensor(labels) and labels.device.type != "cpu"
     if engine == "c" and on_device:
         raise Error(f"engine: 'c' reads host memory, found labels on {labels.device}", "MASKPACK_ERR_UNSUPPORTED",
@@ -297,9 +301,7 @@ def _device_of(t) -> Any:
 def _pick_engine(xs: list, out: Any, engine: Optional[str]) -> str:
     """The engine of a move: "c" for host memory, "torch" for any other torch device (or when asked).
     Every tensor of one call is on one device; the C engine reads host memory only."""
-    if engine is not None and engine not in _ENGINES:
-        raise Error(f"engine: expected one of 'c', 'torch' or None, found {engine!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument="engine")
+    _check_engine(engine)
     dev, first = None, None
     for i, xi in enumerate(xs):
         if is_torch_tensor(xi):

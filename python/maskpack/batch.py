@@ -249,10 +249,7 @@ class Batch:
         if self.cp != 1:
             raise Error(f"cp: flash-linear-attention's packed rows hold whole sequences; found cp = {self.cp}",
                         "MASKPACK_ERR_UNSUPPORTED", argument="cp")
-        import torch
-
-        return {"cu_seqlens": torch.as_tensor(np.asarray(self.global_layout.cu_seqlens_padded("int64"))).to(
-            self._device or "cpu")}
+        return {"cu_seqlens": self.global_layout.cu_seqlens_padded("int64", device=self._device or "cpu")}
 
     def as_dict(self) -> Dict[str, Any]:
         """The model-facing fields as a dict (None fields dropped); builds every derived field."""
@@ -439,7 +436,7 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
     return int(d[0]) if d.size else -1
 
 
-def _check_positions(key: str, lay: Layout, pos, what: str) -> None:
+def _check_positions(lay: Layout, pos, what: str) -> None:
     """Given position ids agree with a layout's segments when they advance by one inside every segment
     and do not run on across a boundary between two segments of a row. M-RoPE ids (row 0, temporal)
     stand still over an image and jump after it: inside a segment they only never decrease."""
@@ -494,7 +491,7 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
                             f"vs {int(seg[t]) - 1 if t < seg.size else '?'}; -1 = padding)", "MASKPACK_ERR_VALUE",
                             argument=other, index=(t,))
         if pos is not None:
-            _check_positions(name, lay, pos, name)
+            _check_positions(lay, pos, name)
         source = lay, name
     elif pos is not None and one_row and (mask is None or (len(mask.shape) == 2 and _host(mask).astype(bool).all())):
         # one packed row (a mask, if any, marks every token real: it carries no segments)
@@ -521,7 +518,7 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
             raise Error(f"attention_mask: expected [B,S] or [B,1,S,S], found {ndim} dimensions", "MASKPACK_ERR_SHAPE",
                         argument="attention_mask")
         if pos is not None and ndim == 2:
-            _check_positions("attention_mask", lay, pos, "attention_mask")
+            _check_positions(lay, pos, "attention_mask")
         return lay, "attention_mask"
     elif pos is not None:
         p = pos[0] if len(_shape(pos)) == 3 else pos  # M-RoPE [3, B, S]: the text row decides
@@ -542,7 +539,7 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
     return (lay.with_outputs("torch") if torch_in else lay), name
 
 
-def _token_tensor(x: Any, layout: Layout, key: str, grid: Tuple[int, ...]) -> Optional[Any]:
+def _token_tensor(x: Any, layout: Layout, grid: Tuple[int, ...]) -> Optional[Any]:
     """The key's tensor with the layout's token dims leading ([1, T, ...] read as [T, ...]), or None
     when its leading dims are not the batch's token grid (then it passes through)."""
     if not (is_torch_tensor(x) or isinstance(x, np.ndarray)):
@@ -609,19 +606,17 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     tokens: Dict[str, Any] = {}
     passthrough: Dict[str, Any] = {}
     for k, v in batch.items():
-        if k in _LAYOUT_KEYS and k != "position_ids":
+        if k in _LAYOUT_KEYS:  # read as the layout (position ids are moved below)
             continue
-        if k == "position_ids":
-            continue
-        t = _token_tensor(v, src, k, grid)
+        t = _token_tensor(v, src, grid)
         if t is None:
             if v is not None:
                 passthrough[k] = v
             continue
         pad = ignore_index if k in _LABEL_KEYS else (pad_token_id if k == "input_ids" else 0)
         tokens[k] = _move(t, src, local, pad)
-    labels_src = _token_tensor(batch.get("labels"), src, "labels", grid) if batch.get("labels") is not None else None
-    base = labels_src if labels_src is not None else (_token_tensor(batch[key], src, key, grid)
+    labels_src = _token_tensor(batch.get("labels"), src, grid) if batch.get("labels") is not None else None
+    base = labels_src if labels_src is not None else (_token_tensor(batch[key], src, grid)
                                                       if key == "input_ids" else None)
     if base is None:
         raise Error("labels: a batch of inputs_embeds needs labels (there are no input_ids to predict)",
@@ -641,7 +636,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
             moved = _move(_movedim(p, 0, -1), src, local, 0)
             tokens["position_ids"] = _movedim(moved, -1, 0)
         else:
-            tokens["position_ids"] = _move(_token_tensor(pos, src, "position_ids", grid), src, local, 0)
+            tokens["position_ids"] = _move(_token_tensor(pos, src, grid), src, local, 0)
     else:
         tokens["position_ids"] = local.position_ids()
     options = {"cp_scheme": cp_scheme, "tp": tp, "align": align, "mask_dtype": mask_dtype, "input_layout": input_layout,
