@@ -92,10 +92,17 @@ static maskpack_status read_entry(const cJSON *item, uint64_t data_len, mpio_arr
             return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, d, -1,
                            "safetensors: tensor '%s': shape[%d] is not a non-negative integer below 2^53", name, d);
         a->shape[d] = (int64_t)dim;
-        if (mp_mul_overflow(numel, (int64_t)dim, &numel))
-            return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, d, -1,
-                           "safetensors: tensor '%s': shape element count overflows int64", name);
     }
+    /* a zero dimension means no element however large the others are (as in the .npy reader),
+       so the product is only checked for overflow when every dimension is non-zero */
+    int empty = 0;
+    for (int i = 0; i < ndim; i++) empty |= a->shape[i] == 0;
+    for (int i = 0; i < ndim && !empty; i++)
+        if (mp_mul_overflow(numel, a->shape[i], &numel))
+            return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, i, -1,
+                           "safetensors: tensor '%s': shape element count overflows int64 at dimension %d (%lld)",
+                           name, i, (long long)a->shape[i]);
+    if (empty) numel = 0;
     if (mp_mul_overflow(numel, (int64_t)maskpack_dtype_size(a->dtype), &nbytes))
         return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
                        "safetensors: tensor '%s': byte size of %lld elements overflows", name, (long long)numel);

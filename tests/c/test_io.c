@@ -783,7 +783,19 @@ static void test_safetensors(void) {
     expect_st_error("{\"a\":{\"dtype\":\"I64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,0]}}", 0,
                     MASKPACK_ERR_FORMAT, "below 2^53");
     expect_st_error("{\"a\":{\"dtype\":\"I64\",\"shape\":[4503599627370496,4503599627370496],\"data_offsets\":[0,0]}}",
-                    0, MASKPACK_ERR_FORMAT, "element count overflows");
+                    0, MASKPACK_ERR_FORMAT, "element count overflows int64 at dimension 1 (4503599627370496)");
+    {   /* a zero dimension after huge ones: no element, no overflow (as the .npy reader decides) */
+        size_t zl;
+        uint8_t *zb = make_st("{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,4294967296,0],"
+                              "\"data_offsets\":[0,0]}}", 0, &zl);
+        mpio_arrayset zs;
+        maskpack_error ze;
+        CHECK_OK(mpio_safetensors_parse(zb, zl, &zs, &ze), ze);
+        CHECK(zs.n == 1 && zs.arrays[0].ndim == 3 && zs.arrays[0].shape[0] == 4294967296LL &&
+              zs.arrays[0].shape[2] == 0);
+        mpio_arrayset_free(&zs);
+        free(zb);
+    }
     expect_st_error("{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, MASKPACK_ERR_FORMAT,
                     "unknown dtype 'Q7'");
     expect_st_error("{\"a\":{\"dtype\":\"U32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_UNSUPPORTED,
