@@ -18,7 +18,7 @@ for f in $(find src/core src/layout src/derive src/npu src/relayout src/plan src
   objs+=("$o")
 done
 wait
-for m in _maskpack _plan _gdn _attention _memory; do
+for m in _maskpack _plan _gdn _attention; do
   cc "${cflags[@]}" -I"$inc" -shared "python/$m.c" "${objs[@]}" -lm -lpthread -o "$out/maskpack/$m$suffix"
 done
 cp python/maskpack/*.py python/maskpack/py.typed "$out/maskpack/"
