@@ -26,7 +26,7 @@ import numpy as np
 from . import _maskpack
 from ._errors import Error
 from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
-from ._tensors import compiling, placed as _placed
+from ._tensors import check_layout, check_threads, compiling, placed as _placed
 
 # "ulysses" runs as "contiguous" over a global layout padded only at the end (see _cp_global)
 _SCHEMES = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
@@ -49,11 +49,7 @@ _DEFAULT_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
 def _threads(threads: Optional[int]) -> int:
-    if threads is None:
-        return _DEFAULT_THREADS
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads: expected an int, found {threads!r}")
-    return int(threads)
+    return check_threads(threads, _DEFAULT_THREADS)
 
 
 def cp_multiple(cp: int, tp: int = 1, align: str = "verl") -> int:
@@ -231,6 +227,9 @@ def _numel(shape: Tuple[int, ...]) -> int:
 def _plan(srcs: list, dst) -> _Move:
     """The move srcs -> dst, cached on the first source and keyed by the other layouts' ids; a weak
     reference to each confirms it is still the same layout (an id can be reused after death)."""
+    check_layout(dst, "dst")  # a TypeError naming the argument, not one from weakref or the cache
+    for i, s in enumerate(srcs):
+        check_layout(s, "src" if len(srcs) == 1 else f"src[{i}]")
     if len(srcs) == 1:  # the common case, without the generator below (a move takes microseconds)
         c = _cache_of(srcs[0])
         key = id(dst)
@@ -524,7 +523,7 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
             return _compile.move(list(x), list(src), dst, "", pad_value, threads, engine)
         return _compile.move([x], [src], dst, "", pad_value, threads, engine)
     if not isinstance(src, (list, tuple)):
-        c = src._cache
+        c = getattr(src, "_cache", None)  # not a Layout: _plan names the argument
         entry = c.get(id(dst)) if c is not None else None  # a plan made before by _plan
         if (engine is None and entry is not None and entry[0][0]() is dst
                 and _fast_move(entry[1], x, out, pad_value, threads)):

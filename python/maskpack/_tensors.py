@@ -267,3 +267,37 @@ def as_int_list(x: Any, name: str) -> list:
             raise TypeError(f"{name}: expected integers, found {type(v).__name__} {v!r}")
         out.append(int(v))
     return out
+
+
+# ---- arguments every kernel family shares -------------------------------------------------------
+
+MAX_THREADS = 256  # the library's one thread limit (maskpack_workers_create, the GDN kernels)
+
+
+def check_threads(threads: Any, default: int) -> int:
+    """The ``threads=`` rule of every call: None -> ``default``; an int (numpy integers too) in
+    [1, MAX_THREADS], else a TypeError (not an int) or a maskpack.Error naming ``threads``."""
+    if threads is None:
+        return max(1, min(MAX_THREADS, int(default)))
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads: expected an int, found {type(threads).__name__} {threads!r}")
+    n = int(threads)
+    if not 1 <= n <= MAX_THREADS:
+        raise Error(f"threads: expected in [1, {MAX_THREADS}], found {n}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="threads")
+    return n
+
+
+def check_layout(layout: Any, name: str = "layout") -> None:
+    """A maskpack.Layout, else a TypeError naming the argument (not an AttributeError from inside a
+    call)."""
+    from ._layout import Layout
+
+    if not isinstance(layout, Layout):
+        raise TypeError(f"{name}: expected a maskpack.Layout, found {type(layout).__name__}")
+
+
+def layout_ptr(layout: Any, name: str = "layout") -> int:
+    """The C layout behind a maskpack.Layout, for the kernel extensions (checked as check_layout)."""
+    check_layout(layout, name)
+    return layout._ptr

@@ -25,16 +25,9 @@ import numpy as np
 
 from . import _attention
 from ._errors import Error
-from ._tensors import DTYPE_CODE, describe, describe_out, is_torch_tensor
+from ._tensors import DTYPE_CODE, check_threads, describe, describe_out, is_torch_tensor, layout_ptr
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
-
-
-def _layout_ptr(layout: Any) -> int:
-    ptr = getattr(layout, "_ptr", None)
-    if not isinstance(ptr, int):
-        raise TypeError(f"layout: expected a maskpack.Layout, found {type(layout).__name__}")
-    return ptr
 
 
 def _scale(scale: Optional[float]) -> float:
@@ -63,18 +56,18 @@ def _alias(threads: Optional[int], n_threads: Optional[int]) -> Optional[int]:
 
 
 def _threads(n_threads: Optional[int], use_torch: bool) -> int:
-    if n_threads is not None:
-        if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)):
-            raise TypeError(f"n_threads: expected an int, found {type(n_threads).__name__}")
-        return int(n_threads)
-    if use_torch:
+    """None -> torch's thread count (torch callers) or the CPUs this process may run on; an explicit
+    count as every maskpack call takes it."""
+    if n_threads is None and use_torch:
         import torch
 
-        return max(1, min(torch.get_num_threads(), 1024))
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), 1024))
-    except AttributeError:  # not Linux
-        return max(1, min(os.cpu_count() or 1, 1024))
+        return check_threads(None, torch.get_num_threads())
+    if n_threads is None:
+        try:
+            return check_threads(None, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            return check_threads(None, os.cpu_count() or 1)
+    return check_threads(n_threads, 1)
 
 
 def _empty_like(x: Any, shape=None, dtype=None) -> Any:
@@ -111,7 +104,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     use_torch = any(is_torch_tensor(x) for x in (q, k, v))
     if is_torch_tensor(q):
         q, k, v = (x.detach() if is_torch_tensor(x) else x for x in (q, k, v))
-    ptr = _layout_ptr(layout)
+    ptr = layout_ptr(layout)
     if out is None:
         out = _empty_like(q)
     lse = _empty_like(q, _lse_shape(layout, q), "float32")
@@ -151,7 +144,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
     use_torch = any(is_torch_tensor(x) for x in xs)
     xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
     dout, q, k, v, out, lse = xs
-    ptr = _layout_ptr(layout)
+    ptr = layout_ptr(layout)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
     descs, keep = [], []

@@ -16,7 +16,6 @@ layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (`
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Optional, Tuple
 
 import torch
@@ -24,6 +23,7 @@ import torch
 from . import _gdn
 from ._alloc import fresh
 from ._errors import Error
+from ._tensors import DTYPE_CODE, check_layout, check_threads, layout_ptr
 
 __all__ = [
     "GatedDeltaNet",
@@ -36,18 +36,8 @@ __all__ = [
     "gdn_l2norm",
 ]
 
-_CODES = {
-    torch.bool: 0,
-    torch.uint8: 1,
-    torch.int8: 2,
-    torch.int16: 3,
-    torch.int32: 4,
-    torch.int64: 5,
-    torch.float16: 6,
-    torch.bfloat16: 7,
-    torch.float32: 8,
-    torch.float64: 9,
-}
+# the library's dtype codes (one table, in _tensors) by torch dtype
+_CODES = {getattr(torch, name): code for name, code in DTYPE_CODE.items()}
 
 
 def _d(t: Optional[torch.Tensor], name: str):
@@ -68,31 +58,9 @@ def _d(t: Optional[torch.Tensor], name: str):
     return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
-def _ptr(layout: Any) -> int:
-    try:
-        return int(layout._ptr)
-    except AttributeError:
-        raise Error("layout: expected a maskpack.Layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="layout") from None
-
-
-_MAX_THREADS = 256  # GDN_MAX_THREADS of the C kernels
-
-
 def _threads(threads: Optional[int]) -> int:
-    """None -> torch's thread count (clamped to what the kernels take); an explicit count must be in
-    range, as for attention and relayout (0 or -1 used to be clamped silently)."""
-    if threads is None:
-        return max(1, min(_MAX_THREADS, torch.get_num_threads()))
-    try:
-        if isinstance(threads, bool):
-            raise TypeError
-        n = operator.index(threads)  # int, numpy integer
-    except TypeError:
-        raise TypeError(f"threads: expected an int, found {type(threads).__name__}") from None
-    if not 1 <= n <= _MAX_THREADS:
-        raise Error(f"threads: expected in [1, {_MAX_THREADS}], found {n}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument="threads")
-    return n
+    """None -> torch's thread count; an explicit count as every maskpack call takes it."""
+    return check_threads(threads, torch.get_num_threads())
 
 
 def _check_call(layout: Any, **tensors: Any) -> None:
@@ -102,8 +70,7 @@ def _check_call(layout: Any, **tensors: Any) -> None:
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__module__}.{type(t).__name__}")
-    if not hasattr(layout, "_ptr") or not hasattr(layout, "n_segments"):
-        raise TypeError(f"layout: expected a maskpack.Layout, found {type(layout).__name__}")
+    check_layout(layout)
 
 
 def gdn_isa() -> str:
@@ -124,7 +91,7 @@ def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o,
     """The C forward of the rule into the given outputs (it validates every tensor before writing)."""
     descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
              _d(o, "o"), _d(ht, "final_state"))
-    _gdn.forward(_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+    _gdn.forward(layout_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
 
 
 class _RuleFn(torch.autograd.Function):
@@ -155,7 +122,7 @@ class _RuleFn(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        _gdn.backward(_ptr(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+        _gdn.backward(layout_ptr(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None
 
 
@@ -223,7 +190,7 @@ class _ConvFn(torch.autograd.Function):
         y = fresh(x.shape, dtype=x.dtype)
         state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _gdn.conv1d(_ptr(layout), descs, bool(silu), threads)
+        _gdn.conv1d(layout_ptr(layout), descs, bool(silu), threads)
         ctx.save_for_backward(x, weight2d, prefix)
         ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
         return y, state
@@ -239,7 +206,7 @@ class _ConvFn(torch.autograd.Function):
         dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
-        _gdn.conv1d_backward(_ptr(ctx.layout), descs, bool(ctx.silu), ctx.threads)
+        _gdn.conv1d_backward(layout_ptr(ctx.layout), descs, bool(ctx.silu), ctx.threads)
         if dw is not None:
             dw = dw.to(w.dtype)
         if dp is not None:
@@ -277,7 +244,7 @@ class _GatesFn(torch.autograd.Function):
     def forward(ctx, a, b, A_log, dt_bias, layout):
         g = fresh(a.shape, dtype=torch.float32)
         beta = fresh(b.shape, dtype=torch.float32)
-        _gdn.gates(_ptr(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
+        _gdn.gates(layout_ptr(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
                                   _d(beta, "beta")))
         ctx.save_for_backward(a, b, A_log, dt_bias)
         ctx.layout = layout
@@ -291,7 +258,7 @@ class _GatesFn(torch.autograd.Function):
         db = fresh(b.shape, dtype=b.dtype) if need[1] else None
         dA = fresh(A_log.shape, dtype=torch.float32) if need[2] else None
         ddt = fresh(dt_bias.shape, dtype=torch.float32) if need[3] else None
-        _gdn.gates_backward(_ptr(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
+        _gdn.gates_backward(layout_ptr(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
                                                _d(dg, "dg"), _d(dbeta, "dbeta"), _d(da, "da"), _d(db, "db"),
                                                _d(dA, "dA_log"), _d(ddt, "ddt_bias")))
         if dA is not None:
@@ -312,7 +279,7 @@ class _L2Fn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout, eps):
         y = fresh(x.shape, dtype=x.dtype)
-        _gdn.l2norm(_ptr(layout), (_d(x, "x"), _d(y, "y")), float(eps))
+        _gdn.l2norm(layout_ptr(layout), (_d(x, "x"), _d(y, "y")), float(eps))
         ctx.save_for_backward(x)
         ctx.layout, ctx.eps = layout, eps
         return y
@@ -321,7 +288,7 @@ class _L2Fn(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         dx = fresh(x.shape, dtype=x.dtype)
-        _gdn.l2norm_backward(_ptr(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
+        _gdn.l2norm_backward(layout_ptr(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
         return dx, None, None
 
 

@@ -193,3 +193,33 @@ def test_relayout_shape_error_shows_every_dimension():
         L.pack(x)
     assert ei.value.status == "MASKPACK_ERR_SHAPE"
     assert "[3, 5, 7]" in str(ei.value), str(ei.value)
+
+
+def test_one_threads_rule_and_one_layout_check_for_every_family():
+    # attention, Gated DeltaNet, conv and the moves read threads= and layout through one path
+    import torch
+
+    lay = maskpack.Layout.from_lengths([3, 2], placement="packed")
+    right = maskpack.Layout.from_lengths([3, 2], placement="right")
+    q = torch.randn(5, 2, 8)
+    g, beta = -torch.rand(5, 2), torch.rand(5, 2)
+    calls = {
+        "attention": lambda th, L=lay: maskpack.attention(q, q, q, L, threads=th),
+        "gated_delta_rule": lambda th, L=lay: maskpack.gated_delta_rule(q, q, q, g, beta, L, threads=th),
+        "causal_conv1d": lambda th, L=lay: maskpack.causal_conv1d(torch.randn(5, 4), torch.randn(4, 3), L,
+                                                                  threads=th),
+        "relayout": lambda th, L=lay: maskpack.relayout(torch.randn(5, 3), L, right, threads=th),
+    }
+    for name, call in calls.items():
+        call(2)  # a valid count runs
+        for bad in (0, -1, 257):
+            with pytest.raises(maskpack.Error, match=rf"threads: expected in \[1, 256\], found {bad}") as e:
+                call(bad)
+            assert e.value.argument == "threads" and e.value.status == "MASKPACK_ERR_INVALID_ARGUMENT", name
+        for bad in (True, 1.5, "2"):
+            with pytest.raises(TypeError, match="threads: expected an int"):
+                call(bad)
+        with pytest.raises(TypeError, match="(layout|src): expected a maskpack.Layout, found int"):
+            call(2, 12345)
+    with pytest.raises(TypeError, match="dst: expected a maskpack.Layout, found str"):
+        maskpack.relayout(torch.randn(5, 3), lay, "right")
