@@ -129,6 +129,9 @@ typedef struct cli_report {
 /* 1 iff inspect reads a member of this name (attention_mask, position_ids, cu_seqlens, ...). */
 int cli_is_known_member(const char *name);
 
+/* (NPU input layout) -> its torch_npu name ("TND", "BSND", ...). */
+const char *cli_npu_layout_name(maskpack_npu_layout l);
+
 /* Records a problem (printf-style). */
 void cli_problem(cli_report *r, const char *fmt, ...)
 #if defined(__GNUC__)

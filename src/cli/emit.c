@@ -55,6 +55,17 @@ static int oom(emit_ctx *c, const char *what) {
 }
 
 /* Per-token shape of the layout: [T] when packed, [B,S] otherwise. */
+/* Registers a text item (a name a consumer passes as a string, such as the NPU input_layout). */
+static int add_text(emit_ctx *c, const char *name, const char *text) {
+    if (c->n >= MAX_ITEMS) return oom(c, name);
+    c->buffers[c->n] = NULL;
+    memset(&c->items[c->n], 0, sizeof c->items[c->n]);
+    c->items[c->n].name = name;
+    c->items[c->n].text = text;
+    c->n++;
+    return 0;
+}
+
 static int32_t per_token_shape(const cli_report *r, int64_t *shape) {
     if (maskpack_layout_is_packed(r->layout)) {
         shape[0] = maskpack_layout_q_width(r->layout);
@@ -188,11 +199,13 @@ static int emit_npu(emit_ctx *c) {
     if (maskpack_npu_args(L, lay, o->scale, o->head_dim, &r->npu, &e)) return fail(c, "npu", &e);
     r->have_npu = 1;
     const maskpack_npu_argset *a = &r->npu;
-    int32_t i32[3] = {a->sparse_mode, a->inner_precise, (int32_t)a->input_layout};
+    int32_t i32[2] = {a->sparse_mode, a->inner_precise};
     int64_t i64[2] = {a->pre_tokens, a->next_tokens};
     int rc = add_copy(c, "npu_sparse_mode", MASKPACK_I32, 0, NULL, &i32[0]);
     if (!rc) rc = add_copy(c, "npu_inner_precise", MASKPACK_I32, 0, NULL, &i32[1]);
-    if (!rc) rc = add_copy(c, "npu_input_layout", MASKPACK_I32, 0, NULL, &i32[2]);
+    /* the string torch_npu.npu_fusion_attention takes (a 0-d numpy string in .npz, __metadata__ in
+       .safetensors), not a numeric code a reader would have to look up */
+    if (!rc) rc = add_text(c, "npu_input_layout", cli_npu_layout_name(a->input_layout));
     if (!rc) rc = add_copy(c, "npu_pre_tockens", MASKPACK_I64, 0, NULL, &i64[0]);
     if (!rc) rc = add_copy(c, "npu_next_tockens", MASKPACK_I64, 0, NULL, &i64[1]);
     if (!rc) rc = add_copy(c, "npu_scale", MASKPACK_F64, 0, NULL, &a->scale);
@@ -272,6 +285,10 @@ int cli_emit_outputs(const cli_options *o, cli_report *r) {
         for (size_t i = 0; i < c.n && r->n_emitted < sizeof r->emitted / sizeof r->emitted[0]; i++) {
             const maskpack_tensor *t = &c.items[i].tensor;
             char *line = r->emitted[r->n_emitted++];
+            if (c.items[i].text) {
+                snprintf(line, sizeof r->emitted[0], "%s text '%s'", c.items[i].name, c.items[i].text);
+                continue;
+            }
             size_t used = (size_t)snprintf(line, sizeof r->emitted[0], "%s %s [", c.items[i].name,
                                            maskpack_dtype_name(t->dtype));
             for (int32_t d = 0; d < t->ndim && used < sizeof r->emitted[0]; d++)

@@ -8,6 +8,10 @@
 #define MAX_LISTED_SEGMENTS 40
 
 static const char *const npu_layout_names[] = {"BSND", "BNSD", "BSH", "SBH", "TND"};
+
+const char *cli_npu_layout_name(maskpack_npu_layout l) {
+    return (unsigned)l < sizeof npu_layout_names / sizeof *npu_layout_names ? npu_layout_names[l] : "?";
+}
 static const char *const npu_mask_names[] = {"none", "compressed", "prefix_compressed", "full"};
 
 static void shape_text(char *buf, size_t cap, const mpio_array *a) {

@@ -59,11 +59,18 @@ void mpio_arrayset_free(mpio_arrayset *s);
 /* (set, name) -> the array with that name, or NULL. */
 const mpio_array *mpio_arrayset_find(const mpio_arrayset *s, const char *name);
 
-/* A named tensor view handed to the writers (the tensor may be strided; it is written C-ordered). */
+/* A named tensor view handed to the writers (the tensor may be strided; it is written C-ordered).
+ * With `text` set the item is a short printable-ASCII value instead (a name such as an NPU
+ * input_layout, where a numeric code would have to be looked up): a 0-d numpy string ('<Un') in
+ * .npy/.npz, an entry of `__metadata__` in .safetensors (which has no string tensors); `tensor` is
+ * then not read. */
 typedef struct mpio_named_tensor {
     const char *name;
     maskpack_tensor tensor;
+    const char *text;
 } mpio_named_tensor;
+
+#define MPIO_MAX_TEXT 256 /* characters of a text item */
 
 /* ---- files ------------------------------------------------------------------------------------- */
 
@@ -106,6 +113,10 @@ maskpack_status mpio_npy_load(const char *path, mpio_array *out, maskpack_error 
 /* (tensor) -> buf, len: an .npy file (version 1.0 header padded to 64 bytes), C order. bfloat16
  * has no .npy dtype and is refused (MASKPACK_ERR_UNSUPPORTED). */
 maskpack_status mpio_npy_encode(const maskpack_tensor *t, uint8_t **buf, size_t *len, maskpack_error *err);
+/* (text, name for messages) -> OK when text is 1 to MPIO_MAX_TEXT printable ASCII characters. */
+maskpack_status mpio_check_text(const char *text, const char *name, maskpack_error *err);
+/* (printable ASCII text of at most MPIO_MAX_TEXT chars) -> a .npy of a 0-d numpy string '<Un' (UCS-4). */
+maskpack_status mpio_npy_encode_text(const char *text, uint8_t **buf, size_t *len, maskpack_error *err);
 /* (path, tensor) -> writes mpio_npy_encode's bytes to path. */
 maskpack_status mpio_npy_save(const char *path, const maskpack_tensor *t, maskpack_error *err);
 

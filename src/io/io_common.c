@@ -354,3 +354,16 @@ void mpio_copy_contiguous(const maskpack_tensor *t, void *dst) {
         }
     }
 }
+
+maskpack_status mpio_check_text(const char *text, const char *name, maskpack_error *err) {
+    MP_CHECK_NULL(err, text, name);
+    size_t n = strlen(text);
+    if (n == 0 || n > MPIO_MAX_TEXT)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, name, -1, -1, "%s: expected 1 to %d characters, found %zu",
+                       name, MPIO_MAX_TEXT, n);
+    for (size_t i = 0; i < n; i++)
+        if (text[i] < 0x20 || text[i] > 0x7e)
+            return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, name, (int64_t)i, -1,
+                           "%s[%zu]: expected printable ASCII, found byte 0x%02x", name, i, (unsigned)(uint8_t)text[i]);
+    return mp_ok(err);
+}

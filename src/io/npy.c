@@ -310,6 +310,34 @@ maskpack_status mpio_npy_load(const char *path, mpio_array *out, maskpack_error 
     return mpio_prefix_path(err, s, path);
 }
 
+/* (descr, shape text, nbytes of data) -> *buf (malloc'd: version 1.0 header padded so the data starts
+ * on a 64-byte boundary, as numpy writes it; the data left for the caller), *len, *data_at. */
+static maskpack_status npy_begin(const char *descr, const char *shape, size_t nbytes, uint8_t **buf, size_t *len,
+                                 size_t *data_at, maskpack_error *err) {
+    char dict[MASKPACK_MAX_DIMS * 22 + 100];
+    int dlen = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    size_t pre = 10, total_header = pre + (size_t)dlen + 1;
+    total_header = (total_header + 63) / 64 * 64;
+    size_t hlen = total_header - pre;
+    if (hlen > 65535) return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "tensor", -1, -1, "tensor: header too long");
+    if (nbytes > SIZE_MAX - total_header || (uint64_t)nbytes > MPIO_MAX_BYTES)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "tensor", -1, -1,
+                       "tensor: %zu bytes exceed the %llu this writer accepts", nbytes,
+                       (unsigned long long)MPIO_MAX_BYTES);
+    uint8_t *out = malloc(total_header + nbytes);
+    if (!out) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "tensor", -1, -1, "out of memory");
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    out[8] = (uint8_t)(hlen & 0xff);
+    out[9] = (uint8_t)(hlen >> 8);
+    memcpy(out + pre, dict, (size_t)dlen);
+    memset(out + pre + dlen, ' ', hlen - (size_t)dlen - 1);
+    out[total_header - 1] = '\n';
+    *buf = out;
+    *len = total_header + nbytes;
+    *data_at = total_header;
+    return mp_ok(err);
+}
+
 maskpack_status mpio_npy_encode(const maskpack_tensor *t, uint8_t **buf, size_t *len, maskpack_error *err) {
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
@@ -328,30 +356,30 @@ maskpack_status mpio_npy_encode(const maskpack_tensor *t, uint8_t **buf, size_t 
                                  d + 1 < t->ndim ? " " : "");
     if (t->ndim > 1) used--; /* numpy writes (3, 4) but (5,) */
     snprintf(shape + used, sizeof shape - used, ")");
-    char dict[sizeof shape + 96];
-    int dlen = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
-    /* pad with spaces and a final newline so the data starts on a 64-byte boundary (numpy does the same) */
-    size_t pre = 10, total_header = pre + (size_t)dlen + 1;
-    total_header = (total_header + 63) / 64 * 64;
-    int64_t numel = mp_numel(t);
-    size_t nbytes = (size_t)numel * maskpack_dtype_size(t->dtype); /* mp_check_tensor bounded it */
-    size_t hlen = total_header - pre;
-    if (hlen > 65535) return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "tensor", -1, -1, "tensor: header too long");
-    if (nbytes > SIZE_MAX - total_header || (uint64_t)nbytes > MPIO_MAX_BYTES)
-        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "tensor", -1, -1,
-                       "tensor: %zu bytes exceed the %llu this writer accepts", nbytes,
-                       (unsigned long long)MPIO_MAX_BYTES);
-    uint8_t *out = malloc(total_header + nbytes);
-    if (!out) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "tensor", -1, -1, "out of memory");
-    memcpy(out, "\x93NUMPY\x01\x00", 8);
-    out[8] = (uint8_t)(hlen & 0xff);
-    out[9] = (uint8_t)(hlen >> 8);
-    memcpy(out + pre, dict, (size_t)dlen);
-    memset(out + pre + dlen, ' ', hlen - (size_t)dlen - 1);
-    out[total_header - 1] = '\n';
-    mpio_copy_contiguous(t, out + total_header);
-    *buf = out;
-    *len = total_header + nbytes;
+    size_t nbytes = (size_t)mp_numel(t) * maskpack_dtype_size(t->dtype); /* mp_check_tensor bounded it */
+    size_t at;
+    s = npy_begin(descr, shape, nbytes, buf, len, &at, err);
+    if (s) return s;
+    mpio_copy_contiguous(t, *buf + at);
+    return mp_ok(err);
+}
+
+maskpack_status mpio_npy_encode_text(const char *text, uint8_t **buf, size_t *len, maskpack_error *err) {
+    MP_CHECK_NULL(err, text, "text");
+    MP_CHECK_NULL(err, buf, "buf");
+    MP_CHECK_NULL(err, len, "len");
+    maskpack_status s = mpio_check_text(text, "text", err);
+    if (s) return s;
+    size_t n = strlen(text);
+    char descr[32];
+    snprintf(descr, sizeof descr, "<U%zu", n);
+    size_t at;
+    s = npy_begin(descr, "()", 4 * n, buf, len, &at, err);
+    if (s) return s;
+    for (size_t i = 0; i < n; i++) { /* UCS-4, little-endian: the code point, then three zero bytes */
+        (*buf)[at + 4 * i] = (uint8_t)text[i];
+        memset(*buf + at + 4 * i + 1, 0, 3);
+    }
     return mp_ok(err);
 }
 

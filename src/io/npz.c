@@ -716,6 +716,7 @@ maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_
     maskpack_status dup = check_unique_names(items, n, err);
     if (dup) return dup;
     for (size_t i = 0; i < n; i++) {
+        if (items[i].text) continue; /* checked by its encoder */
         maskpack_status s = mp_check_tensor(&items[i].tensor, items[i].name, 0, MASKPACK_MAX_DIMS, err);
         if (s) return s;
         if (!mpio_npy_descr(items[i].tensor.dtype))
@@ -731,7 +732,8 @@ maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_
     for (size_t i = 0; i < n && !s; i++) {
         uint8_t *npy = NULL, *packed = NULL;
         size_t npy_len = 0, packed_len = 0;
-        s = mpio_npy_encode(&items[i].tensor, &npy, &npy_len, err);
+        s = items[i].text ? mpio_npy_encode_text(items[i].text, &npy, &npy_len, err)
+                          : mpio_npy_encode(&items[i].tensor, &npy, &npy_len, err);
         if (s) break;
         if (deflate) s = deflate_member(npy, npy_len, &packed, &packed_len, err);
         if (!s) {

@@ -331,6 +331,11 @@ maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n
             if (strcmp(items[i].name, items[j].name) == 0)
                 return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "items", (int64_t)i, -1,
                                "items[%zu].name: '%s' repeats items[%zu]", i, items[i].name, j);
+        if (items[i].text) { /* a text item goes to __metadata__ (safetensors has no string tensors) */
+            maskpack_status s = mpio_check_text(items[i].text, items[i].name, err);
+            if (s) return s;
+            continue;
+        }
         maskpack_status s = mp_check_tensor(&items[i].tensor, items[i].name, 0, MASKPACK_MAX_DIMS, err);
         if (s) return s;
         total += (uint64_t)mp_numel(&items[i].tensor) * maskpack_dtype_size(items[i].tensor.dtype);
@@ -341,7 +346,15 @@ maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n
     cJSON *root = cJSON_CreateObject();
     maskpack_status s = MASKPACK_OK;
     uint64_t off = 0;
+    cJSON *meta = NULL;
     for (size_t i = 0; i < n && root && !s; i++) {
+        if (!items[i].text) continue;
+        if (!meta) meta = cJSON_AddObjectToObject(root, "__metadata__");
+        if (!meta || !cJSON_AddStringToObject(meta, items[i].name, items[i].text))
+            s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
+    }
+    for (size_t i = 0; i < n && root && !s; i++) {
+        if (items[i].text) continue;
         const maskpack_tensor *t = &items[i].tensor;
         uint64_t nb = (uint64_t)mp_numel(t) * maskpack_dtype_size(t->dtype);
         cJSON *e = cJSON_AddObjectToObject(root, items[i].name);
@@ -371,6 +384,7 @@ maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n
     free(text);
     size_t pos = 8 + hlen;
     for (size_t i = 0; i < n; i++) {
+        if (items[i].text) continue;
         const maskpack_tensor *t = &items[i].tensor;
         mpio_copy_contiguous(t, out + pos);
         pos += (size_t)mp_numel(t) * maskpack_dtype_size(t->dtype);

@@ -1034,6 +1034,61 @@ static void test_write_never_destroys(void) {
     CHECK(rmdir(dir) == 0);
 }
 
+/* Text items: a 0-d numpy string in .npy/.npz, an entry of __metadata__ in .safetensors. */
+static void test_text_items(void) {
+    maskpack_error e;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CHECK_OK(mpio_npy_encode_text("TND", &buf, &len, &e), e);
+    CHECK(contains(buf, len, "'descr': '<U3'") && contains(buf, len, "'shape': ()"));
+    CHECK_EQ(len % 64, 12 % 64); /* the 64-byte header, then 3 UCS-4 code points */
+    CHECK(len >= 12 && memcmp(buf + len - 12, "T\0\0\0N\0\0\0D\0\0\0", 12) == 0);
+    free(buf);
+    buf = NULL;
+    CHECK_STATUS(mpio_npy_encode_text("", &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "text: expected 1 to 256 characters, found 0");
+    CHECK_STATUS(mpio_npy_encode_text("a\nb", &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "text[1]: expected printable ASCII, found byte 0x0a");
+    CHECK(buf == NULL);
+    char longer[300];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = 0;
+    CHECK_STATUS(mpio_npy_encode_text(longer, &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+
+    int32_t mode = 3;
+    mpio_named_tensor items[2] = {
+        {"npu_sparse_mode", maskpack_tensor_contiguous(&mode, MASKPACK_I32, 0, NULL), NULL},
+        {"npu_input_layout", {0}, "TND"},
+    };
+    CHECK_OK(mpio_npz_encode(items, 2, 1, &buf, &len, &e), e);
+    mpio_zip *z = NULL;
+    CHECK_OK(mpio_zip_open(buf, len, &z, &e), e);
+    size_t k;
+    CHECK_OK(mpio_zip_find(z, "npu_input_layout.npy", &k, &e), e);
+    uint8_t *member = NULL;
+    size_t mlen = 0;
+    CHECK_OK(mpio_zip_extract(z, k, &member, &mlen, &e), e);
+    CHECK(contains(member, mlen, "'descr': '<U3'"));
+    free(member);
+    mpio_zip_close(z);
+    free(buf);
+    buf = NULL;
+
+    CHECK_OK(mpio_safetensors_encode(items, 2, &buf, &len, &e), e);
+    CHECK(contains(buf, len, "\"__metadata__\":{\"npu_input_layout\":\"TND\"}"));
+    mpio_arrayset set;
+    CHECK_OK(mpio_safetensors_parse(buf, len, &set, &e), e);
+    CHECK(set.n == 1 && strcmp(set.arrays[0].name, "npu_sparse_mode") == 0); /* the text is metadata */
+    mpio_arrayset_free(&set);
+    free(buf);
+    buf = NULL;
+    items[1].text = "T\tD";
+    CHECK_STATUS(mpio_safetensors_encode(items, 2, &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "npu_input_layout[1]: expected printable ASCII, found byte 0x09");
+    CHECK_STATUS(mpio_npz_encode(items, 2, 0, &buf, &len, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(buf == NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-zip64") == 0) return write_zip64(argv[2]);
     test_npy_round_trip_all_dtypes();
@@ -1046,6 +1101,7 @@ int main(int argc, char **argv) {
     test_npz_corruptions();
     test_npz_hand_deflated();
     test_safetensors();
+    test_text_items();
     test_files();
     test_write_never_destroys();
     test_png();

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import struct
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -86,11 +87,19 @@ def case_inspect_block():
 
 
 def case_inspect_npu():
-    codes = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3}
-    for name, code in codes.items():
+    for name in ("BSND", "BNSD", "BSH", "SBH"):
         path = tmp("npu_%s.npz" % name)
-        expect(["inspect", "--emit", "npu", "--npu-layout", name, "--out", path], 0)
-        check(read_npz(path)["npu_input_layout"][1] == [code], "--npu-layout %s -> input_layout %d" % (name, code))
+        expect(["inspect", "--emit", "npu", "--npu-layout", name, "--out", path], 0,
+               out_has=["npu_input_layout text '%s'" % name])
+        # the string torch_npu takes, not a code to look up
+        check(read_npz(path)["npu_input_layout"] == ((), name), "--npu-layout %s -> input_layout text" % name)
+        st = tmp("npu_%s.safetensors" % name)
+        expect(["inspect", "--emit", "npu", "--npu-layout", name, "--out", st], 0)
+        with open(st, "rb") as f:
+            raw = f.read()
+        head = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+        check(head["__metadata__"] == {"npu_input_layout": name} and "npu_input_layout" not in head,
+              "safetensors: input_layout %s in __metadata__" % name)
     # TND needs a packed layout: the sample is a padded grid
     expect(["inspect", "--emit", "npu", "--npu-layout", "TND", "--out", tmp("tnd.npz")], 1,
            out_has=["input_layout TND needs a packed (THD) layout"])
