@@ -620,6 +620,9 @@ typedef struct maskpack_npu_argset {
     int64_t n_prefix;
     uint8_t *pad_items;                /* TND: 1 where an item is a declared pad item (filler tokens) */
     int64_t fully_masked_rows;         /* query rows of real tokens that see nothing */
+    int64_t fully_masked_pad_rows;     /* query rows of padding (B*S pad slots of a full mask, TND pad
+                                          items) that see nothing: their output is never read, but
+                                          they too need inner_precise = 2 */
 } maskpack_npu_argset;
 
 /* (layout, input_layout, scale (> 0 finite) or 0 with head_dim > 0 for 1/sqrt(head_dim)) -> args.

@@ -868,7 +868,7 @@ static PyObject *py_magi_slices(PyObject *m, PyObject *args) {
 
 /* (handle, input_layout, scale, head_dim, factory) -> (input_layout, sparse_mode, pre, next, scale,
  * inner_precise, mask_kind, atten_mask | None, actual_seq_qlen | None, actual_seq_kvlen | None,
- * prefix | None, pad_items | None, fully_masked_rows). factory(shape) -> (object, descriptor) allocates
+ * prefix | None, pad_items | None, fully_masked_rows, fully_masked_pad_rows). factory(shape) -> (object, descriptor) allocates
  * the atten_mask; the argset never outlives this call. */
 static PyObject *py_npu_args(PyObject *m, PyObject *args) {
     PyObject *h, *factory;
@@ -949,9 +949,9 @@ static PyObject *py_npu_args(PyObject *m, PyObject *args) {
         for (int64_t i = 0; i < a.n_items; i++) PyList_SET_ITEM(pad, (Py_ssize_t)i, PyBool_FromLong(a.pad_items[i]));
     } else
         pad = Py_NewRef(Py_None);
-    res = Py_BuildValue("(iiLLdiiOOOOOL)", (int)a.input_layout, (int)a.sparse_mode, (long long)a.pre_tokens,
+    res = Py_BuildValue("(iiLLdiiOOOOOLL)", (int)a.input_layout, (int)a.sparse_mode, (long long)a.pre_tokens,
                         (long long)a.next_tokens, a.scale, (int)a.inner_precise, (int)a.mask_kind, mask_obj, ql, kl,
-                        pf, pad, (long long)a.fully_masked_rows);
+                        pf, pad, (long long)a.fully_masked_rows, (long long)a.fully_masked_pad_rows);
 done:
     Py_XDECREF(mask_obj);
     Py_XDECREF(ql);

@@ -482,7 +482,9 @@ class Layout(_Moves):
         sparse_mode, pre_tockens, next_tockens, scale, inner_precise, actual_seq_qlen and
         actual_seq_kvlen (NPU-form lists for TND, else None), prefix (list or None). Diagnostics
         that are not operator arguments start with ``maskpack_``: maskpack_mask_kind,
-        maskpack_pad_items (TND: True where an item is declared filler), maskpack_fully_masked_rows.
+        maskpack_pad_items (TND: True where an item is declared filler), maskpack_fully_masked_rows
+        (query rows of real tokens that see nothing) and maskpack_fully_masked_pad_rows (padding rows
+        that see nothing: never read, but they too make inner_precise 2).
         Drop them with ``{k: v for k, v in args.items() if not k.startswith("maskpack_")}``.
         scale: the softmax scale; or give head_dim for 1/sqrt(head_dim) (the operator's own default
         is 1.0, a classic bug, so one of them is required)."""
@@ -512,7 +514,7 @@ class Layout(_Moves):
         t = _maskpack.npu_args(self._h, il, sc, hd, factory)
         if fresh_key:
             _NPU_MASKS[fresh_key[0]] = t[7]
-        (layout_code, mode, pre, nxt, scale_out, ip, kind, mask, ql, kl, prefix, pad, fully) = t
+        (layout_code, mode, pre, nxt, scale_out, ip, kind, mask, ql, kl, prefix, pad, fully, fully_pad) = t
         return {
             "input_layout": _NPU_LAYOUT_NAMES.get(layout_code, str(layout_code)),
             "atten_mask": mask,
@@ -527,6 +529,7 @@ class Layout(_Moves):
             "maskpack_mask_kind": _NPU_MASK_KINDS.get(kind, str(kind)),
             "maskpack_pad_items": pad,
             "maskpack_fully_masked_rows": fully,
+            "maskpack_fully_masked_pad_rows": fully_pad,
         }
 
     def allowed(self):

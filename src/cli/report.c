@@ -126,6 +126,9 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
                 fprintf(f, i ? ", %lld" : "%lld", (long long)a->actual_seq_qlen[i]);
             fprintf(f, "%s]", a->n_items > 16 ? ", ..." : "");
         }
+        if (a->fully_masked_rows || a->fully_masked_pad_rows)
+            fprintf(f, ", query rows that see nothing: %lld of tokens, %lld of padding", (long long)a->fully_masked_rows,
+                    (long long)a->fully_masked_pad_rows);
         fprintf(f, "\n");
     }
     if (r->n_emitted) {
@@ -244,6 +247,7 @@ int cli_print_json(const cli_options *o, const cli_report *r, FILE *f) {
                 cJSON_AddItemToObject(j, "actual_seq_kvlen", shape_json(a->actual_seq_kvlen, (int32_t)a->n_items));
             }
             cJSON_AddNumberToObject(j, "fully_masked_rows", (double)a->fully_masked_rows);
+            cJSON_AddNumberToObject(j, "fully_masked_pad_rows", (double)a->fully_masked_pad_rows);
         }
     }
     cJSON *em = cJSON_AddArrayToObject(root, "emitted");

@@ -17,9 +17,9 @@
  *   - B*S layouts whose rows are not one whole-row segment each (padding, several documents,
  *     shard pieces) get sparse_mode 1 with a full [B,1,S,Skv] mask; so do spans.
  *   - Pad items (TND filler) and pad rows (B*S padding) compute garbage that nobody reads; they never
- *     see real tokens or are seen by them. fully_masked_rows counts only rows of real tokens; pad
- *     rows of a mode-1 full mask are always fully masked (B*S - n_tokens of them) and are, with the
- *     empty rows of pad items, a reason for inner_precise = 2 even when fully_masked_rows is 0. */
+ *     see real tokens or are seen by them. fully_masked_rows counts rows of real tokens and
+ *     fully_masked_pad_rows the rest: the pad rows of a mode-1 full mask (B*S - n_tokens of them)
+ *     and the empty rows of pad items; either makes inner_precise = 2. */
 #include "npu_internal.h"
 
 #include <math.h>
@@ -361,7 +361,10 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
             }
             if (lo < hi) continue;
             empty_rows++;
-            if (it.segment[k] >= 0) a->fully_masked_rows++;
+            if (it.segment[k] >= 0)
+                a->fully_masked_rows++;
+            else
+                a->fully_masked_pad_rows++;
         }
     }
     a->inner_precise = empty_rows ? 2 : 0;
@@ -440,8 +443,10 @@ static maskpack_status bsnd_args(const maskpack_layout *L, const rule_class *rc,
     for (size_t k = 0; k < L->n_segments; k++)
         for (int64_t i = 0; i < L->segs[k].q_len; i++)
             if (!row_sees_something(L, k, i)) a->fully_masked_rows++;
-    int pad_rows = L->n_tokens < B * S; /* B*S cannot overflow: the layout validated the grid */
-    a->inner_precise = (a->fully_masked_rows > 0 || (mode == 1 && pad_rows)) ? 2 : 0;
+    /* B*S cannot overflow: the layout validated the grid. Pad slots see nothing only in a full mask
+       (mode 1, which every padded B*S layout gets); the other modes' masks do not know the padding */
+    if (mode == 1) a->fully_masked_pad_rows = B * S - L->n_tokens;
+    a->inner_precise = (a->fully_masked_rows > 0 || a->fully_masked_pad_rows > 0) ? 2 : 0;
     return MASKPACK_OK;
 }
 

@@ -249,6 +249,7 @@ static void test_tnd_pad_items(void) {
         /* the pad item (2 queries, 1 key) under mode 3 has an empty first row: a pad row, not a real one */
         CHECK_EQ(a.sparse_mode, 3);
         CHECK_EQ(a.fully_masked_rows, 0);
+        CHECK_EQ(a.fully_masked_pad_rows, 1);
         CHECK_EQ(a.inner_precise, 2);
         maskpack_npu_argset_release(&a);
     }
@@ -559,7 +560,8 @@ static void test_bsnd(void) {
         CHECK_EQ(a.mask_shape[3], 6);
         CHECK_EQ(a.pre_tokens, INF);
         CHECK_EQ(a.next_tokens, INF);
-        CHECK_EQ(a.fully_masked_rows, 0); /* pad rows are not real rows */
+        CHECK_EQ(a.fully_masked_rows, 0);     /* pad rows are not real rows... */
+        CHECK_EQ(a.fully_masked_pad_rows, 5); /* ...and are counted apart: 2 x 6 slots, 7 tokens */
         CHECK_EQ(a.inner_precise, 2);
         maskpack_npu_argset_release(&a);
     }

@@ -188,6 +188,13 @@ def case_inspect_reports():
           and npu["atten_mask"] == "compressed" and npu["atten_mask_shape"] == [2048, 2048],
           "JSON npu arguments: %r" % (npu,))
     check(read_npz(tmp("t.npz"))["npu_actual_seq_qlen"][1] == [3, 7], "the npz holds actual_seq_qlen")
+    check(npu["fully_masked_rows"] == 0 and npu["fully_masked_pad_rows"] == 0, "packed: no row sees nothing")
+    # the padded sample: its 12 pad slots see nothing under the full mask, and are counted as padding
+    padded = json.loads(expect(["inspect", "--emit", "npu", "--json", "--out", tmp("p.npz")], 0))["npu"]
+    check(padded["fully_masked_rows"] == 0 and padded["fully_masked_pad_rows"] == 12 and padded["inner_precise"] == 2,
+          "padded sample: pad rows counted apart: %r" % (padded,))
+    expect(["inspect", "--emit", "npu", "--out", tmp("p.npz")], 0,
+           out_has=["query rows that see nothing: 0 of tokens, 12 of padding"])
     # the rule line names a window
     expect(["inspect", "--window", "2,0"], 0, out_has=["rule: causal, bottom_right alignment, window (2, 0) (from flags)"])
     # help for each command, and for one that does not exist

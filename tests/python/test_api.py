@@ -561,6 +561,7 @@ def test_npu_args_tnd_causal_and_validation_round_trip():
     np.testing.assert_array_equal(m[:6, :6], np.triu(np.ones((6, 6), bool), 1))
     assert "pre_tockens" in args and "next_tockens" in args  # torch_npu's own spelling
     assert args["maskpack_mask_kind"] == "compressed" and args["maskpack_fully_masked_rows"] == 0
+    assert args["maskpack_fully_masked_pad_rows"] == 0
     kw = _call_kwargs(args)
     assert maskpack.validate_npu_args(**kw, query_shape=(12, 8, 64), key_shape=(12, 2, 64), intended=lay) == []
     # each classic mistake is reported
@@ -808,3 +809,18 @@ def test_npu_args_goldens_from_the_operator_documentation():
     assert (a["sparse_mode"], a["pre_tockens"], a["next_tockens"]) == (4, 1, 0)
     a = args(Layout.from_lengths([4, 4], placement="right", prefix=[1, 2]), "BSND")
     assert a["sparse_mode"] == 6 and list(a["prefix"]) == [1, 2] and np.asarray(a["atten_mask"]).shape == (3072, 2048)
+
+
+def test_npu_args_count_the_padding_rows_a_full_mask_hides():
+    # a padded batch: no real row sees nothing, but each pad slot does, and the operator needs
+    # inner_precise 2 for them; the two counts are reported apart
+    mask = np.array([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=np.int8)
+    lay = Layout.from_mask2d(mask, convention="keep")
+    args = lay.npu_args("BSND", head_dim=64)
+    assert args["sparse_mode"] == 1 and args["inner_precise"] == 2
+    assert args["maskpack_fully_masked_rows"] == 0 and args["maskpack_fully_masked_pad_rows"] == 3
+    rows_seeing_nothing = (~args["atten_mask"][:, 0]).sum(axis=-1) == 0
+    assert int(rows_seeing_nothing.sum()) == 3  # the mask itself agrees
+    # the same sequences packed (TND): no pad rows at all
+    packed = Layout.from_lengths([3, 4], placement="packed").npu_args("TND", head_dim=64)
+    assert packed["maskpack_fully_masked_pad_rows"] == 0 and packed["inner_precise"] == 0
