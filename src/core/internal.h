@@ -85,6 +85,19 @@ static inline bool mp_mul_size(size_t a, size_t b, size_t *r) {
 /* malloc of n elements of `size` bytes: NULL when n * size overflows (as when memory runs out);
  * n == 0 allocates one byte, so an empty array is a valid pointer, never a NULL read as failure. */
 void *mp_alloc_array(size_t n, size_t size);
+
+/* For a short branch-free scan over 64-bit integers (a minimum, a count) that baseline x86-64 cannot
+ * vectorize (no 64-bit compare before SSE4.2/AVX2): compiled for AVX-512, AVX2 and the baseline, the
+ * loader picking one for this CPU (GCC/Clang function multiversioning). Not under AddressSanitizer,
+ * whose instrumentation and ifunc resolvers do not mix on every toolchain. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute) && defined(__linux__)
+#if __has_attribute(target_clones) && !defined(__SANITIZE_ADDRESS__)
+#define MP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef MP_CLONES
+#define MP_CLONES
+#endif
 /* calloc of n elements of `size` bytes (zeroed), n == 0 as one element; NULL on overflow. */
 void *mp_calloc_array(size_t n, size_t size);
 /* realloc of p to n elements of `size` bytes; NULL (p untouched) on overflow or exhaustion. */

@@ -48,6 +48,53 @@ static maskpack_status keep_row(const maskpack_tensor *m, int64_t b, int64_t *st
     return MASKPACK_OK;
 }
 
+/* Contiguous rows of the common dtypes: one branch-free pass counts the ones and notes any value other
+ * than 0 and 1, then the run's ends are found from both sides (a cost of the padding only). The row is
+ * well formed when the ones fill [first, last] exactly; anything else goes to keep_row for the error. */
+#define KEEP_COUNT(NAME, T)                                                                          \
+    MP_CLONES static uint64_t NAME(const T *p, int64_t S, int *bad) {                               \
+        uint64_t ones = 0, other = 0;                                                                 \
+        for (int64_t s = 0; s < S; s++) {                                                             \
+            ones += (uint64_t)(p[s] == 1);                                                            \
+            other |= (uint64_t)(p[s] != 0 && p[s] != 1);                                              \
+        }                                                                                             \
+        *bad = other != 0;                                                                            \
+        return ones;                                                                                  \
+    }
+KEEP_COUNT(keep_count_u8, uint8_t)
+KEEP_COUNT(keep_count_i32, int32_t)
+KEEP_COUNT(keep_count_i64, int64_t)
+
+/* keep_row for a contiguous bool/uint8/int8/int32/int64 row: 1 when it read the row (start, len set),
+ * 0 when the row has another dtype or stride or is not well formed (keep_row then decides). */
+static int keep_row_fast(const maskpack_tensor *m, int64_t b, int64_t *start, int64_t *len) {
+    int64_t S = m->shape[1];
+    if (m->strides[1] != 1) return 0;
+    const char *row = (const char *)m->data + (size_t)(b * m->strides[0]) * maskpack_dtype_size(m->dtype);
+    int bad = 0;
+    uint64_t ones;
+    switch (m->dtype) {
+    case MASKPACK_BOOL:
+    case MASKPACK_U8:
+    case MASKPACK_I8: ones = keep_count_u8((const uint8_t *)row, S, &bad); break;
+    case MASKPACK_I32: ones = keep_count_i32((const int32_t *)row, S, &bad); break;
+    case MASKPACK_I64: ones = keep_count_i64((const int64_t *)row, S, &bad); break;
+    default: return 0;
+    }
+    if (bad) return 0;
+    if (ones == 0) {
+        *start = *len = 0;
+        return 1;
+    }
+    int64_t first = 0, last = S - 1;
+    while (mp_read_i64(m->dtype, row, first) == 0) first++;
+    while (mp_read_i64(m->dtype, row, last) == 0) last--;
+    if ((uint64_t)(last - first + 1) != ones) return 0;
+    *start = first;
+    *len = ones;
+    return 1;
+}
+
 static int run_cmp(const void *a, const void *b) {
     const doc_run *x = a, *y = b;
     if (x->id != y->id) return x->id < y->id ? -1 : 1;
@@ -119,18 +166,16 @@ maskpack_status maskpack_layout_from_mask2d(const maskpack_tensor *mask, maskpac
     if (B == 0 || S == 0) return mp_layout_empty(B, S, 0, rule, out, err);
 
     if (convention == MASKPACK_MASK2D_KEEP) {
-        /* one segment per row (empty for an all-pad row), so validate everything, then allocate */
-        for (int64_t b = 0; b < B; b++) {
-            int64_t st, len;
-            s = keep_row(mask, b, &st, &len, err);
-            if (s) return s;
-        }
+        /* at most one segment per row (none for an all-pad row): one pass reads and validates */
         maskpack_segment *segs = mp_alloc_array((size_t)B, sizeof *segs);
         if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "mask", -1, -1, "out of memory");
         size_t n = 0;
         for (int64_t b = 0; b < B; b++) {
-            int64_t st, len;
-            keep_row(mask, b, &st, &len, NULL);
+            int64_t st = 0, len = 0;
+            if (!keep_row_fast(mask, b, &st, &len) && (s = keep_row(mask, b, &st, &len, err)) != MASKPACK_OK) {
+                free(segs);
+                return s;
+            }
             if (len > 0) segs[n++] = self_seg(b, st, len);
         }
         return mp_layout_build(segs, n, B, S, S, 0, rule, out, err);

@@ -33,17 +33,8 @@ static const int64_t *load_row(const pos_view *v, int64_t r, int64_t *buf) {
     return buf;
 }
 
-/* The smallest of p[0..n), n >= 1: branch-free, one vectorized pass. A 64-bit integer minimum needs
- * AVX2 (compare + blend) or AVX-512 (vpminsq); baseline x86-64 has neither, so the loop is compiled for
- * each and the loader picks one for this CPU (GCC/Clang function multiversioning). */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && !defined(__SANITIZE_ADDRESS__)
-#define MP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef MP_CLONES
-#define MP_CLONES
-#endif
+/* The smallest of p[0..n), n >= 1: branch-free, one vectorized pass (a 64-bit integer minimum needs
+ * AVX2 or AVX-512: MP_CLONES). */
 MP_CLONES static int64_t min_of(const int64_t *p, int64_t n) {
     int64_t mn = p[0];
     for (int64_t c = 1; c < n; c++) mn = p[c] < mn ? p[c] : mn;

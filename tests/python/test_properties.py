@@ -13,7 +13,7 @@ Context-parallel shards are a separate feature with their own tests; they are no
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import maskpack
@@ -500,3 +500,76 @@ def test_strategies_cover_every_feature():
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])
+
+
+def _keep_reference(row):
+    """The KEEP contract for one row, read left to right: (start, len) of its single run of ones, or
+    the first violation met: ("value", column) for a value other than 0/1, ("hole", first pad
+    column after the tokens began) when a token follows it."""
+    first = gap = None
+    for s, v in enumerate(row):
+        if v not in (0, 1):
+            return ("value", s)
+        if v == 1:
+            if gap is not None:
+                return ("hole", gap)
+            first = s if first is None else first
+        elif first is not None and gap is None:
+            gap = s
+    if first is None:
+        return (0, 0)
+    return (first, (gap if gap is not None else len(row)) - first)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 0, 1, 1, 1, 2, -1]), min_size=1, max_size=70), min_size=1, max_size=4),
+       st.sampled_from(["bool", "int8", "uint8", "int32", "int64", "int16"]), st.booleans())
+def test_mask2d_keep_scan_any_dtype_and_stride(rows, dtype, strided):
+    # the vectorized scan of contiguous rows and the general one agree with the contract, malformed
+    # rows included (the error names the same row and column)
+    S = max(map(len, rows))
+    grid = np.zeros((len(rows), S), dtype=np.int64)
+    for b, r in enumerate(rows):
+        grid[b, :len(r)] = r
+    if dtype == "bool":
+        grid = np.clip(grid, 0, 1)
+    if dtype == "uint8":
+        grid = np.abs(grid)
+    arr = grid.astype(dtype)
+    if strided:  # every other column of a twice-as-wide array: the same values, a column stride of 2
+        wide = np.zeros((arr.shape[0], 2 * S), dtype=arr.dtype)
+        wide[:, ::2] = arr
+        arr = wide[:, ::2]
+    want = [_keep_reference(list(map(int, r))) for r in grid]
+    bad = [(b, w) for b, w in enumerate(want) if isinstance(w[0], str)]
+    if bad:
+        b, (kind, col) = bad[0]
+        with pytest.raises(maskpack.Error) as e:
+            Layout.from_mask2d(arr, convention="keep")
+        assert e.value.index == (b, col) or e.value.index == [b, col]
+        assert ("expected 0 or 1" in str(e.value)) == (kind == "value")
+        return
+    lay = Layout.from_mask2d(arr, convention="keep")
+    got = [(g[0], g[1], g[2]) for g in lay.segments]  # (row, q_start, q_len, kv_start, kv_len)
+    assert got == [(b, s, n) for b, (s, n) in enumerate(want) if n > 0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=40), st.sampled_from(["reset", "step"]),
+       st.sampled_from(["int64", "int32", "int16"]), st.integers(0, 3), st.integers(0, 2))
+def test_position_ids_scan_matches_the_rule(lengths, rule, dtype, tail, base):
+    # runs counting from `base` (RoBERTa-like rows start above 0), then a tail of zeros (padding once
+    # two or more), against the boundary rule written out
+    ids = [base + i for n in lengths for i in range(n)] + [0] * tail
+    arr = np.array(ids, dtype=dtype)
+    zeros = len(ids) - len("".join("x" if v else "0" for v in ids).rstrip("0"))  # the trailing run of zeros
+    E = len(ids) - zeros if zeros >= 2 else len(ids)
+    real = ids[:E]
+    if not real:
+        assert Layout.from_position_ids(arr, rule=rule).n_segments == 0
+        return
+    mn = min(real)
+    starts = [0] + [c for c in range(1, E) if (real[c] == mn if rule == "reset" else real[c] - 1 != real[c - 1])]
+    want = [(s, e - s) for s, e in zip(starts, starts[1:] + [E])]
+    lay = Layout.from_position_ids(arr, rule=rule)
+    assert [(g[1], g[2]) for g in lay.segments] == want
