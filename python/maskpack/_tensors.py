@@ -288,12 +288,17 @@ def check_threads(threads: Any, default: int) -> int:
     return n
 
 
+_LAYOUT_TYPE: list = []  # maskpack.Layout, looked up once (_layout imports this module)
+
+
 def check_layout(layout: Any, name: str = "layout") -> None:
     """A maskpack.Layout, else a TypeError naming the argument (not an AttributeError from inside a
     call)."""
-    from ._layout import Layout
+    if not _LAYOUT_TYPE:
+        from ._layout import Layout
 
-    if not isinstance(layout, Layout):
+        _LAYOUT_TYPE.append(Layout)
+    if not isinstance(layout, _LAYOUT_TYPE[0]):
         raise TypeError(f"{name}: expected a maskpack.Layout, found {type(layout).__name__}")
 
 
