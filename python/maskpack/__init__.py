@@ -21,7 +21,7 @@ _maskpack._set_error_type(Error)
 from ._layout import Layout, mask2d_from_mask4d  # noqa: E402
 from ._moves import cp_gather, cp_multiple, relayout  # noqa: E402
 from .batch import Batch, prepare_batch  # noqa: E402
-from .collator import Collator  # noqa: E402
+from .collator import Collator, LengthBucketSampler  # noqa: E402
 from ._npu import NPU_FINDING_NAMES, validate_npu_args  # noqa: E402
 from ._rule import window_from_gym, window_from_hf  # noqa: E402
 
@@ -31,6 +31,7 @@ version_number = _maskpack.version_number()
 __all__ = [
     "Batch",
     "Collator",
+    "LengthBucketSampler",
     "Error",
     "Layout",
     "cp_gather",

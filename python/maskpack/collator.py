@@ -20,7 +20,7 @@ import numpy as np
 from ._errors import Error
 from .batch import Batch, prepare_batch
 
-__all__ = ["Collator"]
+__all__ = ["Collator", "LengthBucketSampler"]
 
 
 def _as_array(v: Any) -> Optional[np.ndarray]:
@@ -175,3 +175,84 @@ class Collator:
                 col += lengths[s]
         out["attention_mask"] = doc
         return out
+
+
+class LengthBucketSampler:
+    """Length buckets: a batch sampler (``DataLoader(dataset, batch_sampler=...)``) whose batches hold
+    examples of similar lengths, so a padded batch wastes little on padding, as trainers' "group by
+    length" options do.
+
+    lengths: every example's token count. boundaries: increasing bucket edges; an example of length n
+    goes to the first bucket whose edge is >= n (the last bucket takes the rest). None: buckets of
+    equal example count (``n_buckets``, by sorted length). Each batch comes from one bucket and holds
+    ``batch_size`` examples, or as many as fit ``max_tokens`` padded tokens (examples x longest), at
+    least one. Shuffled within buckets and across batches by ``seed`` + epoch (``set_epoch``, as torch's
+    DistributedSampler); every example appears exactly once per epoch (with ``batch_size``,
+    ``drop_last`` drops each bucket's short last batch instead)."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: Optional[int] = None, max_tokens: Optional[int] = None,
+                 boundaries: Optional[Sequence[int]] = None, n_buckets: int = 8, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if self.lengths.size and int(self.lengths.min()) < 1:
+            i = int(np.argmin(self.lengths))
+            raise Error(f"lengths[{i}]: expected >= 1, found {int(self.lengths[i])}", "MASKPACK_ERR_VALUE",
+                        argument="lengths", index=(i,))
+        if (batch_size is None) == (max_tokens is None):
+            raise Error("batch_size, max_tokens: pass exactly one", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="batch_size")
+        for name, v in (("batch_size", batch_size), ("max_tokens", max_tokens), ("n_buckets", n_buckets)):
+            if v is not None and (isinstance(v, bool) or int(v) < 1):
+                raise Error(f"{name}: expected an integer >= 1, found {v!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                            argument=name)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.max_tokens = None if max_tokens is None else int(max_tokens)
+        if boundaries is not None:
+            edges = [int(b) for b in boundaries]
+            if any(b <= a for a, b in zip(edges, edges[1:])) or (edges and edges[0] < 1):
+                raise Error(f"boundaries: expected increasing edges >= 1, found {edges}", "MASKPACK_ERR_VALUE",
+                            argument="boundaries")
+            self.bucket = np.searchsorted(np.asarray(edges, dtype=np.int64), self.lengths, side="left")
+        else:
+            order = np.argsort(self.lengths, kind="stable")
+            self.bucket = np.empty(self.lengths.size, dtype=np.int64)
+            self.bucket[order] = np.arange(self.lengths.size) * int(n_buckets) // max(1, self.lengths.size)
+        self.shuffle, self.seed, self.drop_last, self.epoch = bool(shuffle), int(seed), bool(drop_last), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Another order for another epoch (the same for every rank that shares the seed)."""
+        self.epoch = int(epoch)
+
+    def _batches(self) -> List[List[int]]:
+        rng = np.random.default_rng((self.seed, self.epoch))
+        batches: List[List[int]] = []
+        for b in np.unique(self.bucket):
+            idx = np.flatnonzero(self.bucket == b)
+            if self.shuffle:
+                idx = rng.permutation(idx)
+            if self.max_tokens is None:
+                cut = list(range(0, idx.size, self.batch_size))
+                groups = [idx[c:c + self.batch_size] for c in cut]
+                if self.drop_last and groups and groups[-1].size < self.batch_size:
+                    groups.pop()
+            else:  # greedy: add examples while examples x longest stays within the budget
+                groups, cur, longest = [], [], 0
+                for i in idx:
+                    n = int(self.lengths[i])
+                    if cur and (len(cur) + 1) * max(longest, n) > self.max_tokens:
+                        groups.append(np.asarray(cur))
+                        cur, longest = [], 0
+                    cur.append(i)
+                    longest = max(longest, n)
+                if cur:
+                    groups.append(np.asarray(cur))
+            batches.extend([int(i) for i in g] for g in groups)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def __iter__(self):
+        return iter(self._batches())
+
+    def __len__(self) -> int:
+        return len(self._batches())

@@ -373,3 +373,61 @@ def test_block_mask_matches_torch_create_block_mask_at_the_grid_end():
                 for q in range(n.shape[2]):
                     k = int(n[b, 0, q])
                     assert sorted(a[b, 0, q, :k].tolist()) == sorted(r[b, 0, q, :k].tolist()), (lengths, name, b, q)
+
+
+# ---- length buckets ---------------------------------------------------------------------------------
+
+
+def test_length_buckets_every_example_once_and_similar_lengths():
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 2000, size=500)
+    edges = [64, 256, 1024]
+    s = maskpack.LengthBucketSampler(lengths, batch_size=16, boundaries=edges, seed=1)
+    batches = list(s)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(500)) and len(s) == len(batches)
+    bucket = np.searchsorted(edges, lengths, side="left")
+    for b in batches:
+        assert 1 <= len(b) <= 16 and len({int(bucket[i]) for i in b}) == 1  # one bucket per batch
+    # the padding a padded batch carries is far below that of random batches
+    def waste(bs):
+        return sum(len(b) * int(lengths[b].max()) - int(lengths[b].sum()) for b in bs)
+    random_batches = [list(range(i, min(i + 16, 500))) for i in range(0, 500, 16)]
+    assert waste(batches) < 0.5 * waste(random_batches)
+    # the same seed and epoch: the same batches; another epoch: another order
+    assert list(maskpack.LengthBucketSampler(lengths, batch_size=16, boundaries=edges, seed=1)) == batches
+    s.set_epoch(1)
+    assert list(s) != batches and sorted(i for b in s for i in b) == list(range(500))
+    # drop_last: each bucket's short last batch goes
+    full = list(maskpack.LengthBucketSampler(lengths, batch_size=16, boundaries=edges, drop_last=True))
+    assert all(len(b) == 16 for b in full)
+    assert len(full) == sum(int((bucket == k).sum()) // 16 for k in range(4))
+
+
+def test_length_buckets_by_token_budget_and_equal_count_buckets():
+    lengths = [5, 900, 30, 31, 870, 6, 7, 500, 33, 880] * 10
+    s = maskpack.LengthBucketSampler(lengths, max_tokens=1800, n_buckets=3, shuffle=False)
+    batches = list(s)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:  # examples x longest within the budget (one example alone may exceed it)
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1800
+    # equal-count buckets: the 100 examples split by sorted length, so short ones batch together
+    short = [b for b in batches if max(lengths[i] for i in b) <= 33]
+    assert short and sum(len(b) for b in short) >= 30
+
+
+def test_length_buckets_bad_arguments_and_dataloader():
+    with pytest.raises(maskpack.Error, match="batch_size, max_tokens: pass exactly one"):
+        maskpack.LengthBucketSampler([3, 4])
+    with pytest.raises(maskpack.Error, match=r"lengths\[1\]: expected >= 1, found 0"):
+        maskpack.LengthBucketSampler([3, 0], batch_size=2)
+    with pytest.raises(maskpack.Error, match="boundaries: expected increasing edges"):
+        maskpack.LengthBucketSampler([3, 4], batch_size=2, boundaries=[8, 8])
+    with pytest.raises(maskpack.Error, match="batch_size: expected an integer >= 1"):
+        maskpack.LengthBucketSampler([3, 4], batch_size=0)
+    # with a DataLoader and the collator: every batch padded to its own longest example
+    data = [{"input_ids": list(range(1, n + 1))} for n in (3, 40, 4, 41, 5, 42)]
+    sampler = maskpack.LengthBucketSampler([len(d["input_ids"]) for d in data], batch_size=3, boundaries=[10])
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, collate_fn=maskpack.Collator())
+    widths = sorted(int(b.tokens["input_ids"].shape[1]) for b in loader)
+    assert widths == [5, 42]
