@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ._errors import Error
 
-__all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss"]
+__all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp"]
 
 
 def _rank_size(group) -> tuple:
@@ -138,3 +138,110 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
         raise Error(f"weights: expected the loss's shape {list(per_token_loss.shape)}, found {list(w.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="weights")
     return _AllReduceSum.apply((per_token_loss * w).sum(), group)
+
+
+# ---- head-parallel Gated DeltaNet and conv1d (the kernel runs unchanged on whole sequences) -----------
+
+
+def _heads_to_sequences(parts_dim: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    """This rank's token shard of every head [T_local, heads, ...] -> every token of this rank's
+    heads/n heads, in ``layout`` ([B,S,...] or [T,...]): an all-to-all over the heads (rank s receives
+    head group s of every shard), then the shards put together in the layout. Differentiable."""
+    t_local = parts_dim.shape[0]
+    mixed = _AllToAll.apply(parts_dim.contiguous(), group, 1, 0)  # [n * T_local, heads/n, ...], rank order
+    from ._moves import cp_gather
+
+    return cp_gather(list(torch.split(mixed, t_local, dim=0)), layout, scheme=scheme, tp=tp, align=align)
+
+
+def _sequences_to_heads(whole: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    """The reverse: every token of this rank's head group in ``layout`` -> this rank's token shard
+    of every head, [T_local, heads, ...]. Differentiable."""
+    shards = [layout.shard(whole, n, s, scheme=scheme, tp=tp, align=align) for s in range(n)]
+    return _AllToAll.apply(torch.cat(shards, dim=0).contiguous(), group, 0, 1)
+
+
+class _GatherReplicated(torch.autograd.Function):
+    """Every rank's block -> the blocks concatenated along ``dim``, the same on every rank; backward:
+    this rank's block of the gradient, with no collective (the output is replicated: every rank is
+    expected to use it alike, as with Megatron's gather from a model-parallel region). A backward
+    without a collective cannot hang when only some ranks put the value into their loss."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        rank, n = _rank_size(group)
+        ctx.args = (rank, n, dim)
+        return torch.cat(_all_gather(x.detach(), group), dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank, n, dim = ctx.args
+        return torch.tensor_split(grad, n, dim=dim)[rank].contiguous(), None, None
+
+
+def _check_heads(name: str, heads: int, n: int) -> None:
+    if heads % n:
+        raise Error(f"{name}: {heads} heads do not divide by the {n} ranks of the group (head-parallel context "
+                    f"parallelism gives each rank heads/{n} of them)", "MASKPACK_ERR_SHAPE", argument=name)
+
+
+def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align) -> None:
+    want = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
+    t_local = want.n_rows * want.q_width
+    if x.dim() < 1 or x.shape[0] != t_local:
+        raise Error(f"{name}: expected this rank's shard of {t_local} tokens (rank {rank} of {n}) as dimension 0, "
+                    f"found shape {list(x.shape)}", "MASKPACK_ERR_SHAPE", argument=name)
+
+
+def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
+                        threads=None, scheme="zigzag", tp=1, align="verl"):
+    """Head-parallel context parallelism for :func:`maskpack.gated_delta_rule` (reached through its
+    ``group=``): q, k, v, g, beta are this rank's CP shard ([T_local, heads, ...], as
+    ``layout.shard(x, cp, rank, scheme, tp, align)`` cut them) of the whole batch ``layout``. An
+    all-to-all gives each rank every token of HV/cp value heads (and the H/cp key heads they read), the
+    single-process kernel runs unchanged on whole sequences, and a second all-to-all returns this
+    rank's shard of o for every head (as Megatron-core does for GDN). The result equals the
+    single-process run bitwise. Returns (o [T_local, HV, V], final_state [segments, HV, K, V], the same
+    on every rank). Differentiable end to end; final_state is a replicated value: its gradient on each
+    rank reaches that rank's heads (use it alike on every rank, or on none). Every rank must run the
+    backward (its all-to-alls pair up across the group)."""
+    from .gdn import gated_delta_rule
+
+    rank, n = _rank_size(group)
+    H, HV = q.shape[-2], v.shape[-2]
+    _check_heads("q", H, n)
+    _check_heads("v", HV, n)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check_shard(name, x, layout, n, rank, scheme, tp, align)
+    args = (layout, group, n, scheme, tp, align)
+    qw, kw, vw = (_heads_to_sequences(x, *args) for x in (q, k, v))
+    gw, bw = (_heads_to_sequences(x, *args) for x in (g, beta))
+    h0 = None
+    if initial_state is not None:
+        h0 = torch.tensor_split(initial_state, n, dim=1)[rank]
+    o, ht = gated_delta_rule(qw, kw, vw, gw, bw, layout, scale=scale, initial_state=h0, chunked=chunked,
+                             l2norm=l2norm, threads=threads)
+    o_local = _sequences_to_heads(o, *args)
+    return o_local, _GatherReplicated.apply(ht, group, 1)  # every rank's head group, on every rank
+
+
+def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
+                     align="verl"):
+    """Channel-parallel context parallelism for :func:`maskpack.causal_conv1d` (its ``group=``): x is
+    this rank's CP shard [T_local, C] of the whole batch ``layout``; each rank convolves C/cp channels
+    over whole sequences (so a segment split across ranks reads the inputs before it exactly) and the
+    outputs return to the token shards. Returns (y [T_local, C], conv_state [segments, C, W-1], the
+    same on every rank, replicated as gated_delta_rule_cp's final state); bitwise equal to the
+    single-process run; differentiable."""
+    from .gdn import causal_conv1d
+
+    rank, n = _rank_size(group)
+    C = x.shape[-1]
+    _check_heads("x", C, n)
+    _check_shard("x", x, layout, n, rank, scheme, tp, align)
+    args = (layout, group, n, scheme, tp, align)
+    xw = _heads_to_sequences(x, *args)
+    w = torch.tensor_split(weight, n, dim=0)[rank]
+    p = torch.tensor_split(prefix, n, dim=1)[rank] if prefix is not None else None
+    y, state = causal_conv1d(xw, w, layout, activation=activation, prefix=p, threads=threads)
+    return _sequences_to_heads(y, *args), _GatherReplicated.apply(state, group, 1)

@@ -129,7 +129,9 @@ class _RuleFn(torch.autograd.Function):
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      layout: Any, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                      chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
-                     out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                     out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, *, group: Any = None,
+                     cp_scheme: str = "zigzag", tp: int = 1,
+                     align: Optional[str] = "verl") -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per segment of ``layout``.
 
     q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
@@ -144,7 +146,21 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     ``out=(o, final_state)``: preallocated outputs of those shapes and dtypes (any strides), filled
     and returned, so a loop can reuse its memory instead of paying fresh pages every call; not
     allowed while autograd records (an input requires grad).
+
+    ``group`` (a torch.distributed ProcessGroup): context parallelism. The tensors are then this
+    rank's CP shard ([T_local, ...], as ``layout.shard(x, cp, rank, scheme=cp_scheme, tp=tp,
+    align=align)`` cut them) and ``layout`` is the whole batch's; o comes back as this rank's shard and
+    final_state whole on every rank (head-parallel: see
+    :func:`maskpack.distributed.gated_delta_rule_cp`).
     """
+    if group is not None:
+        if out is not None:
+            raise TypeError("gated_delta_rule(): out= cannot be combined with group=")
+        from .distributed import gated_delta_rule_cp
+
+        return gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=scale, initial_state=initial_state,
+                                   chunked=chunked, l2norm=l2norm, threads=threads, scheme=cp_scheme, tp=tp,
+                                   align=align)
     _check_call(layout, q=q, k=k, v=v, g=g, beta=beta)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state: expected a torch.Tensor or None, found {type(initial_state).__name__}")
@@ -215,15 +231,23 @@ class _ConvFn(torch.autograd.Function):
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation: Optional[str] = "silu",
-                  prefix: Optional[torch.Tensor] = None,
-                  threads: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                  prefix: Optional[torch.Tensor] = None, threads: Optional[int] = None, *, group: Any = None,
+                  cp_scheme: str = "zigzag", tp: int = 1,
+                  align: Optional[str] = "verl") -> Tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d per segment: ``y[t] = act(sum_w weight[:, w] * x[t - (W-1) + w])``.
 
     x ``[B, S, C]`` / ``[T, C]``; weight ``[C, W]`` or nn.Conv1d's ``[C, 1, W]`` with 1 <= W <= 4;
     prefix ``[segments, C, W-1]`` (the inputs before each segment, most recent last: a cache or a
     context-parallel halo) or None for zeros; activation "silu" or None.
     Returns ``(y, conv_state)``: y like x (pad rows 0), conv_state ``[segments, C, W-1]`` float32
-    = each segment's last W-1 inputs (the prefix's tail when the segment is shorter)."""
+    = each segment's last W-1 inputs (the prefix's tail when the segment is shorter).
+    ``group``: context parallelism, x being this rank's CP shard of the whole ``layout`` (see
+    :func:`maskpack.distributed.causal_conv1d_cp`)."""
+    if group is not None:
+        from .distributed import causal_conv1d_cp
+
+        return causal_conv1d_cp(x, weight, layout, group, activation=activation, prefix=prefix, threads=threads,
+                                scheme=cp_scheme, tp=tp, align=align)
     if activation not in _ACTIVATIONS:
         raise Error(f"activation: expected 'silu' or None, found {activation!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="activation")
@@ -337,25 +361,35 @@ def _layer_project(m: Any, projections: str, hidden: torch.Tensor):
 
 def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout: Any,
                    initial_state: Optional[torch.Tensor], conv_prefix: Optional[torch.Tensor], chunked: bool,
-                   threads: Optional[int]):
+                   threads: Optional[int], cp: Optional[dict] = None):
     """The layer over ``layout`` with the parameters of ``m`` (a GatedDeltaNet or transformers'
     Qwen3-Next / Qwen3.5 layer: the same attribute names) -> (out, final_state, conv_state, the
-    conv's input [.., conv_dim])."""
+    conv's input [.., conv_dim]). ``cp`` (group, cp_scheme, tp, align): hidden_states is this rank's
+    CP shard of the whole ``layout``; the conv and the rule run head-parallel across the group."""
     lead = hidden_states.shape[:-1]
+    cp = cp or {}
+    tok_layout = layout  # the layout of the tokens this process holds
+    if cp:
+        import torch.distributed as dist
+
+        g_ = cp["group"]
+        tok_layout = layout.cp_shard(dist.get_world_size(g_), dist.get_rank(g_), scheme=cp["cp_scheme"],
+                                     tp=cp["tp"], align=cp["align"])
     # the projections are torch GEMMs over every row: select (never multiply) the real rows so
     # a NaN in the padding reaches neither the outputs nor the weight gradients
-    keep = torch.as_tensor(layout.mask2d("bool")).reshape(*lead, 1)
+    keep = torch.as_tensor(tok_layout.mask2d("bool")).reshape(*lead, 1)
     zero = torch.zeros((), dtype=hidden_states.dtype)
     hidden_states = torch.where(keep, hidden_states, zero)
     conv_in, z, b, a = _layer_project(m, projections, hidden_states)
-    mixed, conv_state = causal_conv1d(conv_in, m.conv1d.weight, layout, "silu", prefix=conv_prefix, threads=threads)
+    mixed, conv_state = causal_conv1d(conv_in, m.conv1d.weight, layout, "silu", prefix=conv_prefix, threads=threads,
+                                      **cp)
     q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
     q = q.reshape(*lead, m.num_k_heads, m.head_k_dim)
     k = k.reshape(*lead, m.num_k_heads, m.head_k_dim)
     v = v.reshape(*lead, m.num_v_heads, m.head_v_dim)
-    g, beta = gdn_gates(a, b, m.A_log, m.dt_bias, layout)
+    g, beta = gdn_gates(a, b, m.A_log, m.dt_bias, tok_layout)
     o, state = gated_delta_rule(q, k, v, g, beta, layout, initial_state=initial_state, chunked=chunked, l2norm=True,
-                                threads=threads)
+                                threads=threads, **cp)
     o = m.norm(o, z)
     out = m.out_proj(o.reshape(*lead, m.value_dim))
     # pad rows are exactly 0 (the norm and projections of zero rows need not give exact zeros)
@@ -433,13 +467,18 @@ class GatedDeltaNet(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, layout: Any, initial_state: Optional[torch.Tensor] = None,
                 conv_prefix: Optional[torch.Tensor] = None, return_states: bool = False,
-                threads: Optional[int] = None):
+                threads: Optional[int] = None, *, group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
+                align: Optional[str] = "verl"):
         """hidden_states ``[B, S, hidden]`` (padded layout) or ``[T, hidden]`` (packed) -> the same
         shape, pad rows 0. ``initial_state`` ``[segments, HV, dk, dv]`` and ``conv_prefix``
         ``[segments, conv_dim, kernel-1]`` continue earlier pieces of the sequences (cache / CP);
-        with ``return_states`` the result is ``(out, final_state, conv_state)``."""
+        with ``return_states`` the result is ``(out, final_state, conv_state)``.
+        ``group``: context parallelism; hidden_states is then this rank's CP shard ``[T_local,
+        hidden]`` of the whole batch ``layout`` (``layout.shard(x, cp, rank, ...)``), and the conv and
+        the rule run head-parallel (value heads and conv channels divide by the group size)."""
+        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align}
         out, state, conv_state, _ = _layer_forward(self, self.projections, hidden_states, layout, initial_state,
-                                                   conv_prefix, self.chunked, threads)
+                                                   conv_prefix, self.chunked, threads, cp)
         if return_states:
             return out, state, conv_state
         return out

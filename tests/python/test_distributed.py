@@ -123,3 +123,116 @@ def test_collectives_need_an_initialised_group():
     assert e.value.argument == "group"
     with pytest.raises(TypeError):
         maskpack.cp_all_gather(np.zeros((4, 2)), lay)
+
+
+# ---- Gated DeltaNet and conv1d across ranks (head-parallel) ------------------------------------------
+
+GDN_LENGTHS = [37, 5, 70, 16]  # sequences split across ranks at every cp (zigzag halves of each)
+
+
+def _gdn_inputs(H=4, HV=8, K=16, V=8, C=8):
+    g0 = torch.Generator().manual_seed(11)
+    T = sum(GDN_LENGTHS)
+    q, k = (torch.randn(T, H, K, generator=g0) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=g0)
+    g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=g0)) * 0.3
+    beta = torch.sigmoid(torch.randn(T, HV, generator=g0))
+    h0 = torch.randn(len(GDN_LENGTHS), HV, K, V, generator=g0) * 0.1
+    x = torch.randn(T, C, generator=g0)
+    w = torch.randn(C, 4, generator=g0) * 0.5
+    do = torch.randn(T, HV, V, generator=g0)
+    dy = torch.randn(T, C, generator=g0)
+    return [q, k, v, g, beta, h0, x, w], do, dy
+
+
+def _gdn_layer():
+    torch.manual_seed(21)
+    return maskpack.GatedDeltaNet(32, 4, 8, 8, 8, projections="qwen3_next")
+
+
+def _layer_input(seed=6):
+    return torch.randn(sum(GDN_LENGTHS), 32, generator=torch.Generator().manual_seed(seed))
+
+
+def _gdn_objective(o, ht, y, st, do, dy):
+    return (o * do).sum() + ht.square().sum() + (y * dy).sum() + st.sum()
+
+
+def _gdn_worker(rank, world, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        lay = maskpack.Layout.from_lengths(GDN_LENGTHS, placement="packed")
+        xs, do, dy = _gdn_inputs()
+        q, k, v, g, beta, h0, x, w = xs
+        cut = lambda t: lay.shard(t, world, rank)  # noqa: E731  this rank's zigzag shard
+        leaves = [cut(t).clone().requires_grad_() for t in (q, k, v, g, beta)]
+        h0l, xl, wl = h0.clone().requires_grad_(), cut(x).clone().requires_grad_(), w.clone().requires_grad_()
+        o, ht = maskpack.gated_delta_rule(*leaves, lay, initial_state=h0l, group=dist.group.WORLD)
+        y, st = maskpack.causal_conv1d(xl, wl, lay, group=dist.group.WORLD)
+        # each rank's share of the single-process objective: its tokens' terms, and the replicated
+        # states' terms on every rank alike (their gradient reaches each rank's own heads)
+        share = (o * cut(do)).sum() + (y * cut(dy)).sum() + ht.square().sum() + st.sum()
+        share.backward()
+        grads = [t.grad for t in leaves] + [xl.grad]
+        gh0, gw = h0l.grad.clone(), wl.grad.clone()
+        dist.all_reduce(gh0)  # parameters and replicated inputs: the CP group sums (as Megatron does)
+        dist.all_reduce(gw)
+        torch.save({"o": o.detach(), "ht": ht.detach(), "y": y.detach(), "st": st.detach(), "grads": grads,
+                    "gh0": gh0, "gw": gw}, os.path.join(out_dir, f"gdn{rank}.pt"))
+        # the whole Qwen3-Next layer with group=: this rank's hidden states in, this rank's out back
+        layer = _gdn_layer()
+        hid = _layer_input()
+        hl = cut(hid).clone().requires_grad_()
+        out = layer(hl, lay, group=dist.group.WORLD)
+        (out * cut(_layer_input(7))).sum().backward()
+        pgrads = [p.grad.clone() for p in layer.parameters()]
+        for gp in pgrads:
+            dist.all_reduce(gp)
+        torch.save({"out": out.detach(), "dh": hl.grad, "pgrads": pgrads}, os.path.join(out_dir, f"layer{rank}.pt"))
+        if rank == 0:  # heads that do not divide: an error naming both numbers, on every rank alike
+            try:
+                maskpack.gated_delta_rule(q[:0], k[:0], v[:0, :3], g[:0, :3], beta[:0, :3], lay, group=dist.group.WORLD)
+            except maskpack.Error as e:
+                torch.save({"msg": str(e), "arg": e.argument}, os.path.join(out_dir, "err.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        mp.start_processes(_gdn_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
+        torch.set_num_threads(1)
+        lay = maskpack.Layout.from_lengths(GDN_LENGTHS, placement="packed")
+        xs, do, dy = _gdn_inputs()
+        leaves = [t.clone().requires_grad_() for t in xs]
+        q, k, v, g, beta, h0, x, w = leaves
+        o, ht = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0)
+        y, st = maskpack.causal_conv1d(x, w, lay)
+        _gdn_objective(o, ht, y, st, do, dy).backward()
+        cut = lambda t, r: lay.shard(t, world, r)  # noqa: E731
+        for r in range(world):
+            got = torch.load(os.path.join(d, f"gdn{r}.pt"))
+            # the kernel ran unchanged on whole sequences: bitwise
+            assert torch.equal(got["o"], cut(o.detach(), r)) and torch.equal(got["ht"], ht.detach())
+            assert torch.equal(got["y"], cut(y.detach(), r)) and torch.equal(got["st"], st.detach())
+            for gr, leaf in zip(got["grads"], [q, k, v, g, beta, x]):
+                torch.testing.assert_close(gr, cut(leaf.grad, r), rtol=0, atol=0)
+            # summed over ranks: the same values, added in another order
+            torch.testing.assert_close(got["gh0"], h0.grad, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(got["gw"], w.grad, rtol=1e-6, atol=1e-6)
+        # the layer: its projections are GEMMs over this rank's rows only, so equal within rounding
+        layer = _gdn_layer()
+        hid = _layer_input().requires_grad_()
+        out = layer(hid, lay)
+        (out * _layer_input(7)).sum().backward()
+        for r in range(world):
+            got = torch.load(os.path.join(d, f"layer{r}.pt"))
+            torch.testing.assert_close(got["out"], cut(out.detach(), r), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got["dh"], cut(hid.grad, r), rtol=1e-5, atol=1e-6)
+            for gp, p in zip(got["pgrads"], layer.parameters()):
+                torch.testing.assert_close(gp, p.grad, rtol=1e-4, atol=1e-5)
+        err = torch.load(os.path.join(d, "err.pt"))
+        assert err["arg"] == "v" and f"3 heads do not divide by the {world} ranks" in err["msg"]
