@@ -89,7 +89,8 @@ typedef enum maskpack_status {
     MASKPACK_ERR_NPU_CONTRACT = 17,      /* npu_fusion_attention arguments break the operator's contract */
     MASKPACK_ERR_OVERLAP = 18,           /* input and output buffers overlap */
     MASKPACK_ERR_NOT_FOUND = 19,         /* a named entry (file member, tensor) is absent */
-    MASKPACK_STATUS_COUNT_ = 20
+    MASKPACK_ERR_COMM = 20,              /* a communicator callback failed (another rank died, a transport error) */
+    MASKPACK_STATUS_COUNT_ = 21
 } maskpack_status;
 
 /* status -> "MASKPACK_ERR_SHAPE"-style name (static storage; "MASKPACK_ERR_UNKNOWN" if out of range). */
@@ -458,6 +459,42 @@ MASKPACK_API maskpack_status maskpack_relayout_execute_on(const maskpack_relayou
 MASKPACK_API maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst,
                                                const maskpack_tensor *x, maskpack_tensor *out,
                                                const void *pad_value, int n_threads, maskpack_error *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context parallelism across processes                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A communicator the library does not own: the caller's transport (MPI through maskpack_mpi.h, or
+ * its own) as a table of callbacks. maskpack never starts, joins or tears down processes. Each
+ * callback is collective over the group (every rank calls it with the same byte counts) and returns
+ * 0 on success, anything else on failure (the calling function then returns MASKPACK_ERR_COMM). */
+typedef struct maskpack_comm {
+    void *ctx;      /* the caller's state, handed to every callback */
+    int rank, size; /* this process's rank in [0, size) */
+    /* (send: `bytes` bytes) -> recv: size * bytes, rank r's bytes at r * bytes */
+    int (*all_gather)(void *ctx, const void *send, void *recv, size_t bytes);
+    /* (send: size blocks of `bytes`, block r for rank r) -> recv: size blocks, block r from rank r */
+    int (*all_to_all)(void *ctx, const void *send, void *recv, size_t bytes);
+} maskpack_comm;
+
+/* (comm, layout, scheme) -> OK on every rank when all ranks hold the same layout (segments, grid,
+ * rule) and scheme; otherwise the same MASKPACK_ERR_INVALID_ARGUMENT on every rank, naming the first
+ * rank that differs from rank 0 and what differs. One all-gather of a 72-byte fingerprint: cheap
+ * enough to run before every CP step, so that mismatched shards fail loudly instead of mixing. */
+MASKPACK_API maskpack_status maskpack_cp_check(const maskpack_comm *comm, const maskpack_layout *layout,
+                                               maskpack_cp_scheme scheme, maskpack_error *err);
+
+/* (comm, layout of the whole batch (aligned: every slot divides as maskpack_layout_cp_shard needs),
+ * scheme, part: this rank's shard [T_local, ...] contiguous, whole: per-token tensor of layout, pad_value
+ * (NULL = zero bytes)) -> whole on every rank: the parts all-gathered and moved into the layout (ranks
+ * = comm->size, each rank's shard as maskpack_layout_cp_shard(layout, size, rank, scheme) cuts it).
+ * The layouts are checked first (as maskpack_cp_check) together with every rank's own arguments, so
+ * ranks that disagree, or one rank's wrong part, make every rank fail alike, never wait in a collective
+ * another rank left. */
+MASKPACK_API maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                    maskpack_cp_scheme scheme, const maskpack_tensor *part,
+                                                    maskpack_tensor *whole, const void *pad_value,
+                                                    maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Labels, losses and last tokens                                                             */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing maskpack needs on a fresh Debian machine: the C libraries
-# (zlib, libpng, cJSON), pkg-config and SIMDe (a test build runs the AVX-512 kernels emulated); with `all` (the default) also clang with libFuzzer for
+# (zlib, libpng, cJSON), pkg-config, SIMDe (a test build runs the AVX-512 kernels emulated) and Open MPI
+# (libmaskpack_mpi and its mpirun tests); with `all` (the default) also clang with libFuzzer for
 # coverage-guided fuzzing and a Python virtual environment at .venv with the build and test
 # packages. Idempotent and quiet when everything is there.
 #   tools/install_deps.sh [c|all]
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 
 need=()
-for pkg in pkg-config zlib1g-dev libpng-dev libcjson-dev libsimde-dev; do
+for pkg in pkg-config zlib1g-dev libpng-dev libcjson-dev libsimde-dev libopenmpi-dev openmpi-bin; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "$what" = all ] && [ "${MASKPACK_WITH_CLANG:-1}" = 1 ]; then

@@ -32,6 +32,7 @@ static const struct {
     {"MASKPACK_ERR_NPU_CONTRACT", "the npu_fusion_attention arguments violate the operator's contract"},
     {"MASKPACK_ERR_OVERLAP", "input and output buffers overlap"},
     {"MASKPACK_ERR_NOT_FOUND", "a named entry is absent"},
+    {"MASKPACK_ERR_COMM", "a communicator callback failed"},
 };
 
 const char *maskpack_status_name(maskpack_status s) {
