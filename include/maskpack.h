@@ -958,7 +958,11 @@ typedef enum maskpack_plan_width {
     MASKPACK_PLAN_WIDTH_USED = 1      /* a row is as wide as its slots (varlen / THD streams) */
 } maskpack_plan_width;
 
-/* verl's a for a*L + L^2: 6 * hidden for hidden = 4096 (see maskpack_plan_attention_coefficient). */
+/* The attention objective's cost of a slot of L tokens is a*L + L^2: proportional to one layer's forward
+ * FLOPs when a = (linear-layer FLOPs per token) / (attention FLOPs per token pair) (see
+ * maskpack_plan_attention_coefficient). a is the length at which a sequence's attention work equals its
+ * linear work: for sequences much shorter than a the objective balances almost by tokens, for much
+ * longer ones by sum(L^2). Default (no hidden size, no a given): verl's a = 24576 = 6 * 4096. */
 #define MASKPACK_PLAN_DEFAULT_ATTENTION_A 24576.0
 
 typedef struct maskpack_plan_options {
@@ -969,7 +973,7 @@ typedef struct maskpack_plan_options {
     maskpack_cp_align align;       /* rule for the multiple (verl: tp*cp*2; minimal: cp*lcm(2,tp)) */
     int64_t multiple;              /* 0 = derive from cp, tp, align; else this multiple (>= 1) */
     maskpack_plan_objective objective;
-    double attention_a;            /* a of a*L + L^2; 0 = MASKPACK_PLAN_DEFAULT_ATTENTION_A */
+    double attention_a;            /* a of a*L + L^2 (see below); 0 = from `hidden`, else the default */
     maskpack_plan_algorithm algorithm;
     uint64_t seed;                 /* 0 = ties by index */
     int allow_split;               /* 1 = cut sequences longer than a row into pieces */
@@ -978,6 +982,10 @@ typedef struct maskpack_plan_options {
      * stage "pack" or "balance", fraction in [0, 1]. NULL = none. */
     void (*progress)(void *ctx, const char *stage, double fraction);
     void *progress_ctx;
+    /* The model's hidden size, 0 = not given. With the attention objective and attention_a == 0, a is
+     * taken from it as maskpack_plan_attention_coefficient(hidden, 0, 0, 0, 0, 0) = 6 * hidden (the linear
+     * part verl's 24576*L stands for at hidden 4096); a given attention_a always wins. */
+    int64_t hidden;
 } maskpack_plan_options;
 
 /* (capacity) -> options with dp = micro_batches = cp = tp = 1, verl alignment, derived multiple,
@@ -1054,13 +1062,20 @@ typedef struct maskpack_plan_report {
     int64_t real_tokens;           /* sum of lengths */
     int64_t alignment_padding;     /* slot columns that are filler: sum(slot - length) */
     int64_t tail_padding;          /* unused columns at the end of the packed rows (capacity - used) */
-    double fill;                   /* real_tokens / (capacity * n_packed_rows) (1 for no rows) */
-    double fill_all_rows;          /* real_tokens / (capacity * n_rows), empty rows included */
+    double fill;                   /* fill of non-empty rows: real_tokens / (capacity * n_packed_rows) (1 for
+                                      no rows); flatters a plan whose ranks step through empty rows */
+    double fill_all_rows;          /* real_tokens / (capacity * n_rows): over every row every rank runs, empty
+                                      rows included (the honest figure) */
     double attention_a;            /* a used by the attention objective */
     double rank_cost_min, rank_cost_mean, rank_cost_max;
     double imbalance;              /* rank_cost_max / rank_cost_mean - 1 (0 when the mean is 0) */
     double microbatch_cost_max, microbatch_cost_mean;
     double microbatch_imbalance;   /* over every (rank, micro-batch): max / mean - 1 */
+    double fill_nonempty_rows;     /* = fill, under the name that says what it counts */
+    /* Both objectives per rank, whichever one the plan balanced: tokens = slot columns in use,
+     * attention = sum of a*L + L^2 over the rank's slots (a = attention_a). imbalance = max / mean - 1. */
+    double rank_tokens_min, rank_tokens_mean, rank_tokens_max, token_imbalance;
+    double rank_attention_mean, rank_attention_max, attention_imbalance;
 } maskpack_plan_report;
 
 /* (plan) -> *report. */
