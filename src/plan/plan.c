@@ -288,6 +288,82 @@ static maskpack_status deal_rows(work *w, const maskpack_plan_options *o, const 
     return MASKPACK_OK;
 }
 
+/* Micro-batches inside each rank. row[j] = q*mb*T + t with t in [0, mb*T) on entry, (q*mb + micro)*T + t'
+ * on exit; the rank of every item is kept, so the ranks' balance is untouched. With `spread` the rank's
+ * sequences are dealt afresh over its micro-batches (largest first, mp_plan_spread); when they do not
+ * fit that way, or without `spread`, the rank's rows are dealt whole by balanced Karmarkar-Karp (T per
+ * micro-batch). Either way single moves and swaps then polish the micro-batches. Returns 0, or -1 out
+ * of memory. */
+static int split_microbatches(const int64_t *seq_size, const double *icost, size_t n, int64_t cap, size_t dp,
+                              size_t mb, size_t T, uint64_t seed, int spread, int32_t *row) {
+    const size_t RT = mb * T; /* rows per rank */
+    uint32_t *idx = mp_alloc_array(n ? n : 1, sizeof *idx);
+    size_t *start = calloc(dp + 1, sizeof *start);
+    int64_t *ssize = mp_alloc_array(n ? n : 1, sizeof *ssize);
+    double *scost = mp_alloc_array(n ? n : 1, sizeof *scost);
+    int32_t *srow = mp_alloc_array(n ? n : 1, sizeof *srow);
+    double *rcost = mp_alloc_array(RT, sizeof *rcost);
+    uint64_t *rtie = mp_alloc_array(RT, sizeof *rtie);
+    int32_t *rpart = mp_alloc_array(RT, sizeof *rpart), *rmap = mp_alloc_array(RT, sizeof *rmap);
+    size_t *next = mp_alloc_array(mb, sizeof *next);
+    int rc = 0;
+    if (!idx || !start || !ssize || !scost || !srow || !rcost || !rtie || !rpart || !rmap || !next) {
+        rc = -1;
+        goto done;
+    }
+    /* positions grouped by rank, in position (size-decreasing) order */
+    for (size_t j = 0; j < n; j++) start[(size_t)row[j] / RT + 1]++;
+    for (size_t q = 0; q < dp; q++) start[q + 1] += start[q];
+    for (size_t j = 0; j < n; j++) idx[start[(size_t)row[j] / RT]++] = (uint32_t)j;
+    for (size_t q = dp; q > 0; q--) start[q] = start[q - 1];
+    start[0] = 0;
+    for (size_t q = 0; q < dp; q++) {
+        const size_t b = start[q], k = start[q + 1] - b, base = q * RT;
+        for (size_t i = 0; i < k; i++) {
+            uint32_t j = idx[b + i];
+            ssize[i] = seq_size[j];
+            scost[i] = icost[j];
+        }
+        int ok = spread ? mp_plan_spread(ssize, scost, k, cap, mb, T, srow) : 0;
+        if (ok < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (!ok) { /* the rank's rows dealt whole over its micro-batches */
+            for (size_t t = 0; t < RT; t++) {
+                rcost[t] = 0;
+                rtie[t] = mp_plan_tie(seed, 3, (uint64_t)(base + t));
+            }
+            for (size_t i = 0; i < k; i++) rcost[(size_t)row[idx[b + i]] - base] += scost[i];
+            maskpack_error e;
+            if (mp_plan_kk(rcost, rtie, RT, mb, rpart, &e)) {
+                rc = -1;
+                goto done;
+            }
+            memset(next, 0, mb * sizeof *next);
+            for (size_t t = 0; t < RT; t++) rmap[t] = (int32_t)((size_t)rpart[t] * T + next[rpart[t]]++);
+            for (size_t i = 0; i < k; i++) srow[i] = rmap[(size_t)row[idx[b + i]] - base];
+        }
+        if (mp_plan_improve(ssize, scost, k, cap, mb, T, srow, PLAN_TOLERANCE) < 0) {
+            rc = -1;
+            goto done;
+        }
+        for (size_t i = 0; i < k; i++) row[idx[b + i]] = (int32_t)(base + (size_t)srow[i]);
+    }
+done:
+    free(idx);
+    free(start);
+    free(ssize);
+    free(scost);
+    free(srow);
+    free(rcost);
+    free(rtie);
+    free(rpart);
+    free(rmap);
+    free(next);
+    return rc;
+}
+
 /* (v[k]) -> min, mean, max and the imbalance max / mean - 1 (0 when the mean is 0). */
 static double spread(const double *v, size_t k, double *mn, double *mean, double *mx) {
     double sum = 0, hi = -INFINITY, lo = INFINITY;
@@ -509,13 +585,18 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     if (m > 1)
         for (size_t i = 0; i < n_items; i++) alignment_padding += size[i] * m - p->item_length[i];
 
-    /* ---- candidate A: the sequences dealt over the groups, then improved ---- */
+    /* ---- candidate A: the sequences dealt over the ranks (each with mb * T rows), improved, then each
+     * rank's sequences over its micro-batches: ranks first, as every rank waits for the slowest ---- */
+    const size_t mb = (size_t)o->micro_batches, dpz = (size_t)o->dp;
     int have_spread = 0;
     if (by_sequence) {
-        int r = mp_plan_spread(seq_size, w.icost, n_items, cap_units, G, T, w.spread_row);
+        int r = mp_plan_spread(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row);
         if (r < 0) return oom(&w, p, err);
         if (r == 1) {
-            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, G, T, w.spread_row, PLAN_TOLERANCE) < 0)
+            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row, PLAN_TOLERANCE) < 0)
+                return oom(&w, p, err);
+            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 1,
+                                             w.spread_row) < 0)
                 return oom(&w, p, err);
             have_spread = 1;
         }
@@ -529,9 +610,12 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         s = deal_rows(&w, o, seq_size, n_items, n_bins, a, m, R, per_rank, per_mb, &progress, err);
         if (s) return bail(&w, p, s);
         for (size_t j = 0; j < n_items; j++) w.bin[j] = w.final_of[w.bin[j]]; /* bin[] now: final row */
-        if (by_sequence &&
-            mp_plan_improve(seq_size, w.icost, n_items, cap_units, G, T, w.bin, PLAN_TOLERANCE) < 0)
-            return oom(&w, p, err);
+        if (by_sequence) {
+            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.bin, PLAN_TOLERANCE) < 0)
+                return oom(&w, p, err);
+            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 0, w.bin) < 0)
+                return oom(&w, p, err);
+        }
     }
     int32_t *pos_row = w.bin;
     if (have_spread && (!try_rows || placement_cost(w.spread_row, w.icost, n_items, T, G, (size_t)o->micro_batches) <=
