@@ -913,7 +913,7 @@ MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *
                                                          maskpack_tensor *ddt_bias, maskpack_error *err);
 /* ==== end of Gated DeltaNet ================================================================= */
 
-/* ==== Packing planner (sequences into rows, rows across ranks) ============================== */
+/* ==== Packing planner (sequences into rows, sequences across ranks) ========================= */
 /*
  * A plan packs sequences into rows of a fixed token capacity (docs/conventions.md section 10) and hands the
  * rows to data-parallel ranks and micro-batches so that no rank waits for another:
@@ -926,17 +926,22 @@ MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *
  *      capacity is an error naming the sequence unless splitting is allowed: the sequence is then cut
  *      into pieces of floor(capacity / multiple) * multiple tokens (the last piece holds the rest);
  *      each piece is an independent segment of its row (it does not see the other pieces).
- *   3. Empty rows are added until the row count divides by dp * micro_batches (and is at least that),
- *      then the rows are split across ranks with the balanced Karmarkar-Karp differencing method
- *      (equal row counts per rank, as verl does), then each rank's rows across its micro-batches
- *      the same way. A row's cost is the sum of its slots' costs: L (tokens) or a*L + L^2 (attention,
- *      L the slot length).
- * Rows are numbered rank-major: row = (rank * micro_batches + micro_batch) * rows_per_microbatch + t,
- * and inside a micro-batch by the order the packer opened them (empty rows last). Inside a row the
- * pieces are sorted by (sequence, offset). Ties (equal lengths, equal costs) are broken by index,
- * or, with a non-zero seed, by a seeded hash of the index: the same seed always gives the same plan,
- * different seeds give different plans of the same packing quality. Among rows with equal free
- * space best fit takes the one it filled last. Rank 0 receives the heaviest group of rows.
+ *   3. The packed row count fixes the rows of every (rank, micro-batch): rows_per_microbatch =
+ *      max(1, ceil(packed rows / (dp * micro_batches))), equal for all. Then, for the decreasing packers,
+ *      the sequences themselves are balanced (whole rows would leave some ranks a row short whenever
+ *      the row count is not a multiple of dp): dealt over the ranks largest first, each to the rank of
+ *      least cost with room in one of its rows (first fit inside the rank), improved by single moves
+ *      and pairwise swaps between the heaviest rank and the lightest ones, then each rank's sequences
+ *      over its micro-batches the same way. Where the sequences do not fit that way the packed rows are
+ *      dealt whole by balanced Karmarkar-Karp (equal row counts) and improved the same way; up to 16384
+ *      pieces both are built and the better kept. Next-fit's rows are dealt whole (input order kept).
+ *      A sequence's cost is L (tokens) or a*L + L^2 (attention, L the slot length).
+ * Rows are numbered rank-major: row = (rank * micro_batches + micro_batch) * rows_per_microbatch + t;
+ * inside a micro-batch the rows holding pieces come first. Inside a row the pieces are sorted by
+ * (sequence, offset). Ties (equal lengths, equal costs) are broken by index, or, with a non-zero seed,
+ * by a seeded hash of the index: the same seed always gives the same plan, different seeds give
+ * different plans of the same quality. Among rows with equal free space best fit takes the one it
+ * filled last.
  */
 
 typedef struct maskpack_plan maskpack_plan; /* opaque, immutable once built */
@@ -1003,8 +1008,9 @@ MASKPACK_API maskpack_status maskpack_plan_attention_coefficient(int64_t hidden,
                                                                  maskpack_error *err);
 
 /* (lengths[n] >= 0, options) -> plan (see above). A sequence whose rounded length exceeds the capacity
- * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split. Release with
- * maskpack_plan_free. */
+ * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split; a dp and micro-batch
+ * count whose rows cannot be laid out is MASKPACK_ERR_INVALID_ARGUMENT (or OVERFLOW) naming both.
+ * Release with maskpack_plan_free. */
 MASKPACK_API maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
                                                   maskpack_plan **out, maskpack_error *err);
 /* Releases a plan; NULL is a no-op. */
