@@ -335,9 +335,9 @@ static int cmp_cand(const void *pa, const void *pb) {
 
 /* Finds the best single move (x from h into a row of l) or swap (x of h with y of l): the cost moved
  * d in (0, gap) closest to gap / 2, which lowers max(C_h, C_l) the most. Returns 1 and applies it. */
-static int improve_pair(const int64_t *size, const double *cost, int64_t cap, size_t T, int32_t *row,
-                        int64_t *rfree, double *gcost, int32_t *head, int32_t *nxt, int32_t *prv, int32_t h,
-                        int32_t l, cand *lc) {
+static int improve_pair(const int64_t *size, const double *cost, size_t T, int32_t *row, int64_t *rfree,
+                        double *gcost, size_t *gcnt, int32_t *head, int32_t *nxt, int32_t *prv, int32_t h, int32_t l,
+                        cand *lc) {
     const double gap = gcost[h] - gcost[l], target = gap / 2;
     if (!(gap > 0)) return 0;
     /* l's rows: the largest free space (moves) */
@@ -418,6 +418,7 @@ static int improve_pair(const int64_t *size, const double *cost, int64_t cap, si
         if (nxt[v] >= 0) prv[nxt[v]] = prv[v];
         rfree[row[v]] += size[v];
         gcost[from[k]] -= cost[v];
+        gcnt[from[k]]--;
     }
     for (int k = 0; k < 2; k++) {
         int32_t v = xs[k];
@@ -425,12 +426,12 @@ static int improve_pair(const int64_t *size, const double *cost, int64_t cap, si
         row[v] = dest_row[k];
         rfree[row[v]] -= size[v];
         gcost[to[k]] += cost[v];
+        gcnt[to[k]]++;
         prv[v] = -1;
         nxt[v] = head[to[k]];
         if (head[to[k]] >= 0) prv[head[to[k]]] = v;
         head[to[k]] = v;
     }
-    (void)cap;
     return 1;
 }
 
@@ -440,13 +441,15 @@ int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t c
     const size_t R = G * T;
     int64_t *rfree = mp_alloc_array(R, sizeof *rfree);
     double *gcost = calloc(G, sizeof *gcost);
+    size_t *gcnt = calloc(G, sizeof *gcnt);
     int32_t *head = mp_alloc_array(G, sizeof *head), *nxt = mp_alloc_array(n, sizeof *nxt),
             *prv = mp_alloc_array(n, sizeof *prv);
     cand *lc = mp_alloc_array(n, sizeof *lc);
     enum { LIGHT = 4 };
-    if (!rfree || !gcost || !head || !nxt || !prv || !lc) {
+    if (!rfree || !gcost || !gcnt || !head || !nxt || !prv || !lc) {
         free(rfree);
         free(gcost);
+        free(gcnt);
         free(head);
         free(nxt);
         free(prv);
@@ -460,6 +463,7 @@ int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t c
         size_t g = (size_t)row[j] / T;
         rfree[row[j]] -= size[j];
         gcost[g] += cost[j];
+        gcnt[g]++;
         total += cost[j];
         prv[j] = -1;
         nxt[j] = head[g];
@@ -471,7 +475,11 @@ int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t c
      * the sum of squared group costs: no cycles. The budget bounds the work on huge group counts. */
     size_t budget = 8 * G + 64;
     if (budget * G > ((size_t)1 << 26)) budget = ((size_t)1 << 26) / G + 1;
-    for (size_t it = 0; it < budget; it++) {
+    /* items looked at over all pair tries: bounded by a few passes over the input, so a hard instance
+     * costs milliseconds, not seconds */
+    const size_t work_limit = 24 * n + ((size_t)1 << 16);
+    size_t work = 0;
+    for (size_t it = 0; it < budget && work < work_limit; it++) {
         int32_t h = 0;
         for (size_t g = 1; g < G; g++)
             if (gcost[g] > gcost[h]) h = (int32_t)g;
@@ -492,18 +500,23 @@ int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t c
         }
         int moved = 0;
         for (size_t k = 0; k < nlight && !moved; k++)
-            if (light[k] != h)
-                moved = improve_pair(size, cost, cap, T, row, rfree, gcost, head, nxt, prv, h, light[k], lc);
-        for (size_t g = 0; g < G && !moved && nlight == LIGHT; g++) {
+            if (light[k] != h) {
+                work += gcnt[h] + gcnt[light[k]];
+                moved = improve_pair(size, cost, T, row, rfree, gcost, gcnt, head, nxt, prv, h, light[k], lc);
+            }
+        for (size_t g = 0; g < G && !moved && nlight == LIGHT && work < work_limit; g++) {
             int is_light = 0;
             for (size_t k = 0; k < nlight; k++) is_light |= light[k] == (int32_t)g;
-            if ((int32_t)g != h && !is_light && gcost[g] < gcost[h])
-                moved = improve_pair(size, cost, cap, T, row, rfree, gcost, head, nxt, prv, h, (int32_t)g, lc);
+            if ((int32_t)g != h && !is_light && gcost[g] < gcost[h]) {
+                work += gcnt[h] + gcnt[g];
+                moved = improve_pair(size, cost, T, row, rfree, gcost, gcnt, head, nxt, prv, h, (int32_t)g, lc);
+            }
         }
         if (!moved) break;
     }
     free(rfree);
     free(gcost);
+    free(gcnt);
     free(head);
     free(nxt);
     free(prv);
