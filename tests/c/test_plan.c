@@ -78,7 +78,22 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
     CHECK_EQ(rep.rows_per_rank, o->micro_batches * rep.rows_per_microbatch);
     CHECK(rep.rows_per_microbatch >= 1);
     CHECK_EQ(rep.n_packed_rows + rep.n_empty_rows, R);
-    CHECK(rep.n_empty_rows < o->dp * o->micro_batches || rep.n_packed_rows == 0);
+    /* as few rows per micro-batch as the packing needs: the rows of the same packing on one rank,
+     * over dp * micro_batches, rounded up (balancing moves sequences, never adds rows) */
+    {
+        maskpack_plan_options one = *o;
+        one.dp = one.micro_batches = 1;
+        one.progress = NULL;
+        maskpack_plan *q = NULL;
+        CHECK_OK(maskpack_plan_create(len, n, &one, &q, &e), e);
+        if (q) {
+            maskpack_plan_report r1;
+            maskpack_plan_get_report(q, &r1, &e);
+            int64_t G = o->dp * o->micro_batches, want = (r1.n_packed_rows + G - 1) / G;
+            CHECK_EQ(rep.rows_per_microbatch, want < 1 ? 1 : want);
+            maskpack_plan_free(q);
+        }
+    }
     int64_t *rank_rows = calloc((size_t)o->dp, sizeof *rank_rows);
     int64_t *covered = calloc(n ? n : 1, sizeof *covered);  /* tokens of each sequence seen */
     int64_t *next_off = calloc(n ? n : 1, sizeof *next_off); /* pieces must tile [0, L) */
