@@ -256,69 +256,137 @@ static int32_t gh_pop(gheap *h) {
     return top;
 }
 
+/* Per group, an 8-ary max tree over its rows' free space: level 0 holds the rows (padded to a
+ * multiple of 8 with -1, which nothing fits), each level above the maxima of 8 entries below, up to a
+ * level of at most 8. "First row with room for s" walks down one block of 8 per level: 4 levels for
+ * 1500 rows, each a contiguous scan, where a binary tree needs 11 dependent loads. */
+#define SPREAD_B 8
+#define SPREAD_MAX_LEVELS 16
+
+typedef struct ftree {
+    size_t n_levels, len[SPREAD_MAX_LEVELS], off[SPREAD_MAX_LEVELS], width; /* width: entries per group */
+} ftree;
+
+static inline size_t first_fit_in(const int64_t *v, size_t n, int64_t s) {
+    size_t i = 0;
+    while (i < n && v[i] < s) i++;
+    return i;
+}
+
+static inline int64_t max_of(const int64_t *v, size_t n) {
+    int64_t m = v[0];
+    for (size_t i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* Winner tree over groups: node x holds the group of least (cost, id) below it among the open ones
+ * (-1: none). Choosing the lightest group is a read of node 1; a cost change replays one leaf-to-root
+ * path of sibling comparisons, which costs less than a heap's sift-down with its unpredictable swaps. */
+typedef struct wtree {
+    int32_t *win;
+    size_t P;
+    const double *cost;
+    const uint8_t *closed;
+} wtree;
+
+static inline int32_t wt_better(const wtree *w, int32_t a, int32_t b) {
+    if (a < 0 || w->closed[a]) return b < 0 || w->closed[b] ? -1 : b;
+    if (b < 0 || w->closed[b]) return a;
+    return w->cost[b] < w->cost[a] || (w->cost[b] == w->cost[a] && b < a) ? b : a;
+}
+
+static void wt_update(wtree *w, size_t g) {
+    for (size_t x = (w->P + g) / 2; x >= 1; x /= 2) w->win[x] = wt_better(w, w->win[2 * x], w->win[2 * x + 1]);
+}
+
 int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
                    int32_t *row) {
     if (G == 0 || T == 0) return n == 0;
-    size_t P = 1;
-    while (P < T) P <<= 1;
-    /* per group a max segment tree over its T rows' free space (leaves past T hold -1: never fit) */
-    int64_t *tree = mp_alloc_array(G, 2 * P * sizeof *tree);
+    ftree f = {0};
+    for (size_t len = T;;) {
+        len = (len + SPREAD_B - 1) / SPREAD_B * SPREAD_B;
+        f.len[f.n_levels] = len;
+        f.off[f.n_levels] = f.width;
+        f.width += len;
+        f.n_levels++;
+        if (len <= SPREAD_B) break;
+        len /= SPREAD_B;
+    }
+    const size_t top = f.n_levels - 1;
+    int64_t *tree = mp_alloc_array(G, f.width * sizeof *tree);
     double *gcost = calloc(G, sizeof *gcost);
     double *groot = mp_alloc_array(G, sizeof *groot);
-    int32_t *ids = mp_alloc_array(2 * G, sizeof *ids);
-    if (!tree || !gcost || !groot || !ids) {
+    int32_t *ids = mp_alloc_array(G, sizeof *ids);
+    uint8_t *closed = calloc(G, 1);
+    size_t P = 2; /* at least one level above the leaves: node 1 is never a leaf */
+    while (P < G) P <<= 1;
+    int32_t *win = mp_alloc_array(2 * P, sizeof *win);
+    if (!tree || !gcost || !groot || !ids || !closed || !win) {
         free(tree);
         free(gcost);
         free(groot);
         free(ids);
+        free(closed);
+        free(win);
         return -1;
     }
     for (size_t g = 0; g < G; g++) {
-        int64_t *t = tree + g * 2 * P;
-        for (size_t x = 0; x < P; x++) t[P + x] = x < T ? cap : -1;
-        for (size_t x = P - 1; x >= 1; x--) t[x] = t[2 * x] > t[2 * x + 1] ? t[2 * x] : t[2 * x + 1];
-        groot[g] = (double)t[1];
+        int64_t *t = tree + g * f.width;
+        for (size_t x = 0; x < f.len[0]; x++) t[x] = x < T ? cap : -1;
+        for (size_t k = 1; k < f.n_levels; k++)
+            for (size_t x = 0; x < f.len[k]; x++)
+                t[f.off[k] + x] = x < f.len[k - 1] / SPREAD_B ? max_of(t + f.off[k - 1] + x * SPREAD_B, SPREAD_B) : -1;
+        groot[g] = (double)max_of(t + f.off[top], f.len[top]);
     }
-    /* open: groups that may take the current item, lightest first; blocked: groups whose largest
-     * free space was too small for an earlier (so larger or equal) item, most free space first. An
-     * item only ever shrinks the free space, so a group is blocked at most once per item it took. */
-    gheap open = {ids, 0, gcost, 0}, blocked = {ids + G, 0, groot, 1};
-    for (size_t g = 0; g < G; g++) gh_push(&open, (int32_t)g);
+    /* open groups (may take the current item) in the winner tree, lightest first; closed ones (their
+     * largest free space was too small for an earlier, so larger or equal, item) in a heap by free
+     * space, reopened once the items get small enough. A group closes at most once per item it took. */
+    wtree w = {win, P, gcost, closed};
+    for (size_t x = 0; x < P; x++) win[P + x] = x < G ? (int32_t)x : -1;
+    for (size_t x = P - 1; x >= 1; x--) win[x] = wt_better(&w, win[2 * x], win[2 * x + 1]);
+    gheap blocked = {ids, 0, groot, 1};
     int ok = 1;
     for (size_t j = 0; j < n; j++) {
         const int64_t s = size[j];
-        while (blocked.n && groot[blocked.ids[0]] >= (double)s) gh_push(&open, gh_pop(&blocked));
-        int32_t g = -1;
-        while (open.n) {
-            int32_t c = gh_pop(&open);
-            if (groot[c] >= (double)s) {
-                g = c;
-                break;
-            }
-            gh_push(&blocked, c);
+        while (blocked.n && groot[blocked.ids[0]] >= (double)s) {
+            int32_t c = gh_pop(&blocked);
+            closed[c] = 0;
+            wt_update(&w, (size_t)c);
+        }
+        int32_t g;
+        while ((g = win[1]) >= 0 && groot[g] < (double)s) {
+            closed[g] = 1;
+            wt_update(&w, (size_t)g);
+            gh_push(&blocked, g);
         }
         if (g < 0) { /* no row of any group has room: the caller falls back to the packed rows */
             ok = 0;
             break;
         }
-        int64_t *t = tree + (size_t)g * 2 * P;
-        size_t x = 1;
-        while (x < P) x = t[2 * x] >= s ? 2 * x : 2 * x + 1;
-        row[j] = (int32_t)((size_t)g * T + (x - P));
+        int64_t *t = tree + (size_t)g * f.width;
+        /* down: the first entry >= s at the top, then inside its block of 8 on every level below */
+        size_t x = first_fit_in(t + f.off[top], f.len[top], s);
+        for (size_t k = top; k-- > 0;) x = x * SPREAD_B + first_fit_in(t + f.off[k] + x * SPREAD_B, SPREAD_B, s);
+        row[j] = (int32_t)((size_t)g * T + x);
         t[x] -= s;
-        for (x >>= 1; x >= 1; x >>= 1) {
-            int64_t v = t[2 * x] > t[2 * x + 1] ? t[2 * x] : t[2 * x + 1];
-            if (t[x] == v) break;
-            t[x] = v;
+        /* up: a parent changes only while its block's maximum does */
+        for (size_t k = 1; k < f.n_levels; k++) {
+            size_t p = x / SPREAD_B;
+            int64_t v = max_of(t + f.off[k - 1] + p * SPREAD_B, SPREAD_B);
+            if (t[f.off[k] + p] == v) break;
+            t[f.off[k] + p] = v;
+            x = p;
         }
-        groot[g] = (double)t[1];
+        groot[g] = (double)max_of(t + f.off[top], f.len[top]);
         gcost[g] += cost[j];
-        gh_push(&open, g);
+        wt_update(&w, (size_t)g);
     }
     free(tree);
     free(gcost);
     free(groot);
     free(ids);
+    free(closed);
+    free(win);
     return ok;
 }
 
