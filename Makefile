@@ -75,6 +75,7 @@ bench: build python
 	$(PY) bench/bench_moves_autograd.py
 	./$(BUILD)/bench/plan/bench_plan
 	$(PY) bench/plan/bench_plan_binpacking.py
+	$(PY) bench/plan/bench_plan_peers.py
 	./$(BUILD)/bench/gdn/bench_gdn
 	$(PY) bench/gdn/bench_gdn_torch.py
 	./$(BUILD)/bench/attention/bench_attention

@@ -950,7 +950,7 @@ MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *
                                                          maskpack_tensor *ddt_bias, maskpack_error *err);
 /* ==== end of Gated DeltaNet ================================================================= */
 
-/* ==== Packing planner (sequences into rows, rows across ranks) ============================== */
+/* ==== Packing planner (sequences into rows, sequences across ranks) ========================= */
 /*
  * A plan packs sequences into rows of a fixed token capacity (docs/conventions.md section 10) and hands the
  * rows to data-parallel ranks and micro-batches so that no rank waits for another:
@@ -963,17 +963,22 @@ MASKPACK_API maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *
  *      capacity is an error naming the sequence unless splitting is allowed: the sequence is then cut
  *      into pieces of floor(capacity / multiple) * multiple tokens (the last piece holds the rest);
  *      each piece is an independent segment of its row (it does not see the other pieces).
- *   3. Empty rows are added until the row count divides by dp * micro_batches (and is at least that),
- *      then the rows are split across ranks with the balanced Karmarkar-Karp differencing method
- *      (equal row counts per rank, as verl does), then each rank's rows across its micro-batches
- *      the same way. A row's cost is the sum of its slots' costs: L (tokens) or a*L + L^2 (attention,
- *      L the slot length).
- * Rows are numbered rank-major: row = (rank * micro_batches + micro_batch) * rows_per_microbatch + t,
- * and inside a micro-batch by the order the packer opened them (empty rows last). Inside a row the
- * pieces are sorted by (sequence, offset). Ties (equal lengths, equal costs) are broken by index,
- * or, with a non-zero seed, by a seeded hash of the index: the same seed always gives the same plan,
- * different seeds give different plans of the same packing quality. Among rows with equal free
- * space best fit takes the one it filled last. Rank 0 receives the heaviest group of rows.
+ *   3. The packed row count fixes the rows of every (rank, micro-batch): rows_per_microbatch =
+ *      max(1, ceil(packed rows / (dp * micro_batches))), equal for all. Then, for the decreasing packers,
+ *      the sequences themselves are balanced (whole rows would leave some ranks a row short whenever
+ *      the row count is not a multiple of dp): dealt over the ranks largest first, each to the rank of
+ *      least cost with room in one of its rows (first fit inside the rank), improved by single moves
+ *      and pairwise swaps between the heaviest rank and the lightest ones, then each rank's sequences
+ *      over its micro-batches the same way. Where the sequences do not fit that way the packed rows are
+ *      dealt whole by balanced Karmarkar-Karp (equal row counts) and improved the same way; up to 16384
+ *      pieces both are built and the better kept. Next-fit's rows are dealt whole (input order kept).
+ *      A sequence's cost is L (tokens) or a*L + L^2 (attention, L the slot length).
+ * Rows are numbered rank-major: row = (rank * micro_batches + micro_batch) * rows_per_microbatch + t;
+ * inside a micro-batch the rows holding pieces come first. Inside a row the pieces are sorted by
+ * (sequence, offset). Ties (equal lengths, equal costs) are broken by index, or, with a non-zero seed,
+ * by a seeded hash of the index: the same seed always gives the same plan, different seeds give
+ * different plans of the same quality. Among rows with equal free space best fit takes the one it
+ * filled last.
  */
 
 typedef struct maskpack_plan maskpack_plan; /* opaque, immutable once built */
@@ -995,7 +1000,11 @@ typedef enum maskpack_plan_width {
     MASKPACK_PLAN_WIDTH_USED = 1      /* a row is as wide as its slots (varlen / THD streams) */
 } maskpack_plan_width;
 
-/* verl's a for a*L + L^2: 6 * hidden for hidden = 4096 (see maskpack_plan_attention_coefficient). */
+/* The attention objective's cost of a slot of L tokens is a*L + L^2: proportional to one layer's forward
+ * FLOPs when a = (linear-layer FLOPs per token) / (attention FLOPs per token pair) (see
+ * maskpack_plan_attention_coefficient). a is the length at which a sequence's attention work equals its
+ * linear work: for sequences much shorter than a the objective balances almost by tokens, for much
+ * longer ones by sum(L^2). Default (no hidden size, no a given): verl's a = 24576 = 6 * 4096. */
 #define MASKPACK_PLAN_DEFAULT_ATTENTION_A 24576.0
 
 typedef struct maskpack_plan_options {
@@ -1006,7 +1015,7 @@ typedef struct maskpack_plan_options {
     maskpack_cp_align align;       /* rule for the multiple (verl: tp*cp*2; minimal: cp*lcm(2,tp)) */
     int64_t multiple;              /* 0 = derive from cp, tp, align; else this multiple (>= 1) */
     maskpack_plan_objective objective;
-    double attention_a;            /* a of a*L + L^2; 0 = MASKPACK_PLAN_DEFAULT_ATTENTION_A */
+    double attention_a;            /* a of a*L + L^2 (see below); 0 = from `hidden`, else the default */
     maskpack_plan_algorithm algorithm;
     uint64_t seed;                 /* 0 = ties by index */
     int allow_split;               /* 1 = cut sequences longer than a row into pieces */
@@ -1015,6 +1024,10 @@ typedef struct maskpack_plan_options {
      * stage "pack" or "balance", fraction in [0, 1]. NULL = none. */
     void (*progress)(void *ctx, const char *stage, double fraction);
     void *progress_ctx;
+    /* The model's hidden size, 0 = not given. With the attention objective and attention_a == 0, a is
+     * taken from it as maskpack_plan_attention_coefficient(hidden, 0, 0, 0, 0, 0) = 6 * hidden (the linear
+     * part verl's 24576*L stands for at hidden 4096); a given attention_a always wins. */
+    int64_t hidden;
 } maskpack_plan_options;
 
 /* (capacity) -> options with dp = micro_batches = cp = tp = 1, verl alignment, derived multiple,
@@ -1032,8 +1045,9 @@ MASKPACK_API maskpack_status maskpack_plan_attention_coefficient(int64_t hidden,
                                                                  maskpack_error *err);
 
 /* (lengths[n] >= 0, options) -> plan (see above). A sequence whose rounded length exceeds the capacity
- * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split. Release with
- * maskpack_plan_free. */
+ * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split; a dp and micro-batch
+ * count whose rows cannot be laid out is MASKPACK_ERR_INVALID_ARGUMENT (or OVERFLOW) naming both.
+ * Release with maskpack_plan_free. */
 MASKPACK_API maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
                                                   maskpack_plan **out, maskpack_error *err);
 /* Releases a plan; NULL is a no-op. */
@@ -1091,13 +1105,20 @@ typedef struct maskpack_plan_report {
     int64_t real_tokens;           /* sum of lengths */
     int64_t alignment_padding;     /* slot columns that are filler: sum(slot - length) */
     int64_t tail_padding;          /* unused columns at the end of the packed rows (capacity - used) */
-    double fill;                   /* real_tokens / (capacity * n_packed_rows) (1 for no rows) */
-    double fill_all_rows;          /* real_tokens / (capacity * n_rows), empty rows included */
+    double fill;                   /* fill of non-empty rows: real_tokens / (capacity * n_packed_rows) (1 for
+                                      no rows); flatters a plan whose ranks step through empty rows */
+    double fill_all_rows;          /* real_tokens / (capacity * n_rows): over every row every rank runs, empty
+                                      rows included (the honest figure) */
     double attention_a;            /* a used by the attention objective */
     double rank_cost_min, rank_cost_mean, rank_cost_max;
     double imbalance;              /* rank_cost_max / rank_cost_mean - 1 (0 when the mean is 0) */
     double microbatch_cost_max, microbatch_cost_mean;
     double microbatch_imbalance;   /* over every (rank, micro-batch): max / mean - 1 */
+    double fill_nonempty_rows;     /* = fill, under the name that says what it counts */
+    /* Both objectives per rank, whichever one the plan balanced: tokens = slot columns in use,
+     * attention = sum of a*L + L^2 over the rank's slots (a = attention_a). imbalance = max / mean - 1. */
+    double rank_tokens_min, rank_tokens_mean, rank_tokens_max, token_imbalance;
+    double rank_attention_mean, rank_attention_max, attention_imbalance;
 } maskpack_plan_report;
 
 /* (plan) -> *report. */

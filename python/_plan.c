@@ -53,16 +53,16 @@ static const maskpack_plan *handle(PyObject *obj) {
 /* ---- creation -------------------------------------------------------------------------------------- */
 
 /* (lengths: int64 C-contiguous buffer, capacity, dp, micro_batches, cp, tp, align, multiple, objective,
- *  attention_a, algorithm, seed, allow_split, row_width) -> handle */
+ *  attention_a, algorithm, seed, allow_split, row_width, hidden) -> handle */
 static PyObject *py_create(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *lens_obj;
-    long long capacity, dp, mb, cp, tp, multiple;
+    long long capacity, dp, mb, cp, tp, multiple, hidden;
     int align, objective, algorithm, allow_split, row_width;
     double a;
     unsigned long long seed;
-    if (!PyArg_ParseTuple(args, "OLLLLLiLidiKpi", &lens_obj, &capacity, &dp, &mb, &cp, &tp, &align, &multiple,
-                          &objective, &a, &algorithm, &seed, &allow_split, &row_width))
+    if (!PyArg_ParseTuple(args, "OLLLLLiLidiKpiL", &lens_obj, &capacity, &dp, &mb, &cp, &tp, &align, &multiple,
+                          &objective, &a, &algorithm, &seed, &allow_split, &row_width, &hidden))
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(lens_obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
@@ -86,6 +86,7 @@ static PyObject *py_create(PyObject *m, PyObject *args) {
     o.seed = (uint64_t)seed;
     o.allow_split = allow_split;
     o.row_width = (maskpack_plan_width)row_width;
+    o.hidden = hidden;
     maskpack_plan *p = NULL;
     maskpack_error err;
     maskpack_status s;
@@ -239,6 +240,14 @@ static PyObject *py_report(PyObject *m, PyObject *arg) {
     ADD_F(d, "microbatch_cost_max", r.microbatch_cost_max);
     ADD_F(d, "microbatch_cost_mean", r.microbatch_cost_mean);
     ADD_F(d, "microbatch_imbalance", r.microbatch_imbalance);
+    ADD_F(d, "fill_nonempty_rows", r.fill_nonempty_rows);
+    ADD_F(d, "rank_tokens_min", r.rank_tokens_min);
+    ADD_F(d, "rank_tokens_mean", r.rank_tokens_mean);
+    ADD_F(d, "rank_tokens_max", r.rank_tokens_max);
+    ADD_F(d, "token_imbalance", r.token_imbalance);
+    ADD_F(d, "rank_attention_mean", r.rank_attention_mean);
+    ADD_F(d, "rank_attention_max", r.rank_attention_max);
+    ADD_F(d, "attention_imbalance", r.attention_imbalance);
     return d;
 fail:
     Py_DECREF(d);
@@ -248,7 +257,7 @@ fail:
 static PyMethodDef methods[] = {
     {"create", py_create, METH_VARARGS,
      "(lengths int64 buffer, capacity, dp, micro_batches, cp, tp, align, multiple, objective, attention_a, "
-     "algorithm, seed, allow_split, row_width) -> handle"},
+     "algorithm, seed, allow_split, row_width, hidden) -> handle"},
     {"attention_coefficient", py_attention_coefficient, METH_VARARGS,
      "(hidden, intermediate, q_dim, kv_dim, gated_mlp, causal) -> a"},
     {"pieces", py_pieces, METH_O, "(handle) -> (pieces bytes int64 [P,4], row_begin bytes int64 [R+1])"},

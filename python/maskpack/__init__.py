@@ -46,8 +46,8 @@ __all__ = [
     "__version__",
 ]
 
-from .plan import Plan, attention_coefficient, plan  # noqa: E402,F401
-__all__ += ["Plan", "attention_coefficient", "plan"]
+from .plan import Plan, Rows, attention_coefficient, plan  # noqa: E402,F401
+__all__ += ["Plan", "Rows", "attention_coefficient", "plan"]
 
 # Gated DeltaNet (maskpack.gdn) needs torch: its names load on first use, so `import maskpack`
 # stays torch-free.

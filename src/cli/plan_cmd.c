@@ -45,9 +45,11 @@ static void usage(FILE *f) {
             "                          cp = tp = 1\n"
             "  --multiple M            pad every sequence to a multiple of M instead\n"
             "  --objective tokens|attention   balance tokens, or a*L + L^2 per sequence (default tokens)\n"
-            "  --attention-a A         a of a*L + L^2 (default 24576, verl's)\n"
+            "  --attention-a A         a of a*L + L^2: the length at which a sequence's attention work equals\n"
+            "                          its linear-layer work (wins over --model and --hidden)\n"
             "  --model H[,I[,Q[,KV[,GATED[,CAUSAL]]]]]   derive a from a model shape: hidden, intermediate\n"
             "                          (0 = 4H), q dim, kv dim (0 = H), gated MLP 0/1, causal 0/1\n"
+            "  --hidden H              the model's hidden size: a = 6*H (default without any: 24576, verl's)\n"
             "  --algorithm bfd|ffd|nextfit   best-fit-decreasing (default), first-fit-decreasing, next-fit\n"
             "  --seed N                break ties with a seeded hash instead of the index (default 0)\n"
             "  --allow-split           cut sequences longer than a row into pieces instead of failing\n"
@@ -400,6 +402,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             }
             if (n == 0) return cli_usage_error("plan", "--model: expected at least the hidden size");
             a->have_model = 1;
+        } else if (!strcmp(name, "--hidden")) {
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--hidden: expected an integer >= 1, found '%s'", val);
+            a->o.hidden = x;
         } else if (!strcmp(name, "--algorithm")) {
             if ((k = pick(val, algorithms)) < 0)
                 return cli_usage_error("plan", "--algorithm: expected bfd, ffd or nextfit, found '%s'", val);
@@ -425,7 +431,6 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     }
     if (!a->file) return cli_usage_error("plan", "a lengths file is required");
     if (!a->have_capacity) return cli_usage_error("plan", "--capacity is required");
-    if (a->have_model && a->o.attention_a > 0) return cli_usage_error("plan", "--model and --attention-a exclude each other");
     return 0;
 }
 
@@ -461,6 +466,14 @@ static cJSON *report_json(const maskpack_plan_report *r) {
     cJSON_AddNumberToObject(o, "microbatch_cost_max", r->microbatch_cost_max);
     cJSON_AddNumberToObject(o, "microbatch_cost_mean", r->microbatch_cost_mean);
     cJSON_AddNumberToObject(o, "microbatch_imbalance", r->microbatch_imbalance);
+    cJSON_AddNumberToObject(o, "fill_nonempty_rows", r->fill_nonempty_rows);
+    cJSON_AddNumberToObject(o, "rank_tokens_min", r->rank_tokens_min);
+    cJSON_AddNumberToObject(o, "rank_tokens_mean", r->rank_tokens_mean);
+    cJSON_AddNumberToObject(o, "rank_tokens_max", r->rank_tokens_max);
+    cJSON_AddNumberToObject(o, "token_imbalance", r->token_imbalance);
+    cJSON_AddNumberToObject(o, "rank_attention_mean", r->rank_attention_mean);
+    cJSON_AddNumberToObject(o, "rank_attention_max", r->rank_attention_max);
+    cJSON_AddNumberToObject(o, "attention_imbalance", r->attention_imbalance);
     return o;
 }
 
@@ -480,6 +493,7 @@ static void add_options(cJSON *root, const plan_args *a, const maskpack_plan *p)
     cJSON_AddNumberToObject(o, "seed", (double)a->o.seed);
     cJSON_AddBoolToObject(o, "allow_split", a->o.allow_split);
     cJSON_AddStringToObject(o, "row_width", a->o.row_width == MASKPACK_PLAN_WIDTH_CAPACITY ? "capacity" : "used");
+    cJSON_AddNumberToObject(o, "hidden", (double)a->o.hidden);
 }
 
 /* The whole plan as JSON: ranks -> micro-batches -> row indices, and every row's pieces. */
@@ -572,13 +586,18 @@ static void print_text(const plan_args *a, const maskpack_plan *p, const char *k
     printf(" = %lld = dp %lld x %lld micro-batch(es) x %lld rows\n", (long long)r.n_rows, (long long)a->o.dp,
            (long long)a->o.micro_batches, (long long)r.rows_per_microbatch);
     long long lower = r.capacity ? (long long)((r.real_tokens + r.alignment_padding + r.capacity - 1) / r.capacity) : 0;
-    printf("  fill %.4f%% of the packed rows (lower bound %lld rows), %.4f%% counting empty rows\n", 100.0 * r.fill,
-           lower, 100.0 * r.fill_all_rows);
+    printf("  fill over every row every rank runs: %.4f%% (%lld rows per rank, empty rows included)\n",
+           100.0 * r.fill_all_rows, (long long)r.rows_per_rank);
+    printf("  fill of non-empty rows: %.4f%% (lower bound %lld rows)\n", 100.0 * r.fill, lower);
     printf("  padding: %lld alignment, %lld at row ends, %lld in empty rows\n", (long long)r.alignment_padding,
            (long long)r.tail_padding, (long long)(r.n_empty_rows * r.capacity));
     if (r.n_split) printf("  split: %lld sequence(s) into %lld pieces in all\n", (long long)r.n_split, (long long)r.n_pieces);
-    printf("  rank cost: min %.6g, mean %.6g, max %.6g; imbalance max/mean-1 = %.4f%%\n", r.rank_cost_min,
-           r.rank_cost_mean, r.rank_cost_max, 100.0 * r.imbalance);
+    printf("  rank cost (%s): min %.6g, mean %.6g, max %.6g; imbalance max/mean-1 = %.4f%%\n",
+           a->o.objective == MASKPACK_PLAN_TOKENS ? "tokens" : "attention", r.rank_cost_min, r.rank_cost_mean,
+           r.rank_cost_max, 100.0 * r.imbalance);
+    printf("  rank imbalance max/mean-1: tokens %.4f%% (max %.6g, mean %.6g), attention %.4f%% (a = %.6g)\n",
+           100.0 * r.token_imbalance, r.rank_tokens_max, r.rank_tokens_mean, 100.0 * r.attention_imbalance,
+           r.attention_a);
     if (a->o.micro_batches > 1)
         printf("  micro-batch cost: mean %.6g, max %.6g; imbalance %.4f%%\n", r.microbatch_cost_mean,
                r.microbatch_cost_max, 100.0 * r.microbatch_imbalance);
@@ -615,7 +634,7 @@ int maskpack_cli_plan(int argc, char **argv) {
     if (rc) return rc;
     progress pr = {0, -1, 0.0, NULL, now_ms()};
     maskpack_error e;
-    if (a.have_model) {
+    if (a.have_model && !(a.o.attention_a > 0)) { /* a given --attention-a takes precedence */
         int64_t *m = a.model;
         if (maskpack_plan_attention_coefficient(m[0], m[1], m[2], m[3], (int)(m[4] != 0), (int)(m[5] != 0),
                                                 &a.o.attention_a, &e))

@@ -21,6 +21,7 @@ maskpack_plan_options maskpack_plan_options_default(int64_t capacity) {
     o.row_width = MASKPACK_PLAN_WIDTH_CAPACITY;
     o.progress = NULL;
     o.progress_ctx = NULL;
+    o.hidden = 0;
     return o;
 }
 
@@ -80,7 +81,9 @@ static maskpack_status validate_options(const maskpack_plan_options *o, int64_t 
                        "micro_batches: expected in [1, 2^24], found %lld", (long long)o->micro_batches);
     if (o->dp * o->micro_batches > ((int64_t)1 << 28))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "micro_batches", -1, -1,
-                       "dp * micro_batches: expected <= 2^28, found %lld", (long long)(o->dp * o->micro_batches));
+                       "dp %lld and micro_batches %lld: every rank and micro-batch needs its own rows, and dp * "
+                       "micro_batches = %lld groups exceeds the limit 2^28",
+                       (long long)o->dp, (long long)o->micro_batches, (long long)(o->dp * o->micro_batches));
     int64_t m;
     maskpack_status s = maskpack_cp_multiple(o->cp, o->tp, o->align, &m, err); /* validates cp, tp, align */
     if (s) return s;
@@ -99,6 +102,9 @@ static maskpack_status validate_options(const maskpack_plan_options *o, int64_t 
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "attention_a", -1, -1,
                        "attention_a: expected a finite value >= 0 (0 = %g), found %g", MASKPACK_PLAN_DEFAULT_ATTENTION_A,
                        o->attention_a);
+    if (o->hidden < 0 || o->hidden > ((int64_t)1 << 30))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "hidden", -1, -1,
+                       "hidden: expected 0 (not given) or in [1, 2^30], found %lld", (long long)o->hidden);
     if (o->algorithm != MASKPACK_PLAN_BFD && o->algorithm != MASKPACK_PLAN_FFD && o->algorithm != MASKPACK_PLAN_NEXTFIT)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "algorithm", -1, -1,
                        "algorithm: expected BFD (0), FFD (1) or NEXTFIT (2), found %d", (int)o->algorithm);
@@ -160,6 +166,8 @@ typedef struct work {
     uint64_t *sub_tie;
     int32_t *sub_part;
     size_t *cursor;
+    double *icost;      /* processing position -> cost (sequence-level balancing) */
+    int32_t *spread_row; /* processing position -> final row of the sequences-dealt candidate */
 } work;
 
 static void work_free(work *w) {
@@ -178,6 +186,8 @@ static void work_free(work *w) {
     free(w->sub_tie);
     free(w->sub_part);
     free(w->cursor);
+    free(w->icost);
+    free(w->spread_row);
 }
 
 void maskpack_plan_free(maskpack_plan *p) {
@@ -206,6 +216,187 @@ static maskpack_status bail(work *w, maskpack_plan *p, maskpack_status s) {
     return s;
 }
 
+/* The heaviest group never exceeds the mean by more than this before improvement stops (1e-5 = 0.001%). */
+#define PLAN_TOLERANCE 1e-5
+/* Up to this many pieces both candidates (sequences dealt, rows dealt) are built and the better kept. */
+#define PLAN_BOTH_LIMIT 16384
+
+/* Candidate B: the packer's rows dealt whole. (bin[j] packer row of position j, n_bins packed rows,
+ * R = dp * micro_batches * per_mb rows) -> w->final_of[packer row] = final row: rows across ranks by
+ * balanced Karmarkar-Karp (equal row counts; empty rows cost 0), then each rank's rows across its
+ * micro-batches the same way; inside a micro-batch packer order. */
+static maskpack_status deal_rows(work *w, const maskpack_plan_options *o, const int64_t *seq_size, size_t n_items,
+                                 size_t n_bins, double a, int64_t m, size_t R, size_t per_rank, int64_t per_mb,
+                                 const mp_plan_progress *progress, maskpack_error *err) {
+    if (o->objective == MASKPACK_PLAN_TOKENS) {
+        for (size_t j = 0; j < n_items; j++) w->bin_used[w->bin[j]] += seq_size[j];
+        for (size_t r = 0; r < n_bins; r++) w->row_cost[r] = (double)(w->bin_used[r] * m);
+    } else {
+        for (size_t j = 0; j < n_items; j++) {
+            w->bin_used[w->bin[j]] += seq_size[j];
+            w->row_cost[w->bin[j]] += slot_cost(o->objective, a, seq_size[j] * m);
+        }
+    }
+    if (o->dp > 1) {
+        if (!w->row_tie) {
+            w->row_tie = mp_alloc_array(R, sizeof *w->row_tie);
+            if (!w->row_tie) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+        }
+        for (size_t r = 0; r < R; r++) w->row_tie[r] = mp_plan_tie(o->seed, 2, r);
+        maskpack_status s = mp_plan_kk(w->row_cost, w->row_tie, R, (size_t)o->dp, w->rank, err);
+        if (s) return s;
+    } else {
+        memset(w->rank, 0, R * sizeof *w->rank);
+    }
+    if (progress->fn) progress->fn(progress->ctx, "balance", 0.5);
+    /* rows of each rank in packer order (counting sort by rank) */
+    memset(w->cursor, 0, (R + 1) * sizeof *w->cursor);
+    for (size_t r = 0; r < R; r++) w->cursor[w->rank[r] + 1]++;
+    for (int64_t q = 0; q < o->dp; q++) w->cursor[q + 1] += w->cursor[q];
+    for (size_t r = 0; r < R; r++) w->by_rank[w->cursor[w->rank[r]]++] = (int32_t)r;
+    /* next free slot of each micro-batch of the current rank (one pass over its rows; a scan of the
+     * rows per micro-batch was O(rows x micro-batches): minutes at 1e5 micro-batches) */
+    size_t *mb_next = o->micro_batches > 1 ? mp_alloc_array((size_t)o->micro_batches, sizeof *mb_next) : NULL;
+    if (o->micro_batches > 1 && !mb_next)
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+    for (int64_t q = 0; q < o->dp; q++) {
+        const int32_t *rows = w->by_rank + (size_t)q * per_rank;
+        const size_t base = (size_t)q * per_rank; /* final rows of rank q start here */
+        if (o->micro_batches == 1) {
+            for (size_t t = 0; t < per_rank; t++) w->final_of[rows[t]] = (int32_t)(base + t);
+            continue;
+        }
+        for (size_t t = 0; t < per_rank; t++) {
+            w->sub_cost[t] = w->row_cost[rows[t]];
+            w->sub_tie[t] = mp_plan_tie(o->seed, 3, (uint64_t)rows[t]);
+        }
+        maskpack_status s = mp_plan_kk(w->sub_cost, w->sub_tie, per_rank, (size_t)o->micro_batches, w->sub_part, err);
+        if (s) {
+            free(mb_next);
+            return s;
+        }
+        /* final position: micro-batch, then packer order inside the micro-batch */
+        memset(mb_next, 0, (size_t)o->micro_batches * sizeof *mb_next);
+        for (size_t t = 0; t < per_rank; t++) {
+            size_t j = (size_t)w->sub_part[t];
+            w->final_of[rows[t]] = (int32_t)(base + j * (size_t)per_mb + mb_next[j]++);
+        }
+        if (progress->fn && (q + 1) % 64 == 0)
+            progress->fn(progress->ctx, "balance", 0.5 + 0.5 * (double)(q + 1) / (double)o->dp);
+    }
+    free(mb_next);
+    return MASKPACK_OK;
+}
+
+/* Micro-batches inside each rank. row[j] = q*mb*T + t with t in [0, mb*T) on entry, (q*mb + micro)*T + t'
+ * on exit; the rank of every item is kept, so the ranks' balance is untouched. With `spread` the rank's
+ * sequences are dealt afresh over its micro-batches (largest first, mp_plan_spread); when they do not
+ * fit that way, or without `spread`, the rank's rows are dealt whole by balanced Karmarkar-Karp (T per
+ * micro-batch). Either way single moves and swaps then polish the micro-batches. Returns 0, or -1 out
+ * of memory. */
+static int split_microbatches(const int64_t *seq_size, const double *icost, size_t n, int64_t cap, size_t dp,
+                              size_t mb, size_t T, uint64_t seed, int spread, int32_t *row) {
+    const size_t RT = mb * T; /* rows per rank */
+    uint32_t *idx = mp_alloc_array(n ? n : 1, sizeof *idx);
+    size_t *start = calloc(dp + 1, sizeof *start);
+    int64_t *ssize = mp_alloc_array(n ? n : 1, sizeof *ssize);
+    double *scost = mp_alloc_array(n ? n : 1, sizeof *scost);
+    int32_t *srow = mp_alloc_array(n ? n : 1, sizeof *srow);
+    double *rcost = mp_alloc_array(RT, sizeof *rcost);
+    uint64_t *rtie = mp_alloc_array(RT, sizeof *rtie);
+    int32_t *rpart = mp_alloc_array(RT, sizeof *rpart), *rmap = mp_alloc_array(RT, sizeof *rmap);
+    size_t *next = mp_alloc_array(mb, sizeof *next);
+    int rc = 0;
+    if (!idx || !start || !ssize || !scost || !srow || !rcost || !rtie || !rpart || !rmap || !next) {
+        rc = -1;
+        goto done;
+    }
+    /* positions grouped by rank, in position (size-decreasing) order */
+    for (size_t j = 0; j < n; j++) start[(size_t)row[j] / RT + 1]++;
+    for (size_t q = 0; q < dp; q++) start[q + 1] += start[q];
+    for (size_t j = 0; j < n; j++) idx[start[(size_t)row[j] / RT]++] = (uint32_t)j;
+    for (size_t q = dp; q > 0; q--) start[q] = start[q - 1];
+    start[0] = 0;
+    for (size_t q = 0; q < dp; q++) {
+        const size_t b = start[q], k = start[q + 1] - b, base = q * RT;
+        for (size_t i = 0; i < k; i++) {
+            uint32_t j = idx[b + i];
+            ssize[i] = seq_size[j];
+            scost[i] = icost[j];
+        }
+        int ok = spread ? mp_plan_spread(ssize, scost, k, cap, mb, T, srow) : 0;
+        if (ok < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (!ok) { /* the rank's rows dealt whole over its micro-batches */
+            for (size_t t = 0; t < RT; t++) {
+                rcost[t] = 0;
+                rtie[t] = mp_plan_tie(seed, 3, (uint64_t)(base + t));
+            }
+            for (size_t i = 0; i < k; i++) rcost[(size_t)row[idx[b + i]] - base] += scost[i];
+            maskpack_error e;
+            if (mp_plan_kk(rcost, rtie, RT, mb, rpart, &e)) {
+                rc = -1;
+                goto done;
+            }
+            memset(next, 0, mb * sizeof *next);
+            for (size_t t = 0; t < RT; t++) rmap[t] = (int32_t)((size_t)rpart[t] * T + next[rpart[t]]++);
+            for (size_t i = 0; i < k; i++) srow[i] = rmap[(size_t)row[idx[b + i]] - base];
+        }
+        if (mp_plan_improve(ssize, scost, k, cap, mb, T, srow, PLAN_TOLERANCE) < 0) {
+            rc = -1;
+            goto done;
+        }
+        for (size_t i = 0; i < k; i++) row[idx[b + i]] = (int32_t)(base + (size_t)srow[i]);
+    }
+done:
+    free(idx);
+    free(start);
+    free(ssize);
+    free(scost);
+    free(srow);
+    free(rcost);
+    free(rtie);
+    free(rpart);
+    free(rmap);
+    free(next);
+    return rc;
+}
+
+/* (v[k]) -> min, mean, max and the imbalance max / mean - 1 (0 when the mean is 0). */
+static double spread(const double *v, size_t k, double *mn, double *mean, double *mx) {
+    double sum = 0, hi = -INFINITY, lo = INFINITY;
+    for (size_t i = 0; i < k; i++) {
+        sum += v[i];
+        if (v[i] > hi) hi = v[i];
+        if (v[i] < lo) lo = v[i];
+    }
+    *mn = lo;
+    *mx = hi;
+    *mean = sum / (double)k;
+    return *mean > 0 ? hi / *mean - 1.0 : 0.0;
+}
+
+/* A placement's quality for choosing between candidates: the largest rank cost, then (far below it)
+ * the largest micro-batch cost. (row[n] final rows, G = dp * mb groups of T rows) */
+static double placement_cost(const int32_t *row, const double *icost, size_t n, size_t T, size_t G, size_t mb) {
+    double *gs = calloc(G, sizeof *gs);
+    if (!gs) return INFINITY;
+    for (size_t j = 0; j < n; j++) gs[(size_t)row[j] / T] += icost[j];
+    double rank_max = 0, group_max = 0;
+    for (size_t g = 0; g < G; g += mb) { /* rank g / mb runs groups g .. g + mb - 1 */
+        double r = 0;
+        for (size_t k = g; k < g + mb; k++) {
+            r += gs[k];
+            if (gs[k] > group_max) group_max = gs[k];
+        }
+        if (r > rank_max) rank_max = r;
+    }
+    free(gs);
+    return rank_max + 1e-9 * group_max;
+}
+
 maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *o,
                                      maskpack_plan **out, maskpack_error *err) {
     return mp_plan_create_ex(lengths, n, o, MP_PLAN_INDEX_AUTO, out, err);
@@ -227,7 +418,14 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     if (s) return s;
     const int64_t cap_units = o->capacity / m;
     const int64_t piece_max = cap_units * m; /* the longest slot a row can hold */
-    const double a = o->attention_a > 0 ? o->attention_a : MASKPACK_PLAN_DEFAULT_ATTENTION_A;
+    /* a given a wins; else the model's hidden size (6 * hidden: MHA, 4*hidden MLP); else verl's constant */
+    double a = MASKPACK_PLAN_DEFAULT_ATTENTION_A;
+    if (o->attention_a > 0)
+        a = o->attention_a;
+    else if (o->hidden > 0) {
+        s = maskpack_plan_attention_coefficient(o->hidden, 0, 0, 0, 0, 0, &a, err);
+        if (s) return s;
+    }
     mp_plan_progress progress = {o->progress, o->progress_ctx};
 
     /* Validation pass: lengths, their slots, pieces. Nothing is allocated before it succeeds. */
@@ -335,7 +533,7 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     s = mp_plan_pack(seq_size, n_items, cap_units, o->algorithm, index_mode, &progress, w.bin, &n_bins, err);
     if (s) return bail(&w, p, s);
 
-    /* ---- rows per rank and micro-batch: pad with empty rows to a multiple of dp * micro_batches ---- */
+    /* ---- rows per rank and micro-batch: as many rows per micro-batch as the packed rows need ---- */
     const int64_t groups = o->dp * o->micro_batches;
     int64_t per_mb = ((int64_t)n_bins + groups - 1) / groups;
     if (per_mb < 1) per_mb = 1; /* every micro-batch of every rank runs at least one (empty) row */
@@ -344,11 +542,17 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         work_free(&w);
         maskpack_plan_free(p);
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "dp", -1, -1,
-                       "%lld rows per micro-batch times dp * micro_batches = %lld exceeds 2^31-1 rows",
-                       (long long)per_mb, (long long)groups);
+                       "dp %lld and micro_batches %lld cannot get equal row counts: %lld rows per micro-batch "
+                       "times dp * micro_batches = %lld exceeds 2^31-1 rows",
+                       (long long)o->dp, (long long)o->micro_batches, (long long)per_mb, (long long)groups);
     }
     const size_t R = (size_t)n_rows;
     const size_t per_rank = R / (size_t)o->dp;
+    const size_t G = (size_t)groups, T = (size_t)per_mb;
+    /* Sequence-level balancing (the decreasing packers over more than one group): the packed row count
+     * only fixes T; the sequences are then dealt over the groups (mp_plan_spread) and improved by
+     * single moves and swaps. Next-fit keeps its input-order runs, so its rows are dealt whole. */
+    const int by_sequence = decreasing && G > 1;
     w.bin_used = calloc(R, sizeof *w.bin_used);
     w.row_cost = calloc(R, sizeof *w.row_cost);
     w.rank = mp_alloc_array(R, sizeof *w.rank);
@@ -361,79 +565,77 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         w.sub_tie = mp_alloc_array(per_rank, sizeof *w.sub_tie);
         w.sub_part = mp_alloc_array(per_rank, sizeof *w.sub_part);
     }
+    if (by_sequence) {
+        w.icost = mp_alloc_array(ni, sizeof *w.icost);
+        w.spread_row = mp_alloc_array(ni, sizeof *w.spread_row);
+    }
     p->row_begin = calloc(R + 1, sizeof *p->row_begin);
-    p->row_used = mp_alloc_array(R, sizeof *p->row_used);
-    p->row_cost = mp_alloc_array(R, sizeof *p->row_cost);
+    p->row_used = calloc(R, sizeof *p->row_used);
+    p->row_cost = calloc(R, sizeof *p->row_cost);
     p->rank_cost = calloc((size_t)o->dp, sizeof *p->rank_cost);
     p->microbatch_cost = calloc((size_t)groups, sizeof *p->microbatch_cost);
     if (!w.bin_used || !w.row_cost || !w.rank || !w.by_rank || !w.final_of || !w.cursor || (o->seed && !w.row_tie) ||
-        (o->micro_batches > 1 && (!w.sub_cost || !w.sub_tie || !w.sub_part)) || !p->row_begin || !p->row_used ||
-        !p->row_cost || !p->rank_cost || !p->microbatch_cost)
+        (o->micro_batches > 1 && (!w.sub_cost || !w.sub_tie || !w.sub_part)) ||
+        (by_sequence && (!w.icost || !w.spread_row)) || !p->row_begin || !p->row_used || !p->row_cost ||
+        !p->rank_cost || !p->microbatch_cost)
         return oom(&w, p, err);
     int64_t alignment_padding = 0;
-    if (o->objective == MASKPACK_PLAN_TOKENS) {
-        for (size_t j = 0; j < n_items; j++) w.bin_used[w.bin[j]] += seq_size[j];
-        for (size_t r = 0; r < n_bins; r++) w.row_cost[r] = (double)(w.bin_used[r] * m);
-    } else {
-        for (size_t j = 0; j < n_items; j++) {
-            w.bin_used[w.bin[j]] += seq_size[j];
-            w.row_cost[w.bin[j]] += slot_cost(o->objective, a, seq_size[j] * m);
-        }
-    }
+    if (by_sequence)
+        for (size_t j = 0; j < n_items; j++) w.icost[j] = slot_cost(o->objective, a, seq_size[j] * m);
     if (m > 1)
         for (size_t i = 0; i < n_items; i++) alignment_padding += size[i] * m - p->item_length[i];
-    if (o->seed)
-        for (size_t r = 0; r < R; r++) w.row_tie[r] = mp_plan_tie(o->seed, 2, r);
 
-    /* ---- balance: rows across ranks, then each rank's rows across its micro-batches ---- */
-    if (o->dp > 1) {
-        if (!o->seed) {
-            w.row_tie = mp_alloc_array(R, sizeof *w.row_tie);
-            if (!w.row_tie) return oom(&w, p, err);
-            for (size_t r = 0; r < R; r++) w.row_tie[r] = r;
+    /* ---- candidate A: the sequences dealt over the ranks (each with mb * T rows), improved, then each
+     * rank's sequences over its micro-batches: ranks first, as every rank waits for the slowest ---- */
+    const size_t mb = (size_t)o->micro_batches, dpz = (size_t)o->dp;
+    int have_spread = 0;
+    if (by_sequence) {
+        int r = mp_plan_spread(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row);
+        if (r < 0) return oom(&w, p, err);
+        if (r == 1) {
+            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row, PLAN_TOLERANCE) < 0)
+                return oom(&w, p, err);
+            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 1,
+                                             w.spread_row) < 0)
+                return oom(&w, p, err);
+            have_spread = 1;
         }
-        s = mp_plan_kk(w.row_cost, w.row_tie, R, (size_t)o->dp, w.rank, err);
+        if (progress.fn) progress.fn(progress.ctx, "balance", 0.25);
+    }
+    /* ---- candidate B: the packed rows dealt whole (balanced Karmarkar-Karp over rows, then over each
+     * rank's micro-batches); for the decreasing packers improved the same way. Needed when A found no
+     * room (a fragmented packing), and tried beside A on small inputs where row-level KK can win. ---- */
+    const int try_rows = !have_spread || n_items <= PLAN_BOTH_LIMIT;
+    if (try_rows) {
+        s = deal_rows(&w, o, seq_size, n_items, n_bins, a, m, R, per_rank, per_mb, &progress, err);
         if (s) return bail(&w, p, s);
-    } else {
-        memset(w.rank, 0, R * sizeof *w.rank);
+        for (size_t j = 0; j < n_items; j++) w.bin[j] = w.final_of[w.bin[j]]; /* bin[] now: final row */
+        if (by_sequence) {
+            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.bin, PLAN_TOLERANCE) < 0)
+                return oom(&w, p, err);
+            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 0, w.bin) < 0)
+                return oom(&w, p, err);
+        }
     }
-    if (progress.fn) progress.fn(progress.ctx, "balance", 0.5);
-    /* rows of each rank in packer order (counting sort by rank) */
-    memset(w.cursor, 0, (R + 1) * sizeof *w.cursor);
-    for (size_t r = 0; r < R; r++) w.cursor[w.rank[r] + 1]++;
-    for (int64_t q = 0; q < o->dp; q++) w.cursor[q + 1] += w.cursor[q];
-    for (size_t r = 0; r < R; r++) w.by_rank[w.cursor[w.rank[r]]++] = (int32_t)r;
-    /* next free slot of each micro-batch of the current rank (one pass over its rows; a scan of the
-     * rows per micro-batch was O(rows x micro-batches): minutes at 1e5 micro-batches) */
-    size_t *mb_next = o->micro_batches > 1 ? mp_alloc_array((size_t)o->micro_batches, sizeof *mb_next) : NULL;
-    if (o->micro_batches > 1 && !mb_next) return oom(&w, p, err);
-    for (int64_t q = 0; q < o->dp; q++) {
-        const int32_t *rows = w.by_rank + (size_t)q * per_rank;
-        const size_t base = (size_t)q * per_rank; /* final rows of rank q start here */
-        if (o->micro_batches == 1) {
-            for (size_t t = 0; t < per_rank; t++) w.final_of[rows[t]] = (int32_t)(base + t);
-            continue;
-        }
-        for (size_t t = 0; t < per_rank; t++) {
-            w.sub_cost[t] = w.row_cost[rows[t]];
-            w.sub_tie[t] = mp_plan_tie(o->seed, 3, (uint64_t)rows[t]);
-        }
-        s = mp_plan_kk(w.sub_cost, w.sub_tie, per_rank, (size_t)o->micro_batches, w.sub_part, err);
-        if (s) {
-            free(mb_next);
-            return bail(&w, p, s);
-        }
-        /* final position: micro-batch, then packer order inside the micro-batch */
-        memset(mb_next, 0, (size_t)o->micro_batches * sizeof *mb_next);
-        for (size_t t = 0; t < per_rank; t++) {
-            size_t j = (size_t)w.sub_part[t];
-            w.final_of[rows[t]] = (int32_t)(base + j * (size_t)per_mb + mb_next[j]++);
-        }
-        if (progress.fn && (q + 1) % 64 == 0)
-            progress.fn(progress.ctx, "balance", 0.5 + 0.5 * (double)(q + 1) / (double)o->dp);
-    }
-    free(mb_next);
+    int32_t *pos_row = w.bin;
+    if (have_spread && (!try_rows || placement_cost(w.spread_row, w.icost, n_items, T, G, (size_t)o->micro_batches) <=
+                                         placement_cost(w.bin, w.icost, n_items, T, G, (size_t)o->micro_batches)))
+        pos_row = w.spread_row;
     if (progress.fn) progress.fn(progress.ctx, "balance", 1.0);
+
+    /* ---- inside each micro-batch the rows holding pieces come first, in their order ---- */
+    memset(w.cursor, 0, (R + 1) * sizeof *w.cursor);
+    for (size_t j = 0; j < n_items; j++) w.cursor[pos_row[j]]++;
+    size_t n_nonempty = 0;
+    for (size_t g = 0; g < G; g++) {
+        size_t t = 0;
+        for (size_t r = g * T; r < (g + 1) * T; r++)
+            if (w.cursor[r]) w.final_of[r] = (int32_t)(g * T + t++);
+        n_nonempty += t;
+        for (size_t r = g * T; r < (g + 1) * T; r++)
+            if (!w.cursor[r]) w.final_of[r] = (int32_t)(g * T + t++);
+    }
+    for (size_t j = 0; j < n_items; j++) pos_row[j] = w.final_of[pos_row[j]];
 
     /* ---- the plan: rows in final order, items in index = (sequence, offset) order inside a row ---- */
     p->n_sequences = (int64_t)n;
@@ -447,12 +649,29 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     p->objective = o->objective;
     p->attention_a = a;
     p->n_pieces = n_items;
-    for (size_t j = 0; j < n_items; j++) p->row_begin[w.final_of[w.bin[j]] + 1]++;
-    for (size_t r = 0; r < R; r++) p->row_begin[r + 1] += p->row_begin[r];
+    for (size_t j = 0; j < n_items; j++) {
+        size_t f = (size_t)pos_row[j];
+        p->row_begin[f + 1]++;
+        p->row_used[f] += seq_size[j];
+        if (o->objective == MASKPACK_PLAN_ATTENTION) p->row_cost[f] += slot_cost(o->objective, a, seq_size[j] * m);
+    }
     for (size_t r = 0; r < R; r++) {
-        size_t f = (size_t)w.final_of[r];
-        p->row_used[f] = w.bin_used[r] * m;
-        p->row_cost[f] = w.row_cost[r];
+        p->row_begin[r + 1] += p->row_begin[r];
+        p->row_used[r] *= m;
+        if (o->objective == MASKPACK_PLAN_TOKENS) p->row_cost[r] = (double)p->row_used[r];
+    }
+    /* both objectives per rank, whatever the plan balanced (the report shows the two side by side) */
+    double *rank_tok = calloc((size_t)o->dp, sizeof *rank_tok), *rank_att = calloc((size_t)o->dp, sizeof *rank_att);
+    if (!rank_tok || !rank_att) {
+        free(rank_tok);
+        free(rank_att);
+        return oom(&w, p, err);
+    }
+    for (size_t j = 0; j < n_items; j++) {
+        size_t q = (size_t)pos_row[j] / per_rank;
+        double L = (double)(seq_size[j] * m);
+        rank_tok[q] += L;
+        rank_att[q] += a * L + L * L;
     }
     /* The row -> item map reuses memory already touched (fresh pages cost more than the copies):
      * next-fit's unused order buffer, or the sorted sizes' buffer of the decreasing packers, which
@@ -461,10 +680,10 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     if (!decreasing) {
         p->pos_item = w.order;
         w.order = NULL;
-        for (size_t j = 0; j < n_items; j++) p->pos_item[w.cursor[w.final_of[w.bin[j]]]++] = (uint32_t)j;
+        for (size_t j = 0; j < n_items; j++) p->pos_item[w.cursor[pos_row[j]]++] = (uint32_t)j;
     } else {
         uint32_t *pos = (uint32_t *)(void *)w.sorted;
-        for (size_t j = 0; j < n_items; j++) pos[w.cursor[w.final_of[w.bin[j]]]++] = w.order[j];
+        for (size_t j = 0; j < n_items; j++) pos[w.cursor[pos_row[j]]++] = w.order[j];
         for (size_t r = 0; r < R; r++) sort_u32(pos + p->row_begin[r], p->row_begin[r + 1] - p->row_begin[r]);
         uint32_t *shrunk = mp_realloc_array(pos, ni, sizeof *pos);
         p->pos_item = shrunk ? shrunk : pos;
@@ -475,15 +694,14 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         p->microbatch_cost[g] += p->row_cost[f];
         p->rank_cost[g / (size_t)o->micro_batches] += p->row_cost[f];
     }
-
     /* ---- report ---- */
     maskpack_plan_report *rep = &p->report;
     rep->n_sequences = (int64_t)n;
     rep->n_pieces = (int64_t)n_items;
     rep->n_split = n_split;
     rep->n_rows = n_rows;
-    rep->n_packed_rows = (int64_t)n_bins;
-    rep->n_empty_rows = n_rows - (int64_t)n_bins;
+    rep->n_packed_rows = (int64_t)n_nonempty;
+    rep->n_empty_rows = n_rows - (int64_t)n_nonempty;
     rep->rows_per_rank = (int64_t)per_rank;
     rep->rows_per_microbatch = per_mb;
     rep->capacity = o->capacity;
@@ -491,30 +709,23 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     rep->real_tokens = total;
     rep->alignment_padding = alignment_padding;
     rep->tail_padding = 0;
-    for (size_t r = 0; r < n_bins; r++) rep->tail_padding += o->capacity - w.bin_used[r] * m;
-    rep->fill = n_bins ? (double)total / ((double)o->capacity * (double)n_bins) : 1.0;
+    for (size_t r = 0; r < R; r++)
+        if (p->row_begin[r + 1] > p->row_begin[r]) rep->tail_padding += o->capacity - p->row_used[r];
+    rep->fill = n_nonempty ? (double)total / ((double)o->capacity * (double)n_nonempty) : 1.0;
+    rep->fill_nonempty_rows = rep->fill;
     rep->fill_all_rows = (double)total / ((double)o->capacity * (double)n_rows);
     rep->attention_a = a;
-    double sum = 0, mx = -1, mn = INFINITY;
-    for (int64_t q = 0; q < o->dp; q++) {
-        double c = p->rank_cost[q];
-        sum += c;
-        if (c > mx) mx = c;
-        if (c < mn) mn = c;
-    }
-    rep->rank_cost_min = mn;
-    rep->rank_cost_max = mx;
-    rep->rank_cost_mean = sum / (double)o->dp;
-    rep->imbalance = rep->rank_cost_mean > 0 ? mx / rep->rank_cost_mean - 1.0 : 0.0;
-    sum = 0;
-    mx = -1;
-    for (int64_t g = 0; g < groups; g++) {
-        sum += p->microbatch_cost[g];
-        if (p->microbatch_cost[g] > mx) mx = p->microbatch_cost[g];
-    }
-    rep->microbatch_cost_max = mx;
-    rep->microbatch_cost_mean = sum / (double)groups;
-    rep->microbatch_imbalance = rep->microbatch_cost_mean > 0 ? mx / rep->microbatch_cost_mean - 1.0 : 0.0;
+    rep->imbalance = spread(p->rank_cost, (size_t)o->dp, &rep->rank_cost_min, &rep->rank_cost_mean,
+                            &rep->rank_cost_max);
+    double unused;
+    rep->microbatch_imbalance = spread(p->microbatch_cost, (size_t)groups, &unused, &rep->microbatch_cost_mean,
+                                       &rep->microbatch_cost_max);
+    rep->token_imbalance = spread(rank_tok, (size_t)o->dp, &rep->rank_tokens_min, &rep->rank_tokens_mean,
+                                  &rep->rank_tokens_max);
+    rep->attention_imbalance = spread(rank_att, (size_t)o->dp, &unused, &rep->rank_attention_mean,
+                                      &rep->rank_attention_max);
+    free(rank_tok);
+    free(rank_att);
 
     work_free(&w);
     *out = p;

@@ -57,6 +57,21 @@ maskpack_status mp_plan_pack(const int64_t *size, size_t n, int64_t cap, maskpac
 maskpack_status mp_plan_kk(const double *cost, const uint64_t *tie, size_t n, size_t k, int32_t *part,
                            maskpack_error *err);
 
+/* LPT over groups with fixed rows: (size[n] in [0, cap] sorted decreasing, cost[n] >= 0 non-increasing
+ * with size, G groups of T rows each) -> row[j] = g*T + t for every item: item j goes to the group of
+ * least cost so far that has a row with room for it (ties: lower group), first-fit inside the group.
+ * Returns 1 when every item found a row, 0 when one fitted nowhere (row[] then incomplete), -1 out of
+ * memory. */
+int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
+                   int32_t *row);
+
+/* Local improvement: (size[n], cost[n], row[n] = g*T + t a valid placement in G groups of T rows of cap)
+ * -> row[] with single moves and pairwise swaps between the heaviest group and the lightest ones, each
+ * lowering the heavier of the two, until the heaviest group is within (1 + tolerance) of the mean, no
+ * step helps, or a work budget runs out. Capacity is kept. Returns 1, or -1 out of memory. */
+int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
+                    int32_t *row, double tolerance);
+
 /* maskpack_plan_create with a chosen best-fit index (tests compare the two indexes). */
 maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
                                   int index_mode, maskpack_plan **out, maskpack_error *err);

@@ -174,7 +174,8 @@ static void test_plan_and_cp_arguments(void) {
     o.dp = 1 << 20;
     o.micro_batches = 1 << 10;
     CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
-    CHECK_MSG(e, "dp * micro_batches: expected <= 2^28, found 1073741824");
+    CHECK_MSG(e, "dp 1048576 and micro_batches 1024");
+    CHECK_MSG(e, "dp * micro_batches = 1073741824 groups exceeds the limit 2^28");
     o = maskpack_plan_options_default(16);
     o.multiple = -2;
     CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);

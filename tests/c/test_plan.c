@@ -78,12 +78,28 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
     CHECK_EQ(rep.rows_per_rank, o->micro_batches * rep.rows_per_microbatch);
     CHECK(rep.rows_per_microbatch >= 1);
     CHECK_EQ(rep.n_packed_rows + rep.n_empty_rows, R);
-    CHECK(rep.n_empty_rows < o->dp * o->micro_batches || rep.n_packed_rows == 0);
+    /* as few rows per micro-batch as the packing needs: the rows of the same packing on one rank,
+     * over dp * micro_batches, rounded up (balancing moves sequences, never adds rows) */
+    {
+        maskpack_plan_options one = *o;
+        one.dp = one.micro_batches = 1;
+        one.progress = NULL;
+        maskpack_plan *q = NULL;
+        CHECK_OK(maskpack_plan_create(len, n, &one, &q, &e), e);
+        if (q) {
+            maskpack_plan_report r1;
+            maskpack_plan_get_report(q, &r1, &e);
+            int64_t G = o->dp * o->micro_batches, want = (r1.n_packed_rows + G - 1) / G;
+            CHECK_EQ(rep.rows_per_microbatch, want < 1 ? 1 : want);
+            maskpack_plan_free(q);
+        }
+    }
     int64_t *rank_rows = calloc((size_t)o->dp, sizeof *rank_rows);
     int64_t *covered = calloc(n ? n : 1, sizeof *covered);  /* tokens of each sequence seen */
     int64_t *next_off = calloc(n ? n : 1, sizeof *next_off); /* pieces must tile [0, L) */
     int64_t *pieces_of = calloc(n ? n : 1, sizeof *pieces_of);
     double *rank_cost = calloc((size_t)o->dp, sizeof *rank_cost);
+    double *rank_tok = calloc((size_t)o->dp, sizeof *rank_tok), *rank_att = calloc((size_t)o->dp, sizeof *rank_att);
     int64_t real = 0, nonempty = 0, align_pad = 0;
     double a = rep.attention_a;
     size_t total_pieces = 0;
@@ -123,6 +139,10 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
                         : (double)pc[i].slot;
             covered[s] += pc[i].length;
             pieces_of[s]++;
+            if (rank >= 0 && rank < o->dp) {
+                rank_tok[rank] += (double)pc[i].slot;
+                rank_att[rank] += a * (double)pc[i].slot + (double)pc[i].slot * (double)pc[i].slot;
+            }
             all[t++] = (seen){s, pc[i].offset, pc[i].length};
         }
         CHECK(used <= o->capacity); /* no row over capacity */
@@ -159,6 +179,24 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
     CHECK(nonempty <= rep.n_packed_rows);
     if (rep.n_packed_rows > 0)
         CHECK(fabs(rep.fill - (double)total_len / ((double)o->capacity * (double)rep.n_packed_rows)) < 1e-12);
+    CHECK_EQ(nonempty, rep.n_packed_rows); /* packed rows are the rows holding pieces */
+    CHECK(rep.fill_nonempty_rows == rep.fill);
+    CHECK(fabs(rep.fill_all_rows - (double)total_len / ((double)o->capacity * (double)R)) < 1e-12);
+    /* both imbalances from the rows, whichever objective was balanced */
+    double tmax = 0, tsum = 0, amax = 0, asum = 0;
+    for (int64_t q = 0; q < o->dp; q++) {
+        tsum += rank_tok[q];
+        asum += rank_att[q];
+        if (rank_tok[q] > tmax) tmax = rank_tok[q];
+        if (rank_att[q] > amax) amax = rank_att[q];
+    }
+    double tmean = tsum / (double)o->dp, amean = asum / (double)o->dp;
+    CHECK(fabs(rep.rank_tokens_max - tmax) <= 1e-9 * (tmax + 1));
+    CHECK(fabs(rep.rank_tokens_mean - tmean) <= 1e-9 * (tmean + 1));
+    CHECK(fabs(rep.token_imbalance - (tmean > 0 ? tmax / tmean - 1 : 0)) < 1e-9);
+    CHECK(fabs(rep.attention_imbalance - (amean > 0 ? amax / amean - 1 : 0)) < 1e-9);
+    free(rank_tok);
+    free(rank_att);
     free(rank_rows);
     free(covered);
     free(next_off);
@@ -1047,6 +1085,215 @@ static void test_many_microbatches_linear(void) {
     free(len);
 }
 
+/* ---- sequence-level balance --------------------------------------------------------------------- */
+
+/* lognormal lengths (median 600, sigma 1) clipped to [16, cap] */
+static void sft_lengths(rng *g, int64_t *len, size_t n, int64_t cap) {
+    for (size_t i = 0; i < n; i++) {
+        double u1 = ((double)(rnd(g) >> 11) + 0.5) / 9007199254740992.0, u2 = (double)(rnd(g) >> 11) / 9007199254740992.0;
+        double x = floor(exp(log(600.0) + sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
+        len[i] = x < 16 ? 16 : x > (double)cap ? cap : (int64_t)x;
+    }
+}
+
+static void test_sequence_balance(void) {
+    maskpack_error e;
+    /* three packed rows of 6+4 over two ranks: dealt whole 20 vs 10 tokens; the sequences give 16 vs 14 */
+    {
+        int64_t len[] = {6, 6, 6, 4, 4, 4};
+        maskpack_plan_options o = maskpack_plan_options_default(10);
+        o.dp = 2;
+        maskpack_plan *p = make(len, 6, &o);
+        if (p) {
+            verify_plan(p, len, 6, &o);
+            maskpack_plan_report rep;
+            maskpack_plan_get_report(p, &rep, &e);
+            CHECK_EQ(rep.rows_per_rank, 2);
+            CHECK(rep.rank_tokens_max == 16.0);
+            CHECK(fabs(rep.token_imbalance - (16.0 / 15.0 - 1)) < 1e-12);
+            CHECK(fabs(rep.fill_all_rows - 0.75) < 1e-12);
+            maskpack_plan_free(p);
+        }
+    }
+    /* lognormal at scale over 8 and 64 ranks (the row count not a multiple of dp): both objectives
+     * balance to well under 0.5%, with no more rows per rank than first-fit-decreasing's rows dealt
+     * round-robin (NeMo-RL's way) */
+    enum { N = 20000 };
+    int64_t *len = malloc(N * sizeof *len);
+    rng g = {2718};
+    sft_lengths(&g, len, N, 8192);
+    maskpack_plan_options f = maskpack_plan_options_default(8192);
+    f.algorithm = MASKPACK_PLAN_FFD;
+    maskpack_plan *ffd = make(len, N, &f);
+    maskpack_plan_report fr;
+    if (ffd) maskpack_plan_get_report(ffd, &fr, &e);
+    for (int dpi = 0; dpi < 2; dpi++) {
+        for (int obj = 0; obj < 2; obj++) {
+            maskpack_plan_options o = maskpack_plan_options_default(8192);
+            o.dp = dpi ? 64 : 8;
+            o.objective = (maskpack_plan_objective)obj;
+            maskpack_plan *p = make(len, N, &o);
+            if (!p) continue;
+            verify_plan(p, len, N, &o);
+            maskpack_plan_report rep;
+            maskpack_plan_get_report(p, &rep, &e);
+            CHECK(rep.imbalance < 0.005);
+            if (obj == 0) CHECK(rep.token_imbalance < 0.005);
+            else CHECK(rep.attention_imbalance < 0.005);
+            if (ffd) CHECK(rep.rows_per_rank <= (fr.n_packed_rows + o.dp - 1) / o.dp);
+            maskpack_plan_free(p);
+        }
+    }
+    /* micro-batches: ranks first, then each rank's micro-batches, both balanced */
+    {
+        maskpack_plan_options o = maskpack_plan_options_default(8192);
+        o.dp = 4;
+        o.micro_batches = 3;
+        o.objective = MASKPACK_PLAN_ATTENTION;
+        maskpack_plan *p = make(len, 6000, &o);
+        if (p) {
+            verify_plan(p, len, 6000, &o);
+            maskpack_plan_report rep;
+            maskpack_plan_get_report(p, &rep, &e);
+            CHECK(rep.imbalance < 0.005);
+            CHECK(rep.microbatch_imbalance < 0.01);
+            maskpack_plan_free(p);
+        }
+    }
+    /* more micro-batches than sequences: the sequences still spread over the ranks first */
+    {
+        int64_t few[] = {50, 40, 30, 20, 10, 5};
+        maskpack_plan_options o = maskpack_plan_options_default(100);
+        o.dp = 3;
+        o.micro_batches = 4;
+        maskpack_plan *p = make(few, 6, &o);
+        if (p) {
+            verify_plan(p, few, 6, &o);
+            maskpack_plan_report rep;
+            maskpack_plan_get_report(p, &rep, &e);
+            CHECK(rep.rank_cost_max <= 55.0); /* {50, 5}, {40, 10}, {30, 20}: the optimum */
+            maskpack_plan_free(p);
+        }
+    }
+    maskpack_plan_free(ffd);
+    free(len);
+}
+
+/* mp_plan_spread and mp_plan_improve on their own: capacity kept, every item placed, improvement never
+ * raises the heaviest group and strictly lowers the sum of squares when it moves anything. */
+static void test_spread_and_improve(void) {
+    rng g = {777};
+    int spread_fail = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        size_t n = (size_t)rnd_range(&g, 0, 200), G = (size_t)rnd_range(&g, 1, 9);
+        int64_t cap = rnd_range(&g, 10, 400);
+        int64_t *size = malloc((n ? n : 1) * sizeof *size);
+        double *cost = malloc((n ? n : 1) * sizeof *cost);
+        int32_t *row = malloc((n ? n : 1) * sizeof *row);
+        int64_t sum = 0;
+        for (size_t i = 0; i < n; i++) size[i] = rnd_range(&g, 0, trial % 3 ? cap / 3 : cap);
+        for (size_t i = 1; i < n; i++) /* decreasing, as the planner hands them over */
+            for (size_t k = i; k > 0 && size[k - 1] < size[k]; k--) {
+                int64_t t = size[k];
+                size[k] = size[k - 1];
+                size[k - 1] = t;
+            }
+        for (size_t i = 0; i < n; i++) {
+            cost[i] = trial % 2 ? (double)size[i] : 7.0 * (double)size[i] + (double)(size[i] * size[i]);
+            sum += size[i];
+        }
+        size_t T = (size_t)((sum / cap + 1) / (int64_t)G + (size_t)rnd_range(&g, 0, 2));
+        if (T == 0) T = 1;
+        int ok = mp_plan_spread(size, cost, n, cap, G, T, row);
+        CHECK(ok == 0 || ok == 1);
+        if (ok != 1) {
+            spread_fail++;
+            free(size);
+            free(cost);
+            free(row);
+            continue;
+        }
+        int64_t *load = calloc(G * T, sizeof *load);
+        double *gc = calloc(G, sizeof *gc), before_max = 0, before_sq = 0;
+        for (size_t i = 0; i < n; i++) {
+            CHECK(row[i] >= 0 && (size_t)row[i] < G * T);
+            load[row[i]] += size[i];
+            gc[(size_t)row[i] / T] += cost[i];
+        }
+        for (size_t r = 0; r < G * T; r++) CHECK(load[r] <= cap);
+        for (size_t q = 0; q < G; q++) {
+            before_max = gc[q] > before_max ? gc[q] : before_max;
+            before_sq += gc[q] * gc[q];
+        }
+        CHECK_EQ(mp_plan_improve(size, cost, n, cap, G, T, row, 0.0), 1);
+        memset(load, 0, G * T * sizeof *load);
+        memset(gc, 0, G * sizeof *gc);
+        double after_max = 0, after_sq = 0;
+        for (size_t i = 0; i < n; i++) {
+            CHECK(row[i] >= 0 && (size_t)row[i] < G * T);
+            load[row[i]] += size[i];
+            gc[(size_t)row[i] / T] += cost[i];
+        }
+        for (size_t r = 0; r < G * T; r++) CHECK(load[r] <= cap);
+        for (size_t q = 0; q < G; q++) {
+            after_max = gc[q] > after_max ? gc[q] : after_max;
+            after_sq += gc[q] * gc[q];
+        }
+        CHECK(after_max <= before_max * (1 + 1e-12));
+        CHECK(after_sq <= before_sq * (1 + 1e-12));
+        free(load);
+        free(gc);
+        free(size);
+        free(cost);
+        free(row);
+    }
+    CHECK(spread_fail < 300); /* most instances fit */
+    /* three items of 6 cannot go into two rows of 10: the spread says so */
+    int64_t six[] = {6, 6, 6};
+    double c6[] = {6, 6, 6};
+    int32_t r6[3];
+    CHECK_EQ(mp_plan_spread(six, c6, 3, 10, 1, 2, r6), 0);
+    CHECK_EQ(mp_plan_spread(six, c6, 3, 10, 3, 1, r6), 1);
+    CHECK(r6[0] != r6[1] && r6[1] != r6[2] && r6[0] != r6[2]);
+}
+
+static void test_balance_options_and_errors(void) {
+    maskpack_error e;
+    maskpack_plan *p = (maskpack_plan *)0x1;
+    int64_t len[] = {3, 4};
+    /* a dp x micro-batch count that cannot get rows of their own names both numbers */
+    maskpack_plan_options o = maskpack_plan_options_default(10);
+    o.dp = (int64_t)1 << 20;
+    o.micro_batches = (int64_t)1 << 10;
+    CHECK_STATUS(maskpack_plan_create(len, 2, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "dp 1048576");
+    CHECK_MSG(e, "micro_batches 1024");
+    CHECK(p == (maskpack_plan *)0x1);
+    o = maskpack_plan_options_default(10);
+    o.hidden = -1;
+    CHECK_STATUS(maskpack_plan_create(len, 2, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "hidden") == 0);
+    /* a from the hidden size (6 * hidden); a given attention_a wins */
+    o = maskpack_plan_options_default(10);
+    o.objective = MASKPACK_PLAN_ATTENTION;
+    o.hidden = 1024;
+    maskpack_plan_report rep;
+    p = make(len, 2, &o);
+    if (p) {
+        maskpack_plan_get_report(p, &rep, &e);
+        CHECK(rep.attention_a == 6144.0);
+        CHECK(fabs(maskpack_plan_row_cost(p, 0) - (6144.0 * 7 + 9 + 16)) < 1e-9);
+        maskpack_plan_free(p);
+    }
+    o.attention_a = 3.0;
+    p = make(len, 2, &o);
+    if (p) {
+        maskpack_plan_get_report(p, &rep, &e);
+        CHECK(rep.attention_a == 3.0);
+        maskpack_plan_free(p);
+    }
+}
+
 int main(void) {
     test_small_plan();
     test_cp_alignment();
@@ -1063,5 +1310,8 @@ int main(void) {
     test_progress_and_edges();
     test_random_invariants();
     test_many_microbatches_linear();
+    test_sequence_balance();
+    test_spread_and_improve();
+    test_balance_options_and_errors();
     return check_report("test_plan");
 }

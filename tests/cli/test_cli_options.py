@@ -253,11 +253,52 @@ def case_plan_objective():
     r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", "%d,2048,512,256,1,1" % h)
     check(r["report"]["attention_a"] == w // 512, "--model 1024,2048,512,256,1,1 (gated, causal): a = %d, got %r"
           % (w // 512, r["report"]["attention_a"]))
-    expect(["plan", path, "--capacity", "16", "--model", "1024", "--attention-a", "5"], 2,
-           err_has=["--model and --attention-a exclude each other"])
+    # the user's a wins over a model shape (--model or --hidden); --hidden alone gives a = 6 H
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--model", "1024", "--attention-a", "5")
+    check(r["report"]["attention_a"] == 5, "--attention-a 5 wins over --model: got %r" % r["report"]["attention_a"])
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--hidden", "1024", "--attention-a", "7")
+    check(r["report"]["attention_a"] == 7, "--attention-a 7 wins over --hidden: got %r" % r["report"]["attention_a"])
+    r = plan_json(path, "--capacity", "16", "--objective", "attention", "--hidden", "1024")
+    check(r["report"]["attention_a"] == 6 * 1024 and r["options"]["hidden"] == 1024,
+          "--hidden 1024: a = 6144, got %r" % r["report"]["attention_a"])
+    r = plan_json(path, "--capacity", "16", "--objective", "attention")
+    check(r["report"]["attention_a"] == 24576, "no model shape: verl's a = 24576, got %r" % r["report"]["attention_a"])
+    expect(["plan", path, "--capacity", "16", "--hidden", "0"], 2, err_has=["--hidden: expected an integer >= 1"])
     expect(["plan", path, "--capacity", "16", "--model", "a,b"], 2, err_has=["--model: expected"])
     expect(["plan", path, "--capacity", "16", "--objective", "flops"], 2, err_has=["--objective"])
     expect(["plan", path, "--capacity", "16", "--attention-a", "-3"], 2, err_has=["--attention-a"])
+
+
+def case_plan_report_fields():
+    # six sequences, rows of 10, two ranks: three packed rows (6+4 each) cannot be dealt evenly (20 vs 10
+    # tokens), the sequences can (16 vs 14); every rank runs two rows, so four rows hold 30 tokens
+    values = [6, 6, 6, 4, 4, 4]
+    path = lengths("rep.txt", values)
+    out = tmp("rep.json")
+    expect(["plan", path, "--capacity", "10", "--dp", "2", "--json-out", out], 0)
+    with open(out) as f:
+        plan = json.load(f)
+    rep = plan["report"]
+    check(rep["rows_per_rank"] == 2 and rep["n_rows"] == 4, "two rows per rank, got %r" % rep["rows_per_rank"])
+    check(rep["fill_all_rows"] == 30 / 40, "fill over all rows 30/40, got %r" % rep["fill_all_rows"])
+    check(rep["fill_nonempty_rows"] == rep["fill"] == 30 / (10 * rep["n_packed_rows"]),
+          "fill of non-empty rows = real / (capacity * packed rows), got %r" % rep["fill_nonempty_rows"])
+    tok = [0, 0]
+    att = [0.0, 0.0]
+    for row in plan["rows"]:
+        for s_ in row["sequences"]:
+            tok[row["rank"]] += values[s_]
+            att[row["rank"]] += 24576.0 * values[s_] + values[s_] ** 2
+    check(abs(rep["token_imbalance"] - (max(tok) / (sum(tok) / 2) - 1)) < 1e-12,
+          "token imbalance from the rows: %r vs %r" % (rep["token_imbalance"], tok))
+    check(abs(rep["attention_imbalance"] - (max(att) / (sum(att) / 2) - 1)) < 1e-12,
+          "attention imbalance from the rows: %r vs %r" % (rep["attention_imbalance"], att))
+    check(rep["token_imbalance"] <= 16 / 15 - 1 + 1e-12, "sequences balanced (16 vs 14), got %r" % tok)
+    check(rep["rank_tokens_max"] == max(tok) and rep["rank_tokens_mean"] == 15, "rank token figures")
+    text = expect(["plan", path, "--capacity", "10", "--dp", "2"], 0)
+    for want in ("fill over every row every rank runs: 75.0000%", "fill of non-empty rows",
+                 "rank imbalance max/mean-1: tokens", "2 rows per rank"):
+        check(want in text, "text report has %r:\n%s" % (want, text))
 
 
 def case_plan_seed_and_row_width():
@@ -390,9 +431,10 @@ def case_plan_bad_inputs():
                       (b"5\n12abc\n", "-:2: expected an integer length, found '12abc'"),
                       (b"5\n-3\n", "-:2: expected a length >= 0, found -3")]:
         expect(["plan", "-", "--capacity", "16"], 1, stdin=text, err_has=[msg])
-    # micro-batches: the report gives their costs
+    # micro-batches: the report gives their costs (the sequences are dealt over them, {7} and {5, 6};
+    # the packed rows dealt whole gave 13 and 5)
     expect(["plan", "-", "--capacity", "16", "--micro-batches", "2"], 0, stdin=b"5\n6\n7\n",
-           out_has=["micro-batch cost: mean 9, max 13"])
+           out_has=["micro-batch cost: mean 9, max 11"])
 
 
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
