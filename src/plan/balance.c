@@ -320,7 +320,7 @@ int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t ca
     uint8_t *closed = calloc(G, 1);
     size_t P = 2; /* at least one level above the leaves: node 1 is never a leaf */
     while (P < G) P <<= 1;
-    int32_t *win = mp_alloc_array(2 * P, sizeof *win);
+    int32_t *win = mp_alloc_array(P, 2 * sizeof *win); /* a tournament tree of 2P nodes */
     if (!tree || !gcost || !groot || !ids || !closed || !win) {
         free(tree);
         free(gcost);
