@@ -38,6 +38,49 @@ def _all_gather(x: torch.Tensor, group) -> list:
     return parts
 
 
+def _fingerprint(layout) -> int:
+    """63 bits of a hash of everything the ranks must agree on about a layout (grid, segments, rule),
+    computed once per layout (layouts are immutable)."""
+    from ._moves import _cached
+
+    return _cached(layout, ("cp_fingerprint",), lambda: _stable((layout.n_rows, layout.q_width, layout.kv_width,
+                                                                  layout.packed, layout.segments,
+                                                                  sorted(layout.rule.items()))))
+
+
+def _stable(value) -> int:
+    """A hash that is the same in every process (Python's own is salted per process for strings)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
+    """The check every CP call starts with: one all-gather of [ok, layout fingerprint, the call's
+    settings] so that ranks holding another layout, cp, scheme or alignment, or one rank's bad
+    argument, raise on every rank alike instead of leaving the others waiting in a collective.
+    ``local``: this rank's own argument error (raised here after the exchange)."""
+    rank, n = _rank_size(group)
+    codes = [0 if local is None else 1, _fingerprint(layout) if local is None else 0]
+    codes += [_stable(w) for w in what]
+    mine = torch.tensor([n] + codes, dtype=torch.int64)
+    everyone = torch.stack(_all_gather(mine, group))
+    if local is not None:
+        raise local
+    for r in range(n):
+        if int(everyone[r, 1]):
+            raise Error(f"group: rank {r} refused its arguments; every rank stops with it",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
+    names = ("group size", "", "layout") + tuple(f"setting {i}" for i in range(len(what)))
+    for r in range(1, n):
+        for i in range(everyone.shape[1]):
+            if i != 1 and int(everyone[r, i]) != int(everyone[0, i]):
+                arg = "layout" if i == 2 else "group"
+                raise Error(f"{arg}: rank {r} disagrees with rank 0 about the {names[i]} (each rank must pass the "
+                            f"same whole-batch layout and the same cp settings)", "MASKPACK_ERR_INVALID_ARGUMENT",
+                            argument=arg, index=(r,))
+
+
 class _AllGatherParts(torch.autograd.Function):
     """part (this rank's shard) -> the whole, in the layout; backward: every rank's gradient of the
     whole summed, restricted to this rank's tokens (a reduce-scatter through the layout's shards)."""
@@ -47,6 +90,12 @@ class _AllGatherParts(torch.autograd.Function):
         from ._moves import cp_gather
 
         rank, n = _rank_size(group)
+        local = None
+        try:
+            _check_shard("part", part, layout, n, rank, scheme, tp, align)
+        except (Error, TypeError) as exc:
+            local = exc
+        _agree(group, layout, ("cp_all_gather", scheme, tp, align, tuple(part.shape[1:]), str(part.dtype)), local)
         ctx.args = (layout, scheme, tp, align, group, rank, n)
         parts = _all_gather(part.detach(), group)
         return cp_gather(parts, layout, scheme=scheme, tp=tp, align=align)
@@ -187,9 +236,11 @@ def _check_heads(name: str, heads: int, n: int) -> None:
 
 def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align) -> None:
     want = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
-    t_local = want.n_rows * want.q_width
-    if x.dim() < 1 or x.shape[0] != t_local:
-        raise Error(f"{name}: expected this rank's shard of {t_local} tokens (rank {rank} of {n}) as dimension 0, "
+    lead = (want.n_rows * want.q_width,) if want.packed else (want.n_rows, want.q_width)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch tensor, found {type(x).__name__}")
+    if tuple(x.shape[:len(lead)]) != lead:
+        raise Error(f"{name}: expected this rank's shard (rank {rank} of {n}) with leading dimensions {list(lead)}, "
                     f"found shape {list(x.shape)}", "MASKPACK_ERR_SHAPE", argument=name)
 
 
@@ -209,10 +260,15 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
 
     rank, n = _rank_size(group)
     H, HV = q.shape[-2], v.shape[-2]
-    _check_heads("q", H, n)
-    _check_heads("v", HV, n)
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        _check_shard(name, x, layout, n, rank, scheme, tp, align)
+    local = None
+    try:  # this rank's own checks; the exchange below makes every rank raise alike
+        _check_heads("q", H, n)
+        _check_heads("v", HV, n)
+        for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+            _check_shard(name, x, layout, n, rank, scheme, tp, align)
+    except (Error, TypeError) as exc:
+        local = exc
+    _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV), local)
     args = (layout, group, n, scheme, tp, align)
     qw, kw, vw = (_heads_to_sequences(x, *args) for x in (q, k, v))
     gw, bw = (_heads_to_sequences(x, *args) for x in (g, beta))
@@ -237,8 +293,13 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
 
     rank, n = _rank_size(group)
     C = x.shape[-1]
-    _check_heads("x", C, n)
-    _check_shard("x", x, layout, n, rank, scheme, tp, align)
+    local = None
+    try:
+        _check_heads("x", C, n)
+        _check_shard("x", x, layout, n, rank, scheme, tp, align)
+    except (Error, TypeError) as exc:
+        local = exc
+    _agree(group, layout, ("causal_conv1d", scheme, tp, align, C), local)
     args = (layout, group, n, scheme, tp, align)
     xw = _heads_to_sequences(x, *args)
     w = torch.tensor_split(weight, n, dim=0)[rank]

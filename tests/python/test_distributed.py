@@ -190,11 +190,29 @@ def _gdn_worker(rank, world, init_file, out_dir):
         for gp in pgrads:
             dist.all_reduce(gp)
         torch.save({"out": out.detach(), "dh": hl.grad, "pgrads": pgrads}, os.path.join(out_dir, f"layer{rank}.pt"))
-        if rank == 0:  # heads that do not divide: an error naming both numbers, on every rank alike
-            try:
-                maskpack.gated_delta_rule(q[:0], k[:0], v[:0, :3], g[:0, :3], beta[:0, :3], lay, group=dist.group.WORLD)
-            except maskpack.Error as e:
-                torch.save({"msg": str(e), "arg": e.argument}, os.path.join(out_dir, "err.pt"))
+        errs = {}
+        # heads that do not divide: an error naming both numbers, on every rank alike
+        try:
+            lq = cut(q)
+            maskpack.gated_delta_rule(lq, lq, cut(v)[:, :3], cut(g)[:, :3], cut(beta)[:, :3], lay, group=dist.group.WORLD)
+        except maskpack.Error as e:
+            errs["heads"] = (str(e), e.argument)
+        # only rank 0 passes a shard of the wrong length: it raises its own error, every other rank
+        # one naming rank 0, and nobody waits in a collective
+        try:
+            bad = [cut(t)[:-1] if rank == 0 else cut(t) for t in (q, k, v, g, beta)]
+            maskpack.gated_delta_rule(*bad, lay, group=dist.group.WORLD)
+        except maskpack.Error as e:
+            errs["shard"] = (str(e), e.argument)
+        # another rank holds another batch: every rank raises
+        other = maskpack.Layout.from_lengths(GDN_LENGTHS[:-1] + [GDN_LENGTHS[-1] + (rank == world - 1) * 4],
+                                             placement="packed")
+        try:
+            maskpack.cp_all_gather(other.shard(torch.zeros(other.n_tokens, 2), world, rank), other, dist.group.WORLD)
+        except maskpack.Error as e:
+            errs["layout"] = (str(e), e.argument)
+        torch.save(errs, os.path.join(out_dir, f"err{rank}.pt"))
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -234,5 +252,14 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
             torch.testing.assert_close(got["dh"], cut(hid.grad, r), rtol=1e-5, atol=1e-6)
             for gp, p in zip(got["pgrads"], layer.parameters()):
                 torch.testing.assert_close(gp, p.grad, rtol=1e-4, atol=1e-5)
-        err = torch.load(os.path.join(d, "err.pt"))
-        assert err["arg"] == "v" and f"3 heads do not divide by the {world} ranks" in err["msg"]
+        for r in range(world):
+            errs = torch.load(os.path.join(d, f"err{r}.pt"))
+            msg, arg = errs["heads"]
+            assert arg == "v" and f"3 heads do not divide by the {world} ranks" in msg
+            msg, arg = errs["shard"]
+            if r == 0:
+                assert arg == "q" and "expected this rank's shard (rank 0" in msg
+            else:
+                assert arg == "group" and "rank 0 refused its arguments" in msg
+            msg, arg = errs["layout"]  # each rank's part fits its own layout; the fingerprints do not agree
+            assert arg == "layout" and f"rank {world - 1} disagrees with rank 0 about the layout" in msg, msg
