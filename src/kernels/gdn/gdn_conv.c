@@ -3,11 +3,12 @@
  * the q/k L2 norm and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), each with
  * its backward. The conv runs per segment, so no window ever reaches into another sequence; threads
  * split the channels (each thread owns its channels' dweight, so no reduction across threads).
- * The conv follows the rule's kernel choice (maskpack_gdn_resolve_isa, MASKPACK_ISA): the portable
- * loops for REF, rows of 8-lane AVX2 + FMA vectors for AVX2 and AVX512 (every AVX-512 CPU has
- * AVX2; the conv is memory-bound, wider vectors would not pay) when x and y (dy, dx) are f32 with
+ * The conv's kernel table (CONV_KERNELS) has the portable loops (REF) and rows of 8-lane AVX2 + FMA
+ * vectors (AVX2), which also serve AVX-512 requests (every AVX-512 CPU has AVX2; the conv is
+ * memory-bound, wider vectors would not pay); the rows run when x and y (dy, dx) are f32 with
  * contiguous channels. */
 #include "gdn_common.h"
+#include "../kernel_table.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -339,9 +340,23 @@ static void conv_team(const conv_job *proto, int backward, int n_threads) {
     for (int t = started + 1; t < nt; t++) conv_main(&runs[t]);
 }
 
+/* The conv's kernel table: the portable loops and the AVX2 rows (vec). */
+typedef struct conv_kernel {
+    mp_kernel_desc desc;
+    int vec; /* 1: the AVX2 rows where the tensors allow (conv_vec_ok), else the portable loops */
+} conv_kernel;
+
+static const conv_kernel CONV_KERNELS[] = {
+    {{MASKPACK_KERNEL_CONV, MASKPACK_ISA_REF, "conv/ref", GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, 0},
+    {{MASKPACK_KERNEL_CONV, MASKPACK_ISA_AVX2, "conv/avx2", GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, 1},
+};
+enum { N_CONV_KERNELS = sizeof CONV_KERNELS / sizeof CONV_KERNELS[0] };
+
+const mp_kernel_desc *conv_kernel_desc(size_t i) { return i < N_CONV_KERNELS ? &CONV_KERNELS[i].desc : NULL; }
+
 static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tensor *x, const maskpack_tensor *weight,
-                                   const maskpack_tensor *prefix, int silu, int n_threads, conv_job *J,
-                                   maskpack_error *err) {
+                                   const maskpack_tensor *prefix, int silu, maskpack_isa isa, int n_threads,
+                                   conv_job *J, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, x, "x");
     MP_CHECK_NULL(err, weight, "weight");
@@ -372,13 +387,12 @@ static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tens
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1, "n_threads: expected in [1, %d], found %d",
                        GDN_MAX_THREADS, n_threads);
     J->silu = silu;
-    /* the rule's kernel choice (MASKPACK_ISA) picks the conv's: a bad or unsupported setting fails
-     * here as it would for the rule */
-    maskpack_gdn_isa isa;
-    if ((s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, err))) return s;
+    size_t k;
+    if ((s = mp_kernel_pick(MASKPACK_KERNEL_CONV, x->dtype, isa, &k, err))) return s;
 #ifdef CONV_HAVE_AVX2
-    J->vec = isa == MASKPACK_GDN_ISA_AVX2 || isa == MASKPACK_GDN_ISA_AVX512;
+    J->vec = CONV_KERNELS[k].vec;
 #else
+    (void)k;
     J->vec = 0;
 #endif
     return MASKPACK_OK;
@@ -388,8 +402,16 @@ maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const mask
                                        const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                        int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
                                        maskpack_error *err) {
+    return maskpack_causal_conv1d_isa(layout, x, weight, prefix, silu, MASKPACK_ISA_AUTO, n_threads, y, conv_state,
+                                      err);
+}
+
+maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
+                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                           maskpack_isa isa, int n_threads, maskpack_tensor *y,
+                                           maskpack_tensor *conv_state, maskpack_error *err) {
     conv_job J;
-    maskpack_status s = conv_common(layout, x, weight, prefix, silu, n_threads, &J, err);
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
     if (s) return s;
     MP_CHECK_NULL(err, y, "y");
     int64_t cd[1] = {J.C};
@@ -410,8 +432,18 @@ maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, c
                                                 const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
                                                 int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
                                                 maskpack_tensor *d_prefix, maskpack_error *err) {
+    return maskpack_causal_conv1d_backward_isa(layout, x, weight, prefix, silu, dy, d_conv_state, MASKPACK_ISA_AUTO,
+                                               n_threads, dx, dweight, d_prefix, err);
+}
+
+maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                    const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                    int silu, const maskpack_tensor *dy,
+                                                    const maskpack_tensor *d_conv_state, maskpack_isa isa,
+                                                    int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
     conv_job J;
-    maskpack_status s = conv_common(layout, x, weight, prefix, silu, n_threads, &J, err);
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
     if (s) return s;
     MP_CHECK_NULL(err, dy, "dy");
     int64_t cd[1] = {J.C};
