@@ -5,7 +5,7 @@
 #include "attn_internal.h"
 #include "cpu_features.h"
 #include "isa.h"
-#include "kernel_table.h"
+#include "../kernel_table.h"
 
 #include <math.h>
 #include <pthread.h>
