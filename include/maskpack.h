@@ -22,7 +22,9 @@
  *   - cu_seqlens: TE form [0, e1, ..., eN] (N+1 entries), NPU form [e1, ..., eN] (N entries).
  *   - Sliding windows use flash-attn's (left, right) convention, -1 = unbounded (section 4).
  *   - Causal alignment is explicit: TOP_LEFT (key j visible iff j <= i) or BOTTOM_RIGHT
- *     (j <= i + kv_len - q_len); they agree when q_len == kv_len (section 3).
+ *     (j <= i + kv_len - q_len); they agree when q_len == kv_len (section 3). A rule may say
+ *     UNSTATED only where the two agree: a layout with a segment of q_len != kv_len under a causal
+ *     rule or a window is then refused (MASKPACK_ERR_CONVENTION naming rule.alignment).
  *
  * Errors: every fallible call returns a maskpack_status. When the caller passes a non-NULL
  * maskpack_error, it receives the code, the offending argument, the first offending element and a
@@ -153,7 +155,11 @@ MASKPACK_API maskpack_tensor maskpack_tensor_contiguous(void *data, maskpack_dty
 
 typedef enum maskpack_alignment {
     MASKPACK_ALIGN_TOP_LEFT = 0,     /* row i sees keys j <= i (torch SDPA is_causal, NPU mode 2) */
-    MASKPACK_ALIGN_BOTTOM_RIGHT = 1  /* row i sees keys j <= i + kv_len - q_len (flash-attn >= 2.1, NPU mode 3) */
+    MASKPACK_ALIGN_BOTTOM_RIGHT = 1, /* row i sees keys j <= i + kv_len - q_len (flash-attn >= 2.1, NPU mode 3) */
+    /* not stated: accepted where the alignment cannot matter (every segment has q_len == kv_len or
+     * a CP position, or the rule is neither causal nor windowed), stored as BOTTOM_RIGHT; refused
+     * elsewhere with MASKPACK_ERR_CONVENTION naming rule.alignment and the segment (index 0) */
+    MASKPACK_ALIGN_UNSTATED = 2
 } maskpack_alignment;
 
 /* A bidirectional span inside one segment (segment-local, half-open [start, end)): every pair of
