@@ -525,14 +525,16 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
     free(T);
 }
 
+/* Every vector entry of the rule's kernel table this CPU runs, against plain loops. */
 static void test_primitives(void) {
     int any = 0;
-    if (have_avx512()) {
-        test_primitives_of("avx512", gdn_gemm_avx512, gdn_transpose_avx512, gdn_expv_avx512);
-        any = 1;
-    }
-    if (have_avx2()) {
-        test_primitives_of("avx2", gdn_gemm_avx2, gdn_transpose_avx2, gdn_expv_avx2);
+    size_t n;
+    const gdn_kernel *K = gdn_kernels(&n);
+    for (size_t i = 0; i < n; i++) {
+        maskpack_isa r;
+        maskpack_error e;
+        if (!K[i].transpose || maskpack_gdn_resolve_isa(K[i].desc.isa, &r, &e) != MASKPACK_OK) continue;
+        test_primitives_of(maskpack_isa_name(K[i].desc.isa), K[i].gemm, K[i].transpose, K[i].expv);
         any = 1;
     }
     if (!any) printf("test_gdn: no AVX-512 or AVX2 on this CPU: primitive comparison skipped\n");

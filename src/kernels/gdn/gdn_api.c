@@ -25,14 +25,14 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
 /* The rule's kernels: one per ISA, each the framework of gdn_kernel.inc over its micro-kernels
  * (GEMMs, exp, transpose, the chunk inverse). The rule has no AVX512-BF16 or AMX kernel: a request
  * for them runs the AVX-512 entry (mp_kernel_pick takes the best entry below). */
-#define GDN_ENTRY(ISA, sfx)                                                                                    \
+#define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                   \
     {{MASKPACK_KERNEL_GDN, ISA, "gdn/" #sfx, GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, gdn_ws_floats_fwd,             \
      gdn_ws_floats_bwd, gdn_fwd_chunk_##sfx, gdn_fwd_recurrent_##sfx, gdn_bwd_chunk_##sfx, gdn_gemm_##sfx,       \
-     gdn_gemm_x_##sfx, gdn_inv_lower_##sfx}
+     gdn_gemm_x_##sfx, gdn_inv_lower_##sfx, transpose, expv}
 static const gdn_kernel GDN_KERNELS[] = {
-    GDN_ENTRY(MASKPACK_ISA_REF, ref),
-    GDN_ENTRY(MASKPACK_ISA_AVX2, avx2),
-    GDN_ENTRY(MASKPACK_ISA_AVX512, avx512),
+    GDN_ENTRY(MASKPACK_ISA_REF, ref, NULL, NULL),
+    GDN_ENTRY(MASKPACK_ISA_AVX2, avx2, gdn_transpose_avx2, gdn_expv_avx2),
+    GDN_ENTRY(MASKPACK_ISA_AVX512, avx512, gdn_transpose_avx512, gdn_expv_avx512),
 };
 enum { N_GDN_KERNELS = sizeof GDN_KERNELS / sizeof GDN_KERNELS[0] };
 

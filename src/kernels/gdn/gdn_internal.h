@@ -134,6 +134,9 @@ typedef struct gdn_kernel {
     void (*gemm_x)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                    int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
     void (*inv_lower)(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
+    /* the vector entries' own transpose and exp (the reference's are plain loops: NULL) */
+    void (*transpose)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
+    void (*expv)(float *x, int64_t n);
 } gdn_kernel;
 
 /* () -> the rule's kernel table (reference first) and *n its entries. */
