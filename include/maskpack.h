@@ -826,7 +826,7 @@ MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, siz
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
  * let the call allocate it; a smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL. The size only
  * depends on the layout, head counts, head dim, dtype and n_threads, never on S*Skv, and serves
- * every ISA this CPU runs.
+ * every ISA this CPU runs; the size queries allocate nothing.
  * On any error no output is written.
  */
 /* The former attention ISA names (source compatibility; the values are maskpack_isa's). */
@@ -954,12 +954,13 @@ typedef struct maskpack_gdn_inputs {
  * a fixed 16 states of K*V floats per value head of the group plus the state gradient, whatever
  * the segment lengths (binomial checkpointing: a segment of up to 16 chunks keeps every chunk
  * state; a longer one recomputes them, each chunk at most r times with binom(15 + r, r) >= its
- * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). */
+ * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). The query allocates nothing. */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);
 
-/* (layout, inputs, opts, workspace (NULL = allocated here) of workspace_bytes) -> o [B,S,HV,V] / [T,HV,V]
+/* (layout, inputs, opts, workspace of workspace_bytes (NULL and 0 = allocated here, as for the attention;
+ * NULL with a size is MASKPACK_ERR_NULL_ARGUMENT)) -> o [B,S,HV,V] / [T,HV,V]
  * f32/bf16 (pad rows 0), final_state [N,HV,K,V] f32 or NULL. Per token of each segment:
  * S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = scale S^T q. */
 MASKPACK_API maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,

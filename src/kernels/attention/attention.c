@@ -395,25 +395,6 @@ static int overlaps(const maskpack_tensor *x, const maskpack_tensor *y) {
 }
 
 /* Outputs must not overlap each other or any input. */
-/* (caller's workspace and size, bytes needed) -> *workspace usable: the caller's when it is large
- * enough, or (NULL and 0 given) a fresh allocation, also returned in *owned for the caller to free. */
-static maskpack_status take_workspace(void **workspace, size_t workspace_bytes, size_t need, void **owned,
-                                      maskpack_error *err) {
-    if (*workspace == NULL && workspace_bytes == 0) {
-        *owned = *workspace = malloc(need);
-        if (!*owned)
-            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
-        return MASKPACK_OK;
-    }
-    if (!*workspace)
-        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
-                       "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
-    if (workspace_bytes < need)
-        return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                       "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
-    return MASKPACK_OK;
-}
-
 static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const char *const *out_names, int n_out,
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
                                       maskpack_error *err) {
@@ -539,7 +520,7 @@ static size_t fill_items(const attn_problem *P, int32_t bq, attn_item *items, si
 /* Key groups: per row, segments whose key ranges overlap (CP pieces of one sequence share theirs)
  * are one group; perm lists each group's segments. Returns the group count; *max_width is the
  * widest group key range. */
-static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width) {
+size_t attn_build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width) {
     size_t ng = 0;
     *max_width = 0;
     for (int64_t r = 0; r < L->n_rows; r++) {
@@ -570,6 +551,51 @@ static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *
             if (G.kv_end - G.kv_start > *max_width) *max_width = G.kv_end - G.kv_start;
             groups[ng++] = G;
         }
+    }
+    return ng;
+}
+
+/* The number of groups and the widest one attn_build_groups finds, without its arrays (so a size
+ * query allocates nothing). The groups depend only on the order of the key starts, ties in any
+ * order: a row whose key starts already rise (every layout the constructors build) is walked in
+ * place; any other row in key-start order by repeated selection (quadratic in that row's
+ * segments, which only hand-built layouts reach). */
+size_t attn_count_groups(const maskpack_layout *L, int64_t *max_width) {
+    size_t ng = 0;
+    *max_width = 0;
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        const size_t b = mp_row_begin(L, r), e = mp_row_begin(L, r + 1);
+        int sorted = 1;
+        for (size_t x = b + 1; x < e && sorted; x++) sorted = L->segs[x - 1].kv_start <= L->segs[x].kv_start;
+        int64_t start = 0, end = 0; /* the open group: keys [start, end) */
+        int open = 0;
+        size_t cur = SIZE_MAX; /* selection: the last segment visited */
+        for (size_t step = b; step < e; step++) {
+            size_t x = step;
+            if (!sorted) { /* the next (kv_start, index) after cur's */
+                x = SIZE_MAX;
+                for (size_t y = b; y < e; y++) {
+                    const int64_t ky = L->segs[y].kv_start;
+                    if (cur != SIZE_MAX) {
+                        const int64_t kc = L->segs[cur].kv_start;
+                        if (ky < kc || (ky == kc && y <= cur)) continue;
+                    }
+                    if (x == SIZE_MAX || ky < L->segs[x].kv_start) x = y;
+                }
+                cur = x;
+            }
+            const maskpack_segment *g = &L->segs[x];
+            if (open && g->kv_start < end) {
+                if (g->kv_start + g->kv_len > end) end = g->kv_start + g->kv_len;
+                continue;
+            }
+            if (open && end - start > *max_width) *max_width = end - start;
+            start = g->kv_start;
+            end = g->kv_start + g->kv_len;
+            open = 1;
+            ng++;
+        }
+        if (open && end - start > *max_width) *max_width = end - start;
     }
     return ng;
 }
@@ -665,19 +691,9 @@ static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
 
 static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpack_error *err) {
     const maskpack_layout *L = P->L;
-    /* max group width is bounded by the kv grid width; use the exact value */
     size_t n = L->n_segments ? L->n_segments : 1;
-    size_t *perm = mp_alloc_array(n, sizeof *perm);
-    attn_kgroup *groups = mp_alloc_array(n, sizeof *groups);
-    if (!perm || !groups) {
-        free(perm);
-        free(groups);
-        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory");
-    }
-    int64_t w;
-    size_t ng = build_groups(L, perm, groups, &w);
-    free(perm);
-    free(groups);
+    int64_t w; /* the exact widest group (the per-thread workspace grows with it) */
+    size_t ng = attn_count_groups(L, &w);
     size_t per = bwd_thread_ws(P, w);
     size_t total = WS_ALIGN + align_up(n * sizeof(size_t)) + align_up(n * sizeof(attn_kgroup)) +
                    align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width))) +
@@ -749,7 +765,9 @@ maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, co
     size_t need = 0;
     if ((s = fwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_forward_workspace", &workspace,
+                               &owned, err)))
+        return s;
     /* everything validated: from here on outputs are written */
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
     int32_t bq = P.bf16 ? kern->bq_bf16 : ATTN_BQ;
@@ -844,7 +862,9 @@ maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, c
     size_t need = 0;
     if ((s = bwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_backward_workspace", &workspace,
+                               &owned, err)))
+        return s;
     /* everything validated: from here on outputs are written */
     const maskpack_layout *L = layout;
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
@@ -857,7 +877,7 @@ maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, c
     int64_t wmax_grid = L->q_width > L->kv_width ? L->q_width : L->kv_width;
     ws += align_up((size_t)(L->n_rows * wmax_grid));
     int64_t max_width;
-    size_t ng = build_groups(L, perm, groups, &max_width);
+    size_t ng = attn_build_groups(L, perm, groups, &max_width);
     size_t per = bwd_thread_ws(&P, max_width);
     int64_t n_tail = bwd_tail_units(&P, (int64_t)ng * P.hkv);
     float *tail_acc = (float *)ws;

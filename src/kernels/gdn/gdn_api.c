@@ -310,20 +310,10 @@ static maskpack_status get_ws(const gdn_kernel *kern, const gdn_problem *P, int 
     maskpack_status s = total_ws(kern, P, backward, chunked, n_threads, &need, err);
     if (s) return s;
     *stride = ws_bytes_per_thread(kern, P, backward, chunked);
-    *owned = NULL;
-    if (workspace) {
-        if (workspace_bytes < need)
-            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                           "workspace: expected at least %zu bytes (maskpack_gdn_workspace_size), found %zu", need,
-                           workspace_bytes);
-        *base = (char *)workspace;
-    } else {
-        *owned = malloc(need);
-        if (!*owned)
-            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "workspace: cannot allocate %zu bytes",
-                           need);
-        *base = (char *)*owned;
-    }
+    void *b;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_gdn_workspace_size", &b, owned, err)))
+        return s;
+    *base = (char *)b;
     uintptr_t p = (uintptr_t)*base;
     *base += (64 - (p & 63)) & 63;
     return MASKPACK_OK;
