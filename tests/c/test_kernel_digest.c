@@ -137,7 +137,7 @@ static void make_key(void) {
     if (family == 0xf) family += (a >> 20) & 0xff;
     if (family >= 6) model |= ((a >> 16) & 0xf) << 4;
     brand[0] = 0;
-    if (__get_cpuid_max(0x80000000u, 0) >= 0x80000004u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, 0) >= 0x80000004u) {
         for (unsigned l = 0; l < 3; l++) __cpuid(0x80000002u + l, r[4 * l], r[4 * l + 1], r[4 * l + 2], r[4 * l + 3]);
         memcpy(brand, r, 48);
         brand[48] = 0;
