@@ -22,7 +22,9 @@
  *   - cu_seqlens: TE form [0, e1, ..., eN] (N+1 entries), NPU form [e1, ..., eN] (N entries).
  *   - Sliding windows use flash-attn's (left, right) convention, -1 = unbounded (section 4).
  *   - Causal alignment is explicit: TOP_LEFT (key j visible iff j <= i) or BOTTOM_RIGHT
- *     (j <= i + kv_len - q_len); they agree when q_len == kv_len (section 3).
+ *     (j <= i + kv_len - q_len); they agree when q_len == kv_len (section 3). A rule may say
+ *     UNSTATED only where the two agree: a layout with a segment of q_len != kv_len under a causal
+ *     rule or a window is then refused (MASKPACK_ERR_CONVENTION naming rule.alignment).
  *
  * Errors: every fallible call returns a maskpack_status. When the caller passes a non-NULL
  * maskpack_error, it receives the code, the offending argument, the first offending element and a
@@ -153,7 +155,11 @@ MASKPACK_API maskpack_tensor maskpack_tensor_contiguous(void *data, maskpack_dty
 
 typedef enum maskpack_alignment {
     MASKPACK_ALIGN_TOP_LEFT = 0,     /* row i sees keys j <= i (torch SDPA is_causal, NPU mode 2) */
-    MASKPACK_ALIGN_BOTTOM_RIGHT = 1  /* row i sees keys j <= i + kv_len - q_len (flash-attn >= 2.1, NPU mode 3) */
+    MASKPACK_ALIGN_BOTTOM_RIGHT = 1, /* row i sees keys j <= i + kv_len - q_len (flash-attn >= 2.1, NPU mode 3) */
+    /* not stated: accepted where the alignment cannot matter (every segment has q_len == kv_len or
+     * a CP position, or the rule is neither causal nor windowed), stored as BOTTOM_RIGHT; refused
+     * elsewhere with MASKPACK_ERR_CONVENTION naming rule.alignment and the segment (index 0) */
+    MASKPACK_ALIGN_UNSTATED = 2
 } maskpack_alignment;
 
 /* A bidirectional span inside one segment (segment-local, half-open [start, end)): every pair of
@@ -729,6 +735,63 @@ typedef struct maskpack_npu_report {
 MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call *call, maskpack_npu_report *report,
                                                         maskpack_error *err);
 
+/* ==== Kernel ISAs (every kernel family: attention, gated delta rule, causal conv1d) ========== */
+/*
+ * Every kernel family has a portable reference kernel and vector kernels, and every call takes
+ * the ISA to run (maskpack_isa). MASKPACK_ISA_AUTO reads the environment variable MASKPACK_ISA,
+ * one rule for every family: "ref", "avx2", "avx512", "avx512_bf16" or "amx" forces that ISA;
+ * unset, empty or "auto" = the best this CPU runs. An explicit request is never overridden by the
+ * variable. Requesting (per call or through the variable) an ISA this CPU, build or OS lacks is
+ * MASKPACK_ERR_UNSUPPORTED naming the ISA and the missing CPU feature, never a silent fallback; an
+ * unknown name is MASKPACK_ERR_INVALID_ARGUMENT naming MASKPACK_ISA. A family without a kernel of
+ * the requested ISA runs its best kernel below it (the gated delta rule has no AMX or AVX512-BF16
+ * kernel, so those run its AVX-512 one; the conv has only AVX2 rows). maskpack_kernel_list says
+ * which kernels each family has and which this CPU runs. The values keep maskpack_gdn_isa's.
+ */
+typedef enum maskpack_isa {
+    MASKPACK_ISA_AUTO = 0,        /* MASKPACK_ISA, else the best this CPU runs */
+    MASKPACK_ISA_REF = 1,         /* portable C (the reference of every family) */
+    MASKPACK_ISA_AVX512 = 2,      /* AVX-512 F/DQ/BW/VL + FMA */
+    MASKPACK_ISA_AVX2 = 3,        /* AVX2 + FMA (CPUs without AVX-512: AMD Zen 1-3, ...) */
+    MASKPACK_ISA_AVX512_BF16 = 4, /* AVX-512 and AVX512-BF16 dot products */
+    MASKPACK_ISA_AMX = 5,         /* AVX-512 and AMX-TILE/AMX-BF16 tiles */
+    MASKPACK_ISA_COUNT_ = 6
+} maskpack_isa;
+
+typedef enum maskpack_kernel_family {
+    MASKPACK_KERNEL_ATTENTION = 0, /* maskpack_attention_forward / _backward */
+    MASKPACK_KERNEL_GDN = 1,       /* maskpack_gdn_forward / _backward */
+    MASKPACK_KERNEL_CONV = 2,      /* maskpack_causal_conv1d / _backward */
+    MASKPACK_KERNEL_FAMILY_COUNT_ = 3
+} maskpack_kernel_family;
+
+/* isa -> "auto" / "ref" / "avx2" / "avx512" / "avx512_bf16" / "amx" (static storage; "unknown" if out of range). */
+MASKPACK_API const char *maskpack_isa_name(maskpack_isa isa);
+/* family -> "attention" / "gdn" / "conv" (static storage; "unknown" if out of range). */
+MASKPACK_API const char *maskpack_kernel_family_name(maskpack_kernel_family family);
+
+/* (family, input dtype f32/bf16, requested isa) -> *resolved: the ISA a call of that family with
+ * this request runs (AUTO resolved through MASKPACK_ISA and the CPU; a family without a kernel of
+ * the requested ISA: its best below). Errors as the calls themselves give them (see above). */
+MASKPACK_API maskpack_status maskpack_isa_resolve(maskpack_kernel_family family, maskpack_dtype dtype,
+                                                  maskpack_isa requested, maskpack_isa *resolved,
+                                                  maskpack_error *err);
+
+/* One kernel of one family, as its table lists it. */
+typedef struct maskpack_kernel_info {
+    maskpack_kernel_family family;
+    maskpack_isa isa;
+    const char *name;         /* "attention/avx512" (static storage) */
+    uint32_t dtypes;          /* bit (1u << dtype) for each input dtype it takes */
+    const char *cpu_features; /* what the CPU must have, e.g. "AVX-512F/DQ/BW/VL + FMA"; "" for ref */
+    int available;            /* 1 iff this build and this CPU (and OS) run it */
+} maskpack_kernel_info;
+
+/* (out[cap] or NULL with cap 0) -> *n = the number of kernels of every family this build has, and
+ * the first min(cap, *n) written to out, family by family, reference first. */
+MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, size_t cap, size_t *n,
+                                                  maskpack_error *err);
+
 /* ==== Attention kernels (fused CPU attention over a layout) ================================= */
 
 /*
@@ -754,28 +817,30 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
  * or AVX512-BF16 dot products on CPUs without AMX (plain AVX-512 widening to f32 without either);
  * bf16 backwards widen to f32. CPUs with AVX2 + FMA but no AVX-512 (e.g. AMD Zen 1-3) run an AVX2
  * f32 kernel (bf16 widened to f32), which gives the AVX-512 f32 kernel's results bit for bit.
- * Chosen from the CPU at each call: amx (bf16) > avx512 > avx2 > ref. The environment variable
- * MASKPACK_ISA=ref|avx2|avx512|amx forces one; forcing one this CPU lacks is
- * MASKPACK_ERR_UNSUPPORTED, never a silent fallback. "amx" runs f32 inputs on AVX-512 (AMX has no
- * f32).
+ * ISA (see Kernel ISAs above): maskpack_attention_forward_isa / _backward_isa take it per call;
+ * maskpack_attention_forward / _backward run MASKPACK_ISA_AUTO: amx (bf16) > avx512 > avx2 > ref.
+ * avx512 runs bf16 forwards on AVX512-BF16 dot products where the CPU has them; avx512_bf16 and
+ * amx run f32 inputs and backwards on the AVX-512 kernels (neither has f32 arithmetic).
  * Threads: n_threads >= 1 worker threads are created per call (none kept); work is split over
  * (segment, head, query block), so both cores work even for one sequence of one head.
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
  * let the call allocate it; a smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL. The size only
- * depends on the layout, head counts, head dim, dtype and n_threads, never on S*Skv.
+ * depends on the layout, head counts, head dim, dtype and n_threads, never on S*Skv, and serves
+ * every ISA this CPU runs; the size queries allocate nothing.
  * On any error no output is written.
  */
-typedef enum maskpack_attention_isa {
-    MASKPACK_ATTN_ISA_REF = 0,    /* scalar, double accumulation */
-    MASKPACK_ATTN_ISA_AVX512 = 1, /* AVX-512F f32 (bf16 forward: AVX512-BF16 when present) */
-    MASKPACK_ATTN_ISA_AMX = 2,    /* AMX-BF16 tiles for bf16; AVX-512 for f32 */
-    MASKPACK_ATTN_ISA_AVX2 = 3    /* AVX2 + FMA f32 (bf16 widened to f32): CPUs without AVX-512 (AMD Zen 1-3, ...) */
-} maskpack_attention_isa;
+/* The former attention ISA names (source compatibility; the values are maskpack_isa's). */
+typedef maskpack_isa maskpack_attention_isa;
+#define MASKPACK_ATTN_ISA_REF MASKPACK_ISA_REF
+#define MASKPACK_ATTN_ISA_AVX512 MASKPACK_ISA_AVX512
+#define MASKPACK_ATTN_ISA_AMX MASKPACK_ISA_AMX
+#define MASKPACK_ATTN_ISA_AVX2 MASKPACK_ISA_AVX2
+#define MASKPACK_ATTN_ISA_AVX512_BF16 MASKPACK_ISA_AVX512_BF16
 
-/* (dtype f32/bf16) -> *isa the next attention call will use (MASKPACK_ISA, else the best this CPU has). */
+/* (dtype f32/bf16) -> *isa the next attention call will use: maskpack_isa_resolve(ATTENTION, dtype, AUTO). */
 MASKPACK_API maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa,
                                                            maskpack_error *err);
-/* isa -> "ref" / "avx512" / "amx" / "avx2" (static storage; "unknown" if out of range). */
+/* isa -> its name: maskpack_isa_name. */
 MASKPACK_API const char *maskpack_attention_isa_name(maskpack_attention_isa isa);
 
 /* (layout, q, k, v as for the forward, n_threads) -> *bytes of workspace maskpack_attention_forward needs. */
@@ -806,6 +871,22 @@ MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *
                                                          maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
                                                          int n_threads, void *workspace, size_t workspace_bytes,
                                                          maskpack_error *err);
+/* maskpack_attention_forward with the ISA chosen per call (see Kernel ISAs). */
+MASKPACK_API maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                            const maskpack_tensor *k, const maskpack_tensor *v,
+                                                            double scale, double softcap, maskpack_tensor *out,
+                                                            maskpack_tensor *lse, maskpack_isa isa, int n_threads,
+                                                            void *workspace, size_t workspace_bytes,
+                                                            maskpack_error *err);
+/* maskpack_attention_backward with the ISA chosen per call (see Kernel ISAs). */
+MASKPACK_API maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                                             const maskpack_tensor *q, const maskpack_tensor *k,
+                                                             const maskpack_tensor *v, const maskpack_tensor *out,
+                                                             const maskpack_tensor *lse, double scale, double softcap,
+                                                             maskpack_tensor *dq, maskpack_tensor *dk,
+                                                             maskpack_tensor *dv, maskpack_isa isa, int n_threads,
+                                                             void *workspace, size_t workspace_bytes,
+                                                             maskpack_error *err);
 /* ==== end of Attention kernels ============================================================== */
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
@@ -827,18 +908,16 @@ MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *
  *     on the thread count.
  */
 
-/* Which kernel runs the rule. AUTO reads the environment variable MASKPACK_ISA ("ref", "avx2" or
- * "avx512"; unset or "auto" = the best the CPU supports: AVX512 > AVX2 > REF; "amx", which the
- * attention also reads, means the AVX-512 kernel here since the rule has no AMX kernel). Forcing a
- * kernel the CPU lacks is MASKPACK_ERR_UNSUPPORTED, never a silent fallback. The causal conv1d
- * follows the same AUTO choice: portable loops for REF, AVX2 + FMA rows otherwise (f32 tensors with
- * contiguous channels). */
-typedef enum maskpack_gdn_isa {
-    MASKPACK_GDN_ISA_AUTO = 0,
-    MASKPACK_GDN_ISA_REF = 1,    /* portable C (the reference) */
-    MASKPACK_GDN_ISA_AVX512 = 2, /* AVX-512 (F, DQ, VL, BW) micro-kernels; UNSUPPORTED on a CPU without them */
-    MASKPACK_GDN_ISA_AVX2 = 3    /* AVX2 + FMA micro-kernels (CPUs without AVX-512); UNSUPPORTED without them */
-} maskpack_gdn_isa;
+/* Which kernel runs the rule: opts.isa (see Kernel ISAs; AUTO = MASKPACK_ISA, else AVX512 > AVX2 >
+ * REF; amx and avx512_bf16 run the AVX-512 kernel, the rule having no kernel of theirs). The
+ * causal conv1d takes its ISA per call through maskpack_causal_conv1d_isa: portable loops for REF,
+ * AVX2 + FMA rows otherwise (f32 tensors with contiguous channels). The former names of the
+ * values (source compatibility): */
+typedef maskpack_isa maskpack_gdn_isa;
+#define MASKPACK_GDN_ISA_AUTO MASKPACK_ISA_AUTO
+#define MASKPACK_GDN_ISA_REF MASKPACK_ISA_REF
+#define MASKPACK_GDN_ISA_AVX512 MASKPACK_ISA_AVX512
+#define MASKPACK_GDN_ISA_AVX2 MASKPACK_ISA_AVX2
 
 #define MASKPACK_GDN_CHUNK 64      /* chunk length of the chunked form (chunks start at each segment start) */
 #define MASKPACK_GDN_MAX_CONV 4    /* largest conv kernel */
@@ -849,13 +928,14 @@ typedef struct maskpack_gdn_options {
     int chunked;          /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
     int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
     int n_threads;        /* >= 1 (default 1) */
-    maskpack_gdn_isa isa; /* default AUTO */
+    maskpack_isa isa;     /* default AUTO */
 } maskpack_gdn_options;
 
 /* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO. */
 MASKPACK_API maskpack_gdn_options maskpack_gdn_options_default(void);
 
-/* (requested isa) -> *resolved: the kernel a call with this request would run (REF, AVX512 or AVX2). */
+/* (requested isa) -> *resolved: the kernel a rule call with this request runs (REF, AVX512 or AVX2):
+ * maskpack_isa_resolve(GDN, f32, requested). */
 MASKPACK_API maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
                                                       maskpack_error *err);
 
@@ -874,12 +954,13 @@ typedef struct maskpack_gdn_inputs {
  * a fixed 16 states of K*V floats per value head of the group plus the state gradient, whatever
  * the segment lengths (binomial checkpointing: a segment of up to 16 chunks keeps every chunk
  * state; a longer one recomputes them, each chunk at most r times with binom(15 + r, r) >= its
- * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). */
+ * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). The query allocates nothing. */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);
 
-/* (layout, inputs, opts, workspace (NULL = allocated here) of workspace_bytes) -> o [B,S,HV,V] / [T,HV,V]
+/* (layout, inputs, opts, workspace of workspace_bytes (NULL and 0 = allocated here, as for the attention;
+ * NULL with a size is MASKPACK_ERR_NULL_ARGUMENT)) -> o [B,S,HV,V] / [T,HV,V]
  * f32/bf16 (pad rows 0), final_state [N,HV,K,V] f32 or NULL. Per token of each segment:
  * S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = scale S^T q. */
 MASKPACK_API maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
@@ -923,6 +1004,22 @@ MASKPACK_API maskpack_status maskpack_causal_conv1d_backward(const maskpack_layo
                                                              const maskpack_tensor *d_conv_state, int n_threads,
                                                              maskpack_tensor *dx, maskpack_tensor *dweight,
                                                              maskpack_tensor *d_prefix, maskpack_error *err);
+
+/* maskpack_causal_conv1d with the ISA chosen per call (maskpack_causal_conv1d runs AUTO). */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                        const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                        int silu, maskpack_isa isa, int n_threads, maskpack_tensor *y,
+                                                        maskpack_tensor *conv_state, maskpack_error *err);
+/* maskpack_causal_conv1d_backward with the ISA chosen per call. */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout,
+                                                                 const maskpack_tensor *x,
+                                                                 const maskpack_tensor *weight,
+                                                                 const maskpack_tensor *prefix, int silu,
+                                                                 const maskpack_tensor *dy,
+                                                                 const maskpack_tensor *d_conv_state, maskpack_isa isa,
+                                                                 int n_threads, maskpack_tensor *dx,
+                                                                 maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                                                 maskpack_error *err);
 
 /* (layout, x [B,S,H,D] / [T,H,D] f32/bf16, eps > 0 (MASKPACK_GDN_L2_EPS)) -> y like x f32/bf16:
  * x / sqrt(sum x^2 + eps) over the last dim (pad rows 0). */

@@ -221,11 +221,11 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
 static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     (void)m;
     (void)noargs;
-    maskpack_gdn_isa isa;
+    maskpack_isa isa;
     maskpack_error err;
     maskpack_status s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
-    return PyUnicode_FromString(isa == MASKPACK_GDN_ISA_AVX512 ? "avx512" : isa == MASKPACK_GDN_ISA_AVX2 ? "avx2" : "ref");
+    return PyUnicode_FromString(maskpack_isa_name(isa));
 }
 
 static PyMethodDef methods[] = {

@@ -16,16 +16,16 @@ import sys
 # CPU checks of src/core/cpu_features.c pick them), and the /proc/cpuinfo flags their code needs.
 _AVX512 = ("avx512f", "avx512dq", "avx512bw", "avx512vl")
 ISA_FILES = {
-    "src/kernels/attn_amx.c": ("AMX", _AVX512 + ("amx_tile", "amx_bf16")),
-    "src/kernels/attn_avx512bf16.c": ("AVX512-BF16", _AVX512 + ("avx512_bf16",)),
-    "src/kernels/attn_avx512.c": ("AVX-512", _AVX512),
-    "src/kernels/attn_avx512_bwd.c": ("AVX-512", _AVX512),
-    "src/kernels/attn_avx512_tiles.h": ("AVX-512", _AVX512),
-    "src/kernels/attn_avx512_common.h": ("AVX-512", _AVX512),
+    "src/kernels/attention/attn_amx.c": ("AMX", _AVX512 + ("amx_tile", "amx_bf16")),
+    "src/kernels/attention/attn_avx512bf16.c": ("AVX512-BF16", _AVX512 + ("avx512_bf16",)),
+    "src/kernels/attention/attn_avx512.c": ("AVX-512", _AVX512),
+    "src/kernels/attention/attn_avx512_bwd.c": ("AVX-512", _AVX512),
+    "src/kernels/attention/attn_avx512_tiles.h": ("AVX-512", _AVX512),
+    "src/kernels/attention/attn_avx512_common.h": ("AVX-512", _AVX512),
     "src/kernels/gdn/gdn_avx512.c": ("AVX-512", _AVX512),
-    "src/kernels/attn_avx2.c": ("AVX2", ("avx2", "fma")),
-    "src/kernels/attn_avx2_bwd.c": ("AVX2", ("avx2", "fma")),
-    "src/kernels/attn_avx2_tiles.h": ("AVX2", ("avx2", "fma")),
+    "src/kernels/attention/attn_avx2.c": ("AVX2", ("avx2", "fma")),
+    "src/kernels/attention/attn_avx2_bwd.c": ("AVX2", ("avx2", "fma")),
+    "src/kernels/attention/attn_avx2_tiles.h": ("AVX2", ("avx2", "fma")),
     "src/kernels/gdn/gdn_avx2.c": ("AVX2", ("avx2", "fma")),
 }
 

@@ -11,9 +11,10 @@
  *
  *   ./build/bench/attention/bench_attention [--threads 2] [--reps 5] [--quick] [--no-torch]
  *                                           [--python PATH] [--script PATH] [--only 1,5]
- * --only LIST (item numbers 1..5, comma-separated) measures just those items, so one figure can be
+ * --only LIST (item numbers 1..6, comma-separated) measures just those items, so one figure can be
  * measured again without the whole run; the others print "skipped". Item [5] also prints the
- * arithmetic bound of its 1.3x target: the fraction of the measured FMA peak we would need.
+ * arithmetic bound of its 1.3x target: the fraction of the measured FMA peak we would need. Item [6]
+ * runs every kernel of the attention table this CPU runs (maskpack_kernel_list), for information.
  * Read the load average printed at the end. */
 #include <math.h>
 #include <pthread.h>
@@ -76,6 +77,7 @@ typedef struct {
     maskpack_tensor tq, tk, tv, to, tdo, tdq, tdk, tdv, tl;
     void *ws;
     size_t ws_bytes;
+    maskpack_isa isa; /* the kernel the calls ask for (AUTO unless item [6] sets one) */
 } problem;
 
 static uint64_t rng = 88172645463325252ull;
@@ -165,8 +167,8 @@ static void free_problem(problem *p) {
 
 static int fwd(problem *p, int threads) {
     maskpack_error e;
-    if (maskpack_attention_forward(p->L, &p->tq, &p->tk, &p->tv, 0, 0, &p->to, &p->tl, threads, p->ws, p->ws_bytes,
-                                   &e)) {
+    if (maskpack_attention_forward_isa(p->L, &p->tq, &p->tk, &p->tv, 0, 0, &p->to, &p->tl, p->isa, threads, p->ws,
+                                       p->ws_bytes, &e)) {
         fprintf(stderr, "forward: %s\n", e.message);
         return -1;
     }
@@ -175,8 +177,8 @@ static int fwd(problem *p, int threads) {
 
 static int bwd(problem *p, int threads) {
     maskpack_error e;
-    if (maskpack_attention_backward(p->L, &p->tdo, &p->tq, &p->tk, &p->tv, &p->to, &p->tl, 0, 0, &p->tdq, &p->tdk,
-                                    &p->tdv, threads, p->ws, p->ws_bytes, &e)) {
+    if (maskpack_attention_backward_isa(p->L, &p->tdo, &p->tq, &p->tk, &p->tv, &p->to, &p->tl, 0, 0, &p->tdq, &p->tdk,
+                                        &p->tdv, p->isa, threads, p->ws, p->ws_bytes, &e)) {
         fprintf(stderr, "backward: %s\n", e.message);
         return -1;
     }
@@ -317,14 +319,14 @@ static void torch_stop(torch_proc *tp) {
 
 /* ---- report ------------------------------------------------------------------------------------- */
 
-/* "1,5" -> bit i set for each item i in 1..5; 0 for anything else (empty, out of range, junk). */
+/* "1,5" -> bit i set for each item i in 1..6; 0 for anything else (empty, out of range, junk). */
 static unsigned parse_only(const char *list) {
     unsigned m = 0;
     const char *p = list;
     for (;;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 5) return 0;
+        if (end == p || v < 1 || v > 6) return 0;
         m |= 1u << v;
         if (*end == 0) return m;
         if (*end != ',') return 0;
@@ -369,7 +371,7 @@ static void verdict(int measured, int met) {
 
 int main(int argc, char **argv) {
     int threads = 2, reps = 5, quick = 0, use_torch = 1;
-    unsigned only = 0x3e; /* bits 1..5: the items to measure */
+    unsigned only = 0x7e; /* bits 1..6: the items to measure */
     int only_given = 0;
     const char *python = MASKPACK_SOURCE_ROOT "/.venv/bin/python";
     const char *script = MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py";
@@ -392,7 +394,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--reps N] [--quick] [--no-torch] [--python P] [--script S] "
-                    "[--only LIST (items 1..5, e.g. 1,5)]\n",
+                    "[--only LIST (items 1..6, e.g. 1,5)]\n",
                     argv[0]);
             return 2;
         }
@@ -542,6 +544,40 @@ int main(int argc, char **argv) {
         verdict(!isnan(r4.ratio), r4.ratio >= 3);
         free_problem(&pb);
     }
+    /* 6. every kernel of the attention table this CPU runs (the table maskpack_kernel_list reads),
+     * forward and backward of the f32 and bf16 problems of [1] and [4], each against the automatic
+     * choice: for information, no target */
+    if (!WANT(6)) {
+        skipped(6);
+    } else {
+        maskpack_kernel_info info[32];
+        size_t n_info = 0;
+        if (maskpack_kernel_list(info, 32, &n_info, &e)) {
+            fprintf(stderr, "%s\n", e.message);
+            return 1;
+        }
+        printf("\n[6] every attention kernel this CPU runs, S=%lld D=%lld batch*heads=%lld, no mask (forward + "
+               "backward, each against the automatic choice)\n",
+               (long long)S, (long long)D, (long long)H);
+        const int reps6 = reps > 3 ? 3 : reps;
+        for (int bf = 0; bf < 2; bf++) {
+            problem pk, pa;
+            const maskpack_dtype dt = bf ? MASKPACK_BF16 : MASKPACK_F32;
+            if (make_problem(&pk, one, 1, 0, H, D, dt, threads, 1) || make_problem(&pa, one, 1, 0, H, D, dt, threads, 1))
+                return 1;
+            side kern = {run_ours, &pk, threads, 1, NULL, NULL}, autos = {run_ours, &pa, threads, 1, NULL, NULL};
+            for (size_t i = 0; i < n_info && i < 32; i++) {
+                if (info[i].family != MASKPACK_KERNEL_ATTENTION || !info[i].available) continue;
+                if (info[i].isa == MASKPACK_ISA_REF) continue; /* minutes at this size */
+                pk.isa = info[i].isa;
+                paired_result r6 = paired(&kern, 1, &autos, 1, reps6);
+                printf("  %-4s %-22s %8.2f ms = %.3fx the automatic choice (%.2f ms)\n", bf ? "bf16" : "f32",
+                       info[i].name, r6.a * 1e3, 1.0 / r6.ratio, r6.b * 1e3);
+            }
+            free_problem(&pk);
+            free_problem(&pa);
+        }
+    }
     free_problem(&pn);
     torch_stop(&tp);
 
@@ -554,7 +590,7 @@ int main(int argc, char **argv) {
     }
     if (only_given)
         printf("\n%d of %d targets met, %d items skipped (load average at the end: %s)\n", n_met, n_targets,
-               5 - __builtin_popcount(only), load);
+               6 - __builtin_popcount(only), load);
     else
         printf("\n%d of %d targets met (load average at the end: %s)\n", n_met, n_targets, load);
     return 0;

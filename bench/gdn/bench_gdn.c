@@ -128,30 +128,45 @@ int main(int argc, char **argv) {
            (long long)T, (long long)NSEG, (long long)H, (long long)HV, (long long)K, (long long)V, gflop);
 
     /* the kernel AUTO runs here (MASKPACK_ISA respected) */
-    maskpack_gdn_isa best = MASKPACK_GDN_ISA_REF;
+    maskpack_isa best = MASKPACK_ISA_REF;
     if (maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &best, &e)) {
         fprintf(stderr, "isa: %s\n", e.message);
         return 1;
     }
-    const char *bn = best == MASKPACK_GDN_ISA_AVX512 ? "avx512" : best == MASKPACK_GDN_ISA_AVX2 ? "avx2" : "ref";
-    char fname[64], bname[64];
-    snprintf(fname, sizeof fname, "forward chunked %-6s", bn);
-    snprintf(bname, sizeof bname, "backward %-13s", bn);
-    struct {
+    const char *bn = maskpack_isa_name(best);
+    char names[16][64];
+    typedef struct {
         const char *name;
-        maskpack_gdn_isa isa;
+        maskpack_isa isa;
         int chunked;
         int backward;
         int runs;
-    } cfg[] = {
-        {fname, best, 1, 0, runs},
-        {"forward chunked ref   ", MASKPACK_GDN_ISA_REF, 1, 0, 1},
-        {"forward recurrent     ", best, 0, 0, 1},
-        {bname, best, 1, 1, runs > 3 ? 3 : runs},
-    };
+    } bench_cfg;
+    bench_cfg cfg[16];
+    size_t n_cfg = 0;
+    snprintf(names[n_cfg], sizeof names[0], "forward chunked %-6s", bn);
+    cfg[n_cfg] = (bench_cfg){names[n_cfg], best, 1, 0, runs};
+    n_cfg++;
+    /* every other kernel of the rule's table this CPU runs (the listing reads the same table) */
+    maskpack_kernel_info info[32];
+    size_t n_info = 0;
+    if (maskpack_kernel_list(info, 32, &n_info, &e)) {
+        fprintf(stderr, "kernel list: %s\n", e.message);
+        return 1;
+    }
+    for (size_t i = 0; i < n_info && i < 32 && n_cfg < 14; i++) {
+        if (info[i].family != MASKPACK_KERNEL_GDN || !info[i].available || info[i].isa == best) continue;
+        snprintf(names[n_cfg], sizeof names[0], "forward chunked %-6s", maskpack_isa_name(info[i].isa));
+        cfg[n_cfg] = (bench_cfg){names[n_cfg], info[i].isa, 1, 0, 1};
+        n_cfg++;
+    }
+    cfg[n_cfg++] = (bench_cfg){"forward recurrent     ", best, 0, 0, 1};
+    snprintf(names[n_cfg], sizeof names[0], "backward %-13s", bn);
+    cfg[n_cfg] = (bench_cfg){names[n_cfg], best, 1, 1, runs > 3 ? 3 : runs};
+    n_cfg++;
     int rc = 0;
     double fwd_median = 0, ratio_median = 0;
-    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+    for (size_t c = 0; c < n_cfg; c++) {
         maskpack_gdn_options op = maskpack_gdn_options_default();
         op.isa = cfg[c].isa;
         op.chunked = cfg[c].chunked;

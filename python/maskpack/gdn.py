@@ -78,8 +78,9 @@ def gdn_isa() -> str:
 
     Unset (or ``auto``), the best this CPU has: AVX-512, else AVX2 + FMA, else the portable
     reference. ``MASKPACK_ISA=ref|avx2|avx512`` forces one; forcing one the CPU lacks raises
-    ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback). ``MASKPACK_ISA=amx`` (the attention's
-    AMX kernels) is accepted too and means ``"avx512"`` here, since the rule has no AMX kernel.
+    ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback). ``MASKPACK_ISA=amx`` or ``avx512_bf16``
+    (the attention's) are accepted too and mean ``"avx512"`` here on a CPU that has them, since the
+    rule has no kernel of theirs (on one that lacks them: ``MASKPACK_ERR_UNSUPPORTED``).
     """
     return _gdn.resolve_isa()
 

@@ -3,8 +3,8 @@
  * permission request AMX tile data needs.
  *
  * This file must stay free of target pragmas and target attributes: it runs before anything knows
- * what the CPU supports, so the compiler may only emit baseline x86-64 code here (clang once put
- * AVX-512 instructions into a helper compiled inside such a region: SIGILL on AMD). */
+ * what the CPU supports, so the compiler may only emit baseline x86-64 code here (a helper compiled
+ * inside a target region may receive that ISA's instructions, which fault on a CPU without it). */
 #define _GNU_SOURCE /* syscall() */
 #include "cpu_features.h"
 

@@ -103,6 +103,15 @@ void *mp_calloc_array(size_t n, size_t size);
 /* realloc of p to n elements of `size` bytes; NULL (p untouched) on overflow or exhaustion. */
 void *mp_realloc_array(void *p, size_t n, size_t size);
 
+/* The one workspace convention of the kernels: (caller's workspace of workspace_bytes, bytes the
+ * call needs, the size query's name for messages) -> *base = the caller's workspace, or with NULL
+ * and 0 a fresh allocation of need bytes, also returned in *owned for the caller to free (else
+ * *owned = NULL). NULL with a size: MASKPACK_ERR_NULL_ARGUMENT; fewer bytes than needed:
+ * MASKPACK_ERR_BUFFER_TOO_SMALL naming the size needed. Called after every other check, so a
+ * failed call writes nothing. */
+maskpack_status mp_take_workspace(void *workspace, size_t workspace_bytes, size_t need, const char *query, void **base,
+                                  void **owned, maskpack_error *err);
+
 /* ---- tensors ----------------------------------------------------------------------------- */
 
 /* numel of t, or -1 when a dimension is negative or the product overflows int64. */

@@ -102,3 +102,23 @@ void *mp_realloc_array(void *p, size_t n, size_t size) {
     if (mp_mul_size(n ? n : 1, size ? size : 1, &bytes)) return NULL;
     return realloc(p, bytes);
 }
+
+maskpack_status mp_take_workspace(void *workspace, size_t workspace_bytes, size_t need, const char *query, void **base,
+                                  void **owned, maskpack_error *err) {
+    *owned = NULL;
+    *base = workspace;
+    if (workspace == NULL && workspace_bytes == 0) {
+        *owned = *base = malloc(need ? need : 1);
+        if (!*owned)
+            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1,
+                           "workspace: cannot allocate %zu bytes", need);
+        return MASKPACK_OK;
+    }
+    if (!workspace)
+        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
+                       "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
+    if (workspace_bytes < need)
+        return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
+                       "workspace: expected at least %zu bytes (%s), found %zu", need, query, workspace_bytes);
+    return MASKPACK_OK;
+}

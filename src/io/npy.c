@@ -255,7 +255,7 @@ maskpack_status mpio_npy_parse(const void *buf, size_t len, mpio_array *out, mas
     for (int32_t d = 0; d < out->ndim; d++) empty |= out->shape[d] == 0;
     for (int32_t d = 0; d < out->ndim && !empty; d++)
         if (mp_mul_overflow(numel, out->shape[d], &numel)) {
-            /* the message is formatted before the shape is cleared (it used to read the zeroed one) */
+            /* the message is formatted before the shape is cleared, so that it shows the real shape */
             char shape[200];
             mp_format_shape(shape, sizeof shape, out->ndim, out->shape);
             maskpack_status st = mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1,

@@ -2,7 +2,7 @@
  * the rank's tokens and whose keys are the whole original grid; each piece of a sequence becomes a
  * segment with an explicit key position, so every derived output of the shard (masks, block masks,
  * position ids, NPU arguments) is the original predicate restricted to the rank's queries. */
-#include "internal.h"
+#include "cp_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -35,14 +35,7 @@ maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align a
     return mp_ok(err);
 }
 
-/* Slot k of a packed layout: from its segment's first column (column 0 for the first segment) to the
- * next segment's first column (the stream end for the last). Matches maskpack_cu_seqlens_padded. */
-static int64_t slot_start(const maskpack_layout *L, size_t k) { return k == 0 ? 0 : L->segs[k].q_start; }
-static int64_t slot_end(const maskpack_layout *L, size_t k) {
-    return k + 1 < L->n_segments ? L->segs[k + 1].q_start : L->q_width;
-}
-
-static maskpack_status require_self(const maskpack_layout *L, maskpack_error *err) {
+maskpack_status mp_cp_require_self(const maskpack_layout *L, maskpack_error *err) {
     for (size_t k = 0; k < L->n_segments; k++) {
         const maskpack_segment *g = &L->segs[k];
         if (g->q_start != g->kv_start || g->q_len != g->kv_len || (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ||
@@ -64,7 +57,7 @@ maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *L, int64_
     if (multiple < 1 || multiple > ((int64_t)1 << 40))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "multiple", -1, -1,
                        "multiple: expected in [1, 2^40], found %lld", (long long)multiple);
-    maskpack_status s = require_self(L, err);
+    maskpack_status s = mp_cp_require_self(L, err);
     if (s) return s;
     maskpack_segment *segs = mp_alloc_array(L->n_segments, sizeof *segs);
     if (!segs) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
@@ -74,7 +67,7 @@ maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *L, int64_
         int64_t pos = 0; /* running start of the new slot */
         if (L->n_segments == 0) pos = round_up(L->q_width, multiple);
         for (size_t k = 0; k < L->n_segments; k++) {
-            int64_t a = slot_start(L, k), len = slot_end(L, k) - a;
+            int64_t a = mp_cp_slot_start(L, k), len = mp_cp_slot_end(L, k) - a;
             segs[k].q_start = segs[k].kv_start = pos + (L->segs[k].q_start - a);
             int64_t grown = round_up(len, multiple);
             if (grown < len || pos > INT64_MAX - grown) {
@@ -96,14 +89,8 @@ maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *L, int64_
     return mp_layout_build(segs, L->n_segments, L->n_rows, width, width, L->packed, &r, out, err);
 }
 
-/* One column range of one row that a rank holds, in the rank's local order. */
-typedef struct range {
-    int64_t row, start, len;
-} range;
-
-/* Lists the ranges rank `rank` holds (caller frees *out). Validates divisibility. */
-static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
-                                   range **out, size_t *n_out, maskpack_error *err) {
+maskpack_status mp_cp_rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
+                                  mp_cp_range **out, size_t *n_out, maskpack_error *err) {
     if (cp < 1 || cp > (1 << 20))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "cp", -1, -1, "cp: expected in [1, 2^20], found %lld",
                        (long long)cp);
@@ -118,14 +105,14 @@ static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t
         cap = 2 * (L->n_segments ? L->n_segments : 1);
     else
         cap = (size_t)L->n_rows * 2 + 1;
-    range *R = mp_alloc_array(cap, sizeof *R);
+    mp_cp_range *R = mp_alloc_array(cap, sizeof *R);
     if (!R) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "ranges", -1, -1, "out of memory");
     size_t n = 0;
     if (L->packed && scheme == MASKPACK_CP_ZIGZAG) {
         size_t nslots = L->n_segments ? L->n_segments : 1;
         for (size_t k = 0; k < nslots; k++) {
-            int64_t a = L->n_segments ? slot_start(L, k) : 0;
-            int64_t len = (L->n_segments ? slot_end(L, k) : L->q_width) - a;
+            int64_t a = L->n_segments ? mp_cp_slot_start(L, k) : 0;
+            int64_t len = (L->n_segments ? mp_cp_slot_end(L, k) : L->q_width) - a;
             if (len % (2 * cp)) {
                 free(R);
                 return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "layout", (int64_t)k, -1,
@@ -134,8 +121,8 @@ static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t
                                k, (long long)a, (long long)(a + len), (long long)len, (long long)(2 * cp));
             }
             int64_t c = len / (2 * cp);
-            R[n++] = (range){0, a + rank * c, c};
-            R[n++] = (range){0, a + (2 * cp - 1 - rank) * c, c};
+            R[n++] = (mp_cp_range){0, a + rank * c, c};
+            R[n++] = (mp_cp_range){0, a + (2 * cp - 1 - rank) * c, c};
         }
     } else {
         int64_t parts = scheme == MASKPACK_CP_ZIGZAG ? 2 * cp : cp;
@@ -149,8 +136,8 @@ static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t
         }
         int64_t c = L->q_width / parts;
         for (int64_t b = 0; b < L->n_rows; b++) {
-            R[n++] = (range){b, rank * c, c};
-            if (scheme == MASKPACK_CP_ZIGZAG) R[n++] = (range){b, (2 * cp - 1 - rank) * c, c};
+            R[n++] = (mp_cp_range){b, rank * c, c};
+            if (scheme == MASKPACK_CP_ZIGZAG) R[n++] = (mp_cp_range){b, (2 * cp - 1 - rank) * c, c};
         }
     }
     *out = R;
@@ -158,45 +145,16 @@ static maskpack_status rank_ranges(const maskpack_layout *L, int64_t cp, int64_t
     return MASKPACK_OK;
 }
 
-maskpack_status maskpack_cp_shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank,
-                                          maskpack_cp_scheme scheme, maskpack_tensor *out, maskpack_error *err) {
-    MP_CHECK_NULL(err, L, "layout");
-    MP_CHECK_NULL(err, out, "out");
-    maskpack_status s = require_self(L, err);
-    if (s) return s;
-    range *R;
-    size_t n;
-    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = rank_ranges(L, cp, rank, scheme, &R, &n, err);
-    if (s) return s;
-    int64_t total = L->n_rows * L->q_width / cp;
-    int64_t shape[1] = {total};
-    s = mp_check_output(out, "out", MP_DT_INDEX, 1, shape, err);
-    if (!s && out->dtype == MASKPACK_I32 && L->n_rows * L->q_width > INT32_MAX)
-        s = mp_fail(err, MASKPACK_ERR_OVERFLOW, "out", -1, -1, "out: indices up to %lld do not fit int32",
-                    (long long)(L->n_rows * L->q_width));
-    if (s) {
-        free(R);
-        return s;
-    }
-    int64_t o = 0;
-    for (size_t t = 0; t < n; t++)
-        for (int64_t c = 0; c < R[t].len; c++, o++)
-            mp_write_i64(out->dtype, out->data, o * out->strides[0], R[t].row * L->q_width + R[t].start + c);
-    free(R);
-    return mp_ok(err);
-}
-
 maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
                                          maskpack_layout **out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, out, "out");
-    maskpack_status s = require_self(L, err);
+    maskpack_status s = mp_cp_require_self(L, err);
     if (s) return s;
-    range *R;
+    mp_cp_range *R;
     size_t n;
     if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = rank_ranges(L, cp, rank, scheme, &R, &n, err);
+    s = mp_cp_rank_ranges(L, cp, rank, scheme, &R, &n, err);
     if (s) return s;
     /* Each range cuts at most (segments it overlaps) pieces; a piece per (range, segment) pair. */
     size_t cap = n + L->n_segments * 2 + 1;
@@ -265,50 +223,4 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
     free(spans);
     free(prefix);
     return s;
-}
-
-maskpack_status maskpack_cp_last_token(const maskpack_layout *L, int64_t cp, maskpack_cp_scheme scheme,
-                                       maskpack_tensor *rank_out, maskpack_tensor *local_out, maskpack_error *err) {
-    MP_CHECK_NULL(err, L, "layout");
-    MP_CHECK_NULL(err, rank_out, "rank");
-    MP_CHECK_NULL(err, local_out, "local");
-    maskpack_status s = require_self(L, err);
-    if (s) return s;
-    range *R;
-    size_t n;
-    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = rank_ranges(L, cp, 0, scheme, &R, &n, err); /* validates cp, scheme and divisibility */
-    if (s) return s;
-    free(R);
-    int64_t shape[1] = {(int64_t)L->n_segments};
-    if ((s = mp_check_output(rank_out, "rank", MP_DT_INDEX, 1, shape, err))) return s;
-    if ((s = mp_check_output(local_out, "local", MP_DT_INDEX, 1, shape, err))) return s;
-    int64_t lw = L->q_width / cp; /* local grid width */
-    int64_t before = 0;           /* packed zigzag: tokens each rank holds from earlier slots */
-    for (size_t k = 0; k < L->n_segments; k++) {
-        const maskpack_segment *g = &L->segs[k];
-        int64_t r = -1, loc = -1;
-        if (L->packed && scheme == MASKPACK_CP_ZIGZAG) {
-            int64_t a = slot_start(L, k), c = (slot_end(L, k) - a) / (2 * cp);
-            if (g->q_len > 0) {
-                int64_t off = g->q_start + g->q_len - 1 - a, chunk = off / c;
-                r = chunk < cp ? chunk : 2 * cp - 1 - chunk;
-                loc = before + (chunk < cp ? 0 : c) + off % c;
-            }
-            before += 2 * c;
-        } else if (g->q_len > 0) {
-            int64_t col = g->q_start + g->q_len - 1;
-            if (scheme == MASKPACK_CP_ZIGZAG) {
-                int64_t c = L->q_width / (2 * cp), chunk = col / c;
-                r = chunk < cp ? chunk : 2 * cp - 1 - chunk;
-                loc = g->row * lw + (chunk < cp ? 0 : c) + col % c;
-            } else {
-                r = col / lw;
-                loc = g->row * lw + col % lw;
-            }
-        }
-        mp_write_i64(rank_out->dtype, rank_out->data, (int64_t)k * rank_out->strides[0], r);
-        mp_write_i64(local_out->dtype, local_out->data, (int64_t)k * local_out->strides[0], loc);
-    }
-    return mp_ok(err);
 }

@@ -116,9 +116,22 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
     if (r->causal != 0 && r->causal != 1)
         return mp_fail(err, MASKPACK_ERR_RULE, "rule.causal", -1, -1, "rule.causal: expected 0 or 1, found %d",
                        r->causal);
-    if (r->alignment != MASKPACK_ALIGN_TOP_LEFT && r->alignment != MASKPACK_ALIGN_BOTTOM_RIGHT)
+    if (r->alignment != MASKPACK_ALIGN_TOP_LEFT && r->alignment != MASKPACK_ALIGN_BOTTOM_RIGHT &&
+        r->alignment != MASKPACK_ALIGN_UNSTATED)
         return mp_fail(err, MASKPACK_ERR_CONVENTION, "rule.alignment", -1, -1,
-                       "rule.alignment: expected TOP_LEFT (0) or BOTTOM_RIGHT (1), found %d", (int)r->alignment);
+                       "rule.alignment: expected TOP_LEFT (0) or BOTTOM_RIGHT (1) (or UNSTATED (2)), found %d",
+                       (int)r->alignment);
+    /* docs/conventions.md section 3: where q_len != kv_len the causal alignment must be stated,
+     * never assumed; the predicate depends on it only under a causal rule or a window */
+    if (r->alignment == MASKPACK_ALIGN_UNSTATED && (r->causal || r->window_left >= 0 || r->window_right >= 0))
+        for (size_t k = 0; k < L->n_segments; k++) {
+            const maskpack_segment *g = &L->segs[k];
+            if (!(g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && g->q_len != g->kv_len)
+                return mp_fail(err, MASKPACK_ERR_CONVENTION, "rule.alignment", (int64_t)k, -1,
+                               "rule.alignment: segment %zu has q_len %lld != kv_len %lld; state BOTTOM_RIGHT "
+                               "(flash-attn >= 2.1, NPU mode 3) or TOP_LEFT (torch SDPA is_causal, NPU mode 2)",
+                               k, (long long)g->q_len, (long long)g->kv_len);
+        }
     if (r->window_left < -1 || r->window_right < -1)
         return mp_fail(err, MASKPACK_ERR_RULE, "rule.window", -1, -1,
                        "rule.window: expected (left, right) >= -1 (-1 = unbounded), found (%lld, %lld)",
@@ -167,7 +180,7 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
                                (long long)L->segs[k].kv_len, (long long)r->prefix[k]);
 
     L->causal = r->causal;
-    L->alignment = r->alignment;
+    L->alignment = r->alignment == MASKPACK_ALIGN_UNSTATED ? MASKPACK_ALIGN_BOTTOM_RIGHT : r->alignment;
     L->window_left = r->window_left;
     L->window_right = r->window_right;
     L->span_begin = calloc(L->n_segments + 1, sizeof *L->span_begin);

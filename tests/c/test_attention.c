@@ -31,7 +31,22 @@ static int p_rounded[4];
 static int not_run = 0;
 static char not_run_names[128] = "NOT RUN (this CPU lacks them):";
 
-static void use_isa(const char *name) { setenv("MASKPACK_ISA", name, 1); }
+/* The ISA the calls below run, chosen per call (maskpack_attention_forward_isa); the tests of
+ * MASKPACK_ISA itself set the variable and run AUTO. */
+static maskpack_isa call_isa = MASKPACK_ISA_AUTO;
+static void use_isa(const char *name) {
+    call_isa = MASKPACK_ISA_AUTO;
+    for (int i = 0; i < MASKPACK_ISA_COUNT_; i++)
+        if (strcmp(name, maskpack_isa_name((maskpack_isa)i)) == 0) call_isa = (maskpack_isa)i;
+}
+#define attn_fwd(L, q, k, v, scale, cap, out, lse, threads, ws, bytes, err) \
+    maskpack_attention_forward_isa(L, q, k, v, scale, cap, out, lse, call_isa, threads, ws, bytes, err)
+#define attn_bwd(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, threads, ws, bytes, err) \
+    maskpack_attention_backward_isa(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, call_isa, threads, ws, bytes, err)
+/* (dtype) -> *isa the calls above run with call_isa */
+static maskpack_status select_cur(maskpack_dtype dt, maskpack_isa *isa, maskpack_error *e) {
+    return maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, dt, call_isa, isa, e);
+}
 
 static uint16_t to_bf16(float f) {
     uint32_t x;
@@ -380,7 +395,7 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
     void *ws = NULL;
     if (!s) {
         ws = malloc(need);
-        s = maskpack_attention_forward(p->L, &tq, &tk, &tv, scale, cap, &to, &tl, threads, ws, need, e);
+        s = attn_fwd(p->L, &tq, &tk, &tv, scale, cap, &to, &tl, threads, ws, need, e);
     }
     if (!s && grads) {
         free(ws);
@@ -388,7 +403,7 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
         s = maskpack_attention_backward_workspace(p->L, &tq, &tk, &tv, threads, &need, e);
         if (!s) {
             ws = malloc(need);
-            s = maskpack_attention_backward(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads,
+            s = attn_bwd(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads,
                                             ws, need, e);
         }
     }
@@ -962,7 +977,7 @@ static void test_strided(void) {
         int64_t ls[2] = {H, T};
         maskpack_tensor tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, ls);
         maskpack_error e;
-        CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 0, &e), e);
+        CHECK_OK(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 0, &e), e);
         result ref;
         CHECK_OK(run(&p, isas[x], 0, 0, 2, 0, &ref, &e), e);
         int same = 1;
@@ -1014,41 +1029,41 @@ static void test_bad_input(void) {
     } while (0)
     RESET();
     /* non-finite scale, bad softcap, bad threads */
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, NAN, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, NAN, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "scale");
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, INFINITY, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, -1, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, INFINITY, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, -1, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "softcap");
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 0, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 0, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     /* mismatched heads: Hq = 2, Hkv = 3 is not a divisor */
     {
         int64_t s3[4] = {B, S, 3, D};
         static float k3[B * S * 3 * D];
         maskpack_tensor t3 = maskpack_tensor_contiguous(k3, MASKPACK_F32, 4, s3);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &t3, &t3, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &t3, &t3, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "multiple of key heads");
     }
     /* mismatched head dims */
     {
         int64_t s4[4] = {B, S, H, 4};
         maskpack_tensor t4 = maskpack_tensor_contiguous(k, MASKPACK_F32, 4, s4);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &t4, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &t4, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "head dim");
     }
     /* dtypes: k in bf16 with q in f32; lse in bf16; f64 inputs */
     {
         maskpack_tensor tb = tk;
         tb.dtype = MASKPACK_BF16;
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tb, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tb, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
         maskpack_tensor tlb = tl;
         tlb.dtype = MASKPACK_BF16;
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tlb, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tlb, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
         maskpack_tensor tob = to;
         tob.dtype = MASKPACK_BF16;
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tob, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &tob, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
         maskpack_tensor t64 = tq;
         t64.dtype = MASKPACK_F64;
-        CHECK_STATUS(maskpack_attention_forward(L, &t64, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
+        CHECK_STATUS(attn_fwd(L, &t64, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_DTYPE, e);
     }
     /* strides: a non-contiguous head dim */
     {
@@ -1057,30 +1072,30 @@ static void test_bad_input(void) {
         ts.strides[3] = 2;
         maskpack_tensor tks = tk, tvs = tv, tos = to;
         tks.shape[3] = tvs.shape[3] = tos.shape[3] = 4;
-        CHECK_STATUS(maskpack_attention_forward(L, &ts, &tks, &tvs, 0, 0, &tos, &tl, 1, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, e);
+        CHECK_STATUS(attn_fwd(L, &ts, &tks, &tvs, 0, 0, &tos, &tl, 1, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, e);
         CHECK_MSG(e, "contiguous");
     }
     /* layouts that do not cover the tensors: a layout of width 6, a packed layout */
     {
         int64_t len6[2] = {6, 3};
         maskpack_layout *L6 = from_lengths(len6, 2, MASKPACK_PLACE_RIGHT, 0, &r);
-        CHECK_STATUS(maskpack_attention_forward(L6, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(L6, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "expected 6 columns");
         maskpack_layout_free(L6);
         maskpack_layout *Lp = from_lengths(len, 2, MASKPACK_PLACE_PACKED, 0, &r);
-        CHECK_STATUS(maskpack_attention_forward(Lp, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(Lp, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
         maskpack_layout_free(Lp);
-        CHECK_STATUS(maskpack_attention_forward(NULL, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(attn_fwd(NULL, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     }
     /* lse of the wrong shape; out of the wrong shape */
     {
         int64_t bad[3] = {B, S, H};
         maskpack_tensor tlx = maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, bad);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tlx, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tlx, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "[B, Hq, S]");
         int64_t s1[4] = {B, S, 1, D};
         maskpack_tensor tox = maskpack_tensor_contiguous(out, MASKPACK_F32, 4, s1);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
     }
     /* overlap: out aliasing q */
     {
@@ -1089,7 +1104,7 @@ static void test_bad_input(void) {
         memcpy(q_before, q, sizeof q_before);
         for (int i = 0; i < B * H * S; i++) lse[i] = 7.0f;
         maskpack_tensor tox = tq;
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_OVERLAP, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &tox, &tl, 1, NULL, 0, &e), MASKPACK_ERR_OVERLAP, e);
         CHECK(memcmp(q, q_before, sizeof q_before) == 0);
         int lse_kept = 1;
         for (int i = 0; i < B * H * S; i++) lse_kept &= lse[i] == 7.0f;
@@ -1101,37 +1116,42 @@ static void test_bad_input(void) {
         CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tk, &tv, 2, &need, &e), e);
         CHECK(need > 0);
         char *ws = malloc(need);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
-        CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 16, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+        CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, NULL, 16, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
         free(ws);
     }
-    /* an unknown forced ISA */
-    use_isa("sse9");
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    /* an unknown ISA in MASKPACK_ISA (read by AUTO), and one out of range per call */
+    setenv("MASKPACK_ISA", "sse9", 1);
+    call_isa = MASKPACK_ISA_AUTO;
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "MASKPACK_ISA");
     maskpack_attention_isa isa;
     CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    unsetenv("MASKPACK_ISA");
+    call_isa = (maskpack_isa)17;
+    CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "isa") == 0);
     use_isa("ref");
     /* backward: mismatches */
-    CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, NAN, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
+    CHECK_STATUS(attn_bwd(L, &to, &tq, &tk, &tv, &to, &tl, NAN, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
                  MASKPACK_ERR_INVALID_ARGUMENT, e);
     {
         maskpack_tensor tdqb = tdq;
         tdqb.dtype = MASKPACK_BF16;
-        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdqb, &tdk, &tdv, 1, NULL, 0, &e),
+        CHECK_STATUS(attn_bwd(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdqb, &tdk, &tdv, 1, NULL, 0, &e),
                      MASKPACK_ERR_DTYPE, e);
-        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdq, &tdv, 1, NULL, 0, &e),
+        CHECK_STATUS(attn_bwd(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdq, &tdv, 1, NULL, 0, &e),
                      MASKPACK_ERR_OVERLAP, e);
-        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, NULL, 0, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
+        CHECK_STATUS(attn_bwd(L, &to, &tq, &tk, &tv, &to, NULL, 0, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e),
                      MASKPACK_ERR_NULL_ARGUMENT, e);
         int64_t s4[4] = {B, S, H, 4};
         maskpack_tensor t4 = maskpack_tensor_contiguous(dv, MASKPACK_F32, 4, s4);
-        CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &t4, 1, NULL, 0, &e),
+        CHECK_STATUS(attn_bwd(L, &to, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &t4, 1, NULL, 0, &e),
                      MASKPACK_ERR_SHAPE, e);
     }
     UNTOUCHED();
     /* a valid call now writes */
-    CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), e);
+    CHECK_OK(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), e);
     CHECK(out[0] != 7.0f);
     CHECK(lse[0] != 7.0f);
 #undef UNTOUCHED
@@ -1275,7 +1295,7 @@ static void test_isa_selection(void) {
     CHECK(isa == MASKPACK_ATTN_ISA_REF || isa == MASKPACK_ATTN_ISA_AVX2 || isa == MASKPACK_ATTN_ISA_AVX512);
     CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F64, &isa, &e), MASKPACK_ERR_DTYPE, e);
     use_isa("ref");
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e), e);
+    CHECK_OK(select_cur(MASKPACK_BF16, &isa, &e), e);
     CHECK(isa == MASKPACK_ATTN_ISA_REF);
     CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
     CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX2), "avx2") == 0);
@@ -1283,9 +1303,9 @@ static void test_isa_selection(void) {
     /* which kernels this machine has decides isas; a forced one it lacks is an error */
     int has_avx2 = 0, has_avx512 = 0;
     use_isa("avx2");
-    if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
+    if (select_cur(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
         CHECK(isa == MASKPACK_ATTN_ISA_AVX2);
-        CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e), e);
+        CHECK_OK(select_cur(MASKPACK_BF16, &isa, &e), e);
         CHECK(isa == MASKPACK_ATTN_ISA_AVX2); /* bf16 too (widened) */
         isas[n_isas++] = "avx2";
         has_avx2 = 1;
@@ -1294,16 +1314,18 @@ static void test_isa_selection(void) {
         CHECK_MSG(e, "avx2");
     }
     use_isa("avx512");
-    if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
+    if (select_cur(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
         isas[n_isas++] = "avx512";
         has_avx512 = 1;
         use_isa("amx");
-        maskpack_status s = maskpack_attention_select_isa(MASKPACK_BF16, &isa, &e);
+        maskpack_status s = select_cur(MASKPACK_BF16, &isa, &e);
         if (s == MASKPACK_OK) {
             isas[n_isas++] = "amx";
             CHECK(isa == MASKPACK_ATTN_ISA_AMX);
         } else {
             CHECK_EQ(s, MASKPACK_ERR_UNSUPPORTED);
+            CHECK_MSG(e, "amx"); /* names the ISA and what the CPU lacks */
+            CHECK_MSG(e, "AMX-TILE");
         }
     } else {
         CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
@@ -1425,7 +1447,7 @@ static void test_output_alignment(void) {
                 to.strides[0] = H * RS;
                 to.strides[1] = RS;
                 maskpack_error e;
-                CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, NULL, 2, NULL, 0, &e), e);
+                CHECK_OK(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, NULL, 2, NULL, 0, &e), e);
                 if (!first) {
                     first = malloc((size_t)(T * H * D) * sizeof(float));
                     if (!first) break;

@@ -250,6 +250,46 @@ static void test_alignment(void) {
         CHECK(!maskpack_allowed(BR, 0, 0, 2, 1));
     }
     maskpack_layout_free(BR);
+
+    /* an unstated alignment: refused where it matters (a causal or windowed rule over a segment
+     * with q_len != kv_len), naming the argument and the segment; accepted where it cannot matter,
+     * with the predicate of either alignment */
+    r = maskpack_rule_default();
+    r.alignment = MASKPACK_ALIGN_UNSTATED;
+    maskpack_layout *U = NULL;
+    maskpack_segment c2[2] = {{0, 0, 3, 0, 3}, {0, 3, 2, 3, 5}};
+    CHECK_STATUS(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), MASKPACK_ERR_CONVENTION, e);
+    CHECK(strcmp(e.argument, "rule.alignment") == 0);
+    CHECK_EQ(e.index[0], 1);
+    CHECK_MSG(e, "q_len 2 != kv_len 5");
+    CHECK(U == NULL);
+    r.causal = 0;
+    r.window_left = 1;
+    CHECK_STATUS(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), MASKPACK_ERR_CONVENTION, e);
+    r.window_left = -1; /* bidirectional, no window: the alignment cannot matter */
+    CHECK_OK(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), e);
+    if (U) {
+        CHECK(maskpack_allowed(U, 0, 0, 3, 7));
+        CHECK_EQ(maskpack_layout_rule(U).alignment, MASKPACK_ALIGN_BOTTOM_RIGHT);
+    }
+    maskpack_layout_free(U);
+    U = NULL;
+    r = maskpack_rule_default();
+    r.alignment = MASKPACK_ALIGN_UNSTATED; /* self-attention segments: both alignments agree */
+    const int64_t lens[3] = {4, 1, 6};
+    CHECK_OK(maskpack_layout_from_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0, &r, &U, &e), e);
+    if (U) {
+        CHECK(maskpack_allowed(U, 0, 0, 2, 1) && !maskpack_allowed(U, 0, 0, 1, 2));
+        /* a stated rule over the unstated layout's segments is the caller's: with_rule checks again */
+        maskpack_layout *V = NULL;
+        CHECK_OK(maskpack_layout_with_rule(U, &r, &V, &e), e);
+        maskpack_layout_free(V);
+    }
+    maskpack_layout_free(U);
+    U = NULL;
+    r.alignment = MASKPACK_ALIGN_TOP_LEFT; /* stated: accepted */
+    CHECK_OK(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), e);
+    maskpack_layout_free(U);
 }
 
 static void test_segment_validation(void) {

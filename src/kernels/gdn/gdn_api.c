@@ -1,8 +1,8 @@
 /* gdn_api.c: the public Gated DeltaNet rule calls: validation (fully, before any write), token
- * views through the layout, ISA dispatch, workspace and the per-call thread team over
+ * views through the layout, the kernel table and its dispatch, workspace and the per-call thread team over
  * (segment, head) tasks. The algorithms are in gdn_kernel.inc. */
 #include "gdn_common.h"
-#include "cpu_features.h"
+#include "../kernel_table.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,51 +20,38 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
     return o;
 }
 
+/* ---- the kernel table ------------------------------------------------------------------------ */
+
+/* The rule's kernels: one per ISA, each the framework of gdn_kernel.inc over its micro-kernels
+ * (GEMMs, exp, transpose, the chunk inverse). The rule has no AVX512-BF16 or AMX kernel: a request
+ * for them runs the AVX-512 entry (mp_kernel_pick takes the best entry below). */
+#define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                   \
+    {{MASKPACK_KERNEL_GDN, ISA, "gdn/" #sfx, GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, gdn_ws_floats_fwd,             \
+     gdn_ws_floats_bwd, gdn_fwd_chunk_##sfx, gdn_fwd_recurrent_##sfx, gdn_bwd_chunk_##sfx, gdn_gemm_##sfx,       \
+     gdn_gemm_x_##sfx, gdn_inv_lower_##sfx, transpose, expv}
+static const gdn_kernel GDN_KERNELS[] = {
+    GDN_ENTRY(MASKPACK_ISA_REF, ref, NULL, NULL),
+    GDN_ENTRY(MASKPACK_ISA_AVX2, avx2, gdn_transpose_avx2, gdn_expv_avx2),
+    GDN_ENTRY(MASKPACK_ISA_AVX512, avx512, gdn_transpose_avx512, gdn_expv_avx512),
+};
+enum { N_GDN_KERNELS = sizeof GDN_KERNELS / sizeof GDN_KERNELS[0] };
+
+const gdn_kernel *gdn_kernels(size_t *n) {
+    *n = N_GDN_KERNELS;
+    return GDN_KERNELS;
+}
+
+const mp_kernel_desc *gdn_kernel_desc(size_t i) { return i < N_GDN_KERNELS ? &GDN_KERNELS[i].desc : NULL; }
+
 maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
                                          maskpack_error *err) {
     MP_CHECK_NULL(err, resolved, "resolved");
-    maskpack_gdn_isa want = requested;
-    if (want != MASKPACK_GDN_ISA_AUTO && want != MASKPACK_GDN_ISA_REF && want != MASKPACK_GDN_ISA_AVX512 &&
-        want != MASKPACK_GDN_ISA_AVX2)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "isa", -1, -1,
-                       "isa: expected AUTO (0), REF (1), AVX512 (2) or AVX2 (3), found %d", (int)requested);
-    if (want == MASKPACK_GDN_ISA_AUTO) {
-        /* read-only look at the environment: the override the benchmarks and tests use */
-        const char *env = getenv("MASKPACK_ISA");
-        if (env && *env && strcmp(env, "auto") != 0) {
-            if (strcmp(env, "ref") == 0)
-                want = MASKPACK_GDN_ISA_REF;
-            else if (strcmp(env, "avx512") == 0 || strcmp(env, "amx") == 0)
-                /* the variable is shared with the attention, which has AMX kernels; the rule has
-                 * none, so "amx" means its AVX-512 kernel (a single setting serves the whole model) */
-                want = MASKPACK_GDN_ISA_AVX512;
-            else if (strcmp(env, "avx2") == 0)
-                want = MASKPACK_GDN_ISA_AVX2;
-            else
-                return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: expected \"ref\", \"avx2\", \"avx512\", \"amx\" or \"auto\", "
-                               "found \"%.40s\"",
-                               env);
-        }
-    }
-    /* a forced kernel the CPU lacks is an error, never a silent fallback */
-    const unsigned cpu = mp_cpu_features(); /* the attention's checks: cpuid + the OS's saved state */
-    const int has512 = (cpu & MP_CPU_AVX512) != 0, has2 = (cpu & MP_CPU_AVX2) != 0;
-    if (want == MASKPACK_GDN_ISA_AVX512 && !has512)
-        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
-                       "isa: AVX-512 kernels requested but this CPU (or build) lacks AVX-512F/DQ/VL/BW");
-    if (want == MASKPACK_GDN_ISA_AVX2 && !has2)
-        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "isa", -1, -1,
-                       "isa: AVX2 kernels requested but this CPU (or build) lacks AVX2/FMA");
-    if (want == MASKPACK_GDN_ISA_AUTO)
-        want = has512 ? MASKPACK_GDN_ISA_AVX512 : has2 ? MASKPACK_GDN_ISA_AVX2 : MASKPACK_GDN_ISA_REF;
-    *resolved = want;
-    return mp_ok(err);
+    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, requested, resolved, err);
 }
 
 /* ---- validation ------------------------------------------------------------------------------ */
 
-static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gdn_options *o, maskpack_gdn_isa *isa,
+static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gdn_options *o, const gdn_kernel **kern,
                                      maskpack_error *err) {
     *o = in ? *in : maskpack_gdn_options_default();
     if (!(o->scale == o->scale) || o->scale > 1e30 || o->scale < -1e30)
@@ -79,7 +66,11 @@ static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gd
     if (o->n_threads < 1 || o->n_threads > GDN_MAX_THREADS)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "opts.n_threads", -1, -1,
                        "opts.n_threads: expected in [1, %d], found %d", GDN_MAX_THREADS, o->n_threads);
-    return maskpack_gdn_resolve_isa(o->isa, isa, err);
+    size_t i;
+    maskpack_status s = mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_F32, o->isa, &i, err);
+    if (s) return s;
+    *kern = &GDN_KERNELS[i];
+    return MASKPACK_OK;
 }
 
 /* Validates the rule's inputs and fills the problem's dimensions and input views. */
@@ -148,14 +139,14 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
     return MASKPACK_OK;
 }
 
-static size_t ws_bytes_per_thread(const gdn_problem *P, int backward, int chunked) {
-    size_t f = backward ? gdn_ws_floats_bwd(P) : gdn_ws_floats_fwd(P, chunked);
+static size_t ws_bytes_per_thread(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked) {
+    size_t f = backward ? kern->ws_floats_bwd(P) : kern->ws_floats_fwd(P, chunked);
     return f * sizeof(float);
 }
 
-static maskpack_status total_ws(const gdn_problem *P, int backward, int chunked, int n_threads, size_t *bytes,
-                                maskpack_error *err) {
-    size_t per = ws_bytes_per_thread(P, backward, chunked);
+static maskpack_status total_ws(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked,
+                                int n_threads, size_t *bytes, maskpack_error *err) {
+    size_t per = ws_bytes_per_thread(kern, P, backward, chunked);
     if (per > SIZE_MAX / (size_t)n_threads - 128)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
     *bytes = per * (size_t)n_threads + 64; /* + alignment slack */
@@ -175,14 +166,14 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
                                          maskpack_error *err) {
     MP_CHECK_NULL(err, bytes, "bytes");
     maskpack_gdn_options o;
-    maskpack_gdn_isa isa;
+    const gdn_kernel *kern = NULL;
     gdn_problem P;
-    maskpack_status s = check_options(opts, &o, &isa, err);
+    maskpack_status s = check_options(opts, &o, &kern, err);
     if (s) return s;
     if ((s = check_inputs(layout, in, &o, &P, err))) return s;
     if ((s = check_slots(slots, &P, err))) return s;
     size_t b = 0;
-    if ((s = total_ws(&P, backward != 0, o.chunked, o.n_threads, &b, err))) return s;
+    if ((s = total_ws(kern, &P, backward != 0, o.chunked, o.n_threads, &b, err))) return s;
     *bytes = b;
     return mp_ok(err);
 }
@@ -312,26 +303,17 @@ static void run_team(const gdn_problem *P, gdn_task_fn fn, const task *tasks, si
 }
 
 /* Workspace: the caller's (checked) or our own; returns the 64-byte aligned base. */
-static maskpack_status get_ws(const gdn_problem *P, int backward, int chunked, int n_threads, void *workspace,
-                              size_t workspace_bytes, void **owned, char **base, size_t *stride, maskpack_error *err) {
+static maskpack_status get_ws(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked, int n_threads,
+                              void *workspace, size_t workspace_bytes, void **owned, char **base, size_t *stride,
+                              maskpack_error *err) {
     size_t need = 0;
-    maskpack_status s = total_ws(P, backward, chunked, n_threads, &need, err);
+    maskpack_status s = total_ws(kern, P, backward, chunked, n_threads, &need, err);
     if (s) return s;
-    *stride = ws_bytes_per_thread(P, backward, chunked);
-    *owned = NULL;
-    if (workspace) {
-        if (workspace_bytes < need)
-            return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                           "workspace: expected at least %zu bytes (maskpack_gdn_workspace_size), found %zu", need,
-                           workspace_bytes);
-        *base = (char *)workspace;
-    } else {
-        *owned = malloc(need);
-        if (!*owned)
-            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "workspace: cannot allocate %zu bytes",
-                           need);
-        *base = (char *)*owned;
-    }
+    *stride = ws_bytes_per_thread(kern, P, backward, chunked);
+    void *b;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_gdn_workspace_size", &b, owned, err)))
+        return s;
+    *base = (char *)b;
     uintptr_t p = (uintptr_t)*base;
     *base += (64 - (p & 63)) & 63;
     return MASKPACK_OK;
@@ -343,9 +325,9 @@ maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpa
                                      const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *final_state,
                                      void *workspace, size_t workspace_bytes, maskpack_error *err) {
     maskpack_gdn_options op;
-    maskpack_gdn_isa isa;
+    const gdn_kernel *kern = NULL;
     gdn_problem P;
-    maskpack_status s = check_options(opts, &op, &isa, err);
+    maskpack_status s = check_options(opts, &op, &kern, err);
     if (s) return s;
     if ((s = check_inputs(layout, in, &op, &P, err))) return s;
     MP_CHECK_NULL(err, o, "o");
@@ -362,20 +344,13 @@ maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpa
     task *tasks;
     size_t n_tasks;
     if ((s = make_tasks(&P, op.chunked ? P.H : P.HV, op.n_threads, &tasks, &n_tasks, err))) return s;
-    if ((s = get_ws(&P, 0, op.chunked, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
+    if ((s = get_ws(kern, &P, 0, op.chunked, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
         free(tasks);
         return s;
     }
     /* validated and allocated: from here on only writes */
     gdn_zero_pads(layout, &P.o, P.HV, P.V);
-    gdn_task_fn fn;
-    if (isa == MASKPACK_GDN_ISA_AVX512)
-        fn = op.chunked ? gdn_fwd_chunk_avx512 : gdn_fwd_recurrent_avx512;
-    else if (isa == MASKPACK_GDN_ISA_AVX2)
-        fn = op.chunked ? gdn_fwd_chunk_avx2 : gdn_fwd_recurrent_avx2;
-    else
-        fn = op.chunked ? gdn_fwd_chunk_ref : gdn_fwd_recurrent_ref;
-    run_team(&P, fn, tasks, n_tasks, op.n_threads, base, stride);
+    run_team(&P, op.chunked ? kern->fwd_chunk : kern->fwd_recurrent, tasks, n_tasks, op.n_threads, base, stride);
     free(tasks);
     free(owned);
     return mp_ok(err);
@@ -386,9 +361,9 @@ maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack
                                    const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
                                    size_t workspace_bytes, int slots, maskpack_error *err) {
     maskpack_gdn_options op;
-    maskpack_gdn_isa isa;
+    const gdn_kernel *kern = NULL;
     gdn_problem P;
-    maskpack_status s = check_options(opts, &op, &isa, err);
+    maskpack_status s = check_options(opts, &op, &kern, err);
     if (s) return s;
     if ((s = check_inputs(layout, in, &op, &P, err))) return s;
     if ((s = check_slots(slots, &P, err))) return s;
@@ -418,7 +393,7 @@ maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack
     task *tasks;
     size_t n_tasks;
     if ((s = make_tasks(&P, P.H, op.n_threads, &tasks, &n_tasks, err))) return s;
-    if ((s = get_ws(&P, 1, 1, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
+    if ((s = get_ws(kern, &P, 1, 1, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
         free(tasks);
         return s;
     }
@@ -427,10 +402,7 @@ maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack
     if (P.dv.base) gdn_zero_pads(layout, &P.dv, P.HV, P.V);
     if (P.dg.base) gdn_zero_pads(layout, &P.dg, P.HV, 1);
     if (P.dbeta.base) gdn_zero_pads(layout, &P.dbeta, P.HV, 1);
-    gdn_task_fn fn = isa == MASKPACK_GDN_ISA_AVX512 ? gdn_bwd_chunk_avx512
-                     : isa == MASKPACK_GDN_ISA_AVX2 ? gdn_bwd_chunk_avx2
-                                                    : gdn_bwd_chunk_ref;
-    run_team(&P, fn, tasks, n_tasks, op.n_threads, base, stride);
+    run_team(&P, kern->bwd_chunk, tasks, n_tasks, op.n_threads, base, stride);
     free(tasks);
     free(owned);
     return mp_ok(err);

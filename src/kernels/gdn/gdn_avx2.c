@@ -15,12 +15,12 @@
 
 #ifdef GDN_HAVE_AVX2_BUILD
 
-#include "../target_avx2.h"
+#include "../isa/target_avx2.h"
 
 #include <immintrin.h>
 #include <string.h>
 
-#include "gdn_avx2_math.h"
+#include "../isa/avx2_math.h"
 
 #define GDN_MR2 6
 
@@ -44,9 +44,9 @@ static inline __attribute__((always_inline)) void uk2_out(__m256 x0, __m256 x1, 
 
 /* One MR x 16 tile of C: rows i0.., columns j0..j0+15, inner range [k0, k1). A(i, k) sits at
  * A[i*ars + k*aks]. mr is a compile-time constant in each uk2_MR below, so the unused rows fold
- * away. The 2*mr accumulators are named variables, not an array: compiled as a function of its
- * own, gcc 12 stored an accumulator array to the stack every iteration (checked in the
- * disassembly); the named ones stay in registers. */
+ * away. The 2*mr accumulators are named variables, not an array: in a function of its own the
+ * compiler may keep an array on the stack (a store and a reload every iteration), while named
+ * vectors stay in registers. */
 static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, int64_t k1, float alpha,
                                                       const float *A, int64_t ars, int64_t aks, const float *B,
                                                       int64_t ldb, float *C, int64_t ldc, int acc, const float *Cin,
@@ -80,11 +80,11 @@ static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, 
     if (mr > 5) uk2_out(c50, c51, va, vcs, C + 5 * ldc, Cin + 5 * ldc, acc);
 }
 
-/* The tile kernel per row count, each its own (never inlined) function: inlined into the GEMM's
- * constant-propagated copies, gcc 12 allocated the 15 vector registers the loop needs badly and
- * kept one accumulator on the stack in some of them (a store and a reload in that accumulator's
- * FMA chain every iteration: measured at half speed for Q K^T and 0.7x for A Y in the forward).
- * On its own the loop gets its registers; the call costs a few cycles per tile of hundreds. */
+/* The tile kernel per row count, each its own (never inlined) function: the loop needs 15 of the
+ * 16 vector registers, and inlined into the GEMM's constant-propagated copies it competes with
+ * their values, so an accumulator may land on the stack (a store and a reload in its FMA chain
+ * every iteration: half speed for Q K^T, 0.7x for A Y in the forward). On its own the loop gets
+ * its registers; the call costs a few cycles per tile of hundreds. */
 #define UK2_FN(MR_)                                                                                        \
     static __attribute__((noinline)) void uk2_##MR_(int64_t k0, int64_t k1, float alpha, const float *A,    \
                                                     int64_t ars, int64_t aks, const float *B, int64_t ldb,  \
@@ -404,7 +404,7 @@ static void avx2_decay_rows(const float *Gc, const float *bv, const float *KK, c
 #define K_SU_FROM_KT 1
 #include "gdn_kernel.inc"
 
-#include "../target_pop.h"
+#include "../isa/target_pop.h"
 
 #else /* no AVX2 build on this compiler/architecture: the dispatcher never selects it */
 

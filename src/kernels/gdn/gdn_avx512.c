@@ -9,7 +9,7 @@
 
 #if defined(MASKPACK_EMULATE_AVX512)
 /* a test build: this file's code on any CPU, every intrinsic carried out by SIMDe's portable
- * AVX-512 (../simde_avx512.h); the library itself never defines this */
+ * AVX-512 (../isa/simde_avx512.h); the library itself never defines this */
 #define GDN_HAVE_AVX512_BUILD 1
 #define GDN_AVX512_EMULATED 1
 #elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -19,7 +19,7 @@
 #ifdef GDN_HAVE_AVX512_BUILD
 
 #ifdef GDN_AVX512_EMULATED
-#include "../simde_avx512.h"
+#include "../isa/simde_avx512.h"
 #else
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c"))), \
@@ -406,7 +406,7 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
 #include "gdn_kernel.inc"
 
 #ifndef GDN_AVX512_EMULATED
-#include "../target_pop.h"
+#include "../isa/target_pop.h"
 #endif
 
 #else /* no AVX-512 build on this compiler/architecture: the dispatcher never selects it */

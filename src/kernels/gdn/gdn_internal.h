@@ -8,6 +8,7 @@
 #define MASKPACK_GDN_INTERNAL_H
 
 #include "internal.h"
+#include "../kernel_table.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -119,6 +120,27 @@ void gdn_gemm_x_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float 
                      int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 void gdn_transpose_avx2(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
 void gdn_expv_avx2(float *x, int64_t n);
+
+/* One entry of the rule's kernel table (gdn_api.c): its ISA and dtypes, workspace functions, the
+ * tasks of the framework (gdn_kernel.inc) compiled for it, and the micro-kernels the tests check
+ * against the reference entry's. */
+typedef struct gdn_kernel {
+    struct mp_kernel_desc desc;
+    size_t (*ws_floats_fwd)(const gdn_problem *P, int chunked);
+    size_t (*ws_floats_bwd)(const gdn_problem *P);
+    gdn_task_fn fwd_chunk, fwd_recurrent, bwd_chunk;
+    void (*gemm)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                 int64_t ldb, float *C, int64_t ldc, unsigned flags);
+    void (*gemm_x)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                   int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+    void (*inv_lower)(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
+    /* the vector entries' own transpose and exp (the reference's are plain loops: NULL) */
+    void (*transpose)(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
+    void (*expv)(float *x, int64_t n);
+} gdn_kernel;
+
+/* () -> the rule's kernel table (reference first) and *n its entries. */
+const gdn_kernel *gdn_kernels(size_t *n);
 
 /* maskpack_gdn_backward and maskpack_gdn_workspace_size with `slots` state buffers per value head
  * in the backward (0 = GDN_BWD_SLOTS, else 2..GDN_BWD_MAX_SLOTS): the test hook that forces deep

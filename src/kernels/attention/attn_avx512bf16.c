@@ -245,7 +245,7 @@ void attn_avx512bf16_fwd_thread(void *vjob, int tid) {
         for (size_t it = b; it < e; it++) bf_item(job->P, &job->items[it], &B);
 }
 
-#include "target_pop.h"
+#include "../isa/target_pop.h"
 
 #else /* no x86-64: never selected */
 

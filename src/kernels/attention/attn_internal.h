@@ -87,6 +87,13 @@ typedef struct attn_kgroup {
     int64_t q_rows;            /* sum of their q_len */
 } attn_kgroup;
 
+/* (layout) -> the backward's key groups: per row, segments whose key ranges overlap share one
+ * (perm lists each row's segments by key start, groups index it), and *max_width the widest;
+ * perm and groups have n_segments entries. attn_count_groups gives the count and width alone,
+ * with no memory. */
+size_t attn_build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width);
+size_t attn_count_groups(const maskpack_layout *L, int64_t *max_width);
+
 /* ---- kernels ------------------------------------------------------------------------------ */
 
 /* Forward job: items claimed from a shared counter; one workspace slice per thread. */

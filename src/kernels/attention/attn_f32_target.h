@@ -7,13 +7,13 @@
  * pop at the end (none when ATTN_F32_EMULATED). */
 #if defined(MASKPACK_EMULATE_AVX512) && !defined(ATTN_AVX2_BUILD)
 #define ATTN_F32_EMULATED 1
-#include "simde_avx512.h"
+#include "../isa/simde_avx512.h"
 #else
 #include <immintrin.h>
 #endif
 
 #if defined(ATTN_AVX2_BUILD)
-#include "target_avx2.h"
+#include "../isa/target_avx2.h"
 #include "attn_avx2_shim.h"
 #elif defined(ATTN_F32_EMULATED)
 /* a test build: no target region, the intrinsics are SIMDe's (simde_avx512.h above) */

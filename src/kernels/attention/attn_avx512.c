@@ -361,7 +361,7 @@ void attn_avx512_fwd_thread(void *vjob, int tid) {
 }
 
 #ifndef ATTN_F32_EMULATED
-#include "target_pop.h"
+#include "../isa/target_pop.h"
 #endif
 
 #else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */

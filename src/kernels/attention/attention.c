@@ -4,6 +4,8 @@
  * AVX2 build attn_avx2.c), attn_avx512_bwd.c (attn_avx2_bwd.c) and attn_amx.c. */
 #include "attn_internal.h"
 #include "cpu_features.h"
+#include "isa.h"
+#include "../kernel_table.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -11,58 +13,70 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- kernel selection ----------------------------------------------------------------------- */
+/* ---- the kernel table ------------------------------------------------------------------------ */
 
-const char *maskpack_attention_isa_name(maskpack_attention_isa isa) {
-    switch (isa) {
-    case MASKPACK_ATTN_ISA_REF: return "ref";
-    case MASKPACK_ATTN_ISA_AVX512: return "avx512";
-    case MASKPACK_ATTN_ISA_AMX: return "amx";
-    case MASKPACK_ATTN_ISA_AVX2: return "avx2";
-    }
-    return "unknown";
+/* One attention kernel: its ISA, dtypes and micro-kernels. Forward threads per dtype; the backward
+ * (bf16 widened to f32) with its per-thread workspace, its tail partials and their reductions
+ * (NULL for the reference, which neither splits units nor keeps a tail). */
+typedef struct attn_kernel {
+    mp_kernel_desc desc;
+    size_t (*fwd_ws)(const attn_problem *P);
+    attn_thread_fn fwd_f32, fwd_bf16;
+    int32_t bq_bf16; /* query rows per block of the bf16 forward (f32: ATTN_BQ) */
+    size_t (*bwd_ws)(const attn_problem *P, int64_t max_width);
+    size_t (*bwd_tail_bytes)(const attn_problem *P, int64_t max_width, int64_t n_tail);
+    attn_thread_fn bwd, bwd_tail_reduce;
+    void (*bwd_reduce)(const attn_bwd_job *job, int64_t u);
+} attn_kernel;
+
+/* the reference's backward workspace does not depend on the group width */
+static size_t ref_bwd_ws(const attn_problem *P, int64_t max_width) {
+    (void)max_width;
+    return attn_ref_bwd_ws(P);
 }
+
+#define ATTN_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
+#define ATTN_AVX512_BWD attn_avx512_bwd_ws, attn_avx512_bwd_tail_bytes, attn_avx512_bwd_thread, \
+                        attn_avx512_bwd_tail_reduce, attn_avx512_bwd_reduce
+
+/* Reference first. AVX512-BF16 and AMX have no f32 arithmetic: their f32 forwards and every
+ * backward are the AVX-512 kernel's. AUTO takes amx for bf16 only and never avx512_bf16 by name:
+ * the avx512 entry runs bf16 forwards on its dot products where the CPU has them (attn_fwd_fn). */
+static const attn_kernel ATTN_KERNELS[] = {
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_REF, "attention/ref", ATTN_DTYPES, ATTN_DTYPES}, attn_ref_fwd_ws,
+     attn_ref_fwd_thread, attn_ref_fwd_thread, ATTN_BQ, ref_bwd_ws, NULL, attn_ref_bwd_thread, NULL, NULL},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX2, "attention/avx2", ATTN_DTYPES, ATTN_DTYPES}, attn_avx2_fwd_ws,
+     attn_avx2_fwd_thread, attn_avx2_fwd_thread, ATTN_BQ, attn_avx2_bwd_ws, attn_avx2_bwd_tail_bytes,
+     attn_avx2_bwd_thread, attn_avx2_bwd_tail_reduce, attn_avx2_bwd_reduce},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX512, "attention/avx512", ATTN_DTYPES, ATTN_DTYPES},
+     attn_avx512_fwd_ws, attn_avx512_fwd_thread, attn_avx512_fwd_thread, ATTN_BQ, ATTN_AVX512_BWD},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX512_BF16, "attention/avx512_bf16", ATTN_DTYPES, 0},
+     attn_avx512bf16_fwd_ws, attn_avx512_fwd_thread, attn_avx512bf16_fwd_thread, ATTN_BQ, ATTN_AVX512_BWD},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AMX, "attention/amx", ATTN_DTYPES, MP_DT(MASKPACK_BF16)},
+     attn_amx_fwd_ws, attn_avx512_fwd_thread, attn_amx_fwd_thread, ATTN_AMX_BQ, ATTN_AVX512_BWD},
+};
+enum { N_ATTN_KERNELS = sizeof ATTN_KERNELS / sizeof ATTN_KERNELS[0] };
+
+const mp_kernel_desc *attn_kernel_desc(size_t i) { return i < N_ATTN_KERNELS ? &ATTN_KERNELS[i].desc : NULL; }
+
+static const attn_kernel *attn_entry(maskpack_isa isa) {
+    for (size_t i = 0; i < N_ATTN_KERNELS; i++)
+        if (ATTN_KERNELS[i].desc.isa == isa) return &ATTN_KERNELS[i];
+    return &ATTN_KERNELS[0];
+}
+
+/* The forward's entry: the chosen ISA's, except that avx512 runs bf16 on the AVX512-BF16 entry
+ * where the CPU has it. */
+static const attn_kernel *attn_fwd_entry(const attn_problem *P) {
+    if (P->isa == MASKPACK_ISA_AVX512 && P->bf16 && mp_cpu_has_avx512bf16()) return attn_entry(MASKPACK_ISA_AVX512_BF16);
+    return attn_entry(P->isa);
+}
+
+const char *maskpack_attention_isa_name(maskpack_attention_isa isa) { return maskpack_isa_name(isa); }
 
 maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa, maskpack_error *err) {
     MP_CHECK_NULL(err, isa, "isa");
-    if (dtype != MASKPACK_F32 && dtype != MASKPACK_BF16)
-        return mp_fail(err, MASKPACK_ERR_DTYPE, "dtype", -1, -1, "dtype: expected float32 or bfloat16, found %s",
-                       maskpack_dtype_name(dtype));
-    const char *env = getenv("MASKPACK_ISA");
-    if (env && env[0]) {
-        if (strcmp(env, "ref") == 0) {
-            *isa = MASKPACK_ATTN_ISA_REF;
-        } else if (strcmp(env, "avx512") == 0) {
-            if (!mp_cpu_has_avx512())
-                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: avx512 was forced but this CPU (or build) lacks AVX-512F/BW/VL/DQ");
-            *isa = MASKPACK_ATTN_ISA_AVX512;
-        } else if (strcmp(env, "avx2") == 0) {
-            if (!mp_cpu_has_avx2())
-                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: avx2 was forced but this CPU (or build, or OS) lacks AVX2 + FMA");
-            *isa = MASKPACK_ATTN_ISA_AVX2;
-        } else if (strcmp(env, "amx") == 0) {
-            if (!mp_cpu_has_avx512() || !mp_cpu_has_amx())
-                return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "MASKPACK_ISA", -1, -1,
-                               "MASKPACK_ISA: amx was forced but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16 "
-                               "with AVX-512");
-            *isa = MASKPACK_ATTN_ISA_AMX;
-        } else {
-            return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA", -1, -1,
-                           "MASKPACK_ISA: expected ref, avx2, avx512 or amx, found \"%.40s\"", env);
-        }
-        return mp_ok(err);
-    }
-    /* amx (bf16) > avx512 > avx2 > ref */
-    const unsigned cpu = mp_cpu_features();
-    if (cpu & MP_CPU_AVX512)
-        *isa = (dtype == MASKPACK_BF16 && mp_cpu_has_amx()) ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512;
-    else if (cpu & MP_CPU_AVX2)
-        *isa = MASKPACK_ATTN_ISA_AVX2;
-    else
-        *isa = MASKPACK_ATTN_ISA_REF;
-    return mp_ok(err);
+    return maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, dtype, MASKPACK_ISA_AUTO, isa, err);
 }
 
 /* ---- threads -------------------------------------------------------------------------------- */
@@ -248,8 +262,6 @@ void attn_load_row(float *dst, const void *src, int bf16, int64_t n) {
 
 /* ---- validation ---------------------------------------------------------------------------- */
 
-#define ATTN_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
-
 /* A per-token head tensor of the query grid (kv = 0) or key grid (kv = 1): [B,W,H,D] for padded
  * layouts, [W,H,D] or [1,W,H,D] for packed. Fills the view, heads and head dim. */
 static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int kv,
@@ -383,25 +395,6 @@ static int overlaps(const maskpack_tensor *x, const maskpack_tensor *y) {
 }
 
 /* Outputs must not overlap each other or any input. */
-/* (caller's workspace and size, bytes needed) -> *workspace usable: the caller's when it is large
- * enough, or (NULL and 0 given) a fresh allocation, also returned in *owned for the caller to free. */
-static maskpack_status take_workspace(void **workspace, size_t workspace_bytes, size_t need, void **owned,
-                                      maskpack_error *err) {
-    if (*workspace == NULL && workspace_bytes == 0) {
-        *owned = *workspace = malloc(need);
-        if (!*owned)
-            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory (%zu bytes)", need);
-        return MASKPACK_OK;
-    }
-    if (!*workspace)
-        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "workspace", -1, -1,
-                       "workspace: NULL with %zu bytes (pass NULL and 0 to let the call allocate)", workspace_bytes);
-    if (workspace_bytes < need)
-        return mp_fail(err, MASKPACK_ERR_BUFFER_TOO_SMALL, "workspace", -1, -1,
-                       "workspace: expected at least %zu bytes, found %zu", need, workspace_bytes);
-    return MASKPACK_OK;
-}
-
 static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const char *const *out_names, int n_out,
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
                                       maskpack_error *err) {
@@ -527,7 +520,7 @@ static size_t fill_items(const attn_problem *P, int32_t bq, attn_item *items, si
 /* Key groups: per row, segments whose key ranges overlap (CP pieces of one sequence share theirs)
  * are one group; perm lists each group's segments. Returns the group count; *max_width is the
  * widest group key range. */
-static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width) {
+size_t attn_build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *groups, int64_t *max_width) {
     size_t ng = 0;
     *max_width = 0;
     for (int64_t r = 0; r < L->n_rows; r++) {
@@ -558,6 +551,51 @@ static size_t build_groups(const maskpack_layout *L, size_t *perm, attn_kgroup *
             if (G.kv_end - G.kv_start > *max_width) *max_width = G.kv_end - G.kv_start;
             groups[ng++] = G;
         }
+    }
+    return ng;
+}
+
+/* The number of groups and the widest one attn_build_groups finds, without its arrays (so a size
+ * query allocates nothing). The groups depend only on the order of the key starts, ties in any
+ * order: a row whose key starts already rise (every layout the constructors build) is walked in
+ * place; any other row in key-start order by repeated selection (quadratic in that row's
+ * segments, which only hand-built layouts reach). */
+size_t attn_count_groups(const maskpack_layout *L, int64_t *max_width) {
+    size_t ng = 0;
+    *max_width = 0;
+    for (int64_t r = 0; r < L->n_rows; r++) {
+        const size_t b = mp_row_begin(L, r), e = mp_row_begin(L, r + 1);
+        int sorted = 1;
+        for (size_t x = b + 1; x < e && sorted; x++) sorted = L->segs[x - 1].kv_start <= L->segs[x].kv_start;
+        int64_t start = 0, end = 0; /* the open group: keys [start, end) */
+        int open = 0;
+        size_t cur = SIZE_MAX; /* selection: the last segment visited */
+        for (size_t step = b; step < e; step++) {
+            size_t x = step;
+            if (!sorted) { /* the next (kv_start, index) after cur's */
+                x = SIZE_MAX;
+                for (size_t y = b; y < e; y++) {
+                    const int64_t ky = L->segs[y].kv_start;
+                    if (cur != SIZE_MAX) {
+                        const int64_t kc = L->segs[cur].kv_start;
+                        if (ky < kc || (ky == kc && y <= cur)) continue;
+                    }
+                    if (x == SIZE_MAX || ky < L->segs[x].kv_start) x = y;
+                }
+                cur = x;
+            }
+            const maskpack_segment *g = &L->segs[x];
+            if (open && g->kv_start < end) {
+                if (g->kv_start + g->kv_len > end) end = g->kv_start + g->kv_len;
+                continue;
+            }
+            if (open && end - start > *max_width) *max_width = end - start;
+            start = g->kv_start;
+            end = g->kv_start + g->kv_len;
+            open = 1;
+            ng++;
+        }
+        if (open && end - start > *max_width) *max_width = end - start;
     }
     return ng;
 }
@@ -600,17 +638,14 @@ static size_t align_up(size_t x) { return (x + WS_ALIGN - 1) & ~(size_t)(WS_ALIG
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Every kernel's sizing function sits inside its kernel's target region, so the compiler may use
- * that ISA's instructions in it (clang put an AVX-512 vpmaxsq into attn_avx512_fwd_ws: SIGILL on
- * AMD Zen 3): each is called only where its kernel can run, and the workspace is the largest
- * need among those, so a size queried once serves whichever kernel a call on this CPU selects. */
+/* The workspace serves every kernel of the table this CPU runs (the largest need among them), so
+ * a size queried once serves whichever kernel a call selects. Only those kernels' sizing
+ * functions are called: each sits inside its kernel's target region, where the compiler may use
+ * that ISA's instructions. */
 static size_t fwd_thread_ws(const attn_problem *P) {
-    size_t m = attn_ref_fwd_ws(P);
-    const unsigned cpu = mp_cpu_features(); /* once: each cpuid is a hypervisor exit on a VM */
-    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_fwd_ws(P));
-    if (cpu & MP_CPU_AVX512BF16) m = max_sz(m, attn_avx512bf16_fwd_ws(P));
-    if ((cpu & MP_CPU_AVX512) && mp_cpu_has_amx()) m = max_sz(m, attn_amx_fwd_ws(P));
-    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_fwd_ws(P));
+    size_t m = 0;
+    for (size_t i = 0; i < N_ATTN_KERNELS; i++)
+        if (!mp_isa_missing(ATTN_KERNELS[i].desc.isa)) m = max_sz(m, ATTN_KERNELS[i].fwd_ws(P));
     return align_up(m);
 }
 
@@ -637,39 +672,28 @@ static int64_t bwd_tail_units(const attn_problem *P, int64_t n_units) {
     return P->n_threads > 1 && n_units >= 2 * (int64_t)P->n_threads ? P->n_threads - 1 : 0;
 }
 
-/* Bytes of the backward's tail partials: the larger of the two vector kernels' needs (the same
- * layout today), so a workspace sized once serves whichever kernel the call selects. */
+/* Bytes of the backward's tail partials and per-thread workspace: the largest among the kernels
+ * this CPU runs, as for the forward. */
 static size_t bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
-    size_t m = 0; /* (only kernels this CPU runs are asked: see fwd_thread_ws) */
-    const unsigned cpu = mp_cpu_features();
-    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_bwd_tail_bytes(P, max_width, n_tail));
-    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_bwd_tail_bytes(P, max_width, n_tail));
+    size_t m = 0;
+    for (size_t i = 0; i < N_ATTN_KERNELS; i++)
+        if (ATTN_KERNELS[i].bwd_tail_bytes && !mp_isa_missing(ATTN_KERNELS[i].desc.isa))
+            m = max_sz(m, ATTN_KERNELS[i].bwd_tail_bytes(P, max_width, n_tail));
     return m;
 }
 
 static size_t bwd_thread_ws(const attn_problem *P, int64_t max_width) {
-    size_t m = attn_ref_bwd_ws(P);
-    const unsigned cpu = mp_cpu_features();
-    if (cpu & MP_CPU_AVX512) m = max_sz(m, attn_avx512_bwd_ws(P, max_width));
-    if (cpu & MP_CPU_AVX2) m = max_sz(m, attn_avx2_bwd_ws(P, max_width));
+    size_t m = 0;
+    for (size_t i = 0; i < N_ATTN_KERNELS; i++)
+        if (!mp_isa_missing(ATTN_KERNELS[i].desc.isa)) m = max_sz(m, ATTN_KERNELS[i].bwd_ws(P, max_width));
     return align_up(m);
 }
 
 static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpack_error *err) {
     const maskpack_layout *L = P->L;
-    /* max group width is bounded by the kv grid width; use the exact value */
     size_t n = L->n_segments ? L->n_segments : 1;
-    size_t *perm = mp_alloc_array(n, sizeof *perm);
-    attn_kgroup *groups = mp_alloc_array(n, sizeof *groups);
-    if (!perm || !groups) {
-        free(perm);
-        free(groups);
-        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "out of memory");
-    }
-    int64_t w;
-    size_t ng = build_groups(L, perm, groups, &w);
-    free(perm);
-    free(groups);
+    int64_t w; /* the exact widest group (the per-thread workspace grows with it) */
+    size_t ng = attn_count_groups(L, &w);
     size_t per = bwd_thread_ws(P, w);
     size_t total = WS_ALIGN + align_up(n * sizeof(size_t)) + align_up(n * sizeof(attn_kgroup)) +
                    align_up((size_t)(L->n_rows * (L->q_width > L->kv_width ? L->q_width : L->kv_width))) +
@@ -699,6 +723,24 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
                                            const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                            double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
                                            void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    return maskpack_attention_forward_isa(layout, q, k, v, scale, softcap, out, lse, MASKPACK_ISA_AUTO, n_threads,
+                                          workspace, workspace_bytes, err);
+}
+
+/* (requested isa, q's dtype) -> P->isa: the table entry the call runs. */
+static maskpack_status pick_isa(attn_problem *P, maskpack_isa isa, maskpack_dtype dtype, maskpack_error *err) {
+    size_t i;
+    maskpack_status s = mp_kernel_pick(MASKPACK_KERNEL_ATTENTION, dtype, isa, &i, err);
+    if (s) return s;
+    P->isa = ATTN_KERNELS[i].desc.isa;
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, const maskpack_tensor *q,
+                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
+                                               double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                               maskpack_isa isa, int n_threads, void *workspace,
+                                               size_t workspace_bytes, maskpack_error *err) {
     attn_problem P;
     memset(&P, 0, sizeof P);
     maskpack_status s = check_qkv(layout, q, k, v, &P, err);
@@ -718,14 +760,17 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
         const char *in[3] = {"q", "k", "v"};
         if ((s = check_overlaps(outs, on, 2, ins, in, 3, err))) return s;
     }
-    if ((s = maskpack_attention_select_isa(q->dtype, &P.isa, err))) return s;
+    if ((s = pick_isa(&P, isa, q->dtype, err))) return s;
+    const attn_kernel *kern = attn_fwd_entry(&P);
     size_t need = 0;
     if ((s = fwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_forward_workspace", &workspace,
+                               &owned, err)))
+        return s;
     /* everything validated: from here on outputs are written */
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
-    int32_t bq = (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) ? ATTN_AMX_BQ : ATTN_BQ;
+    int32_t bq = P.bf16 ? kern->bq_bf16 : ATTN_BQ;
     attn_item *items = (attn_item *)ws;
     size_t *unit_begin = (size_t *)(ws + align_up((size_t)count_items(&P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) *
                                                   sizeof(attn_item)));
@@ -742,12 +787,7 @@ maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const 
     job.n_whole = job.by_unit ? job.n_units - (size_t)(nt - 1) : 0;
     zero_query_padding(&P, &P.out, P.have_lse);
     if (n_items) {
-        attn_thread_fn fn = attn_ref_fwd_thread;
-        if (P.isa == MASKPACK_ATTN_ISA_AVX512 || (P.isa == MASKPACK_ATTN_ISA_AMX && !P.bf16)) fn = attn_avx512_fwd_thread;
-        if (P.isa == MASKPACK_ATTN_ISA_AVX512 && P.bf16 && mp_cpu_has_avx512bf16()) fn = attn_avx512bf16_fwd_thread;
-        if (P.isa == MASKPACK_ATTN_ISA_AMX && P.bf16) fn = attn_amx_fwd_thread;
-        if (P.isa == MASKPACK_ATTN_ISA_AVX2) fn = attn_avx2_fwd_thread; /* f32 and bf16 (widened) */
-        attn_run_threads(nt, fn, &job);
+        attn_run_threads(nt, P.bf16 ? kern->fwd_bf16 : kern->fwd_f32, &job);
     }
     free(owned);
     return mp_ok(err);
@@ -775,6 +815,17 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
                                             maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
                                             int n_threads, void *workspace, size_t workspace_bytes,
                                             maskpack_error *err) {
+    return maskpack_attention_backward_isa(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
+                                           MASKPACK_ISA_AUTO, n_threads, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                                const maskpack_tensor *q, const maskpack_tensor *k,
+                                                const maskpack_tensor *v, const maskpack_tensor *out,
+                                                const maskpack_tensor *lse, double scale, double softcap,
+                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
+                                                maskpack_isa isa, int n_threads, void *workspace,
+                                                size_t workspace_bytes, maskpack_error *err) {
     attn_problem P;
     memset(&P, 0, sizeof P);
     maskpack_status s = check_qkv(layout, q, k, v, &P, err);
@@ -806,11 +857,14 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
         const char *in[6] = {"dout", "q", "k", "v", "out", "lse"};
         if ((s = check_overlaps(outs, on, 3, ins, in, 6, err))) return s;
     }
-    if ((s = maskpack_attention_select_isa(q->dtype, &P.isa, err))) return s;
+    if ((s = pick_isa(&P, isa, q->dtype, err))) return s;
+    const attn_kernel *kern = attn_entry(P.isa);
     size_t need = 0;
     if ((s = bwd_ws_size(&P, &need, err))) return s;
     void *owned = NULL;
-    if ((s = take_workspace(&workspace, workspace_bytes, need, &owned, err))) return s;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_backward_workspace", &workspace,
+                               &owned, err)))
+        return s;
     /* everything validated: from here on outputs are written */
     const maskpack_layout *L = layout;
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
@@ -823,7 +877,7 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     int64_t wmax_grid = L->q_width > L->kv_width ? L->q_width : L->kv_width;
     ws += align_up((size_t)(L->n_rows * wmax_grid));
     int64_t max_width;
-    size_t ng = build_groups(L, perm, groups, &max_width);
+    size_t ng = attn_build_groups(L, perm, groups, &max_width);
     size_t per = bwd_thread_ws(&P, max_width);
     int64_t n_tail = bwd_tail_units(&P, (int64_t)ng * P.hkv);
     float *tail_acc = (float *)ws;
@@ -851,27 +905,22 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
     job.ws = ws;
     job.ws_stride = per;
     job.n_threads = P.n_threads;
-    attn_thread_fn fn = attn_ref_bwd_thread, tail_reduce = attn_avx512_bwd_tail_reduce;
-    void (*reduce)(const attn_bwd_job *, int64_t) = attn_avx512_bwd_reduce;
-    if (P.isa == MASKPACK_ATTN_ISA_AVX2) {
-        fn = attn_avx2_bwd_thread;
-        tail_reduce = attn_avx2_bwd_tail_reduce;
-        reduce = attn_avx2_bwd_reduce;
-    } else if (P.isa != MASKPACK_ATTN_ISA_REF) {
-        fn = attn_avx512_bwd_thread;
-    }
+    /* the reference kernel has no reductions: it neither splits units nor keeps a tail */
+    const attn_thread_fn fn = kern->bwd, tail_reduce = kern->bwd_tail_reduce;
+    void (*const reduce)(const attn_bwd_job *, int64_t) = kern->bwd_reduce;
+    const int vector = reduce != NULL;
     job.unit = -1;
     /* units: dynamic over threads when there are enough of them, else one at a time with their
      * query blocks split over the threads (each thread accumulates dk/dv privately, then they are
      * summed in thread order: deterministic) */
     int nt = P.n_threads;
     if (job.n_units == 0) nt = 1;
-    job.split = nt > 1 && job.n_units < 2 * (int64_t)nt && fn != attn_ref_bwd_thread;
+    job.split = nt > 1 && job.n_units < 2 * (int64_t)nt && vector;
     P.n_threads = nt;
     job.n_threads = nt;
     job.perm = perm;
     /* the tail pieces (n_tail is 0 unless the dynamic mode runs on several threads) */
-    job.n_whole = fn != attn_ref_bwd_thread && !job.split ? job.n_units - n_tail : job.n_units;
+    job.n_whole = vector && !job.split ? job.n_units - n_tail : job.n_units;
     job.tail_acc = tail_acc;
     job.max_width = max_width;
     if (job.n_units > 0) {

@@ -582,7 +582,7 @@ void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
 }
 
 #ifndef ATTN_F32_EMULATED
-#include "target_pop.h"
+#include "../isa/target_pop.h"
 #endif
 
 #else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */

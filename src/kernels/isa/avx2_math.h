@@ -1,8 +1,8 @@
-/* gdn_avx2_math.h: vector math shared by the AVX2 + FMA code of the Gated DeltaNet kernels
- * (gdn_avx2.c, the conv in gdn_conv.c). Include only inside a region that a target pragma compiles
+/* avx2_math.h: vector math shared by the AVX2 + FMA code of the Gated DeltaNet kernels
+ * (gdn/gdn_avx2.c, conv/conv.c). Include only inside a region that a target pragma compiles
  * for "avx2,fma" (x86-64 gcc/clang): the functions carry no target attribute of their own. */
-#ifndef MASKPACK_GDN_AVX2_MATH_H
-#define MASKPACK_GDN_AVX2_MATH_H
+#ifndef MASKPACK_ISA_AVX2_MATH_H
+#define MASKPACK_ISA_AVX2_MATH_H
 
 #include <immintrin.h>
 

@@ -607,7 +607,7 @@ void attn_amx_fwd_thread(void *vjob, int tid) {
     _tile_release();
 }
 
-#include "target_pop.h"
+#include "../isa/target_pop.h"
 
 #else /* no x86-64: never selected */
 

@@ -1,0 +1,111 @@
+"""The Python package's copies of C enum values against include/maskpack.h.
+
+The package passes enum values to C as integers from its own dicts (placements, conventions, CP
+schemes, plan options, dtype codes, NPU finding codes). Nothing else ties those numbers to the
+header: this test parses the header and checks every dict entry against the named constant, so a
+renumbered or inserted C value fails here instead of silently selecting another option.
+"""
+
+import importlib
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import maskpack
+
+# the modules themselves (the package exports functions under some of these names)
+_layout, _moves, _npu, _rule, _tensors, gdn, plan = (
+    importlib.import_module("maskpack." + m) for m in ("_layout", "_moves", "_npu", "_rule", "_tensors", "gdn", "plan"))
+
+HEADER = pathlib.Path(__file__).resolve().parents[2] / "include" / "maskpack.h"
+
+
+def header_constants():
+    """Every NAME = value of every enum in the header (C comments removed first)."""
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    consts = {}
+    for body in re.findall(r"\benum\b[^{;]*\{(.*?)\}", text, flags=re.S):
+        for name, value in re.findall(r"\b(MASKPACK_\w+)\s*=\s*(-?\d+)", body):
+            assert name not in consts, f"{name} defined twice"
+            consts[name] = int(value)
+    return consts
+
+
+C = header_constants()
+
+# (Python dict, its key -> the C constant it stands for)
+TABLES = [
+    ("_layout._PLACEMENTS", _layout._PLACEMENTS,
+     {"right": "MASKPACK_PLACE_RIGHT", "left": "MASKPACK_PLACE_LEFT", "packed": "MASKPACK_PLACE_PACKED"}),
+    ("_layout._MASK2D_CONV", _layout._MASK2D_CONV, {"keep": "MASKPACK_MASK2D_KEEP", "doc_id": "MASKPACK_MASK2D_DOC_ID"}),
+    ("_layout._MASK_CONV", _layout._MASK_CONV,
+     {"keep": "MASKPACK_MASK_KEEP", "masked": "MASKPACK_MASK_MASKED", "additive": "MASKPACK_MASK_ADDITIVE"}),
+    ("_layout._CU_FORMS", _layout._CU_FORMS, {"te": "MASKPACK_CU_TE", "npu": "MASKPACK_CU_NPU"}),
+    ("_layout._BOUNDARY", _layout._BOUNDARY, {"reset": "MASKPACK_BOUNDARY_RESET", "step": "MASKPACK_BOUNDARY_STEP"}),
+    ("_layout._FILLS", _layout._FILLS, {"-inf": "MASKPACK_FILL_NEG_INF", "min": "MASKPACK_FILL_DTYPE_MIN"}),
+    ("_layout.NPU_LAYOUTS", _layout.NPU_LAYOUTS, {n: "MASKPACK_NPU_" + n for n in ("BSND", "BNSD", "BSH", "SBH", "TND")}),
+    ("_rule.ALIGNMENTS", _rule.ALIGNMENTS,
+     {"top_left": "MASKPACK_ALIGN_TOP_LEFT", "bottom_right": "MASKPACK_ALIGN_BOTTOM_RIGHT"}),
+    # Ulysses splits the sequence in contiguous pieces: the contiguous scheme
+    ("_moves._SCHEMES", _moves._SCHEMES,
+     {"zigzag": "MASKPACK_CP_ZIGZAG", "contiguous": "MASKPACK_CP_CONTIGUOUS", "ulysses": "MASKPACK_CP_CONTIGUOUS"}),
+    ("_moves._ALIGNS", _moves._ALIGNS, {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"}),
+    ("_moves._PLACEMENTS", _moves._PLACEMENTS, {"right": "MASKPACK_PLACE_RIGHT", "left": "MASKPACK_PLACE_LEFT"}),
+    ("_moves._LOSS_MODES", _moves._LOSS_MODES, {"token": "MASKPACK_LOSS_TOKEN", "sequence": "MASKPACK_LOSS_SEQUENCE"}),
+    ("plan._ALIGN", plan._ALIGN, {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"}),
+    ("plan._OBJECTIVE", plan._OBJECTIVE, {"tokens": "MASKPACK_PLAN_TOKENS", "attention": "MASKPACK_PLAN_ATTENTION"}),
+    ("plan._ALGORITHM", plan._ALGORITHM,
+     {"bfd": "MASKPACK_PLAN_BFD", "ffd": "MASKPACK_PLAN_FFD", "nextfit": "MASKPACK_PLAN_NEXTFIT"}),
+    ("plan._ROW_WIDTH", plan._ROW_WIDTH, {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"}),
+]
+
+DTYPE_CONST = {"bool": "MASKPACK_BOOL", "uint8": "MASKPACK_U8", "int8": "MASKPACK_I8", "int16": "MASKPACK_I16",
+               "int32": "MASKPACK_I32", "int64": "MASKPACK_I64", "float16": "MASKPACK_F16",
+               "bfloat16": "MASKPACK_BF16", "float32": "MASKPACK_F32", "float64": "MASKPACK_F64"}
+
+
+def test_header_parsed():
+    # the parse itself: known values, and enough of them that a broken regex cannot pass silently
+    assert C["MASKPACK_ERR_UNSUPPORTED"] == 16 and C["MASKPACK_F32"] == 8 and C["MASKPACK_NPU_TND"] == 4
+    assert len(C) > 90
+
+
+@pytest.mark.parametrize("name,table,consts", TABLES, ids=[t[0] for t in TABLES])
+def test_python_enum_dicts_match_header(name, table, consts):
+    assert set(table) == set(consts), f"{name}: keys {sorted(table)} vs the checked {sorted(consts)}"
+    for key, const in consts.items():
+        assert const in C, f"{name}[{key!r}]: {const} is not in maskpack.h"
+        assert table[key] == C[const], f"{name}[{key!r}] = {table[key]}, maskpack.h has {const} = {C[const]}"
+
+
+def test_dtype_codes_match_header():
+    assert set(_tensors.DTYPE_NAMES) == set(DTYPE_CONST)
+    for code, n in enumerate(_tensors.DTYPE_NAMES):
+        assert code == C[DTYPE_CONST[n]], f"DTYPE_NAMES[{code}] = {n!r}, maskpack.h has {DTYPE_CONST[n]} = {C[DTYPE_CONST[n]]}"
+    assert len(_tensors.DTYPE_NAMES) == C["MASKPACK_DTYPE_COUNT_"]
+    for t, code in gdn._CODES.items():
+        assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"gdn._CODES[{t}]"
+    for d, code in _tensors._NP_CODE.items():
+        assert code == C[DTYPE_CONST[np.dtype(d).name if np.dtype(d).name != "bool" else "bool"]], f"_NP_CODE[{d}]"
+    assert _tensors._torch_code(torch, torch.bfloat16) == C["MASKPACK_BF16"]
+
+
+def test_npu_finding_names_match_header():
+    for code, const in _npu.NPU_FINDING_NAMES.items():
+        assert C.get(const) == code, f"NPU_FINDING_NAMES[{code}] = {const}, maskpack.h has {C.get(const)}"
+    # every finding the header defines has a name on the Python side
+    mask_kinds = {"MASKPACK_NPU_MASK_" + n for n in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")}
+    findings = {k for k in C if k.startswith("MASKPACK_NPU_") and k not in mask_kinds
+                and k[len("MASKPACK_NPU_"):] not in _layout.NPU_LAYOUTS}
+    assert findings == set(_npu.NPU_FINDING_NAMES.values())
+
+
+def test_isa_names_are_the_header_vocabulary():
+    # the names the bindings return come from the C side; they are the header's ISAs
+    isas = {k[len("MASKPACK_ISA_"):].lower() for k in C if k.startswith("MASKPACK_ISA_") and not k.endswith("COUNT_")}
+    assert isas == {"auto", "ref", "avx2", "avx512", "avx512_bf16", "amx"}
+    assert maskpack.gdn_isa() in isas
+    assert maskpack.attention_isa("float32") in isas
