@@ -12,6 +12,8 @@ static void print_help(FILE *f) {
             "  maskpack inspect [FILE] [options]   report a batch's layout and its inconsistencies\n"
             "                                      (without FILE: an embedded sample batch)\n"
             "  maskpack plan LENGTHS --capacity N  pack sequences into rows, balance them across ranks\n"
+            "  maskpack cp-sim [options]           context parallelism on paper: per-rank attention work,\n"
+            "                                      tokens and ring bytes under zigzag / contiguous / area\n"
             "  maskpack help [COMMAND]             this text, or a command's options\n"
             "  maskpack --version                  print the version\n"
             "\n"
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "inspect") == 0) return cli_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return maskpack_cli_plan(argc - 2, argv + 2);
+    if (strcmp(cmd, "cp-sim") == 0) return maskpack_cli_cp_sim(argc - 2, argv + 2);
     fprintf(stderr, "maskpack: unknown command '%s' (try 'maskpack help')\n", cmd);
     return CLI_EXIT_USAGE;
 }

@@ -437,6 +437,44 @@ def case_plan_bad_inputs():
            out_has=["micro-batch cost: mean 9, max 11"])
 
 
+def case_cp_sim():
+    """cp-sim: per-rank attention work and tokens under the three assignments, a picture, bad values."""
+    png = tmp("cp.png")
+    out = expect(["cp-sim", "--tokens", "200000", "--ranks", "8,64", "--mix", "chat", "--png", png], 0,
+                 out_has=["200000 tokens in", "chat mix", "wrote " + png])
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 7 and f[0].isdigit():
+            rows[(int(f[0]), f[1])] = [float(x) for x in f[2:]]
+    check(sorted(rows) == [(c, s) for c in (8, 64) for s in ("area-balanced", "contiguous", "zigzag")],
+          "a row per rank count and scheme: %r" % sorted(rows))
+    for cp in (8, 64):
+        zz, ct, ab = rows[(cp, "zigzag")], rows[(cp, "contiguous")], rows[(cp, "area-balanced")]
+        # causal documents: zigzag balances work far better than contiguous pieces, area-balanced best
+        check(zz[1] < ct[1] and ab[1] <= zz[1] + 1e-9 and ab[1] < 1.01, "cp %d work imbalance %r" % (cp, rows))
+        # zigzag and contiguous hold equal token counts; the area-balanced dealing does not
+        check(zz[3] == 1.0 and ct[3] == 1.0 and ab[3] >= 1.0, "cp %d token imbalance" % cp)
+        # ring bytes per step follow the largest rank's tokens (8 heads x 128 x 2 bytes, K and V)
+        check(abs(zz[4] - zz[2] * 2 * 8 * 128 * 2) <= 1e-3 * zz[4], "cp %d ring bytes" % cp)
+    with open(png, "rb") as f:
+        head = f.read(24)
+    check(head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", head[16:20])[0] == 64 * 8 + 20,
+          "the picture: a PNG one bar of 8 pixels per rank wide")
+    again = expect(["cp-sim", "--tokens", "200000", "--ranks", "8,64", "--mix", "chat"], 0)
+    def table(text):
+        return [line for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
+
+    check(table(again) == table(out) and len(table(out)) == 6, "the same seed: the same table")
+    other = expect(["cp-sim", "--tokens", "200000", "--ranks", "8", "--seed", "7"], 0)
+    check("lognormal mix" in other, "another seed and mix")
+    expect(["cp-sim", "--ranks", "0"], 2, err_has=["--ranks: expected up to 16 counts in [1, 65536]"])
+    expect(["cp-sim", "--mix", "zipf"], 2, err_has=["--mix: expected lognormal, chat or uniform, found 'zipf'"])
+    expect(["cp-sim", "--tokens", "-5"], 2, err_has=["--tokens: expected an integer in [1, 2^40], found '-5'"])
+    expect(["cp-sim", "--bogus", "1"], 2, err_has=["unknown option '--bogus'"])
+    expect(["cp-sim", "--help"], 0, out_has=["usage: maskpack cp-sim"])
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
