@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ._errors import Error
 
-__all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp"]
+__all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
+           "attention_cp"]
 
 
 def _rank_size(group) -> tuple:
@@ -306,3 +307,35 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
     p = torch.tensor_split(prefix, n, dim=1)[rank] if prefix is not None else None
     y, state = causal_conv1d(xw, w, layout, activation=activation, prefix=p, threads=threads)
     return _sequences_to_heads(y, *args), _GatherReplicated.apply(state, group, 1)
+
+
+# ---- attention across ranks (keys and values all-gathered) ----------------------------------------------
+
+
+def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, scheme="zigzag", tp=1,
+                 align="verl"):
+    """Context-parallel attention (reached through :func:`maskpack.attention`'s ``group=``): q, k, v are
+    this rank's CP shard of the whole batch ``layout``; the keys and values of every rank are
+    all-gathered into the aligned whole batch and the rank's queries attend to them through its shard
+    layout (``layout.cp_shard``: the original rule at the global positions), so the result equals the
+    single-process run bitwise. Backward: the kernel's dk, dv of the whole batch are reduce-scattered
+    back to each rank's shard (the all-gather's adjoint). This is the all-gather form of context
+    parallelism (memory for the whole K/V per rank, one exchange per call), not a ring: no overlap of
+    communication with the tiles. Returns this rank's out [T_local, H, D]; differentiable."""
+    from ._moves import relayout
+    from .attention import attention_autograd
+
+    rank, n = _rank_size(group)
+    local = None
+    try:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_shard(name, x, layout, n, rank, scheme, tp, align)
+    except (Error, TypeError) as exc:
+        local = exc
+    _agree(group, layout, ("attention", scheme, tp, align, tuple(k.shape[1:]), tuple(v.shape[1:]),
+                           str(k.dtype)), local)
+    whole = layout._cp_global(n, tp, align, scheme)  # the grid the shard layouts' keys index
+    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
+    kw, vw = (relayout(cp_all_gather(x, layout, group, scheme=scheme, tp=tp, align=align), layout, whole)
+              for x in (k, v))
+    return attention_autograd(q, kw, vw, mine, scale=scale, softcap=softcap, threads=threads)

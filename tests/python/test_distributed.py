@@ -263,3 +263,62 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
                 assert arg == "group" and "rank 0 refused its arguments" in msg
             msg, arg = errs["layout"]  # each rank's part fits its own layout; the fingerprints do not agree
             assert arg == "layout" and f"rank {world - 1} disagrees with rank 0 about the layout" in msg, msg
+
+
+# ---- attention across ranks (K/V all-gathered) -------------------------------------------------------
+
+
+def _attn_cases():
+    """(layout, rule kwargs of attention): packed causal documents with GQA, a sliding window with a
+    softcap, and a padded batch."""
+    packed = maskpack.Layout.from_lengths(GDN_LENGTHS, placement="packed")
+    windowed = maskpack.Layout.from_lengths(GDN_LENGTHS, placement="packed", window=(9, 0))
+    padded = maskpack.Layout.from_lengths(GDN_LENGTHS, placement="right")
+    return [(packed, {}), (windowed, {"softcap": 5.0}), (padded, {})]
+
+
+def _attn_tensors(lay, seed):
+    g0 = torch.Generator().manual_seed(seed)
+    lead = (lay.n_rows, lay.q_width) if not lay.packed else (lay.n_rows * lay.q_width,)
+    q = torch.randn(*lead, 4, 16, generator=g0)
+    k, v = (torch.randn(*lead, 2, 16, generator=g0) for _ in range(2))  # GQA: 4 query heads over 2
+    do = torch.randn(*lead, 4, 16, generator=g0)
+    return q, k, v, do
+
+
+def _attn_worker(rank, world, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        res = []
+        for i, (lay, kw) in enumerate(_attn_cases()):
+            q, k, v, do = _attn_tensors(lay, 30 + i)
+            leaves = [lay.shard(x, world, rank).clone().requires_grad_() for x in (q, k, v)]
+            o = maskpack.attention(*leaves, lay, group=dist.group.WORLD, threads=1, **kw)
+            (o * lay.shard(do, world, rank)).sum().backward()
+            res.append({"o": o.detach(), "grads": [x.grad for x in leaves]})
+        torch.save(res, os.path.join(out_dir, f"attn{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_attention_across_ranks_equals_the_single_process_run(world):
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        mp.start_processes(_attn_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
+        torch.set_num_threads(1)
+        got = [torch.load(os.path.join(d, f"attn{r}.pt")) for r in range(world)]
+        for i, (lay, kw) in enumerate(_attn_cases()):
+            q, k, v, do = _attn_tensors(lay, 30 + i)
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            o = maskpack.attention_autograd(*leaves, lay, threads=1, **kw)
+            (o * do).sum().backward()
+            for r in range(world):
+                # the same kernel over the same keys at the same positions: the output bitwise
+                assert torch.equal(got[r][i]["o"], lay.shard(o.detach(), world, r)), (i, r)
+                # dq bitwise; dk, dv summed over the ranks' contributions: within float32 rounding
+                assert torch.equal(got[r][i]["grads"][0], lay.shard(leaves[0].grad, world, r)), (i, r)
+                for gr, leaf in zip(got[r][i]["grads"][1:], leaves[1:]):
+                    torch.testing.assert_close(gr, lay.shard(leaf.grad, world, r), rtol=1e-5, atol=1e-6)
