@@ -1,0 +1,139 @@
+"""bench_cp.py: context parallelism over 2 gloo processes against one process, 1 thread each.
+
+GDN: T = 16384 tokens in 4 segments, H = 16 key heads, HV = 32 value heads, K = V = 128, float32; one
+process runs maskpack.gated_delta_rule on the whole batch, 2 processes their zigzag shards with
+gated_delta_rule(..., group=) (head-parallel: all-to-all to whole sequences of HV/2 heads, the kernel,
+all-to-all back). Attention: one causal sequence of S = 16384, H = 8, D = 128, float32; 2 processes run
+attention(..., group=) (K/V all-gathered, each rank's zigzag queries; no ring). Forward, and forward +
+backward of sum(o * dO). The two sides alternate pair by pair inside the same two processes (rank 0
+runs the single-process baseline while rank 1 waits, then both run the CP step); the median of the
+per-pair ratios is the figure. Targets (issue 21): GDN forward >= 1.6x, forward + backward >= 1.5x;
+attention >= 1.7x. A 2-core machine runs the two ranks on its two cores; anything else running there
+slows the CP side only (two busy cores against one), so quote a quiet run.
+
+    .venv/bin/python bench/bench_cp.py [--pairs 3] [--tokens 16384] [--what gdn,attention]
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import maskpack
+
+
+def _inputs(T, H, HV, K, V, n_seg):
+    g0 = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(T, H, K, generator=g0) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=g0)
+    g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=g0)) * 0.1
+    beta = torch.sigmoid(torch.randn(T, HV, generator=g0))
+    do = torch.randn(T, HV, V, generator=g0)
+    lay = maskpack.Layout.from_lengths([T // n_seg] * n_seg, placement="packed")
+    return [q, k, v, g, beta], do, lay
+
+
+def _attn_inputs(S):
+    g0 = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(S, 8, 128, generator=g0) for _ in range(4))
+    return [q, k, v], do, maskpack.Layout.from_lengths([S], placement="packed")
+
+
+def _worker(rank, world, init, args, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        res = {}
+        for what in args.what.split(","):
+            if what == "gdn":
+                xs, do, lay = _inputs(args.tokens, 16, 32, 128, 128, 4)
+
+                def run(leaves, layout, group=None):
+                    return maskpack.gated_delta_rule(*leaves, layout, threads=1, group=group)[0]
+            else:
+                xs, do, lay = _attn_inputs(args.tokens)
+
+                def run(leaves, layout, group=None):
+                    return maskpack.attention(*leaves, layout, threads=1, group=group) if group is not None \
+                        else maskpack.attention_autograd(*leaves, layout, threads=1)
+            _measure(rank, world, args, xs, do, lay, run, res, what)
+        if rank == 0:
+            torch.save(res, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(rank, world, args, xs, do, lay, run, res, what):
+    local = [lay.shard(x, world, rank) for x in xs]
+    do_local = lay.shard(do, world, rank)
+
+    def single(backward):
+        leaves = [x.clone().requires_grad_(backward) for x in xs]
+        t = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            o = run(leaves, lay)
+            if backward:
+                (o * do).sum().backward()
+        return time.perf_counter() - t
+
+    def sharded(backward):
+        leaves = [x.clone().requires_grad_(backward) for x in local]
+        dist.barrier()
+        t = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            o = run(leaves, lay, dist.group.WORLD)
+            if backward:
+                (o * do_local).sum().backward()
+        dist.barrier()
+        return time.perf_counter() - t
+
+    if True:
+        for backward in (False, True):
+            sharded(backward)  # warm-up: connections, caches
+            if rank == 0:
+                single(backward)
+            ratios, t1, t2 = [], [], []
+            for _ in range(args.pairs):
+                dist.barrier()
+                a = single(backward) if rank == 0 else 0.0
+                dist.barrier()
+                b = sharded(backward)
+                if rank == 0:
+                    t1.append(a)
+                    t2.append(b)
+                    ratios.append(a / b)
+            res[(what, backward)] = (statistics.median(ratios) if ratios else 0.0, t1, t2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--what", default="gdn,attention")
+    args = ap.parse_args()
+    print(f"bench_cp: {os.cpu_count()} CPUs, torch {torch.__version__}, T = S = {args.tokens}, float32, 2 gloo "
+          f"ranks of 1 thread against 1 process of 1 thread; load average %.2f %.2f %.2f" % os.getloadavg())
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "res.pt")
+        mp.start_processes(_worker, args=(2, os.path.join(d, "init"), args, out), nprocs=2, join=True,
+                           start_method="spawn")
+        res = torch.load(out)
+    targets = {("gdn", False): 1.6, ("gdn", True): 1.5, ("attention", False): 1.7, ("attention", True): 1.7}
+    labels = {"gdn": "GDN (4 segments, H 16, HV 32, K = V = 128), head-parallel",
+              "attention": "attention (causal, H 8, D 128), K/V all-gathered"}
+    for (what, backward), (r, t1, t2) in sorted(res.items()):
+        name = f"{labels[what]}, {'forward + backward' if backward else 'forward'}"
+        tgt = targets[(what, backward)]
+        print(f"  {name}: 1 process {statistics.median(t1) * 1e3:8.1f} ms, 2 ranks {statistics.median(t2) * 1e3:8.1f} "
+              f"ms: speed-up {r:4.2f}x (median of {len(t1)} pairs; target >= {tgt}x: {'met' if r >= tgt else 'NOT met'})")
+    print("  not built: the sequence-parallel GDN way, ring attention with overlap")
+    print("  load average %.2f %.2f %.2f" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
