@@ -65,7 +65,12 @@ def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
     codes = [0 if local is None else 1, _fingerprint(layout) if local is None else 0]
     codes += [_stable(w) for w in what]
     mine = torch.tensor([n] + codes, dtype=torch.int64)
-    everyone = torch.stack(_all_gather(mine, group))
+    try:
+        everyone = torch.stack(_all_gather(mine, group))
+    except RuntimeError as exc:  # the backend's timeout or a closed connection: a rank died or never came
+        raise Error(f"group: the ranks' agreement exchange failed on rank {rank} (a rank died, never joined, or "
+                    f"did not make this call within the group's timeout): {exc}", "MASKPACK_ERR_COMM",
+                    argument="group") from exc
     if local is not None:
         raise local
     for r in range(n):

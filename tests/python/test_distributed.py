@@ -4,6 +4,7 @@ cp_loss. Expected values come from a dense single-process computation of the sam
 
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -322,3 +323,32 @@ def test_attention_across_ranks_equals_the_single_process_run(world):
                 assert torch.equal(got[r][i]["grads"][0], lay.shard(leaves[0].grad, world, r)), (i, r)
                 for gr, leaf in zip(got[r][i]["grads"][1:], leaves[1:]):
                     torch.testing.assert_close(gr, lay.shard(leaf.grad, world, r), rtol=1e-5, atol=1e-6)
+
+
+def _deserter_worker(rank, world, init_file, out_dir):
+    import datetime
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=5))
+    if rank == 1:
+        os._exit(0)  # dies without a word: never makes the call, never tears the group down
+    lay = maskpack.Layout.from_lengths([8, 4], placement="packed")
+    t0 = time.monotonic()
+    try:
+        maskpack.cp_all_gather(lay.shard(torch.zeros(12, 2), world, rank), lay, dist.group.WORLD)
+        result = ("returned", "")
+    except maskpack.Error as e:
+        result = (e.status, str(e))
+    torch.save({"result": result, "seconds": time.monotonic() - t0}, os.path.join(out_dir, "deserter.pt"))
+    os._exit(0)
+
+
+def test_a_rank_that_dies_makes_the_others_fail_not_hang():
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        ctx = mp.start_processes(_deserter_worker, args=(2, init, d), nprocs=2, join=False, start_method="spawn")
+        ctx.join(timeout=120)
+        got = torch.load(os.path.join(d, "deserter.pt"))
+        status, msg = got["result"]
+        assert status == "MASKPACK_ERR_COMM" and "agreement exchange failed on rank 0" in msg
+        assert got["seconds"] < 60  # the group's timeout, not forever
