@@ -142,8 +142,8 @@ static void stats(const rank_load *l, int64_t cp, int tokens, double *mx, double
  * heights relative to the heaviest rank of all schemes, the mean as a black line. */
 static int write_png(const char *path, const rank_load *load, int64_t cp) {
     const int bar = cp <= 64 ? 8 : cp <= 128 ? 4 : 2, band_h = 120, gap = 14;
-    const int W = (int)(cp * bar) + 20, H = SCHEMES * (band_h + gap) + gap;
-    uint8_t *img = malloc((size_t)W * (size_t)H * 3);
+    const int W = (int)(cp * bar) + 20, H = SCHEMES * (band_h + gap) + gap, row = W * 3; /* cp <= 65536 */
+    uint8_t *img = mp_alloc_array((size_t)row, (size_t)H);
     if (!img) return 1;
     memset(img, 255, (size_t)W * (size_t)H * 3);
     static const uint8_t colour[SCHEMES][3] = {{31, 119, 180}, {214, 39, 40}, {44, 160, 44}};
@@ -240,7 +240,8 @@ int maskpack_cli_cp_sim(int argc, char **argv) {
     uint64_t rng = o.seed;
     while (len && got < o.tokens) {
         if (n == cap) {
-            int64_t *g = mp_realloc_array(len, cap * 2, sizeof *len);
+            size_t grown;
+            int64_t *g = mp_mul_size(cap, 2, &grown) ? NULL : mp_realloc_array(len, grown, sizeof *len);
             if (!g) break;
             len = g;
             cap *= 2;
@@ -254,8 +255,8 @@ int maskpack_cli_cp_sim(int argc, char **argv) {
     for (int i = 0; i < o.n_ranks; i++) cp_max = o.ranks[i] > cp_max ? o.ranks[i] : cp_max;
     size_t n_chunks = 0;
     for (size_t d = 0; len && d < n; d++) n_chunks += (size_t)((len[d] + o.chunk - 1) / o.chunk);
-    rank_load *load = mp_alloc_array((size_t)(SCHEMES * cp_max), sizeof *load);
-    double *heap = mp_alloc_array(n_chunks ? 4 * n_chunks : 1, sizeof *heap);
+    rank_load *load = mp_alloc_array((size_t)cp_max, SCHEMES * sizeof *load);
+    double *heap = mp_alloc_array(n_chunks ? n_chunks : 1, 4 * sizeof *heap); /* areas, tokens, pairs */
     if (!len || got < o.tokens || !load || !heap) {
         free(len);
         free(load);
