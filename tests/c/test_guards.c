@@ -1,0 +1,298 @@
+/* test_guards.c: the argument guards of the tensor kernels (Gated DeltaNet and its conv, L2 norm and
+ * gates, the attention forward and backward), each reached on purpose. Every call first runs with
+ * all arguments valid (the control), then once per tensor argument with that one argument spoiled:
+ * NULL, a dtype the call does not take, one dimension too many, a wrong extent, or (outputs) the
+ * memory of an input. Each spoiled call must fail with the status of that kind, name the spoiled
+ * argument in e.argument, and leave every output untouched. */
+#include "check.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define MAXS 16
+
+/* One tensor argument: its own f32 storage (sized for the largest spoiling below), the valid view,
+ * the name the library reports, whether it may be NULL, and whether the call writes it. */
+typedef struct slot {
+    const char *name;
+    float *mem;
+    int64_t n;
+    maskpack_tensor t;
+    int optional, output;
+    /* a wrong last extent: reported with this status, naming this argument (the argument whose
+     * extents the others are checked against is not the one named: the first that disagrees is) */
+    maskpack_status ext_status;
+    const char *ext_blame;
+} slot;
+
+typedef struct call {
+    const char *what;
+    int n;
+    slot s[MAXS];
+    const maskpack_tensor *p[MAXS]; /* what the adapter passes: &s[i].t, a spoiled copy, or NULL */
+    maskpack_status (*run)(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e);
+} call;
+
+static slot *add(call *c, const char *name, int ndim, const int64_t *shape, int optional, int output) {
+    slot *s = &c->s[c->n++];
+    s->ext_status = MASKPACK_ERR_SHAPE;
+    s->ext_blame = name;
+    s->name = name;
+    s->n = 1;
+    for (int d = 0; d < ndim; d++) s->n *= shape[d];
+    s->mem = calloc((size_t)s->n * 2 + 16, sizeof(float)); /* room for an extent one larger */
+    for (int64_t i = 0; i < s->n; i++) s->mem[i] = output ? 0.0f : 0.25f + 0.01f * (float)(i % 7);
+    s->t = maskpack_tensor_contiguous(s->mem, MASKPACK_F32, ndim, shape);
+    s->optional = optional;
+    s->output = output;
+    return s;
+}
+static void blame(slot *s, maskpack_status st, const char *name) {
+    s->ext_status = st;
+    s->ext_blame = name;
+}
+
+static void call_free(call *c) {
+    for (int i = 0; i < c->n; i++) free(c->s[i].mem);
+}
+
+#define SENT 12345.0f
+
+static void mark_outputs(call *c) {
+    for (int i = 0; i < c->n; i++)
+        if (c->s[i].output)
+            for (int64_t k = 0; k < c->s[i].n * 2 + 16; k++) c->s[i].mem[k] = SENT;
+}
+static int outputs_untouched(const call *c) {
+    for (int i = 0; i < c->n; i++)
+        if (c->s[i].output)
+            for (int64_t k = 0; k < c->s[i].n * 2 + 16; k++)
+                if (c->s[i].mem[k] != SENT) return 0;
+    return 1;
+}
+
+/* Runs c with argument i replaced by `bad` (NULL: the argument NULL); expects status `want` naming it. */
+static void expect_spoiled(call *c, const maskpack_layout *L, int i, const maskpack_tensor *bad, maskpack_status want,
+                           const char *named_arg, const char *how) {
+    for (int k = 0; k < c->n; k++) c->p[k] = &c->s[k].t;
+    c->p[i] = bad;
+    mark_outputs(c);
+    maskpack_error e;
+    memset(&e, 0, sizeof e);
+    const maskpack_status s = c->run(L, c->p, &e);
+    const int named = strcmp(e.argument, named_arg) == 0;
+    if (s != want || !named || !outputs_untouched(c))
+        fprintf(stderr, "%s: %s %s: got %s naming '%s' (%s), expected %s\n", c->what, c->s[i].name, how,
+                maskpack_status_name(s), e.argument, e.message, maskpack_status_name(want));
+    CHECK_EQ(s, want);
+    CHECK(named);
+    CHECK(outputs_untouched(c));
+}
+
+static void sweep(call *c, const maskpack_layout *L) {
+    maskpack_error e;
+    for (int k = 0; k < c->n; k++) c->p[k] = &c->s[k].t;
+    CHECK_OK(c->run(L, c->p, &e), e); /* the control */
+    for (int i = 0; i < c->n; i++) {
+        const slot *s = &c->s[i];
+        if (!s->optional) expect_spoiled(c, L, i, NULL, MASKPACK_ERR_NULL_ARGUMENT, s->name, "NULL");
+        maskpack_tensor t = s->t;
+        t.dtype = MASKPACK_I32;
+        expect_spoiled(c, L, i, &t, MASKPACK_ERR_DTYPE, s->name, "int32");
+        /* one dimension too many: a trailing extent of 1 */
+        t = s->t;
+        t.shape[t.ndim] = 1;
+        t.strides[t.ndim] = 1;
+        t.ndim++;
+        expect_spoiled(c, L, i, &t, MASKPACK_ERR_SHAPE, s->name, "rank + 1");
+        /* the last extent one larger (contiguous again) */
+        int64_t shape[MASKPACK_MAX_DIMS];
+        memcpy(shape, s->t.shape, sizeof shape);
+        shape[s->t.ndim - 1]++;
+        t = maskpack_tensor_contiguous(s->mem, MASKPACK_F32, s->t.ndim, shape);
+        expect_spoiled(c, L, i, &t, s->ext_status, s->ext_blame, "last extent + 1");
+        /* an output written over the first input's memory */
+        if (s->output) {
+            t = s->t;
+            t.data = c->s[0].mem;
+            expect_spoiled(c, L, i, &t, MASKPACK_ERR_OVERLAP, s->name, "over input 0");
+        }
+    }
+}
+
+/* ---- adapters ---------------------------------------------------------------------------------- */
+
+#define P(i) (p[i])
+#define W(i) ((maskpack_tensor *)(uintptr_t)p[i])
+
+static maskpack_status run_conv(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_causal_conv1d(L, P(0), P(1), P(2), 1, 1, W(3), W(4), e);
+}
+static maskpack_status run_conv_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_causal_conv1d_backward(L, P(0), P(1), P(2), 1, P(3), P(4), 1, W(5), W(6), W(7), e);
+}
+static maskpack_status run_l2(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_gdn_l2norm(L, P(0), MASKPACK_GDN_L2_EPS, W(1), e);
+}
+static maskpack_status run_l2_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_gdn_l2norm_backward(L, P(0), P(1), MASKPACK_GDN_L2_EPS, W(2), e);
+}
+static maskpack_status run_gates(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_gdn_gates(L, P(0), P(1), P(2), P(3), W(4), W(5), e);
+}
+static maskpack_status run_gates_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_gdn_gates_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), W(6), W(7), W(8), W(9), e);
+}
+static maskpack_status run_gdn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    const maskpack_gdn_inputs in = {P(0), P(1), P(2), P(3), P(4), P(5)};
+    const maskpack_gdn_options o = maskpack_gdn_options_default();
+    return maskpack_gdn_forward(L, &in, &o, W(6), W(7), NULL, 0, e);
+}
+static maskpack_status run_gdn_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    const maskpack_gdn_inputs in = {P(0), P(1), P(2), P(3), P(4), P(5)};
+    const maskpack_gdn_options o = maskpack_gdn_options_default();
+    maskpack_gdn_grads g = {W(8), W(9), W(10), W(11), W(12), W(13)};
+    return maskpack_gdn_backward(L, &in, P(6), P(7), &o, &g, NULL, 0, e);
+}
+static maskpack_status run_attn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_attention_forward(L, P(0), P(1), P(2), 0.0, 0.0, W(3), W(4), 1, NULL, 0, e);
+}
+static maskpack_status run_attn_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
+    return maskpack_attention_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), 0.0, 0.0, W(6), W(7), W(8), 1, NULL, 0,
+                                       e);
+}
+
+/* T = 8 tokens in two segments (5 and 3), packed */
+enum { T = 8, N = 2, C = 8, KW = 4, H = 2, HV = 4, K = 16, V = 16, D = 16 };
+
+static void test_gdn_side_ops(const maskpack_layout *L) {
+    const int64_t tc[2] = {T, C}, w[2] = {C, KW}, st[3] = {N, C, KW - 1};
+    call c = {.what = "causal_conv1d", .run = run_conv};
+    blame(add(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
+    blame(add(&c, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight"); /* W = 5 */
+    add(&c, "prefix", 3, st, 1, 0);
+    add(&c, "y", 2, tc, 0, 1);
+    add(&c, "conv_state", 3, st, 1, 1);
+    sweep(&c, L);
+    call_free(&c);
+
+    call b = {.what = "causal_conv1d_backward", .run = run_conv_bwd};
+    blame(add(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
+    blame(add(&b, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight");
+    add(&b, "prefix", 3, st, 1, 0);
+    add(&b, "dy", 2, tc, 0, 0);
+    add(&b, "d_conv_state", 3, st, 1, 0);
+    add(&b, "dx", 2, tc, 1, 1);
+    add(&b, "dweight", 2, w, 1, 1);
+    add(&b, "d_prefix", 3, st, 1, 1);
+    sweep(&b, L);
+    call_free(&b);
+
+    const int64_t thd[3] = {T, H, D};
+    call l = {.what = "gdn_l2norm", .run = run_l2};
+    blame(add(&l, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "y");
+    add(&l, "y", 3, thd, 0, 1);
+    sweep(&l, L);
+    call_free(&l);
+    call lb = {.what = "gdn_l2norm_backward", .run = run_l2_bwd};
+    blame(add(&lb, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "dy");
+    add(&lb, "dy", 3, thd, 0, 0);
+    add(&lb, "dx", 3, thd, 0, 1);
+    sweep(&lb, L);
+    call_free(&lb);
+
+    const int64_t th[2] = {T, HV}, hv[1] = {HV};
+    call g = {.what = "gdn_gates", .run = run_gates};
+    blame(add(&g, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
+    add(&g, "b", 2, th, 0, 0);
+    add(&g, "A_log", 1, hv, 0, 0);
+    add(&g, "dt_bias", 1, hv, 0, 0);
+    add(&g, "g", 2, th, 1, 1); /* either output may be skipped */
+    add(&g, "beta", 2, th, 1, 1);
+    sweep(&g, L);
+    call_free(&g);
+    call gb = {.what = "gdn_gates_backward", .run = run_gates_bwd};
+    blame(add(&gb, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
+    add(&gb, "b", 2, th, 0, 0);
+    add(&gb, "A_log", 1, hv, 0, 0);
+    add(&gb, "dt_bias", 1, hv, 0, 0);
+    add(&gb, "dg", 2, th, 1, 0);
+    add(&gb, "dbeta", 2, th, 1, 0);
+    add(&gb, "da", 2, th, 1, 1); /* any gradient may be skipped */
+    add(&gb, "db", 2, th, 1, 1);
+    add(&gb, "dA_log", 1, hv, 1, 1);
+    add(&gb, "ddt_bias", 1, hv, 1, 1);
+    sweep(&gb, L);
+    call_free(&gb);
+}
+
+static void test_gdn_rule(const maskpack_layout *L) {
+    const int64_t q[3] = {T, H, K}, v[3] = {T, HV, V}, g[2] = {T, HV}, s[4] = {N, HV, K, V};
+    call f = {.what = "gdn_forward", .run = run_gdn};
+    blame(add(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    add(&f, "k", 3, q, 0, 0);
+    blame(add(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
+    add(&f, "g", 2, g, 0, 0);
+    add(&f, "beta", 2, g, 0, 0);
+    add(&f, "initial_state", 4, s, 1, 0);
+    add(&f, "o", 3, v, 0, 1);
+    add(&f, "final_state", 4, s, 1, 1);
+    sweep(&f, L);
+    call_free(&f);
+
+    call b = {.what = "gdn_backward", .run = run_gdn_bwd};
+    blame(add(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    add(&b, "k", 3, q, 0, 0);
+    blame(add(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
+    add(&b, "g", 2, g, 0, 0);
+    add(&b, "beta", 2, g, 0, 0);
+    add(&b, "initial_state", 4, s, 1, 0);
+    add(&b, "d_o", 3, v, 0, 0);
+    add(&b, "d_final_state", 4, s, 1, 0);
+    add(&b, "dq", 3, q, 1, 1);
+    add(&b, "dk", 3, q, 1, 1);
+    add(&b, "dv", 3, v, 1, 1);
+    add(&b, "dg", 2, g, 1, 1);
+    add(&b, "dbeta", 2, g, 1, 1);
+    add(&b, "d_initial_state", 4, s, 1, 1);
+    sweep(&b, L);
+    call_free(&b);
+}
+
+static void test_attention(const maskpack_layout *L) {
+    const int64_t qs[3] = {T, H, D}, kv[3] = {T, 1, D}, lse[2] = {H, T};
+    call f = {.what = "attention_forward", .run = run_attn};
+    blame(add(&f, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    add(&f, "k", 3, kv, 0, 0);
+    add(&f, "v", 3, kv, 0, 0);
+    add(&f, "out", 3, qs, 0, 1);
+    add(&f, "lse", 2, lse, 1, 1);
+    sweep(&f, L);
+    call_free(&f);
+
+    call b = {.what = "attention_backward", .run = run_attn_bwd};
+    add(&b, "dout", 3, qs, 0, 0);
+    blame(add(&b, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    add(&b, "k", 3, kv, 0, 0);
+    add(&b, "v", 3, kv, 0, 0);
+    add(&b, "out", 3, qs, 0, 0);
+    add(&b, "lse", 2, lse, 0, 0);
+    add(&b, "dq", 3, qs, 0, 1);
+    add(&b, "dk", 3, kv, 0, 1);
+    add(&b, "dv", 3, kv, 0, 1);
+    sweep(&b, L);
+    call_free(&b);
+}
+
+int main(void) {
+    const int64_t lens[2] = {5, 3};
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 2, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    if (!L) return check_report("test_guards");
+    test_gdn_side_ops(L);
+    test_gdn_rule(L);
+    test_attention(L);
+    maskpack_layout_free(L);
+    return check_report("test_guards");
+}
