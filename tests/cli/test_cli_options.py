@@ -203,6 +203,47 @@ def case_inspect_reports():
     expect(["help", "bogus"], 2, err_has=["maskpack: unknown command 'bogus'"])
 
 
+def case_inspect_mask_forms():
+    """4D masks: the convention each needs, a [B,1,1,S] padding mask read as its 2D keep mask, the rule
+    a 4D mask encodes compared with the rule flags; arrays of no per-token shape; --total against the
+    grid; cu_seqlens_padded alone; members no reader takes."""
+    npz = base.npz
+    causal = [1 if j <= i else 0 for i in range(4) for j in range(4)]
+    m4 = tmp("m4.npz")
+    npz(m4, {"attention_mask": ("i8", (1, 1, 4, 4), causal)})
+    expect(["inspect", m4], 2, err_has=["attention_mask is a 4D mask: pass --mask-convention keep"])
+    expect(["inspect", m4, "--mask-convention", "doc_id"], 2,
+           err_has=["--mask-convention doc_id describes 2D masks; a 4D attention_mask is keep, masked or additive"])
+    expect(["inspect", m4, "--mask-convention", "keep", "--bidirectional"], 1,
+           out_has=["rule: attention_mask encodes a causal rule, the flags say --bidirectional"])
+    expect(["inspect", m4, "--mask-convention", "keep", "--causal", "--window", "1,0"], 1,
+           out_has=["rule: attention_mask encodes window (-1, -1), the flags say (1, 0)"])
+    # TE's padding-only [B,1,1,S] mask, masked convention (1 = excluded): rows of 3 and 2 tokens
+    pad = tmp("pad4.npz")
+    npz(pad, {"attention_mask": ("i8", (2, 1, 1, 4), [0, 0, 0, 1, 0, 0, 1, 1])})
+    d = inspect_json(pad, "--mask-convention", "masked")
+    check([(s["row"], s["length"]) for s in d["segments"]] == [(0, 3), (1, 2)], "padding mask segments %r" % d["segments"])
+    out = expect(["inspect", pad, "--mask-convention", "masked"], 0)
+    check("[B,1,1,S] masked padding mask" in out, "padding mask named: %s" % out)
+    cu = tmp("cu2d.npz")
+    npz(cu, {"attention_mask": ("i8", (1, 6), [1] * 6), "cu_seqlens": ("i4", (3,), [0, 3, 6])})
+    expect(["inspect", cu, "--mask-convention", "masked"], 2,
+           err_has=["--mask-convention masked|additive describes 4D masks; a 2D attention_mask is keep or doc_id"])
+    expect(["inspect", cu, "--mask-convention", "keep", "--cu-form", "te", "--total", "10"], 1,
+           out_has=["cu_seqlens: --total 10, but the token grid [1, 6] holds 6 tokens"])
+    cup = tmp("cup.npz")
+    npz(cup, {"attention_mask": ("i8", (1, 4), [1] * 4), "cu_seqlens_padded": ("i4", (2,), [0, 4]),
+              "extra_thing": ("i4", (1,), [0])})
+    expect(["inspect", cup, "--mask-convention", "keep"], 1,
+           out_has=["cu_seqlens_padded: present without cu_seqlens; ignored", "(not read: extra_thing)"])
+    odd = tmp("odd.npz")
+    npz(odd, {"attention_mask": ("i8", (1, 2, 2), [1] * 4), "position_ids": ("i8", (1, 1, 2, 2), [0, 1, 0, 1])})
+    expect(["inspect", odd, "--mask-convention", "keep", "--position-rule", "reset"], 1,
+           out_has=["attention_mask: int64 [1, 2, 2] has no per-token shape (expected [B,S] or [T], or a 4D mask)",
+                    "position_ids: int64 [1, 1, 2, 2] has no per-token shape (expected [B,S] or [T], or [3,B,S])",
+                    "no input describes the sequences"])
+
+
 # ---- plan ------------------------------------------------------------------------------------------
 
 def lengths(name, values):
@@ -397,6 +438,38 @@ def case_bad_values():
         (["--emit", "mask2d"], "--emit needs --out FILE.npz"),
         (["--out", tmp("x.npz")], "--out needs --emit a,b,..."),
         (["--emit", "foo", "--out", tmp("x.npz")], "--emit: expected a comma list of mask2d"),
+        (["--emit", "x" * 600, "--out", tmp("x.npz")], "--emit: expected a comma list of mask2d"),
+        (["--window", "12"], "--window: expected L,R (e.g. 128,0 or -1,-1), found '12'"),
+        (["--window", "-2,0"], "--window: expected two integers >= -1, found '-2,0'"),
+        (["--window", "3,x"], "--window: expected two integers >= -1, found '3,x'"),
+        (["--window", "4,-5"], "--window: expected two integers >= -1, found '4,-5'"),
+        (["--alignment", "middle"], "--alignment: expected top_left|bottom_right, found 'middle'"),
+        (["--total", "-1"], "--total: expected an integer >= 0, found '-1'"),
+        (["--total", "7x"], "--total: expected an integer >= 0, found '7x'"),
+        (["--total", "99999999999999999999"], "--total: expected an integer >= 0, found '99999999999999999999'"),
+        (["--emit-fill", "zero"], "--emit-fill: expected neg_inf|dtype_min, found 'zero'"),
+        (["--index-dtype", "int16"], "--index-dtype: expected int32|int64, found 'int16'"),
+        (["--block", "0"], "--block: expected an integer >= 1, found '0'"),
+        (["--block", "b"], "--block: expected an integer >= 1, found 'b'"),
+        (["--npu-layout", "XYZ"], "--npu-layout: expected TND|BSND|BNSD|BSH|SBH, found 'XYZ'"),
+        (["--head-dim", "0"], "--head-dim: expected an integer >= 1, found '0'"),
+        (["--head-dim", ""], "--head-dim: expected an integer >= 1, found ''"),
+        (["--scale", "0"], "--scale: expected a finite number > 0, found '0'"),
+        (["--scale", "inf"], "--scale: expected a finite number > 0, found 'inf'"),
+        (["--scale", "1.5x"], "--scale: expected a finite number > 0, found '1.5x'"),
+        (["--scale", ""], "--scale: expected a finite number > 0, found ''"),
+        (["--max-bytes", "0"], "--max-bytes: expected a byte count >= 1, found '0'"),
+        (["--png-zoom", "0"], "--png-zoom: expected an integer in [1, 32], found '0'"),
+        (["--png-zoom", "z"], "--png-zoom: expected an integer in [1, 32], found 'z'"),
+        (["--png-rows", "-1"], "--png-rows: expected a comma list of up to 64 row indices, found '-1'"),
+        (["--png-rows", ",".join(["0"] * 65)], "--png-rows: expected a comma list of up to 64 row indices"),
+        (["--png-rows", "1" * 600], "--png-rows: expected a comma list of up to 64 row indices"),
+        (["--causal=1"], "option '--causal' takes no value"),
+        (["--json=yes"], "option '--json' takes no value"),
+        (["--block"], "option '--block' needs a value"),
+        (["--no-such-flag"], "unknown option '--no-such-flag'"),
+        (["--" + "z" * 100], "unknown option '--" + "z" * 100 + "'"),
+        (["a.npz", "b.npz"], "more than one FILE given ('a.npz' and 'b.npz')"),
     ]:
         expect(["inspect"] + args, 2, err_has=[msg])
     path = lengths("ok.txt", [5])
