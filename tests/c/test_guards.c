@@ -3,8 +3,11 @@
  * all arguments valid (the control), then once per tensor argument with that one argument spoiled:
  * NULL, a dtype the call does not take, one dimension too many, a wrong extent, or (outputs) the
  * memory of an input. Each spoiled call must fail with the status of that kind, name the spoiled
- * argument in e.argument, and leave every output untouched. */
+ * argument in e.argument, and leave every output untouched. Then the required pointers of the other
+ * calls (derived tensors, layouts, CP shards, plans, relayout, the readers and writers), each NULL in
+ * turn with the ones before it valid: MASKPACK_ERR_NULL_ARGUMENT naming it. */
 #include "check.h"
+#include "io.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -284,6 +287,170 @@ static void test_attention(const maskpack_layout *L) {
     call_free(&b);
 }
 
+/* ---- NULL pointers of the other calls ------------------------------------------------------------ */
+
+#define EXPECT_NULL(name, call)                                                                       \
+    do {                                                                                              \
+        memset(&e, 0, sizeof e);                                                                      \
+        const maskpack_status s_ = (call);                                                            \
+        CHECK_EQ(s_, MASKPACK_ERR_NULL_ARGUMENT);                                                     \
+        if (strcmp(e.argument, (name)) != 0) {                                                        \
+            fprintf(stderr, "%s:%d: %s named '%s', expected '%s'\n", __FILE__, __LINE__, #call, e.argument, (name)); \
+            CHECK(0);                                                                                 \
+        }                                                                                             \
+    } while (0)
+
+static void test_null_pointers(const maskpack_layout *L) {
+    maskpack_error e;
+    int32_t i32[64];
+    int64_t i64v[64];
+    int64_t three = 3, n64 = 64;
+    maskpack_tensor t3 = maskpack_tensor_contiguous(i32, MASKPACK_I32, 1, &three);
+    maskpack_tensor t64 = maskpack_tensor_contiguous(i64v, MASKPACK_I64, 1, &n64);
+    maskpack_layout *out = NULL;
+    int64_t a = 0, b = 0;
+    size_t count = 0;
+
+    /* derived tensors */
+    EXPECT_NULL("layout", maskpack_block_mask_dims(NULL, 4, 4, &a, &b, &e));
+    EXPECT_NULL("kv_blocks", maskpack_block_mask_dims(L, 4, 4, &a, NULL, &e));
+    EXPECT_NULL("layout", maskpack_magi_slices(NULL, i32, i32, i32, 4, &count, &e));
+    EXPECT_NULL("k_ranges", maskpack_magi_slices(L, i32, NULL, i32, 4, &count, &e));
+    EXPECT_NULL("types", maskpack_magi_slices(L, i32, i32, NULL, 4, &count, &e));
+    EXPECT_NULL("layout", maskpack_mask2d(NULL, &t64, &e));
+    EXPECT_NULL("layout", maskpack_cu_seqlens(NULL, MASKPACK_CU_TE, 0, &t3, &e));
+    EXPECT_NULL("layout", maskpack_cu_seqlens_padded(NULL, &t3, &e));
+    EXPECT_NULL("out", maskpack_cu_seqlens_padded(L, NULL, &e));
+    EXPECT_NULL("layout", maskpack_seqlens(NULL, 0, &t3, &e));
+    EXPECT_NULL("out", maskpack_seqlens(L, 0, NULL, &e));
+    EXPECT_NULL("out", maskpack_position_ids(L, NULL, &e));
+    EXPECT_NULL("layout", maskpack_segment_ids(NULL, &t64, &e));
+    EXPECT_NULL("out", maskpack_segment_ids(L, NULL, &e));
+    EXPECT_NULL("out", maskpack_valid_indices(L, NULL, &e));
+    EXPECT_NULL("layout", maskpack_last_token_index(NULL, &t3, &e));
+    EXPECT_NULL("out", maskpack_last_token_index(L, NULL, &e));
+
+    /* layouts and CP shards */
+    EXPECT_NULL("multiple", maskpack_cp_multiple(2, 1, MASKPACK_CP_ALIGN_VERL, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_pad_to_multiple(NULL, 4, &out, &e));
+    EXPECT_NULL("out", maskpack_layout_pad_to_multiple(L, 4, NULL, &e));
+    EXPECT_NULL("layout", maskpack_cp_shard_indices(NULL, 2, 0, MASKPACK_CP_ZIGZAG, &t64, &e));
+    EXPECT_NULL("out", maskpack_cp_shard_indices(L, 2, 0, MASKPACK_CP_ZIGZAG, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_cp_shard(NULL, 2, 0, MASKPACK_CP_ZIGZAG, &out, &e));
+    EXPECT_NULL("out", maskpack_layout_cp_shard(L, 2, 0, MASKPACK_CP_ZIGZAG, NULL, &e));
+    EXPECT_NULL("layout", maskpack_cp_last_token(NULL, 2, MASKPACK_CP_ZIGZAG, &t3, &t3, &e));
+    EXPECT_NULL("rank", maskpack_cp_last_token(L, 2, MASKPACK_CP_ZIGZAG, NULL, &t3, &e));
+    EXPECT_NULL("local", maskpack_cp_last_token(L, 2, MASKPACK_CP_ZIGZAG, &t3, NULL, &e));
+    EXPECT_NULL("out", maskpack_layout_from_cu_seqlens_qk(&t3, &t3, MASKPACK_CU_TE, NULL, NULL, &e));
+    EXPECT_NULL("cu_seqlens_q", maskpack_layout_from_cu_seqlens_qk(NULL, &t3, MASKPACK_CU_TE, NULL, &out, &e));
+    EXPECT_NULL("mask", maskpack_layout_from_mask4d(NULL, MASKPACK_MASK_KEEP, &out, &e));
+    EXPECT_NULL("mask", maskpack_mask2d_from_mask4d(NULL, MASKPACK_MASK_KEEP, &t64, &e));
+    EXPECT_NULL("left", maskpack_window_from_hf(4, NULL, &b, &e));
+    EXPECT_NULL("right", maskpack_window_from_hf(4, &a, NULL, &e));
+    EXPECT_NULL("left", maskpack_window_from_gym(4, NULL, &b, &e));
+    EXPECT_NULL("right", maskpack_window_from_gym(4, &a, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_with_rule(NULL, NULL, &out, &e));
+    EXPECT_NULL("out", maskpack_layout_with_rule(L, NULL, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_clone(NULL, &out, &e));
+    maskpack_segment seg;
+    EXPECT_NULL("layout", maskpack_layout_segment(NULL, 0, &seg, &e));
+    EXPECT_NULL("out", maskpack_layout_segment(L, 0, NULL, &e));
+    maskpack_npu_argset args;
+    memset(&args, 0, sizeof args);
+    EXPECT_NULL("layout", maskpack_npu_atten_mask(NULL, &args, &t64, &e));
+    EXPECT_NULL("out", maskpack_npu_atten_mask(L, &args, NULL, &e));
+
+    /* labels, relayout */
+    EXPECT_NULL("layout", maskpack_shift_labels(NULL, &t64, -100, &t64, &e));
+    EXPECT_NULL("labels", maskpack_shift_labels(L, NULL, -100, &t64, &e));
+    EXPECT_NULL("out", maskpack_shift_labels(L, &t64, -100, NULL, &e));
+    double den = 0;
+    EXPECT_NULL("layout", maskpack_loss_weights(NULL, &t64, -100, MASKPACK_LOSS_TOKEN, &t64, &den, &e));
+    EXPECT_NULL("out", maskpack_loss_weights(L, &t64, -100, MASKPACK_LOSS_TOKEN, NULL, &den, &e));
+    EXPECT_NULL("denominator", maskpack_loss_weights(L, &t64, -100, MASKPACK_LOSS_TOKEN, &t64, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_packed_of(NULL, &out, &e));
+    EXPECT_NULL("out", maskpack_layout_packed_of(L, NULL, &e));
+    EXPECT_NULL("layout", maskpack_layout_padded_of(NULL, MASKPACK_PLACE_RIGHT, 0, &out, &e));
+    EXPECT_NULL("out", maskpack_layout_padded_of(L, MASKPACK_PLACE_RIGHT, 0, NULL, &e));
+    maskpack_relayout_plan *P = NULL;
+    EXPECT_NULL("sources", maskpack_relayout_plan_create(NULL, 1, L, &P, &e));
+    EXPECT_NULL("dst", maskpack_relayout_plan_create(&L, 1, NULL, &P, &e));
+    EXPECT_NULL("out", maskpack_relayout_plan_create(&L, 1, L, NULL, &e));
+    CHECK_OK(maskpack_relayout_plan_create(&L, 1, L, &P, &e), e);
+    const maskpack_tensor *xs[1] = {&t64};
+    EXPECT_NULL("plan", maskpack_relayout_execute(NULL, xs, &t64, NULL, 1, &e));
+    EXPECT_NULL("x", maskpack_relayout_execute(P, NULL, &t64, NULL, 1, &e));
+    EXPECT_NULL("out", maskpack_relayout_execute(P, xs, NULL, NULL, 1, &e));
+    EXPECT_NULL("out", maskpack_relayout_plan_adjoint(P, 0, NULL, &e));
+    maskpack_relayout_plan_free(P);
+
+    /* plans */
+    const int64_t lens[3] = {3, 5, 2};
+    maskpack_plan_options po = maskpack_plan_options_default(8);
+    maskpack_plan *plan = NULL;
+    CHECK_OK(maskpack_plan_create(lens, 3, &po, &plan, &e), e);
+    maskpack_plan_piece pieces[4];
+    maskpack_plan_report rep;
+    EXPECT_NULL("plan", maskpack_plan_row(NULL, 0, pieces, 4, &count, &e));
+    EXPECT_NULL("count", maskpack_plan_row(plan, 0, pieces, 4, NULL, &e));
+    EXPECT_NULL("plan", maskpack_plan_row_layout(NULL, 0, NULL, &out, &e));
+    EXPECT_NULL("out", maskpack_plan_row_layout(plan, 0, NULL, NULL, &e));
+    EXPECT_NULL("plan", maskpack_plan_microbatch_layout(NULL, 0, 0, NULL, &out, &e));
+    EXPECT_NULL("out", maskpack_plan_microbatch_layout(plan, 0, 0, NULL, NULL, &e));
+    EXPECT_NULL("plan", maskpack_plan_get_report(NULL, &rep, &e));
+    EXPECT_NULL("report", maskpack_plan_get_report(plan, NULL, &e));
+    maskpack_plan_free(plan);
+
+    /* readers and writers */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    mpio_arrayset set;
+    mpio_array arr;
+    EXPECT_NULL("path", mpio_read_file(NULL, 16, &buf, &len, &e));
+    EXPECT_NULL("buf", mpio_read_file("x", 16, NULL, &len, &e));
+    EXPECT_NULL("len", mpio_read_file("x", 16, &buf, NULL, &e));
+    EXPECT_NULL("path", mpio_write_file(NULL, "", 0, &e));
+    EXPECT_NULL("buf", mpio_write_file("x", NULL, 4, &e));
+    EXPECT_NULL("out", mpio_parse_any("", 0, NULL, &e));
+    EXPECT_NULL("out", mpio_npy_parse("", 0, NULL, &e));
+    EXPECT_NULL("buf", mpio_npy_parse(NULL, 4, &arr, &e));
+    EXPECT_NULL("buf", mpio_npy_encode(&t3, NULL, &len, &e));
+    EXPECT_NULL("len", mpio_npy_encode(&t3, &buf, NULL, &e));
+    EXPECT_NULL("out", mpio_npz_parse("", 0, NULL, &e));
+    EXPECT_NULL("buf", mpio_npz_parse(NULL, 4, &set, &e));
+    EXPECT_NULL("out", mpio_npz_parse_member("", 0, "a", NULL, &e));
+    EXPECT_NULL("name", mpio_npz_parse_member("", 0, NULL, &arr, &e));
+    const mpio_named_tensor item = {"a", t3};
+    EXPECT_NULL("buf", mpio_npz_encode(&item, 1, 0, NULL, &len, &e));
+    EXPECT_NULL("len", mpio_npz_encode(&item, 1, 0, &buf, NULL, &e));
+    EXPECT_NULL("items", mpio_npz_encode(NULL, 1, 0, &buf, &len, &e));
+    EXPECT_NULL("out", mpio_safetensors_parse("", 0, NULL, &e));
+    EXPECT_NULL("buf", mpio_safetensors_parse(NULL, 4, &set, &e));
+    EXPECT_NULL("buf", mpio_safetensors_encode(&item, 1, NULL, &len, &e));
+    EXPECT_NULL("len", mpio_safetensors_encode(&item, 1, &buf, NULL, &e));
+    EXPECT_NULL("items", mpio_safetensors_encode(NULL, 1, &buf, &len, &e));
+    EXPECT_NULL("layout", mpio_png_encode_layout(NULL, NULL, 0, NULL, &buf, &len, NULL, NULL, &e));
+    EXPECT_NULL("buf", mpio_png_encode_layout(L, NULL, 0, NULL, NULL, &len, NULL, NULL, &e));
+    EXPECT_NULL("len", mpio_png_encode_layout(L, NULL, 0, NULL, &buf, NULL, NULL, NULL, &e));
+    EXPECT_NULL("rows", mpio_png_encode_layout(L, NULL, 2, NULL, &buf, &len, NULL, NULL, &e));
+    /* the zip directory's lookups */
+    uint8_t *z = NULL;
+    size_t zlen = 0;
+    CHECK_OK(mpio_npz_encode(&item, 1, 0, &z, &zlen, &e), e);
+    mpio_zip *zip = NULL;
+    CHECK_OK(mpio_zip_open(z, zlen, &zip, &e), e);
+    size_t idx = 0;
+    EXPECT_NULL("zip", mpio_zip_find(NULL, "a.npy", &idx, &e));
+    EXPECT_NULL("name", mpio_zip_find(zip, NULL, &idx, &e));
+    EXPECT_NULL("index", mpio_zip_find(zip, "a.npy", NULL, &e));
+    EXPECT_NULL("zip", mpio_zip_extract(NULL, 0, &buf, &len, &e));
+    EXPECT_NULL("data", mpio_zip_extract(zip, 0, NULL, &len, &e));
+    EXPECT_NULL("len", mpio_zip_extract(zip, 0, &buf, NULL, &e));
+    EXPECT_NULL("out", mpio_zip_open(z, zlen, NULL, &e));
+    mpio_zip_close(zip);
+    free(z);
+}
+
 int main(void) {
     const int64_t lens[2] = {5, 3};
     maskpack_layout *L = NULL;
@@ -293,6 +460,7 @@ int main(void) {
     test_gdn_side_ops(L);
     test_gdn_rule(L);
     test_attention(L);
+    test_null_pointers(L);
     maskpack_layout_free(L);
     return check_report("test_guards");
 }
