@@ -55,6 +55,17 @@ static void blame(slot *s, maskpack_status st, const char *name) {
     s->ext_blame = name;
 }
 
+/* the token grid of the layout under test: packed [T] (g_B = 0) or padded [B, S] */
+static int64_t g_B = 0, g_S = 0;
+
+/* a per-token tensor: shape[0] is T, replaced by B, S on a padded grid */
+static slot *addt(call *c, const char *name, int ndim, const int64_t *shape, int optional, int output) {
+    if (!g_B) return add(c, name, ndim, shape, optional, output);
+    int64_t s2[MASKPACK_MAX_DIMS] = {g_B, g_S};
+    for (int d = 1; d < ndim; d++) s2[d + 1] = shape[d];
+    return add(c, name, ndim + 1, s2, optional, output);
+}
+
 static void call_free(call *c) {
     for (int i = 0; i < c->n; i++) free(c->s[i].mem);
 }
@@ -171,21 +182,21 @@ enum { T = 8, N = 2, C = 8, KW = 4, H = 2, HV = 4, K = 16, V = 16, D = 16 };
 static void test_gdn_side_ops(const maskpack_layout *L) {
     const int64_t tc[2] = {T, C}, w[2] = {C, KW}, st[3] = {N, C, KW - 1};
     call c = {.what = "causal_conv1d", .run = run_conv};
-    blame(add(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
+    blame(addt(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&c, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight"); /* W = 5 */
     add(&c, "prefix", 3, st, 1, 0);
-    add(&c, "y", 2, tc, 0, 1);
+    addt(&c, "y", 2, tc, 0, 1);
     add(&c, "conv_state", 3, st, 1, 1);
     sweep(&c, L);
     call_free(&c);
 
     call b = {.what = "causal_conv1d_backward", .run = run_conv_bwd};
-    blame(add(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
+    blame(addt(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&b, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight");
     add(&b, "prefix", 3, st, 1, 0);
-    add(&b, "dy", 2, tc, 0, 0);
+    addt(&b, "dy", 2, tc, 0, 0);
     add(&b, "d_conv_state", 3, st, 1, 0);
-    add(&b, "dx", 2, tc, 1, 1);
+    addt(&b, "dx", 2, tc, 1, 1);
     add(&b, "dweight", 2, w, 1, 1);
     add(&b, "d_prefix", 3, st, 1, 1);
     sweep(&b, L);
@@ -193,36 +204,36 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
 
     const int64_t thd[3] = {T, H, D};
     call l = {.what = "gdn_l2norm", .run = run_l2};
-    blame(add(&l, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "y");
-    add(&l, "y", 3, thd, 0, 1);
+    blame(addt(&l, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "y");
+    addt(&l, "y", 3, thd, 0, 1);
     sweep(&l, L);
     call_free(&l);
     call lb = {.what = "gdn_l2norm_backward", .run = run_l2_bwd};
-    blame(add(&lb, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "dy");
-    add(&lb, "dy", 3, thd, 0, 0);
-    add(&lb, "dx", 3, thd, 0, 1);
+    blame(addt(&lb, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "dy");
+    addt(&lb, "dy", 3, thd, 0, 0);
+    addt(&lb, "dx", 3, thd, 0, 1);
     sweep(&lb, L);
     call_free(&lb);
 
     const int64_t th[2] = {T, HV}, hv[1] = {HV};
     call g = {.what = "gdn_gates", .run = run_gates};
-    blame(add(&g, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
-    add(&g, "b", 2, th, 0, 0);
+    blame(addt(&g, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
+    addt(&g, "b", 2, th, 0, 0);
     add(&g, "A_log", 1, hv, 0, 0);
     add(&g, "dt_bias", 1, hv, 0, 0);
-    add(&g, "g", 2, th, 1, 1); /* either output may be skipped */
-    add(&g, "beta", 2, th, 1, 1);
+    addt(&g, "g", 2, th, 1, 1); /* either output may be skipped */
+    addt(&g, "beta", 2, th, 1, 1);
     sweep(&g, L);
     call_free(&g);
     call gb = {.what = "gdn_gates_backward", .run = run_gates_bwd};
-    blame(add(&gb, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
-    add(&gb, "b", 2, th, 0, 0);
+    blame(addt(&gb, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
+    addt(&gb, "b", 2, th, 0, 0);
     add(&gb, "A_log", 1, hv, 0, 0);
     add(&gb, "dt_bias", 1, hv, 0, 0);
-    add(&gb, "dg", 2, th, 1, 0);
-    add(&gb, "dbeta", 2, th, 1, 0);
-    add(&gb, "da", 2, th, 1, 1); /* any gradient may be skipped */
-    add(&gb, "db", 2, th, 1, 1);
+    addt(&gb, "dg", 2, th, 1, 0);
+    addt(&gb, "dbeta", 2, th, 1, 0);
+    addt(&gb, "da", 2, th, 1, 1); /* any gradient may be skipped */
+    addt(&gb, "db", 2, th, 1, 1);
     add(&gb, "dA_log", 1, hv, 1, 1);
     add(&gb, "ddt_bias", 1, hv, 1, 1);
     sweep(&gb, L);
@@ -232,31 +243,31 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
 static void test_gdn_rule(const maskpack_layout *L) {
     const int64_t q[3] = {T, H, K}, v[3] = {T, HV, V}, g[2] = {T, HV}, s[4] = {N, HV, K, V};
     call f = {.what = "gdn_forward", .run = run_gdn};
-    blame(add(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
-    add(&f, "k", 3, q, 0, 0);
-    blame(add(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
-    add(&f, "g", 2, g, 0, 0);
-    add(&f, "beta", 2, g, 0, 0);
+    blame(addt(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    addt(&f, "k", 3, q, 0, 0);
+    blame(addt(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
+    addt(&f, "g", 2, g, 0, 0);
+    addt(&f, "beta", 2, g, 0, 0);
     add(&f, "initial_state", 4, s, 1, 0);
-    add(&f, "o", 3, v, 0, 1);
+    addt(&f, "o", 3, v, 0, 1);
     add(&f, "final_state", 4, s, 1, 1);
     sweep(&f, L);
     call_free(&f);
 
     call b = {.what = "gdn_backward", .run = run_gdn_bwd};
-    blame(add(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
-    add(&b, "k", 3, q, 0, 0);
-    blame(add(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
-    add(&b, "g", 2, g, 0, 0);
-    add(&b, "beta", 2, g, 0, 0);
+    blame(addt(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    addt(&b, "k", 3, q, 0, 0);
+    blame(addt(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
+    addt(&b, "g", 2, g, 0, 0);
+    addt(&b, "beta", 2, g, 0, 0);
     add(&b, "initial_state", 4, s, 1, 0);
-    add(&b, "d_o", 3, v, 0, 0);
+    addt(&b, "d_o", 3, v, 0, 0);
     add(&b, "d_final_state", 4, s, 1, 0);
-    add(&b, "dq", 3, q, 1, 1);
-    add(&b, "dk", 3, q, 1, 1);
-    add(&b, "dv", 3, v, 1, 1);
-    add(&b, "dg", 2, g, 1, 1);
-    add(&b, "dbeta", 2, g, 1, 1);
+    addt(&b, "dq", 3, q, 1, 1);
+    addt(&b, "dk", 3, q, 1, 1);
+    addt(&b, "dv", 3, v, 1, 1);
+    addt(&b, "dg", 2, g, 1, 1);
+    addt(&b, "dbeta", 2, g, 1, 1);
     add(&b, "d_initial_state", 4, s, 1, 1);
     sweep(&b, L);
     call_free(&b);
@@ -265,24 +276,34 @@ static void test_gdn_rule(const maskpack_layout *L) {
 static void test_attention(const maskpack_layout *L) {
     const int64_t qs[3] = {T, H, D}, kv[3] = {T, 1, D}, lse[2] = {H, T};
     call f = {.what = "attention_forward", .run = run_attn};
-    blame(add(&f, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
-    add(&f, "k", 3, kv, 0, 0);
-    add(&f, "v", 3, kv, 0, 0);
-    add(&f, "out", 3, qs, 0, 1);
-    add(&f, "lse", 2, lse, 1, 1);
+    blame(addt(&f, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    addt(&f, "k", 3, kv, 0, 0);
+    addt(&f, "v", 3, kv, 0, 0);
+    addt(&f, "out", 3, qs, 0, 1);
+    if (g_B) {
+        const int64_t lse_p[3] = {g_B, H, g_S};
+        add(&f, "lse", 3, lse_p, 1, 1);
+    } else {
+        add(&f, "lse", 2, lse, 1, 1);
+    }
     sweep(&f, L);
     call_free(&f);
 
     call b = {.what = "attention_backward", .run = run_attn_bwd};
-    add(&b, "dout", 3, qs, 0, 0);
-    blame(add(&b, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
-    add(&b, "k", 3, kv, 0, 0);
-    add(&b, "v", 3, kv, 0, 0);
-    add(&b, "out", 3, qs, 0, 0);
-    add(&b, "lse", 2, lse, 0, 0);
-    add(&b, "dq", 3, qs, 0, 1);
-    add(&b, "dk", 3, kv, 0, 1);
-    add(&b, "dv", 3, kv, 0, 1);
+    addt(&b, "dout", 3, qs, 0, 0);
+    blame(addt(&b, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
+    addt(&b, "k", 3, kv, 0, 0);
+    addt(&b, "v", 3, kv, 0, 0);
+    addt(&b, "out", 3, qs, 0, 0);
+    if (g_B) {
+        const int64_t lse_p[3] = {g_B, H, g_S};
+        add(&b, "lse", 3, lse_p, 0, 0);
+    } else {
+        add(&b, "lse", 2, lse, 0, 0);
+    }
+    addt(&b, "dq", 3, qs, 0, 1);
+    addt(&b, "dk", 3, kv, 0, 1);
+    addt(&b, "dv", 3, kv, 0, 1);
     sweep(&b, L);
     call_free(&b);
 }
@@ -461,6 +482,16 @@ int main(void) {
     test_gdn_rule(L);
     test_attention(L);
     test_null_pointers(L);
+    maskpack_layout_free(L);
+    /* the same calls on the padded [2, 5] grid of the same sequences */
+    L = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &L, &e), e);
+    if (!L) return check_report("test_guards");
+    g_B = 2;
+    g_S = 5;
+    test_gdn_side_ops(L);
+    test_gdn_rule(L);
+    test_attention(L);
     maskpack_layout_free(L);
     return check_report("test_guards");
 }
