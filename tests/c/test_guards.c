@@ -26,6 +26,7 @@ typedef struct slot {
      * extents the others are checked against is not the one named: the first that disagrees is) */
     maskpack_status ext_status;
     const char *ext_blame;
+    int any_stride; /* no dimension needs stride 1 (the attention's lse) */
 } slot;
 
 typedef struct call {
@@ -33,6 +34,7 @@ typedef struct call {
     int n;
     slot s[MAXS];
     const maskpack_tensor *p[MAXS]; /* what the adapter passes: &s[i].t, a spoiled copy, or NULL */
+    int strided_ok;                 /* a last dimension of stride 2 is accepted (else UNSUPPORTED) */
     maskpack_status (*run)(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e);
 } call;
 
@@ -125,6 +127,22 @@ static void sweep(call *c, const maskpack_layout *L) {
         shape[s->t.ndim - 1]++;
         t = maskpack_tensor_contiguous(s->mem, MASKPACK_F32, s->t.ndim, shape);
         expect_spoiled(c, L, i, &t, s->ext_status, s->ext_blame, "last extent + 1");
+        /* a stride-2 last dimension (the same extents over twice the memory) */
+        if (!c->strided_ok && !s->any_stride && s->t.shape[s->t.ndim - 1] > 1) {
+            t = s->t;
+            for (int d = 0; d < t.ndim; d++) t.strides[d] *= 2;
+            expect_spoiled(c, L, i, &t, MASKPACK_ERR_UNSUPPORTED, s->name, "stride 2");
+        }
+        /* a leading dimension of 2 before the tensor's own */
+        if (s->t.ndim < MASKPACK_MAX_DIMS) {
+            t = s->t;
+            memmove(t.shape + 1, t.shape, sizeof(int64_t) * (size_t)t.ndim);
+            memmove(t.strides + 1, t.strides, sizeof(int64_t) * (size_t)t.ndim);
+            t.shape[0] = 2;
+            t.strides[0] = 0;
+            t.ndim++;
+            expect_spoiled(c, L, i, &t, MASKPACK_ERR_SHAPE, s->name, "leading 2");
+        }
         /* an output written over the first input's memory */
         if (s->output) {
             t = s->t;
@@ -181,7 +199,7 @@ enum { T = 8, N = 2, C = 8, KW = 4, H = 2, HV = 4, K = 16, V = 16, D = 16 };
 
 static void test_gdn_side_ops(const maskpack_layout *L) {
     const int64_t tc[2] = {T, C}, w[2] = {C, KW}, st[3] = {N, C, KW - 1};
-    call c = {.what = "causal_conv1d", .run = run_conv};
+    call c = {.what = "causal_conv1d", .strided_ok = 1, .run = run_conv};
     blame(addt(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&c, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight"); /* W = 5 */
     add(&c, "prefix", 3, st, 1, 0);
@@ -190,7 +208,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     sweep(&c, L);
     call_free(&c);
 
-    call b = {.what = "causal_conv1d_backward", .run = run_conv_bwd};
+    call b = {.what = "causal_conv1d_backward", .strided_ok = 1, .run = run_conv_bwd};
     blame(addt(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&b, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight");
     add(&b, "prefix", 3, st, 1, 0);
@@ -203,12 +221,12 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     call_free(&b);
 
     const int64_t thd[3] = {T, H, D};
-    call l = {.what = "gdn_l2norm", .run = run_l2};
+    call l = {.what = "gdn_l2norm", .strided_ok = 1, .run = run_l2};
     blame(addt(&l, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "y");
     addt(&l, "y", 3, thd, 0, 1);
     sweep(&l, L);
     call_free(&l);
-    call lb = {.what = "gdn_l2norm_backward", .run = run_l2_bwd};
+    call lb = {.what = "gdn_l2norm_backward", .strided_ok = 1, .run = run_l2_bwd};
     blame(addt(&lb, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "dy");
     addt(&lb, "dy", 3, thd, 0, 0);
     addt(&lb, "dx", 3, thd, 0, 1);
@@ -216,7 +234,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     call_free(&lb);
 
     const int64_t th[2] = {T, HV}, hv[1] = {HV};
-    call g = {.what = "gdn_gates", .run = run_gates};
+    call g = {.what = "gdn_gates", .strided_ok = 1, .run = run_gates};
     blame(addt(&g, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
     addt(&g, "b", 2, th, 0, 0);
     add(&g, "A_log", 1, hv, 0, 0);
@@ -225,7 +243,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     addt(&g, "beta", 2, th, 1, 1);
     sweep(&g, L);
     call_free(&g);
-    call gb = {.what = "gdn_gates_backward", .run = run_gates_bwd};
+    call gb = {.what = "gdn_gates_backward", .strided_ok = 1, .run = run_gates_bwd};
     blame(addt(&gb, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
     addt(&gb, "b", 2, th, 0, 0);
     add(&gb, "A_log", 1, hv, 0, 0);
@@ -242,7 +260,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
 
 static void test_gdn_rule(const maskpack_layout *L) {
     const int64_t q[3] = {T, H, K}, v[3] = {T, HV, V}, g[2] = {T, HV}, s[4] = {N, HV, K, V};
-    call f = {.what = "gdn_forward", .run = run_gdn};
+    call f = {.what = "gdn_forward", .strided_ok = 1, .run = run_gdn};
     blame(addt(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&f, "k", 3, q, 0, 0);
     blame(addt(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
@@ -254,7 +272,7 @@ static void test_gdn_rule(const maskpack_layout *L) {
     sweep(&f, L);
     call_free(&f);
 
-    call b = {.what = "gdn_backward", .run = run_gdn_bwd};
+    call b = {.what = "gdn_backward", .strided_ok = 1, .run = run_gdn_bwd};
     blame(addt(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&b, "k", 3, q, 0, 0);
     blame(addt(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
@@ -282,9 +300,9 @@ static void test_attention(const maskpack_layout *L) {
     addt(&f, "out", 3, qs, 0, 1);
     if (g_B) {
         const int64_t lse_p[3] = {g_B, H, g_S};
-        add(&f, "lse", 3, lse_p, 1, 1);
+        add(&f, "lse", 3, lse_p, 1, 1)->any_stride = 1;
     } else {
-        add(&f, "lse", 2, lse, 1, 1);
+        add(&f, "lse", 2, lse, 1, 1)->any_stride = 1;
     }
     sweep(&f, L);
     call_free(&f);
@@ -297,9 +315,9 @@ static void test_attention(const maskpack_layout *L) {
     addt(&b, "out", 3, qs, 0, 0);
     if (g_B) {
         const int64_t lse_p[3] = {g_B, H, g_S};
-        add(&b, "lse", 3, lse_p, 0, 0);
+        add(&b, "lse", 3, lse_p, 0, 0)->any_stride = 1;
     } else {
-        add(&b, "lse", 2, lse, 0, 0);
+        add(&b, "lse", 2, lse, 0, 0)->any_stride = 1;
     }
     addt(&b, "dq", 3, qs, 0, 1);
     addt(&b, "dk", 3, kv, 0, 1);
