@@ -27,6 +27,7 @@ typedef struct slot {
     maskpack_status ext_status;
     const char *ext_blame;
     int any_stride; /* no dimension needs stride 1 (the attention's lse) */
+    int f32_only;   /* float32 only (states, lse, dweight); the others also take bfloat16 */
 } slot;
 
 typedef struct call {
@@ -42,6 +43,9 @@ static slot *add(call *c, const char *name, int ndim, const int64_t *shape, int 
     slot *s = &c->s[c->n++];
     s->ext_status = MASKPACK_ERR_SHAPE;
     s->ext_blame = name;
+    static const char *const f32_names[] = {"lse", "dweight", "initial_state", "final_state", "d_final_state",
+                                            "d_initial_state", "dA_log", "ddt_bias"};
+    for (size_t k = 0; k < sizeof f32_names / sizeof f32_names[0]; k++) s->f32_only |= strcmp(name, f32_names[k]) == 0;
     s->name = name;
     s->n = 1;
     for (int d = 0; d < ndim; d++) s->n *= shape[d];
@@ -109,6 +113,25 @@ static void sweep(call *c, const maskpack_layout *L) {
     maskpack_error e;
     for (int k = 0; k < c->n; k++) c->p[k] = &c->s[k].t;
     CHECK_OK(c->run(L, c->p, &e), e); /* the control */
+    /* the optional arguments all NULL: still a valid call */
+    for (int k = 0; k < c->n; k++) c->p[k] = c->s[k].optional ? NULL : &c->s[k].t;
+    CHECK_OK(c->run(L, c->p, &e), e);
+    /* bfloat16 wherever the call takes it (the f32 storage read as pairs of bf16: finite values) */
+    maskpack_tensor bf[MAXS];
+    for (int k = 0; k < c->n; k++) {
+        bf[k] = c->s[k].t;
+        if (!c->s[k].f32_only) bf[k].dtype = MASKPACK_BF16;
+        c->p[k] = &bf[k];
+    }
+    memset(&e, 0, sizeof e);
+    const maskpack_status sb = c->run(L, c->p, &e);
+    if (sb != MASKPACK_OK) fprintf(stderr, "%s in bfloat16: %s\n", c->what, e.message);
+    CHECK_EQ(sb, MASKPACK_OK);
+    /* no layout */
+    for (int k = 0; k < c->n; k++) c->p[k] = &c->s[k].t;
+    memset(&e, 0, sizeof e);
+    CHECK_EQ(c->run(NULL, c->p, &e), MASKPACK_ERR_NULL_ARGUMENT);
+    CHECK(strcmp(e.argument, "layout") == 0);
     for (int i = 0; i < c->n; i++) {
         const slot *s = &c->s[i];
         if (!s->optional) expect_spoiled(c, L, i, NULL, MASKPACK_ERR_NULL_ARGUMENT, s->name, "NULL");
