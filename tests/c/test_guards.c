@@ -349,6 +349,102 @@ static void test_attention(const maskpack_layout *L) {
     call_free(&b);
 }
 
+/* ---- the attention's other checks: heads, head dims, dtypes, scalars, workspace, kernel choice ------- */
+
+static void test_attention_checks(const maskpack_layout *L) {
+    static float qm[T * 3 * 300], km[T * 3 * 300], vm[T * 3 * 300], om[T * 3 * 300], lm[3 * T];
+    for (int i = 0; i < T * 3 * 300; i++) qm[i] = km[i] = vm[i] = 0.125f;
+    const int64_t q2[3] = {T, 2, D}, k1[3] = {T, 1, D}, k3[3] = {T, 3, D}, k2[3] = {T, 2, D}, big[3] = {T, 1, 300};
+    const int64_t l2[2] = {2, T};
+    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q2), k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k1);
+    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k1), o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
+    maskpack_tensor lse = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l2);
+    maskpack_error e;
+#define FWD(qq, kk, vv, sc, cap, nt) maskpack_attention_forward(L, qq, kk, vv, sc, cap, &o, &lse, nt, NULL, 0, &e)
+    CHECK_OK(FWD(&q, &k, &v, 0.0, 0.0, 1), e);
+    /* k or v of another dtype than q */
+    maskpack_tensor kb = k, vb = v;
+    kb.dtype = MASKPACK_BF16;
+    vb.dtype = MASKPACK_BF16;
+    CHECK_STATUS(FWD(&q, &kb, &v, 0.0, 0.0, 1), MASKPACK_ERR_DTYPE, e);
+    CHECK_MSG(e, "k: expected q's dtype float32, found bfloat16");
+    CHECK_STATUS(FWD(&q, &k, &vb, 0.0, 0.0, 1), MASKPACK_ERR_DTYPE, e);
+    CHECK_MSG(e, "v: expected q's dtype float32, found bfloat16");
+    /* v's head dim or head count differs from k's; query heads not a multiple of key heads */
+    maskpack_tensor v8 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, (int64_t[3]){T, 1, 8});
+    CHECK_STATUS(FWD(&q, &k, &v8, 0.0, 0.0, 1), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "v: expected head dim 16 (q's), found 8");
+    maskpack_tensor v2 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k2);
+    CHECK_STATUS(FWD(&q, &k, &v2, 0.0, 0.0, 1), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "v: expected 1 heads (k's), found 2");
+    maskpack_tensor k3t = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k3), v3t = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k3);
+    CHECK_STATUS(FWD(&q, &k3t, &v3t, 0.0, 0.0, 1), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "k: query heads (2) must be a positive multiple of key heads (3)");
+    /* a head dim above 256 */
+    maskpack_tensor qb = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, big), kbg = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, big);
+    maskpack_tensor vbg = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, big);
+    o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, big);
+    CHECK_STATUS(maskpack_attention_forward(L, &qb, &kbg, &vbg, 0.0, 0.0, &o, NULL, 1, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_MSG(e, "q: head dim must be in [1, 256], found 300");
+    o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
+    /* scalars */
+    CHECK_STATUS(FWD(&q, &k, &v, INFINITY, 0.0, 1), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "scale") == 0);
+    CHECK_STATUS(FWD(&q, &k, &v, 0.0, -1.0, 1), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "softcap: expected 0 (none) or a finite value > 0, found -1");
+    CHECK_STATUS(FWD(&q, &k, &v, 0.0, NAN, 1), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "softcap") == 0);
+    CHECK_STATUS(FWD(&q, &k, &v, 0.0, 0.0, 0), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "n_threads") == 0);
+    CHECK_STATUS(FWD(&q, &k, &v, 0.0, 0.0, 1025), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "n_threads") == 0);
+#undef FWD
+    /* workspace: NULL with a size, too small, and the queries' NULL result pointer */
+    size_t need = 0;
+    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, 1, &need, &e), e);
+    CHECK(need > 0);
+    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, NULL, 8, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_MSG(e, "workspace: NULL with 8 bytes");
+    void *ws = malloc(need);
+    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, ws, need - 1, &e),
+                 MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK(strcmp(e.argument, "workspace") == 0);
+    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, ws, need, &e), e);
+    free(ws);
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, 1, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "bytes") == 0);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, 1, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "bytes") == 0);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, 0, &need, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "n_threads") == 0);
+
+    /* the kernel choice: names, a NULL result, an empty MASKPACK_ISA (= unset), amx forced */
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_REF), "ref") == 0);
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX512), "avx512") == 0);
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
+    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX2), "avx2") == 0);
+    CHECK(strcmp(maskpack_attention_isa_name((maskpack_attention_isa)9), "unknown") == 0);
+    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "isa") == 0);
+    maskpack_attention_isa auto_isa, got;
+    unsetenv("MASKPACK_ISA");
+    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &auto_isa, &e), e);
+    setenv("MASKPACK_ISA", "", 1);
+    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &got, &e), e);
+    CHECK_EQ(got, auto_isa);
+    setenv("MASKPACK_ISA", "amx", 1);
+    const maskpack_status sa = maskpack_attention_select_isa(MASKPACK_BF16, &got, &e);
+    /* the automatic choice for bf16 is amx exactly when the CPU has it: forcing it agrees */
+    if (auto_isa == MASKPACK_ATTN_ISA_AMX) {
+        CHECK_EQ(sa, MASKPACK_OK);
+        CHECK_EQ(got, MASKPACK_ATTN_ISA_AMX);
+    } else {
+        CHECK_EQ(sa, MASKPACK_ERR_UNSUPPORTED);
+        CHECK_MSG(e, "MASKPACK_ISA: amx was forced but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16");
+    }
+    unsetenv("MASKPACK_ISA");
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -523,6 +619,7 @@ int main(void) {
     test_gdn_rule(L);
     test_attention(L);
     test_null_pointers(L);
+    test_attention_checks(L);
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
