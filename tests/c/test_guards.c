@@ -445,6 +445,65 @@ static void test_attention_checks(const maskpack_layout *L) {
     unsetenv("MASKPACK_ISA");
 }
 
+/* ---- relayout plans and their execution ---------------------------------------------------------- */
+
+static void test_relayout_checks(const maskpack_layout *L) {
+    maskpack_error e;
+    maskpack_relayout_plan *P = NULL;
+    maskpack_layout *R = NULL, *other = NULL;
+    CHECK_OK(maskpack_layout_padded_of(L, MASKPACK_PLACE_RIGHT, 0, &R, &e), e);
+    CHECK_STATUS(maskpack_layout_padded_of(L, (maskpack_placement)7, 0, &other, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "placement") == 0 && other == NULL);
+    /* no source; a NULL source; two unsharded sources; sources and dst of other sequence counts */
+    const maskpack_layout *srcs[2] = {L, NULL};
+    CHECK_STATUS(maskpack_relayout_plan_create(srcs, 0, R, &P, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "n_src: expected >= 1 source, found 0");
+    CHECK_STATUS(maskpack_relayout_plan_create(srcs, 2, R, &P, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_MSG(e, "sources[1]: expected a layout, found NULL");
+    srcs[1] = L;
+    CHECK_STATUS(maskpack_relayout_plan_create(srcs, 2, R, &P, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "sources[0]: several sources must all be CP shards (pieces), this one is unsharded");
+    const int64_t three[3] = {5, 3, 1};
+    CHECK_OK(maskpack_layout_from_lengths(three, 3, MASKPACK_PLACE_PACKED, 0, NULL, &other, &e), e);
+    CHECK_STATUS(maskpack_relayout_plan_create(srcs, 1, other, &P, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "dst: expected the source's 2 sequences, found 3");
+    CHECK(P == NULL);
+    maskpack_layout_free(other);
+
+    /* execution: x NULL, x of another dtype, a negative stride, n_threads out of range */
+    CHECK_OK(maskpack_relayout_plan_create(srcs, 1, R, &P, &e), e);
+    float xs[T * 2], os[2 * 5 * 2];
+    for (int i = 0; i < T * 2; i++) xs[i] = (float)i;
+    for (int i = 0; i < 2 * 5 * 2; i++) os[i] = NAN; /* the pad tokens must be written (zeros) */
+    const int64_t xsh[2] = {T, 2}, osh[3] = {2, 5, 2};
+    maskpack_tensor x = maskpack_tensor_contiguous(xs, MASKPACK_F32, 2, xsh);
+    maskpack_tensor o = maskpack_tensor_contiguous(os, MASKPACK_F32, 3, osh);
+    const maskpack_tensor *xv[1] = {NULL};
+    CHECK_STATUS(maskpack_relayout_execute(P, xv, &o, NULL, 1, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_MSG(e, "x[0]: expected a tensor, found NULL");
+    maskpack_tensor xi = x;
+    xi.dtype = MASKPACK_I32;
+    xv[0] = &xi;
+    CHECK_STATUS(maskpack_relayout_execute(P, xv, &o, NULL, 1, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_MSG(e, "out: expected dtype int32 (as x[0]), found float32");
+    maskpack_tensor xn = x;
+    xn.data = xs + (T - 1) * 2;
+    xn.strides[0] = -2;
+    xv[0] = &xn;
+    CHECK_STATUS(maskpack_relayout_execute(P, xv, &o, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "x[0]: negative strides are not supported");
+    xv[0] = &x;
+    CHECK_STATUS(maskpack_relayout_execute(P, xv, &o, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "n_threads") == 0);
+    /* the control: the padded copy holds each sequence's rows */
+    CHECK_OK(maskpack_relayout_execute(P, xv, &o, NULL, 1, &e), e);
+    CHECK(os[0] == 0.0f && os[9] == 9.0f && os[10] == 10.0f && os[15] == 15.0f && os[16] == 0.0f && os[19] == 0.0f);
+    CHECK_EQ(maskpack_relayout_plan_runs(NULL), 0);
+    CHECK(maskpack_relayout_plan_runs(P) >= 2);
+    maskpack_relayout_plan_free(P);
+    maskpack_layout_free(R);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -620,6 +679,7 @@ int main(void) {
     test_attention(L);
     test_null_pointers(L);
     test_attention_checks(L);
+    test_relayout_checks(L);
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
