@@ -477,6 +477,39 @@ def case_bad_values():
            err_has=["--micro-batches: expected an integer >= 1, found '0'"])
     expect(["plan", path, "--capacity", "16", "--frobnicate"], 2, err_has=["--frobnicate needs a value"])
     expect(["plan", path, "--capacity", "16", "--model", "0"], 2, err_has=["--model: hidden: expected in [1, 2^30], found 0"])
+    model_msg = "--model: expected H[,I[,Q[,KV[,GATED[,CAUSAL]]]]] non-negative integers, found "
+    for args, msg in [
+        (["--capacity", "0"], "--capacity: expected an integer >= 1, found '0'"),
+        (["--capacity", "1x"], "--capacity: expected an integer >= 1, found '1x'"),
+        (["--capacity", "16", "--dp", "0"], "--dp: expected an integer >= 1, found '0'"),
+        (["--capacity", "16", "--dp", "q"], "--dp: expected an integer >= 1, found 'q'"),
+        (["--capacity", "16", "--micro-batches", "b"], "--micro-batches: expected an integer >= 1, found 'b'"),
+        (["--capacity", "16", "--cp", "0"], "--cp: expected an integer >= 1, found '0'"),
+        (["--capacity", "16", "--cp", "c"], "--cp: expected an integer >= 1, found 'c'"),
+        (["--capacity", "16", "--tp", "-1"], "--tp: expected an integer >= 1, found '-1'"),
+        (["--capacity", "16", "--multiple", "0"], "--multiple: expected an integer >= 1, found '0'"),
+        (["--capacity", "16", "--align", "max"], "--align: expected verl or minimal, found 'max'"),
+        (["--capacity", "16", "--objective", "flops"], "--objective: expected tokens or attention, found 'flops'"),
+        (["--capacity", "16", "--attention-a", "0"], "--attention-a: expected a number > 0, found '0'"),
+        (["--capacity", "16", "--attention-a", "inf"], "--attention-a: expected a number > 0, found 'inf'"),
+        (["--capacity", "16", "--attention-a", "2x"], "--attention-a: expected a number > 0, found '2x'"),
+        (["--capacity", "16", "--model", "1" * 300], "--model: value too long"),
+        (["--capacity", "16", "--model", "1,2,3,4,5,6,7"], model_msg + "'1,2,3,4,5,6,7'"),
+        (["--capacity", "16", "--model", "64,-1"], model_msg + "'64,-1'"),
+        (["--capacity", "16", "--model", ","], "--model: expected at least the hidden size"),
+        (["--capacity", "16", "--model", "64", "--attention-a", "2"], "--model and --attention-a exclude each other"),
+        (["--capacity", "16", "--algorithm", "greedy"], "--algorithm: expected bfd, ffd or nextfit, found 'greedy'"),
+        (["--capacity", "16", "--seed", "-3"], "--seed: expected an integer >= 0, found '-3'"),
+        (["--capacity", "16", "--row-width", "wide"], "--row-width: expected capacity or used, found 'wide'"),
+        (["--capacity", "16", "--png-rows", "0"], "--png-rows: expected an integer >= 1, found '0'"),
+        (["--capacity", "16", "--bogus=3"], "unknown option '--bogus'"),
+        (["--capacity", "16", "--" + "y" * 80 + "=1"], "unknown option '--" + "y" * 80),
+        (["--capacity", "16", "--" + "y" * 80], "unknown option '--" + "y" * 80),
+        (["--dp", "1"], "--capacity is required"),
+        (["extra.txt", "--capacity", "16"], "one lengths file expected, found"),
+    ]:
+        expect(["plan", path] + args, 2, err_has=[msg])
+    expect(["plan", "--capacity", "16"], 2, err_has=["a lengths file is required"])
     # --flag=value is the same as --flag value
     r = json.loads(expect(["plan", path, "--capacity=16", "--dp=1", "--json"], 0))
     check(r["options"]["capacity"] == 16, "--capacity=16")
