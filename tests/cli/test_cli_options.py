@@ -423,6 +423,33 @@ def case_plan_inputs_and_outputs():
     check(rc == 0 and out == "", "-q: no output")
 
 
+def case_reports_and_pictures():
+    """The text report's limits and escapes; plan pictures with micro-batch boundaries, and the two
+    ways a picture is refused (a path that cannot be created, more ranks than the image can draw)."""
+    many = tmp("many.npz")
+    base.npz(many, {"position_ids": ("i8", (1, 150), [i % 3 for i in range(150)])})
+    out = expect(["inspect", many, "--position-rule", "reset"], 0, out_has=["  ... and 10 more segments"])
+    check(out.count("\n      0 ") == 40, "40 segments listed")
+    # a file name with a carriage return and a C1 control: escaped, never written raw
+    plain = tmp("x.npz")
+    base.npz(plain, {"position_ids": ("i8", (1, 4), [0, 1, 0, 1])})
+    odd = os.path.join(os.fsencode(base.TMP), b"we\rird\xc2\x85.npz")
+    with open(plain, "rb") as f, open(odd, "wb") as g:
+        g.write(f.read())
+    rc, out, err = base.run("inspect", os.fsdecode(odd), "--position-rule", "reset")
+    check(rc == 0 and "we\\rird\\u0085.npz" in out and "\r" not in out, "escaped name: %r" % out[:120])
+    path = lengths("pics.txt", [5, 1, 7, 3, 9, 2, 6])
+    png = tmp("mb.png")
+    expect(["plan", path, "--capacity", "16", "--micro-batches", "2", "--dp", "2", "--png", png], 0,
+           out_has=["picture written to " + png])
+    with open(png, "rb") as f:
+        check(f.read(8) == b"\x89PNG\r\n\x1a\n", "micro-batch picture is a PNG")
+    expect(["plan", path, "--capacity", "16", "--png", tmp("no/such/dir.png")], 1, err_has=["cannot create"])
+    expect(["plan", path, "--capacity", "16", "--dp", "5000", "--png", tmp("wide.png")], 1,
+           err_has=["png: 5000 ranks are too many to draw (at most 4096)"])
+    check(not os.path.exists(tmp("wide.png")), "no picture for too many ranks")
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
