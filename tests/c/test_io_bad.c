@@ -361,6 +361,106 @@ static void test_deflate_streams(void) {
     free(npy);
 }
 
+/* ---- more of the zip reader and writer -------------------------------------------------------------- */
+
+static void test_zip_more(void) {
+    size_t nlen, len;
+    uint8_t *npy = npy4(&nlen);
+    maskpack_error e;
+    /* the directory accessors on NULL and past the end */
+    CHECK_EQ(mpio_zip_count(NULL), 0);
+    CHECK(mpio_zip_name(NULL, 0) == NULL);
+    zmember one[1] = {stored("a.npy", npy, nlen)};
+    uint8_t *b = zip_build(one, 1, NULL, 0, &len, NULL);
+    mpio_zip *zip = NULL;
+    CHECK_OK(mpio_zip_open(b, len, &zip, &e), e);
+    CHECK_EQ(mpio_zip_count(zip), 1);
+    CHECK(mpio_zip_name(zip, 1) == NULL && strcmp(mpio_zip_name(zip, 0), "a.npy") == 0);
+    mpio_zip_close(zip);
+    /* one member read by name, with and without ".npy"; a name that is not there */
+    mpio_array a;
+    CHECK_OK(mpio_npz_parse_member(b, len, "a", &a, &e), e);
+    CHECK(a.dtype == MASKPACK_I32 && ((const int32_t *)a.data)[1] == -1);
+    mpio_array_free(&a);
+    CHECK_OK(mpio_npz_parse_member(b, len, "a.npy", &a, &e), e);
+    mpio_array_free(&a);
+    CHECK_STATUS(mpio_npz_parse_member(b, len, "zz", &a, &e), MASKPACK_ERR_NOT_FOUND, e);
+    CHECK_MSG(e, "npz: no member 'zz' or 'zz.npy'");
+    free(b);
+    /* 'x' and 'x.npy' load as the same array: refused; short names without ".npy" are kept whole */
+    zmember same[3] = {stored("x", npy, nlen), stored("ab", npy, nlen), stored("x.npy", npy, nlen)};
+    b = zip_build(same, 3, NULL, 0, &len, NULL);
+    mpio_arrayset set;
+    CHECK_STATUS(mpio_npz_parse(b, len, &set, &e), MASKPACK_ERR_FORMAT, e);
+    CHECK_MSG(e, "x");
+    free(b);
+    zmember shorts[2] = {stored("ab", npy, nlen), stored("abc", npy, nlen)};
+    b = zip_build(shorts, 2, NULL, 0, &len, NULL);
+    CHECK_OK(mpio_npz_parse(b, len, &set, &e), e);
+    CHECK(set.n == 2 && mpio_arrayset_find(&set, "ab") && mpio_arrayset_find(&set, "abc"));
+    mpio_arrayset_free(&set);
+    free(b);
+    /* a zip64 locator on volume 0 of an archive that says it spans 2 volumes; a locator that points
+     * less than a zip64 record's 56 bytes before itself */
+    zbuf t = {0};
+    put32(&t, 0x07064b50u);
+    put32(&t, 0);
+    put64(&t, 0);
+    put32(&t, 2);
+    b = zip_build(one, 1, t.p, t.n, &len, NULL);
+    expect_zip(b, len, MASKPACK_ERR_UNSUPPORTED, "multi-volume zip64");
+    free(b);
+    size_t cd = 0;
+    b = zip_build(one, 1, NULL, 0, &len, &cd);
+    free(b);
+    t.n = 0;
+    put32(&t, 0x07064b50u);
+    put32(&t, 0);
+    put64(&t, len - 22 - 10); /* 10 bytes before where the locator will sit */
+    put32(&t, 1);
+    b = zip_build(one, 1, t.p, t.n, &len, NULL);
+    expect_zip(b, len, MASKPACK_ERR_FORMAT, "outside the archive");
+    free(b);
+    free(t.p);
+
+    /* the writer: names refused, a UTF-8 name, and data deflate cannot shrink (stored instead) */
+    static int32_t v[1024]; /* xorshift32: incompressible */
+    uint32_t x = 12345;
+    for (int i = 0; i < 1024; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        v[i] = (int32_t)x;
+    }
+    int64_t n64 = 1024;
+    mpio_named_tensor it[2] = {{"", maskpack_tensor_contiguous(v, MASKPACK_I32, 1, &n64)},
+                               {"b", maskpack_tensor_contiguous(v, MASKPACK_I32, 1, &n64)}};
+    uint8_t *out = NULL;
+    size_t olen = 0;
+    CHECK_STATUS(mpio_npz_encode(it, 1, 1, &out, &olen, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(e.index[0] == 0 && out == NULL);
+    it[0].name = "b";
+    CHECK_STATUS(mpio_npz_encode(it, 2, 1, &out, &olen, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "items[1].name: 'b' repeats items[0]");
+    it[0].name = "gr\xc3\xb6\xc3\x9f" "e";
+    CHECK_OK(mpio_npz_encode(it, 2, 1, &out, &olen, &e), e);
+    CHECK_OK(mpio_npz_parse(out, olen, &set, &e), e);
+    const mpio_array *g = mpio_arrayset_find(&set, "gr\xc3\xb6\xc3\x9f" "e");
+    CHECK(g && mpio_array_numel(g) == 1024 && memcmp(g->data, v, sizeof v) == 0);
+    mpio_arrayset_free(&set);
+    /* the central entry of the UTF-8 name has general-purpose flag bit 11 set */
+    const uint8_t *c = NULL;
+    for (size_t i = 0; i + 4 <= olen; i++)
+        if (out[i] == 0x50 && out[i + 1] == 0x4b && out[i + 2] == 1 && out[i + 3] == 2) {
+            c = out + i;
+            break;
+        }
+    CHECK(c && (c[8] | c[9] << 8) == 1u << 11);
+    CHECK(c && c[10] == 0); /* stored: deflate did not shrink it */
+    free(out);
+    free(npy);
+}
+
 /* ---- standard input ---------------------------------------------------------------------------------- */
 
 /* Feeds n bytes (byte i = i * 7 mod 251) to this process's standard input from a child process, then
@@ -421,6 +521,7 @@ int main(void) {
     test_zip_directory();
     test_zip64_locator();
     test_deflate_streams();
+    test_zip_more();
     test_stdin_large();
     return check_report("test_io_bad");
 }
