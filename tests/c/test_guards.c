@@ -504,6 +504,59 @@ static void test_relayout_checks(const maskpack_layout *L) {
     maskpack_layout_free(R);
 }
 
+/* ---- plan accessors out of range, micro-batch layouts, option checks ------------------------------- */
+
+static void test_plan_ranges(void) {
+    maskpack_error e;
+    const int64_t lens[6] = {3, 5, 2, 7, 1, 4};
+    maskpack_plan_options po = maskpack_plan_options_default(8);
+    po.dp = 2;
+    po.micro_batches = 2;
+    po.seed = 7;
+    po.attention_a = NAN;
+    maskpack_plan *p = NULL;
+    CHECK_STATUS(maskpack_plan_create(lens, 6, &po, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "attention_a") == 0 && p == NULL);
+    po.attention_a = 0.0;
+    CHECK_OK(maskpack_plan_create(lens, 6, &po, &p, &e), e);
+    if (!p) return;
+    const int64_t R = maskpack_plan_n_rows(p);
+    CHECK(R >= 4 && R % 4 == 0);
+    /* every per-row accessor: -1 just outside [0, R) on both sides, a value inside */
+    const int64_t bad[2] = {-1, R};
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ(maskpack_plan_rank_of_row(p, bad[k]), -1);
+        CHECK_EQ(maskpack_plan_microbatch_of_row(p, bad[k]), -1);
+        CHECK_EQ(maskpack_plan_row_used(p, bad[k]), -1);
+        CHECK(maskpack_plan_row_cost(p, bad[k]) == -1.0);
+        CHECK_EQ(maskpack_plan_row_count(p, bad[k]), -1);
+    }
+    CHECK_EQ(maskpack_plan_rank_of_row(p, R - 1), 1);
+    CHECK_EQ(maskpack_plan_microbatch_of_row(p, R - 1), 1);
+    CHECK(maskpack_plan_rank_cost(p, -1) == -1.0 && maskpack_plan_rank_cost(p, 2) == -1.0);
+    CHECK(maskpack_plan_rank_cost(p, 1) >= 0.0);
+    const int64_t rm[4][2] = {{-1, 0}, {2, 0}, {0, -1}, {0, 2}};
+    for (int k = 0; k < 4; k++) CHECK(maskpack_plan_microbatch_cost(p, rm[k][0], rm[k][1]) == -1.0);
+    CHECK(maskpack_plan_microbatch_cost(p, 1, 1) >= 0.0);
+    /* micro-batch layouts: rank and micro-batch out of range; capacity-wide rows */
+    maskpack_layout *L = NULL;
+    CHECK_STATUS(maskpack_plan_microbatch_layout(p, 2, 0, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "rank: expected in [0, 2), found 2");
+    CHECK_STATUS(maskpack_plan_microbatch_layout(p, -1, 0, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(maskpack_plan_microbatch_layout(p, 0, 2, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "micro_batch: expected in [0, 2), found 2");
+    CHECK_STATUS(maskpack_plan_microbatch_layout(p, 0, -1, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(L == NULL);
+    CHECK_OK(maskpack_plan_microbatch_layout(p, 1, 1, NULL, &L, &e), e);
+    CHECK(L && maskpack_layout_q_width(L) == 8); /* the default row width is the capacity */
+    maskpack_layout_free(L);
+    L = NULL;
+    const maskpack_rule bidir = {0};
+    CHECK_OK(maskpack_plan_row_layout(p, 0, &bidir, &L, &e), e);
+    maskpack_layout_free(L);
+    maskpack_plan_free(p);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -680,6 +733,7 @@ int main(void) {
     test_null_pointers(L);
     test_attention_checks(L);
     test_relayout_checks(L);
+    test_plan_ranges();
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
