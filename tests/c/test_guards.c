@@ -36,6 +36,7 @@ typedef struct call {
     slot s[MAXS];
     const maskpack_tensor *p[MAXS]; /* what the adapter passes: &s[i].t, a spoiled copy, or NULL */
     int strided_ok;                 /* a last dimension of stride 2 is accepted (else UNSUPPORTED) */
+    int n_variants;                 /* the control also runs with g_variant = 1 .. n_variants - 1 */
     maskpack_status (*run)(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e);
 } call;
 
@@ -60,6 +61,9 @@ static void blame(slot *s, maskpack_status st, const char *name) {
     s->ext_status = st;
     s->ext_blame = name;
 }
+
+/* which of a call's option sets the adapters use (0: the defaults) */
+static int g_variant = 0;
 
 /* the token grid of the layout under test: packed [T] (g_B = 0) or padded [B, S] */
 static int64_t g_B = 0, g_S = 0;
@@ -127,6 +131,16 @@ static void sweep(call *c, const maskpack_layout *L) {
     const maskpack_status sb = c->run(L, c->p, &e);
     if (sb != MASKPACK_OK) fprintf(stderr, "%s in bfloat16: %s\n", c->what, e.message);
     CHECK_EQ(sb, MASKPACK_OK);
+    /* the call's other options (kernel, form, threads, scalars) on the valid arguments, f32 and bf16 */
+    for (g_variant = 1; g_variant < c->n_variants; g_variant++)
+        for (int half = 0; half < 2; half++) {
+            for (int k = 0; k < c->n; k++) c->p[k] = half ? &bf[k] : &c->s[k].t;
+            memset(&e, 0, sizeof e);
+            const maskpack_status sv = c->run(L, c->p, &e);
+            if (sv != MASKPACK_OK) fprintf(stderr, "%s variant %d (%s): %s\n", c->what, g_variant, half ? "bf16" : "f32", e.message);
+            CHECK_EQ(sv, MASKPACK_OK);
+        }
+    g_variant = 0;
     /* no layout */
     for (int k = 0; k < c->n; k++) c->p[k] = &c->s[k].t;
     memset(&e, 0, sizeof e);
@@ -180,11 +194,15 @@ static void sweep(call *c, const maskpack_layout *L) {
 #define P(i) (p[i])
 #define W(i) ((maskpack_tensor *)(uintptr_t)p[i])
 
+/* Variants: conv (silu off, 2 threads); GDN (recurrent form, no L2 norm, 2 threads, the reference and
+ * AVX2 kernels); attention (softcap, a given scale, 3 threads, the reference and AVX2 kernels). A
+ * kernel this CPU lacks is replaced by the automatic choice. */
 static maskpack_status run_conv(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_causal_conv1d(L, P(0), P(1), P(2), 1, 1, W(3), W(4), e);
+    return maskpack_causal_conv1d(L, P(0), P(1), P(2), !(g_variant & 1), g_variant & 2 ? 2 : 1, W(3), W(4), e);
 }
 static maskpack_status run_conv_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_causal_conv1d_backward(L, P(0), P(1), P(2), 1, P(3), P(4), 1, W(5), W(6), W(7), e);
+    return maskpack_causal_conv1d_backward(L, P(0), P(1), P(2), !(g_variant & 1), P(3), P(4), g_variant & 2 ? 2 : 1,
+                                           W(5), W(6), W(7), e);
 }
 static maskpack_status run_l2(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     return maskpack_gdn_l2norm(L, P(0), MASKPACK_GDN_L2_EPS, W(1), e);
@@ -198,23 +216,56 @@ static maskpack_status run_gates(const maskpack_layout *L, const maskpack_tensor
 static maskpack_status run_gates_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     return maskpack_gdn_gates_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), W(6), W(7), W(8), W(9), e);
 }
+static maskpack_gdn_options gdn_opts(void) {
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.chunked = !(g_variant & 1);
+    o.l2norm = !(g_variant & 2);
+    o.n_threads = g_variant & 4 ? 2 : 1;
+    const maskpack_gdn_isa want[3] = {MASKPACK_GDN_ISA_AUTO, MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX2};
+    maskpack_gdn_isa got;
+    maskpack_error e;
+    o.isa = maskpack_gdn_resolve_isa(want[g_variant >> 3], &got, &e) == MASKPACK_OK ? want[g_variant >> 3]
+                                                                                 : MASKPACK_GDN_ISA_AUTO;
+    return o;
+}
 static maskpack_status run_gdn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     const maskpack_gdn_inputs in = {P(0), P(1), P(2), P(3), P(4), P(5)};
-    const maskpack_gdn_options o = maskpack_gdn_options_default();
+    const maskpack_gdn_options o = gdn_opts();
     return maskpack_gdn_forward(L, &in, &o, W(6), W(7), NULL, 0, e);
 }
 static maskpack_status run_gdn_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     const maskpack_gdn_inputs in = {P(0), P(1), P(2), P(3), P(4), P(5)};
-    const maskpack_gdn_options o = maskpack_gdn_options_default();
+    const maskpack_gdn_options o = gdn_opts();
     maskpack_gdn_grads g = {W(8), W(9), W(10), W(11), W(12), W(13)};
     return maskpack_gdn_backward(L, &in, P(6), P(7), &o, &g, NULL, 0, e);
 }
+/* sets MASKPACK_ISA for the attention variant (unset for the automatic choice or a kernel this CPU lacks) */
+static void attn_isa(void) {
+    static const char *const names[3] = {NULL, "ref", "avx2"};
+    const char *n = names[g_variant >> 3];
+    if (n) {
+        setenv("MASKPACK_ISA", n, 1);
+        maskpack_attention_isa isa;
+        maskpack_error e;
+        if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) return;
+    }
+    unsetenv("MASKPACK_ISA");
+}
 static maskpack_status run_attn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_attention_forward(L, P(0), P(1), P(2), 0.0, 0.0, W(3), W(4), 1, NULL, 0, e);
+    attn_isa();
+    const maskpack_status s = maskpack_attention_forward(L, P(0), P(1), P(2), g_variant & 2 ? 0.3 : 0.0,
+                                                         g_variant & 1 ? 5.0 : 0.0, W(3), W(4), g_variant & 4 ? 3 : 1,
+                                                         NULL, 0, e);
+    unsetenv("MASKPACK_ISA");
+    return s;
 }
 static maskpack_status run_attn_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_attention_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), 0.0, 0.0, W(6), W(7), W(8), 1, NULL, 0,
-                                       e);
+    attn_isa();
+    const maskpack_status s = maskpack_attention_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), g_variant & 2 ? 0.3 : 0.0,
+                                                          g_variant & 1 ? 5.0 : 0.0, W(6), W(7), W(8),
+                                                          g_variant & 4 ? 3 : 1, NULL, 0, e);
+    unsetenv("MASKPACK_ISA");
+    return s;
 }
 
 /* T = 8 tokens in two segments (5 and 3), packed */
@@ -222,7 +273,7 @@ enum { T = 8, N = 2, C = 8, KW = 4, H = 2, HV = 4, K = 16, V = 16, D = 16 };
 
 static void test_gdn_side_ops(const maskpack_layout *L) {
     const int64_t tc[2] = {T, C}, w[2] = {C, KW}, st[3] = {N, C, KW - 1};
-    call c = {.what = "causal_conv1d", .strided_ok = 1, .run = run_conv};
+    call c = {.what = "causal_conv1d", .n_variants = 4, .strided_ok = 1, .run = run_conv};
     blame(addt(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&c, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight"); /* W = 5 */
     add(&c, "prefix", 3, st, 1, 0);
@@ -231,7 +282,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     sweep(&c, L);
     call_free(&c);
 
-    call b = {.what = "causal_conv1d_backward", .strided_ok = 1, .run = run_conv_bwd};
+    call b = {.what = "causal_conv1d_backward", .n_variants = 4, .strided_ok = 1, .run = run_conv_bwd};
     blame(addt(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&b, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight");
     add(&b, "prefix", 3, st, 1, 0);
@@ -283,7 +334,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
 
 static void test_gdn_rule(const maskpack_layout *L) {
     const int64_t q[3] = {T, H, K}, v[3] = {T, HV, V}, g[2] = {T, HV}, s[4] = {N, HV, K, V};
-    call f = {.what = "gdn_forward", .strided_ok = 1, .run = run_gdn};
+    call f = {.what = "gdn_forward", .n_variants = 24, .strided_ok = 1, .run = run_gdn};
     blame(addt(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&f, "k", 3, q, 0, 0);
     blame(addt(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
@@ -295,7 +346,7 @@ static void test_gdn_rule(const maskpack_layout *L) {
     sweep(&f, L);
     call_free(&f);
 
-    call b = {.what = "gdn_backward", .strided_ok = 1, .run = run_gdn_bwd};
+    call b = {.what = "gdn_backward", .n_variants = 24, .strided_ok = 1, .run = run_gdn_bwd};
     blame(addt(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&b, "k", 3, q, 0, 0);
     blame(addt(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
@@ -316,7 +367,7 @@ static void test_gdn_rule(const maskpack_layout *L) {
 
 static void test_attention(const maskpack_layout *L) {
     const int64_t qs[3] = {T, H, D}, kv[3] = {T, 1, D}, lse[2] = {H, T};
-    call f = {.what = "attention_forward", .run = run_attn};
+    call f = {.what = "attention_forward", .n_variants = 24, .run = run_attn};
     blame(addt(&f, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&f, "k", 3, kv, 0, 0);
     addt(&f, "v", 3, kv, 0, 0);
@@ -330,7 +381,7 @@ static void test_attention(const maskpack_layout *L) {
     sweep(&f, L);
     call_free(&f);
 
-    call b = {.what = "attention_backward", .run = run_attn_bwd};
+    call b = {.what = "attention_backward", .n_variants = 24, .run = run_attn_bwd};
     addt(&b, "dout", 3, qs, 0, 0);
     blame(addt(&b, "q", 3, qs, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&b, "k", 3, kv, 0, 0);
