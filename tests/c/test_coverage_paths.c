@@ -4,7 +4,8 @@
  * (options out of range, zero heads or head dims, value heads not a multiple of key heads, head
  * dims whose workspace overflows), each with its status and message; the NPU validator's check of a
  * sparse_mode 5 full mask against bottom-right causal + prefix (a matching mask passes, one flipped
- * entry is reported with its position); the empty inner range of the triangular GEMM of each build
+ * entry is reported with its position) and every atten_mask shape form against the full-mask modes;
+ * the empty inner range of the triangular GEMM of each build
  * this CPU runs. */
 #include "check.h"
 #include "cpu_features.h"
@@ -346,6 +347,49 @@ static void test_npu_mode5_full_mask(void) {
     CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
 }
 
+/* Every atten_mask shape form against sparse_modes 0, 1 (full masks: [B,N,S,S], [B,1,S,S], [1,1,S,S]
+ * and [S,S] accepted) and 5 (BNSS / B1SS only); the padding-shaped ones get the hint to expand them. */
+static void test_npu_mask_shapes(void) {
+    static uint8_t m[2 * 3 * 4 * 4]; /* all 0: nothing masked */
+    const int64_t shapes[][5] = {{4, 2, 1, 4, 4}, {4, 2, 2, 4, 4}, {4, 1, 1, 4, 4}, {2, 4, 4, 0, 0}, {4, 2, 3, 4, 4},
+                                 {2, 2, 4, 0, 0}, {4, 2, 1, 1, 4}, {2, 1, 4, 0, 0}, {3, 2, 4, 4, 0}};
+    /* 0 accepted, 1 refused, 2 refused with the padding hint, 3 refused: mode 5 needs BNSS/B1SS, 4 accepted
+     * but the content is not causal + prefix */
+    const int want[3][9] = {{0, 0, 0, 0, 1, 2, 2, 2, 1}, {0, 0, 0, 0, 1, 2, 2, 2, 1}, {4, 4, 3, 3, 1, 2, 2, 2, 1}};
+    const int modes[3] = {0, 1, 5};
+    const int64_t pf[2] = {1, 0};
+    int64_t two = 2;
+    maskpack_tensor pt = maskpack_tensor_contiguous((void *)pf, MASKPACK_I64, 1, &two);
+    for (int mi = 0; mi < 3; mi++)
+        for (int k = 0; k < 9; k++) {
+            maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, (int32_t)shapes[k][0], shapes[k] + 1);
+            maskpack_npu_call c;
+            memset(&c, 0, sizeof c);
+            c.input_layout = MASKPACK_NPU_BSND;
+            c.batch = 2;
+            c.q_len = c.kv_len = 4;
+            c.heads_q = c.heads_kv = 2;
+            c.head_dim = 64;
+            c.sparse_mode = modes[mi];
+            c.pre_tokens = c.next_tokens = 2147483647;
+            c.atten_mask = &mt;
+            c.scale = 0.125;
+            if (modes[mi] == 5) c.prefix = &pt;
+            maskpack_npu_report rep;
+            maskpack_status st;
+            const int w = want[mi][k];
+            const int n = npu_findings(&c, &rep, &st, w == 0 ? 0 : 1);
+            CHECK_EQ(n, w == 0 ? 0 : 1);
+            CHECK_EQ(st, w == 0 ? MASKPACK_OK : MASKPACK_ERR_NPU_CONTRACT);
+            if (w == 0 || rep.n_findings < 1) continue;
+            const char *msg = rep.findings[0].message;
+            CHECK_EQ(rep.findings[0].code, w == 4 ? MASKPACK_NPU_MASK_MISMATCH : MASKPACK_NPU_BAD_MASK_SHAPE);
+            if (w == 1 || w == 2) CHECK(strstr(msg, "is not accepted (error 561103") != NULL);
+            CHECK((w == 2) == (strstr(msg, "padding mask must be expanded to [B,1,Sq,Skv]") != NULL));
+            if (w == 3) CHECK(strstr(msg, "sparse_mode 5 needs a BNSS or B1SS mask") != NULL);
+        }
+}
+
 /* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
 
 typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -401,6 +445,7 @@ int main(void) {
     test_plan_and_cp_arguments();
     test_gdn_guards();
     test_npu_mode5_full_mask();
+    test_npu_mask_shapes();
     test_gemm_empty_inner_range();
     return check_report("test_coverage_paths");
 }
