@@ -11,6 +11,7 @@ import os
 import sys
 import struct
 import tempfile
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cli as base  # noqa: E402  (its writers, readers, run/check/expect and failure list)
@@ -448,6 +449,34 @@ def case_reports_and_pictures():
     expect(["plan", path, "--capacity", "16", "--dp", "5000", "--png", tmp("wide.png")], 1,
            err_has=["png: 5000 ranks are too many to draw (at most 4096)"])
     check(not os.path.exists(tmp("wide.png")), "no picture for too many ranks")
+
+
+def case_emit_packed():
+    """--emit all from a packed stream (cu_seqlens alone): every derived array's values, the TND
+    arguments of npu_fusion_attention with their lists; --index-dtype int32 and the masked convention."""
+    cu = tmp("cu_only.npz")
+    base.npz(cu, {"cu_seqlens": ("i4", (3,), [0, 3, 7])})
+    out = tmp("packed_all.npz")
+    expect(["inspect", cu, "--cu-form", "te", "--emit", "all", "--out", out], 0,
+           out_has=["input_layout TND, sparse_mode 3", "actual_seq_qlen [3, 7]"])
+    d = read_npz(out)
+    for name, shape, values in [("cu_seqlens", (3,), [0, 3, 7]), ("cu_seqlens_npu", (2,), [3, 7]),
+                                ("seqlens", (2,), [3, 4]), ("position_ids", (7,), [0, 1, 2, 0, 1, 2, 3]),
+                                ("segment_ids", (7,), [1, 1, 1, 2, 2, 2, 2]), ("last_token_index", (2,), [2, 6]),
+                                ("npu_actual_seq_qlen", (2,), [3, 7]), ("npu_actual_seq_kvlen", (2,), [3, 7]),
+                                ("npu_pad_items", (2,), [0, 0])]:
+        check(d[name] == (shape, values), "%s: %r" % (name, d[name]))
+    check(d["mask4d"][0] == (1, 1, 7, 7) and d["npu_atten_mask"][0] == (2048, 2048), "mask shapes")
+    # the 4D keep mask is block-diagonal causal: row 4 (second sequence, position 1) sees keys 3 and 4
+    check(d["mask4d"][1][4 * 7:5 * 7] == [0, 0, 0, 1, 1, 0, 0], "mask4d row 4: %r" % d["mask4d"][1][28:35])
+    out2 = tmp("packed_i32.npz")
+    expect(["inspect", cu, "--cu-form", "te", "--emit", "position_ids,mask4d", "--index-dtype", "int32",
+            "--emit-convention", "masked", "--out", out2], 0)
+    with zipfile.ZipFile(out2) as z:
+        check(b"'<i4'" in z.read("position_ids.npy")[:80], "position_ids as int32")
+    d2 = read_npz(out2)
+    check(d2["position_ids"] == ((7,), [0, 1, 2, 0, 1, 2, 3]), "int32 position_ids")
+    check(d2["mask4d"][1][28:35] == [1, 1, 1, 0, 0, 1, 1], "masked convention inverts: %r" % d2["mask4d"][1][28:35])
 
 
 def case_bad_values():
