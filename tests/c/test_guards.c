@@ -608,6 +608,46 @@ static void test_plan_ranges(void) {
     maskpack_plan_free(p);
 }
 
+/* ---- labels and loss weights: dtypes, aliasing, both index and both float dtypes; dtype names ------- */
+
+static void test_labels_checks(const maskpack_layout *L) {
+    maskpack_error e;
+    const int64_t t8 = T;
+    int64_t l64[T] = {10, 11, 12, 13, 14, 20, 21, 22}, o64[T];
+    int32_t l32[T] = {10, -100, 12, 13, 14, 20, 21, 22}, o32[T];
+    float f[T];
+    double dbl[T];
+    maskpack_tensor lab64 = maskpack_tensor_contiguous(l64, MASKPACK_I64, 1, &t8);
+    maskpack_tensor lab32 = maskpack_tensor_contiguous(l32, MASKPACK_I32, 1, &t8);
+    maskpack_tensor out64 = maskpack_tensor_contiguous(o64, MASKPACK_I64, 1, &t8);
+    maskpack_tensor out32 = maskpack_tensor_contiguous(o32, MASKPACK_I32, 1, &t8);
+    maskpack_tensor of = maskpack_tensor_contiguous(f, MASKPACK_F32, 1, &t8);
+    maskpack_tensor od = maskpack_tensor_contiguous(dbl, MASKPACK_F64, 1, &t8);
+    /* float labels; out over labels; int32 labels shifted */
+    CHECK_STATUS(maskpack_shift_labels(L, &of, -100, &of, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK(strcmp(e.argument, "labels") == 0);
+    CHECK_STATUS(maskpack_shift_labels(L, &lab64, -100, &lab64, &e), MASKPACK_ERR_OVERLAP, e);
+    CHECK_MSG(e, "out: must not alias labels");
+    CHECK_OK(maskpack_shift_labels(L, &lab32, -100, &out32, &e), e);
+    const int32_t want32[T] = {-100, 12, 13, 14, -100, 21, 22, -100};
+    CHECK(memcmp(o32, want32, sizeof want32) == 0);
+    /* loss weights: float labels, an integer out; int32 labels into f32 and int64 labels into f64 */
+    double den = 0;
+    CHECK_STATUS(maskpack_loss_weights(L, &of, -100, MASKPACK_LOSS_TOKEN, &od, &den, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK(strcmp(e.argument, "labels") == 0);
+    CHECK_STATUS(maskpack_loss_weights(L, &lab64, -100, MASKPACK_LOSS_TOKEN, &out64, &den, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK(strcmp(e.argument, "out") == 0);
+    CHECK_OK(maskpack_loss_weights(L, &lab32, -100, MASKPACK_LOSS_TOKEN, &of, &den, &e), e);
+    CHECK(den == 7.0 && f[1] == 0.0f && f[0] == 1.0f / 7.0f);
+    CHECK_OK(maskpack_loss_weights(L, &lab64, -100, MASKPACK_LOSS_SEQUENCE, &od, &den, &e), e);
+    CHECK(den == 2.0 && dbl[0] == 0.1 && dbl[7] == 1.0 / 6.0);
+    /* dtype names out of range; a contiguous view without a shape */
+    CHECK(strcmp(maskpack_dtype_name((maskpack_dtype)-1), "unknown") == 0);
+    CHECK(strcmp(maskpack_dtype_name(MASKPACK_DTYPE_COUNT_), "unknown") == 0);
+    maskpack_tensor z = maskpack_tensor_contiguous(f, MASKPACK_F32, 2, NULL);
+    CHECK(z.ndim == 2 && z.shape[0] == 0 && z.shape[1] == 0);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -785,6 +825,7 @@ int main(void) {
     test_attention_checks(L);
     test_relayout_checks(L);
     test_plan_ranges();
+    test_labels_checks(L);
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
