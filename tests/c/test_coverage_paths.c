@@ -154,6 +154,58 @@ static void test_segment_checks(void) {
     r.spans = &sp;
     r.n_spans = 1;
     expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[0].segment: expected in [0, 2), found 5");
+
+    /* each field of a segment out of its range in turn (the checks before the key columns' one) */
+    expect_segments(ok, 2, 1, -6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
+    expect_segments(ok, 2, 1, 6, -6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
+    const struct {
+        int field;
+        int64_t value;
+        const char *fragment;
+    } bad[] = {{0, 1, "segments[1].row"},        {0, -1, "segments[1].row"},      {1, -1, "segments[1]"},
+               {2, -1, "segments[1]"},           {2, 4, "segments[1]"},          {1, INT64_MAX, "segments[1]"},
+               {3, -1, "segments[1]"},           {4, -1, "segments[1]"},          {3, INT64_MAX, "segments[1]"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        s[1] = ok[1];
+        int64_t *f[5] = {&s[1].row, &s[1].q_start, &s[1].q_len, &s[1].kv_start, &s[1].kv_len};
+        *f[bad[k].field] = bad[k].value;
+        expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, bad[k].fragment);
+    }
+    /* explicit positions: q_pos negative, or past the keys */
+    s[1] = ok[1];
+    s[1].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+    s[1].q_pos = -1;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    s[1].q_pos = 3;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    /* the rule: a window below -1 on either side, spans outside their segment, overlapping or out of
+     * order, prefixes outside [0, kv_len] */
+    r = maskpack_rule_default();
+    r.window_left = -2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.window");
+    r = maskpack_rule_default();
+    r.window_right = -3;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.window");
+    const maskpack_span spans_bad[][2] = {{{-1, 0, 1}, {0, 0, 0}}, {{0, -1, 1}, {0, 0, 0}}, {{0, 2, 2}, {0, 0, 0}},
+                                          {{0, 1, 4}, {0, 0, 0}},  {{0, 0, 2}, {0, 1, 3}},  {{1, 0, 1}, {0, 0, 1}}};
+    const size_t n_sp[] = {1, 1, 1, 1, 2, 2};
+    for (size_t k = 0; k < sizeof n_sp / sizeof n_sp[0]; k++) {
+        r = maskpack_rule_default();
+        r.spans = spans_bad[k];
+        r.n_spans = n_sp[k];
+        expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[");
+    }
+    const int64_t pf_bad[2][2] = {{-1, 0}, {0, 3}};
+    for (int k = 0; k < 2; k++) {
+        r = maskpack_rule_default();
+        r.prefix = pf_bad[k];
+        r.n_prefix = 2;
+        expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.prefix[");
+    }
+    r = maskpack_rule_default();
+    r.prefix = pf_bad[0];
+    r.n_prefix = 3;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.prefix");
 }
 
 /* ---- planner and CP argument checks ------------------------------------------------------------------ */
