@@ -469,6 +469,41 @@ static void test_attention_checks(const maskpack_layout *L) {
     CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, 0, &need, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "n_threads") == 0);
 
+    /* the workspace queries refuse what the calls refuse */
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, NULL, &k, &v, 1, &need, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "q") == 0);
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, 0, &need, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "n_threads") == 0);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &kb, &v, 1, &need, &e), MASKPACK_ERR_DTYPE, e);
+    /* the backward: a MASKPACK_ISA it cannot honour, a workspace pointer missing; more threads than work */
+    static float dom[T * 2 * D], dqm[T * 2 * D], dkm[T * D], dvm[T * D];
+    maskpack_tensor dout = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, q2), dqt = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q2);
+    maskpack_tensor dkt = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, k1), dvt = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, k1);
+    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 8, NULL, 0, &e), e);
+    setenv("MASKPACK_ISA", "sse9", 1);
+    CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 0, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "MASKPACK_ISA: expected ref, avx2, avx512 or amx, found \"sse9\"");
+    unsetenv("MASKPACK_ISA");
+    CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 16, &e),
+                 MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "workspace") == 0);
+    CHECK_OK(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 8, NULL, 0, &e), e);
+    /* a batch of empty sequences: no work, no token written, both directions succeed */
+    const int64_t zeros[2] = {0, 0}, t0q[3] = {0, 2, D}, t0k[3] = {0, 1, D}, l0[2] = {2, 0};
+    maskpack_layout *E = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(zeros, 2, MASKPACK_PLACE_PACKED, 0, NULL, &E, &e), e);
+    if (E) {
+        maskpack_tensor q0 = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, t0q), k0 = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, t0k);
+        maskpack_tensor v0 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, t0k), o0 = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, t0q);
+        maskpack_tensor ls0 = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l0);
+        maskpack_tensor d0 = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, t0q), dq0 = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, t0q);
+        maskpack_tensor dk0 = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, t0k), dv0 = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, t0k);
+        CHECK_OK(maskpack_attention_forward(E, &q0, &k0, &v0, 0.0, 0.0, &o0, &ls0, 2, NULL, 0, &e), e);
+        CHECK_OK(maskpack_attention_backward(E, &d0, &q0, &k0, &v0, &o0, &ls0, 0.0, 0.0, &dq0, &dk0, &dv0, 2, NULL, 0, &e), e);
+        maskpack_layout_free(E);
+    }
+
     /* the kernel choice: names, a NULL result, an empty MASKPACK_ISA (= unset), amx forced */
     CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_REF), "ref") == 0);
     CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX512), "avx512") == 0);
