@@ -461,6 +461,85 @@ static void test_zip_more(void) {
     free(npy);
 }
 
+/* ---- .npy headers -------------------------------------------------------------------------------- */
+
+/* a .npy of the given version with header text h (padded to a multiple of 64 with spaces and '\n')
+ * followed by payload[0..n) */
+static uint8_t *make_npy(int major, const char *h, const void *payload, size_t n, size_t *len) {
+    const size_t pre = major == 1 ? 10 : 12, hl = strlen(h);
+    size_t total_h = hl + 1;
+    total_h += (64 - (pre + total_h) % 64) % 64;
+    *len = pre + total_h + n;
+    uint8_t *b = calloc(*len, 1);
+    memcpy(b, "\x93NUMPY", 6);
+    b[6] = (uint8_t)major;
+    b[7] = 0;
+    if (major == 1) {
+        b[8] = (uint8_t)total_h;
+        b[9] = (uint8_t)(total_h >> 8);
+    } else {
+        for (int i = 0; i < 4; i++) b[8 + i] = (uint8_t)(total_h >> (8 * i));
+    }
+    memcpy(b + pre, h, hl);
+    memset(b + pre + hl, ' ', total_h - hl - 1);
+    b[pre + total_h - 1] = '\n';
+    if (n) memcpy(b + pre + total_h, payload, n);
+    return b;
+}
+
+static void expect_npy(int major, const char *h, size_t n, maskpack_status want, const char *fragment) {
+    static const uint8_t zeros[64];
+    size_t len;
+    uint8_t *b = make_npy(major, h, zeros, n, &len);
+    mpio_array a;
+    maskpack_error e;
+    CHECK_STATUS(mpio_npy_parse(b, len, &a, &e), want, e);
+    CHECK_MSG(e, fragment);
+    free(b);
+}
+
+static void test_npy_headers(void) {
+    /* tabs, carriage returns and newlines between the items; Python 2 long literals; a version-2 header */
+    const int64_t v64[2] = {-5, 1LL << 40};
+    size_t len;
+    mpio_array a;
+    maskpack_error e;
+    uint8_t *b = make_npy(2, "{'descr':\t'<i8',\r\n'fortran_order': False,\t'shape': (2L,), }", v64, sizeof v64, &len);
+    CHECK_OK(mpio_npy_parse(b, len, &a, &e), e);
+    CHECK(a.dtype == MASKPACK_I64 && a.ndim == 1 && a.shape[0] == 2 && ((const int64_t *)a.data)[1] == 1LL << 40);
+    mpio_array_free(&a);
+    free(b);
+    const double d1 = 2.5;
+    b = make_npy(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", &d1, 8, &len);
+    CHECK_OK(mpio_npy_parse(b, len, &a, &e), e);
+    CHECK(a.dtype == MASKPACK_F64 && ((const double *)a.data)[0] == 2.5);
+    mpio_array_free(&a);
+    free(b);
+    /* Fortran order: the 2 x 3 array stored column by column; its view walks it by (row, column) */
+    const int32_t col[6] = {1, 2, 3, 4, 5, 6};
+    b = make_npy(1, "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }", col, sizeof col, &len);
+    CHECK_OK(mpio_npy_parse(b, len, &a, &e), e);
+    const maskpack_tensor t = mpio_array_view(&a);
+    CHECK(a.dtype == MASKPACK_I32 && t.ndim == 2 && t.strides[0] == 1 && t.strides[1] == 2);
+    const int32_t *x = a.data;
+    CHECK(x[1 * t.strides[0] + 2 * t.strides[1]] == 6 && x[0 * t.strides[0] + 1 * t.strides[1]] == 3);
+    mpio_array_free(&a);
+    free(b);
+    /* a string that never ends; descr strings that are not numpy types; missing keys */
+    expect_npy(1, "{'descr': '<i4", 0, MASKPACK_ERR_FORMAT, "npy header");
+    expect_npy(1, "{'descr': '<', 'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT,
+               "descr '<' is not a numpy type string");
+    expect_npy(1, "{'descr': '<ix', 'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT,
+               "is not a numpy type string");
+    expect_npy(1, "{'descr': '<i4', 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'fortran_order'");
+    expect_npy(1, "{'descr': '<i4', 'fortran_order': False, }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'shape'");
+    expect_npy(1, "{'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'descr'");
+    /* a version-2 file cut before its 4-byte header length */
+    const uint8_t cut[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0, 0, 0};
+    CHECK_STATUS(mpio_npy_parse(cut, sizeof cut, &a, &e), MASKPACK_ERR_FORMAT, e);
+    CHECK_MSG(e, "npy: truncated version 2 header");
+}
+
 /* ---- standard input ---------------------------------------------------------------------------------- */
 
 /* Feeds n bytes (byte i = i * 7 mod 251) to this process's standard input from a child process, then
@@ -522,6 +601,7 @@ int main(void) {
     test_zip64_locator();
     test_deflate_streams();
     test_zip_more();
+    test_npy_headers();
     test_stdin_large();
     return check_report("test_io_bad");
 }
