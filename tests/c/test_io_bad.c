@@ -64,6 +64,32 @@ static void test_safetensors_bad(void) {
               MASKPACK_ERR_UNSUPPORTED, "dimensions, more than");
     expect_st("[1, 2]", 0, MASKPACK_ERR_FORMAT, "safetensors");
 
+    /* UTF-8 sequences cut by the end of the header (a 2-, 3- and 4-byte lead as the last byte) */
+    expect_st("{\"x\":1}\xc3", 0, MASKPACK_ERR_FORMAT, "header is not valid UTF-8");
+    expect_st("{\"x\":1} \xe2\x82", 0, MASKPACK_ERR_FORMAT, "header is not valid UTF-8");
+    expect_st("{\"x\":1}  \xf0", 0, MASKPACK_ERR_FORMAT, "header is not valid UTF-8");
+    /* a tab and a CR/LF may pad the object; anything else after it may not */
+    expect_st("{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, MASKPACK_ERR_FORMAT,
+              "unexpected bytes after the header's JSON object");
+    b = make_st("{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}\t\r\n", 8, &len);
+    CHECK_OK(mpio_safetensors_parse(b, len, &s, &e), e);
+    mpio_arrayset_free(&s);
+    free(b);
+    /* __metadata__ that is a string or a number; offsets that are not numbers */
+    expect_st("{\"__metadata__\":\"v1\"}", 0, MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a string");
+    expect_st("{\"__metadata__\":7}", 0, MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a scalar");
+    expect_st("{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[\"0\",8]}}", 8, MASKPACK_ERR_FORMAT,
+              "data_offsets must be two non-negative integers");
+    /* two tensors on the same first byte (one of them empty) are read; two overlapping ones are not */
+    b = make_st("{\"a\":{\"dtype\":\"I32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, &len);
+    CHECK_OK(mpio_safetensors_parse(b, len, &s, &e), e);
+    CHECK_EQ(s.n, 2);
+    mpio_arrayset_free(&s);
+    free(b);
+    expect_st("{\"a\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+              "\"b\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_FORMAT, "overlap");
+
     /* the writer refuses a reserved or duplicated name */
     int32_t v[2] = {1, 2};
     int64_t two = 2;
