@@ -566,6 +566,60 @@ static void test_npy_headers(void) {
     CHECK_MSG(e, "npy: truncated version 2 header");
 }
 
+/* ---- file reads and writes: directories, devices, relative names, message prefixes ---------------- */
+
+static void test_files(void) {
+    maskpack_error e;
+    uint8_t *got = NULL;
+    size_t n = 0;
+    char dir[] = "/tmp/maskpack_io_bad_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    /* a directory is refused by name; so is it with a budget below the first read block */
+    CHECK_STATUS(mpio_read_file(dir, MPIO_MAX_BYTES, &got, &n, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, ": is a directory");
+    CHECK_STATUS(mpio_read_file(dir, 10, &got, &n, &e), MASKPACK_ERR_IO, e);
+    CHECK(got == NULL);
+    /* a character device with a 10-byte budget: read to its end (nothing), the buffer sized by the budget */
+    CHECK_OK(mpio_read_file("/dev/null", 10, &got, &n, &e), e);
+    CHECK(n == 0);
+    free(got);
+    /* writes to devices go in place (no temporary file beside them); a full device reports the failure */
+    CHECK_OK(mpio_write_file("/dev/null", "abc", 3, &e), e);
+    if (access("/dev/full", W_OK) == 0) {
+        CHECK_STATUS(mpio_write_file("/dev/full", "abc", 3, &e), MASKPACK_ERR_IO, e);
+        CHECK_MSG(e, "/dev/full: write failed");
+    }
+    /* a name without a directory part, relative to the working directory */
+    char cwd[4096];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    CHECK(chdir(dir) == 0);
+    CHECK_OK(mpio_write_file("plain.bin", "xyz", 3, &e), e);
+    CHECK_OK(mpio_read_file("plain.bin", 16, &got, &n, &e), e);
+    CHECK(n == 3 && memcmp(got, "xyz", 3) == 0);
+    free(got);
+    CHECK(unlink("plain.bin") == 0);
+    CHECK(chdir(cwd) == 0);
+    CHECK(rmdir(dir) == 0);
+    /* a path prefix keeps the last 120 characters of a long path; OK, no path or no error: untouched */
+    char longp[200];
+    memset(longp, 'p', sizeof longp - 1);
+    longp[sizeof longp - 1] = 0;
+    longp[190] = 'Z';
+    maskpack_error pe;
+    memset(&pe, 0, sizeof pe);
+    strcpy(pe.message, "bad");
+    CHECK_EQ(mpio_prefix_path(&pe, MASKPACK_ERR_FORMAT, longp), MASKPACK_ERR_FORMAT);
+    CHECK(strncmp(pe.message, "...", 3) == 0 && strstr(pe.message, "Z") != NULL && strstr(pe.message, ": bad") != NULL);
+    CHECK(strlen(pe.message) == 3 + 120 + 2 + 3);
+    strcpy(pe.message, "bad");
+    CHECK_EQ(mpio_prefix_path(&pe, MASKPACK_OK, "f"), MASKPACK_OK);
+    CHECK_EQ(mpio_prefix_path(&pe, MASKPACK_ERR_FORMAT, NULL), MASKPACK_ERR_FORMAT);
+    CHECK_EQ(mpio_prefix_path(NULL, MASKPACK_ERR_FORMAT, "f"), MASKPACK_ERR_FORMAT);
+    mpio_prefix_message(NULL, "x");
+    mpio_prefix_message(&pe, NULL);
+    CHECK(strcmp(pe.message, "bad") == 0);
+}
+
 /* ---- standard input ---------------------------------------------------------------------------------- */
 
 /* Feeds n bytes (byte i = i * 7 mod 251) to this process's standard input from a child process, then
@@ -628,6 +682,7 @@ int main(void) {
     test_deflate_streams();
     test_zip_more();
     test_npy_headers();
+    test_files();
     test_stdin_large();
     return check_report("test_io_bad");
 }
