@@ -479,6 +479,34 @@ def case_emit_packed():
     check(d2["mask4d"][1][28:35] == [1, 1, 1, 0, 0, 1, 1], "masked convention inverts: %r" % d2["mask4d"][1][28:35])
 
 
+def case_inspect_many_rows():
+    """A batch of 70 rows: the picture draws the first 64 (as --png-rows 0..63 would), the problems list
+    stops at 64 with a count of the rest, and several members no reader takes are all named."""
+    import struct
+    n = 70
+    rows = tmp("rows70.npz")
+    base.npz(rows, {"attention_mask": ("i8", (n, 3), [1, 1, 0] * n)})
+    heights = []
+    for extra in ([], ["--png-rows", ",".join(str(r) for r in range(64))]):
+        png = tmp("rows70_%d.png" % len(extra))
+        expect(["inspect", rows, "--mask-convention", "keep", "--png", png] + extra, 0)
+        with open(png, "rb") as f:
+            heights.append(struct.unpack(">II", f.read(24)[16:24])[1])
+    check(heights[0] == heights[1], "default picture = first 64 rows: %r" % heights)
+    probs = tmp("probs70.npz")
+    base.npz(probs, {"attention_mask": ("i8", (n, 3), [1, 0, 0] * n), "labels": ("i8", (n, 3), [5, 7, 8] * n),
+                     "junk_a": ("i4", (1,), [0]), "junk_b": ("i4", (1,), [0])})
+    out = expect(["inspect", probs, "--mask-convention", "keep"], 1,
+                 out_has=["row 63: labels are not -100 on 2 pad tokens (first at column 1: 7)", "  ... and 6 more",
+                          "(not read: junk_a, junk_b)"])
+    check("row 64:" not in out, "problems listed up to 64")
+    # cu_seqlens_padded with the NPU form: named in the input list, its convention refused
+    npup = tmp("npu_padded.npz")
+    base.npz(npup, {"cu_seqlens": ("i4", (2,), [3, 7]), "cu_seqlens_padded": ("i4", (2,), [4, 8])})
+    expect(["inspect", npup, "--cu-form", "npu"], 1,
+           out_has=["NPU form + cu_seqlens_padded", "cu_seqlens_padded[0]: expected 0, found 4"])
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
