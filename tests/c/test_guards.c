@@ -683,6 +683,75 @@ static void test_labels_checks(const maskpack_layout *L) {
     CHECK(z.ndim == 2 && z.shape[0] == 0 && z.shape[1] == 0);
 }
 
+/* ---- the Gated DeltaNet's other checks: options, NULL structs, workspace, empty batches, threads ----- */
+
+static void test_gdn_checks(const maskpack_layout *L) {
+    static float qm[T * H * K], km[T * H * K], vm[T * HV * V], gm[T * HV], bm[T * HV], om[T * HV * V];
+    static float dqm[T * H * K], dom[T * HV * V];
+    for (int i = 0; i < T * H * K; i++) qm[i] = km[i] = 0.1f * (float)(i % 5);
+    for (int i = 0; i < T * HV * V; i++) vm[i] = dom[i] = 0.05f * (float)(i % 7);
+    for (int i = 0; i < T * HV; i++) gm[i] = -0.1f, bm[i] = 0.5f;
+    const int64_t qs[3] = {T, H, K}, vs[3] = {T, HV, V}, gs[2] = {T, HV};
+    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, qs), k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, qs);
+    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, vs), g = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, gs);
+    maskpack_tensor b = maskpack_tensor_contiguous(bm, MASKPACK_F32, 2, gs), o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, vs);
+    maskpack_tensor dq = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, qs), d_o = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, vs);
+    const maskpack_gdn_inputs in = {&q, &k, &v, &g, &b, NULL};
+    maskpack_gdn_options opt = maskpack_gdn_options_default();
+    maskpack_gdn_grads gr = {&dq, NULL, NULL, NULL, NULL, NULL};
+    maskpack_error e;
+    /* a NULL result pointer, inputs or grads */
+    CHECK_STATUS(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "resolved") == 0);
+    CHECK_STATUS(maskpack_gdn_forward(L, NULL, &opt, &o, NULL, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "inputs") == 0);
+    CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, NULL, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "grads") == 0);
+    size_t need = 0;
+    CHECK_STATUS(maskpack_gdn_workspace_size(L, &in, &opt, 0, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "bytes") == 0);
+    /* scale: +-infinity (NaN is test_gdn's) */
+    const double scales[2] = {INFINITY, -INFINITY};
+    for (int i = 0; i < 2; i++) {
+        maskpack_gdn_options bad = opt;
+        bad.scale = scales[i];
+        CHECK_STATUS(maskpack_gdn_forward(L, &in, &bad, &o, NULL, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK(strcmp(e.argument, "opts.scale") == 0);
+        CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &bad, &gr, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK(strcmp(e.argument, "opts.scale") == 0);
+    }
+    /* the backward's workspace: a size without a pointer is refused; too small; exactly the queried size */
+    CHECK_OK(maskpack_gdn_workspace_size(L, &in, &opt, 1, &need, &e), e);
+    void *ws = malloc(need);
+    CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, &gr, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK_MSG(e, "workspace: expected at least");
+    CHECK_OK(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, &gr, ws, need, &e), e);
+    free(ws);
+    /* more threads than (segment, head) tasks: the same result as one thread */
+    static float o1[T * HV * V];
+    maskpack_tensor ot = maskpack_tensor_contiguous(o1, MASKPACK_F32, 3, vs);
+    CHECK_OK(maskpack_gdn_forward(L, &in, &opt, &ot, NULL, NULL, 0, &e), e);
+    maskpack_gdn_options many = opt;
+    many.n_threads = 64;
+    CHECK_OK(maskpack_gdn_forward(L, &in, &many, &o, NULL, NULL, 0, &e), e);
+    CHECK(memcmp(o1, om, sizeof o1) == 0);
+    CHECK_OK(maskpack_gdn_backward(L, &in, &d_o, NULL, &many, &gr, NULL, 0, &e), e);
+    /* a batch of empty sequences: no task, both directions succeed */
+    const int64_t zeros[2] = {0, 0}, q0[3] = {0, H, K}, v0[3] = {0, HV, V}, g0[2] = {0, HV};
+    maskpack_layout *E = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(zeros, 2, MASKPACK_PLACE_PACKED, 0, NULL, &E, &e), e);
+    if (E) {
+        maskpack_tensor qe = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q0), ve = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, v0);
+        maskpack_tensor ge = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, g0), oe = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, v0);
+        maskpack_tensor de = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, v0), dqe = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q0);
+        const maskpack_gdn_inputs ie = {&qe, &qe, &ve, &ge, &ge, NULL};
+        maskpack_gdn_grads ge_ = {&dqe, NULL, NULL, NULL, NULL, NULL};
+        CHECK_OK(maskpack_gdn_forward(E, &ie, &opt, &oe, NULL, NULL, 0, &e), e);
+        CHECK_OK(maskpack_gdn_backward(E, &ie, &de, NULL, &opt, &ge_, NULL, 0, &e), e);
+        maskpack_layout_free(E);
+    }
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -861,6 +930,7 @@ int main(void) {
     test_relayout_checks(L);
     test_plan_ranges();
     test_labels_checks(L);
+    test_gdn_checks(L);
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
