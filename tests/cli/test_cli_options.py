@@ -507,6 +507,45 @@ def case_inspect_many_rows():
            out_has=["NPU form + cu_seqlens_padded", "cu_seqlens_padded[0]: expected 0, found 4"])
 
 
+def raw_npy(descr, shape, payload):
+    """A .npy with any descr (test_cli.npy knows five)."""
+    import struct
+    shape_txt = "(%s)" % (", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else ""))
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape_txt)
+    h += " " * (-(10 + len(h) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + payload
+
+
+def case_plan_length_forms():
+    """Lengths as JSON lists, input_ids and tokens objects; as [n, 1], int16 and int8 arrays; refused as
+    bool arrays and fractional JSON numbers; the progress bar forced on; plan --help."""
+    import struct
+    out = expect(["plan", "-", "--capacity", "16", "--json"], 0,
+                 stdin=b'[1, 2, 3]\n{"input_ids": [1, 2]}\n{"tokens": 4}\n')
+    rep = json.loads(out)["report"]
+    check(rep["n_sequences"] == 3 and rep["real_tokens"] == 9, "JSON line forms: %r" % rep)
+    expect(["plan", "-", "--capacity", "16"], 1, stdin=b'{"length": 5.5}\n',
+           err_has=["-:1: expected a length (integer) or a list of tokens"])
+    for name, descr, shape, payload in [("c.npy", "<i4", (3, 1), struct.pack("<3i", 5, 6, 7)),
+                                        ("s.npy", "<i2", (3,), struct.pack("<3h", 5, 6, 7)),
+                                        ("b.npy", "|i1", (3,), struct.pack("<3b", 5, 6, 7))]:
+        path = tmp(name)
+        with open(path, "wb") as f:
+            f.write(raw_npy(descr, shape, payload))
+        rep = json.loads(expect(["plan", path, "--capacity", "16", "--json"], 0))["report"]
+        check(rep["real_tokens"] == 18 and rep["n_sequences"] == 3, "%s lengths: %r" % (name, rep))
+    path = tmp("bool.npy")
+    with open(path, "wb") as f:
+        f.write(raw_npy("|b1", (3,), b"\x01\x01\x00"))
+    expect(["plan", path, "--capacity", "16"], 1, err_has=["expected a 1-D integer array of lengths, found bool"])
+    rc, out, err = base.run("plan", "-", "--capacity", "16", "--progress", stdin=b"5\n6\n7\n")
+    check(rc == 0 and "reading" in err and "100%" in err and "pack" in err, "--progress draws: %r" % err[-200:])
+    rc, out, err = base.run("plan", "-", "--capacity", "16", "--no-progress", stdin=b"5\n6\n7\n")
+    check(rc == 0 and err == "", "--no-progress: nothing on stderr: %r" % err)
+    expect(["plan", "--help"], 0, out_has=["usage: maskpack plan LENGTHS_FILE --capacity N"])
+    expect(["plan", "-h"], 0, out_has=["usage: maskpack plan"])
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
