@@ -474,6 +474,16 @@ def case_emit_packed():
             "--emit-convention", "masked", "--out", out2], 0)
     with zipfile.ZipFile(out2) as z:
         check(b"'<i4'" in z.read("position_ids.npy")[:80], "position_ids as int32")
+    # bidirectional: sparse_mode 0 and no atten_mask member; a budget too small for the compressed mask
+    bi = tmp("packed_bi.npz")
+    expect(["inspect", cu, "--cu-form", "te", "--bidirectional", "--emit", "npu", "--out", bi], 0,
+           out_has=["sparse_mode 0", "atten_mask none"])
+    names = set(read_npz(bi))
+    check("npu_atten_mask" not in names and "npu_actual_seq_qlen" in names, "bidirectional npu members %r" % names)
+    small = tmp("packed_small.npz")
+    expect(["inspect", cu, "--cu-form", "te", "--emit", "npu", "--max-bytes", "1000", "--out", small], 1,
+           out_has=["emit npu_atten_mask: cannot allocate the output (larger than the memory budget of 1000 bytes"])
+    check(not os.path.exists(small), "nothing written when an output does not fit")
     d2 = read_npz(out2)
     check(d2["position_ids"] == ((7,), [0, 1, 2, 0, 1, 2, 3]), "int32 position_ids")
     check(d2["mask4d"][1][28:35] == [1, 1, 1, 0, 0, 1, 1], "masked convention inverts: %r" % d2["mask4d"][1][28:35])
