@@ -37,6 +37,7 @@ typedef struct call {
     const maskpack_tensor *p[MAXS]; /* what the adapter passes: &s[i].t, a spoiled copy, or NULL */
     int strided_ok;                 /* a last dimension of stride 2 is accepted (else UNSUPPORTED) */
     int n_variants;                 /* the control also runs with g_variant = 1 .. n_variants - 1 */
+    int mixed_ok;                   /* f32 and bf16 arguments may be mixed */
     maskpack_status (*run)(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e);
 } call;
 
@@ -120,8 +121,9 @@ static void sweep(call *c, const maskpack_layout *L) {
     /* the optional arguments all NULL: still a valid call */
     for (int k = 0; k < c->n; k++) c->p[k] = c->s[k].optional ? NULL : &c->s[k].t;
     CHECK_OK(c->run(L, c->p, &e), e);
-    /* bfloat16 wherever the call takes it (the f32 storage read as pairs of bf16: finite values) */
-    maskpack_tensor bf[MAXS];
+    /* bfloat16 wherever the call takes it (the f32 storage read as pairs of bf16: finite values);
+     * where the call takes mixed dtypes, also bf16 on every other argument only (either half) */
+    maskpack_tensor bf[MAXS], mix[MAXS];
     for (int k = 0; k < c->n; k++) {
         bf[k] = c->s[k].t;
         if (!c->s[k].f32_only) bf[k].dtype = MASKPACK_BF16;
@@ -131,6 +133,28 @@ static void sweep(call *c, const maskpack_layout *L) {
     const maskpack_status sb = c->run(L, c->p, &e);
     if (sb != MASKPACK_OK) fprintf(stderr, "%s in bfloat16: %s\n", c->what, e.message);
     CHECK_EQ(sb, MASKPACK_OK);
+    for (int parity = 0; c->mixed_ok && parity < 2; parity++) {
+        for (int k = 0; k < c->n; k++) {
+            mix[k] = (k & 1) == parity ? bf[k] : c->s[k].t;
+            c->p[k] = &mix[k];
+        }
+        memset(&e, 0, sizeof e);
+        const maskpack_status sm = c->run(L, c->p, &e);
+        if (sm != MASKPACK_OK) fprintf(stderr, "%s with mixed dtypes: %s\n", c->what, e.message);
+        CHECK_EQ(sm, MASKPACK_OK);
+    }
+    /* where any stride is taken: every tensor over every other element of twice its memory */
+    if (c->strided_ok) {
+        for (int k = 0; k < c->n; k++) {
+            mix[k] = c->s[k].t;
+            for (int d = 0; d < mix[k].ndim; d++) mix[k].strides[d] *= 2;
+            c->p[k] = &mix[k];
+        }
+        memset(&e, 0, sizeof e);
+        const maskpack_status ss = c->run(L, c->p, &e);
+        if (ss != MASKPACK_OK) fprintf(stderr, "%s strided: %s\n", c->what, e.message);
+        CHECK_EQ(ss, MASKPACK_OK);
+    }
     /* the call's other options (kernel, form, threads, scalars) on the valid arguments, f32 and bf16 */
     for (g_variant = 1; g_variant < c->n_variants; g_variant++)
         for (int half = 0; half < 2; half++) {
@@ -273,7 +297,7 @@ enum { T = 8, N = 2, C = 8, KW = 4, H = 2, HV = 4, K = 16, V = 16, D = 16 };
 
 static void test_gdn_side_ops(const maskpack_layout *L) {
     const int64_t tc[2] = {T, C}, w[2] = {C, KW}, st[3] = {N, C, KW - 1};
-    call c = {.what = "causal_conv1d", .n_variants = 4, .strided_ok = 1, .run = run_conv};
+    call c = {.what = "causal_conv1d", .mixed_ok = 1, .n_variants = 4, .strided_ok = 1, .run = run_conv};
     blame(addt(&c, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&c, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight"); /* W = 5 */
     add(&c, "prefix", 3, st, 1, 0);
@@ -282,7 +306,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     sweep(&c, L);
     call_free(&c);
 
-    call b = {.what = "causal_conv1d_backward", .n_variants = 4, .strided_ok = 1, .run = run_conv_bwd};
+    call b = {.what = "causal_conv1d_backward", .mixed_ok = 1, .n_variants = 4, .strided_ok = 1, .run = run_conv_bwd};
     blame(addt(&b, "x", 2, tc, 0, 0), MASKPACK_ERR_SHAPE, "weight");
     blame(add(&b, "weight", 2, w, 0, 0), MASKPACK_ERR_INVALID_ARGUMENT, "weight");
     add(&b, "prefix", 3, st, 1, 0);
@@ -295,12 +319,12 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     call_free(&b);
 
     const int64_t thd[3] = {T, H, D};
-    call l = {.what = "gdn_l2norm", .strided_ok = 1, .run = run_l2};
+    call l = {.what = "gdn_l2norm", .mixed_ok = 1, .strided_ok = 1, .run = run_l2};
     blame(addt(&l, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "y");
     addt(&l, "y", 3, thd, 0, 1);
     sweep(&l, L);
     call_free(&l);
-    call lb = {.what = "gdn_l2norm_backward", .strided_ok = 1, .run = run_l2_bwd};
+    call lb = {.what = "gdn_l2norm_backward", .mixed_ok = 1, .strided_ok = 1, .run = run_l2_bwd};
     blame(addt(&lb, "x", 3, thd, 0, 0), MASKPACK_ERR_SHAPE, "dy");
     addt(&lb, "dy", 3, thd, 0, 0);
     addt(&lb, "dx", 3, thd, 0, 1);
@@ -308,7 +332,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     call_free(&lb);
 
     const int64_t th[2] = {T, HV}, hv[1] = {HV};
-    call g = {.what = "gdn_gates", .strided_ok = 1, .run = run_gates};
+    call g = {.what = "gdn_gates", .mixed_ok = 1, .strided_ok = 1, .run = run_gates};
     blame(addt(&g, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
     addt(&g, "b", 2, th, 0, 0);
     add(&g, "A_log", 1, hv, 0, 0);
@@ -317,7 +341,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
     addt(&g, "beta", 2, th, 1, 1);
     sweep(&g, L);
     call_free(&g);
-    call gb = {.what = "gdn_gates_backward", .strided_ok = 1, .run = run_gates_bwd};
+    call gb = {.what = "gdn_gates_backward", .mixed_ok = 1, .strided_ok = 1, .run = run_gates_bwd};
     blame(addt(&gb, "a", 2, th, 0, 0), MASKPACK_ERR_SHAPE, "b");
     addt(&gb, "b", 2, th, 0, 0);
     add(&gb, "A_log", 1, hv, 0, 0);
@@ -334,7 +358,7 @@ static void test_gdn_side_ops(const maskpack_layout *L) {
 
 static void test_gdn_rule(const maskpack_layout *L) {
     const int64_t q[3] = {T, H, K}, v[3] = {T, HV, V}, g[2] = {T, HV}, s[4] = {N, HV, K, V};
-    call f = {.what = "gdn_forward", .n_variants = 24, .strided_ok = 1, .run = run_gdn};
+    call f = {.what = "gdn_forward", .mixed_ok = 1, .n_variants = 24, .strided_ok = 1, .run = run_gdn};
     blame(addt(&f, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&f, "k", 3, q, 0, 0);
     blame(addt(&f, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
@@ -346,7 +370,7 @@ static void test_gdn_rule(const maskpack_layout *L) {
     sweep(&f, L);
     call_free(&f);
 
-    call b = {.what = "gdn_backward", .n_variants = 24, .strided_ok = 1, .run = run_gdn_bwd};
+    call b = {.what = "gdn_backward", .mixed_ok = 1, .n_variants = 24, .strided_ok = 1, .run = run_gdn_bwd};
     blame(addt(&b, "q", 3, q, 0, 0), MASKPACK_ERR_SHAPE, "k");
     addt(&b, "k", 3, q, 0, 0);
     blame(addt(&b, "v", 3, v, 0, 0), MASKPACK_ERR_SHAPE, "initial_state");
