@@ -442,6 +442,59 @@ static void test_npu_mask_shapes(void) {
         }
 }
 
+/* pre/next against a full mask (sparse_mode 0): an empty band, a band dropping pairs the mask allows,
+ * clipping values with Sq != Skv; inner_precise 2 (rows that see nothing are then fine in BSND) */
+static void test_npu_pre_next(void) {
+    static uint8_t m[2 * 1 * 4 * 4]; /* all 0: every pair allowed */
+    int64_t shape[4] = {2, 1, 4, 4};
+    maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape);
+    maskpack_npu_call c;
+    memset(&c, 0, sizeof c);
+    c.input_layout = MASKPACK_NPU_BSND;
+    c.batch = 2;
+    c.q_len = c.kv_len = 4;
+    c.heads_q = c.heads_kv = 2;
+    c.head_dim = 64;
+    c.sparse_mode = 0;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    c.atten_mask = &mt;
+    c.scale = 0.125;
+    maskpack_npu_report rep;
+    maskpack_status st;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    /* next_tokens 0 drops (i 0, j 1), which the mask allows */
+    c.next_tokens = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(rep.findings[0].code == MASKPACK_NPU_PRE_NEXT_MISMATCH &&
+          strstr(rep.findings[0].message, "atten_mask allows (b 0, head 0, i 0, j 1) but pre_tokens 2147483647 / "
+                                          "next_tokens 0 drop it") != NULL);
+    /* an empty band: every row fully masked (the pair check and the fully-masked-row check report too) */
+    c.pre_tokens = -3;
+    c.next_tokens = 1;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 3), 3);
+    CHECK(strstr(rep.findings[0].message, "pre_tokens -3 + next_tokens 1 < 0: the band is empty") != NULL);
+    /* Sq 2 != Skv 4 with clipping values: the origin is undocumented */
+    int64_t shape2[4] = {2, 1, 2, 4};
+    maskpack_tensor m2 = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape2);
+    c.atten_mask = &m2;
+    c.q_len = 2;
+    c.pre_tokens = 0;
+    c.next_tokens = 2147483647;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 2), 2); /* and the pair (i 1, j 0) dropped by pre_tokens 0 */
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 0 with Sq 2 != Skv 4 (batch 0) and a clipping pre/next (0, "
+                                          "2147483647)") != NULL);
+    /* a fully masked first row: a finding without inner_precise 2, none with it */
+    c.atten_mask = &mt;
+    c.q_len = 4;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    for (int j = 0; j < 4; j++) m[j] = 1;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(rep.findings[0].code == MASKPACK_NPU_FULLY_MASKED_ROW);
+    c.inner_precise = 2;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    CHECK_EQ(st, MASKPACK_OK);
+}
+
 /* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
 
 typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -498,6 +551,7 @@ int main(void) {
     test_gdn_guards();
     test_npu_mode5_full_mask();
     test_npu_mask_shapes();
+    test_npu_pre_next();
     test_gemm_empty_inner_range();
     return check_report("test_coverage_paths");
 }
