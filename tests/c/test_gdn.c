@@ -386,7 +386,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
      * gives every row count of a tile (1..8 rows in the AVX-512 build, 1..6 in the AVX2 one) as a
      * whole block and as the remainder after full ones; the triangular flags run with kd = m. */
     const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 64}, ns[] = {16, 32, 48, 80},
-                  ks[] = {1, 5, 64, 77};
+                  ks[] = {1, 5, 64, 77, 0}; /* kd = 0: an empty product, C = 0 (or Cin) */
     const unsigned fl[] = {0,
                            GDN_GEMM_ACC,
                            GDN_GEMM_AT,
@@ -401,7 +401,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
     int tri_bad = 0;
     for (size_t a = 0; a < sizeof ms / sizeof ms[0]; a++)
         for (size_t b = 0; b < 4; b++)
-            for (size_t kk = 0; kk < 4; kk++)
+            for (size_t kk = 0; kk < 5; kk++)
                 for (size_t f = 0; f < 8; f++) {
                     unsigned flags = fl[f];
                     const int tri = (flags & (GDN_GEMM_TRI_LO | GDN_GEMM_TRI_UP)) != 0;
@@ -446,10 +446,10 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
      * 256, odd edges), plain and accumulating, transposed A or not, against the plain loops, and
      * nothing written past column n */
     {
-        /* the last five: the plain product's row-blocks-outermost order (m >= 64) ending in a block
-         * of 1, 3, 4, 5 and 7 rows, with 16- and 48-column edges */
+        /* then: the plain product's row-blocks-outermost order (m >= 64) ending in a block of 1, 3, 4,
+         * 5 and 7 rows, with 16- and 48-column edges, and an empty inner dimension (kd = 0) */
         const int64_t big[][3] = {{128, 128, 128}, {130, 144, 128}, {64, 256, 64}, {70, 160, 120}, {65, 16, 8},
-                                  {67, 48, 8},     {68, 16, 9},     {69, 48, 5},  {71, 16, 3}};
+                                  {67, 48, 8},     {68, 16, 9},     {69, 48, 5},  {71, 16, 3}, {67, 48, 0}};
         const int64_t ld = 272;
         float *bA = malloc((size_t)(ld * ld) * 4), *bB = malloc((size_t)(ld * ld) * 4);
         float *bC1 = malloc((size_t)(ld * ld) * 4), *bC2 = malloc((size_t)(ld * ld) * 4);
