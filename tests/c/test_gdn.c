@@ -446,10 +446,12 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
      * 256, odd edges), plain and accumulating, transposed A or not, against the plain loops, and
      * nothing written past column n */
     {
-        /* then: the plain product's row-blocks-outermost order (m >= 64) ending in a block of 1, 3, 4,
-         * 5 and 7 rows, with 16- and 48-column edges, and an empty inner dimension (kd = 0) */
-        const int64_t big[][3] = {{128, 128, 128}, {130, 144, 128}, {64, 256, 64}, {70, 160, 120}, {65, 16, 8},
-                                  {67, 48, 8},     {68, 16, 9},     {69, 48, 5},  {71, 16, 3}, {67, 48, 0}};
+        /* then: the plain product's row-blocks-outermost order (m >= 64) ending in a block of each row
+         * count 1..8, 48 columns wide (a 32- and a 16-column tile per block), and an empty inner
+         * dimension (kd = 0) */
+        const int64_t big[][3] = {{128, 128, 128}, {130, 144, 128}, {64, 256, 64}, {70, 160, 120}, {65, 48, 8},
+                                  {66, 48, 2},     {67, 48, 8},     {68, 48, 9},  {69, 48, 5},   {70, 48, 4},
+                                  {71, 48, 3},     {64, 48, 4},     {67, 48, 0}};
         const int64_t ld = 272;
         float *bA = malloc((size_t)(ld * ld) * 4), *bB = malloc((size_t)(ld * ld) * 4);
         float *bC1 = malloc((size_t)(ld * ld) * 4), *bC2 = malloc((size_t)(ld * ld) * 4);
