@@ -155,13 +155,15 @@ static void sweep(call *c, const maskpack_layout *L) {
         if (ss != MASKPACK_OK) fprintf(stderr, "%s strided: %s\n", c->what, e.message);
         CHECK_EQ(ss, MASKPACK_OK);
     }
-    /* the call's other options (kernel, form, threads, scalars) on the valid arguments, f32 and bf16 */
+    /* the call's other options (kernel, form, threads, scalars) on the valid arguments: f32, bf16, and
+     * f32 without the optional ones */
     for (g_variant = 1; g_variant < c->n_variants; g_variant++)
-        for (int half = 0; half < 2; half++) {
-            for (int k = 0; k < c->n; k++) c->p[k] = half ? &bf[k] : &c->s[k].t;
+        for (int half = 0; half < 3; half++) { /* f32, bf16, f32 with the optional arguments NULL */
+            for (int k = 0; k < c->n; k++)
+                c->p[k] = half == 1 ? &bf[k] : half == 2 && c->s[k].optional ? NULL : &c->s[k].t;
             memset(&e, 0, sizeof e);
             const maskpack_status sv = c->run(L, c->p, &e);
-            if (sv != MASKPACK_OK) fprintf(stderr, "%s variant %d (%s): %s\n", c->what, g_variant, half ? "bf16" : "f32", e.message);
+            if (sv != MASKPACK_OK) fprintf(stderr, "%s variant %d (%d): %s\n", c->what, g_variant, half, e.message);
             CHECK_EQ(sv, MASKPACK_OK);
         }
     g_variant = 0;
