@@ -778,6 +778,73 @@ static void test_gdn_checks(const maskpack_layout *L) {
     }
 }
 
+/* ---- attention kernels against the reference on odd head dims and tile edges ------------------------ */
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+/* Forward and backward of each kernel this CPU runs (AVX2, the automatic choice) against the scalar
+ * reference, for head dims that leave remainders in every vector loop (1, 3, 17, 40) and sequences
+ * (37 and 20 tokens, 2 query heads on 1 key head) that end inside tiles. */
+static void test_attention_odd_dims(void) {
+    const int64_t lens[2] = {37, 20};
+    enum { TT = 57, HQ = 2, MAXD = 40 };
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 2, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    if (!L) return;
+    static float q[TT * HQ * MAXD], k[TT * MAXD], v[TT * MAXD], dout[TT * HQ * MAXD];
+    static float out[3][TT * HQ * MAXD], lse[3][HQ * TT], dq[3][TT * HQ * MAXD], dk[3][TT * MAXD], dv[3][TT * MAXD];
+    uint32_t x = 7;
+#define RND() ((float)((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f)
+    for (int i = 0; i < TT * HQ * MAXD; i++) q[i] = RND(), dout[i] = RND();
+    for (int i = 0; i < TT * MAXD; i++) k[i] = RND(), v[i] = RND();
+#undef RND
+    const int64_t dims[4] = {1, 3, 17, 40};
+    const char *isas[3] = {"ref", "avx2", NULL};
+    for (int di = 0; di < 4; di++) {
+        const int64_t D_ = dims[di], qs[3] = {TT, HQ, D_}, ks[3] = {TT, 1, D_}, ls[2] = {HQ, TT};
+        const size_t nq = (size_t)(TT * HQ * D_), nk = (size_t)(TT * D_);
+        maskpack_tensor qt = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, qs), kt = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ks);
+        maskpack_tensor vt = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ks), dot = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, qs);
+        int ran[3] = {0, 0, 0};
+        for (int a = 0; a < 3; a++) {
+            if (isas[a]) {
+                setenv("MASKPACK_ISA", isas[a], 1);
+                maskpack_attention_isa got;
+                if (maskpack_attention_select_isa(MASKPACK_F32, &got, &e) != MASKPACK_OK) continue;
+            } else {
+                unsetenv("MASKPACK_ISA");
+            }
+            maskpack_tensor ot = maskpack_tensor_contiguous(out[a], MASKPACK_F32, 3, qs);
+            maskpack_tensor lt = maskpack_tensor_contiguous(lse[a], MASKPACK_F32, 2, ls);
+            maskpack_tensor dqt = maskpack_tensor_contiguous(dq[a], MASKPACK_F32, 3, qs);
+            maskpack_tensor dkt = maskpack_tensor_contiguous(dk[a], MASKPACK_F32, 3, ks);
+            maskpack_tensor dvt = maskpack_tensor_contiguous(dv[a], MASKPACK_F32, 3, ks);
+            CHECK_OK(maskpack_attention_forward(L, &qt, &kt, &vt, 0.0, 0.0, &ot, &lt, 2, NULL, 0, &e), e);
+            CHECK_OK(maskpack_attention_backward(L, &dot, &qt, &kt, &vt, &ot, &lt, 0.0, 0.0, &dqt, &dkt, &dvt, 2, NULL, 0, &e),
+                     e);
+            ran[a] = 1;
+        }
+        unsetenv("MASKPACK_ISA");
+        CHECK(ran[0] && ran[2]);
+        for (int a = 1; a < 3; a++) {
+            if (!ran[a]) continue;
+            const double worst = fmax(fmax(max_diff(out[a], out[0], nq), max_diff(lse[a], lse[0], (size_t)(HQ * TT))),
+                                      fmax(max_diff(dq[a], dq[0], nq), fmax(max_diff(dk[a], dk[0], nk), max_diff(dv[a], dv[0], nk))));
+            if (!(worst < 1e-4)) fprintf(stderr, "attention D %lld, %s vs ref: worst %g\n", (long long)D_, isas[a] ? isas[a] : "auto", worst);
+            CHECK(worst < 1e-4);
+        }
+    }
+    maskpack_layout_free(L);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -957,6 +1024,7 @@ int main(void) {
     test_plan_ranges();
     test_labels_checks(L);
     test_gdn_checks(L);
+    test_attention_odd_dims();
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
