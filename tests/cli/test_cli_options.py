@@ -556,6 +556,46 @@ def case_plan_length_forms():
     expect(["plan", "-h"], 0, out_has=["usage: maskpack plan"])
 
 
+def case_report_rules_and_json():
+    """The rule line names a 4D mask's prefix-LM prefixes and bidirectional spans, and a top_left
+    alignment; the npu line cuts actual_seq_qlen after 16 items; the JSON report lists labels, unread
+    members, what was emitted and where; a C2 byte that starts no C1 control is kept as it is."""
+    S = 6
+    pre = tmp("prefix4d.npz")
+    base.npz(pre, {"attention_mask": ("i8", (1, 1, S, S), [1 if (j <= i or j < 3) else 0 for i in range(S) for j in range(S)])})
+    expect(["inspect", pre, "--mask-convention", "keep"], 0,
+           out_has=["rule: causal, bottom_right alignment, no window, prefix-LM prefixes (from attention_mask (4D))"])
+    span = tmp("span4d.npz")
+    base.npz(span, {"attention_mask": ("i8", (1, 1, S, S),
+                                       [1 if (j <= i or (2 <= i < 4 and 2 <= j < 4)) else 0 for i in range(S) for j in range(S)])})
+    expect(["inspect", span, "--mask-convention", "keep"], 0,
+           out_has=["rule: causal, bottom_right alignment, no window, 1 bidirectional spans (from attention_mask (4D))"])
+    many = tmp("many_cu.npz")
+    base.npz(many, {"cu_seqlens": ("i4", (21,), list(range(0, 42, 2)))})
+    expect(["inspect", many, "--cu-form", "te", "--emit", "npu", "--out", tmp("many_npu.npz")], 0,
+           out_has=["actual_seq_qlen [" + ", ".join(str(x) for x in range(2, 34, 2)) + ", ...]"])
+    jl = tmp("labelled.npz")
+    base.npz(jl, {"attention_mask": ("i8", (1, 4), [1, 1, 1, 0]), "labels": ("i8", (1, 4), [1, 2, 3, -100]),
+                  "zz": ("i4", (1,), [0])})
+    out_path = tmp("labelled_out.npz")
+    d = json.loads(expect(["inspect", jl, "--mask-convention", "keep", "--alignment", "top_left", "--json", "--emit",
+                           "mask2d", "--out", out_path], 0))
+    check([i["name"] for i in d["inputs"]] == ["attention_mask", "labels"], "json inputs %r" % d["inputs"])
+    check(d["ignored"] == ["zz"] and d["emitted"] == ["mask2d int64 [1, 4]"] and d["out"] == out_path,
+          "json ignored/emitted/out %r" % {k: d.get(k) for k in ("ignored", "emitted", "out")})
+    check(d["rule"]["alignment"] == "top_left" and d["rule"]["from"] == "flags", "json rule %r" % d["rule"])
+    expect(["inspect", jl, "--mask-convention", "keep", "--alignment", "top_left"], 0,
+           out_has=["rule: causal, top_left alignment, no window (from flags)"])
+    # U+00A0 (C2 A0) is printable: kept; U+0085 (C2 85) is a C1 control: escaped
+    with open(jl, "rb") as f:
+        data = f.read()
+    nb = os.path.join(os.fsencode(base.TMP), b"no\xc2\xa0break.npz")
+    with open(nb, "wb") as f:
+        f.write(data)
+    rc, out, err = base.run("inspect", os.fsdecode(nb), "--mask-convention", "keep")
+    check(rc == 0 and "no\u00a0break.npz" in out, "C2 A0 kept: %r" % out[:80])
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
