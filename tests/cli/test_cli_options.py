@@ -445,6 +445,22 @@ def case_reports_and_pictures():
            out_has=["picture written to " + png])
     with open(png, "rb") as f:
         check(f.read(8) == b"\x89PNG\r\n\x1a\n", "micro-batch picture is a PNG")
+    # a 1-token sequence next to a 4000-token one in a 4096-token row rounds to no pixel: drawn 1 wide
+    pics = []
+    for stdin in (b"4000\n", b"4000\n1\n"):
+        png = tmp("tiny%d.png" % len(pics))
+        expect(["plan", "-", "--capacity", "4096", "--png", png], 0, stdin=stdin)
+        with open(png, "rb") as f:
+            pics.append(f.read())
+    check(pics[0] != pics[1], "a 1-token sequence is visible in the picture")
+    # only empty sequences (every cost 0), and 3000 rows of 1 pixel with micro-batches (no gaps)
+    import struct
+    for stdin, args, lo, hi in [(b"0\n0\n", [], 1, 64), (b"16\n" * 3000, ["--micro-batches", "2"], 3000, 3010)]:
+        png = tmp("rows_%d.png" % lo)
+        expect(["plan", "-", "--capacity", "16", "--png", png] + args, 0, stdin=stdin)
+        with open(png, "rb") as f:
+            h = struct.unpack(">II", f.read(24)[16:24])[1]
+        check(lo <= h <= hi, "picture height %d not in [%d, %d]" % (h, lo, hi))
     expect(["plan", path, "--capacity", "16", "--png", tmp("no/such/dir.png")], 1, err_has=["cannot create"])
     expect(["plan", path, "--capacity", "16", "--dp", "5000", "--png", tmp("wide.png")], 1,
            err_has=["png: 5000 ranks are too many to draw (at most 4096)"])
