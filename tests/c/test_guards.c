@@ -888,6 +888,19 @@ static void test_null_pointers(const maskpack_layout *L) {
     EXPECT_NULL("layout", maskpack_last_token_index(NULL, &t3, &e));
     EXPECT_NULL("out", maskpack_last_token_index(L, NULL, &e));
 
+    /* derived tensors into outputs of the wrong extent: refused naming out */
+    int64_t n7 = T - 1, n9 = T + 1;
+    maskpack_tensor short_out = maskpack_tensor_contiguous(i64v, MASKPACK_I64, 1, &n7);
+    maskpack_tensor long_out = maskpack_tensor_contiguous(i64v, MASKPACK_I64, 1, &n9);
+    CHECK_STATUS(maskpack_position_ids(L, &short_out, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK(strcmp(e.argument, "out") == 0);
+    CHECK_STATUS(maskpack_segment_ids(L, &long_out, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK(strcmp(e.argument, "out") == 0);
+    CHECK_STATUS(maskpack_valid_indices(L, &short_out, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK(strcmp(e.argument, "out") == 0);
+    CHECK_STATUS(maskpack_last_token_index(L, &long_out, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK(strcmp(e.argument, "out") == 0);
+
     /* layouts and CP shards */
     EXPECT_NULL("multiple", maskpack_cp_multiple(2, 1, MASKPACK_CP_ALIGN_VERL, NULL, &e));
     EXPECT_NULL("layout", maskpack_layout_pad_to_multiple(NULL, 4, &out, &e));
