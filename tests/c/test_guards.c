@@ -702,6 +702,37 @@ static void test_labels_checks(const maskpack_layout *L) {
     CHECK(den == 7.0 && f[1] == 0.0f && f[0] == 1.0f / 7.0f);
     CHECK_OK(maskpack_loss_weights(L, &lab64, -100, MASKPACK_LOSS_SEQUENCE, &od, &den, &e), e);
     CHECK(den == 2.0 && dbl[0] == 0.1 && dbl[7] == 1.0 / 6.0);
+    /* packed labels as [1, T]: the same shift as [T] */
+    const int64_t one_t[2] = {1, T};
+    int64_t o2[T];
+    maskpack_tensor lab2 = maskpack_tensor_contiguous(l64, MASKPACK_I64, 2, one_t);
+    maskpack_tensor out2 = maskpack_tensor_contiguous(o2, MASKPACK_I64, 2, one_t);
+    CHECK_OK(maskpack_shift_labels(L, &lab64, -100, &out64, &e), e);
+    CHECK_OK(maskpack_shift_labels(L, &lab2, -100, &out2, &e), e);
+    CHECK(memcmp(o2, o64, sizeof o2) == 0 && o64[0] == 11 && o64[4] == -100);
+    /* no token at all: labels and out may then share their (empty) memory */
+    const int64_t zeros[2] = {0, 0}, t0 = 0;
+    maskpack_layout *E = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(zeros, 2, MASKPACK_PLACE_PACKED, 0, NULL, &E, &e), e);
+    maskpack_tensor lab0 = maskpack_tensor_contiguous(l64, MASKPACK_I64, 1, &t0);
+    if (E) CHECK_OK(maskpack_shift_labels(E, &lab0, -100, &lab0, &e), e);
+    maskpack_layout_free(E);
+    /* block masks with only some outputs asked for: the same values as with all of them */
+    int64_t qb = 0, kb = 0;
+    CHECK_OK(maskpack_block_mask_dims(L, 4, 4, &qb, &kb, &e), e);
+    int32_t all[8][64], part[8][64];
+    memset(all, 0, sizeof all);
+    memset(part, 0, sizeof part);
+    maskpack_block_mask_arrays full_set = {all[0], all[1], all[2], all[3], all[4], all[5], all[6], all[7]};
+    CHECK_OK(maskpack_block_mask(L, 4, 4, &full_set, &e), e);
+    maskpack_block_mask_arrays kv_only = {part[0], part[1], part[2], part[3], NULL, NULL, NULL, NULL};
+    CHECK_OK(maskpack_block_mask(L, 4, 4, &kv_only, &e), e);
+    maskpack_block_mask_arrays q_counts = {NULL, NULL, NULL, NULL, part[4], NULL, part[6], NULL};
+    CHECK_OK(maskpack_block_mask(L, 4, 4, &q_counts, &e), e);
+    CHECK(memcmp(part[0], all[0], sizeof(int32_t) * (size_t)qb) == 0);
+    CHECK(memcmp(part[2], all[2], sizeof(int32_t) * (size_t)qb) == 0);
+    CHECK(memcmp(part[4], all[4], sizeof(int32_t) * (size_t)kb) == 0);
+    CHECK(memcmp(part[6], all[6], sizeof(int32_t) * (size_t)kb) == 0);
     /* dtype names out of range; a contiguous view without a shape */
     CHECK(strcmp(maskpack_dtype_name((maskpack_dtype)-1), "unknown") == 0);
     CHECK(strcmp(maskpack_dtype_name(MASKPACK_DTYPE_COUNT_), "unknown") == 0);
