@@ -876,6 +876,61 @@ static void test_attention_odd_dims(void) {
     maskpack_layout_free(L);
 }
 
+/* ---- plans under every combination of options: each token placed once, rows within capacity -------- */
+
+static int g_progress_calls;
+static void count_progress(void *ctx, const char *stage, double fraction) {
+    (void)ctx;
+    if (fraction >= 0.0 && fraction <= 1.0 && (!strcmp(stage, "pack") || !strcmp(stage, "balance"))) g_progress_calls++;
+}
+
+static void test_plan_option_grid(void) {
+    int64_t lens[300];
+    uint32_t x = 99;
+    for (int i = 0; i < 300; i++) lens[i] = (int64_t)((x = x * 1103515245u + 12345u) >> 16) % 40;
+    lens[7] = 90; /* longer than a row: only with allow_split */
+    maskpack_error e;
+    int64_t got[300];
+    for (int combo = 0; combo < 96; combo++) {
+        maskpack_plan_options o = maskpack_plan_options_default(64);
+        o.algorithm = (maskpack_plan_algorithm)(combo % 3);
+        o.objective = (maskpack_plan_objective)((combo / 3) % 2);
+        o.seed = (combo / 6) % 2 ? 17 : 0;
+        o.row_width = (maskpack_plan_width)((combo / 12) % 2);
+        o.micro_batches = (combo / 24) % 2 ? 3 : 1;
+        o.dp = (combo / 48) % 2 ? 2 : 1;
+        o.allow_split = 1;
+        o.progress = count_progress;
+        g_progress_calls = 0;
+        maskpack_plan *p = NULL;
+        CHECK_OK(maskpack_plan_create(lens, 300, &o, &p, &e), e);
+        if (!p) continue;
+        CHECK(g_progress_calls > 0);
+        memset(got, 0, sizeof got);
+        int bad_row = 0;
+        for (int64_t r = 0; r < maskpack_plan_n_rows(p); r++) {
+            maskpack_plan_piece pc[128];
+            size_t cnt = 0;
+            CHECK_OK(maskpack_plan_row(p, r, pc, 128, &cnt, &e), e);
+            int64_t used = 0;
+            for (size_t i = 0; i < cnt; i++) {
+                got[pc[i].sequence] += pc[i].length;
+                used += pc[i].slot;
+            }
+            bad_row |= used > 64 || used != maskpack_plan_row_used(p, r);
+        }
+        CHECK(!bad_row);
+        CHECK(memcmp(got, lens, sizeof got) == 0); /* every token of every sequence, once */
+        CHECK(maskpack_plan_n_rows(p) % (o.dp * o.micro_batches) == 0);
+        maskpack_plan_free(p);
+    }
+    /* without allow_split the long sequence is refused, naming it */
+    maskpack_plan_options o = maskpack_plan_options_default(64);
+    maskpack_plan *p = NULL;
+    CHECK_STATUS(maskpack_plan_create(lens, 300, &o, &p, &e), MASKPACK_ERR_VALUE, e);
+    CHECK(strcmp(e.argument, "lengths") == 0 && e.index[0] == 7 && p == NULL);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -1069,6 +1124,7 @@ int main(void) {
     test_labels_checks(L);
     test_gdn_checks(L);
     test_attention_odd_dims();
+    test_plan_option_grid();
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
