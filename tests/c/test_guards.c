@@ -987,6 +987,20 @@ static void test_null_pointers(const maskpack_layout *L) {
     CHECK_STATUS(maskpack_last_token_index(L, &long_out, &e), MASKPACK_ERR_SHAPE, e);
     CHECK(strcmp(e.argument, "out") == 0);
 
+    /* CP shards of a padded [2, 5] grid: rows of 5 columns split in 2*cp = 4 or cp = 2 parts */
+    const int64_t lens53[2] = {5, 3};
+    maskpack_layout *R = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens53, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &R, &e), e);
+    if (R) {
+        int64_t n10 = 10;
+        maskpack_tensor idx = maskpack_tensor_contiguous(i64v, MASKPACK_I64, 1, &n10);
+        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_ZIGZAG, &idx, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_MSG(e, "row width 5 is not divisible by 2*cp = 4");
+        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_CONTIGUOUS, &idx, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_MSG(e, "row width 5 is not divisible by cp = 2");
+        maskpack_layout_free(R);
+    }
+
     /* layouts and CP shards */
     EXPECT_NULL("multiple", maskpack_cp_multiple(2, 1, MASKPACK_CP_ALIGN_VERL, NULL, &e));
     EXPECT_NULL("layout", maskpack_layout_pad_to_multiple(NULL, 4, &out, &e));
