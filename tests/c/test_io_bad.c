@@ -449,6 +449,43 @@ static void test_zip_more(void) {
     free(b);
     free(t.p);
 
+    /* closing nothing; a member lookup in bytes that are no archive; a name too long to try with .npy */
+    mpio_zip_close(NULL);
+    CHECK_STATUS(mpio_npz_parse_member("not a zip", 9, "a", &a, &e), MASKPACK_ERR_FORMAT, e);
+    char longname[600];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    b = zip_build(one, 1, NULL, 0, &len, NULL);
+    CHECK_STATUS(mpio_npz_parse_member(b, len, longname, &a, &e), MASKPACK_ERR_NOT_FOUND, e);
+    CHECK_MSG(e, "npz: no member 'nnn");
+    /* an end record with zip64 markers (0xFFFF entries) but no zip64 locator before it */
+    b[len - 22 + 10] = 0xff;
+    b[len - 22 + 11] = 0xff;
+    expect_zip(b, len, MASKPACK_ERR_FORMAT, "end record has zip64 markers (0xFFFF...) but no zip64 locator precedes it");
+    free(b);
+    /* a zip64 archive (the writer's) whose zip64 end record names another disk */
+    int32_t w4[4] = {1, 2, 3, 4};
+    int64_t four = 4;
+    const mpio_named_tensor z64item = {"w", maskpack_tensor_contiguous(w4, MASKPACK_I32, 1, &four)};
+    uint8_t *z64 = NULL;
+    size_t z64len = 0;
+    CHECK_OK(mpio_npz_encode_zip64_from(&z64item, 1, 0, 0, &z64, &z64len, &e), e);
+    CHECK_OK(mpio_npz_parse(z64, z64len, &set, &e), e);
+    CHECK(set.n == 1 && ((const int32_t *)set.arrays[0].data)[3] == 4);
+    mpio_arrayset_free(&set);
+    size_t rec = SIZE_MAX;
+    for (size_t i = 0; i + 4 <= z64len; i++)
+        if (z64[i] == 0x50 && z64[i + 1] == 0x4b && z64[i + 2] == 6 && z64[i + 3] == 6) rec = i;
+    CHECK(rec != SIZE_MAX);
+    if (rec != SIZE_MAX) {
+        z64[rec + 16] = 1; /* number of this disk */
+        expect_zip(z64, z64len, MASKPACK_ERR_UNSUPPORTED, "npz: multi-volume archives are not supported");
+        z64[rec + 16] = 0;
+        z64[rec + 20] = 2; /* disk where the central directory starts */
+        expect_zip(z64, z64len, MASKPACK_ERR_UNSUPPORTED, "npz: multi-volume archives are not supported");
+    }
+    free(z64);
+
     /* the writer: names refused, a UTF-8 name, and data deflate cannot shrink (stored instead) */
     static int32_t v[1 << 18]; /* 1 MiB of xorshift32: deflate's per-block overhead outgrows what the header saves */
     uint32_t x = 12345;
