@@ -237,6 +237,10 @@ def case_inspect_mask_forms():
               "extra_thing": ("i4", (1,), [0])})
     expect(["inspect", cup, "--mask-convention", "keep"], 1,
            out_has=["cu_seqlens_padded: present without cu_seqlens; ignored", "(not read: extra_thing)"])
+    flat = tmp("flat_mask.npz")
+    base.npz(flat, {"attention_mask": ("i8", (5,), [1, 1, 1, 1, 0])})
+    expect(["inspect", flat, "--mask-convention", "keep"], 1,
+           out_has=["attention_mask: int64 [5] has no per-token shape (expected [B,S] or [T], or a 4D mask)"])
     odd = tmp("odd.npz")
     npz(odd, {"attention_mask": ("i8", (1, 2, 2), [1] * 4), "position_ids": ("i8", (1, 1, 2, 2), [0, 1, 0, 1])})
     expect(["inspect", odd, "--mask-convention", "keep", "--position-rule", "reset"], 1,
@@ -485,6 +489,15 @@ def case_emit_packed():
     check(d["mask4d"][0] == (1, 1, 7, 7) and d["npu_atten_mask"][0] == (2048, 2048), "mask shapes")
     # the 4D keep mask is block-diagonal causal: row 4 (second sequence, position 1) sees keys 3 and 4
     check(d["mask4d"][1][4 * 7:5 * 7] == [0, 0, 0, 1, 1, 0, 0], "mask4d row 4: %r" % d["mask4d"][1][28:35])
+    # --index-dtype int32 applies to every index output; a name without .safetensors is written as .npz
+    out_all = tmp("packed_all_i32.bin")
+    out = expect(["inspect", cu, "--cu-form", "te", "--emit", "all", "--index-dtype", "int32", "--emit-convention",
+                  "masked", "--out", out_all], 0,
+                 out_has=["position_ids int32 [7]", "segment_ids int32 [7]", "valid_indices int32 [7]",
+                          "last_token_index int32 [2]"])
+    with open(out_all, "rb") as f:
+        check(f.read(4) == b"PK\x03\x04", "a .bin --out is a zip archive")
+    check(read_npz(out_all)["valid_indices"] == ((7,), list(range(7))), "int32 valid_indices")
     out2 = tmp("packed_i32.npz")
     expect(["inspect", cu, "--cu-form", "te", "--emit", "position_ids,mask4d", "--index-dtype", "int32",
             "--emit-convention", "masked", "--out", out2], 0)
