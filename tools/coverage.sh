@@ -9,6 +9,8 @@
 #                 files of instruction sets this CPU lacks (listed, with the reason)
 #   index.html    gcovr's HTML report, one page per file with each line's and branch's counts
 #   coverage.json gcovr's JSON summary (tools/coverage_summary.py reads it)
+#   coverage-details.json  gcovr's per-line JSON: the summary lists the never-run lines of the
+#                 instruction sets this CPU lacks from it
 # Not part of `make test`: instrumented, every suite takes several times its usual time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,9 +62,9 @@ PYTHONPATH="$PWD/$pkgdir" "$PY" -m pytest tests/python -q -p no:cacheprovider ||
   --gcov-ignore-parse-errors=negative_hits.warn_once_per_file \
   --gcov-ignore-parse-errors=suspicious_hits.warn_once_per_file \
   --merge-mode-functions=merge-use-line-0 \
-  --json-summary-pretty --json-summary "$OUT/coverage.json" \
+  --json-summary-pretty --json-summary "$OUT/coverage.json" --json "$OUT/coverage-details.json" \
   --html-details "$OUT/index.html" --html-title "maskpack coverage" \
   --txt "$OUT/files.txt" >/dev/null
-"$PY" tools/coverage_summary.py "$OUT/coverage.json" | tee "$OUT/summary.txt"
+"$PY" tools/coverage_summary.py "$OUT/coverage.json" --details "$OUT/coverage-details.json" | tee "$OUT/summary.txt"
 echo "coverage: $OUT/summary.txt, $OUT/index.html (per file: $OUT/files.txt)"
 exit $status
