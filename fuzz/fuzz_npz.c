@@ -47,6 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     mpio_named_tensor items[64];
+    memset(items, 0, sizeof items); /* .text NULL: the arrays read back are tensors, not text items */
     size_t m = set.n < 64 ? set.n : 64;
     for (size_t i = 0; i < m; i++) {
         FUZZ_ASSERT(set.arrays[i].name != NULL, "member %zu without a name", i);

@@ -13,6 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     size_t m = set.n < 64 ? set.n : 64;
     mpio_named_tensor items[64];
+    memset(items, 0, sizeof items); /* .text NULL: the arrays read back are tensors, not text items */
     for (size_t i = 0; i < m; i++) {
         const mpio_array *a = &set.arrays[i];
         FUZZ_ASSERT(a->name && strcmp(a->name, "__metadata__") != 0, "tensor %zu name", i);
