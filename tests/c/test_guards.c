@@ -710,6 +710,26 @@ static void test_labels_checks(const maskpack_layout *L) {
     CHECK_OK(maskpack_shift_labels(L, &lab64, -100, &out64, &e), e);
     CHECK_OK(maskpack_shift_labels(L, &lab2, -100, &out2, &e), e);
     CHECK(memcmp(o2, o64, sizeof o2) == 0 && o64[0] == 11 && o64[4] == -100);
+    /* strided labels and outputs (every other element of twice the memory): the same values */
+    int64_t l64s[2 * T], o64s[2 * T];
+    int32_t l32s[2 * T], o32s[2 * T];
+    float fs[2 * T];
+    double ds[2 * T];
+    for (int i = 0; i < T; i++) l64s[2 * i] = l64[i], l32s[2 * i] = l32[i];
+    maskpack_tensor lab64s = lab64, out64s = out64, lab32s = lab32, out32s = out32, ofs = of, ods = od;
+    lab64s.data = l64s, out64s.data = o64s, lab32s.data = l32s, out32s.data = o32s, ofs.data = fs, ods.data = ds;
+    lab64s.strides[0] = out64s.strides[0] = lab32s.strides[0] = out32s.strides[0] = ofs.strides[0] = ods.strides[0] = 2;
+    CHECK_OK(maskpack_shift_labels(L, &lab64s, -100, &out64s, &e), e);
+    CHECK_OK(maskpack_shift_labels(L, &lab32s, -100, &out32s, &e), e);
+    int same = 1;
+    for (int i = 0; i < T; i++) same &= o64s[2 * i] == o64[i] && o32s[2 * i] == want32[i];
+    CHECK(same);
+    CHECK_OK(maskpack_loss_weights(L, &lab32s, -100, MASKPACK_LOSS_TOKEN, &ofs, &den, &e), e);
+    CHECK(den == 7.0 && fs[2] == 0.0f && fs[0] == 1.0f / 7.0f && fs[14] == 1.0f / 7.0f);
+    CHECK_OK(maskpack_loss_weights(L, &lab64s, -100, MASKPACK_LOSS_SEQUENCE, &ods, &den, &e), e);
+    CHECK(den == 2.0 && ds[0] == 0.1 && ds[14] == 1.0 / 6.0);
+    CHECK_OK(maskpack_loss_weights(L, NULL, -100, MASKPACK_LOSS_TOKEN, &ods, &den, &e), e);
+    CHECK(den == 6.0 && ds[8] == 0.0 && ds[0] == 1.0 / 6.0); /* each sequence's last token unlabelled */
     /* no token at all: labels and out may then share their (empty) memory */
     const int64_t zeros[2] = {0, 0}, t0 = 0;
     maskpack_layout *E = NULL;
