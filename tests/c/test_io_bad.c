@@ -75,6 +75,8 @@ static void test_safetensors_bad(void) {
     CHECK_OK(mpio_safetensors_parse(b, len, &s, &e), e);
     mpio_arrayset_free(&s);
     free(b);
+    /* a tensor entry that is not an object */
+    expect_st("{\"x\":5}", 0, MASKPACK_ERR_FORMAT, "x");
     /* __metadata__ that is a string or a number; offsets that are not numbers */
     expect_st("{\"__metadata__\":\"v1\"}", 0, MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a string");
     expect_st("{\"__metadata__\":7}", 0, MASKPACK_ERR_FORMAT, "__metadata__ must be an object, found a scalar");
@@ -597,6 +599,29 @@ static void test_npy_headers(void) {
     expect_npy(1, "{'descr': '<i4', 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'fortran_order'");
     expect_npy(1, "{'descr': '<i4', 'fortran_order': False, }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'shape'");
     expect_npy(1, "{'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'descr'");
+    /* descr strings: each kind with an item size it does not have, the kinds never read, an unknown
+     * kind, a size that is no size, byte orders a file cannot use */
+    const struct {
+        const char *descr;
+        maskpack_status want;
+        const char *fragment;
+    } descrs[] = {{"<i3", MASKPACK_ERR_UNSUPPORTED, "dtype '<i3' is not supported"},
+                  {"<f16", MASKPACK_ERR_UNSUPPORTED, "dtype '<f16' is not supported"},
+                  {"<u2", MASKPACK_ERR_UNSUPPORTED, "dtype '<u2' is not supported"},
+                  {"|b2", MASKPACK_ERR_UNSUPPORTED, "dtype '|b2' is not supported"},
+                  {"<c8", MASKPACK_ERR_UNSUPPORTED, "dtype '<c8' is not supported"},
+                  {"<U4", MASKPACK_ERR_UNSUPPORTED, "dtype '<U4' is not supported"},
+                  {"<q8", MASKPACK_ERR_FORMAT, "has unknown kind 'q'"},
+                  {"<i0", MASKPACK_ERR_FORMAT, "has a bad item size"},
+                  {"<i4x", MASKPACK_ERR_FORMAT, "has a bad item size"},
+                  {">i4", MASKPACK_ERR_FORMAT, "is big-endian"},
+                  {"=i4", MASKPACK_ERR_FORMAT, "uses native byte order"},
+                  {"|O8", MASKPACK_ERR_FORMAT, "is an object array"}};
+    for (size_t k = 0; k < sizeof descrs / sizeof descrs[0]; k++) {
+        char h[128];
+        snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (1,), }", descrs[k].descr);
+        expect_npy(1, h, 16, descrs[k].want, descrs[k].fragment);
+    }
     /* a version-2 file cut before its 4-byte header length */
     const uint8_t cut[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0, 0, 0};
     CHECK_STATUS(mpio_npy_parse(cut, sizeof cut, &a, &e), MASKPACK_ERR_FORMAT, e);
@@ -637,6 +662,12 @@ static void test_files(void) {
     CHECK(unlink("plain.bin") == 0);
     CHECK(chdir(cwd) == 0);
     CHECK(rmdir(dir) == 0);
+    /* the array-set helpers take NULL */
+    mpio_array_free(NULL);
+    mpio_arrayset_free(NULL);
+    mpio_arrayset empty = {0};
+    CHECK(mpio_arrayset_find(NULL, "x") == NULL && mpio_arrayset_find(&empty, NULL) == NULL);
+    CHECK(mpio_strdup(NULL) == NULL);
     /* a path prefix keeps the last 120 characters of a long path; OK, no path or no error: untouched */
     char longp[200];
     memset(longp, 'p', sizeof longp - 1);
