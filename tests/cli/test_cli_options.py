@@ -241,12 +241,17 @@ def case_inspect_mask_forms():
     base.npz(flat, {"attention_mask": ("i8", (5,), [1, 1, 1, 1, 0])})
     expect(["inspect", flat, "--mask-convention", "keep"], 1,
            out_has=["attention_mask: int64 [5] has no per-token shape (expected [B,S] or [T], or a 4D mask)"])
+    # half-open windows in the rule line
+    expect(["inspect", "--window", "-1,0"], 0, out_has=["rule: causal, bottom_right alignment, window (-1, 0) (from flags)"])
+    expect(["inspect", "--window", "3,-1", "--bidirectional"], 0,
+           out_has=["rule: bidirectional, bottom_right alignment, window (3, -1) (from flags)"])
     odd = tmp("odd.npz")
-    npz(odd, {"attention_mask": ("i8", (1, 2, 2), [1] * 4), "position_ids": ("i8", (1, 1, 2, 2), [0, 1, 0, 1])})
+    npz(odd, {"attention_mask": ("i8", (1, 2, 2), [1] * 4), "position_ids": ("i8", (1, 1, 2, 2), [0, 1, 0, 1]),
+              "labels": ("i8", (1, 2), [1, 2])})
     expect(["inspect", odd, "--mask-convention", "keep", "--position-rule", "reset"], 1,
            out_has=["attention_mask: int64 [1, 2, 2] has no per-token shape (expected [B,S] or [T], or a 4D mask)",
                     "position_ids: int64 [1, 1, 2, 2] has no per-token shape (expected [B,S] or [T], or [3,B,S])",
-                    "no input describes the sequences"])
+                    "no input describes the sequences", "-100 on padding                not checked"])
 
 
 # ---- plan ------------------------------------------------------------------------------------------
