@@ -1050,6 +1050,21 @@ static void test_null_pointers(const maskpack_layout *L) {
     memset(&args, 0, sizeof args);
     EXPECT_NULL("layout", maskpack_npu_atten_mask(NULL, &args, &t64, &e));
     EXPECT_NULL("out", maskpack_npu_atten_mask(L, &args, NULL, &e));
+    /* hand-made argsets: no mask, a TND full mask, an unknown kind, a shape from another layout */
+    const maskpack_npu_mask_kind kinds[4] = {MASKPACK_NPU_MASK_NONE, MASKPACK_NPU_MASK_FULL, (maskpack_npu_mask_kind)9,
+                                             MASKPACK_NPU_MASK_FULL};
+    const maskpack_status kind_status[4] = {MASKPACK_ERR_INVALID_ARGUMENT, MASKPACK_ERR_UNSUPPORTED,
+                                            MASKPACK_ERR_INVALID_ARGUMENT, MASKPACK_ERR_SHAPE};
+    const char *kind_msg[4] = {"NONE, pass atten_mask=None", "a TND full mask is never emitted",
+                               "expected NONE, COMPRESSED, PREFIX_COMPRESSED or FULL, found 9", "args from another layout?"};
+    for (int k = 0; k < 4; k++) {
+        memset(&args, 0, sizeof args);
+        args.mask_kind = kinds[k];
+        args.input_layout = k == 1 ? MASKPACK_NPU_TND : MASKPACK_NPU_BSND;
+        args.mask_ndim = 4;
+        CHECK_STATUS(maskpack_npu_atten_mask(L, &args, &t64, &e), kind_status[k], e);
+        CHECK_MSG(e, kind_msg[k]);
+    }
 
     /* labels, relayout */
     EXPECT_NULL("layout", maskpack_shift_labels(NULL, &t64, -100, &t64, &e));
