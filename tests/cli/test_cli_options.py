@@ -630,6 +630,31 @@ def case_report_rules_and_json():
     check(rc == 0 and "no\u00a0break.npz" in out, "C2 A0 kept: %r" % out[:80])
 
 
+def case_plan_text_forms():
+    """The text report names an explicit multiple, the minimal alignment, ffd and nextfit, the attention
+    objective; -q and --quiet print nothing; seeds that are no unsigned integer, JSON lengths too large
+    to be exact and [n, 2] arrays are refused."""
+    path = lengths("l3.txt", [5, 6, 7])
+    expect(["plan", path, "--capacity", "16", "--algorithm", "ffd", "--multiple", "4", "--objective", "attention"], 0,
+           out_has=["capacity 16, multiple 4 (cp 1, tp 1, explicit), algorithm ffd, objective attention (24576*L + L^2)"])
+    expect(["plan", path, "--capacity", "16", "--algorithm", "nextfit", "--align", "minimal", "--cp", "2"], 0,
+           out_has=["capacity 16, multiple 4 (cp 2, tp 1, minimal), algorithm nextfit, objective tokens"])
+    for q in ("-q", "--quiet"):
+        rc, out, err = base.run("plan", path, "--capacity", "16", q)
+        check(rc == 0 and out == "" and err == "", "plan %s prints nothing: %r %r" % (q, out, err))
+    for seed in ("abc", "99999999999999999999999"):
+        expect(["plan", path, "--capacity", "16", "--seed", seed], 2,
+               err_has=["--seed: expected an integer >= 0, found '%s'" % seed])
+    expect(["plan", "-", "--capacity", "16"], 1, stdin=b'{"length": 1e16}\n',
+           err_has=["-:1: expected a length (integer) or a list of tokens"])
+    import struct
+    wide = tmp("wide.npy")
+    with open(wide, "wb") as f:
+        f.write(raw_npy("<i4", (3, 2), struct.pack("<6i", 1, 2, 3, 4, 5, 6)))
+    expect(["plan", wide, "--capacity", "16"], 1,
+           err_has=["expected a 1-D integer array of lengths, found int32 with 2 dimension(s)"])
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
