@@ -655,6 +655,30 @@ def case_plan_text_forms():
            err_has=["expected a 1-D integer array of lengths, found int32 with 2 dimension(s)"])
 
 
+def case_inspect_more_masks():
+    """An additive [B,1,1,S] padding mask; a masked one with a value not 0/1 (the library's message); rule
+    flags that agree with a 4D mask; a grid whose row count disagrees; input_ids of no per-token shape."""
+    add = tmp("additive_pad.npz")
+    base.npz(add, {"attention_mask": ("f4", (2, 1, 1, 4), [0, 0, 0, -1e9, 0, 0, -1e9, -1e9])})
+    d = inspect_json(add, "--mask-convention", "additive")
+    check([(g["row"], g["length"]) for g in d["segments"]] == [(0, 3), (1, 2)], "additive padding %r" % d["segments"])
+    bad = tmp("bad_pad.npz")
+    base.npz(bad, {"attention_mask": ("i8", (1, 1, 1, 4), [0, 2, 0, 1])})
+    expect(["inspect", bad, "--mask-convention", "masked"], 1,
+           out_has=["attention_mask: MASKPACK_ERR_VALUE: mask[0, 0, 0, 1]: expected 0 or 1 in a MASKED mask (1 = "
+                    "excluded), found 2"])
+    m4 = tmp("causal4d.npz")
+    base.npz(m4, {"attention_mask": ("i8", (1, 1, 4, 4), [1 if j <= i else 0 for i in range(4) for j in range(4)])})
+    expect(["inspect", m4, "--mask-convention", "keep", "--alignment", "bottom_right", "--window", "-1,-1"], 0,
+           out_has=["problems: none"])
+    grid = tmp("grid_rows.npz")
+    base.npz(grid, {"attention_mask": ("i8", (2, 4), [1] * 8), "labels": ("i8", (1, 4), [1, 2, 3, 4]),
+                    "input_ids": ("i8", (1, 2, 4), [1] * 8)})
+    expect(["inspect", grid, "--mask-convention", "keep"], 1,
+           out_has=["input_ids: int64 [1, 2, 4] has no per-token shape (expected [B,S] or [T])\n",
+                    "shape: labels [1, 4] implies a [1, 4] token grid, attention_mask [2, 4] implies [2, 4]"])
+
+
 def case_bad_values():
     """Every value check of both commands' parsers: exit status 2 and the message naming the flag."""
     for args, msg in [
