@@ -951,6 +951,56 @@ static void test_plan_option_grid(void) {
     CHECK(strcmp(e.argument, "lengths") == 0 && e.index[0] == 7 && p == NULL);
 }
 
+/* ---- relayout from two CP shards back to the batch: the round trip, and each x[i] checked --------- */
+
+static void test_relayout_shards(void) {
+    maskpack_error e;
+    const int64_t lens[2] = {8, 4};
+    maskpack_layout *L = NULL, *R[2] = {NULL, NULL}, *bad = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 2, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    if (!L) return;
+    for (int r = 0; r < 2; r++) CHECK_OK(maskpack_layout_cp_shard(L, 2, r, MASKPACK_CP_ZIGZAG, &R[r], &e), e);
+    if (!R[0] || !R[1]) return;
+    /* a shard cannot be re-laid packed or padded by itself */
+    CHECK_STATUS(maskpack_layout_packed_of(R[0], &bad, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_STATUS(maskpack_layout_padded_of(R[1], MASKPACK_PLACE_RIGHT, 0, &bad, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK(bad == NULL);
+    /* cut the batch into the two shards, then gather them back */
+    float x[12 * 2], sh[2][6 * 2], back[12 * 2];
+    for (int i = 0; i < 24; i++) x[i] = (float)i, back[i] = -1.0f;
+    const int64_t s12[2] = {12, 2}, s6[2] = {6, 2}, s6b[2] = {6, 3};
+    maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, s12), bt = maskpack_tensor_contiguous(back, MASKPACK_F32, 2, s12);
+    maskpack_tensor st[2] = {maskpack_tensor_contiguous(sh[0], MASKPACK_F32, 2, s6), maskpack_tensor_contiguous(sh[1], MASKPACK_F32, 2, s6)};
+    for (int r = 0; r < 2; r++) CHECK_OK(maskpack_relayout(L, R[r], &xt, &st[r], NULL, 1, &e), e);
+    maskpack_relayout_plan *P = NULL;
+    const maskpack_layout *srcs[2] = {R[0], R[1]};
+    CHECK_OK(maskpack_relayout_plan_create(srcs, 2, L, &P, &e), e);
+    if (!P) return;
+    const maskpack_tensor *xs[2] = {&st[0], &st[1]};
+    CHECK_OK(maskpack_relayout_execute(P, xs, &bt, NULL, 2, &e), e);
+    CHECK(memcmp(back, x, sizeof x) == 0);
+    /* x[1] of another dtype, of another per-token shape; out over x[0] */
+    maskpack_tensor x1 = st[1];
+    x1.dtype = MASKPACK_I32;
+    xs[1] = &x1;
+    CHECK_STATUS(maskpack_relayout_execute(P, xs, &bt, NULL, 1, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK(strcmp(e.argument, "x[1]") == 0);
+    float wide[6 * 3];
+    maskpack_tensor x1w = maskpack_tensor_contiguous(wide, MASKPACK_F32, 2, s6b);
+    xs[1] = &x1w;
+    CHECK_STATUS(maskpack_relayout_execute(P, xs, &bt, NULL, 1, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_MSG(e, "x[1]: trailing dimensions (per-token shape) differ from out's");
+    xs[1] = &st[1];
+    float both[24];
+    maskpack_tensor ov = maskpack_tensor_contiguous(both, MASKPACK_F32, 2, s12), x0o = st[0];
+    x0o.data = both + 4;
+    xs[0] = &x0o;
+    CHECK_STATUS(maskpack_relayout_execute(P, xs, &ov, NULL, 1, &e), MASKPACK_ERR_OVERLAP, e);
+    maskpack_relayout_plan_free(P);
+    for (int r = 0; r < 2; r++) maskpack_layout_free(R[r]);
+    maskpack_layout_free(L);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -1174,6 +1224,7 @@ int main(void) {
     test_gdn_checks(L);
     test_attention_odd_dims();
     test_plan_option_grid();
+    test_relayout_shards();
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
