@@ -542,6 +542,34 @@ static void test_mask4d_checks(void) {
     expect_m4(&f4, MASKPACK_MASK_ADDITIVE, 1, MASKPACK_ERR_VALUE, "expected 0 (attend) or a negative value (excluded) in an ADDITIVE mask, found 1");
 }
 
+/* TND without one or both actual_seq lists: BAD_LAYOUT naming what is missing */
+static void test_npu_tnd_lists(void) {
+    const int64_t ends[2] = {3, 7};
+    int64_t two = 2;
+    maskpack_tensor lst = maskpack_tensor_contiguous((void *)ends, MASKPACK_I64, 1, &two);
+    const char *want[3] = {"neither was passed", "actual_seq_qlen is missing", "actual_seq_kvlen is missing"};
+    for (int k = 0; k < 3; k++) {
+        maskpack_npu_call c;
+        memset(&c, 0, sizeof c);
+        c.input_layout = MASKPACK_NPU_TND;
+        c.total_q = c.total_kv = 7;
+        c.heads_q = c.heads_kv = 2;
+        c.head_dim = 64;
+        c.sparse_mode = 0;
+        c.pre_tokens = c.next_tokens = 2147483647;
+        c.scale = 0.125;
+        c.actual_seq_qlen = k == 2 ? &lst : NULL;
+        c.actual_seq_kvlen = k == 1 ? &lst : NULL;
+        maskpack_npu_report rep;
+        maskpack_error e;
+        CHECK_EQ(maskpack_validate_npu_args(&c, &rep, &e), MASKPACK_ERR_NPU_CONTRACT);
+        int seen = 0;
+        for (int i = 0; i < rep.n_findings; i++)
+            seen |= rep.findings[i].code == MASKPACK_NPU_BAD_LAYOUT && strstr(rep.findings[i].message, want[k]) != NULL;
+        CHECK(seen);
+    }
+}
+
 /* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
 
 typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -600,6 +628,7 @@ int main(void) {
     test_npu_mask_shapes();
     test_npu_pre_next();
     test_mask4d_checks();
+    test_npu_tnd_lists();
     test_gemm_empty_inner_range();
     return check_report("test_coverage_paths");
 }

@@ -75,6 +75,8 @@ static void test_safetensors_bad(void) {
     CHECK_OK(mpio_safetensors_parse(b, len, &s, &e), e);
     mpio_arrayset_free(&s);
     free(b);
+    expect_st("{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,\"8\"]}}", 8, MASKPACK_ERR_FORMAT,
+              "data_offsets must be two non-negative integers");
     /* a tensor entry that is not an object */
     expect_st("{\"x\":5}", 0, MASKPACK_ERR_FORMAT, "x");
     /* __metadata__ that is a string or a number; offsets that are not numbers */
