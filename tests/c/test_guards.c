@@ -1100,6 +1100,15 @@ static void test_null_pointers(const maskpack_layout *L) {
     memset(&args, 0, sizeof args);
     EXPECT_NULL("layout", maskpack_npu_atten_mask(NULL, &args, &t64, &e));
     EXPECT_NULL("out", maskpack_npu_atten_mask(L, &args, NULL, &e));
+    /* a padded grid of empty rows: no B*S call exists */
+    const int64_t zero_lens[2] = {0, 0};
+    maskpack_layout *Z = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(zero_lens, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &Z, &e), e);
+    if (Z) {
+        CHECK_STATUS(maskpack_npu_args(Z, MASKPACK_NPU_BSND, 0.125, 0, &args, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
+        CHECK_MSG(e, "npu_fusion_attention needs B, Sq, Skv >= 1, found B=2 Sq=0");
+        maskpack_layout_free(Z);
+    }
     /* hand-made argsets: no mask, a TND full mask, an unknown kind, a shape from another layout */
     const maskpack_npu_mask_kind kinds[4] = {MASKPACK_NPU_MASK_NONE, MASKPACK_NPU_MASK_FULL, (maskpack_npu_mask_kind)9,
                                              MASKPACK_NPU_MASK_FULL};
