@@ -753,7 +753,6 @@ def case_bad_values():
         (["--capacity", "16", "--model", "1,2,3,4,5,6,7"], model_msg + "'1,2,3,4,5,6,7'"),
         (["--capacity", "16", "--model", "64,-1"], model_msg + "'64,-1'"),
         (["--capacity", "16", "--model", ","], "--model: expected at least the hidden size"),
-        (["--capacity", "16", "--model", "64", "--attention-a", "2"], "--model and --attention-a exclude each other"),
         (["--capacity", "16", "--algorithm", "greedy"], "--algorithm: expected bfd, ffd or nextfit, found 'greedy'"),
         (["--capacity", "16", "--seed", "-3"], "--seed: expected an integer >= 0, found '-3'"),
         (["--capacity", "16", "--row-width", "wide"], "--row-width: expected capacity or used, found 'wide'"),
