@@ -1001,6 +1001,120 @@ static void test_relayout_shards(void) {
     maskpack_layout_free(L);
 }
 
+/* ---- CP collectives: two ranks simulated in one process ------------------------------------------- */
+
+/* "Rank 1" records what it sends; "rank 0" then receives its own bytes and rank 1's recorded ones. */
+static uint8_t g_rank1[512];
+static size_t g_rank1_len;
+static int record_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx;
+    if (bytes > sizeof g_rank1) return -1;
+    memcpy(g_rank1, send, bytes);
+    g_rank1_len = bytes;
+    memcpy(recv, send, bytes);
+    memcpy((uint8_t *)recv + bytes, send, bytes);
+    return 0;
+}
+static int pair_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx;
+    if (bytes != g_rank1_len) return -1;
+    memcpy(recv, send, bytes);
+    memcpy((uint8_t *)recv + bytes, g_rank1, bytes);
+    return 0;
+}
+static int failing_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx, (void)send, (void)recv, (void)bytes;
+    return -1;
+}
+static int no_all_to_all(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx, (void)send, (void)recv, (void)bytes;
+    return -1;
+}
+
+/* rank 0 holds L0 with scheme s0, rank 1 (group size n1) L1 with s1: rank 0's verdict */
+static maskpack_status cp_pair(const maskpack_layout *L0, maskpack_cp_scheme s0, const maskpack_layout *L1,
+                               maskpack_cp_scheme s1, int n1, maskpack_error *e) {
+    maskpack_comm c1 = {NULL, 1, n1, record_gather, no_all_to_all};
+    maskpack_error e1;
+    (void)maskpack_cp_check(&c1, L1, s1, &e1);
+    maskpack_comm c0 = {NULL, 0, 2, pair_gather, no_all_to_all};
+    return maskpack_cp_check(&c0, L0, s0, e);
+}
+
+static void test_cp_comm(void) {
+    maskpack_error e;
+    const int64_t a[2] = {8, 4}, b[2] = {4, 8}, c[3] = {4, 4, 4};
+    maskpack_layout *A = NULL, *B = NULL, *C = NULL, *W = NULL, *SP = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(a, 2, MASKPACK_PLACE_PACKED, 0, NULL, &A, &e), e);
+    CHECK_OK(maskpack_layout_from_lengths(b, 2, MASKPACK_PLACE_PACKED, 0, NULL, &B, &e), e);
+    CHECK_OK(maskpack_layout_from_lengths(c, 3, MASKPACK_PLACE_PACKED, 0, NULL, &C, &e), e);
+    maskpack_rule bi = maskpack_rule_default();
+    bi.causal = 0;
+    if (A) CHECK_OK(maskpack_layout_with_rule(A, &bi, &W, &e), e);
+    const maskpack_span sp = {0, 1, 3};
+    const int64_t pf[2] = {2, 0};
+    maskpack_rule rs = maskpack_rule_default();
+    rs.spans = &sp;
+    rs.n_spans = 1;
+    rs.prefix = pf;
+    rs.n_prefix = 2;
+    if (A) CHECK_OK(maskpack_layout_with_rule(A, &rs, &SP, &e), e);
+    if (!A || !B || !C || !W || !SP) return;
+    /* the same layout and scheme on both ranks (spans and prefixes in the fingerprint too) */
+    CHECK_OK(cp_pair(A, MASKPACK_CP_ZIGZAG, A, MASKPACK_CP_ZIGZAG, 2, &e), e);
+    CHECK_OK(cp_pair(SP, MASKPACK_CP_ZIGZAG, SP, MASKPACK_CP_ZIGZAG, 2, &e), e);
+    /* each difference, named */
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, A, MASKPACK_CP_ZIGZAG, 3, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "comm: rank 1 sees a group of 3 ranks, rank 0 one of 2");
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, A, MASKPACK_CP_CONTIGUOUS, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "scheme: rank 1 uses CP scheme 1, rank 0 scheme 0");
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, B, MASKPACK_CP_ZIGZAG, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "layout: rank 1 holds other sequences than rank 0");
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, C, MASKPACK_CP_ZIGZAG, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "layout: rank 1 holds other sequences than rank 0 (3 segments against 2");
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, W, MASKPACK_CP_ZIGZAG, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "layout: rank 1's attention rule");
+    CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, SP, MASKPACK_CP_ZIGZAG, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "layout: rank 1's attention rule");
+    const int64_t wide[2] = {8, 8};
+    maskpack_layout *D = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(wide, 2, MASKPACK_PLACE_PACKED, 0, NULL, &D, &e), e);
+    if (D) {
+        CHECK_STATUS(cp_pair(A, MASKPACK_CP_ZIGZAG, D, MASKPACK_CP_ZIGZAG, 2, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_MSG(e, "layout: rank 1 holds a [1, 16] grid, rank 0 a [1, 12] one");
+        maskpack_layout_free(D);
+    }
+    /* the group itself: NULL, a rank outside it, callbacks missing, a failing transport */
+    CHECK_STATUS(maskpack_cp_check(NULL, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    maskpack_comm bad = {NULL, 2, 2, pair_gather, no_all_to_all};
+    CHECK_STATUS(maskpack_cp_check(&bad, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "comm: expected 0 <= rank < size, found rank 2 of size 2");
+    bad.rank = -1;
+    CHECK_STATUS(maskpack_cp_check(&bad, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    bad.rank = 0;
+    bad.size = 0;
+    CHECK_STATUS(maskpack_cp_check(&bad, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    maskpack_comm nocb = {NULL, 0, 1, NULL, no_all_to_all};
+    CHECK_STATUS(maskpack_cp_check(&nocb, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_MSG(e, "comm: the callbacks all_gather and all_to_all must be set");
+    nocb.all_gather = pair_gather;
+    nocb.all_to_all = NULL;
+    CHECK_STATUS(maskpack_cp_check(&nocb, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    maskpack_comm fails = {NULL, 0, 2, failing_gather, no_all_to_all};
+    CHECK_STATUS(maskpack_cp_check(&fails, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_COMM, e);
+    CHECK_MSG(e, "comm: all_gather of the layout fingerprints failed on rank 0");
+    /* all_gather of shards: the transport failing after the agreement */
+    float part[6], whole[12];
+    const int64_t p6 = 6, w12 = 12;
+    maskpack_tensor pt = maskpack_tensor_contiguous(part, MASKPACK_F32, 1, &p6), wt = maskpack_tensor_contiguous(whole, MASKPACK_F32, 1, &w12);
+    CHECK_STATUS(maskpack_cp_all_gather(&fails, A, MASKPACK_CP_ZIGZAG, &pt, &wt, NULL, &e), MASKPACK_ERR_COMM, e);
+    maskpack_layout_free(A);
+    maskpack_layout_free(B);
+    maskpack_layout_free(C);
+    maskpack_layout_free(W);
+    maskpack_layout_free(SP);
+}
+
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
 #define EXPECT_NULL(name, call)                                                                       \
@@ -1234,6 +1348,7 @@ int main(void) {
     test_attention_odd_dims();
     test_plan_option_grid();
     test_relayout_shards();
+    test_cp_comm();
     maskpack_layout_free(L);
     /* the same calls on the padded [2, 5] grid of the same sequences */
     L = NULL;
