@@ -1022,6 +1022,11 @@ static int pair_gather(void *ctx, const void *send, void *recv, size_t bytes) {
     memcpy((uint8_t *)recv + bytes, g_rank1, bytes);
     return 0;
 }
+static int self_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    (void)ctx;
+    memcpy(recv, send, bytes);
+    return 0;
+}
 static int failing_gather(void *ctx, const void *send, void *recv, size_t bytes) {
     (void)ctx, (void)send, (void)recv, (void)bytes;
     return -1;
@@ -1103,6 +1108,49 @@ static void test_cp_comm(void) {
     maskpack_comm fails = {NULL, 0, 2, failing_gather, no_all_to_all};
     CHECK_STATUS(maskpack_cp_check(&fails, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_COMM, e);
     CHECK_MSG(e, "comm: all_gather of the layout fingerprints failed on rank 0");
+    /* a rank that refuses its own arguments still joins the exchange: every rank fails with it */
+    {
+        maskpack_comm c1 = {NULL, 1, 2, record_gather, no_all_to_all};
+        maskpack_error e1;
+        float w1[12];
+        const int64_t n12b = 12;
+        maskpack_tensor wt1 = maskpack_tensor_contiguous(w1, MASKPACK_F32, 1, &n12b);
+        g_rank1_len = 0;
+        CHECK_STATUS(maskpack_cp_all_gather(&c1, A, MASKPACK_CP_ZIGZAG, NULL, &wt1, NULL, &e1), MASKPACK_ERR_NULL_ARGUMENT, e1);
+        CHECK(g_rank1_len > 0); /* it joined the exchange */
+        maskpack_comm c0 = {NULL, 0, 2, pair_gather, no_all_to_all};
+        CHECK_STATUS(maskpack_cp_check(&c0, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_MSG(e, "comm: rank 1 refused its arguments (MASKPACK_ERR_NULL_ARGUMENT)");
+    }
+    /* a group of one: all_gather is a copy; then each of its argument checks */
+    {
+        maskpack_comm one = {NULL, 0, 1, self_gather, no_all_to_all};
+        float src[12], dst[12], two[24];
+        for (int i = 0; i < 12; i++) src[i] = (float)i, dst[i] = -1.0f;
+        const int64_t n12 = 12, n11 = 11;
+        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12), pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
+        CHECK_OK(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), e);
+        CHECK(memcmp(src, dst, sizeof src) == 0);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, NULL, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK(strcmp(e.argument, "part") == 0);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK(strcmp(e.argument, "whole") == 0);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, NULL, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        maskpack_tensor p11 = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n11);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &p11, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [12, ...], found [11]");
+        maskpack_tensor pst = maskpack_tensor_contiguous(two, MASKPACK_F32, 1, &n12);
+        pst.strides[0] = 2;
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &pst, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_MSG(e, "part: expected a contiguous tensor");
+        maskpack_layout *P = NULL;
+        CHECK_OK(maskpack_layout_from_lengths(a, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &P, &e), e);
+        if (P) {
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [2, 8, ...], found [12]");
+            maskpack_layout_free(P);
+        }
+    }
     /* all_gather of shards: the transport failing after the agreement */
     float part[6], whole[12];
     const int64_t p6 = 6, w12 = 12;
