@@ -10,6 +10,7 @@
 #include "check.h"
 #include "io.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -745,6 +746,36 @@ static void test_stdin_large(void) {
     CHECK(got == NULL);
 }
 
+/* standard input that is a directory, or a regular file over the budget (refused by its size, unread) */
+static void test_stdin_kinds(void) {
+    maskpack_error e;
+    uint8_t *got = NULL;
+    size_t n = 0;
+    char dir[] = "/tmp/maskpack_stdin_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    int fd = open(dir, O_RDONLY); /* may be 0 itself: an earlier case closed it */
+    CHECK(fd >= 0 && dup2(fd, 0) == 0);
+    if (fd != 0) close(fd);
+    clearerr(stdin);
+    CHECK_STATUS(mpio_read_file("-", MPIO_MAX_BYTES, &got, &n, &e), MASKPACK_ERR_IO, e);
+    CHECK_MSG(e, "-: is a directory");
+    char path[64];
+    snprintf(path, sizeof path, "%s/f.bin", dir);
+    uint8_t bytes[100];
+    for (int i = 0; i < 100; i++) bytes[i] = (uint8_t)i;
+    CHECK_OK(mpio_write_file(path, bytes, sizeof bytes, &e), e);
+    close(0);
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0 && dup2(fd, 0) == 0);
+    if (fd != 0) close(fd);
+    clearerr(stdin);
+    CHECK_STATUS(mpio_read_file("-", 50, &got, &n, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_MSG(e, "-: file has 100 bytes, more than the memory budget of 50 bytes");
+    CHECK(got == NULL);
+    close(0);
+    CHECK(unlink(path) == 0 && rmdir(dir) == 0);
+}
+
 int main(void) {
     test_safetensors_bad();
     test_zip_directory();
@@ -754,5 +785,6 @@ int main(void) {
     test_npy_headers();
     test_files();
     test_stdin_large();
+    test_stdin_kinds();
     return check_report("test_io_bad");
 }
