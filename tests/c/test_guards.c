@@ -1027,6 +1027,13 @@ static int self_gather(void *ctx, const void *send, void *recv, size_t bytes) {
     memcpy(recv, send, bytes);
     return 0;
 }
+/* succeeds `*ctx` times (as a group of one), then fails */
+static int countdown_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    int *left = ctx;
+    if ((*left)-- <= 0) return -1;
+    memcpy(recv, send, bytes);
+    return 0;
+}
 static int failing_gather(void *ctx, const void *send, void *recv, size_t bytes) {
     (void)ctx, (void)send, (void)recv, (void)bytes;
     return -1;
@@ -1150,6 +1157,16 @@ static void test_cp_comm(void) {
             CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [2, 8, ...], found [12]");
             maskpack_layout_free(P);
         }
+    }
+    /* the transport failing on the shards, after the agreement went through */
+    {
+        int left = 1;
+        maskpack_comm one = {&left, 0, 1, countdown_gather, no_all_to_all};
+        float src[12], dst[12];
+        const int64_t n12 = 12;
+        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12), pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_COMM, e);
+        CHECK_MSG(e, "comm: all_gather of the shards failed on rank 0");
     }
     /* all_gather of shards: the transport failing after the agreement */
     float part[6], whole[12];
