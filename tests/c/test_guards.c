@@ -1155,8 +1155,28 @@ static void test_cp_comm(void) {
         if (P) {
             CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
             CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [2, 8, ...], found [12]");
+            const int64_t s2x6[2] = {2, 6}, s3x8[2] = {3, 8};
+            maskpack_tensor p26 = maskpack_tensor_contiguous(src, MASKPACK_F32, 2, s2x6);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p26, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_MSG(e, "found [2, 6]");
+            maskpack_tensor p38 = maskpack_tensor_contiguous(src, MASKPACK_F32, 2, s3x8);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p38, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_MSG(e, "found [3, 8]");
             maskpack_layout_free(P);
         }
+        /* whole of another length than the batch (8 tokens, 12 given), and no group at all */
+        const int64_t odd[2] = {5, 3};
+        maskpack_layout *O = NULL;
+        CHECK_OK(maskpack_layout_from_lengths(odd, 2, MASKPACK_PLACE_PACKED, 0, NULL, &O, &e), e);
+        if (O) {
+            const int64_t n8 = 8;
+            maskpack_tensor p8 = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n8);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, O, MASKPACK_CP_ZIGZAG, &p8, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_MSG(e, "expected leading dimension 8 (tokens of a packed layout), found shape [12]");
+            maskpack_layout_free(O);
+        }
+        CHECK_STATUS(maskpack_cp_all_gather(NULL, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK(strcmp(e.argument, "comm") == 0);
     }
     /* the transport failing on the shards, after the agreement went through */
     {
