@@ -509,7 +509,7 @@ static void test_attention_checks(const maskpack_layout *L) {
     setenv("MASKPACK_ISA", "sse9", 1);
     CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 0, &e),
                  MASKPACK_ERR_INVALID_ARGUMENT, e);
-    CHECK_MSG(e, "MASKPACK_ISA: expected ref, avx2, avx512 or amx, found \"sse9\"");
+    CHECK_MSG(e, "found \"sse9\"");
     unsetenv("MASKPACK_ISA");
     CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 16, &e),
                  MASKPACK_ERR_NULL_ARGUMENT, e);
@@ -552,7 +552,7 @@ static void test_attention_checks(const maskpack_layout *L) {
         CHECK_EQ(got, MASKPACK_ATTN_ISA_AMX);
     } else {
         CHECK_EQ(sa, MASKPACK_ERR_UNSUPPORTED);
-        CHECK_MSG(e, "MASKPACK_ISA: amx was forced but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16");
+        CHECK_MSG(e, "MASKPACK_ISA: amx requested but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16");
     }
     unsetenv("MASKPACK_ISA");
 }
