@@ -32,8 +32,8 @@ def test_figures_without_lacking_isa_and_its_lines(tmp_path, capsys, monkeypatch
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"files": [
         _summary("src/core/a.c", 10, 9, 20, 18),
-        _summary("src/kernels/attn_amx.c", 4, 0, 6, 0),
-        _summary("src/kernels/attn_avx512.c", 10, 10, 10, 9),
+        _summary("src/kernels/attention/attn_amx.c", 4, 0, 6, 0),
+        _summary("src/kernels/attention/attn_avx512.c", 10, 10, 10, 9),
         _summary("python/_m.c", 5, 5, 2, 1),
     ]}))
     # per-line details: a.c's line 3 never ran and names AMX (dispatch); line 4 never ran, no ISA
@@ -44,7 +44,7 @@ def test_figures_without_lacking_isa_and_its_lines(tmp_path, capsys, monkeypatch
     details.write_text(json.dumps({"files": [
         {"file": "src/core/a.c", "lines": [{"line_number": 1, "count": 1}, {"line_number": 3, "count": 0},
                                            {"line_number": 4, "count": 0}]},
-        {"file": "src/kernels/attn_amx.c", "lines": [{"line_number": n, "count": 0} for n in (5, 6, 7, 9)]},
+        {"file": "src/kernels/attention/attn_amx.c", "lines": [{"line_number": n, "count": 0} for n in (5, 6, 7, 9)]},
     ]}))
     monkeypatch.chdir(tmp_path)
     assert _tool().main([str(summary), "--details", str(details), "--cpuinfo", str(cpuinfo)]) == 0
@@ -53,7 +53,7 @@ def test_figures_without_lacking_isa_and_its_lines(tmp_path, capsys, monkeypatch
     # all of src/: 27 of 36 branches; without attn_amx.c: 27 of 30 (90.00%)
     assert "branches     27/30      90.00%" in rows["src/ without ISA code not run here"]
     assert "branches     27/36      75.00%" in rows["src/ (all)"]
-    assert "needs AMX: no amx_tile amx_bf16" in rows["src/kernels/attn_amx.c"]
+    assert "needs AMX: no amx_tile amx_bf16" in rows["src/kernels/attention/attn_amx.c"]
     assert "never run: all 4 lines with code (5-9)" in out
     assert "lines elsewhere in src/ that only a CPU with AMX runs (never run here): 1" in out
     assert "src/core/a.c:3: if (has_amx()) use_amx();" in out
