@@ -33,6 +33,12 @@ fi
 
 # counters from an earlier run would add up: start from zero
 find "$BUILD" -name '*.gcda' -delete
+# notes of objects this build no longer makes (their source moved or was removed) would send gcovr
+# looking for sources that are gone: drop them
+find "$BUILD" -name '*.gcno' | while read -r g; do
+  rel="${g#"$BUILD"/}"
+  grep -qF "${rel%.gcno}.o" "$BUILD/build.ninja" || rm -f "$g"
+done
 rm -rf "$OUT"; mkdir -p "$OUT"
 
 status=0
