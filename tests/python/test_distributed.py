@@ -77,6 +77,7 @@ def _worker(rank, world, init_file, scheme, out_dir):
         assert torch.equal(back, xloc)
         (hs * (rank + 1)).sum().backward()
         torch.save({"x": xloc.detach(), "hs": hs.detach(), "gx": xloc.grad}, os.path.join(out_dir, f"uly{rank}.pt"))
+        dist.barrier()  # nobody tears the group down while a peer still talks to it (gloo aborts then)
     finally:
         dist.destroy_process_group()
 
