@@ -317,6 +317,15 @@ static const char *st_name(maskpack_dtype d) {
     return NULL;
 }
 
+/* An integer as JSON, digit for digit: cJSON prints numbers as doubles with 15 significant digits
+ * when they round-trip within a relative epsilon, which turns 7649962429496729 into ...730 (a zero
+ * dimension lets such extents through, and the reader accepts integers up to 2^53). */
+static cJSON *json_int(uint64_t v) {
+    char digits[24];
+    snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+    return cJSON_CreateRaw(digits);
+}
+
 maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n, uint8_t **buf, size_t *len,
                                         maskpack_error *err) {
     MP_CHECK_NULL(err, buf, "buf");
@@ -364,9 +373,9 @@ maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n
             s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, ST_ARG, -1, -1, "out of memory");
             break;
         }
-        for (int32_t d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + nb)));
+        for (int32_t d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, json_int((uint64_t)t->shape[d]));
+        cJSON_AddItemToArray(offs, json_int(off));
+        cJSON_AddItemToArray(offs, json_int(off + nb));
         off += nb;
     }
     char *text = root && !s ? cJSON_PrintUnformatted(root) : NULL;

@@ -795,6 +795,16 @@ static void test_safetensors(void) {
               zs.arrays[0].shape[2] == 0);
         mpio_arrayset_free(&zs);
         free(zb);
+        /* and the writer keeps every digit of such an extent (printed as a double it lost the last) */
+        int64_t big[3] = {429, 7649962429496729LL, 0};
+        mpio_named_tensor it = {"m", maskpack_tensor_contiguous(NULL, MASKPACK_I64, 3, big), NULL};
+        uint8_t *wb = NULL;
+        size_t wl = 0;
+        CHECK_OK(mpio_safetensors_encode(&it, 1, &wb, &wl, &ze), ze);
+        CHECK_OK(mpio_safetensors_parse(wb, wl, &zs, &ze), ze);
+        CHECK(zs.n == 1 && zs.arrays[0].shape[1] == 7649962429496729LL && zs.arrays[0].shape[2] == 0);
+        mpio_arrayset_free(&zs);
+        free(wb);
     }
     expect_st_error("{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, MASKPACK_ERR_FORMAT,
                     "unknown dtype 'Q7'");
