@@ -9,12 +9,9 @@ maskpack_status maskpack_cp_shard_indices(const maskpack_layout *L, int64_t cp, 
                                           maskpack_cp_scheme scheme, maskpack_tensor *out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, out, "out");
-    maskpack_status s = mp_cp_require_self(L, err);
-    if (s) return s;
     mp_cp_range *R;
     size_t n;
-    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = mp_cp_rank_ranges(L, cp, rank, scheme, &R, &n, err);
+    maskpack_status s = mp_cp_rank_ranges(L, cp, rank, &scheme, &R, &n, err);
     if (s) return s;
     int64_t total = L->n_rows * L->q_width / cp;
     int64_t shape[1] = {total};
@@ -39,12 +36,9 @@ maskpack_status maskpack_cp_last_token(const maskpack_layout *L, int64_t cp, mas
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, rank_out, "rank");
     MP_CHECK_NULL(err, local_out, "local");
-    maskpack_status s = mp_cp_require_self(L, err);
-    if (s) return s;
     mp_cp_range *R;
     size_t n;
-    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = mp_cp_rank_ranges(L, cp, 0, scheme, &R, &n, err); /* validates cp, scheme and divisibility */
+    maskpack_status s = mp_cp_rank_ranges(L, cp, 0, &scheme, &R, &n, err); /* validates cp, scheme, divisibility */
     if (s) return s;
     free(R);
     int64_t shape[1] = {(int64_t)L->n_segments};

@@ -17,9 +17,11 @@ typedef struct mp_cp_range {
     int64_t row, start, len;
 } mp_cp_range;
 
-/* (layout, cp, rank, scheme) -> *out[*n_out] the ranges rank holds (caller frees *out). Validates cp,
- * rank, scheme and the divisibility of every slot (packed zigzag) or row. */
-maskpack_status mp_cp_rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
+/* (layout, cp, rank, *scheme) -> *out[*n_out] the ranges rank holds (caller frees *out). Checks that
+ * the layout is unsharded self-attention (mp_cp_require_self), validates cp, rank, scheme and the
+ * divisibility of every slot (packed zigzag) or row; one rank is the identity, so *scheme becomes
+ * CONTIGUOUS for cp = 1 (the scheme the caller then uses). */
+maskpack_status mp_cp_rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme *scheme,
                                   mp_cp_range **out, size_t *n_out, maskpack_error *err);
 
 /* (layout) -> OK iff every segment is an unsharded self-attention segment (what CP splits), else

@@ -89,8 +89,12 @@ maskpack_status maskpack_layout_pad_to_multiple(const maskpack_layout *L, int64_
     return mp_layout_build(segs, L->n_segments, L->n_rows, width, width, L->packed, &r, out, err);
 }
 
-maskpack_status mp_cp_rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
+maskpack_status mp_cp_rank_ranges(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme *scheme_io,
                                   mp_cp_range **out, size_t *n_out, maskpack_error *err) {
+    maskpack_status st = mp_cp_require_self(L, err);
+    if (st) return st;
+    if (cp == 1 && *scheme_io == MASKPACK_CP_ZIGZAG) *scheme_io = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
+    const maskpack_cp_scheme scheme = *scheme_io;
     if (cp < 1 || cp > (1 << 20))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "cp", -1, -1, "cp: expected in [1, 2^20], found %lld",
                        (long long)cp);
@@ -149,12 +153,9 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
                                          maskpack_layout **out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, out, "out");
-    maskpack_status s = mp_cp_require_self(L, err);
-    if (s) return s;
     mp_cp_range *R;
     size_t n;
-    if (cp == 1 && scheme == MASKPACK_CP_ZIGZAG) scheme = MASKPACK_CP_CONTIGUOUS; /* one rank: the identity */
-    s = mp_cp_rank_ranges(L, cp, rank, scheme, &R, &n, err);
+    maskpack_status s = mp_cp_rank_ranges(L, cp, rank, &scheme, &R, &n, err);
     if (s) return s;
     /* Each range cuts at most (segments it overlaps) pieces; a piece per (range, segment) pair. */
     size_t cap = n + L->n_segments * 2 + 1;
