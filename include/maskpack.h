@@ -224,9 +224,17 @@ typedef struct maskpack_segment {
      * unsharded layout (pieces of one sequence share it). Tensors move between layouts by
      * (sequence, position): sequence = origin for pieces, the segment index otherwise. */
     int64_t origin;
+    /* With MASKPACK_SEGMENT_KEY_BLOCK in flags (together with EXPLICIT_POS): the keys are a block of
+     * the sequence starting at position kv_pos (key j sits at kv_pos + j), as ring attention sees
+     * another rank's chunk. The rule compares positions, so the diagonal of query i is key
+     * q_pos + i - kv_pos, which may lie outside [0, kv_len); q_pos need not lie within the keys. The
+     * rule may have no spans or prefix on such a segment, and tensors do not move through such a
+     * layout (relayout refuses it). Without the flag kv_pos must be 0. */
+    int64_t kv_pos;
 } maskpack_segment;
 
 #define MASKPACK_SEGMENT_EXPLICIT_POS 1u
+#define MASKPACK_SEGMENT_KEY_BLOCK 2u /* with EXPLICIT_POS: keys are a block at kv_pos (see kv_pos) */
 
 typedef enum maskpack_placement {
     MASKPACK_PLACE_RIGHT = 0,  /* [B, S]: one sequence per row, padding after it */
@@ -481,6 +489,16 @@ typedef struct maskpack_comm {
     int (*all_gather)(void *ctx, const void *send, void *recv, size_t bytes);
     /* (send: size blocks of `bytes`, block r for rank r) -> recv: size blocks, block r from rank r */
     int (*all_to_all)(void *ctx, const void *send, void *recv, size_t bytes);
+    /* Point to point, for ring attention (NULL: the ring calls refuse with MASKPACK_ERR_NULL_ARGUMENT).
+     * Starts sending send_bytes of `send` to rank `to` and receiving recv_bytes into `recv` from rank
+     * `from`, both with message tag `tag` (to or from = -1: that half is absent) and returns at once
+     * with *request set; `wait` completes both halves. Not collective: the two ranks of a pair start
+     * matching halves (same tag and size). The library leaves both buffers alone until wait returns;
+     * up to four requests are outstanding at a time, on tags 0 (keys and values) and 1 (their
+     * gradients). */
+    int (*sendrecv_start)(void *ctx, const void *send, size_t send_bytes, int to, void *recv, size_t recv_bytes,
+                          int from, int tag, void **request);
+    int (*wait)(void *ctx, void *request);
 } maskpack_comm;
 
 /* (comm, layout, scheme) -> OK on every rank when all ranks hold the same layout (segments, grid,
@@ -887,6 +905,39 @@ MASKPACK_API maskpack_status maskpack_attention_backward_isa(const maskpack_layo
                                                              maskpack_tensor *dv, maskpack_isa isa, int n_threads,
                                                              void *workspace, size_t workspace_bytes,
                                                              maskpack_error *err);
+
+/* Ring attention across the ranks of a comm (context parallelism). Each rank holds its CP shard of q,
+ * k, v as maskpack_layout_cp_shard(layout, comm->size, comm->rank, scheme) cuts it. Keys and values
+ * travel: at step s rank r computes its queries against rank (r - s) mod size's block while the next
+ * step's block is in flight, and partial outputs merge by their log-sum-exp. A block none of whose
+ * query-key pairs the rule allows for a rank is neither sent to it nor computed (under a causal rule
+ * most of a packed batch's pairs of ranks skip half their work). Rules: causal or not, windows, GQA,
+ * softcap; spans and prefixes are MASKPACK_ERR_UNSUPPORTED (use the all-gather form). f32 only (the
+ * merge keeps f32 partial outputs; bf16 is MASKPACK_ERR_DTYPE). Collective: every rank calls with the
+ * same layout and scheme (checked first, as maskpack_cp_check, together with each rank's own
+ * arguments, so a wrong argument on one rank fails every rank). Buffers: two blocks of k and v in
+ * flight plus one output's worth, allocated per call. The result equals the single-process kernel on
+ * the whole batch up to the rounding of the merge. */
+
+/* (comm, layout of the whole batch (aligned for cp_shard), scheme, this rank's q [T_l,Hq,D] |
+ * [B,S/cp,Hq,D], k, v [.., Hkv, D], all f32 contiguous, scale, softcap) -> out (q's shape,
+ * contiguous), lse f32 [Hq,T_l] | [B,Hq,S/cp] (NULL to skip). */
+MASKPACK_API maskpack_status maskpack_cp_attention_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                           maskpack_cp_scheme scheme, const maskpack_tensor *q,
+                                                           const maskpack_tensor *k, const maskpack_tensor *v,
+                                                           double scale, double softcap, maskpack_tensor *out,
+                                                           maskpack_tensor *lse, int n_threads, maskpack_error *err);
+
+/* (comm, layout, scheme, dout, q, k, v, out and lse of the forward, scale, softcap) -> dq (q's shape), dk,
+ * dv (k's shape) of this rank's shard, all f32 contiguous: the blocks travel again and each block's
+ * key and value gradients return to their owner (tag 1) while the next step computes. */
+MASKPACK_API maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                            maskpack_cp_scheme scheme, const maskpack_tensor *dout,
+                                                            const maskpack_tensor *q, const maskpack_tensor *k,
+                                                            const maskpack_tensor *v, const maskpack_tensor *out,
+                                                            const maskpack_tensor *lse, double scale, double softcap,
+                                                            maskpack_tensor *dq, maskpack_tensor *dk,
+                                                            maskpack_tensor *dv, int n_threads, maskpack_error *err);
 /* ==== end of Attention kernels ============================================================== */
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */

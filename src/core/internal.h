@@ -241,11 +241,12 @@ maskpack_status mp_layout_empty(int64_t n_rows, int64_t width, int packed, const
                                 maskpack_layout **out, maskpack_error *err);
 
 /* Position of query i of segment k on its key axis, i.e. the diagonal key of the causal rule:
- * q_pos + i for explicit-position segments (CP chunks), i + kv_len - q_len under bottom-right
+ * q_pos - kv_pos + i for explicit-position segments (CP chunks; outside [0, kv_len) for a key block
+ * of another chunk), i + kv_len - q_len under bottom-right
  * alignment, i under top-left. */
 static inline int64_t mp_query_pos(const maskpack_layout *L, size_t k, int64_t i) {
     const maskpack_segment *g = &L->segs[k];
-    if (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) return g->q_pos + i;
+    if (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) return g->q_pos - g->kv_pos + i;
     return L->alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? i + g->kv_len - g->q_len : i;
 }
 
@@ -255,6 +256,19 @@ static inline int64_t mp_span_pos(const maskpack_layout *L, size_t k, int64_t i)
     const maskpack_segment *g = &L->segs[k];
     return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->q_pos + i : i;
 }
+
+/* 1 when a segment of L holds a key block (MASKPACK_SEGMENT_KEY_BLOCK: one ring step's view). */
+static inline int mp_has_key_blocks(const maskpack_layout *L) {
+    for (size_t k = 0; k < L->n_segments; k++)
+        if (L->segs[k].flags & MASKPACK_SEGMENT_KEY_BLOCK) return 1;
+    return 0;
+}
+
+/* The agreement every collective CP call starts with (src/distributed/cp_comm.c): one all-gather of
+ * each rank's layout fingerprint and of its own argument checks' status `local` (with *err filled when
+ * not OK), so every rank returns the same verdict and none waits in a collective another left. */
+maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                            maskpack_status local, maskpack_error *err);
 
 /* Segment-local predicate (i, j local to segment k of L). */
 int mp_allowed_local(const maskpack_layout *L, size_t k, int64_t i, int64_t j);

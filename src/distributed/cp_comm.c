@@ -41,6 +41,7 @@ static cp_fingerprint fingerprint(const maskpack_comm *c, const maskpack_layout 
         h = fnv_i64(h, (int64_t)g->flags);
         h = fnv_i64(h, g->q_pos);
         h = fnv_i64(h, g->origin);
+        h = fnv_i64(h, g->kv_pos);
     }
     f.segments = h;
     h = 14695981039346656037ULL;
@@ -81,7 +82,7 @@ static maskpack_status check_comm(const maskpack_comm *c, maskpack_error *err) {
  * status of its own argument checks (local, with *err already filled when not OK). Every rank sees the
  * same records and so returns the same verdict: a rank whose arguments are wrong still joins the
  * exchange, and the others fail with it instead of waiting in a collective it never enters. */
-static maskpack_status cp_agree(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                 maskpack_status local, maskpack_error *err) {
     cp_fingerprint mine = fingerprint(comm, layout, scheme);
     mine.local_status = local;
@@ -132,7 +133,7 @@ maskpack_status maskpack_cp_check(const maskpack_comm *comm, const maskpack_layo
     maskpack_status s = check_comm(comm, err);
     if (s) return s;
     MP_CHECK_NULL(err, layout, "layout");
-    s = cp_agree(comm, layout, scheme, MASKPACK_OK, err);
+    s = mp_cp_agree(comm, layout, scheme, MASKPACK_OK, err);
     return s ? s : mp_ok(err);
 }
 
@@ -176,7 +177,7 @@ maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack
     maskpack_layout **shards = mp_calloc_array((size_t)n, sizeof *shards);
     if (!shards) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory");
     /* local checks first, then the agreement (collective even when the local checks failed) */
-    s = cp_agree(comm, layout, scheme, gather_args(comm, layout, scheme, part, whole, shards, err), err);
+    s = mp_cp_agree(comm, layout, scheme, gather_args(comm, layout, scheme, part, whole, shards, err), err);
     /* the parts travel as bytes: [n, T_local, ...] in rank order, then one move into the layout; every
      * rank passed its checks here, so every rank allocates and enters the all-gather alike */
     size_t bytes = 0, total = 0;

@@ -2,6 +2,8 @@
  * predicate every derived output is tested against. */
 #include "internal.h"
 
+#define MP_POS_MAX ((int64_t)1 << 62) /* positions stay far from overflow in q_pos - kv_pos + i */
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,16 +77,30 @@ static maskpack_status validate_segments(const maskpack_segment *s, size_t n, in
             return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
                            "segments[%zu]: key columns [%lld, %lld + %lld) must lie in [0, %lld)", k,
                            (long long)g->kv_start, (long long)g->kv_start, (long long)g->kv_len, (long long)kv_width);
-        if (g->flags & ~MASKPACK_SEGMENT_EXPLICIT_POS)
+        if ((g->flags & ~(MASKPACK_SEGMENT_EXPLICIT_POS | MASKPACK_SEGMENT_KEY_BLOCK)) ||
+            g->flags == MASKPACK_SEGMENT_KEY_BLOCK)
             return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
-                           "segments[%zu].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS, found %u", k,
-                           (unsigned)g->flags);
-        if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) &&
-            (g->q_pos < 0 || g->q_pos > g->kv_len || g->q_len > g->kv_len - g->q_pos))
+                           "segments[%zu].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS (optionally with "
+                           "MASKPACK_SEGMENT_KEY_BLOCK), found %u",
+                           k, (unsigned)g->flags);
+        if (g->flags & MASKPACK_SEGMENT_KEY_BLOCK) {
+            /* a block of another chunk's keys: both positions are real sequence positions */
+            if (g->kv_pos < 0 || g->kv_pos > MP_POS_MAX || g->q_pos < 0 || g->q_pos > MP_POS_MAX)
+                return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
+                               "segments[%zu]: a key block needs 0 <= q_pos, kv_pos <= 2^62, found q_pos %lld, "
+                               "kv_pos %lld",
+                               k, (long long)g->q_pos, (long long)g->kv_pos);
+        } else if (g->kv_pos != 0) {
+            return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
+                           "segments[%zu].kv_pos: expected 0 without MASKPACK_SEGMENT_KEY_BLOCK, found %lld", k,
+                           (long long)g->kv_pos);
+        } else if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) &&
+                   (g->q_pos < 0 || g->q_pos > g->kv_len || g->q_len > g->kv_len - g->q_pos)) {
             return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
                            "segments[%zu].q_pos: expected 0 <= q_pos and q_pos + q_len <= kv_len (%lld), found "
                            "q_pos %lld with q_len %lld",
                            k, (long long)g->kv_len, (long long)g->q_pos, (long long)g->q_len);
+        }
         if ((g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && g->origin < 0)
             return mp_fail(err, MASKPACK_ERR_VALUE, "segments", (int64_t)k, -1,
                            "segments[%zu].origin: expected >= 0 (index of the unsharded sequence), found %lld", k,
@@ -158,6 +174,11 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
                            "rule.spans[%zu]: spans need a self-attention segment, segment %lld has q_len %lld != "
                            "kv_len %lld",
                            t, (long long)sp->segment, (long long)g->q_len, (long long)g->kv_len);
+        if (g->kv_pos != 0)
+            return mp_fail(err, MASKPACK_ERR_RULE, "rule.spans", (int64_t)t, -1,
+                           "rule.spans[%zu]: segment %lld holds a key block at kv_pos %lld; spans need the keys from "
+                           "the sequence start (kv_pos 0)",
+                           t, (long long)sp->segment, (long long)g->kv_pos);
         if (sp->start < 0 || sp->end <= sp->start || sp->end > g->kv_len)
             return mp_fail(err, MASKPACK_ERR_RULE, "rule.spans", (int64_t)t, -1,
                            "rule.spans[%zu]: expected 0 <= start < end <= %lld (segment length), found [%lld, %lld)",
@@ -173,11 +194,17 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
         }
     }
     if (r->prefix)
-        for (size_t k = 0; k < L->n_segments; k++)
-            if (r->prefix[k] < 0 || r->prefix[k] > L->segs[k].kv_len)
+        for (size_t k = 0; k < L->n_segments; k++) {
+            if (r->prefix[k] != 0 && L->segs[k].kv_pos != 0)
+                return mp_fail(err, MASKPACK_ERR_RULE, "rule.prefix", (int64_t)k, -1,
+                               "rule.prefix[%zu]: segment %zu holds a key block at kv_pos %lld; a prefix needs the "
+                               "keys from the sequence start (kv_pos 0)",
+                               k, k, (long long)L->segs[k].kv_pos);
+            else if (r->prefix[k] < 0 || r->prefix[k] > L->segs[k].kv_len)
                 return mp_fail(err, MASKPACK_ERR_RULE, "rule.prefix", (int64_t)k, -1,
                                "rule.prefix[%zu]: expected in [0, %lld] (segment key length), found %lld", k,
                                (long long)L->segs[k].kv_len, (long long)r->prefix[k]);
+        }
 
     L->causal = r->causal;
     L->alignment = r->alignment == MASKPACK_ALIGN_UNSTATED ? MASKPACK_ALIGN_BOTTOM_RIGHT : r->alignment;
@@ -331,6 +358,7 @@ void mp_base_key_range(const maskpack_layout *L, size_t k, int64_t i, int64_t *l
     if (L->causal && c + 1 < b) b = c + 1;
     if (L->window_left >= 0 && c - L->window_left > a) a = c - L->window_left;
     if (L->window_right >= 0 && c + L->window_right + 1 < b) b = c + L->window_right + 1;
+    if (a > g->kv_len) a = g->kv_len; /* a key block wholly before the window (kv_pos != 0) */
     if (b < a) b = a;
     *lo = a;
     *hi = b;

@@ -175,8 +175,17 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
         if (!sources[s])
             return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "sources", (int64_t)s, -1,
                            "sources[%zu]: expected a layout, found NULL", s);
+        if (mp_has_key_blocks(sources[s]))
+            return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "sources", (int64_t)s, -1,
+                           "sources[%zu]: a layout of key blocks (MASKPACK_SEGMENT_KEY_BLOCK) describes one ring "
+                           "step's attention, not where tokens lie; move tensors through the shard layouts",
+                           s);
         n_pieces += sources[s]->n_segments;
     }
+    if (mp_has_key_blocks(dst))
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "dst", -1, -1,
+                       "dst: a layout of key blocks (MASKPACK_SEGMENT_KEY_BLOCK) describes one ring step's "
+                       "attention, not where tokens lie; move tensors through the shard layouts");
     /* Two unsharded layouts describe the same batch only with the same sequences, length by length. */
     if (!has_pieces(dst)) {
         for (size_t s = 0; s < n_src; s++) {

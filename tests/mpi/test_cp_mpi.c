@@ -3,6 +3,7 @@
  * single-process tensor; ranks whose layouts disagree, or one rank's wrong part, fail on every rank
  * with the same status (never a hang). Exit status 0 on every rank when every check passed. */
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,192 @@ static void check_gather(const maskpack_comm *comm, const maskpack_layout *L, ma
     free(mask);
 }
 
+/* ---- ring attention --------------------------------------------------------------------------- */
+
+/* A comm that counts the point-to-point messages this rank sends, around the MPI one. */
+typedef struct counting {
+    maskpack_comm inner;
+    int sends;
+} counting;
+
+static int c_all_gather(void *ctx, const void *s, void *r, size_t b) {
+    counting *c = ctx;
+    return c->inner.all_gather(c->inner.ctx, s, r, b);
+}
+static int c_all_to_all(void *ctx, const void *s, void *r, size_t b) {
+    counting *c = ctx;
+    return c->inner.all_to_all(c->inner.ctx, s, r, b);
+}
+static int c_start(void *ctx, const void *s, size_t sb, int to, void *r, size_t rb, int from, int tag, void **req) {
+    counting *c = ctx;
+    c->sends += to >= 0;
+    return c->inner.sendrecv_start(c->inner.ctx, s, sb, to, r, rb, from, tag, req);
+}
+static int c_wait(void *ctx, void *req) {
+    counting *c = ctx;
+    return c->inner.wait(c->inner.ctx, req);
+}
+
+static float rnd(uint64_t *x) {
+    *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(*x >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
+}
+
+static int close_to(float a, float b, float tol) {
+    if (a == b) return 1; /* both -inf for rows that see nothing */
+    float d = a > b ? a - b : b - a, m = b > 0 ? b : -b;
+    return d <= tol * (1.0f + m);
+}
+
+/* Ring attention on this rank's shard against the single-process kernel on the whole batch (every
+ * rank computes the reference from the same seeded inputs): out, lse and dq, dk, dv of the shard's
+ * tokens. Returns the point-to-point messages this rank sent (forward + backward). */
+static int check_ring(const maskpack_comm *mpi, const maskpack_layout *L, maskpack_cp_scheme scheme, int64_t Hq,
+                      int64_t Hk, double softcap) {
+    counting cc = {*mpi, 0};
+    maskpack_comm comm = {&cc, mpi->rank, mpi->size, c_all_gather, c_all_to_all, c_start, c_wait};
+    maskpack_error e;
+    const int64_t D = 8, B = maskpack_layout_n_rows(L), S = maskpack_layout_q_width(L), T = B * S;
+    const int64_t tl = T / comm.size, Sl = S / comm.size;
+    const int packed = maskpack_layout_is_packed(L);
+    size_t nq = (size_t)(T * Hq * D), nk = (size_t)(T * Hk * D);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    float *out = malloc(nq * 4), *lse = malloc((size_t)(T * Hq) * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4),
+          *dv = malloc(nk * 4);
+    uint64_t seed = 12345;
+    for (size_t i = 0; i < nq; i++) q[i] = rnd(&seed), dout[i] = rnd(&seed);
+    for (size_t i = 0; i < nk; i++) k[i] = rnd(&seed), v[i] = rnd(&seed);
+    /* the whole batch in one process */
+    int64_t sq[4] = {B, S, Hq, D}, sk[4] = {B, S, Hk, D}, sl[3] = {B, Hq, S};
+    int64_t fq[3] = {T, Hq, D}, fk[3] = {T, Hk, D}, fl[2] = {Hq, T};
+#define T4(p, s4, s3) (packed ? maskpack_tensor_contiguous(p, MASKPACK_F32, 3, s3) : maskpack_tensor_contiguous(p, MASKPACK_F32, 4, s4))
+    maskpack_tensor tq = T4(q, sq, fq), tk = T4(k, sk, fk), tv = T4(v, sk, fk), tdo = T4(dout, sq, fq), to = T4(out, sq, fq);
+    maskpack_tensor tdq = T4(dq, sq, fq), tdk = T4(dk, sk, fk), tdv = T4(dv, sk, fk);
+    maskpack_tensor tl_ = packed ? maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, fl)
+                                 : maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, sl);
+    CHECK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, softcap, &to, &tl_, 1, NULL, 0, &e) == MASKPACK_OK);
+    CHECK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl_, 0, softcap, &tdq, &tdk, &tdv, 1, NULL, 0, &e) ==
+          MASKPACK_OK);
+    /* this rank's shard of every input */
+    int64_t *idx = malloc((size_t)tl * sizeof *idx);
+    maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
+    CHECK(maskpack_cp_shard_indices(L, comm.size, comm.rank, scheme, &ti, &e) == MASKPACK_OK);
+    size_t mq = (size_t)(tl * Hq * D), mk = (size_t)(tl * Hk * D);
+    float *lq = malloc(mq * 4), *lk = malloc(mk * 4), *lv = malloc(mk * 4), *ldo = malloc(mq * 4), *lo = malloc(mq * 4);
+    float *ll = malloc((size_t)(tl * Hq) * 4), *ldq = malloc(mq * 4), *ldk = malloc(mk * 4), *ldv = malloc(mk * 4);
+    for (int64_t i = 0; i < tl; i++) {
+        memcpy(lq + i * Hq * D, q + idx[i] * Hq * D, (size_t)(Hq * D) * 4);
+        memcpy(ldo + i * Hq * D, dout + idx[i] * Hq * D, (size_t)(Hq * D) * 4);
+        memcpy(lk + i * Hk * D, k + idx[i] * Hk * D, (size_t)(Hk * D) * 4);
+        memcpy(lv + i * Hk * D, v + idx[i] * Hk * D, (size_t)(Hk * D) * 4);
+    }
+    int64_t rq[4] = {B, Sl, Hq, D}, rk[4] = {B, Sl, Hk, D}, rl[3] = {B, Hq, Sl};
+    int64_t gq[3] = {tl, Hq, D}, gk[3] = {tl, Hk, D}, gl[2] = {Hq, tl};
+    maskpack_tensor uq = T4(lq, rq, gq), uk = T4(lk, rk, gk), uv = T4(lv, rk, gk), udo = T4(ldo, rq, gq), uo = T4(lo, rq, gq);
+    maskpack_tensor udq = T4(ldq, rq, gq), udk = T4(ldk, rk, gk), udv = T4(ldv, rk, gk);
+    maskpack_tensor ul = packed ? maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, gl)
+                                : maskpack_tensor_contiguous(ll, MASKPACK_F32, 3, rl);
+#undef T4
+    maskpack_status st = maskpack_cp_attention_forward(&comm, L, scheme, &uq, &uk, &uv, 0, softcap, &uo, &ul, 1, &e);
+    CHECK(st == MASKPACK_OK);
+    if (st) fprintf(stderr, "rank %d: ring forward: %s\n", rank_, e.message);
+    st = maskpack_cp_attention_backward(&comm, L, scheme, &udo, &uq, &uk, &uv, &uo, &ul, 0, softcap, &udq, &udk, &udv, 1,
+                                        &e);
+    CHECK(st == MASKPACK_OK);
+    if (st) fprintf(stderr, "rank %d: ring backward: %s\n", rank_, e.message);
+    int64_t bad_o = 0, bad_l = 0, bad_g = 0;
+    for (int64_t i = 0; i < tl; i++) {
+        for (int64_t x = 0; x < Hq * D; x++) {
+            bad_o += !close_to(lo[i * Hq * D + x], out[idx[i] * Hq * D + x], 1e-5f);
+            bad_g += !close_to(ldq[i * Hq * D + x], dq[idx[i] * Hq * D + x], 1e-4f);
+        }
+        for (int64_t x = 0; x < Hk * D; x++) {
+            bad_g += !close_to(ldk[i * Hk * D + x], dk[idx[i] * Hk * D + x], 1e-4f);
+            bad_g += !close_to(ldv[i * Hk * D + x], dv[idx[i] * Hk * D + x], 1e-4f);
+        }
+        int64_t b = idx[i] / S, col = idx[i] % S, c = i % Sl;
+        for (int64_t h = 0; h < Hq; h++) {
+            float got = packed ? ll[h * tl + i] : ll[(b * Hq + h) * Sl + c];
+            float want = packed ? lse[h * T + idx[i]] : lse[(b * Hq + h) * S + col];
+            bad_l += !close_to(got, want, 1e-5f);
+        }
+    }
+    CHECK(bad_o == 0 && bad_l == 0 && bad_g == 0);
+    if (bad_o || bad_l || bad_g)
+        fprintf(stderr, "rank %d: ring differs: out %lld, lse %lld, gradients %lld elements\n", rank_, (long long)bad_o,
+                (long long)bad_l, (long long)bad_g);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(idx);
+    free(lq), free(lk), free(lv), free(ldo), free(lo), free(ll), free(ldq), free(ldk), free(ldv);
+    return cc.sends;
+}
+
+static maskpack_layout *with_rule(maskpack_layout *L, int causal, int64_t wl, int64_t wr) {
+    maskpack_rule r = maskpack_rule_default();
+    r.causal = causal;
+    r.window_left = wl;
+    r.window_right = wr;
+    maskpack_layout *out = NULL;
+    maskpack_error e;
+    if (maskpack_layout_with_rule(L, &r, &out, &e)) fprintf(stderr, "rank %d: rule: %s\n", rank_, e.message);
+    return out;
+}
+
+static void ring_tests(const maskpack_comm *comm) {
+    const int n = comm->size;
+    const int64_t lengths[5] = {37, 5, 64, 20, 3};
+    maskpack_layout *packed = aligned(lengths, 5, 1, 2 * n), *padded = aligned(lengths, 5, 0, 2 * n);
+    CHECK(packed && padded);
+    if (!packed || !padded) return;
+    maskpack_layout *bidir = with_rule(packed, 0, -1, -1), *win = with_rule(packed, 1, 2, 0);
+    check_ring(comm, packed, MASKPACK_CP_ZIGZAG, 4, 2, 0.0); /* causal, GQA */
+    check_ring(comm, padded, MASKPACK_CP_ZIGZAG, 2, 2, 0.0);
+    check_ring(comm, packed, MASKPACK_CP_CONTIGUOUS, 2, 1, 5.0); /* softcap, MQA */
+    check_ring(comm, bidir, MASKPACK_CP_ZIGZAG, 2, 2, 0.0);
+    int sends_causal = check_ring(comm, packed, MASKPACK_CP_CONTIGUOUS, 2, 2, 0.0);
+    /* contiguous causal: rank r's block only goes to the ranks after it; a window of 2 keys reaches at
+     * most the next rank: fewer messages, the same results */
+    int sends_window = check_ring(comm, win, MASKPACK_CP_CONTIGUOUS, 2, 2, 0.0);
+    CHECK(sends_window <= sends_causal);
+    int total_causal = 0, total_window = 0;
+    MPI_Allreduce(&sends_causal, &total_causal, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&sends_window, &total_window, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    /* with 4 ranks the 64-token sequence spans ranks 1..3: causal sends rank 1's block to rank 3, the
+     * window does not */
+    if (n >= 4) CHECK(total_window < total_causal);
+    /* forward + backward (keys out, gradients back): at most 3 sends per needed pair, and ranks before
+     * the last one's sequences never receive a later block under causal contiguous sharding */
+    if (n > 1) CHECK(total_causal < 3 * n * (n - 1));
+
+    /* refused alike on every rank: a rule with a prefix (spans and prefixes need the all-gather form),
+     * and bf16 on rank 0 only */
+    maskpack_error e;
+    int64_t prefix[5] = {2, 0, 0, 0, 0};
+    maskpack_rule r = maskpack_layout_rule(packed);
+    r.prefix = prefix;
+    r.n_prefix = (size_t)maskpack_layout_n_segments(packed);
+    maskpack_layout *pre = NULL;
+    int64_t np_seg = (int64_t)maskpack_layout_n_segments(packed);
+    if (np_seg == 5 && maskpack_layout_with_rule(packed, &r, &pre, &e) == MASKPACK_OK) {
+        int64_t tl = maskpack_layout_q_width(packed) / n, sh[3] = {tl, 1, 8};
+        float *buf = calloc((size_t)(tl * 8), 4), *o = calloc((size_t)(tl * 8), 4);
+        maskpack_tensor t = maskpack_tensor_contiguous(buf, MASKPACK_F32, 3, sh), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sh);
+        maskpack_status st = maskpack_cp_attention_forward(comm, pre, MASKPACK_CP_ZIGZAG, &t, &t, &t, 0, 0, &to, NULL, 1, &e);
+        CHECK(st == MASKPACK_ERR_UNSUPPORTED && strstr(e.message, "prefix") != NULL);
+        maskpack_tensor tb = t;
+        if (comm->rank == 0) tb.dtype = MASKPACK_BF16;
+        st = maskpack_cp_attention_forward(comm, packed, MASKPACK_CP_ZIGZAG, &tb, &t, &t, 0, 0, &to, NULL, 1, &e);
+        CHECK(comm->rank == 0 ? st == MASKPACK_ERR_DTYPE && strstr(e.message, "q: ring attention takes float32")
+                              : st == MASKPACK_ERR_DTYPE && strstr(e.message, "rank 0 refused its arguments"));
+        free(buf);
+        free(o);
+    }
+    maskpack_layout_free(pre);
+    maskpack_layout_free(bidir);
+    maskpack_layout_free(win);
+    maskpack_layout_free(packed);
+    maskpack_layout_free(padded);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm world = MPI_COMM_WORLD;
@@ -123,6 +310,7 @@ int main(int argc, char **argv) {
     }
     maskpack_layout_free(packed);
     maskpack_layout_free(padded);
+    ring_tests(&comm);
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
