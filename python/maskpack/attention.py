@@ -120,7 +120,8 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
 
 def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None, softcap: float = 0.0,
               out: Any = None, n_threads: Optional[int] = None, threads: Optional[int] = None, *,
-              group: Any = None, cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl") -> Any:
+              group: Any = None, cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
+              cp_algorithm: str = "auto") -> Any:
     """Attention of q over k, v under the layout's rule -> ``(out, lse)``.
 
     scale: None (or 0) = 1/sqrt(D); softcap: 0 = none, else logits become softcap*tanh(s/softcap).
@@ -130,14 +131,15 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
 
     ``group`` (a torch.distributed ProcessGroup): context parallelism; q, k, v are this rank's CP shard
     of the whole ``layout`` and the result is this rank's out only (differentiable; see
-    :func:`maskpack.distributed.attention_cp`)."""
+    :func:`maskpack.distributed.attention_cp`); ``cp_algorithm``: "auto" (the ring on CPU float32,
+    else the all-gather), "ring" or "all_gather"."""
     if group is not None:
         if out is not None:
             raise TypeError("attention(): out= cannot be combined with group=")
         from .distributed import attention_cp
 
         return attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
-                            scheme=cp_scheme, tp=tp, align=align)
+                            scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
     if _needs_grad(q, k, v):
         if out is not None:
             raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")

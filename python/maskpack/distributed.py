@@ -314,32 +314,145 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
     return _sequences_to_heads(y, *args), _GatherReplicated.apply(state, group, 1)
 
 
-# ---- attention across ranks (keys and values all-gathered) ----------------------------------------------
+# ---- attention across ranks ----------------------------------------------------------------------------
+
+
+class _TorchComm:
+    """The library's communicator callbacks (maskpack_comm) over a torch.distributed group: the C ring
+    (src/distributed/cp_ring.c, the same code MPI programs run) calls these with the GIL taken back,
+    over writable memoryviews of its own buffers. A failure is kept in ``error`` for the binding to
+    re-raise (the C call itself returns MASKPACK_ERR_COMM)."""
+
+    def __init__(self, group):
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank, self.size = _rank_size(group)
+        self.error: Optional[BaseException] = None
+
+    @staticmethod
+    def _t(view) -> torch.Tensor:
+        return torch.frombuffer(view, dtype=torch.uint8)
+
+    def _peer(self, r: int) -> int:
+        return dist.get_global_rank(self.group, r)
+
+    def all_gather(self, send, recv) -> None:
+        dist.all_gather(list(self._t(recv).chunk(self.size)), self._t(send), group=self.group)
+
+    def all_to_all(self, send, recv) -> None:
+        dist.all_to_all(list(self._t(recv).chunk(self.size)), list(self._t(send).chunk(self.size)), group=self.group)
+
+    def sendrecv_start(self, send, to: int, recv, frm: int, tag: int) -> list:
+        works = []
+        if frm >= 0:  # the receive first, so the peer's message lands in place
+            works.append(dist.irecv(self._t(recv), src=self._peer(frm), group=self.group, tag=tag))
+        if to >= 0:
+            works.append(dist.isend(self._t(send), dst=self._peer(to), group=self.group, tag=tag))
+        return works
+
+    def wait(self, works: list) -> None:
+        for w in works:
+            w.wait()
+
+
+def _ring_call(fn, comm: _TorchComm, *args) -> None:
+    try:
+        fn(comm, comm.rank, comm.size, *args)
+    except Error as exc:
+        if comm.error is not None:  # the transport's own exception (a timeout, a closed peer) as the cause
+            raise Error(f"group: ring attention's exchange failed on rank {comm.rank}: {comm.error}",
+                        "MASKPACK_ERR_COMM", argument="group") from comm.error
+        raise exc
+
+
+def _ring_supported(q, k, v, layout) -> bool:
+    rule = layout.rule
+    return (all(x.device.type == "cpu" and x.dtype == torch.float32 for x in (q, k, v))
+            and not rule.get("spans") and not rule.get("prefix"))
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention (maskpack_cp_attention_forward / _backward) on this rank's shard; out only is
+    differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, whole, group, scheme, scale, softcap, threads):
+        from . import _attention
+        from .attention import _lse_shape, _scale, _softcap, _threads
+        from ._tensors import describe, layout_ptr
+
+        comm = _TorchComm(group)
+        q, k, v = (x.detach().contiguous() for x in (q, k, v))
+        out = torch.empty_like(q)
+        lse = torch.empty(_lse_shape(whole, q), dtype=torch.float32)
+        nthreads = _threads(threads, True)
+        descs = [describe(x, name)[0] for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))]
+        _ring_call(_attention.cp_forward, comm, layout_ptr(whole), _SCHEME_CODE[scheme], descs[0], descs[1],
+                   descs[2], _scale(scale), _softcap(softcap), descs[3], descs[4], nthreads)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (whole, group, scheme, scale, softcap, nthreads)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from . import _attention
+        from .attention import _scale, _softcap
+        from ._tensors import describe, layout_ptr
+
+        q, k, v, out, lse = ctx.saved_tensors
+        whole, group, scheme, scale, softcap, nthreads = ctx.args
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
+        d = [describe(x, n)[0] for n, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
+        _ring_call(_attention.cp_backward, _TorchComm(group), layout_ptr(whole), _SCHEME_CODE[scheme], *d[:6],
+                   _scale(scale), _softcap(softcap), *d[6:], nthreads)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+_SCHEME_CODE = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
+_CP_ALGORITHMS = ("auto", "ring", "all_gather")
 
 
 def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, scheme="zigzag", tp=1,
-                 align="verl"):
+                 align="verl", algorithm="auto"):
     """Context-parallel attention (reached through :func:`maskpack.attention`'s ``group=``): q, k, v are
-    this rank's CP shard of the whole batch ``layout``; the keys and values of every rank are
-    all-gathered into the aligned whole batch and the rank's queries attend to them through its shard
-    layout (``layout.cp_shard``: the original rule at the global positions), so the result equals the
-    single-process run bitwise. Backward: the kernel's dk, dv of the whole batch are reduce-scattered
-    back to each rank's shard (the all-gather's adjoint). This is the all-gather form of context
-    parallelism (memory for the whole K/V per rank, one exchange per call), not a ring: no overlap of
-    communication with the tiles. Returns this rank's out [T_local, H, D]; differentiable."""
+    this rank's CP shard of the whole batch ``layout``; returns this rank's out [T_local, H, D]
+    (differentiable in q, k, v). Two algorithms, the same result up to the rounding of merging:
+
+    - ``"ring"`` (the default where it applies: CPU float32 tensors, a rule without spans or prefix):
+      maskpack's ring (the C code MPI programs run, here over the group's point-to-point send and
+      receive): key/value blocks travel while each rank computes, partial outputs merge by their
+      log-sum-exp, and a block the rule wholly hides from a rank is neither sent nor computed.
+      Backward sends the blocks round again and returns each block's key/value gradients to its owner.
+      Memory: two blocks in flight, never the whole K/V.
+    - ``"all_gather"`` (any device and dtype, every rule): the keys and values of every rank are
+      all-gathered and the rank's queries attend to them through its shard layout in one kernel call,
+      bitwise equal to the single-process run; backward reduce-scatters dk, dv.
+    """
     from ._moves import relayout
     from .attention import attention_autograd
 
     rank, n = _rank_size(group)
     local = None
     try:
+        if algorithm not in _CP_ALGORITHMS:
+            raise Error(f"algorithm: expected one of {', '.join(_CP_ALGORITHMS)}, found {algorithm!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="algorithm")
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_shard(name, x, layout, n, rank, scheme, tp, align)
+        if algorithm == "ring" and not _ring_supported(q, k, v, layout):
+            raise Error("algorithm: the ring takes CPU float32 tensors and a rule without spans or prefix "
+                        f"(found {q.device.type} {q.dtype}); use algorithm='all_gather'",
+                        "MASKPACK_ERR_UNSUPPORTED", argument="algorithm")
     except (Error, TypeError) as exc:
         local = exc
+    ring = local is None and algorithm != "all_gather" and _ring_supported(q, k, v, layout)
     _agree(group, layout, ("attention", scheme, tp, align, tuple(k.shape[1:]), tuple(v.shape[1:]),
-                           str(k.dtype)), local)
+                           str(k.dtype), ring), local)
     whole = layout._cp_global(n, tp, align, scheme)  # the grid the shard layouts' keys index
+    if ring:
+        return _RingAttention.apply(q, k, v, whole, group, scheme, scale, softcap, threads)[0]
     mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
     kw, vw = (relayout(cp_all_gather(x, layout, group, scheme=scheme, tp=tp, align=align), layout, whole)
               for x in (k, v))

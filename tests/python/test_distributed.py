@@ -295,10 +295,13 @@ def _attn_worker(rank, world, init_file, out_dir):
         res = []
         for i, (lay, kw) in enumerate(_attn_cases()):
             q, k, v, do = _attn_tensors(lay, 30 + i)
-            leaves = [lay.shard(x, world, rank).clone().requires_grad_() for x in (q, k, v)]
-            o = maskpack.attention(*leaves, lay, group=dist.group.WORLD, threads=1, **kw)
-            (o * lay.shard(do, world, rank)).sum().backward()
-            res.append({"o": o.detach(), "grads": [x.grad for x in leaves]})
+            per = {}
+            for algo in ("all_gather", "ring", "auto"):
+                leaves = [lay.shard(x, world, rank).clone().requires_grad_() for x in (q, k, v)]
+                o = maskpack.attention(*leaves, lay, group=dist.group.WORLD, threads=1, cp_algorithm=algo, **kw)
+                (o * lay.shard(do, world, rank)).sum().backward()
+                per[algo] = {"o": o.detach(), "grads": [x.grad for x in leaves]}
+            res.append(per)
         torch.save(res, os.path.join(out_dir, f"attn{rank}.pt"))
         dist.barrier()
     finally:
@@ -318,12 +321,19 @@ def test_attention_across_ranks_equals_the_single_process_run(world):
             o = maskpack.attention_autograd(*leaves, lay, threads=1, **kw)
             (o * do).sum().backward()
             for r in range(world):
-                # the same kernel over the same keys at the same positions: the output bitwise
-                assert torch.equal(got[r][i]["o"], lay.shard(o.detach(), world, r)), (i, r)
+                ag, ring = got[r][i]["all_gather"], got[r][i]["ring"]
+                # all-gather: the same kernel over the same keys at the same positions: the output bitwise
+                assert torch.equal(ag["o"], lay.shard(o.detach(), world, r)), (i, r)
                 # dq bitwise; dk, dv summed over the ranks' contributions: within float32 rounding
-                assert torch.equal(got[r][i]["grads"][0], lay.shard(leaves[0].grad, world, r)), (i, r)
-                for gr, leaf in zip(got[r][i]["grads"][1:], leaves[1:]):
+                assert torch.equal(ag["grads"][0], lay.shard(leaves[0].grad, world, r)), (i, r)
+                for gr, leaf in zip(ag["grads"][1:], leaves[1:]):
                     torch.testing.assert_close(gr, lay.shard(leaf.grad, world, r), rtol=1e-5, atol=1e-6)
+                # the ring: partial outputs merged by log-sum-exp, gradients summed over steps and ranks
+                torch.testing.assert_close(ring["o"], lay.shard(o.detach(), world, r), rtol=1e-5, atol=1e-6)
+                for gr, leaf in zip(ring["grads"], leaves):
+                    torch.testing.assert_close(gr, lay.shard(leaf.grad, world, r), rtol=1e-4, atol=1e-5)
+                # CPU float32 with a windowed or causal rule: "auto" is the ring
+                assert torch.equal(got[r][i]["auto"]["o"], ring["o"]), (i, r)
 
 
 def _deserter_worker(rank, world, init_file, out_dir):
