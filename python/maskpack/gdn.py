@@ -494,8 +494,32 @@ class _PatchedForward:
     """A patched layer's forward: an object rather than a bound function, so that a patched model
     still deep-copies (the copy's forward calls the copy) and pickles (torch.save of the model)."""
 
-    def __init__(self, module: torch.nn.Module, projections: str, threads: Optional[int]) -> None:
-        self.module, self.projections, self.threads = module, projections, threads
+    def __init__(self, module: torch.nn.Module, projections: str, threads: Optional[int],
+                 cp: Optional[dict] = None) -> None:
+        self.module, self.projections, self.threads, self.cp = module, projections, threads, cp
+
+    def _cp_call(self, hidden_states: torch.Tensor, cache_params: Any, kwargs: dict) -> torch.Tensor:
+        """Context parallelism: hidden_states [1, T_local, hidden] is this rank's shard of the whole
+        batch, described by ``maskpack_layout`` (a Layout passed through the model call) or by the
+        whole batch's ``cu_seq_lens_q`` (as ring-attention trainers pass the global offsets)."""
+        from ._layout import Layout
+
+        if cache_params is not None and cache_params.has_previous_state(getattr(self.module, "layer_idx", None)):
+            raise Error("group: a patched layer with context parallelism does not continue a cache (generation "
+                        "runs without group=)", "MASKPACK_ERR_UNSUPPORTED", argument="group")
+        layout = kwargs.get("maskpack_layout")
+        if layout is None and kwargs.get("cu_seq_lens_q") is not None:
+            layout = Layout.from_cu_seqlens(torch.as_tensor(kwargs["cu_seq_lens_q"]).cpu(), form="te")
+        if layout is None:
+            raise Error("group: a patched layer under context parallelism needs the whole batch: pass "
+                        "maskpack_layout=<Layout of the whole batch> (or the whole batch's cu_seq_lens_q) to the "
+                        "model call", "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
+        if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
+            raise Error(f"hidden_states: under context parallelism one packed row [1, T_local, hidden], found shape "
+                        f"{list(hidden_states.shape)}", "MASKPACK_ERR_SHAPE", argument="hidden_states")
+        out = _layer_forward(self.module, self.projections, hidden_states[0], layout, None, None, True, self.threads,
+                             self.cp)[0]
+        return out.unsqueeze(0)
 
     def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None,
                  attention_mask: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
@@ -503,6 +527,8 @@ class _PatchedForward:
         segments come from what the call carries: flash-attention's ``cu_seq_lens_q`` (a packed row
         [1, T, hidden]), else the 2D keep mask, else whole rows."""
         mod = self.module
+        if self.cp is not None:
+            return self._cp_call(hidden_states, cache_params, kwargs)
         layer_idx = getattr(mod, "layer_idx", None)
         if cache_params is not None and cache_params.has_previous_state(layer_idx):
             # a decode step or a continuation: transformers' own path reads and updates its cache
@@ -538,7 +564,9 @@ class _PatchedForward:
         return out
 
 
-def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None) -> int:
+def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None, *,
+                           group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
+                           align: Optional[str] = "verl") -> int:
     """Routes the Gated DeltaNet layers of a transformers Qwen3-Next / Qwen3.5 model (any module of
     class Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or Qwen3_5MoeGatedDeltaNet) through
     maskpack, in place; returns how many layers it set. ``enabled=False`` gives them back their
@@ -548,7 +576,13 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
     change) and runs per sequence: a packed row with flash-attention's ``cu_seq_lens_q`` (as
     DataCollatorWithFlattening(return_flash_attn_kwargs=True) gives it) no longer mixes its
     sequences in the conv or the recurrence, and a padded batch never reads its padding. Calls that
-    carry a cache (generation) still take transformers' own path."""
+    carry a cache (generation) still take transformers' own path.
+
+    ``group`` (a torch.distributed ProcessGroup): context parallelism. Each layer then receives this
+    rank's CP shard ``[1, T_local, hidden]`` (``layout.shard(x, cp, rank, cp_scheme, tp, align)``) and
+    the whole batch through the model call, as ``maskpack_layout=<Layout>`` or as the whole batch's
+    ``cu_seq_lens_q``; the conv and the recurrence run head-parallel across the group (see
+    :func:`maskpack.distributed.gated_delta_rule_cp`) and the layer returns this rank's shard."""
     n = 0
     for mod in model.modules():
         if type(mod).__name__ not in _HF_GDN_LAYERS:
@@ -563,6 +597,7 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
             raise Error(f"hidden_act: the conv activation must be silu, found {act!r}", "MASKPACK_ERR_UNSUPPORTED",
                         argument="hidden_act")
         projections = "qwen3_next" if hasattr(mod, "in_proj_qkvz") else "qwen3_5"
-        mod.forward = _PatchedForward(mod, projections, threads)
+        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align}
+        mod.forward = _PatchedForward(mod, projections, threads, cp)
         n += 1
     return n

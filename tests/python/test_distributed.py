@@ -152,6 +152,24 @@ def _gdn_layer():
     return maskpack.GatedDeltaNet(32, 4, 8, 8, 8, projections="qwen3_next")
 
 
+def _hf_layer():
+    """transformers' own Qwen3-Next GDN layer (heads divide by 2 and 4), seeded."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    cfg = Qwen3NextConfig(hidden_size=32, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=8,
+                          linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
+                          vocab_size=32, rms_norm_eps=1e-6, layer_types=["linear_attention"])
+    torch.manual_seed(22)
+    layer = Qwen3NextGatedDeltaNet(cfg, layer_idx=0)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.2)
+        layer.norm.weight.add_(1.0)
+    return layer
+
+
 def _layer_input(seed=6):
     return torch.randn(sum(GDN_LENGTHS), 32, generator=torch.Generator().manual_seed(seed))
 
@@ -192,6 +210,22 @@ def _gdn_worker(rank, world, init_file, out_dir):
         for gp in pgrads:
             dist.all_reduce(gp)
         torch.save({"out": out.detach(), "dh": hl.grad, "pgrads": pgrads}, os.path.join(out_dir, f"layer{rank}.pt"))
+        # transformers' own layer, patched with group=: the whole batch through the call's kwargs
+        hf_layer = _hf_layer()
+        assert maskpack.patch_linear_attention(hf_layer, group=dist.group.WORLD) == 1
+        hh = cut(_layer_input(8)).clone().requires_grad_()
+        hf_out = hf_layer(hh[None], maskpack_layout=lay)
+        (hf_out[0] * cut(_layer_input(9))).sum().backward()
+        cu = torch.as_tensor(lay.cu_seqlens())  # the whole batch's offsets, as ring-attention trainers pass them
+        with torch.no_grad():
+            hf_out_cu = hf_layer(hh[None].detach(), cu_seq_lens_q=cu)
+        errs_hf = None
+        try:
+            hf_layer(hh[None].detach())  # neither the layout nor the offsets: refused
+        except maskpack.Error as e:
+            errs_hf = (e.argument, str(e))
+        torch.save({"out": hf_out.detach(), "out_cu": hf_out_cu, "dh": hh.grad, "err": errs_hf},
+                   os.path.join(out_dir, f"hf{rank}.pt"))
         errs = {}
         # heads that do not divide: an error naming both numbers, on every rank alike
         try:
@@ -254,6 +288,17 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
             torch.testing.assert_close(got["dh"], cut(hid.grad, r), rtol=1e-5, atol=1e-6)
             for gp, p in zip(got["pgrads"], layer.parameters()):
                 torch.testing.assert_close(gp, p.grad, rtol=1e-4, atol=1e-5)
+        hf_layer = _hf_layer()
+        assert maskpack.patch_linear_attention(hf_layer) == 1
+        hh = _layer_input(8).requires_grad_()
+        ref = hf_layer(hh[None], cu_seq_lens_q=torch.as_tensor(lay.cu_seqlens()))[0]
+        (ref * _layer_input(9)).sum().backward()
+        for r in range(world):
+            got = torch.load(os.path.join(d, f"hf{r}.pt"))
+            torch.testing.assert_close(got["out"][0], cut(ref.detach(), r), rtol=1e-5, atol=1e-6)
+            assert torch.equal(got["out_cu"], got["out"])
+            torch.testing.assert_close(got["dh"], cut(hh.grad, r), rtol=1e-5, atol=1e-6)
+            assert got["err"][0] == "group" and "maskpack_layout=" in got["err"][1]
         for r in range(world):
             errs = torch.load(os.path.join(d, f"err{r}.pt"))
             msg, arg = errs["heads"]
