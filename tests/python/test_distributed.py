@@ -381,6 +381,49 @@ def test_attention_across_ranks_equals_the_single_process_run(world):
                 assert torch.equal(got[r][i]["auto"]["o"], ring["o"]), (i, r)
 
 
+def _shm_worker(rank, world, init_file, out_dir):
+    from maskpack import _shm
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        res = {}
+        for size in (4, 64, 1024):  # the segments grow with the blocks
+            x = torch.arange(size * world * 6, dtype=torch.float32).reshape(size * world, 2, 3) + 1000 * rank
+            res[size] = maskpack.ulysses_all_to_all(x.repeat(1, world, 1), dist.group.WORLD, 1, 0)
+        res["shm"] = _shm.in_use(dist.group.WORLD)
+        os.environ["MASKPACK_CP_SHM"] = "0"  # a group first used with the path off keeps gloo's own exchange
+        plain = dist.new_group(list(range(world)))
+        x = torch.arange(1024 * world * 6, dtype=torch.float32).reshape(1024 * world, 2, 3).repeat(1, world, 1)
+        res["plain"] = maskpack.ulysses_all_to_all(x + 1000 * rank, plain, 1, 0)
+        res["plain_shm"] = _shm.in_use(plain)
+        torch.save(res, os.path.join(out_dir, f"shm{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_through_shared_memory_equals_the_group_exchange(world):
+    """On one host the CPU all-to-all runs through shared memory; its result equals the exchange the
+    group does itself (the expected blocks are written out here), segments grow with the blocks, and
+    MASKPACK_CP_SHM=0 keeps a group on gloo."""
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        mp.start_processes(_shm_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
+        got = [torch.load(os.path.join(d, f"shm{r}.pt")) for r in range(world)]
+        for r in range(world):
+            assert got[r]["shm"] is True and got[r]["plain_shm"] is False
+            for size in (4, 64, 1024):
+                xs = [(torch.arange(size * world * 6, dtype=torch.float32).reshape(size * world, 2, 3) + 1000 * s)
+                      .repeat(1, world, 1) for s in range(world)]
+                # rank r receives head group r (of `world` groups of 2 heads) of every rank, in rank order
+                want = torch.cat([x[:, 2 * r:2 * r + 2] for x in xs], dim=0)
+                assert torch.equal(got[r][size], want), (r, size)
+            xs = [(torch.arange(1024 * world * 6, dtype=torch.float32).reshape(1024 * world, 2, 3).repeat(1, world, 1)
+                   + 1000 * s) for s in range(world)]
+            assert torch.equal(got[r]["plain"], torch.cat([x[:, 2 * r:2 * r + 2] for x in xs], dim=0))
+
+
 def _deserter_worker(rank, world, init_file, out_dir):
     import datetime
 

@@ -1,0 +1,160 @@
+"""A shared-memory path for the all-to-all of CPU tensors when every rank of a gloo group runs on this
+host: gloo moves bytes through loopback TCP (kernel copies and socket buffers on both sides), which on
+a CPU node costs more than the GDN kernel itself at long sequence lengths; through shared memory each
+byte is copied once into the sender's segment and once out of it. The group is still the
+caller's: it carries the two barriers around each exchange and the one-time exchange of segment names.
+Any failure to set up (another host, no /dev/shm, not enough room) leaves the group's own collective
+in charge; MASKPACK_CP_SHM=0 turns the path off.
+
+Protocol per exchange (n ranks, equal blocks of b bytes): rank r writes its n blocks into its own
+segment, barrier, rank r copies block r of every peer's segment out, barrier (so that no rank
+overwrites its segment while a peer still reads it).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+_DIR = "/dev/shm"
+
+
+class _Segments:
+    """Every rank's segment of one group, mapped in this process. Files are unlinked as soon as every
+    rank has mapped them, so nothing outlives the processes."""
+
+    def __init__(self, group, rank: int, n: int) -> None:
+        self.group, self.rank, self.n = group, rank, n
+        self.capacity = 0
+        self.maps: List[Optional[mmap.mmap]] = [None] * n
+        self.views: List[Optional[torch.Tensor]] = [None] * n
+        self.generation = 0
+
+    def close(self) -> None:
+        self.views = [None] * self.n
+        for m in self.maps:
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:  # a tensor view still alive: the mapping goes with it
+                    pass
+        self.maps = [None] * self.n
+        self.capacity = 0
+
+    def ensure(self, need: int) -> bool:
+        """Every rank's segment holds `need` bytes (collective: every rank calls with the same need)."""
+        if need <= self.capacity:
+            return True
+        cap = max(need, 2 * self.capacity)
+        self.generation += 1
+        name = os.path.join(_DIR, f"maskpack-cp-{os.getpid()}-{id(self)}-{self.generation}")
+        ok = True
+        try:
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, cap)  # reserve the pages now: a full tmpfs fails here, not with SIGBUS
+            finally:
+                os.close(fd)
+        except OSError:
+            ok = False
+        names: List = [None] * self.n
+        dist.all_gather_object(names, (ok, name), group=self.group)
+        if not all(o for o, _ in names):
+            _unlink(name)
+            return False
+        self.close()
+        try:
+            for r, (_, nm) in enumerate(names):
+                fd = os.open(nm, os.O_RDWR)
+                try:
+                    self.maps[r] = mmap.mmap(fd, cap)
+                finally:
+                    os.close(fd)
+                self.views[r] = torch.frombuffer(self.maps[r], dtype=torch.uint8)
+            mapped = True
+        except OSError:
+            mapped = False
+        flags: List = [None] * self.n
+        dist.all_gather_object(flags, mapped, group=self.group)  # every rank mapped every file: unlink
+        _unlink(name)
+        if not all(flags):
+            self.close()
+            return False
+        self.capacity = cap
+        return True
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+
+
+# keyed by id(group), holding the group itself (so that an id is never reused while its entry lives)
+_STATE: Dict[int, _Segments] = {}
+_DISABLED: Dict[int, bool] = {}
+
+
+def _segments(group, rank: int, n: int) -> Optional[_Segments]:
+    """This group's segments, or None when the path does not apply (decided once per group, the same
+    way on every rank)."""
+    key = group if group is not None else dist.group.WORLD
+    seg = _STATE.get(id(key))
+    if seg is not None and seg.group is key:
+        return seg
+    if _DISABLED.get(id(key)):
+        return None
+    here = (socket.gethostname(), _boot_id(), os.environ.get("MASKPACK_CP_SHM", "1") != "0",
+            os.path.isdir(_DIR), dist.get_backend(key) == "gloo")
+    everyone: List = [None] * n
+    dist.all_gather_object(everyone, here, group=key)
+    if any(e != everyone[0] for e in everyone) or not all(everyone[0][2:]):
+        _DISABLED[id(key)] = True
+        return None
+    seg = _STATE[id(key)] = _Segments(key, rank, n)
+    return seg
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def in_use(group) -> bool:
+    """Whether this group's all-to-alls run through shared memory (decided at its first exchange)."""
+    key = group if group is not None else dist.group.WORLD
+    seg = _STATE.get(id(key))
+    return seg is not None and seg.group is key and seg.capacity > 0
+
+
+def all_to_all(outs: List[torch.Tensor], ins: List[torch.Tensor], group, rank: int, n: int) -> bool:
+    """outs[s] <- rank s's ins[rank], through shared memory; False (nothing done) when the path does
+    not apply here, so the caller runs the group's own all_to_all. Blocks are equal-sized contiguous
+    CPU tensors."""
+    if n < 2 or any(t.device.type != "cpu" for t in ins):
+        return False
+    seg = _segments(group, rank, n)
+    if seg is None:
+        return False
+    b = ins[0].numel() * ins[0].element_size()
+    if not seg.ensure(n * b):
+        _STATE.pop(id(seg.group), None)
+        _DISABLED[id(seg.group)] = True
+        return False
+    mine = seg.views[rank]
+    for s, t in enumerate(ins):
+        mine[s * b:(s + 1) * b].copy_(t.reshape(-1).view(torch.uint8))
+    dist.barrier(group=seg.group)
+    for s, o in enumerate(outs):
+        o.reshape(-1).view(torch.uint8).copy_(seg.views[s][rank * b:(rank + 1) * b])
+    dist.barrier(group=seg.group)
+    return True
