@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ._errors import Error
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
-           "attention_cp"]
+           "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp"]
 
 
 def _rank_size(group) -> tuple:
@@ -235,6 +235,22 @@ class _GatherReplicated(torch.autograd.Function):
     def backward(ctx, grad):
         rank, n, dim = ctx.args
         return torch.tensor_split(grad, n, dim=dim)[rank].contiguous(), None, None
+
+
+_CP_METHODS = ("auto", "head", "sequence")
+
+
+def _cp_method(method: str, group, heads_a: int, heads_b: int) -> str:
+    """The GDN / conv way: "head" and "sequence" as asked, "auto" head-parallel when both head
+    counts (or the conv's channels) divide by the group size, else sequence-parallel. Decided from
+    shapes every rank shares, so every rank takes the same way."""
+    if method not in _CP_METHODS:
+        raise Error(f"cp_method: expected one of {', '.join(_CP_METHODS)}, found {method!r}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="cp_method")
+    if method != "auto":
+        return method
+    _, n = _rank_size(group)
+    return "head" if heads_a % n == 0 and heads_b % n == 0 else "sequence"
 
 
 def _check_heads(name: str, heads: int, n: int) -> None:
@@ -460,3 +476,200 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
     kw, vw = (relayout(cp_all_gather(x, layout, group, scheme=scheme, tp=tp, align=align), layout, whole)
               for x in (k, v))
     return attention_autograd(q, kw, vw, mine, scale=scale, softcap=softcap, threads=threads)
+
+
+# ---- sequence-parallel Gated DeltaNet and conv1d (each rank runs its own pieces at once) -------------
+#
+# The recurrence is affine in the state: a piece maps its incoming state S_in to
+#     S_out = P S_in + B          (P [K, K] per value head: the piece's decays and rank-1 updates; B: the
+#                                  piece run from a zero state)
+# and its outputs are the zero-state outputs plus a part linear in S_in. So every rank runs its pieces
+# from zero states at once (B), and also through an identity state with zero values (P), the small
+# (P, B) of every piece are all-gathered, each rank composes them in sequence order up to its pieces
+# (S_in), and runs its pieces again from the true incoming states. Nothing waits for the piece before.
+# Cost per rank: three passes of the kernel over its tokens (the last one could redo only the
+# state-dependent products; this version reruns the kernel) plus the K x K compositions.
+
+
+def _piece_plan(layout, n: int, scheme, tp, align):
+    """Per rank: [(sequence, position, local start, length)] of its pieces; per sequence the pieces in
+    position order as (rank, index). Computed once per (layout, n, scheme, tp, align)."""
+    from . import _maskpack
+    from ._moves import _cached
+
+    def build():
+        whole = layout._cp_global(n, tp, align, scheme)
+        seq_of = {(sg[0], sg[3]): i for i, sg in enumerate(_maskpack.segments(whole._h))}
+        per_rank = []
+        for r in range(n):
+            shard = layout.cp_shard(n, r, scheme=scheme, tp=tp, align=align)
+            per_rank.append([(seq_of[(sg[0], sg[3])], int(sg[5] or 0), sg[1], sg[2])
+                             for sg in _maskpack.segments(shard._h)])
+        chains = [[] for _ in seq_of]
+        for r, pieces in enumerate(per_rank):
+            for i, (s, pos, _, _) in enumerate(pieces):
+                chains[s].append((pos, r, i))
+        return per_rank, [[(r, i) for _, r, i in sorted(c)] for c in chains]
+
+    return _cached(layout, ("cp_pieces", n, scheme, tp, align), build)
+
+
+class _AllGatherSum(torch.autograd.Function):
+    """Every rank's block -> [n, ...] on every rank; backward: the gradients of every rank's copy
+    summed into each block's owner (every rank uses the blocks differently, so nothing is
+    replicated: the adjoint is a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        rank, n = _rank_size(group)
+        ctx.args = (rank, group)
+        return torch.stack(_all_gather(x.detach().contiguous(), group))
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank, group = ctx.args
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        return total[rank], None
+
+
+class _Tie(torch.autograd.Function):
+    """x unchanged, with `anchor` attached: its backward (a collective) runs on every rank whose x
+    reaches the loss, even where this rank's result does not depend on the anchor."""
+
+    @staticmethod
+    def forward(ctx, x, anchor):
+        ctx.anchor_shape = (anchor.shape, anchor.dtype)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype = ctx.anchor_shape
+        return grad, torch.zeros(shape, dtype=dtype)
+
+
+def _check_sequence_args(layout, n, rank, scheme, tp, align, tensors) -> None:
+    if not layout.packed:
+        raise Error("layout: sequence-parallel context parallelism takes a packed (THD) layout; pad rows are "
+                    "whole sequences already (use the head-parallel way)", "MASKPACK_ERR_UNSUPPORTED",
+                    argument="layout")
+    for name, x in tensors:
+        _check_shard(name, x, layout, n, rank, scheme, tp, align)
+
+
+def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
+                        threads=None, scheme="zigzag", tp=1, align="verl"):
+    """Sequence-parallel context parallelism for :func:`maskpack.gated_delta_rule` (its ``group=`` with
+    ``cp_method="sequence"``, or "auto" when the heads do not divide by the group): q, k, v, g, beta
+    are this rank's CP shard of the packed whole batch ``layout`` (any head counts). Each rank runs its
+    pieces from zero states and their state transitions at once, the small transitions (K x K + K x V
+    per value head and piece) are all-gathered and composed in sequence order, and each rank reruns
+    its pieces from the true incoming states. Equal to the single-process run up to the rounding of
+    composing the transitions. Returns (o [T_local, HV, V], final_state [segments, HV, K, V], the same
+    on every rank, replicated as gated_delta_rule_cp's). Differentiable; every rank runs the
+    backward."""
+    from .gdn import gated_delta_rule
+
+    rank, n = _rank_size(group)
+    local = None
+    try:
+        _check_sequence_args(layout, n, rank, scheme, tp, align,
+                             (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
+    except (Error, TypeError) as exc:
+        local = exc
+    HV, K, V = v.shape[-2], q.shape[-1], v.shape[-1]
+    _agree(group, layout, ("gated_delta_rule_sp", scheme, tp, align, q.shape[-2], HV, K, V), local)
+    per_rank, chains = _piece_plan(layout, n, scheme, tp, align)
+    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
+    pieces = per_rank[rank]
+    kw = dict(scale=scale, chunked=chunked, l2norm=l2norm, threads=threads)
+    zeros = q.new_zeros((), dtype=torch.float32).expand(HV, K, V)
+    # pass 1: every piece from a zero state (a sequence's first piece from its true initial state)
+    first = [initial_state[s] if (pos == 0 and initial_state is not None) else zeros for s, pos, _, _ in pieces]
+    h0 = torch.stack(first) if pieces else q.new_zeros((0, HV, K, V), dtype=torch.float32)
+    _, B = gated_delta_rule(q, k, v, g, beta, mine, initial_state=h0, **kw)
+    # pass 2: each piece's transition P, the kernel run with zero values through an identity state
+    eye = torch.eye(K, dtype=torch.float32).expand(len(pieces), HV, K, K).contiguous()
+    _, P = gated_delta_rule(q, k, v.new_zeros(v.shape[:-1] + (K,)), g, beta, mine, initial_state=eye, **kw)
+    width = max(len(p) for p in per_rank)
+    PB = torch.cat([P, B], dim=-1)
+    if PB.shape[0] < width:
+        PB = torch.cat([PB, PB.new_zeros((width - PB.shape[0],) + PB.shape[1:])])
+    every = _AllGatherSum.apply(PB, group)  # [n, width, HV, K, K + V]
+    # compose in sequence order up to this rank's pieces: S_in of each
+    s_in = [None] * len(pieces)
+    for s, chain in enumerate(chains):
+        want = max((j for j, (r, _) in enumerate(chain) if r == rank), default=-1)
+        S = None
+        for j, (r, i) in enumerate(chain[:want + 1]):
+            if r == rank:
+                s_in[i] = S
+            Pj, Bj = every[r, i, ..., :K], every[r, i, ..., K:]
+            S = Bj if (S is None or j == 0) else torch.matmul(Pj, S) + Bj
+    start = torch.stack([first[i] if S is None else S for i, S in enumerate(s_in)]) if pieces else h0
+    # pass 3: the pieces again from their true incoming states
+    o, ht = gated_delta_rule(q, k, v, g, beta, mine, initial_state=start, **kw)
+    o = _Tie.apply(o, every)
+    # the final state of each sequence: its last piece's, from the rank that holds it, on every rank
+    n_seq = len(chains)
+    last = {chain[-1]: s for s, chain in enumerate(chains) if chain}
+    rows = [ht[i] if (rank, i) in last else None for i in range(len(pieces))]
+    final = [zeros] * n_seq
+    for i, row in enumerate(rows):
+        if row is not None:
+            final[last[(rank, i)]] = row
+    final_t = torch.stack(final) if n_seq else ht.new_zeros((0, HV, K, V))
+    return o, _AllReduceSum.apply(final_t, group)
+
+
+def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
+                     align="verl"):
+    """Sequence-parallel context parallelism for :func:`maskpack.causal_conv1d`: x is this rank's CP
+    shard [T_local, C] of the packed whole batch; each piece that continues a sequence takes the last
+    W-1 inputs before it (all-gathered tails of every piece, composed in sequence order) as its prefix,
+    so every channel stays on its rank. Returns (y [T_local, C], conv_state [segments, C, W-1] the same
+    on every rank); equal to the single-process run bitwise; differentiable."""
+    from .gdn import causal_conv1d
+
+    rank, n = _rank_size(group)
+    local = None
+    try:
+        _check_sequence_args(layout, n, rank, scheme, tp, align, (("x", x),))
+    except (Error, TypeError) as exc:
+        local = exc
+    C, Wm1 = x.shape[-1], weight.shape[-1] - 1
+    _agree(group, layout, ("causal_conv1d_sp", scheme, tp, align, C, Wm1), local)
+    per_rank, chains = _piece_plan(layout, n, scheme, tp, align)
+    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
+    pieces = per_rank[rank]
+    width = max(len(p) for p in per_rank)
+    # each piece's last W-1 inputs [C, W-1] (most recent last), zeros in front of a shorter piece
+    tails = []
+    for _, _, st, ln in pieces:
+        t = x[st + max(0, ln - Wm1):st + ln].transpose(0, 1)
+        tails.append(torch.cat([t.new_zeros(C, Wm1 - t.shape[1]), t], dim=1) if t.shape[1] < Wm1 else t)
+    tail = torch.stack(tails) if tails else x.new_zeros((0, C, Wm1))
+    if tail.shape[0] < width:
+        tail = torch.cat([tail, tail.new_zeros((width - tail.shape[0], C, Wm1))])
+    every = _AllGatherSum.apply(tail, group)  # [n, width, C, W-1]
+    lengths = [[ln for _, _, _, ln in p] for p in per_rank]
+    pre = []
+    for i, (s, pos, _, _) in enumerate(pieces):
+        start = prefix[s].to(x.dtype) if prefix is not None else x.new_zeros(C, Wm1)
+        cols = [start]
+        for r, j in chains[s]:
+            if (r, j) == (rank, i):
+                break
+            keep = min(lengths[r][j], Wm1)
+            cols.append(every[r, j, :, Wm1 - keep:])
+        pre.append(torch.cat(cols, dim=1)[:, -Wm1:] if Wm1 else start)
+    pre_t = torch.stack(pre) if pre else x.new_zeros((0, C, Wm1))
+    y, state = causal_conv1d(x, weight, mine, activation=activation, prefix=pre_t, threads=threads)
+    y = _Tie.apply(y, every)
+    last = {chain[-1]: s for s, chain in enumerate(chains) if chain}
+    final = [state.new_zeros(C, Wm1)] * len(chains)
+    for i in range(len(pieces)):
+        if (rank, i) in last:
+            final[last[(rank, i)]] = state[i]
+    final_t = torch.stack(final) if final else state.new_zeros((0, C, Wm1))
+    return y, _AllReduceSum.apply(final_t, group)

@@ -131,8 +131,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      layout: Any, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                      chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
                      out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, *, group: Any = None,
-                     cp_scheme: str = "zigzag", tp: int = 1,
-                     align: Optional[str] = "verl") -> Tuple[torch.Tensor, torch.Tensor]:
+                     cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
+                     cp_method: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per segment of ``layout``.
 
     q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
@@ -151,17 +151,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     ``group`` (a torch.distributed ProcessGroup): context parallelism. The tensors are then this
     rank's CP shard ([T_local, ...], as ``layout.shard(x, cp, rank, scheme=cp_scheme, tp=tp,
     align=align)`` cut them) and ``layout`` is the whole batch's; o comes back as this rank's shard and
-    final_state whole on every rank (head-parallel: see
-    :func:`maskpack.distributed.gated_delta_rule_cp`).
+    final_state whole on every rank. ``cp_method``: "head" (head-parallel, bitwise: see
+    :func:`maskpack.distributed.gated_delta_rule_cp`), "sequence" (each rank its own pieces, states
+    composed across ranks: :func:`maskpack.distributed.gated_delta_rule_sp`) or "auto" (head-parallel
+    when both head counts divide by the group size, else sequence-parallel).
     """
     if group is not None:
         if out is not None:
             raise TypeError("gated_delta_rule(): out= cannot be combined with group=")
-        from .distributed import gated_delta_rule_cp
+        from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
 
-        return gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=scale, initial_state=initial_state,
-                                   chunked=chunked, l2norm=l2norm, threads=threads, scheme=cp_scheme, tp=tp,
-                                   align=align)
+        fn = gated_delta_rule_sp if _cp_method(cp_method, group, q.shape[-2], v.shape[-2]) == "sequence" \
+            else gated_delta_rule_cp
+        return fn(q, k, v, g, beta, layout, group, scale=scale, initial_state=initial_state, chunked=chunked,
+                  l2norm=l2norm, threads=threads, scheme=cp_scheme, tp=tp, align=align)
     _check_call(layout, q=q, k=k, v=v, g=g, beta=beta)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state: expected a torch.Tensor or None, found {type(initial_state).__name__}")
@@ -233,8 +236,8 @@ class _ConvFn(torch.autograd.Function):
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation: Optional[str] = "silu",
                   prefix: Optional[torch.Tensor] = None, threads: Optional[int] = None, *, group: Any = None,
-                  cp_scheme: str = "zigzag", tp: int = 1,
-                  align: Optional[str] = "verl") -> Tuple[torch.Tensor, torch.Tensor]:
+                  cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
+                  cp_method: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d per segment: ``y[t] = act(sum_w weight[:, w] * x[t - (W-1) + w])``.
 
     x ``[B, S, C]`` / ``[T, C]``; weight ``[C, W]`` or nn.Conv1d's ``[C, 1, W]`` with 1 <= W <= 4;
@@ -243,12 +246,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
     Returns ``(y, conv_state)``: y like x (pad rows 0), conv_state ``[segments, C, W-1]`` float32
     = each segment's last W-1 inputs (the prefix's tail when the segment is shorter).
     ``group``: context parallelism, x being this rank's CP shard of the whole ``layout`` (see
-    :func:`maskpack.distributed.causal_conv1d_cp`)."""
+    :func:`maskpack.distributed.causal_conv1d_cp` for ``cp_method="head"`` (channel-parallel),
+    :func:`maskpack.distributed.causal_conv1d_sp` for "sequence"; "auto": channel-parallel when the
+    channels divide by the group size)."""
     if group is not None:
-        from .distributed import causal_conv1d_cp
+        from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
 
-        return causal_conv1d_cp(x, weight, layout, group, activation=activation, prefix=prefix, threads=threads,
-                                scheme=cp_scheme, tp=tp, align=align)
+        fn = causal_conv1d_sp if _cp_method(cp_method, group, x.shape[-1], x.shape[-1]) == "sequence" \
+            else causal_conv1d_cp
+        return fn(x, weight, layout, group, activation=activation, prefix=prefix, threads=threads,
+                  scheme=cp_scheme, tp=tp, align=align)
     if activation not in _ACTIVATIONS:
         raise Error(f"activation: expected 'silu' or None, found {activation!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="activation")
@@ -469,7 +476,7 @@ class GatedDeltaNet(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, layout: Any, initial_state: Optional[torch.Tensor] = None,
                 conv_prefix: Optional[torch.Tensor] = None, return_states: bool = False,
                 threads: Optional[int] = None, *, group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
-                align: Optional[str] = "verl"):
+                align: Optional[str] = "verl", cp_method: str = "auto"):
         """hidden_states ``[B, S, hidden]`` (padded layout) or ``[T, hidden]`` (packed) -> the same
         shape, pad rows 0. ``initial_state`` ``[segments, HV, dk, dv]`` and ``conv_prefix``
         ``[segments, conv_dim, kernel-1]`` continue earlier pieces of the sequences (cache / CP);
@@ -477,7 +484,8 @@ class GatedDeltaNet(torch.nn.Module):
         ``group``: context parallelism; hidden_states is then this rank's CP shard ``[T_local,
         hidden]`` of the whole batch ``layout`` (``layout.shard(x, cp, rank, ...)``), and the conv and
         the rule run head-parallel (value heads and conv channels divide by the group size)."""
-        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align}
+        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align,
+                                         "cp_method": cp_method}
         out, state, conv_state, _ = _layer_forward(self, self.projections, hidden_states, layout, initial_state,
                                                    conv_prefix, self.chunked, threads, cp)
         if return_states:
@@ -566,7 +574,7 @@ class _PatchedForward:
 
 def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None, *,
                            group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
-                           align: Optional[str] = "verl") -> int:
+                           align: Optional[str] = "verl", cp_method: str = "auto") -> int:
     """Routes the Gated DeltaNet layers of a transformers Qwen3-Next / Qwen3.5 model (any module of
     class Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or Qwen3_5MoeGatedDeltaNet) through
     maskpack, in place; returns how many layers it set. ``enabled=False`` gives them back their
@@ -597,7 +605,8 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
             raise Error(f"hidden_act: the conv activation must be silu, found {act!r}", "MASKPACK_ERR_UNSUPPORTED",
                         argument="hidden_act")
         projections = "qwen3_next" if hasattr(mod, "in_proj_qkvz") else "qwen3_5"
-        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align}
+        cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align,
+                                         "cp_method": cp_method}
         mod.forward = _PatchedForward(mod, projections, threads, cp)
         n += 1
     return n

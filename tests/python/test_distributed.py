@@ -381,6 +381,118 @@ def test_attention_across_ranks_equals_the_single_process_run(world):
                 assert torch.equal(got[r][i]["auto"]["o"], ring["o"]), (i, r)
 
 
+SP_LENGTHS = [37, 5, 64, 20, 3]  # at 4 ranks the 3- and 5-token sequences leave pieces shorter than the conv
+
+
+def _sp_inputs(H=3, HV=6, K=8, V=4, C=6):
+    """Heads that divide by neither 2 nor 4 (so "auto" takes the sequence-parallel way), an initial
+    state, a conv of width 4 with a prefix."""
+    g0 = torch.Generator().manual_seed(5)
+    T = sum(SP_LENGTHS)
+    q, k = (torch.randn(T, H, K, generator=g0) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=g0)
+    g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=g0)) * 0.3
+    beta = torch.sigmoid(torch.randn(T, HV, generator=g0))
+    h0 = torch.randn(len(SP_LENGTHS), HV, K, V, generator=g0) * 0.1
+    x = torch.randn(T, C, generator=g0)
+    w = torch.randn(C, 4, generator=g0) * 0.5
+    pre = torch.randn(len(SP_LENGTHS), C, 3, generator=g0)
+    do, dy = torch.randn(T, HV, V, generator=g0), torch.randn(T, C, generator=g0)
+    return [q, k, v, g, beta, h0, x, w, pre], do, dy
+
+
+def _sp_hidden(seed):
+    return torch.randn(sum(SP_LENGTHS), 32, generator=torch.Generator().manual_seed(seed))
+
+
+def _summed(t):
+    """A replicated input's gradient summed over the group (zeros where this rank never used it)."""
+    g = t.grad.clone() if t.grad is not None else torch.zeros_like(t)
+    dist.all_reduce(g)
+    return g
+
+
+def _sp_worker(rank, world, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        lay = maskpack.Layout.from_lengths(SP_LENGTHS, placement="packed")
+        xs, do, dy = _sp_inputs()
+        cut = lambda t: lay.shard(t, world, rank)  # noqa: E731
+        leaves = [cut(t).clone().requires_grad_() for t in xs[:5]]
+        h0, w, pre = (xs[i].clone().requires_grad_() for i in (5, 7, 8))
+        xl = cut(xs[6]).clone().requires_grad_()
+        o, ht = maskpack.gated_delta_rule(*leaves, lay, initial_state=h0, group=dist.group.WORLD)  # auto
+        y, st = maskpack.causal_conv1d(xl, w, lay, prefix=pre, group=dist.group.WORLD, cp_method="sequence")
+        ((o * cut(do)).sum() + ht.square().sum() + (y * cut(dy)).sum() + st.sum()).backward()
+        res = {"o": o.detach(), "ht": ht.detach(), "y": y.detach(), "st": st.detach(),
+               "grads": [t.grad for t in leaves] + [xl.grad], "gh0": _summed(h0), "gw": _summed(w),
+               "gpre": _summed(pre)}
+        # the whole layer, sequence-parallel although its heads divide
+        layer = _gdn_layer()
+        hl = cut(_sp_hidden(6)).clone().requires_grad_()
+        out = layer(hl, lay, group=dist.group.WORLD, cp_method="sequence")
+        (out * cut(_sp_hidden(7))).sum().backward()
+        res["layer"] = (out.detach(), hl.grad, [_summed(p) for p in layer.parameters()])
+        errs = {}
+        try:
+            maskpack.gated_delta_rule(*[cut(t) for t in xs[:5]], lay, group=dist.group.WORLD, cp_method="ring")
+        except maskpack.Error as e:
+            errs["method"] = (e.argument, str(e))
+        padded = maskpack.Layout.from_lengths(SP_LENGTHS, placement="right")
+        try:
+            maskpack.gated_delta_rule(*[cut(t) for t in xs[:5]], padded, group=dist.group.WORLD, cp_method="sequence")
+        except maskpack.Error as e:
+            errs["padded"] = (getattr(e, "argument", None), str(e))
+        res["errs"] = errs
+        torch.save(res, os.path.join(out_dir, f"sp{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gdn_and_conv_sequence_parallel_equal_the_single_process_run(world):
+    """The sequence-parallel way: every output and gradient equals the single-process run on the whole
+    batch (GDN within the rounding of composing the state transitions, the conv bitwise), with an
+    initial state, a conv prefix and pieces shorter than the conv."""
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        mp.start_processes(_sp_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
+        torch.set_num_threads(1)
+        lay = maskpack.Layout.from_lengths(SP_LENGTHS, placement="packed")
+        xs, do, dy = _sp_inputs()
+        leaves = [t.clone().requires_grad_() for t in xs]
+        q, k, v, g, beta, h0, x, w, pre = leaves
+        o, ht = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0)
+        y, st = maskpack.causal_conv1d(x, w, lay, prefix=pre)
+        ((o * do).sum() + ht.square().sum() + (y * dy).sum() + st.sum()).backward()
+        layer = _gdn_layer()
+        hid = _sp_hidden(6).requires_grad_()
+        out = layer(hid, lay)
+        (out * _sp_hidden(7)).sum().backward()
+        close = dict(rtol=1e-4, atol=1e-5)
+        for r in range(world):
+            got = torch.load(os.path.join(d, f"sp{r}.pt"))
+            cut = lambda t: lay.shard(t, world, r)  # noqa: E731
+            torch.testing.assert_close(got["o"], cut(o.detach()), **close)
+            torch.testing.assert_close(got["ht"], ht.detach(), **close)
+            assert torch.equal(got["y"], cut(y.detach())) and torch.equal(got["st"], st.detach())
+            for gr, leaf in zip(got["grads"], [q, k, v, g, beta, x]):
+                torch.testing.assert_close(gr, cut(leaf.grad), **close)
+            for name, leaf in (("gh0", h0), ("gw", w), ("gpre", pre)):
+                torch.testing.assert_close(got[name], leaf.grad, **close)
+            lo, ldh, lgrads = got["layer"]
+            torch.testing.assert_close(lo, cut(out.detach()), **close)
+            torch.testing.assert_close(ldh, cut(hid.grad), **close)
+            for gp, p in zip(lgrads, layer.parameters()):
+                torch.testing.assert_close(gp, p.grad, rtol=1e-3, atol=1e-4)
+            arg, msg = got["errs"]["method"]
+            assert arg == "cp_method" and "expected one of auto, head, sequence" in msg
+            arg, msg = got["errs"]["padded"]
+            assert arg == "layout" and "takes a packed (THD) layout" in msg
+
+
 def _shm_worker(rank, world, init_file, out_dir):
     from maskpack import _shm
 
