@@ -64,9 +64,11 @@ def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
     rank, n = _rank_size(group)
     codes = [0 if local is None else 1, _fingerprint(layout) if local is None else 0]
     codes += [_stable(w) for w in what]
-    mine = torch.tensor([n] + codes, dtype=torch.int64)
+    dev = _backend_device(group)
+    mine = torch.tensor([n] + codes, dtype=torch.int64,
+                        device=dev if dev in ("cuda", "npu") else "cpu")  # NCCL / HCCL move device tensors only
     try:
-        everyone = torch.stack(_all_gather(mine, group))
+        everyone = torch.stack(_all_gather(mine, group)).cpu()
     except RuntimeError as exc:  # the backend's timeout or a closed connection: a rank died or never came
         raise Error(f"group: the ranks' agreement exchange failed on rank {rank} (a rank died, never joined, or "
                     f"did not make this call within the group's timeout): {exc}", "MASKPACK_ERR_COMM",
@@ -98,7 +100,7 @@ class _AllGatherParts(torch.autograd.Function):
         rank, n = _rank_size(group)
         local = None
         try:
-            _check_shard("part", part, layout, n, rank, scheme, tp, align)
+            _check_shard("part", part, layout, n, rank, scheme, tp, align, group)
         except (Error, TypeError) as exc:
             local = exc
         _agree(group, layout, ("cp_all_gather", scheme, tp, align, tuple(part.shape[1:]), str(part.dtype)), local)
@@ -259,11 +261,27 @@ def _check_heads(name: str, heads: int, n: int) -> None:
                     f"parallelism gives each rank heads/{n} of them)", "MASKPACK_ERR_SHAPE", argument=name)
 
 
-def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align) -> None:
+_BACKEND_DEVICE = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "hccl": "npu"}
+
+
+def _backend_device(group) -> Optional[str]:
+    """The device type the group's backend moves (None: a backend maskpack does not know)."""
+    try:
+        return _BACKEND_DEVICE.get(str(dist.get_backend(group)).lower())
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align, group=None) -> None:
     want = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
     lead = (want.n_rows * want.q_width,) if want.packed else (want.n_rows, want.q_width)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor, found {type(x).__name__}")
+    want_dev = _backend_device(group)
+    if want_dev is not None and x.device.type != want_dev:
+        raise Error(f"{name}: the group's {dist.get_backend(group)} backend moves {want_dev} tensors, this one is on "
+                    f"{x.device} (move it, or pass a group of another backend)", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument=name)
     if tuple(x.shape[:len(lead)]) != lead:
         raise Error(f"{name}: expected this rank's shard (rank {rank} of {n}) with leading dimensions {list(lead)}, "
                     f"found shape {list(x.shape)}", "MASKPACK_ERR_SHAPE", argument=name)
@@ -290,7 +308,7 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
         _check_heads("q", H, n)
         _check_heads("v", HV, n)
         for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-            _check_shard(name, x, layout, n, rank, scheme, tp, align)
+            _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
     except (Error, TypeError) as exc:
         local = exc
     _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV), local)
@@ -321,7 +339,7 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
     local = None
     try:
         _check_heads("x", C, n)
-        _check_shard("x", x, layout, n, rank, scheme, tp, align)
+        _check_shard("x", x, layout, n, rank, scheme, tp, align, group)
     except (Error, TypeError) as exc:
         local = exc
     _agree(group, layout, ("causal_conv1d", scheme, tp, align, C), local)
@@ -459,7 +477,7 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
             raise Error(f"algorithm: expected one of {', '.join(_CP_ALGORITHMS)}, found {algorithm!r}",
                         "MASKPACK_ERR_INVALID_ARGUMENT", argument="algorithm")
         for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_shard(name, x, layout, n, rank, scheme, tp, align)
+            _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
         if algorithm == "ring" and not _ring_supported(q, k, v, layout):
             raise Error("algorithm: the ring takes CPU float32 tensors and a rule without spans or prefix "
                         f"(found {q.device.type} {q.dtype}); use algorithm='all_gather'",
@@ -548,13 +566,13 @@ class _Tie(torch.autograd.Function):
         return grad, torch.zeros(shape, dtype=dtype)
 
 
-def _check_sequence_args(layout, n, rank, scheme, tp, align, tensors) -> None:
+def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> None:
     if not layout.packed:
         raise Error("layout: sequence-parallel context parallelism takes a packed (THD) layout; pad rows are "
                     "whole sequences already (use the head-parallel way)", "MASKPACK_ERR_UNSUPPORTED",
                     argument="layout")
     for name, x in tensors:
-        _check_shard(name, x, layout, n, rank, scheme, tp, align)
+        _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
 
 
 def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
@@ -573,7 +591,7 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     rank, n = _rank_size(group)
     local = None
     try:
-        _check_sequence_args(layout, n, rank, scheme, tp, align,
+        _check_sequence_args(layout, n, rank, scheme, tp, align, group,
                              (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
     except (Error, TypeError) as exc:
         local = exc
@@ -634,7 +652,7 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
     rank, n = _rank_size(group)
     local = None
     try:
-        _check_sequence_args(layout, n, rank, scheme, tp, align, (("x", x),))
+        _check_sequence_args(layout, n, rank, scheme, tp, align, group, (("x", x),))
     except (Error, TypeError) as exc:
         local = exc
     C, Wm1 = x.shape[-1], weight.shape[-1] - 1

@@ -230,7 +230,8 @@ def _gdn_worker(rank, world, init_file, out_dir):
         # heads that do not divide: an error naming both numbers, on every rank alike
         try:
             lq = cut(q)
-            maskpack.gated_delta_rule(lq, lq, cut(v)[:, :3], cut(g)[:, :3], cut(beta)[:, :3], lay, group=dist.group.WORLD)
+            maskpack.gated_delta_rule(lq, lq, cut(v)[:, :3], cut(g)[:, :3], cut(beta)[:, :3], lay, group=dist.group.WORLD,
+                                      cp_method="head")
         except maskpack.Error as e:
             errs["heads"] = (str(e), e.argument)
         # only rank 0 passes a shard of the wrong length: it raises its own error, every other rank
@@ -444,6 +445,10 @@ def _sp_worker(rank, world, init_file, out_dir):
             maskpack.gated_delta_rule(*[cut(t) for t in xs[:5]], padded, group=dist.group.WORLD, cp_method="sequence")
         except maskpack.Error as e:
             errs["padded"] = (getattr(e, "argument", None), str(e))
+        try:  # a tensor the group's backend cannot move (gloo moves CPU tensors): named, on every rank
+            maskpack.cp_all_gather(torch.empty(cut(xs[6]).shape, device="meta"), lay, dist.group.WORLD)
+        except maskpack.Error as e:
+            errs["device"] = (e.argument, str(e))
         res["errs"] = errs
         torch.save(res, os.path.join(out_dir, f"sp{rank}.pt"))
         dist.barrier()
@@ -491,6 +496,8 @@ def test_gdn_and_conv_sequence_parallel_equal_the_single_process_run(world):
             assert arg == "cp_method" and "expected one of auto, head, sequence" in msg
             arg, msg = got["errs"]["padded"]
             assert arg == "layout" and "takes a packed (THD) layout" in msg
+            arg, msg = got["errs"]["device"]
+            assert arg == "part" and "gloo backend moves cpu tensors, this one is on meta" in msg, msg
 
 
 def _shm_worker(rank, world, init_file, out_dir):
