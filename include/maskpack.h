@@ -1035,6 +1035,35 @@ MASKPACK_API maskpack_status maskpack_gdn_backward(const maskpack_layout *layout
                                                    const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                                    void *workspace, size_t workspace_bytes, maskpack_error *err);
 
+/* Sequence-parallel Gated DeltaNet across the ranks of a comm (context parallelism): each rank holds
+ * its CP shard of a packed batch (maskpack_layout_cp_shard(layout, comm->size, comm->rank, scheme)),
+ * any head counts. The rule is affine in the state: each rank runs its pieces from zero states and
+ * through an identity state (each piece's transition S -> P S + B, P [K,K] and B [K,V] per value
+ * head) at once, the transitions are all-gathered and composed in sequence order, and each rank runs
+ * its pieces again from their true incoming states: no rank waits for the piece before its own.
+ * Equal to maskpack_gdn_forward on the whole batch up to the rounding of composing transitions.
+ * Contiguous float32 tensors; collective (checked first as maskpack_cp_check, with every rank's own
+ * arguments); buffers allocated per call. Cost per rank: three passes of the kernel over its tokens
+ * and the K x K compositions. */
+
+/* (comm, whole packed layout (aligned for cp_shard), scheme, this rank's inputs (initial_state: the
+ * whole batch's [N,HV,K,V] or NULL), opts) -> o [T_local,HV,V], final_state [N,HV,K,V] (NULL to skip),
+ * the same on every rank. */
+MASKPACK_API maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                     maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                                     const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                                     maskpack_tensor *final_state, maskpack_error *err);
+
+/* (comm, layout, scheme, inputs, d_o like o, d_final_state [N,HV,K,V] or NULL, opts) -> grads of this
+ * rank's shard (dq, dk, dv, dg, dbeta required; d_initial_state [N,HV,K,V] this rank's share: sum it
+ * over the group). The adjoint of the three passes and of the composition; the gradients of each
+ * rank's transitions return to it through one all-to-all. */
+MASKPACK_API maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                      maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                                      const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                                      maskpack_error *err);
+
 /* (layout, x [B,S,C] / [T,C] f32/bf16, weight [C,W] f32/bf16 with 1 <= W <= 4, prefix [N,C,W-1]
  * f32/bf16 or NULL = zeros, silu, n_threads) -> y like x f32/bf16 (pad rows 0) with
  * y[t] = act(sum_w weight[w] x[t - (W-1) + w]) inside each segment (earlier positions come from

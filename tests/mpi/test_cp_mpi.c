@@ -261,6 +261,113 @@ static void ring_tests(const maskpack_comm *comm) {
     maskpack_layout_free(padded);
 }
 
+/* ---- sequence-parallel Gated DeltaNet ---------------------------------------------------------- */
+
+/* maskpack_cp_gdn_forward / _backward on this rank's shard against the single-process kernel on the
+ * whole batch: o and every gradient of the shard's tokens, the final states and the initial state's
+ * gradient summed over the ranks. Heads 2 / 3 divide by no rank count, as the way is meant for. */
+static void check_gdn(const maskpack_comm *comm) {
+    const int n = comm->size;
+    const int64_t lengths[5] = {37, 5, 64, 20, 3};
+    maskpack_layout *L = aligned(lengths, 5, 1, 2 * n);
+    CHECK(L != NULL);
+    if (!L) return;
+    maskpack_error e;
+    const int64_t T = maskpack_layout_q_width(L), N = 5, H = 2, HV = 4, K = 8, V = 4, tl = T / n;
+    size_t nq = (size_t)(T * H * K), nv = (size_t)(T * HV * V), ng = (size_t)(T * HV), ns = (size_t)(N * HV * K * V);
+    float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *g = malloc(ng * 4), *b = malloc(ng * 4);
+    float *h0 = malloc(ns * 4), *dout = malloc(nv * 4), *dfin = malloc(ns * 4);
+    uint64_t seed = 99;
+    for (size_t i = 0; i < nq; i++) q[i] = rnd(&seed), k[i] = rnd(&seed);
+    for (size_t i = 0; i < nv; i++) v[i] = rnd(&seed), dout[i] = rnd(&seed);
+    for (size_t i = 0; i < ng; i++) g[i] = -0.2f * (rnd(&seed) + 1.0f), b[i] = 0.5f + 0.4f * rnd(&seed);
+    for (size_t i = 0; i < ns; i++) h0[i] = 0.1f * rnd(&seed), dfin[i] = rnd(&seed);
+    /* the whole batch in one process */
+    int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV}, ss[4] = {N, HV, K, V};
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv), tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
+    maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg), th = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, ss);
+    float *o = malloc(nv * 4), *fin = malloc(ns * 4), *dq = malloc(nq * 4), *dk = malloc(nq * 4), *dv = malloc(nv * 4);
+    float *dg = malloc(ng * 4), *db = malloc(ng * 4), *dh = malloc(ns * 4);
+    maskpack_tensor to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv), tf = maskpack_tensor_contiguous(fin, MASKPACK_F32, 4, ss);
+    maskpack_tensor tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sv), tdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, ss);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, sq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, sq);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, sv), tdg = maskpack_tensor_contiguous(dg, MASKPACK_F32, 2, sg);
+    maskpack_tensor tdb = maskpack_tensor_contiguous(db, MASKPACK_F32, 2, sg), tdh = maskpack_tensor_contiguous(dh, MASKPACK_F32, 4, ss);
+    maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th};
+    maskpack_gdn_options opts = maskpack_gdn_options_default();
+    CHECK(maskpack_gdn_forward(L, &in, &opts, &to, &tf, NULL, 0, &e) == MASKPACK_OK);
+    maskpack_gdn_grads gr = {&tdq, &tdk, &tdv, &tdg, &tdb, &tdh};
+    CHECK(maskpack_gdn_backward(L, &in, &tdo, &tdf, &opts, &gr, NULL, 0, &e) == MASKPACK_OK);
+    /* this rank's shard */
+    int64_t *idx = malloc((size_t)tl * sizeof *idx);
+    maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
+    CHECK(maskpack_cp_shard_indices(L, n, comm->rank, MASKPACK_CP_ZIGZAG, &ti, &e) == MASKPACK_OK);
+    float *lq = malloc((size_t)(tl * H * K) * 4), *lk = malloc((size_t)(tl * H * K) * 4), *lv = malloc((size_t)(tl * HV * V) * 4);
+    float *lg = malloc((size_t)(tl * HV) * 4), *lb = malloc((size_t)(tl * HV) * 4), *ldo = malloc((size_t)(tl * HV * V) * 4);
+    for (int64_t i = 0; i < tl; i++) {
+        memcpy(lq + i * H * K, q + idx[i] * H * K, (size_t)(H * K) * 4);
+        memcpy(lk + i * H * K, k + idx[i] * H * K, (size_t)(H * K) * 4);
+        memcpy(lv + i * HV * V, v + idx[i] * HV * V, (size_t)(HV * V) * 4);
+        memcpy(ldo + i * HV * V, dout + idx[i] * HV * V, (size_t)(HV * V) * 4);
+        memcpy(lg + i * HV, g + idx[i] * HV, (size_t)HV * 4);
+        memcpy(lb + i * HV, b + idx[i] * HV, (size_t)HV * 4);
+    }
+    int64_t lsq[3] = {tl, H, K}, lsv[3] = {tl, HV, V}, lsg[2] = {tl, HV};
+    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, lsq), uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, lsq);
+    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, lsv), ug = maskpack_tensor_contiguous(lg, MASKPACK_F32, 2, lsg);
+    maskpack_tensor ub = maskpack_tensor_contiguous(lb, MASKPACK_F32, 2, lsg), udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, lsv);
+    float *mo = malloc((size_t)(tl * HV * V) * 4), *mfin = malloc(ns * 4), *mdq = malloc((size_t)(tl * H * K) * 4);
+    float *mdk = malloc((size_t)(tl * H * K) * 4), *mdv = malloc((size_t)(tl * HV * V) * 4), *mdg = malloc((size_t)(tl * HV) * 4);
+    float *mdb = malloc((size_t)(tl * HV) * 4), *mdh = malloc(ns * 4), *sdh = malloc(ns * 4);
+    maskpack_tensor uo = maskpack_tensor_contiguous(mo, MASKPACK_F32, 3, lsv), uf = maskpack_tensor_contiguous(mfin, MASKPACK_F32, 4, ss);
+    maskpack_tensor udq = maskpack_tensor_contiguous(mdq, MASKPACK_F32, 3, lsq), udk = maskpack_tensor_contiguous(mdk, MASKPACK_F32, 3, lsq);
+    maskpack_tensor udv = maskpack_tensor_contiguous(mdv, MASKPACK_F32, 3, lsv), udg = maskpack_tensor_contiguous(mdg, MASKPACK_F32, 2, lsg);
+    maskpack_tensor udb = maskpack_tensor_contiguous(mdb, MASKPACK_F32, 2, lsg), udh = maskpack_tensor_contiguous(mdh, MASKPACK_F32, 4, ss);
+    maskpack_gdn_inputs lin = {&uq, &uk, &uv, &ug, &ub, &th};
+    maskpack_status st = maskpack_cp_gdn_forward(comm, L, MASKPACK_CP_ZIGZAG, &lin, &opts, &uo, &uf, &e);
+    CHECK(st == MASKPACK_OK);
+    if (st) fprintf(stderr, "rank %d: cp gdn forward: %s\n", rank_, e.message);
+    maskpack_gdn_grads lgr = {&udq, &udk, &udv, &udg, &udb, &udh};
+    st = maskpack_cp_gdn_backward(comm, L, MASKPACK_CP_ZIGZAG, &lin, &udo, &tdf, &opts, &lgr, &e);
+    CHECK(st == MASKPACK_OK);
+    if (st) fprintf(stderr, "rank %d: cp gdn backward: %s\n", rank_, e.message);
+    MPI_Allreduce(mdh, sdh, (int)ns, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    int64_t bad[7] = {0};
+    for (int64_t i = 0; i < tl; i++) {
+        for (int64_t x = 0; x < HV * V; x++) {
+            bad[0] += !close_to(mo[i * HV * V + x], o[idx[i] * HV * V + x], 1e-4f);
+            bad[1] += !close_to(mdv[i * HV * V + x], dv[idx[i] * HV * V + x], 1e-3f);
+        }
+        for (int64_t x = 0; x < H * K; x++) {
+            bad[2] += !close_to(mdq[i * H * K + x], dq[idx[i] * H * K + x], 1e-3f);
+            bad[2] += !close_to(mdk[i * H * K + x], dk[idx[i] * H * K + x], 1e-3f);
+        }
+        for (int64_t x = 0; x < HV; x++) {
+            bad[3] += !close_to(mdg[i * HV + x], dg[idx[i] * HV + x], 1e-3f);
+            bad[3] += !close_to(mdb[i * HV + x], db[idx[i] * HV + x], 1e-3f);
+        }
+    }
+    for (size_t x = 0; x < ns; x++) {
+        bad[4] += !close_to(mfin[x], fin[x], 1e-4f);
+        bad[5] += !close_to(sdh[x], dh[x], 1e-3f);
+    }
+    CHECK(bad[0] == 0 && bad[1] == 0 && bad[2] == 0 && bad[3] == 0 && bad[4] == 0 && bad[5] == 0);
+    if (bad[0] || bad[1] || bad[2] || bad[3] || bad[4] || bad[5])
+        fprintf(stderr, "rank %d: cp gdn differs: o %lld, dv %lld, dq/dk %lld, dg/dbeta %lld, final %lld, dh0 %lld\n",
+                rank_, (long long)bad[0], (long long)bad[1], (long long)bad[2], (long long)bad[3], (long long)bad[4],
+                (long long)bad[5]);
+    /* a padded layout is refused on every rank alike */
+    maskpack_layout *pad = aligned(lengths, 5, 0, 2 * n);
+    st = maskpack_cp_gdn_forward(comm, pad, MASKPACK_CP_ZIGZAG, &lin, &opts, &uo, NULL, &e);
+    CHECK(st == MASKPACK_ERR_UNSUPPORTED && strstr(e.message, "packed (THD) layout") != NULL);
+    maskpack_layout_free(pad);
+    free(q), free(k), free(v), free(g), free(b), free(h0), free(dout), free(dfin), free(o), free(fin), free(dq), free(dk);
+    free(dv), free(dg), free(db), free(dh), free(idx), free(lq), free(lk), free(lv), free(lg), free(lb), free(ldo), free(mo);
+    free(mfin), free(mdq), free(mdk), free(mdv), free(mdg), free(mdb), free(mdh), free(sdh);
+    maskpack_layout_free(L);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm world = MPI_COMM_WORLD;
@@ -311,6 +418,7 @@ int main(int argc, char **argv) {
     maskpack_layout_free(packed);
     maskpack_layout_free(padded);
     ring_tests(&comm);
+    check_gdn(&comm);
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -1,0 +1,585 @@
+/* cp_gdn.c: sequence-parallel Gated DeltaNet over a maskpack_comm. The recurrence is affine in the
+ * state: a piece of a sequence maps its incoming state S_in [K, V] (per value head) to
+ *     S_out = P S_in + B
+ * with P [K, K] its decays and rank-1 updates and B the piece run from a zero state, and its outputs
+ * are the zero-state outputs plus a part linear in S_in. So no rank waits for the piece before its
+ * own: every rank runs its pieces from zero states (B) and through an identity state with zero
+ * values (P) at once, the small (P, B) of every piece are all-gathered, each rank composes them in
+ * sequence order up to its pieces, and runs its pieces again from the true incoming states. The
+ * backward is the adjoint of the same steps: the kernel's own backward for the three passes and the
+ * composition's transposes, with the gradients of other ranks' transitions returned to their owners
+ * by one all-to-all. MPI programs and the Python binding run this same code. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gdn_piece {
+    int64_t seq, pos, start, len; /* sequence (segment of the whole layout), position in it, local tokens */
+} gdn_piece;
+
+typedef struct gdn_plan {
+    int n, rank;
+    maskpack_layout *mine;
+    gdn_piece *pieces;       /* every rank's pieces, rank after rank */
+    size_t *first;           /* [n + 1]: rank r's pieces are pieces[first[r] .. first[r+1]) */
+    size_t width;            /* the most pieces a rank holds */
+    size_t n_seq;
+    size_t *chain_begin;     /* [n_seq + 1] */
+    size_t *chain;           /* indices into pieces, each sequence's in position order */
+} gdn_plan;
+
+static void plan_free(gdn_plan *P) {
+    maskpack_layout_free(P->mine);
+    free(P->pieces);
+    free(P->first);
+    free(P->chain_begin);
+    free(P->chain);
+    memset(P, 0, sizeof *P);
+}
+
+static maskpack_status plan_build(const maskpack_comm *comm, const maskpack_layout *L, maskpack_cp_scheme scheme,
+                                  gdn_plan *P, maskpack_error *err) {
+    memset(P, 0, sizeof *P);
+    P->n = comm->size;
+    P->rank = comm->rank;
+    P->n_seq = L->n_segments;
+    if (!L->packed)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "layout", -1, -1,
+                       "layout: sequence-parallel Gated DeltaNet takes a packed (THD) layout (a padded batch's rows "
+                       "are whole sequences: split the heads instead)");
+    P->first = mp_calloc_array((size_t)P->n + 1, sizeof *P->first);
+    P->chain_begin = mp_calloc_array(P->n_seq + 1, sizeof *P->chain_begin);
+    maskpack_status s = (!P->first || !P->chain_begin)
+                            ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory")
+                            : MASKPACK_OK;
+    size_t total = 0, cap = 0;
+    for (int r = 0; r < P->n && !s; r++) {
+        maskpack_layout *S = NULL;
+        s = maskpack_layout_cp_shard(L, P->n, r, scheme, &S, err);
+        if (s) break;
+        if (total + S->n_segments > cap) {
+            size_t nc = (total + S->n_segments) * 2 + 8;
+            gdn_piece *np = mp_alloc_array(nc, sizeof *np);
+            if (!np) {
+                maskpack_layout_free(S);
+                s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
+                break;
+            }
+            if (total) memcpy(np, P->pieces, total * sizeof *np);
+            free(P->pieces);
+            P->pieces = np;
+            cap = nc;
+        }
+        for (size_t k = 0; k < S->n_segments; k++) {
+            const maskpack_segment *g = &S->segs[k];
+            P->pieces[total++] = (gdn_piece){g->origin, g->q_pos, g->q_start, g->q_len};
+            P->chain_begin[g->origin + 1]++;
+        }
+        P->first[r + 1] = total;
+        if (S->n_segments > P->width) P->width = S->n_segments;
+        if (r == P->rank)
+            P->mine = S;
+        else
+            maskpack_layout_free(S);
+    }
+    if (!s) {
+        for (size_t q = 0; q < P->n_seq; q++) P->chain_begin[q + 1] += P->chain_begin[q];
+        P->chain = mp_alloc_array(total ? total : 1, sizeof *P->chain);
+        size_t *fill = mp_calloc_array(P->n_seq + 1, sizeof *fill);
+        if (!P->chain || !fill) {
+            free(fill);
+            s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "layout", -1, -1, "out of memory");
+        } else {
+            for (size_t i = 0; i < total; i++) { /* insertion by position: a chain holds a few pieces */
+                int64_t q = P->pieces[i].seq;
+                size_t *c = P->chain + P->chain_begin[q], m = fill[q]++;
+                while (m > 0 && P->pieces[c[m - 1]].pos > P->pieces[i].pos) {
+                    c[m] = c[m - 1];
+                    m--;
+                }
+                c[m] = i;
+            }
+            free(fill);
+        }
+    }
+    if (s) plan_free(P);
+    return s;
+}
+
+/* The rank and local index of global piece i. */
+static void owner_of(const gdn_plan *P, size_t i, int *r, size_t *local) {
+    int a = 0;
+    while (P->first[a + 1] <= i) a++;
+    *r = a;
+    *local = i - P->first[a];
+}
+
+/* ---- small dense algebra on [HV, K, *] blocks ------------------------------------------------------- */
+
+/* c[h] = a[h] (K x K) @ b[h] (K x V) + d[h] (K x V) per head; i-k-j order so the inner loop streams rows. */
+static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_t ldb, const float *d, size_t ldd,
+                     int64_t HV, int64_t K, int64_t V) {
+    for (int64_t h = 0; h < HV; h++) {
+        float *ch = c + h * K * V;
+        const float *ah = a + h * K * lda, *bh = b + h * K * ldb, *dh = d + h * K * ldd;
+        for (int64_t i = 0; i < K; i++) {
+            float *row = ch + i * V;
+            for (int64_t j = 0; j < V; j++) row[j] = dh[i * ldd + j];
+            for (int64_t t = 0; t < K; t++) {
+                float x = ah[i * lda + t];
+                const float *br = bh + t * ldb;
+                for (int64_t j = 0; j < V; j++) row[j] += x * br[j];
+            }
+        }
+    }
+}
+
+/* dP[h] += G[h] (K x V) @ S[h]^T (V x K); the adjoint of S -> P S with respect to P. */
+static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int64_t HV, int64_t K, int64_t V) {
+    for (int64_t h = 0; h < HV; h++)
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t t = 0; t < K; t++) {
+                const float *gi = G + (h * K + i) * V, *st = S + (h * K + t) * V;
+                float acc = 0.0f;
+                for (int64_t j = 0; j < V; j++) acc += gi[j] * st[j];
+                dp[(h * K + i) * ldp + t] += acc;
+            }
+}
+
+/* out[h] = P[h]^T (K x K) @ G[h] (K x V); the adjoint of S -> P S with respect to S. */
+static void gemm_ptg(float *out, const float *p, size_t ldp, const float *G, int64_t HV, int64_t K, int64_t V) {
+    memset(out, 0, (size_t)(HV * K * V) * sizeof *out);
+    for (int64_t h = 0; h < HV; h++)
+        for (int64_t t = 0; t < K; t++) {
+            const float *gt = G + (h * K + t) * V;
+            for (int64_t i = 0; i < K; i++) {
+                float x = p[(h * K + t) * ldp + i];
+                float *oi = out + (h * K + i) * V;
+                for (int64_t j = 0; j < V; j++) oi[j] += x * gt[j];
+            }
+        }
+}
+
+/* a * b * c floats, the product checked (NULL on overflow or when memory runs out), zeroed or not. */
+static float *floats(size_t a, size_t b, size_t c, int zero) {
+    size_t ab, n;
+    if (mp_mul_size(a ? a : 1, b ? b : 1, &ab) || mp_mul_size(ab, c ? c : 1, &n)) return NULL;
+    return zero ? mp_calloc_array(n, sizeof(float)) : mp_alloc_array(n, sizeof(float));
+}
+
+/* ---- the shared forward steps ----------------------------------------------------------------------- */
+
+typedef struct gdn_run {
+    gdn_plan P;
+    int64_t T, H, HV, K, V, np;
+    size_t st, sk, blk;     /* floats of a state [HV,K,V], a transition [HV,K,K], a (P | B) record */
+    float *h0;              /* [np, HV, K, V]: a first piece's initial state, zeros elsewhere */
+    float *eye;             /* [np, HV, K, K] */
+    float *v0;              /* [T, HV, K] zeros: pass 2's values */
+    float *every;           /* [n, width, HV, K, K + V]: every piece's (P | B) */
+    float *states;          /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
+    float *chainS;          /* per sequence, the state entering each chain element up to ours */
+    size_t *chainS_at;      /* [n_seq + 1]: offsets into chainS in states */
+    maskpack_tensor h0_t, eye_t, v0_t, states_t;
+} gdn_run;
+
+static void run_free(gdn_run *R) {
+    plan_free(&R->P);
+    free(R->h0);
+    free(R->eye);
+    free(R->v0);
+    free(R->every);
+    free(R->states);
+    free(R->chainS);
+    free(R->chainS_at);
+    memset(R, 0, sizeof *R);
+}
+
+static int f32_contiguous(const maskpack_tensor *t) {
+    if (!t || t->dtype != MASKPACK_F32) return 0;
+    maskpack_tensor c = maskpack_tensor_contiguous(t->data, t->dtype, t->ndim, t->shape);
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->strides[d] != c.strides[d]) return 0;
+    return 1;
+}
+
+/* Local argument checks (no communication). */
+static maskpack_status check_args(const maskpack_comm *comm, const maskpack_gdn_inputs *in, maskpack_error *err) {
+    MP_CHECK_NULL(err, in, "inputs");
+    const maskpack_tensor *t[5] = {in->q, in->k, in->v, in->g, in->beta};
+    const char *names[5] = {"q", "k", "v", "g", "beta"};
+    for (int i = 0; i < 5; i++) {
+        MP_CHECK_NULL(err, t[i], names[i]);
+        if (!f32_contiguous(t[i]))
+            return mp_fail(err, MASKPACK_ERR_DTYPE, names[i], -1, -1,
+                           "%s: sequence-parallel Gated DeltaNet takes contiguous float32 tensors (the passes' "
+                           "gradients add up in f32)",
+                           names[i]);
+    }
+    if (in->q->ndim != 3 || in->v->ndim != 3)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
+                       "q: expected this rank's packed shard q [T_local, H, K] and v [T_local, HV, V]");
+    if (in->initial_state && !f32_contiguous(in->initial_state))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "initial_state", -1, -1,
+                       "initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
+    if (!comm->all_gather || !comm->all_to_all)
+        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "comm", -1, -1, "comm: all_gather and all_to_all must be set");
+    return MASKPACK_OK;
+}
+
+static const float *rec_of(const gdn_run *R, size_t gi) {
+    int r;
+    size_t l;
+    owner_of(&R->P, gi, &r, &l);
+    return R->every + ((size_t)r * R->P.width + l) * R->blk;
+}
+
+/* Passes 1 and 2, the exchange and the composition: what the third pass and the backward need.
+ * Collective: every rank agrees first (layout, scheme, each rank's own checks), so every rank either
+ * fails here alike or enters the same exchanges. */
+static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                                   const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts, gdn_run *R,
+                                   maskpack_error *err) {
+    memset(R, 0, sizeof *R);
+    MP_CHECK_NULL(err, comm, "comm");
+    if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
+                       "comm: expected 0 <= rank < size, found rank %d of size %d", comm->rank, comm->size);
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, opts, "opts");
+    maskpack_status local = check_args(comm, in, err);
+    if (!local) local = plan_build(comm, layout, scheme, &R->P, err);
+    if (!local) {
+        const maskpack_layout *M = R->P.mine;
+        if (in->q->shape[0] != M->q_width || in->v->shape[0] != M->q_width)
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
+                            "q: expected this rank's shard (rank %d of %d) of %lld tokens, found %lld", comm->rank,
+                            comm->size, (long long)M->q_width, (long long)in->q->shape[0]);
+        else if (in->initial_state &&
+                 (in->initial_state->ndim != 4 || in->initial_state->shape[0] != (int64_t)layout->n_segments ||
+                  in->initial_state->shape[1] != in->v->shape[1] || in->initial_state->shape[2] != in->q->shape[2] ||
+                  in->initial_state->shape[3] != in->v->shape[2]))
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "initial_state", -1, -1,
+                            "initial_state: expected [%zu, HV, K, V] (one state per sequence of the whole batch)",
+                            layout->n_segments);
+    }
+    maskpack_status s = mp_cp_agree(comm, layout, scheme, local, err);
+    if (s) {
+        run_free(R);
+        return s;
+    }
+    const gdn_plan *P = &R->P;
+    R->T = in->q->shape[0], R->H = in->q->shape[1], R->K = in->q->shape[2];
+    R->HV = in->v->shape[1], R->V = in->v->shape[2];
+    R->np = (int64_t)(P->first[P->rank + 1] - P->first[P->rank]);
+    const int64_t HV = R->HV, K = R->K, V = R->V, np = R->np, T = R->T;
+    size_t hk;
+    if (mp_mul_size((size_t)HV, (size_t)K, &hk) || mp_mul_size(hk, (size_t)V, &R->st) ||
+        mp_mul_size(hk, (size_t)K, &R->sk) || mp_mul_size(hk, (size_t)(K + V), &R->blk)) {
+        run_free(R);
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1, "q: the state sizes HV * K * (K + V) overflow");
+    }
+    size_t np1 = (size_t)np + 1, w1 = P->width ? P->width : 1;
+    R->h0 = floats(np1, R->st, 1, 1);
+    R->eye = floats(np1, R->sk, 1, 1);
+    R->v0 = floats((size_t)T, (size_t)HV, (size_t)K, 1);
+    R->every = floats((size_t)P->n, w1, R->blk, 0);
+    R->states = floats(np1, R->st, 1, 1);
+    R->chainS_at = mp_calloc_array(P->n_seq + 1, sizeof *R->chainS_at);
+    float *B = floats(np1, R->st, 1, 1), *Pm = floats(np1, R->sk, 1, 1);
+    float *o1 = floats((size_t)T, (size_t)HV, (size_t)(V > K ? V : K), 0);
+    float *rec = floats(w1, R->blk, 1, 1);
+    if (!R->h0 || !R->eye || !R->v0 || !R->every || !R->states || !R->chainS_at || !B || !Pm || !o1 || !rec)
+        s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
+    const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
+    for (int64_t i = 0; !s && i < np; i++) {
+        if (mine[i].pos == 0 && in->initial_state)
+            memcpy(R->h0 + i * R->st, (const float *)in->initial_state->data + mine[i].seq * (int64_t)R->st,
+                   R->st * sizeof(float));
+        for (int64_t h = 0; h < HV; h++)
+            for (int64_t d = 0; d < K; d++) R->eye[i * R->sk + (h * K + d) * K + d] = 1.0f;
+    }
+    int64_t s4[4] = {np, HV, K, V}, e4[4] = {np, HV, K, K}, v3[3] = {T, HV, K}, o3[3] = {T, HV, V};
+    R->h0_t = maskpack_tensor_contiguous(R->h0, MASKPACK_F32, 4, s4);
+    R->eye_t = maskpack_tensor_contiguous(R->eye, MASKPACK_F32, 4, e4);
+    R->v0_t = maskpack_tensor_contiguous(R->v0, MASKPACK_F32, 3, v3);
+    R->states_t = maskpack_tensor_contiguous(R->states, MASKPACK_F32, 4, s4);
+    maskpack_tensor B_t = maskpack_tensor_contiguous(B, MASKPACK_F32, 4, s4);
+    maskpack_tensor P_t = maskpack_tensor_contiguous(Pm, MASKPACK_F32, 4, e4);
+    maskpack_tensor o1_t = maskpack_tensor_contiguous(o1, MASKPACK_F32, 3, o3);
+    maskpack_tensor o2_t = maskpack_tensor_contiguous(o1, MASKPACK_F32, 3, v3);
+    /* pass 1: every piece from a zero state (a sequence's first piece from its true initial state) */
+    maskpack_gdn_inputs in1 = *in;
+    in1.initial_state = &R->h0_t;
+    if (!s) s = maskpack_gdn_forward(P->mine, &in1, opts, &o1_t, &B_t, NULL, 0, err);
+    /* pass 2: each piece's transition, the rule run with zero values through an identity state */
+    maskpack_gdn_inputs in2 = *in;
+    in2.v = &R->v0_t;
+    in2.initial_state = &R->eye_t;
+    if (!s) s = maskpack_gdn_forward(P->mine, &in2, opts, &o2_t, &P_t, NULL, 0, err);
+    /* the exchange: [width, HV, K, K | V] per rank */
+    for (int64_t i = 0; !s && i < np; i++)
+        for (int64_t r = 0; r < HV * K; r++) {
+            float *dst = rec + (size_t)i * R->blk + (size_t)r * (size_t)(K + V);
+            memcpy(dst, Pm + (size_t)i * R->sk + (size_t)r * (size_t)K, (size_t)K * sizeof(float));
+            memcpy(dst + K, B + (size_t)i * R->st + (size_t)r * (size_t)V, (size_t)V * sizeof(float));
+        }
+    /* a local failure above (memory) must still enter the exchange, or the others would wait: the
+     * exchange carries no status, so such a rank aborts its peers through the transport instead */
+    if (!s && comm->all_gather(comm->ctx, rec, R->every, w1 * R->blk * sizeof(float)) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the pieces' transitions failed on "
+                    "rank %d", comm->rank);
+    /* the composition in sequence order, up to this rank's last piece of each sequence */
+    size_t total = 0;
+    for (size_t q = 0; !s && q < P->n_seq; q++) {
+        R->chainS_at[q] = total;
+        total += P->chain_begin[q + 1] - P->chain_begin[q];
+    }
+    if (!s) {
+        R->chainS_at[P->n_seq] = total;
+        R->chainS = floats(total, R->st, 1, 0);
+        if (!R->chainS) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
+    }
+    for (size_t q = 0; !s && q < P->n_seq; q++) {
+        const size_t *c = P->chain + P->chain_begin[q];
+        size_t m = P->chain_begin[q + 1] - P->chain_begin[q], want = 0;
+        int any = 0;
+        for (size_t j = 0; j < m; j++) {
+            int r;
+            size_t l;
+            owner_of(P, c[j], &r, &l);
+            if (r == P->rank) want = j, any = 1;
+        }
+        if (!any) continue;
+        float *S = R->chainS + R->chainS_at[q] * R->st; /* slot j: the state entering element j (j >= 1) */
+        for (size_t j = 0; j <= want; j++) {
+            int r;
+            size_t l;
+            owner_of(P, c[j], &r, &l);
+            if (r == P->rank && j > 0) memcpy(R->states + l * R->st, S + j * R->st, R->st * sizeof(float));
+            if (r == P->rank && j == 0) memcpy(R->states + l * R->st, R->h0 + l * R->st, R->st * sizeof(float));
+            if (j == want) break;
+            const float *pb = rec_of(R, c[j]);
+            if (j == 0) { /* S_1 = B_0 (the first piece ran from the true initial state) */
+                for (int64_t x = 0; x < HV * K; x++)
+                    memcpy(S + R->st + (size_t)x * (size_t)V, pb + (size_t)x * (size_t)(K + V) + K,
+                           (size_t)V * sizeof(float));
+            } else {
+                gemm_add(S + (j + 1) * R->st, pb, (size_t)(K + V), S + j * R->st, (size_t)V, pb + K, (size_t)(K + V), HV,
+                         K, V);
+            }
+        }
+    }
+    free(B);
+    free(Pm);
+    free(o1);
+    free(rec);
+    if (s) run_free(R);
+    return s;
+}
+
+/* The final states of every sequence, [N, HV, K, V]: from the rank holding each sequence's last piece
+ * (its pass-3 state), all-gathered so every rank holds all of them. */
+static maskpack_status gather_final(const maskpack_comm *comm, const gdn_run *R, const float *ht,
+                                    maskpack_tensor *final_state, maskpack_error *err) {
+    const gdn_plan *P = &R->P;
+    size_t N = P->n_seq, bytes = (N ? N : 1) * R->st * sizeof(float);
+    float *mine = floats(N, R->st, 1, 1), *all = floats((size_t)P->n, N, R->st, 0);
+    maskpack_status s = (!mine || !all) ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "final_state", -1, -1, "out of memory")
+                                        : MASKPACK_OK;
+    for (size_t q = 0; !s && q < N; q++) {
+        size_t m = P->chain_begin[q + 1] - P->chain_begin[q];
+        if (!m) continue;
+        int r;
+        size_t l;
+        owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        if (r == P->rank) memcpy(mine + q * R->st, ht + l * R->st, R->st * sizeof(float));
+    }
+    if (!s && comm->all_gather(comm->ctx, mine, all, bytes) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the final states failed on rank %d",
+                    comm->rank);
+    for (size_t q = 0; !s && final_state && q < N; q++) {
+        size_t m = P->chain_begin[q + 1] - P->chain_begin[q];
+        int r = 0;
+        size_t l;
+        if (m) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        memcpy((float *)final_state->data + q * R->st, all + ((size_t)r * (N ? N : 1) + q) * R->st,
+               R->st * sizeof(float));
+    }
+    free(mine);
+    free(all);
+    return s;
+}
+
+maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                        maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                        const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                        maskpack_tensor *final_state, maskpack_error *err) {
+    gdn_run R;
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, &R, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, o, "o");
+    if (final_state && (!f32_contiguous(final_state) || final_state->ndim != 4 ||
+                        final_state->shape[0] != (int64_t)R.P.n_seq))
+        s = mp_fail(err, MASKPACK_ERR_SHAPE, "final_state", -1, -1,
+                    "final_state: expected a contiguous float32 tensor [%zu, HV, K, V]", R.P.n_seq);
+    float *ht = s ? NULL : floats((size_t)R.np + 1, R.st, 1, 0);
+    if (!s && !ht) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "o", -1, -1, "out of memory");
+    int64_t s4[4] = {R.np, R.HV, R.K, R.V};
+    maskpack_tensor ht_t = maskpack_tensor_contiguous(ht, MASKPACK_F32, 4, s4);
+    /* pass 3: the pieces again from their true incoming states */
+    maskpack_gdn_inputs in3 = *in;
+    in3.initial_state = &R.states_t;
+    if (!s) s = maskpack_gdn_forward(R.P.mine, &in3, opts, o, &ht_t, NULL, 0, err);
+    /* every rank enters the final exchange (a kernel failure here is local memory only) */
+    maskpack_status f = gather_final(comm, &R, ht ? ht : R.states, s ? NULL : final_state, err);
+    if (!s) s = f;
+    free(ht);
+    run_free(&R);
+    return s ? s : mp_ok(err);
+}
+
+static void add_to(maskpack_tensor *acc, const float *x) {
+    if (!acc) return;
+    float *a = acc->data;
+    size_t n = (size_t)mp_numel(acc);
+    for (size_t i = 0; i < n; i++) a[i] += x[i];
+}
+
+maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                         const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                         maskpack_error *err) {
+    gdn_run R;
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, &R, err);
+    if (s) return s;
+    const gdn_plan *P = &R.P;
+    const int64_t HV = R.HV, K = R.K, V = R.V, T = R.T, np = R.np;
+    const size_t w1 = P->width ? P->width : 1, np1 = (size_t)np + 1;
+    maskpack_tensor *outs[5] = {grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta};
+    const char *names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
+    for (int i = 0; i < 5 && !s; i++)
+        if (!outs[i] || !f32_contiguous(outs[i]))
+            s = mp_fail(err, MASKPACK_ERR_DTYPE, names[i], -1, -1, "%s: expected a contiguous float32 tensor",
+                        names[i]);
+    if (!s && (!d_o || !f32_contiguous(d_o)))
+        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_o", -1, -1, "d_o: expected a contiguous float32 tensor like v");
+    if (!s && d_final_state && !f32_contiguous(d_final_state))
+        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_final_state", -1, -1,
+                    "d_final_state: expected a contiguous float32 tensor [N, HV, K, V]");
+    if (!s && grads->d_initial_state && !f32_contiguous(grads->d_initial_state))
+        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_initial_state", -1, -1,
+                    "d_initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
+    size_t nq = (size_t)mp_numel(in->q), nv = (size_t)mp_numel(in->v), ng = (size_t)mp_numel(in->g);
+    float *dq = floats(nq, 1, 1, 0), *dk = floats(nq, 1, 1, 0), *dv = floats(nv, 1, 1, 0);
+    float *dg = floats(ng, 1, 1, 0), *db = floats(ng, 1, 1, 0);
+    float *dS = floats(np1, R.st, 1, 1), *dht = floats(np1, R.st, 1, 1);
+    float *dpb = floats((size_t)P->n, w1, R.blk, 1), *recv = floats((size_t)P->n, w1, R.blk, 0);
+    float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
+    float *dP = floats(np1, R.sk, 1, 1), *dB = floats(np1, R.st, 1, 1);
+    float *zo = floats((size_t)T, (size_t)HV, (size_t)(V > K ? V : K), 1);
+    if (!s && (!dq || !dk || !dv || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo))
+        s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
+    const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
+    /* the final states' gradient reaches each sequence's last piece, where this rank holds it */
+    for (size_t q = 0; !s && d_final_state && q < P->n_seq; q++) {
+        if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
+        int r;
+        size_t l;
+        owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        if (r == P->rank) memcpy(dht + l * R.st, (const float *)d_final_state->data + q * R.st, R.st * 4);
+    }
+    int64_t s4[4] = {np, HV, K, V}, e4[4] = {np, HV, K, K};
+    /* scratch gradients of passes 1 and 2, added into the caller's after each */
+    maskpack_tensor dq_t = maskpack_tensor_contiguous(dq, MASKPACK_F32, in->q->ndim, in->q->shape);
+    maskpack_tensor dk_t = maskpack_tensor_contiguous(dk, MASKPACK_F32, in->k->ndim, in->k->shape);
+    maskpack_tensor dv_t = maskpack_tensor_contiguous(dv, MASKPACK_F32, in->v->ndim, in->v->shape);
+    maskpack_tensor dg_t = maskpack_tensor_contiguous(dg, MASKPACK_F32, in->g->ndim, in->g->shape);
+    maskpack_tensor db_t = maskpack_tensor_contiguous(db, MASKPACK_F32, in->beta->ndim, in->beta->shape);
+    maskpack_tensor dS_t = maskpack_tensor_contiguous(dS, MASKPACK_F32, 4, s4);
+    maskpack_tensor dht_t = maskpack_tensor_contiguous(dht, MASKPACK_F32, 4, s4);
+    maskpack_tensor dP_t = maskpack_tensor_contiguous(dP, MASKPACK_F32, 4, e4);
+    maskpack_tensor dB_t = maskpack_tensor_contiguous(dB, MASKPACK_F32, 4, s4);
+    int64_t ov[3] = {T, HV, V}, ok[3] = {T, HV, K};
+    maskpack_tensor zo_v = maskpack_tensor_contiguous(zo, MASKPACK_F32, 3, ov);
+    maskpack_tensor zo_k = maskpack_tensor_contiguous(zo, MASKPACK_F32, 3, ok);
+    /* pass 3's adjoint: straight into the caller's gradients; dS = the incoming states' gradient */
+    maskpack_gdn_inputs in3 = *in;
+    in3.initial_state = &R.states_t;
+    maskpack_gdn_grads g3 = {outs[0], outs[1], outs[2], outs[3], outs[4], &dS_t};
+    if (!s) s = maskpack_gdn_backward(P->mine, &in3, d_o, &dht_t, opts, &g3, NULL, 0, err);
+    if (!s && grads->d_initial_state) memset(grads->d_initial_state->data, 0, P->n_seq * R.st * 4);
+    /* the composition's adjoint, piece by piece back along its chain */
+    for (int64_t i = 0; !s && i < np; i++) {
+        int64_t q = mine[i].seq;
+        const size_t *c = P->chain + P->chain_begin[q];
+        size_t m = 0;
+        while (c[m] != P->first[P->rank] + (size_t)i) m++;
+        if (m == 0) { /* a first piece: its incoming state is the caller's initial state */
+            if (grads->d_initial_state)
+                for (size_t x = 0; x < R.st; x++)
+                    ((float *)grads->d_initial_state->data)[q * (int64_t)R.st + (int64_t)x] += dS[i * (int64_t)R.st + (int64_t)x];
+            continue;
+        }
+        memcpy(G, dS + i * R.st, R.st * 4);
+        const float *S = R.chainS + R.chainS_at[q] * R.st;
+        for (size_t j = m - 1; j >= 1; j--) { /* S_{j+1} = P_j S_j + B_j */
+            int r;
+            size_t l;
+            owner_of(P, c[j], &r, &l);
+            float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
+            const float *pb = rec_of(&R, c[j]);
+            for (int64_t x = 0; x < HV * K; x++)
+                for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
+            gemm_gst(rec, (size_t)(K + V), G, S + j * R.st, HV, K, V);
+            gemm_ptg(G2, pb, (size_t)(K + V), G, HV, K, V);
+            memcpy(G, G2, R.st * 4);
+        }
+        int r; /* S_1 = B_0 */
+        size_t l;
+        owner_of(P, c[0], &r, &l);
+        float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
+        for (int64_t x = 0; x < HV * K; x++)
+            for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
+    }
+    /* each owner receives every rank's gradient of its transitions and sums them */
+    if (!s && comm->all_to_all(comm->ctx, dpb, recv, w1 * R.blk * 4) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
+                    "comm: all_to_all of the transitions' gradients failed on rank %d", comm->rank);
+    for (int r = 0; !s && r < P->n; r++)
+        for (int64_t i = 0; i < np; i++) {
+            const float *src = recv + ((size_t)r * w1 + (size_t)i) * R.blk;
+            for (int64_t x = 0; x < HV * K; x++) {
+                for (int64_t y = 0; y < K; y++) dP[i * (int64_t)R.sk + x * K + y] += src[x * (K + V) + y];
+                for (int64_t y = 0; y < V; y++) dB[i * (int64_t)R.st + x * V + y] += src[x * (K + V) + K + y];
+            }
+        }
+    /* pass 2's adjoint (its outputs are unused: a zero d_o) */
+    maskpack_gdn_inputs in2 = *in;
+    in2.v = &R.v0_t;
+    in2.initial_state = &R.eye_t;
+    maskpack_gdn_grads g2 = {&dq_t, &dk_t, NULL, &dg_t, &db_t, NULL};
+    if (!s) s = maskpack_gdn_backward(P->mine, &in2, &zo_k, &dP_t, opts, &g2, NULL, 0, err);
+    if (!s) {
+        add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[3], dg), add_to(outs[4], db);
+    }
+    /* pass 1's adjoint */
+    maskpack_gdn_inputs in1 = *in;
+    in1.initial_state = &R.h0_t;
+    maskpack_gdn_grads g1 = {&dq_t, &dk_t, &dv_t, &dg_t, &db_t, &dS_t};
+    if (!s) s = maskpack_gdn_backward(P->mine, &in1, &zo_v, &dB_t, opts, &g1, NULL, 0, err);
+    if (!s) {
+        add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[2], dv), add_to(outs[3], dg), add_to(outs[4], db);
+        for (int64_t i = 0; grads->d_initial_state && i < np; i++)
+            if (mine[i].pos == 0)
+                for (size_t x = 0; x < R.st; x++)
+                    ((float *)grads->d_initial_state->data)[mine[i].seq * (int64_t)R.st + (int64_t)x] +=
+                        dS[i * (int64_t)R.st + (int64_t)x];
+    }
+    free(dq), free(dk), free(dv), free(dg), free(db), free(dS), free(dht), free(dpb), free(recv), free(G), free(G2);
+    free(dP), free(dB), free(zo);
+    run_free(&R);
+    return s ? s : mp_ok(err);
+}
