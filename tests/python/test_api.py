@@ -280,6 +280,31 @@ def test_from_cu_seqlens_forms_padded_and_cross():
     assert Layout.from_cu_seqlens([0, 2, 5], cu_kv=[0, 4, 6], causal=False).n_segments == 2
 
 
+def test_unstated_alignment_is_the_library_policy():
+    # the refusal is the C library's (MASKPACK_ALIGN_UNSTATED), worded for the keyword argument
+    segs = [(0, 0, 3, 0, 3), (0, 3, 2, 3, 5)]
+    with pytest.raises(Error) as e:
+        Layout.from_segments(segs, 1, 5, 8, packed=True)
+    assert e.value.message == ("alignment: segment 1 has q_len 2 != kv_len 5; pass alignment='bottom_right' "
+                            "(flash-attn >= 2.1, NPU mode 3) or alignment='top_left' (torch SDPA is_causal, "
+                            "NPU mode 2) explicitly")
+    assert (e.value.status, e.value.argument, e.value.index) == ("MASKPACK_ERR_CONVENTION", "alignment", (1,))
+    # the same refusal where the rule becomes causal again later
+    bidir = Layout.from_segments(segs, 1, 5, 8, packed=True, causal=False)
+    with pytest.raises(Error) as e:
+        bidir.with_rule(window=(1, 0))
+    assert e.value.argument == "alignment" and e.value.index == (1,)
+    assert bidir.with_rule(window=(1, 0), alignment="top_left").rule["alignment"] == "top_left"
+    # the extension itself refuses an unstated alignment: every binding gets the policy
+    with pytest.raises(Error) as e:
+        maskpack._maskpack.from_segments(segs, 1, 5, 8, True, (1, 2, -1, -1, [], None))
+    assert e.value.argument == "rule.alignment" and e.value.index == (1,)
+    # the rule's own fields are named first
+    with pytest.raises(Error) as e:
+        Layout.from_segments(segs, 1, 5, 8, packed=True, window=(-3, -1))
+    assert e.value.argument == "rule.window"
+
+
 def test_from_position_ids_boundary_rules():
     pos = [0, 1, 2, 5, 6]
     assert Layout.from_position_ids(pos, rule="reset").seqlens.tolist() == [5]
