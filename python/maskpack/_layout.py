@@ -333,7 +333,7 @@ class Layout(_Moves):
 
             return _compile.derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
-        n = self.n_segments + (1 if fcode == 0 else 0)
+        n = self.n_segments + (1 if fcode == _CU_FORMS["te"] else 0)
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
         _maskpack.cu_seqlens(self._h, fcode, bool(kv), d)
         return _placed(obj, device, pin_memory)
@@ -367,7 +367,7 @@ class Layout(_Moves):
             return _compile.derived(self, "mask4d", dict(convention=convention, dtype=dtype, fill=fill, heads=heads), device)
         code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
         if dtype is None:
-            dtype = "float32" if code == 2 else "bool"
+            dtype = "float32" if code == _MASK_CONV["additive"] else "bool"
         if isinstance(fill, float) and fill == float("-inf"):
             fill = "-inf"
         fcode = _choice(fill, _FILLS, "fill", "MASKPACK_ERR_INVALID_ARGUMENT")
@@ -546,7 +546,7 @@ class Layout(_Moves):
         obj, d = alloc((b, s, skv), "bool", self._torch)
         # describe the [B,S,Skv] buffer as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
         ptr, code, _shape, st = d
-        _maskpack.mask4d(self._h, 0, 0, (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
+        _maskpack.mask4d(self._h, _MASK_CONV["keep"], _FILLS["-inf"], (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
         return obj
 
     def allowed_at(self, b: int, i: int, j: int, h: int = 0) -> bool:

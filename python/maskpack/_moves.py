@@ -817,7 +817,7 @@ class _Moves:
         per_seq = torch.zeros(self.n_segments + 1, dtype=torch.float64, device=dev).index_add_(
             0, seg, lab.to(torch.float64))
         per_seq[0] = 0  # padding belongs to no sequence
-        if code == 0:
+        if code == _LOSS_MODES["token"]:
             denom = per_seq.sum()
             w = torch.where(lab, 1.0 / denom, 0.0)
         else:

@@ -60,8 +60,21 @@ TABLES = [
     ("plan._ALGORITHM", plan._ALGORITHM,
      {"bfd": "MASKPACK_PLAN_BFD", "ffd": "MASKPACK_PLAN_FFD", "nextfit": "MASKPACK_PLAN_NEXTFIT"}),
     ("plan._ROW_WIDTH", plan._ROW_WIDTH, {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"}),
+    # the reverse direction: C codes the package names
+    ("_layout._NPU_MASK_KINDS", {v: k for k, v in _layout._NPU_MASK_KINDS.items()},
+     {n.lower(): "MASKPACK_NPU_MASK_" + n for n in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")}),
+    ("_layout._NPU_LAYOUT_NAMES", {v: k for k, v in _layout._NPU_LAYOUT_NAMES.items()},
+     {n: "MASKPACK_NPU_" + n for n in ("BSND", "BNSD", "BSH", "SBH", "TND")}),
+    ("_rule.ALIGNMENT_NAMES", {v: k for k, v in _rule.ALIGNMENT_NAMES.items()},
+     {"top_left": "MASKPACK_ALIGN_TOP_LEFT", "bottom_right": "MASKPACK_ALIGN_BOTTOM_RIGHT"}),
+    ("_rule.ALIGN_UNSTATED", {"unstated": _rule.ALIGN_UNSTATED}, {"unstated": "MASKPACK_ALIGN_UNSTATED"}),
 ]
 
+# every module-level table of the package holding C integer codes: a new copy of an enum must be
+# added to TABLES (or to the dtype checks below) before test_every_copied_enum_table_is_checked passes
+CHECKED = {("_layout", "_NPU_MASK_KINDS"), ("_layout", "_NPU_LAYOUT_NAMES"), ("_rule", "ALIGNMENT_NAMES"),
+           ("_tensors", "DTYPE_CODE"), ("_tensors", "_NP_CODE"), ("gdn", "_CODES"), ("_npu", "NPU_FINDING_NAMES")}
+CHECKED |= {tuple(t[0].split(".")) for t in TABLES if t[0].count(".") == 1 and t[0] != "_rule.ALIGN_UNSTATED"}
 DTYPE_CONST = {"bool": "MASKPACK_BOOL", "uint8": "MASKPACK_U8", "int8": "MASKPACK_I8", "int16": "MASKPACK_I16",
                "int32": "MASKPACK_I32", "int64": "MASKPACK_I64", "float16": "MASKPACK_F16",
                "bfloat16": "MASKPACK_BF16", "float32": "MASKPACK_F32", "float64": "MASKPACK_F64"}
@@ -79,6 +92,31 @@ def test_python_enum_dicts_match_header(name, table, consts):
     for key, const in consts.items():
         assert const in C, f"{name}[{key!r}]: {const} is not in maskpack.h"
         assert table[key] == C[const], f"{name}[{key!r}] = {table[key]}, maskpack.h has {const} = {C[const]}"
+
+
+def _int_table(v):
+    """A dict whose keys or values are all plain ints (bool excluded): a copy of C codes."""
+    def ints(xs):
+        xs = list(xs)
+        return bool(xs) and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+    return isinstance(v, dict) and (ints(v.values()) or ints(v.keys()))
+
+
+def test_every_copied_enum_table_is_checked():
+    pkg = pathlib.Path(maskpack.__file__).parent
+    checked = {id(getattr(importlib.import_module("maskpack." + m), a)) for m, a in CHECKED}
+    found = {}
+    for path in sorted(pkg.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        mod = importlib.import_module("maskpack." + path.stem)
+        for attr, value in vars(mod).items():
+            if _int_table(value):
+                found.setdefault(id(value), f"{path.stem}.{attr}")  # an imported table is the same object
+    # the scan itself must see the known tables (a broken scan would make the next assert vacuous)
+    assert {id(_layout._PLACEMENTS), id(plan._ALGORITHM), id(_npu.NPU_FINDING_NAMES)} <= set(found)
+    unchecked = sorted(n for i, n in found.items() if i not in checked)
+    assert not unchecked, f"integer tables not checked against maskpack.h: {unchecked}"
 
 
 def test_dtype_codes_match_header():
