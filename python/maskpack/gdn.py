@@ -23,7 +23,8 @@ import torch
 from . import _gdn
 from ._alloc import fresh
 from ._errors import Error
-from ._tensors import DTYPE_CODE, check_layout, check_threads, layout_ptr
+from ._tensors import check_layout, check_threads, layout_ptr
+from ._tensors import describe_kernel as _d  # the package's one tensor -> descriptor path
 
 __all__ = [
     "GatedDeltaNet",
@@ -35,28 +36,6 @@ __all__ = [
     "gdn_isa",
     "gdn_l2norm",
 ]
-
-# the library's dtype codes (one table, in _tensors) by torch dtype
-_CODES = {getattr(torch, name): code for name, code in DTYPE_CODE.items()}
-
-
-def _d(t: Optional[torch.Tensor], name: str):
-    """A torch CPU tensor -> (data_ptr, dtype code, shape, strides); None stays None."""
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise Error(f"{name}: expected a torch tensor, found {type(t).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument=name)
-    if t.device.type != "cpu":
-        raise Error(f"{name}: expected a CPU tensor, found one on {t.device}", "MASKPACK_ERR_UNSUPPORTED", argument=name)
-    code = _CODES.get(t.dtype)
-    if code is None:
-        raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
-    if t.is_neg():  # a lazily negated view (conj().imag): its memory holds -t
-        raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
-                    argument=name)
-    return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
-
 
 def _threads(threads: Optional[int]) -> int:
     """None -> torch's thread count; an explicit count as every maskpack call takes it."""

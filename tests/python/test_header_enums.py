@@ -73,7 +73,7 @@ TABLES = [
 # every module-level table of the package holding C integer codes: a new copy of an enum must be
 # added to TABLES (or to the dtype checks below) before test_every_copied_enum_table_is_checked passes
 CHECKED = {("_layout", "_NPU_MASK_KINDS"), ("_layout", "_NPU_LAYOUT_NAMES"), ("_rule", "ALIGNMENT_NAMES"),
-           ("_tensors", "DTYPE_CODE"), ("_tensors", "_NP_CODE"), ("gdn", "_CODES"), ("_npu", "NPU_FINDING_NAMES")}
+           ("_tensors", "DTYPE_CODE"), ("_tensors", "_NP_CODE"), ("_tensors", "_TORCH_CODES"), ("_npu", "NPU_FINDING_NAMES")}
 CHECKED |= {tuple(t[0].split(".")) for t in TABLES if t[0].count(".") == 1 and t[0] != "_rule.ALIGN_UNSTATED"}
 DTYPE_CONST = {"bool": "MASKPACK_BOOL", "uint8": "MASKPACK_U8", "int8": "MASKPACK_I8", "int16": "MASKPACK_I16",
                "int32": "MASKPACK_I32", "int64": "MASKPACK_I64", "float16": "MASKPACK_F16",
@@ -124,8 +124,11 @@ def test_dtype_codes_match_header():
     for code, n in enumerate(_tensors.DTYPE_NAMES):
         assert code == C[DTYPE_CONST[n]], f"DTYPE_NAMES[{code}] = {n!r}, maskpack.h has {DTYPE_CONST[n]} = {C[DTYPE_CONST[n]]}"
     assert len(_tensors.DTYPE_NAMES) == C["MASKPACK_DTYPE_COUNT_"]
-    for t, code in gdn._CODES.items():
-        assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"gdn._CODES[{t}]"
+    for n in DTYPE_CONST:  # torch dtypes: the same table (the kernels' descriptors come from it too)
+        assert _tensors._torch_code(torch, getattr(torch, n)) == C[DTYPE_CONST[n]], f"torch.{n}"
+    for t, code in _tensors._TORCH_CODES.items():
+        assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"_TORCH_CODES[{t}]"
+    assert _tensors.describe_kernel(torch.zeros(2, dtype=torch.bfloat16), "x")[1] == C["MASKPACK_BF16"]
     for d, code in _tensors._NP_CODE.items():
         assert code == C[DTYPE_CONST[np.dtype(d).name if np.dtype(d).name != "bool" else "bool"]], f"_NP_CODE[{d}]"
     assert _tensors._torch_code(torch, torch.bfloat16) == C["MASKPACK_BF16"]
