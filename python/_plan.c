@@ -1,11 +1,11 @@
 /*
- * _plan.c: the CPython extension behind maskpack.plan (the packing planner).
+ * _plan.c: the packing planner bindings, the submodule maskpack._maskpack.plan (use maskpack.plan).
  *
  * Thin, like _maskpack.c: a `Plan` handle type owning a maskpack_plan*, and one function per question
  * asked of it. Lengths arrive as a C-contiguous int64 buffer (the Python layer converts); bulk
  * results leave as bytes objects the Python layer views with numpy, so this file needs neither
- * numpy's C API nor per-element Python objects. Failures raise maskpack.Error (imported from
- * maskpack._errors when needed) with the status name, code, argument and index of maskpack_error.
+ * numpy's C API nor per-element Python objects. Failures raise maskpack.Error with the status name,
+ * code, argument and index of maskpack_error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +32,7 @@ static void Plan_dealloc(PlanObject *self) {
 }
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._plan.PlanHandle",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack.PlanHandle",
     .tp_basicsize = sizeof(PlanObject),
     .tp_itemsize = 0,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -47,8 +47,6 @@ static const maskpack_plan *handle(PyObject *obj) {
     }
     return ((PlanObject *)obj)->plan;
 }
-
-/* ---- errors ---------------------------------------------------------------------------------- */
 
 /* ---- creation -------------------------------------------------------------------------------------- */
 
@@ -266,20 +264,13 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_plan", "Packing planner bindings (use maskpack.plan).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__plan(void) {
-    if (PyType_Ready(&PlanType) < 0) return NULL;
-    PyObject *mod = PyModule_Create(&moduledef);
-    if (!mod) return NULL;
+/* The functions above and the PlanHandle type as the submodule maskpack._maskpack.plan. */
+int mpx_init_plan(PyObject *sub) {
+    if (PyType_Ready(&PlanType) < 0 || PyModule_AddFunctions(sub, methods) < 0) return -1;
     Py_INCREF(&PlanType);
-    if (PyModule_AddObject(mod, "PlanHandle", (PyObject *)&PlanType) < 0) {
+    if (PyModule_AddObject(sub, "PlanHandle", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);
-        Py_DECREF(mod);
-        return NULL;
+        return -1;
     }
-    return mod;
+    return 0;
 }

@@ -561,11 +561,6 @@ class _Moves:
 
     # ---- layouts of the same sequences ---------------------------------------------------------
 
-    @property
-    def _ptr(self) -> int:
-        """Address of the C maskpack_layout (valid while this object lives), for sibling extensions."""
-        return _maskpack.ptr(self._h)
-
     def _derived(self, h):
         return type(self)._wrap(h, self._torch, self._align_explicit)
 

@@ -316,7 +316,8 @@ def check_layout(layout: Any, name: str = "layout") -> None:
         raise TypeError(f"{name}: expected a maskpack.Layout, found {type(layout).__name__}")
 
 
-def layout_ptr(layout: Any, name: str = "layout") -> int:
-    """The C layout behind a maskpack.Layout, for the kernel extensions (checked as check_layout)."""
+def layout_handle(layout: Any, name: str = "layout") -> Any:
+    """The C layout handle behind a maskpack.Layout, for the kernel bindings (checked as check_layout;
+    the extension checks the handle's type again)."""
     check_layout(layout, name)
-    return layout._ptr
+    return layout._h

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _plan
+from ._maskpack import plan as _plan
 from ._errors import Error
 
 __all__ = ["Plan", "Rows", "plan", "attention_coefficient"]

@@ -305,6 +305,27 @@ def test_unstated_alignment_is_the_library_policy():
     assert e.value.argument == "rule.window"
 
 
+def test_one_extension_module_layout_handles_checked_by_type():
+    # the planner and kernel bindings are parts of the one extension module and take its Layout
+    # handle, checked by type: an address (or any other object) is a TypeError, never dereferenced
+    from maskpack import _maskpack
+
+    lay = Layout.from_lengths([3, 2], placement="packed")
+    assert type(lay._h) is _maskpack.Layout
+    q = torch.zeros(5, 1, 8)
+    for bad in (12345, lay, None):
+        with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
+            _maskpack.attention.forward(bad, None, None, None, 0.0, 0.0, None, None, 1)
+        with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
+            _maskpack.gdn.l2norm(bad, (None, None), 1e-6)
+    assert not hasattr(_maskpack, "ptr") and not hasattr(_maskpack, "adopt")
+    with pytest.raises(TypeError):
+        _maskpack.plan.report(lay._h)  # a layout where a plan is expected
+    # and the kernels run through the handle
+    out = maskpack.attention(q, q, q, lay)[0]
+    assert out.shape == q.shape
+
+
 def test_from_position_ids_boundary_rules():
     pos = [0, 1, 2, 5, 6]
     assert Layout.from_position_ids(pos, rule="reset").seqlens.tolist() == [5]

@@ -95,11 +95,14 @@ def test_python_enum_dicts_match_header(name, table, consts):
 
 
 def _int_table(v):
-    """A dict whose keys or values are all plain ints (bool excluded): a copy of C codes."""
+    """A dict between names and plain ints (bool excluded), either way round: a copy of C codes.
+    (Caches keyed by a count, such as the worker teams, map ints to objects and are not tables.)"""
     def ints(xs):
-        xs = list(xs)
-        return bool(xs) and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
-    return isinstance(v, dict) and (ints(v.values()) or ints(v.keys()))
+        return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+
+    def strs(xs):
+        return all(isinstance(x, str) for x in xs)
+    return isinstance(v, dict) and bool(v) and ((strs(v) and ints(v.values())) or (ints(v) and strs(v.values())))
 
 
 def test_every_copied_enum_table_is_checked():
