@@ -319,8 +319,11 @@ def test_one_extension_module_layout_handles_checked_by_type():
         with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
             _maskpack.gdn.l2norm(bad, (None, None), 1e-6)
     assert not hasattr(_maskpack, "ptr") and not hasattr(_maskpack, "adopt")
+    # the planner's row layouts are such handles too
+    h = maskpack.plan([3, 2], capacity=8)._h
+    assert type(_maskpack.plan.row_layout(h, 0, None)) is _maskpack.Layout
     with pytest.raises(TypeError):
-        _maskpack.plan.report(lay._h)  # a layout where a plan is expected
+        _maskpack.plan.row_layout(lay._h, 0, None)  # a layout where a plan is expected
     # and the kernels run through the handle
     out = maskpack.attention(q, q, q, lay)[0]
     assert out.shape == q.shape
