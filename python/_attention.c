@@ -161,13 +161,13 @@ static int parse_comm(PyObject *obj, int rank, int size, py_comm *pc, maskpack_c
     return 0;
 }
 
-/* (comm_obj, rank, size, layout_ptr, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None */
 static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *addr, *d[5];
+    PyObject *obj, *layout, *d[5];
     int rank, size, scheme, threads;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOi", &obj, &rank, &size, &addr, &scheme, &d[0], &d[1], &d[2], &scale,
+    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &scale,
                           &softcap, &d[3], &d[4], &threads))
         return NULL;
     static const char *names[5] = {"q", "k", "v", "out", "lse"};
@@ -176,7 +176,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     int present[5];
     py_comm pc;
     maskpack_comm comm;
-    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 5; i++)
         if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_error err;
@@ -190,13 +190,13 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (comm_obj, rank, size, layout_ptr, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
 static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *addr, *d[9];
+    PyObject *obj, *layout, *d[9];
     int rank, size, scheme, threads;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOi", &obj, &rank, &size, &addr, &scheme, &d[0], &d[1], &d[2], &d[3],
+    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &d[3],
                           &d[4], &d[5], &scale, &softcap, &d[6], &d[7], &d[8], &threads))
         return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
@@ -205,7 +205,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     int present[9];
     py_comm pc;
     maskpack_comm comm;
-    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
         if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
@@ -238,9 +238,9 @@ static PyMethodDef methods[] = {
      "(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None"},
     {"isa", py_isa, METH_O, "(dtype_code) -> name of the kernel the next call uses"},
     {"cp_forward", py_cp_forward, METH_VARARGS,
-     "(comm, rank, size, layout_ptr, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None: ring attention"},
+     "(comm, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None: ring attention"},
     {"cp_backward", py_cp_backward, METH_VARARGS,
-     "(comm, rank, size, layout_ptr, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> "
+     "(comm, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> "
      "None"},
     {NULL, NULL, 0, NULL},
 };
