@@ -1,12 +1,11 @@
 /*
- * _attention.c: the CPython extension behind maskpack.attention (fused CPU attention over a
- * layout). Thin like its siblings: tensors cross as descriptors
+ * _attention.c: the fused CPU attention bindings, the submodule maskpack._maskpack.attention (use
+ * maskpack.attention). Thin like the rest of the module: tensors cross as descriptors
  *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
- * built by maskpack/attention.py without copying (outputs are allocated there), the layout as the
- * address of its maskpack_layout (Layout._ptr; the Python side keeps the Layout and every tensor
- * alive for the call). The GIL is released around the computation; the workspace is allocated by
- * the library for the call. Failures raise maskpack.Error with the C library's status, argument,
- * index and message.
+ * built by maskpack/attention.py without copying (outputs are allocated there), the layout as its
+ * Layout handle (checked by type; the caller keeps the handle and every tensor alive for the call).
+ * The GIL is released around the computation; the workspace is allocated by the library for the
+ * call. Failures raise maskpack.Error with the C library's status, argument, index and message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,18 +15,18 @@
 #include "maskpack.h"
 #include "ext_common.h"
 
-/* (layout_ptr, q, k, v, scale, softcap, out, lse | None, n_threads) -> None */
+/* (layout, q, k, v, scale, softcap, out, lse | None, n_threads) -> None */
 static PyObject *py_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *dq, *dk, *dv, *dout, *dlse;
+    PyObject *layout, *dq, *dk, *dv, *dout, *dlse;
     double scale, softcap;
     int threads;
-    if (!PyArg_ParseTuple(args, "OOOOddOOi", &addr, &dq, &dk, &dv, &scale, &softcap, &dout, &dlse, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOddOOi", &layout, &dq, &dk, &dv, &scale, &softcap, &dout, &dlse, &threads))
         return NULL;
     const maskpack_layout *L;
     maskpack_tensor q, k, v, out, lse;
     int pq, pk, pv, po, pl;
-    if (mpx_parse_layout(addr, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 || mpx_parse_tensor(dk, "k", &k, &pk) < 0 ||
+    if (mpx_parse_layout(layout, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 || mpx_parse_tensor(dk, "k", &k, &pk) < 0 ||
         mpx_parse_tensor(dv, "v", &v, &pv) < 0 || mpx_parse_tensor(dout, "out", &out, &po) < 0 ||
         mpx_parse_tensor(dlse, "lse", &lse, &pl) < 0)
         return NULL;
@@ -41,20 +40,20 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (layout_ptr, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
+/* (layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
 static PyObject *py_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *d[10];
+    PyObject *layout, *d[10];
     double scale, softcap;
     int threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOOddOOOi", &addr, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale, &softcap,
+    if (!PyArg_ParseTuple(args, "OOOOOOOddOOOi", &layout, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale, &softcap,
                           &d[6], &d[7], &d[8], &threads))
         return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     const maskpack_layout *L;
     maskpack_tensor t[9];
     int present[9];
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
         if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
@@ -162,13 +161,13 @@ static int parse_comm(PyObject *obj, int rank, int size, py_comm *pc, maskpack_c
     return 0;
 }
 
-/* (comm_obj, rank, size, layout_ptr, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None */
 static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *addr, *d[5];
+    PyObject *obj, *layout, *d[5];
     int rank, size, scheme, threads;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOi", &obj, &rank, &size, &addr, &scheme, &d[0], &d[1], &d[2], &scale,
+    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &scale,
                           &softcap, &d[3], &d[4], &threads))
         return NULL;
     static const char *names[5] = {"q", "k", "v", "out", "lse"};
@@ -177,7 +176,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     int present[5];
     py_comm pc;
     maskpack_comm comm;
-    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 5; i++)
         if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_error err;
@@ -191,13 +190,13 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (comm_obj, rank, size, layout_ptr, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
 static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *addr, *d[9];
+    PyObject *obj, *layout, *d[9];
     int rank, size, scheme, threads;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOi", &obj, &rank, &size, &addr, &scheme, &d[0], &d[1], &d[2], &d[3],
+    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &d[3],
                           &d[4], &d[5], &scale, &softcap, &d[6], &d[7], &d[8], &threads))
         return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
@@ -206,7 +205,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     int present[9];
     py_comm pc;
     maskpack_comm comm;
-    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
         if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
@@ -234,21 +233,17 @@ static PyObject *py_isa(PyObject *m, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"forward", py_forward, METH_VARARGS, "(layout_ptr, q, k, v, scale, softcap, out, lse, n_threads) -> None"},
+    {"forward", py_forward, METH_VARARGS, "(layout, q, k, v, scale, softcap, out, lse, n_threads) -> None"},
     {"backward", py_backward, METH_VARARGS,
-     "(layout_ptr, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None"},
+     "(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None"},
     {"isa", py_isa, METH_O, "(dtype_code) -> name of the kernel the next call uses"},
     {"cp_forward", py_cp_forward, METH_VARARGS,
-     "(comm, rank, size, layout_ptr, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None: ring attention"},
+     "(comm, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None: ring attention"},
     {"cp_backward", py_cp_backward, METH_VARARGS,
-     "(comm, rank, size, layout_ptr, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> "
+     "(comm, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> "
      "None"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_attention", "Fused CPU attention over a layout (use maskpack.attention).", -1, methods,
-    NULL,                  NULL,         NULL,                                                         NULL,
-};
-
-PyMODINIT_FUNC PyInit__attention(void) { return PyModule_Create(&moduledef); }
+/* The functions above as the submodule maskpack._maskpack.attention. */
+int mpx_init_attention(PyObject *sub) { return PyModule_AddFunctions(sub, methods); }

@@ -1,12 +1,12 @@
 /*
- * _gdn.c: the CPython extension behind maskpack.gdn (Gated DeltaNet over a layout).
+ * _gdn.c: the Gated DeltaNet bindings, the submodule maskpack._maskpack.gdn (use maskpack.gdn).
  *
- * Thin like its sibling _maskpack: tensors cross as descriptors
+ * Thin like the rest of the module: tensors cross as descriptors
  *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
  * built by maskpack/gdn.py from torch tensors without copying (outputs are allocated there), and
- * the layout as the address of its maskpack_layout (Layout._ptr; the Python side keeps the Layout
- * alive for the call). The GIL is released around every computation. Failures raise
- * maskpack.Error with the C library's status, argument, index and message.
+ * the layout as its Layout handle (checked by type; the caller's reference keeps it alive for the
+ * call). The GIL is released around every computation. Failures raise maskpack.Error with the C
+ * library's status, argument, index and message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,13 +36,13 @@ static int parse_many(PyObject *descs, const char *const *names, int n, maskpack
 /* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads) */
 static PyObject *py_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     double scale;
     int chunked, l2norm, threads;
-    if (!PyArg_ParseTuple(args, "OO!dppi", &addr, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads))
+    if (!PyArg_ParseTuple(args, "OO!dppi", &layout, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads))
         return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -62,12 +62,12 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
 /* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads) */
 static PyObject *py_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     double scale;
     int l2norm, threads;
-    if (!PyArg_ParseTuple(args, "OO!dpi", &addr, &PyTuple_Type, &descs, &scale, &l2norm, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!dpi", &layout, &PyTuple_Type, &descs, &scale, &l2norm, &threads)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
                                           "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
@@ -88,11 +88,11 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
 /* workspace_size(layout, (q, k, v, g, beta, h0), chunked, backward, n_threads) -> bytes */
 static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     int chunked, backward, threads;
-    if (!PyArg_ParseTuple(args, "OO!ppi", &addr, &PyTuple_Type, &descs, &chunked, &backward, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!ppi", &layout, &PyTuple_Type, &descs, &chunked, &backward, &threads)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[6] = {"q", "k", "v", "g", "beta", "initial_state"};
     maskpack_tensor ts[6], *p[6];
     if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
@@ -112,11 +112,11 @@ static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
 /* conv1d(layout, (x, weight, prefix, y, state), silu, n_threads) */
 static PyObject *py_conv1d(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     int silu, threads;
-    if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!pi", &layout, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
     maskpack_tensor ts[5], *p[5];
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
@@ -130,11 +130,11 @@ static PyObject *py_conv1d(PyObject *m, PyObject *args) {
 /* conv1d_backward(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, n_threads) */
 static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     int silu, threads;
-    if (!PyArg_ParseTuple(args, "OO!pi", &addr, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!pi", &layout, &PyTuple_Type, &descs, &silu, &threads)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -149,11 +149,11 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
 /* l2norm(layout, (x, y), eps) */
 static PyObject *py_l2norm(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     double eps;
-    if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!d", &layout, &PyTuple_Type, &descs, &eps)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[2] = {"x", "y"};
     maskpack_tensor ts[2], *p[2];
     if (parse_many(descs, names, 2, ts, p) < 0) return NULL;
@@ -167,11 +167,11 @@ static PyObject *py_l2norm(PyObject *m, PyObject *args) {
 /* l2norm_backward(layout, (x, dy, dx), eps) */
 static PyObject *py_l2norm_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
+    PyObject *layout, *descs;
     double eps;
-    if (!PyArg_ParseTuple(args, "OO!d", &addr, &PyTuple_Type, &descs, &eps)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!d", &layout, &PyTuple_Type, &descs, &eps)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[3] = {"x", "dy", "dx"};
     maskpack_tensor ts[3], *p[3];
     if (parse_many(descs, names, 3, ts, p) < 0) return NULL;
@@ -185,10 +185,10 @@ static PyObject *py_l2norm_backward(PyObject *m, PyObject *args) {
 /* gates(layout, (a, b, A_log, dt_bias, g, beta)) */
 static PyObject *py_gates(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
-    if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
+    PyObject *layout, *descs;
+    if (!PyArg_ParseTuple(args, "OO!", &layout, &PyTuple_Type, &descs)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[6] = {"a", "b", "A_log", "dt_bias", "g", "beta"};
     maskpack_tensor ts[6], *p[6];
     if (parse_many(descs, names, 6, ts, p) < 0) return NULL;
@@ -202,10 +202,10 @@ static PyObject *py_gates(PyObject *m, PyObject *args) {
 /* gates_backward(layout, (a, b, A_log, dt_bias, dg, dbeta, da, db, dA_log, ddt_bias)) */
 static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *addr, *descs;
-    if (!PyArg_ParseTuple(args, "OO!", &addr, &PyTuple_Type, &descs)) return NULL;
+    PyObject *layout, *descs;
+    if (!PyArg_ParseTuple(args, "OO!", &layout, &PyTuple_Type, &descs)) return NULL;
     const maskpack_layout *L;
-    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[10] = {"a", "b", "A_log", "dt_bias", "dg", "dbeta", "da", "db", "dA_log", "ddt_bias"};
     maskpack_tensor ts[10], *p[10];
     if (parse_many(descs, names, 10, ts, p) < 0) return NULL;
@@ -242,9 +242,5 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_gdn", "Gated DeltaNet bindings (use maskpack.gdn).", -1, methods,
-    NULL,                  NULL,   NULL,                                         NULL,
-};
-
-PyMODINIT_FUNC PyInit__gdn(void) { return PyModule_Create(&moduledef); }
+/* The functions above as the submodule maskpack._maskpack.gdn. */
+int mpx_init_gdn(PyObject *sub) { return PyModule_AddFunctions(sub, methods); }

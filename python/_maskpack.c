@@ -1,8 +1,10 @@
 /*
- * _maskpack.c: the CPython extension behind the `maskpack` package.
+ * _maskpack.c: the CPython extension behind the `maskpack` package (the module's entry point; the
+ * planner and kernel bindings are its submodules plan, gdn and attention, built from _plan.c, _gdn.c
+ * and _attention.c into this same module, sharing ext_common.c).
  *
- * Deliberately thin: it owns a `Layout` handle type (a maskpack_layout* freed in dealloc) and
- * exposes the C API function by function. Tensors cross as plain descriptors
+ * Deliberately thin: a `Layout` handle type (a maskpack_layout* freed in dealloc, ext_common.c) and
+ * the C API function by function. Tensors cross as plain descriptors
  *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
  * built by the Python layer from numpy arrays / torch tensors without copying; outputs are
  * allocated on the Python side and passed the same way, so this file never owns array memory and
@@ -36,7 +38,6 @@ static inline PyObject *mp_newref(PyObject *o) {
 /* ---- module state ------------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject *error_type; /* maskpack.Error, set by the package; ValueError until then */
     /* torch, registered by the package the first time it meets a tensor (the extension does not
      * import torch): the Tensor type and {torch dtype: dtype code}. */
     PyObject *torch_tensor, *torch_to_dlpack;
@@ -48,73 +49,18 @@ static module_state *get_state(PyObject *module) { return (module_state *)PyModu
 
 /* ---- the Layout handle ---------------------------------------------------------------------- */
 
-typedef struct {
-    PyObject_HEAD maskpack_layout *layout;
-} LayoutObject;
-
-static void Layout_dealloc(LayoutObject *self) {
-    maskpack_layout_free(self->layout);
-    self->layout = NULL;
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyTypeObject LayoutType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack.Layout",
-    .tp_basicsize = sizeof(LayoutObject),
-    .tp_itemsize = 0,
-    .tp_dealloc = (destructor)Layout_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Opaque handle to an immutable maskpack_layout (use maskpack.Layout instead).",
-    /* tp_new stays NULL: handles are only made by the constructors below. */
-};
-
-/* Wraps a freshly built layout; frees it if the wrapper cannot be allocated. */
-static PyObject *wrap_layout(maskpack_layout *L) {
-    LayoutObject *o = PyObject_New(LayoutObject, &LayoutType);
-    if (!o) {
-        maskpack_layout_free(L);
-        return NULL;
-    }
-    o->layout = L;
-    return (PyObject *)o;
-}
-
-static const maskpack_layout *handle(PyObject *obj) { return ((LayoutObject *)obj)->layout; }
+/* The type and its constructor are shared with the other files of the module (ext_common.c); the
+ * short names below are this file's. */
+#define LayoutType mpx_LayoutType
+static PyObject *wrap_layout(maskpack_layout *L) { return mpx_wrap_layout(L); }
+static const maskpack_layout *handle(PyObject *obj) { return mpx_layout(obj); }
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
-/* Raises maskpack.Error(message, status_name, code, argument, index) for a failed call. */
+/* Raises maskpack.Error for a failed call: the module's one path (ext_common.c). */
 static PyObject *raise_status(PyObject *module, maskpack_status status, const maskpack_error *err) {
-    module_state *st = get_state(module);
-    const char *msg = (err && err->message[0]) ? err->message : maskpack_status_message(status);
-    const char *arg = (err && err->argument[0]) ? err->argument : NULL;
-    /* index: the meaningful leading entries (trailing -1 = n/a are dropped) */
-    int n_idx = 0;
-    if (err)
-        for (int i = 0; i < 4; i++)
-            if (err->index[i] != -1) n_idx = i + 1;
-    PyObject *idx = PyTuple_New(n_idx);
-    if (!idx) return NULL;
-    for (int i = 0; i < n_idx; i++) {
-        PyObject *v = PyLong_FromLongLong((long long)err->index[i]);
-        if (!v) {
-            Py_DECREF(idx);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(idx, i, v);
-    }
-    PyObject *type = st->error_type ? st->error_type : PyExc_ValueError;
-    PyObject *exc;
-    if (st->error_type) {
-        exc = PyObject_CallFunction(type, "ssizO", msg, maskpack_status_name(status), (int)status, arg, idx);
-    } else {
-        exc = PyObject_CallFunction(type, "s", msg);
-    }
-    Py_DECREF(idx);
-    if (!exc) return NULL;
-    PyErr_SetObject(type, exc);
-    Py_DECREF(exc);
-    return NULL;
+    (void)module;
+    return mpx_raise_status(status, err);
 }
 
 /* ---- argument conversion -------------------------------------------------------------------- */
@@ -160,97 +106,10 @@ static int parse_opt_tensor(PyObject *desc, maskpack_tensor *t, int *present, co
     return mpx_parse_tensor(desc, name, t, present);
 }
 
-/* The rule crosses as (causal, alignment, window_left, window_right, spans | None, prefix | None)
- * with spans a sequence of (segment, start, end). Arrays live in rule_buf until rule_buf_free. */
-typedef struct {
-    maskpack_rule rule;
-    maskpack_span *spans;
-    int64_t *prefix;
-} rule_buf;
-
-static void rule_buf_free(rule_buf *rb) {
-    PyMem_Free(rb->spans);
-    PyMem_Free(rb->prefix);
-    rb->spans = NULL;
-    rb->prefix = NULL;
-}
-
-static int parse_rule(PyObject *obj, rule_buf *rb) {
-    memset(rb, 0, sizeof *rb);
-    rb->rule = maskpack_rule_default();
-    if (obj == Py_None) return 0;
-    long causal, align;
-    long long wl, wr;
-    PyObject *spans, *prefix;
-    if (!PyTuple_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError, "rule: expected a tuple (causal, alignment, left, right, spans, prefix)");
-        return -1;
-    }
-    if (!PyArg_ParseTuple(obj, "llLLOO;rule: expected (causal, alignment, left, right, spans, prefix)", &causal,
-                          &align, &wl, &wr, &spans, &prefix))
-        return -1;
-    rb->rule.causal = (int)causal;
-    rb->rule.alignment = (maskpack_alignment)align;
-    rb->rule.window_left = (int64_t)wl;
-    rb->rule.window_right = (int64_t)wr;
-    if (spans != Py_None) {
-        PyObject *seq = PySequence_Fast(spans, "rule.spans: expected a sequence of (segment, start, end)");
-        if (!seq) return -1;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        rb->spans = PyMem_Calloc(n ? (size_t)n : 1, sizeof *rb->spans);
-        if (!rb->spans) {
-            Py_DECREF(seq);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t v[3];
-            Py_ssize_t got = 0;
-            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-            if (mpx_parse_i64_seq(item, "rule.spans[i]", v, 3, &got) < 0 || got != 3) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_TypeError, "rule.spans[%zd]: expected (segment, start, end)", i);
-                Py_DECREF(seq);
-                rule_buf_free(rb);
-                return -1;
-            }
-            rb->spans[i].segment = v[0];
-            rb->spans[i].start = v[1];
-            rb->spans[i].end = v[2];
-        }
-        Py_DECREF(seq);
-        rb->rule.spans = rb->spans;
-        rb->rule.n_spans = (size_t)n;
-    }
-    if (prefix != Py_None) {
-        PyObject *seq = PySequence_Fast(prefix, "rule.prefix: expected a sequence of ints");
-        if (!seq) {
-            rule_buf_free(rb);
-            return -1;
-        }
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        rb->prefix = PyMem_Calloc(n ? (size_t)n : 1, sizeof *rb->prefix);
-        if (!rb->prefix) {
-            Py_DECREF(seq);
-            rule_buf_free(rb);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-            if (v == -1 && PyErr_Occurred()) {
-                Py_DECREF(seq);
-                rule_buf_free(rb);
-                return -1;
-            }
-            rb->prefix[i] = (int64_t)v;
-        }
-        Py_DECREF(seq);
-        rb->rule.prefix = rb->prefix;
-        rb->rule.n_prefix = (size_t)n;
-    }
-    return 0;
-}
+/* The rule crosses as a tuple read by mpx_parse_rule (ext_common.c). */
+typedef mpx_rule_buf rule_buf;
+static int parse_rule(PyObject *obj, rule_buf *rb) { return mpx_parse_rule(obj, rb); }
+static void rule_buf_free(rule_buf *rb) { mpx_rule_buf_free(rb); }
 
 static PyObject *i64_list(const int64_t *v, int64_t n) {
     PyObject *l = PyList_New((Py_ssize_t)n);
@@ -305,15 +164,12 @@ static PyObject *py_status_message(PyObject *m, PyObject *arg) {
 }
 
 static PyObject *py_set_error_type(PyObject *m, PyObject *type) {
+    (void)m;
     if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
         PyErr_SetString(PyExc_TypeError, "expected an exception type");
         return NULL;
     }
-    module_state *st = get_state(m);
-    Py_INCREF(type);
-    PyObject *old = st->error_type;
-    st->error_type = type;
-    Py_XDECREF(old);
+    mpx_set_error_type(type);
     Py_RETURN_NONE;
 }
 
@@ -1045,27 +901,6 @@ static PyObject *py_validate_npu_args(PyObject *m, PyObject *args, PyObject *kw)
 
 /* ---- context parallelism, relayout, labels (issue 3) -------------------------------------- */
 
-/* (handle) -> address of the maskpack_layout*, for sibling extension modules (kernels, planner). */
-static PyObject *py_ptr(PyObject *m, PyObject *h) {
-    (void)m;
-    if (!PyObject_TypeCheck(h, &LayoutType)) {
-        PyErr_SetString(PyExc_TypeError, "expected a layout handle");
-        return NULL;
-    }
-    return PyLong_FromVoidPtr((void *)handle(h));
-}
-
-/* (address) -> a new handle owning a layout built by a sibling extension (it passes ownership). */
-static PyObject *py_adopt(PyObject *m, PyObject *addr) {
-    (void)m;
-    void *p = PyLong_AsVoidPtr(addr);
-    if (!p) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "adopt: NULL layout pointer");
-        return NULL;
-    }
-    return wrap_layout((maskpack_layout *)p);
-}
-
 static PyObject *py_packed_of(PyObject *m, PyObject *h) {
     if (!PyObject_TypeCheck(h, &LayoutType)) {
         PyErr_SetString(PyExc_TypeError, "expected a layout handle");
@@ -1544,8 +1379,6 @@ static PyObject *py_loss_weights(PyObject *m, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"ptr", py_ptr, METH_O, "(handle) -> address of the maskpack_layout* (for sibling extensions)"},
-    {"adopt", py_adopt, METH_O, "(address) -> handle taking ownership of a maskpack_layout*"},
     {"packed_of", py_packed_of, METH_O, "(handle) -> packed handle of the same sequences"},
     {"padded_of", py_padded_of, METH_VARARGS, "(handle, placement, width) -> padded handle"},
     {"pad_to_multiple", py_pad_to_multiple, METH_VARARGS, "(handle, multiple) -> handle"},
@@ -1604,7 +1437,6 @@ static PyMethodDef methods[] = {
 static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     module_state *st = get_state(m);
     if (st) {
-        Py_VISIT(st->error_type);
         Py_VISIT(st->torch_tensor);
         Py_VISIT(st->torch_to_dlpack);
     }
@@ -1614,7 +1446,6 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
 static int module_clear(PyObject *m) {
     module_state *st = get_state(m);
     if (st) {
-        Py_CLEAR(st->error_type);
         Py_CLEAR(st->torch_tensor);
         Py_CLEAR(st->torch_to_dlpack);
         Py_CLEAR(st->s_is_neg);
@@ -1635,11 +1466,25 @@ static struct PyModuleDef moduledef = {
     .m_free = module_free,
 };
 
+/* One part of the module (planner, a kernel family) as the attribute `name`: a module object whose
+ * functions come from that part's file; they take Layout handles of this module's type. */
+static int add_part(PyObject *m, const char *name, const char *doc, int (*init)(PyObject *)) {
+    PyObject *full = PyUnicode_FromFormat("maskpack._maskpack.%s", name);
+    if (!full) return -1;
+    PyObject *sub = PyModule_NewObject(full);
+    Py_DECREF(full);
+    if (!sub) return -1;
+    if (PyModule_SetDocString(sub, doc) < 0 || init(sub) < 0 || PyModule_AddObject(m, name, sub) < 0) {
+        Py_DECREF(sub);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__maskpack(void) {
     if (PyType_Ready(&LayoutType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
-    get_state(m)->error_type = NULL;
     module_state *st = get_state(m);
     st->torch_tensor = st->torch_to_dlpack = NULL;
     if (!(st->s_is_neg = PyUnicode_InternFromString("is_neg"))) {
@@ -1649,6 +1494,12 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (add_part(m, "plan", "Packing planner bindings (use maskpack.plan).", mpx_init_plan) < 0 ||
+        add_part(m, "gdn", "Gated DeltaNet bindings (use maskpack.gdn).", mpx_init_gdn) < 0 ||
+        add_part(m, "attention", "Fused CPU attention over a layout (use maskpack.attention).", mpx_init_attention) < 0) {
         Py_DECREF(m);
         return NULL;
     }

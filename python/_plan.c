@@ -1,11 +1,12 @@
 /*
- * _plan.c: the CPython extension behind maskpack.plan (the packing planner).
+ * _plan.c: the packing planner bindings, the submodule maskpack._maskpack.plan (use maskpack.plan).
  *
  * Thin, like _maskpack.c: a `Plan` handle type owning a maskpack_plan*, and one function per question
  * asked of it. Lengths arrive as a C-contiguous int64 buffer (the Python layer converts); bulk
  * results leave as bytes objects the Python layer views with numpy, so this file needs neither
- * numpy's C API nor per-element Python objects. Failures raise maskpack.Error (imported from
- * maskpack._errors when needed) with the status name, code, argument and index of maskpack_error.
+ * numpy's C API nor per-element Python objects. A row's or micro-batch's layout is built by the
+ * library (maskpack_plan_row_layout) and returned as the module's Layout handle. Failures raise
+ * maskpack.Error with the status name, code, argument and index of maskpack_error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +33,7 @@ static void Plan_dealloc(PlanObject *self) {
 }
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._plan.PlanHandle",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack.PlanHandle",
     .tp_basicsize = sizeof(PlanObject),
     .tp_itemsize = 0,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -47,8 +48,6 @@ static const maskpack_plan *handle(PyObject *obj) {
     }
     return ((PlanObject *)obj)->plan;
 }
-
-/* ---- errors ---------------------------------------------------------------------------------- */
 
 /* ---- creation -------------------------------------------------------------------------------------- */
 
@@ -254,7 +253,51 @@ fail:
     return NULL;
 }
 
+/* ---- layouts -------------------------------------------------------------------------------------- */
+
+/* (plan, row, rule tuple | None) -> Layout handle: the row packed as maskpack_plan_row_layout lays it out */
+static PyObject *py_row_layout(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *h, *rule_obj;
+    long long row;
+    if (!PyArg_ParseTuple(args, "OLO", &h, &row, &rule_obj)) return NULL;
+    const maskpack_plan *p = handle(h);
+    if (!p) return NULL;
+    mpx_rule_buf rb;
+    if (mpx_parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_plan_row_layout(p, row, &rb.rule, &L, &err);
+    mpx_rule_buf_free(&rb);
+    if (s) return mpx_raise_status(s, &err);
+    return mpx_wrap_layout(L);
+}
+
+/* (plan, rank, micro_batch, rule tuple | None) -> Layout handle [rows_per_microbatch, width] */
+static PyObject *py_microbatch_layout(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *h, *rule_obj;
+    long long rank, mb;
+    if (!PyArg_ParseTuple(args, "OLLO", &h, &rank, &mb, &rule_obj)) return NULL;
+    const maskpack_plan *p = handle(h);
+    if (!p) return NULL;
+    mpx_rule_buf rb;
+    if (mpx_parse_rule(rule_obj, &rb) < 0) return NULL;
+    maskpack_layout *L = NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_plan_microbatch_layout(p, rank, mb, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS
+    mpx_rule_buf_free(&rb);
+    if (s) return mpx_raise_status(s, &err);
+    return mpx_wrap_layout(L);
+}
+
 static PyMethodDef methods[] = {
+    {"row_layout", py_row_layout, METH_VARARGS, "(handle, row, rule) -> Layout handle of the packed row"},
+    {"microbatch_layout", py_microbatch_layout, METH_VARARGS,
+     "(handle, rank, micro_batch, rule) -> Layout handle of the micro-batch's rows"},
     {"create", py_create, METH_VARARGS,
      "(lengths int64 buffer, capacity, dp, micro_batches, cp, tp, align, multiple, objective, attention_a, "
      "algorithm, seed, allow_split, row_width, hidden) -> handle"},
@@ -266,20 +309,13 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_plan", "Packing planner bindings (use maskpack.plan).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__plan(void) {
-    if (PyType_Ready(&PlanType) < 0) return NULL;
-    PyObject *mod = PyModule_Create(&moduledef);
-    if (!mod) return NULL;
+/* The functions above and the PlanHandle type as the submodule maskpack._maskpack.plan. */
+int mpx_init_plan(PyObject *sub) {
+    if (PyType_Ready(&PlanType) < 0 || PyModule_AddFunctions(sub, methods) < 0) return -1;
     Py_INCREF(&PlanType);
-    if (PyModule_AddObject(mod, "PlanHandle", (PyObject *)&PlanType) < 0) {
+    if (PyModule_AddObject(sub, "PlanHandle", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);
-        Py_DECREF(mod);
-        return NULL;
+        return -1;
     }
-    return mod;
+    return 0;
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -46,23 +47,35 @@ def _int(v: Any, name: str) -> int:
     return v
 
 
-def _check_alignment(layout: "Layout", explicit: bool) -> None:
-    """docs/conventions.md section 3: where q_len != kv_len the causal alignment must be stated, never assumed."""
-    if explicit:
-        return
-    r = layout.rule
-    if not r["causal"] and tuple(r["window"]) == (-1, -1):
-        return  # the predicate does not depend on the alignment
-    for k, seg in enumerate(_maskpack.segments(layout._h)):
-        if seg[5] is None and seg[2] != seg[4]:
-            raise Error(
-                f"alignment: segment {k} has q_len {seg[2]} != kv_len {seg[4]}; pass alignment='bottom_right' "
-                "(flash-attn >= 2.1, NPU mode 3) or alignment='top_left' (torch SDPA is_causal, NPU mode 2) "
-                "explicitly",
-                "MASKPACK_ERR_CONVENTION",
-                argument="alignment",
-                index=(k,),
-            )
+def _alignment_refused(e: Error) -> Error:
+    """The library's refusal of an unstated alignment (argument rule.alignment), worded for the keyword
+    arguments: the policy is the library's (include/maskpack.h, MASKPACK_ALIGN_UNSTATED), the advice
+    names ``alignment=``."""
+    if e.status != "MASKPACK_ERR_CONVENTION" or e.argument != "rule.alignment" or not e.index:
+        return e
+    m = re.match(r"rule\.alignment: segment (\d+) has q_len (-?\d+) != kv_len (-?\d+);", e.message)
+    if m is None:
+        return e
+    k, q, kv = m.groups()
+    return Error(
+        f"alignment: segment {k} has q_len {q} != kv_len {kv}; pass alignment='bottom_right' "
+        "(flash-attn >= 2.1, NPU mode 3) or alignment='top_left' (torch SDPA is_causal, NPU mode 2) "
+        "explicitly",
+        "MASKPACK_ERR_CONVENTION",
+        argument="alignment",
+        index=(int(k),),
+    )
+
+
+def _build(fn: Any, *args: Any) -> Any:
+    """Calls a constructor of the extension, rewording an unstated-alignment refusal (see above)."""
+    try:
+        return fn(*args)
+    except Error as e:
+        new = _alignment_refused(e)
+        if new is e:
+            raise
+        raise new from None
 
 
 # Every live layout by id(): torch.compile'd code names a layout by this key (maskpack._compile), so the
@@ -111,7 +124,7 @@ class Layout(_Moves):
         pcode = _choice(placement, _PLACEMENTS, "placement", "MASKPACK_ERR_INVALID_ARGUMENT")
         cap = 0 if capacity is None else _int(capacity, "capacity")
         r, explicit = _rule.normalize(rule, None, "from_lengths")
-        h = _maskpack.from_lengths(lens, pcode, cap, _rule.to_c(r))
+        h = _maskpack.from_lengths(lens, pcode, cap, _rule.to_c(r, explicit))
         return cls._wrap(h, is_torch_tensor(lengths), explicit)
 
     @classmethod
@@ -128,7 +141,7 @@ class Layout(_Moves):
                 argument="mask",
             )
         r, explicit = _rule.normalize(rule, None, "from_mask2d")
-        h = _maskpack.from_mask2d(d, code, _rule.to_c(r))
+        h = _maskpack.from_mask2d(d, code, _rule.to_c(r, explicit))
         del keep
         return cls._wrap(h, torch, explicit)
 
@@ -147,7 +160,7 @@ class Layout(_Moves):
             if total is not None or cu_padded is not None:
                 raise TypeError("from_cu_seqlens(): cu_kv cannot be combined with total or cu_padded")
             dk, keep_k, torch_k = describe(cu_kv, "cu_kv", list_dtype=np.int64)
-            h = _maskpack.from_cu_seqlens_qk(d, dk, fcode, _rule.to_c(r))
+            h = _build(_maskpack.from_cu_seqlens_qk, d, dk, fcode, _rule.to_c(r, explicit))
             del keep_k
             torch = torch or torch_k
         else:
@@ -156,12 +169,10 @@ class Layout(_Moves):
                 dp, keep_p, _tp = describe(cu_padded, "cu_padded", list_dtype=np.int64)
             else:
                 dp, keep_p = None, None
-            h = _maskpack.from_cu_seqlens(d, fcode, tot, dp, _rule.to_c(r))
+            h = _build(_maskpack.from_cu_seqlens, d, fcode, tot, dp, _rule.to_c(r, explicit))
             del keep_p
         del keep
-        out = cls._wrap(h, torch, explicit)
-        _check_alignment(out, explicit)
-        return out
+        return cls._wrap(h, torch, explicit)
 
     @classmethod
     def from_position_ids(cls, position_ids: Any, rule: str = "reset", **rule_kwargs: Any) -> "Layout":
@@ -173,7 +184,7 @@ class Layout(_Moves):
         bcode = _choice(rule, _BOUNDARY, "rule", "MASKPACK_ERR_CONVENTION")
         d, keep, torch = describe(position_ids, "position_ids", list_dtype=np.int64)
         r, explicit = _rule.normalize(rule_kwargs, None, "from_position_ids")
-        h = _maskpack.from_position_ids(d, bcode, _rule.to_c(r))
+        h = _maskpack.from_position_ids(d, bcode, _rule.to_c(r, explicit))
         del keep
         return cls._wrap(h, torch, explicit)
 
@@ -219,19 +230,16 @@ class Layout(_Moves):
         if not isinstance(packed, (bool, np.bool_)):
             raise TypeError(f"packed: expected a bool, found {packed!r}")
         r, explicit = _rule.normalize(rule, None, "from_segments")
-        h = _maskpack.from_segments(segs, nr, qw, kw, bool(packed), _rule.to_c(r))
-        out = cls._wrap(h, False, explicit)
-        _check_alignment(out, explicit)
-        return out
+        h = _build(_maskpack.from_segments, segs, nr, qw, kw, bool(packed), _rule.to_c(r, explicit))
+        return cls._wrap(h, False, explicit)
 
     def with_rule(self, **rule: Any) -> "Layout":
         """Same segments under another rule. Keys not given keep their current value (pass
         ``spans=None`` / ``prefix=None`` / ``window=(-1, -1)`` to remove them)."""
         r, explicit = _rule.normalize(rule, self.rule, "with_rule")
-        h = _maskpack.with_rule(self._h, _rule.to_c(r))
-        out = type(self)._wrap(h, self._torch, explicit or self._align_explicit)
-        _check_alignment(out, out._align_explicit)
-        return out
+        explicit = explicit or self._align_explicit
+        h = _build(_maskpack.with_rule, self._h, _rule.to_c(r, explicit))
+        return type(self)._wrap(h, self._torch, explicit)
 
     def with_outputs(self, kind: str) -> "Layout":
         """The same layout returning "numpy" arrays or "torch" tensors from its methods."""
@@ -325,7 +333,7 @@ class Layout(_Moves):
 
             return _compile.derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
-        n = self.n_segments + (1 if fcode == 0 else 0)
+        n = self.n_segments + (1 if fcode == _CU_FORMS["te"] else 0)
         obj, d = alloc((n,), dtype_name(dtype), self._torch)
         _maskpack.cu_seqlens(self._h, fcode, bool(kv), d)
         return _placed(obj, device, pin_memory)
@@ -359,7 +367,7 @@ class Layout(_Moves):
             return _compile.derived(self, "mask4d", dict(convention=convention, dtype=dtype, fill=fill, heads=heads), device)
         code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
         if dtype is None:
-            dtype = "float32" if code == 2 else "bool"
+            dtype = "float32" if code == _MASK_CONV["additive"] else "bool"
         if isinstance(fill, float) and fill == float("-inf"):
             fill = "-inf"
         fcode = _choice(fill, _FILLS, "fill", "MASKPACK_ERR_INVALID_ARGUMENT")
@@ -538,7 +546,7 @@ class Layout(_Moves):
         obj, d = alloc((b, s, skv), "bool", self._torch)
         # describe the [B,S,Skv] buffer as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
         ptr, code, _shape, st = d
-        _maskpack.mask4d(self._h, 0, 0, (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
+        _maskpack.mask4d(self._h, _MASK_CONV["keep"], _FILLS["-inf"], (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
         return obj
 
     def allowed_at(self, b: int, i: int, j: int, h: int = 0) -> bool:

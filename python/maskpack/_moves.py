@@ -561,11 +561,6 @@ class _Moves:
 
     # ---- layouts of the same sequences ---------------------------------------------------------
 
-    @property
-    def _ptr(self) -> int:
-        """Address of the C maskpack_layout (valid while this object lives), for sibling extensions."""
-        return _maskpack.ptr(self._h)
-
     def _derived(self, h):
         return type(self)._wrap(h, self._torch, self._align_explicit)
 
@@ -817,7 +812,7 @@ class _Moves:
         per_seq = torch.zeros(self.n_segments + 1, dtype=torch.float64, device=dev).index_add_(
             0, seg, lab.to(torch.float64))
         per_seq[0] = 0  # padding belongs to no sequence
-        if code == 0:
+        if code == _LOSS_MODES["token"]:
             denom = per_seq.sum()
             w = torch.where(lab, 1.0 / denom, 0.0)
         else:

@@ -21,6 +21,9 @@ from ._tensors import as_int_list
 
 ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 ALIGNMENT_NAMES = {v: k for k, v in ALIGNMENTS.items()}
+# MASKPACK_ALIGN_UNSTATED: the rule passed when no ``alignment`` keyword was given, so that the library
+# applies its policy (refused where q_len != kv_len under a causal or windowed rule, else bottom-right)
+ALIGN_UNSTATED = 2
 RULE_KEYS = ("causal", "window", "window_hf", "window_gym", "alignment", "spans", "prefix")
 
 DEFAULT_RULE: Dict[str, Any] = {
@@ -110,12 +113,12 @@ def normalize(kwargs: Dict[str, Any], base: Optional[Dict[str, Any]], where: str
     return rule, "alignment" in kwargs
 
 
-def to_c(rule: Dict[str, Any]) -> tuple:
-    """Rule dict -> the tuple the extension takes."""
+def to_c(rule: Dict[str, Any], explicit: bool = True) -> tuple:
+    """Rule dict -> the tuple the extension takes; ``explicit`` False passes the alignment as unstated."""
     left, right = rule["window"]
     return (
         1 if rule["causal"] else 0,
-        ALIGNMENTS[rule["alignment"]],
+        ALIGNMENTS[rule["alignment"]] if explicit else ALIGN_UNSTATED,
         int(left),
         int(right),
         list(rule["spans"]),

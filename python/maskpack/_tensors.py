@@ -29,17 +29,8 @@ DTYPE_NAMES = (
 )
 DTYPE_CODE = {name: code for code, name in enumerate(DTYPE_NAMES)}
 
-_NP_CODE = {
-    np.dtype(np.bool_): 0,
-    np.dtype(np.uint8): 1,
-    np.dtype(np.int8): 2,
-    np.dtype(np.int16): 3,
-    np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5,
-    np.dtype(np.float16): 6,
-    np.dtype(np.float32): 8,
-    np.dtype(np.float64): 9,
-}
+# numpy dtype -> code, from the one table above (numpy has no bfloat16: ml_dtypes' is matched by name)
+_NP_CODE = {np.dtype(n): c for n, c in DTYPE_CODE.items() if n != "bfloat16"}
 
 
 def _torch():
@@ -69,14 +60,13 @@ _TORCH_CODES: dict = {}
 def _torch_code(t, dtype) -> Optional[int]:
     """torch dtype -> dtype code (the table is built once: this runs on every call into C)."""
     if not _TORCH_CODES:
-        names = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-        _TORCH_CODES.update({getattr(t, n): DTYPE_CODE[n] for n in names})
+        _TORCH_CODES.update({getattr(t, n): c for n, c in DTYPE_CODE.items()})
     return _TORCH_CODES.get(dtype)
 
 
 def _np_code(dtype: np.dtype) -> Optional[int]:
     if dtype.name == "bfloat16" and dtype.itemsize == 2:  # ml_dtypes.bfloat16
-        return 7
+        return DTYPE_CODE["bfloat16"]
     if not dtype.isnative:
         return None
     return _NP_CODE.get(dtype)
@@ -106,6 +96,30 @@ def _describe_torch(x, name: str):
     if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
         x = x.resolve_neg()
     return (x.data_ptr(), code, tuple(x.shape), x.stride()), x
+
+
+def describe_kernel(t: Any, name: str) -> Optional[tuple]:
+    """A kernel argument (a torch CPU tensor, or None) -> its descriptor, or None.
+
+    The kernels (GDN, conv) take torch tensors only and refuse what describe() would convert: anything
+    but a torch tensor, a tensor on another device, a lazily negated view (its memory holds -t; a
+    resolved copy would not be the tensor autograd tracks) -- each a maskpack.Error naming the
+    argument. The tensor is the caller's keepalive."""
+    if t is None:
+        return None
+    tm = _torch()
+    if tm is None or not isinstance(t, tm.Tensor):
+        raise Error(f"{name}: expected a torch tensor, found {type(t).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument=name)
+    if t.device.type != "cpu":
+        raise Error(f"{name}: expected a CPU tensor, found one on {t.device}", "MASKPACK_ERR_UNSUPPORTED", argument=name)
+    code = _torch_code(tm, t.dtype)
+    if code is None:
+        raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
+    if t.is_neg():
+        raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
+                    argument=name)
+    return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
 
 
 def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
@@ -302,7 +316,8 @@ def check_layout(layout: Any, name: str = "layout") -> None:
         raise TypeError(f"{name}: expected a maskpack.Layout, found {type(layout).__name__}")
 
 
-def layout_ptr(layout: Any, name: str = "layout") -> int:
-    """The C layout behind a maskpack.Layout, for the kernel extensions (checked as check_layout)."""
+def layout_handle(layout: Any, name: str = "layout") -> Any:
+    """The C layout handle behind a maskpack.Layout, for the kernel bindings (checked as check_layout;
+    the extension checks the handle's type again)."""
     check_layout(layout, name)
-    return layout._ptr
+    return layout._h

@@ -23,9 +23,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _attention
+from ._maskpack import attention as _attention
 from ._errors import Error
-from ._tensors import DTYPE_CODE, check_threads, describe, describe_out, is_torch_tensor, layout_ptr
+from ._tensors import DTYPE_CODE, check_threads, describe, describe_out, is_torch_tensor, layout_handle
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
 
@@ -104,7 +104,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     use_torch = any(is_torch_tensor(x) for x in (q, k, v))
     if is_torch_tensor(q):
         q, k, v = (x.detach() if is_torch_tensor(x) else x for x in (q, k, v))
-    ptr = layout_ptr(layout)
+    handle = layout_handle(layout)
     if out is None:
         out = _empty_like(q)
     lse = _empty_like(q, _lse_shape(layout, q), "float32")
@@ -113,7 +113,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     dv, kv, _ = describe(v, "v")
     do, ko, _ = describe_out(out, "out")
     dl, kl, _ = describe(lse, "lse")
-    _attention.forward(ptr, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, _threads(n_threads, use_torch))
+    _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, _threads(n_threads, use_torch))
     del kq, kk, kv, ko, kl
     return out, lse
 
@@ -158,7 +158,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
     use_torch = any(is_torch_tensor(x) for x in xs)
     xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
     dout, q, k, v, out, lse = xs
-    ptr = layout_ptr(layout)
+    handle = layout_handle(layout)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
     descs, keep = [], []
@@ -166,7 +166,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
         d, kx, _ = describe(x, name)
         descs.append(d)
         keep.append(kx)
-    _attention.backward(ptr, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
+    _attention.backward(handle, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
                         _softcap(softcap), descs[6], descs[7], descs[8], _threads(n_threads, use_torch))
     del keep
     return dq, dk, dv

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ._errors import Error
+from ._moves import _SCHEMES  # the package's one copy of maskpack_cp_scheme (checked by test_header_enums)
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
            "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp"]
@@ -413,9 +414,9 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, whole, group, scheme, scale, softcap, threads):
-        from . import _attention
+        from ._maskpack import attention as _attention
         from .attention import _lse_shape, _scale, _softcap, _threads
-        from ._tensors import describe, layout_ptr
+        from ._tensors import describe, layout_handle
 
         comm = _TorchComm(group)
         q, k, v = (x.detach().contiguous() for x in (q, k, v))
@@ -423,7 +424,7 @@ class _RingAttention(torch.autograd.Function):
         lse = torch.empty(_lse_shape(whole, q), dtype=torch.float32)
         nthreads = _threads(threads, True)
         descs = [describe(x, name)[0] for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))]
-        _ring_call(_attention.cp_forward, comm, layout_ptr(whole), _SCHEME_CODE[scheme], descs[0], descs[1],
+        _ring_call(_attention.cp_forward, comm, layout_handle(whole), _SCHEMES[scheme], descs[0], descs[1],
                    descs[2], _scale(scale), _softcap(softcap), descs[3], descs[4], nthreads)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (whole, group, scheme, scale, softcap, nthreads)
@@ -432,9 +433,9 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from . import _attention
+        from ._maskpack import attention as _attention
         from .attention import _scale, _softcap
-        from ._tensors import describe, layout_ptr
+        from ._tensors import describe, layout_handle
 
         q, k, v, out, lse = ctx.saved_tensors
         whole, group, scheme, scale, softcap, nthreads = ctx.args
@@ -442,12 +443,11 @@ class _RingAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
         d = [describe(x, n)[0] for n, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
-        _ring_call(_attention.cp_backward, _TorchComm(group), layout_ptr(whole), _SCHEME_CODE[scheme], *d[:6],
+        _ring_call(_attention.cp_backward, _TorchComm(group), layout_handle(whole), _SCHEMES[scheme], *d[:6],
                    _scale(scale), _softcap(softcap), *d[6:], nthreads)
         return dq, dk, dv, None, None, None, None, None, None
 
 
-_SCHEME_CODE = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
 _CP_ALGORITHMS = ("auto", "ring", "all_gather")
 
 

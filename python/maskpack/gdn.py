@@ -20,10 +20,11 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from . import _gdn
+from ._maskpack import gdn as _gdn
 from ._alloc import fresh
 from ._errors import Error
-from ._tensors import DTYPE_CODE, check_layout, check_threads, layout_ptr
+from ._tensors import check_layout, check_threads, layout_handle
+from ._tensors import describe_kernel as _d  # the package's one tensor -> descriptor path
 
 __all__ = [
     "GatedDeltaNet",
@@ -35,28 +36,6 @@ __all__ = [
     "gdn_isa",
     "gdn_l2norm",
 ]
-
-# the library's dtype codes (one table, in _tensors) by torch dtype
-_CODES = {getattr(torch, name): code for name, code in DTYPE_CODE.items()}
-
-
-def _d(t: Optional[torch.Tensor], name: str):
-    """A torch CPU tensor -> (data_ptr, dtype code, shape, strides); None stays None."""
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise Error(f"{name}: expected a torch tensor, found {type(t).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument=name)
-    if t.device.type != "cpu":
-        raise Error(f"{name}: expected a CPU tensor, found one on {t.device}", "MASKPACK_ERR_UNSUPPORTED", argument=name)
-    code = _CODES.get(t.dtype)
-    if code is None:
-        raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
-    if t.is_neg():  # a lazily negated view (conj().imag): its memory holds -t
-        raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
-                    argument=name)
-    return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
-
 
 def _threads(threads: Optional[int]) -> int:
     """None -> torch's thread count; an explicit count as every maskpack call takes it."""
@@ -92,7 +71,7 @@ def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o,
     """The C forward of the rule into the given outputs (it validates every tensor before writing)."""
     descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
              _d(o, "o"), _d(ht, "final_state"))
-    _gdn.forward(layout_ptr(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+    _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
 
 
 class _RuleFn(torch.autograd.Function):
@@ -123,7 +102,7 @@ class _RuleFn(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        _gdn.backward(layout_ptr(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+        _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None
 
 
@@ -210,7 +189,7 @@ class _ConvFn(torch.autograd.Function):
         y = fresh(x.shape, dtype=x.dtype)
         state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _gdn.conv1d(layout_ptr(layout), descs, bool(silu), threads)
+        _gdn.conv1d(layout_handle(layout), descs, bool(silu), threads)
         ctx.save_for_backward(x, weight2d, prefix)
         ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
         return y, state
@@ -226,7 +205,7 @@ class _ConvFn(torch.autograd.Function):
         dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
-        _gdn.conv1d_backward(layout_ptr(ctx.layout), descs, bool(ctx.silu), ctx.threads)
+        _gdn.conv1d_backward(layout_handle(ctx.layout), descs, bool(ctx.silu), ctx.threads)
         if dw is not None:
             dw = dw.to(w.dtype)
         if dp is not None:
@@ -276,7 +255,7 @@ class _GatesFn(torch.autograd.Function):
     def forward(ctx, a, b, A_log, dt_bias, layout):
         g = fresh(a.shape, dtype=torch.float32)
         beta = fresh(b.shape, dtype=torch.float32)
-        _gdn.gates(layout_ptr(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
+        _gdn.gates(layout_handle(layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"), _d(g, "g"),
                                   _d(beta, "beta")))
         ctx.save_for_backward(a, b, A_log, dt_bias)
         ctx.layout = layout
@@ -290,7 +269,7 @@ class _GatesFn(torch.autograd.Function):
         db = fresh(b.shape, dtype=b.dtype) if need[1] else None
         dA = fresh(A_log.shape, dtype=torch.float32) if need[2] else None
         ddt = fresh(dt_bias.shape, dtype=torch.float32) if need[3] else None
-        _gdn.gates_backward(layout_ptr(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
+        _gdn.gates_backward(layout_handle(ctx.layout), (_d(a, "a"), _d(b, "b"), _d(A_log, "A_log"), _d(dt_bias, "dt_bias"),
                                                _d(dg, "dg"), _d(dbeta, "dbeta"), _d(da, "da"), _d(db, "db"),
                                                _d(dA, "dA_log"), _d(ddt, "ddt_bias")))
         if dA is not None:
@@ -311,7 +290,7 @@ class _L2Fn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout, eps):
         y = fresh(x.shape, dtype=x.dtype)
-        _gdn.l2norm(layout_ptr(layout), (_d(x, "x"), _d(y, "y")), float(eps))
+        _gdn.l2norm(layout_handle(layout), (_d(x, "x"), _d(y, "y")), float(eps))
         ctx.save_for_backward(x)
         ctx.layout, ctx.eps = layout, eps
         return y
@@ -320,7 +299,7 @@ class _L2Fn(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         dx = fresh(x.shape, dtype=x.dtype)
-        _gdn.l2norm_backward(layout_ptr(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
+        _gdn.l2norm_backward(layout_handle(ctx.layout), (_d(x, "x"), _d(dy, "dy"), _d(dx, "dx")), float(ctx.eps))
         return dx, None, None
 
 

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _plan
+from ._maskpack import plan as _plan
 from ._errors import Error
 
 __all__ = ["Plan", "Rows", "plan", "attention_coefficient"]
@@ -373,45 +373,35 @@ class Plan:
 
     # ---- layouts ----------------------------------------------------------------------------------
 
-    def _row_segments(self, r: int, grid_row: int):
-        arr, begin = self._arrays()
-        segs, col = [], 0
-        for seq, off, length, slot in arr[begin[r]:begin[r + 1]].tolist():
-            segs.append((grid_row, col, length))
-            col += slot
-        return segs
-
-    def _width(self, rows: Sequence[int]) -> int:
-        if self.row_width == "capacity":
-            return self.capacity
-        used = self.row_used
-        return int(max((used[r] for r in rows), default=0))
-
     def layout(self, row: int, **rule: Any):
         """The packed maskpack.Layout of one row: its pieces back to back, each followed by its slot's
         alignment filler (the last slot runs to the row's end), so cu_seqlens_padded gives the slots.
-        Rule keywords as for every Layout constructor (default causal)."""
+        Rule keywords as for every Layout constructor (default causal). Built by the library
+        (maskpack_plan_row_layout)."""
+        from . import _rule
         from ._layout import Layout
 
         row = _int(row, "row")
         if not 0 <= row < self.n_rows:
             raise Error(f"row: expected in [0, {self.n_rows}), found {row}", "MASKPACK_ERR_INVALID_ARGUMENT",
                         argument="row", index=(row,))
-        return Layout.from_segments(self._row_segments(row, 0), 1, self._width([row]), packed=True, **rule)
+        r, explicit = _rule.normalize(rule, None, "layout")
+        return Layout._wrap(_plan.row_layout(self._h, row, _rule.to_c(r, explicit)), False, explicit)
 
     def layouts(self, **rule: Any) -> List[Any]:
         """One packed maskpack.Layout per row (see :meth:`layout`), in row order."""
         return [self.layout(r, **rule) for r in range(self.n_rows)]
 
     def microbatch_layout(self, rank: int, micro_batch: int, **rule: Any):
-        """The rows of one micro-batch as one (not packed) Layout [rows_per_microbatch, width]."""
+        """The rows of one micro-batch as one (not packed) Layout [rows_per_microbatch, width], built by
+        the library (maskpack_plan_microbatch_layout)."""
+        from . import _rule
         from ._layout import Layout
 
-        rows = self.rows_of(rank, micro_batch)
-        segs = []
-        for t, r in enumerate(rows):
-            segs.extend(self._row_segments(r, t))
-        return Layout.from_segments(segs, len(rows), self._width(rows), packed=False, **rule)
+        self.rows_of(rank, micro_batch)  # the arguments checked and named as rows_of names them
+        r, explicit = _rule.normalize(rule, None, "microbatch_layout")
+        h = _plan.microbatch_layout(self._h, int(rank), int(micro_batch), _rule.to_c(r, explicit))
+        return Layout._wrap(h, False, explicit)
 
     # ---- report -------------------------------------------------------------------------------------
 

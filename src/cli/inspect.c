@@ -171,8 +171,12 @@ static void find_grid(cli_report *r, const mpio_array **per_token, size_t n, int
 
 /* ---- sources ------------------------------------------------------------------------------------ */
 
+/* Without --alignment the alignment is UNSTATED: the library then refuses a causal or windowed rule
+ * over a segment whose query and key lengths differ, as it does for every binding, instead of
+ * assuming bottom-right. */
 static maskpack_rule rule_from_flags(const cli_options *o) {
     maskpack_rule rule = maskpack_rule_default();
+    rule.alignment = MASKPACK_ALIGN_UNSTATED;
     if (o->causal >= 0) rule.causal = o->causal;
     if (o->have_window) rule.window_left = o->window_left, rule.window_right = o->window_right;
     if (o->alignment >= 0) rule.alignment = (maskpack_alignment)o->alignment;

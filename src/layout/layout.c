@@ -137,17 +137,6 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
         return mp_fail(err, MASKPACK_ERR_CONVENTION, "rule.alignment", -1, -1,
                        "rule.alignment: expected TOP_LEFT (0) or BOTTOM_RIGHT (1) (or UNSTATED (2)), found %d",
                        (int)r->alignment);
-    /* docs/conventions.md section 3: where q_len != kv_len the causal alignment must be stated,
-     * never assumed; the predicate depends on it only under a causal rule or a window */
-    if (r->alignment == MASKPACK_ALIGN_UNSTATED && (r->causal || r->window_left >= 0 || r->window_right >= 0))
-        for (size_t k = 0; k < L->n_segments; k++) {
-            const maskpack_segment *g = &L->segs[k];
-            if (!(g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && g->q_len != g->kv_len)
-                return mp_fail(err, MASKPACK_ERR_CONVENTION, "rule.alignment", (int64_t)k, -1,
-                               "rule.alignment: segment %zu has q_len %lld != kv_len %lld; state BOTTOM_RIGHT "
-                               "(flash-attn >= 2.1, NPU mode 3) or TOP_LEFT (torch SDPA is_causal, NPU mode 2)",
-                               k, (long long)g->q_len, (long long)g->kv_len);
-        }
     if (r->window_left < -1 || r->window_right < -1)
         return mp_fail(err, MASKPACK_ERR_RULE, "rule.window", -1, -1,
                        "rule.window: expected (left, right) >= -1 (-1 = unbounded), found (%lld, %lld)",
@@ -204,6 +193,19 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
                 return mp_fail(err, MASKPACK_ERR_RULE, "rule.prefix", (int64_t)k, -1,
                                "rule.prefix[%zu]: expected in [0, %lld] (segment key length), found %lld", k,
                                (long long)L->segs[k].kv_len, (long long)r->prefix[k]);
+        }
+
+    /* docs/conventions.md section 3: where q_len != kv_len the causal alignment must be stated,
+     * never assumed; the predicate depends on it only under a causal rule or a window. Judged after
+     * the rule's own fields, so a malformed window or prefix is named first whatever the alignment. */
+    if (r->alignment == MASKPACK_ALIGN_UNSTATED && (r->causal || r->window_left >= 0 || r->window_right >= 0))
+        for (size_t k = 0; k < L->n_segments; k++) {
+            const maskpack_segment *g = &L->segs[k];
+            if (!(g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) && g->q_len != g->kv_len)
+                return mp_fail(err, MASKPACK_ERR_CONVENTION, "rule.alignment", (int64_t)k, -1,
+                               "rule.alignment: segment %zu has q_len %lld != kv_len %lld; state BOTTOM_RIGHT "
+                               "(flash-attn >= 2.1, NPU mode 3) or TOP_LEFT (torch SDPA is_causal, NPU mode 2)",
+                               k, (long long)g->q_len, (long long)g->kv_len);
         }
 
     L->causal = r->causal;

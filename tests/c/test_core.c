@@ -290,6 +290,26 @@ static void test_alignment(void) {
     r.alignment = MASKPACK_ALIGN_TOP_LEFT; /* stated: accepted */
     CHECK_OK(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), e);
     maskpack_layout_free(U);
+    U = NULL;
+    /* the rule's own fields are judged first: a malformed window is named, not the alignment */
+    r = maskpack_rule_default();
+    r.alignment = MASKPACK_ALIGN_UNSTATED;
+    r.window_left = -3;
+    CHECK_STATUS(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), MASKPACK_ERR_RULE, e);
+    CHECK(strcmp(e.argument, "rule.window") == 0);
+    CHECK(U == NULL);
+    /* with_rule applies the same policy to a cross layout built under a stated alignment */
+    r = maskpack_rule_default();
+    CHECK_OK(maskpack_layout_from_segments(c2, 2, 1, 5, 8, 1, &r, &U, &e), e);
+    if (U) {
+        maskpack_layout *V = NULL;
+        r.alignment = MASKPACK_ALIGN_UNSTATED;
+        CHECK_STATUS(maskpack_layout_with_rule(U, &r, &V, &e), MASKPACK_ERR_CONVENTION, e);
+        CHECK(strcmp(e.argument, "rule.alignment") == 0);
+        CHECK_EQ(e.index[0], 1);
+        CHECK(V == NULL);
+    }
+    maskpack_layout_free(U);
 }
 
 static void test_segment_validation(void) {

@@ -280,6 +280,55 @@ def test_from_cu_seqlens_forms_padded_and_cross():
     assert Layout.from_cu_seqlens([0, 2, 5], cu_kv=[0, 4, 6], causal=False).n_segments == 2
 
 
+def test_unstated_alignment_is_the_library_policy():
+    # the refusal is the C library's (MASKPACK_ALIGN_UNSTATED), worded for the keyword argument
+    segs = [(0, 0, 3, 0, 3), (0, 3, 2, 3, 5)]
+    with pytest.raises(Error) as e:
+        Layout.from_segments(segs, 1, 5, 8, packed=True)
+    assert e.value.message == ("alignment: segment 1 has q_len 2 != kv_len 5; pass alignment='bottom_right' "
+                            "(flash-attn >= 2.1, NPU mode 3) or alignment='top_left' (torch SDPA is_causal, "
+                            "NPU mode 2) explicitly")
+    assert (e.value.status, e.value.argument, e.value.index) == ("MASKPACK_ERR_CONVENTION", "alignment", (1,))
+    # the same refusal where the rule becomes causal again later
+    bidir = Layout.from_segments(segs, 1, 5, 8, packed=True, causal=False)
+    with pytest.raises(Error) as e:
+        bidir.with_rule(window=(1, 0))
+    assert e.value.argument == "alignment" and e.value.index == (1,)
+    assert bidir.with_rule(window=(1, 0), alignment="top_left").rule["alignment"] == "top_left"
+    # the extension itself refuses an unstated alignment: every binding gets the policy
+    with pytest.raises(Error) as e:
+        maskpack._maskpack.from_segments(segs, 1, 5, 8, True, (1, 2, -1, -1, [], None))
+    assert e.value.argument == "rule.alignment" and e.value.index == (1,)
+    # the rule's own fields are named first
+    with pytest.raises(Error) as e:
+        Layout.from_segments(segs, 1, 5, 8, packed=True, window=(-3, -1))
+    assert e.value.argument == "rule.window"
+
+
+def test_one_extension_module_layout_handles_checked_by_type():
+    # the planner and kernel bindings are parts of the one extension module and take its Layout
+    # handle, checked by type: an address (or any other object) is a TypeError, never dereferenced
+    from maskpack import _maskpack
+
+    lay = Layout.from_lengths([3, 2], placement="packed")
+    assert type(lay._h) is _maskpack.Layout
+    q = torch.zeros(5, 1, 8)
+    for bad in (12345, lay, None):
+        with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
+            _maskpack.attention.forward(bad, None, None, None, 0.0, 0.0, None, None, 1)
+        with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
+            _maskpack.gdn.l2norm(bad, (None, None), 1e-6)
+    assert not hasattr(_maskpack, "ptr") and not hasattr(_maskpack, "adopt")
+    # the planner's row layouts are such handles too
+    h = maskpack.plan([3, 2], capacity=8)._h
+    assert type(_maskpack.plan.row_layout(h, 0, None)) is _maskpack.Layout
+    with pytest.raises(TypeError):
+        _maskpack.plan.row_layout(lay._h, 0, None)  # a layout where a plan is expected
+    # and the kernels run through the handle
+    out = maskpack.attention(q, q, q, lay)[0]
+    assert out.shape == q.shape
+
+
 def test_from_position_ids_boundary_rules():
     pos = [0, 1, 2, 5, 6]
     assert Layout.from_position_ids(pos, rule="reset").seqlens.tolist() == [5]

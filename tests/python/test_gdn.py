@@ -276,7 +276,8 @@ def test_backward_workspace_does_not_grow_with_segment_length():
     """The backward's workspace is a constant number of states per thread: one segment of 512,
     32768 or 131072 tokens asks for the same bytes (only sizes are queried: the inputs are
     zero-stride views of one token, no data is read)."""
-    from maskpack import _gdn, gdn as gdn_mod
+    from maskpack import gdn as gdn_mod
+    from maskpack._maskpack import gdn as _gdn
 
     H, HV, K, V = 16, 32, 128, 128
     sizes = []
@@ -286,7 +287,7 @@ def test_backward_workspace_does_not_grow_with_segment_length():
         v = torch.zeros(1, HV, V).expand(T, HV, V)
         g = torch.zeros(1, HV).expand(T, HV)
         descs = tuple(gdn_mod._d(x, n) for x, n in ((q, "q"), (q, "k"), (v, "v"), (g, "g"), (g, "beta"))) + (None,)
-        sizes.append([_gdn.workspace_size(lay._ptr, descs, True, True, t) for t in (1, 2)])
+        sizes.append([_gdn.workspace_size(lay._h, descs, True, True, t) for t in (1, 2)])
     assert sizes[0] == sizes[1] == sizes[2], sizes
     # a few states of K x V floats per value head of a key head, not O(T): well under 8 MiB a thread
     assert sizes[0][0] < 8 << 20

@@ -60,8 +60,21 @@ TABLES = [
     ("plan._ALGORITHM", plan._ALGORITHM,
      {"bfd": "MASKPACK_PLAN_BFD", "ffd": "MASKPACK_PLAN_FFD", "nextfit": "MASKPACK_PLAN_NEXTFIT"}),
     ("plan._ROW_WIDTH", plan._ROW_WIDTH, {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"}),
+    # the reverse direction: C codes the package names
+    ("_layout._NPU_MASK_KINDS", {v: k for k, v in _layout._NPU_MASK_KINDS.items()},
+     {n.lower(): "MASKPACK_NPU_MASK_" + n for n in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")}),
+    ("_layout._NPU_LAYOUT_NAMES", {v: k for k, v in _layout._NPU_LAYOUT_NAMES.items()},
+     {n: "MASKPACK_NPU_" + n for n in ("BSND", "BNSD", "BSH", "SBH", "TND")}),
+    ("_rule.ALIGNMENT_NAMES", {v: k for k, v in _rule.ALIGNMENT_NAMES.items()},
+     {"top_left": "MASKPACK_ALIGN_TOP_LEFT", "bottom_right": "MASKPACK_ALIGN_BOTTOM_RIGHT"}),
+    ("_rule.ALIGN_UNSTATED", {"unstated": _rule.ALIGN_UNSTATED}, {"unstated": "MASKPACK_ALIGN_UNSTATED"}),
 ]
 
+# every module-level table of the package holding C integer codes: a new copy of an enum must be
+# added to TABLES (or to the dtype checks below) before test_every_copied_enum_table_is_checked passes
+CHECKED = {("_layout", "_NPU_MASK_KINDS"), ("_layout", "_NPU_LAYOUT_NAMES"), ("_rule", "ALIGNMENT_NAMES"),
+           ("_tensors", "DTYPE_CODE"), ("_tensors", "_NP_CODE"), ("_tensors", "_TORCH_CODES"), ("_npu", "NPU_FINDING_NAMES")}
+CHECKED |= {tuple(t[0].split(".")) for t in TABLES if t[0].count(".") == 1 and t[0] != "_rule.ALIGN_UNSTATED"}
 DTYPE_CONST = {"bool": "MASKPACK_BOOL", "uint8": "MASKPACK_U8", "int8": "MASKPACK_I8", "int16": "MASKPACK_I16",
                "int32": "MASKPACK_I32", "int64": "MASKPACK_I64", "float16": "MASKPACK_F16",
                "bfloat16": "MASKPACK_BF16", "float32": "MASKPACK_F32", "float64": "MASKPACK_F64"}
@@ -81,13 +94,44 @@ def test_python_enum_dicts_match_header(name, table, consts):
         assert table[key] == C[const], f"{name}[{key!r}] = {table[key]}, maskpack.h has {const} = {C[const]}"
 
 
+def _int_table(v):
+    """A dict between names and plain ints (bool excluded), either way round: a copy of C codes.
+    (Caches keyed by a count, such as the worker teams, map ints to objects and are not tables.)"""
+    def ints(xs):
+        return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+
+    def strs(xs):
+        return all(isinstance(x, str) for x in xs)
+    return isinstance(v, dict) and bool(v) and ((strs(v) and ints(v.values())) or (ints(v) and strs(v.values())))
+
+
+def test_every_copied_enum_table_is_checked():
+    pkg = pathlib.Path(maskpack.__file__).parent
+    checked = {id(getattr(importlib.import_module("maskpack." + m), a)) for m, a in CHECKED}
+    found = {}
+    for path in sorted(pkg.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        mod = importlib.import_module("maskpack." + path.stem)
+        for attr, value in vars(mod).items():
+            if _int_table(value):
+                found.setdefault(id(value), f"{path.stem}.{attr}")  # an imported table is the same object
+    # the scan itself must see the known tables (a broken scan would make the next assert vacuous)
+    assert {id(_layout._PLACEMENTS), id(plan._ALGORITHM), id(_npu.NPU_FINDING_NAMES)} <= set(found)
+    unchecked = sorted(n for i, n in found.items() if i not in checked)
+    assert not unchecked, f"integer tables not checked against maskpack.h: {unchecked}"
+
+
 def test_dtype_codes_match_header():
     assert set(_tensors.DTYPE_NAMES) == set(DTYPE_CONST)
     for code, n in enumerate(_tensors.DTYPE_NAMES):
         assert code == C[DTYPE_CONST[n]], f"DTYPE_NAMES[{code}] = {n!r}, maskpack.h has {DTYPE_CONST[n]} = {C[DTYPE_CONST[n]]}"
     assert len(_tensors.DTYPE_NAMES) == C["MASKPACK_DTYPE_COUNT_"]
-    for t, code in gdn._CODES.items():
-        assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"gdn._CODES[{t}]"
+    for n in DTYPE_CONST:  # torch dtypes: the same table (the kernels' descriptors come from it too)
+        assert _tensors._torch_code(torch, getattr(torch, n)) == C[DTYPE_CONST[n]], f"torch.{n}"
+    for t, code in _tensors._TORCH_CODES.items():
+        assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"_TORCH_CODES[{t}]"
+    assert _tensors.describe_kernel(torch.zeros(2, dtype=torch.bfloat16), "x")[1] == C["MASKPACK_BF16"]
     for d, code in _tensors._NP_CODE.items():
         assert code == C[DTYPE_CONST[np.dtype(d).name if np.dtype(d).name != "bool" else "bool"]], f"_NP_CODE[{d}]"
     assert _tensors._torch_code(torch, torch.bfloat16) == C["MASKPACK_BF16"]

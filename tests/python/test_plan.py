@@ -498,3 +498,38 @@ def test_cli_progress_and_errors(tmp_path):
     assert r.returncode == 1 and ":2:" in r.stderr
     r = run_cli(tmp_path / "missing.txt", "--capacity", 10)
     assert r.returncode == 1
+
+
+def _python_row_layouts(p, rows, packed, rule):
+    """The row layouts as the package used to build them in Python (pieces back to back, each
+    followed by its slot), for comparison with the library's maskpack_plan_row_layout."""
+    arr, begin = p.piece_array, p.row_offsets
+    segs = []
+    for t, r in enumerate(rows):
+        col = 0
+        for _seq, _off, length, slot in arr[begin[r]:begin[r + 1]].tolist():
+            segs.append((0 if packed else t, col, length))
+            col += slot
+    width = p.capacity if p.row_width == "capacity" else int(max((p.row_used[r] for r in rows), default=0))
+    return maskpack.Layout.from_segments(segs, 1 if packed else len(rows), width, packed=packed, **rule)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(row_width="used"), dict(cp=2, dp=2, micro_batches=2),
+                                dict(allow_split=True), dict(algorithm="nextfit", dp=3)])
+def test_row_layouts_come_from_the_library(kw):
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 40, 60).tolist()
+    p = maskpack.plan(lengths, 48, **kw)
+    for rule in (dict(), dict(causal=False), dict(window=(3, 0))):
+        for r in range(p.n_rows):
+            lay = p.layout(r, **rule)
+            assert lay == _python_row_layouts(p, [r], True, rule)
+            assert lay.packed and lay.n_rows == 1
+        for rank in range(p.dp):
+            for mb in range(p.micro_batches):
+                assert p.microbatch_layout(rank, mb, **rule) == _python_row_layouts(p, p.rows_of(rank, mb), False, rule)
+    with pytest.raises(maskpack.Error) as e:
+        p.layout(p.n_rows)
+    assert e.value.argument == "row"
+    with pytest.raises(TypeError):
+        p.layout(0, alignment_x="top_left")
