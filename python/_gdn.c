@@ -85,6 +85,69 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- sequence-parallel context parallelism over a Python communicator (mpx_comm) ------------- */
+
+/* cp_forward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads) */
+static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *obj, *layout, *descs;
+    int rank, size, scheme, chunked, l2norm, threads;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OiiOiO!dppi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
+                          &chunked, &l2norm, &threads))
+        return NULL;
+    const maskpack_layout *L;
+    mpx_comm pc;
+    maskpack_comm comm;
+    if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
+    static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.scale = scale;
+    o.chunked = chunked;
+    o.l2norm = l2norm;
+    o.n_threads = threads;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_forward(&comm, L, (maskpack_cp_scheme)scheme, &in, &o, p[6], p[7], &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* cp_backward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale,
+ * l2norm, n_threads) */
+static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *obj, *layout, *descs;
+    int rank, size, scheme, l2norm, threads;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OiiOiO!dpi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
+                          &l2norm, &threads))
+        return NULL;
+    const maskpack_layout *L;
+    mpx_comm pc;
+    maskpack_comm comm;
+    if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
+    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
+                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    maskpack_tensor ts[14], *p[14];
+    if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_grads gr = {p[8], p[9], p[10], p[11], p[12], p[13]};
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.scale = scale;
+    o.l2norm = l2norm;
+    o.n_threads = threads;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_backward(&comm, L, (maskpack_cp_scheme)scheme, &in, p[6], p[7], &o, &gr,
+                                                        &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
 /* workspace_size(layout, (q, k, v, g, beta, h0), chunked, backward, n_threads) -> bytes */
 static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     (void)m;
@@ -231,6 +294,8 @@ static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"forward", py_forward, METH_VARARGS, "gated delta rule forward (use maskpack.gated_delta_rule)"},
     {"backward", py_backward, METH_VARARGS, "gated delta rule backward"},
+    {"cp_forward", py_cp_forward, METH_VARARGS, "sequence-parallel gated delta rule forward (maskpack_cp_gdn_forward)"},
+    {"cp_backward", py_cp_backward, METH_VARARGS, "sequence-parallel gated delta rule backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
     {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},

@@ -249,3 +249,86 @@ int mpx_parse_rule(PyObject *obj, mpx_rule_buf *rb) {
     }
     return 0;
 }
+
+/* ---- a maskpack_comm over a Python object (see ext_common.h) ---------------------------------- */
+
+static int py_comm_call(PyObject *obj, PyObject *res) {
+    if (res) {
+        Py_DECREF(res);
+        return 0;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && PyObject_SetAttrString(obj, "error", value) < 0) PyErr_Clear();
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 1;
+}
+
+static PyObject *view_of(void *p, size_t n) {
+    if (!p || n == 0) Py_RETURN_NONE;
+    return PyMemoryView_FromMemory((char *)p, (Py_ssize_t)n, PyBUF_WRITE);
+}
+
+static int pyc_collective(void *ctx, const char *method, const void *send, size_t sbytes, void *recv, size_t rbytes) {
+    mpx_comm *c = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *sv = view_of((void *)send, sbytes), *rv = view_of(recv, rbytes);
+    int rc = 1;
+    if (sv && rv) rc = py_comm_call(c->obj, PyObject_CallMethod(c->obj, method, "OO", sv, rv));
+    else py_comm_call(c->obj, NULL);
+    Py_XDECREF(sv);
+    Py_XDECREF(rv);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int pyc_all_gather(void *ctx, const void *send, void *recv, size_t bytes) {
+    return pyc_collective(ctx, "all_gather", send, bytes, recv, bytes * (size_t)((mpx_comm *)ctx)->size);
+}
+
+static int pyc_all_to_all(void *ctx, const void *send, void *recv, size_t bytes) {
+    size_t n = bytes * (size_t)((mpx_comm *)ctx)->size;
+    return pyc_collective(ctx, "all_to_all", send, n, recv, n);
+}
+
+static int pyc_sendrecv_start(void *ctx, const void *send, size_t send_bytes, int to, void *recv, size_t recv_bytes,
+                              int from, int tag, void **request) {
+    mpx_comm *c = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *sv = view_of((void *)send, send_bytes), *rv = view_of(recv, recv_bytes), *h = NULL;
+    if (sv && rv) h = PyObject_CallMethod(c->obj, "sendrecv_start", "OiOii", sv, to, rv, from, tag);
+    Py_XDECREF(sv);
+    Py_XDECREF(rv);
+    int rc = 0;
+    if (h)
+        *request = h; /* the handle (a new reference) keeps the transfer's tensors alive until wait */
+    else
+        rc = py_comm_call(c->obj, NULL);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static int pyc_wait(void *ctx, void *request) {
+    mpx_comm *c = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *h = request;
+    int rc = py_comm_call(c->obj, PyObject_CallMethod(c->obj, "wait", "O", h));
+    Py_DECREF(h);
+    PyGILState_Release(g);
+    return rc;
+}
+
+int mpx_parse_comm(PyObject *obj, int rank, int size, mpx_comm *pc, maskpack_comm *c) {
+    if (size < 1 || rank < 0 || rank >= size) {
+        PyErr_Format(PyExc_ValueError, "comm: expected 0 <= rank < size, found rank %d of size %d", rank, size);
+        return -1;
+    }
+    pc->obj = obj;
+    pc->size = size;
+    *c = (maskpack_comm){pc, rank, size, pyc_all_gather, pyc_all_to_all, pyc_sendrecv_start, pyc_wait};
+    return 0;
+}
+

@@ -73,6 +73,22 @@ void mpx_rule_buf_free(mpx_rule_buf *rb);
 
 /* Each kernel/planner file adds its functions (and types) to a submodule of maskpack._maskpack:
  * (submodule) -> 0, or -1 with an exception set. */
+/* ---- a communicator over a Python object ------------------------------------------------------
+ * The library's CP algorithms (ring attention, sequence-parallel GDN) run with the GIL released; their
+ * maskpack_comm callbacks take the GIL back and call methods of a Python object (maskpack.distributed's
+ * adapter over a torch.distributed group): all_gather(send, recv), all_to_all(send, recv),
+ * sendrecv_start(send | None, to, recv | None, from, tag) -> handle, wait(handle), over writable
+ * memoryviews of the library's buffers. A Python exception in a callback is kept on the object as
+ * `error` and the callback fails, so the C call returns MASKPACK_ERR_COMM and the binding re-raises
+ * with that cause. */
+typedef struct mpx_comm {
+    PyObject *obj;
+    int size;
+} mpx_comm;
+
+/* (object, rank, size) -> *c, a comm over the object (pc holds its state: keep it alive for the call). */
+int mpx_parse_comm(PyObject *obj, int rank, int size, mpx_comm *pc, maskpack_comm *c);
+
 int mpx_init_plan(PyObject *sub);
 int mpx_init_gdn(PyObject *sub);
 int mpx_init_attention(PyObject *sub);

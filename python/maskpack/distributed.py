@@ -575,69 +575,81 @@ def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> 
         _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
 
 
+class _SequenceGDN(torch.autograd.Function):
+    """maskpack_cp_gdn_forward / _backward (the C algorithm MPI programs run) over the group."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, whole, group, scheme, scale, chunked, l2norm, threads):
+        from ._maskpack import gdn as _gdn
+        from ._tensors import describe_kernel as _d, layout_handle
+
+        comm = _TorchComm(group)
+        q, k, v, g, beta = (x.detach().contiguous() for x in (q, k, v, g, beta))
+        h0 = None if h0 is None else h0.detach().contiguous()
+        o = torch.empty_like(v)
+        ht = torch.empty((whole.n_segments, v.shape[-2], q.shape[-1], v.shape[-1]), dtype=torch.float32)
+        descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
+                 _d(o, "o"), _d(ht, "final_state"))
+        _ring_call(_gdn.cp_forward, comm, layout_handle(whole), _SCHEMES[scheme], descs, scale, chunked, l2norm,
+                   threads)
+        ctx.save_for_backward(q, k, v, g, beta, h0)
+        ctx.args = (whole, group, scheme, scale, l2norm, threads)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        from ._maskpack import gdn as _gdn
+        from ._tensors import describe_kernel as _d, layout_handle
+
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        whole, group, scheme, scale, l2norm, threads = ctx.args
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        dq, dk, dv, dg, db = (torch.empty_like(x) for x in (q, k, v, g, beta))
+        dh0 = None if h0 is None else torch.empty_like(h0)
+        descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
+                 _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
+                 _d(db, "dbeta"), _d(dh0, "d_initial_state"))
+        _ring_call(_gdn.cp_backward, _TorchComm(group), layout_handle(whole), _SCHEMES[scheme], descs, scale, l2norm,
+                   threads)
+        return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
+
+
 def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
                         threads=None, scheme="zigzag", tp=1, align="verl"):
     """Sequence-parallel context parallelism for :func:`maskpack.gated_delta_rule` (its ``group=`` with
     ``cp_method="sequence"``, or "auto" when the heads do not divide by the group): q, k, v, g, beta
-    are this rank's CP shard of the packed whole batch ``layout`` (any head counts). Each rank runs its
-    pieces from zero states and their state transitions at once, the small transitions (K x K + K x V
-    per value head and piece) are all-gathered and composed in sequence order, and each rank reruns
-    its pieces from the true incoming states. Equal to the single-process run up to the rounding of
-    composing the transitions. Returns (o [T_local, HV, V], final_state [segments, HV, K, V], the same
-    on every rank, replicated as gated_delta_rule_cp's). Differentiable; every rank runs the
-    backward."""
-    from .gdn import gated_delta_rule
+    are this rank's CP shard (float32) of the packed whole batch ``layout``, any head counts. The
+    library's algorithm (maskpack_cp_gdn_forward, the code MPI programs run) over the group: each rank
+    runs its pieces from zero states and through an identity state at once, the pieces' transitions
+    (K x K + K x V per value head) are all-gathered and composed in sequence order, and each rank runs
+    its pieces again from the true incoming states; no rank waits for the piece before its own. Equal
+    to the single-process run up to the rounding of composing the transitions. Returns
+    (o [T_local, HV, V], final_state [segments, HV, K, V], the same on every rank; its gradient counts
+    once when every rank uses it alike). The initial state's gradient on each rank is its share: sum it
+    over the group. Differentiable; every rank runs the backward."""
+    import math
+
+    from .attention import _threads
 
     rank, n = _rank_size(group)
     local = None
     try:
         _check_sequence_args(layout, n, rank, scheme, tp, align, group,
                              (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)))
+        for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+            if x.dtype != torch.float32:
+                raise Error(f"{name}: sequence-parallel Gated DeltaNet takes float32 (found {x.dtype}); bfloat16 "
+                            "runs head-parallel (cp_method='head')", "MASKPACK_ERR_DTYPE", argument=name)
     except (Error, TypeError) as exc:
         local = exc
     HV, K, V = v.shape[-2], q.shape[-1], v.shape[-1]
     _agree(group, layout, ("gated_delta_rule_sp", scheme, tp, align, q.shape[-2], HV, K, V), local)
-    per_rank, chains = _piece_plan(layout, n, scheme, tp, align)
-    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
-    pieces = per_rank[rank]
-    kw = dict(scale=scale, chunked=chunked, l2norm=l2norm, threads=threads)
-    zeros = q.new_zeros((), dtype=torch.float32).expand(HV, K, V)
-    # pass 1: every piece from a zero state (a sequence's first piece from its true initial state)
-    first = [initial_state[s] if (pos == 0 and initial_state is not None) else zeros for s, pos, _, _ in pieces]
-    h0 = torch.stack(first) if pieces else q.new_zeros((0, HV, K, V), dtype=torch.float32)
-    _, B = gated_delta_rule(q, k, v, g, beta, mine, initial_state=h0, **kw)
-    # pass 2: each piece's transition P, the kernel run with zero values through an identity state
-    eye = torch.eye(K, dtype=torch.float32).expand(len(pieces), HV, K, K).contiguous()
-    _, P = gated_delta_rule(q, k, v.new_zeros(v.shape[:-1] + (K,)), g, beta, mine, initial_state=eye, **kw)
-    width = max(len(p) for p in per_rank)
-    PB = torch.cat([P, B], dim=-1)
-    if PB.shape[0] < width:
-        PB = torch.cat([PB, PB.new_zeros((width - PB.shape[0],) + PB.shape[1:])])
-    every = _AllGatherSum.apply(PB, group)  # [n, width, HV, K, K + V]
-    # compose in sequence order up to this rank's pieces: S_in of each
-    s_in = [None] * len(pieces)
-    for s, chain in enumerate(chains):
-        want = max((j for j, (r, _) in enumerate(chain) if r == rank), default=-1)
-        S = None
-        for j, (r, i) in enumerate(chain[:want + 1]):
-            if r == rank:
-                s_in[i] = S
-            Pj, Bj = every[r, i, ..., :K], every[r, i, ..., K:]
-            S = Bj if (S is None or j == 0) else torch.matmul(Pj, S) + Bj
-    start = torch.stack([first[i] if S is None else S for i, S in enumerate(s_in)]) if pieces else h0
-    # pass 3: the pieces again from their true incoming states
-    o, ht = gated_delta_rule(q, k, v, g, beta, mine, initial_state=start, **kw)
-    o = _Tie.apply(o, every)
-    # the final state of each sequence: its last piece's, from the rank that holds it, on every rank
-    n_seq = len(chains)
-    last = {chain[-1]: s for s, chain in enumerate(chains) if chain}
-    rows = [ht[i] if (rank, i) in last else None for i in range(len(pieces))]
-    final = [zeros] * n_seq
-    for i, row in enumerate(rows):
-        if row is not None:
-            final[last[(rank, i)]] = row
-    final_t = torch.stack(final) if n_seq else ht.new_zeros((0, HV, K, V))
-    return o, _AllReduceSum.apply(final_t, group)
+    whole = layout._cp_global(n, tp, align, scheme)
+    sc = (1.0 / math.sqrt(K)) if scale is None else float(scale)
+    h0 = None if initial_state is None else initial_state.float()
+    return _SequenceGDN.apply(q, k, v, g, beta, h0, whole, group, scheme, sc, bool(chunked), bool(l2norm),
+                              _threads(threads, True))
 
 
 def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
