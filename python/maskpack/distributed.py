@@ -26,7 +26,14 @@ __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_c
            "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp"]
 
 
+def _is_mpi(group) -> bool:
+    """An mpi4py communicator (the C algorithms run over it directly)."""
+    return type(group).__module__.startswith("mpi4py")
+
+
 def _rank_size(group) -> tuple:
+    if _is_mpi(group):
+        return group.Get_rank(), group.Get_size()
     if not dist.is_available() or not dist.is_initialized():
         raise Error("group: torch.distributed is not initialised; maskpack uses the caller's process group and "
                     "never creates one (init_process_group first)", "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
@@ -34,6 +41,7 @@ def _rank_size(group) -> tuple:
 
 
 def _all_gather(x: torch.Tensor, group) -> list:
+    _refuse_mpi(group, "this collective")
     _, n = _rank_size(group)
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x.contiguous(), group=group)
@@ -69,7 +77,10 @@ def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
     mine = torch.tensor([n] + codes, dtype=torch.int64,
                         device=dev if dev in ("cuda", "npu") else "cpu")  # NCCL / HCCL move device tensors only
     try:
-        everyone = torch.stack(_all_gather(mine, group)).cpu()
+        if _is_mpi(group):
+            everyone = torch.tensor(group.allgather([n] + codes), dtype=torch.int64)
+        else:
+            everyone = torch.stack(_all_gather(mine, group)).cpu()
     except RuntimeError as exc:  # the backend's timeout or a closed connection: a rank died or never came
         raise Error(f"group: the ranks' agreement exchange failed on rank {rank} (a rank died, never joined, or "
                     f"did not make this call within the group's timeout): {exc}", "MASKPACK_ERR_COMM",
@@ -151,6 +162,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    _refuse_mpi(group, "the all-to-all")
     _, n = _rank_size(group)
     if x.shape[scatter_dim] % n:
         raise Error(f"x: dimension {scatter_dim} ({x.shape[scatter_dim]}) must divide by the group size {n} "
@@ -178,6 +190,7 @@ def ulysses_all_to_all(x: torch.Tensor, group: Any = None, scatter_dim: int = 1,
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
+        _refuse_mpi(group, "the loss all-reduce")
         ctx.group = group
         y = x.detach().clone()
         dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
@@ -252,6 +265,8 @@ def _cp_method(method: str, group, heads_a: int, heads_b: int) -> str:
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument="cp_method")
     if method != "auto":
         return method
+    if _is_mpi(group):
+        return "sequence"  # the C algorithm; head-parallel runs over torch.distributed
     _, n = _rank_size(group)
     return "head" if heads_a % n == 0 and heads_b % n == 0 else "sequence"
 
@@ -267,6 +282,8 @@ _BACKEND_DEVICE = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "hccl": "npu"}
 
 def _backend_device(group) -> Optional[str]:
     """The device type the group's backend moves (None: a backend maskpack does not know)."""
+    if _is_mpi(group):
+        return "cpu"  # the C algorithms read host memory
     try:
         return _BACKEND_DEVICE.get(str(dist.get_backend(group)).lower())
     except (RuntimeError, ValueError, AttributeError):
@@ -280,7 +297,8 @@ def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, 
         raise TypeError(f"{name}: expected a torch tensor, found {type(x).__name__}")
     want_dev = _backend_device(group)
     if want_dev is not None and x.device.type != want_dev:
-        raise Error(f"{name}: the group's {dist.get_backend(group)} backend moves {want_dev} tensors, this one is on "
+        backend = "mpi4py" if _is_mpi(group) else dist.get_backend(group)
+        raise Error(f"{name}: the group's {backend} backend moves {want_dev} tensors, this one is on "
                     f"{x.device} (move it, or pass a group of another backend)", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument=name)
     if tuple(x.shape[:len(lead)]) != lead:
@@ -300,6 +318,7 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     on every rank). Differentiable end to end; final_state is a replicated value: its gradient on each
     rank reaches that rank's heads (use it alike on every rank, or on none). Every rank must run the
     backward (its all-to-alls pair up across the group)."""
+    _refuse_mpi(group, "head-parallel Gated DeltaNet (cp_method='head')")
     from .gdn import gated_delta_rule
 
     rank, n = _rank_size(group)
@@ -333,6 +352,7 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
     outputs return to the token shards. Returns (y [T_local, C], conv_state [segments, C, W-1], the
     same on every rank, replicated as gated_delta_rule_cp's final state); bitwise equal to the
     single-process run; differentiable."""
+    _refuse_mpi(group, "the context-parallel conv")
     from .gdn import causal_conv1d
 
     rank, n = _rank_size(group)
@@ -392,7 +412,47 @@ class _TorchComm:
             w.wait()
 
 
-def _ring_call(fn, comm: _TorchComm, *args) -> None:
+class _MpiComm:
+    """The same callbacks over an mpi4py communicator: the library's C algorithms run over MPI from
+    Python exactly as from a C program."""
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self.comm, self.MPI = comm, MPI
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.error: Optional[BaseException] = None
+
+    def all_gather(self, send, recv) -> None:
+        self.comm.Allgather([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
+
+    def all_to_all(self, send, recv) -> None:
+        self.comm.Alltoall([send, self.MPI.BYTE], [recv, self.MPI.BYTE])
+
+    def sendrecv_start(self, send, to: int, recv, frm: int, tag: int) -> list:
+        reqs = []
+        if frm >= 0:
+            reqs.append(self.comm.Irecv([recv, self.MPI.BYTE], source=frm, tag=tag))
+        if to >= 0:
+            reqs.append(self.comm.Isend([send, self.MPI.BYTE], dest=to, tag=tag))
+        return reqs
+
+    def wait(self, reqs: list) -> None:
+        self.MPI.Request.Waitall(reqs)
+
+
+def _comm_for(group):
+    return _MpiComm(group) if _is_mpi(group) else _TorchComm(group)
+
+
+def _refuse_mpi(group, what: str) -> None:
+    if _is_mpi(group):
+        raise Error(f"group: {what} runs over a torch.distributed group; with an mpi4py communicator maskpack runs "
+                    "its C algorithms (ring attention, sequence-parallel Gated DeltaNet)", "MASKPACK_ERR_UNSUPPORTED",
+                    argument="group")
+
+
+def _ring_call(fn, comm, *args) -> None:
     try:
         fn(comm, comm.rank, comm.size, *args)
     except Error as exc:
@@ -418,7 +478,7 @@ class _RingAttention(torch.autograd.Function):
         from .attention import _lse_shape, _scale, _softcap, _threads
         from ._tensors import describe, layout_handle
 
-        comm = _TorchComm(group)
+        comm = _comm_for(group)
         q, k, v = (x.detach().contiguous() for x in (q, k, v))
         out = torch.empty_like(q)
         lse = torch.empty(_lse_shape(whole, q), dtype=torch.float32)
@@ -443,7 +503,7 @@ class _RingAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
         d = [describe(x, n)[0] for n, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
-        _ring_call(_attention.cp_backward, _TorchComm(group), layout_handle(whole), _SCHEMES[scheme], *d[:6],
+        _ring_call(_attention.cp_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], *d[:6],
                    _scale(scale), _softcap(softcap), *d[6:], nthreads)
         return dq, dk, dv, None, None, None, None, None, None
 
@@ -478,6 +538,9 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
                         "MASKPACK_ERR_INVALID_ARGUMENT", argument="algorithm")
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
+        if _is_mpi(group) and (algorithm == "all_gather" or not _ring_supported(q, k, v, layout)):
+            raise Error("algorithm: with an mpi4py communicator attention runs as the ring (CPU float32, a rule "
+                        "without spans or prefix)", "MASKPACK_ERR_UNSUPPORTED", argument="algorithm")
         if algorithm == "ring" and not _ring_supported(q, k, v, layout):
             raise Error("algorithm: the ring takes CPU float32 tensors and a rule without spans or prefix "
                         f"(found {q.device.type} {q.dtype}); use algorithm='all_gather'",
@@ -583,7 +646,7 @@ class _SequenceGDN(torch.autograd.Function):
         from ._maskpack import gdn as _gdn
         from ._tensors import describe_kernel as _d, layout_handle
 
-        comm = _TorchComm(group)
+        comm = _comm_for(group)
         q, k, v, g, beta = (x.detach().contiguous() for x in (q, k, v, g, beta))
         h0 = None if h0 is None else h0.detach().contiguous()
         o = torch.empty_like(v)
@@ -610,7 +673,7 @@ class _SequenceGDN(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        _ring_call(_gdn.cp_backward, _TorchComm(group), layout_handle(whole), _SCHEMES[scheme], descs, scale, l2norm,
+        _ring_call(_gdn.cp_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, scale, l2norm,
                    threads)
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
 
@@ -659,6 +722,7 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
     W-1 inputs before it (all-gathered tails of every piece, composed in sequence order) as its prefix,
     so every channel stays on its rank. Returns (y [T_local, C], conv_state [segments, C, W-1] the same
     on every rank); equal to the single-process run bitwise; differentiable."""
+    _refuse_mpi(group, "the context-parallel conv")
     from .gdn import causal_conv1d
 
     rank, n = _rank_size(group)
