@@ -563,6 +563,42 @@ def _deserter_worker(rank, world, init_file, out_dir):
     os._exit(0)
 
 
+def _ring_deserter_worker(rank, world, init_file, out_dir):
+    import datetime
+
+    from maskpack import distributed as mpd
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=5))
+    if rank == 1:  # agrees to the call, then dies before the ring's first exchange
+        mpd._RingAttention.apply = staticmethod(lambda *a: os._exit(0))
+    lay = maskpack.Layout.from_lengths([64, 32], placement="packed")
+    q = lay.shard(torch.randn(96, 2, 8), world, rank)
+    t0 = time.monotonic()
+    try:
+        maskpack.attention(q, q, q, lay, group=dist.group.WORLD, cp_algorithm="ring")
+        result = ("returned", "")
+    except maskpack.Error as e:
+        result = (e.status, str(e))
+    except Exception as e:  # recorded, so the test says what came instead
+        result = (type(e).__name__, str(e))
+    torch.save({"result": result, "seconds": time.monotonic() - t0}, os.path.join(out_dir, "ring_deserter.pt"))
+    os._exit(0)
+
+
+def test_a_rank_that_dies_inside_the_ring_makes_the_others_fail_not_hang():
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        ctx = mp.start_processes(_ring_deserter_worker, args=(2, init, d), nprocs=2, join=False, start_method="spawn")
+        deadline = time.monotonic() + 120
+        while not ctx.join(timeout=5) and time.monotonic() < deadline:
+            pass
+        got = torch.load(os.path.join(d, "ring_deserter.pt"))
+        status, msg = got["result"]
+        assert status == "MASKPACK_ERR_COMM" and "ring attention's exchange failed on rank 0" in msg, got
+        assert got["seconds"] < 60
+
+
 def test_a_rank_that_dies_makes_the_others_fail_not_hang():
     with tempfile.TemporaryDirectory() as d:
         init = os.path.join(d, "init")
