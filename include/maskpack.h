@@ -1064,6 +1064,30 @@ MASKPACK_API maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm,
                                                       const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                                       maskpack_error *err);
 
+/* (comm, whole packed layout, scheme, x: this rank's shard [T_local, C], weight [C, W], prefix [N, C, W-1]
+ * or NULL, silu, n_threads) -> y [T_local, C], conv_state [N, C, W-1] (NULL to skip) the same on every
+ * rank: the sequence-parallel causal conv1d. Each piece that continues a sequence takes the last W-1
+ * inputs before it from the all-gathered tails of the pieces (contiguous float32; collective, checked
+ * first as maskpack_cp_check); bitwise the single-process result. */
+MASKPACK_API maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                       maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                       const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                       int silu, int n_threads, maskpack_tensor *y,
+                                                       maskpack_tensor *conv_state, maskpack_error *err);
+
+/* (comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state or NULL, n_threads) -> dx (required),
+ * dweight [C, W] and d_prefix [N, C, W-1] this rank's shares (sum them over the group), NULL to skip:
+ * the tails' gradients return to their owners through one all-to-all. */
+MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm,
+                                                                const maskpack_layout *layout,
+                                                                maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                                const maskpack_tensor *weight,
+                                                                const maskpack_tensor *prefix, int silu,
+                                                                const maskpack_tensor *dy,
+                                                                const maskpack_tensor *d_conv_state, int n_threads,
+                                                                maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                                maskpack_tensor *d_prefix, maskpack_error *err);
+
 /* (layout, x [B,S,C] / [T,C] f32/bf16, weight [C,W] f32/bf16 with 1 <= W <= 4, prefix [N,C,W-1]
  * f32/bf16 or NULL = zeros, silu, n_threads) -> y like x f32/bf16 (pad rows 0) with
  * y[t] = act(sum_w weight[w] x[t - (W-1) + w]) inside each segment (earlier positions come from

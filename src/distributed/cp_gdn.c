@@ -583,3 +583,241 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     run_free(&R);
     return s ? s : mp_ok(err);
 }
+
+/* ---- the causal conv1d of a sequence-parallel GDN layer ---------------------------------------------
+ * Each piece that continues a sequence needs the W-1 inputs before it, which lie on other ranks: every
+ * rank all-gathers each of its pieces' last W-1 inputs (its tail), and each piece's prefix is the last
+ * W-1 entries of [the caller's prefix of the sequence, the tails of the pieces before it], in sequence
+ * order. The kernel then runs unchanged on the rank's pieces: bitwise the single-process result. */
+
+/* Where column c of piece i's prefix comes from: piece (global index) src_piece[c] >= 0 at its tail
+ * column src_col[c], or the caller's prefix of the sequence at src_col[c] (src_piece[c] = -1). */
+static void prefix_sources(const gdn_plan *P, size_t gi, int64_t Wm1, int64_t *src_piece, int64_t *src_col) {
+    const gdn_piece *pc = &P->pieces[gi];
+    const size_t *c = P->chain + P->chain_begin[pc->seq];
+    size_t m = 0;
+    while (c[m] != gi) m++;
+    int64_t col = Wm1 - 1, L = 0;
+    for (size_t j = m; j-- > 0 && col >= 0;) {
+        int64_t keep = P->pieces[c[j]].len < Wm1 ? P->pieces[c[j]].len : Wm1;
+        for (int64_t t = 0; t < keep && col >= 0; t++, col--, L++) {
+            src_piece[col] = (int64_t)c[j];
+            src_col[col] = Wm1 - 1 - t; /* tails are right-aligned: their last column is the last token */
+        }
+    }
+    for (; col >= 0; col--) {
+        src_piece[col] = -1;
+        src_col[col] = col + L;
+    }
+}
+
+typedef struct conv_run {
+    gdn_plan P;
+    int64_t C, Wm1, np;
+    size_t tail;          /* floats of one piece's tail: C * (W-1) */
+    float *every;         /* [n, width, C, W-1] */
+    float *prefix;        /* [np, C, W-1]: this rank's pieces' prefixes */
+    maskpack_tensor prefix_t;
+} conv_run;
+
+static void conv_free(conv_run *R) {
+    plan_free(&R->P);
+    free(R->every);
+    free(R->prefix);
+    memset(R, 0, sizeof *R);
+}
+
+static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_layout *layout,
+                                    maskpack_cp_scheme scheme, const maskpack_tensor *x, const maskpack_tensor *weight,
+                                    const maskpack_tensor *prefix, conv_run *R, maskpack_error *err) {
+    memset(R, 0, sizeof *R);
+    MP_CHECK_NULL(err, comm, "comm");
+    if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size || !comm->all_gather || !comm->all_to_all)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
+                       "comm: expected 0 <= rank < size and the all_gather and all_to_all callbacks");
+    MP_CHECK_NULL(err, layout, "layout");
+    maskpack_status local = MASKPACK_OK;
+    if (!x || !weight) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1, "%s: expected a "
+                                       "tensor, found NULL", x ? "weight" : "x");
+    else if (!f32_contiguous(x) || x->ndim != 2 || !f32_contiguous(weight) || weight->ndim != 2 ||
+             weight->shape[0] != x->shape[1] || weight->shape[1] < 1 || weight->shape[1] > MASKPACK_GDN_MAX_CONV)
+        local = mp_fail(err, MASKPACK_ERR_SHAPE, "x", -1, -1,
+                        "x: expected this rank's packed shard [T_local, C] and weight [C, W] (1 <= W <= %d), both "
+                        "contiguous float32",
+                        MASKPACK_GDN_MAX_CONV);
+    else if (prefix && (!f32_contiguous(prefix) || prefix->ndim != 3 || prefix->shape[0] != (int64_t)layout->n_segments ||
+                        prefix->shape[1] != x->shape[1] || prefix->shape[2] != weight->shape[1] - 1))
+        local = mp_fail(err, MASKPACK_ERR_SHAPE, "prefix", -1, -1,
+                        "prefix: expected a contiguous float32 [%zu, C, W-1] (per sequence of the whole batch)",
+                        layout->n_segments);
+    if (!local) local = plan_build(comm, layout, scheme, &R->P, err);
+    if (!local && x->shape[0] != R->P.mine->q_width)
+        local = mp_fail(err, MASKPACK_ERR_SHAPE, "x", -1, -1,
+                        "x: expected this rank's shard (rank %d of %d) of %lld tokens, found %lld", comm->rank,
+                        comm->size, (long long)R->P.mine->q_width, (long long)x->shape[0]);
+    maskpack_status s = mp_cp_agree(comm, layout, scheme, local, err);
+    if (s) {
+        conv_free(R);
+        return s;
+    }
+    gdn_plan *P = &R->P;
+    R->C = x->shape[1], R->Wm1 = weight->shape[1] - 1;
+    R->np = (int64_t)(P->first[P->rank + 1] - P->first[P->rank]);
+    R->tail = (size_t)(R->C * R->Wm1); /* C is a tensor extent and W-1 <= 3: no overflow */
+    size_t w1 = P->width ? P->width : 1;
+    float *rec = floats(w1, R->tail, 1, 1);
+    R->every = floats((size_t)P->n, w1, R->tail, 0);
+    R->prefix = floats((size_t)R->np + 1, R->tail, 1, 1);
+    if (!rec || !R->every || !R->prefix) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    const gdn_piece *mine = P->pieces + P->first[P->rank];
+    const float *xd = x->data;
+    for (int64_t i = 0; !s && i < R->np; i++) {
+        int64_t keep = mine[i].len < R->Wm1 ? mine[i].len : R->Wm1;
+        for (int64_t t = 0; t < keep; t++) /* the piece's t-th last token at tail column W-2-t */
+            for (int64_t ch = 0; ch < R->C; ch++)
+                rec[(size_t)i * R->tail + (size_t)(ch * R->Wm1 + R->Wm1 - 1 - t)] =
+                    xd[(mine[i].start + mine[i].len - 1 - t) * R->C + ch];
+    }
+    if (!s && R->tail && comm->all_gather(comm->ctx, rec, R->every, w1 * R->tail * sizeof(float)) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv tails failed on rank %d",
+                    comm->rank);
+    int64_t sp[MASKPACK_GDN_MAX_CONV], sc[MASKPACK_GDN_MAX_CONV];
+    for (int64_t i = 0; !s && i < R->np; i++) {
+        prefix_sources(P, P->first[P->rank] + (size_t)i, R->Wm1, sp, sc);
+        for (int64_t c = 0; c < R->Wm1; c++)
+            for (int64_t ch = 0; ch < R->C; ch++) {
+                float val = 0.0f;
+                if (sp[c] >= 0) {
+                    int r;
+                    size_t l;
+                    owner_of(P, (size_t)sp[c], &r, &l);
+                    val = R->every[((size_t)r * w1 + l) * R->tail + (size_t)(ch * R->Wm1 + sc[c])];
+                } else if (prefix) {
+                    val = ((const float *)prefix->data)[(mine[i].seq * R->C + ch) * R->Wm1 + sc[c]];
+                }
+                R->prefix[(size_t)i * R->tail + (size_t)(ch * R->Wm1 + c)] = val;
+            }
+    }
+    int64_t s3[3] = {R->np, R->C, R->Wm1};
+    R->prefix_t = maskpack_tensor_contiguous(R->prefix, MASKPACK_F32, 3, s3);
+    free(rec);
+    if (s) conv_free(R);
+    return s;
+}
+
+maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
+                                          maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                          int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
+                                          maskpack_error *err) {
+    conv_run R;
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
+    if (s) return s;
+    const gdn_plan *P = &R.P;
+    float *st = floats((size_t)R.np + 1, R.tail, 1, 0);
+    size_t N = P->n_seq, w = N ? N : 1;
+    float *fin = floats(w, R.tail, 1, 1), *all = floats((size_t)P->n, w, R.tail, 0);
+    if (!st || !fin || !all) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    if (!s && conv_state && (!f32_contiguous(conv_state) || conv_state->ndim != 3 || conv_state->shape[0] != (int64_t)N))
+        s = mp_fail(err, MASKPACK_ERR_SHAPE, "conv_state", -1, -1,
+                    "conv_state: expected a contiguous float32 [%zu, C, W-1]", N);
+    int64_t s3[3] = {R.np, R.C, R.Wm1};
+    maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
+    if (!s) s = maskpack_causal_conv1d(P->mine, x, weight, &R.prefix_t, silu, n_threads, y, &st_t, err);
+    /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
+    for (size_t q = 0; !s && q < N; q++) {
+        if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
+        int r;
+        size_t l;
+        owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        if (r == P->rank) memcpy(fin + q * R.tail, st + l * R.tail, R.tail * sizeof(float));
+    }
+    if (fin && all && R.tail && comm->all_gather(comm->ctx, fin, all, w * R.tail * sizeof(float)) != 0 && !s)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv states failed on rank %d",
+                    comm->rank);
+    for (size_t q = 0; !s && conv_state && q < N; q++) {
+        int r = 0;
+        size_t l;
+        if (P->chain_begin[q + 1] > P->chain_begin[q]) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        memcpy((float *)conv_state->data + q * R.tail, all + ((size_t)r * w + q) * R.tail, R.tail * sizeof(float));
+    }
+    free(st);
+    free(fin);
+    free(all);
+    conv_free(&R);
+    return s ? s : mp_ok(err);
+}
+
+maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                   maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                   int silu, const maskpack_tensor *dy,
+                                                   const maskpack_tensor *d_conv_state, int n_threads,
+                                                   maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                   maskpack_tensor *d_prefix, maskpack_error *err) {
+    conv_run R;
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
+    if (s) return s;
+    const gdn_plan *P = &R.P;
+    size_t w1 = P->width ? P->width : 1;
+    if (!dx || !f32_contiguous(dx) || (d_prefix && !f32_contiguous(d_prefix)) ||
+        (d_conv_state && !f32_contiguous(d_conv_state)))
+        s = mp_fail(err, MASKPACK_ERR_DTYPE, "dx", -1, -1,
+                    "dx (required), d_prefix and d_conv_state: expected contiguous float32 tensors");
+    float *dst = floats((size_t)R.np + 1, R.tail, 1, 1), *dpre = floats((size_t)R.np + 1, R.tail, 1, 0);
+    float *dtail = floats((size_t)P->n, w1, R.tail, 1), *recv = floats((size_t)P->n, w1, R.tail, 0);
+    if (!s && (!dst || !dpre || !dtail || !recv)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    /* the final states' gradient reaches each sequence's last piece where this rank holds it */
+    for (size_t q = 0; !s && d_conv_state && q < P->n_seq; q++) {
+        if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
+        int r;
+        size_t l;
+        owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        if (r == P->rank)
+            memcpy(dst + l * R.tail, (const float *)d_conv_state->data + q * R.tail, R.tail * sizeof(float));
+    }
+    int64_t s3[3] = {R.np, R.C, R.Wm1};
+    maskpack_tensor dst_t = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, s3);
+    maskpack_tensor dpre_t = maskpack_tensor_contiguous(dpre, MASKPACK_F32, 3, s3);
+    if (!s)
+        s = maskpack_causal_conv1d_backward(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, n_threads, dx, dweight,
+                                            &dpre_t, err);
+    if (!s && d_prefix) memset(d_prefix->data, 0, P->n_seq * R.tail * sizeof(float));
+    /* each prefix column's gradient goes back where the column came from */
+    const gdn_piece *mine = P->pieces + P->first[P->rank];
+    int64_t sp[MASKPACK_GDN_MAX_CONV], sc[MASKPACK_GDN_MAX_CONV];
+    for (int64_t i = 0; !s && i < R.np; i++) {
+        prefix_sources(P, P->first[P->rank] + (size_t)i, R.Wm1, sp, sc);
+        for (int64_t c = 0; c < R.Wm1; c++)
+            for (int64_t ch = 0; ch < R.C; ch++) {
+                float gval = dpre[(size_t)i * R.tail + (size_t)(ch * R.Wm1 + c)];
+                if (sp[c] >= 0) {
+                    int r;
+                    size_t l;
+                    owner_of(P, (size_t)sp[c], &r, &l);
+                    dtail[((size_t)r * w1 + l) * R.tail + (size_t)(ch * R.Wm1 + sc[c])] += gval;
+                } else if (d_prefix) {
+                    ((float *)d_prefix->data)[(mine[i].seq * R.C + ch) * R.Wm1 + sc[c]] += gval;
+                }
+            }
+    }
+    /* owners receive the gradients of their tails and add them to their pieces' last tokens */
+    if (!s && R.tail && comm->all_to_all(comm->ctx, dtail, recv, w1 * R.tail * sizeof(float)) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_to_all of the conv tails' gradients failed on "
+                    "rank %d", comm->rank);
+    float *dxd = s ? NULL : dx->data;
+    for (int r = 0; !s && R.tail && r < P->n; r++)
+        for (int64_t i = 0; i < R.np; i++) {
+            int64_t keep = mine[i].len < R.Wm1 ? mine[i].len : R.Wm1;
+            const float *src = recv + ((size_t)r * w1 + (size_t)i) * R.tail;
+            for (int64_t t = 0; t < keep; t++)
+                for (int64_t ch = 0; ch < R.C; ch++)
+                    dxd[(mine[i].start + mine[i].len - 1 - t) * R.C + ch] += src[ch * R.Wm1 + R.Wm1 - 1 - t];
+        }
+    free(dst);
+    free(dpre);
+    free(dtail);
+    free(recv);
+    conv_free(&R);
+    return s ? s : mp_ok(err);
+}
