@@ -148,6 +148,53 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* cp_conv1d(comm, rank, size, layout, scheme, (x, weight, prefix, y, state), silu, n_threads) */
+static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *obj, *layout, *descs;
+    int rank, size, scheme, silu, threads;
+    if (!PyArg_ParseTuple(args, "OiiOiO!pi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
+                          &threads))
+        return NULL;
+    const maskpack_layout *L;
+    mpx_comm pc;
+    maskpack_comm comm;
+    if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
+    static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
+    maskpack_tensor ts[5], *p[5];
+    if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu,
+                                                         threads, p[3], p[4], &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* cp_conv1d_backward(comm, rank, size, layout, scheme, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu,
+ * n_threads) */
+static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *obj, *layout, *descs;
+    int rank, size, scheme, silu, threads;
+    if (!PyArg_ParseTuple(args, "OiiOiO!pi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
+                          &threads))
+        return NULL;
+    const maskpack_layout *L;
+    mpx_comm pc;
+    maskpack_comm comm;
+    if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
+    static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2],
+                                                                  silu, p[3], p[4], threads, p[5], p[6], p[7], &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
 /* workspace_size(layout, (q, k, v, g, beta, h0), chunked, backward, n_threads) -> bytes */
 static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     (void)m;
@@ -296,6 +343,8 @@ static PyMethodDef methods[] = {
     {"backward", py_backward, METH_VARARGS, "gated delta rule backward"},
     {"cp_forward", py_cp_forward, METH_VARARGS, "sequence-parallel gated delta rule forward (maskpack_cp_gdn_forward)"},
     {"cp_backward", py_cp_backward, METH_VARARGS, "sequence-parallel gated delta rule backward"},
+    {"cp_conv1d", py_cp_conv1d, METH_VARARGS, "sequence-parallel causal conv1d (maskpack_cp_causal_conv1d)"},
+    {"cp_conv1d_backward", py_cp_conv1d_backward, METH_VARARGS, "sequence-parallel causal conv1d backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
     {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},

@@ -561,72 +561,12 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
 
 # ---- sequence-parallel Gated DeltaNet and conv1d (each rank runs its own pieces at once) -------------
 #
-# The recurrence is affine in the state: a piece maps its incoming state S_in to
-#     S_out = P S_in + B          (P [K, K] per value head: the piece's decays and rank-1 updates; B: the
-#                                  piece run from a zero state)
-# and its outputs are the zero-state outputs plus a part linear in S_in. So every rank runs its pieces
-# from zero states at once (B), and also through an identity state with zero values (P), the small
-# (P, B) of every piece are all-gathered, each rank composes them in sequence order up to its pieces
-# (S_in), and runs its pieces again from the true incoming states. Nothing waits for the piece before.
-# Cost per rank: three passes of the kernel over its tokens (the last one could redo only the
-# state-dependent products; this version reruns the kernel) plus the K x K compositions.
-
-
-def _piece_plan(layout, n: int, scheme, tp, align):
-    """Per rank: [(sequence, position, local start, length)] of its pieces; per sequence the pieces in
-    position order as (rank, index). Computed once per (layout, n, scheme, tp, align)."""
-    from . import _maskpack
-    from ._moves import _cached
-
-    def build():
-        whole = layout._cp_global(n, tp, align, scheme)
-        seq_of = {(sg[0], sg[3]): i for i, sg in enumerate(_maskpack.segments(whole._h))}
-        per_rank = []
-        for r in range(n):
-            shard = layout.cp_shard(n, r, scheme=scheme, tp=tp, align=align)
-            per_rank.append([(seq_of[(sg[0], sg[3])], int(sg[5] or 0), sg[1], sg[2])
-                             for sg in _maskpack.segments(shard._h)])
-        chains = [[] for _ in seq_of]
-        for r, pieces in enumerate(per_rank):
-            for i, (s, pos, _, _) in enumerate(pieces):
-                chains[s].append((pos, r, i))
-        return per_rank, [[(r, i) for _, r, i in sorted(c)] for c in chains]
-
-    return _cached(layout, ("cp_pieces", n, scheme, tp, align), build)
-
-
-class _AllGatherSum(torch.autograd.Function):
-    """Every rank's block -> [n, ...] on every rank; backward: the gradients of every rank's copy
-    summed into each block's owner (every rank uses the blocks differently, so nothing is
-    replicated: the adjoint is a reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        rank, n = _rank_size(group)
-        ctx.args = (rank, group)
-        return torch.stack(_all_gather(x.detach().contiguous(), group))
-
-    @staticmethod
-    def backward(ctx, grad):
-        rank, group = ctx.args
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
-        return total[rank], None
-
-
-class _Tie(torch.autograd.Function):
-    """x unchanged, with `anchor` attached: its backward (a collective) runs on every rank whose x
-    reaches the loss, even where this rank's result does not depend on the anchor."""
-
-    @staticmethod
-    def forward(ctx, x, anchor):
-        ctx.anchor_shape = (anchor.shape, anchor.dtype)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        shape, dtype = ctx.anchor_shape
-        return grad, torch.zeros(shape, dtype=dtype)
+# The algorithms are the library's (src/distributed/cp_gdn.c, over maskpack_comm: the same code MPI
+# programs call); here they run over the group through _TorchComm / _MpiComm. The rule is affine in
+# the state: each rank runs its pieces from zero states and through an identity state at once, the
+# pieces' transitions (P, B) are all-gathered and composed in sequence order, and each rank runs its
+# pieces again from their true incoming states. The conv takes each continuing piece's prefix from
+# the all-gathered tails of the pieces before it.
 
 
 def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> None:
@@ -715,55 +655,68 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
                               _threads(threads, True))
 
 
+class _SequenceConv(torch.autograd.Function):
+    """maskpack_cp_causal_conv1d / _backward (the C algorithm) over the group."""
+
+    @staticmethod
+    def forward(ctx, x, w, prefix, whole, group, scheme, silu, threads):
+        from ._maskpack import gdn as _gdn
+        from ._tensors import describe_kernel as _d, layout_handle
+
+        x, w = x.detach().contiguous(), w.detach().contiguous()
+        prefix = None if prefix is None else prefix.detach().contiguous()
+        y = torch.empty_like(x)
+        state = torch.empty((whole.n_segments, x.shape[-1], w.shape[-1] - 1), dtype=torch.float32)
+        descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
+        _ring_call(_gdn.cp_conv1d, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, silu, threads)
+        ctx.save_for_backward(x, w, prefix)
+        ctx.args = (whole, group, scheme, silu, threads)
+        return y, state
+
+    @staticmethod
+    def backward(ctx, dy, dstate):
+        from ._maskpack import gdn as _gdn
+        from ._tensors import describe_kernel as _d, layout_handle
+
+        x, w, prefix = ctx.saved_tensors
+        whole, group, scheme, silu, threads = ctx.args
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dstate = None if dstate is None else dstate.contiguous()
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        dp = None if prefix is None else torch.empty_like(prefix)
+        descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
+                 _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
+        _ring_call(_gdn.cp_conv1d_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, silu,
+                   threads)
+        return dx, dw, dp, None, None, None, None, None
+
+
 def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
                      align="verl"):
     """Sequence-parallel context parallelism for :func:`maskpack.causal_conv1d`: x is this rank's CP
-    shard [T_local, C] of the packed whole batch; each piece that continues a sequence takes the last
-    W-1 inputs before it (all-gathered tails of every piece, composed in sequence order) as its prefix,
-    so every channel stays on its rank. Returns (y [T_local, C], conv_state [segments, C, W-1] the same
-    on every rank); equal to the single-process run bitwise; differentiable."""
-    _refuse_mpi(group, "the context-parallel conv")
-    from .gdn import causal_conv1d
+    shard [T_local, C] (float32) of the packed whole batch; each piece that continues a sequence takes
+    the last W-1 inputs before it (the library's maskpack_cp_causal_conv1d: every piece's tail
+    all-gathered, prefixes composed in sequence order), so every channel stays on its rank. Returns
+    (y [T_local, C], conv_state [segments, C, W-1] the same on every rank); bitwise the single-process
+    run; differentiable (the weight's and prefix's gradients are each rank's share: sum them over the
+    group)."""
+    from .attention import _threads
 
     rank, n = _rank_size(group)
     local = None
     try:
         _check_sequence_args(layout, n, rank, scheme, tp, align, group, (("x", x),))
+        if activation not in ("silu", None):
+            raise Error(f"activation: expected 'silu' or None, found {activation!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="activation")
+        for name, t in (("x", x), ("weight", weight)) + ((("prefix", prefix),) if prefix is not None else ()):
+            if t.dtype != torch.float32:
+                raise Error(f"{name}: the sequence-parallel conv takes float32 (found {t.dtype})", "MASKPACK_ERR_DTYPE",
+                            argument=name)
     except (Error, TypeError) as exc:
         local = exc
-    C, Wm1 = x.shape[-1], weight.shape[-1] - 1
-    _agree(group, layout, ("causal_conv1d_sp", scheme, tp, align, C, Wm1), local)
-    per_rank, chains = _piece_plan(layout, n, scheme, tp, align)
-    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
-    pieces = per_rank[rank]
-    width = max(len(p) for p in per_rank)
-    # each piece's last W-1 inputs [C, W-1] (most recent last), zeros in front of a shorter piece
-    tails = []
-    for _, _, st, ln in pieces:
-        t = x[st + max(0, ln - Wm1):st + ln].transpose(0, 1)
-        tails.append(torch.cat([t.new_zeros(C, Wm1 - t.shape[1]), t], dim=1) if t.shape[1] < Wm1 else t)
-    tail = torch.stack(tails) if tails else x.new_zeros((0, C, Wm1))
-    if tail.shape[0] < width:
-        tail = torch.cat([tail, tail.new_zeros((width - tail.shape[0], C, Wm1))])
-    every = _AllGatherSum.apply(tail, group)  # [n, width, C, W-1]
-    lengths = [[ln for _, _, _, ln in p] for p in per_rank]
-    pre = []
-    for i, (s, pos, _, _) in enumerate(pieces):
-        start = prefix[s].to(x.dtype) if prefix is not None else x.new_zeros(C, Wm1)
-        cols = [start]
-        for r, j in chains[s]:
-            if (r, j) == (rank, i):
-                break
-            keep = min(lengths[r][j], Wm1)
-            cols.append(every[r, j, :, Wm1 - keep:])
-        pre.append(torch.cat(cols, dim=1)[:, -Wm1:] if Wm1 else start)
-    pre_t = torch.stack(pre) if pre else x.new_zeros((0, C, Wm1))
-    y, state = causal_conv1d(x, weight, mine, activation=activation, prefix=pre_t, threads=threads)
-    y = _Tie.apply(y, every)
-    last = {chain[-1]: s for s, chain in enumerate(chains) if chain}
-    final = [state.new_zeros(C, Wm1)] * len(chains)
-    for i in range(len(pieces)):
-        if (rank, i) in last:
-            final[last[(rank, i)]] = state[i]
-    final_t = torch.stack(final) if final else state.new_zeros((0, C, Wm1))
-    return y, _AllReduceSum.apply(final_t, group)
+    C, W = x.shape[-1], weight.shape[-1]
+    _agree(group, layout, ("causal_conv1d_sp", scheme, tp, align, C, W), local)
+    whole = layout._cp_global(n, tp, align, scheme)
+    w2 = weight.reshape(weight.shape[0], weight.shape[-1])
+    return _SequenceConv.apply(x, w2, prefix, whole, group, scheme, activation == "silu", _threads(threads, True))

@@ -57,6 +57,12 @@ def main() -> int:
     total = torch.from_numpy(comm.allreduce(gh0.numpy()))
     if not torch.allclose(total, ref[5].grad, rtol=1e-3, atol=1e-4):
         failures.append("gdn d_initial_state summed over the ranks")
+    # the sequence-parallel conv ("auto" with an mpi4py communicator): bitwise
+    x, w, pre = torch.randn(T, 6, generator=g0), torch.randn(6, 4, generator=g0) * 0.5, torch.randn(5, 6, 3, generator=g0)
+    y, st = maskpack.causal_conv1d(x, w, lay, prefix=pre)
+    ym, stm = maskpack.causal_conv1d(cut(x), w, lay, prefix=pre, group=comm)
+    if not (torch.equal(ym, cut(y)) and torch.equal(stm, st)):
+        failures.append("conv output or state")
     # what runs over torch.distributed only is refused, naming the group, on every rank
     try:
         maskpack.gated_delta_rule(*[cut(x) for x in (q, k, v, g, beta)], lay, group=comm, cp_method="head")
