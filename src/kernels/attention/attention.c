@@ -176,6 +176,21 @@ void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, 
     }
 }
 
+void attn_segment_hull(const maskpack_layout *L, size_t k, int32_t bq, int64_t *lo, int64_t *hi) {
+    const maskpack_segment *g = &L->segs[k];
+    int64_t a = INT64_MAX, b = 0;
+    attn_rows rows;
+    for (int64_t i0 = 0; i0 < g->q_len; i0 += bq) {
+        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < bq ? g->q_len - i0 : bq), &rows);
+        if (rows.kmin < rows.kmax) {
+            if (rows.kmin < a) a = rows.kmin;
+            if (rows.kmax > b) b = rows.kmax;
+        }
+    }
+    *lo = a == INT64_MAX ? 0 : a;
+    *hi = a == INT64_MAX ? 0 : b;
+}
+
 /* Does row x see all of [j0, j1)? The union of at most three intervals, walked from j0. */
 static int row_covers(const attn_rows *r, int x, int32_t j0, int32_t j1) {
     int32_t pos = j0;

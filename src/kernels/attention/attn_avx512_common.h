@@ -12,9 +12,6 @@ typedef struct {
  * [-1/2, 1/2] (relative error 2e-9 before f32 rounding). Results below 2^-125 are 0 through the
  * zeroing mask of scalef: letting scalef underflow (a zero or subnormal result, as every masked
  * -inf score would give) costs a microcode assist of ~200 cycles per vector. */
-#if defined(ATTN_AVX2_BUILD) /* the same operations with a vector keep mask (attn_avx2_shim.h) */
-static inline __m512 exp2_ps(__m512 x) { return mp2_exp2_ps(x); }
-#else
 static inline __m512 exp2_ps(__m512 x) {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
@@ -29,7 +26,6 @@ static inline __m512 exp2_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000005920204f));
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
-#endif
 
 /* tanh(x): odd polynomial near 0 (no cancellation), (1 - e)/(1 + e) with e = exp(-2|x|) elsewhere. */
 static inline __m512 tanh_ps(__m512 x) {
@@ -66,23 +62,6 @@ static inline void lane_rule_init(lane_rule *R, const attn_rows *rows) {
     }
 }
 
-#if defined(ATTN_AVX2_BUILD)
-/* AVX2: the masks as all-ones lanes (no mask registers), combined and applied by lane_blend; the
- * same lanes as the __mmask16 forms below. */
-typedef __m512i lane_mask;
-static inline lane_mask lane_allowed_simple(const lane_rule *R, int c, __m512i jv) {
-    return mp2_and_mask(mp2_le_mask(R->lo[c], jv), mp2_lt_mask(jv, R->hi[c]));
-}
-
-static inline lane_mask lane_allowed(const lane_rule *R, int c, int32_t j) {
-    __m512i jv = _mm512_set1_epi32(j);
-    lane_mask base = mp2_and_mask(mp2_le_mask(R->lo[c], jv), mp2_lt_mask(jv, R->hi[c]));
-    lane_mask span = mp2_and_mask(mp2_le_mask(R->slo[c], jv), mp2_lt_mask(jv, R->shi[c]));
-    lane_mask pre = mp2_lt_mask(jv, R->pre[c]);
-    return mp2_or_mask(mp2_or_mask(base, span), pre);
-}
-#define lane_blend mp2_blend_mask
-#else
 typedef __mmask16 lane_mask;
 /* Base-only rows (attn_rows.simple): one interval per row. */
 static inline __mmask16 lane_allowed_simple(const lane_rule *R, int c, __m512i jv) {
@@ -98,10 +77,7 @@ static inline __mmask16 lane_allowed(const lane_rule *R, int c, int32_t j) {
 }
 /* lane i: b where k allows it, else a */
 #define lane_blend _mm512_mask_blend_ps
-#endif
 
-/* Rows [i0, i0 + n) of a tensor head into YT [D][BQ] (transposed, times mul) and optionally Yr
- * [BQ][Dp] (row-major); rows past n are zero. */
 /* In-register transpose of a 16 x 16 f32 block (r[i] = row i -> r[j] = column j). */
 static inline void tr16(__m512 r[16]) {
     __m512 t[16];
@@ -140,25 +116,7 @@ static inline void transpose_scaled(const float *src, int64_t ss, float *dst, in
         }
 }
 
-/* Rows [i0, i0 + n) of a tensor head into Yr [BQ][Dp] (row-major, zero rows past n and zero
- * columns past D) and YT [Dp][BQ] (transposed, times mul). */
 static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
 static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
-
-/* The keys any query of segment k may see: the union hull of its blocks' rows. */
-static inline void segment_hull(const maskpack_layout *L, size_t k, int64_t *lo, int64_t *hi) {
-    const maskpack_segment *g = &L->segs[k];
-    int64_t a = INT64_MAX, b = 0;
-    attn_rows rows;
-    for (int64_t i0 = 0; i0 < g->q_len; i0 += BQ) {
-        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < BQ ? g->q_len - i0 : BQ), &rows);
-        if (rows.kmin < rows.kmax) {
-            if (rows.kmin < a) a = rows.kmin;
-            if (rows.kmax > b) b = rows.kmax;
-        }
-    }
-    *lo = a == INT64_MAX ? 0 : a;
-    *hi = a == INT64_MAX ? 0 : b;
-}
 
 #endif

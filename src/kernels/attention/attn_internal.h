@@ -59,10 +59,23 @@ typedef struct attn_rows {
     int32_t lo_max, hi_min;
 } attn_rows;
 
+/* The vector kernels' row groups: a block of ATTN_BQ rows is ATTN_NRG groups of ATTN_RG rows, and a
+ * partial tile skips the groups that see none of a run of its keys (attn_f32_kernel.inc). lo[c],
+ * hi[c]: the hull of group c's keys (for blocks outside the base rule, every group sees every key
+ * of the block's hull). */
+#define ATTN_RG 16
+#define ATTN_NRG (ATTN_BQ / ATTN_RG)
+typedef struct attn_group_hull {
+    int32_t lo[ATTN_NRG], hi[ATTN_NRG];
+} attn_group_hull;
+
 enum { ATTN_TILE_EMPTY = 0, ATTN_TILE_PARTIAL = 1, ATTN_TILE_FULL = 2 };
 
 /* Fills rows for query rows [i0, i0 + n) of segment k (n <= ATTN_MAX_BQ). */
 void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, attn_rows *rows);
+/* (layout, segment k, block height bq) -> [lo, hi): the keys any query of segment k may see, the
+ * union hull of its blocks' rows (what a kernel packs; the rest stays zero). */
+void attn_segment_hull(const maskpack_layout *L, size_t k, int32_t bq, int64_t *lo, int64_t *hi);
 /* Classifies keys [j0, j1) against the block: EMPTY, PARTIAL or FULL; for a non-empty tile,
  * [ja, jb) is the sub-range some row may see (keys outside it are excluded for every row). */
 int attn_classify(const attn_rows *rows, int32_t j0, int32_t j1, int32_t *ja, int32_t *jb);
