@@ -1,7 +1,8 @@
 /* attention.c: the public attention entry points: argument validation (everything is checked
  * before anything is written), kernel selection, the work decomposition shared by every kernel,
- * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c (and its
- * AVX2 build attn_avx2.c), attn_avx512_bwd.c (attn_avx2_bwd.c) and attn_amx.c. */
+ * the threads, and the zeroing of padding. The kernels live in attn_ref.c, the vector frameworks
+ * attn_fwd_kernel.inc / attn_bwd_kernel.inc compiled per ISA (attn_avx512.c, attn_avx512_bwd.c,
+ * attn_avx2.c, attn_avx2_bwd.c, attn_avx512bf16.c) and attn_amx.c. */
 #include "attn_internal.h"
 #include "cpu_features.h"
 #include "isa.h"

@@ -293,8 +293,8 @@ static __attribute__((noinline, unused)) void st_group_cv(const float *YT, int64
     }
 }
 
-/* One pass (columns k0 .. k0 + 3, ymm columns y0 .. y0 + 2) of ot_group_cv: each run adds its keys
- * to the ymm columns of its vectors inside the pass (code = ca * 4 + nv, attn_f32_kernel.inc). */
+/* One pass (columns k0 .. k0 + 3, ymm columns y0 .. y0 + 2) of ot_group_runs: each run adds its keys
+ * to the ymm columns of its row groups inside the pass (code = ca * 4 + nv, attn_f32_kernel.inc). */
 AVX2_AI void ot_pass_cv(float *OT, const float *X, const float *A, const vrow *alpha, const int32_t *cut,
                         const int *code, int nrun, const int k0, const int y0) {
     AVX2_ACC12;
@@ -310,12 +310,13 @@ AVX2_AI void ot_pass_cv(float *OT, const float *X, const float *A, const vrow *a
         int32_t n = cut[k + 1] - cut[k];
 #define OT_RUN(m0, m1, m2) \
     for (int32_t j = 0; j < n; j++, a += BQ, x += 8) AVX2_STEPM(a, x, m0, m1, m2)
+        /* a pass covers ymm columns y0 .. y0 + 2 (y0 = 0 or 3) and a group two of them from an
+         * even column, so [la, lb) is one of [0, 1), [0, 2), [0, 3), [1, 3), [2, 3) */
         switch (la * 4 + lb) {
         case 3: OT_RUN(1, 1, 1); break;
         case 2: OT_RUN(1, 1, 0); break;
         case 1: OT_RUN(1, 0, 0); break;
         case 7: OT_RUN(0, 1, 1); break;
-        case 6: OT_RUN(0, 1, 0); break;
         case 11: OT_RUN(0, 0, 1); break;
         default: break;
         }
@@ -324,8 +325,8 @@ AVX2_AI void ot_pass_cv(float *OT, const float *X, const float *A, const vrow *a
     AVX2_STOREM(OT + k0 * BQ + 8 * y0, 1, 1, 1);
 }
 
-/* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the vectors of
- * code[k] = ca * 4 + nv); alpha is applied to every vector. */
+/* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the row groups of
+ * code[k] = ca * 4 + nv); alpha is applied to every column. */
 static __attribute__((noinline, unused)) void ot_group_runs(float *OT, const float *X, const float *A, const vrow *alpha,
                                                   const int32_t *cut, const int *code, int nrun) {
     ot_pass_cv(OT, X, A, alpha, cut, code, nrun, 0, 0);

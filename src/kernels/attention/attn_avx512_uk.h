@@ -141,7 +141,7 @@ static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], co
     }
 }
 
-/* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the vectors of
+/* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the row groups of
  * code[k] = ca * 4 + nv); alpha is applied to every vector. */
 static inline void ot_group_runs(float *OT, const float *X, const float *A, const __m512 *alpha, const int32_t *cut,
                                const int *code, int nrun) {

@@ -1,5 +1,7 @@
 /* attn_internal.h: what the attention driver (attention.c) shares with its ISA kernels
- * (attn_ref.c, attn_avx512.c, attn_avx2.c, attn_amx.c). Never installed. */
+ * (attn_ref.c; the vector kernels: the forward and backward frameworks attn_fwd_kernel.inc and
+ * attn_bwd_kernel.inc over the micro-kernels of attn_avx512.c / attn_avx512_bwd.c, attn_avx2.c /
+ * attn_avx2_bwd.c and attn_avx512bf16.c; attn_amx.c). Never installed. */
 #ifndef MASKPACK_ATTN_INTERNAL_H
 #define MASKPACK_ATTN_INTERNAL_H
 
@@ -148,8 +150,8 @@ typedef struct attn_bwd_job {
     int n_threads;
     /* Dynamic mode, vector kernels (AVX-512, AVX2): units [0, n_whole) are claimed whole; each
      * later (tail) unit is claimed as up to ATTN_BWD_TAIL_CHUNKS pieces of consecutive query blocks
-     * (counted as bwd_unit does; see tail_piece in attn_avx512_bwd.c), each accumulating its own
-     * dK/dV partial in tail_acc; attn_avx512_bwd_tail_reduce (attn_avx2_...) then sums each key's
+     * (counted as bwd_unit does; see tail_piece in attn_bwd_kernel.inc), each accumulating its own
+     * dK/dV partial in tail_acc; the kernel's bwd_tail_reduce (attn_avx512_, attn_avx2_) then sums each key's
      * partials in piece order. So the threads finish within one piece of each other, and which
      * thread ran a piece never changes a bit (n_whole = n_units: no tail). */
     int64_t n_whole;
@@ -172,8 +174,8 @@ void attn_avx512_fwd_thread(void *job, int tid);
 size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t max_group_width);
 void attn_avx512_bwd_thread(void *job, int tid);
 
-/* AVX2 + FMA: the AVX-512 f32 kernels compiled again through attn_avx2_shim.h (attn_avx2.c,
- * attn_avx2_bwd.c); same contracts, workspace layouts and results as the attn_avx512_* ones. */
+/* AVX2 + FMA (attn_avx2.c, attn_avx2_bwd.c): the same frameworks over AVX2 micro-kernels; same
+ * contracts, workspace layouts and results as the attn_avx512_* ones. */
 size_t attn_avx2_fwd_ws(const attn_problem *P);
 void attn_avx2_fwd_thread(void *job, int tid);
 size_t attn_avx2_bwd_ws(const attn_problem *P, int64_t max_group_width);
