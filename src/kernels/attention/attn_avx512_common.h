@@ -1,12 +1,9 @@
 /* attn_avx512_common.h: vector helpers shared by the AVX-512 attention kernels (attn_avx512.c,
- * attn_avx512bf16.c, attn_amx.c). Included inside each file's AVX-512 target region, after BQ is defined
- * (3 vectors of 16 query rows); every function is static inline. */
+ * attn_avx512_bwd.c, attn_avx512bf16.c, attn_amx.c), and the row-vector vocabulary that
+ * attn_fwd_kernel.inc and attn_bwd_kernel.inc are written over. Included inside each file's
+ * AVX-512 target region, after BQ is defined; every function is static inline. */
 #ifndef MASKPACK_ATTN_AVX512_COMMON_H
 #define MASKPACK_ATTN_AVX512_COMMON_H
-
-typedef struct {
-    __m512 v[3];
-} vec3;
 
 /* 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(x - round(x)), p a degree-6 fit of 2^f on
  * [-1/2, 1/2] (relative error 2e-9 before f32 rounding). Results below 2^-125 are 0 through the
@@ -118,5 +115,40 @@ static inline void transpose_scaled(const float *src, int64_t ss, float *dst, in
 
 static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
 static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+/* ---- the row-vector vocabulary of the frameworks (see attn_f32_kernel.inc) ------------------------ */
+
+typedef __m512 vrow;  /* RV query rows of one score or accumulator column */
+#define RV 16
+#define NRV 3         /* BQ / RV */
+typedef lane_rule vr_rule;
+typedef __mmask16 vr_mask;
+typedef __m512i vr_jvec;
+
+#define VR_INL static inline __attribute__((always_inline))
+VR_INL vrow vr_zero(void) { return _mm512_setzero_ps(); }
+VR_INL vrow vr_set1(float x) { return _mm512_set1_ps(x); }
+VR_INL vrow vr_load(const float *p) { return _mm512_load_ps(p); }
+VR_INL vrow vr_loadu(const float *p) { return _mm512_loadu_ps(p); }
+VR_INL void vr_store(float *p, vrow x) { _mm512_store_ps(p, x); }
+VR_INL void vr_storeu(float *p, vrow x) { _mm512_storeu_ps(p, x); }
+VR_INL vrow vr_max(vrow a, vrow b) { return _mm512_max_ps(a, b); } /* b where either is NaN */
+VR_INL vrow vr_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
+VR_INL vrow vr_sub(vrow a, vrow b) { return _mm512_sub_ps(a, b); }
+VR_INL vrow vr_mul(vrow a, vrow b) { return _mm512_mul_ps(a, b); }
+VR_INL vrow vr_fmadd(vrow a, vrow b, vrow c) { return _mm512_fmadd_ps(a, b, c); }
+VR_INL vrow vr_fnmadd(vrow a, vrow b, vrow c) { return _mm512_fnmadd_ps(a, b, c); }
+VR_INL vrow vr_exp2(vrow x) { return exp2_ps(x); }
+VR_INL vrow vr_tanh(vrow x) { return tanh_ps(x); }
+/* -inf lanes (rows that have seen no key) to 0, the others as they are */
+VR_INL vrow vr_unseen0(vrow x) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), x, _mm512_setzero_ps());
+}
+VR_INL void vr_rule_init(vr_rule *R, const attn_rows *rows) { lane_rule_init(R, rows); }
+VR_INL vr_jvec vr_jset1(int32_t j) { return _mm512_set1_epi32(j); }
+VR_INL vr_mask vr_allowed_simple(const vr_rule *R, int c, vr_jvec jv) { return lane_allowed_simple(R, c, jv); }
+VR_INL vr_mask vr_allowed(const vr_rule *R, int c, int32_t j) { return lane_allowed(R, c, j); }
+/* lane i: x where k allows it, else fill */
+VR_INL vrow vr_select(vr_mask k, vrow x, vrow fill) { return _mm512_mask_blend_ps(k, fill, x); }
 
 #endif

@@ -1,46 +1,12 @@
 /* attn_avx512_uk.h: the AVX-512 micro-kernels of the f32 attention kernels (attn_avx512.c forward,
  * attn_avx512_bwd.c backward), what attn_f32_kernel.inc, attn_fwd_kernel.inc and attn_bwd_kernel.inc
- * are written over: the row-vector vocabulary (one zmm = 16 query rows, 3 per block of BQ = 48), the
- * QK^T and PV tile kernels on 8 packed keys (or 8 columns), the packing of query rows and keys, the
- * output stores, D_i and the dK/dV product. Included inside the AVX-512 target region (attn_avx512_target.h)
- * after attn_avx512_common.h; every function is static. */
+ * are written over (with the row-vector vocabulary of attn_avx512_common.h: one zmm = 16 query
+ * rows, 3 per block of BQ = 48): the QK^T and PV tile kernels on 8 packed keys (or 8 columns), the
+ * packing of query rows and keys, the output stores, D_i and the dK/dV product. Included inside
+ * the AVX-512 target region (attn_avx512_target.h) after attn_avx512_common.h; every function is
+ * static. */
 #ifndef MASKPACK_ATTN_AVX512_UK_H
 #define MASKPACK_ATTN_AVX512_UK_H
-
-/* ---- the row-vector vocabulary (see attn_f32_kernel.inc) ---------------------------------------- */
-
-typedef __m512 vrow;  /* RV query rows of one score or accumulator column */
-#define RV 16
-#define NRV 3         /* BQ / RV */
-typedef lane_rule vr_rule;
-typedef __mmask16 vr_mask;
-typedef __m512i vr_jvec;
-
-#define VR_INL static inline __attribute__((always_inline))
-VR_INL vrow vr_zero(void) { return _mm512_setzero_ps(); }
-VR_INL vrow vr_set1(float x) { return _mm512_set1_ps(x); }
-VR_INL vrow vr_load(const float *p) { return _mm512_load_ps(p); }
-VR_INL vrow vr_loadu(const float *p) { return _mm512_loadu_ps(p); }
-VR_INL void vr_store(float *p, vrow x) { _mm512_store_ps(p, x); }
-VR_INL void vr_storeu(float *p, vrow x) { _mm512_storeu_ps(p, x); }
-VR_INL vrow vr_max(vrow a, vrow b) { return _mm512_max_ps(a, b); } /* b where either is NaN */
-VR_INL vrow vr_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
-VR_INL vrow vr_sub(vrow a, vrow b) { return _mm512_sub_ps(a, b); }
-VR_INL vrow vr_mul(vrow a, vrow b) { return _mm512_mul_ps(a, b); }
-VR_INL vrow vr_fmadd(vrow a, vrow b, vrow c) { return _mm512_fmadd_ps(a, b, c); }
-VR_INL vrow vr_fnmadd(vrow a, vrow b, vrow c) { return _mm512_fnmadd_ps(a, b, c); }
-VR_INL vrow vr_exp2(vrow x) { return exp2_ps(x); }
-VR_INL vrow vr_tanh(vrow x) { return tanh_ps(x); }
-/* -inf lanes (rows that have seen no key) to 0, the others as they are */
-VR_INL vrow vr_unseen0(vrow x) {
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), x, _mm512_setzero_ps());
-}
-VR_INL void vr_rule_init(vr_rule *R, const attn_rows *rows) { lane_rule_init(R, rows); }
-VR_INL vr_jvec vr_jset1(int32_t j) { return _mm512_set1_epi32(j); }
-VR_INL vr_mask vr_allowed_simple(const vr_rule *R, int c, vr_jvec jv) { return lane_allowed_simple(R, c, jv); }
-VR_INL vr_mask vr_allowed(const vr_rule *R, int c, int32_t j) { return lane_allowed(R, c, j); }
-/* lane i: x where k allows it, else fill */
-VR_INL vrow vr_select(vr_mask k, vrow x, vrow fill) { return _mm512_mask_blend_ps(k, fill, x); }
 
 /* ---- QK^T and PV on packed keys (layouts: attn_f32_kernel.inc) ------------------------------------ */
 
@@ -68,7 +34,7 @@ static inline void st_group(const float *YT, int64_t D, const float *G, float *S
     }
 }
 
-/* st_group for vectors ca .. ca + nv - 1 only (the other lanes of ST are left as they were). */
+/* st_group for the row groups (zmm) ca .. ca + nv - 1 only (the other lanes of ST are left as they were). */
 static inline __attribute__((always_inline)) void st_group_cv(const float *YT, int64_t D, const float *G, float *ST,
                                                              const int ca, const int nv) {
     __m512 acc[8][3], y[3];
@@ -127,7 +93,7 @@ static inline void ot_group(float *OT, const float *X, const float *A, int32_t n
     }
 }
 
-/* Keys [j, e) of ot_group's loop for vectors ca .. ca + nv - 1. */
+/* Keys [j, e) of ot_group's loop for the row groups (zmm) ca .. ca + nv - 1. */
 static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], const float *X, const float *A,
                                                            int32_t j, int32_t e, const int ca, const int nv) {
     for (; j < e; j++) {

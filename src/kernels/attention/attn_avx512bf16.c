@@ -25,8 +25,7 @@
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 
-#include "attn_avx512_common.h"
-#include "attn_avx512_uk.h" /* the row-vector vocabulary of attn_fwd_kernel.inc */
+#include "attn_avx512_common.h" /* with the row-vector vocabulary of attn_fwd_kernel.inc */
 
 /* Layouts (32-bit words = bf16 pairs, low half first):
  *   QT [Dh][BQ]              (Q[i][2p], Q[i][2p+1]) for row i      Dh = ceil(D/2)
