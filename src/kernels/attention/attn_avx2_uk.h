@@ -490,9 +490,12 @@ static inline void unpack_rows_direct(const attn_problem *P, const attn_view *vi
         }
 }
 
-/* dst[d] = src[d] * m for d in [a, b) with masked stores (neither reads nor writes past b). */
+/* dst[d] = src[d] * m for d in [a, b), the last partial 8 with a masked store (neither reads nor
+ * writes past b; masked stores are slow, so whole vectors take plain ones). */
 static inline void store_masked(float *dst, const float *src, int64_t a, int64_t b, __m256 m) {
-    for (int64_t d = a; d < b; d += 8) {
+    int64_t d = a;
+    for (; d + 8 <= b; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), m));
+    if (d < b) {
         __m256i k = lanes_below(b - d);
         _mm256_maskstore_ps(dst + d, k, _mm256_mul_ps(_mm256_maskload_ps(src + d, k), m));
     }
