@@ -24,12 +24,12 @@ ISA_FILES = {
     "src/kernels/attention/attn_avx512bf16.c": ("AVX512-BF16", _AVX512 + ("avx512_bf16",)),
     "src/kernels/attention/attn_avx512.c": ("AVX-512", _AVX512),
     "src/kernels/attention/attn_avx512_bwd.c": ("AVX-512", _AVX512),
-    "src/kernels/attention/attn_avx512_tiles.h": ("AVX-512", _AVX512),
+    "src/kernels/attention/attn_avx512_uk.h": ("AVX-512", _AVX512),
     "src/kernels/attention/attn_avx512_common.h": ("AVX-512", _AVX512),
     "src/kernels/gdn/gdn_avx512.c": ("AVX-512", _AVX512),
     "src/kernels/attention/attn_avx2.c": ("AVX2", ("avx2", "fma")),
     "src/kernels/attention/attn_avx2_bwd.c": ("AVX2", ("avx2", "fma")),
-    "src/kernels/attention/attn_avx2_tiles.h": ("AVX2", ("avx2", "fma")),
+    "src/kernels/attention/attn_avx2_uk.h": ("AVX2", ("avx2", "fma")),
     "src/kernels/gdn/gdn_avx2.c": ("AVX2", ("avx2", "fma")),
 }
 

@@ -716,8 +716,9 @@ static void test_kernels_vs_reference(void) {
     maskpack_layout_free(L);
 }
 
-/* The AVX2 kernels are the AVX-512 f32 kernels compiled through a lane-exact shim, with matrix
- * kernels that keep every output's summation order: on a machine that runs both, f32 forward and
+/* The AVX2 and AVX-512 f32 kernels are one framework (attn_fwd_kernel.inc, attn_bwd_kernel.inc)
+ * over micro-kernels that do the same per-lane arithmetic and keep every output's summation order
+ * (attn_avx2_uk.h, attn_avx512_uk.h): on a machine that runs both, f32 forward and
  * backward outputs are bitwise equal, on causal, windowed, span/prefix, cross and softcapped
  * problems, 1 and 2 threads. (bf16 forwards may run on AVX512-BF16 or AMX instead: not compared.) */
 static void test_avx2_equals_avx512(void) {

@@ -1,7 +1,8 @@
 /* attention.c: the public attention entry points: argument validation (everything is checked
  * before anything is written), kernel selection, the work decomposition shared by every kernel,
- * the threads, and the zeroing of padding. The kernels live in attn_ref.c, attn_avx512.c (and its
- * AVX2 build attn_avx2.c), attn_avx512_bwd.c (attn_avx2_bwd.c) and attn_amx.c. */
+ * the threads, and the zeroing of padding. The kernels live in attn_ref.c, the vector frameworks
+ * attn_fwd_kernel.inc / attn_bwd_kernel.inc compiled per ISA (attn_avx512.c, attn_avx512_bwd.c,
+ * attn_avx2.c, attn_avx2_bwd.c, attn_avx512bf16.c) and attn_amx.c. */
 #include "attn_internal.h"
 #include "cpu_features.h"
 #include "isa.h"
@@ -174,6 +175,21 @@ void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, 
         if (r->lo[x] > r->lo_max) r->lo_max = r->lo[x];
         if (r->hi[x] < r->hi_min) r->hi_min = r->hi[x];
     }
+}
+
+void attn_segment_hull(const maskpack_layout *L, size_t k, int32_t bq, int64_t *lo, int64_t *hi) {
+    const maskpack_segment *g = &L->segs[k];
+    int64_t a = INT64_MAX, b = 0;
+    attn_rows rows;
+    for (int64_t i0 = 0; i0 < g->q_len; i0 += bq) {
+        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < bq ? g->q_len - i0 : bq), &rows);
+        if (rows.kmin < rows.kmax) {
+            if (rows.kmin < a) a = rows.kmin;
+            if (rows.kmax > b) b = rows.kmax;
+        }
+    }
+    *lo = a == INT64_MAX ? 0 : a;
+    *hi = a == INT64_MAX ? 0 : b;
 }
 
 /* Does row x see all of [j0, j1)? The union of at most three intervals, walked from j0. */

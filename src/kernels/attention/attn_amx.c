@@ -38,7 +38,7 @@
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 
-/* exp2_ps, tanh_ps and segment_hull (at this file's BQ) are shared with the AVX-512 kernels */
+/* exp2_ps, tanh_ps and tr16 are shared with the AVX-512 kernels */
 #include "attn_avx512_common.h"
 
 static int64_t r32(int64_t x) { return (x + 31) & ~(int64_t)31; }
@@ -389,7 +389,7 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     int64_t D = P->d, D32 = r32(D), kh = it->head / P->group, ndb = D32 / 16, OS = D32 + 16;
     if ((B->cur_seg != it->seg || B->cur_kh != kh)) {
         int64_t lo, hi;
-        segment_hull(L, (size_t)it->seg, &lo, &hi);
+        attn_segment_hull(L, (size_t)it->seg, BQ, &lo, &hi);
         pack_kv(P, (size_t)it->seg, kh, lo, hi, B);
     }
     attn_rows rows;

@@ -1,20 +1,14 @@
 /* attn_avx512_common.h: vector helpers shared by the AVX-512 attention kernels (attn_avx512.c,
- * attn_avx512bf16.c, attn_amx.c). Included inside each file's AVX-512 target region, after BQ is defined
- * (3 vectors of 16 query rows); every function is static inline. */
+ * attn_avx512_bwd.c, attn_avx512bf16.c, attn_amx.c), and the row-vector vocabulary that
+ * attn_fwd_kernel.inc and attn_bwd_kernel.inc are written over. Included inside each file's
+ * AVX-512 target region, after BQ is defined; every function is static inline. */
 #ifndef MASKPACK_ATTN_AVX512_COMMON_H
 #define MASKPACK_ATTN_AVX512_COMMON_H
-
-typedef struct {
-    __m512 v[3];
-} vec3;
 
 /* 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(x - round(x)), p a degree-6 fit of 2^f on
  * [-1/2, 1/2] (relative error 2e-9 before f32 rounding). Results below 2^-125 are 0 through the
  * zeroing mask of scalef: letting scalef underflow (a zero or subnormal result, as every masked
  * -inf score would give) costs a microcode assist of ~200 cycles per vector. */
-#if defined(ATTN_AVX2_BUILD) /* the same operations with a vector keep mask (attn_avx2_shim.h) */
-static inline __m512 exp2_ps(__m512 x) { return mp2_exp2_ps(x); }
-#else
 static inline __m512 exp2_ps(__m512 x) {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
@@ -29,7 +23,6 @@ static inline __m512 exp2_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000000005920204f));
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
-#endif
 
 /* tanh(x): odd polynomial near 0 (no cancellation), (1 - e)/(1 + e) with e = exp(-2|x|) elsewhere. */
 static inline __m512 tanh_ps(__m512 x) {
@@ -66,23 +59,6 @@ static inline void lane_rule_init(lane_rule *R, const attn_rows *rows) {
     }
 }
 
-#if defined(ATTN_AVX2_BUILD)
-/* AVX2: the masks as all-ones lanes (no mask registers), combined and applied by lane_blend; the
- * same lanes as the __mmask16 forms below. */
-typedef __m512i lane_mask;
-static inline lane_mask lane_allowed_simple(const lane_rule *R, int c, __m512i jv) {
-    return mp2_and_mask(mp2_le_mask(R->lo[c], jv), mp2_lt_mask(jv, R->hi[c]));
-}
-
-static inline lane_mask lane_allowed(const lane_rule *R, int c, int32_t j) {
-    __m512i jv = _mm512_set1_epi32(j);
-    lane_mask base = mp2_and_mask(mp2_le_mask(R->lo[c], jv), mp2_lt_mask(jv, R->hi[c]));
-    lane_mask span = mp2_and_mask(mp2_le_mask(R->slo[c], jv), mp2_lt_mask(jv, R->shi[c]));
-    lane_mask pre = mp2_lt_mask(jv, R->pre[c]);
-    return mp2_or_mask(mp2_or_mask(base, span), pre);
-}
-#define lane_blend mp2_blend_mask
-#else
 typedef __mmask16 lane_mask;
 /* Base-only rows (attn_rows.simple): one interval per row. */
 static inline __mmask16 lane_allowed_simple(const lane_rule *R, int c, __m512i jv) {
@@ -98,10 +74,7 @@ static inline __mmask16 lane_allowed(const lane_rule *R, int c, int32_t j) {
 }
 /* lane i: b where k allows it, else a */
 #define lane_blend _mm512_mask_blend_ps
-#endif
 
-/* Rows [i0, i0 + n) of a tensor head into YT [D][BQ] (transposed, times mul) and optionally Yr
- * [BQ][Dp] (row-major); rows past n are zero. */
 /* In-register transpose of a 16 x 16 f32 block (r[i] = row i -> r[j] = column j). */
 static inline void tr16(__m512 r[16]) {
     __m512 t[16];
@@ -140,25 +113,42 @@ static inline void transpose_scaled(const float *src, int64_t ss, float *dst, in
         }
 }
 
-/* Rows [i0, i0 + n) of a tensor head into Yr [BQ][Dp] (row-major, zero rows past n and zero
- * columns past D) and YT [Dp][BQ] (transposed, times mul). */
 static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
 static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 
-/* The keys any query of segment k may see: the union hull of its blocks' rows. */
-static inline void segment_hull(const maskpack_layout *L, size_t k, int64_t *lo, int64_t *hi) {
-    const maskpack_segment *g = &L->segs[k];
-    int64_t a = INT64_MAX, b = 0;
-    attn_rows rows;
-    for (int64_t i0 = 0; i0 < g->q_len; i0 += BQ) {
-        attn_block_rows(L, k, i0, (int32_t)(g->q_len - i0 < BQ ? g->q_len - i0 : BQ), &rows);
-        if (rows.kmin < rows.kmax) {
-            if (rows.kmin < a) a = rows.kmin;
-            if (rows.kmax > b) b = rows.kmax;
-        }
-    }
-    *lo = a == INT64_MAX ? 0 : a;
-    *hi = a == INT64_MAX ? 0 : b;
+/* ---- the row-vector vocabulary of the frameworks (see attn_f32_kernel.inc) ------------------------ */
+
+typedef __m512 vrow;  /* RV query rows of one score or accumulator column */
+#define RV 16
+#define NRV 3         /* BQ / RV */
+typedef lane_rule vr_rule;
+typedef __mmask16 vr_mask;
+typedef __m512i vr_jvec;
+
+#define VR_INL static inline __attribute__((always_inline))
+VR_INL vrow vr_zero(void) { return _mm512_setzero_ps(); }
+VR_INL vrow vr_set1(float x) { return _mm512_set1_ps(x); }
+VR_INL vrow vr_load(const float *p) { return _mm512_load_ps(p); }
+VR_INL vrow vr_loadu(const float *p) { return _mm512_loadu_ps(p); }
+VR_INL void vr_store(float *p, vrow x) { _mm512_store_ps(p, x); }
+VR_INL void vr_storeu(float *p, vrow x) { _mm512_storeu_ps(p, x); }
+VR_INL vrow vr_max(vrow a, vrow b) { return _mm512_max_ps(a, b); } /* b where either is NaN */
+VR_INL vrow vr_add(vrow a, vrow b) { return _mm512_add_ps(a, b); }
+VR_INL vrow vr_sub(vrow a, vrow b) { return _mm512_sub_ps(a, b); }
+VR_INL vrow vr_mul(vrow a, vrow b) { return _mm512_mul_ps(a, b); }
+VR_INL vrow vr_fmadd(vrow a, vrow b, vrow c) { return _mm512_fmadd_ps(a, b, c); }
+VR_INL vrow vr_fnmadd(vrow a, vrow b, vrow c) { return _mm512_fnmadd_ps(a, b, c); }
+VR_INL vrow vr_exp2(vrow x) { return exp2_ps(x); }
+VR_INL vrow vr_tanh(vrow x) { return tanh_ps(x); }
+/* -inf lanes (rows that have seen no key) to 0, the others as they are */
+VR_INL vrow vr_unseen0(vrow x) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), x, _mm512_setzero_ps());
 }
+VR_INL void vr_rule_init(vr_rule *R, const attn_rows *rows) { lane_rule_init(R, rows); }
+VR_INL vr_jvec vr_jset1(int32_t j) { return _mm512_set1_epi32(j); }
+VR_INL vr_mask vr_allowed_simple(const vr_rule *R, int c, vr_jvec jv) { return lane_allowed_simple(R, c, jv); }
+VR_INL vr_mask vr_allowed(const vr_rule *R, int c, int32_t j) { return lane_allowed(R, c, j); }
+/* lane i: x where k allows it, else fill */
+VR_INL vrow vr_select(vr_mask k, vrow x, vrow fill) { return _mm512_mask_blend_ps(k, fill, x); }
 
 #endif

@@ -1,7 +1,7 @@
 /* attn_avx512bf16.c: bf16 attention forward with AVX512-BF16 dot products (VDPBF16PS), the
- * fallback for CPUs that have AVX512-BF16 but no AMX. Same structure as the f32 kernel of
- * attn_avx512.c (query rows along the lanes, 48-row blocks, 64-key tiles starting at the
- * segment's first key, online softmax in f32), but both products take pairs of bf16 per lane:
+ * fallback for CPUs that have AVX512-BF16 but no AMX: the forward framework (attn_fwd_kernel.inc:
+ * query rows along the lanes, 48-row blocks, 64-key tiles starting at the segment's first key,
+ * online softmax in f32) over this file's micro-kernels, whose products take pairs of bf16 per lane:
  *   S^T[j][i]  += Q[i][2p] K[j][2p] + Q[i][2p+1] K[j][2p+1]      (pairs of head dims)
  *   O^T[d][i]  += P[j][i] V[j][d] + P[j+1][i] V[j+1][d]           (pairs of keys, P rounded to bf16)
  * with f32 accumulation: twice the multiply-adds of an f32 FMA per instruction. */
@@ -25,7 +25,7 @@
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 
-#include "attn_avx512_common.h"
+#include "attn_avx512_common.h" /* with the row-vector vocabulary of attn_fwd_kernel.inc */
 
 /* Layouts (32-bit words = bf16 pairs, low half first):
  *   QT [Dh][BQ]              (Q[i][2p], Q[i][2p+1]) for row i      Dh = ceil(D/2)
@@ -36,9 +36,10 @@ typedef struct {
     uint32_t *QT, *KP, *VP, *PP;
     float *OT, *ST, *Yr, *tmp;
     int64_t seg, kh;
-} bf_bufs;
+    float smul; /* the scores' scale (uk_pack_q's mul), applied as ST is stored */
+} fwd_bufs;
 
-static size_t bf_layout(const attn_problem *P, char *base, bf_bufs *b) {
+static size_t uk_fwd_layout(const attn_problem *P, char *base, fwd_bufs *b) {
     int64_t D = P->d, Dh = (D + 1) / 2, D8 = round8(D), Dp = round16(D);
     int64_t n8 = round8(P->L->max_kv > 0 ? P->L->max_kv : 1), n64 = round64(n8);
     size_t off = 0;
@@ -60,8 +61,6 @@ static size_t bf_layout(const attn_problem *P, char *base, bf_bufs *b) {
     return off;
 }
 
-size_t attn_avx512bf16_fwd_ws(const attn_problem *P) { return bf_layout(P, NULL, NULL) + 64; }
-
 static inline uint32_t bits16(float f) { /* f is a bf16 value widened: its top half is exact */
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -69,7 +68,7 @@ static inline uint32_t bits16(float f) { /* f is a bf16 value widened: its top h
 }
 
 /* Packs keys [0, kv_len) of segment k, head kh (zeros outside [lo, hi) and in the padding). */
-static void bf_pack(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int64_t hi, bf_bufs *B) {
+static void uk_pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int64_t hi, fwd_bufs *B) {
     const maskpack_segment *g = &P->L->segs[k];
     int64_t D = P->d, Dh = (D + 1) / 2, D8 = round8(D), n = g->kv_len, n8 = round8(n), n64 = round64(n);
     uint16_t *row = (uint16_t *)B->tmp;
@@ -85,19 +84,33 @@ static void bf_pack(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int
         uint16_t *vp = (uint16_t *)(B->VP + (j / 64) * (D8 / 8) * 256 + ((j % 64) / 2) * 8) + (j & 1);
         for (int64_t d = 0; d < D8; d++) vp[((d / 8) * 256 + (d % 8)) * 2] = row[d];
     }
-    B->seg = (int64_t)k;
-    B->kh = kh;
 }
 
-/* ST rows for packed keys [j0, j1) (whole groups of 8 computed, see st_packed in attn_avx512.c). */
-static void st_bf(const uint32_t *QT, int64_t Dh, const uint32_t *KP, int32_t j0, int32_t j1, float *ST) {
+/* Q: rows widened to f32 (exact), then paired per lane, unscaled (mul goes to the scores). */
+static void uk_pack_q(const attn_problem *P, const maskpack_segment *g, const attn_item *it, float mul, fwd_bufs *B) {
+    int64_t D = P->d, Dh = (D + 1) / 2, Dp = round16(D);
+    for (int32_t x = 0; x < BQ; x++) {
+        float *y = B->Yr + x * Dp;
+        memset(y, 0, (size_t)Dp * sizeof(float));
+        if (x < it->n) attn_load_row(y, attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2), 1, D);
+        for (int64_t p = 0; p < Dh; p++) B->QT[p * BQ + x] = bits16(y[2 * p]) | (bits16(y[2 * p + 1]) << 16);
+    }
+    B->smul = mul;
+}
+
+/* ST rows for packed keys [j0, j1) times smul (whole groups of 8 computed, see st_packed in
+ * attn_f32_kernel.inc). */
+static void uk_qk_tile(const attn_problem *P, fwd_bufs *B, int32_t j0, int32_t j1, const attn_group_hull *H) {
+    (void)H;
+    int64_t Dh = (P->d + 1) / 2;
+    const __m512 sc = _mm512_set1_ps(B->smul);
     for (int32_t g0 = j0 & ~7; g0 < j1; g0 += 8) {
-        const uint32_t *G = KP + (int64_t)g0 * Dh;
-        float *S = ST + (int64_t)(g0 - j0) * BQ;
+        const uint32_t *G = B->KP + (int64_t)g0 * Dh;
+        float *S = B->ST + (int64_t)(g0 - j0) * BQ;
         __m512 acc[8][3];
         for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
         for (int64_t p = 0; p < Dh; p++) {
-            const uint32_t *q = QT + p * BQ;
+            const uint32_t *q = B->QT + p * BQ;
             __m512i q0 = _mm512_load_si512(q), q1 = _mm512_load_si512(q + 16), q2 = _mm512_load_si512(q + 32);
             for (int r = 0; r < 8; r++) {
                 __m512i b = _mm512_set1_epi32((int)G[p * 8 + r]);
@@ -106,26 +119,43 @@ static void st_bf(const uint32_t *QT, int64_t Dh, const uint32_t *KP, int32_t j0
                 acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)q2, (__m512bh)b);
             }
         }
-        for (int r = 0; r < 8; r++) {
-            _mm512_store_ps(S + r * BQ, acc[r][0]);
-            _mm512_store_ps(S + r * BQ + 16, acc[r][1]);
-            _mm512_store_ps(S + r * BQ + 32, acc[r][2]);
+        for (int r = 0; r < 8; r++)
+            for (int c = 0; c < 3; c++) _mm512_store_ps(S + r * BQ + 16 * c, _mm512_mul_ps(acc[r][c], sc));
+    }
+}
+
+/* P = 2^(S - mu) rounded to bf16 and paired by keys into PP; the sum takes the rounded P, the
+ * very values P.V multiplies (nk is even: the tiles are whole pairs). */
+static inline void uk_exp_tile(fwd_bufs *B, int32_t nk, const vrow *mu, vrow *sum) {
+    for (int32_t t = 0; t < nk / 2; t++) {
+        const float *s = B->ST + 2 * t * BQ;
+        for (int c = 0; c < 3; c++) {
+            __m512 p0 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), mu[c]));
+            __m512 p1 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + BQ + 16 * c), mu[c]));
+            __m512i b0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p0));
+            __m512i b1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p1));
+            sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)));
+            sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)));
+            _mm512_store_si512(B->PP + (int64_t)t * BQ + 16 * c, _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16)));
         }
     }
 }
 
-/* OT [D8][BQ] = OT * alpha + sum over the np key pairs of the tile slab X (pairs t, 8 columns). */
-static void ot_bf(float *OT, int64_t D8, const uint32_t *VP, int32_t ja, int32_t np, const uint32_t *PP,
-                  const __m512 *alpha) {
-    const uint32_t *tile = VP + (int64_t)(ja >> 6) * (D8 / 8) * 256 + ((ja & 63) / 2) * 8;
+/* OT [D8][BQ] = OT * alpha + sum over the key pairs of [ja, ja + nk) (one 64-key tile of VP). */
+static void uk_pv_tile(const attn_problem *P, fwd_bufs *B, int32_t ja, int32_t nk, const vrow *alpha,
+                       const attn_group_hull *H) {
+    (void)H;
+    int64_t D8 = round8(P->d);
+    int32_t np = nk / 2;
+    const uint32_t *tile = B->VP + (int64_t)(ja >> 6) * (D8 / 8) * 256 + ((ja & 63) / 2) * 8;
     for (int64_t dg = 0; dg < D8 / 8; dg++) {
-        float *O = OT + dg * 8 * BQ;
+        float *O = B->OT + dg * 8 * BQ;
         const uint32_t *X = tile + dg * 256;
         __m512 acc[8][3];
         for (int r = 0; r < 8; r++)
             for (int c = 0; c < 3; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(O + r * BQ + 16 * c), alpha[c]);
         for (int32_t t = 0; t < np; t++) {
-            const uint32_t *a = PP + (int64_t)t * BQ;
+            const uint32_t *a = B->PP + (int64_t)t * BQ;
             __m512i a0 = _mm512_load_si512(a), a1 = _mm512_load_si512(a + 16), a2 = _mm512_load_si512(a + 32);
             for (int r = 0; r < 8; r++) {
                 __m512i b = _mm512_set1_epi32((int)X[t * 8 + r]);
@@ -139,111 +169,18 @@ static void ot_bf(float *OT, int64_t D8, const uint32_t *VP, int32_t ja, int32_t
     }
 }
 
-static void bf_item(const attn_problem *P, const attn_item *it, bf_bufs *B) {
-    const maskpack_layout *L = P->L;
-    const maskpack_segment *g = &L->segs[it->seg];
-    int64_t D = P->d, Dh = (D + 1) / 2, D8 = round8(D), Dp = round16(D), kh = it->head / P->group;
-    if (B->seg != it->seg || B->kh != kh) {
-        int64_t lo, hi;
-        segment_hull(L, (size_t)it->seg, &lo, &hi);
-        bf_pack(P, (size_t)it->seg, kh, lo, hi, B);
-    }
-    attn_rows rows;
-    attn_block_rows(L, (size_t)it->seg, it->i0, it->n, &rows);
-    /* Q: rows widened to f32 (exact), then paired per lane (unscaled: the scale goes to S) */
-    for (int32_t x = 0; x < BQ; x++) {
-        float *y = B->Yr + x * Dp;
-        memset(y, 0, (size_t)Dp * sizeof(float));
-        if (x < it->n) attn_load_row(y, attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2), 1, D);
-        for (int64_t p = 0; p < Dh; p++) B->QT[p * BQ + x] = bits16(y[2 * p]) | (bits16(y[2 * p + 1]) << 16);
-    }
-    memset(B->OT, 0, (size_t)(D8 * BQ) * sizeof(float));
-    __m512 m[3], l[3];
-    for (int c = 0; c < 3; c++) {
-        m[c] = _mm512_set1_ps(-INFINITY);
-        l[c] = _mm512_setzero_ps();
-    }
-    lane_rule R;
-    lane_rule_init(&R, &rows);
-    int cap = P->softcap > 0;
-    const __m512 sc = _mm512_set1_ps((float)(cap ? P->scale / P->softcap : P->scale * LOG2E));
-    const __m512 capmul = _mm512_set1_ps((float)(P->softcap * LOG2E));
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    int32_t kvl = (int32_t)g->kv_len;
-    float *ST = B->ST;
-    for (int32_t j0 = (rows.kmin / BK) * BK; j0 < rows.kmax; j0 += BK) {
-        int32_t j1 = j0 + BK < kvl ? j0 + BK : kvl, ja, jb;
-        int cls = attn_classify(&rows, j0, j1, &ja, &jb);
-        if (cls == ATTN_TILE_EMPTY) continue;
-        /* whole key pairs: an extra key at either end is excluded for every row (or padding), so
-         * the tile is then masked */
-        int32_t pa = ja & ~1, pb = (jb + 1) & ~1;
-        if (pa != ja || pb != jb) cls = ATTN_TILE_PARTIAL;
-        int32_t nk = pb - pa;
-        st_bf(B->QT, Dh, B->KP, pa, pb, ST);
-        __m512 mt[3] = {ninf, ninf, ninf};
-        for (int32_t j = 0; j < nk; j++) {
-            float *s = ST + j * BQ;
-            for (int c = 0; c < 3; c++) {
-                __m512 x = _mm512_mul_ps(_mm512_load_ps(s + 16 * c), sc);
-                if (cap) x = _mm512_mul_ps(tanh_ps(x), capmul);
-                if (cls == ATTN_TILE_PARTIAL) {
-                    __mmask16 ok = lane_allowed(&R, c, pa + j) & (__mmask16)(pa + j < kvl ? 0xffff : 0);
-                    x = _mm512_mask_blend_ps(ok, ninf, x);
-                }
-                _mm512_store_ps(s + 16 * c, x);
-                mt[c] = _mm512_max_ps(mt[c], x);
-            }
-        }
-        __m512 alpha[3], mu[3], sum[3];
-        for (int c = 0; c < 3; c++) {
-            __m512 mn = _mm512_max_ps(m[c], mt[c]);
-            mu[c] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps());
-            alpha[c] = exp2_ps(_mm512_sub_ps(m[c], mu[c]));
-            m[c] = mn;
-            sum[c] = _mm512_setzero_ps();
-        }
-        for (int32_t t = 0; t < nk / 2; t++) {
-            const float *s = ST + 2 * t * BQ;
-            for (int c = 0; c < 3; c++) {
-                __m512 p0 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), mu[c]));
-                __m512 p1 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(s + BQ + 16 * c), mu[c]));
-                __m512i b0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p0));
-                __m512i b1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p1));
-                /* the sum takes the bf16-rounded P, the very values P.V multiplies */
-                sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(b0, 16)));
-                sum[c] = _mm512_add_ps(sum[c], _mm512_castsi512_ps(_mm512_slli_epi32(b1, 16)));
-                _mm512_store_si512(B->PP + (int64_t)t * BQ + 16 * c, _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16)));
-            }
-        }
-        for (int c = 0; c < 3; c++) l[c] = _mm512_fmadd_ps(l[c], alpha[c], sum[c]);
-        ot_bf(B->OT, D8, B->VP, pa, nk / 2, B->PP, alpha);
-    }
-    float inv[BQ], lse[BQ], mm[BQ], ll[BQ];
-    for (int c = 0; c < 3; c++) {
-        _mm512_storeu_ps(mm + 16 * c, m[c]);
-        _mm512_storeu_ps(ll + 16 * c, l[c]);
-    }
-    for (int32_t x = 0; x < BQ; x++) {
-        inv[x] = x < it->n && ll[x] > 0 ? 1.0f / ll[x] : 0.0f;
-        lse[x] = x < it->n && ll[x] > 0 ? (float)((mm[x] + log2((double)ll[x])) * LN2) : -INFINITY;
-    }
+/* Rows x < n of O times inv[x] to the (bf16) output rows. */
+static void uk_store_out(const attn_problem *P, const maskpack_segment *g, const attn_item *it, fwd_bufs *B,
+                         const float *inv) {
+    int64_t Dp = round16(P->d);
     transpose_scaled(B->OT, BQ, B->Yr, Dp, Dp, BQ, 1.0f);
-    for (int32_t x = 0; x < it->n; x++) {
-        attn_store_row(attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2), 1, B->Yr + x * Dp, D, inv[x]);
-        if (P->have_lse) *(float *)attn_ptr(&P->lse, g->row, g->q_start + it->i0 + x, it->head, 4) = lse[x];
-    }
+    for (int32_t x = 0; x < it->n; x++)
+        attn_store_row(attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2), 1, B->Yr + x * Dp, P->d, inv[x]);
 }
 
-void attn_avx512bf16_fwd_thread(void *vjob, int tid) {
-    attn_fwd_job *job = vjob;
-    bf_bufs B;
-    bf_layout(job->P, job->ws + (size_t)tid * job->ws_stride, &B);
-    B.seg = B.kh = -1;
-    size_t b, e;
-    while (attn_fwd_claim(job, &b, &e))
-        for (size_t it = b; it < e; it++) bf_item(job->P, &job->items[it], &B);
-}
+#define ATTN_FN(name) attn_avx512bf16_##name
+#define ATTN_FWD_KEY_PAIRS 1 /* the dot products take keys two by two */
+#include "attn_fwd_kernel.inc"
 
 #include "../isa/target_pop.h"
 

@@ -1,5 +1,7 @@
 /* attn_internal.h: what the attention driver (attention.c) shares with its ISA kernels
- * (attn_ref.c, attn_avx512.c, attn_avx2.c, attn_amx.c). Never installed. */
+ * (attn_ref.c; the vector kernels: the forward and backward frameworks attn_fwd_kernel.inc and
+ * attn_bwd_kernel.inc over the micro-kernels of attn_avx512.c / attn_avx512_bwd.c, attn_avx2.c /
+ * attn_avx2_bwd.c and attn_avx512bf16.c; attn_amx.c). Never installed. */
 #ifndef MASKPACK_ATTN_INTERNAL_H
 #define MASKPACK_ATTN_INTERNAL_H
 
@@ -59,10 +61,23 @@ typedef struct attn_rows {
     int32_t lo_max, hi_min;
 } attn_rows;
 
+/* The vector kernels' row groups: a block of ATTN_BQ rows is ATTN_NRG groups of ATTN_RG rows, and a
+ * partial tile skips the groups that see none of a run of its keys (attn_f32_kernel.inc). lo[c],
+ * hi[c]: the hull of group c's keys (for blocks outside the base rule, every group sees every key
+ * of the block's hull). */
+#define ATTN_RG 16
+#define ATTN_NRG (ATTN_BQ / ATTN_RG)
+typedef struct attn_group_hull {
+    int32_t lo[ATTN_NRG], hi[ATTN_NRG];
+} attn_group_hull;
+
 enum { ATTN_TILE_EMPTY = 0, ATTN_TILE_PARTIAL = 1, ATTN_TILE_FULL = 2 };
 
 /* Fills rows for query rows [i0, i0 + n) of segment k (n <= ATTN_MAX_BQ). */
 void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, attn_rows *rows);
+/* (layout, segment k, block height bq) -> [lo, hi): the keys any query of segment k may see, the
+ * union hull of its blocks' rows (what a kernel packs; the rest stays zero). */
+void attn_segment_hull(const maskpack_layout *L, size_t k, int32_t bq, int64_t *lo, int64_t *hi);
 /* Classifies keys [j0, j1) against the block: EMPTY, PARTIAL or FULL; for a non-empty tile,
  * [ja, jb) is the sub-range some row may see (keys outside it are excluded for every row). */
 int attn_classify(const attn_rows *rows, int32_t j0, int32_t j1, int32_t *ja, int32_t *jb);
@@ -135,8 +150,8 @@ typedef struct attn_bwd_job {
     int n_threads;
     /* Dynamic mode, vector kernels (AVX-512, AVX2): units [0, n_whole) are claimed whole; each
      * later (tail) unit is claimed as up to ATTN_BWD_TAIL_CHUNKS pieces of consecutive query blocks
-     * (counted as bwd_unit does; see tail_piece in attn_avx512_bwd.c), each accumulating its own
-     * dK/dV partial in tail_acc; attn_avx512_bwd_tail_reduce (attn_avx2_...) then sums each key's
+     * (counted as bwd_unit does; see tail_piece in attn_bwd_kernel.inc), each accumulating its own
+     * dK/dV partial in tail_acc; the kernel's bwd_tail_reduce (attn_avx512_, attn_avx2_) then sums each key's
      * partials in piece order. So the threads finish within one piece of each other, and which
      * thread ran a piece never changes a bit (n_whole = n_units: no tail). */
     int64_t n_whole;
@@ -159,8 +174,8 @@ void attn_avx512_fwd_thread(void *job, int tid);
 size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t max_group_width);
 void attn_avx512_bwd_thread(void *job, int tid);
 
-/* AVX2 + FMA: the AVX-512 f32 kernels compiled again through attn_avx2_shim.h (attn_avx2.c,
- * attn_avx2_bwd.c); same contracts, workspace layouts and results as the attn_avx512_* ones. */
+/* AVX2 + FMA (attn_avx2.c, attn_avx2_bwd.c): the same frameworks over AVX2 micro-kernels; same
+ * contracts, workspace layouts and results as the attn_avx512_* ones. */
 size_t attn_avx2_fwd_ws(const attn_problem *P);
 void attn_avx2_fwd_thread(void *job, int tid);
 size_t attn_avx2_bwd_ws(const attn_problem *P, int64_t max_group_width);
