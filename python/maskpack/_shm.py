@@ -136,25 +136,39 @@ def in_use(group) -> bool:
     return seg is not None and seg.group is key and seg.capacity > 0
 
 
-def all_to_all(outs: List[torch.Tensor], ins: List[torch.Tensor], group, rank: int, n: int) -> bool:
-    """outs[s] <- rank s's ins[rank], through shared memory; False (nothing done) when the path does
-    not apply here, so the caller runs the group's own all_to_all. Blocks are equal-sized contiguous
-    CPU tensors."""
-    if n < 2 or any(t.device.type != "cpu" for t in ins):
-        return False
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
+    """Ulysses' exchange of a CPU tensor through shared memory: block s of x along scatter_dim goes to
+    rank s, and the blocks received are laid side by side along gather_dim. Each block is copied once
+    into this rank's segment straight from its (strided) view of x and once out of the peer's segment
+    straight into its place in the result: no contiguous staging copy, no concatenation. None (nothing
+    done) when the path does not apply here, so the caller runs the group's own exchange."""
+    if n < 2 or x.device.type != "cpu":
+        return None
     seg = _segments(group, rank, n)
     if seg is None:
-        return False
-    b = ins[0].numel() * ins[0].element_size()
+        return None
+    chunk = x.shape[scatter_dim] // n
+    block_shape = list(x.shape)
+    block_shape[scatter_dim] = chunk
+    b = x.element_size()
+    for d in block_shape:
+        b *= d
     if not seg.ensure(n * b):
         _STATE.pop(id(seg.group), None)
         _DISABLED[id(seg.group)] = True
-        return False
+        return None
+    out_shape = list(block_shape)
+    out_shape[gather_dim] *= n
+    from ._alloc import fresh  # recycled pages: a fresh allocation of this size costs its page faults
+
+    out = fresh(tuple(out_shape), x.dtype)
     mine = seg.views[rank]
-    for s, t in enumerate(ins):
-        mine[s * b:(s + 1) * b].copy_(t.reshape(-1).view(torch.uint8))
+    for s_ in range(n):
+        mine[s_ * b:(s_ + 1) * b].view(x.dtype).view(block_shape).copy_(x.narrow(scatter_dim, s_ * chunk, chunk))
     dist.barrier(group=seg.group)
-    for s, o in enumerate(outs):
-        o.reshape(-1).view(torch.uint8).copy_(seg.views[s][rank * b:(rank + 1) * b])
+    width = block_shape[gather_dim]
+    for s_ in range(n):
+        out.narrow(gather_dim, s_ * width, width).copy_(
+            seg.views[s_][rank * b:(rank + 1) * b].view(x.dtype).view(block_shape))
     dist.barrier(group=seg.group)
-    return True
+    return out

@@ -167,12 +167,14 @@ def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> to
     if x.shape[scatter_dim] % n:
         raise Error(f"x: dimension {scatter_dim} ({x.shape[scatter_dim]}) must divide by the group size {n} "
                     "(Ulysses splits the heads evenly)", "MASKPACK_ERR_SHAPE", argument="x")
-    ins = [c.contiguous() for c in torch.tensor_split(x, n, dim=scatter_dim)]
-    outs = [torch.empty_like(ins[0]) for _ in range(n)]
     from . import _shm
 
-    if not _shm.all_to_all(outs, ins, group, dist.get_rank(group), n):  # one host's CPU ranks: shared memory
-        dist.all_to_all(outs, ins, group=group)
+    out = _shm.all_to_all(x, scatter_dim, gather_dim, group, dist.get_rank(group), n)  # one host: shared memory
+    if out is not None:
+        return out
+    ins = [c.contiguous() for c in torch.tensor_split(x, n, dim=scatter_dim)]
+    outs = [torch.empty_like(ins[0]) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=group)
     return torch.cat(outs, dim=gather_dim)
 
 
