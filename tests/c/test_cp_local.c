@@ -1,0 +1,437 @@
+/* test_cp_local.c: the context-parallel algorithms written over maskpack_comm (ring attention,
+ * sequence-parallel Gated DeltaNet and conv) with 1, 2 and 3 ranks as threads of this process, over
+ * an in-process comm (a barrier for the collectives, mailboxes for the point-to-point messages). It
+ * runs in the plain C suite, so the sanitizer run checks these algorithms for leaks and bad accesses
+ * as well (the mpirun tests cannot: Open MPI's own allocations drown a leak report). Every rank's
+ * result is compared with the single-process kernel on the whole batch. Also: the key-block
+ * segments' validation and the refusals every rank reaches alike. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "check.h"
+
+#define MAXR 3
+
+/* ---- an in-process comm ------------------------------------------------------------------------- */
+
+typedef struct slot {
+    const void *p;
+    size_t bytes;
+    int full;
+} slot;
+
+typedef struct hub {
+    int n;
+    pthread_barrier_t bar;
+    const void *send[MAXR];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slot box[MAXR][MAXR][2]; /* [from][to][tag] */
+} hub;
+
+typedef struct rank_ctx {
+    hub *h;
+    int rank;
+} rank_ctx;
+
+typedef struct req {
+    int to, from, tag;
+    void *recv;
+    size_t rbytes;
+} req;
+
+static int h_all_gather(void *c, const void *send, void *recv, size_t bytes) {
+    rank_ctx *x = c;
+    x->h->send[x->rank] = send;
+    pthread_barrier_wait(&x->h->bar);
+    for (int r = 0; r < x->h->n; r++) memcpy((char *)recv + (size_t)r * bytes, x->h->send[r], bytes);
+    pthread_barrier_wait(&x->h->bar);
+    return 0;
+}
+
+static int h_all_to_all(void *c, const void *send, void *recv, size_t bytes) {
+    rank_ctx *x = c;
+    x->h->send[x->rank] = send;
+    pthread_barrier_wait(&x->h->bar);
+    for (int r = 0; r < x->h->n; r++)
+        memcpy((char *)recv + (size_t)r * bytes, (const char *)x->h->send[r] + (size_t)x->rank * bytes, bytes);
+    pthread_barrier_wait(&x->h->bar);
+    return 0;
+}
+
+static int h_start(void *c, const void *send, size_t sb, int to, void *recv, size_t rb, int from, int tag,
+                   void **request) {
+    rank_ctx *x = c;
+    hub *h = x->h;
+    if (tag < 0 || tag > 1) return 1;
+    if (to >= 0) {
+        pthread_mutex_lock(&h->mu);
+        while (h->box[x->rank][to][tag].full) pthread_cond_wait(&h->cv, &h->mu);
+        h->box[x->rank][to][tag] = (slot){send, sb, 1};
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    req *q = malloc(sizeof *q);
+    if (!q) return 1;
+    *q = (req){to, from, tag, recv, rb};
+    *request = q;
+    return 0;
+}
+
+static int h_wait(void *c, void *request) {
+    rank_ctx *x = c;
+    hub *h = x->h;
+    req *q = request;
+    int rc = 0;
+    pthread_mutex_lock(&h->mu);
+    if (q->from >= 0) {
+        slot *s = &h->box[q->from][x->rank][q->tag];
+        while (!s->full) pthread_cond_wait(&h->cv, &h->mu);
+        if (s->bytes != q->rbytes) rc = 1; /* the pair must agree on the size */
+        memcpy(q->recv, s->p, s->bytes < q->rbytes ? s->bytes : q->rbytes);
+        s->full = 0;
+        pthread_cond_broadcast(&h->cv);
+    }
+    if (q->to >= 0) /* the peer has taken the bytes: the buffer is ours again */
+        while (h->box[x->rank][q->to][q->tag].full) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    free(q);
+    return rc;
+}
+
+/* ---- inputs and references ---------------------------------------------------------------------- */
+
+static float rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(*s >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
+}
+
+static int close_to(float a, float b, float tol) {
+    if (a == b) return 1;
+    float d = fabsf(a - b);
+    return d <= tol * (1.0f + fabsf(b));
+}
+
+static maskpack_layout *aligned(int n, int packed) {
+    const int64_t lengths[5] = {37, 5, 64, 20, 3};
+    maskpack_error e;
+    maskpack_layout *L = NULL, *A = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lengths, 5, packed ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT,
+                                          packed ? 0 : 64, NULL, &L, &e),
+             e);
+    CHECK_OK(maskpack_layout_pad_to_multiple(L, 2 * n, &A, &e), e);
+    maskpack_layout_free(L);
+    return A;
+}
+
+enum { HQ = 4, HK = 2, D = 8, H = 2, HV = 4, K = 8, V = 4, C = 6, W = 4, NSEQ = 5 };
+
+typedef struct job {
+    int n, rank;
+    hub *h;
+    const maskpack_layout *L, *Lpad;
+    int64_t T;
+    /* whole-batch inputs and references (shared, read-only) */
+    const float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;                              /* attention */
+    const float *gq, *gk, *gv, *gg, *gb, *h0, *gdo, *dfin, *go, *gfin, *gdq, *gdk, *gdv, *gdg, *gdb, *gdh; /* gdn */
+    const float *x, *w, *pre, *dy, *dst, *y, *st, *dx, *dw, *dp;                            /* conv */
+    /* this rank's shares of the replicated gradients, summed by the caller */
+    float dh_share[NSEQ * HV * K * V], dw_share[C * W], dp_share[NSEQ * C * 3];
+    int64_t bad[8];
+} job;
+
+static void gather_rows(float *dst, const float *src, const int64_t *idx, int64_t n, int64_t row) {
+    for (int64_t i = 0; i < n; i++) memcpy(dst + i * row, src + idx[i] * row, (size_t)row * sizeof(float));
+}
+
+static void *rank_main(void *arg) {
+    job *J = arg;
+    rank_ctx rc = {J->h, J->rank};
+    maskpack_comm comm = {&rc, J->rank, J->n, h_all_gather, h_all_to_all, h_start, h_wait};
+    maskpack_error e;
+    const int64_t T = J->T, tl = T / J->n;
+    int64_t *idx = malloc((size_t)tl * sizeof *idx);
+    maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
+    J->bad[7] += maskpack_cp_shard_indices(J->L, J->n, J->rank, MASKPACK_CP_ZIGZAG, &ti, &e) != MASKPACK_OK;
+    /* ring attention */
+    float *lq = malloc((size_t)(tl * HQ * D) * 4), *lk = malloc((size_t)(tl * HK * D) * 4), *lv = malloc((size_t)(tl * HK * D) * 4);
+    float *ldo = malloc((size_t)(tl * HQ * D) * 4), *lo = malloc((size_t)(tl * HQ * D) * 4), *ll = malloc((size_t)(tl * HQ) * 4);
+    float *ldq = malloc((size_t)(tl * HQ * D) * 4), *ldk = malloc((size_t)(tl * HK * D) * 4), *ldv = malloc((size_t)(tl * HK * D) * 4);
+    gather_rows(lq, J->q, idx, tl, HQ * D), gather_rows(lk, J->k, idx, tl, HK * D), gather_rows(lv, J->v, idx, tl, HK * D);
+    gather_rows(ldo, J->dout, idx, tl, HQ * D);
+    int64_t sq[3] = {tl, HQ, D}, sk[3] = {tl, HK, D}, sl[2] = {HQ, tl};
+    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, sq), uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, sk);
+    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, sk), udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, sq);
+    maskpack_tensor uo = maskpack_tensor_contiguous(lo, MASKPACK_F32, 3, sq), ul = maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, sl);
+    maskpack_tensor udq = maskpack_tensor_contiguous(ldq, MASKPACK_F32, 3, sq), udk = maskpack_tensor_contiguous(ldk, MASKPACK_F32, 3, sk);
+    maskpack_tensor udv = maskpack_tensor_contiguous(ldv, MASKPACK_F32, 3, sk);
+    J->bad[7] += maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &uo, &ul, 1, &e) != 0;
+    J->bad[7] += maskpack_cp_attention_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &uo, &ul, 0, 0, &udq,
+                                                &udk, &udv, 1, &e) != 0;
+    for (int64_t i = 0; i < tl; i++) {
+        for (int64_t c = 0; c < HQ * D; c++) {
+            J->bad[0] += !close_to(lo[i * HQ * D + c], J->out[idx[i] * HQ * D + c], 1e-5f);
+            J->bad[1] += !close_to(ldq[i * HQ * D + c], J->dq[idx[i] * HQ * D + c], 1e-4f);
+        }
+        for (int64_t c = 0; c < HK * D; c++) {
+            J->bad[1] += !close_to(ldk[i * HK * D + c], J->dk[idx[i] * HK * D + c], 1e-4f);
+            J->bad[1] += !close_to(ldv[i * HK * D + c], J->dv[idx[i] * HK * D + c], 1e-4f);
+        }
+        for (int64_t h = 0; h < HQ; h++) J->bad[0] += !close_to(ll[h * tl + i], J->lse[h * T + idx[i]], 1e-5f);
+    }
+    free(lq), free(lk), free(lv), free(ldo), free(lo), free(ll), free(ldq), free(ldk), free(ldv);
+    /* sequence-parallel gated delta rule */
+    float *aq = malloc((size_t)(tl * H * K) * 4), *ak = malloc((size_t)(tl * H * K) * 4), *av = malloc((size_t)(tl * HV * V) * 4);
+    float *ag = malloc((size_t)(tl * HV) * 4), *ab = malloc((size_t)(tl * HV) * 4), *ado = malloc((size_t)(tl * HV * V) * 4);
+    float *ao = malloc((size_t)(tl * HV * V) * 4), *afin = malloc((size_t)(NSEQ * HV * K * V) * 4);
+    float *adq = malloc((size_t)(tl * H * K) * 4), *adk = malloc((size_t)(tl * H * K) * 4), *adv = malloc((size_t)(tl * HV * V) * 4);
+    float *adg = malloc((size_t)(tl * HV) * 4), *adb = malloc((size_t)(tl * HV) * 4);
+    gather_rows(aq, J->gq, idx, tl, H * K), gather_rows(ak, J->gk, idx, tl, H * K), gather_rows(av, J->gv, idx, tl, HV * V);
+    gather_rows(ag, J->gg, idx, tl, HV), gather_rows(ab, J->gb, idx, tl, HV), gather_rows(ado, J->gdo, idx, tl, HV * V);
+    int64_t s3q[3] = {tl, H, K}, s3v[3] = {tl, HV, V}, s2[2] = {tl, HV}, s4[4] = {NSEQ, HV, K, V};
+    maskpack_tensor tq = maskpack_tensor_contiguous(aq, MASKPACK_F32, 3, s3q), tk = maskpack_tensor_contiguous(ak, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tv = maskpack_tensor_contiguous(av, MASKPACK_F32, 3, s3v), tg = maskpack_tensor_contiguous(ag, MASKPACK_F32, 2, s2);
+    maskpack_tensor tb = maskpack_tensor_contiguous(ab, MASKPACK_F32, 2, s2), tdo = maskpack_tensor_contiguous(ado, MASKPACK_F32, 3, s3v);
+    maskpack_tensor th0 = maskpack_tensor_contiguous((void *)J->h0, MASKPACK_F32, 4, s4);
+    maskpack_tensor tdf = maskpack_tensor_contiguous((void *)J->dfin, MASKPACK_F32, 4, s4);
+    maskpack_tensor to = maskpack_tensor_contiguous(ao, MASKPACK_F32, 3, s3v), tf = maskpack_tensor_contiguous(afin, MASKPACK_F32, 4, s4);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(adq, MASKPACK_F32, 3, s3q), tdk = maskpack_tensor_contiguous(adk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(adv, MASKPACK_F32, 3, s3v), tdg = maskpack_tensor_contiguous(adg, MASKPACK_F32, 2, s2);
+    maskpack_tensor tdb = maskpack_tensor_contiguous(adb, MASKPACK_F32, 2, s2), tdh = maskpack_tensor_contiguous(J->dh_share, MASKPACK_F32, 4, s4);
+    maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th0};
+    maskpack_gdn_options opts = maskpack_gdn_options_default();
+    maskpack_gdn_grads gr = {&tdq, &tdk, &tdv, &tdg, &tdb, &tdh};
+    J->bad[7] += maskpack_cp_gdn_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &in, &opts, &to, &tf, &e) != 0;
+    J->bad[7] += maskpack_cp_gdn_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &in, &tdo, &tdf, &opts, &gr, &e) != 0;
+    for (int64_t i = 0; i < tl; i++) {
+        for (int64_t c = 0; c < HV * V; c++) {
+            J->bad[2] += !close_to(ao[i * HV * V + c], J->go[idx[i] * HV * V + c], 1e-4f);
+            J->bad[3] += !close_to(adv[i * HV * V + c], J->gdv[idx[i] * HV * V + c], 1e-3f);
+        }
+        for (int64_t c = 0; c < H * K; c++) {
+            J->bad[3] += !close_to(adq[i * H * K + c], J->gdq[idx[i] * H * K + c], 1e-3f);
+            J->bad[3] += !close_to(adk[i * H * K + c], J->gdk[idx[i] * H * K + c], 1e-3f);
+        }
+        for (int64_t c = 0; c < HV; c++) {
+            J->bad[3] += !close_to(adg[i * HV + c], J->gdg[idx[i] * HV + c], 1e-3f);
+            J->bad[3] += !close_to(adb[i * HV + c], J->gdb[idx[i] * HV + c], 1e-3f);
+        }
+    }
+    for (int64_t c = 0; c < NSEQ * HV * K * V; c++) J->bad[2] += !close_to(afin[c], J->gfin[c], 1e-4f);
+    free(aq), free(ak), free(av), free(ag), free(ab), free(ado), free(ao), free(afin), free(adq), free(adk), free(adv);
+    free(adg), free(adb);
+    /* sequence-parallel conv */
+    float *cx = malloc((size_t)(tl * C) * 4), *cdy = malloc((size_t)(tl * C) * 4), *cy = malloc((size_t)(tl * C) * 4);
+    float *cst = malloc((size_t)(NSEQ * C * 3) * 4), *cdx = malloc((size_t)(tl * C) * 4);
+    gather_rows(cx, J->x, idx, tl, C), gather_rows(cdy, J->dy, idx, tl, C);
+    int64_t sx[2] = {tl, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
+    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx), uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
+    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp), udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
+    maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp), uy = maskpack_tensor_contiguous(cy, MASKPACK_F32, 2, sx);
+    maskpack_tensor ust = maskpack_tensor_contiguous(cst, MASKPACK_F32, 3, sp), udx = maskpack_tensor_contiguous(cdx, MASKPACK_F32, 2, sx);
+    maskpack_tensor udw = maskpack_tensor_contiguous(J->dw_share, MASKPACK_F32, 2, sw), udp = maskpack_tensor_contiguous(J->dp_share, MASKPACK_F32, 3, sp);
+    J->bad[7] += maskpack_cp_causal_conv1d(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, 1, &uy, &ust, &e) != 0;
+    J->bad[7] += maskpack_cp_causal_conv1d_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, 1, &udx,
+                                                    &udw, &udp, &e) != 0;
+    for (int64_t i = 0; i < tl; i++)
+        for (int64_t c = 0; c < C; c++) {
+            J->bad[4] += cy[i * C + c] != J->y[idx[i] * C + c];
+            J->bad[5] += !close_to(cdx[i * C + c], J->dx[idx[i] * C + c], 1e-5f);
+        }
+    for (int64_t c = 0; c < NSEQ * C * 3; c++) J->bad[4] += cst[c] != J->st[c];
+    free(cx), free(cdy), free(cy), free(cst), free(cdx), free(idx);
+    /* refusals every rank reaches alike: a padded layout for the GDN, bf16 for the ring */
+    maskpack_status s = maskpack_cp_gdn_forward(&comm, J->Lpad, MASKPACK_CP_ZIGZAG, &in, &opts, &to, NULL, &e);
+    J->bad[6] += s != MASKPACK_ERR_UNSUPPORTED;
+    maskpack_tensor bq = uq;
+    if (J->rank == 0) bq.dtype = MASKPACK_BF16;
+    s = maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &bq, &uk, &uv, 0, 0, &uo, NULL, 1, &e);
+    J->bad[6] += s != MASKPACK_ERR_DTYPE;
+    return NULL;
+}
+
+static float *filled(size_t n, uint64_t *seed, float scale, float shift) {
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = shift + scale * rnd(seed);
+    return p;
+}
+
+static void run_ranks(int n) {
+    maskpack_error e;
+    maskpack_layout *L = aligned(n, 1), *Lpad = aligned(n, 0);
+    const int64_t T = maskpack_layout_q_width(L);
+    uint64_t seed = 17 + (uint64_t)n;
+    job base;
+    memset(&base, 0, sizeof base);
+    base.L = L, base.Lpad = Lpad, base.T = T;
+    /* attention reference */
+    float *q = filled((size_t)(T * HQ * D), &seed, 1, 0), *k = filled((size_t)(T * HK * D), &seed, 1, 0);
+    float *v = filled((size_t)(T * HK * D), &seed, 1, 0), *dout = filled((size_t)(T * HQ * D), &seed, 1, 0);
+    float *out = malloc((size_t)(T * HQ * D) * 4), *lse = malloc((size_t)(T * HQ) * 4), *dq = malloc((size_t)(T * HQ * D) * 4);
+    float *dk = malloc((size_t)(T * HK * D) * 4), *dv = malloc((size_t)(T * HK * D) * 4);
+    int64_t aq[3] = {T, HQ, D}, ak[3] = {T, HK, D}, al[2] = {HQ, T};
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, aq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ak);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ak), tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, aq);
+    maskpack_tensor to = maskpack_tensor_contiguous(out, MASKPACK_F32, 3, aq), tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, al);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, aq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, ak);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, ak);
+    CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e), e);
+    base.q = q, base.k = k, base.v = v, base.dout = dout, base.out = out, base.lse = lse, base.dq = dq, base.dk = dk;
+    base.dv = dv;
+    /* gated delta rule reference */
+    float *gq = filled((size_t)(T * H * K), &seed, 1, 0), *gk = filled((size_t)(T * H * K), &seed, 1, 0);
+    float *gv = filled((size_t)(T * HV * V), &seed, 1, 0), *gg = filled((size_t)(T * HV), &seed, 0.2f, -0.25f);
+    float *gb = filled((size_t)(T * HV), &seed, 0.4f, 0.5f), *h0 = filled(NSEQ * HV * K * V, &seed, 0.1f, 0);
+    float *gdo = filled((size_t)(T * HV * V), &seed, 1, 0), *dfin = filled(NSEQ * HV * K * V, &seed, 1, 0);
+    float *go = malloc((size_t)(T * HV * V) * 4), *gfin = malloc(NSEQ * HV * K * V * 4), *gdq = malloc((size_t)(T * H * K) * 4);
+    float *gdk = malloc((size_t)(T * H * K) * 4), *gdv = malloc((size_t)(T * HV * V) * 4), *gdg = malloc((size_t)(T * HV) * 4);
+    float *gdb = malloc((size_t)(T * HV) * 4), *gdh = malloc(NSEQ * HV * K * V * 4);
+    int64_t s3q[3] = {T, H, K}, s3v[3] = {T, HV, V}, s2[2] = {T, HV}, s4[4] = {NSEQ, HV, K, V};
+    maskpack_tensor a = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q), b = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor c = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v), d = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
+    maskpack_tensor f = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2), hh = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, s4);
+    maskpack_tensor o = maskpack_tensor_contiguous(go, MASKPACK_F32, 3, s3v), fin = maskpack_tensor_contiguous(gfin, MASKPACK_F32, 4, s4);
+    maskpack_tensor xdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v), xdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, s4);
+    maskpack_tensor xq = maskpack_tensor_contiguous(gdq, MASKPACK_F32, 3, s3q), xk = maskpack_tensor_contiguous(gdk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor xv = maskpack_tensor_contiguous(gdv, MASKPACK_F32, 3, s3v), xg = maskpack_tensor_contiguous(gdg, MASKPACK_F32, 2, s2);
+    maskpack_tensor xb = maskpack_tensor_contiguous(gdb, MASKPACK_F32, 2, s2), xh = maskpack_tensor_contiguous(gdh, MASKPACK_F32, 4, s4);
+    maskpack_gdn_inputs in = {&a, &b, &c, &d, &f, &hh};
+    maskpack_gdn_options opts = maskpack_gdn_options_default();
+    maskpack_gdn_grads gr = {&xq, &xk, &xv, &xg, &xb, &xh};
+    CHECK_OK(maskpack_gdn_forward(L, &in, &opts, &o, &fin, NULL, 0, &e), e);
+    CHECK_OK(maskpack_gdn_backward(L, &in, &xdo, &xdf, &opts, &gr, NULL, 0, &e), e);
+    base.gq = gq, base.gk = gk, base.gv = gv, base.gg = gg, base.gb = gb, base.h0 = h0, base.gdo = gdo, base.dfin = dfin;
+    base.go = go, base.gfin = gfin, base.gdq = gdq, base.gdk = gdk, base.gdv = gdv, base.gdg = gdg, base.gdb = gdb;
+    base.gdh = gdh;
+    /* conv reference */
+    float *x = filled((size_t)(T * C), &seed, 1, 0), *w = filled(C * W, &seed, 0.5f, 0), *pre = filled(NSEQ * C * 3, &seed, 1, 0);
+    float *dy = filled((size_t)(T * C), &seed, 1, 0), *dst = filled(NSEQ * C * 3, &seed, 1, 0);
+    float *y = malloc((size_t)(T * C) * 4), *st = malloc(NSEQ * C * 3 * 4), *dx = malloc((size_t)(T * C) * 4);
+    float *dw = malloc(C * W * 4), *dp = malloc(NSEQ * C * 3 * 4);
+    int64_t sx[2] = {T, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
+    maskpack_tensor cx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), cw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor cp = maskpack_tensor_contiguous(pre, MASKPACK_F32, 3, sp), cdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
+    maskpack_tensor cds = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, sp), cy = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
+    maskpack_tensor cst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp), cdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx);
+    maskpack_tensor cdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw), cdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
+    CHECK_OK(maskpack_causal_conv1d(L, &cx, &cw, &cp, 1, 1, &cy, &cst, &e), e);
+    CHECK_OK(maskpack_causal_conv1d_backward(L, &cx, &cw, &cp, 1, &cdy, &cds, 1, &cdx, &cdw, &cdp, &e), e);
+    base.x = x, base.w = w, base.pre = pre, base.dy = dy, base.dst = dst, base.y = y, base.st = st, base.dx = dx;
+    base.dw = dw, base.dp = dp;
+    /* the ranks */
+    hub h;
+    memset(&h, 0, sizeof h);
+    h.n = n;
+    pthread_barrier_init(&h.bar, NULL, (unsigned)n);
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t th[MAXR];
+    for (int r = 0; r < n; r++) {
+        jobs[r] = base;
+        jobs[r].n = n, jobs[r].rank = r, jobs[r].h = &h;
+        pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    /* the replicated gradients: each rank's share summed */
+    int64_t bad_sum = 0;
+    for (int64_t i = 0; i < NSEQ * HV * K * V; i++) {
+        float s = 0;
+        for (int r = 0; r < n; r++) s += jobs[r].dh_share[i];
+        bad_sum += !close_to(s, gdh[i], 1e-3f);
+    }
+    for (int64_t i = 0; i < C * W; i++) {
+        float s = 0;
+        for (int r = 0; r < n; r++) s += jobs[r].dw_share[i];
+        bad_sum += !close_to(s, dw[i], 1e-4f);
+    }
+    for (int64_t i = 0; i < NSEQ * C * 3; i++) {
+        float s = 0;
+        for (int r = 0; r < n; r++) s += jobs[r].dp_share[i];
+        bad_sum += !close_to(s, dp[i], 1e-5f);
+    }
+    for (int r = 0; r < n; r++) {
+        const char *what[8] = {"attention out/lse", "attention grads", "gdn out/final", "gdn grads", "conv y/state",
+                               "conv dx", "refusals", "call statuses"};
+        for (int i = 0; i < 8; i++) {
+            if (jobs[r].bad[i]) fprintf(stderr, "%d ranks, rank %d: %s: %lld bad\n", n, r, what[i], (long long)jobs[r].bad[i]);
+            CHECK_EQ(jobs[r].bad[i], 0);
+        }
+    }
+    CHECK_EQ(bad_sum, 0);
+    pthread_barrier_destroy(&h.bar);
+    pthread_mutex_destroy(&h.mu);
+    pthread_cond_destroy(&h.cv);
+    free(jobs);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(gq), free(gk), free(gv), free(gg), free(gb), free(h0), free(gdo), free(dfin), free(go), free(gfin), free(gdq);
+    free(gdk), free(gdv), free(gdg), free(gdb), free(gdh);
+    free(x), free(w), free(pre), free(dy), free(dst), free(y), free(st), free(dx), free(dw), free(dp);
+    maskpack_layout_free(L);
+    maskpack_layout_free(Lpad);
+}
+
+/* ---- key-block segments ----------------------------------------------------------------------- */
+
+static void test_key_blocks(void) {
+    maskpack_error e;
+    maskpack_layout *L = NULL;
+    maskpack_rule r = maskpack_rule_default();
+    /* queries at positions [20, 24) against a key block at [8, 16): causal, all 8 keys visible */
+    maskpack_segment s = {.row = 0, .q_start = 0, .q_len = 4, .kv_start = 0, .kv_len = 8,
+                          .flags = MASKPACK_SEGMENT_EXPLICIT_POS | MASKPACK_SEGMENT_KEY_BLOCK, .q_pos = 20, .kv_pos = 8};
+    CHECK_OK(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &L, &e), e);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) CHECK_EQ(maskpack_allowed(L, 0, 0, i, j), 1);
+    /* the same block after the queries: nothing visible; partly overlapping: the causal diagonal */
+    maskpack_layout *L2 = NULL, *L3 = NULL;
+    s.q_pos = 2;
+    CHECK_OK(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &L2, &e), e);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) CHECK_EQ(maskpack_allowed(L2, 0, 0, i, j), 0);
+    s.q_pos = 10;
+    CHECK_OK(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &L3, &e), e);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) CHECK_EQ(maskpack_allowed(L3, 0, 0, i, j), 8 + j <= 10 + i);
+    /* tensors do not move through a layout of key blocks */
+    maskpack_relayout_plan *plan = NULL;
+    const maskpack_layout *srcs[1] = {L3};
+    CHECK_STATUS(maskpack_relayout_plan_create(srcs, 1, L3, &plan, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "key blocks");
+    maskpack_layout_free(L), maskpack_layout_free(L2), maskpack_layout_free(L3);
+    /* refusals: KEY_BLOCK without EXPLICIT_POS, kv_pos without KEY_BLOCK, negative positions, spans */
+    maskpack_layout *bad = NULL;
+    maskpack_segment t = s;
+    t.flags = MASKPACK_SEGMENT_KEY_BLOCK;
+    CHECK_STATUS(maskpack_layout_from_segments(&t, 1, 1, 4, 8, 1, &r, &bad, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_MSG(e, "segments[0].flags");
+    t = s;
+    t.flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+    t.q_pos = 0;
+    CHECK_STATUS(maskpack_layout_from_segments(&t, 1, 1, 4, 8, 1, &r, &bad, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_MSG(e, "kv_pos: expected 0 without MASKPACK_SEGMENT_KEY_BLOCK");
+    t = s;
+    t.kv_pos = -1;
+    CHECK_STATUS(maskpack_layout_from_segments(&t, 1, 1, 4, 8, 1, &r, &bad, &e), MASKPACK_ERR_VALUE, e);
+    CHECK_MSG(e, "a key block needs 0 <= q_pos, kv_pos");
+    maskpack_span sp = {0, 0, 2};
+    r.spans = &sp;
+    r.n_spans = 1;
+    CHECK_STATUS(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &bad, &e), MASKPACK_ERR_RULE, e);
+    CHECK_MSG(e, "spans need the keys from the sequence start");
+    r = maskpack_rule_default();
+    int64_t prefix[1] = {2};
+    r.prefix = prefix;
+    r.n_prefix = 1;
+    CHECK_STATUS(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &bad, &e), MASKPACK_ERR_RULE, e);
+    CHECK_MSG(e, "a prefix needs the keys from the sequence start");
+}
+
+int main(void) {
+    test_key_blocks();
+    for (int n = 1; n <= MAXR; n++) run_ranks(n);
+    return check_report("test_cp_local");
+}
