@@ -54,6 +54,9 @@ def _worker(rank, world, init, args, out):
     try:
         res = {}
         for what in args.what.split(","):
+            if what == "gather":
+                _gather(rank, world, args, res)
+                continue
             if what in ("gdn", "gdn_seq"):
                 xs, do, lay = _inputs(args.tokens, 16, 32, 128, 128, 4)
                 method = "sequence" if what == "gdn_seq" else "auto"
@@ -74,6 +77,38 @@ def _worker(rank, world, init, args, out):
             torch.save(res, out)
     finally:
         dist.destroy_process_group()
+
+
+def _gather(rank, world, args, res):
+    """cp_all_gather of this rank's bf16 [T/2, 4096] shard against torch's all_gather_into_tensor of the
+    same bytes, alternating in the same two processes; the figure is the median of per-pair ratios
+    (ours / plain: lower is better)."""
+    lay = maskpack.Layout.from_lengths([args.tokens // 4] * 4, placement="packed")
+    part = lay.shard(torch.randn(args.tokens, 4096).to(torch.bfloat16), world, rank)
+    plain_out = torch.empty((world * part.shape[0], 4096), dtype=torch.bfloat16)
+
+    def ours():
+        dist.barrier()
+        t = time.perf_counter()
+        maskpack.cp_all_gather(part, lay, dist.group.WORLD)
+        dist.barrier()
+        return time.perf_counter() - t
+
+    def plain():
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_gather_into_tensor(plain_out, part, group=dist.group.WORLD)
+        dist.barrier()
+        return time.perf_counter() - t
+
+    ours(), plain()  # warm-up
+    t1, t2, ratios = [], [], []
+    for _ in range(max(5, 2 * args.pairs + 1)):
+        a, b = ours(), plain()
+        t1.append(a)
+        t2.append(b)
+        ratios.append(a / b)
+    res[("gather", False)] = (statistics.median(ratios), t1, t2)
 
 
 def _measure(rank, world, args, xs, do, lay, run, res, what):
@@ -141,7 +176,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--what", default="gdn,gdn_seq,attention,attention_ag")
+    ap.add_argument("--what", default="gather,gdn,gdn_seq,attention,attention_ag")
     args = ap.parse_args()
     print(f"bench_cp: {os.cpu_count()} CPUs, torch {torch.__version__}, T = S = {args.tokens}, float32, 2 gloo "
           f"ranks of 1 thread against 1 process of 1 thread; load average %.2f %.2f %.2f" % os.getloadavg())
@@ -156,6 +191,12 @@ def main():
               "attention_ag": "attention, K/V all-gathered (beside the ring)",
               "gdn_seq": "GDN, sequence-parallel (beside the default; 3 kernel passes per rank)"}
     for (what, backward), (r, t1, t2) in sorted(res.items()):
+        if what == "gather":
+            print(f"  cp_all_gather, bf16 [{args.tokens // 2}, 4096] per rank: {statistics.median(t1) * 1e3:7.1f} ms, "
+                  f"torch all_gather_into_tensor of the same bytes {statistics.median(t2) * 1e3:7.1f} ms: "
+                  f"{r:4.2f}x the plain time (median of {len(t1)} pairs; target <= 1.2x: "
+                  f"{'met' if r <= 1.2 else 'NOT met'})")
+            continue
         name = f"{labels[what]}, {'forward + backward' if backward else 'forward'}"
         tgt = targets.get((what, backward))
         verdict = f"; target >= {tgt}x: {'met' if r >= tgt else 'NOT met'}" if tgt else ""

@@ -172,3 +172,32 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: 
             seg.views[s_][rank * b:(rank + 1) * b].view(x.dtype).view(block_shape))
     dist.barrier(group=seg.group)
     return out
+
+
+def all_gather(x: torch.Tensor, group, rank: int, n: int) -> Optional[List[torch.Tensor]]:
+    """Every rank's x (same shape and dtype) through shared memory: x is copied once into this
+    rank's segment, and the result is the list of every rank's segment viewed as x's shape (views of
+    shared memory: the caller copies out of them before its next exchange on this group, as
+    cp_all_gather's move into the layout does). None when the path does not apply here."""
+    if n < 2 or x.device.type != "cpu":
+        return None
+    seg = _segments(group, rank, n)
+    if seg is None:
+        return None
+    b = x.numel() * x.element_size()
+    if not seg.ensure(b):
+        _STATE.pop(id(seg.group), None)
+        _DISABLED[id(seg.group)] = True
+        return None
+    seg.views[rank][:b].view(x.dtype).view(x.shape).copy_(x)
+    dist.barrier(group=seg.group)
+    return [seg.views[r][:b].view(x.dtype).view(x.shape) for r in range(n)]
+
+
+def release(group) -> None:
+    """The end of a read of all_gather's views: no rank writes its segment again before every rank
+    is done reading (one barrier)."""
+    key = group if group is not None else dist.group.WORLD
+    seg = _STATE.get(id(key))
+    if seg is not None and seg.group is key:
+        dist.barrier(group=key)

@@ -117,6 +117,13 @@ class _AllGatherParts(torch.autograd.Function):
             local = exc
         _agree(group, layout, ("cp_all_gather", scheme, tp, align, tuple(part.shape[1:]), str(part.dtype)), local)
         ctx.args = (layout, scheme, tp, align, group, rank, n)
+        from . import _shm
+
+        views = _shm.all_gather(part.detach().contiguous(), group, rank, n)  # one host: shared memory
+        if views is not None:  # moved straight out of the peers' segments into the layout
+            whole = cp_gather(views, layout, scheme=scheme, tp=tp, align=align)
+            _shm.release(group)
+            return whole
         parts = _all_gather(part.detach(), group)
         return cp_gather(parts, layout, scheme=scheme, tp=tp, align=align)
 
