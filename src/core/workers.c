@@ -100,9 +100,8 @@ static void *worker_main(void *p) {
 
 maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
-    if (n_threads < 1 || n_threads > 256)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
-                       "n_threads: expected in [1, 256], found %d", n_threads);
+    maskpack_status s = mp_check_threads(n_threads, "n_threads", err);
+    if (s) return s;
     maskpack_workers *w = calloc(1, sizeof *w);
     if (w) {
         w->threads = calloc((size_t)n_threads, sizeof *w->threads);
