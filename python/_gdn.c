@@ -337,6 +337,46 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* conv1d_on(layout, (x, weight, prefix, y, state), silu, team or None): on the process's team */
+static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs, *team_obj;
+    int silu;
+    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    const maskpack_layout *L;
+    maskpack_workers *team;
+    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
+    maskpack_tensor ts[5], *p[5];
+    if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, MASKPACK_ISA_AUTO, team, p[3], p[4],
+                                                         NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* conv1d_backward_on(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, team or None) */
+static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs, *team_obj;
+    int silu;
+    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    const maskpack_layout *L;
+    maskpack_workers *team;
+    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], MASKPACK_ISA_AUTO,
+                                                                  team, p[5], p[6], p[7], NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
 /* l2norm(layout, (x, y), eps) */
 static PyObject *py_l2norm(PyObject *m, PyObject *args) {
     (void)m;
@@ -432,6 +472,8 @@ static PyMethodDef methods[] = {
     {"op_backward", py_op_backward, METH_VARARGS, "(op, team or None, descriptors): the rule backward"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
     {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},
+    {"conv1d_on", py_conv1d_on, METH_VARARGS, "causal conv1d on a worker team (or None: the caller)"},
+    {"conv1d_backward_on", py_conv1d_backward_on, METH_VARARGS, "causal conv1d backward on a worker team"},
     {"l2norm", py_l2norm, METH_VARARGS, "L2 normalisation over the last dim"},
     {"l2norm_backward", py_l2norm_backward, METH_VARARGS, "L2 normalisation backward"},
     {"gates", py_gates, METH_VARARGS, "g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)"},

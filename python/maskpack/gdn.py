@@ -221,7 +221,7 @@ class _ConvFn(torch.autograd.Function):
         y = fresh(x.shape, dtype=x.dtype)
         state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _gdn.conv1d(layout_handle(layout), descs, bool(silu), threads)
+        _gdn.conv1d_on(layout_handle(layout), descs, bool(silu), _team(threads))
         ctx.save_for_backward(x, weight2d, prefix)
         ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
         return y, state
@@ -237,7 +237,7 @@ class _ConvFn(torch.autograd.Function):
         dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
-        _gdn.conv1d_backward(layout_handle(ctx.layout), descs, bool(ctx.silu), ctx.threads)
+        _gdn.conv1d_backward_on(layout_handle(ctx.layout), descs, bool(ctx.silu), _team(ctx.threads))
         if dw is not None:
             dw = dw.to(w.dtype)
         if dp is not None:
