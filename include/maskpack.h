@@ -982,7 +982,7 @@ typedef struct maskpack_gdn_options {
     double scale;         /* output scale; 0 = 1/sqrt(K) */
     int chunked;          /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
     int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
-    int n_threads;        /* >= 1 (default 1) */
+    int n_threads;        /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
     maskpack_isa isa;     /* default AUTO */
 } maskpack_gdn_options;
 
@@ -1009,7 +1009,10 @@ typedef struct maskpack_gdn_inputs {
  * a fixed 16 states of K*V floats per value head of the group plus the state gradient, whatever
  * the segment lengths (binomial checkpointing: a segment of up to 16 chunks keeps every chunk
  * state; a longer one recomputes them, each chunk at most r times with binom(15 + r, r) >= its
- * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). The query allocates nothing. */
+ * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). Besides: the call's work list,
+ * 24 bytes per (segment, head) task on 64-bit targets (twice that with more than one thread, for dealing it out), and
+ * 64 bytes of alignment slack. The query allocates nothing, and with a workspace of this size the call
+ * allocates nothing either (on one thread, or on a team through maskpack_gdn_forward_on). */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);
