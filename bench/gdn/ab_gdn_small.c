@@ -6,8 +6,9 @@
  * per-call maskpack_gdn_forward / _backward with opts.n_threads; AFTER runs the operator
  * (maskpack_gdn_op_*) on a team of that many threads created once.
  *
- * Usage: ab_gdn_small BEFORE.so AFTER.so [threads (2)] [iterations (200)] -> the medians of both and
- * of the per-iteration ratio before / after. Exit status 0 whatever the numbers (it measures). */
+ * Usage: ab_gdn_small BEFORE.so AFTER.so [threads (2)] [iterations (200)] [documents tokens H HV K V]
+ * -> the medians of both and of the per-iteration ratio before / after (the trailing six give
+ * another shape, e.g. 8 512 16 32 128 128 for bench_gdn's). Exit status 0 whatever the numbers (it measures). */
 #define _GNU_SOURCE
 #include "maskpack.h"
 #include <dlfcn.h>
@@ -36,7 +37,13 @@ int main(int argc, char **argv) {
     }
     int threads = argc > 3 ? atoi(argv[3]) : 2, iters = argc > 4 ? atoi(argv[4]) : 200;
     if (threads < 1 || iters < 1) return 2;
-    const int64_t lens[4] = {64, 64, 64, 64}, T = 256, H = 8, HV = 8, K = 128, V = 128;
+    /* the shape: the small call unless given (documents, tokens each, H, HV, K, V) */
+    int64_t shape[6] = {4, 64, 8, 8, 128, 128};
+    for (int i = 0; i < 6 && 5 + i < argc; i++) shape[i] = atoll(argv[5 + i]);
+    const int64_t N = shape[0], T = shape[0] * shape[1], H = shape[2], HV = shape[3], K = shape[4], V = shape[5];
+    if (N < 1 || N > 64 || shape[1] < 1 || H < 1 || HV % H || K < 1 || V < 1) return 2;
+    int64_t lens[64];
+    for (int64_t i = 0; i < N; i++) lens[i] = shape[1];
     lib libs[2];
     maskpack_error e;
     maskpack_gdn_options opt;
@@ -46,7 +53,7 @@ int main(int argc, char **argv) {
         lib *l = &libs[i];
         memset(l, 0, sizeof *l);
         maskpack_rule r = SYM(h, maskpack_rule_default)();
-        if (SYM(h, maskpack_layout_from_lengths)(lens, 4, MASKPACK_PLACE_PACKED, 0, &r, &l->L, &e)) return 1;
+        if (SYM(h, maskpack_layout_from_lengths)(lens, (size_t)N, MASKPACK_PLACE_PACKED, 0, &r, &l->L, &e)) return 1;
         l->fwd = SYM(h, maskpack_gdn_forward);
         l->bwd = SYM(h, maskpack_gdn_backward);
         opt = SYM(h, maskpack_gdn_options_default)();
@@ -64,12 +71,12 @@ int main(int argc, char **argv) {
     }
     unsigned sd = 1;
     float *q = malloc(T*H*K*4), *k = malloc(T*H*K*4), *v = malloc(T*HV*V*4), *g = malloc(T*HV*4), *b = malloc(T*HV*4);
-    float *o = malloc(T*HV*V*4), *ht = malloc(4*HV*K*V*4), *dO = malloc(T*HV*V*4);
+    float *o = malloc(T*HV*V*4), *ht = malloc(N*HV*K*V*4), *dO = malloc(T*HV*V*4);
     float *dq = malloc(T*H*K*4), *dk = malloc(T*H*K*4), *dv = malloc(T*HV*V*4), *dg = malloc(T*HV*4), *db = malloc(T*HV*4);
     for (int64_t i = 0; i < T*H*K; i++) q[i] = frand(&sd), k[i] = frand(&sd);
     for (int64_t i = 0; i < T*HV*V; i++) v[i] = frand(&sd), dO[i] = frand(&sd);
     for (int64_t i = 0; i < T*HV; i++) g[i] = -0.1f + 0.1f * frand(&sd), b[i] = 0.5f + frand(&sd);
-    int64_t sq[3] = {T,H,K}, sv[3] = {T,HV,V}, sg[2] = {T,HV}, ss[4] = {4,HV,K,V};
+    int64_t sq[3] = {T,H,K}, sv[3] = {T,HV,V}, sg[2] = {T,HV}, ss[4] = {N,HV,K,V};
 #define TC(p, n, s) ((maskpack_tensor){p, MASKPACK_F32, n, {s[0], s[1], n > 2 ? s[2] : 0, n > 3 ? s[3] : 0}, {0}})
     maskpack_tensor tq = TC(q, 3, sq), tk = TC(k, 3, sq), tv = TC(v, 3, sv), tg = TC(g, 2, sg), tb = TC(b, 2, sg);
     maskpack_tensor to = TC(o, 3, sv), tht = TC(ht, 4, ss), tdo = TC(dO, 3, sv), tdq = TC(dq, 3, sq), tdk = TC(dk, 3, sq);
@@ -101,6 +108,8 @@ int main(int argc, char **argv) {
         }
         if (it >= 0) bf[it] = tb0, bb[it] = tb1, af[it] = ta0, abw[it] = ta1, rf[it] = tb0 / ta0, rb[it] = tb1 / ta1;
     }
+    printf("%lld x %lld tokens, H %lld, HV %lld, K %lld, V %lld, ", (long long)N, (long long)shape[1], (long long)H,
+           (long long)HV, (long long)K, (long long)V);
     printf("threads %d: forward before %.0f us, after (op) %.0f us, paired ratio before/after %.3f; "
            "backward before %.0f us, after %.0f us, ratio %.3f\n",
            threads, med(bf, iters), med(af, iters), med(rf, iters), med(bb, iters), med(abw, iters), med(rb, iters));
