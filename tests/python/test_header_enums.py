@@ -161,10 +161,10 @@ def test_thread_limit_matches_header():
     m = re.search(r"#define\s+MASKPACK_MAX_THREADS\s+(\d+)", HEADER.read_text())
     assert m, "MASKPACK_MAX_THREADS is not defined in the header"
     assert _tensors.MAX_THREADS == int(m.group(1))
-    from maskpack import _gdn
+    from maskpack._maskpack import gdn as _gdn
 
     lay = maskpack.Layout.from_lengths([4], placement="packed")
-    _gdn.op_create(lay._ptr, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)))
+    _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)))
     with pytest.raises(maskpack.Error) as e:
-        _gdn.op_create(lay._ptr, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1)
+        _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1)
     assert e.value.argument == "opts.n_threads"
