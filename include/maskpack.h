@@ -455,6 +455,10 @@ MASKPACK_API maskpack_status maskpack_relayout_execute(const maskpack_relayout_p
  * workers from the parent's team: calls there run on the caller, and free() only releases memory. */
 typedef struct maskpack_workers maskpack_workers; /* opaque */
 
+/* The most threads any call takes: every n_threads argument (copies, kernels) and a team's size are
+ * in [1, MASKPACK_MAX_THREADS]; a count above it is MASKPACK_ERR_INVALID_ARGUMENT, never clamped. */
+#define MASKPACK_MAX_THREADS 256
+
 /* (n_threads >= 1, the caller included) -> a team of n_threads - 1 started worker threads. */
 MASKPACK_API maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, maskpack_error *err);
 /* Stops and joins the workers (NULL is a no-op). */
@@ -978,7 +982,7 @@ typedef struct maskpack_gdn_options {
     double scale;         /* output scale; 0 = 1/sqrt(K) */
     int chunked;          /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
     int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
-    int n_threads;        /* >= 1 (default 1) */
+    int n_threads;        /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
     maskpack_isa isa;     /* default AUTO */
 } maskpack_gdn_options;
 
@@ -1005,7 +1009,10 @@ typedef struct maskpack_gdn_inputs {
  * a fixed 16 states of K*V floats per value head of the group plus the state gradient, whatever
  * the segment lengths (binomial checkpointing: a segment of up to 16 chunks keeps every chunk
  * state; a longer one recomputes them, each chunk at most r times with binom(15 + r, r) >= its
- * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). The query allocates nothing. */
+ * chunk count: 3 up to 816 chunks, 4 up to 3876); never O(T) or O(T^2). Besides: the call's work list,
+ * 24 bytes per (segment, head) task on 64-bit targets (twice that with more than one thread, for dealing it out), and
+ * 64 bytes of alignment slack. The query allocates nothing, and with a workspace of this size the call
+ * allocates nothing either (on one thread, or on a team through maskpack_gdn_forward_on). */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                          const maskpack_gdn_options *opts, int backward,
                                                          size_t *bytes, maskpack_error *err);
@@ -1088,6 +1095,52 @@ MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_c
                                                                 maskpack_tensor *dx, maskpack_tensor *dweight,
                                                                 maskpack_tensor *d_prefix, maskpack_error *err);
 
+/* The rule on a worker team the caller owns (maskpack_workers_create; NULL = the caller's thread
+ * alone), so that no thread starts per call: as maskpack_gdn_forward / _backward, with the team's
+ * participant count in place of opts.n_threads (the workspace is maskpack_gdn_workspace_size's with
+ * opts.n_threads = maskpack_workers_threads(team)). Results do not depend on the team. */
+MASKPACK_API maskpack_status maskpack_gdn_forward_on(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                                     const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                                     maskpack_tensor *final_state, maskpack_workers *team,
+                                                     void *workspace, size_t workspace_bytes, maskpack_error *err);
+/* (as maskpack_gdn_backward, team or NULL) -> grads. */
+MASKPACK_API maskpack_status maskpack_gdn_backward_on(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                                      const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                                      maskpack_workers *team, void *workspace,
+                                                      size_t workspace_bytes, maskpack_error *err);
+
+/* An operator of the rule for one layout and one set of shapes and options: created once, run many
+ * times. Creation does what every call would otherwise repeat: picks the kernel (opts.isa, and
+ * MASKPACK_ISA for AUTO, read now), sorts and deals out the (segment, head) work lists of the forward
+ * and the backward for opts.n_threads threads. A run validates its tensors (their dims must be the
+ * op's; each may be f32 or bf16 as for the plain calls) and runs on a team of at most
+ * opts.n_threads participants, with the plain calls' results bit for bit. Workspace: a buffer of
+ * maskpack_gdn_op_workspace_size bytes, or NULL and 0 for the op's own, allocated at the first run
+ * that needs it and kept until maskpack_gdn_op_free (a run concurrent with another on the same op
+ * allocates its own for the call). The layout is the caller's and must outlive the op. */
+typedef struct maskpack_gdn_op maskpack_gdn_op; /* opaque */
+
+/* (layout, key heads H >= 1, value heads HV (a multiple of H), head dims K, V >= 1, opts) -> *out. */
+MASKPACK_API maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H, int64_t HV, int64_t K,
+                                                    int64_t V, const maskpack_gdn_options *opts,
+                                                    maskpack_gdn_op **out, maskpack_error *err);
+/* Frees the op and its workspace (NULL is a no-op). */
+MASKPACK_API void maskpack_gdn_op_free(maskpack_gdn_op *op);
+/* (op, backward?) -> *bytes of workspace one run needs (the work lists are the op's); allocates nothing. */
+MASKPACK_API maskpack_status maskpack_gdn_op_workspace_size(const maskpack_gdn_op *op, int backward, size_t *bytes,
+                                                            maskpack_error *err);
+/* (op, inputs as for maskpack_gdn_forward, team or NULL, workspace) -> o, final_state or NULL. */
+MASKPACK_API maskpack_status maskpack_gdn_op_forward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in,
+                                                     maskpack_tensor *o, maskpack_tensor *final_state,
+                                                     maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                                     maskpack_error *err);
+/* (op, inputs, d_o, d_final_state or NULL as for maskpack_gdn_backward, team or NULL, workspace) -> grads. */
+MASKPACK_API maskpack_status maskpack_gdn_op_backward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in,
+                                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                                      maskpack_gdn_grads *grads, maskpack_workers *team,
+                                                      void *workspace, size_t workspace_bytes, maskpack_error *err);
+
 /* (layout, x [B,S,C] / [T,C] f32/bf16, weight [C,W] f32/bf16 with 1 <= W <= 4, prefix [N,C,W-1]
  * f32/bf16 or NULL = zeros, silu, n_threads) -> y like x f32/bf16 (pad rows 0) with
  * y[t] = act(sum_w weight[w] x[t - (W-1) + w]) inside each segment (earlier positions come from
@@ -1124,6 +1177,34 @@ MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_
                                                                  int n_threads, maskpack_tensor *dx,
                                                                  maskpack_tensor *dweight, maskpack_tensor *d_prefix,
                                                                  maskpack_error *err);
+
+/* (layout, x, weight as for the conv, backward?) -> *bytes of workspace the conv's _on calls need: 0
+ * for the forward, the backward's dweight sums ([C, W] f32 and alignment slack) otherwise (a
+ * backward without dweight needs none). Allocates nothing. */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_workspace_size(const maskpack_layout *layout,
+                                                                   const maskpack_tensor *x,
+                                                                   const maskpack_tensor *weight, int backward,
+                                                                   size_t *bytes, maskpack_error *err);
+/* maskpack_causal_conv1d_isa on a worker team (NULL = the caller's thread alone; the channels are
+ * split for the team's participant count) with a workspace as every kernel takes it (NULL and 0 =
+ * allocated here when the call needs one; NULL with a size is MASKPACK_ERR_NULL_ARGUMENT). */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_on(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                       const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                       int silu, maskpack_isa isa, maskpack_workers *team,
+                                                       maskpack_tensor *y, maskpack_tensor *conv_state,
+                                                       void *workspace, size_t workspace_bytes, maskpack_error *err);
+/* maskpack_causal_conv1d_backward_isa on a worker team (NULL = the caller alone) with a workspace of
+ * maskpack_causal_conv1d_workspace_size(backward = 1) bytes (NULL and 0 = allocated here). */
+MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_on(const maskpack_layout *layout,
+                                                                const maskpack_tensor *x,
+                                                                const maskpack_tensor *weight,
+                                                                const maskpack_tensor *prefix, int silu,
+                                                                const maskpack_tensor *dy,
+                                                                const maskpack_tensor *d_conv_state, maskpack_isa isa,
+                                                                maskpack_workers *team, maskpack_tensor *dx,
+                                                                maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                                                void *workspace, size_t workspace_bytes,
+                                                                maskpack_error *err);
 
 /* (layout, x [B,S,H,D] / [T,H,D] f32/bf16, eps > 0 (MASKPACK_GDN_L2_EPS)) -> y like x f32/bf16:
  * x / sqrt(sum x^2 + eps) over the last dim (pad rows 0). */

@@ -217,6 +217,87 @@ static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
     return PyLong_FromSize_t(bytes);
 }
 
+/* ---- the operator object (one per layout and shapes, kept by maskpack/gdn.py) ------------------ */
+
+#define OP_CAPSULE "maskpack.gdn_op"
+#define TEAM_CAPSULE "maskpack.workers" /* made by _maskpack.workers_create */
+
+static void op_capsule_free(PyObject *cap) { maskpack_gdn_op_free(PyCapsule_GetPointer(cap, OP_CAPSULE)); }
+
+/* None -> NULL (the caller's thread alone), else a worker team capsule. */
+static int parse_team(PyObject *obj, maskpack_workers **team) {
+    *team = NULL;
+    if (obj == Py_None) return 0;
+    *team = PyCapsule_GetPointer(obj, TEAM_CAPSULE);
+    return *team ? 0 : -1;
+}
+
+/* op_create(layout, H, HV, K, V, scale, chunked, l2norm, n_threads) -> op capsule. The capsule
+ * holds no reference to the layout: the caller keeps the op in the layout's own cache, so the op
+ * never outlives it. */
+static PyObject *py_op_create(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr;
+    long long H, HV, K, V;
+    double scale;
+    int chunked, l2norm, threads;
+    if (!PyArg_ParseTuple(args, "OLLLLdppi", &addr, &H, &HV, &K, &V, &scale, &chunked, &l2norm, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (mpx_parse_layout(addr, &L) < 0) return NULL;
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.scale = scale;
+    o.chunked = chunked;
+    o.l2norm = l2norm;
+    o.n_threads = threads;
+    maskpack_gdn_op *op = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_gdn_op_create(L, H, HV, K, V, &o, &op, &err);
+    if (s) return mpx_raise_status(s, &err);
+    PyObject *cap = PyCapsule_New(op, OP_CAPSULE, op_capsule_free);
+    if (!cap) maskpack_gdn_op_free(op);
+    return cap;
+}
+
+/* op_forward(op, team or None, (q, k, v, g, beta, h0, o, ht)) */
+static PyObject *py_op_forward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *cap, *team_obj, *descs;
+    if (!PyArg_ParseTuple(args, "OOO!", &cap, &team_obj, &PyTuple_Type, &descs)) return NULL;
+    maskpack_gdn_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_workers *team;
+    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_op_forward(op, &in, p[6], p[7], team, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* op_backward(op, team or None, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0)) */
+static PyObject *py_op_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *cap, *team_obj, *descs;
+    if (!PyArg_ParseTuple(args, "OOO!", &cap, &team_obj, &PyTuple_Type, &descs)) return NULL;
+    maskpack_gdn_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_workers *team;
+    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
+                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    maskpack_tensor ts[14], *p[14];
+    if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
+    maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
+    maskpack_gdn_grads gr = {p[8], p[9], p[10], p[11], p[12], p[13]};
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_op_backward(op, &in, p[6], p[7], &gr, team, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
 /* ---- conv, l2norm, gates --------------------------------------------------------------------- */
 
 /* conv1d(layout, (x, weight, prefix, y, state), silu, n_threads) */
@@ -252,6 +333,46 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], threads, p[5],
                                                                p[6], p[7], &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* conv1d_on(layout, (x, weight, prefix, y, state), silu, team or None): on the process's team */
+static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs, *team_obj;
+    int silu;
+    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    const maskpack_layout *L;
+    maskpack_workers *team;
+    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
+    maskpack_tensor ts[5], *p[5];
+    if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, MASKPACK_ISA_AUTO, team, p[3], p[4],
+                                                         NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* conv1d_backward_on(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, team or None) */
+static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *addr, *descs, *team_obj;
+    int silu;
+    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    const maskpack_layout *L;
+    maskpack_workers *team;
+    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
+    maskpack_tensor ts[8], *p[8];
+    if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], MASKPACK_ISA_AUTO,
+                                                                  team, p[5], p[6], p[7], NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -346,8 +467,13 @@ static PyMethodDef methods[] = {
     {"cp_conv1d", py_cp_conv1d, METH_VARARGS, "sequence-parallel causal conv1d (maskpack_cp_causal_conv1d)"},
     {"cp_conv1d_backward", py_cp_conv1d_backward, METH_VARARGS, "sequence-parallel causal conv1d backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
+    {"op_create", py_op_create, METH_VARARGS, "(layout, H, HV, K, V, scale, chunked, l2norm, threads) -> rule operator"},
+    {"op_forward", py_op_forward, METH_VARARGS, "(op, team or None, descriptors): the rule forward through an operator"},
+    {"op_backward", py_op_backward, METH_VARARGS, "(op, team or None, descriptors): the rule backward"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
     {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},
+    {"conv1d_on", py_conv1d_on, METH_VARARGS, "causal conv1d on a worker team (or None: the caller)"},
+    {"conv1d_backward_on", py_conv1d_backward_on, METH_VARARGS, "causal conv1d backward on a worker team"},
     {"l2norm", py_l2norm, METH_VARARGS, "L2 normalisation over the last dim"},
     {"l2norm_backward", py_l2norm_backward, METH_VARARGS, "L2 normalisation backward"},
     {"gates", py_gates, METH_VARARGS, "g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)"},

@@ -16,6 +16,7 @@ layer with the parameter names of transformers' ``Qwen3NextGatedDeltaNet`` or (`
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional, Tuple
 
 import torch
@@ -25,6 +26,7 @@ from ._alloc import fresh
 from ._errors import Error
 from ._tensors import check_layout, check_threads, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one tensor -> descriptor path
+from ._moves import _cache_of, _team
 
 __all__ = [
     "GatedDeltaNet",
@@ -67,11 +69,37 @@ def gdn_isa() -> str:
 # ---- the gated delta rule ---------------------------------------------------------------------
 
 
+def _rule_op(layout, q, v, scale, chunked, l2norm, threads):
+    """The C operator of the rule for this layout, shapes and options, made on first use and kept in
+    the layout's cache (the kernel choice, the sorted work lists and a workspace are planned once
+    per layout, not per call); None where the shapes cannot make one: the plain call then names
+    the problem as it always has."""
+    if q.dim() < 2 or v.dim() < 2:
+        return None
+    # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
+    key = ("gdn_op", int(q.shape[-2]), int(v.shape[-2]), int(q.shape[-1]), int(v.shape[-1]), float(scale),
+           bool(chunked), bool(l2norm), threads, os.environ.get("MASKPACK_ISA"))
+    cache = _cache_of(layout)
+    op = cache.get(key)
+    if op is None:
+        try:
+            op = _gdn.op_create(layout_handle(layout), *key[1:9])
+        except Error:
+            return None
+        cache[key] = op
+    return op
+
+
 def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht) -> None:
-    """The C forward of the rule into the given outputs (it validates every tensor before writing)."""
+    """The C forward of the rule into the given outputs (it validates every tensor before writing),
+    through the layout's operator on the process's worker team of ``threads``."""
     descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
              _d(o, "o"), _d(ht, "final_state"))
-    _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+    op = _rule_op(layout, q, v, scale, chunked, l2norm, threads)
+    if op is None:
+        _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+    else:
+        _gdn.op_forward(op, _team(threads), descs)
 
 
 class _RuleFn(torch.autograd.Function):
@@ -84,7 +112,7 @@ class _RuleFn(torch.autograd.Function):
         ht = fresh((n_seg, HV, K, V), torch.float32)
         _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht)
         ctx.save_for_backward(q, k, v, g, beta, h0)
-        ctx.layout, ctx.scale, ctx.l2norm, ctx.threads = layout, scale, l2norm, threads
+        ctx.layout, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads = layout, scale, chunked, l2norm, threads
         return o, ht
 
     @staticmethod
@@ -102,7 +130,11 @@ class _RuleFn(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+        op = _rule_op(ctx.layout, q, v, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads)
+        if op is None:
+            _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+        else:
+            _gdn.op_backward(op, _team(ctx.threads), descs)
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None
 
 
@@ -189,7 +221,7 @@ class _ConvFn(torch.autograd.Function):
         y = fresh(x.shape, dtype=x.dtype)
         state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _gdn.conv1d(layout_handle(layout), descs, bool(silu), threads)
+        _gdn.conv1d_on(layout_handle(layout), descs, bool(silu), _team(threads))
         ctx.save_for_backward(x, weight2d, prefix)
         ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
         return y, state
@@ -205,7 +237,7 @@ class _ConvFn(torch.autograd.Function):
         dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
-        _gdn.conv1d_backward(layout_handle(ctx.layout), descs, bool(ctx.silu), ctx.threads)
+        _gdn.conv1d_backward_on(layout_handle(ctx.layout), descs, bool(ctx.silu), _team(ctx.threads))
         if dw is not None:
             dw = dw.to(w.dtype)
         if dp is not None:

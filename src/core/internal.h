@@ -66,6 +66,10 @@ typedef void (*mp_work_fn)(void *ctx, int tid);
  * visible. Never waits for a worker that has not started. */
 void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
 
+/* (n_threads, the argument's name) -> OK when in [1, MASKPACK_MAX_THREADS], else
+ * MASKPACK_ERR_INVALID_ARGUMENT naming the argument: the one thread limit of every call. */
+maskpack_status mp_check_threads(int n_threads, const char *name, maskpack_error *err);
+
 /* ---- checked arithmetic ------------------------------------------------------------------ */
 
 static inline bool mp_add_overflow(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
@@ -111,6 +115,42 @@ void *mp_realloc_array(void *p, size_t n, size_t size);
  * failed call writes nothing. */
 maskpack_status mp_take_workspace(void *workspace, size_t workspace_bytes, size_t need, const char *query, void **base,
                                   void **owned, maskpack_error *err);
+
+/* Carving a workspace: every buffer a call needs (per-thread scratch, work lists) is cut from the
+ * one caller-owned block in an order the code fixes, so the size query and the call agree by
+ * construction: the query runs the same carving over mp_carve_counter() (no memory, nothing
+ * allocated) and reports mp_carve_size(). Offsets are relative to the block's first 64-byte
+ * boundary, which mp_carve_size's slack guarantees inside any block of that size. */
+typedef struct mp_carve {
+    char *base;   /* 64-byte aligned start, NULL while only counting */
+    size_t used;  /* bytes carved so far */
+    int overflow; /* a size did not fit size_t: the query reports MASKPACK_ERR_OVERFLOW */
+} mp_carve;
+#define MP_CARVE_SLACK 64
+static inline mp_carve mp_carve_counter(void) {
+    mp_carve c = {NULL, 0, 0};
+    return c;
+}
+/* (block of at least mp_carve_size bytes, any alignment) -> its carving. */
+static inline mp_carve mp_carve_over(void *block) {
+    uintptr_t p = (uintptr_t)block;
+    mp_carve c = {(char *)block + ((MP_CARVE_SLACK - (p & (MP_CARVE_SLACK - 1))) & (MP_CARVE_SLACK - 1)), 0, 0};
+    return c;
+}
+/* (carving, n elements of `size` bytes, alignment: a power of two <= 64) -> their memory (NULL while
+ * counting or after an overflow). */
+static inline void *mp_carve_take(mp_carve *c, size_t n, size_t size, size_t align) {
+    size_t bytes, at = (c->used + align - 1) & ~(align - 1);
+    if (at < c->used || mp_mul_size(n, size, &bytes) || bytes > SIZE_MAX - MP_CARVE_SLACK - at) {
+        c->overflow = 1;
+        c->used = SIZE_MAX - MP_CARVE_SLACK;
+        return NULL;
+    }
+    c->used = at + bytes;
+    return c->base && !c->overflow ? c->base + at : NULL;
+}
+/* (carving) -> the bytes a block must have for it: what was carved plus the alignment slack. */
+static inline size_t mp_carve_size(const mp_carve *c) { return c->used + MP_CARVE_SLACK; }
 
 /* ---- tensors ----------------------------------------------------------------------------- */
 

@@ -122,3 +122,10 @@ maskpack_status mp_take_workspace(void *workspace, size_t workspace_bytes, size_
                        "workspace: expected at least %zu bytes (%s), found %zu", need, query, workspace_bytes);
     return MASKPACK_OK;
 }
+
+maskpack_status mp_check_threads(int n_threads, const char *name, maskpack_error *err) {
+    if (n_threads < 1 || n_threads > MASKPACK_MAX_THREADS)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, name, -1, -1, "%s: expected in [1, %d], found %d", name,
+                       MASKPACK_MAX_THREADS, n_threads);
+    return MASKPACK_OK;
+}

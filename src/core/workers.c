@@ -10,8 +10,9 @@
  * for a worker that has not started: a worker busy elsewhere, descheduled or still waking up simply
  * takes no chunk. When the caller's fn returns, it closes g and waits only for the workers inside fn.
  * A worker enters g by incrementing `active` and then checking `closed < g` (both sequentially
- * consistent, Dekker style): either the caller sees it active and waits for its release-decrement,
- * or the worker sees g closed and never touches fn/ctx, which may already be gone. One caller at a time: a second concurrent caller (another thread using the same team) does not
+ * consistent, Dekker style): either the caller sees it active and waits for its decrement, or the
+ * worker sees g closed and never touches fn/ctx, which may already be gone. The caller spins while
+ * it waits, then (past SPIN_NS) sleeps until the worker that brings `active` to 0 wakes it. One caller at a time: a second concurrent caller (another thread using the same team) does not
  * wait, it runs every share itself. After fork() the child has none of the threads; calls from
  * another process run inline too, and free() only releases memory. */
 #define _GNU_SOURCE
@@ -52,6 +53,9 @@ struct maskpack_workers {
     _Atomic uint64_t gen;    /* last published generation */
     _Atomic uint64_t closed; /* last generation whose caller stopped accepting workers */
     _Atomic int active;      /* workers inside fn (or deciding whether to enter) */
+    pthread_mutex_t done_mu; /* the caller's sleep while the last workers finish (see mp_workers_run) */
+    pthread_cond_t done_cv;
+    _Atomic int waiting; /* the caller sleeps on done_cv: the worker that brings active to 0 signals */
     _Atomic int stop;
     mp_work_fn fn; /* published before gen is bumped */
     void *ctx;
@@ -94,15 +98,20 @@ static void *worker_main(void *p) {
         seen = g;
         atomic_fetch_add(&w->active, 1);
         if (atomic_load(&w->closed) < g) w->fn(w->ctx, a->tid);
-        atomic_fetch_sub_explicit(&w->active, 1, memory_order_release);
+        /* sequentially consistent against the caller's store of `waiting` and load of `active`:
+         * either the caller sees 0, or this worker sees it waiting and wakes it */
+        if (atomic_fetch_sub(&w->active, 1) == 1 && atomic_load(&w->waiting)) {
+            pthread_mutex_lock(&w->done_mu);
+            pthread_cond_signal(&w->done_cv);
+            pthread_mutex_unlock(&w->done_mu);
+        }
     }
 }
 
 maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
-    if (n_threads < 1 || n_threads > 256)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
-                       "n_threads: expected in [1, 256], found %d", n_threads);
+    maskpack_status s = mp_check_threads(n_threads, "n_threads", err);
+    if (s) return s;
     maskpack_workers *w = calloc(1, sizeof *w);
     if (w) {
         w->threads = calloc((size_t)n_threads, sizeof *w->threads);
@@ -121,6 +130,9 @@ maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, m
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_mutex_init(&w->busy, NULL);
+    pthread_mutex_init(&w->done_mu, NULL);
+    pthread_cond_init(&w->done_cv, NULL);
+    atomic_init(&w->waiting, 0);
     atomic_init(&w->gen, 0);
     atomic_init(&w->closed, 0);
     atomic_init(&w->active, 0);
@@ -146,6 +158,8 @@ void maskpack_workers_free(maskpack_workers *w) {
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->busy);
+        pthread_mutex_destroy(&w->done_mu);
+        pthread_cond_destroy(&w->done_cv);
     }
     free(w->threads);
     free(w->args);
@@ -168,8 +182,24 @@ void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
     pthread_mutex_unlock(&w->mu);
     fn(ctx, 0);
     atomic_store(&w->closed, g);
+    /* The workers still inside fn finish their last share. Spin while that is short (a share of a
+     * small move); past SPIN_NS sleep instead, so that on a machine with more runnable threads than
+     * cores the waiting caller gives its core to the worker it waits for (as a join would). */
+    int64_t t0 = 0;
     for (unsigned i = 1; atomic_load_explicit(&w->active, memory_order_acquire) > 0; i++) {
         MP_PAUSE();
+        if ((i & 63) != 0) continue;
+        const int64_t t = now_ns();
+        if (t0 == 0) {
+            t0 = t;
+        } else if (t - t0 > SPIN_NS) {
+            pthread_mutex_lock(&w->done_mu);
+            atomic_store(&w->waiting, 1);
+            while (atomic_load(&w->active) > 0) pthread_cond_wait(&w->done_cv, &w->done_mu);
+            atomic_store(&w->waiting, 0);
+            pthread_mutex_unlock(&w->done_mu);
+            break;
+        }
         if ((i & 1023) == 0) sched_yield(); /* a descheduled worker needs the core back */
     }
     pthread_mutex_unlock(&w->busy);

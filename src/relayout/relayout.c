@@ -516,9 +516,8 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
     MP_CHECK_NULL(err, P, "plan");
     MP_CHECK_NULL(err, x, "x");
     MP_CHECK_NULL(err, out, "out");
-    if (n_threads < 1 || n_threads > 256)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
-                       "n_threads: expected in [1, 256], found %d", n_threads);
+    maskpack_status ts = mp_check_threads(n_threads, "n_threads", err);
+    if (ts) return ts;
     view dv, sv_stack[8];
     view *sv = P->n_src <= 8 ? sv_stack : mp_alloc_array(P->n_src, sizeof *sv);
     if (!sv) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
@@ -597,8 +596,8 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
             int nt = workers ? 1 : n_threads;
             if ((int64_t)nt > total) nt = total > 0 ? (int)total : 1;
             if (bytes < ((int64_t)1 << 20)) nt = 1; /* thread start-up costs more than small copies */
-            job jobs[256];
-            pthread_t th[256];
+            job jobs[MASKPACK_MAX_THREADS];
+            pthread_t th[MASKPACK_MAX_THREADS];
             split_jobs(P, total, nt, proto, jobs);
             int started = 0;
             for (int t = 1; t < nt; t++)

@@ -3,6 +3,8 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 
 static void test_version_and_status(void) {
@@ -440,8 +442,71 @@ static void test_self_overlapping_outputs(void) {
     maskpack_layout_free(packed);
 }
 
+/* ---- the worker team's wait ------------------------------------------------------------------ */
+
+typedef struct slow_share {
+    _Atomic int entered, done;
+} slow_share;
+
+/* tid 0 returns as soon as a worker is inside; the worker then works 50 ms (sleeping) */
+static void slow_share_fn(void *ctx, int tid) {
+    slow_share *S = ctx;
+    if (tid != 0) {
+        atomic_store(&S->entered, 1);
+        struct timespec d = {0, 50 * 1000 * 1000};
+        nanosleep(&d, NULL);
+        atomic_store(&S->done, 1);
+        return;
+    }
+    for (int i = 0; i < 2000 && !atomic_load(&S->entered); i++) {
+        struct timespec d = {0, 1000 * 1000};
+        nanosleep(&d, NULL);
+    }
+}
+
+static double thread_cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The caller waits for a worker still inside its share (and sees what it wrote), and a long wait
+ * sleeps rather than spins: the caller gives its core to the worker, as a join would. */
+static void test_workers_wait(void) {
+    maskpack_workers *w = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_workers_create(2, &w, &e), e);
+    CHECK_STATUS(maskpack_workers_create(MASKPACK_MAX_THREADS + 1, &w, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "n_threads: expected in [1, 256], found 257");
+    for (int rep = 0; rep < 3; rep++) {
+        slow_share S;
+        atomic_init(&S.entered, 0);
+        atomic_init(&S.done, 0);
+        mp_workers_run(w, slow_share_fn, &S);
+        if (!atomic_load(&S.entered)) {
+            printf("test_core: no worker joined within 2 s: the team wait is not checked\n");
+            break;
+        }
+        CHECK(atomic_load(&S.done) == 1);
+    }
+    /* CPU time of the caller over a run whose worker takes 50 ms after the caller's share ends */
+    slow_share S;
+    atomic_init(&S.entered, 0);
+    atomic_init(&S.done, 0);
+    const double c0 = thread_cpu_ms();
+    mp_workers_run(w, slow_share_fn, &S);
+    const double used = thread_cpu_ms() - c0;
+    if (atomic_load(&S.entered)) {
+        printf("test_core: the team's caller used %.2f ms of CPU waiting 50 ms for a worker\n", used);
+        CHECK(atomic_load(&S.done) == 1);
+        CHECK(used < 10.0);
+    }
+    maskpack_workers_free(w);
+}
+
 int main(void) {
     test_version_and_status();
+    test_workers_wait();
     test_half_conversions();
     test_tensor_checks();
     test_layout_basics();

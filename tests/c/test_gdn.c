@@ -1294,6 +1294,163 @@ static void test_workspace_constant(void) {
     CHECK(bytes[0][1] - 64 == 2 * (bytes[0][0] - 64));
 }
 
+/* The operator object and the team entry points give the plain calls' bits: every ISA this CPU
+ * runs, both forward forms and the backward, on a team of 3 (the op dealt for 3 threads), on the
+ * caller alone, in the op's own workspace (twice: the kept one) and in a caller's of the queried
+ * size; a run whose tensors do not match the op, or a team larger than the op's thread count, is
+ * refused before anything is written. */
+static void test_op_and_team(void) {
+    dims d = {2, 4, 32, 24};
+    maskpack_layout *L = lay_lengths(LENS, N_LENS, MASKPACK_PLACE_RIGHT, 0);
+    if (!L) return;
+    maskpack_workers *team = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_workers_create(3, &team, &e), e);
+    const size_t N = maskpack_layout_n_segments(L);
+    int64_t vd[2] = {d.HV, d.V}, sd[3] = {d.HV, d.K, d.V};
+    ttensor dO = tok_alloc(L, 2, vd);
+    tok_fill(L, &dO, T_DO, 5);
+    stensor dht = st_alloc((int64_t)N, 3, sd, T_DHT, 5);
+    maskpack_gdn_isa isas[N_ISA_MAX];
+    const int n_isa = isa_list(isas);
+    for (int ii = 0; ii < n_isa; ii++)
+        for (int chunked = 0; chunked < 2; chunked++) {
+            gcase base = case_make(L, d, 21, 1);
+            CHECK_OK(case_forward(&base, isas[ii], chunked, 1), e);
+            maskpack_gdn_options o = opts_of(isas[ii], chunked, 3);
+            maskpack_gdn_op *op = NULL;
+            CHECK_OK(maskpack_gdn_op_create(L, d.H, d.HV, d.K, d.V, &o, &op, &e), e);
+            size_t bytes = 0;
+            CHECK_OK(maskpack_gdn_op_workspace_size(op, 0, &bytes, &e), e);
+            void *ws = malloc(bytes);
+            for (int run = 0; run < 4; run++) {
+                gcase c = case_make(L, d, 21, 1);
+                maskpack_gdn_inputs in = case_inputs(&c);
+                maskpack_workers *t = run == 2 ? NULL : team;
+                if (run < 3)
+                    CHECK_OK(maskpack_gdn_op_forward(op, &in, &c.o.t, &c.ht.t, t, run == 2 ? ws : NULL,
+                                                     run == 2 ? bytes : 0, &e),
+                             e);
+                else
+                    CHECK_OK(maskpack_gdn_forward_on(L, &in, &o, &c.o.t, &c.ht.t, team, NULL, 0, &e), e);
+                CHECK(case_same_bits(&c, &base));
+                case_free(&c);
+            }
+            free(ws);
+            /* the backward (the chunked form whatever opts.chunked says) */
+            grads_set gb = grads_alloc(L, d), g1 = grads_alloc(L, d), g2 = grads_alloc(L, d);
+            maskpack_gdn_inputs in = case_inputs(&base);
+            maskpack_gdn_grads gr0 = {&gb.q.t, &gb.k.t, &gb.v.t, &gb.g.t, &gb.b.t, &gb.h.t};
+            maskpack_gdn_grads gr1 = {&g1.q.t, &g1.k.t, &g1.v.t, &g1.g.t, &g1.b.t, &g1.h.t};
+            maskpack_gdn_grads gr2 = {&g2.q.t, &g2.k.t, &g2.v.t, &g2.g.t, &g2.b.t, &g2.h.t};
+            maskpack_gdn_options o1 = opts_of(isas[ii], chunked, 1);
+            CHECK_OK(maskpack_gdn_backward(L, &in, &dO.t, &dht.t, &o1, &gr0, NULL, 0, &e), e);
+            CHECK_OK(maskpack_gdn_op_backward(op, &in, &dO.t, &dht.t, &gr1, team, NULL, 0, &e), e);
+            CHECK(grads_match(&g1, &gb, 0, 1));
+            CHECK_OK(maskpack_gdn_backward_on(L, &in, &dO.t, &dht.t, &o, &gr2, team, NULL, 0, &e), e);
+            CHECK(grads_match(&g2, &gb, 0, 1));
+            grads_free(&gb);
+            grads_free(&g1);
+            grads_free(&g2);
+            /* a team larger than the op's threads, tensors of other dims: refused, nothing written */
+            maskpack_workers *big = NULL;
+            CHECK_OK(maskpack_workers_create(4, &big, &e), e);
+            gcase c = case_make(L, d, 21, 1);
+            memset(c.o.data, 0x7f, (size_t)mp_numel(&c.o.t) * 4);
+            in = case_inputs(&c);
+            CHECK_STATUS(maskpack_gdn_op_forward(op, &in, &c.o.t, &c.ht.t, big, NULL, 0, &e),
+                         MASKPACK_ERR_INVALID_ARGUMENT, e);
+            CHECK(strcmp(e.argument, "team") == 0);
+            maskpack_workers_free(big);
+            dims d2 = {2, 4, 16, 24};
+            gcase c2 = case_make(L, d2, 21, 0);
+            maskpack_gdn_inputs in2 = case_inputs(&c2);
+            in2.v = in.v, in2.g = in.g, in2.beta = in.beta;
+            CHECK_STATUS(maskpack_gdn_op_forward(op, &in2, &c.o.t, NULL, team, NULL, 0, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK(strcmp(e.argument, "q") == 0);
+            CHECK_MSG(e, "the op's H = 2, K = 32");
+            int untouched_o = 1;
+            for (int64_t i = 0; i < mp_numel(&c.o.t); i++) untouched_o &= ((uint32_t *)c.o.data)[i] == 0x7f7f7f7fu;
+            CHECK(untouched_o);
+            case_free(&c);
+            case_free(&c2);
+            maskpack_gdn_op_free(op);
+            case_free(&base);
+        }
+    /* creation refuses what a call would */
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    maskpack_gdn_op *op = (maskpack_gdn_op *)&o;
+    CHECK_STATUS(maskpack_gdn_op_create(L, 2, 3, 16, 16, &o, &op, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK(op == NULL);
+    CHECK_STATUS(maskpack_gdn_op_create(L, 2, 4, 0, 16, &o, &op, &e), MASKPACK_ERR_SHAPE, e);
+    CHECK_STATUS(maskpack_gdn_op_create(NULL, 2, 4, 16, 16, &o, &op, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    o.n_threads = MASKPACK_MAX_THREADS + 1;
+    CHECK_STATUS(maskpack_gdn_op_create(L, 2, 4, 16, 16, &o, &op, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "opts.n_threads: expected in [1, 256], found 257");
+    maskpack_gdn_op_free(NULL);
+    free(dO.data);
+    free(dht.data);
+    maskpack_workers_free(team);
+    maskpack_layout_free(L);
+}
+
+/* The conv on a team (split for its 3 participants) and on the caller alone gives the per-call
+ * threads' bits, forward and backward. */
+static void test_conv_team(void) {
+    maskpack_layout *L = lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 0);
+    if (!L) return;
+    maskpack_workers *team = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_workers_create(3, &team, &e), e);
+    const int64_t C = 70, W = 4, N = (int64_t)maskpack_layout_n_segments(L);
+    int64_t cd[1] = {C}, sd[2] = {C, W - 1};
+    ttensor x = tok_alloc(L, 1, cd), dy = tok_alloc(L, 1, cd);
+    tok_fill(L, &x, T_X, 3);
+    tok_fill(L, &dy, T_DY, 3);
+    float *w = malloc((size_t)(C * W) * 4);
+    for (int64_t i = 0; i < C * W; i++) w[i] = (float)gen(T_W, 0, 0, i, 3);
+    int64_t ws_[2] = {C, W};
+    maskpack_tensor tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, ws_);
+    stensor pre = st_alloc(N, 2, sd, T_PRE, 3);
+    for (int k = 0; k < 3; k++) {
+        ttensor y = tok_alloc(L, 1, cd), dx = tok_alloc(L, 1, cd);
+        stensor st = st_alloc(N, 2, sd, 0, 0), dpre = st_alloc(N, 2, sd, 0, 0);
+        float *dw = calloc((size_t)(C * W), 4);
+        maskpack_tensor tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, ws_);
+        if (k == 0) {
+            CHECK_OK(maskpack_causal_conv1d(L, &x.t, &tw, &pre.t, 1, 1, &y.t, &st.t, &e), e);
+            CHECK_OK(maskpack_causal_conv1d_backward(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, 1, &dx.t, &tdw, &dpre.t, &e),
+                     e);
+        } else {
+            maskpack_workers *t = k == 1 ? team : NULL;
+            CHECK_OK(maskpack_causal_conv1d_on(L, &x.t, &tw, &pre.t, 1, MASKPACK_ISA_AUTO, t, &y.t, &st.t, NULL, 0, &e),
+                     e);
+            CHECK_OK(maskpack_causal_conv1d_backward_on(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, MASKPACK_ISA_AUTO, t,
+                                                        &dx.t, &tdw, &dpre.t, NULL, 0, &e),
+                     e);
+        }
+        static float *ref[5];
+        float *got[5] = {y.data, dx.data, st.data, dpre.data, dw};
+        const int64_t n[5] = {mp_numel(&y.t), mp_numel(&dx.t), mp_numel(&st.t), mp_numel(&dpre.t), C * W};
+        for (int i = 0; i < 5; i++) {
+            if (k == 0) {
+                ref[i] = got[i];
+                continue;
+            }
+            CHECK(memcmp(ref[i], got[i], (size_t)n[i] * 4) == 0);
+            free(got[i]);
+        }
+        if (k == 2)
+            for (int i = 0; i < 5; i++) free(ref[i]);
+    }
+    free(w);
+    free(x.data);
+    free(dy.data);
+    free(pre.data);
+    maskpack_workers_free(team);
+    maskpack_layout_free(L);
+}
+
 /* Runs of equally long tasks are dealt out to the threads part by part (gdn_api.c make_tasks):
  * every task still runs exactly once, so any thread count gives the same bits (7 equal segments
  * and 3 key heads: 21 equal tasks in parts of 10/11, 7 and 5/5/5/6, plus a longer and a shorter segment). */
@@ -1889,6 +2046,8 @@ int main(void) {
     test_backward_zero_initial_state();
     test_workspace_constant();
     test_task_order();
+    test_op_and_team();
+    test_conv_team();
     /* the conv under the vector rows (AUTO on an AVX2 CPU) and under the portable loops */
     test_conv_c(37);
     test_conv_c(150);

@@ -240,7 +240,92 @@ static void test_gdn_workspace(void) {
     CHECK_OK(maskpack_gdn_forward(L, &in, &op, &to, NULL, ws, fwd, &e), e);
     CHECK_OK(maskpack_gdn_forward(L, &in, &op, &to, NULL, NULL, 0, &e), e);
     free(ws);
+    /* the work list comes out of the workspace: on the caller's thread with a caller workspace the
+     * call allocates nothing (one thread: no team is started either) */
+    op.n_threads = 1;
+    CHECK_OK(maskpack_gdn_workspace_size(L, &in, &op, 0, &fwd, &e), e);
+    ws = malloc(fwd);
+    long at = n_allocs;
+    CHECK_OK(maskpack_gdn_forward(L, &in, &op, &to, NULL, ws, fwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    free(ws);
+    /* the operator: its size query allocates nothing; a run on a running team with a caller
+     * workspace, and a run in the op's own workspace once it exists, allocate nothing */
+    op.n_threads = 2;
+    maskpack_gdn_op *gop = NULL;
+    maskpack_workers *team = NULL;
+    CHECK_OK(maskpack_gdn_op_create(L, H, HV, K, V, &op, &gop, &e), e);
+    CHECK_OK(maskpack_workers_create(2, &team, &e), e);
+    size_t ofwd = 0, obwd = 0;
+    at = n_allocs;
+    CHECK_OK(maskpack_gdn_op_workspace_size(gop, 0, &ofwd, &e), e);
+    CHECK_OK(maskpack_gdn_op_workspace_size(gop, 1, &obwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    CHECK(obwd >= ofwd && ofwd > 0);
+    ws = malloc(ofwd);
+    CHECK_STATUS(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, ws, ofwd - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    snprintf(need, sizeof need, "at least %zu bytes", ofwd);
+    CHECK_MSG(e, need);
+    CHECK_MSG(e, "maskpack_gdn_op_workspace_size");
+    CHECK_STATUS(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, NULL, 8, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    at = n_allocs;
+    CHECK_OK(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, ws, ofwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    CHECK_OK(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, NULL, 0, &e), e); /* allocates the op's own */
+    at = n_allocs;
+    CHECK_OK(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, NULL, 0, &e), e);
+    CHECK_EQ(n_allocs, at);
+    free(ws);
+    maskpack_gdn_op_free(gop);
+    maskpack_workers_free(team);
     free(q), free(v), free(g), free(o);
+    maskpack_layout_free(L);
+}
+
+/* The conv: the forward needs no workspace, the backward's dweight sums come out of it; with a
+ * caller workspace the backward allocates nothing, and the convention is every kernel's. */
+static void test_conv_workspace(void) {
+    maskpack_error e;
+    const int64_t lens[2] = {9, 4};
+    maskpack_rule r = maskpack_rule_default();
+    maskpack_layout *L = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 2, MASKPACK_PLACE_PACKED, 0, &r, &L, &e), e);
+    if (!L) return;
+    const int64_t T = 13, C = 24, W = 4;
+    float x[13 * 24], dy[13 * 24], dx[13 * 24], w[24 * 4], dw[24 * 4];
+    for (int i = 0; i < T * C; i++) x[i] = (float)(rnd() % 100) / 100.0f, dy[i] = (float)(rnd() % 100) / 100.0f;
+    for (int i = 0; i < C * W; i++) w[i] = (float)(rnd() % 100) / 100.0f, dw[i] = 7.0f;
+    int64_t sx[2] = {T, C}, sw[2] = {C, W};
+    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), tdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
+    maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx), tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw);
+    size_t fwd = 1, bwd = 0;
+    long at = n_allocs;
+    CHECK_OK(maskpack_causal_conv1d_workspace_size(L, &tx, &tw, 0, &fwd, &e), e);
+    CHECK_OK(maskpack_causal_conv1d_workspace_size(L, &tx, &tw, 1, &bwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    CHECK_EQ(fwd, (size_t)0);
+    CHECK(bwd >= (size_t)(C * W) * sizeof(float));
+    char *ws = malloc(bwd);
+    CHECK_STATUS(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
+                                                    NULL, ws, bwd - 1, &e),
+                 MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK_MSG(e, "maskpack_causal_conv1d_workspace_size");
+    CHECK(dw[0] == 7.0f);
+    CHECK_STATUS(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
+                                                    NULL, NULL, 4, &e),
+                 MASKPACK_ERR_NULL_ARGUMENT, e);
+    at = n_allocs;
+    CHECK_OK(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
+                                                NULL, ws, bwd, &e),
+             e);
+    CHECK_EQ(n_allocs, at);
+    float want[24 * 4];
+    memcpy(want, dw, sizeof want);
+    for (int i = 0; i < C * W; i++) dw[i] = 7.0f;
+    CHECK_OK(maskpack_causal_conv1d_backward(L, &tx, &tw, NULL, 1, &tdy, NULL, 1, &tdx, &tdw, NULL, &e), e);
+    CHECK(memcmp(want, dw, sizeof want) == 0);
+    free(ws);
     maskpack_layout_free(L);
 }
 
@@ -254,5 +339,6 @@ int main(void) {
     test_groups();
     test_attention_workspace();
     test_gdn_workspace();
+    test_conv_workspace();
     return check_report_note("test_workspace", counting ? "" : "allocation counts NOT checked (no glibc, or a sanitizer build)");
 }

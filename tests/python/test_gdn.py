@@ -806,3 +806,45 @@ def test_bad_input_raises_specific_errors():
     with pytest.raises(maskpack.Error) as e:
         maskpack.gated_delta_rule(negq, k, v, g, beta, lay)
     assert e.value.status == "MASKPACK_ERR_UNSUPPORTED" and e.value.argument == "q"
+
+
+# ---- the operator kept per layout ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_rule_operator_is_kept_per_layout_and_gives_the_plain_calls_bits(monkeypatch, chunked):
+    """gated_delta_rule plans a layout once: one C operator per (shapes, options, threads,
+    MASKPACK_ISA) in the layout's cache, reused by the next call and by the backward, with the bits of
+    the plain per-call path (forward and gradients)."""
+    from maskpack import gdn as gdn_mod
+
+    lengths = [64, 64, 1, 70]
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    xs = make_inputs((sum(lengths),), 2, 4, 32, 16)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        o, st = maskpack.gated_delta_rule(*leaves, lay, chunked=chunked, threads=2)
+        (o.square().sum() + st.sum()).backward()
+        return o.detach(), st.detach(), [x.grad for x in leaves]
+
+    def ops():
+        return {k: v for k, v in (lay._cache or {}).items() if isinstance(k, tuple) and k[0] == "gdn_op"}
+
+    o1, s1, g1 = run()
+    first = ops()
+    assert len(first) == 1
+    o2, s2, g2 = run()
+    assert ops() == first and all(ops()[k] is first[k] for k in first)  # the same operator object
+    monkeypatch.setattr(gdn_mod, "_rule_op", lambda *a: None)  # the plain calls
+    o3, s3, g3 = run()
+    for a, b, c in zip((o1, s1, *g1), (o2, s2, *g2), (o3, s3, *g3)):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    monkeypatch.undo()
+    # another thread count or MASKPACK_ISA is another operator
+    maskpack.gated_delta_rule(*xs, lay, chunked=chunked, threads=1)
+    assert len(ops()) == 2
+    monkeypatch.setenv("MASKPACK_ISA", "ref")
+    o4, _ = maskpack.gated_delta_rule(*xs, lay, chunked=chunked, threads=1)
+    assert len(ops()) == 3
+    assert (o4 - o1).abs().max() < 1e-4

@@ -153,3 +153,18 @@ def test_isa_names_are_the_header_vocabulary():
     assert isas == {"auto", "ref", "avx2", "avx512", "avx512_bf16", "amx"}
     assert maskpack.gdn_isa() in isas
     assert maskpack.attention_isa("float32") in isas
+
+
+def test_thread_limit_matches_header():
+    """The one thread limit: the ``threads=`` check of every Python call against the header's
+    MASKPACK_MAX_THREADS (a #define, not an enum), and the C library refuses one thread more."""
+    m = re.search(r"#define\s+MASKPACK_MAX_THREADS\s+(\d+)", HEADER.read_text())
+    assert m, "MASKPACK_MAX_THREADS is not defined in the header"
+    assert _tensors.MAX_THREADS == int(m.group(1))
+    from maskpack._maskpack import gdn as _gdn
+
+    lay = maskpack.Layout.from_lengths([4], placement="packed")
+    _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)))
+    with pytest.raises(maskpack.Error) as e:
+        _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1)
+    assert e.value.argument == "opts.n_threads"

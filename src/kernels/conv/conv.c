@@ -9,7 +9,7 @@
 #include "../gdn/gdn_common.h"
 #include "../kernel_table.h"
 
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,45 +298,58 @@ static void conv_backward_job(const conv_job *J) {
     }
 }
 
-typedef struct conv_run {
-    conv_job job;
+/* The channel ranges of a call, taken one at a time by the participants of a team: range i is
+ * [i * per, min((i + 1) * per, C)). Each range owns its channels' outputs (dweight included), so
+ * who runs it never changes a result. */
+typedef struct conv_share {
+    const conv_job *proto;
     int backward;
-} conv_run;
+    int64_t per;
+    int n_ranges;
+    atomic_int next;
+} conv_share;
 
-static void *conv_main(void *arg) {
-    conv_run *r = arg;
-    if (r->backward)
-        conv_backward_job(&r->job);
-    else
-        conv_forward_job(&r->job);
-    return NULL;
+static void conv_share_run(void *ctx, int tid) {
+    (void)tid;
+    conv_share *S = ctx;
+    for (;;) {
+        const int i = atomic_fetch_add(&S->next, 1);
+        if (i >= S->n_ranges) break;
+        conv_job J = *S->proto;
+        J.c0 = i * S->per;
+        J.c1 = (i + 1) * S->per < J.C ? (i + 1) * S->per : J.C;
+        if (S->backward)
+            conv_backward_job(&J);
+        else
+            conv_forward_job(&J);
+    }
 }
 
-/* Splits channels into n_threads ranges (multiples of 16 where possible) and runs the jobs. */
-static void conv_team(const conv_job *proto, int backward, int n_threads) {
-    conv_run runs[GDN_MAX_THREADS];
-    pthread_t th[GDN_MAX_THREADS];
-    const int64_t C = proto->C;
-    int nt = n_threads;
-    int64_t per = (C + nt - 1) / nt;
+/* (channels, threads) -> the channel ranges: n_threads of them, sizes multiples of 16 where
+ * possible (fewer when the channels run out). */
+static int conv_ranges(int64_t C, int n_threads, int64_t *per_out) {
+    int64_t per = (C + n_threads - 1) / n_threads;
     per = (per + 15) & ~(int64_t)15;
     if (per < 16) per = 16;
-    nt = (int)((C + per - 1) / per);
-    if (nt < 1) nt = 1;
-    for (int t = 0; t < nt; t++) {
-        runs[t].job = *proto;
-        runs[t].backward = backward;
-        runs[t].job.c0 = t * per;
-        runs[t].job.c1 = (t + 1) * per < C ? (t + 1) * per : C;
-    }
-    int started = 0;
-    for (int t = 1; t < nt; t++) {
-        if (pthread_create(&th[t], NULL, conv_main, &runs[t]) != 0) break;
-        started = t;
-    }
-    conv_main(&runs[0]);
-    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
-    for (int t = started + 1; t < nt; t++) conv_main(&runs[t]);
+    int64_t nr = (C + per - 1) / per;
+    *per_out = per;
+    return nr < 1 ? 1 : (int)nr;
+}
+
+/* Runs the job's channels split for n_threads threads: on the team, or (start_team) on a team of
+ * as many threads as ranges started for this call (one that cannot start leaves its work to the
+ * caller, with the same results). */
+static void conv_run(const conv_job *proto, int backward, int n_threads, maskpack_workers *team, int start_team) {
+    conv_share S;
+    S.proto = proto;
+    S.backward = backward;
+    S.n_ranges = conv_ranges(proto->C, n_threads, &S.per);
+    atomic_init(&S.next, 0);
+    maskpack_workers *started = NULL;
+    if (start_team && S.n_ranges > 1 && maskpack_workers_create(S.n_ranges, &started, NULL) != MASKPACK_OK)
+        started = NULL;
+    mp_workers_run(start_team ? started : team, conv_share_run, &S);
+    maskpack_workers_free(started);
 }
 
 /* The conv's kernel table: the portable loops and the AVX2 rows (vec). */
@@ -382,9 +395,7 @@ static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tens
     if (prefix && (s = gdn_conv_state_view(L, prefix, "prefix", J->C, J->W, &J->prefix, err))) return s;
     if (silu != 0 && silu != 1)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "silu", -1, -1, "silu: expected 0 or 1, found %d", silu);
-    if (n_threads < 1 || n_threads > GDN_MAX_THREADS)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1, "n_threads: expected in [1, %d], found %d",
-                       GDN_MAX_THREADS, n_threads);
+    if ((s = mp_check_threads(n_threads, "n_threads", err))) return s;
     J->silu = silu;
     size_t k;
     if ((s = mp_kernel_pick(MASKPACK_KERNEL_CONV, x->dtype, isa, &k, err))) return s;
@@ -397,18 +408,45 @@ static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tens
     return MASKPACK_OK;
 }
 
-maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
-                                       const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                       int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
-                                       maskpack_error *err) {
-    return maskpack_causal_conv1d_isa(layout, x, weight, prefix, silu, MASKPACK_ISA_AUTO, n_threads, y, conv_state,
-                                      err);
+/* The backward's workspace: the dweight sums of every channel ([C][W] f32, each range writing its
+ * own channels), when dweight is asked for; the forward needs none. */
+static size_t conv_ws_need(int64_t C, int64_t W, int with_dweight, float **dw, void *block) {
+    if (!with_dweight) return 0;
+    mp_carve c = block ? mp_carve_over(block) : mp_carve_counter();
+    float *p = mp_carve_take(&c, (size_t)C, (size_t)W * sizeof(float), 64); /* C * W: a validated numel */
+    if (dw) *dw = p;
+    return mp_carve_size(&c);
 }
 
-maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
-                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                           maskpack_isa isa, int n_threads, maskpack_tensor *y,
-                                           maskpack_tensor *conv_state, maskpack_error *err) {
+/* The workspace convention of every kernel (mp_take_workspace), except that a call needing none
+ * allocates nothing. */
+static maskpack_status conv_take_ws(void *workspace, size_t workspace_bytes, size_t need, void **block, void **owned,
+                                    maskpack_error *err) {
+    if (need == 0 && !workspace && workspace_bytes == 0) {
+        *block = *owned = NULL;
+        return MASKPACK_OK;
+    }
+    return mp_take_workspace(workspace, workspace_bytes, need, "maskpack_causal_conv1d_workspace_size", block, owned,
+                             err);
+}
+
+maskpack_status maskpack_causal_conv1d_workspace_size(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                      const maskpack_tensor *weight, int backward, size_t *bytes,
+                                                      maskpack_error *err) {
+    MP_CHECK_NULL(err, bytes, "bytes");
+    conv_job J;
+    maskpack_status s = conv_common(layout, x, weight, NULL, 0, MASKPACK_ISA_REF, 1, &J, err);
+    if (s) return s;
+    *bytes = conv_ws_need(J.C, J.W, backward != 0, NULL, NULL);
+    return mp_ok(err);
+}
+
+static maskpack_status conv_forward_call(const maskpack_layout *layout, const maskpack_tensor *x,
+                                         const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                         maskpack_isa isa, int n_threads, maskpack_workers *team, int on_team,
+                                         maskpack_tensor *y, maskpack_tensor *conv_state, void *workspace,
+                                         size_t workspace_bytes, maskpack_error *err) {
+    if (on_team) n_threads = maskpack_workers_threads(team);
     conv_job J;
     maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
     if (s) return s;
@@ -420,27 +458,46 @@ maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const 
     maskpack_tensor *outs[2] = {y, conv_state};
     const char *names[2] = {"y", "conv_state"};
     if ((s = gdn_check_overlap(ins, 3, outs, names, 2, err))) return s;
+    void *block, *owned;
+    if ((s = conv_take_ws(workspace, workspace_bytes, 0, &block, &owned, err))) return s;
     J.vec = J.vec && conv_vec_ok(&J.x) && conv_vec_ok(&J.y);
     gdn_zero_pads(layout, &J.y, J.C, 1);
-    conv_team(&J, 0, n_threads);
+    conv_run(&J, 0, n_threads, team, !on_team);
+    free(owned);
     return mp_ok(err);
 }
 
-maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                                const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
-                                                int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                maskpack_tensor *d_prefix, maskpack_error *err) {
-    return maskpack_causal_conv1d_backward_isa(layout, x, weight, prefix, silu, dy, d_conv_state, MASKPACK_ISA_AUTO,
-                                               n_threads, dx, dweight, d_prefix, err);
+maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
+                                       const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                       int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
+                                       maskpack_error *err) {
+    return conv_forward_call(layout, x, weight, prefix, silu, MASKPACK_ISA_AUTO, n_threads, NULL, 0, y, conv_state,
+                             NULL, 0, err);
 }
 
-maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                    const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                    int silu, const maskpack_tensor *dy,
-                                                    const maskpack_tensor *d_conv_state, maskpack_isa isa,
-                                                    int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
+maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
+                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                           maskpack_isa isa, int n_threads, maskpack_tensor *y,
+                                           maskpack_tensor *conv_state, maskpack_error *err) {
+    return conv_forward_call(layout, x, weight, prefix, silu, isa, n_threads, NULL, 0, y, conv_state, NULL, 0, err);
+}
+
+maskpack_status maskpack_causal_conv1d_on(const maskpack_layout *layout, const maskpack_tensor *x,
+                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                          maskpack_isa isa, maskpack_workers *team, maskpack_tensor *y,
+                                          maskpack_tensor *conv_state, void *workspace, size_t workspace_bytes,
+                                          maskpack_error *err) {
+    return conv_forward_call(layout, x, weight, prefix, silu, isa, 1, team, 1, y, conv_state, workspace,
+                             workspace_bytes, err);
+}
+
+static maskpack_status conv_backward_call(const maskpack_layout *layout, const maskpack_tensor *x,
+                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                          const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+                                          maskpack_isa isa, int n_threads, maskpack_workers *team, int on_team,
+                                          maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                          void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    if (on_team) n_threads = maskpack_workers_threads(team);
     conv_job J;
     maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
     if (s) return s;
@@ -460,20 +517,49 @@ maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layou
     maskpack_tensor *outs[3] = {dx, dweight, d_prefix};
     const char *names[3] = {"dx", "dweight", "d_prefix"};
     if ((s = gdn_check_overlap(ins, 5, outs, names, 3, err))) return s;
+    void *block, *owned;
+    const size_t need = conv_ws_need(J.C, J.W, dweight != NULL, NULL, NULL);
+    if ((s = conv_take_ws(workspace, workspace_bytes, need, &block, &owned, err))) return s;
     float *dw = NULL;
-    if (dweight) {
-        size_t n_w; /* C * W is the numel of the validated weight, so it fits; checked anyway */
-        dw = mp_mul_size((size_t)J.C, (size_t)J.W, &n_w) ? NULL : mp_alloc_array(n_w + 1, sizeof(float));
-        if (!dw) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "dweight", -1, -1, "out of memory");
-    }
+    if (dweight) conv_ws_need(J.C, J.W, 1, &dw, block);
     J.dweight = dw;
     J.vec = J.vec && conv_vec_ok(&J.x) && conv_vec_ok(&J.dy) && conv_vec_ok(&J.dx);
     if (J.dx.base) gdn_zero_pads(layout, &J.dx, J.C, 1);
-    conv_team(&J, 1, n_threads);
+    conv_run(&J, 1, n_threads, team, !on_team);
     if (dweight)
         for (int64_t c = 0; c < J.C; c++)
             for (int64_t k = 0; k < J.W; k++)
                 ((float *)dweight->data)[c * dweight->strides[0] + k * dweight->strides[1]] = dw[c * J.W + k];
-    free(dw);
+    free(owned);
     return mp_ok(err);
+}
+
+maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                                const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+                                                int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                maskpack_tensor *d_prefix, maskpack_error *err) {
+    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, MASKPACK_ISA_AUTO, n_threads, NULL, 0,
+                              dx, dweight, d_prefix, NULL, 0, err);
+}
+
+maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                    const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                    int silu, const maskpack_tensor *dy,
+                                                    const maskpack_tensor *d_conv_state, maskpack_isa isa,
+                                                    int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
+    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, isa, n_threads, NULL, 0, dx, dweight,
+                              d_prefix, NULL, 0, err);
+}
+
+maskpack_status maskpack_causal_conv1d_backward_on(const maskpack_layout *layout, const maskpack_tensor *x,
+                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                   int silu, const maskpack_tensor *dy,
+                                                   const maskpack_tensor *d_conv_state, maskpack_isa isa,
+                                                   maskpack_workers *team, maskpack_tensor *dx,
+                                                   maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                                   void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, isa, 1, team, 1, dx, dweight,
+                              d_prefix, workspace, workspace_bytes, err);
 }

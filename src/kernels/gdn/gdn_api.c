@@ -1,6 +1,8 @@
 /* gdn_api.c: the public Gated DeltaNet rule calls: validation (fully, before any write), token
- * views through the layout, the kernel table and its dispatch, workspace and the per-call thread team over
- * (segment, head) tasks. The algorithms are in gdn_kernel.inc. */
+ * views through the layout, the kernel table and its dispatch, the workspace (per-thread areas and
+ * the (segment, head) work list, carved from one block) and the run of the tasks on a worker team;
+ * and the operator object, which plans all of that once per layout. The algorithms are in
+ * gdn_kernel.inc. */
 #include "gdn_common.h"
 #include "../kernel_table.h"
 
@@ -63,13 +65,39 @@ static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gd
     if (o->l2norm != 0 && o->l2norm != 1)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "opts.l2norm", -1, -1,
                        "opts.l2norm: expected 0 or 1, found %d", o->l2norm);
-    if (o->n_threads < 1 || o->n_threads > GDN_MAX_THREADS)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "opts.n_threads", -1, -1,
-                       "opts.n_threads: expected in [1, %d], found %d", GDN_MAX_THREADS, o->n_threads);
+    maskpack_status s = mp_check_threads(o->n_threads, "opts.n_threads", err);
+    if (s) return s;
     size_t i;
-    maskpack_status s = mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_F32, o->isa, &i, err);
+    s = mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_F32, o->isa, &i, err);
     if (s) return s;
     *kern = &GDN_KERNELS[i];
+    return MASKPACK_OK;
+}
+
+/* Fills the problem's derived dims (G, Kp, Vp) from H, K, HV, V (each >= 1, HV a multiple of H)
+ * and refuses head dims whose internal products overflow. */
+static maskpack_status check_dims(gdn_problem *P, maskpack_error *err) {
+    P->G = P->HV / P->H;
+    P->Kp = (P->K + 15) & ~(int64_t)15;
+    P->Vp = (P->V + 15) & ~(int64_t)15;
+    int64_t t;
+    if (mp_mul_overflow(P->Kp + P->Vp, P->Kp + P->Vp, &t) || mp_mul_overflow(t, 64 * (P->G + 4), &t))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1, "q, v: head dims K = %lld, V = %lld are too large",
+                       (long long)P->K, (long long)P->V);
+    return MASKPACK_OK;
+}
+
+/* Refuses dims whose largest workspace could not be addressed, before any size_t arithmetic on it. */
+static maskpack_status check_ws_bound(const gdn_problem *P, maskpack_error *err) {
+    /* backward: GDN_BWD_MAX_SLOTS + 2 states per value head of a group, per thread, whatever the
+     * segment lengths */
+    const double est = (double)MASKPACK_MAX_THREADS * 4.0 *
+                       ((double)P->G * (GDN_BWD_MAX_SLOTS + 4.0) * (double)P->K * (double)P->Vp +
+                        64.0 * (double)GDN_C * (double)(P->Kp + P->Vp + GDN_C));
+    if (est > 9.0e18)
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1,
+                       "q, v: workspace for K = %lld, V = %lld and %lld value heads per key head overflows",
+                       (long long)P->K, (long long)P->V, (long long)P->G);
     return MASKPACK_OK;
 }
 
@@ -111,47 +139,17 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
     P->K = qd[1];
     P->HV = vd[0];
     P->V = vd[1];
-    P->G = P->HV / P->H;
-    P->Kp = (P->K + 15) & ~(int64_t)15;
-    P->Vp = (P->V + 15) & ~(int64_t)15;
-    int64_t t;
-    if (mp_mul_overflow(P->Kp + P->Vp, P->Kp + P->Vp, &t) || mp_mul_overflow(t, 64 * (P->G + 4), &t))
-        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1, "q, v: head dims K = %lld, V = %lld are too large",
-                       (long long)P->K, (long long)P->V);
+    if ((s = check_dims(P, err))) return s;
     if (in->initial_state &&
         (s = gdn_state_view(L, in->initial_state, "initial_state", P->HV, P->K, P->V, &P->h0, err)))
         return s;
-    /* the largest workspace (backward: GDN_BWD_MAX_SLOTS + 2 states per value head of a group, per
-     * thread, whatever the segment lengths) must be addressable: refuse absurd sizes before any
-     * size_t arithmetic can wrap */
-    {
-        const double est = (double)GDN_MAX_THREADS * 4.0 *
-                           ((double)P->G * (GDN_BWD_MAX_SLOTS + 4.0) * (double)P->K * (double)P->Vp +
-                            64.0 * (double)GDN_C * (double)(P->Kp + P->Vp + GDN_C));
-        if (est > 9.0e18)
-            return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1,
-                           "q, v: workspace for K = %lld, V = %lld and %lld value heads per key head overflows",
-                           (long long)P->K, (long long)P->V, (long long)P->G);
-    }
+    if ((s = check_ws_bound(P, err))) return s;
     P->scale = o->scale != 0.0 ? (float)o->scale : (float)(1.0 / sqrt((double)P->K));
     P->l2norm = o->l2norm;
     P->bwd_slots = GDN_BWD_SLOTS;
     return MASKPACK_OK;
 }
 
-static size_t ws_bytes_per_thread(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked) {
-    size_t f = backward ? kern->ws_floats_bwd(P) : kern->ws_floats_fwd(P, chunked);
-    return f * sizeof(float);
-}
-
-static maskpack_status total_ws(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked,
-                                int n_threads, size_t *bytes, maskpack_error *err) {
-    size_t per = ws_bytes_per_thread(kern, P, backward, chunked);
-    if (per > SIZE_MAX / (size_t)n_threads - 128)
-        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
-    *bytes = per * (size_t)n_threads + 64; /* + alignment slack */
-    return MASKPACK_OK;
-}
 
 static maskpack_status check_slots(int slots, gdn_problem *P, maskpack_error *err) {
     if (slots != 0 && (slots < 2 || slots > GDN_BWD_MAX_SLOTS))
@@ -161,30 +159,7 @@ static maskpack_status check_slots(int slots, gdn_problem *P, maskpack_error *er
     return MASKPACK_OK;
 }
 
-maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                         const maskpack_gdn_options *opts, int backward, int slots, size_t *bytes,
-                                         maskpack_error *err) {
-    MP_CHECK_NULL(err, bytes, "bytes");
-    maskpack_gdn_options o;
-    const gdn_kernel *kern = NULL;
-    gdn_problem P;
-    maskpack_status s = check_options(opts, &o, &kern, err);
-    if (s) return s;
-    if ((s = check_inputs(layout, in, &o, &P, err))) return s;
-    if ((s = check_slots(slots, &P, err))) return s;
-    size_t b = 0;
-    if ((s = total_ws(kern, &P, backward != 0, o.chunked, o.n_threads, &b, err))) return s;
-    *bytes = b;
-    return mp_ok(err);
-}
-
-maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                            const maskpack_gdn_options *opts, int backward, size_t *bytes,
-                                            maskpack_error *err) {
-    return gdn_workspace_size_slots(layout, in, opts, backward, 0, bytes, err);
-}
-
-/* ---- the thread team ------------------------------------------------------------------------- */
+/* ---- work lists and workspace ------------------------------------------------------------------ */
 
 typedef struct task {
     int64_t len;
@@ -199,35 +174,9 @@ static int task_cmp(const void *a, const void *b) {
     return x->head < y->head ? -1 : (x->head > y->head);
 }
 
-typedef struct team {
-    const gdn_problem *P;
-    gdn_task_fn fn;
-    const task *tasks;
-    size_t n_tasks;
-    atomic_size_t next;
-    char *ws;
-    size_t ws_stride;
-} team;
-
-typedef struct member {
-    team *T;
-    int id;
-} member;
-
-static void *member_main(void *arg) {
-    member *m = arg;
-    team *T = m->T;
-    float *ws = (float *)(T->ws + (size_t)m->id * T->ws_stride);
-    for (;;) {
-        size_t i = atomic_fetch_add(&T->next, 1);
-        if (i >= T->n_tasks) break;
-        T->fn(T->P, T->tasks[i].seg, T->tasks[i].head, ws);
-    }
-    return NULL;
-}
-
-/* The (segment, head < n_heads) tasks, longest segment first. Allocated before any output is
- * written so that running them cannot fail.
+/* (layout, heads per segment, threads) -> tasks[0, n_segments * n_heads): the (segment, head)
+ * tasks, longest segment first; tmp: as many entries of scratch when n_threads > 1 (else unused).
+ * Writes only the memory it is given, so it cannot fail.
  *
  * Within a run of equally long tasks (in segment, head order: memory order of their outputs) the
  * run is cut into n_threads contiguous parts and dealt out part by part: part 0's first task, part
@@ -236,181 +185,472 @@ static void *member_main(void *arg) {
  * different pages (fresh output buffers: the kernel clears each page, 2 MiB with huge pages, on its
  * first touch) instead of two threads faulting, and clearing, the same page at the same moment.
  * Which thread runs a task never changes its results. */
-static maskpack_status make_tasks(const gdn_problem *P, int64_t n_heads, int n_threads, task **out, size_t *n_out,
-                                  maskpack_error *err) {
-    const maskpack_layout *L = P->L;
-    size_t n = L->n_segments * (size_t)n_heads;
-    *out = NULL;
-    *n_out = n;
-    if (n == 0) return MASKPACK_OK;
-    task *tasks = mp_alloc_array(n, sizeof *tasks);
-    task *tmp = n_threads > 1 ? mp_alloc_array(n, sizeof *tmp) : NULL;
-    if (!tasks || (n_threads > 1 && !tmp)) {
-        free(tasks);
-        free(tmp);
-        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "tasks", -1, -1, "out of memory for %zu tasks", n);
-    }
+static void make_tasks(const maskpack_layout *L, int64_t n_heads, int n_threads, task *tasks, task *tmp) {
+    const size_t n = L->n_segments * (size_t)n_heads;
+    if (n == 0) return;
     size_t i = 0;
     for (size_t s = 0; s < L->n_segments; s++)
         for (int64_t h = 0; h < n_heads; h++) tasks[i++] = (task){L->segs[s].q_len, s, h};
     qsort(tasks, n, sizeof *tasks, task_cmp);
-    if (tmp) {
-        for (size_t r0 = 0; r0 < n;) {
-            size_t r1 = r0 + 1;
-            while (r1 < n && tasks[r1].len == tasks[r0].len) r1++;
-            /* run [r0, r1): part p is [r0 + p * len / nt, r0 + (p + 1) * len / nt) */
-            const size_t len = r1 - r0, nt = (size_t)n_threads;
-            size_t w = r0;
-            for (size_t j = 0; w < r1; j++)
-                for (size_t p = 0; p < nt && w < r1; p++) {
-                    const size_t lo = r0 + p * len / nt, hi = r0 + (p + 1) * len / nt;
-                    if (lo + j < hi) tmp[w++] = tasks[lo + j];
-                }
-            r0 = r1;
-        }
-        memcpy(tasks, tmp, n * sizeof *tasks);
-        free(tmp);
+    if (n_threads < 2) return;
+    for (size_t r0 = 0; r0 < n;) {
+        size_t r1 = r0 + 1;
+        while (r1 < n && tasks[r1].len == tasks[r0].len) r1++;
+        /* run [r0, r1): part p is [r0 + p * len / nt, r0 + (p + 1) * len / nt) */
+        const size_t len = r1 - r0, nt = (size_t)n_threads;
+        size_t w = r0;
+        for (size_t j = 0; w < r1; j++)
+            for (size_t p = 0; p < nt && w < r1; p++) {
+                const size_t lo = r0 + p * len / nt, hi = r0 + (p + 1) * len / nt;
+                if (lo + j < hi) tmp[w++] = tasks[lo + j];
+            }
+        r0 = r1;
     }
-    *out = tasks;
+    memcpy(tasks, tmp, n * sizeof *tasks);
+}
+
+/* The carving of one call's workspace (the size query runs the same carving over a counter):
+ * n_threads per-thread areas of `per` bytes (64-byte multiples, so each starts 64-byte aligned),
+ * then, unless the call has its work list already (an operator's), the task list and the scratch
+ * make_tasks deals it out with. */
+typedef struct gdn_ws {
+    char *thr;
+    task *tasks, *tmp;
+} gdn_ws;
+
+static void carve_ws(mp_carve *c, size_t per, int n_threads, size_t n_tasks, gdn_ws *w) {
+    w->thr = mp_carve_take(c, (size_t)n_threads, per, 64);
+    w->tasks = w->tmp = NULL;
+    if (n_tasks == 0) return;
+    w->tasks = mp_carve_take(c, n_tasks, sizeof(task), _Alignof(task));
+    if (n_threads > 1) w->tmp = mp_carve_take(c, n_tasks, sizeof(task), _Alignof(task));
+}
+
+static size_t per_thread_bytes(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked) {
+    size_t f = backward ? kern->ws_floats_bwd(P) : kern->ws_floats_fwd(P, chunked);
+    return f * sizeof(float);
+}
+
+/* (problem dims, kernel, form, threads, tasks the workspace must hold) -> *bytes. */
+static maskpack_status ws_size(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked, int n_threads,
+                               size_t n_tasks, size_t *bytes, maskpack_error *err) {
+    mp_carve c = mp_carve_counter();
+    gdn_ws w;
+    carve_ws(&c, per_thread_bytes(kern, P, backward, chunked), n_threads, n_tasks, &w);
+    if (c.overflow) return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    *bytes = mp_carve_size(&c);
     return MASKPACK_OK;
 }
 
-/* Runs fn over the tasks on n_threads threads (the caller's included). Results do not depend on
- * which thread runs a task; a thread that fails to start leaves its tasks to the others. */
-static void run_team(const gdn_problem *P, gdn_task_fn fn, const task *tasks, size_t n, int n_threads, char *ws,
-                     size_t ws_stride) {
-    if (n == 0) return;
-    team T;
-    T.P = P;
-    T.fn = fn;
-    T.tasks = tasks;
-    T.n_tasks = n;
-    atomic_init(&T.next, 0);
-    T.ws = ws;
-    T.ws_stride = ws_stride;
-    int nt = n_threads;
-    if ((size_t)nt > n) nt = (int)n;
-    member mem[GDN_MAX_THREADS];
-    pthread_t th[GDN_MAX_THREADS];
-    int started = 0;
-    for (int t = 0; t < nt; t++) mem[t] = (member){&T, t};
-    for (int t = 1; t < nt; t++) {
-        if (pthread_create(&th[t], NULL, member_main, &mem[t]) != 0) break;
-        started = t;
-    }
-    member_main(&mem[0]);
-    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+/* Tasks per segment: key heads for the chunked forms and the backward, value heads for the
+ * recurrent forward. */
+static int64_t task_heads(const gdn_problem *P, int backward, int chunked) {
+    return backward || chunked ? P->H : P->HV;
 }
 
-/* Workspace: the caller's (checked) or our own; returns the 64-byte aligned base. */
-static maskpack_status get_ws(const gdn_kernel *kern, const gdn_problem *P, int backward, int chunked, int n_threads,
-                              void *workspace, size_t workspace_bytes, void **owned, char **base, size_t *stride,
-                              maskpack_error *err) {
-    size_t need = 0;
-    maskpack_status s = total_ws(kern, P, backward, chunked, n_threads, &need, err);
+maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                         const maskpack_gdn_options *opts, int backward, int slots, size_t *bytes,
+                                         maskpack_error *err) {
+    MP_CHECK_NULL(err, bytes, "bytes");
+    maskpack_gdn_options o;
+    const gdn_kernel *kern = NULL;
+    gdn_problem P;
+    maskpack_status s = check_options(opts, &o, &kern, err);
     if (s) return s;
-    *stride = ws_bytes_per_thread(kern, P, backward, chunked);
-    void *b;
-    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_gdn_workspace_size", &b, owned, err)))
+    if ((s = check_inputs(layout, in, &o, &P, err))) return s;
+    if ((s = check_slots(slots, &P, err))) return s;
+    const int bw = backward != 0;
+    size_t b = 0, n_tasks;
+    if (mp_mul_size(layout->n_segments, (size_t)task_heads(&P, bw, o.chunked), &n_tasks))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    if ((s = ws_size(kern, &P, bw, o.chunked, o.n_threads, n_tasks, &b, err))) return s;
+    *bytes = b;
+    return mp_ok(err);
+}
+
+maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                            const maskpack_gdn_options *opts, int backward, size_t *bytes,
+                                            maskpack_error *err) {
+    return gdn_workspace_size_slots(layout, in, opts, backward, 0, bytes, err);
+}
+
+/* ---- running the tasks ----------------------------------------------------------------------- */
+
+typedef struct gdn_run {
+    const gdn_problem *P;
+    gdn_task_fn fn;
+    const task *tasks;
+    size_t n_tasks;
+    atomic_size_t next;
+    char *ws;
+    size_t ws_stride;
+} gdn_run;
+
+/* One participant (tid < the threads the workspace was carved for): tasks from the shared
+ * counter until none is left, in its own workspace area. */
+static void run_share(void *ctx, int tid) {
+    gdn_run *R = ctx;
+    float *ws = (float *)(R->ws + (size_t)tid * R->ws_stride);
+    for (;;) {
+        size_t i = atomic_fetch_add(&R->next, 1);
+        if (i >= R->n_tasks) break;
+        R->fn(R->P, R->tasks[i].seg, R->tasks[i].head, ws);
+    }
+}
+
+/* How one validated call runs. */
+typedef struct gdn_exec {
+    const gdn_kernel *kern;
+    int backward, chunked;
+    int n_threads;             /* workspace areas (every participant's tid is below it) */
+    const task *tasks;         /* an operator's work list, or NULL: made here in the workspace */
+    size_t n_tasks;            /* its length (with tasks) */
+    maskpack_workers *team;    /* NULL: the caller, or a team started for the call (start_team) */
+    int start_team;            /* 1: no team given; start one of n_threads for this call */
+    const char *query;         /* the size query the messages name */
+} gdn_exec;
+
+/* Writes 0 to the pad rows of the call's outputs. */
+static void zero_outputs(const gdn_problem *P, int backward) {
+    const maskpack_layout *L = P->L;
+    if (!backward) {
+        gdn_zero_pads(L, &P->o, P->HV, P->V);
+        return;
+    }
+    if (P->dq.base) gdn_zero_pads(L, &P->dq, P->H, P->K);
+    if (P->dk.base) gdn_zero_pads(L, &P->dk, P->H, P->K);
+    if (P->dv.base) gdn_zero_pads(L, &P->dv, P->HV, P->V);
+    if (P->dg.base) gdn_zero_pads(L, &P->dg, P->HV, 1);
+    if (P->dbeta.base) gdn_zero_pads(L, &P->dbeta, P->HV, 1);
+}
+
+/* After validation: the workspace (the caller's, checked, or allocated here: mp_take_workspace),
+ * the work list, then only writes. */
+static maskpack_status exec_call(const gdn_problem *P, const gdn_exec *X, void *workspace, size_t workspace_bytes,
+                                 maskpack_error *err) {
+    const size_t per = per_thread_bytes(X->kern, P, X->backward, X->chunked);
+    size_t n_tasks = X->n_tasks;
+    if (!X->tasks && mp_mul_size(P->L->n_segments, (size_t)task_heads(P, X->backward, X->chunked), &n_tasks))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    const size_t own_tasks = X->tasks ? 0 : n_tasks;
+    size_t need = 0;
+    maskpack_status s = ws_size(X->kern, P, X->backward, X->chunked, X->n_threads, own_tasks, &need, err);
+    if (s) return s;
+    void *block, *owned;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, X->query, &block, &owned, err))) return s;
+    mp_carve c = mp_carve_over(block);
+    gdn_ws w;
+    carve_ws(&c, per, X->n_threads, own_tasks, &w);
+    const task *tasks = X->tasks;
+    if (!tasks) {
+        make_tasks(P->L, task_heads(P, X->backward, X->chunked), X->n_threads, w.tasks, w.tmp);
+        tasks = w.tasks;
+    }
+    /* a per-call team (the n_threads entry points): no more threads than tasks; one that cannot
+     * start leaves the work to the caller, which gives the same results */
+    maskpack_workers *team = X->team, *started = NULL;
+    if (X->start_team && X->n_threads > 1 && n_tasks > 1) {
+        const int nt = (size_t)X->n_threads < n_tasks ? X->n_threads : (int)n_tasks;
+        if (maskpack_workers_create(nt, &started, NULL) != MASKPACK_OK) started = NULL;
+        team = started;
+    }
+    /* validated and allocated: from here on only writes */
+    zero_outputs(P, X->backward);
+    gdn_run R;
+    R.P = P;
+    R.fn = X->backward ? X->kern->bwd_chunk : X->chunked ? X->kern->fwd_chunk : X->kern->fwd_recurrent;
+    R.tasks = tasks;
+    R.n_tasks = n_tasks;
+    atomic_init(&R.next, 0);
+    R.ws = w.thr;
+    R.ws_stride = per;
+    if (n_tasks) mp_workers_run(team, run_share, &R);
+    maskpack_workers_free(started);
+    free(owned);
+    return mp_ok(err);
+}
+
+/* ---- validation of the calls' tensors ------------------------------------------------------------ */
+
+static maskpack_status check_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                     const maskpack_gdn_options *op, maskpack_tensor *o, maskpack_tensor *final_state,
+                                     gdn_problem *P, maskpack_error *err) {
+    maskpack_status s = check_inputs(layout, in, op, P, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, o, "o");
+    int64_t od[2] = {P->HV, P->V};
+    if ((s = gdn_token_view(layout, o, "o", 2, od, GDN_FLOAT_DTYPES, &P->o, err))) return s;
+    if (final_state && (s = gdn_state_view(layout, final_state, "final_state", P->HV, P->K, P->V, &P->ht, err)))
         return s;
-    *base = (char *)b;
-    uintptr_t p = (uintptr_t)*base;
-    *base += (64 - (p & 63)) & 63;
-    return MASKPACK_OK;
+    const maskpack_tensor *ins[6] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state};
+    const char *names[2] = {"o", "final_state"};
+    maskpack_tensor *outs[2] = {o, final_state};
+    return gdn_check_overlap(ins, 6, outs, names, 2, err);
+}
+
+static maskpack_status check_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                      const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                      const maskpack_gdn_options *op, maskpack_gdn_grads *grads, int slots,
+                                      gdn_problem *P, maskpack_error *err) {
+    maskpack_status s = check_inputs(layout, in, op, P, err);
+    if (s) return s;
+    if ((s = check_slots(slots, P, err))) return s;
+    MP_CHECK_NULL(err, d_o, "d_o");
+    MP_CHECK_NULL(err, grads, "grads");
+    int64_t vd[2] = {P->HV, P->V}, qd[2] = {P->H, P->K}, hd[1] = {P->HV};
+    if ((s = gdn_token_view(layout, d_o, "d_o", 2, vd, GDN_FLOAT_DTYPES, &P->dO, err))) return s;
+    if (d_final_state &&
+        (s = gdn_state_view(layout, d_final_state, "d_final_state", P->HV, P->K, P->V, &P->dht, err)))
+        return s;
+    if (grads->dq && (s = gdn_token_view(layout, grads->dq, "dq", 2, qd, GDN_FLOAT_DTYPES, &P->dq, err))) return s;
+    if (grads->dk && (s = gdn_token_view(layout, grads->dk, "dk", 2, qd, GDN_FLOAT_DTYPES, &P->dk, err))) return s;
+    if (grads->dv && (s = gdn_token_view(layout, grads->dv, "dv", 2, vd, GDN_FLOAT_DTYPES, &P->dv, err))) return s;
+    if (grads->dg && (s = gdn_token_view(layout, grads->dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &P->dg, err))) return s;
+    if (grads->dbeta && (s = gdn_token_view(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P->dbeta, err)))
+        return s;
+    if (grads->d_initial_state && (s = gdn_state_view(layout, grads->d_initial_state, "d_initial_state", P->HV, P->K,
+                                                      P->V, &P->dh0, err)))
+        return s;
+    const maskpack_tensor *ins[8] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state, d_o, d_final_state};
+    const char *names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    maskpack_tensor *outs[6] = {grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta, grads->d_initial_state};
+    return gdn_check_overlap(ins, 8, outs, names, 6, err);
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */
 
-maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                     const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *final_state,
-                                     void *workspace, size_t workspace_bytes, maskpack_error *err) {
+/* The options a call runs with: opts (or the defaults), and with a team its participant count as
+ * the thread count (the workspace has one area per participant). */
+static maskpack_status call_options(const maskpack_gdn_options *opts, maskpack_workers *team, int on_team,
+                                    maskpack_gdn_options *op, const gdn_kernel **kern, maskpack_error *err) {
+    maskpack_gdn_options o = opts ? *opts : maskpack_gdn_options_default();
+    if (on_team) o.n_threads = maskpack_workers_threads(team);
+    return check_options(&o, op, kern, err);
+}
+
+static maskpack_status forward_call(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                    const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *final_state,
+                                    maskpack_workers *team, int on_team, void *workspace, size_t workspace_bytes,
+                                    maskpack_error *err) {
     maskpack_gdn_options op;
     const gdn_kernel *kern = NULL;
     gdn_problem P;
-    maskpack_status s = check_options(opts, &op, &kern, err);
+    maskpack_status s = call_options(opts, team, on_team, &op, &kern, err);
     if (s) return s;
-    if ((s = check_inputs(layout, in, &op, &P, err))) return s;
-    MP_CHECK_NULL(err, o, "o");
-    int64_t od[2] = {P.HV, P.V};
-    if ((s = gdn_token_view(layout, o, "o", 2, od, GDN_FLOAT_DTYPES, &P.o, err))) return s;
-    if (final_state && (s = gdn_state_view(layout, final_state, "final_state", P.HV, P.K, P.V, &P.ht, err))) return s;
-    const maskpack_tensor *ins[6] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state};
-    const char *names[2] = {"o", "final_state"};
-    maskpack_tensor *outs[2] = {o, final_state};
-    if ((s = gdn_check_overlap(ins, 6, outs, names, 2, err))) return s;
-    void *owned;
-    char *base;
-    size_t stride;
-    task *tasks;
-    size_t n_tasks;
-    if ((s = make_tasks(&P, op.chunked ? P.H : P.HV, op.n_threads, &tasks, &n_tasks, err))) return s;
-    if ((s = get_ws(kern, &P, 0, op.chunked, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
-        free(tasks);
-        return s;
-    }
-    /* validated and allocated: from here on only writes */
-    gdn_zero_pads(layout, &P.o, P.HV, P.V);
-    run_team(&P, op.chunked ? kern->fwd_chunk : kern->fwd_recurrent, tasks, n_tasks, op.n_threads, base, stride);
-    free(tasks);
-    free(owned);
-    return mp_ok(err);
+    if ((s = check_forward(layout, in, &op, o, final_state, &P, err))) return s;
+    gdn_exec X = {kern, 0, op.chunked, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size"};
+    return exec_call(&P, &X, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                     const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *final_state,
+                                     void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    return forward_call(layout, in, opts, o, final_state, NULL, 0, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_gdn_forward_on(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                        const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                        maskpack_tensor *final_state, maskpack_workers *team, void *workspace,
+                                        size_t workspace_bytes, maskpack_error *err) {
+    return forward_call(layout, in, opts, o, final_state, team, 1, workspace, workspace_bytes, err);
+}
+
+static maskpack_status backward_call(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                     const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                     const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                     maskpack_workers *team, int on_team, void *workspace, size_t workspace_bytes,
+                                     int slots, maskpack_error *err) {
+    maskpack_gdn_options op;
+    const gdn_kernel *kern = NULL;
+    gdn_problem P;
+    maskpack_status s = call_options(opts, team, on_team, &op, &kern, err);
+    if (s) return s;
+    if ((s = check_backward(layout, in, d_o, d_final_state, &op, grads, slots, &P, err))) return s;
+    gdn_exec X = {kern, 1, 1, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size"};
+    return exec_call(&P, &X, workspace, workspace_bytes, err);
 }
 
 maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                    const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                    const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
                                    size_t workspace_bytes, int slots, maskpack_error *err) {
-    maskpack_gdn_options op;
-    const gdn_kernel *kern = NULL;
-    gdn_problem P;
-    maskpack_status s = check_options(opts, &op, &kern, err);
-    if (s) return s;
-    if ((s = check_inputs(layout, in, &op, &P, err))) return s;
-    if ((s = check_slots(slots, &P, err))) return s;
-    MP_CHECK_NULL(err, d_o, "d_o");
-    MP_CHECK_NULL(err, grads, "grads");
-    int64_t vd[2] = {P.HV, P.V}, qd[2] = {P.H, P.K}, hd[1] = {P.HV};
-    if ((s = gdn_token_view(layout, d_o, "d_o", 2, vd, GDN_FLOAT_DTYPES, &P.dO, err))) return s;
-    if (d_final_state &&
-        (s = gdn_state_view(layout, d_final_state, "d_final_state", P.HV, P.K, P.V, &P.dht, err)))
-        return s;
-    if (grads->dq && (s = gdn_token_view(layout, grads->dq, "dq", 2, qd, GDN_FLOAT_DTYPES, &P.dq, err))) return s;
-    if (grads->dk && (s = gdn_token_view(layout, grads->dk, "dk", 2, qd, GDN_FLOAT_DTYPES, &P.dk, err))) return s;
-    if (grads->dv && (s = gdn_token_view(layout, grads->dv, "dv", 2, vd, GDN_FLOAT_DTYPES, &P.dv, err))) return s;
-    if (grads->dg && (s = gdn_token_view(layout, grads->dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &P.dg, err))) return s;
-    if (grads->dbeta && (s = gdn_token_view(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P.dbeta, err)))
-        return s;
-    if (grads->d_initial_state && (s = gdn_state_view(layout, grads->d_initial_state, "d_initial_state", P.HV, P.K,
-                                                      P.V, &P.dh0, err)))
-        return s;
-    const maskpack_tensor *ins[8] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state, d_o, d_final_state};
-    const char *names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
-    maskpack_tensor *outs[6] = {grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta, grads->d_initial_state};
-    if ((s = gdn_check_overlap(ins, 8, outs, names, 6, err))) return s;
-    void *owned;
-    char *base;
-    size_t stride;
-    task *tasks;
-    size_t n_tasks;
-    if ((s = make_tasks(&P, P.H, op.n_threads, &tasks, &n_tasks, err))) return s;
-    if ((s = get_ws(kern, &P, 1, 1, op.n_threads, workspace, workspace_bytes, &owned, &base, &stride, err))) {
-        free(tasks);
-        return s;
-    }
-    if (P.dq.base) gdn_zero_pads(layout, &P.dq, P.H, P.K);
-    if (P.dk.base) gdn_zero_pads(layout, &P.dk, P.H, P.K);
-    if (P.dv.base) gdn_zero_pads(layout, &P.dv, P.HV, P.V);
-    if (P.dg.base) gdn_zero_pads(layout, &P.dg, P.HV, 1);
-    if (P.dbeta.base) gdn_zero_pads(layout, &P.dbeta, P.HV, 1);
-    run_team(&P, kern->bwd_chunk, tasks, n_tasks, op.n_threads, base, stride);
-    free(tasks);
-    free(owned);
-    return mp_ok(err);
+    return backward_call(layout, in, d_o, d_final_state, opts, grads, NULL, 0, workspace, workspace_bytes, slots,
+                         err);
 }
 
 maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                       const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                       const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
                                       size_t workspace_bytes, maskpack_error *err) {
-    return gdn_backward_slots(layout, in, d_o, d_final_state, opts, grads, workspace, workspace_bytes, 0, err);
+    return backward_call(layout, in, d_o, d_final_state, opts, grads, NULL, 0, workspace, workspace_bytes, 0, err);
+}
+
+maskpack_status maskpack_gdn_backward_on(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
+                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                         const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                         maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                         maskpack_error *err) {
+    return backward_call(layout, in, d_o, d_final_state, opts, grads, team, 1, workspace, workspace_bytes, 0, err);
+}
+
+/* ---- the operator object ----------------------------------------------------------------------- */
+
+/* What a call would plan anew every time, planned once per (layout, shapes, options): the kernel
+ * (MASKPACK_ISA read at creation), the sorted and dealt-out work lists of the forward and the
+ * backward, the per-thread workspace sizes; and, for runs given no workspace, a workspace kept
+ * between runs (a fresh allocation of a few MiB would fault in its pages on every call). */
+struct maskpack_gdn_op {
+    const maskpack_layout *L; /* the caller's; it outlives the op */
+    gdn_problem dims;         /* H, HV, G, K, V, Kp, Vp, bwd_slots (no views) */
+    maskpack_gdn_options opts;
+    const gdn_kernel *kern;
+    task *fwd, *bwd; /* one allocation; bwd == fwd when both forms take key heads */
+    size_t n_fwd, n_bwd;
+    pthread_mutex_t ws_mu; /* held by the run using ws; a concurrent run allocates its own */
+    void *ws;
+    size_t ws_bytes;
+};
+
+maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H, int64_t HV, int64_t K, int64_t V,
+                                       const maskpack_gdn_options *opts, maskpack_gdn_op **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    *out = NULL;
+    MP_CHECK_NULL(err, layout, "layout");
+    maskpack_gdn_options op;
+    const gdn_kernel *kern = NULL;
+    maskpack_status s = check_options(opts, &op, &kern, err);
+    if (s) return s;
+    if (H < 1 || K < 1)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
+                       "q: expected at least one head and a head dim >= 1 ([.., H, K]), found H = %lld, K = %lld",
+                       (long long)H, (long long)K);
+    if (HV < 1 || V < 1)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1,
+                       "v: expected at least one head and a head dim >= 1 ([.., HV, V]), found HV = %lld, V = %lld",
+                       (long long)HV, (long long)V);
+    if (HV % H != 0)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1,
+                       "v: expected the value heads HV to be a multiple of the key heads H = %lld, found HV = %lld",
+                       (long long)H, (long long)HV);
+    gdn_problem P;
+    memset(&P, 0, sizeof P);
+    P.L = layout;
+    P.H = H, P.HV = HV, P.K = K, P.V = V;
+    if ((s = check_dims(&P, err)) || (s = check_ws_bound(&P, err))) return s;
+    P.bwd_slots = GDN_BWD_SLOTS;
+    size_t n_fwd, n_bwd, n_all;
+    const int shared = op.chunked; /* the chunked forward and the backward both take key heads */
+    if (mp_mul_size(layout->n_segments, (size_t)task_heads(&P, 0, op.chunked), &n_fwd) ||
+        mp_mul_size(layout->n_segments, (size_t)H, &n_bwd) || __builtin_add_overflow(n_fwd, shared ? 0 : n_bwd, &n_all))
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "layout", -1, -1, "layout: %zu segments make too many tasks",
+                       layout->n_segments);
+    size_t n_tmp = op.n_threads > 1 ? (n_fwd > n_bwd ? n_fwd : n_bwd) : 0;
+    maskpack_gdn_op *o = calloc(1, sizeof *o);
+    task *mem = o ? mp_alloc_array(n_all, sizeof(task)) : NULL;
+    task *tmp = mem && n_tmp ? mp_alloc_array(n_tmp, sizeof(task)) : NULL;
+    if (!o || !mem || (n_tmp && !tmp)) {
+        free(tmp);
+        free(mem);
+        free(o);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "op", -1, -1, "out of memory for %zu tasks", n_all);
+    }
+    o->L = layout;
+    o->dims = P;
+    o->opts = op;
+    o->kern = kern;
+    o->fwd = mem;
+    o->n_fwd = n_fwd;
+    o->bwd = shared ? mem : mem + n_fwd;
+    o->n_bwd = n_bwd;
+    make_tasks(layout, task_heads(&P, 0, op.chunked), op.n_threads, o->fwd, tmp);
+    if (!shared) make_tasks(layout, H, op.n_threads, o->bwd, tmp);
+    free(tmp);
+    pthread_mutex_init(&o->ws_mu, NULL);
+    *out = o;
+    return mp_ok(err);
+}
+
+void maskpack_gdn_op_free(maskpack_gdn_op *op) {
+    if (!op) return;
+    pthread_mutex_destroy(&op->ws_mu);
+    free(op->fwd);
+    free(op->ws);
+    free(op);
+}
+
+maskpack_status maskpack_gdn_op_workspace_size(const maskpack_gdn_op *op, int backward, size_t *bytes,
+                                               maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    MP_CHECK_NULL(err, bytes, "bytes");
+    maskpack_status s = ws_size(op->kern, &op->dims, backward != 0, op->opts.chunked, op->opts.n_threads, 0, bytes, err);
+    return s ? s : mp_ok(err);
+}
+
+/* A run's tensors against the op: the dims the inputs give must be the op's. */
+static maskpack_status check_op_dims(const maskpack_gdn_op *op, const gdn_problem *P, maskpack_error *err) {
+    const gdn_problem *D = &op->dims;
+    if (P->H != D->H || P->K != D->K)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
+                       "q: expected the op's H = %lld, K = %lld ([.., H, K]), found H = %lld, K = %lld",
+                       (long long)D->H, (long long)D->K, (long long)P->H, (long long)P->K);
+    if (P->HV != D->HV || P->V != D->V)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1,
+                       "v: expected the op's HV = %lld, V = %lld ([.., HV, V]), found HV = %lld, V = %lld",
+                       (long long)D->HV, (long long)D->V, (long long)P->HV, (long long)P->V);
+    return MASKPACK_OK;
+}
+
+/* A validated run of the op: its work list, the caller's workspace or (NULL and 0) the op's own. */
+static maskpack_status op_exec(maskpack_gdn_op *op, const gdn_problem *P, int backward, maskpack_workers *team,
+                               void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    const int nt = maskpack_workers_threads(team);
+    if (nt > op->opts.n_threads)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "team", -1, -1,
+                       "team: expected at most the op's %d threads (opts.n_threads), found %d", op->opts.n_threads,
+                       nt);
+    gdn_exec X = {op->kern,
+                  backward,
+                  backward ? 1 : op->opts.chunked,
+                  op->opts.n_threads,
+                  backward ? op->bwd : op->fwd,
+                  backward ? op->n_bwd : op->n_fwd,
+                  team,
+                  0,
+                  "maskpack_gdn_op_workspace_size"};
+    if (workspace || workspace_bytes || pthread_mutex_trylock(&op->ws_mu) != 0)
+        return exec_call(P, &X, workspace, workspace_bytes, err);
+    /* the op's own workspace, grown to the largest run so far and kept */
+    size_t need = 0;
+    maskpack_status s = ws_size(op->kern, P, backward, X.chunked, X.n_threads, 0, &need, err);
+    if (!s && op->ws_bytes < need) {
+        free(op->ws);
+        op->ws_bytes = 0;
+        op->ws = malloc(need);
+        if (op->ws) op->ws_bytes = need;
+    }
+    /* without it (out of memory) the call allocates, and fails, as any other */
+    if (!s) s = op->ws ? exec_call(P, &X, op->ws, op->ws_bytes, err) : exec_call(P, &X, NULL, 0, err);
+    pthread_mutex_unlock(&op->ws_mu);
+    return s;
+}
+
+maskpack_status maskpack_gdn_op_forward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in, maskpack_tensor *o,
+                                        maskpack_tensor *final_state, maskpack_workers *team, void *workspace,
+                                        size_t workspace_bytes, maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    gdn_problem P;
+    maskpack_status s = check_forward(op->L, in, &op->opts, o, final_state, &P, err);
+    if (s || (s = check_op_dims(op, &P, err))) return s;
+    return op_exec(op, &P, 0, team, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_gdn_op_backward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in,
+                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                         maskpack_gdn_grads *grads, maskpack_workers *team, void *workspace,
+                                         size_t workspace_bytes, maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    gdn_problem P;
+    maskpack_status s = check_backward(op->L, in, d_o, d_final_state, &op->opts, grads, 0, &P, err);
+    if (s || (s = check_op_dims(op, &P, err))) return s;
+    return op_exec(op, &P, 1, team, workspace, workspace_bytes, err);
 }

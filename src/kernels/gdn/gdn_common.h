@@ -6,7 +6,6 @@
 
 #include <math.h>
 
-#define GDN_MAX_THREADS 256
 #define GDN_FLOAT_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
 
 /* Checks a per-token tensor against the layout's token grid: [B, S, e...] for a padded layout,
