@@ -226,12 +226,62 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
 # ---- head-parallel Gated DeltaNet and conv1d (the kernel runs unchanged on whole sequences) -----------
 
 
-def _heads_to_sequences(parts_dim: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+def _heads_to_sequences_raw(x: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    t_local = x.shape[0]
+    mixed = _all_to_all(x.contiguous(), group, 1, 0)  # [n * T_local, heads/n, ...], rank order
+    from ._moves import cp_gather
+
+    with torch.no_grad():
+        return cp_gather(list(torch.split(mixed, t_local, dim=0)), layout, scheme=scheme, tp=tp, align=align)
+
+
+def _sequences_to_heads_raw(whole: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    from ._alloc import fresh
+
+    sh = layout.cp_shard(n, 0, scheme=scheme, tp=tp, align=align)
+    t_local = sh.n_rows * sh.q_width  # every rank's shard holds as many tokens (of the aligned grid)
+    buf = fresh((n * t_local,) + tuple(whole.shape[1:]), whole.dtype)
+    with torch.no_grad():  # each rank's shard straight into its block of the buffer: no concatenation
+        for s_ in range(n):
+            layout.shard(whole, n, s_, scheme=scheme, tp=tp, align=align, out=buf[s_ * t_local:(s_ + 1) * t_local])
+    return _all_to_all(buf, group, 0, 1)
+
+
+class _HeadsToSequences(torch.autograd.Function):
     """This rank's token shard of every head [T_local, heads, ...] -> every token of this rank's
-    heads/n heads, in ``layout`` ([B,S,...] or [T,...]): an all-to-all over the heads (rank s receives
-    head group s of every shard), then the shards put together in the layout. Differentiable."""
+    heads/n heads in the packed ``layout``: an all-to-all over the heads (rank s receives head group s
+    of every shard), then the shards put together in the layout; backward: the reverse move."""
+
+    @staticmethod
+    def forward(ctx, x, layout, group, n, scheme, tp, align):
+        ctx.args = (layout, group, n, scheme, tp, align)
+        return _heads_to_sequences_raw(x.detach(), layout, group, n, scheme, tp, align)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_sequences_to_heads_raw(grad.contiguous(), *ctx.args),) + (None,) * 6
+
+
+class _SequencesToHeads(torch.autograd.Function):
+    """The reverse of _HeadsToSequences (and its adjoint)."""
+
+    @staticmethod
+    def forward(ctx, whole, layout, group, n, scheme, tp, align):
+        ctx.args = (layout, group, n, scheme, tp, align)
+        return _sequences_to_heads_raw(whole.detach(), layout, group, n, scheme, tp, align)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_heads_to_sequences_raw(grad.contiguous(), *ctx.args),) + (None,) * 6
+
+
+def _heads_to_sequences(parts_dim: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    """This rank's token shard of every head -> every token of this rank's heads/n heads, in
+    ``layout``. Differentiable (packed layouts through the fused moves above)."""
+    if layout.packed:
+        return _HeadsToSequences.apply(parts_dim, layout, group, n, scheme, tp, align)
     t_local = parts_dim.shape[0]
-    mixed = _AllToAll.apply(parts_dim.contiguous(), group, 1, 0)  # [n * T_local, heads/n, ...], rank order
+    mixed = _AllToAll.apply(parts_dim.contiguous(), group, 1, 0)
     from ._moves import cp_gather
 
     return cp_gather(list(torch.split(mixed, t_local, dim=0)), layout, scheme=scheme, tp=tp, align=align)
@@ -240,6 +290,8 @@ def _heads_to_sequences(parts_dim: torch.Tensor, layout, group, n: int, scheme, 
 def _sequences_to_heads(whole: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
     """The reverse: every token of this rank's head group in ``layout`` -> this rank's token shard
     of every head, [T_local, heads, ...]. Differentiable."""
+    if layout.packed:
+        return _SequencesToHeads.apply(whole, layout, group, n, scheme, tp, align)
     shards = [layout.shard(whole, n, s, scheme=scheme, tp=tp, align=align) for s in range(n)]
     return _AllToAll.apply(torch.cat(shards, dim=0).contiguous(), group, 0, 1)
 
