@@ -297,6 +297,15 @@ static inline int64_t mp_span_pos(const maskpack_layout *L, size_t k, int64_t i)
     return (g->flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g->q_pos + i : i;
 }
 
+/* Whether t's elements lie C-ordered without gaps (extents of 1 may have any stride): tensors the
+ * context-parallel calls send as the bytes lie. */
+static inline int mp_is_contiguous(const maskpack_tensor *t) {
+    maskpack_tensor c = maskpack_tensor_contiguous(t->data, t->dtype, t->ndim, t->shape);
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->strides[d] != c.strides[d]) return 0;
+    return 1;
+}
+
 /* 1 when a segment of L holds a key block (MASKPACK_SEGMENT_KEY_BLOCK: one ring step's view). */
 static inline int mp_has_key_blocks(const maskpack_layout *L) {
     for (size_t k = 0; k < L->n_segments; k++)

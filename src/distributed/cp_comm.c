@@ -59,14 +59,6 @@ static cp_fingerprint fingerprint(const maskpack_comm *c, const maskpack_layout 
     return f;
 }
 
-/* Whether t's elements lie C-ordered without gaps (extents of 1 may have any stride). */
-static int contiguous(const maskpack_tensor *t) {
-    maskpack_tensor c = maskpack_tensor_contiguous(t->data, t->dtype, t->ndim, t->shape);
-    for (int32_t d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 1 && t->strides[d] != c.strides[d]) return 0;
-    return 1;
-}
-
 static maskpack_status check_comm(const maskpack_comm *c, maskpack_error *err) {
     MP_CHECK_NULL(err, c, "comm");
     if (c->size < 1 || c->rank < 0 || c->rank >= c->size)
@@ -161,7 +153,7 @@ static maskpack_status gather_args(const maskpack_comm *comm, const maskpack_lay
                        "part: expected this rank's shard (rank %d of %d), %s, found %s", comm->rank, comm->size, want,
                        found);
     }
-    if (!contiguous(part))
+    if (!mp_is_contiguous(part))
         return mp_fail(err, MASKPACK_ERR_SHAPE, "part", -1, -1,
                        "part: expected a contiguous tensor (its bytes are sent as they lie)");
     return MASKPACK_OK;

@@ -196,13 +196,7 @@ static void run_free(gdn_run *R) {
     memset(R, 0, sizeof *R);
 }
 
-static int f32_contiguous(const maskpack_tensor *t) {
-    if (!t || t->dtype != MASKPACK_F32) return 0;
-    maskpack_tensor c = maskpack_tensor_contiguous(t->data, t->dtype, t->ndim, t->shape);
-    for (int32_t d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 1 && t->strides[d] != c.strides[d]) return 0;
-    return 1;
-}
+static int f32_contiguous(const maskpack_tensor *t) { return t && t->dtype == MASKPACK_F32 && mp_is_contiguous(t); }
 
 /* Local argument checks (no communication). */
 static maskpack_status check_args(const maskpack_comm *comm, const maskpack_gdn_inputs *in, maskpack_error *err) {

@@ -198,14 +198,6 @@ static maskpack_status ring_build(const maskpack_comm *comm, const maskpack_layo
 
 /* ---- argument checks ---------------------------------------------------------------------------- */
 
-static int contiguous_f32(const maskpack_tensor *t) {
-    if (t->dtype != MASKPACK_F32) return 0;
-    maskpack_tensor c = maskpack_tensor_contiguous(t->data, t->dtype, t->ndim, t->shape);
-    for (int32_t d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 1 && t->strides[d] != c.strides[d]) return 0;
-    return 1;
-}
-
 /* Each tensor the ring reads or writes as bytes must be f32 and contiguous; the kernel checks shapes. */
 static maskpack_status check_flat(const maskpack_tensor *t, const char *name, maskpack_error *err) {
     MP_CHECK_NULL(err, t, name);
@@ -216,7 +208,7 @@ static maskpack_status check_flat(const maskpack_tensor *t, const char *name, ma
                        "%s: ring attention takes float32 (partial outputs merge in f32), found %s; use the "
                        "all-gather form for other dtypes",
                        name, maskpack_dtype_name(t->dtype));
-    if (!contiguous_f32(t))
+    if (!mp_is_contiguous(t))
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
                        "%s: expected a contiguous tensor (blocks travel as the bytes lie)", name);
     return MASKPACK_OK;
