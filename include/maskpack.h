@@ -843,7 +843,8 @@ MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, siz
  * maskpack_attention_forward / _backward run MASKPACK_ISA_AUTO: amx (bf16) > avx512 > avx2 > ref.
  * avx512 runs bf16 forwards on AVX512-BF16 dot products where the CPU has them; avx512_bf16 and
  * amx run f32 inputs and backwards on the AVX-512 kernels (neither has f32 arithmetic).
- * Threads: n_threads >= 1 worker threads are created per call (none kept); work is split over
+ * Threads: n_threads in [1, MASKPACK_MAX_THREADS]; the n_threads calls start a team for the call,
+ * the _on calls and the operator (below) run on a team the caller keeps. Work is split over
  * (segment, head, query block), so both cores work even for one sequence of one head.
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
  * let the call allocate it; a smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL. The size only
@@ -909,6 +910,68 @@ MASKPACK_API maskpack_status maskpack_attention_backward_isa(const maskpack_layo
                                                              maskpack_tensor *dv, maskpack_isa isa, int n_threads,
                                                              void *workspace, size_t workspace_bytes,
                                                              maskpack_error *err);
+
+/* The attention on a worker team the caller owns (maskpack_workers_create; NULL = the caller's thread
+ * alone), so that no thread starts per call: as maskpack_attention_forward_isa with the team's
+ * participant count in place of n_threads (the workspace is maskpack_attention_forward_workspace's
+ * with n_threads = maskpack_workers_threads(team)); results are the n_threads call's bit for bit. */
+MASKPACK_API maskpack_status maskpack_attention_forward_on(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                           const maskpack_tensor *k, const maskpack_tensor *v,
+                                                           double scale, double softcap, maskpack_tensor *out,
+                                                           maskpack_tensor *lse, maskpack_isa isa,
+                                                           maskpack_workers *team, void *workspace,
+                                                           size_t workspace_bytes, maskpack_error *err);
+/* (as maskpack_attention_backward_isa, team or NULL in place of n_threads) -> dq, dk, dv. */
+MASKPACK_API maskpack_status maskpack_attention_backward_on(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                                            const maskpack_tensor *q, const maskpack_tensor *k,
+                                                            const maskpack_tensor *v, const maskpack_tensor *out,
+                                                            const maskpack_tensor *lse, double scale, double softcap,
+                                                            maskpack_tensor *dq, maskpack_tensor *dk,
+                                                            maskpack_tensor *dv, maskpack_isa isa,
+                                                            maskpack_workers *team, void *workspace,
+                                                            size_t workspace_bytes, maskpack_error *err);
+
+/* An attention operator for one layout, head counts, head dim, dtype, ISA and thread count: created
+ * once, run many times. Creation does what every call would otherwise repeat: picks the kernel (isa,
+ * and MASKPACK_ISA for AUTO, read now; an ISA this CPU lacks is MASKPACK_ERR_UNSUPPORTED), lists and
+ * orders the forward's (segment, head, query block) work items and builds the backward's key groups.
+ * A run validates its tensors (their heads, head dim and dtype must be the op's; scale and softcap
+ * are per run) and runs on a team of at most n_threads participants, with the results of the plain
+ * calls at n_threads bit for bit. Workspace: a buffer of maskpack_attention_op_workspace_size bytes,
+ * or NULL and 0 for the op's own, allocated at the first run that needs it and kept until
+ * maskpack_attention_op_free (a run concurrent with another on the same op allocates its own); a
+ * smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL naming the size needed, nothing written. The
+ * layout is the caller's and must outlive the op. */
+typedef struct maskpack_attention_op maskpack_attention_op; /* opaque */
+
+/* (layout, query heads hq, key heads hkv (hq % hkv == 0), head dim 1 <= d <= 256, dtype f32/bf16, isa,
+ * n_threads in [1, MASKPACK_MAX_THREADS]) -> *out. */
+MASKPACK_API maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int64_t hq, int64_t hkv,
+                                                          int64_t d, maskpack_dtype dtype, maskpack_isa isa,
+                                                          int n_threads, maskpack_attention_op **out,
+                                                          maskpack_error *err);
+/* Frees the op and its workspace (NULL is a no-op). */
+MASKPACK_API void maskpack_attention_op_free(maskpack_attention_op *op);
+/* (op, backward?) -> *bytes of workspace one run needs (the work lists are the op's); allocates nothing. */
+MASKPACK_API maskpack_status maskpack_attention_op_workspace_size(const maskpack_attention_op *op, int backward,
+                                                                  size_t *bytes, maskpack_error *err);
+/* (op, q, k, v, scale, softcap as for maskpack_attention_forward, team or NULL, workspace) -> out, lse or NULL. */
+MASKPACK_API maskpack_status maskpack_attention_op_forward(maskpack_attention_op *op, const maskpack_tensor *q,
+                                                           const maskpack_tensor *k, const maskpack_tensor *v,
+                                                           double scale, double softcap, maskpack_tensor *out,
+                                                           maskpack_tensor *lse, maskpack_workers *team,
+                                                           void *workspace, size_t workspace_bytes,
+                                                           maskpack_error *err);
+/* (op, dout, q, k, v, out, lse, scale, softcap as for maskpack_attention_backward, team or NULL,
+ * workspace) -> dq, dk, dv. */
+MASKPACK_API maskpack_status maskpack_attention_op_backward(maskpack_attention_op *op, const maskpack_tensor *dout,
+                                                            const maskpack_tensor *q, const maskpack_tensor *k,
+                                                            const maskpack_tensor *v, const maskpack_tensor *out,
+                                                            const maskpack_tensor *lse, double scale, double softcap,
+                                                            maskpack_tensor *dq, maskpack_tensor *dk,
+                                                            maskpack_tensor *dv, maskpack_workers *team,
+                                                            void *workspace, size_t workspace_bytes,
+                                                            maskpack_error *err);
 
 /* Ring attention across the ranks of a comm (context parallelism). Each rank holds its CP shard of q,
  * k, v as maskpack_layout_cp_shard(layout, comm->size, comm->rank, scheme) cuts it. Keys and values

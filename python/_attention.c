@@ -4,8 +4,8 @@
  *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
  * built by maskpack/attention.py without copying (outputs are allocated there), the layout as its
  * Layout handle (checked by type; the caller keeps the handle and every tensor alive for the call).
- * The GIL is released around the computation; the workspace is allocated by the library for the
- * call. Failures raise maskpack.Error with the C library's status, argument, index and message.
+ * The GIL is released around the computation. The plain calls get their workspace from the
+ * library per call; the operator (op_*) keeps its own between runs and runs on a worker team. Failures raise maskpack.Error with the C library's status, argument, index and message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -63,6 +63,96 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], threads,
                                     NULL, 0, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* ---- the operator object (one per layout and shapes, kept by maskpack/attention.py) ------------- */
+
+#define OP_CAPSULE "maskpack.attention_op"
+#define TEAM_CAPSULE "maskpack.workers" /* made by _maskpack.workers_create */
+
+static void op_capsule_free(PyObject *cap) { maskpack_attention_op_free(PyCapsule_GetPointer(cap, OP_CAPSULE)); }
+
+/* None -> NULL (the caller's thread alone), else a worker team capsule. */
+static int parse_team(PyObject *obj, maskpack_workers **team) {
+    *team = NULL;
+    if (obj == Py_None) return 0;
+    *team = PyCapsule_GetPointer(obj, TEAM_CAPSULE);
+    return *team ? 0 : -1;
+}
+
+/* op_create(layout, hq, hkv, d, dtype_code, n_threads) -> op capsule (the kernel: AUTO, MASKPACK_ISA
+ * read now). The capsule holds no reference to the layout: the caller keeps the op in the layout's
+ * own cache, so the op never outlives it. */
+static PyObject *py_op_create(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *layout;
+    long long hq, hkv, d;
+    int dtype, threads;
+    if (!PyArg_ParseTuple(args, "OLLLii", &layout, &hq, &hkv, &d, &dtype, &threads)) return NULL;
+    const maskpack_layout *L;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
+    maskpack_attention_op *op = NULL;
+    maskpack_error err;
+    maskpack_status s =
+        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype, MASKPACK_ISA_AUTO, threads, &op, &err);
+    if (s) return mpx_raise_status(s, &err);
+    PyObject *cap = PyCapsule_New(op, OP_CAPSULE, op_capsule_free);
+    if (!cap) maskpack_attention_op_free(op);
+    return cap;
+}
+
+/* op_forward(op, team or None, q, k, v, scale, softcap, out, lse | None) -> None */
+static PyObject *py_op_forward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *cap, *team_obj, *d[5];
+    double scale, softcap;
+    if (!PyArg_ParseTuple(args, "OOOOOddOO", &cap, &team_obj, &d[0], &d[1], &d[2], &scale, &softcap, &d[3], &d[4]))
+        return NULL;
+    maskpack_attention_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_workers *team;
+    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *names[5] = {"q", "k", "v", "out", "lse"};
+    maskpack_tensor t[5], *p[5];
+    int present[5];
+    for (int i = 0; i < 5; i++) {
+        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        p[i] = present[i] ? &t[i] : NULL;
+    }
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_attention_op_forward(op, p[0], p[1], p[2], scale, softcap, p[3], p[4], team, NULL, 0, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
+/* op_backward(op, team or None, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv) -> None */
+static PyObject *py_op_backward(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *cap, *team_obj, *d[9];
+    double scale, softcap;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOddOOO", &cap, &team_obj, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale,
+                          &softcap, &d[6], &d[7], &d[8]))
+        return NULL;
+    maskpack_attention_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_workers *team;
+    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
+    maskpack_tensor t[9], *p[9];
+    int present[9];
+    for (int i = 0; i < 9; i++) {
+        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        p[i] = present[i] ? &t[i] : NULL;
+    }
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_attention_op_backward(op, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], team,
+                                       NULL, 0, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
@@ -145,6 +235,11 @@ static PyMethodDef methods[] = {
     {"forward", py_forward, METH_VARARGS, "(layout, q, k, v, scale, softcap, out, lse, n_threads) -> None"},
     {"backward", py_backward, METH_VARARGS,
      "(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None"},
+    {"op_create", py_op_create, METH_VARARGS, "(layout, hq, hkv, d, dtype_code, n_threads) -> attention operator"},
+    {"op_forward", py_op_forward, METH_VARARGS,
+     "(op, team or None, q, k, v, scale, softcap, out, lse) -> None: the forward through an operator"},
+    {"op_backward", py_op_backward, METH_VARARGS,
+     "(op, team or None, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv) -> None"},
     {"isa", py_isa, METH_O, "(dtype_code) -> name of the kernel the next call uses"},
     {"cp_forward", py_cp_forward, METH_VARARGS,
      "(comm, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None: ring attention"},

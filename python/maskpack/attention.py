@@ -26,6 +26,7 @@ import numpy as np
 from ._maskpack import attention as _attention
 from ._errors import Error
 from ._tensors import DTYPE_CODE, check_threads, describe, describe_out, is_torch_tensor, layout_handle
+from ._moves import _cache_of, _team
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
 
@@ -100,6 +101,28 @@ def _needs_grad(*xs: Any) -> bool:
     return torch.is_grad_enabled() and any(is_torch_tensor(x) and x.requires_grad for x in xs)
 
 
+def _op(layout, handle, dq, dk, threads):
+    """The C operator of the attention for this layout, head shapes, dtype and thread count, made on
+    first use and kept in the layout's cache (the kernel choice, the work items and the key groups
+    are planned once per layout, and its workspace kept, not per call); None where the tensors cannot
+    make one: the plain call then names the problem as it always has."""
+    qs, ks = dq[2], dk[2]
+    if len(qs) < 3 or len(ks) < 3:
+        return None
+    # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
+    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), int(dq[1]), threads,
+           os.environ.get("MASKPACK_ISA"))
+    cache = _cache_of(layout)
+    op = cache.get(key)
+    if op is None:
+        try:
+            op = _attention.op_create(handle, *key[1:6])
+        except Error:
+            return None
+        cache[key] = op
+    return op
+
+
 def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     use_torch = any(is_torch_tensor(x) for x in (q, k, v))
     if is_torch_tensor(q):
@@ -113,7 +136,12 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     dv, kv, _ = describe(v, "v")
     do, ko, _ = describe_out(out, "out")
     dl, kl, _ = describe(lse, "lse")
-    _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, _threads(n_threads, use_torch))
+    threads = _threads(n_threads, use_torch)
+    op = _op(layout, handle, dq, dk, threads)
+    if op is None:
+        _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, threads)
+    else:
+        _attention.op_forward(op, _team(threads), dq, dk, dv, _scale(scale), _softcap(softcap), do, dl)
     del kq, kk, kv, ko, kl
     return out, lse
 
@@ -166,8 +194,14 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
         d, kx, _ = describe(x, name)
         descs.append(d)
         keep.append(kx)
-    _attention.backward(handle, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
-                        _softcap(softcap), descs[6], descs[7], descs[8], _threads(n_threads, use_torch))
+    threads = _threads(n_threads, use_torch)
+    op = _op(layout, handle, descs[1], descs[2], threads)
+    if op is None:
+        _attention.backward(handle, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
+                            _softcap(softcap), descs[6], descs[7], descs[8], threads)
+    else:
+        _attention.op_backward(op, _team(threads), descs[0], descs[1], descs[2], descs[3], descs[4], descs[5],
+                               _scale(scale), _softcap(softcap), descs[6], descs[7], descs[8])
     del keep
     return dq, dk, dv
 

@@ -197,6 +197,54 @@ static void test_attention_workspace(void) {
                  MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK_OK(maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 3, ws, bwd, &e), e);
     free(ws);
+    /* the work lists come out of the workspace: on a running team (or the caller alone) with a
+     * caller workspace the _on calls allocate nothing */
+    maskpack_workers *team = NULL;
+    CHECK_OK(maskpack_workers_create(2, &team, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tq, &tq, 2, &fwd, &e), e);
+    CHECK_OK(maskpack_attention_backward_workspace(L, &tq, &tq, &tq, 2, &bwd, &e), e);
+    ws = malloc(fwd > bwd ? fwd : bwd);
+    long at = n_allocs;
+    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, team, ws, fwd, &e), e);
+    CHECK_OK(maskpack_attention_backward_on(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, MASKPACK_ISA_AUTO,
+                                            team, ws, bwd, &e),
+             e);
+    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, NULL, ws, fwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    CHECK_STATUS(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, team, ws, fwd - 1,
+                                               &e),
+                 MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK_MSG(e, "maskpack_attention_forward_workspace");
+    free(ws);
+    /* the operator: its size query allocates nothing; a run on a running team with a caller
+     * workspace, and a run in the op's own workspace once it exists, allocate nothing */
+    maskpack_attention_op *aop = NULL;
+    CHECK_OK(maskpack_attention_op_create(L, H, H, D, MASKPACK_F32, MASKPACK_ISA_AUTO, 2, &aop, &e), e);
+    size_t ofwd = 0, obwd = 0;
+    at = n_allocs;
+    CHECK_OK(maskpack_attention_op_workspace_size(aop, 0, &ofwd, &e), e);
+    CHECK_OK(maskpack_attention_op_workspace_size(aop, 1, &obwd, &e), e);
+    CHECK_EQ(n_allocs, at);
+    CHECK(ofwd > 0 && obwd > 0 && ofwd < fwd); /* the work list is the op's, not the workspace's */
+    ws = malloc(ofwd > obwd ? ofwd : obwd);
+    at = n_allocs;
+    CHECK_OK(maskpack_attention_op_forward(aop, &tq, &tq, &tq, 0, 0, &to, &tl, team, ws, ofwd, &e), e);
+    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, ws, obwd,
+                                            &e),
+             e);
+    CHECK_EQ(n_allocs, at);
+    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0,
+                                            &e),
+             e); /* allocates the op's own, of the larger (backward) size */
+    at = n_allocs;
+    CHECK_OK(maskpack_attention_op_forward(aop, &tq, &tq, &tq, 0, 0, &to, &tl, team, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0,
+                                            &e),
+             e);
+    CHECK_EQ(n_allocs, at);
+    free(ws);
+    maskpack_attention_op_free(aop);
+    maskpack_workers_free(team);
     free(q), free(o), free(lse), free(dq), free(dk), free(dv);
     maskpack_layout_free(L);
 }

@@ -535,3 +535,60 @@ def test_avx2_equals_avx512_bitwise(dtype, monkeypatch):
             res[isa] = (out, lse) + tuple(grads)
         for a, b in zip(res["avx2"], res["avx512"]):
             assert torch.equal(a, b)
+
+
+# ---- the operator kept per layout ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_operator_is_kept_per_layout_and_gives_the_plain_calls_bits(monkeypatch, dtype, threads):
+    """attention plans a layout once: one C operator per (heads, head dim, dtype, threads,
+    MASKPACK_ISA) in the layout's cache, reused by the next call and by the backward, with the bits of
+    the plain per-call path (out, lse and the gradients)."""
+    import sys
+
+    attn_mod = sys.modules["maskpack.attention"]  # the module (maskpack.attention is the function)
+    lengths = [64, 64, 1, 70]
+    lay = maskpack.Layout.from_lengths(lengths, placement="packed")
+    g = torch.Generator().manual_seed(7)
+    T = sum(lengths)
+    xs = [torch.randn(T, h, 32, generator=g).to(dtype) for h in (4, 2, 2)]
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        out, lse = maskpack.attention(*leaves, lay, threads=threads)
+        out.float().square().sum().backward()
+        return out.detach(), lse, [x.grad for x in leaves]
+
+    def ops():
+        return {k: v for k, v in (lay._cache or {}).items() if isinstance(k, tuple) and k[0] == "attention_op"}
+
+    o1, l1, g1 = run()
+    first = ops()
+    assert len(first) == 1
+    o2, l2, g2 = run()
+    assert ops() == first and all(ops()[k] is first[k] for k in first)  # the same operator object
+    monkeypatch.setattr(attn_mod, "_op", lambda *a: None)  # the plain calls
+    o3, l3, g3 = run()
+    for a, b, c in zip((o1, l1, *g1), (o2, l2, *g2), (o3, l3, *g3)):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    monkeypatch.undo()
+    # another thread count or MASKPACK_ISA is another operator
+    maskpack.attention(*xs, lay, threads=3 - threads)
+    assert len(ops()) == 2
+    monkeypatch.setenv("MASKPACK_ISA", "ref")
+    o4, _ = maskpack.attention(*xs, lay, threads=threads)
+    assert len(ops()) == 3
+    assert (o4.float() - o1.float()).abs().max() < (1e-4 if dtype == torch.float32 else 0.05)
+
+
+def test_shapes_no_operator_takes_are_named_by_the_plain_call():
+    """Query heads that are not a multiple of the key heads make no operator: the call still raises
+    the plain call's error naming the argument, and nothing is cached."""
+    lay = maskpack.Layout.from_lengths([8, 8], placement="packed")
+    q, k = torch.randn(16, 3, 16), torch.randn(16, 2, 16)
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.attention(q, k, k, lay)
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "k"
+    assert not any(isinstance(key, tuple) and key[0] == "attention_op" for key in (lay._cache or {}))

@@ -80,43 +80,38 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
     return maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, dtype, MASKPACK_ISA_AUTO, isa, err);
 }
 
-/* ---- threads -------------------------------------------------------------------------------- */
+/* ---- running shares on a team ------------------------------------------------------------------ */
 
+/* The kernels' thread functions take a share index tid in [0, n): per-share workspace, and in the
+ * backward's split mode and tail reduction a fixed part of the work. A team's worker may join late
+ * or not at all (mp_workers_run never waits for one), so the shares are claimed from a counter by
+ * whichever participants run: every share runs exactly once, on some participant, and the results
+ * depend only on n (never on the team or on which participant ran what). */
 typedef struct {
     attn_thread_fn fn;
     void *ctx;
-    int tid;
-} thread_arg;
+    int n;
+    _Atomic int next;
+} attn_shares;
 
-static void *thread_main(void *p) {
-    thread_arg *a = p;
-    a->fn(a->ctx, a->tid);
-    return NULL;
+static void run_shares(void *p, int participant) {
+    (void)participant;
+    attn_shares *S = p;
+    for (;;) {
+        int s = atomic_fetch_add(&S->next, 1);
+        if (s >= S->n) return;
+        S->fn(S->ctx, s);
+    }
 }
 
-void attn_run_threads(int n, attn_thread_fn fn, void *ctx) {
-    enum { MAXT = 64 };
-    if (n > MAXT) n = MAXT;
-    if (n <= 1) {
-        fn(ctx, 0);
+void attn_run_on(maskpack_workers *team, int n, attn_thread_fn fn, void *ctx) {
+    if (n <= 1 || !team) {
+        for (int s = 0; s < (n > 1 ? n : 1); s++) fn(ctx, s);
         return;
     }
-    pthread_t th[MAXT];
-    thread_arg args[MAXT];
-    int started[MAXT];
-    for (int t = 1; t < n; t++) {
-        args[t] = (thread_arg){fn, ctx, t};
-        started[t] = pthread_create(&th[t], NULL, thread_main, &args[t]) == 0;
-    }
-    fn(ctx, 0);
-    for (int t = 1; t < n; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            fn(ctx, t); /* could not start: do its share here (every kernel tolerates late shares) */
-    }
+    attn_shares S = {fn, ctx, n, 0};
+    mp_workers_run(team, run_shares, &S);
 }
-
 /* ---- the rule of a query block -------------------------------------------------------------- */
 
 void attn_block_rows(const maskpack_layout *L, size_t k, int64_t i0, int32_t n, attn_rows *r) {
@@ -475,12 +470,11 @@ static maskpack_status check_scalars(attn_problem *P, double scale, double softc
     if (!isfinite(softcap) || softcap < 0)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "softcap", -1, -1,
                        "softcap: expected 0 (none) or a finite value > 0, found %g", softcap);
-    if (n_threads < 1 || n_threads > 1024)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "n_threads", -1, -1,
-                       "n_threads: expected in [1, 1024], found %d", n_threads);
+    maskpack_status s = mp_check_threads(n_threads, "n_threads", err);
+    if (s) return s;
     P->scale = scale == 0 ? 1.0 / sqrt((double)P->d) : scale;
     P->softcap = softcap;
-    P->n_threads = n_threads > 64 ? 64 : n_threads; /* more would only add workspace */
+    P->n_threads = n_threads;
     return MASKPACK_OK;
 }
 
@@ -722,6 +716,90 @@ static maskpack_status bwd_ws_size(const attn_problem *P, size_t *bytes, maskpac
 
 /* ---- forward ------------------------------------------------------------------------------------- */
 
+/* The (isa, n_threads) a run needs besides its tensors: the plain calls' n_threads, a team's
+ * participant count (the _on calls) or the op's. */
+static maskpack_status check_fwd(const maskpack_layout *layout, const maskpack_tensor *q, const maskpack_tensor *k,
+                                 const maskpack_tensor *v, double scale, double softcap, maskpack_tensor *out,
+                                 maskpack_tensor *lse, int n_threads, attn_problem *P, maskpack_error *err) {
+    memset(P, 0, sizeof *P);
+    maskpack_status s = check_qkv(layout, q, k, v, P, err);
+    if (s) return s;
+    MP_CHECK_NULL(err, out, "out");
+    if ((s = check_same(out, "out", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, out, "out", 0, &P->out, &(int64_t){0}, &(int64_t){0}, err))) return s;
+    if (lse) {
+        if ((s = check_lse(layout, lse, "lse", P->hq, &P->lse, err))) return s;
+        P->have_lse = 1;
+    }
+    if ((s = check_scalars(P, scale, softcap, n_threads, err))) return s;
+    const maskpack_tensor *outs[2] = {out, lse};
+    const char *on[2] = {"out", "lse"};
+    const maskpack_tensor *ins[3] = {q, k, v};
+    const char *in[3] = {"q", "k", "v"};
+    return check_overlaps(outs, on, 2, ins, in, 3, err);
+}
+
+/* A forward planned: its kernel, work list and how the shares deal it out. */
+typedef struct fwd_plan {
+    const attn_kernel *kern;
+    const attn_item *items;
+    const size_t *unit_begin;
+    size_t n_items, n_units, n_whole;
+    int nt, by_unit;
+} fwd_plan;
+
+/* items / unit_begin: fwd_items_bytes' arrays (count_items at the smallest block, units + 1). */
+static void plan_fwd(const attn_problem *P, attn_item *items, size_t *unit_begin, fwd_plan *F) {
+    F->kern = attn_fwd_entry(P);
+    F->n_items = fill_items(P, P->bf16 ? F->kern->bq_bf16 : ATTN_BQ, items, unit_begin);
+    F->items = items;
+    F->unit_begin = unit_begin;
+    F->n_units = L_units(P);
+    int nt = P->n_threads;
+    if ((size_t)nt > F->n_items) nt = F->n_items ? (int)F->n_items : 1;
+    F->nt = nt;
+    /* whole units per share when there are enough of them to keep every share busy */
+    F->by_unit = F->n_units >= 4 * (size_t)nt;
+    /* the last nt - 1 units item by item: on a quiet machine the whole units leave the threads at
+     * most one unit apart, which that tail fills without a second thread packing its keys */
+    F->n_whole = F->by_unit ? F->n_units - (size_t)(nt - 1) : 0;
+}
+
+/* Validated, planned and with its workspace (thr: P->n_threads areas of fwd_thread_ws bytes):
+ * from here on only writes. */
+static void exec_fwd(const attn_problem *P, const fwd_plan *F, maskpack_workers *team, char *thr) {
+    _Atomic size_t next = 0;
+    attn_fwd_job job = {P, F->items, F->n_items, (void *)&next, thr, fwd_thread_ws(P), F->unit_begin, F->n_units,
+                        F->by_unit, F->n_whole};
+    zero_query_padding(P, &P->out, P->have_lse);
+    if (F->n_items) attn_run_on(team, F->nt, P->bf16 ? F->kern->fwd_bf16 : F->kern->fwd_f32, &job);
+}
+
+/* The plain and _on calls: the work list carved from the workspace (fwd_ws_size's layout). start:
+ * no team given, start one of the plan's threads for this call (one that cannot start leaves the
+ * work to the caller, with the same results). */
+static maskpack_status fwd_call(attn_problem *P, maskpack_workers *team, int start, void *workspace,
+                                size_t workspace_bytes, maskpack_error *err) {
+    size_t need = 0;
+    maskpack_status s = fwd_ws_size(P, &need, err);
+    if (s) return s;
+    void *owned = NULL;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_forward_workspace", &workspace,
+                               &owned, err)))
+        return s;
+    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+    size_t *unit_begin = (size_t *)(ws + align_up((size_t)count_items(P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) *
+                                                  sizeof(attn_item)));
+    fwd_plan F;
+    plan_fwd(P, (attn_item *)ws, unit_begin, &F);
+    maskpack_workers *started = NULL;
+    if (start && F.nt > 1 && maskpack_workers_create(F.nt, &started, NULL) == MASKPACK_OK) team = started;
+    exec_fwd(P, &F, team, ws + fwd_items_bytes(P));
+    maskpack_workers_free(started);
+    free(owned);
+    return mp_ok(err);
+}
+
 maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
                                                      const maskpack_tensor *k, const maskpack_tensor *v, int n_threads,
                                                      size_t *bytes, maskpack_error *err) {
@@ -758,58 +836,175 @@ maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, co
                                                maskpack_isa isa, int n_threads, void *workspace,
                                                size_t workspace_bytes, maskpack_error *err) {
     attn_problem P;
-    memset(&P, 0, sizeof P);
-    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
-    if (s) return s;
-    MP_CHECK_NULL(err, out, "out");
-    if ((s = check_same(out, "out", q, "q", err))) return s;
-    if ((s = check_heads_tensor(layout, out, "out", 0, &P.out, &(int64_t){0}, &(int64_t){0}, err))) return s;
-    if (lse) {
-        if ((s = check_lse(layout, lse, "lse", P.hq, &P.lse, err))) return s;
-        P.have_lse = 1;
-    }
-    if ((s = check_scalars(&P, scale, softcap, n_threads, err))) return s;
-    {
-        const maskpack_tensor *outs[2] = {out, lse};
-        const char *on[2] = {"out", "lse"};
-        const maskpack_tensor *ins[3] = {q, k, v};
-        const char *in[3] = {"q", "k", "v"};
-        if ((s = check_overlaps(outs, on, 2, ins, in, 3, err))) return s;
-    }
-    if ((s = pick_isa(&P, isa, q->dtype, err))) return s;
-    const attn_kernel *kern = attn_fwd_entry(&P);
-    size_t need = 0;
-    if ((s = fwd_ws_size(&P, &need, err))) return s;
-    void *owned = NULL;
-    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_forward_workspace", &workspace,
-                               &owned, err)))
-        return s;
-    /* everything validated: from here on outputs are written */
-    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
-    int32_t bq = P.bf16 ? kern->bq_bf16 : ATTN_BQ;
-    attn_item *items = (attn_item *)ws;
-    size_t *unit_begin = (size_t *)(ws + align_up((size_t)count_items(&P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) *
-                                                  sizeof(attn_item)));
-    size_t n_items = fill_items(&P, bq, items, unit_begin);
-    _Atomic size_t next = 0;
-    attn_fwd_job job = {&P, items, n_items, (void *)&next, ws + fwd_items_bytes(&P), fwd_thread_ws(&P),
-                        unit_begin, L_units(&P), 0};
-    int nt = P.n_threads;
-    if ((size_t)nt > n_items) nt = n_items ? (int)n_items : 1;
-    /* whole units per thread when there are enough of them to keep every thread busy */
-    job.by_unit = job.n_units >= 4 * (size_t)nt;
-    /* the last nt - 1 units item by item: on a quiet machine the whole units leave the threads at
-     * most one unit apart, which that tail fills without a second thread packing its keys */
-    job.n_whole = job.by_unit ? job.n_units - (size_t)(nt - 1) : 0;
-    zero_query_padding(&P, &P.out, P.have_lse);
-    if (n_items) {
-        attn_run_threads(nt, P.bf16 ? kern->fwd_bf16 : kern->fwd_f32, &job);
-    }
-    free(owned);
-    return mp_ok(err);
+    maskpack_status s = check_fwd(layout, q, k, v, scale, softcap, out, lse, n_threads, &P, err);
+    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    return fwd_call(&P, NULL, 1, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_attention_forward_on(const maskpack_layout *layout, const maskpack_tensor *q,
+                                              const maskpack_tensor *k, const maskpack_tensor *v, double scale,
+                                              double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                              maskpack_isa isa, maskpack_workers *team, void *workspace,
+                                              size_t workspace_bytes, maskpack_error *err) {
+    attn_problem P;
+    maskpack_status s = check_fwd(layout, q, k, v, scale, softcap, out, lse, maskpack_workers_threads(team), &P, err);
+    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    return fwd_call(&P, team, 0, workspace, workspace_bytes, err);
 }
 
 /* ---- backward ------------------------------------------------------------------------------------ */
+
+static maskpack_status check_bwd(const maskpack_layout *layout, const maskpack_tensor *dout, const maskpack_tensor *q,
+                                 const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
+                                 const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq,
+                                 maskpack_tensor *dk, maskpack_tensor *dv, int n_threads, attn_problem *P,
+                                 maskpack_error *err) {
+    memset(P, 0, sizeof *P);
+    maskpack_status s = check_qkv(layout, q, k, v, P, err);
+    if (s) return s;
+    int64_t scratch_h, scratch_d;
+    MP_CHECK_NULL(err, out, "out");
+    MP_CHECK_NULL(err, dout, "dout");
+    MP_CHECK_NULL(err, lse, "lse");
+    MP_CHECK_NULL(err, dq, "dq");
+    MP_CHECK_NULL(err, dk, "dk");
+    MP_CHECK_NULL(err, dv, "dv");
+    if ((s = check_same(out, "out", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, out, "out", 0, &P->out, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dout, "dout", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, dout, "dout", 0, &P->dout, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_lse(layout, lse, "lse", P->hq, &P->lse, err))) return s;
+    P->have_lse = 1;
+    if ((s = check_same(dq, "dq", q, "q", err))) return s;
+    if ((s = check_heads_tensor(layout, dq, "dq", 0, &P->dq, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dk, "dk", k, "k", err))) return s;
+    if ((s = check_heads_tensor(layout, dk, "dk", 1, &P->dk, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_same(dv, "dv", v, "v", err))) return s;
+    if ((s = check_heads_tensor(layout, dv, "dv", 1, &P->dv, &scratch_h, &scratch_d, err))) return s;
+    if ((s = check_scalars(P, scale, softcap, n_threads, err))) return s;
+    const maskpack_tensor *outs[3] = {dq, dk, dv};
+    const char *on[3] = {"dq", "dk", "dv"};
+    const maskpack_tensor *ins[6] = {dout, q, k, v, out, lse};
+    const char *in[6] = {"dout", "q", "k", "v", "out", "lse"};
+    return check_overlaps(outs, on, 3, ins, in, 6, err);
+}
+
+/* A backward planned: its kernel, key groups (through perm), the key columns some group owns
+ * (covered, [n_rows * kv_width]: the others get dk = dv = 0) and the per-share workspace. */
+typedef struct bwd_plan {
+    const attn_kernel *kern;
+    const size_t *perm;
+    const attn_kgroup *groups;
+    const uint8_t *covered;
+    size_t ng, per;
+    int64_t max_width, n_tail;
+} bwd_plan;
+
+static size_t covered_bytes(const maskpack_layout *L) { return (size_t)(L->n_rows * L->kv_width); }
+
+static void plan_bwd(const attn_problem *P, size_t *perm, attn_kgroup *groups, uint8_t *covered, bwd_plan *B) {
+    const maskpack_layout *L = P->L;
+    B->kern = attn_entry(P->isa);
+    B->ng = attn_build_groups(L, perm, groups, &B->max_width);
+    B->perm = perm;
+    B->groups = groups;
+    B->covered = covered;
+    B->per = bwd_thread_ws(P, B->max_width);
+    B->n_tail = bwd_tail_units(P, (int64_t)B->ng * P->hkv);
+    memset(covered, 0, covered_bytes(L));
+    for (size_t g = 0; g < B->ng; g++)
+        if (groups[g].kv_end > groups[g].kv_start)
+            memset(covered + groups[g].row * L->kv_width + groups[g].kv_start, 1,
+                   (size_t)(groups[g].kv_end - groups[g].kv_start));
+}
+
+/* Validated, planned and with its workspace (tail_acc: bwd_tail_bytes; thr: P->n_threads areas of
+ * B->per bytes): from here on only writes. */
+static void exec_bwd(const attn_problem *P0, const bwd_plan *B, maskpack_workers *team, float *tail_acc, char *thr) {
+    attn_problem P = *P0;
+    const maskpack_layout *L = P.L;
+    /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
+    zero_query_padding(&P, &P.dq, 0);
+    zero_uncovered(&P.dk, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, B->covered);
+    zero_uncovered(&P.dv, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, B->covered);
+
+    /* groups list their segments through perm (seg_begin / seg_end index perm) */
+    attn_bwd_job job;
+    memset(&job, 0, sizeof job);
+    _Atomic int64_t next = 0;
+    job.P = &P;
+    job.groups = B->groups;
+    job.n_groups = B->ng;
+    job.n_units = (int64_t)B->ng * P.hkv;
+    job.next = (void *)&next;
+    job.ws = thr;
+    job.ws_stride = B->per;
+    /* the reference kernel has no reductions: it neither splits units nor keeps a tail */
+    const attn_thread_fn fn = B->kern->bwd, tail_reduce = B->kern->bwd_tail_reduce;
+    void (*const reduce)(const attn_bwd_job *, int64_t) = B->kern->bwd_reduce;
+    const int vector = reduce != NULL;
+    job.unit = -1;
+    /* units: dynamic over the shares when there are enough of them, else one at a time with their
+     * query blocks split over the shares (each share accumulates dk/dv privately, then they are
+     * summed in share order: deterministic) */
+    int nt = P.n_threads;
+    if (job.n_units == 0) nt = 1;
+    job.split = nt > 1 && job.n_units < 2 * (int64_t)nt && vector;
+    P.n_threads = nt;
+    job.n_threads = nt;
+    job.perm = B->perm;
+    /* the tail pieces (n_tail is 0 unless the dynamic mode runs on several shares) */
+    job.n_whole = vector && !job.split ? job.n_units - B->n_tail : job.n_units;
+    job.tail_acc = tail_acc;
+    job.max_width = B->max_width;
+    if (job.n_units > 0) {
+        if (!job.split) {
+            attn_run_on(team, nt, fn, &job);
+            if (job.n_whole < job.n_units) attn_run_on(team, nt, tail_reduce, &job);
+        } else {
+            for (int64_t u = 0; u < job.n_units; u++) {
+                job.unit = u;
+                attn_run_on(team, nt, fn, &job);
+                reduce(&job, u);
+            }
+        }
+    }
+}
+
+/* The plain and _on calls: groups, covered and the rest carved from the workspace (bwd_ws_size's
+ * layout); start as for fwd_call. */
+static maskpack_status bwd_call(attn_problem *P, maskpack_workers *team, int start, void *workspace,
+                                size_t workspace_bytes, maskpack_error *err) {
+    size_t need = 0;
+    maskpack_status s = bwd_ws_size(P, &need, err);
+    if (s) return s;
+    void *owned = NULL;
+    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_backward_workspace", &workspace,
+                               &owned, err)))
+        return s;
+    const maskpack_layout *L = P->L;
+    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+    size_t n = L->n_segments ? L->n_segments : 1;
+    size_t *perm = (size_t *)ws;
+    ws += align_up(n * sizeof(size_t));
+    attn_kgroup *groups = (attn_kgroup *)ws;
+    ws += align_up(n * sizeof(attn_kgroup));
+    uint8_t *covered = (uint8_t *)ws;
+    int64_t wmax_grid = L->q_width > L->kv_width ? L->q_width : L->kv_width;
+    ws += align_up((size_t)(L->n_rows * wmax_grid));
+    bwd_plan B;
+    plan_bwd(P, perm, groups, covered, &B);
+    float *tail_acc = (float *)ws;
+    ws += align_up(bwd_tail_bytes(P, B.max_width, B.n_tail));
+    maskpack_workers *started = NULL;
+    const int64_t n_units = (int64_t)B.ng * P->hkv;
+    if (start && P->n_threads > 1 && n_units > 0 && maskpack_workers_create(P->n_threads, &started, NULL) == MASKPACK_OK)
+        team = started;
+    exec_bwd(P, &B, team, tail_acc, ws);
+    maskpack_workers_free(started);
+    free(owned);
+    return mp_ok(err);
+}
 
 maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
                                                       const maskpack_tensor *k, const maskpack_tensor *v,
@@ -843,114 +1038,213 @@ maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, c
                                                 maskpack_isa isa, int n_threads, void *workspace,
                                                 size_t workspace_bytes, maskpack_error *err) {
     attn_problem P;
-    memset(&P, 0, sizeof P);
-    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
-    if (s) return s;
-    int64_t scratch_h, scratch_d;
+    maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads, &P, err);
+    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    return bwd_call(&P, NULL, 1, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_attention_backward_on(const maskpack_layout *layout, const maskpack_tensor *dout,
+                                               const maskpack_tensor *q, const maskpack_tensor *k,
+                                               const maskpack_tensor *v, const maskpack_tensor *out,
+                                               const maskpack_tensor *lse, double scale, double softcap,
+                                               maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
+                                               maskpack_isa isa, maskpack_workers *team, void *workspace,
+                                               size_t workspace_bytes, maskpack_error *err) {
+    attn_problem P;
+    maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
+                                  maskpack_workers_threads(team), &P, err);
+    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    return bwd_call(&P, team, 0, workspace, workspace_bytes, err);
+}
+
+/* ---- the operator object ----------------------------------------------------------------------- */
+
+/* What every call would plan anew, planned once per (layout, heads, head dim, dtype, ISA, threads):
+ * the kernel (MASKPACK_ISA read at creation for AUTO), the forward's work list with its units, the
+ * backward's key groups and covered key columns; and, for runs given no workspace, a workspace kept
+ * between runs. A run validates its tensors and writes, nothing more. */
+struct maskpack_attention_op {
+    const maskpack_layout *L; /* the caller's; it outlives the op */
+    attn_problem dims;        /* L, hq, hkv, group, d, bf16, esize, n_threads, isa (no views) */
+    maskpack_dtype dtype;
+    fwd_plan F;
+    bwd_plan B;
+    void *plans;          /* one allocation: items, unit_begin, perm, groups, covered */
+    size_t fwd_ws, bwd_ws; /* bytes of the runs' workspace (op_ws_layout) */
+    pthread_mutex_t ws_mu; /* held by the run using ws; a concurrent run allocates its own */
+    void *ws;
+    size_t ws_bytes;
+};
+
+/* A run's workspace: per-share areas (forward) or the tail partials then the per-share areas
+ * (backward), from the block's first 64-byte boundary. */
+static maskpack_status op_ws_sizes(maskpack_attention_op *o, maskpack_error *err) {
+    const attn_problem *P = &o->dims;
+    size_t fper = fwd_thread_ws(P), bper = o->B.per, tail = align_up(bwd_tail_bytes(P, o->B.max_width, o->B.n_tail));
+    size_t nt = (size_t)P->n_threads;
+    if (fper > (SIZE_MAX - WS_ALIGN) / nt || bper > (SIZE_MAX - WS_ALIGN - tail) / nt)
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "workspace", -1, -1, "workspace: size overflows size_t");
+    o->fwd_ws = WS_ALIGN + fper * nt;
+    o->bwd_ws = WS_ALIGN + tail + bper * nt;
+    return MASKPACK_OK;
+}
+
+maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int64_t hq, int64_t hkv, int64_t d,
+                                             maskpack_dtype dtype, maskpack_isa isa, int n_threads,
+                                             maskpack_attention_op **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
-    MP_CHECK_NULL(err, dout, "dout");
-    MP_CHECK_NULL(err, lse, "lse");
-    MP_CHECK_NULL(err, dq, "dq");
-    MP_CHECK_NULL(err, dk, "dk");
-    MP_CHECK_NULL(err, dv, "dv");
-    if ((s = check_same(out, "out", q, "q", err))) return s;
-    if ((s = check_heads_tensor(layout, out, "out", 0, &P.out, &scratch_h, &scratch_d, err))) return s;
-    if ((s = check_same(dout, "dout", q, "q", err))) return s;
-    if ((s = check_heads_tensor(layout, dout, "dout", 0, &P.dout, &scratch_h, &scratch_d, err))) return s;
-    if ((s = check_lse(layout, lse, "lse", P.hq, &P.lse, err))) return s;
-    P.have_lse = 1;
-    if ((s = check_same(dq, "dq", q, "q", err))) return s;
-    if ((s = check_heads_tensor(layout, dq, "dq", 0, &P.dq, &scratch_h, &scratch_d, err))) return s;
-    if ((s = check_same(dk, "dk", k, "k", err))) return s;
-    if ((s = check_heads_tensor(layout, dk, "dk", 1, &P.dk, &scratch_h, &scratch_d, err))) return s;
-    if ((s = check_same(dv, "dv", v, "v", err))) return s;
-    if ((s = check_heads_tensor(layout, dv, "dv", 1, &P.dv, &scratch_h, &scratch_d, err))) return s;
-    if ((s = check_scalars(&P, scale, softcap, n_threads, err))) return s;
-    {
-        const maskpack_tensor *outs[3] = {dq, dk, dv};
-        const char *on[3] = {"dq", "dk", "dv"};
-        const maskpack_tensor *ins[6] = {dout, q, k, v, out, lse};
-        const char *in[6] = {"dout", "q", "k", "v", "out", "lse"};
-        if ((s = check_overlaps(outs, on, 3, ins, in, 6, err))) return s;
-    }
-    if ((s = pick_isa(&P, isa, q->dtype, err))) return s;
-    const attn_kernel *kern = attn_entry(P.isa);
-    size_t need = 0;
-    if ((s = bwd_ws_size(&P, &need, err))) return s;
-    void *owned = NULL;
-    if ((s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_backward_workspace", &workspace,
-                               &owned, err)))
-        return s;
-    /* everything validated: from here on outputs are written */
+    *out = NULL;
+    MP_CHECK_NULL(err, layout, "layout");
+    if (!(ATTN_DTYPES & MP_DT(dtype)))
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "dtype", -1, -1, "dtype: expected float32 or bfloat16, found %s",
+                       maskpack_dtype_name(dtype));
+    if (d < 1 || d > ATTN_MAX_D)
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "d", -1, -1, "d: head dim must be in [1, %d], found %lld",
+                       ATTN_MAX_D, (long long)d);
+    if (hq < 1 || hkv < 1 || hq % hkv != 0 || hq > INT32_MAX)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "hkv", -1, -1,
+                       "hkv: query heads (%lld) must be a positive multiple of key heads (%lld)", (long long)hq,
+                       (long long)hkv);
+    if (layout->max_q >= ((int64_t)1 << 30) || layout->max_kv >= ((int64_t)1 << 30))
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "layout", -1, -1,
+                       "layout: segments longer than 2^30 tokens are not supported by the attention kernels");
+    attn_problem P;
+    memset(&P, 0, sizeof P);
+    P.L = layout;
+    P.hq = hq;
+    P.hkv = hkv;
+    P.group = hq / hkv;
+    P.d = d;
+    P.bf16 = dtype == MASKPACK_BF16;
+    P.esize = maskpack_dtype_size(dtype);
+    maskpack_status s = check_scalars(&P, 0, 0, n_threads, err);
+    if (s || (s = pick_isa(&P, isa, dtype, err))) return s;
     const maskpack_layout *L = layout;
-    char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
-    size_t n = L->n_segments ? L->n_segments : 1;
-    size_t *perm = (size_t *)ws;
-    ws += align_up(n * sizeof(size_t));
-    attn_kgroup *groups = (attn_kgroup *)ws;
-    ws += align_up(n * sizeof(attn_kgroup));
-    uint8_t *covered = (uint8_t *)ws;
-    int64_t wmax_grid = L->q_width > L->kv_width ? L->q_width : L->kv_width;
-    ws += align_up((size_t)(L->n_rows * wmax_grid));
-    int64_t max_width;
-    size_t ng = attn_build_groups(L, perm, groups, &max_width);
-    size_t per = bwd_thread_ws(&P, max_width);
-    int64_t n_tail = bwd_tail_units(&P, (int64_t)ng * P.hkv);
-    float *tail_acc = (float *)ws;
-    ws += align_up(bwd_tail_bytes(&P, max_width, n_tail));
-
-    /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
-    zero_query_padding(&P, &P.dq, 0);
-    memset(covered, 0, (size_t)(L->n_rows * L->kv_width));
-    for (size_t g = 0; g < ng; g++)
-        if (groups[g].kv_end > groups[g].kv_start)
-            memset(covered + groups[g].row * L->kv_width + groups[g].kv_start, 1,
-                   (size_t)(groups[g].kv_end - groups[g].kv_start));
-    zero_uncovered(&P.dk, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, covered);
-    zero_uncovered(&P.dv, L->n_rows, L->kv_width, P.hkv, P.d, P.esize, covered);
-
-    /* groups list their segments through perm (seg_begin / seg_end index perm) */
-    attn_bwd_job job;
-    memset(&job, 0, sizeof job);
-    _Atomic int64_t next = 0;
-    job.P = &P;
-    job.groups = groups;
-    job.n_groups = ng;
-    job.n_units = (int64_t)ng * P.hkv;
-    job.next = (void *)&next;
-    job.ws = ws;
-    job.ws_stride = per;
-    job.n_threads = P.n_threads;
-    /* the reference kernel has no reductions: it neither splits units nor keeps a tail */
-    const attn_thread_fn fn = kern->bwd, tail_reduce = kern->bwd_tail_reduce;
-    void (*const reduce)(const attn_bwd_job *, int64_t) = kern->bwd_reduce;
-    const int vector = reduce != NULL;
-    job.unit = -1;
-    /* units: dynamic over threads when there are enough of them, else one at a time with their
-     * query blocks split over the threads (each thread accumulates dk/dv privately, then they are
-     * summed in thread order: deterministic) */
-    int nt = P.n_threads;
-    if (job.n_units == 0) nt = 1;
-    job.split = nt > 1 && job.n_units < 2 * (int64_t)nt && vector;
-    P.n_threads = nt;
-    job.n_threads = nt;
-    job.perm = perm;
-    /* the tail pieces (n_tail is 0 unless the dynamic mode runs on several threads) */
-    job.n_whole = vector && !job.split ? job.n_units - n_tail : job.n_units;
-    job.tail_acc = tail_acc;
-    job.max_width = max_width;
-    if (job.n_units > 0) {
-        if (!job.split) {
-            attn_run_threads(nt, fn, &job);
-            if (job.n_whole < job.n_units) attn_run_threads(nt, tail_reduce, &job);
-        } else {
-            for (int64_t u = 0; u < job.n_units; u++) {
-                job.unit = u;
-                attn_run_threads(nt, fn, &job);
-                reduce(&job, u);
-            }
-        }
+    size_t n_items = (size_t)count_items(&P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ);
+    size_t n_units = L_units(&P) + 1, n = L->n_segments ? L->n_segments : 1;
+    size_t a_items = align_up(n_items * sizeof(attn_item)), a_units = align_up(n_units * sizeof(size_t));
+    size_t a_perm = align_up(n * sizeof(size_t)), a_groups = align_up(n * sizeof(attn_kgroup));
+    size_t total = a_items + a_units + a_perm + a_groups + align_up(covered_bytes(L));
+    maskpack_attention_op *o = calloc(1, sizeof *o);
+    char *mem = o ? aligned_alloc(WS_ALIGN, total ? total : WS_ALIGN) : NULL;
+    if (!mem) {
+        free(o);
+        return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "op", -1, -1, "out of memory for the op's %zu bytes of plans",
+                       total);
     }
-    free(owned);
+    o->L = layout;
+    o->dims = P;
+    o->dtype = dtype;
+    o->plans = mem;
+    plan_fwd(&o->dims, (attn_item *)mem, (size_t *)(mem + a_items), &o->F);
+    char *b = mem + a_items + a_units;
+    plan_bwd(&o->dims, (size_t *)b, (attn_kgroup *)(b + a_perm), (uint8_t *)(b + a_perm + a_groups), &o->B);
+    if ((s = op_ws_sizes(o, err))) {
+        free(mem);
+        free(o);
+        return s;
+    }
+    pthread_mutex_init(&o->ws_mu, NULL);
+    *out = o;
     return mp_ok(err);
+}
+
+void maskpack_attention_op_free(maskpack_attention_op *op) {
+    if (!op) return;
+    pthread_mutex_destroy(&op->ws_mu);
+    free(op->plans);
+    free(op->ws);
+    free(op);
+}
+
+maskpack_status maskpack_attention_op_workspace_size(const maskpack_attention_op *op, int backward, size_t *bytes,
+                                                     maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    MP_CHECK_NULL(err, bytes, "bytes");
+    *bytes = backward ? op->bwd_ws : op->fwd_ws;
+    return mp_ok(err);
+}
+
+/* A run's tensors against the op: q's heads, head dim and dtype, k's heads must be the op's. */
+static maskpack_status check_op_dims(const maskpack_attention_op *op, const attn_problem *P, maskpack_dtype dtype,
+                                     maskpack_error *err) {
+    const attn_problem *D = &op->dims;
+    if (P->hq != D->hq || P->d != D->d)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
+                       "q: expected the op's Hq = %lld, D = %lld ([.., Hq, D]), found Hq = %lld, D = %lld",
+                       (long long)D->hq, (long long)D->d, (long long)P->hq, (long long)P->d);
+    if (P->hkv != D->hkv)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "k", -1, -1, "k: expected the op's Hkv = %lld heads, found %lld",
+                       (long long)D->hkv, (long long)P->hkv);
+    if (dtype != op->dtype)
+        return mp_fail(err, MASKPACK_ERR_DTYPE, "q", -1, -1, "q: expected the op's dtype %s, found %s",
+                       maskpack_dtype_name(op->dtype), maskpack_dtype_name(dtype));
+    return MASKPACK_OK;
+}
+
+/* The op's run after its tensors: the team (at most the op's threads), the workspace (the caller's,
+ * or NULL and 0: the op's own, kept; NULL with a size is MASKPACK_ERR_NULL_ARGUMENT), then writes. */
+static maskpack_status op_exec(maskpack_attention_op *op, attn_problem *P, int backward, maskpack_workers *team,
+                               void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    const int nt = maskpack_workers_threads(team);
+    if (nt > op->dims.n_threads)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "team", -1, -1,
+                       "team: expected at most the op's %d threads (n_threads), found %d", op->dims.n_threads, nt);
+    P->n_threads = op->dims.n_threads;
+    P->isa = op->dims.isa;
+    const size_t need = backward ? op->bwd_ws : op->fwd_ws;
+    void *owned = NULL, *block = NULL;
+    int locked = 0;
+    maskpack_status s;
+    if (!workspace && !workspace_bytes && pthread_mutex_trylock(&op->ws_mu) == 0) {
+        locked = 1;
+        if (op->ws_bytes < need) { /* grown to the largest run so far and kept */
+            free(op->ws);
+            op->ws_bytes = 0;
+            op->ws = malloc(need);
+            if (op->ws) op->ws_bytes = need;
+        }
+        if (op->ws) workspace = op->ws, workspace_bytes = op->ws_bytes;
+    }
+    s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_op_workspace_size", &block, &owned,
+                          err);
+    if (!s) {
+        char *ws = (char *)(((uintptr_t)block + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+        if (!backward) {
+            exec_fwd(P, &op->F, team, ws);
+        } else {
+            char *thr = ws + align_up(bwd_tail_bytes(P, op->B.max_width, op->B.n_tail));
+            exec_bwd(P, &op->B, team, (float *)ws, thr);
+        }
+        free(owned);
+        s = mp_ok(err);
+    }
+    if (locked) pthread_mutex_unlock(&op->ws_mu);
+    return s;
+}
+
+maskpack_status maskpack_attention_op_forward(maskpack_attention_op *op, const maskpack_tensor *q,
+                                              const maskpack_tensor *k, const maskpack_tensor *v, double scale,
+                                              double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                              maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                              maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    attn_problem P;
+    maskpack_status s = check_fwd(op->L, q, k, v, scale, softcap, out, lse, 1, &P, err);
+    if (s || (s = check_op_dims(op, &P, q->dtype, err))) return s;
+    return op_exec(op, &P, 0, team, workspace, workspace_bytes, err);
+}
+
+maskpack_status maskpack_attention_op_backward(maskpack_attention_op *op, const maskpack_tensor *dout,
+                                               const maskpack_tensor *q, const maskpack_tensor *k,
+                                               const maskpack_tensor *v, const maskpack_tensor *out,
+                                               const maskpack_tensor *lse, double scale, double softcap,
+                                               maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
+                                               maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                               maskpack_error *err) {
+    MP_CHECK_NULL(err, op, "op");
+    attn_problem P;
+    maskpack_status s = check_bwd(op->L, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, 1, &P, err);
+    if (s || (s = check_op_dims(op, &P, q->dtype, err))) return s;
+    return op_exec(op, &P, 1, team, workspace, workspace_bytes, err);
 }

@@ -89,10 +89,10 @@ typedef struct attn_item {
     int32_t i0, n;
 } attn_item;
 
-/* Runs fn(ctx, tid) for tid in [0, n) on n threads (the caller is thread 0). A thread that
- * cannot be created has its share run by the caller afterwards. */
+/* Runs fn(ctx, s) once for every share s in [0, n) on the team's participants (NULL: all on the
+ * caller), each share claimed by whichever participant comes first (see attention.c). */
 typedef void (*attn_thread_fn)(void *ctx, int tid);
-void attn_run_threads(int n, attn_thread_fn fn, void *ctx);
+void attn_run_on(maskpack_workers *team, int n, attn_thread_fn fn, void *ctx);
 
 /* Backward work units: a key group (segments of one row whose key ranges overlap, e.g. the
  * pieces of one sequence in a CP shard) for one key head. */
