@@ -16,7 +16,8 @@ from __future__ import annotations
 import mmap
 import os
 import socket
-from typing import Dict, List, Optional
+import weakref
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,11 +30,17 @@ class _Segments:
     rank has mapped them, so nothing outlives the processes."""
 
     def __init__(self, group, rank: int, n: int) -> None:
-        self.group, self.rank, self.n = group, rank, n
+        # a weak reference: holding the group would keep its C++ threads alive past the caller's
+        # destroy_process_group, to be torn down during interpreter exit (where gloo aborts)
+        self._group, self.rank, self.n = weakref.ref(group), rank, n
         self.capacity = 0
         self.maps: List[Optional[mmap.mmap]] = [None] * n
         self.views: List[Optional[torch.Tensor]] = [None] * n
         self.generation = 0
+
+    @property
+    def group(self):
+        return self._group()
 
     def close(self) -> None:
         self.views = [None] * self.n
@@ -96,28 +103,28 @@ def _unlink(name: str) -> None:
         pass
 
 
-# keyed by id(group), holding the group itself (so that an id is never reused while its entry lives)
-_STATE: Dict[int, _Segments] = {}
-_DISABLED: Dict[int, bool] = {}
+# per group, held weakly (the caller owns the group and its lifetime)
+_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_DISABLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _segments(group, rank: int, n: int) -> Optional[_Segments]:
     """This group's segments, or None when the path does not apply (decided once per group, the same
     way on every rank)."""
     key = group if group is not None else dist.group.WORLD
-    seg = _STATE.get(id(key))
-    if seg is not None and seg.group is key:
+    seg = _STATE.get(key)
+    if seg is not None:
         return seg
-    if _DISABLED.get(id(key)):
+    if _DISABLED.get(key):
         return None
     here = (socket.gethostname(), _boot_id(), os.environ.get("MASKPACK_CP_SHM", "1") != "0",
             os.path.isdir(_DIR), dist.get_backend(key) == "gloo")
     everyone: List = [None] * n
     dist.all_gather_object(everyone, here, group=key)
     if any(e != everyone[0] for e in everyone) or not all(everyone[0][2:]):
-        _DISABLED[id(key)] = True
+        _DISABLED[key] = True
         return None
-    seg = _STATE[id(key)] = _Segments(key, rank, n)
+    seg = _STATE[key] = _Segments(key, rank, n)
     return seg
 
 
@@ -132,8 +139,8 @@ def _boot_id() -> str:
 def in_use(group) -> bool:
     """Whether this group's all-to-alls run through shared memory (decided at its first exchange)."""
     key = group if group is not None else dist.group.WORLD
-    seg = _STATE.get(id(key))
-    return seg is not None and seg.group is key and seg.capacity > 0
+    seg = _STATE.get(key)
+    return seg is not None and seg.capacity > 0
 
 
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
@@ -154,8 +161,8 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: 
     for d in block_shape:
         b *= d
     if not seg.ensure(n * b):
-        _STATE.pop(id(seg.group), None)
-        _DISABLED[id(seg.group)] = True
+        _STATE.pop(seg.group, None)
+        _DISABLED[seg.group] = True
         return None
     out_shape = list(block_shape)
     out_shape[gather_dim] *= n
@@ -186,8 +193,8 @@ def all_gather(x: torch.Tensor, group, rank: int, n: int) -> Optional[List[torch
         return None
     b = x.numel() * x.element_size()
     if not seg.ensure(b):
-        _STATE.pop(id(seg.group), None)
-        _DISABLED[id(seg.group)] = True
+        _STATE.pop(seg.group, None)
+        _DISABLED[seg.group] = True
         return None
     seg.views[rank][:b].view(x.dtype).view(x.shape).copy_(x)
     dist.barrier(group=seg.group)
@@ -198,6 +205,6 @@ def release(group) -> None:
     """The end of a read of all_gather's views: no rank writes its segment again before every rank
     is done reading (one barrier)."""
     key = group if group is not None else dist.group.WORLD
-    seg = _STATE.get(id(key))
-    if seg is not None and seg.group is key:
+    seg = _STATE.get(key)
+    if seg is not None:
         dist.barrier(group=key)
