@@ -208,3 +208,69 @@ def release(group) -> None:
     seg = _STATE.get(key)
     if seg is not None:
         dist.barrier(group=key)
+
+
+def exchange_views(x: torch.Tensor, scatter_dim: int, group, rank: int, n: int) -> Optional[List[torch.Tensor]]:
+    """The first half of an all-to-all, for a caller that moves the blocks onward itself: block s of x
+    along scatter_dim (s != rank) is copied into slot s of this rank's segment, and the result lists,
+    in rank order, the block each rank sends here (a view of its segment) with this rank's own block
+    as a view of x (never copied). The caller reads the views, then calls release(group). None when
+    the path does not apply here."""
+    if n < 2 or x.device.type != "cpu":
+        return None
+    seg = _segments(group, rank, n)
+    if seg is None:
+        return None
+    chunk = x.shape[scatter_dim] // n
+    block_shape = list(x.shape)
+    block_shape[scatter_dim] = chunk
+    b = x.element_size()
+    for d in block_shape:
+        b *= d
+    if not seg.ensure(n * b):
+        _STATE.pop(seg.group, None)
+        _DISABLED[seg.group] = True
+        return None
+    mine = seg.views[rank]
+    for s_ in range(n):
+        if s_ != rank:
+            mine[s_ * b:(s_ + 1) * b].view(x.dtype).view(block_shape).copy_(x.narrow(scatter_dim, s_ * chunk, chunk))
+    dist.barrier(group=seg.group)
+    return [x.narrow(scatter_dim, rank * chunk, chunk) if s_ == rank else
+            seg.views[s_][rank * b:(rank + 1) * b].view(x.dtype).view(block_shape) for s_ in range(n)]
+
+
+def gather_blocks(fill, block_shape, dtype, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
+    """The reverse of exchange_views, for a sender that produces its blocks itself: fill(s, dst) writes
+    the block for rank s into dst (this rank's segment slot s), or, with dst None, returns this rank's
+    own block; the result lays the block every rank made for this one side by side along gather_dim.
+    One write per block, straight from the producer into shared memory, and one read into place."""
+    if n < 2:
+        return None
+    seg = _segments(group, rank, n)
+    if seg is None:
+        return None
+    b = torch.empty((), dtype=dtype).element_size()
+    for d in block_shape:
+        b *= d
+    if not seg.ensure(n * b):
+        _STATE.pop(seg.group, None)
+        _DISABLED[seg.group] = True
+        return None
+    mine = seg.views[rank]
+    for s_ in range(n):
+        if s_ != rank:
+            fill(s_, mine[s_ * b:(s_ + 1) * b].view(dtype).view(block_shape))
+    own = fill(rank, None)
+    dist.barrier(group=seg.group)
+    out_shape = list(block_shape)
+    out_shape[gather_dim] *= n
+    from ._alloc import fresh
+
+    out = fresh(tuple(out_shape), dtype)
+    width = block_shape[gather_dim]
+    for s_ in range(n):
+        src = own if s_ == rank else seg.views[s_][rank * b:(rank + 1) * b].view(dtype).view(block_shape)
+        out.narrow(gather_dim, s_ * width, width).copy_(src)
+    dist.barrier(group=seg.group)
+    return out

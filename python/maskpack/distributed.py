@@ -227,19 +227,37 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
 
 
 def _heads_to_sequences_raw(x: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
-    t_local = x.shape[0]
-    mixed = _all_to_all(x.contiguous(), group, 1, 0)  # [n * T_local, heads/n, ...], rank order
+    from . import _shm
     from ._moves import cp_gather
 
+    t_local = x.shape[0]
+    views = None if _is_mpi(group) else _shm.exchange_views(x, 1, group, dist.get_rank(group), n)
+    if views is not None:  # one host: each rank's block moved from its segment straight into the layout
+        with torch.no_grad():
+            whole = cp_gather(views, layout,
+                              scheme=scheme, tp=tp, align=align)
+        _shm.release(group)
+        return whole
+    mixed = _all_to_all(x.contiguous(), group, 1, 0)  # [n * T_local, heads/n, ...], rank order
     with torch.no_grad():
         return cp_gather(list(torch.split(mixed, t_local, dim=0)), layout, scheme=scheme, tp=tp, align=align)
 
 
 def _sequences_to_heads_raw(whole: torch.Tensor, layout, group, n: int, scheme, tp, align) -> torch.Tensor:
+    from . import _shm
     from ._alloc import fresh
 
     sh = layout.cp_shard(n, 0, scheme=scheme, tp=tp, align=align)
     t_local = sh.n_rows * sh.q_width  # every rank's shard holds as many tokens (of the aligned grid)
+    if not _is_mpi(group) and whole.device.type == "cpu":
+        def fill(s_, dst):  # rank s's shard of the whole, straight into shared memory (or kept: ours)
+            with torch.no_grad():
+                return layout.shard(whole, n, s_, scheme=scheme, tp=tp, align=align, out=dst)
+
+        out = _shm.gather_blocks(fill, (t_local,) + tuple(whole.shape[1:]), whole.dtype, 1, group,
+                                 dist.get_rank(group), n)
+        if out is not None:  # one host: one write per shard into the segment, one read into place
+            return out
     buf = fresh((n * t_local,) + tuple(whole.shape[1:]), whole.dtype)
     with torch.no_grad():  # each rank's shard straight into its block of the buffer: no concatenation
         for s_ in range(n):
@@ -304,8 +322,15 @@ class _GatherReplicated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group, dim):
+        from . import _shm
+
         rank, n = _rank_size(group)
         ctx.args = (rank, n, dim)
+        views = _shm.all_gather(x.detach().contiguous(), group, rank, n)  # one host: shared memory
+        if views is not None:
+            whole = torch.cat(views, dim=dim)  # copied out before the segment is written again
+            _shm.release(group)
+            return whole
         return torch.cat(_all_gather(x.detach(), group), dim=dim)
 
     @staticmethod
