@@ -116,9 +116,11 @@ static void owner_of(const gdn_plan *P, size_t i, int *r, size_t *local) {
 }
 
 /* ---- small dense algebra on [HV, K, *] blocks ------------------------------------------------------- */
+/* Cloned for AVX-512 / AVX2 (MP_CLONES): a composition step is HV*K*K*V multiply-adds, as much as a
+ * chunk of the kernel, so it runs at vector width, not the baseline's. */
 
 /* c[h] = a[h] (K x K) @ b[h] (K x V) + d[h] (K x V) per head; i-k-j order so the inner loop streams rows. */
-static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_t ldb, const float *d, size_t ldd,
+MP_CLONES static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_t ldb, const float *d, size_t ldd,
                      int64_t HV, int64_t K, int64_t V) {
     for (int64_t h = 0; h < HV; h++) {
         float *ch = c + h * K * V;
@@ -136,7 +138,7 @@ static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_
 }
 
 /* dP[h] += G[h] (K x V) @ S[h]^T (V x K); the adjoint of S -> P S with respect to P. */
-static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int64_t HV, int64_t K, int64_t V) {
+MP_CLONES static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int64_t HV, int64_t K, int64_t V) {
     for (int64_t h = 0; h < HV; h++)
         for (int64_t i = 0; i < K; i++)
             for (int64_t t = 0; t < K; t++) {
@@ -148,7 +150,7 @@ static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int6
 }
 
 /* out[h] = P[h]^T (K x K) @ G[h] (K x V); the adjoint of S -> P S with respect to S. */
-static void gemm_ptg(float *out, const float *p, size_t ldp, const float *G, int64_t HV, int64_t K, int64_t V) {
+MP_CLONES static void gemm_ptg(float *out, const float *p, size_t ldp, const float *G, int64_t HV, int64_t K, int64_t V) {
     memset(out, 0, (size_t)(HV * K * V) * sizeof *out);
     for (int64_t h = 0; h < HV; h++)
         for (int64_t t = 0; t < K; t++) {
