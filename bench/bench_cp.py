@@ -158,6 +158,18 @@ def _measure(rank, world, args, xs, do, lay, run, res, what):
                     t2.append(b)
                     ratios.append(a / b)
             res[(what, backward)] = (statistics.median(ratios) if ratios else 0.0, t1, t2)
+        if what == "gdn_seq" and rank == 0:
+            # the correction: the third of the three kernel passes, one pass over this rank's pieces from
+            # their true states, timed alone and set against the sequence-parallel forward
+            mine = lay.cp_shard(world, rank)
+            h0 = torch.zeros(mine.n_segments, xs[2].shape[-2], xs[0].shape[-1], xs[2].shape[-1])
+            passes = []
+            for _ in range(3):
+                t = time.perf_counter()
+                maskpack.gated_delta_rule(*local, mine, initial_state=h0, threads=1)
+                passes.append(time.perf_counter() - t)
+            res[("gdn_seq_correction", False)] = (statistics.median(passes) / statistics.median(res[(what, False)][2]),
+                                                  passes, res[(what, False)][2])
 
 
 def _balance(T, docs=16, world=2):
@@ -198,6 +210,11 @@ def main():
               "attention_ag": "attention, K/V all-gathered (beside the ring)",
               "gdn_seq": "GDN, sequence-parallel (beside the default; 3 kernel passes per rank)"}
     for (what, backward), (r, t1, t2) in sorted(res.items()):
+        if what == "gdn_seq_correction":
+            print(f"  GDN, sequence-parallel: its correction (one kernel pass over the rank's pieces from their true "
+                  f"states) {statistics.median(t1) * 1e3:.1f} ms = {r * 100:.0f}% of its forward "
+                  f"({statistics.median(t2) * 1e3:.1f} ms)")
+            continue
         if what == "gather":
             how = "through gloo (MASKPACK_CP_SHM=0)" if backward else "shared memory (default on one host)"
             print(f"  cp_all_gather, bf16 [{args.tokens // 2}, 4096] per rank, {how}: {statistics.median(t1) * 1e3:7.1f} ms, "
