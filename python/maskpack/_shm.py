@@ -143,41 +143,50 @@ def in_use(group) -> bool:
     return seg is not None and seg.capacity > 0
 
 
-def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
-    """Ulysses' exchange of a CPU tensor through shared memory: block s of x along scatter_dim goes to
-    rank s, and the blocks received are laid side by side along gather_dim. Each block is copied once
-    into this rank's segment straight from its (strided) view of x and once out of the peer's segment
-    straight into its place in the result: no contiguous staging copy, no concatenation. None (nothing
-    done) when the path does not apply here, so the caller runs the group's own exchange."""
-    if n < 2 or x.device.type != "cpu":
+def _acquire(device_type: str, group, rank: int, n: int, nbytes: int) -> Optional[_Segments]:
+    """This group's segments holding nbytes per rank, or None when the path does not apply here (one
+    rank, another device, other hosts, no room: the failure disables the path for the group)."""
+    if n < 2 or device_type != "cpu":
         return None
     seg = _segments(group, rank, n)
     if seg is None:
         return None
-    chunk = x.shape[scatter_dim] // n
-    block_shape = list(x.shape)
-    block_shape[scatter_dim] = chunk
-    b = x.element_size()
-    for d in block_shape:
-        b *= d
-    if not seg.ensure(n * b):
+    if not seg.ensure(nbytes):
         _STATE.pop(seg.group, None)
         _DISABLED[seg.group] = True
         return None
-    out_shape = list(block_shape)
-    out_shape[gather_dim] *= n
+    return seg
+
+
+def _nbytes(shape, dtype) -> int:
+    b = torch.empty((), dtype=dtype).element_size()
+    for d in shape:
+        b *= d
+    return b
+
+
+def _slot(seg: _Segments, owner: int, index: int, nbytes: int, dtype, shape) -> torch.Tensor:
+    """Block `index` of `owner`'s segment, viewed as a tensor of `shape`."""
+    return seg.views[owner][index * nbytes:(index + 1) * nbytes].view(dtype).view(shape)
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
+    """Ulysses' exchange of a CPU tensor through shared memory: block s of x along scatter_dim goes to
+    rank s, and the blocks received are laid side by side along gather_dim in a recycled result
+    (exchange_views, then one copy of each block into place). None (nothing done) when the path does
+    not apply here, so the caller runs the group's own exchange."""
+    views = exchange_views(x, scatter_dim, group, rank, n)
+    if views is None:
+        return None
     from ._alloc import fresh  # recycled pages: a fresh allocation of this size costs its page faults
 
+    out_shape = list(views[0].shape)
+    width = out_shape[gather_dim]
+    out_shape[gather_dim] *= n
     out = fresh(tuple(out_shape), x.dtype)
-    mine = seg.views[rank]
-    for s_ in range(n):
-        mine[s_ * b:(s_ + 1) * b].view(x.dtype).view(block_shape).copy_(x.narrow(scatter_dim, s_ * chunk, chunk))
-    dist.barrier(group=seg.group)
-    width = block_shape[gather_dim]
-    for s_ in range(n):
-        out.narrow(gather_dim, s_ * width, width).copy_(
-            seg.views[s_][rank * b:(rank + 1) * b].view(x.dtype).view(block_shape))
-    dist.barrier(group=seg.group)
+    for s_, v in enumerate(views):
+        out.narrow(gather_dim, s_ * width, width).copy_(v)
+    release(group)
     return out
 
 
@@ -186,19 +195,13 @@ def all_gather(x: torch.Tensor, group, rank: int, n: int) -> Optional[List[torch
     rank's segment, and the result is the list of every rank's segment viewed as x's shape (views of
     shared memory: the caller copies out of them before its next exchange on this group, as
     cp_all_gather's move into the layout does). None when the path does not apply here."""
-    if n < 2 or x.device.type != "cpu":
-        return None
-    seg = _segments(group, rank, n)
+    b = _nbytes(x.shape, x.dtype)
+    seg = _acquire(x.device.type, group, rank, n, b)
     if seg is None:
         return None
-    b = x.numel() * x.element_size()
-    if not seg.ensure(b):
-        _STATE.pop(seg.group, None)
-        _DISABLED[seg.group] = True
-        return None
-    seg.views[rank][:b].view(x.dtype).view(x.shape).copy_(x)
+    _slot(seg, rank, 0, b, x.dtype, x.shape).copy_(x)
     dist.barrier(group=seg.group)
-    return [seg.views[r][:b].view(x.dtype).view(x.shape) for r in range(n)]
+    return [_slot(seg, r, 0, b, x.dtype, x.shape) for r in range(n)]
 
 
 def release(group) -> None:
@@ -216,28 +219,19 @@ def exchange_views(x: torch.Tensor, scatter_dim: int, group, rank: int, n: int) 
     in rank order, the block each rank sends here (a view of its segment) with this rank's own block
     as a view of x (never copied). The caller reads the views, then calls release(group). None when
     the path does not apply here."""
-    if n < 2 or x.device.type != "cpu":
-        return None
-    seg = _segments(group, rank, n)
+    chunk = x.shape[scatter_dim] // n if n else 0
+    shape = list(x.shape)
+    shape[scatter_dim] = chunk
+    b = _nbytes(shape, x.dtype)
+    seg = _acquire(x.device.type, group, rank, n, n * b)
     if seg is None:
         return None
-    chunk = x.shape[scatter_dim] // n
-    block_shape = list(x.shape)
-    block_shape[scatter_dim] = chunk
-    b = x.element_size()
-    for d in block_shape:
-        b *= d
-    if not seg.ensure(n * b):
-        _STATE.pop(seg.group, None)
-        _DISABLED[seg.group] = True
-        return None
-    mine = seg.views[rank]
     for s_ in range(n):
         if s_ != rank:
-            mine[s_ * b:(s_ + 1) * b].view(x.dtype).view(block_shape).copy_(x.narrow(scatter_dim, s_ * chunk, chunk))
+            _slot(seg, rank, s_, b, x.dtype, shape).copy_(x.narrow(scatter_dim, s_ * chunk, chunk))
     dist.barrier(group=seg.group)
-    return [x.narrow(scatter_dim, rank * chunk, chunk) if s_ == rank else
-            seg.views[s_][rank * b:(rank + 1) * b].view(x.dtype).view(block_shape) for s_ in range(n)]
+    return [x.narrow(scatter_dim, rank * chunk, chunk) if s_ == rank else _slot(seg, s_, rank, b, x.dtype, shape)
+            for s_ in range(n)]
 
 
 def gather_blocks(fill, block_shape, dtype, gather_dim: int, group, rank: int, n: int) -> Optional[torch.Tensor]:
@@ -245,22 +239,13 @@ def gather_blocks(fill, block_shape, dtype, gather_dim: int, group, rank: int, n
     the block for rank s into dst (this rank's segment slot s), or, with dst None, returns this rank's
     own block; the result lays the block every rank made for this one side by side along gather_dim.
     One write per block, straight from the producer into shared memory, and one read into place."""
-    if n < 2:
-        return None
-    seg = _segments(group, rank, n)
+    b = _nbytes(block_shape, dtype)
+    seg = _acquire("cpu", group, rank, n, n * b)
     if seg is None:
         return None
-    b = torch.empty((), dtype=dtype).element_size()
-    for d in block_shape:
-        b *= d
-    if not seg.ensure(n * b):
-        _STATE.pop(seg.group, None)
-        _DISABLED[seg.group] = True
-        return None
-    mine = seg.views[rank]
     for s_ in range(n):
         if s_ != rank:
-            fill(s_, mine[s_ * b:(s_ + 1) * b].view(dtype).view(block_shape))
+            fill(s_, _slot(seg, rank, s_, b, dtype, block_shape))
     own = fill(rank, None)
     dist.barrier(group=seg.group)
     out_shape = list(block_shape)
@@ -270,7 +255,7 @@ def gather_blocks(fill, block_shape, dtype, gather_dim: int, group, rank: int, n
     out = fresh(tuple(out_shape), dtype)
     width = block_shape[gather_dim]
     for s_ in range(n):
-        src = own if s_ == rank else seg.views[s_][rank * b:(rank + 1) * b].view(dtype).view(block_shape)
+        src = own if s_ == rank else _slot(seg, s_, rank, b, dtype, block_shape)
         out.narrow(gather_dim, s_ * width, width).copy_(src)
     dist.barrier(group=seg.group)
     return out
