@@ -313,6 +313,10 @@ static inline int mp_has_key_blocks(const maskpack_layout *L) {
     return 0;
 }
 
+/* (comm, p2p) -> OK when rank and size are consistent and the callbacks are set (sendrecv_start and
+ * wait too when p2p): the first check of every CP call (src/distributed/cp_comm.c). */
+maskpack_status mp_cp_check_comm(const maskpack_comm *comm, int p2p, maskpack_error *err);
+
 /* The agreement every collective CP call starts with (src/distributed/cp_comm.c): one all-gather of
  * each rank's layout fingerprint and of its own argument checks' status `local` (with *err filled when
  * not OK), so every rank returns the same verdict and none waits in a collective another left. */

@@ -59,7 +59,7 @@ static cp_fingerprint fingerprint(const maskpack_comm *c, const maskpack_layout 
     return f;
 }
 
-static maskpack_status check_comm(const maskpack_comm *c, maskpack_error *err) {
+maskpack_status mp_cp_check_comm(const maskpack_comm *c, int p2p, maskpack_error *err) {
     MP_CHECK_NULL(err, c, "comm");
     if (c->size < 1 || c->rank < 0 || c->rank >= c->size)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
@@ -67,6 +67,9 @@ static maskpack_status check_comm(const maskpack_comm *c, maskpack_error *err) {
     if (!c->all_gather || !c->all_to_all)
         return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "comm", -1, -1,
                        "comm: the callbacks all_gather and all_to_all must be set");
+    if (p2p && (!c->sendrecv_start || !c->wait))
+        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "comm", -1, -1,
+                       "comm: ring attention needs the callbacks sendrecv_start and wait too");
     return MASKPACK_OK;
 }
 
@@ -122,7 +125,7 @@ maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *la
 
 maskpack_status maskpack_cp_check(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                   maskpack_error *err) {
-    maskpack_status s = check_comm(comm, err);
+    maskpack_status s = mp_cp_check_comm(comm, 0, err);
     if (s) return s;
     MP_CHECK_NULL(err, layout, "layout");
     s = mp_cp_agree(comm, layout, scheme, MASKPACK_OK, err);
@@ -162,7 +165,7 @@ static maskpack_status gather_args(const maskpack_comm *comm, const maskpack_lay
 maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack_layout *layout,
                                        maskpack_cp_scheme scheme, const maskpack_tensor *part, maskpack_tensor *whole,
                                        const void *pad_value, maskpack_error *err) {
-    maskpack_status s = check_comm(comm, err);
+    maskpack_status s = mp_cp_check_comm(comm, 0, err);
     if (s) return s;
     MP_CHECK_NULL(err, layout, "layout");
     const int n = comm->size;

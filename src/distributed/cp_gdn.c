@@ -201,7 +201,7 @@ static void run_free(gdn_run *R) {
 static int f32_contiguous(const maskpack_tensor *t) { return t && t->dtype == MASKPACK_F32 && mp_is_contiguous(t); }
 
 /* Local argument checks (no communication). */
-static maskpack_status check_args(const maskpack_comm *comm, const maskpack_gdn_inputs *in, maskpack_error *err) {
+static maskpack_status check_args(const maskpack_gdn_inputs *in, maskpack_error *err) {
     MP_CHECK_NULL(err, in, "inputs");
     const maskpack_tensor *t[5] = {in->q, in->k, in->v, in->g, in->beta};
     const char *names[5] = {"q", "k", "v", "g", "beta"};
@@ -219,8 +219,6 @@ static maskpack_status check_args(const maskpack_comm *comm, const maskpack_gdn_
     if (in->initial_state && !f32_contiguous(in->initial_state))
         return mp_fail(err, MASKPACK_ERR_DTYPE, "initial_state", -1, -1,
                        "initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
-    if (!comm->all_gather || !comm->all_to_all)
-        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "comm", -1, -1, "comm: all_gather and all_to_all must be set");
     return MASKPACK_OK;
 }
 
@@ -238,13 +236,11 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
                                    const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts, gdn_run *R,
                                    maskpack_error *err) {
     memset(R, 0, sizeof *R);
-    MP_CHECK_NULL(err, comm, "comm");
-    if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
-                       "comm: expected 0 <= rank < size, found rank %d of size %d", comm->rank, comm->size);
+    maskpack_status c = mp_cp_check_comm(comm, 0, err);
+    if (c) return c;
     MP_CHECK_NULL(err, layout, "layout");
     MP_CHECK_NULL(err, opts, "opts");
-    maskpack_status local = check_args(comm, in, err);
+    maskpack_status local = check_args(in, err);
     if (!local) local = plan_build(comm, layout, scheme, &R->P, err);
     if (!local) {
         const maskpack_layout *M = R->P.mine;
@@ -375,33 +371,31 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     return s;
 }
 
-/* The final states of every sequence, [N, HV, K, V]: from the rank holding each sequence's last piece
- * (its pass-3 state), all-gathered so every rank holds all of them. */
-static maskpack_status gather_final(const maskpack_comm *comm, const gdn_run *R, const float *ht,
-                                    maskpack_tensor *final_state, maskpack_error *err) {
-    const gdn_plan *P = &R->P;
-    size_t N = P->n_seq, bytes = (N ? N : 1) * R->st * sizeof(float);
-    float *mine = floats(N, R->st, 1, 1), *all = floats((size_t)P->n, N, R->st, 0);
-    maskpack_status s = (!mine || !all) ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "final_state", -1, -1, "out of memory")
+/* Each sequence's state after its last piece, [N, rec] floats: from the rank holding that piece
+ * (per_piece: its pieces' states, `rec` floats each), all-gathered so every rank holds all of them.
+ * Collective: every rank enters the exchange, even one whose own call already failed (skip_out set),
+ * so no rank waits in it alone. out may be NULL (the exchange still runs). */
+static maskpack_status gather_last_states(const maskpack_comm *comm, const gdn_plan *P, const float *per_piece,
+                                          size_t rec, float *out, const char *what, maskpack_error *err) {
+    size_t N = P->n_seq, w = N ? N : 1;
+    float *mine = floats(w, rec, 1, 1), *all = floats((size_t)P->n, w, rec, 0);
+    maskpack_status s = (!mine || !all) ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, what, -1, -1, "out of memory")
                                         : MASKPACK_OK;
-    for (size_t q = 0; !s && q < N; q++) {
-        size_t m = P->chain_begin[q + 1] - P->chain_begin[q];
-        if (!m) continue;
+    for (size_t q = 0; !s && per_piece && q < N; q++) {
+        if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
         int r;
         size_t l;
         owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
-        if (r == P->rank) memcpy(mine + q * R->st, ht + l * R->st, R->st * sizeof(float));
+        if (r == P->rank) memcpy(mine + q * rec, per_piece + l * rec, rec * sizeof(float));
     }
-    if (!s && comm->all_gather(comm->ctx, mine, all, bytes) != 0)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the final states failed on rank %d",
+    if (!s && rec && comm->all_gather(comm->ctx, mine, all, w * rec * sizeof(float)) != 0)
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the %s failed on rank %d", what,
                     comm->rank);
-    for (size_t q = 0; !s && final_state && q < N; q++) {
-        size_t m = P->chain_begin[q + 1] - P->chain_begin[q];
+    for (size_t q = 0; !s && out && q < N; q++) {
         int r = 0;
         size_t l;
-        if (m) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
-        memcpy((float *)final_state->data + q * R->st, all + ((size_t)r * (N ? N : 1) + q) * R->st,
-               R->st * sizeof(float));
+        if (P->chain_begin[q + 1] > P->chain_begin[q]) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
+        memcpy(out + q * rec, all + ((size_t)r * w + q) * rec, rec * sizeof(float));
     }
     free(mine);
     free(all);
@@ -429,7 +423,8 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     in3.initial_state = &R.states_t;
     if (!s) s = maskpack_gdn_forward(R.P.mine, &in3, opts, o, &ht_t, NULL, 0, err);
     /* every rank enters the final exchange (a kernel failure here is local memory only) */
-    maskpack_status f = gather_final(comm, &R, ht ? ht : R.states, s ? NULL : final_state, err);
+    maskpack_status f = gather_last_states(comm, &R.P, s ? NULL : ht, R.st, s || !final_state ? NULL : final_state->data,
+                                           "final states", err);
     if (!s) s = f;
     free(ht);
     run_free(&R);
@@ -627,10 +622,8 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
                                     maskpack_cp_scheme scheme, const maskpack_tensor *x, const maskpack_tensor *weight,
                                     const maskpack_tensor *prefix, conv_run *R, maskpack_error *err) {
     memset(R, 0, sizeof *R);
-    MP_CHECK_NULL(err, comm, "comm");
-    if (comm->size < 1 || comm->rank < 0 || comm->rank >= comm->size || !comm->all_gather || !comm->all_to_all)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
-                       "comm: expected 0 <= rank < size and the all_gather and all_to_all callbacks");
+    maskpack_status c = mp_cp_check_comm(comm, 0, err);
+    if (c) return c;
     MP_CHECK_NULL(err, layout, "layout");
     maskpack_status local = MASKPACK_OK;
     if (!x || !weight) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1, "%s: expected a "
@@ -711,9 +704,8 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
     if (s) return s;
     const gdn_plan *P = &R.P;
     float *st = floats((size_t)R.np + 1, R.tail, 1, 0);
-    size_t N = P->n_seq, w = N ? N : 1;
-    float *fin = floats(w, R.tail, 1, 1), *all = floats((size_t)P->n, w, R.tail, 0);
-    if (!st || !fin || !all) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    size_t N = P->n_seq;
+    if (!st) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     if (!s && conv_state && (!f32_contiguous(conv_state) || conv_state->ndim != 3 || conv_state->shape[0] != (int64_t)N))
         s = mp_fail(err, MASKPACK_ERR_SHAPE, "conv_state", -1, -1,
                     "conv_state: expected a contiguous float32 [%zu, C, W-1]", N);
@@ -721,25 +713,10 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
     if (!s) s = maskpack_causal_conv1d(P->mine, x, weight, &R.prefix_t, silu, n_threads, y, &st_t, err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
-    for (size_t q = 0; !s && q < N; q++) {
-        if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
-        int r;
-        size_t l;
-        owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
-        if (r == P->rank) memcpy(fin + q * R.tail, st + l * R.tail, R.tail * sizeof(float));
-    }
-    if (fin && all && R.tail && comm->all_gather(comm->ctx, fin, all, w * R.tail * sizeof(float)) != 0 && !s)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv states failed on rank %d",
-                    comm->rank);
-    for (size_t q = 0; !s && conv_state && q < N; q++) {
-        int r = 0;
-        size_t l;
-        if (P->chain_begin[q + 1] > P->chain_begin[q]) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
-        memcpy((float *)conv_state->data + q * R.tail, all + ((size_t)r * w + q) * R.tail, R.tail * sizeof(float));
-    }
+    maskpack_status f = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data,
+                                           "conv states", err);
+    if (!s) s = f;
     free(st);
-    free(fin);
-    free(all);
     conv_free(&R);
     return s ? s : mp_ok(err);
 }

@@ -214,17 +214,6 @@ static maskpack_status check_flat(const maskpack_tensor *t, const char *name, ma
     return MASKPACK_OK;
 }
 
-static maskpack_status check_comm_p2p(const maskpack_comm *c, maskpack_error *err) {
-    MP_CHECK_NULL(err, c, "comm");
-    if (c->size < 1 || c->rank < 0 || c->rank >= c->size)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", -1, -1,
-                       "comm: expected 0 <= rank < size, found rank %d of size %d", c->rank, c->size);
-    if (!c->all_gather || !c->all_to_all || !c->sendrecv_start || !c->wait)
-        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "comm", -1, -1,
-                       "comm: ring attention needs the callbacks all_gather, all_to_all, sendrecv_start and wait");
-    return MASKPACK_OK;
-}
-
 /* ---- buffers and messages ----------------------------------------------------------------------- */
 
 static size_t nbytes(const maskpack_tensor *t) { return (size_t)mp_numel(t) * maskpack_dtype_size(t->dtype); }
@@ -291,7 +280,7 @@ static void add_into(float *acc, const float *x, size_t n) {
 static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                   const maskpack_tensor *const *t, const char *const *names, int n_t, ring *R,
                                   maskpack_error *err) {
-    maskpack_status s = check_comm_p2p(comm, err);
+    maskpack_status s = mp_cp_check_comm(comm, 1, err);
     if (s) return s;
     MP_CHECK_NULL(err, layout, "layout");
     maskpack_status local = MASKPACK_OK;
