@@ -610,3 +610,17 @@ def test_a_rank_that_dies_makes_the_others_fail_not_hang():
         status, msg = got["result"]
         assert status == "MASKPACK_ERR_COMM" and "agreement exchange failed on rank 0" in msg
         assert got["seconds"] < 60  # the group's timeout, not forever
+
+
+def test_cp_device_check_script_runs_on_the_cpu():
+    """tools/device/check_cp_cuda.py (run where a GPU is lent) runs the same collectives over gloo on the
+    CPU with --device cpu: it must pass here, so the prepared script is known to work."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "device", "check_cp_cuda.py"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checks passed" in r.stdout and "DIFFERENT" not in r.stdout
+    assert r.stdout.count(" equal") >= 2 * 8 + 4  # every row of both ranks was compared

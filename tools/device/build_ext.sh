@@ -12,14 +12,16 @@ inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cflags=(-std=c11 -O2 -fPIC -D_POSIX_C_SOURCE=200809L -DNDEBUG -Iinclude -Isrc/core -fvisibility=hidden)
 objs=()
-for f in $(find src/core src/layout src/derive src/npu src/relayout src/plan src/kernels -name '*.c' | sort); do
+# the library's own folders (src/io, src/cli and the optional src/mpi are not part of the package)
+for f in $(find src/core src/layout src/derive src/npu src/relayout src/distributed src/plan src/kernels -name '*.c' \
+           -not -path '*/test*' | sort); do
   o="$out/obj/$(echo "$f" | tr / _).o"
   cc "${cflags[@]}" -c "$f" -o "$o" &
   objs+=("$o")
 done
 wait
-for m in _maskpack _plan _gdn _attention; do
-  cc "${cflags[@]}" -I"$inc" -shared "python/$m.c" "${objs[@]}" -lm -lpthread -o "$out/maskpack/$m$suffix"
-done
+# one extension module from several files sharing one Layout type (as python/meson.build builds it)
+cc "${cflags[@]}" -I"$inc" -Ipython -shared python/_maskpack.c python/ext_common.c python/_plan.c python/_gdn.c \
+  python/_attention.c "${objs[@]}" -lm -lpthread -o "$out/maskpack/_maskpack$suffix"
 cp python/maskpack/*.py python/maskpack/py.typed "$out/maskpack/"
 echo "build_ext: $out/maskpack"
