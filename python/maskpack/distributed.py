@@ -176,13 +176,16 @@ def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> to
                     "(Ulysses splits the heads evenly)", "MASKPACK_ERR_SHAPE", argument="x")
     from . import _shm
 
-    out = _shm.all_to_all(x, scatter_dim, gather_dim, group, dist.get_rank(group), n)  # one host: shared memory
-    if out is not None:
-        return out
-    ins = [c.contiguous() for c in torch.tensor_split(x, n, dim=scatter_dim)]
-    outs = [torch.empty_like(ins[0]) for _ in range(n)]
-    dist.all_to_all(outs, ins, group=group)
-    return torch.cat(outs, dim=gather_dim)
+    # gloo has no all-to-all of device tensors: those go through the host
+    staged = x.device.type != "cpu" and str(dist.get_backend(group)).lower() == "gloo"
+    src = x.cpu() if staged else x
+    out = _shm.all_to_all(src, scatter_dim, gather_dim, group, dist.get_rank(group), n)  # one host: shared memory
+    if out is None:
+        ins = [c.contiguous() for c in torch.tensor_split(src, n, dim=scatter_dim)]
+        outs = [torch.empty_like(ins[0]) for _ in range(n)]
+        dist.all_to_all(outs, ins, group=group)
+        out = torch.cat(outs, dim=gather_dim)
+    return out.to(x.device) if staged else out
 
 
 def ulysses_all_to_all(x: torch.Tensor, group: Any = None, scatter_dim: int = 1, gather_dim: int = 0) -> torch.Tensor:
@@ -363,28 +366,43 @@ def _check_heads(name: str, heads: int, n: int) -> None:
                     f"parallelism gives each rank heads/{n} of them)", "MASKPACK_ERR_SHAPE", argument=name)
 
 
-_BACKEND_DEVICE = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "hccl": "npu"}
+# The device types each backend moves. gloo moves CUDA tensors too (through host staging: torch's gloo
+# all-gathers, all-reduces and reduce-scatters them, and the all-to-all, which gloo lacks for CUDA, is
+# staged here); NCCL and HCCL move only their own devices.
+_BACKEND_DEVICES = {"gloo": ("cpu", "cuda"), "mpi": ("cpu",), "nccl": ("cuda",), "hccl": ("npu",)}
 
 
-def _backend_device(group) -> Optional[str]:
-    """The device type the group's backend moves (None: a backend maskpack does not know)."""
+def _backend_devices(group) -> Optional[tuple]:
+    """The device types the group's backend moves (None: a backend maskpack does not know)."""
     if _is_mpi(group):
-        return "cpu"  # the C algorithms read host memory
+        return ("cpu",)  # the C algorithms read host memory
     try:
-        return _BACKEND_DEVICE.get(str(dist.get_backend(group)).lower())
+        return _BACKEND_DEVICES.get(str(dist.get_backend(group)).lower())
     except (RuntimeError, ValueError, AttributeError):
         return None
 
 
-def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align, group=None) -> None:
+def _backend_device(group) -> Optional[str]:
+    """The device the group's own exchanges (the agreement check) run on: the backend's first."""
+    devs = _backend_devices(group)
+    return devs[0] if devs else None
+
+
+def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, tp, align, group=None,
+                 kernel: bool = False) -> None:
+    """x is this rank's shard, on a device the group moves; ``kernel``: maskpack's CPU kernels read it."""
     want = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
     lead = (want.n_rows * want.q_width,) if want.packed else (want.n_rows, want.q_width)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor, found {type(x).__name__}")
-    want_dev = _backend_device(group)
-    if want_dev is not None and x.device.type != want_dev:
+    if kernel and x.device.type != "cpu":
+        raise Error(f"{name}: maskpack's attention, Gated DeltaNet and conv kernels run on the CPU, this tensor is on "
+                    f"{x.device} (on an accelerator, run your device's kernels between maskpack's collectives: "
+                    f"ulysses_all_to_all, cp_all_gather)", "MASKPACK_ERR_UNSUPPORTED", argument=name)
+    want = _backend_devices(group)
+    if want is not None and x.device.type not in want:
         backend = "mpi4py" if _is_mpi(group) else dist.get_backend(group)
-        raise Error(f"{name}: the group's {backend} backend moves {want_dev} tensors, this one is on "
+        raise Error(f"{name}: the group's {backend} backend moves {' and '.join(want)} tensors, this one is on "
                     f"{x.device} (move it, or pass a group of another backend)", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument=name)
     if tuple(x.shape[:len(lead)]) != lead:
@@ -414,7 +432,7 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
         _check_heads("q", H, n)
         _check_heads("v", HV, n)
         for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-            _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
+            _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
         local = exc
     _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV), local)
@@ -446,7 +464,7 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
     local = None
     try:
         _check_heads("x", C, n)
-        _check_shard("x", x, layout, n, rank, scheme, tp, align, group)
+        _check_shard("x", x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
         local = exc
     _agree(group, layout, ("causal_conv1d", scheme, tp, align, C), local)
@@ -637,7 +655,7 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
             raise Error(f"algorithm: expected one of {', '.join(_CP_ALGORITHMS)}, found {algorithm!r}",
                         "MASKPACK_ERR_INVALID_ARGUMENT", argument="algorithm")
         for name, x in (("q", q), ("k", k), ("v", v)):
-            _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
+            _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
         if _is_mpi(group) and (algorithm == "all_gather" or not _ring_supported(q, k, v, layout)):
             raise Error("algorithm: with an mpi4py communicator attention runs as the ring (CPU float32, a rule "
                         "without spans or prefix)", "MASKPACK_ERR_UNSUPPORTED", argument="algorithm")
@@ -675,7 +693,7 @@ def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> 
                     "whole sequences already (use the head-parallel way)", "MASKPACK_ERR_UNSUPPORTED",
                     argument="layout")
     for name, x in tensors:
-        _check_shard(name, x, layout, n, rank, scheme, tp, align, group)
+        _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
 
 
 class _SequenceGDN(torch.autograd.Function):

@@ -241,6 +241,12 @@ def _gdn_worker(rank, world, init_file, out_dir):
             maskpack.gated_delta_rule(*bad, lay, group=dist.group.WORLD)
         except maskpack.Error as e:
             errs["shard"] = (str(e), e.argument)
+        # a device tensor for maskpack's CPU kernels (gloo would move it; the kernel cannot read it)
+        try:
+            maskpack.gated_delta_rule(cut(q), cut(k).to("meta"), cut(v), cut(g), cut(beta), lay, group=dist.group.WORLD,
+                                      cp_method="head")
+        except maskpack.Error as e:
+            errs["kernel"] = (str(e), e.argument)
         # another rank holds another batch: every rank raises
         other = maskpack.Layout.from_lengths(GDN_LENGTHS[:-1] + [GDN_LENGTHS[-1] + (rank == world - 1) * 4],
                                              placement="packed")
@@ -304,6 +310,8 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
             errs = torch.load(os.path.join(d, f"err{r}.pt"))
             msg, arg = errs["heads"]
             assert arg == "v" and f"3 heads do not divide by the {world} ranks" in msg
+            msg, arg = errs["kernel"]
+            assert arg == "k" and "kernels run on the CPU, this tensor is on meta" in msg, msg
             msg, arg = errs["shard"]
             if r == 0:
                 assert arg == "q" and "expected this rank's shard (rank 0" in msg
@@ -445,10 +453,16 @@ def _sp_worker(rank, world, init_file, out_dir):
             maskpack.gated_delta_rule(*[cut(t) for t in xs[:5]], padded, group=dist.group.WORLD, cp_method="sequence")
         except maskpack.Error as e:
             errs["padded"] = (getattr(e, "argument", None), str(e))
-        try:  # a tensor the group's backend cannot move (gloo moves CPU tensors): named, on every rank
+        try:  # a tensor the group's backend cannot move (gloo moves CPU and CUDA tensors): named, on every rank
             maskpack.cp_all_gather(torch.empty(cut(xs[6]).shape, device="meta"), lay, dist.group.WORLD)
         except maskpack.Error as e:
             errs["device"] = (e.argument, str(e))
+        for how in ("sequence",):  # maskpack's own kernels read host memory: refused by name
+            try:
+                maskpack.gated_delta_rule(*[cut(t) for t in xs[:2]], cut(xs[2]).to("meta"), *[cut(t) for t in xs[3:5]],
+                                          lay, group=dist.group.WORLD, cp_method=how)
+            except maskpack.Error as e:
+                errs["kernel " + how] = (e.argument, str(e), e.status)
         res["errs"] = errs
         torch.save(res, os.path.join(out_dir, f"sp{rank}.pt"))
         dist.barrier()
@@ -497,7 +511,11 @@ def test_gdn_and_conv_sequence_parallel_equal_the_single_process_run(world):
             arg, msg = got["errs"]["padded"]
             assert arg == "layout" and "takes a packed (THD) layout" in msg
             arg, msg = got["errs"]["device"]
-            assert arg == "part" and "gloo backend moves cpu tensors, this one is on meta" in msg, msg
+            assert arg == "part" and "gloo backend moves cpu and cuda tensors, this one is on meta" in msg, msg
+            for how in ("sequence",):
+                arg, msg, code = got["errs"]["kernel " + how]
+                assert arg == "v" and "kernels run on the CPU, this tensor is on meta" in msg, msg
+                assert code == "MASKPACK_ERR_UNSUPPORTED"
 
 
 def _shm_worker(rank, world, init_file, out_dir):
@@ -623,4 +641,4 @@ def test_cp_device_check_script_runs_on_the_cpu():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout and "DIFFERENT" not in r.stdout
-    assert r.stdout.count(" equal") == 2 * (6 + 2)  # every row of both ranks was compared
+    assert r.stdout.count(" equal") == 2 * (6 + 2 + 1)  # every row of both ranks was compared

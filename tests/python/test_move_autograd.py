@@ -37,7 +37,7 @@ def _positions(layout):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_pack_unpack_gradcheck(engine):
+def test_pack_unpack_gradcheck(engine, run_limit):
     lay = Layout.from_mask2d(torch.tensor([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]))
     x = _rand(4, 5, 3)
     _check(lambda x: lay.pack(x, engine=engine), x)
@@ -68,7 +68,7 @@ def test_pack_gradient_is_the_scatter_into_zeros(engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("cp,scheme", [(2, "zigzag"), (4, "zigzag"), (2, "contiguous"), (4, "contiguous")])
-def test_shard_gather_gradcheck(engine, cp, scheme):
+def test_shard_gather_gradcheck(engine, cp, scheme, run_limit):
     pad = _padded([5, 1, 0, 7], left=True)
     packed = pad.packed_of()
     x = _rand(4, 7, 2)
@@ -132,8 +132,30 @@ def test_gather_last_tokens_and_to_padded_gradcheck(engine):
             _check(lambda *o: bundles[0].to_padded(o[0], parts=list(o)), *outs)
 
 
+@pytest.fixture(params=[0, 32, 10**9], ids=["index", "runs", "all-runs"])
+def run_limit(request, monkeypatch):
+    """The torch engine's two ways: index kernels (limit 0) and contiguous runs (few runs, the default)."""
+    import maskpack._moves as moves
+
+    monkeypatch.setattr(moves, "_RUN_LIMIT", request.param)
+    return request.param
+
+
+def test_run_split_of_a_move():
+    import maskpack._moves as moves
+
+    pad = Layout.from_mask2d(torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]))
+    mv = moves._plan([pad.packed_of()], pad)  # unpack: rows' pads and tokens
+    toks, fills = mv.runs()
+    # (dst start, source, source start, length): row 0's tokens and row 1's touch in both grids, one run
+    assert toks == [(2, 0, 0, 7), (12, 0, 7, 6)]
+    assert fills == [(0, 2), (9, 3)]
+    many = _padded([3] * 40, width=4)  # 40 rows with a pad each: 80 runs, over the limit
+    assert moves._plan([many.packed_of()], many).runs() is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool])
-def test_torch_engine_equals_c_engine_bitwise(dtype):
+def test_torch_engine_equals_c_engine_bitwise(dtype, run_limit):
     pad = Layout.from_mask2d(torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]))
     packed = pad.packed_of()
     whole = packed.pad_to_multiple(8)
@@ -151,7 +173,7 @@ def test_torch_engine_equals_c_engine_bitwise(dtype):
         assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))  # bit for bit
 
 
-def test_torch_engine_out_and_strided_inputs():
+def test_torch_engine_out_and_strided_inputs(run_limit):
     pad = _padded([2, 4])
     x = torch.randn(2, 4, 3)
     want = pad.pack(x, engine="c")

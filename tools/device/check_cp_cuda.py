@@ -146,7 +146,7 @@ def _cp_worker(rank, world, init_file, backend, device, share, out_dir):
         (whole * (rank + 1)).sum().backward()
         gw = w.grad.clone()
         dist.all_reduce(gw, group=grp)
-        out["whole"], out["gather_grad"] = whole.detach().cpu(), gw.cpu()
+        out["part"], out["whole"], out["gather_grad"] = y.detach().cpu(), whole.detach().cpu(), gw.cpu()
         # Batch.to_padded(group=): the gather done by the bundle, back in the dataloader's padded layout
         w.grad = None
         y = torch.tanh(table[b.input_ids] @ w)
@@ -180,6 +180,13 @@ def _cp_worker(rank, world, init_file, backend, device, share, out_dir):
                 out["refusal"] = "accepted"
             except maskpack.Error as exc:
                 out["refusal"] = str(exc)
+        # maskpack's own kernels (CPU) refuse a device tensor by name, on every rank (on the CPU: meta)
+        q = torch.randn(y.shape[0], 2 * world, 8, device=dev if device == "cuda" else "meta")
+        try:
+            maskpack.attention(q, q, q, b.global_layout, group=grp, cp_algorithm="all_gather")
+            out["kernel"] = "accepted"
+        except maskpack.Error as exc:
+            out["kernel"] = str(exc)
         dist.barrier()
         torch.save(out, os.path.join(out_dir, f"cp{rank}.pt"))
         dist.destroy_process_group()
@@ -228,6 +235,9 @@ def check_cp(world, backend, device, share, failures):
     got = [torch.load(os.path.join(d, f"cp{r}.pt")) for r in range(world)]
     b0 = maskpack.prepare_batch(_batch(), padding_free=True, cp=world, cp_rank=0, cp_scheme="zigzag")
     packed_ref = maskpack.relayout(ref["Y"], b0.source_layout, b0.global_layout)  # the whole, as the ranks hold it
+    # the gather is a move of the ranks' own parts (computed on the device): bit for bit
+    moved = maskpack.cp_gather([g["part"] for g in got], b0.global_layout, scheme="zigzag", align=None)
+    moved_padded = maskpack.relayout(moved, b0.global_layout, b0.source_layout)
     rows = []
 
     def row(name, good, detail=""):
@@ -235,8 +245,10 @@ def check_cp(world, backend, device, share, failures):
         print(f"  {label:38s} {name:34s} {'equal' if good else 'DIFFERENT'} {detail}")
 
     for r, g in enumerate(got):
-        row(f"rank {r} cp_all_gather forward", torch.equal(g["whole"], packed_ref))
-        row(f"rank {r} to_padded forward", torch.equal(g["padded"], ref["Y"]))
+        row(f"rank {r} cp_all_gather forward", torch.equal(g["whole"], moved)
+            and torch.allclose(g["whole"], packed_ref, rtol=1e-14, atol=1e-15))
+        row(f"rank {r} to_padded forward", torch.equal(g["padded"], moved_padded)
+            and torch.allclose(g["padded"], ref["Y"], rtol=1e-14, atol=1e-15))
         row(f"rank {r} cp_all_gather gradient", torch.allclose(g["gather_grad"], ref["gather_grad"], rtol=1e-12,
                                                                atol=1e-13))
         row(f"rank {r} to_padded gradient", torch.allclose(g["padded_grad"], ref["padded_grad"], rtol=1e-12,
@@ -250,6 +262,9 @@ def check_cp(world, backend, device, share, failures):
         want = torch.cat([torch.full((g["uly_x"].shape[0], 4, 3), float(q + 1), dtype=torch.float64)
                           for q in range(world)], dim=1)
         row(f"rank {r} ulysses gradient", torch.equal(g["uly_gx"], want))
+        if "kernel" in g:
+            msg = g["kernel"]
+            row(f"rank {r} device tensor to CPU kernel refused", "q" in msg and "run on the CPU" in msg, f"({msg[:80]})")
         if "refusal" in g:
             msg = g["refusal"]
             row(f"rank {r} host tensor on nccl refused", "part" in msg and "cpu" in msg and "cuda" in msg,
@@ -275,7 +290,10 @@ def main():
         for backend, share in usable:
             check_cp(args.world, backend, "cuda", share, failures)
         if not usable:
-            print(f"no NCCL set-up of {args.world} ranks works on this machine (see the probe): only 1 rank checked")
+            print(f"no NCCL set-up of {args.world} ranks works on this machine (see the probe): NCCL checked on 1 rank")
+        # gloo moves CUDA tensors (through the host): several ranks even on one GPU
+        for world in sorted({2, args.world}):
+            check_cp(world, "gloo", "cuda", True, failures)
     print("all checks passed" if not failures else f"FAILED: {failures}")
     return 1 if failures else 0
 
