@@ -1,14 +1,17 @@
 /* cp_gdn.c: sequence-parallel Gated DeltaNet over a maskpack_comm. The recurrence is affine in the
- * state: a piece of a sequence maps its incoming state S_in [K, V] (per value head) to
- *     S_out = P S_in + B
- * with P [K, K] its decays and rank-1 updates and B the piece run from a zero state, and its outputs
- * are the zero-state outputs plus a part linear in S_in. So no rank waits for the piece before its
- * own: every rank runs its pieces from zero states (B) and through an identity state with zero
- * values (P) at once, the small (P, B) of every piece are all-gathered, each rank composes them in
- * sequence order up to its pieces, and runs its pieces again from the true incoming states. The
- * backward is the adjoint of the same steps: the kernel's own backward for the three passes and the
- * composition's transposes, with the gradients of other ranks' transitions returned to their owners
- * by one all-to-all. MPI programs and the Python binding run this same code. */
+ * state, and jointly linear in (values, incoming state): a piece of a sequence maps its incoming
+ * state S_in [K, V] (per value head) to
+ *     S_out = P S_in + B,        o_t = o_t(zero state) + S_in^T phi_t
+ * with P [K, K] its decays and rank-1 updates, B the piece run from a zero state, and phi_t [K] the
+ * output the piece gives from an identity state with zero values. So no rank waits for the piece
+ * before its own: every rank runs its pieces once from zero states (B, the zero-state outputs) and
+ * once through an identity state with zero values (P, phi), the small (P, B) of every piece are
+ * all-gathered, each rank composes them in sequence order up to its pieces, and corrects its
+ * outputs with the true incoming states: phi_t (K) times S_in (K x V) per token and head, the only
+ * state-dependent product left; the kernels' intra-chunk work is never redone. The backward is the
+ * adjoint of the same steps: the kernel's own backward for the two passes, the correction's and the
+ * composition's transposes, with the gradients of other ranks' transitions returned to their
+ * owners by one all-to-all. MPI programs and the Python binding run this same code. */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -163,6 +166,43 @@ MP_CLONES static void gemm_ptg(float *out, const float *p, size_t ldp, const flo
         }
 }
 
+/* The correction of a piece's len tokens: o[t,h,:] = o1[t,h,:] + sum_d phi[t,h,d] S[h][d,:], with S its
+ * true incoming state ([HV, K, V]); o, o1 [len, HV, V], phi [len, HV, K]. */
+MP_CLONES static void correct(float *o, const float *o1, const float *phi, const float *S, int64_t len, int64_t HV,
+                              int64_t K, int64_t V) {
+    for (int64_t t = 0; t < len; t++)
+        for (int64_t h = 0; h < HV; h++) {
+            float *ot = o + (t * HV + h) * V;
+            const float *pt = phi + (t * HV + h) * K, *Sh = S + h * K * V;
+            memcpy(ot, o1 + (t * HV + h) * V, (size_t)V * sizeof *ot);
+            for (int64_t d = 0; d < K; d++) {
+                float x = pt[d];
+                const float *row = Sh + d * V;
+                for (int64_t j = 0; j < V; j++) ot[j] += x * row[j];
+            }
+        }
+}
+
+/* The correction's adjoint over a piece's tokens: dphi[t,h,d] = dO[t,h,:] . S[h][d,:] and
+ * dS[h][d,:] += phi[t,h,d] dO[t,h,:]. */
+MP_CLONES static void correct_adjoint(float *dphi, float *dS, const float *phi, const float *dO, const float *S,
+                                      int64_t len, int64_t HV, int64_t K, int64_t V) {
+    for (int64_t t = 0; t < len; t++)
+        for (int64_t h = 0; h < HV; h++) {
+            const float *gt = dO + (t * HV + h) * V, *pt = phi + (t * HV + h) * K, *Sh = S + h * K * V;
+            float *dpt = dphi + (t * HV + h) * K, *dSh = dS + h * K * V;
+            for (int64_t d = 0; d < K; d++) {
+                const float *row = Sh + d * V;
+                float *drow = dSh + d * V, acc = 0.0f, x = pt[d];
+                for (int64_t j = 0; j < V; j++) {
+                    acc += gt[j] * row[j];
+                    drow[j] += x * gt[j];
+                }
+                dpt[d] = acc;
+            }
+        }
+}
+
 /* a * b * c floats, the product checked (NULL on overflow or when memory runs out), zeroed or not. */
 static float *floats(size_t a, size_t b, size_t c, int zero) {
     size_t ab, n;
@@ -181,6 +221,8 @@ typedef struct gdn_run {
     float *v0;              /* [T, HV, K] zeros: pass 2's values */
     float *every;           /* [n, width, HV, K, K + V]: every piece's (P | B) */
     float *states;          /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
+    float *o1;              /* [T, HV, V]: pass 1's outputs (zero incoming states but a sequence's first) */
+    float *phi;             /* [T, HV, K]: pass 2's outputs, the outputs' linear part in the incoming state */
     float *chainS;          /* per sequence, the state entering each chain element up to ours */
     size_t *chainS_at;      /* [n_seq + 1]: offsets into chainS in states */
     maskpack_tensor h0_t, eye_t, v0_t, states_t;
@@ -193,6 +235,8 @@ static void run_free(gdn_run *R) {
     free(R->v0);
     free(R->every);
     free(R->states);
+    free(R->o1);
+    free(R->phi);
     free(R->chainS);
     free(R->chainS_at);
     memset(R, 0, sizeof *R);
@@ -229,7 +273,7 @@ static const float *rec_of(const gdn_run *R, size_t gi) {
     return R->every + ((size_t)r * R->P.width + l) * R->blk;
 }
 
-/* Passes 1 and 2, the exchange and the composition: what the third pass and the backward need.
+/* Passes 1 and 2, the exchange and the composition: what the correction and the backward need.
  * Collective: every rank agrees first (layout, scheme, each rank's own checks), so every rank either
  * fails here alike or enters the same exchanges. */
 static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
@@ -280,9 +324,11 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     R->states = floats(np1, R->st, 1, 1);
     R->chainS_at = mp_calloc_array(P->n_seq + 1, sizeof *R->chainS_at);
     float *B = floats(np1, R->st, 1, 1), *Pm = floats(np1, R->sk, 1, 1);
-    float *o1 = floats((size_t)T, (size_t)HV, (size_t)(V > K ? V : K), 0);
+    R->o1 = floats((size_t)T, (size_t)HV, (size_t)V, 0);
+    R->phi = floats((size_t)T, (size_t)HV, (size_t)K, 0);
     float *rec = floats(w1, R->blk, 1, 1);
-    if (!R->h0 || !R->eye || !R->v0 || !R->every || !R->states || !R->chainS_at || !B || !Pm || !o1 || !rec)
+    if (!R->h0 || !R->eye || !R->v0 || !R->every || !R->states || !R->chainS_at || !B || !Pm || !R->o1 || !R->phi ||
+        !rec)
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
     for (int64_t i = 0; !s && i < np; i++) {
@@ -299,13 +345,14 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     R->states_t = maskpack_tensor_contiguous(R->states, MASKPACK_F32, 4, s4);
     maskpack_tensor B_t = maskpack_tensor_contiguous(B, MASKPACK_F32, 4, s4);
     maskpack_tensor P_t = maskpack_tensor_contiguous(Pm, MASKPACK_F32, 4, e4);
-    maskpack_tensor o1_t = maskpack_tensor_contiguous(o1, MASKPACK_F32, 3, o3);
-    maskpack_tensor o2_t = maskpack_tensor_contiguous(o1, MASKPACK_F32, 3, v3);
+    maskpack_tensor o1_t = maskpack_tensor_contiguous(R->o1, MASKPACK_F32, 3, o3);
+    maskpack_tensor o2_t = maskpack_tensor_contiguous(R->phi, MASKPACK_F32, 3, v3);
     /* pass 1: every piece from a zero state (a sequence's first piece from its true initial state) */
     maskpack_gdn_inputs in1 = *in;
     in1.initial_state = &R->h0_t;
     if (!s) s = maskpack_gdn_forward(P->mine, &in1, opts, &o1_t, &B_t, NULL, 0, err);
-    /* pass 2: each piece's transition, the rule run with zero values through an identity state */
+    /* pass 2: each piece's transition P and the outputs' linear part phi, the rule run with zero values
+     * through an identity state */
     maskpack_gdn_inputs in2 = *in;
     in2.v = &R->v0_t;
     in2.initial_state = &R->eye_t;
@@ -365,7 +412,6 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     }
     free(B);
     free(Pm);
-    free(o1);
     free(rec);
     if (s) run_free(R);
     return s;
@@ -409,20 +455,32 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     gdn_run R;
     maskpack_status s = run_prepare(comm, layout, scheme, in, opts, &R, err);
     if (s) return s;
-    MP_CHECK_NULL(err, o, "o");
-    if (final_state && (!f32_contiguous(final_state) || final_state->ndim != 4 ||
-                        final_state->shape[0] != (int64_t)R.P.n_seq))
+    const int64_t HV = R.HV, K = R.K, V = R.V, np = R.np;
+    if (!o || !f32_contiguous(o) || o->ndim != 3 || o->shape[0] != R.T || o->shape[1] != HV || o->shape[2] != V)
+        s = mp_fail(err, MASKPACK_ERR_SHAPE, "o", -1, -1, "o: expected a contiguous float32 tensor [%lld, %lld, %lld]",
+                    (long long)R.T, (long long)HV, (long long)V);
+    if (!s && final_state && (!f32_contiguous(final_state) || final_state->ndim != 4 ||
+                              final_state->shape[0] != (int64_t)R.P.n_seq))
         s = mp_fail(err, MASKPACK_ERR_SHAPE, "final_state", -1, -1,
                     "final_state: expected a contiguous float32 tensor [%zu, HV, K, V]", R.P.n_seq);
-    float *ht = s ? NULL : floats((size_t)R.np + 1, R.st, 1, 0);
+    float *ht = s ? NULL : floats((size_t)np + 1, R.st, 1, 0);
     if (!s && !ht) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "o", -1, -1, "out of memory");
-    int64_t s4[4] = {R.np, R.HV, R.K, R.V};
-    maskpack_tensor ht_t = maskpack_tensor_contiguous(ht, MASKPACK_F32, 4, s4);
-    /* pass 3: the pieces again from their true incoming states */
-    maskpack_gdn_inputs in3 = *in;
-    in3.initial_state = &R.states_t;
-    if (!s) s = maskpack_gdn_forward(R.P.mine, &in3, opts, o, &ht_t, NULL, 0, err);
-    /* every rank enters the final exchange (a kernel failure here is local memory only) */
+    const gdn_piece *mine = R.P.pieces + R.P.first[R.P.rank];
+    if (!s) memcpy(o->data, R.o1, (size_t)R.T * (size_t)HV * (size_t)V * sizeof(float)); /* first pieces, pads */
+    for (int64_t i = 0; !s && i < np; i++) {
+        const float *pb = rec_of(&R, R.P.first[R.P.rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
+        if (mine[i].pos == 0) { /* ran from its true initial state in pass 1 */
+            for (int64_t x = 0; x < HV * K; x++)
+                memcpy(ht + (size_t)i * R.st + (size_t)x * (size_t)V, pb + (size_t)x * (size_t)(K + V) + K,
+                       (size_t)V * sizeof(float));
+            continue;
+        }
+        size_t at = (size_t)mine[i].start * (size_t)HV;
+        correct((float *)o->data + at * (size_t)V, R.o1 + at * (size_t)V, R.phi + at * (size_t)K, Sin, mine[i].len, HV,
+                K, V);
+        gemm_add(ht + (size_t)i * R.st, pb, (size_t)(K + V), Sin, (size_t)V, pb + K, (size_t)(K + V), HV, K, V);
+    }
+    /* every rank enters the final exchange (a failure here is local: shapes or memory) */
     maskpack_status f = gather_last_states(comm, &R.P, s ? NULL : ht, R.st, s || !final_state ? NULL : final_state->data,
                                            "final states", err);
     if (!s) s = f;
@@ -455,7 +513,8 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         if (!outs[i] || !f32_contiguous(outs[i]))
             s = mp_fail(err, MASKPACK_ERR_DTYPE, names[i], -1, -1, "%s: expected a contiguous float32 tensor",
                         names[i]);
-    if (!s && (!d_o || !f32_contiguous(d_o)))
+    if (!s && (!d_o || !f32_contiguous(d_o) || d_o->ndim != 3 || d_o->shape[0] != T || d_o->shape[1] != HV ||
+               d_o->shape[2] != V))
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_o", -1, -1, "d_o: expected a contiguous float32 tensor like v");
     if (!s && d_final_state && !f32_contiguous(d_final_state))
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_final_state", -1, -1,
@@ -463,15 +522,15 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     if (!s && grads->d_initial_state && !f32_contiguous(grads->d_initial_state))
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_initial_state", -1, -1,
                     "d_initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
-    size_t nq = (size_t)mp_numel(in->q), nv = (size_t)mp_numel(in->v), ng = (size_t)mp_numel(in->g);
-    float *dq = floats(nq, 1, 1, 0), *dk = floats(nq, 1, 1, 0), *dv = floats(nv, 1, 1, 0);
+    size_t nq = (size_t)mp_numel(in->q), ng = (size_t)mp_numel(in->g);
+    float *dq = floats(nq, 1, 1, 0), *dk = floats(nq, 1, 1, 0);
     float *dg = floats(ng, 1, 1, 0), *db = floats(ng, 1, 1, 0);
     float *dS = floats(np1, R.st, 1, 1), *dht = floats(np1, R.st, 1, 1);
     float *dpb = floats((size_t)P->n, w1, R.blk, 1), *recv = floats((size_t)P->n, w1, R.blk, 0);
     float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
     float *dP = floats(np1, R.sk, 1, 1), *dB = floats(np1, R.st, 1, 1);
-    float *zo = floats((size_t)T, (size_t)HV, (size_t)(V > K ? V : K), 1);
-    if (!s && (!dq || !dk || !dv || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo))
+    float *zo = floats((size_t)T, (size_t)HV, (size_t)K, 1); /* dphi: zero on first pieces and pads */
+    if (!s && (!dq || !dk || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo))
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
     /* the final states' gradient reaches each sequence's last piece, where this rank holds it */
@@ -486,34 +545,36 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     /* scratch gradients of passes 1 and 2, added into the caller's after each */
     maskpack_tensor dq_t = maskpack_tensor_contiguous(dq, MASKPACK_F32, in->q->ndim, in->q->shape);
     maskpack_tensor dk_t = maskpack_tensor_contiguous(dk, MASKPACK_F32, in->k->ndim, in->k->shape);
-    maskpack_tensor dv_t = maskpack_tensor_contiguous(dv, MASKPACK_F32, in->v->ndim, in->v->shape);
     maskpack_tensor dg_t = maskpack_tensor_contiguous(dg, MASKPACK_F32, in->g->ndim, in->g->shape);
     maskpack_tensor db_t = maskpack_tensor_contiguous(db, MASKPACK_F32, in->beta->ndim, in->beta->shape);
     maskpack_tensor dS_t = maskpack_tensor_contiguous(dS, MASKPACK_F32, 4, s4);
-    maskpack_tensor dht_t = maskpack_tensor_contiguous(dht, MASKPACK_F32, 4, s4);
     maskpack_tensor dP_t = maskpack_tensor_contiguous(dP, MASKPACK_F32, 4, e4);
     maskpack_tensor dB_t = maskpack_tensor_contiguous(dB, MASKPACK_F32, 4, s4);
-    int64_t ov[3] = {T, HV, V}, ok[3] = {T, HV, K};
-    maskpack_tensor zo_v = maskpack_tensor_contiguous(zo, MASKPACK_F32, 3, ov);
+    int64_t ok[3] = {T, HV, K};
     maskpack_tensor zo_k = maskpack_tensor_contiguous(zo, MASKPACK_F32, 3, ok);
-    /* pass 3's adjoint: straight into the caller's gradients; dS = the incoming states' gradient */
-    maskpack_gdn_inputs in3 = *in;
-    in3.initial_state = &R.states_t;
-    maskpack_gdn_grads g3 = {outs[0], outs[1], outs[2], outs[3], outs[4], &dS_t};
-    if (!s) s = maskpack_gdn_backward(P->mine, &in3, d_o, &dht_t, opts, &g3, NULL, 0, err);
+    /* the correction's and the final states' adjoints, piece by piece: dphi (pass 2's output gradient),
+     * the incoming states' gradient dS, and the local parts of dP and dB:
+     *     o = o1 + phi S_in,   S_out = P S_in + B   (a first piece: S_in is pass 1's own, o = o1, S_out = B) */
     if (!s && grads->d_initial_state) memset(grads->d_initial_state->data, 0, P->n_seq * R.st * 4);
+    for (int64_t i = 0; !s && i < np; i++) {
+        float *dBi = dB + (size_t)i * R.st, *dhti = dht + (size_t)i * R.st;
+        for (size_t x = 0; x < R.st; x++) dBi[x] += dhti[x];
+        if (mine[i].pos == 0) continue;
+        const float *pb = rec_of(&R, P->first[P->rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
+        size_t at = (size_t)mine[i].start * (size_t)HV;
+        float *dSi = dS + (size_t)i * R.st;
+        gemm_ptg(dSi, pb, (size_t)(K + V), dhti, HV, K, V);                 /* P^T dS_out */
+        gemm_gst(dP + (size_t)i * R.sk, (size_t)K, dhti, Sin, HV, K, V);    /* dS_out S_in^T */
+        correct_adjoint(zo + at * (size_t)K, dSi, R.phi + at * (size_t)K, (const float *)d_o->data + at * (size_t)V, Sin,
+                        mine[i].len, HV, K, V);
+    }
     /* the composition's adjoint, piece by piece back along its chain */
     for (int64_t i = 0; !s && i < np; i++) {
         int64_t q = mine[i].seq;
         const size_t *c = P->chain + P->chain_begin[q];
         size_t m = 0;
         while (c[m] != P->first[P->rank] + (size_t)i) m++;
-        if (m == 0) { /* a first piece: its incoming state is the caller's initial state */
-            if (grads->d_initial_state)
-                for (size_t x = 0; x < R.st; x++)
-                    ((float *)grads->d_initial_state->data)[q * (int64_t)R.st + (int64_t)x] += dS[i * (int64_t)R.st + (int64_t)x];
-            continue;
-        }
+        if (m == 0) continue; /* a first piece: its state reaches pass 1 itself, whose adjoint takes it */
         memcpy(G, dS + i * R.st, R.st * 4);
         const float *S = R.chainS + R.chainS_at[q] * R.st;
         for (size_t j = m - 1; j >= 1; j--) { /* S_{j+1} = P_j S_j + B_j */
@@ -547,29 +608,24 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
                 for (int64_t y = 0; y < V; y++) dB[i * (int64_t)R.st + x * V + y] += src[x * (K + V) + K + y];
             }
         }
-    /* pass 2's adjoint (its outputs are unused: a zero d_o) */
+    /* pass 1's adjoint, straight into the caller's gradients: d_o itself and dB as its final states' gradient */
+    maskpack_gdn_inputs in1 = *in;
+    in1.initial_state = &R.h0_t;
+    maskpack_gdn_grads g1 = {outs[0], outs[1], outs[2], outs[3], outs[4], &dS_t};
+    if (!s) s = maskpack_gdn_backward(P->mine, &in1, d_o, &dB_t, opts, &g1, NULL, 0, err);
+    for (int64_t i = 0; !s && grads->d_initial_state && i < np; i++)
+        if (mine[i].pos == 0)
+            for (size_t x = 0; x < R.st; x++)
+                ((float *)grads->d_initial_state->data)[mine[i].seq * (int64_t)R.st + (int64_t)x] +=
+                    dS[i * (int64_t)R.st + (int64_t)x];
+    /* pass 2's adjoint: dphi as its outputs' gradient, dP as its final states' */
     maskpack_gdn_inputs in2 = *in;
     in2.v = &R.v0_t;
     in2.initial_state = &R.eye_t;
     maskpack_gdn_grads g2 = {&dq_t, &dk_t, NULL, &dg_t, &db_t, NULL};
     if (!s) s = maskpack_gdn_backward(P->mine, &in2, &zo_k, &dP_t, opts, &g2, NULL, 0, err);
-    if (!s) {
-        add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[3], dg), add_to(outs[4], db);
-    }
-    /* pass 1's adjoint */
-    maskpack_gdn_inputs in1 = *in;
-    in1.initial_state = &R.h0_t;
-    maskpack_gdn_grads g1 = {&dq_t, &dk_t, &dv_t, &dg_t, &db_t, &dS_t};
-    if (!s) s = maskpack_gdn_backward(P->mine, &in1, &zo_v, &dB_t, opts, &g1, NULL, 0, err);
-    if (!s) {
-        add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[2], dv), add_to(outs[3], dg), add_to(outs[4], db);
-        for (int64_t i = 0; grads->d_initial_state && i < np; i++)
-            if (mine[i].pos == 0)
-                for (size_t x = 0; x < R.st; x++)
-                    ((float *)grads->d_initial_state->data)[mine[i].seq * (int64_t)R.st + (int64_t)x] +=
-                        dS[i * (int64_t)R.st + (int64_t)x];
-    }
-    free(dq), free(dk), free(dv), free(dg), free(db), free(dS), free(dht), free(dpb), free(recv), free(G), free(G2);
+    if (!s) add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[3], dg), add_to(outs[4], db);
+    free(dq), free(dk), free(dg), free(db), free(dS), free(dht), free(dpb), free(recv), free(G), free(G2);
     free(dP), free(dB), free(zo);
     run_free(&R);
     return s ? s : mp_ok(err);
