@@ -13,6 +13,8 @@
  * composition's transposes, with the gradients of other ranks' transitions returned to their
  * owners by one all-to-all. MPI programs and the Python binding run this same code. */
 #include "internal.h"
+#include "../kernels/gdn/gdn_internal.h" /* the GDN kernel table: its GEMMs run the correction */
+#include "../kernels/kernel_table.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -166,41 +168,40 @@ MP_CLONES static void gemm_ptg(float *out, const float *p, size_t ldp, const flo
         }
 }
 
-/* The correction of a piece's len tokens: o[t,h,:] = o1[t,h,:] + sum_d phi[t,h,d] S[h][d,:], with S its
- * true incoming state ([HV, K, V]); o, o1 [len, HV, V], phi [len, HV, K]. */
-MP_CLONES static void correct(float *o, const float *o1, const float *phi, const float *S, int64_t len, int64_t HV,
-                              int64_t K, int64_t V) {
-    for (int64_t t = 0; t < len; t++)
-        for (int64_t h = 0; h < HV; h++) {
-            float *ot = o + (t * HV + h) * V;
-            const float *pt = phi + (t * HV + h) * K, *Sh = S + h * K * V;
-            memcpy(ot, o1 + (t * HV + h) * V, (size_t)V * sizeof *ot);
-            for (int64_t d = 0; d < K; d++) {
-                float x = pt[d];
-                const float *row = Sh + d * V;
-                for (int64_t j = 0; j < V; j++) ot[j] += x * row[j];
-            }
-        }
+/* The GEMM the correction runs: the GDN kernel's own (C = cs * Cin + alpha * A B, flags GDN_GEMM_*) of
+ * the ISA the options ask for, whose vector entries take head dims in whole 16-float blocks; other
+ * dims take the reference entry's. */
+typedef void (*gemm_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                        int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+
+static gemm_fn pick_gemm(const maskpack_gdn_options *opts, int64_t K, int64_t V) {
+    size_t n, i = 0;
+    const gdn_kernel *table = gdn_kernels(&n);
+    if (K % 16 || V % 16 || mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_F32, opts->isa, &i, NULL)) i = 0;
+    return table[i].gemm_x;
 }
 
-/* The correction's adjoint over a piece's tokens: dphi[t,h,d] = dO[t,h,:] . S[h][d,:] and
- * dS[h][d,:] += phi[t,h,d] dO[t,h,:]. */
-MP_CLONES static void correct_adjoint(float *dphi, float *dS, const float *phi, const float *dO, const float *S,
-                                      int64_t len, int64_t HV, int64_t K, int64_t V) {
-    for (int64_t t = 0; t < len; t++)
-        for (int64_t h = 0; h < HV; h++) {
-            const float *gt = dO + (t * HV + h) * V, *pt = phi + (t * HV + h) * K, *Sh = S + h * K * V;
-            float *dpt = dphi + (t * HV + h) * K, *dSh = dS + h * K * V;
-            for (int64_t d = 0; d < K; d++) {
-                const float *row = Sh + d * V;
-                float *drow = dSh + d * V, acc = 0.0f, x = pt[d];
-                for (int64_t j = 0; j < V; j++) {
-                    acc += gt[j] * row[j];
-                    drow[j] += x * gt[j];
-                }
-                dpt[d] = acc;
-            }
-        }
+/* The correction of a piece's len tokens, per value head h: O_h = O1_h + Phi_h S_h, with O, O1 [len, HV, V],
+ * Phi [len, HV, K] and S its true incoming state [HV, K, V]: one [len x K] x [K x V] product per head. */
+static void correct(gemm_fn gemm, float *o, const float *o1, const float *phi, const float *S, int64_t len, int64_t HV,
+                    int64_t K, int64_t V) {
+    for (int64_t h = 0; h < HV; h++)
+        gemm(len, V, K, 1.0f, phi + h * K, HV * K, S + h * K * V, V, o + h * V, HV * V, GDN_GEMM_ACC, NULL, o1 + h * V,
+             1.0f);
+}
+
+/* The correction's adjoint over a piece's tokens, per value head: dPhi_h = dO_h S_h^T and
+ * dS_h += Phi_h^T dO_h. St: scratch of K * V floats (S_h transposed). */
+static void correct_adjoint(gemm_fn gemm, float *dphi, float *dS, const float *phi, const float *dO, const float *S,
+                            float *St, int64_t len, int64_t HV, int64_t K, int64_t V) {
+    for (int64_t h = 0; h < HV; h++) {
+        const float *Sh = S + h * K * V;
+        for (int64_t d = 0; d < K; d++)
+            for (int64_t j = 0; j < V; j++) St[j * K + d] = Sh[d * V + j];
+        gemm(len, K, V, 1.0f, dO + h * V, HV * V, St, K, dphi + h * K, HV * K, 0u, NULL, dphi + h * K, 0.0f);
+        gemm(K, V, len, 1.0f, phi + h * K, HV * K, dO + h * V, HV * V, dS + h * K * V, V, GDN_GEMM_ACC | GDN_GEMM_AT,
+             NULL, dS + h * K * V, 1.0f);
+    }
 }
 
 /* a * b * c floats, the product checked (NULL on overflow or when memory runs out), zeroed or not. */
@@ -466,6 +467,7 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     float *ht = s ? NULL : floats((size_t)np + 1, R.st, 1, 0);
     if (!s && !ht) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "o", -1, -1, "out of memory");
     const gdn_piece *mine = R.P.pieces + R.P.first[R.P.rank];
+    const gemm_fn gemm = pick_gemm(opts, K, V);
     if (!s) memcpy(o->data, R.o1, (size_t)R.T * (size_t)HV * (size_t)V * sizeof(float)); /* first pieces, pads */
     for (int64_t i = 0; !s && i < np; i++) {
         const float *pb = rec_of(&R, R.P.first[R.P.rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
@@ -476,7 +478,7 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
             continue;
         }
         size_t at = (size_t)mine[i].start * (size_t)HV;
-        correct((float *)o->data + at * (size_t)V, R.o1 + at * (size_t)V, R.phi + at * (size_t)K, Sin, mine[i].len, HV,
+        correct(gemm, (float *)o->data + at * (size_t)V, R.o1 + at * (size_t)V, R.phi + at * (size_t)K, Sin, mine[i].len, HV,
                 K, V);
         gemm_add(ht + (size_t)i * R.st, pb, (size_t)(K + V), Sin, (size_t)V, pb + K, (size_t)(K + V), HV, K, V);
     }
@@ -530,7 +532,9 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
     float *dP = floats(np1, R.sk, 1, 1), *dB = floats(np1, R.st, 1, 1);
     float *zo = floats((size_t)T, (size_t)HV, (size_t)K, 1); /* dphi: zero on first pieces and pads */
-    if (!s && (!dq || !dk || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo))
+    float *St = floats((size_t)K, (size_t)V, 1, 0);
+    const gemm_fn gemm = pick_gemm(opts, K, V);
+    if (!s && (!dq || !dk || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo || !St))
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
     /* the final states' gradient reaches each sequence's last piece, where this rank holds it */
@@ -565,8 +569,8 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         float *dSi = dS + (size_t)i * R.st;
         gemm_ptg(dSi, pb, (size_t)(K + V), dhti, HV, K, V);                 /* P^T dS_out */
         gemm_gst(dP + (size_t)i * R.sk, (size_t)K, dhti, Sin, HV, K, V);    /* dS_out S_in^T */
-        correct_adjoint(zo + at * (size_t)K, dSi, R.phi + at * (size_t)K, (const float *)d_o->data + at * (size_t)V, Sin,
-                        mine[i].len, HV, K, V);
+        correct_adjoint(gemm, zo + at * (size_t)K, dSi, R.phi + at * (size_t)K, (const float *)d_o->data + at * (size_t)V,
+                        Sin, St, mine[i].len, HV, K, V);
     }
     /* the composition's adjoint, piece by piece back along its chain */
     for (int64_t i = 0; !s && i < np; i++) {
@@ -626,7 +630,7 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     if (!s) s = maskpack_gdn_backward(P->mine, &in2, &zo_k, &dP_t, opts, &g2, NULL, 0, err);
     if (!s) add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[3], dg), add_to(outs[4], db);
     free(dq), free(dk), free(dg), free(db), free(dS), free(dht), free(dpb), free(recv), free(G), free(G2);
-    free(dP), free(dB), free(zo);
+    free(dP), free(dB), free(zo), free(St);
     run_free(&R);
     return s ? s : mp_ok(err);
 }

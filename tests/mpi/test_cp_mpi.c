@@ -273,7 +273,8 @@ static void check_gdn(const maskpack_comm *comm) {
     CHECK(L != NULL);
     if (!L) return;
     maskpack_error e;
-    const int64_t T = maskpack_layout_q_width(L), N = 5, H = 2, HV = 4, K = 8, V = 4, tl = T / n;
+    /* K, V in whole 16-float blocks: the correction runs the vector GEMMs (test_cp_local takes the reference) */
+    const int64_t T = maskpack_layout_q_width(L), N = 5, H = 2, HV = 4, K = 16, V = 32, tl = T / n;
     size_t nq = (size_t)(T * H * K), nv = (size_t)(T * HV * V), ng = (size_t)(T * HV), ns = (size_t)(N * HV * K * V);
     float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *g = malloc(ng * 4), *b = malloc(ng * 4);
     float *h0 = malloc(ns * 4), *dout = malloc(nv * 4), *dfin = malloc(ns * 4);
