@@ -1,16 +1,16 @@
 /* cp_gdn.c: sequence-parallel Gated DeltaNet over a maskpack_comm. The recurrence is affine in the
  * state, and jointly linear in (values, incoming state): a piece of a sequence maps its incoming
  * state S_in [K, V] (per value head) to
- *     S_out = P S_in + B,        o_t = o_t(zero state) + S_in^T phi_t
- * with P [K, K] its decays and rank-1 updates, B the piece run from a zero state, and phi_t [K] the
- * output the piece gives from an identity state with zero values. So no rank waits for the piece
- * before its own: every rank runs its pieces once from zero states (B, the zero-state outputs) and
- * once through an identity state with zero values (P, phi), the small (P, B) of every piece are
- * all-gathered, each rank composes them in sequence order up to its pieces, and corrects its
- * outputs with the true incoming states: phi_t (K) times S_in (K x V) per token and head, the only
- * state-dependent product left; the kernels' intra-chunk work is never redone. The backward is the
- * adjoint of the same steps: the kernel's own backward for the two passes, the correction's and the
- * composition's transposes, with the gradients of other ranks' transitions returned to their
+ *     S_out = P S_in + B,        o_t = o1_t + S_in^T phi_t
+ * with P [K, K] its decays and rank-1 updates, B and o1 the piece run from a zero state, and phi_t [K]
+ * the output it gives from an identity state with zero values. So no rank waits for the piece before
+ * its own: every rank runs its pieces once, through the initial states (I | 0) with the values (0 | v)
+ * (K + V value columns: the chunks' own work, their inverses and Q K^T, is done once for both), which
+ * gives (P | B) and (phi | o1); the small (P, B) of every piece are all-gathered, each rank composes
+ * them in sequence order up to its pieces, and corrects its outputs with the true incoming states:
+ * phi (K) times S_in (K x V) per token and head, the only state-dependent product left. The backward
+ * is the adjoint of the same steps: the kernel's own backward of the one pass, the correction's and
+ * the composition's transposes, with the gradients of other ranks' transitions returned to their
  * owners by one all-to-all. MPI programs and the Python binding run this same code. */
 #include "internal.h"
 #include "../kernels/gdn/gdn_internal.h" /* the GDN kernel table: its GEMMs run the correction */
@@ -181,26 +181,29 @@ static gemm_fn pick_gemm(const maskpack_gdn_options *opts, int64_t K, int64_t V)
     return table[i].gemm_x;
 }
 
-/* The correction of a piece's len tokens, per value head h: O_h = O1_h + Phi_h S_h, with O, O1 [len, HV, V],
- * Phi [len, HV, K] and S its true incoming state [HV, K, V]: one [len x K] x [K x V] product per head. */
-static void correct(gemm_fn gemm, float *o, const float *o1, const float *phi, const float *S, int64_t len, int64_t HV,
-                    int64_t K, int64_t V) {
+/* The correction of a piece's len tokens, per value head h: O_h += Phi_h S_h, with O [len, HV, V] (holding
+ * o1), Phi [len, HV, K] inside the pass's outputs [len, HV, K + V] and S its true incoming state
+ * [HV, K, V]: one [len x K] x [K x V] product per head. */
+static void correct(gemm_fn gemm, float *o, const float *phi, const float *S, int64_t len, int64_t HV, int64_t K,
+                    int64_t V) {
+    const int64_t W = K + V;
     for (int64_t h = 0; h < HV; h++)
-        gemm(len, V, K, 1.0f, phi + h * K, HV * K, S + h * K * V, V, o + h * V, HV * V, GDN_GEMM_ACC, NULL, o1 + h * V,
-             1.0f);
+        gemm(len, V, K, 1.0f, phi + h * W, HV * W, S + h * K * V, V, o + h * V, HV * V, GDN_GEMM_ACC, NULL, o + h * V, 1.0f);
 }
 
 /* The correction's adjoint over a piece's tokens, per value head: dPhi_h = dO_h S_h^T and
- * dS_h += Phi_h^T dO_h. St: scratch of K * V floats (S_h transposed). */
+ * dS_h += Phi_h^T dO_h (Phi and dPhi laid out as the pass's outputs, [len, HV, K + V]). St: scratch of
+ * K * V floats (S_h transposed). */
 static void correct_adjoint(gemm_fn gemm, float *dphi, float *dS, const float *phi, const float *dO, const float *S,
                             float *St, int64_t len, int64_t HV, int64_t K, int64_t V) {
+    const int64_t W = K + V, ldp = HV * W;
     for (int64_t h = 0; h < HV; h++) {
         const float *Sh = S + h * K * V;
         for (int64_t d = 0; d < K; d++)
             for (int64_t j = 0; j < V; j++) St[j * K + d] = Sh[d * V + j];
-        gemm(len, K, V, 1.0f, dO + h * V, HV * V, St, K, dphi + h * K, HV * K, 0u, NULL, dphi + h * K, 0.0f);
-        gemm(K, V, len, 1.0f, phi + h * K, HV * K, dO + h * V, HV * V, dS + h * K * V, V, GDN_GEMM_ACC | GDN_GEMM_AT,
-             NULL, dS + h * K * V, 1.0f);
+        gemm(len, K, V, 1.0f, dO + h * V, HV * V, St, K, dphi + h * W, ldp, 0u, NULL, dphi + h * W, 0.0f);
+        gemm(K, V, len, 1.0f, phi + h * W, ldp, dO + h * V, HV * V, dS + h * K * V, V, GDN_GEMM_ACC | GDN_GEMM_AT, NULL,
+             dS + h * K * V, 1.0f);
     }
 }
 
@@ -217,27 +220,25 @@ typedef struct gdn_run {
     gdn_plan P;
     int64_t T, H, HV, K, V, np;
     size_t st, sk, blk;     /* floats of a state [HV,K,V], a transition [HV,K,K], a (P | B) record */
-    float *h0;              /* [np, HV, K, V]: a first piece's initial state, zeros elsewhere */
-    float *eye;             /* [np, HV, K, K] */
-    float *v0;              /* [T, HV, K] zeros: pass 2's values */
+    float *hx;              /* [np, HV, K, K + V]: the pass's initial states (I | h0), h0 a first piece's
+                             * true initial state, zeros elsewhere */
+    float *vx;              /* [T, HV, K + V]: the pass's values (0 | v) */
     float *every;           /* [n, width, HV, K, K + V]: every piece's (P | B) */
     float *states;          /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
-    float *o1;              /* [T, HV, V]: pass 1's outputs (zero incoming states but a sequence's first) */
-    float *phi;             /* [T, HV, K]: pass 2's outputs, the outputs' linear part in the incoming state */
+    float *ox;              /* [T, HV, K + V]: the pass's outputs (phi | o1): phi the outputs' linear part in
+                             * the incoming state, o1 the outputs from zero states (a first piece: its own) */
     float *chainS;          /* per sequence, the state entering each chain element up to ours */
     size_t *chainS_at;      /* [n_seq + 1]: offsets into chainS in states */
-    maskpack_tensor h0_t, eye_t, v0_t, states_t;
+    maskpack_tensor hx_t, vx_t, states_t;
 } gdn_run;
 
 static void run_free(gdn_run *R) {
     plan_free(&R->P);
-    free(R->h0);
-    free(R->eye);
-    free(R->v0);
+    free(R->hx);
+    free(R->vx);
     free(R->every);
     free(R->states);
-    free(R->o1);
-    free(R->phi);
+    free(R->ox);
     free(R->chainS);
     free(R->chainS_at);
     memset(R, 0, sizeof *R);
@@ -317,54 +318,42 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
         run_free(R);
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1, "q: the state sizes HV * K * (K + V) overflow");
     }
-    size_t np1 = (size_t)np + 1, w1 = P->width ? P->width : 1;
-    R->h0 = floats(np1, R->st, 1, 1);
-    R->eye = floats(np1, R->sk, 1, 1);
-    R->v0 = floats((size_t)T, (size_t)HV, (size_t)K, 1);
+    size_t np1 = (size_t)np + 1, w1 = P->width ? P->width : 1, W = (size_t)(K + V);
+    R->hx = floats(np1, R->blk, 1, 1);
+    R->vx = floats((size_t)T, (size_t)HV, W, 0);
+    R->ox = floats((size_t)T, (size_t)HV, W, 0);
     R->every = floats((size_t)P->n, w1, R->blk, 0);
     R->states = floats(np1, R->st, 1, 1);
     R->chainS_at = mp_calloc_array(P->n_seq + 1, sizeof *R->chainS_at);
-    float *B = floats(np1, R->st, 1, 1), *Pm = floats(np1, R->sk, 1, 1);
-    R->o1 = floats((size_t)T, (size_t)HV, (size_t)V, 0);
-    R->phi = floats((size_t)T, (size_t)HV, (size_t)K, 0);
-    float *rec = floats(w1, R->blk, 1, 1);
-    if (!R->h0 || !R->eye || !R->v0 || !R->every || !R->states || !R->chainS_at || !B || !Pm || !R->o1 || !R->phi ||
-        !rec)
+    float *rec = floats(w1, R->blk, 1, 1); /* the pass's final states: this rank's (P | B), as exchanged */
+    if (!R->hx || !R->vx || !R->ox || !R->every || !R->states || !R->chainS_at || !rec)
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
-    for (int64_t i = 0; !s && i < np; i++) {
-        if (mine[i].pos == 0 && in->initial_state)
-            memcpy(R->h0 + i * R->st, (const float *)in->initial_state->data + mine[i].seq * (int64_t)R->st,
-                   R->st * sizeof(float));
-        for (int64_t h = 0; h < HV; h++)
-            for (int64_t d = 0; d < K; d++) R->eye[i * R->sk + (h * K + d) * K + d] = 1.0f;
-    }
-    int64_t s4[4] = {np, HV, K, V}, e4[4] = {np, HV, K, K}, v3[3] = {T, HV, K}, o3[3] = {T, HV, V};
-    R->h0_t = maskpack_tensor_contiguous(R->h0, MASKPACK_F32, 4, s4);
-    R->eye_t = maskpack_tensor_contiguous(R->eye, MASKPACK_F32, 4, e4);
-    R->v0_t = maskpack_tensor_contiguous(R->v0, MASKPACK_F32, 3, v3);
-    R->states_t = maskpack_tensor_contiguous(R->states, MASKPACK_F32, 4, s4);
-    maskpack_tensor B_t = maskpack_tensor_contiguous(B, MASKPACK_F32, 4, s4);
-    maskpack_tensor P_t = maskpack_tensor_contiguous(Pm, MASKPACK_F32, 4, e4);
-    maskpack_tensor o1_t = maskpack_tensor_contiguous(R->o1, MASKPACK_F32, 3, o3);
-    maskpack_tensor o2_t = maskpack_tensor_contiguous(R->phi, MASKPACK_F32, 3, v3);
-    /* pass 1: every piece from a zero state (a sequence's first piece from its true initial state) */
-    maskpack_gdn_inputs in1 = *in;
-    in1.initial_state = &R->h0_t;
-    if (!s) s = maskpack_gdn_forward(P->mine, &in1, opts, &o1_t, &B_t, NULL, 0, err);
-    /* pass 2: each piece's transition P and the outputs' linear part phi, the rule run with zero values
-     * through an identity state */
-    maskpack_gdn_inputs in2 = *in;
-    in2.v = &R->v0_t;
-    in2.initial_state = &R->eye_t;
-    if (!s) s = maskpack_gdn_forward(P->mine, &in2, opts, &o2_t, &P_t, NULL, 0, err);
-    /* the exchange: [width, HV, K, K | V] per rank */
     for (int64_t i = 0; !s && i < np; i++)
-        for (int64_t r = 0; r < HV * K; r++) {
-            float *dst = rec + (size_t)i * R->blk + (size_t)r * (size_t)(K + V);
-            memcpy(dst, Pm + (size_t)i * R->sk + (size_t)r * (size_t)K, (size_t)K * sizeof(float));
-            memcpy(dst + K, B + (size_t)i * R->st + (size_t)r * (size_t)V, (size_t)V * sizeof(float));
+        for (int64_t x = 0; x < HV * K; x++) { /* row d of head h: (e_d | h0 row d) */
+            float *row = R->hx + (size_t)i * R->blk + (size_t)x * W;
+            row[x % K] = 1.0f;
+            if (mine[i].pos == 0 && in->initial_state)
+                memcpy(row + K, (const float *)in->initial_state->data + mine[i].seq * (int64_t)R->st + x * V,
+                       (size_t)V * sizeof(float));
         }
+    for (int64_t r = 0; !s && r < T * HV; r++) {
+        memset(R->vx + (size_t)r * W, 0, (size_t)K * sizeof(float));
+        memcpy(R->vx + (size_t)r * W + K, (const float *)in->v->data + r * V, (size_t)V * sizeof(float));
+    }
+    int64_t x4[4] = {np, HV, K, K + V}, s4[4] = {np, HV, K, V}, x3[3] = {T, HV, K + V};
+    R->hx_t = maskpack_tensor_contiguous(R->hx, MASKPACK_F32, 4, x4);
+    R->vx_t = maskpack_tensor_contiguous(R->vx, MASKPACK_F32, 3, x3);
+    R->states_t = maskpack_tensor_contiguous(R->states, MASKPACK_F32, 4, s4);
+    maskpack_tensor ox_t = maskpack_tensor_contiguous(R->ox, MASKPACK_F32, 3, x3);
+    maskpack_tensor rec_t = maskpack_tensor_contiguous(rec, MASKPACK_F32, 4, x4);
+    /* the pass: every piece through the identity (P, phi) and from a zero state (B, o1) at once, one
+     * kernel run over K + V value columns, so the chunks' own work (their inverses, Q K^T) is done once;
+     * a sequence's first piece runs from its true initial state */
+    maskpack_gdn_inputs inx = *in;
+    inx.v = &R->vx_t;
+    inx.initial_state = &R->hx_t;
+    if (!s) s = maskpack_gdn_forward(P->mine, &inx, opts, &ox_t, &rec_t, NULL, 0, err);
     /* a local failure above (memory) must still enter the exchange, or the others would wait: the
      * exchange carries no status, so such a rank aborts its peers through the transport instead */
     if (!s && comm->all_gather(comm->ctx, rec, R->every, w1 * R->blk * sizeof(float)) != 0)
@@ -398,7 +387,9 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
             size_t l;
             owner_of(P, c[j], &r, &l);
             if (r == P->rank && j > 0) memcpy(R->states + l * R->st, S + j * R->st, R->st * sizeof(float));
-            if (r == P->rank && j == 0) memcpy(R->states + l * R->st, R->h0 + l * R->st, R->st * sizeof(float));
+            for (int64_t x = 0; r == P->rank && j == 0 && x < HV * K; x++) /* the first piece's h0 */
+                memcpy(R->states + l * R->st + (size_t)x * (size_t)V, R->hx + l * R->blk + (size_t)x * (size_t)(K + V) + K,
+                       (size_t)V * sizeof(float));
             if (j == want) break;
             const float *pb = rec_of(R, c[j]);
             if (j == 0) { /* S_1 = B_0 (the first piece ran from the true initial state) */
@@ -411,8 +402,6 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
             }
         }
     }
-    free(B);
-    free(Pm);
     free(rec);
     if (s) run_free(R);
     return s;
@@ -468,7 +457,9 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     if (!s && !ht) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "o", -1, -1, "out of memory");
     const gdn_piece *mine = R.P.pieces + R.P.first[R.P.rank];
     const gemm_fn gemm = pick_gemm(opts, K, V);
-    if (!s) memcpy(o->data, R.o1, (size_t)R.T * (size_t)HV * (size_t)V * sizeof(float)); /* first pieces, pads */
+    const size_t W = (size_t)(K + V);
+    for (int64_t r = 0; !s && r < R.T * HV; r++) /* o = o1 (exact for first pieces and pads) */
+        memcpy((float *)o->data + r * V, R.ox + (size_t)r * W + K, (size_t)V * sizeof(float));
     for (int64_t i = 0; !s && i < np; i++) {
         const float *pb = rec_of(&R, R.P.first[R.P.rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
         if (mine[i].pos == 0) { /* ran from its true initial state in pass 1 */
@@ -478,8 +469,7 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
             continue;
         }
         size_t at = (size_t)mine[i].start * (size_t)HV;
-        correct(gemm, (float *)o->data + at * (size_t)V, R.o1 + at * (size_t)V, R.phi + at * (size_t)K, Sin, mine[i].len, HV,
-                K, V);
+        correct(gemm, (float *)o->data + at * (size_t)V, R.ox + at * W, Sin, mine[i].len, HV, K, V);
         gemm_add(ht + (size_t)i * R.st, pb, (size_t)(K + V), Sin, (size_t)V, pb + K, (size_t)(K + V), HV, K, V);
     }
     /* every rank enters the final exchange (a failure here is local: shapes or memory) */
@@ -489,13 +479,6 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     free(ht);
     run_free(&R);
     return s ? s : mp_ok(err);
-}
-
-static void add_to(maskpack_tensor *acc, const float *x) {
-    if (!acc) return;
-    float *a = acc->data;
-    size_t n = (size_t)mp_numel(acc);
-    for (size_t i = 0; i < n; i++) a[i] += x[i];
 }
 
 maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -524,17 +507,16 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     if (!s && grads->d_initial_state && !f32_contiguous(grads->d_initial_state))
         s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_initial_state", -1, -1,
                     "d_initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
-    size_t nq = (size_t)mp_numel(in->q), ng = (size_t)mp_numel(in->g);
-    float *dq = floats(nq, 1, 1, 0), *dk = floats(nq, 1, 1, 0);
-    float *dg = floats(ng, 1, 1, 0), *db = floats(ng, 1, 1, 0);
+    const size_t W = (size_t)(K + V);
     float *dS = floats(np1, R.st, 1, 1), *dht = floats(np1, R.st, 1, 1);
     float *dpb = floats((size_t)P->n, w1, R.blk, 1), *recv = floats((size_t)P->n, w1, R.blk, 0);
     float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
-    float *dP = floats(np1, R.sk, 1, 1), *dB = floats(np1, R.st, 1, 1);
-    float *zo = floats((size_t)T, (size_t)HV, (size_t)K, 1); /* dphi: zero on first pieces and pads */
+    float *dfx = floats(np1, R.blk, 1, 1);           /* the pass's final states' gradient (dP | dB) */
+    float *dox = floats((size_t)T, (size_t)HV, W, 1); /* its outputs' gradient (dphi | d_o); dphi 0 on first pieces */
+    float *dvx = floats((size_t)T, (size_t)HV, W, 0), *dhx = floats(np1, R.blk, 1, 0);
     float *St = floats((size_t)K, (size_t)V, 1, 0);
     const gemm_fn gemm = pick_gemm(opts, K, V);
-    if (!s && (!dq || !dk || !dg || !db || !dS || !dht || !dpb || !recv || !G || !G2 || !dP || !dB || !zo || !St))
+    if (!s && (!dS || !dht || !dpb || !recv || !G || !G2 || !dfx || !dox || !dvx || !dhx || !St))
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
     /* the final states' gradient reaches each sequence's last piece, where this rank holds it */
@@ -545,32 +527,24 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
         if (r == P->rank) memcpy(dht + l * R.st, (const float *)d_final_state->data + q * R.st, R.st * 4);
     }
-    int64_t s4[4] = {np, HV, K, V}, e4[4] = {np, HV, K, K};
-    /* scratch gradients of passes 1 and 2, added into the caller's after each */
-    maskpack_tensor dq_t = maskpack_tensor_contiguous(dq, MASKPACK_F32, in->q->ndim, in->q->shape);
-    maskpack_tensor dk_t = maskpack_tensor_contiguous(dk, MASKPACK_F32, in->k->ndim, in->k->shape);
-    maskpack_tensor dg_t = maskpack_tensor_contiguous(dg, MASKPACK_F32, in->g->ndim, in->g->shape);
-    maskpack_tensor db_t = maskpack_tensor_contiguous(db, MASKPACK_F32, in->beta->ndim, in->beta->shape);
-    maskpack_tensor dS_t = maskpack_tensor_contiguous(dS, MASKPACK_F32, 4, s4);
-    maskpack_tensor dP_t = maskpack_tensor_contiguous(dP, MASKPACK_F32, 4, e4);
-    maskpack_tensor dB_t = maskpack_tensor_contiguous(dB, MASKPACK_F32, 4, s4);
-    int64_t ok[3] = {T, HV, K};
-    maskpack_tensor zo_k = maskpack_tensor_contiguous(zo, MASKPACK_F32, 3, ok);
-    /* the correction's and the final states' adjoints, piece by piece: dphi (pass 2's output gradient),
-     * the incoming states' gradient dS, and the local parts of dP and dB:
-     *     o = o1 + phi S_in,   S_out = P S_in + B   (a first piece: S_in is pass 1's own, o = o1, S_out = B) */
+    for (int64_t r = 0; !s && r < T * HV; r++)
+        memcpy(dox + (size_t)r * W + K, (const float *)d_o->data + r * V, (size_t)V * sizeof(float));
+    /* the correction's and the final states' adjoints, piece by piece: dphi, the incoming states'
+     * gradient dS, and the local parts of dP and dB:
+     *     o = o1 + phi S_in,   S_out = P S_in + B   (a first piece: S_in is the pass's own, o = o1, S_out = B) */
     if (!s && grads->d_initial_state) memset(grads->d_initial_state->data, 0, P->n_seq * R.st * 4);
     for (int64_t i = 0; !s && i < np; i++) {
-        float *dBi = dB + (size_t)i * R.st, *dhti = dht + (size_t)i * R.st;
-        for (size_t x = 0; x < R.st; x++) dBi[x] += dhti[x];
+        float *dfi = dfx + (size_t)i * R.blk, *dhti = dht + (size_t)i * R.st;
+        for (int64_t x = 0; x < HV * K; x++)
+            for (int64_t y = 0; y < V; y++) dfi[(size_t)x * W + K + (size_t)y] += dhti[x * V + y];
         if (mine[i].pos == 0) continue;
         const float *pb = rec_of(&R, P->first[P->rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
         size_t at = (size_t)mine[i].start * (size_t)HV;
         float *dSi = dS + (size_t)i * R.st;
-        gemm_ptg(dSi, pb, (size_t)(K + V), dhti, HV, K, V);                 /* P^T dS_out */
-        gemm_gst(dP + (size_t)i * R.sk, (size_t)K, dhti, Sin, HV, K, V);    /* dS_out S_in^T */
-        correct_adjoint(gemm, zo + at * (size_t)K, dSi, R.phi + at * (size_t)K, (const float *)d_o->data + at * (size_t)V,
-                        Sin, St, mine[i].len, HV, K, V);
+        gemm_ptg(dSi, pb, W, dhti, HV, K, V);   /* P^T dS_out */
+        gemm_gst(dfi, W, dhti, Sin, HV, K, V);  /* dP += dS_out S_in^T */
+        correct_adjoint(gemm, dox + at * W, dSi, R.ox + at * W, (const float *)d_o->data + at * (size_t)V, Sin, St,
+                        mine[i].len, HV, K, V);
     }
     /* the composition's adjoint, piece by piece back along its chain */
     for (int64_t i = 0; !s && i < np; i++) {
@@ -578,7 +552,7 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         const size_t *c = P->chain + P->chain_begin[q];
         size_t m = 0;
         while (c[m] != P->first[P->rank] + (size_t)i) m++;
-        if (m == 0) continue; /* a first piece: its state reaches pass 1 itself, whose adjoint takes it */
+        if (m == 0) continue; /* a first piece: its state enters the pass itself, whose adjoint takes it */
         memcpy(G, dS + i * R.st, R.st * 4);
         const float *S = R.chainS + R.chainS_at[q] * R.st;
         for (size_t j = m - 1; j >= 1; j--) { /* S_{j+1} = P_j S_j + B_j */
@@ -589,8 +563,8 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
             const float *pb = rec_of(&R, c[j]);
             for (int64_t x = 0; x < HV * K; x++)
                 for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
-            gemm_gst(rec, (size_t)(K + V), G, S + j * R.st, HV, K, V);
-            gemm_ptg(G2, pb, (size_t)(K + V), G, HV, K, V);
+            gemm_gst(rec, W, G, S + j * R.st, HV, K, V);
+            gemm_ptg(G2, pb, W, G, HV, K, V);
             memcpy(G, G2, R.st * 4);
         }
         int r; /* S_1 = B_0 */
@@ -600,37 +574,37 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         for (int64_t x = 0; x < HV * K; x++)
             for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
     }
-    /* each owner receives every rank's gradient of its transitions and sums them */
+    /* each owner receives every rank's gradient of its transitions (records laid out as dfx) and sums them */
     if (!s && comm->all_to_all(comm->ctx, dpb, recv, w1 * R.blk * 4) != 0)
         s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
                     "comm: all_to_all of the transitions' gradients failed on rank %d", comm->rank);
     for (int r = 0; !s && r < P->n; r++)
         for (int64_t i = 0; i < np; i++) {
             const float *src = recv + ((size_t)r * w1 + (size_t)i) * R.blk;
-            for (int64_t x = 0; x < HV * K; x++) {
-                for (int64_t y = 0; y < K; y++) dP[i * (int64_t)R.sk + x * K + y] += src[x * (K + V) + y];
-                for (int64_t y = 0; y < V; y++) dB[i * (int64_t)R.st + x * V + y] += src[x * (K + V) + K + y];
-            }
+            float *dfi = dfx + (size_t)i * R.blk;
+            for (size_t x = 0; x < R.blk; x++) dfi[x] += src[x];
         }
-    /* pass 1's adjoint, straight into the caller's gradients: d_o itself and dB as its final states' gradient */
-    maskpack_gdn_inputs in1 = *in;
-    in1.initial_state = &R.h0_t;
-    maskpack_gdn_grads g1 = {outs[0], outs[1], outs[2], outs[3], outs[4], &dS_t};
-    if (!s) s = maskpack_gdn_backward(P->mine, &in1, d_o, &dB_t, opts, &g1, NULL, 0, err);
+    /* the pass's adjoint, once: q, k, g, beta straight into the caller's gradients; v's from its columns */
+    int64_t x4[4] = {np, HV, K, K + V}, x3[3] = {T, HV, K + V};
+    maskpack_tensor dfx_t = maskpack_tensor_contiguous(dfx, MASKPACK_F32, 4, x4);
+    maskpack_tensor dox_t = maskpack_tensor_contiguous(dox, MASKPACK_F32, 3, x3);
+    maskpack_tensor dvx_t = maskpack_tensor_contiguous(dvx, MASKPACK_F32, 3, x3);
+    maskpack_tensor dhx_t = maskpack_tensor_contiguous(dhx, MASKPACK_F32, 4, x4);
+    maskpack_gdn_inputs inx = *in;
+    inx.v = &R.vx_t;
+    inx.initial_state = &R.hx_t;
+    maskpack_gdn_grads gx = {outs[0], outs[1], &dvx_t, outs[3], outs[4], &dhx_t};
+    if (!s) s = maskpack_gdn_backward(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, NULL, 0, err);
+    for (int64_t r = 0; !s && r < T * HV; r++)
+        memcpy((float *)outs[2]->data + r * V, dvx + (size_t)r * W + K, (size_t)V * sizeof(float));
     for (int64_t i = 0; !s && grads->d_initial_state && i < np; i++)
-        if (mine[i].pos == 0)
-            for (size_t x = 0; x < R.st; x++)
-                ((float *)grads->d_initial_state->data)[mine[i].seq * (int64_t)R.st + (int64_t)x] +=
-                    dS[i * (int64_t)R.st + (int64_t)x];
-    /* pass 2's adjoint: dphi as its outputs' gradient, dP as its final states' */
-    maskpack_gdn_inputs in2 = *in;
-    in2.v = &R.v0_t;
-    in2.initial_state = &R.eye_t;
-    maskpack_gdn_grads g2 = {&dq_t, &dk_t, NULL, &dg_t, &db_t, NULL};
-    if (!s) s = maskpack_gdn_backward(P->mine, &in2, &zo_k, &dP_t, opts, &g2, NULL, 0, err);
-    if (!s) add_to(outs[0], dq), add_to(outs[1], dk), add_to(outs[3], dg), add_to(outs[4], db);
-    free(dq), free(dk), free(dg), free(db), free(dS), free(dht), free(dpb), free(recv), free(G), free(G2);
-    free(dP), free(dB), free(zo), free(St);
+        if (mine[i].pos == 0) /* a first piece's initial state: the h0 columns of the pass's */
+            for (int64_t x = 0; x < HV * K; x++) {
+                float *dst = (float *)grads->d_initial_state->data + mine[i].seq * (int64_t)R.st + x * V;
+                const float *src = dhx + (size_t)i * R.blk + (size_t)x * W + K;
+                for (int64_t y = 0; y < V; y++) dst[y] += src[y];
+            }
+    free(dS), free(dht), free(dpb), free(recv), free(G), free(G2), free(dfx), free(dox), free(dvx), free(dhx), free(St);
     run_free(&R);
     return s ? s : mp_ok(err);
 }
