@@ -15,13 +15,13 @@
 #include "maskpack.h"
 #include "ext_common.h"
 
-/* (layout, q, k, v, scale, softcap, out, lse | None, n_threads) -> None */
+/* (layout, q, k, v, scale, softcap, out, lse | None, n_threads, isa) -> None */
 static PyObject *py_forward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *dq, *dk, *dv, *dout, *dlse;
     double scale, softcap;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOOddOOi", &layout, &dq, &dk, &dv, &scale, &softcap, &dout, &dlse, &threads))
+    int threads, isa;
+    if (!PyArg_ParseTuple(args, "OOOOddOOii", &layout, &dq, &dk, &dv, &scale, &softcap, &dout, &dlse, &threads, &isa))
         return NULL;
     const maskpack_layout *L;
     maskpack_tensor q, k, v, out, lse;
@@ -33,21 +33,21 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_forward(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
-                                   po ? &out : NULL, pl ? &lse : NULL, threads, NULL, 0, &err);
+    s = maskpack_attention_forward_isa(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
+                                       po ? &out : NULL, pl ? &lse : NULL, (maskpack_isa)isa, threads, NULL, 0, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
-/* (layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
+/* (layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads, isa) -> None */
 static PyObject *py_backward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *d[10];
     double scale, softcap;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOOddOOOi", &layout, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale, &softcap,
-                          &d[6], &d[7], &d[8], &threads))
+    int threads, isa;
+    if (!PyArg_ParseTuple(args, "OOOOOOOddOOOii", &layout, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale, &softcap,
+                          &d[6], &d[7], &d[8], &threads, &isa))
         return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     const maskpack_layout *L;
@@ -61,8 +61,8 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], threads,
-                                    NULL, 0, &err);
+    s = maskpack_attention_backward_isa(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8],
+                                        (maskpack_isa)isa, threads, NULL, 0, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
@@ -83,21 +83,21 @@ static int parse_team(PyObject *obj, maskpack_workers **team) {
     return *team ? 0 : -1;
 }
 
-/* op_create(layout, hq, hkv, d, dtype_code, n_threads) -> op capsule (the kernel: AUTO, MASKPACK_ISA
- * read now). The capsule holds no reference to the layout: the caller keeps the op in the layout's
+/* op_create(layout, hq, hkv, d, dtype_code, n_threads, isa) -> op capsule (the kernel: isa; AUTO reads
+ * MASKPACK_ISA now). The capsule holds no reference to the layout: the caller keeps the op in the layout's
  * own cache, so the op never outlives it. */
 static PyObject *py_op_create(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout;
     long long hq, hkv, d;
-    int dtype, threads;
-    if (!PyArg_ParseTuple(args, "OLLLii", &layout, &hq, &hkv, &d, &dtype, &threads)) return NULL;
+    int dtype, threads, isa;
+    if (!PyArg_ParseTuple(args, "OLLLiii", &layout, &hq, &hkv, &d, &dtype, &threads, &isa)) return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
     maskpack_attention_op *op = NULL;
     maskpack_error err;
     maskpack_status s =
-        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype, MASKPACK_ISA_AUTO, threads, &op, &err);
+        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype, (maskpack_isa)isa, threads, &op, &err);
     if (s) return mpx_raise_status(s, &err);
     PyObject *cap = PyCapsule_New(op, OP_CAPSULE, op_capsule_free);
     if (!cap) maskpack_attention_op_free(op);

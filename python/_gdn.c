@@ -33,13 +33,13 @@ static int parse_many(PyObject *descs, const char *const *names, int n, maskpack
 
 /* ---- the rule ------------------------------------------------------------------------------- */
 
-/* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads) */
+/* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads, isa) */
 static PyObject *py_forward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *descs;
     double scale;
-    int chunked, l2norm, threads;
-    if (!PyArg_ParseTuple(args, "OO!dppi", &layout, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads))
+    int chunked, l2norm, threads, isa;
+    if (!PyArg_ParseTuple(args, "OO!dppii", &layout, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads, &isa))
         return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
@@ -52,6 +52,7 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     o.chunked = chunked;
     o.l2norm = l2norm;
     o.n_threads = threads;
+    o.isa = (maskpack_isa)isa;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_forward(L, &in, &o, p[6], p[7], NULL, 0, &err);
@@ -59,13 +60,14 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads) */
+/* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads, isa) */
 static PyObject *py_backward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *descs;
     double scale;
-    int l2norm, threads;
-    if (!PyArg_ParseTuple(args, "OO!dpi", &layout, &PyTuple_Type, &descs, &scale, &l2norm, &threads)) return NULL;
+    int l2norm, threads, isa;
+    if (!PyArg_ParseTuple(args, "OO!dpii", &layout, &PyTuple_Type, &descs, &scale, &l2norm, &threads, &isa))
+        return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
     static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
@@ -78,6 +80,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     o.scale = scale;
     o.l2norm = l2norm;
     o.n_threads = threads;
+    o.isa = (maskpack_isa)isa;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_backward(L, &in, p[6], p[7], &o, &gr, NULL, 0, &err);
@@ -240,8 +243,9 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     PyObject *addr;
     long long H, HV, K, V;
     double scale;
-    int chunked, l2norm, threads;
-    if (!PyArg_ParseTuple(args, "OLLLLdppi", &addr, &H, &HV, &K, &V, &scale, &chunked, &l2norm, &threads)) return NULL;
+    int chunked, l2norm, threads, isa;
+    if (!PyArg_ParseTuple(args, "OLLLLdppii", &addr, &H, &HV, &K, &V, &scale, &chunked, &l2norm, &threads, &isa))
+        return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(addr, &L) < 0) return NULL;
     maskpack_gdn_options o = maskpack_gdn_options_default();
@@ -249,6 +253,7 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     o.chunked = chunked;
     o.l2norm = l2norm;
     o.n_threads = threads;
+    o.isa = (maskpack_isa)isa;
     maskpack_gdn_op *op = NULL;
     maskpack_error err;
     maskpack_status s = maskpack_gdn_op_create(L, H, HV, K, V, &o, &op, &err);
@@ -337,12 +342,12 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* conv1d_on(layout, (x, weight, prefix, y, state), silu, team or None): on the process's team */
+/* conv1d_on(layout, (x, weight, prefix, y, state), silu, team or None, isa): on the process's team */
 static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *addr, *descs, *team_obj;
-    int silu;
-    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    int silu, isa;
+    if (!PyArg_ParseTuple(args, "OO!pOi", &addr, &PyTuple_Type, &descs, &silu, &team_obj, &isa)) return NULL;
     const maskpack_layout *L;
     maskpack_workers *team;
     if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
@@ -351,18 +356,18 @@ static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, MASKPACK_ISA_AUTO, team, p[3], p[4],
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, (maskpack_isa)isa, team, p[3], p[4],
                                                          NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
-/* conv1d_backward_on(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, team or None) */
+/* conv1d_backward_on(layout, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu, team or None, isa) */
 static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *addr, *descs, *team_obj;
-    int silu;
-    if (!PyArg_ParseTuple(args, "OO!pO", &addr, &PyTuple_Type, &descs, &silu, &team_obj)) return NULL;
+    int silu, isa;
+    if (!PyArg_ParseTuple(args, "OO!pOi", &addr, &PyTuple_Type, &descs, &silu, &team_obj, &isa)) return NULL;
     const maskpack_layout *L;
     maskpack_workers *team;
     if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
@@ -371,7 +376,7 @@ static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], MASKPACK_ISA_AUTO,
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], (maskpack_isa)isa,
                                                                   team, p[5], p[6], p[7], NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;

@@ -193,6 +193,24 @@ def _is_intlike(v) -> bool:
     return isinstance(v, (int, np.integer, np.bool_))
 
 
+# maskpack_isa (maskpack.h): the kernel every attention, Gated DeltaNet and conv call takes as isa=
+ISA_CODES = {"auto": 0, "ref": 1, "avx512": 2, "avx2": 3, "avx512_bf16": 4, "amx": 5}
+
+
+def isa_code(isa: Optional[str]) -> int:
+    """isa= of a kernel call -> its maskpack_isa code. None or "auto": MASKPACK_ISA, else the best this
+    CPU runs; a name this CPU cannot run is refused by the library, naming the missing feature."""
+    if isa is None:
+        return 0
+    if not isinstance(isa, str):
+        raise TypeError(f"isa: expected None or one of {', '.join(ISA_CODES)}, found {type(isa).__name__}")
+    code = ISA_CODES.get(isa.strip().lower().replace("-", "_"))
+    if code is None:
+        raise Error(f"isa: expected one of {', '.join(ISA_CODES)}, found {isa!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="isa")
+    return code
+
+
 def dtype_name(dtype: Any, what: str = "dtype") -> str:
     """str / numpy dtype / Python type / torch dtype -> one of DTYPE_NAMES."""
     if isinstance(dtype, str):

@@ -25,7 +25,8 @@ import numpy as np
 
 from ._maskpack import attention as _attention
 from ._errors import Error
-from ._tensors import DTYPE_CODE, check_threads, describe, describe_out, is_torch_tensor, layout_handle
+from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, is_torch_tensor, isa_code,
+                       layout_handle)
 from ._moves import _cache_of, _team
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
@@ -101,7 +102,7 @@ def _needs_grad(*xs: Any) -> bool:
     return torch.is_grad_enabled() and any(is_torch_tensor(x) and x.requires_grad for x in xs)
 
 
-def _op(layout, handle, dq, dk, threads):
+def _op(layout, handle, dq, dk, threads, isa):
     """The C operator of the attention for this layout, head shapes, dtype and thread count, made on
     first use and kept in the layout's cache (the kernel choice, the work items and the key groups
     are planned once per layout, and its workspace kept, not per call); None where the tensors cannot
@@ -110,20 +111,20 @@ def _op(layout, handle, dq, dk, threads):
     if len(qs) < 3 or len(ks) < 3:
         return None
     # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
-    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), int(dq[1]), threads,
-           os.environ.get("MASKPACK_ISA"))
+    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), int(dq[1]), threads, isa,
+           os.environ.get("MASKPACK_ISA") if isa == 0 else None)
     cache = _cache_of(layout)
     op = cache.get(key)
     if op is None:
         try:
-            op = _attention.op_create(handle, *key[1:6])
+            op = _attention.op_create(handle, *key[1:7])
         except Error:
             return None
         cache[key] = op
     return op
 
 
-def _forward(q, k, v, layout, scale, softcap, out, n_threads):
+def _forward(q, k, v, layout, scale, softcap, out, n_threads, isa=0):
     use_torch = any(is_torch_tensor(x) for x in (q, k, v))
     if is_torch_tensor(q):
         q, k, v = (x.detach() if is_torch_tensor(x) else x for x in (q, k, v))
@@ -137,9 +138,9 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
     do, ko, _ = describe_out(out, "out")
     dl, kl, _ = describe(lse, "lse")
     threads = _threads(n_threads, use_torch)
-    op = _op(layout, handle, dq, dk, threads)
+    op = _op(layout, handle, dq, dk, threads, isa)
     if op is None:
-        _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, threads)
+        _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, threads, isa)
     else:
         _attention.op_forward(op, _team(threads), dq, dk, dv, _scale(scale), _softcap(softcap), do, dl)
     del kq, kk, kv, ko, kl
@@ -149,13 +150,15 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads):
 def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None, softcap: float = 0.0,
               out: Any = None, n_threads: Optional[int] = None, threads: Optional[int] = None, *,
               group: Any = None, cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-              cp_algorithm: str = "auto") -> Any:
+              cp_algorithm: str = "auto", isa: Optional[str] = None) -> Any:
     """Attention of q over k, v under the layout's rule -> ``(out, lse)``.
 
     scale: None (or 0) = 1/sqrt(D); softcap: 0 = none, else logits become softcap*tanh(s/softcap).
     out: an optional preallocated output (q's shape and dtype). n_threads: default = torch's thread
     count for torch tensors, else the CPUs this process may use. When autograd records and an input
-    requires grad, the call is differentiable in q, k, v (lse is not).
+    requires grad, the call is differentiable in q, k, v (lse is not). isa: the kernel for this call
+    ("ref", "avx2", "avx512", "avx512_bf16", "amx"; None or "auto": MASKPACK_ISA, else the best this
+    CPU runs); one this CPU lacks raises maskpack.Error naming the missing feature.
 
     ``group`` (a torch.distributed ProcessGroup): context parallelism; q, k, v are this rank's CP shard
     of the whole ``layout`` and the result is this rank's out only (differentiable; see
@@ -166,22 +169,28 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
             raise TypeError("attention(): out= cannot be combined with group=")
         from .distributed import attention_cp
 
+        if isa is not None:
+            raise TypeError("attention(): isa= cannot be combined with group= (the CP algorithms choose their kernels)")
         return attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
                             scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
+    code = isa_code(isa)
     if _needs_grad(q, k, v):
         if out is not None:
             raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")
-        return _function().apply(q, k, v, layout, scale, softcap, _alias(threads, n_threads))
-    return _forward(q, k, v, layout, scale, softcap, out, _alias(threads, n_threads))
+        return _function().apply(q, k, v, layout, scale, softcap, _alias(threads, n_threads), code)
+    return _forward(q, k, v, layout, scale, softcap, out, _alias(threads, n_threads), code)
 
 
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, layout: Any,
                        scale: Optional[float] = None, softcap: float = 0.0,
-                       n_threads: Optional[int] = None, threads: Optional[int] = None) -> Tuple[Any, Any, Any]:
+                       n_threads: Optional[int] = None, threads: Optional[int] = None, *,
+                       isa: Optional[str] = None) -> Tuple[Any, Any, Any]:
     """Gradients of :func:`attention` -> ``(dq, dk, dv)`` from dout, the forward's out and lse.
 
-    Tiles are recomputed (flash-attention 2): memory stays linear in the tokens."""
+    Tiles are recomputed (flash-attention 2): memory stays linear in the tokens. isa: as for
+    :func:`attention`."""
     n_threads = _alias(threads, n_threads)
+    code = isa_code(isa)
     xs = (dout, q, k, v, out, lse)
     use_torch = any(is_torch_tensor(x) for x in xs)
     xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
@@ -195,10 +204,10 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
         descs.append(d)
         keep.append(kx)
     threads = _threads(n_threads, use_torch)
-    op = _op(layout, handle, descs[1], descs[2], threads)
+    op = _op(layout, handle, descs[1], descs[2], threads, code)
     if op is None:
         _attention.backward(handle, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),
-                            _softcap(softcap), descs[6], descs[7], descs[8], threads)
+                            _softcap(softcap), descs[6], descs[7], descs[8], threads, code)
     else:
         _attention.op_backward(op, _team(threads), descs[0], descs[1], descs[2], descs[3], descs[4], descs[5],
                                _scale(scale), _softcap(softcap), descs[6], descs[7], descs[8])
@@ -217,10 +226,10 @@ def _function():
 
         class _AttentionFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, layout, scale, softcap, n_threads):
-                out, lse = _forward(q, k, v, layout, scale, softcap, None, n_threads)
+            def forward(ctx, q, k, v, layout, scale, softcap, n_threads, isa=0):
+                out, lse = _forward(q, k, v, layout, scale, softcap, None, n_threads, isa)
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.layout, ctx.scale, ctx.softcap, ctx.n_threads = layout, scale, softcap, n_threads
+                ctx.layout, ctx.scale, ctx.softcap, ctx.n_threads, ctx.isa = layout, scale, softcap, n_threads, isa
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
@@ -231,9 +240,10 @@ def _function():
                     dout = torch.zeros_like(out)
                 if dout.dim() > 0 and dout.stride(-1) != 1:
                     dout = dout.contiguous()
+                names = {c: n for n, c in ISA_CODES.items()}
                 dq, dk, dv = attention_backward(dout, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.softcap,
-                                                ctx.n_threads)
-                return dq, dk, dv, None, None, None, None
+                                                ctx.n_threads, isa=names[ctx.isa])
+                return dq, dk, dv, None, None, None, None, None
 
         _FUNCTION = _AttentionFunction
     return _FUNCTION
@@ -241,19 +251,20 @@ def _function():
 
 class AttentionFunction:
     """torch.autograd.Function of :func:`attention`: ``AttentionFunction.apply(q, k, v, layout,
-    scale=None, softcap=0.0, n_threads=None) -> (out, lse)``; lse is not differentiable. (A
+    scale=None, softcap=0.0, n_threads=None, isa=None) -> (out, lse)``; lse is not differentiable. (A
     stand-in that builds the real Function on first use, so importing maskpack needs no torch.)"""
 
     @staticmethod
-    def apply(q, k, v, layout, scale=None, softcap=0.0, n_threads=None):
-        return _function().apply(q, k, v, layout, scale, softcap, n_threads)
+    def apply(q, k, v, layout, scale=None, softcap=0.0, n_threads=None, isa=None):
+        return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
 
 
 def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None,
-                       softcap: float = 0.0, n_threads: Optional[int] = None, threads: Optional[int] = None) -> Any:
+                       softcap: float = 0.0, n_threads: Optional[int] = None, threads: Optional[int] = None, *,
+                       isa: Optional[str] = None) -> Any:
     """Differentiable attention for torch models: returns ``out`` only (gradients flow to q, k, v)."""
     n_threads = _alias(threads, n_threads)
-    return _function().apply(q, k, v, layout, scale, softcap, n_threads)[0]
+    return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
 
 
 def attention_isa(dtype: Any = "float32") -> str:

@@ -24,7 +24,7 @@ import torch
 from ._maskpack import gdn as _gdn
 from ._alloc import fresh
 from ._errors import Error
-from ._tensors import check_layout, check_threads, layout_handle
+from ._tensors import check_layout, check_threads, isa_code, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one tensor -> descriptor path
 from ._moves import _cache_of, _team
 
@@ -69,7 +69,7 @@ def gdn_isa() -> str:
 # ---- the gated delta rule ---------------------------------------------------------------------
 
 
-def _rule_op(layout, q, v, scale, chunked, l2norm, threads):
+def _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa):
     """The C operator of the rule for this layout, shapes and options, made on first use and kept in
     the layout's cache (the kernel choice, the sorted work lists and a workspace are planned once
     per layout, not per call); None where the shapes cannot make one: the plain call then names
@@ -78,41 +78,42 @@ def _rule_op(layout, q, v, scale, chunked, l2norm, threads):
         return None
     # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
     key = ("gdn_op", int(q.shape[-2]), int(v.shape[-2]), int(q.shape[-1]), int(v.shape[-1]), float(scale),
-           bool(chunked), bool(l2norm), threads, os.environ.get("MASKPACK_ISA"))
+           bool(chunked), bool(l2norm), threads, isa, os.environ.get("MASKPACK_ISA") if isa == 0 else None)
     cache = _cache_of(layout)
     op = cache.get(key)
     if op is None:
         try:
-            op = _gdn.op_create(layout_handle(layout), *key[1:9])
+            op = _gdn.op_create(layout_handle(layout), *key[1:10])
         except Error:
             return None
         cache[key] = op
     return op
 
 
-def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht) -> None:
+def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht) -> None:
     """The C forward of the rule into the given outputs (it validates every tensor before writing),
     through the layout's operator on the process's worker team of ``threads``."""
     descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
              _d(o, "o"), _d(ht, "final_state"))
-    op = _rule_op(layout, q, v, scale, chunked, l2norm, threads)
+    op = _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa)
     if op is None:
-        _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads)
+        _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads, isa)
     else:
         _gdn.op_forward(op, _team(threads), descs)
 
 
 class _RuleFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads):
+    def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa):
         n_seg = layout.n_segments
         HV, V = v.shape[-2], v.shape[-1]
         K = q.shape[-1]
         o = fresh(v.shape, v.dtype)
         ht = fresh((n_seg, HV, K, V), torch.float32)
-        _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, o, ht)
+        _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht)
         ctx.save_for_backward(q, k, v, g, beta, h0)
         ctx.layout, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads = layout, scale, chunked, l2norm, threads
+        ctx.isa = isa
         return o, ht
 
     @staticmethod
@@ -130,12 +131,12 @@ class _RuleFn(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        op = _rule_op(ctx.layout, q, v, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads)
+        op = _rule_op(ctx.layout, q, v, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads, ctx.isa)
         if op is None:
-            _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads)
+            _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads, ctx.isa)
         else:
             _gdn.op_backward(op, _team(ctx.threads), descs)
-        return dq, dk, dv, dg, db, dh0, None, None, None, None, None
+        return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -143,7 +144,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
                      out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, *, group: Any = None,
                      cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-                     cp_method: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+                     cp_method: str = "auto", isa: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per segment of ``layout``.
 
     q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
@@ -157,7 +158,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     Returns ``(o, final_state)``: o like v (pad rows 0), final_state ``[segments, HV, K, V]`` float32.
     ``out=(o, final_state)``: preallocated outputs of those shapes and dtypes (any strides), filled
     and returned, so a loop can reuse its memory instead of paying fresh pages every call; not
-    allowed while autograd records (an input requires grad).
+    allowed while autograd records (an input requires grad). ``isa``: the kernel for this call ("ref",
+    "avx2", "avx512"; None or "auto": MASKPACK_ISA, else the best this CPU runs); one this CPU lacks
+    raises maskpack.Error naming the missing feature.
 
     ``group`` (a torch.distributed ProcessGroup): context parallelism. The tensors are then this
     rank's CP shard ([T_local, ...], as ``layout.shard(x, cp, rank, scheme=cp_scheme, tp=tp,
@@ -170,6 +173,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if group is not None:
         if out is not None:
             raise TypeError("gated_delta_rule(): out= cannot be combined with group=")
+        if isa is not None:
+            raise TypeError("gated_delta_rule(): isa= cannot be combined with group= (the CP ways choose their kernels)")
         from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
 
         fn = gated_delta_rule_sp if _cp_method(cp_method, group, q.shape[-2], v.shape[-2]) == "sequence" \
@@ -177,6 +182,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         return fn(q, k, v, g, beta, layout, group, scale=scale, initial_state=initial_state, chunked=chunked,
                   l2norm=l2norm, threads=threads, scheme=cp_scheme, tp=tp, align=align)
     _check_call(layout, q=q, k=k, v=v, g=g, beta=beta)
+    code = isa_code(isa)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state: expected a torch.Tensor or None, found {type(initial_state).__name__}")
     if initial_state is not None and initial_state.dtype != torch.float32:
@@ -191,7 +197,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                     argument="scale")
     if out is None:
         return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
-                             _threads(threads))
+                             _threads(threads), code)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
         raise TypeError("gated_delta_rule(): out= cannot be used when autograd records (an input requires grad)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out):
@@ -204,7 +210,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if ht.dtype != torch.float32 or tuple(ht.shape) != want:
         raise Error(f"out[1] (final_state): expected torch.float32 {want}, found {ht.dtype} {tuple(ht.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="final_state")
-    _rule_into(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, _threads(threads), o, ht)
+    _rule_into(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, _threads(threads), code, o, ht)
     return o, ht
 
 
@@ -216,14 +222,14 @@ _ACTIVATIONS = {"silu": True, "swish": True, None: False, "none": False, "identi
 
 class _ConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight2d, prefix, layout, silu, threads, weight_shape):
+    def forward(ctx, x, weight2d, prefix, layout, silu, threads, weight_shape, isa):
         C, W = weight2d.shape
         y = fresh(x.shape, dtype=x.dtype)
         state = fresh((layout.n_segments, C, W - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(weight2d, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _gdn.conv1d_on(layout_handle(layout), descs, bool(silu), _team(threads))
+        _gdn.conv1d_on(layout_handle(layout), descs, bool(silu), _team(threads), isa)
         ctx.save_for_backward(x, weight2d, prefix)
-        ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape = layout, silu, threads, weight_shape
+        ctx.layout, ctx.silu, ctx.threads, ctx.weight_shape, ctx.isa = layout, silu, threads, weight_shape, isa
         return y, state
 
     @staticmethod
@@ -237,18 +243,18 @@ class _ConvFn(torch.autograd.Function):
         dp = fresh(prefix.shape, dtype=torch.float32) if (prefix is not None and need[2]) else None
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
-        _gdn.conv1d_backward_on(layout_handle(ctx.layout), descs, bool(ctx.silu), _team(ctx.threads))
+        _gdn.conv1d_backward_on(layout_handle(ctx.layout), descs, bool(ctx.silu), _team(ctx.threads), ctx.isa)
         if dw is not None:
             dw = dw.to(w.dtype)
         if dp is not None:
             dp = dp.to(prefix.dtype)
-        return dx, dw, dp, None, None, None, None
+        return dx, dw, dp, None, None, None, None, None
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation: Optional[str] = "silu",
                   prefix: Optional[torch.Tensor] = None, threads: Optional[int] = None, *, group: Any = None,
                   cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-                  cp_method: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+                  cp_method: str = "auto", isa: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d per segment: ``y[t] = act(sum_w weight[:, w] * x[t - (W-1) + w])``.
 
     x ``[B, S, C]`` / ``[T, C]``; weight ``[C, W]`` or nn.Conv1d's ``[C, 1, W]`` with 1 <= W <= 4;
@@ -259,8 +265,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
     ``group``: context parallelism, x being this rank's CP shard of the whole ``layout`` (see
     :func:`maskpack.distributed.causal_conv1d_cp` for ``cp_method="head"`` (channel-parallel),
     :func:`maskpack.distributed.causal_conv1d_sp` for "sequence"; "auto": channel-parallel when the
-    channels divide by the group size)."""
+    channels divide by the group size). ``isa``: the kernel for this call, as for :func:`gated_delta_rule`."""
     if group is not None:
+        if isa is not None:
+            raise TypeError("causal_conv1d(): isa= cannot be combined with group= (the CP ways choose their kernels)")
         from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
 
         fn = causal_conv1d_sp if _cp_method(cp_method, group, x.shape[-1], x.shape[-1]) == "sequence" \
@@ -276,7 +284,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
                     "MASKPACK_ERR_SHAPE", argument="weight")
     weight_shape = tuple(weight.shape)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
-    return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape)
+    return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape,
+                         isa_code(isa))
 
 
 # ---- gates and L2 norm ---------------------------------------------------------------------------

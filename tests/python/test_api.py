@@ -315,7 +315,7 @@ def test_one_extension_module_layout_handles_checked_by_type():
     q = torch.zeros(5, 1, 8)
     for bad in (12345, lay, None):
         with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
-            _maskpack.attention.forward(bad, None, None, None, 0.0, 0.0, None, None, 1)
+            _maskpack.attention.forward(bad, None, None, None, 0.0, 0.0, None, None, 1, 0)
         with pytest.raises(TypeError, match="layout: expected a maskpack layout handle"):
             _maskpack.gdn.l2norm(bad, (None, None), 1e-6)
     assert not hasattr(_maskpack, "ptr") and not hasattr(_maskpack, "adopt")

@@ -68,6 +68,8 @@ TABLES = [
     ("_rule.ALIGNMENT_NAMES", {v: k for k, v in _rule.ALIGNMENT_NAMES.items()},
      {"top_left": "MASKPACK_ALIGN_TOP_LEFT", "bottom_right": "MASKPACK_ALIGN_BOTTOM_RIGHT"}),
     ("_rule.ALIGN_UNSTATED", {"unstated": _rule.ALIGN_UNSTATED}, {"unstated": "MASKPACK_ALIGN_UNSTATED"}),
+    ("_tensors.ISA_CODES", _tensors.ISA_CODES,
+     {n: "MASKPACK_ISA_" + n.upper() for n in ("auto", "ref", "avx512", "avx2", "avx512_bf16", "amx")}),
 ]
 
 # every module-level table of the package holding C integer codes: a new copy of an enum must be
@@ -164,7 +166,7 @@ def test_thread_limit_matches_header():
     from maskpack._maskpack import gdn as _gdn
 
     lay = maskpack.Layout.from_lengths([4], placement="packed")
-    _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)))
+    _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)), 0)
     with pytest.raises(maskpack.Error) as e:
-        _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1)
+        _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1, 0)
     assert e.value.argument == "opts.n_threads"
