@@ -65,13 +65,13 @@ def _stable(value) -> int:
     return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
+def _agree(group, layout, what: tuple, local: Optional[list]) -> None:
     """The check every CP call starts with: one all-gather of [ok, layout fingerprint, the call's
     settings] so that ranks holding another layout, cp, scheme or alignment, or one rank's bad
     argument, raise on every rank alike instead of leaving the others waiting in a collective.
     ``local``: this rank's own argument error (raised here after the exchange)."""
     rank, n = _rank_size(group)
-    codes = [0 if local is None else 1, _fingerprint(layout) if local is None else 0]
+    codes = [1 if local else 0, 0 if local else _fingerprint(layout)]
     codes += [_stable(w) for w in what]
     dev = _backend_device(group)
     mine = torch.tensor([n] + codes, dtype=torch.int64,
@@ -85,8 +85,15 @@ def _agree(group, layout, what: tuple, local: Optional[BaseException]) -> None:
         raise Error(f"group: the ranks' agreement exchange failed on rank {rank} (a rank died, never joined, or "
                     f"did not make this call within the group's timeout): {exc}", "MASKPACK_ERR_COMM",
                     argument="group") from exc
-    if local is not None:
-        raise local
+    if local:
+        # raised from a local that nothing else holds: an exception kept in a frame it passes through
+        # (the caller's `local`) makes a reference cycle that keeps the frame, and the group in it,
+        # alive past destroy_process_group, and gloo aborts the process when it is freed at exit
+        exc = local.pop()
+        try:
+            raise exc
+        finally:
+            del exc
     for r in range(n):
         if int(everyone[r, 1]):
             raise Error(f"group: rank {r} refused its arguments; every rank stops with it",
@@ -114,7 +121,7 @@ class _AllGatherParts(torch.autograd.Function):
         try:
             _check_shard("part", part, layout, n, rank, scheme, tp, align, group)
         except (Error, TypeError) as exc:
-            local = exc
+            local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
         _agree(group, layout, ("cp_all_gather", scheme, tp, align, tuple(part.shape[1:]), str(part.dtype)), local)
         ctx.args = (layout, scheme, tp, align, group, rank, n)
         from . import _shm
@@ -434,7 +441,7 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
         for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
             _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
-        local = exc
+        local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV), local)
     args = (layout, group, n, scheme, tp, align)
     qw, kw, vw = (_heads_to_sequences(x, *args) for x in (q, k, v))
@@ -466,7 +473,7 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
         _check_heads("x", C, n)
         _check_shard("x", x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
-        local = exc
+        local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     _agree(group, layout, ("causal_conv1d", scheme, tp, align, C), local)
     args = (layout, group, n, scheme, tp, align)
     xw = _heads_to_sequences(x, *args)
@@ -664,8 +671,8 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
                         f"(found {q.device.type} {q.dtype}); use algorithm='all_gather'",
                         "MASKPACK_ERR_UNSUPPORTED", argument="algorithm")
     except (Error, TypeError) as exc:
-        local = exc
-    ring = local is None and algorithm != "all_gather" and _ring_supported(q, k, v, layout)
+        local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
+    ring = not local and algorithm != "all_gather" and _ring_supported(q, k, v, layout)
     _agree(group, layout, ("attention", scheme, tp, align, tuple(k.shape[1:]), tuple(v.shape[1:]),
                            str(k.dtype), ring), local)
     whole = layout._cp_global(n, tp, align, scheme)  # the grid the shard layouts' keys index
@@ -681,10 +688,10 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
 #
 # The algorithms are the library's (src/distributed/cp_gdn.c, over maskpack_comm: the same code MPI
 # programs call); here they run over the group through _TorchComm / _MpiComm. The rule is affine in
-# the state: each rank runs its pieces from zero states and through an identity state at once, the
-# pieces' transitions (P, B) are all-gathered and composed in sequence order, and each rank runs its
-# pieces again from their true incoming states. The conv takes each continuing piece's prefix from
-# the all-gathered tails of the pieces before it.
+# the state: each rank runs its pieces once, from zero states and through identity states side by
+# side, the pieces' transitions (P, B) are all-gathered and composed in sequence order, and each rank
+# corrects its outputs with the true incoming states (one K x V product per token and head). The
+# conv takes each continuing piece's prefix from the all-gathered tails of the pieces before it.
 
 
 def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> None:
@@ -763,7 +770,7 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
                 raise Error(f"{name}: sequence-parallel Gated DeltaNet takes float32 (found {x.dtype}); bfloat16 "
                             "runs head-parallel (cp_method='head')", "MASKPACK_ERR_DTYPE", argument=name)
     except (Error, TypeError) as exc:
-        local = exc
+        local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     HV, K, V = v.shape[-2], q.shape[-1], v.shape[-1]
     _agree(group, layout, ("gated_delta_rule_sp", scheme, tp, align, q.shape[-2], HV, K, V), local)
     whole = layout._cp_global(n, tp, align, scheme)
@@ -832,7 +839,7 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
                 raise Error(f"{name}: the sequence-parallel conv takes float32 (found {t.dtype})", "MASKPACK_ERR_DTYPE",
                             argument=name)
     except (Error, TypeError) as exc:
-        local = exc
+        local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     C, W = x.shape[-1], weight.shape[-1]
     _agree(group, layout, ("causal_conv1d_sp", scheme, tp, align, C, W), local)
     whole = layout._cp_global(n, tp, align, scheme)

@@ -642,3 +642,47 @@ def test_cp_device_check_script_runs_on_the_cpu():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout and "DIFFERENT" not in r.stdout
     assert r.stdout.count(" equal") == 2 * (6 + 2 + 1)  # every row of both ranks was compared
+
+
+def _refusal_worker(rank, world, init_file, out_dir):
+    """A refused CP call leaves nothing holding the group: once destroyed, it is freed at once (a
+    reference cycle through the refused argument's exception kept it alive to interpreter exit,
+    where gloo aborted the process)."""
+    import gc
+    import weakref
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    gc.disable()  # only reference counts free the group below
+    try:
+        grp = dist.new_group(list(range(world)))
+        lay = maskpack.Layout.from_lengths([8, 4], placement="packed")
+        q = lay.shard(torch.randn(12, 2, 8), world, rank)
+        names = []
+        for call in (lambda: maskpack.attention(q.to("meta"), q, q, lay, group=grp),
+                     lambda: maskpack.cp_all_gather(q[:-1] if rank == 0 else q, lay, grp),
+                     lambda: maskpack.gated_delta_rule(q, q, q, q[..., 0], q[..., 0], lay, group=grp, cp_method="ring")):
+            try:
+                call()
+                names.append(None)
+            except maskpack.Error as e:
+                names.append(e.argument)
+        ref = weakref.ref(grp)
+        dist.destroy_process_group(grp)
+        del grp
+        alive = ref() is not None
+        torch.save({"names": names, "alive": alive}, os.path.join(out_dir, f"refusal{rank}.pt"))
+        dist.barrier()
+    finally:
+        gc.enable()
+        dist.destroy_process_group()
+
+
+def test_a_refused_call_leaves_nothing_holding_the_group():
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_refusal_worker, args=(2, os.path.join(d, "init"), d), nprocs=2, join=True,
+                           start_method="spawn")
+        for r in range(2):
+            got = torch.load(os.path.join(d, f"refusal{r}.pt"))
+            assert got["names"][0] == "q" and got["names"][2] == "cp_method", got["names"]
+            assert got["names"][1] == ("part" if r == 0 else "group"), got["names"]
+            assert not got["alive"], "the process group outlived destroy_process_group (held by a refused call)"
