@@ -432,12 +432,7 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
             res[d:d + n].copy_(flats[k][a:a + n])
         for d, n in fill_runs:
             res[d:d + n].fill_(0 if pad_value is None else pad_value)
-        res = res.view(shape)
-        if out is not None:
-            if target is None:
-                out.copy_(res)
-            return out
-        return res
+        return _finish(res, shape, out, target)
     if whole is not None:
         if target is None and x0.device.type == "cpu":  # large host outputs: the output cache's pages
             res = _torch_empty(shape, x0).view((n_dst,) + trailing)
@@ -469,6 +464,12 @@ def _run_torch(move: _Move, xs: list, out: Any, pad_value: Any):
     for flat, (dst_pos, src_pos) in zip(flats, pairs):
         if dst_pos.numel():
             res.index_copy_(0, dst_pos, flat if src_pos is None else flat.index_select(0, src_pos))
+    return _finish(res, shape, out, target)
+
+
+def _finish(res, shape, out, target):
+    """The torch engine's result: res (contiguous, [dst tokens, ...]) as the move's shape, or out itself
+    (written through target = out already, else copied into out's own strides)."""
     res = res.view(shape)
     if out is not None:
         if target is None:
