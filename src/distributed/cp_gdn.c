@@ -207,6 +207,17 @@ static void correct_adjoint(gemm_fn gemm, float *dphi, float *dS, const float *p
     }
 }
 
+/* rows x cols floats from src (row stride lds) into dst (row stride ldd), copied or added: the V
+ * columns of the pass's (K | V)-wide rows and records, out of them and back. */
+static void copy_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * ldd, src + r * lds, cols * sizeof(float));
+}
+
+static void add_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) dst[r * ldd + c] += src[r * lds + c];
+}
+
 /* a * b * c floats, the product checked (NULL on overflow or when memory runs out), zeroed or not. */
 static float *floats(size_t a, size_t b, size_t c, int zero) {
     size_t ab, n;
@@ -337,9 +348,9 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
                 memcpy(row + K, (const float *)in->initial_state->data + mine[i].seq * (int64_t)R->st + x * V,
                        (size_t)V * sizeof(float));
         }
-    for (int64_t r = 0; !s && r < T * HV; r++) {
-        memset(R->vx + (size_t)r * W, 0, (size_t)K * sizeof(float));
-        memcpy(R->vx + (size_t)r * W + K, (const float *)in->v->data + r * V, (size_t)V * sizeof(float));
+    if (!s) {
+        memset(R->vx, 0, (size_t)T * (size_t)HV * W * sizeof(float));
+        copy_rows(R->vx + K, W, in->v->data, (size_t)V, (size_t)(T * HV), (size_t)V);
     }
     int64_t x4[4] = {np, HV, K, K + V}, s4[4] = {np, HV, K, V}, x3[3] = {T, HV, K + V};
     R->hx_t = maskpack_tensor_contiguous(R->hx, MASKPACK_F32, 4, x4);
@@ -387,15 +398,12 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
             size_t l;
             owner_of(P, c[j], &r, &l);
             if (r == P->rank && j > 0) memcpy(R->states + l * R->st, S + j * R->st, R->st * sizeof(float));
-            for (int64_t x = 0; r == P->rank && j == 0 && x < HV * K; x++) /* the first piece's h0 */
-                memcpy(R->states + l * R->st + (size_t)x * (size_t)V, R->hx + l * R->blk + (size_t)x * (size_t)(K + V) + K,
-                       (size_t)V * sizeof(float));
+            if (r == P->rank && j == 0) /* the first piece's h0 */
+                copy_rows(R->states + l * R->st, (size_t)V, R->hx + l * R->blk + K, W, (size_t)(HV * K), (size_t)V);
             if (j == want) break;
             const float *pb = rec_of(R, c[j]);
             if (j == 0) { /* S_1 = B_0 (the first piece ran from the true initial state) */
-                for (int64_t x = 0; x < HV * K; x++)
-                    memcpy(S + R->st + (size_t)x * (size_t)V, pb + (size_t)x * (size_t)(K + V) + K,
-                           (size_t)V * sizeof(float));
+                copy_rows(S + R->st, (size_t)V, pb + K, W, (size_t)(HV * K), (size_t)V);
             } else {
                 gemm_add(S + (j + 1) * R->st, pb, (size_t)(K + V), S + j * R->st, (size_t)V, pb + K, (size_t)(K + V), HV,
                          K, V);
@@ -458,14 +466,12 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     const gdn_piece *mine = R.P.pieces + R.P.first[R.P.rank];
     const gemm_fn gemm = pick_gemm(opts, K, V);
     const size_t W = (size_t)(K + V);
-    for (int64_t r = 0; !s && r < R.T * HV; r++) /* o = o1 (exact for first pieces and pads) */
-        memcpy((float *)o->data + r * V, R.ox + (size_t)r * W + K, (size_t)V * sizeof(float));
+    if (!s) /* o = o1 (exact for first pieces and pads) */
+        copy_rows(o->data, (size_t)V, R.ox + K, W, (size_t)(R.T * HV), (size_t)V);
     for (int64_t i = 0; !s && i < np; i++) {
         const float *pb = rec_of(&R, R.P.first[R.P.rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
-        if (mine[i].pos == 0) { /* ran from its true initial state in pass 1 */
-            for (int64_t x = 0; x < HV * K; x++)
-                memcpy(ht + (size_t)i * R.st + (size_t)x * (size_t)V, pb + (size_t)x * (size_t)(K + V) + K,
-                       (size_t)V * sizeof(float));
+        if (mine[i].pos == 0) { /* ran from its true initial state in the pass: S_out = B */
+            copy_rows(ht + (size_t)i * R.st, (size_t)V, pb + K, W, (size_t)(HV * K), (size_t)V);
             continue;
         }
         size_t at = (size_t)mine[i].start * (size_t)HV;
@@ -527,16 +533,14 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
         if (r == P->rank) memcpy(dht + l * R.st, (const float *)d_final_state->data + q * R.st, R.st * 4);
     }
-    for (int64_t r = 0; !s && r < T * HV; r++)
-        memcpy(dox + (size_t)r * W + K, (const float *)d_o->data + r * V, (size_t)V * sizeof(float));
+    if (!s) copy_rows(dox + K, W, d_o->data, (size_t)V, (size_t)(T * HV), (size_t)V);
     /* the correction's and the final states' adjoints, piece by piece: dphi, the incoming states'
      * gradient dS, and the local parts of dP and dB:
      *     o = o1 + phi S_in,   S_out = P S_in + B   (a first piece: S_in is the pass's own, o = o1, S_out = B) */
     if (!s && grads->d_initial_state) memset(grads->d_initial_state->data, 0, P->n_seq * R.st * 4);
     for (int64_t i = 0; !s && i < np; i++) {
         float *dfi = dfx + (size_t)i * R.blk, *dhti = dht + (size_t)i * R.st;
-        for (int64_t x = 0; x < HV * K; x++)
-            for (int64_t y = 0; y < V; y++) dfi[(size_t)x * W + K + (size_t)y] += dhti[x * V + y];
+        add_rows(dfi + K, W, dhti, (size_t)V, (size_t)(HV * K), (size_t)V); /* dB += dS_out */
         if (mine[i].pos == 0) continue;
         const float *pb = rec_of(&R, P->first[P->rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
         size_t at = (size_t)mine[i].start * (size_t)HV;
@@ -561,8 +565,7 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
             owner_of(P, c[j], &r, &l);
             float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
             const float *pb = rec_of(&R, c[j]);
-            for (int64_t x = 0; x < HV * K; x++)
-                for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
+            add_rows(rec + K, W, G, (size_t)V, (size_t)(HV * K), (size_t)V); /* dB_j += G */
             gemm_gst(rec, W, G, S + j * R.st, HV, K, V);
             gemm_ptg(G2, pb, W, G, HV, K, V);
             memcpy(G, G2, R.st * 4);
@@ -571,8 +574,7 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
         size_t l;
         owner_of(P, c[0], &r, &l);
         float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
-        for (int64_t x = 0; x < HV * K; x++)
-            for (int64_t y = 0; y < V; y++) rec[x * (K + V) + K + y] += G[x * V + y];
+        add_rows(rec + K, W, G, (size_t)V, (size_t)(HV * K), (size_t)V);
     }
     /* each owner receives every rank's gradient of its transitions (records laid out as dfx) and sums them */
     if (!s && comm->all_to_all(comm->ctx, dpb, recv, w1 * R.blk * 4) != 0)
@@ -595,15 +597,11 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     inx.initial_state = &R.hx_t;
     maskpack_gdn_grads gx = {outs[0], outs[1], &dvx_t, outs[3], outs[4], &dhx_t};
     if (!s) s = maskpack_gdn_backward(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, NULL, 0, err);
-    for (int64_t r = 0; !s && r < T * HV; r++)
-        memcpy((float *)outs[2]->data + r * V, dvx + (size_t)r * W + K, (size_t)V * sizeof(float));
+    if (!s) copy_rows(outs[2]->data, (size_t)V, dvx + K, W, (size_t)(T * HV), (size_t)V);
     for (int64_t i = 0; !s && grads->d_initial_state && i < np; i++)
         if (mine[i].pos == 0) /* a first piece's initial state: the h0 columns of the pass's */
-            for (int64_t x = 0; x < HV * K; x++) {
-                float *dst = (float *)grads->d_initial_state->data + mine[i].seq * (int64_t)R.st + x * V;
-                const float *src = dhx + (size_t)i * R.blk + (size_t)x * W + K;
-                for (int64_t y = 0; y < V; y++) dst[y] += src[y];
-            }
+            add_rows((float *)grads->d_initial_state->data + mine[i].seq * (int64_t)R.st, (size_t)V,
+                     dhx + (size_t)i * R.blk + K, W, (size_t)(HV * K), (size_t)V);
     free(dS), free(dht), free(dpb), free(recv), free(G), free(G2), free(dfx), free(dox), free(dvx), free(dhx), free(St);
     run_free(&R);
     return s ? s : mp_ok(err);
