@@ -3,7 +3,8 @@
 GDN: T = 16384 tokens in 4 segments, H = 16 key heads, HV = 32 value heads, K = V = 128, float32; one
 process runs maskpack.gated_delta_rule on the whole batch, 2 processes their zigzag shards with
 gated_delta_rule(..., group=) (head-parallel: all-to-all to whole sequences of HV/2 heads, the kernel,
-all-to-all back; on one host through shared memory), and beside it the sequence-parallel way
+all-to-all back; on one host through shared memory, and a forward autograd does not record writes
+each byte once each way: every rank straight into the head group owners' segments), and beside it the sequence-parallel way
 (cp_method="sequence": one kernel pass per rank over its own tokens with K + V value columns,
 transitions exchanged and composed, outputs corrected by the product phi S_in; what it costs beyond
 the pass is printed). Attention: one causal sequence of S = 16384, H = 8, D = 128, float32; 2 processes run

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -226,6 +226,23 @@ class _Move:
                 runs = (toks, fills)
             self._index[key] = runs
         return self._index[key]
+
+    def source_runs(self, s: int) -> List[Tuple[int, int, int]]:
+        """Source s's share of the move as contiguous runs [(dst start, source start, length)], however
+        many (a sender that writes its own tokens into a destination other senders also fill)."""
+        key = ("source runs", s)
+        r = self._index.get(key)
+        if r is None:
+            flat = self.host_index()
+            off = sum(_numel(g) for g in self.src_grids[:s])
+            sel = np.nonzero((flat >= off) & (flat < off + _numel(self.src_grids[s])))[0]
+            src = flat[sel] - off
+            brk = np.nonzero((np.diff(sel) != 1) | (np.diff(src) != 1))[0] + 1
+            starts = np.concatenate([[0], brk]).astype(np.int64)
+            ends = np.append(starts[1:], sel.size) if sel.size else starts
+            r = self._index[key] = [(int(sel[a]), int(src[a]), int(b - a)) for a, b in zip(starts, ends)
+                                    if b > a]
+        return r
 
     def index(self, device):
         """(per source: (dst positions, source positions)), fill positions, whole-gather index or None)

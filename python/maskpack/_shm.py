@@ -259,3 +259,17 @@ def gather_blocks(fill, block_shape, dtype, gather_dim: int, group, rank: int, n
         out.narrow(gather_dim, s_ * width, width).copy_(src)
     dist.barrier(group=seg.group)
     return out
+
+
+def segments(group, rank: int, n: int, nbytes: int) -> Optional[List[torch.Tensor]]:
+    """Every rank's segment (rank order) as uint8 tensors of at least nbytes, for a caller that writes
+    straight into its peers' segments (collective: every rank asks for the same nbytes). The caller
+    brackets its writes and reads with barrier(group) and ends with one, as the exchanges above do, so
+    that no rank writes a segment its owner still reads. None when the path does not apply here."""
+    seg = _acquire("cpu", group, rank, n, nbytes)
+    return None if seg is None else list(seg.views)
+
+
+def barrier(group) -> None:
+    """The group's barrier between the phases of an exchange through segments()."""
+    dist.barrier(group=group if group is not None else dist.group.WORLD)

@@ -65,11 +65,12 @@ def _stable(value) -> int:
     return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _agree(group, layout, what: tuple, local: Optional[list]) -> None:
+def _agree(group, layout, what: tuple, local: Optional[list], labels: tuple = ()) -> None:
     """The check every CP call starts with: one all-gather of [ok, layout fingerprint, the call's
     settings] so that ranks holding another layout, cp, scheme or alignment, or one rank's bad
     argument, raise on every rank alike instead of leaving the others waiting in a collective.
-    ``local``: this rank's own argument error (raised here after the exchange)."""
+    ``local``: this rank's own argument error (raised here after the exchange). ``labels``: names
+    of the settings in ``what``, for the message (else "setting i")."""
     rank, n = _rank_size(group)
     codes = [1 if local else 0, 0 if local else _fingerprint(layout)]
     codes += [_stable(w) for w in what]
@@ -98,7 +99,8 @@ def _agree(group, layout, what: tuple, local: Optional[list]) -> None:
         if int(everyone[r, 1]):
             raise Error(f"group: rank {r} refused its arguments; every rank stops with it",
                         "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
-    names = ("group size", "", "layout") + tuple(f"setting {i}" for i in range(len(what)))
+    names = ("group size", "", "layout") + tuple(labels[i] if i < len(labels) else f"setting {i}"
+                                                 for i in range(len(what)))
     for r in range(1, n):
         for i in range(everyone.shape[1]):
             if i != 1 and int(everyone[r, i]) != int(everyone[0, i]):
@@ -417,6 +419,76 @@ def _check_shard(name: str, x: torch.Tensor, layout, n: int, rank: int, scheme, 
                     f"found shape {list(x.shape)}", "MASKPACK_ERR_SHAPE", argument=name)
 
 
+_SCATTER_RUNS = 64  # runs a sender copies one by one; beyond, one index_copy_ per tensor
+
+
+def _scatter_rows(move, source: int, x: torch.Tensor, dst: torch.Tensor) -> None:
+    """Source ``source``'s tokens of a gather ``move`` from x (that source's part) into their rows of
+    dst (the whole), leaving every other row as it is (another sender writes those)."""
+    runs = move.source_runs(source)
+    if len(runs) <= _SCATTER_RUNS:
+        for d, s_, length in runs:
+            dst.narrow(0, d, length).copy_(x.narrow(0, s_, length))
+        return
+    pos, src = move.index("cpu")[0][source]
+    dst.index_copy_(0, pos, x if src is None else x.index_select(0, src))
+
+
+def _gdn_cp_no_grad(xs, h0, layout, group, rank: int, n: int, scheme, tp, align, kwargs):
+    """Head-parallel GDN without autograd (inference, a reference policy's log-probs, the first pass of
+    activation checkpointing) when every rank shares this host: one write per byte each way. Each rank
+    writes its tokens of head group s straight into rank s's shared-memory segment, at their rows of
+    the whole batch; rank s runs the kernel on its segment and writes o and the final state into the
+    same segment; each rank then reads its own tokens of every head group out of every segment into
+    its result. The general path copies every byte twice more (into a segment, then into place, each
+    way), which with no spare core to hide behind is a quarter of the step. Returns (o [T_local, HV,
+    V], final_state [segments, HV, K, V]), or None where the shared-memory path does not apply (the
+    caller then runs the general path). Bitwise equal to it: the same kernel on the same inputs."""
+    from . import _shm
+    from ._alloc import fresh
+    from ._moves import _plan
+    from .gdn import gated_delta_rule
+
+    if not layout.packed:
+        return None
+    q, k, v, g, beta = xs
+    shards = [layout.cp_shard(n, r_, scheme=scheme, tp=tp, align=align) for r_ in range(n)]
+    move = _plan(shards, layout)  # the gather every rank's tokens take into the whole (cached)
+    T = layout._per_token_shape()[0]
+    HVn, K, V = v.shape[1] // n, q.shape[-1], v.shape[-1]
+    shapes = [(T, x.shape[1] // n) + tuple(x.shape[2:]) for x in xs]
+    shapes += [(T, HVn, V), (layout.n_segments, HVn, K, V)]
+    dtypes = [x.dtype for x in xs] + [v.dtype, torch.float32]
+    offsets, total = [], 0
+    for shape, dt in zip(shapes, dtypes):
+        offsets.append(total)
+        total += (_shm._nbytes(shape, dt) + 63) & ~63  # each tensor on a cache line of its own
+    segs = _shm.segments(group, rank, n, total)
+    if segs is None:
+        return None
+
+    def view(s_: int, i: int) -> torch.Tensor:  # tensor i of rank s_'s segment
+        return segs[s_][offsets[i]:offsets[i] + _shm._nbytes(shapes[i], dtypes[i])].view(dtypes[i]).view(shapes[i])
+
+    # rows of the whole that no rank holds (its padding) keep what the segment held: the kernel never
+    # reads padded positions (maskpack.h, Gated DeltaNet conventions)
+    for i, x in enumerate(xs):
+        width = shapes[i][1]
+        for s_ in range(n):  # this rank's tokens of head group s_, into rank s_'s whole
+            _scatter_rows(move, rank, x.narrow(1, s_ * width, width), view(s_, i))
+    _shm.barrier(group)
+    ins = [view(rank, i) for i in range(len(xs))]
+    gated_delta_rule(*ins, layout, initial_state=h0, out=(view(rank, 5), view(rank, 6)), **kwargs)
+    _shm.barrier(group)  # every rank's o and final state written
+    o = fresh((q.shape[0], v.shape[1], V), v.dtype)
+    ht = fresh((layout.n_segments, v.shape[1], K, V), torch.float32)
+    for s_ in range(n):  # this rank's tokens of head group s_, out of rank s_'s segment
+        layout.shard(view(s_, 5), n, rank, scheme=scheme, tp=tp, align=align, out=o.narrow(1, s_ * HVn, HVn))
+        ht.narrow(1, s_ * HVn, HVn).copy_(view(s_, 6))
+    _shm.barrier(group)  # nobody writes a segment again while a peer still reads it
+    return o, ht
+
+
 def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
                         threads=None, scheme="zigzag", tp=1, align="verl"):
     """Head-parallel context parallelism for :func:`maskpack.gated_delta_rule` (reached through its
@@ -442,13 +514,24 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
             _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
-    _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV), local)
+    # whether autograd records decides the exchange (see _gdn_cp_no_grad), so every rank must agree
+    records = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                              for t in (q, k, v, g, beta, initial_state))
+    shapes = tuple((tuple(x.shape[1:]), str(x.dtype)) for x in (q, k, v, g, beta) if isinstance(x, torch.Tensor))
+    _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV, shapes, records), local,
+           ("call", "cp scheme", "tp", "alignment", "key heads", "value heads", "per-token shapes and dtypes",
+            "autograd recording (an input requiring grad on some ranks only)"))
     args = (layout, group, n, scheme, tp, align)
-    qw, kw, vw = (_heads_to_sequences(x, *args) for x in (q, k, v))
-    gw, bw = (_heads_to_sequences(x, *args) for x in (g, beta))
     h0 = None
     if initial_state is not None:
         h0 = torch.tensor_split(initial_state, n, dim=1)[rank]
+    if not records:
+        done = _gdn_cp_no_grad((q, k, v, g, beta), h0, layout, group, rank, n, scheme, tp, align,
+                               dict(scale=scale, chunked=chunked, l2norm=l2norm, threads=threads))
+        if done is not None:
+            return done
+    qw, kw, vw = (_heads_to_sequences(x, *args) for x in (q, k, v))
+    gw, bw = (_heads_to_sequences(x, *args) for x in (g, beta))
     o, ht = gated_delta_rule(qw, kw, vw, gw, bw, layout, scale=scale, initial_state=h0, chunked=chunked,
                              l2norm=l2norm, threads=threads)
     o_local = _sequences_to_heads(o, *args)

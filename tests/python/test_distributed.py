@@ -147,6 +147,18 @@ def _gdn_inputs(H=4, HV=8, K=16, V=8, C=8):
     return [q, k, v, g, beta, h0, x, w], do, dy
 
 
+MANY_LENGTHS = [3 + (7 * i) % 11 for i in range(80)]
+
+
+def _many_inputs():
+    g0 = torch.Generator().manual_seed(12)
+    T = sum(MANY_LENGTHS)
+    q, k = (torch.randn(T, 4, 16, generator=g0) for _ in range(2))
+    v = torch.randn(T, 8, 8, generator=g0)
+    g = -torch.nn.functional.softplus(torch.randn(T, 8, generator=g0)) * 0.3
+    return q, k, v, g, torch.sigmoid(torch.randn(T, 8, generator=g0))
+
+
 def _gdn_layer():
     torch.manual_seed(21)
     return maskpack.GatedDeltaNet(32, 4, 8, 8, 8, projections="qwen3_next")
@@ -200,6 +212,29 @@ def _gdn_worker(rank, world, init_file, out_dir):
         dist.all_reduce(gw)
         torch.save({"o": o.detach(), "ht": ht.detach(), "y": y.detach(), "st": st.detach(), "grads": grads,
                     "gh0": gh0, "gw": gw}, os.path.join(out_dir, f"gdn{rank}.pt"))
+        # without autograd: every rank writes its tokens straight into the head group owners' shared
+        # memory (one write per byte); on a group kept on gloo: the general exchange. Both bitwise.
+        nog = {}
+        plain = dist.new_group(list(range(world)))  # first used with the path off: kept on gloo
+        many = maskpack.Layout.from_lengths(MANY_LENGTHS, placement="packed")  # > 64 runs per rank: index_copy_
+        gaps = lay.pad_to_multiple(8)  # rows of the whole that no rank holds
+        for name, grp, lay_, ins in (("shm", dist.group.WORLD, lay, (q, k, v, g, beta)),
+                                     ("gloo", plain, lay, (q, k, v, g, beta)),
+                                     ("many", dist.group.WORLD, many, _many_inputs()),
+                                     ("gaps", dist.group.WORLD, gaps,
+                                      [maskpack.relayout(t, lay, gaps) for t in (q, k, v, g, beta)])):
+            if grp is plain:
+                os.environ["MASKPACK_CP_SHM"] = "0"
+            with torch.no_grad():
+                nog[name] = maskpack.gated_delta_rule(*(lay_.shard(t, world, rank) for t in ins), lay_,
+                                                      initial_state=h0 if lay_ is lay else None, group=grp)
+            os.environ.pop("MASKPACK_CP_SHM", None)
+            from maskpack import _shm
+            nog[name + " shm"] = _shm.in_use(grp)
+            if name == "many":  # what the last call left in this rank's segment: NaN (no peer writes now)
+                _shm.segments(grp, rank, world, 1)[rank].view(torch.float32).fill_(float("nan"))
+                dist.barrier()
+        torch.save(nog, os.path.join(out_dir, f"nograd{rank}.pt"))
         # the whole Qwen3-Next layer with group=: this rank's hidden states in, this rank's out back
         layer = _gdn_layer()
         hid = _layer_input()
@@ -241,6 +276,12 @@ def _gdn_worker(rank, world, init_file, out_dir):
             maskpack.gated_delta_rule(*bad, lay, group=dist.group.WORLD)
         except maskpack.Error as e:
             errs["shard"] = (str(e), e.argument)
+        # autograd records on rank 0 only: the ranks would take different exchanges; every rank raises
+        try:
+            maskpack.gated_delta_rule(*(cut(t).clone().requires_grad_(rank == 0) for t in (q, k, v, g, beta)), lay,
+                                      group=dist.group.WORLD)
+        except maskpack.Error as e:
+            errs["records"] = (str(e), e.argument)
         # a device tensor for maskpack's CPU kernels (gloo would move it; the kernel cannot read it)
         try:
             maskpack.gated_delta_rule(cut(q), cut(k).to("meta"), cut(v), cut(g), cut(beta), lay, group=dist.group.WORLD,
@@ -284,6 +325,19 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
             # summed over ranks: the same values, added in another order
             torch.testing.assert_close(got["gh0"], h0.grad, rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(got["gw"], w.grad, rtol=1e-6, atol=1e-6)
+            nog = torch.load(os.path.join(d, f"nograd{r}.pt"))
+            assert nog["shm shm"] is True and nog["gloo shm"] is False and nog["many shm"] is True
+            for name in ("shm", "gloo"):  # either exchange, the same kernel on the same inputs: bitwise
+                assert torch.equal(nog[name][0], cut(o.detach(), r)) and torch.equal(nog[name][1], ht.detach())
+            many = maskpack.Layout.from_lengths(MANY_LENGTHS, placement="packed")
+            with torch.no_grad():
+                o_m, ht_m = maskpack.gated_delta_rule(*_many_inputs(), many)
+            assert torch.equal(nog["many"][0], many.shard(o_m, world, r)) and torch.equal(nog["many"][1], ht_m)
+            gaps = lay.pad_to_multiple(8)
+            with torch.no_grad():
+                o_g, ht_g = maskpack.gated_delta_rule(*(maskpack.relayout(t.detach(), lay, gaps) for t in leaves[:5]),
+                                                      gaps)
+            assert torch.equal(nog["gaps"][0], gaps.shard(o_g, world, r)) and torch.equal(nog["gaps"][1], ht_g)
         # the layer: its projections are GEMMs over this rank's rows only, so equal within rounding
         layer = _gdn_layer()
         hid = _layer_input().requires_grad_()
@@ -310,6 +364,8 @@ def test_gdn_and_conv_head_parallel_equal_the_single_process_run(world):
             errs = torch.load(os.path.join(d, f"err{r}.pt"))
             msg, arg = errs["heads"]
             assert arg == "v" and f"3 heads do not divide by the {world} ranks" in msg
+            msg, arg = errs["records"]
+            assert arg == "group" and "rank 1 disagrees with rank 0 about the autograd recording" in msg, msg
             msg, arg = errs["kernel"]
             assert arg == "k" and "kernels run on the CPU, this tensor is on meta" in msg, msg
             msg, arg = errs["shard"]
