@@ -4,7 +4,6 @@
  * execution is a single pass of memcpy-sized copies, split across threads by bytes. */
 #include "internal.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -440,11 +439,6 @@ static void run_job(const job *J) {
     if (J->stream) stream_fence(); /* streaming stores are weakly ordered: publish before returning */
 }
 
-static void *job_main(void *arg) {
-    run_job(arg);
-    return NULL;
-}
-
 /* Splits the plan's token total into nj equal shares (jobs[0..nj)), walking the runs. */
 static void split_jobs(const maskpack_relayout_plan *P, int64_t total, int nj, job proto, job *jobs) {
     size_t nr = P->n_copy + P->n_fill, r = 0;
@@ -509,7 +503,7 @@ static void chunk_worker(void *ctx, int tid) {
     }
 }
 
-/* Validation, then the copy on n_threads per-call threads (workers NULL) or on a team. */
+/* Validation, then the copy on a team: the caller's, or one of n_threads started for this call. */
 static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x, maskpack_tensor *out,
                                const void *pad_value, int n_threads, maskpack_workers *workers,
                                maskpack_error *err) {
@@ -583,6 +577,12 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         for (size_t r = 0; r < nr; r++) total += P->runs[r].len;
         int64_t bytes = total * ib;
         job proto = {P, sv, &dv, ib, pad, bytes >= MP_STREAM_THRESHOLD, 0, 0, 0, 0};
+        /* n_threads without a team: a team for this call, as the kernels' plain calls start one (one
+         * threading mechanism); below 1 MiB starting threads costs more than the copy saves */
+        maskpack_workers *started = NULL;
+        if (!workers && n_threads > 1 && bytes >= ((int64_t)1 << 20) && total > 1 &&
+            maskpack_workers_create(n_threads < total ? n_threads : (int)total, &started, NULL) == MASKPACK_OK)
+            workers = started;
         if (workers && maskpack_workers_threads(workers) > 1 && bytes >= TEAM_MIN_BYTES && total > 1) {
             chunked c;
             int64_t n = bytes / CHUNK_BYTES;
@@ -592,23 +592,12 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
             c.threads = (uint64_t)maskpack_workers_threads(workers);
             split_jobs(P, total, (int)n, proto, c.jobs);
             mp_workers_run(workers, chunk_worker, &c);
-        } else {
-            int nt = workers ? 1 : n_threads;
-            if ((int64_t)nt > total) nt = total > 0 ? (int)total : 1;
-            if (bytes < ((int64_t)1 << 20)) nt = 1; /* thread start-up costs more than small copies */
-            job jobs[MASKPACK_MAX_THREADS];
-            pthread_t th[MASKPACK_MAX_THREADS];
-            split_jobs(P, total, nt, proto, jobs);
-            int started = 0;
-            for (int t = 1; t < nt; t++)
-                if (pthread_create(&th[t], NULL, job_main, &jobs[t]) == 0)
-                    started = t;
-                else
-                    break;
-            run_job(&jobs[0]);
-            for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
-            for (int t = started + 1; t < nt; t++) run_job(&jobs[t]); /* threads that failed to start */
+        } else { /* the caller alone (also when a team could not start: the copy still completes) */
+            job whole;
+            split_jobs(P, total, 1, proto, &whole);
+            run_job(&whole);
         }
+        maskpack_workers_free(started);
         free((void *)pad);
     }
     s = mp_ok(err);
