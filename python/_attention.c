@@ -1,8 +1,8 @@
 /*
  * _attention.c: the fused CPU attention bindings, the submodule maskpack._maskpack.attention (use
- * maskpack.attention). Thin like the rest of the module: tensors cross as descriptors
- *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
- * built by maskpack/attention.py without copying (outputs are allocated there), the layout as its
+ * maskpack.attention). Thin like the rest of the module: tensors cross as themselves (torch tensors,
+ * numpy arrays), read by the module's one reader (ext_common.c) without copying (outputs are
+ * allocated by maskpack/attention.py), the layout as its
  * Layout handle (checked by type; the caller keeps the handle and every tensor alive for the call).
  * The GIL is released around the computation. The plain calls get their workspace from the
  * library per call; the operator (op_*) keeps its own between runs and runs on a worker team. Failures raise maskpack.Error with the C library's status, argument, index and message.

@@ -1,9 +1,8 @@
 /*
  * _gdn.c: the Gated DeltaNet bindings, the submodule maskpack._maskpack.gdn (use maskpack.gdn).
  *
- * Thin like the rest of the module: tensors cross as descriptors
- *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
- * built by maskpack/gdn.py from torch tensors without copying (outputs are allocated there), and
+ * Thin like the rest of the module: torch tensors cross as themselves, read by the module's one
+ * reader (ext_common.c) without copying (outputs are allocated by maskpack/gdn.py), and
  * the layout as its Layout handle (checked by type; the caller's reference keeps it alive for the
  * call). The GIL is released around every computation. Failures raise maskpack.Error with the C
  * library's status, argument, index and message.
@@ -17,10 +16,10 @@
 #include "maskpack.h"
 #include "ext_common.h"
 
-/* Parses n descriptors from the tuple `descs` into ts[i] (NULL pointer in ptrs[i] when None). */
+/* Reads the n tensors of the tuple `descs` into ts[i] (NULL pointer in ptrs[i] when None). */
 static int parse_many(PyObject *descs, const char *const *names, int n, maskpack_tensor *ts, maskpack_tensor **ptrs) {
     if (!PyTuple_Check(descs) || PyTuple_GET_SIZE(descs) != n) {
-        PyErr_Format(PyExc_TypeError, "expected a tuple of %d tensor descriptors", n);
+        PyErr_Format(PyExc_TypeError, "expected a tuple of %d tensors (or None)", n);
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -473,8 +472,8 @@ static PyMethodDef methods[] = {
     {"cp_conv1d_backward", py_cp_conv1d_backward, METH_VARARGS, "sequence-parallel causal conv1d backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
     {"op_create", py_op_create, METH_VARARGS, "(layout, H, HV, K, V, scale, chunked, l2norm, threads) -> rule operator"},
-    {"op_forward", py_op_forward, METH_VARARGS, "(op, team or None, descriptors): the rule forward through an operator"},
-    {"op_backward", py_op_backward, METH_VARARGS, "(op, team or None, descriptors): the rule backward"},
+    {"op_forward", py_op_forward, METH_VARARGS, "(op, team or None, tensors): the rule forward through an operator"},
+    {"op_backward", py_op_backward, METH_VARARGS, "(op, team or None, tensors): the rule backward"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},
     {"conv1d_backward", py_conv1d_backward, METH_VARARGS, "causal conv1d backward"},
     {"conv1d_on", py_conv1d_on, METH_VARARGS, "causal conv1d on a worker team (or None: the caller)"},

@@ -4,11 +4,10 @@
  * and _attention.c into this same module, sharing ext_common.c).
  *
  * Deliberately thin: a `Layout` handle type (a maskpack_layout* freed in dealloc, ext_common.c) and
- * the C API function by function. Tensors cross as plain descriptors
- *     (data_ptr: int, dtype_code: int, shape: tuple, strides_in_elements: tuple)
- * built by the Python layer from numpy arrays / torch tensors without copying; outputs are
- * allocated on the Python side and passed the same way, so this file never owns array memory and
- * never needs numpy's or torch's C API. Every non-OK status raises the Python-level
+ * the C API function by function. Tensors cross as themselves (torch CPU tensors through DLPack,
+ * numpy arrays through the buffer protocol), read by the module's one reader (ext_common.c) without
+ * copying; outputs are allocated on the Python side and passed the same way, so this file never
+ * owns array memory and never needs numpy's or torch's C API. Every non-OK status raises the Python-level
  * maskpack.Error (registered by the package at import through _set_error_type) carrying the
  * status name, code, argument and index from maskpack_error.
  *
@@ -34,18 +33,6 @@ static inline PyObject *mp_newref(PyObject *o) {
 }
 #define Py_NewRef(o) mp_newref((PyObject *)(o))
 #endif
-
-/* ---- module state ------------------------------------------------------------------------- */
-
-typedef struct {
-    /* torch, registered by the package the first time it meets a tensor (the extension does not
-     * import torch): the Tensor type and {torch dtype: dtype code}. */
-    PyObject *torch_tensor, *torch_to_dlpack;
-    PyObject *s_is_neg; /* interned "is_neg" */
-    /* interned attribute names read on every move (a fresh string per call costs as much as a read) */
-} module_state;
-
-static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
 
 /* ---- the Layout handle ---------------------------------------------------------------------- */
 
@@ -91,17 +78,18 @@ static int item_i64(PyObject *module, PyObject *item, const char *arg, Py_ssize_
     return 0;
 }
 
-/* Descriptor (data_ptr, dtype_code, shape, strides) -> maskpack_tensor (None is refused here). */
-static int parse_tensor(PyObject *desc, maskpack_tensor *t, const char *name) {
+/* A tensor argument (torch tensor or numpy array; the one reader, ext_common.c) -> maskpack_tensor
+ * (None is refused here). */
+static int parse_tensor(PyObject *obj, maskpack_tensor *t, const char *name) {
     int present = 0;
-    if (desc == Py_None) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a tensor descriptor (data_ptr, dtype, shape, strides)", name);
+    if (obj == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tensor or array, found None", name);
         return -1;
     }
-    return mpx_parse_tensor(desc, name, t, &present);
+    return mpx_parse_tensor(obj, name, t, &present);
 }
 
-/* Optional descriptor: None -> *present = 0. */
+/* An optional tensor argument: None -> *present = 0. */
 static int parse_opt_tensor(PyObject *desc, maskpack_tensor *t, int *present, const char *name) {
     return mpx_parse_tensor(desc, name, t, present);
 }
@@ -623,7 +611,7 @@ static PyObject *py_block_mask_dims(PyObject *m, PyObject *args) {
     return Py_BuildValue("(LL)", (long long)qb, (long long)kb);
 }
 
-/* A descriptor for an int32 C-contiguous buffer of exactly `numel` elements -> its pointer. The
+/* An int32 C-contiguous buffer of exactly `numel` elements -> its pointer. The
  * C API takes raw int32 pointers here, so shape and contiguity are checked before handing them on. */
 static int contiguous_i32(PyObject *desc, int64_t numel, const char *name, int32_t **out) {
     *out = NULL;
@@ -656,13 +644,13 @@ static int contiguous_i32(PyObject *desc, int64_t numel, const char *name, int32
 }
 
 /* (handle, block_q, block_k, (kv_num, kv_idx, full_kv_num, full_kv_idx, q_num, q_idx, full_q_num,
- *  full_q_idx) descriptors or None) -> None */
+ *  full_q_idx) arrays or None) -> None */
 static PyObject *py_block_mask(PyObject *m, PyObject *args) {
     PyObject *h, *outs;
     long long bq, bk;
     if (!PyArg_ParseTuple(args, "O!LLO!", &LayoutType, &h, &bq, &bk, &PyTuple_Type, &outs)) return NULL;
     if (PyTuple_GET_SIZE(outs) != 8) {
-        PyErr_SetString(PyExc_TypeError, "block_mask: expected 8 output descriptors");
+        PyErr_SetString(PyExc_TypeError, "block_mask: expected 8 output arrays");
         return NULL;
     }
     const maskpack_layout *L = handle(h);
@@ -724,7 +712,7 @@ static PyObject *py_magi_slices(PyObject *m, PyObject *args) {
 
 /* (handle, input_layout, scale, head_dim, factory) -> (input_layout, sparse_mode, pre, next, scale,
  * inner_precise, mask_kind, atten_mask | None, actual_seq_qlen | None, actual_seq_kvlen | None,
- * prefix | None, pad_items | None, fully_masked_rows, fully_masked_pad_rows). factory(shape) -> (object, descriptor) allocates
+ * prefix | None, pad_items | None, fully_masked_rows, fully_masked_pad_rows). factory(shape) -> (object, the object to fill) allocates
  * the atten_mask; the argset never outlives this call. */
 static PyObject *py_npu_args(PyObject *m, PyObject *args) {
     PyObject *h, *factory;
@@ -755,7 +743,7 @@ static PyObject *py_npu_args(PyObject *m, PyObject *args) {
             }
             PyTuple_SET_ITEM(shape, d, v);
         }
-        /* factory(shape, mask kind) -> (object, descriptor to fill) or (object, None): a mask the
+        /* factory(shape, mask kind) -> (object, the object to fill) or (object, None): a mask the
          * caller already holds (the compressed masks are the same for every layout: built once) */
         PyObject *kind = PyLong_FromLong((long)a.mask_kind);
         PyObject *pair = kind ? PyObject_CallFunctionObjArgs(factory, shape, kind, NULL) : NULL;
@@ -764,7 +752,7 @@ static PyObject *py_npu_args(PyObject *m, PyObject *args) {
         if (!pair) goto done;
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             Py_DECREF(pair);
-            PyErr_SetString(PyExc_TypeError, "npu_args: factory must return (object, descriptor or None)");
+            PyErr_SetString(PyExc_TypeError, "npu_args: factory must return (object, object to fill or None)");
             goto done;
         }
         int fill = PyTuple_GET_ITEM(pair, 1) != Py_None;
@@ -1097,7 +1085,7 @@ static PyObject *py_plan_adjoint(PyObject *m, PyObject *args) {
     return cap;
 }
 
-/* (plan capsule, xs: tuple of descriptors, out descriptor, pad: bytes | None, team capsule | None)
+/* (plan capsule, xs: tuple of tensors, out, pad: bytes | None, team capsule | None)
  * -> None. The GIL is released for the copy; the caller keeps the tensors alive. */
 static PyObject *py_plan_execute(PyObject *m, PyObject *args) {
     PyObject *plan, *xs, *odesc, *pad, *team;
@@ -1153,153 +1141,48 @@ done:
     return ret;
 }
 
-/* ---- the fast path of a move: tensors read here, not through Python descriptors ------------------
- * A relayout of an L2-sized tensor copies in ~10 us; building two descriptor tuples in Python costs
- * half as much again, so the common cases (a torch CPU tensor, a numpy array) are read directly. */
+/* ---- the fast path of a move: the package's checks skipped for a cached plan ----------------------
+ * A relayout of an L2-sized tensor copies in ~10 us; the package's argument checks cost half as much
+ * again, so a move into a given out tries the tensors as they are first. */
 
-/* The DLPack exchange structs (the published ABI of dmlc/dlpack, unversioned form), declared here so
- * that one call to torch.utils.dlpack.to_dlpack describes a tensor: it costs about as much as two of
- * the five attribute reads (is_cpu, dtype, shape, stride(), data_ptr()) it replaces. */
-typedef struct {
-    int32_t device_type; /* 1: CPU */
-    int32_t device_id;
-} dlpack_device;
-typedef struct {
-    uint8_t code; /* 0 int, 1 uint, 2 float, 4 bfloat, 6 bool */
-    uint8_t bits;
-    uint16_t lanes;
-} dlpack_dtype;
-typedef struct {
-    void *data;
-    dlpack_device device;
-    int32_t ndim;
-    dlpack_dtype dtype;
-    int64_t *shape;
-    int64_t *strides; /* in elements; NULL means compact row-major */
-    uint64_t byte_offset;
-} dlpack_tensor;
-typedef struct dlpack_managed {
-    dlpack_tensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct dlpack_managed *);
-} dlpack_managed;
-
-/* DLPack (code, bits) -> maskpack dtype, or -1. */
-static int dlpack_dtype_code(dlpack_dtype d) {
-    if (d.lanes != 1) return -1;
-    switch (d.code) {
-    case 0: return d.bits == 8 ? MASKPACK_I8 : d.bits == 16 ? MASKPACK_I16 : d.bits == 32 ? MASKPACK_I32
-                                                                          : d.bits == 64 ? MASKPACK_I64 : -1;
-    case 1: return d.bits == 8 ? MASKPACK_U8 : -1;
-    case 2: return d.bits == 16 ? MASKPACK_F16 : d.bits == 32 ? MASKPACK_F32 : d.bits == 64 ? MASKPACK_F64 : -1;
-    case 4: return d.bits == 16 ? MASKPACK_BF16 : -1;
-    case 6: return d.bits == 8 ? MASKPACK_BOOL : -1;
-    default: return -1;
-    }
-}
-
-/* (torch.Tensor, torch.utils.dlpack.to_dlpack) -> None */
+/* (torch.Tensor, torch.utils.dlpack.to_dlpack) -> None: the one tensor reader (ext_common.c) takes
+ * torch tensors from now on. */
 static PyObject *py_register_torch(PyObject *m, PyObject *args) {
+    (void)m;
     PyObject *tensor, *to_dlpack;
-    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &tensor, &to_dlpack)) return NULL;
-    if (!PyCallable_Check(to_dlpack)) return PyErr_Format(PyExc_TypeError, "to_dlpack: expected a callable");
-    module_state *st = get_state(m);
-    Py_XSETREF(st->torch_tensor, Py_NewRef(tensor));
-    Py_XSETREF(st->torch_to_dlpack, Py_NewRef(to_dlpack));
+    if (!PyArg_ParseTuple(args, "OO", &tensor, &to_dlpack)) return NULL;
+    if (mpx_register_torch(tensor, to_dlpack) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
-/* A torch CPU strided tensor -> *t. 1 read, 0 not such a tensor (the caller falls back to the
- * descriptor path, which names any problem), -1 error. The tensor's storage stays alive while the
- * caller holds x; the DLPack capsule only borrows it and is released before returning. */
-static int read_torch(module_state *st, PyObject *x, maskpack_tensor *t) {
-    if (!st->torch_tensor || !PyObject_TypeCheck(x, (PyTypeObject *)st->torch_tensor)) return 0;
-    PyObject *cap = PyObject_CallOneArg(st->torch_to_dlpack, x);
-    if (!cap) {
-        PyErr_Clear(); /* sparse, meta, conjugated...: the descriptor path explains */
-        return 0;
+/* (tensor or array) -> (dtype code, shape, strides in elements, address): what the one tensor reader
+ * makes of an argument, so that tests check its dtype tables against maskpack.h. */
+static PyObject *py_tensor_info(PyObject *m, PyObject *obj) {
+    (void)m;
+    maskpack_tensor t;
+    if (parse_tensor(obj, &t, "x") < 0) return NULL;
+    PyObject *shape = PyTuple_New(t.ndim), *strides = PyTuple_New(t.ndim);
+    if (!shape || !strides) goto fail;
+    for (int32_t i = 0; i < t.ndim; i++) {
+        PyObject *a = PyLong_FromLongLong((long long)t.shape[i]), *b = PyLong_FromLongLong((long long)t.strides[i]);
+        if (!a || !b) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(shape, i, a);
+        PyTuple_SET_ITEM(strides, i, b);
     }
-    /* DLPack exports a lazily negated view (x.is_neg(), e.g. conj().imag) as its raw memory, which
-     * holds -x: such tensors take the descriptor path, which resolves inputs and refuses outputs */
-    PyObject *self_arg[1] = {x};
-    PyObject *neg = PyObject_VectorcallMethod(st->s_is_neg, self_arg, 1, NULL);
-    if (neg != Py_False) {
-        if (!neg) PyErr_Clear();
-        Py_XDECREF(neg);
-        Py_DECREF(cap);
-        return 0;
-    }
-    Py_DECREF(neg);
-    int ok = 0;
-    const dlpack_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
-    if (!mt) {
-        PyErr_Clear();
-        goto done;
-    }
-    const dlpack_tensor *d = &mt->dl_tensor;
-    int dt = dlpack_dtype_code(d->dtype);
-    if (d->device.device_type != 1 || dt < 0 || d->ndim < 1 || d->ndim > MASKPACK_MAX_DIMS) goto done;
-    memset(t, 0, sizeof *t);
-    int64_t compact = 1;
-    for (int i = d->ndim - 1; i >= 0; i--) {
-        t->shape[i] = d->shape[i];
-        t->strides[i] = d->strides ? d->strides[i] : compact;
-        compact *= d->shape[i];
-    }
-    t->data = (char *)d->data + d->byte_offset;
-    t->dtype = (maskpack_dtype)dt;
-    t->ndim = d->ndim;
-    ok = 1;
-done:
-    Py_DECREF(cap); /* its destructor calls the producer's deleter: the capsule was not consumed */
-    return ok;
+    return Py_BuildValue("iNNN", (int)t.dtype, shape, strides, PyLong_FromVoidPtr(t.data));
+fail:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
 }
 
-/* A native-endian buffer of a supported element type (numpy arrays) -> *t, holding *view.
- * 1 read (release the view), 0 not readable here (falls back), -1 error. */
-static int read_buffer(PyObject *x, int writable, maskpack_tensor *t, Py_buffer *view) {
-    if (!PyObject_CheckBuffer(x)) return 0;
-    if (PyObject_GetBuffer(x, view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear(); /* e.g. a read-only array given as out: the descriptor path reports it */
-        return 0;
-    }
-    const char *f = view->format ? view->format : "B";
-    if (*f == '=' || *f == '@' || (*f == '<' && 1 == *(const unsigned char *)&(uint16_t){1})) f++;
-    int dt = -1;
-    if (f[0] && !f[1]) switch (f[0]) {
-        case '?': dt = MASKPACK_BOOL; break;
-        case 'B': dt = MASKPACK_U8; break;
-        case 'b': dt = MASKPACK_I8; break;
-        case 'h': dt = MASKPACK_I16; break;
-        case 'i': dt = view->itemsize == 4 ? MASKPACK_I32 : -1; break;
-        case 'l': case 'q': dt = view->itemsize == 8 ? MASKPACK_I64 : view->itemsize == 4 ? MASKPACK_I32 : -1; break;
-        case 'e': dt = MASKPACK_F16; break;
-        case 'f': dt = MASKPACK_F32; break;
-        case 'd': dt = MASKPACK_F64; break;
-        default: break;
-        }
-    if (dt < 0 || view->ndim > MASKPACK_MAX_DIMS || view->ndim < 1 ||
-        (size_t)view->itemsize != maskpack_dtype_size((maskpack_dtype)dt)) {
-        PyBuffer_Release(view);
-        return 0;
-    }
-    memset(t, 0, sizeof *t);
-    for (int d = 0; d < view->ndim; d++) {
-        if (view->strides[d] % view->itemsize) {
-            PyBuffer_Release(view);
-            return 0;
-        }
-        t->shape[d] = view->shape[d];
-        t->strides[d] = view->strides[d] / view->itemsize;
-    }
-    t->data = view->buf;
-    t->dtype = (maskpack_dtype)dt;
-    t->ndim = view->ndim;
-    return 1;
-}
-
-/* (plan, x, out, pad bytes | None, team | None) -> True when done, False when x or out is not a
- * torch CPU tensor or a plain numpy array (the package then goes through descriptors). */
+/* (plan, x, out, pad bytes | None, team | None) -> True when done, False when x or out is not
+ * readable by the one tensor reader (another device, a tensor that requires grad...: the package then
+ * takes its full path, which names the problem). */
 static PyObject *py_move(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) return PyErr_Format(PyExc_TypeError, "move: expected 5 arguments, found %zd", nargs);
     PyObject *plan = args[0], *x = args[1], *out = args[2], *pad = args[3], *team = args[4];
@@ -1309,37 +1192,21 @@ static PyObject *py_move(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (team != Py_None && !(w = PyCapsule_GetPointer(team, TEAM_CAPSULE))) return NULL;
     const void *pad_ptr = NULL;
     if (parse_pad(pad, &pad_ptr) < 0) return NULL;
-    module_state *st = get_state(m);
     maskpack_tensor xt, ot;
-    Py_buffer xv, ov;
-    int xb = 0, ob = 0, rx, ro;
-    if ((rx = read_torch(st, x, &xt)) == 0 && !PyErr_Occurred()) rx = xb = read_buffer(x, 0, &xt, &xv);
-    if (rx < 0) return NULL;
-    if (rx == 0) Py_RETURN_FALSE;
-    if ((ro = read_torch(st, out, &ot)) == 0 && !PyErr_Occurred()) ro = ob = read_buffer(out, 1, &ot, &ov);
-    PyObject *ret = NULL;
-    if (ro < 0) goto done;
-    if (ro == 0) {
-        ret = Py_NewRef(Py_False);
-        goto done;
+    int px = 0, po = 0;
+    if (mpx_parse_tensor(x, "x", &xt, &px) < 0 || mpx_parse_out_tensor(out, "out", &ot, &po) < 0 || !px || !po) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
     }
-    if (check_pad(pad, ot.dtype) < 0) goto done;
-    {
-        const maskpack_tensor *xp[1] = {&xt};
-        maskpack_error err;
-        maskpack_status s;
-        Py_BEGIN_ALLOW_THREADS
-        s = maskpack_relayout_execute_on(P, xp, &ot, pad_ptr, w, &err);
-        Py_END_ALLOW_THREADS
-        if (s)
-            raise_status(m, s, &err);
-        else
-            ret = Py_NewRef(Py_True);
-    }
-done:
-    if (xb == 1) PyBuffer_Release(&xv);
-    if (ob == 1) PyBuffer_Release(&ov);
-    return ret;
+    if (check_pad(pad, ot.dtype) < 0) return NULL;
+    const maskpack_tensor *xp[1] = {&xt};
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = maskpack_relayout_execute_on(P, xp, &ot, pad_ptr, w, &err);
+    Py_END_ALLOW_THREADS
+    if (s) return raise_status(m, s, &err);
+    Py_RETURN_TRUE;
 }
 
 /* (handle, labels, ignore_index, out) */
@@ -1391,7 +1258,8 @@ static PyMethodDef methods[] = {
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
     {"plan_adjoint", py_plan_adjoint, METH_VARARGS, "(plan, source) -> the adjoint plan capsule"},
     {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, torch.utils.dlpack.to_dlpack) -> None"},
-    {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL, "(plan, x, out, pad, team) -> True, or False when x/out need descriptors"},
+    {"tensor_info", py_tensor_info, METH_O, "(tensor or array) -> (dtype code, shape, strides, address) as read"},
+    {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL, "(plan, x, out, pad, team) -> True, or False when x/out need the package's checks"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},
     {"loss_weights", py_loss_weights, METH_VARARGS, "(handle, labels, ignore_index, mode, out) -> denominator"},
 
@@ -1434,36 +1302,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int module_traverse(PyObject *m, visitproc visit, void *arg) {
-    module_state *st = get_state(m);
-    if (st) {
-        Py_VISIT(st->torch_tensor);
-        Py_VISIT(st->torch_to_dlpack);
-    }
-    return 0;
-}
-
-static int module_clear(PyObject *m) {
-    module_state *st = get_state(m);
-    if (st) {
-        Py_CLEAR(st->torch_tensor);
-        Py_CLEAR(st->torch_to_dlpack);
-        Py_CLEAR(st->s_is_neg);
-    }
-    return 0;
-}
-
-static void module_free(void *m) { module_clear((PyObject *)m); }
-
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_maskpack",
     .m_doc = "Low-level binding of libmaskpack (use the maskpack package).",
-    .m_size = sizeof(module_state),
+    .m_size = 0, /* no per-module state: the registered torch and error types live in ext_common.c */
     .m_methods = methods,
-    .m_traverse = module_traverse,
-    .m_clear = module_clear,
-    .m_free = module_free,
 };
 
 /* One part of the module (planner, a kernel family) as the attribute `name`: a module object whose
@@ -1485,12 +1329,6 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     if (PyType_Ready(&LayoutType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
-    module_state *st = get_state(m);
-    st->torch_tensor = st->torch_to_dlpack = NULL;
-    if (!(st->s_is_neg = PyUnicode_InternFromString("is_neg"))) {
-        Py_DECREF(m);
-        return NULL;
-    }
     Py_INCREF(&LayoutType);
     if (PyModule_AddObject(m, "Layout", (PyObject *)&LayoutType) < 0) {
         Py_DECREF(&LayoutType);

@@ -1,7 +1,7 @@
 /*
  * ext_common.c: the definitions every file of maskpack._maskpack shares (see ext_common.h): the
- * Layout handle type, the one maskpack_error -> maskpack.Error path, the tensor descriptor and rule
- * readers.
+ * Layout handle type, the one maskpack_error -> maskpack.Error path, the one tensor reader (torch
+ * tensors through DLPack, numpy arrays through the buffer protocol) and the rule reader.
  */
 #include "ext_common.h"
 
@@ -117,51 +117,218 @@ int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t 
     return 0;
 }
 
-int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out) {
-    /* more dimensions than any maskpack tensor has: a shape error (maskpack.Error), as the library's */
-    Py_ssize_t len = PyTuple_Check(obj) || PyList_Check(obj) ? PySequence_Size(obj) : -1;
-    if (len > MASKPACK_MAX_DIMS) {
-        maskpack_error e;
-        memset(&e, 0, sizeof e);
-        e.status = MASKPACK_ERR_SHAPE;
-        for (int i = 0; i < 4; i++) e.index[i] = -1;
-        snprintf(e.argument, sizeof e.argument, "%s", name);
-        snprintf(e.message, sizeof e.message, "%s: expected at most %d dimensions, found %zd", name, MASKPACK_MAX_DIMS,
-                 len);
-        mpx_raise_status(MASKPACK_ERR_SHAPE, &e);
+/* torch.Tensor and torch.utils.dlpack.to_dlpack, registered by the package when torch is first used
+ * (the module never imports torch itself); strong references for the life of the process, as the
+ * error type's. to_dlpack, unlike Tensor.__dlpack__, also exports tensors that require grad, which
+ * the autograd functions hand to the kernels. */
+static PyObject *torch_tensor_type, *torch_to_dlpack, *s_is_neg;
+
+int mpx_register_torch(PyObject *tensor_type, PyObject *to_dlpack) {
+    if (!PyType_Check(tensor_type) || !PyCallable_Check(to_dlpack)) {
+        PyErr_SetString(PyExc_TypeError, "register_torch: expected (torch.Tensor, torch.utils.dlpack.to_dlpack)");
         return -1;
     }
-    return mpx_parse_i64_seq(obj, name, out, MASKPACK_MAX_DIMS, n_out);
+    if (!s_is_neg && !(s_is_neg = PyUnicode_InternFromString("is_neg"))) return -1;
+    Py_INCREF(tensor_type);
+    Py_XSETREF(torch_tensor_type, tensor_type);
+    Py_INCREF(to_dlpack);
+    Py_XSETREF(torch_to_dlpack, to_dlpack);
+    return 0;
 }
 
-int mpx_parse_tensor(PyObject *desc, const char *name, maskpack_tensor *t, int *present) {
+/* The DLPack exchange structs (the published ABI of dmlc/dlpack, unversioned form), declared here so
+ * that one call to to_dlpack describes a tensor: it costs about half of the five attribute reads
+ * (is_cpu, dtype, shape, stride(), data_ptr()) it replaces. */
+typedef struct {
+    int32_t device_type; /* 1: CPU */
+    int32_t device_id;
+} dlpack_device;
+typedef struct {
+    uint8_t code; /* 0 int, 1 uint, 2 float, 4 bfloat, 6 bool */
+    uint8_t bits;
+    uint16_t lanes;
+} dlpack_dtype;
+typedef struct {
+    void *data;
+    dlpack_device device;
+    int32_t ndim;
+    dlpack_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL means compact row-major */
+    uint64_t byte_offset;
+} dlpack_tensor;
+typedef struct dlpack_managed {
+    dlpack_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dlpack_managed *);
+} dlpack_managed;
+
+/* DLPack (code, bits) -> maskpack dtype, or -1. */
+static int dlpack_dtype_code(dlpack_dtype d) {
+    if (d.lanes != 1) return -1;
+    switch (d.code) {
+    case 0: return d.bits == 8 ? MASKPACK_I8 : d.bits == 16 ? MASKPACK_I16 : d.bits == 32 ? MASKPACK_I32
+                                                                          : d.bits == 64 ? MASKPACK_I64 : -1;
+    case 1: return d.bits == 8 ? MASKPACK_U8 : -1;
+    case 2: return d.bits == 16 ? MASKPACK_F16 : d.bits == 32 ? MASKPACK_F32 : d.bits == 64 ? MASKPACK_F64 : -1;
+    case 4: return d.bits == 16 ? MASKPACK_BF16 : -1;
+    case 6: return d.bits == 8 ? MASKPACK_BOOL : -1;
+    default: return -1;
+    }
+}
+
+/* More dimensions than any maskpack tensor has: a shape error (maskpack.Error), as the library's. */
+static int too_many_dims(const char *name, Py_ssize_t nd) {
+    maskpack_error e;
+    memset(&e, 0, sizeof e);
+    e.status = MASKPACK_ERR_SHAPE;
+    for (int i = 0; i < 4; i++) e.index[i] = -1;
+    snprintf(e.argument, sizeof e.argument, "%s", name);
+    snprintf(e.message, sizeof e.message, "%s: expected at most %d dimensions, found %zd", name, MASKPACK_MAX_DIMS, nd);
+    mpx_raise_status(MASKPACK_ERR_SHAPE, &e);
+    return -1;
+}
+
+/* The pending exception replaced by a TypeError "name: what (its message)"; -1. */
+static int type_error_from(const char *name, const char *what) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    if (!msg) PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s: %s (%s)", name, what, msg ? PyUnicode_AsUTF8(msg) : "no reason given");
+    Py_XDECREF(msg);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    return -1;
+}
+
+/* A torch tensor -> *t. The storage stays alive while the caller holds x; the capsule only borrows it
+ * and is released before returning. */
+static int read_torch(PyObject *x, const char *name, maskpack_tensor *t) {
+    /* DLPack exports a lazily negated view (x.is_neg(), e.g. conj().imag) as its raw memory, which
+     * holds -x: refused (the package passes x.resolve_neg() for inputs and refuses such outputs) */
+    PyObject *self_arg[1] = {x};
+    PyObject *neg = PyObject_VectorcallMethod(s_is_neg, self_arg, 1, NULL);
+    if (!neg) return -1;
+    int is_neg = neg != Py_False;
+    Py_DECREF(neg);
+    if (is_neg) {
+        PyErr_Format(PyExc_TypeError, "%s: a tensor with the negative bit set (pass %s.resolve_neg())", name, name);
+        return -1;
+    }
+    PyObject *cap = PyObject_CallOneArg(torch_to_dlpack, x);
+    if (!cap) /* sparse, meta, conjugated...: named, with torch's reason */
+        return type_error_from(name, "this tensor cannot be read as a strided host tensor");
+    int rc = -1;
+    const dlpack_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (!mt) goto done;
+    const dlpack_tensor *d = &mt->dl_tensor;
+    int dt = dlpack_dtype_code(d->dtype);
+    if (d->device.device_type != 1) {
+        PyErr_Format(PyExc_TypeError, "%s: maskpack reads host memory; this tensor is on an accelerator (call .cpu() first)",
+                     name);
+        goto done;
+    }
+    if (dt < 0) {
+        PyErr_Format(PyExc_TypeError, "%s: dtype (DLPack code %d, %d bits) is not supported", name, d->dtype.code,
+                     d->dtype.bits);
+        goto done;
+    }
+    if (d->ndim > MASKPACK_MAX_DIMS) {
+        too_many_dims(name, d->ndim);
+        goto done;
+    }
+    memset(t, 0, sizeof *t);
+    int64_t compact = 1;
+    for (int i = d->ndim - 1; i >= 0; i--) {
+        t->shape[i] = d->shape[i];
+        t->strides[i] = d->strides ? d->strides[i] : compact;
+        compact *= d->shape[i];
+    }
+    t->data = (char *)d->data + d->byte_offset;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = d->ndim;
+    rc = 0;
+done:
+    Py_DECREF(cap); /* its destructor calls the producer's deleter: the capsule was not consumed */
+    return rc;
+}
+
+/* A native-endian buffer of a supported element type (numpy arrays) -> *t. The view is released at
+ * once: the memory stays valid while the caller holds x (a numpy array referenced elsewhere cannot
+ * be resized), and holding it would pin the array until the call returns for nothing. */
+static int read_buffer(PyObject *x, const char *name, int writable, maskpack_tensor *t) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(x, &view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0)
+        return type_error_from(name, writable ? "cannot write into this object as a strided buffer (read-only?)"
+                                              : "cannot read this object as a strided buffer");
+    const char *f = view.format ? view.format : "B";
+    if (*f == '=' || *f == '@' || (*f == '<' && 1 == *(const unsigned char *)&(uint16_t){1})) f++;
+    int dt = -1;
+    if (f[0] && !f[1]) switch (f[0]) {
+        case '?': dt = MASKPACK_BOOL; break;
+        case 'B': dt = MASKPACK_U8; break;
+        case 'b': dt = MASKPACK_I8; break;
+        case 'h': dt = MASKPACK_I16; break;
+        case 'i': dt = view.itemsize == 4 ? MASKPACK_I32 : -1; break;
+        case 'l': case 'q': dt = view.itemsize == 8 ? MASKPACK_I64 : view.itemsize == 4 ? MASKPACK_I32 : -1; break;
+        case 'e': dt = MASKPACK_F16; break;
+        case 'f': dt = MASKPACK_F32; break;
+        case 'd': dt = MASKPACK_F64; break;
+        default: break;
+        }
+    int rc = -1;
+    if (dt < 0 || (size_t)view.itemsize != maskpack_dtype_size((maskpack_dtype)dt)) {
+        PyErr_Format(PyExc_TypeError, "%s: element format '%s' is not supported", name, view.format ? view.format : "B");
+        goto done;
+    }
+    if (view.ndim > MASKPACK_MAX_DIMS) {
+        too_many_dims(name, view.ndim);
+        goto done;
+    }
+    memset(t, 0, sizeof *t);
+    for (int d = 0; d < view.ndim; d++) {
+        if (view.strides[d] % view.itemsize) {
+            PyErr_Format(PyExc_TypeError, "%s: a stride that is not a whole number of elements", name);
+            goto done;
+        }
+        t->shape[d] = view.shape[d];
+        t->strides[d] = view.strides[d] / view.itemsize;
+    }
+    t->data = view.buf;
+    t->dtype = (maskpack_dtype)dt;
+    t->ndim = view.ndim;
+    rc = 0;
+done:
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+static int parse(PyObject *obj, const char *name, int writable, maskpack_tensor *t, int *present) {
     memset(t, 0, sizeof *t);
     *present = 0;
-    if (desc == Py_None) return 0;
-    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 4) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a tensor descriptor (data_ptr, dtype, shape, strides)", name);
-        return -1;
+    if (obj == Py_None) return 0;
+    int rc;
+    if (torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)torch_tensor_type))
+        rc = read_torch(obj, name, t);
+    else if (PyObject_CheckBuffer(obj))
+        rc = read_buffer(obj, name, writable, t);
+    else {
+        PyErr_Format(PyExc_TypeError, "%s: expected a torch tensor or a numpy array, found %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        rc = -1;
     }
-    void *data = PyLong_AsVoidPtr(PyTuple_GET_ITEM(desc, 0));
-    if (!data && PyErr_Occurred()) return -1;
-    long dt = PyLong_AsLong(PyTuple_GET_ITEM(desc, 1));
-    if (dt == -1 && PyErr_Occurred()) return -1;
-    if (dt < 0 || dt >= MASKPACK_DTYPE_COUNT_) {
-        PyErr_Format(PyExc_ValueError, "%s: unknown dtype code %ld", name, dt);
-        return -1;
-    }
-    Py_ssize_t nd = 0, ns = 0;
-    if (mpx_parse_dims(PyTuple_GET_ITEM(desc, 2), name, t->shape, &nd) < 0) return -1;
-    if (mpx_parse_dims(PyTuple_GET_ITEM(desc, 3), name, t->strides, &ns) < 0) return -1;
-    if (nd != ns) {
-        PyErr_Format(PyExc_ValueError, "%s: shape has %zd entries but strides %zd", name, nd, ns);
-        return -1;
-    }
-    t->data = data;
-    t->dtype = (maskpack_dtype)dt;
-    t->ndim = (int32_t)nd;
-    *present = 1;
-    return 0;
+    if (rc == 0) *present = 1;
+    return rc;
+}
+
+int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present) {
+    return parse(obj, name, 0, t, present);
+}
+
+int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present) {
+    return parse(obj, name, 1, t, present);
 }
 
 /* ---- the rule -------------------------------------------------------------------------------- */

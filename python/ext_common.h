@@ -5,7 +5,7 @@
  * the planner; _gdn.c and _attention.c: the kernels; ext_common.c: this header's definitions). They
  * share one Layout handle type, so a layout crosses between them as that Python object, checked by
  * type (never as an integer address); one path from maskpack_error to maskpack.Error; one reader of
- * the (data_ptr, dtype_code, shape, strides) tensor descriptors the Python layer builds; and one
+ * tensor arguments (the torch tensors and numpy arrays themselves: no descriptors cross); and one
  * reader of the rule tuple.
  */
 #ifndef MASKPACK_EXT_COMMON_H
@@ -49,11 +49,21 @@ PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err);
 /* (sequence of at most cap ints) -> out[0..*n_out): 0, or -1 with an exception set. */
 int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t cap, Py_ssize_t *n_out);
 
-/* (shape or strides tuple of at most MASKPACK_MAX_DIMS ints) -> out[0..*n_out). */
-int mpx_parse_dims(PyObject *obj, const char *name, int64_t *out, Py_ssize_t *n_out);
 
-/* (descriptor (data_ptr, dtype, shape, strides) or None) -> *t, *present = 0 for None. */
-int mpx_parse_tensor(PyObject *desc, const char *name, maskpack_tensor *t, int *present);
+/* (torch.Tensor, torch.utils.dlpack.to_dlpack) -> 0, or -1 with a TypeError: lets the reader below
+ * take torch tensors (the module never imports torch itself). */
+int mpx_register_torch(PyObject *tensor_type, PyObject *to_dlpack);
+
+/* The one reader of a tensor argument: (a torch CPU strided tensor, read through DLPack; a numpy
+ * array or other native-endian buffer, through the buffer protocol; or None) -> *t, *present = 0 for
+ * None. The caller keeps obj referenced for as long as it uses t. Anything else, another device, a
+ * dtype maskpack lacks or a lazily negated torch view: a TypeError naming the argument; more than
+ * MASKPACK_MAX_DIMS dimensions: maskpack.Error (SHAPE). */
+int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
+/* As mpx_parse_tensor, for an argument the library writes: a read-only buffer (a numpy array with
+ * writeable=False) is a TypeError. (The package checks its outputs before they get here; this is for
+ * objects the user hands straight to the extension, as moves into a given out do.) */
+int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
 
 /* ---- the rule -------------------------------------------------------------------------------- */
 

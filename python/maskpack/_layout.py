@@ -12,7 +12,7 @@ from . import _maskpack
 from . import _rule
 from ._errors import Error
 from ._moves import _Moves
-from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_name, is_torch_tensor, compiling, placed as _placed
+from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_code, dtype_name, is_torch_tensor, compiling, placed as _placed
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
@@ -133,7 +133,7 @@ class Layout(_Moves):
         (1-based document id, 0 = pad). Float masks are rejected: their meaning is ambiguous."""
         code = _choice(convention, _MASK2D_CONV, "convention", "MASKPACK_ERR_CONVENTION")
         d, keep, torch = describe(mask, "mask")
-        if d[1] in _FLOAT_CODES:
+        if dtype_code(d) in _FLOAT_CODES:
             raise Error(
                 f"mask: a float mask is ambiguous (keep? additive?); pass a bool or integer mask with "
                 f"convention={convention!r}, found dtype {_dtype_of(d)}",
@@ -543,10 +543,9 @@ class Layout(_Moves):
     def allowed(self):
         """The dense predicate [B, S, Skv] bool (True = query i of row b may attend key j)."""
         b, s, skv = (self._info[i] for i in (0, 1, 2))
-        obj, d = alloc((b, s, skv), "bool", self._torch)
-        # describe the [B,S,Skv] buffer as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
-        ptr, code, _shape, st = d
-        _maskpack.mask4d(self._h, _MASK_CONV["keep"], _FILLS["-inf"], (ptr, code, (b, 1, s, skv), (st[0], st[0], st[1], st[2])))
+        obj, _ = alloc((b, s, skv), "bool", self._torch)
+        # the [B,S,Skv] buffer viewed as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
+        _maskpack.mask4d(self._h, _MASK_CONV["keep"], _FILLS["-inf"], obj[:, None])
         return obj
 
     def allowed_at(self, b: int, i: int, j: int, h: int = 0) -> bool:
@@ -604,10 +603,10 @@ def _rebuild(segs, n_rows, q_width, kv_width, packed, rule_t, torch, align_expli
     return Layout._wrap(h, torch, align_explicit)
 
 
-def _dtype_of(d: tuple) -> str:
+def _dtype_of(d: Any) -> str:
     from ._tensors import DTYPE_NAMES
 
-    return DTYPE_NAMES[d[1]]
+    return DTYPE_NAMES[dtype_code(d)]
 
 
 def mask2d_from_mask4d(mask: Any, convention: str, dtype: Any = "bool"):
@@ -615,7 +614,7 @@ def mask2d_from_mask4d(mask: Any, convention: str, dtype: Any = "bool"):
     column is not fully masked (some query, any head, attends to it). convention is required."""
     code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
     d, keep, torch = describe(mask, "mask")
-    shape = d[2]
+    shape = tuple(d.shape)
     if len(shape) not in (2, 4):
         raise Error(f"mask: expected [B,S], [B,1,1,S], [B,1,S,S] or [B,H,S,S], found shape {list(shape)}",
                     "MASKPACK_ERR_SHAPE", argument="mask")

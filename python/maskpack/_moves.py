@@ -25,7 +25,8 @@ import numpy as np
 
 from . import _maskpack
 from ._errors import Error
-from ._tensors import DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_name, is_torch_tensor
+from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, _TORCH_REGISTERED, alloc, describe, describe_out, dtype_code, dtype_name,
+                       is_torch_tensor, register_torch)
 from ._tensors import check_layout, check_threads, compiling, placed as _placed
 
 # "ulysses" runs as "contiguous" over a global layout padded only at the end (see _cp_global)
@@ -300,16 +301,6 @@ def _plan(srcs: list, dst) -> _Move:
     return entry[1]
 
 
-def _register_torch() -> None:
-    """Lets the extension read torch tensors itself (it never imports torch on its own)."""
-    import torch
-    import torch.utils.dlpack
-
-    _maskpack.register_torch(torch.Tensor, torch.utils.dlpack.to_dlpack)
-    _TORCH_REGISTERED.append(True)
-
-
-_TORCH_REGISTERED: list = []
 _PACK_PLAN, _UNPACK_PLAN = "pack plan", "unpack plan"  # keys in a layout's cache
 _ENGINES = ("c", "torch")
 
@@ -502,13 +493,13 @@ def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, thr
         # fast path: the extension reads torch CPU tensors and numpy arrays itself
         x = xs[0]
         if not _TORCH_REGISTERED and is_torch_tensor(x):
-            _register_torch()
+            register_torch()
         pad, readable = None, True
         if not (pad_value is None or pad_value == 0):
             try:
                 pad = _pad_bytes(pad_value, dtype_name(out.dtype))
             except (AttributeError, TypeError, Error):
-                readable = False  # the descriptor path below reports it
+                readable = False  # the checked path below reports it
         if readable and _maskpack.move(plan, x, out, pad, _team(threads)):
             return out
     descs, keep = [], []
@@ -518,12 +509,12 @@ def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, thr
         keep.append(k)
     if out is None:
         lead = len(move.src_grids[0])
-        if len(descs[0][2]) < lead:
+        if descs[0].ndim < lead:
             raise Error(f"x[0]: expected at least {lead} dimensions (the source's token grid), found "
-                        f"{len(descs[0][2])}", "MASKPACK_ERR_SHAPE", argument="x")
-        out = _alloc_like(xs[0], tuple(move.dst_grid) + tuple(descs[0][2][lead:]))
+                        f"{descs[0].ndim}", "MASKPACK_ERR_SHAPE", argument="x")
+        out = _alloc_like(xs[0], tuple(move.dst_grid) + tuple(descs[0].shape[lead:]))
     od, okeep, _ = describe_out(out, "out")
-    pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[od[1]])
+    pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[dtype_code(od)])
     _maskpack.plan_execute(plan, tuple(descs), od, pad, _team(threads))
     del keep, okeep
     return out
@@ -785,7 +776,7 @@ class _Moves:
             return self._shift_labels_torch(labels, int(ignore_index), out)
         d, keep, torch_in = describe(labels, "labels")
         if out is None:
-            out = _alloc_like(labels, tuple(d[2]))
+            out = _alloc_like(labels, tuple(d.shape))
         od, okeep, _ = describe_out(out, "out")
         _maskpack.shift_labels(self._h, d, int(ignore_index), od)
         return out

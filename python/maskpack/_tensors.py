@@ -1,9 +1,11 @@
-"""Zero-copy tensor descriptors for the C extension.
+"""Tensor arguments for the C extension, checked and converted here, read there.
 
-A descriptor is ``(data_ptr, dtype_code, shape, strides_in_elements)``. Inputs are described in
-place (numpy arrays, torch CPU tensors, DLPack producers, buffer-protocol objects); outputs are
-allocated here (numpy, or torch when the caller works in torch) and filled by the C library.
-The caller must keep the returned ``keepalive`` object referenced until the C call returns.
+The extension reads torch CPU tensors (through DLPack) and numpy arrays (through the buffer protocol)
+itself, with one reader (python/ext_common.c): nothing else crosses. This module turns what users pass
+(lists, DLPack producers, buffer objects, lazily negated torch views) into one of those two, without
+copying where it can, and names the argument when it cannot; it allocates outputs (numpy, or torch
+when the caller works in torch) for the C library to fill. The caller keeps the returned objects
+referenced until the C call returns.
 """
 
 from __future__ import annotations
@@ -72,6 +74,29 @@ def _np_code(dtype: np.dtype) -> Optional[int]:
     return _NP_CODE.get(dtype)
 
 
+_TORCH_REGISTERED: list = []
+
+
+def register_torch() -> None:
+    """Lets the extension read torch tensors itself (it never imports torch on its own): once per
+    process, before the first torch tensor reaches it."""
+    if not _TORCH_REGISTERED:
+        import torch
+        import torch.utils.dlpack
+
+        from . import _maskpack
+
+        _maskpack.register_torch(torch.Tensor, torch.utils.dlpack.to_dlpack)
+        _TORCH_REGISTERED.append(True)
+
+
+def dtype_code(x: Any) -> int:
+    """The dtype code of a tensor or array that describe() accepted."""
+    if isinstance(x, np.ndarray):
+        return _np_code(x.dtype)
+    return _torch_code(_torch(), x.dtype)
+
+
 def _describe_numpy(a: np.ndarray, name: str):
     code = _np_code(a.dtype)
     if code is None:
@@ -80,8 +105,16 @@ def _describe_numpy(a: np.ndarray, name: str):
     if any(s % item for s in a.strides):
         # strides that are not whole elements (a view into a record array): the only case that copies
         a = np.ascontiguousarray(a)
-    ptr = a.__array_interface__["data"][0]
-    return (ptr, code, tuple(int(d) for d in a.shape), tuple(int(s) // item for s in a.strides)), a
+    if code == DTYPE_CODE["bfloat16"]:  # ml_dtypes' bfloat16 has no buffer format: read as a torch view
+        t = _torch()
+        if t is None:
+            try:
+                import torch as t  # noqa: F811
+            except ImportError:
+                raise TypeError(f"{name}: a bfloat16 numpy array needs torch to cross into maskpack") from None
+        register_torch()
+        return t.from_numpy(a.view(np.uint16)).view(t.bfloat16), a
+    return a, a
 
 
 def _describe_torch(x, name: str):
@@ -95,11 +128,13 @@ def _describe_torch(x, name: str):
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
     if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
         x = x.resolve_neg()
-    return (x.data_ptr(), code, tuple(x.shape), x.stride()), x
+    if not _TORCH_REGISTERED:
+        register_torch()
+    return x, x
 
 
-def describe_kernel(t: Any, name: str) -> Optional[tuple]:
-    """A kernel argument (a torch CPU tensor, or None) -> its descriptor, or None.
+def describe_kernel(t: Any, name: str) -> Any:
+    """A kernel argument (a torch CPU tensor, or None) -> the tensor for the extension, or None.
 
     The kernels (GDN, conv) take torch tensors only and refuse what describe() would convert: anything
     but a torch tensor, a tensor on another device, a lazily negated view (its memory holds -t; a
@@ -119,11 +154,14 @@ def describe_kernel(t: Any, name: str) -> Optional[tuple]:
     if t.is_neg():
         raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
                     argument=name)
-    return (int(t.data_ptr()), code, tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))
+    if not _TORCH_REGISTERED:
+        register_torch()
+    return t
 
 
-def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
-    """Input object -> (descriptor, keepalive, is_torch). Never copies numpy arrays or tensors.
+def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Any, bool]:
+    """Input object -> (what the extension reads: a torch CPU tensor or a numpy array, keepalive,
+    is_torch). Never copies numpy arrays or tensors.
 
     Python lists and tuples are converted with ``np.asarray`` (``list_dtype`` when given, so that an
     empty list of lengths is an int64 array rather than float64).
@@ -173,7 +211,7 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[tuple, Any, bool]:
     return d, (keep, x), False
 
 
-def describe_out(x: Any, name: str = "out") -> Tuple[tuple, Any, bool]:
+def describe_out(x: Any, name: str = "out") -> Tuple[Any, Any, bool]:
     """As describe, for a buffer the C library writes: read-only memory (a numpy array with
     writeable=False, a view of bytes) is refused instead of being written through a raw pointer, and so
     is a lazily negated torch view, whose memory would receive the values with the wrong sign."""
@@ -256,8 +294,9 @@ def placed(obj: Any, device: Any, pin_memory: bool) -> Any:
     return t
 
 
-def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, tuple]:
-    """Zero-filled output -> (object, descriptor). bfloat16 is always a torch tensor (numpy has none)."""
+def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, Any]:
+    """Zero-filled output -> (object, what the extension reads: the same object). bfloat16 is always a
+    torch tensor (numpy has none)."""
     shape = tuple(int(s) for s in shape)
     if dtype == "bfloat16" or use_torch:
         t = _torch()
@@ -267,14 +306,10 @@ def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, tuple
             except ImportError:
                 raise TypeError("bfloat16 outputs need torch (numpy has no bfloat16); install torch") from None
         x = t.zeros(shape, dtype=getattr(t, dtype))
-        return x, (int(x.data_ptr()), DTYPE_CODE[dtype], shape, tuple(int(s) for s in x.stride()))
+        register_torch()
+        return x, x
     a = np.zeros(shape, dtype=np.dtype(dtype))
-    return a, (
-        a.__array_interface__["data"][0],
-        DTYPE_CODE[dtype],
-        shape,
-        tuple(int(s) // a.dtype.itemsize for s in a.strides),
-    )
+    return a, a
 
 
 def as_int_list(x: Any, name: str) -> list:

@@ -25,8 +25,8 @@ import numpy as np
 
 from ._maskpack import attention as _attention
 from ._errors import Error
-from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, is_torch_tensor, isa_code,
-                       layout_handle)
+from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, dtype_code, is_torch_tensor,
+                       isa_code, layout_handle)
 from ._moves import _cache_of, _team
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
@@ -107,11 +107,11 @@ def _op(layout, handle, dq, dk, threads, isa):
     first use and kept in the layout's cache (the kernel choice, the work items and the key groups
     are planned once per layout, and its workspace kept, not per call); None where the tensors cannot
     make one: the plain call then names the problem as it always has."""
-    qs, ks = dq[2], dk[2]
+    qs, ks = dq.shape, dk.shape
     if len(qs) < 3 or len(ks) < 3:
         return None
     # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
-    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), int(dq[1]), threads, isa,
+    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), dtype_code(dq), threads, isa,
            os.environ.get("MASKPACK_ISA") if isa == 0 else None)
     cache = _cache_of(layout)
     op = cache.get(key)

@@ -25,7 +25,7 @@ from ._maskpack import gdn as _gdn
 from ._alloc import fresh
 from ._errors import Error
 from ._tensors import check_layout, check_threads, isa_code, layout_handle
-from ._tensors import describe_kernel as _d  # the package's one tensor -> descriptor path
+from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
 from ._moves import _cache_of, _team
 
 __all__ = [

@@ -149,25 +149,44 @@ def test_wrong_python_types_raise_type_error_not_crash():
             pytest.fail(f"call {k} did not raise")
 
 
-def test_low_level_descriptors_are_checked():
+def test_low_level_tensor_arguments_are_checked():
+    """The extension reads torch tensors and numpy arrays themselves (one reader); anything else, and
+    what it cannot read, is refused naming the argument."""
     from maskpack import _maskpack
 
-    with pytest.raises(TypeError):
-        _maskpack.from_mask2d("not a descriptor", 0, None)
-    with pytest.raises(ValueError):
-        _maskpack.from_mask2d((0, 99, (1, 1), (1, 1)), 0, None)
-    with pytest.raises(ValueError):
-        _maskpack.from_mask2d((0, 0, (1,) * 9, (1,) * 9), 0, None)
-    with pytest.raises(ValueError):
-        _maskpack.from_mask2d((0, 0, (2, 2), (1,)), 0, None)
+    with pytest.raises(TypeError, match="mask: expected a torch tensor or a numpy array, found str"):
+        _maskpack.from_mask2d("not a tensor", 0, None)
+    with pytest.raises(TypeError, match="mask: element format 'Zf' is not supported"):
+        _maskpack.from_mask2d(np.zeros((2, 2), np.complex64), 0, None)
+    with pytest.raises(TypeError, match="mask: a tensor with the negative bit set"):
+        _maskpack.from_mask2d(torch.ones(2, 2, dtype=torch.complex64).conj().imag, 0, None)
+    with pytest.raises(TypeError, match="mask: .*cannot be read as a strided host tensor"):
+        _maskpack.from_mask2d(torch.ones(2, 2).to_sparse(), 0, None)
+    with pytest.raises(TypeError, match="mask: dtype .* is not supported"):
+        _maskpack.from_mask2d(torch.ones(2, 2, dtype=torch.complex64), 0, None)
+    with pytest.raises(Error) as e:
+        _maskpack.from_mask2d(np.ones((1,) * 9, bool), 0, None)
+    assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "mask"
     with pytest.raises(TypeError):
         _maskpack.info("handle")
-    # a NULL data pointer with elements is refused by the library, not dereferenced
-    with pytest.raises(Error) as e:
-        _maskpack.from_mask2d((0, 0, (2, 2), (2, 1)), 0, None)
-    assert e.value.status == "MASKPACK_ERR_NULL_ARGUMENT"
     with pytest.raises(TypeError):
         _maskpack.Layout()
+    # what the reader makes of a strided torch view and of a numpy array: the same tensor
+    base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    view = base.transpose(0, 2)[1:]
+    assert _maskpack.tensor_info(view) == (8, (3, 3, 2), (1, 4, 12), view.data_ptr())
+    a = base.numpy()[:, ::2]
+    assert _maskpack.tensor_info(a) == (8, (2, 2, 4), (12, 8, 1), a.__array_interface__["data"][0])
+    # a tensor that requires grad is read as it is (the autograd functions hand such tensors over)
+    g = torch.ones(3, requires_grad=True)
+    assert _maskpack.tensor_info(g)[3] == g.data_ptr()
+    # an output the library would write: a read-only array is refused by the move's reader (it falls
+    # back to the package's path, which names it)
+    lay = maskpack.Layout.from_lengths([2, 1], placement="right")
+    ro = np.zeros((3, 4), np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(TypeError, match="writable"):
+        lay.pack(np.ones((2, 2, 4), np.float32), out=ro)
 
 
 def test_more_than_eight_dimensions_is_a_shape_error():
@@ -201,7 +220,7 @@ def test_nothing_is_written_on_failure():
         lay.unpack(np.ones((4, 4), np.float32), out=padded)  # 4 tokens where the layout has 5
     assert e.value.status == "MASKPACK_ERR_SHAPE"
     assert (padded == 5.0).all()
-    # the extension's own entry points with a descriptor of a wrong dtype
+    # the extension's own entry points with a tensor of a wrong dtype
     from maskpack import _maskpack
     from maskpack._tensors import describe_out
 
@@ -873,3 +892,17 @@ def test_npu_args_count_the_padding_rows_a_full_mask_hides():
     # the same sequences packed (TND): no pad rows at all
     packed = Layout.from_lengths([3, 4], placement="packed").npu_args("TND", head_dim=64)
     assert packed["maskpack_fully_masked_pad_rows"] == 0 and packed["inner_precise"] == 0
+
+
+def test_numpy_bfloat16_arrays_cross_as_torch_views():
+    """numpy has no bfloat16; ml_dtypes' arrays have no buffer format, so they reach the extension as a
+    torch view of the same memory, read and written in place."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    lay = maskpack.Layout.from_lengths([3, 1], placement="right")
+    x = (np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) / 8).astype(ml_dtypes.bfloat16)[:, ::1]
+    packed = lay.pack(x)
+    want = lay.pack(torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16))
+    assert torch.equal(torch.as_tensor(np.asarray(packed, dtype=np.float32)), want.float())
+    out = np.zeros((4, 4), dtype=ml_dtypes.bfloat16)
+    assert lay.pack(x, out=out) is out
+    np.testing.assert_array_equal(out.astype(np.float32), want.float().numpy())

@@ -129,11 +129,19 @@ def test_dtype_codes_match_header():
     for code, n in enumerate(_tensors.DTYPE_NAMES):
         assert code == C[DTYPE_CONST[n]], f"DTYPE_NAMES[{code}] = {n!r}, maskpack.h has {DTYPE_CONST[n]} = {C[DTYPE_CONST[n]]}"
     assert len(_tensors.DTYPE_NAMES) == C["MASKPACK_DTYPE_COUNT_"]
-    for n in DTYPE_CONST:  # torch dtypes: the same table (the kernels' descriptors come from it too)
+    for n in DTYPE_CONST:  # torch dtypes: the same table (the kernels are checked with it too)
         assert _tensors._torch_code(torch, getattr(torch, n)) == C[DTYPE_CONST[n]], f"torch.{n}"
     for t, code in _tensors._TORCH_CODES.items():
         assert code == C[DTYPE_CONST[str(t).replace("torch.", "")]], f"_TORCH_CODES[{t}]"
-    assert _tensors.describe_kernel(torch.zeros(2, dtype=torch.bfloat16), "x")[1] == C["MASKPACK_BF16"]
+    assert _tensors.dtype_code(_tensors.describe_kernel(torch.zeros(2, dtype=torch.bfloat16), "x")) == C["MASKPACK_BF16"]
+    # the extension's own reader (DLPack codes for torch, buffer formats for numpy): the header's codes
+    from maskpack import _maskpack
+
+    _tensors.register_torch()
+    for n in DTYPE_CONST:
+        assert _maskpack.tensor_info(torch.zeros(2, dtype=getattr(torch, n)))[0] == C[DTYPE_CONST[n]], f"torch.{n}"
+        if n != "bfloat16":
+            assert _maskpack.tensor_info(np.zeros(2, dtype=n))[0] == C[DTYPE_CONST[n]], f"numpy {n}"
     for d, code in _tensors._NP_CODE.items():
         assert code == C[DTYPE_CONST[np.dtype(d).name if np.dtype(d).name != "bool" else "bool"]], f"_NP_CODE[{d}]"
     assert _tensors._torch_code(torch, torch.bfloat16) == C["MASKPACK_BF16"]

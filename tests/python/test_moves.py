@@ -304,7 +304,7 @@ def test_fast_path_errors_leave_out_untouched_and_fallbacks_work():
     with pytest.raises(maskpack.Error) as e:  # overlapping input and output, through the fast path
         lay.pack(x, out=x.view(-1, 16)[:T])
     assert e.value.status == "MASKPACK_ERR_OVERLAP"
-    # objects the extension does not read itself go through descriptors: nested lists, read-only arrays
+    # objects the extension does not read itself take the package's checked path: nested lists, read-only arrays
     ro = np.zeros((T, 16), dtype=np.float32)
     ro.setflags(write=False)
     with pytest.raises((maskpack.Error, ValueError, TypeError)):
@@ -312,7 +312,7 @@ def test_fast_path_errors_leave_out_untouched_and_fallbacks_work():
     small = Layout.from_lengths([2, 1])
     got = small.pack([[[1.0], [2.0]], [[3.0], [0.0]]])
     np.testing.assert_array_equal(np.asarray(got).ravel(), [1.0, 2.0, 3.0])
-    # a sparse tensor is refused with the descriptor path's message
+    # a sparse tensor is refused with the checked path's message
     with pytest.raises(TypeError, match="strided"):
         small.pack(torch.zeros(2, 2, 1).to_sparse(), out=torch.zeros(3, 1))
     with pytest.raises(maskpack.Error):
@@ -408,7 +408,7 @@ def test_lazily_negated_views_are_read_resolved_and_refused_as_out():
     m = torch.as_tensor(np.asarray(lay.mask2d()))
     x = torch.randn(2, 3, 4, dtype=torch.complex64).conj().imag
     assert x.is_neg()
-    assert torch.equal(lay.pack(x, out=torch.empty(5, 4)), x[m])  # fast path declines, descriptors resolve
+    assert torch.equal(lay.pack(x, out=torch.empty(5, 4)), x[m])  # fast path declines, the checked path resolves
     assert torch.equal(lay.pack(x), x[m])
     out = torch.zeros(5, 4, dtype=torch.complex64).conj().imag
     before = out.clone()
