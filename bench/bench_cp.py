@@ -25,6 +25,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,8 @@ def _attn_inputs(S):
 
 
 def _worker(rank, world, init, args, out):
+    # the baseline the issue names; torch 2.13 deprecates it in favour of all_gather_single
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
