@@ -68,9 +68,14 @@ static void features_init(void) { features = detect_features(); }
 
 unsigned mp_cpu_features(void) {
     pthread_once(&features_once, features_init);
-#ifdef MASKPACK_EMULATE_AVX512
+#if defined(MASKPACK_EMULATE_AMX)
+    /* a test build only (tests/c/meson.build): every kernel runs on any CPU, the AVX-512 intrinsics
+     * carried out by SIMDe and the AVX512-BF16 and AMX ones by simde_amx.h */
+    return features | MP_CPU_AVX512 | MP_CPU_AVX512BF16;
+#elif defined(MASKPACK_EMULATE_AVX512)
     /* a test build only (tests/c/meson.build): the AVX-512 f32 kernels run on any CPU, their
-     * intrinsics carried out by SIMDe; the bf16 and AMX kernels cannot be, so never reported */
+     * intrinsics carried out by SIMDe; the bf16 and AMX kernels only in the build that emulates them
+     * too (MASKPACK_EMULATE_AMX), so never reported here */
     return (features | MP_CPU_AVX512) & ~(unsigned)MP_CPU_AVX512BF16;
 #else
     return features;
@@ -99,7 +104,9 @@ static void amx_request(void) {
 
 int mp_cpu_has_amx(void) {
     pthread_once(&amx_once, amx_request);
-#ifdef MASKPACK_EMULATE_AVX512
+#if defined(MASKPACK_EMULATE_AMX)
+    return 1; /* see mp_cpu_features: no tile data to ask the OS for */
+#elif defined(MASKPACK_EMULATE_AVX512)
     return 0; /* see mp_cpu_features */
 #else
     return amx_ok;

@@ -9,6 +9,19 @@ tests: strengthen them, do not drop the entry. Add an entry for every new class 
 """
 
 MUTATIONS = [
+    # ---- the bf16 attention kernels, run through their emulated intrinsics on any CPU --------------
+    dict(name="amx_running_sum_rescaled_wrong",
+         why="the AMX forward moves its running softmax sum to a new row max 1% off",
+         file="src/kernels/attention/attn_amx.c",
+         find="            l[x] *= al[x];\n",
+         replace="            l[x] *= al[x] * 1.01f;\n",
+         c=["test_attention_emulated_amx"]),
+    dict(name="avx512bf16_scores_miss_last_dim_pair",
+         why="the AVX512-BF16 forward's Q K^T skips the last pair of head dimensions",
+         file="src/kernels/attention/attn_avx512bf16.c",
+         find="        for (int64_t p = 0; p < Dh; p++) {\n            const uint32_t *q = B->QT + p * BQ;",
+         replace="        for (int64_t p = 0; p < Dh - (Dh > 1); p++) {\n            const uint32_t *q = B->QT + p * BQ;",
+         c=["test_attention_emulated_amx"]),
     # ---- context parallelism over maskpack_comm ----------------------------------------------
     dict(name="ring_merge_weight",
          why="ring attention's log-sum-exp merge weighs a new partial output 0.1% too heavily",

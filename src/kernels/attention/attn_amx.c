@@ -23,6 +23,9 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(MASKPACK_EMULATE_AMX) /* the emulated test build (tests/c/meson.build): no target region */
+#include "../isa/simde_amx.h"
+#else
 #include <immintrin.h>
 
 #if defined(__clang__)
@@ -30,6 +33,7 @@
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw")
+#endif
 #endif
 
 #define BQ ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
@@ -607,7 +611,9 @@ void attn_amx_fwd_thread(void *vjob, int tid) {
     _tile_release();
 }
 
+#ifndef MASKPACK_EMULATE_AMX
 #include "../isa/target_pop.h"
+#endif
 
 #else /* no x86-64: never selected */
 

@@ -11,6 +11,9 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(MASKPACK_EMULATE_AMX) /* the emulated test build (tests/c/meson.build): no target region */
+#include "../isa/simde_amx.h"
+#else
 #include <immintrin.h>
 
 #if defined(__clang__)
@@ -18,6 +21,7 @@
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+#endif
 #endif
 
 #define BQ ATTN_BQ
@@ -182,7 +186,9 @@ static void uk_store_out(const attn_problem *P, const maskpack_segment *g, const
 #define ATTN_FWD_KEY_PAIRS 1 /* the dot products take keys two by two */
 #include "attn_fwd_kernel.inc"
 
+#ifndef MASKPACK_EMULATE_AMX
 #include "../isa/target_pop.h"
+#endif
 
 #else /* no x86-64: never selected */
 
