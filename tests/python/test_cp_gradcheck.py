@@ -17,7 +17,6 @@ their contract asks.
 import os
 import tempfile
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
