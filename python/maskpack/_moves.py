@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _maskpack
 from ._errors import Error
-from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, _TORCH_REGISTERED, alloc, describe, describe_out, dtype_code, dtype_name,
+from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_code, dtype_name,
                        is_torch_tensor, register_torch)
 from ._tensors import check_layout, check_threads, compiling, placed as _placed
 
@@ -234,16 +234,28 @@ class _Move:
         key = ("source runs", s)
         r = self._index.get(key)
         if r is None:
-            flat = self.host_index()
-            off = sum(_numel(g) for g in self.src_grids[:s])
-            sel = np.nonzero((flat >= off) & (flat < off + _numel(self.src_grids[s])))[0]
-            src = flat[sel] - off
+            sel, src = self._source_positions()[s]
             brk = np.nonzero((np.diff(sel) != 1) | (np.diff(src) != 1))[0] + 1
             starts = np.concatenate([[0], brk]).astype(np.int64)
             ends = np.append(starts[1:], sel.size) if sel.size else starts
             r = self._index[key] = [(int(sel[a]), int(src[a]), int(b - a)) for a, b in zip(starts, ends)
                                     if b > a]
         return r
+
+    def _source_positions(self) -> list:
+        """Per source: (dst positions, positions in that source) of the tokens it gives, as int64
+        numpy arrays in destination order, derived once from the C engine's index."""
+        pos = self._index.get("source positions")
+        if pos is None:
+            flat = self.host_index()
+            pos, off = [], 0
+            for g in self.src_grids:
+                n = _numel(g)
+                sel = np.nonzero((flat >= off) & (flat < off + n))[0]
+                pos.append((sel, flat[sel] - off))
+                off += n
+            self._index["source positions"] = pos
+        return pos
 
     def index(self, device):
         """(per source: (dst positions, source positions)), fill positions, whole-gather index or None)
@@ -254,15 +266,12 @@ class _Move:
             import torch
 
             flat = self.host_index()
-            pairs, off = [], 0
-            for g in self.src_grids:
+            pairs = []
+            for g, (sel, src) in zip(self.src_grids, self._source_positions()):
                 n = _numel(g)
-                sel = np.nonzero((flat >= off) & (flat < off + n))[0]
-                src = flat[sel] - off
                 # every token of the source, in order (an unpack's packed source): no gather needed
                 identity = src.size == n and bool((src == np.arange(n)).all())
                 pairs.append((torch.from_numpy(sel).to(device), None if identity else torch.from_numpy(src).to(device)))
-                off += n
             fills = np.nonzero(flat < 0)[0]
             # one source and no padding: the move is a single gather (flash-attn's index_first_axis)
             whole = None
@@ -492,8 +501,8 @@ def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, thr
     if len(xs) == 1 and out is not None:
         # fast path: the extension reads torch CPU tensors and numpy arrays itself
         x = xs[0]
-        if not _TORCH_REGISTERED and is_torch_tensor(x):
-            register_torch()
+        if is_torch_tensor(x):
+            register_torch()  # once per process
         pad, readable = None, True
         if not (pad_value is None or pad_value == 0):
             try:

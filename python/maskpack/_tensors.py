@@ -128,8 +128,7 @@ def _describe_torch(x, name: str):
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
     if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
         x = x.resolve_neg()
-    if not _TORCH_REGISTERED:
-        register_torch()
+    register_torch()
     return x, x
 
 
@@ -154,8 +153,7 @@ def describe_kernel(t: Any, name: str) -> Any:
     if t.is_neg():
         raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
                     argument=name)
-    if not _TORCH_REGISTERED:
-        register_torch()
+    register_torch()
     return t
 
 

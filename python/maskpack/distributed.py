@@ -40,15 +40,20 @@ def _rank_size(group) -> tuple:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _receive_buffers(like: torch.Tensor, n: int) -> list:
+    """n buffers shaped like ``like`` for a collective to receive into: on the host, recycled pages
+    (fresh ones cost their page faults, 40 % of a large gather through gloo)."""
+    if like.device.type == "cpu":
+        from ._alloc import fresh
+
+        return [fresh(tuple(like.shape), like.dtype) for _ in range(n)]
+    return [torch.empty_like(like) for _ in range(n)]
+
+
 def _all_gather(x: torch.Tensor, group) -> list:
     _refuse_mpi(group, "this collective")
     _, n = _rank_size(group)
-    if x.device.type == "cpu":  # recycled pages: fresh ones cost their faults, 40 % of a large gather
-        from ._alloc import fresh
-
-        parts = [fresh(tuple(x.shape), x.dtype) for _ in range(n)]
-    else:
-        parts = [torch.empty_like(x) for _ in range(n)]
+    parts = _receive_buffers(x, n)
     dist.all_gather(parts, x.contiguous(), group=group)
     return parts
 
@@ -196,12 +201,7 @@ def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> to
     out = _shm.all_to_all(src, scatter_dim, gather_dim, group, dist.get_rank(group), n)  # one host: shared memory
     if out is None:
         ins = [c.contiguous() for c in torch.tensor_split(src, n, dim=scatter_dim)]
-        if src.device.type == "cpu":  # recycled pages, as in _all_gather
-            from ._alloc import fresh
-
-            outs = [fresh(tuple(ins[0].shape), ins[0].dtype) for _ in range(n)]
-        else:
-            outs = [torch.empty_like(ins[0]) for _ in range(n)]
+        outs = _receive_buffers(ins[0], n)
         dist.all_to_all(outs, ins, group=group)
         out = torch.cat(outs, dim=gather_dim)
     return out.to(x.device) if staged else out
@@ -469,16 +469,17 @@ def _gdn_cp_no_grad(xs, h0, layout, group, rank: int, n: int, scheme, tp, align,
     shapes = [(T, x.shape[1] // n) + tuple(x.shape[2:]) for x in xs]
     shapes += [(T, HVn, V), (layout.n_segments, HVn, K, V)]
     dtypes = [x.dtype for x in xs] + [v.dtype, torch.float32]
+    sizes = [_shm._nbytes(shape, dt) for shape, dt in zip(shapes, dtypes)]
     offsets, total = [], 0
-    for shape, dt in zip(shapes, dtypes):
+    for size in sizes:
         offsets.append(total)
-        total += (_shm._nbytes(shape, dt) + 63) & ~63  # each tensor on a cache line of its own
+        total += (size + 63) & ~63  # each tensor on a cache line of its own
     segs = _shm.segments(group, rank, n, total)
     if segs is None:
         return None
 
     def view(s_: int, i: int) -> torch.Tensor:  # tensor i of rank s_'s segment
-        return segs[s_][offsets[i]:offsets[i] + _shm._nbytes(shapes[i], dtypes[i])].view(dtypes[i]).view(shapes[i])
+        return segs[s_][offsets[i]:offsets[i] + sizes[i]].view(dtypes[i]).view(shapes[i])
 
     # rows of the whole that no rank holds (its padding) keep what the segment held: the kernel never
     # reads padded positions (maskpack.h, Gated DeltaNet conventions)
