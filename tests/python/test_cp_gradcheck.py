@@ -2,8 +2,9 @@
 
 The C algorithms behind the ring attention and the sequence-parallel Gated DeltaNet and conv compute
 in float32, so a float64 gradcheck cannot reach them; the other tests compare their gradients with
-the single-process ones, which are gradchecked. Here gradcheck itself runs in float32, with a step
-and tolerances float32 rounding allows, on small inputs.
+the single-process ones, which are gradchecked. Here gradcheck itself runs on them in float32, with a
+step and tolerances float32 rounding allows, on small inputs; the collectives (cp_all_gather, the
+Ulysses all-to-all, cp_loss), which move any dtype, in float64 with gradcheck's own tolerances.
 
 The function every rank checks is the whole-batch one: replicated whole inputs -> this rank's shards
 (their gradients all-reduced over the group, so each rank's analytical gradient is the whole one) ->
@@ -65,8 +66,8 @@ def _cases(world):
     g0 = torch.Generator().manual_seed(40)
     T = sum(LENGTHS)
 
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g0) * scale).requires_grad_()
+    def rnd(*shape, scale=1.0, dtype=torch.float32):
+        return (torch.randn(*shape, generator=g0, dtype=dtype) * scale).requires_grad_()
 
     def mine(x, lay, scheme="zigzag"):
         return lay.shard(_SumGrad.apply(x, group), world, rank, scheme=scheme)
@@ -103,6 +104,9 @@ def _cases(world):
         back = maskpack.ulysses_all_to_all(heads * heads, group, scatter_dim=0, gather_dim=1)
         return whole(back, packed, "ulysses")
 
+    def gather(x):
+        return whole(mine(x, packed) ** 2, packed)
+
     def loss(per_token, weights):
         return maskpack.cp_loss(mine(per_token, packed), mine(weights, packed), group)
 
@@ -117,7 +121,7 @@ def _cases(world):
 
     # the C algorithms (the ring, the sequence-parallel rule and conv): every Jacobian entry (a dropped
     # term of their backward can be a few percent of one entry, which fast mode's random projection
-    # misses); the Python compositions of the single-process kernels with exact moves: fast mode
+    # misses); the Python compositions of the single-process float32 kernels with exact moves: fast mode
     return {
         "ring attention, causal, GQA": (attention(packed, "ring"), qkv(packed), True),
         "ring attention, sliding window, softcap": (attention(windowed, "ring", softcap=3.0), qkv(windowed), True),
@@ -126,8 +130,11 @@ def _cases(world):
         "all-gather attention, padded rows": (attention(padded, "all_gather"), qkv(padded), False),
         "head-parallel Gated DeltaNet": (gdn("head"), rule_inputs(2, 2), False),
         "channel-parallel conv": (conv("head"), [rnd(T, 4), rnd(4, 4, scale=0.5), rnd(len(LENGTHS), 4, 3)], False),
-        "Ulysses all-to-all, both ways": (ulysses, [rnd(T, 2, 3)], False),
-        "cp_loss": (loss, [rnd(T), torch.rand(T, generator=g0).requires_grad_()], False),
+        # the collectives are torch moves of any dtype: float64, every entry, gradcheck's own tolerances
+        "cp_all_gather (float64)": (gather, [rnd(T, 3, dtype=torch.float64)], True),
+        "Ulysses all-to-all, both ways (float64)": (ulysses, [rnd(T, 2, 3, dtype=torch.float64)], True),
+        "cp_loss (float64)": (loss, [rnd(T, dtype=torch.float64),
+                                     torch.rand(T, generator=g0, dtype=torch.float64).requires_grad_()], True),
     }
 
 
@@ -138,7 +145,10 @@ def _worker(rank, world, init_file, out_dir):
         res = {}
         for name, (f, inputs, full) in _cases(world).items():
             try:
-                ok = torch.autograd.gradcheck(f, inputs, eps=1e-2, atol=5e-3, rtol=5e-3, fast_mode=not full)
+                if inputs[0].dtype == torch.float64:
+                    ok = torch.autograd.gradcheck(f, inputs)
+                else:
+                    ok = torch.autograd.gradcheck(f, inputs, eps=1e-2, atol=5e-3, rtol=5e-3, fast_mode=not full)
                 res[name] = ("ok" if ok else "false", "")
             except Exception as e:  # noqa: BLE001 - reported by the test with the case's name
                 res[name] = ("failed", f"{type(e).__name__}: {e}"[:3000])
@@ -155,6 +165,6 @@ def test_every_cp_call_passes_gradcheck_across_two_processes():
         mp.start_processes(_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
         for r in range(world):
             res = torch.load(os.path.join(d, f"gc{r}.pt"))
-            assert len(res) == 9
+            assert len(res) == 10
             bad = {k: v for k, v in res.items() if v[0] != "ok"}
             assert not bad, f"rank {r}: " + "\n".join(f"{k}: {v[1]}" for k, v in bad.items())
