@@ -9,8 +9,8 @@
  * several threads. Each output buffer (padding included) is reduced to its SHA-256.
  *
  * Two checks:
- *  - bitwise: where the recorded section's key (CPU identity, compiler, optimisation, native or
- *    emulated AVX-512) is this build's, every digest must match. Vector code may round differently
+ *  - bitwise: where the recorded section's key (CPU identity, compiler, optimisation, native,
+ *    emulated AVX-512 or emulated AMX) is this build's, every digest must match. Vector code may round differently
  *    on another CPU (rcp14 and exp approximations, libm's ifuncs), and another compiler may
  *    schedule FMAs differently, so this part applies to the recording machine only; elsewhere the
  *    summary line says so.
@@ -154,7 +154,9 @@ static void make_key(void) {
 #else
     const char *opt = "O0";
 #endif
-#ifdef DIGEST_EMULATED
+#if defined(DIGEST_EMULATED) && defined(DIGEST_EMULATED_AMX)
+    const char *mode = "emulated-amx"; /* the AVX512-BF16 and AMX intrinsics carried out in C too */
+#elif defined(DIGEST_EMULATED)
     const char *mode = "emulated-avx512";
 #else
     const char *mode = "native";
@@ -324,6 +326,9 @@ typedef struct {
     int64_t hq, hkv, d;
     double softcap;
     int threads;
+    /* > 0: queries positive and keys growing along the sequence by this much per head dim, so
+     * that later keys outscore every earlier one (running maxima that grow chunk after chunk) */
+    float ramp;
 } acase;
 
 /* Tensor [B,W,H,D] (padded) or [W,H,D] (packed) over buf. */
@@ -349,7 +354,16 @@ static void attention_case(const acase *c, int bf16, uint64_t seed) {
     const int64_t nq = B * S * c->hq * c->d, nk = B * Skv * c->hkv * c->d, nl = B * c->hq * S;
     const size_t es = bf16 ? 2 : 4;
     rng = seed;
-    void *q = rand_buf(nq, bf16, 1.5f, 0), *k = rand_buf(nk, bf16, 1.5f, 0), *v = rand_buf(nk, bf16, 1.5f, 0);
+    void *q = rand_buf(nq, bf16, 1.5f, c->ramp > 0 ? 1.0f : 0), *k = rand_buf(nk, bf16, 1.5f, 0);
+    void *v = rand_buf(nk, bf16, 1.5f, 0);
+    for (int64_t i = 0; c->ramp > 0 && i < nk; i++) { /* key position w of [.., W, H, D] */
+        int64_t w = (i / (c->hkv * c->d)) % Skv;
+        float f = (float)elem(k, bf16, i) + c->ramp * (float)w / (float)Skv;
+        if (bf16)
+            ((uint16_t *)k)[i] = to_bf16(f);
+        else
+            ((float *)k)[i] = f;
+    }
     void *dout = rand_buf(nq, bf16, 1.0f, 0);
     maskpack_tensor tq = heads_view(L, q, bf16, 0, c->hq, c->d), tk = heads_view(L, k, bf16, 1, c->hkv, c->d);
     maskpack_tensor tv = heads_view(L, v, bf16, 1, c->hkv, c->d), tdo = heads_view(L, dout, bf16, 0, c->hq, c->d);
@@ -423,7 +437,9 @@ static void test_attention(void) {
     win.window_left = 20;
     win.window_right = 0;
     const int64_t la[] = {1, 47, 48, 49, 97}, lb[] = {64, 65, 130, 7}, lc[] = {50, 40, 96, 10, 63};
-    acase cases[5];
+    /* long documents: several chunks of key tiles per query block, maxima growing along them */
+    const int64_t ld[] = {300, 700};
+    acase cases[6];
     memset(cases, 0, sizeof cases);
     cases[0] = (acase){"padded_causal_gqa", lengths_layout(la, 5, MASKPACK_PLACE_RIGHT, 0, &causal), 4, 2, 64, 0, 1};
     cases[1] = (acase){"packed_window_softcap", lengths_layout(lb, 4, MASKPACK_PLACE_PACKED, 0, &win), 6, 2, 40, 20.0, 2};
@@ -443,7 +459,8 @@ static void test_attention(void) {
         CHECK_OK(maskpack_layout_from_segments(seg, 3, 1, 91, 128, 1, &tl, &L, &e), e);
         cases[4] = (acase){"cross_topleft", L, 2, 1, 32, 0, 2};
     }
-    for (int c = 0; c < 5; c++) {
+    cases[5] = (acase){"long_causal_ramp", lengths_layout(ld, 2, MASKPACK_PLACE_PACKED, 0, &causal), 2, 1, 64, 0, 2, 3.0f};
+    for (int c = 0; c < 6; c++) {
         if (!cases[c].L) continue;
         for (int bf = 0; bf < 2; bf++) attention_case(&cases[c], bf, 0x9e3779b97f4a7c15ull * (uint64_t)(c * 2 + bf + 1));
         maskpack_layout_free(cases[c].L);
