@@ -40,7 +40,6 @@
 #define NRP (BQ / 32)     /* pairs of row tiles */
 #define BK ATTN_AMX_BK /* 64 keys = 2 halves of 32 (one A tile of P each) */
 #define LOG2E 1.4426950408889634
-#define LN2 0.6931471805599453
 
 /* exp2_ps, tanh_ps and tr16 are shared with the AVX-512 kernels */
 #include "attn_avx512_common.h"
@@ -419,7 +418,6 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     const int scale_pos = scf > 0;
     const __m512 capmul = _mm512_set1_ps((float)(P->softcap * LOG2E));
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int32_t kvl = (int32_t)g->kv_len;
     /* chunk i is planned in cp[i % 3], scored into S[i % 2] and its P written to P[i % 2]; while
      * its softmax runs, the next chunk's scores (both passes) and the previous chunk's P V (pass 2)
@@ -467,19 +465,7 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
                     if (!tp->half_on[c / 2]) continue;
                     __m512 y = _mm512_mul_ps(_mm512_load_ps(st + 16 * c), sc);
                     if (cap) y = _mm512_mul_ps(tanh_ps(y), capmul);
-                    if (tp->partial) {
-                        __m512i j = _mm512_add_epi32(_mm512_set1_epi32(tp->j0 + 16 * c), lane);
-                        __mmask16 ok = 0;
-                        if (x < rows.n) {
-                            ok = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(rows.lo[x])) &
-                                 _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows.hi[x]));
-                            ok |= _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows.pre[x]));
-                            ok |= _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(rows.slo[x])) &
-                                  _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows.shi[x]));
-                            ok &= _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(kvl));
-                        }
-                        y = _mm512_mask_blend_ps(ok, ninf, y);
-                    }
+                    if (tp->partial) y = _mm512_mask_blend_ps(keys_allowed(&rows, x, tp->j0 + 16 * c, kvl), ninf, y);
                     _mm512_store_ps(st + 16 * c, y);
                     ms = _mm512_max_ps(ms, y);
                 }
@@ -584,8 +570,8 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     }
     while (pv.done < pv.n) pv_step(&pv);
     for (int32_t x = 0; x < it->n; x++) {
-        float inv = l[x] > 0 ? 1.0f / l[x] : 0.0f;
-        float lse = l[x] > 0 ? (float)((m[x] + log2((double)l[x])) * LN2) : -INFINITY;
+        float inv, lse;
+        attn_finish_row(m[x], l[x], &inv, &lse);
         uint16_t *dst = (uint16_t *)attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2);
         const float *o = B->O + x * OS;
         __m512 iv = _mm512_set1_ps(inv);

@@ -15,7 +15,6 @@
 #define BQ ATTN_BQ
 #define BK ATTN_BK
 #define LOG2E 1.4426950408889634
-#define LN2 0.6931471805599453
 
 static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
 static inline int64_t round16(int64_t x) { return (x + 15) & ~(int64_t)15; }

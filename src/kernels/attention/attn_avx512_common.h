@@ -75,6 +75,21 @@ static inline __mmask16 lane_allowed(const lane_rule *R, int c, int32_t j) {
 /* lane i: b where k allows it, else a */
 #define lane_blend _mm512_mask_blend_ps
 
+/* The same rule with keys along the lanes (the AMX kernel's scores are row-major): which of keys
+ * j0 .. j0 + 15 row x sees, keys at or past kvl (the zero padding of a tile) never; a row past the
+ * block's valid count sees none. */
+static inline __mmask16 keys_allowed(const attn_rows *rows, int x, int32_t j0, int32_t kvl) {
+    if (x >= rows->n) return 0;
+    const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(j0),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __mmask16 ok = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(rows->lo[x])) &
+                   _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows->hi[x]));
+    ok |= _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows->pre[x]));
+    ok |= _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(rows->slo[x])) &
+          _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(rows->shi[x]));
+    return ok & _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(kvl));
+}
+
 /* In-register transpose of a 16 x 16 f32 block (r[i] = row i -> r[j] = column j). */
 static inline void tr16(__m512 r[16]) {
     __m512 t[16];

@@ -27,7 +27,6 @@
 #define BQ ATTN_BQ
 #define BK ATTN_BK
 #define LOG2E 1.4426950408889634
-#define LN2 0.6931471805599453
 
 #include "attn_avx512_common.h" /* with the row-vector vocabulary of attn_fwd_kernel.inc */
 

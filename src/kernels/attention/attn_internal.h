@@ -7,6 +7,7 @@
 
 #include "internal.h"
 
+#include <math.h>
 #include <stdint.h>
 
 /* Query rows per block and keys per tile of the vector kernels. Blocks start at each segment's
@@ -60,6 +61,19 @@ typedef struct attn_rows {
     int simple, any_empty;
     int32_t lo_max, hi_min;
 } attn_rows;
+
+/* The end of a row of the forward, for every kernel's online softmax: m is the running max in
+ * log2 units, l the running sum of 2^(s - m); out = O * inv, lse = ln(2) (m + log2 l). A row that
+ * saw no key (l = 0) gets out 0 and lse -inf. */
+static inline void attn_finish_row(float m, float l, float *inv, float *lse) {
+    if (l > 0) {
+        *inv = 1.0f / l;
+        *lse = (float)((m + log2((double)l)) * 0.6931471805599453); /* ln 2 */
+    } else {
+        *inv = 0;
+        *lse = -INFINITY;
+    }
+}
 
 /* The vector kernels' row groups: a block of ATTN_BQ rows is ATTN_NRG groups of ATTN_RG rows, and a
  * partial tile skips the groups that see none of a run of its keys (attn_f32_kernel.inc). lo[c],
