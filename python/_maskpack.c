@@ -887,7 +887,7 @@ static PyObject *py_validate_npu_args(PyObject *m, PyObject *args, PyObject *kw)
 
 /* ---- module ------------------------------------------------------------------------------------- */
 
-/* ---- context parallelism, relayout, labels (issue 3) -------------------------------------- */
+/* ---- context parallelism, relayout, labels ------------------------------------------------------ */
 
 static PyObject *py_packed_of(PyObject *m, PyObject *h) {
     if (!PyObject_TypeCheck(h, &LayoutType)) {

@@ -1,9 +1,9 @@
 """Output buffers for the torch binding: large ones come from a cache of already-mapped blocks.
 
-Why: a GDN or attention call's large outputs (o, the final state, the gradients) used to be fresh
-``torch.empty`` buffers. Above glibc's mmap threshold every free returns them to the OS, so every call
-faulted them in again while the OS cleared each page: 13-19 % of the chunked GDN forward on the
-benchmark's 2-core machine. A training loop allocates the same outputs step after step, so outputs of
+Why: a GDN or attention call's large outputs (o, the final state, the gradients) as fresh
+``torch.empty`` buffers would be above glibc's mmap threshold, where every free returns them to the OS,
+so every call would fault them in again while the OS clears each page: 13-19 % of the chunked GDN
+forward on the benchmark's 2-core machine. A training loop allocates the same outputs step after step, so outputs of
 at least ``CACHE_MIN_BYTES`` come from blocks this module keeps once torch no longer uses them (as the
 caching allocators of GPU frameworks do).
 

@@ -132,7 +132,7 @@ class Layout(_Moves):
         """[B,S] padding mask -> layout. convention "keep" (1 = token, HF attention_mask) or "doc_id"
         (1-based document id, 0 = pad). Float masks are rejected: their meaning is ambiguous."""
         code = _choice(convention, _MASK2D_CONV, "convention", "MASKPACK_ERR_CONVENTION")
-        d, keep, torch = describe(mask, "mask")
+        d, torch = describe(mask, "mask")
         if dtype_code(d) in _FLOAT_CODES:
             raise Error(
                 f"mask: a float mask is ambiguous (keep? additive?); pass a bool or integer mask with "
@@ -142,7 +142,6 @@ class Layout(_Moves):
             )
         r, explicit = _rule.normalize(rule, None, "from_mask2d")
         h = _maskpack.from_mask2d(d, code, _rule.to_c(r, explicit))
-        del keep
         return cls._wrap(h, torch, explicit)
 
     @classmethod
@@ -154,24 +153,18 @@ class Layout(_Moves):
         cu_kv: key-side cu_seqlens in the same form for a cross layout (q_len != kv_len per segment,
         where ``alignment`` must be given)."""
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
-        d, keep, torch = describe(cu, "cu_seqlens", list_dtype=np.int64)
+        d, torch = describe(cu, "cu_seqlens", list_dtype=np.int64)
         r, explicit = _rule.normalize(rule, None, "from_cu_seqlens")
         if cu_kv is not None:
             if total is not None or cu_padded is not None:
                 raise TypeError("from_cu_seqlens(): cu_kv cannot be combined with total or cu_padded")
-            dk, keep_k, torch_k = describe(cu_kv, "cu_kv", list_dtype=np.int64)
+            dk, torch_k = describe(cu_kv, "cu_kv", list_dtype=np.int64)
             h = _build(_maskpack.from_cu_seqlens_qk, d, dk, fcode, _rule.to_c(r, explicit))
-            del keep_k
             torch = torch or torch_k
         else:
             tot = 0 if total is None else _int(total, "total")
-            if cu_padded is not None:
-                dp, keep_p, _tp = describe(cu_padded, "cu_padded", list_dtype=np.int64)
-            else:
-                dp, keep_p = None, None
+            dp = None if cu_padded is None else describe(cu_padded, "cu_padded", list_dtype=np.int64)[0]
             h = _build(_maskpack.from_cu_seqlens, d, fcode, tot, dp, _rule.to_c(r, explicit))
-            del keep_p
-        del keep
         return cls._wrap(h, torch, explicit)
 
     @classmethod
@@ -182,10 +175,9 @@ class Layout(_Moves):
         row minimum: HF's flash path) or "step" (at any step other than +1: HF's mask builders). A
         trailing run of two or more zeros is tail padding, not a run of length-1 sequences."""
         bcode = _choice(rule, _BOUNDARY, "rule", "MASKPACK_ERR_CONVENTION")
-        d, keep, torch = describe(position_ids, "position_ids", list_dtype=np.int64)
+        d, torch = describe(position_ids, "position_ids", list_dtype=np.int64)
         r, explicit = _rule.normalize(rule_kwargs, None, "from_position_ids")
         h = _maskpack.from_position_ids(d, bcode, _rule.to_c(r, explicit))
-        del keep
         return cls._wrap(h, torch, explicit)
 
     @classmethod
@@ -195,9 +187,8 @@ class Layout(_Moves):
         convention is required: "keep" (True = attend), "masked" (True = excluded: Megatron, TE,
         Ascend) or "additive" (0 = attend, negative = excluded)."""
         code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
-        d, keep, torch = describe(mask, "mask")
+        d, torch = describe(mask, "mask")
         h = _maskpack.from_mask4d(d, code)
-        del keep
         return cls._wrap(h, torch, True)
 
     @classmethod
@@ -297,8 +288,8 @@ class Layout(_Moves):
         return self._seqlens(True)
 
     def _seqlens(self, kv: bool):
-        obj, d = alloc((self.n_segments,), "int32", self._torch)
-        _maskpack.seqlens(self._h, kv, d)
+        obj = alloc((self.n_segments,), "int32", self._torch)
+        _maskpack.seqlens(self._h, kv, obj)
         return obj
 
     @property
@@ -318,8 +309,8 @@ class Layout(_Moves):
         return (info[1],) if info[3] else (info[0], info[1])
 
     def _fill(self, fn, shape, dtype, what="dtype", device=None, pin_memory=False):
-        obj, d = alloc(shape, dtype_name(dtype, what), self._torch)
-        fn(self._h, d)
+        obj = alloc(shape, dtype_name(dtype, what), self._torch)
+        fn(self._h, obj)
         return _placed(obj, device, pin_memory)
 
     def cu_seqlens(self, form: str = "te", kv: bool = False, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
@@ -334,8 +325,8 @@ class Layout(_Moves):
             return _compile.derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
         n = self.n_segments + (1 if fcode == _CU_FORMS["te"] else 0)
-        obj, d = alloc((n,), dtype_name(dtype), self._torch)
-        _maskpack.cu_seqlens(self._h, fcode, bool(kv), d)
+        obj = alloc((n,), dtype_name(dtype), self._torch)
+        _maskpack.cu_seqlens(self._h, fcode, bool(kv), obj)
         return _placed(obj, device, pin_memory)
 
     def cu_seqlens_padded(self, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
@@ -375,8 +366,8 @@ class Layout(_Moves):
         if nh < 1:
             raise Error(f"heads: expected >= 1, found {nh}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="heads")
         info = self._info
-        obj, d = alloc((info[0], nh, info[1], info[2]), dtype_name(dtype), self._torch)
-        _maskpack.mask4d(self._h, code, fcode, d)
+        obj = alloc((info[0], nh, info[1], info[2]), dtype_name(dtype), self._torch)
+        _maskpack.mask4d(self._h, code, fcode, obj)
         return _placed(obj, device, pin_memory)
 
     def position_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
@@ -436,13 +427,8 @@ class Layout(_Moves):
             "full_q_num_blocks": (b, 1, kb),
             "full_q_indices": (b, 1, kb, qb),
         }
-        out: Dict[str, Any] = {}
-        descs = []
-        for name, shape in shapes.items():
-            obj, d = alloc(shape, "int32", self._torch)
-            out[name] = obj
-            descs.append(d)
-        _maskpack.block_mask(self._h, bq, bk, tuple(descs))
+        out: Dict[str, Any] = {name: alloc(shape, "int32", self._torch) for name, shape in shapes.items()}
+        _maskpack.block_mask(self._h, bq, bk, tuple(out.values()))
         out = {k: _placed(v, device, pin_memory) for k, v in out.items()}
         out["block_size"] = (bq, bk)
         out["seq_lengths"] = (self.q_width, self.kv_width)
@@ -474,10 +460,10 @@ class Layout(_Moves):
         half-open ranges over flattened token indices; types FULL=0, CAUSAL=1 (bottom-right),
         INVCAUSAL=2, BICAUSAL=3. Windows are not representable (maskpack.Error)."""
         n = _maskpack.magi_slices(self._h, None, None, None, 0)
-        q, dq = alloc((n, 2), "int32", self._torch)
-        k, dk = alloc((n, 2), "int32", self._torch)
-        t, dt = alloc((n,), "int32", self._torch)
-        got = _maskpack.magi_slices(self._h, dq, dk, dt, n)
+        q = alloc((n, 2), "int32", self._torch)
+        k = alloc((n, 2), "int32", self._torch)
+        t = alloc((n,), "int32", self._torch)
+        got = _maskpack.magi_slices(self._h, q, k, t, n)
         if got != n:  # the layout is immutable: a different count means a library bug
             raise RuntimeError(f"magi_slices: sized {n} slices, filled {got}")
         return q, k, t
@@ -515,7 +501,8 @@ class Layout(_Moves):
                 if cached is not None:
                     return cached, None
                 fresh_key.append(key)  # kept once filled (below): a failed fill must not be cached
-            return alloc(shape, "bool", torch_out)
+            mask = alloc(shape, "bool", torch_out)
+            return mask, mask
 
         fresh_key: list = []
 
@@ -543,7 +530,7 @@ class Layout(_Moves):
     def allowed(self):
         """The dense predicate [B, S, Skv] bool (True = query i of row b may attend key j)."""
         b, s, skv = (self._info[i] for i in (0, 1, 2))
-        obj, _ = alloc((b, s, skv), "bool", self._torch)
+        obj = alloc((b, s, skv), "bool", self._torch)
         # the [B,S,Skv] buffer viewed as [B,1,S,Skv] for maskpack_mask4d (the head dim has size 1)
         _maskpack.mask4d(self._h, _MASK_CONV["keep"], _FILLS["-inf"], obj[:, None])
         return obj
@@ -613,12 +600,11 @@ def mask2d_from_mask4d(mask: Any, convention: str, dtype: Any = "bool"):
     """[B,1,S,S] / [B,H,S,S] / [B,1,1,S] / [B,S] mask -> [B,S] keep mask: token s is valid iff its key
     column is not fully masked (some query, any head, attends to it). convention is required."""
     code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
-    d, keep, torch = describe(mask, "mask")
+    d, torch = describe(mask, "mask")
     shape = tuple(d.shape)
     if len(shape) not in (2, 4):
         raise Error(f"mask: expected [B,S], [B,1,1,S], [B,1,S,S] or [B,H,S,S], found shape {list(shape)}",
                     "MASKPACK_ERR_SHAPE", argument="mask")
-    obj, od = alloc((shape[0], shape[-1]), dtype_name(dtype), torch)
-    _maskpack.mask2d_from_mask4d(d, code, od)
-    del keep
+    obj = alloc((shape[0], shape[-1]), dtype_name(dtype), torch)
+    _maskpack.mask2d_from_mask4d(d, code, obj)
     return obj

@@ -380,8 +380,8 @@ def _as_torch(x: Any, name: str):
 
     if is_torch_tensor(x):
         return x
-    d, keep, _ = describe(x, name)  # validates the type and dtype
-    return torch.as_tensor(keep[0] if isinstance(keep, tuple) else keep)
+    d, is_torch = describe(x, name)  # validates the type and dtype
+    return d if is_torch else torch.as_tensor(d)
 
 
 def _check_grid(x, grid: Tuple[int, ...], name: str) -> None:
@@ -511,21 +511,17 @@ def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, thr
                 readable = False  # the checked path below reports it
         if readable and _maskpack.move(plan, x, out, pad, _team(threads)):
             return out
-    descs, keep = [], []
-    for i, xi in enumerate(xs):  # shapes are checked by the C engine, which names the argument
-        d, k, _ = describe(xi, f"x[{i}]")
-        descs.append(d)
-        keep.append(k)
+    # shapes are checked by the C engine, which names the argument
+    descs = [describe(xi, f"x[{i}]")[0] for i, xi in enumerate(xs)]
     if out is None:
         lead = len(move.src_grids[0])
         if descs[0].ndim < lead:
             raise Error(f"x[0]: expected at least {lead} dimensions (the source's token grid), found "
                         f"{descs[0].ndim}", "MASKPACK_ERR_SHAPE", argument="x")
         out = _alloc_like(xs[0], tuple(move.dst_grid) + tuple(descs[0].shape[lead:]))
-    od, okeep, _ = describe_out(out, "out")
+    od = describe_out(out, "out")[0]
     pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[dtype_code(od)])
     _maskpack.plan_execute(plan, tuple(descs), od, pad, _team(threads))
-    del keep, okeep
     return out
 
 
@@ -707,8 +703,8 @@ class _Moves:
                                     device)
         g = self._cp_global(cp_size, tp, align, scheme)
         n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
-        obj, d = alloc((n,), dtype_name(dtype), self._torch)
-        _maskpack.cp_shard_indices(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme"), d)
+        obj = alloc((n,), dtype_name(dtype), self._torch)
+        _maskpack.cp_shard_indices(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme"), obj)
         return _placed(obj, device, pin_memory)
 
     # ---- tensor moves -------------------------------------------------------------------------
@@ -783,10 +779,10 @@ class _Moves:
             return _compile.shift_labels(self, labels, int(ignore_index))
         if _torch_path(labels, engine):
             return self._shift_labels_torch(labels, int(ignore_index), out)
-        d, keep, torch_in = describe(labels, "labels")
+        d = describe(labels, "labels")[0]
         if out is None:
             out = _alloc_like(labels, tuple(d.shape))
-        od, okeep, _ = describe_out(out, "out")
+        od = describe_out(out, "out")[0]
         _maskpack.shift_labels(self._h, d, int(ignore_index), od)
         return out
 
@@ -841,18 +837,14 @@ class _Moves:
         if _torch_path(labels, engine):
             return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), return_denominator,
                                             device)
-        keep = None
-        ld = None
-        if labels is not None:
-            ld, keep, _ = describe(labels, "labels")
+        ld = None if labels is None else describe(labels, "labels")[0]
         name = dtype_name(dtype)
         if name not in ("float32", "float64", "bfloat16", "float16"):
             raise Error(f"dtype: expected a floating dtype (float32, float64, bfloat16, float16), found {name}",
                         "MASKPACK_ERR_DTYPE", argument="dtype")
         # bfloat16 / float16 weights: computed in float32 and rounded once
-        obj, od = alloc(self._per_token_shape(), name if name in ("float32", "float64") else "float32", self._torch)
-        denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), code, od)
-        del keep
+        obj = alloc(self._per_token_shape(), name if name in ("float32", "float64") else "float32", self._torch)
+        denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), code, obj)
         if name not in ("float32", "float64"):
             import torch
 
@@ -901,9 +893,9 @@ class _Moves:
         """(rank [N], local [N]): the CP rank holding each sequence's last token and its flattened index
         in that rank's shard (-1 for empty sequences)."""
         g = self._cp_global(cp_size, tp, align, scheme)
-        r, rd = alloc((self.n_segments,), dtype_name(dtype), self._torch)
-        l, ld = alloc((self.n_segments,), dtype_name(dtype), self._torch)
-        _maskpack.cp_last_token(g._h, int(cp_size), _pick(scheme, _SCHEMES, "scheme"), rd, ld)
+        r = alloc((self.n_segments,), dtype_name(dtype), self._torch)
+        l = alloc((self.n_segments,), dtype_name(dtype), self._torch)
+        _maskpack.cp_last_token(g._h, int(cp_size), _pick(scheme, _SCHEMES, "scheme"), r, l)
         return _placed(r, device, pin_memory), _placed(l, device, pin_memory)
 
     def gather_last_tokens(self, x: Any):

@@ -146,14 +146,10 @@ def validate_npu_args(*, input_layout: str, atten_mask: Any = None, sparse_mode:
     if intended is not None and not isinstance(intended, Layout):
         raise TypeError(f"intended: expected a maskpack.Layout, found {type(intended).__name__}")
 
-    keep = []
-
     def desc(x, name):
         if x is None:
             return None
-        d, k, _ = describe(x, name, list_dtype=np.int64 if name != "atten_mask" else None)
-        keep.append(k)
-        return d
+        return describe(x, name, list_dtype=np.int64 if name != "atten_mask" else None)[0]
 
     _status, findings, n_total = _maskpack.validate_npu_args(
         NPU_LAYOUTS.get(input_layout, _UNKNOWN_LAYOUT),
@@ -169,7 +165,6 @@ def validate_npu_args(*, input_layout: str, atten_mask: Any = None, sparse_mode:
         intended=None if intended is None else intended._h,
         **dims,
     )
-    del keep
     out = [{"code": NPU_FINDING_NAMES.get(c, f"MASKPACK_NPU_{c}"), "value": c, "message": m} for c, m in findings]
     if raise_on_error and out:
         lines = "\n".join(f"  - {f['code']}: {f['message']}" for f in out)

@@ -97,7 +97,7 @@ def dtype_code(x: Any) -> int:
     return _torch_code(_torch(), x.dtype)
 
 
-def _describe_numpy(a: np.ndarray, name: str):
+def _describe_numpy(a: np.ndarray, name: str):  # -> (what the extension reads, the array behind it)
     code = _np_code(a.dtype)
     if code is None:
         raise TypeError(f"{name}: dtype {a.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
@@ -117,7 +117,7 @@ def _describe_numpy(a: np.ndarray, name: str):
     return a, a
 
 
-def _describe_torch(x, name: str):
+def _describe_torch(x, name: str):  # -> the tensor the extension reads
     t = _torch()
     if x.layout != t.strided:
         raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {x.layout}")
@@ -129,7 +129,7 @@ def _describe_torch(x, name: str):
     if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
         x = x.resolve_neg()
     register_torch()
-    return x, x
+    return x
 
 
 def describe_kernel(t: Any, name: str) -> Any:
@@ -138,7 +138,7 @@ def describe_kernel(t: Any, name: str) -> Any:
     The kernels (GDN, conv) take torch tensors only and refuse what describe() would convert: anything
     but a torch tensor, a tensor on another device, a lazily negated view (its memory holds -t; a
     resolved copy would not be the tensor autograd tracks) -- each a maskpack.Error naming the
-    argument. The tensor is the caller's keepalive."""
+    argument."""
     if t is None:
         return None
     tm = _torch()
@@ -157,21 +157,27 @@ def describe_kernel(t: Any, name: str) -> Any:
     return t
 
 
-def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Any, bool]:
-    """Input object -> (what the extension reads: a torch CPU tensor or a numpy array, keepalive,
-    is_torch). Never copies numpy arrays or tensors.
+def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, bool]:
+    """Input object -> (what the extension reads: a torch CPU tensor or a numpy array, is_torch).
+    Never copies numpy arrays or tensors; what it returns holds whatever memory it reads (a numpy
+    array its DLPack producer or buffer object, a torch view of a bfloat16 numpy array that array).
 
     Python lists and tuples are converted with ``np.asarray`` (``list_dtype`` when given, so that an
     empty list of lengths is an int64 array rather than float64).
     """
+    d, _array, is_torch = _describe(x, name, list_dtype)
+    return d, is_torch
+
+
+def _describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Optional[np.ndarray], bool]:
+    """describe() -> (what the extension reads, the numpy array behind it or None, is_torch)."""
     if x is None:
         raise TypeError(f"{name}: expected an array or tensor, found None")
     if is_torch_tensor(x):
-        d, keep = _describe_torch(x, name)
-        return d, keep, True
+        return _describe_torch(x, name), None, True
     if isinstance(x, np.ndarray):
-        d, keep = _describe_numpy(x, name)
-        return d, keep, False
+        d, a = _describe_numpy(x, name)
+        return d, a, False
     if isinstance(x, (str, bytes, bytearray, dict, set)):
         raise TypeError(f"{name}: expected an array or tensor, found {type(x).__name__}")
     if isinstance(x, (list, tuple)):
@@ -186,15 +192,15 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Any, bool]:
             raise TypeError(f"{name}: ragged or non-numeric {type(x).__name__}")
         if list_dtype is not None and len(x) and not all(_is_intlike(v) for v in np.ravel(np.asarray(x, dtype=object))):
             raise TypeError(f"{name}: expected integers")
-        d, keep = _describe_numpy(a, name)
-        return d, keep, False
+        d, a = _describe_numpy(a, name)
+        return d, a, False
     if hasattr(x, "__dlpack__"):
         try:
             a = np.from_dlpack(x)
         except (TypeError, ValueError, RuntimeError, BufferError) as e:
             raise TypeError(f"{name}: cannot read {type(x).__name__} through DLPack ({e})") from None
-        d, keep = _describe_numpy(a, name)
-        return d, (keep, x), False
+        d, a = _describe_numpy(a, name)
+        return d, a, False
     try:
         mv = memoryview(x)
     except TypeError:
@@ -205,24 +211,23 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Any, bool]:
         a = np.asarray(mv)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{name}: unsupported buffer format ({e})") from None
-    d, keep = _describe_numpy(a, name)
-    return d, (keep, x), False
+    d, a = _describe_numpy(a, name)
+    return d, a, False
 
 
-def describe_out(x: Any, name: str = "out") -> Tuple[Any, Any, bool]:
+def describe_out(x: Any, name: str = "out") -> Tuple[Any, bool]:
     """As describe, for a buffer the C library writes: read-only memory (a numpy array with
     writeable=False, a view of bytes) is refused instead of being written through a raw pointer, and so
     is a lazily negated torch view, whose memory would receive the values with the wrong sign."""
     if is_torch_tensor(x) and x.is_neg():
         raise TypeError(f"{name}: expected a tensor without the negative bit (out.is_neg() is True); "
                         "write into out.resolve_neg() instead")
-    d, keep, is_torch = describe(x, name)
-    arr = keep[0] if isinstance(keep, tuple) else keep
-    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+    d, arr, is_torch = _describe(x, name)
+    if arr is not None and not arr.flags.writeable:
         raise TypeError(f"{name}: expected a writable array, found a read-only one")
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         raise TypeError(f"{name}: expected a writable array, found a read-only one")
-    return d, keep, is_torch
+    return d, is_torch
 
 
 def _is_intlike(v) -> bool:
@@ -292,9 +297,9 @@ def placed(obj: Any, device: Any, pin_memory: bool) -> Any:
     return t
 
 
-def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, Any]:
-    """Zero-filled output -> (object, what the extension reads: the same object). bfloat16 is always a
-    torch tensor (numpy has none)."""
+def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Any:
+    """Zero-filled output: a torch tensor or numpy array, which the extension writes into. bfloat16
+    is always a torch tensor (numpy has none)."""
     shape = tuple(int(s) for s in shape)
     if dtype == "bfloat16" or use_torch:
         t = _torch()
@@ -305,9 +310,8 @@ def alloc(shape: Sequence[int], dtype: str, use_torch: bool) -> Tuple[Any, Any]:
                 raise TypeError("bfloat16 outputs need torch (numpy has no bfloat16); install torch") from None
         x = t.zeros(shape, dtype=getattr(t, dtype))
         register_torch()
-        return x, x
-    a = np.zeros(shape, dtype=np.dtype(dtype))
-    return a, a
+        return x
+    return np.zeros(shape, dtype=np.dtype(dtype))
 
 
 def as_int_list(x: Any, name: str) -> list:

@@ -132,18 +132,15 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads, isa=0):
     if out is None:
         out = _empty_like(q)
     lse = _empty_like(q, _lse_shape(layout, q), "float32")
-    dq, kq, _ = describe(q, "q")
-    dk, kk, _ = describe(k, "k")
-    dv, kv, _ = describe(v, "v")
-    do, ko, _ = describe_out(out, "out")
-    dl, kl, _ = describe(lse, "lse")
+    dq, dk, dv = (describe(x, name)[0] for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    do = describe_out(out, "out")[0]
+    dl = describe(lse, "lse")[0]
     threads = _threads(n_threads, use_torch)
     op = _op(layout, handle, dq, dk, threads, isa)
     if op is None:
         _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, threads, isa)
     else:
         _attention.op_forward(op, _team(threads), dq, dk, dv, _scale(scale), _softcap(softcap), do, dl)
-    del kq, kk, kv, ko, kl
     return out, lse
 
 
@@ -198,11 +195,7 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
     handle = layout_handle(layout)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
-    descs, keep = [], []
-    for name, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv)):
-        d, kx, _ = describe(x, name)
-        descs.append(d)
-        keep.append(kx)
+    descs = [describe(x, name)[0] for name, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
     threads = _threads(n_threads, use_torch)
     op = _op(layout, handle, descs[1], descs[2], threads, code)
     if op is None:
@@ -211,7 +204,6 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
     else:
         _attention.op_backward(op, _team(threads), descs[0], descs[1], descs[2], descs[3], descs[4], descs[5],
                                _scale(scale), _softcap(softcap), descs[6], descs[7], descs[8])
-    del keep
     return dq, dk, dv
 
 
