@@ -461,6 +461,28 @@ typedef struct maskpack_workers maskpack_workers; /* opaque */
 
 /* (n_threads >= 1, the caller included) -> a team of n_threads - 1 started worker threads. */
 MASKPACK_API maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, maskpack_error *err);
+/* A team that runs on a thread pool the caller already has (OpenMP's, TBB's, a framework's), so that
+ * maskpack's work and the host's never compete for the cores: a pool whose idle threads spin after
+ * each of its own parallel regions (OpenMP's do, for milliseconds) would otherwise keep half of every
+ * core from a team of maskpack's own threads.
+ *
+ * parallel(host, task, ctx, n) is the host's parallel region: it runs task(ctx, t) for t = 0 .. n-1,
+ * each t on its own thread, concurrently as far as it has threads, and returns when every one has
+ * returned. It may leave out indices it has no thread for, except t = 0 (maskpack's work is shared
+ * dynamically, so any one participant finishes it); one index never runs twice at once. With OpenMP:
+ *     static void omp_host(void *host, maskpack_task_fn task, void *ctx, int n) {
+ *         (void)host;
+ *         #pragma omp parallel num_threads(n)
+ *         task(ctx, omp_get_thread_num());
+ *     }
+ * The caller's thread should take part as one of them (OpenMP's master does). Work runs on the caller
+ * alone after fork() (in a child process), as with maskpack_workers_create. */
+typedef void (*maskpack_task_fn)(void *ctx, int t);
+typedef void (*maskpack_parallel_fn)(void *host, maskpack_task_fn task, void *ctx, int n_threads);
+/* (n_threads in [1, MASKPACK_MAX_THREADS], parallel, host) -> a team of n_threads participants that
+ * runs every share of work through parallel(host, ...); it starts no thread of its own. */
+MASKPACK_API maskpack_status maskpack_workers_create_hosted(int n_threads, maskpack_parallel_fn parallel, void *host,
+                                                            maskpack_workers **out, maskpack_error *err);
 /* Stops and joins the workers (NULL is a no-op). */
 MASKPACK_API void maskpack_workers_free(maskpack_workers *workers);
 /* (team) -> its participant count (1 for NULL). */

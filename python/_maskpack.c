@@ -18,7 +18,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -996,7 +1000,11 @@ static void plan_capsule_free(PyObject *cap) {
     maskpack_relayout_plan_free(PyCapsule_GetPointer(cap, PLAN_CAPSULE));
 }
 
-static void team_capsule_free(PyObject *cap) { maskpack_workers_free(PyCapsule_GetPointer(cap, TEAM_CAPSULE)); }
+/* A team capsule's context: what a hosted team's host needs (NULL for a team of maskpack's own). */
+static void team_capsule_free(PyObject *cap) {
+    maskpack_workers_free(PyCapsule_GetPointer(cap, TEAM_CAPSULE));
+    PyMem_RawFree(PyCapsule_GetContext(cap));
+}
 
 /* pad: bytes holding one element, or None (zero bytes) -> *ptr (NULL for None). */
 static int parse_pad(PyObject *pad, const void **ptr) {
@@ -1030,6 +1038,110 @@ static PyObject *py_workers_create(PyObject *m, PyObject *args) {
     PyObject *cap = PyCapsule_New(w, TEAM_CAPSULE, team_capsule_free);
     if (!cap) maskpack_workers_free(w);
     return cap;
+}
+
+/* ---- a team on the OpenMP pool already in the process (torch's) ----------------------------------
+
+   torch runs its CPU operators on an OpenMP pool whose idle threads spin for milliseconds after each
+   region. A team of maskpack's own threads started right after a torch operator then shares every
+   core with a spinning thread and runs at half speed; a team hosted by that pool runs on those very
+   threads, which take the work at once. The pool is reached through the runtime's own entry points
+   (GOMP_parallel: GNU's libgomp, and LLVM's and Intel's runtimes, which export it too), found in the
+   runtime library the process has already loaded: the extension links no OpenMP of its own. */
+
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+typedef int (*omp_thread_num_fn)(void);
+typedef struct {
+    gomp_parallel_fn parallel;
+    omp_thread_num_fn thread_num;
+} omp_pool;
+typedef struct {
+    const omp_pool *pool;
+    maskpack_task_fn task;
+    void *ctx;
+} omp_region;
+
+static void omp_region_body(void *p) {
+    omp_region *r = p;
+    r->task(r->ctx, r->pool->thread_num());
+}
+
+static void omp_pool_parallel(void *host, maskpack_task_fn task, void *ctx, int n) {
+    omp_region r = {host, task, ctx};
+    ((omp_pool *)host)->parallel(omp_region_body, &r, (unsigned)n, 0);
+}
+
+typedef struct {
+    const char *dir; /* only runtimes loaded from this folder (NULL: any) */
+    omp_pool pool;
+    int found;
+} omp_search;
+
+static int omp_search_object(struct dl_phdr_info *info, size_t size, void *p) {
+    (void)size;
+    omp_search *S = p;
+    const char *name = info->dlpi_name;
+    if (S->found || !name || !*name) return 0;
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (!strstr(base, "gomp") && !strstr(base, "omp5") && strncmp(base, "libomp", 6) != 0) return 0;
+    if (S->dir) { /* the folder as the caller resolved it: compare real paths */
+        char real[PATH_MAX];
+        if (!realpath(name, real) || strncmp(real, S->dir, strlen(S->dir)) != 0) return 0;
+    }
+    void *h = dlopen(name, RTLD_NOW | RTLD_NOLOAD); /* already loaded: a reference, never a new copy */
+    if (!h) return 0;
+    void *par = dlsym(h, "GOMP_parallel"), *num = dlsym(h, "omp_get_thread_num");
+    if (par && num) {
+        /* function pointers through a data pointer (dlsym's contract on POSIX) */
+        memcpy(&S->pool.parallel, &par, sizeof par);
+        memcpy(&S->pool.thread_num, &num, sizeof num);
+        S->found = 1; /* the reference stays: the runtime outlives every team made on it */
+        return 1;
+    }
+    dlclose(h);
+    return 0;
+}
+
+/* (n_threads, folder or None) -> team capsule on the OpenMP runtime loaded from that folder (None:
+   the first loaded), or None when the process has no such runtime */
+static PyObject *py_workers_create_openmp(PyObject *m, PyObject *args) {
+    int n;
+    const char *dir = NULL;
+    if (!PyArg_ParseTuple(args, "iz", &n, &dir)) return NULL;
+    omp_search S;
+    memset(&S, 0, sizeof S);
+    S.dir = dir;
+    dl_iterate_phdr(omp_search_object, &S);
+    if (!S.found) Py_RETURN_NONE;
+    omp_pool *pool = PyMem_RawMalloc(sizeof *pool);
+    if (!pool) return PyErr_NoMemory();
+    *pool = S.pool;
+    maskpack_workers *w = NULL;
+    maskpack_error err;
+    maskpack_status s = maskpack_workers_create_hosted(n, omp_pool_parallel, pool, &w, &err);
+    if (s) {
+        PyMem_RawFree(pool);
+        return raise_status(m, s, &err);
+    }
+    PyObject *cap = PyCapsule_New(w, TEAM_CAPSULE, team_capsule_free);
+    if (!cap || PyCapsule_SetContext(cap, pool) != 0) {
+        if (cap) Py_DECREF(cap); /* its destructor frees the team; the pool is not yet its context */
+        else maskpack_workers_free(w);
+        PyMem_RawFree(pool);
+        return NULL;
+    }
+    return cap;
+}
+
+/* (team capsule) -> "openmp" (hosted by the OpenMP pool) or "own" (maskpack's threads) */
+static PyObject *py_workers_pool(PyObject *m, PyObject *cap) {
+    (void)m;
+    if (!PyCapsule_IsValid(cap, TEAM_CAPSULE)) {
+        PyErr_SetString(PyExc_TypeError, "workers_pool: expected a worker team capsule");
+        return NULL;
+    }
+    return PyUnicode_FromString(PyCapsule_GetContext(cap) ? "openmp" : "own");
 }
 
 /* (sources: tuple of handles, dst handle) -> plan capsule */
@@ -1254,6 +1366,9 @@ static PyMethodDef methods[] = {
     {"cp_shard_indices", py_cp_shard_indices, METH_VARARGS, "(handle, cp, rank, scheme, out)"},
     {"cp_last_token", py_cp_last_token, METH_VARARGS, "(handle, cp, scheme, rank_out, local_out)"},
     {"workers_create", py_workers_create, METH_VARARGS, "(n_threads) -> worker team capsule"},
+    {"workers_create_openmp", py_workers_create_openmp, METH_VARARGS,
+     "(n_threads, folder or None) -> team capsule on the loaded OpenMP runtime, or None"},
+    {"workers_pool", py_workers_pool, METH_O, "(team capsule) -> 'openmp' or 'own'"},
     {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan capsule"},
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
     {"plan_adjoint", py_plan_adjoint, METH_VARARGS, "(plan, source) -> the adjoint plan capsule"},

@@ -18,6 +18,7 @@ The adjoint runs through the same autograd function, so double backward works.""
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -109,23 +110,77 @@ def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
     return np.array([pad_value], dtype=np.dtype(dtype)).tobytes()
 
 
-# One worker team per (process, thread count), started on first use: a move of a few hundred KB takes
+# One worker team per (process, thread count, pool), made on first use: a move of a few hundred KB takes
 # ~10 us, less than starting a thread, so only a team that is already running can put the second
-# core to work on it. A forked child (a DataLoader worker) starts its own: the parent's threads do not
+# core to work on it. A forked child (a DataLoader worker) makes its own: the parent's threads do not
 # exist there (the C library then runs the parent's team inline and only frees its memory).
+#
+# Once torch is imported, the team runs on torch's own OpenMP pool (maskpack_workers_create_hosted):
+# its idle threads spin for milliseconds after every torch operator, and a team of maskpack's own
+# threads would share each core with one of them, at half speed, on every call that follows a torch
+# operator (in a training step: all of them). MASKPACK_THREAD_POOL=own keeps maskpack's own threads;
+# =openmp asks for the OpenMP pool whether or not torch is imported (any OpenMP runtime the process has
+# loaded); the default, auto, takes torch's when torch is imported and runs on OpenMP. A forked child
+# (a DataLoader worker) keeps to maskpack's own threads: GNU's OpenMP runtime is not safe to use after
+# fork() once the parent has used it.
 _TEAMS: dict = {}
+_FORKED: list = []
+
+
+def _after_fork_in_child() -> None:
+    _TEAMS.clear()
+    _FORKED.append(True)
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_TEAMS.clear)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_POOLS = ("auto", "own", "openmp")
+
+
+def _pool_kind() -> str:
+    """"openmp" or "own": the pool a team made now runs on (MASKPACK_THREAD_POOL, then torch)."""
+    want = os.environ.get("MASKPACK_THREAD_POOL", "auto") or "auto"
+    if want not in _POOLS:
+        raise Error(f"MASKPACK_THREAD_POOL: expected one of {', '.join(_POOLS)}, found {want!r}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="MASKPACK_THREAD_POOL")
+    if _FORKED:
+        return "own"
+    if want == "auto":
+        return "openmp" if "torch" in sys.modules else "own"
+    return want
+
+
+def _openmp_team(n: int):
+    """A team on the OpenMP pool the process has loaded (torch's when torch is imported), or None."""
+    folder = None
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        folder = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    team = _maskpack.workers_create_openmp(n, folder)
+    if team is None and folder is not None:
+        team = _maskpack.workers_create_openmp(n, None)  # torch's runtime lives elsewhere (a system one)
+    return team
 
 
 def _team(threads: Optional[int]):
     n = _DEFAULT_THREADS if threads is None else _threads(threads)
     if n == 1:
         return None
-    team = _TEAMS.get(n)
+    kind = _pool_kind()
+    team = _TEAMS.get((n, kind))
     if team is None:
-        team = _TEAMS[n] = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
+        team = _openmp_team(n) if kind == "openmp" else None
+        if team is None:  # no OpenMP runtime in the process: maskpack's own threads
+            team = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
+        _TEAMS[(n, kind)] = team
     return team
+
+
+def team_pool(threads: int) -> str:
+    """The pool the team of this many threads runs on: "openmp" or "own" (see MASKPACK_THREAD_POOL)."""
+    team = _team(threads)
+    return "own" if team is None else _maskpack.workers_pool(team)
 
 
 def _cache_of(layout) -> dict:

@@ -60,7 +60,7 @@ maskpack_status mp_ok(maskpack_error *err);
 
 /* Parallel work shared dynamically: fn takes work items from a counter in ctx until none are left,
  * and must be correct however many participants run it (tid identifies the participant). */
-typedef void (*mp_work_fn)(void *ctx, int tid);
+typedef maskpack_task_fn mp_work_fn; /* (ctx, participant index) */
 /* Runs fn on the caller (tid 0) and on every worker of w that joins before the caller's fn returns
  * (w NULL: the caller alone); returns when every participant has left fn, with their writes
  * visible. Never waits for a worker that has not started. */

@@ -14,7 +14,11 @@
  * worker sees g closed and never touches fn/ctx, which may already be gone. The caller spins while
  * it waits, then (past SPIN_NS) sleeps until the worker that brings `active` to 0 wakes it. One caller at a time: a second concurrent caller (another thread using the same team) does not
  * wait, it runs every share itself. After fork() the child has none of the threads; calls from
- * another process run inline too, and free() only releases memory. */
+ * another process run inline too, and free() only releases memory.
+ *
+ * A hosted team (maskpack_workers_create_hosted) has no threads: each run is one parallel region of
+ * the caller's own pool, whose threads are the participants. The dynamic sharing above is what makes
+ * that safe: a participant the host leaves out only means fewer hands. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -59,6 +63,8 @@ struct maskpack_workers {
     _Atomic int stop;
     mp_work_fn fn; /* published before gen is bumped */
     void *ctx;
+    maskpack_parallel_fn parallel; /* hosted: the host's parallel region (no threads of our own) */
+    void *host;
 };
 
 static int64_t now_ns(void) {
@@ -147,9 +153,25 @@ maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, m
     return mp_ok(err);
 }
 
+maskpack_status maskpack_workers_create_hosted(int n_threads, maskpack_parallel_fn parallel, void *host,
+                                              maskpack_workers **out, maskpack_error *err) {
+    MP_CHECK_NULL(err, out, "out");
+    MP_CHECK_NULL(err, parallel, "parallel");
+    maskpack_status s = mp_check_threads(n_threads, "n_threads", err);
+    if (s) return s;
+    maskpack_workers *w = calloc(1, sizeof *w);
+    if (!w) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workers", -1, -1, "out of memory");
+    w->n = n_threads;
+    w->owner = getpid();
+    w->parallel = parallel;
+    w->host = host;
+    *out = w;
+    return mp_ok(err);
+}
+
 void maskpack_workers_free(maskpack_workers *w) {
     if (!w) return;
-    if (getpid() == w->owner) {
+    if (!w->parallel && getpid() == w->owner) {
         atomic_store(&w->stop, 1);
         pthread_mutex_lock(&w->mu);
         pthread_cond_broadcast(&w->cv);
@@ -169,6 +191,13 @@ void maskpack_workers_free(maskpack_workers *w) {
 int maskpack_workers_threads(const maskpack_workers *w) { return w ? w->n : 1; }
 
 void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
+    if (w && w->parallel) { /* hosted: the host's region, unless this is a child after fork() */
+        if (w->n > 1 && getpid() == w->owner)
+            w->parallel(w->host, fn, ctx, w->n);
+        else
+            fn(ctx, 0);
+        return;
+    }
     /* alone: no team, no thread started, another process (after fork), or the team busy elsewhere */
     if (!w || w->started == 0 || getpid() != w->owner || pthread_mutex_trylock(&w->busy) != 0) {
         fn(ctx, 0);

@@ -34,6 +34,13 @@ MUTATIONS = [
          find="        for (int64_t p = 0; p < Dh; p++) {\n            const uint32_t *q = B->QT + p * BQ;",
          replace="        for (int64_t p = 0; p < Dh - (Dh > 1); p++) {\n            const uint32_t *q = B->QT + p * BQ;",
          c=["test_attention_emulated_amx"]),
+    # ---- worker teams -------------------------------------------------------------------------
+    dict(name="hosted_team_asks_one_participant",
+         why="a team hosted by the caller's pool asks the host for one participant: right bits, one core",
+         file="src/core/workers.c",
+         find="            w->parallel(w->host, fn, ctx, w->n);",
+         replace="            w->parallel(w->host, fn, ctx, 1);",
+         c=["test_hosted_team"]),
     # ---- context parallelism over maskpack_comm ----------------------------------------------
     dict(name="ring_merge_weight",
          why="ring attention's log-sum-exp merge weighs a new partial output 0.1% too heavily",

@@ -1,0 +1,119 @@
+"""Which thread pool maskpack's calls run on (maskpack._moves: MASKPACK_THREAD_POOL).
+
+With torch imported, a team runs on torch's own OpenMP pool (maskpack_workers_create_hosted), so a call
+right after a torch operator does not share its cores with torch's spinning idle threads; the results
+are those of maskpack's own threads bit for bit, for every kernel family and the moves; a forked child
+(a DataLoader worker) keeps to maskpack's own threads; a bad MASKPACK_THREAD_POOL is refused by name."""
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+import torch
+
+import maskpack
+from maskpack import _moves
+
+LENGTHS = [131, 17, 64, 1, 260, 47]
+
+
+def _torch_runs_openmp() -> bool:
+    return "OpenMP" in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """Sets MASKPACK_THREAD_POOL for the test (teams are cached per pool, so both kinds coexist)."""
+    def set_pool(kind):
+        monkeypatch.setenv("MASKPACK_THREAD_POOL", kind)
+    return set_pool
+
+
+def test_torch_imported_means_torchs_openmp_pool(pool):
+    pool("auto")
+    if not _torch_runs_openmp():
+        pytest.skip("this torch build does not run its CPU operators on OpenMP")
+    assert _moves.team_pool(2) == "openmp"
+    assert _moves.team_pool(3) == "openmp"
+    assert _moves.team_pool(1) == "own"  # one thread: no team at all, the caller alone
+    pool("own")
+    assert _moves.team_pool(2) == "own"
+    pool("openmp")
+    assert _moves.team_pool(2) == "openmp"
+
+
+def test_bad_pool_name_refused(pool):
+    pool("tbb")
+    with pytest.raises(maskpack.Error) as e:
+        _moves.team_pool(2)
+    assert e.value.argument == "MASKPACK_THREAD_POOL"
+    assert "auto, own, openmp" in str(e.value)
+
+
+def _every_family(threads):
+    """Outputs and gradients of attention, the gated delta rule, the conv and a move round trip."""
+    g = torch.Generator().manual_seed(7)
+    lay = maskpack.Layout.from_lengths(LENGTHS, placement="packed")
+    T = sum(LENGTHS)
+    q = torch.randn(T, 4, 32, generator=g, requires_grad=True)
+    k = torch.randn(T, 2, 32, generator=g, requires_grad=True)
+    v = torch.randn(T, 2, 32, generator=g, requires_grad=True)
+    out = maskpack.attention_autograd(q, k, v, lay, threads=threads)
+    gq = torch.randn(T, 2, 16, generator=g, requires_grad=True)
+    gk = torch.randn(T, 2, 16, generator=g, requires_grad=True)
+    gv = torch.randn(T, 4, 24, generator=g, requires_grad=True)
+    gg = (-torch.rand(T, 4, generator=g)).requires_grad_()
+    gb = torch.rand(T, 4, generator=g).requires_grad_()
+    o, ht = maskpack.gated_delta_rule(gq, gk, gv, gg, gb, lay, threads=threads)
+    x = torch.randn(T, 40, generator=g, requires_grad=True)
+    w = torch.randn(40, 4, generator=g, requires_grad=True)
+    y, st = maskpack.causal_conv1d(x, w, lay, threads=threads)
+    loss = out.square().sum() + o.square().sum() + ht.square().sum() + y.square().sum() + st.square().sum()
+    loss.backward()
+    big = torch.randn(T, 8192, generator=g)  # past the moves' team threshold
+    padded = lay.unpack(big, pad_value=-1.0, threads=threads)
+    back = lay.pack(padded, threads=threads)
+    return [t.detach().clone() for t in (out, o, ht, y, st, q.grad, k.grad, v.grad, gq.grad, gk.grad, gv.grad,
+                                         gg.grad, gb.grad, x.grad, w.grad, padded, back)]
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_same_bits_on_either_pool(pool, threads):
+    pool("own")
+    want = _every_family(threads)
+    pool("openmp")
+    got = _every_family(threads)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+    # and as the one-thread call: every kernel's result depends on the thread count only
+    pool("auto")
+    assert all(torch.equal(a, b) for a, b in zip(want, _every_family(threads)))
+
+
+def _child(queue):
+    lay = maskpack.Layout.from_lengths(LENGTHS, placement="packed")
+    g = torch.Generator().manual_seed(3)
+    T = sum(LENGTHS)
+    q, k, v = (torch.randn(T, 4, 32, generator=g) for _ in range(3))
+    out, _ = maskpack.attention(q, k, v, lay, threads=2)
+    queue.put((_moves.team_pool(2), out.numpy()))
+
+
+def test_forked_child_keeps_to_its_own_threads(pool):
+    pool("auto")
+    # the parent has used the OpenMP pool (torch and maskpack) before forking, as a trainer has
+    parent = _every_family(2)
+    del parent
+    lay = maskpack.Layout.from_lengths(LENGTHS, placement="packed")
+    g = torch.Generator().manual_seed(3)
+    T = sum(LENGTHS)
+    q, k, v = (torch.randn(T, 4, 32, generator=g) for _ in range(3))
+    want, _ = maskpack.attention(q, k, v, lay, threads=2)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(queue,))
+    proc.start()
+    kind, got = queue.get(timeout=120)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    assert kind == "own"
+    assert np.array_equal(got, want.numpy())
