@@ -18,9 +18,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <dlfcn.h>
 #include <limits.h>
+#if defined(__linux__) || defined(__FreeBSD__)
+#define MPX_HAVE_PHDR 1 /* dl_iterate_phdr: the loaded objects, to find an OpenMP runtime */
+#include <dlfcn.h>
 #include <link.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -1049,6 +1052,7 @@ static PyObject *py_workers_create(PyObject *m, PyObject *args) {
    (GOMP_parallel: GNU's libgomp, and LLVM's and Intel's runtimes, which export it too), found in the
    runtime library the process has already loaded: the extension links no OpenMP of its own. */
 
+#if defined(MPX_HAVE_PHDR)
 typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 typedef int (*omp_thread_num_fn)(void);
 typedef struct {
@@ -1103,12 +1107,20 @@ static int omp_search_object(struct dl_phdr_info *info, size_t size, void *p) {
     return 0;
 }
 
+#endif
+
 /* (n_threads, folder or None) -> team capsule on the OpenMP runtime loaded from that folder (None:
    the first loaded), or None when the process has no such runtime */
 static PyObject *py_workers_create_openmp(PyObject *m, PyObject *args) {
     int n;
     const char *dir = NULL;
     if (!PyArg_ParseTuple(args, "iz", &n, &dir)) return NULL;
+#if !defined(MPX_HAVE_PHDR)
+    (void)m;
+    (void)n;
+    (void)dir;
+    Py_RETURN_NONE; /* no way to list the loaded objects here: maskpack's own threads */
+#else
     omp_search S;
     memset(&S, 0, sizeof S);
     S.dir = dir;
@@ -1132,6 +1144,7 @@ static PyObject *py_workers_create_openmp(PyObject *m, PyObject *args) {
         return NULL;
     }
     return cap;
+#endif
 }
 
 /* (team capsule) -> "openmp" (hosted by the OpenMP pool) or "own" (maskpack's threads) */
