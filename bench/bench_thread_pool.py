@@ -2,9 +2,11 @@
 default once torch is imported) against a team of maskpack's own threads (MASKPACK_THREAD_POOL=own).
 
 Each call is timed right after a torch projection (x @ w, as a layer runs before its attention or
-its Gated DeltaNet), when torch's idle OpenMP threads are still spinning, and, as a control, right
-after another maskpack call. Both pools live in one process and alternate pair by pair (which goes
-first alternating); the figure is the median of the per-pair ratios own / openmp.
+its Gated DeltaNet), when torch's idle OpenMP threads are still spinning: both pools live in one
+process and alternate pair by pair (which goes first alternating); the figure is the median of the
+per-pair ratios own / openmp. As a control, the same calls back to back with no torch operator between
+them: in blocks (50 ms of idleness so the other pool's threads stop spinning, 3 untimed calls, the
+median of 10), the blocks alternating, the figure the median of the per-round ratios.
 
     python bench/bench_thread_pool.py [--pairs 30] [--threads 2]
 """
@@ -80,28 +82,46 @@ def main():
         name, T, calls = make()
         x, w = torch.randn(max(T, 256), 1024), torch.randn(1024, 1024)
         for label, fn in calls:
-            for after in ("a torch projection", "a maskpack call"):
-                times = {"own": [], "openmp": []}
-                ratios = []
-                for p in range(-2, a.pairs):
-                    pair = {}
-                    for kind in (("own", "openmp") if p % 2 == 0 else ("openmp", "own")):
-                        os.environ["MASKPACK_THREAD_POOL"] = kind
-                        if after == "a torch projection":
-                            x @ w
-                        else:
-                            fn(a.threads)
+            times = {"own": [], "openmp": []}
+            ratios = []
+            for p in range(-2, a.pairs):
+                pair = {}
+                for kind in (("own", "openmp") if p % 2 == 0 else ("openmp", "own")):
+                    os.environ["MASKPACK_THREAD_POOL"] = kind
+                    x @ w
+                    t0 = time.perf_counter()
+                    fn(a.threads)
+                    pair[kind] = time.perf_counter() - t0
+                if p >= 0:
+                    for kind in pair:
+                        times[kind].append(pair[kind])
+                    ratios.append(pair["own"] / pair["openmp"])
+            m = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            print(f"{name}, {label} right after a torch projection: torch's OpenMP pool {m['openmp']:9.0f} us, "
+                  f"maskpack's own threads {m['own']:9.0f} us: {statistics.median(ratios):.2f}x "
+                  f"(median of {a.pairs} pairs)")
+            times = {"own": [], "openmp": []}
+            ratios = []
+            rounds = max(3, a.pairs // 5)
+            for r in range(rounds):
+                block = {}
+                for kind in (("own", "openmp") if r % 2 == 0 else ("openmp", "own")):
+                    os.environ["MASKPACK_THREAD_POOL"] = kind
+                    time.sleep(0.05)
+                    for _ in range(3):
+                        fn(a.threads)
+                    ts = []
+                    for _ in range(10):
                         t0 = time.perf_counter()
                         fn(a.threads)
-                        pair[kind] = time.perf_counter() - t0
-                    if p >= 0:
-                        for kind in pair:
-                            times[kind].append(pair[kind])
-                        ratios.append(pair["own"] / pair["openmp"])
-                m = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-                print(f"{name}, {label} right after {after}: torch's OpenMP pool {m['openmp']:9.0f} us, "
-                      f"maskpack's own threads {m['own']:9.0f} us: {statistics.median(ratios):.2f}x "
-                      f"(median of {a.pairs} pairs)")
+                        ts.append(time.perf_counter() - t0)
+                    block[kind] = statistics.median(ts)
+                    times[kind].append(block[kind])
+                ratios.append(block["own"] / block["openmp"])
+            m = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            print(f"{name}, {label} back to back (control): torch's OpenMP pool {m['openmp']:9.0f} us, "
+                  f"maskpack's own threads {m['own']:9.0f} us: {statistics.median(ratios):.2f}x "
+                  f"(median of {rounds} rounds)")
     os.environ.pop("MASKPACK_THREAD_POOL", None)
     print(f"load average at the end: {load()}")
 
