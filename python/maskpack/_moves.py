@@ -120,7 +120,8 @@ def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
 # threads would share each core with one of them, at half speed, on every call that follows a torch
 # operator (in a training step: all of them). MASKPACK_THREAD_POOL=own keeps maskpack's own threads;
 # =openmp asks for the OpenMP pool whether or not torch is imported (any OpenMP runtime the process has
-# loaded); the default, auto, takes torch's when torch is imported and runs on OpenMP. A forked child
+# loaded); the default, auto, takes torch's when torch is imported and runs on OpenMP (a torch built
+# without OpenMP keeps maskpack's threads). A forked child
 # (a DataLoader worker) keeps to maskpack's own threads: GNU's OpenMP runtime is not safe to use after
 # fork() once the parent has used it.
 _TEAMS: dict = {}
@@ -151,16 +152,16 @@ def _pool_kind() -> str:
     return want
 
 
-def _openmp_team(n: int):
-    """A team on the OpenMP pool the process has loaded (torch's when torch is imported), or None."""
-    folder = None
+def _openmp_team(n: int, any_runtime: bool):
+    """A team on torch's OpenMP pool (the runtime loaded from torch's own folder); with any_runtime,
+    else on whichever OpenMP runtime the process has loaded. None where there is none."""
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         folder = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
-    team = _maskpack.workers_create_openmp(n, folder)
-    if team is None and folder is not None:
-        team = _maskpack.workers_create_openmp(n, None)  # torch's runtime lives elsewhere (a system one)
-    return team
+        team = _maskpack.workers_create_openmp(n, folder)
+        if team is not None:
+            return team
+    return _maskpack.workers_create_openmp(n, None) if any_runtime else None
 
 
 def _team(threads: Optional[int]):
@@ -170,7 +171,8 @@ def _team(threads: Optional[int]):
     kind = _pool_kind()
     team = _TEAMS.get((n, kind))
     if team is None:
-        team = _openmp_team(n) if kind == "openmp" else None
+        # auto: torch's pool only (a torch without OpenMP keeps maskpack's threads); openmp: any
+        team = _openmp_team(n, os.environ.get("MASKPACK_THREAD_POOL") == "openmp") if kind == "openmp" else None
         if team is None:  # no OpenMP runtime in the process: maskpack's own threads
             team = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
         _TEAMS[(n, kind)] = team

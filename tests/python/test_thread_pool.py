@@ -117,3 +117,23 @@ def test_forked_child_keeps_to_its_own_threads(pool):
     assert proc.exitcode == 0
     assert kind == "own"
     assert np.array_equal(got, want.numpy())
+
+
+def test_without_torch_maskpacks_own_threads():
+    """A process that never imports torch (numpy callers) runs maskpack's own threads; asked for
+    OpenMP without any runtime loaded, it keeps them too."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, maskpack\n"
+            "from maskpack import _moves\n"
+            "lay = maskpack.Layout.from_lengths([300, 200], placement='right')\n"
+            "x = np.arange(lay.n_rows * lay.q_width * 4096, dtype=np.float32).reshape(lay.n_rows, lay.q_width, 4096)\n"
+            "assert np.array_equal(lay.unpack(lay.pack(x, threads=2), threads=2)[:, :200], x[:, :200])\n"
+            "assert 'torch' not in sys.modules\n"
+            "print(_moves.team_pool(2))\n")
+    for pool, want in (("auto", "own"), ("openmp", "own"), ("own", "own")):
+        env = dict(__import__("os").environ, MASKPACK_THREAD_POOL=pool)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want
