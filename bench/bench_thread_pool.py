@@ -1,10 +1,10 @@
 """bench_thread_pool.py: maskpack's calls inside a training-like step, on torch's OpenMP pool (the
 default once torch is imported) against a team of maskpack's own threads (MASKPACK_THREAD_POOL=own).
 
-Each call is timed right after a torch projection (x @ w, as a layer runs before its attention or
-its Gated DeltaNet), when torch's idle OpenMP threads are still spinning: both pools live in one
-process and alternate pair by pair (which goes first alternating); the figure is the median of the
-per-pair ratios own / openmp. As a control, the same calls back to back with no torch operator between
+Each call is timed right after a torch operator, as in a layer: an element-wise one (SiLU over 4 MB,
+ATen's own OpenMP loop, as norms, gates and activations run) and a projection (x @ w). torch's idle
+OpenMP threads are then still spinning. Both pools live in one process and alternate pair by pair
+(which goes first alternating); the figure is the median of the per-pair ratios own / openmp. As a control, the same calls back to back with no torch operator between
 them: in blocks (50 ms of idleness so the other pool's threads stop spinning, 3 untimed calls, the
 median of 10), the blocks alternating, the figure the median of the per-round ratios.
 
@@ -81,25 +81,28 @@ def main():
                  lambda: case_gdn(4, 512), lambda: case_move(8, 512)):
         name, T, calls = make()
         x, w = torch.randn(max(T, 256), 1024), torch.randn(1024, 1024)
+        e = torch.randn(1 << 20)
         for label, fn in calls:
-            times = {"own": [], "openmp": []}
-            ratios = []
-            for p in range(-2, a.pairs):
-                pair = {}
-                for kind in (("own", "openmp") if p % 2 == 0 else ("openmp", "own")):
-                    os.environ["MASKPACK_THREAD_POOL"] = kind
-                    x @ w
-                    t0 = time.perf_counter()
-                    fn(a.threads)
-                    pair[kind] = time.perf_counter() - t0
-                if p >= 0:
-                    for kind in pair:
-                        times[kind].append(pair[kind])
-                    ratios.append(pair["own"] / pair["openmp"])
-            m = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-            print(f"{name}, {label} right after a torch projection: torch's OpenMP pool {m['openmp']:9.0f} us, "
-                  f"maskpack's own threads {m['own']:9.0f} us: {statistics.median(ratios):.2f}x "
-                  f"(median of {a.pairs} pairs)")
+            for what, before in (("an element-wise op", lambda: torch.nn.functional.silu(e)),
+                                 ("a projection", lambda: x @ w)):
+                times = {"own": [], "openmp": []}
+                ratios = []
+                for p in range(-2, a.pairs):
+                    pair = {}
+                    for kind in (("own", "openmp") if p % 2 == 0 else ("openmp", "own")):
+                        os.environ["MASKPACK_THREAD_POOL"] = kind
+                        before()
+                        t0 = time.perf_counter()
+                        fn(a.threads)
+                        pair[kind] = time.perf_counter() - t0
+                    if p >= 0:
+                        for kind in pair:
+                            times[kind].append(pair[kind])
+                        ratios.append(pair["own"] / pair["openmp"])
+                m = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+                print(f"{name}, {label} right after {what}: torch's OpenMP pool {m['openmp']:9.0f} us, "
+                      f"maskpack's own threads {m['own']:9.0f} us: {statistics.median(ratios):.2f}x "
+                      f"(median of {a.pairs} pairs)")
             times = {"own": [], "openmp": []}
             ratios = []
             rounds = max(3, a.pairs // 5)
