@@ -4,11 +4,12 @@ builds of the package, paired in one process: BEFORE_DIR holds a copy of the bef
 the calls alternate iteration by iteration, which goes first alternating.
 
     PYTHONPATH=<after install>:<BEFORE_DIR> python bench/attention/ab_attention_py.py [threads] [iters]
-        [docs tokens H D] [--after-projection]
+        [docs tokens H D] [--after-projection] [--after-elementwise]
 
 -> the medians of both and of the per-iteration ratio before / after (f32, packed, causal).
 --after-projection times each call right after a torch projection (x @ w, as a layer runs before
-its attention): torch's OpenMP threads are then still spinning, as in a training step."""
+its attention), --after-elementwise right after SiLU over 4 MB (ATen's own OpenMP loop, as norms and
+gates run): torch's OpenMP threads are then still spinning, as in a training step."""
 import statistics
 import sys
 import time
@@ -19,8 +20,10 @@ import maskpack
 import maskpack_before
 
 after_projection = "--after-projection" in sys.argv
-if after_projection:
-    sys.argv.remove("--after-projection")
+after_elementwise = "--after-elementwise" in sys.argv
+for flag in ("--after-projection", "--after-elementwise"):
+    if flag in sys.argv:
+        sys.argv.remove(flag)
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 iters = int(sys.argv[2]) if len(sys.argv) > 2 else 200
 docs, tokens, H, D = (int(x) for x in sys.argv[3:7]) if len(sys.argv) > 6 else (4, 64, 8, 128)
@@ -28,6 +31,16 @@ torch.manual_seed(0)
 T = docs * tokens
 q, k, v, dout = (torch.randn(T, H, D) for _ in range(4))
 px, pw = torch.randn(max(T, 256), 1024), torch.randn(1024, 1024)  # the projection (--after-projection)
+pe = torch.randn(1 << 20)  # an element-wise op's input (--after-elementwise: SiLU over 4 MB)
+
+
+def before_call():
+    if after_projection:
+        px @ pw
+    if after_elementwise:
+        torch.nn.functional.silu(pe)
+
+
 mods = (maskpack_before, maskpack)
 lays = [m.Layout.from_lengths([tokens] * docs, placement="packed") for m in mods]
 fwd = {0: [], 1: []}
@@ -36,16 +49,12 @@ for it in range(-5, iters):
     for side in range(2):
         w = side if it % 2 == 0 else 1 - side
         m, lay = mods[w], lays[w]
-        if after_projection:
-            px @ pw
+        before_call()
         t0 = time.perf_counter()
         out, lse = m.attention(q, k, v, lay, threads=threads)
         t1 = time.perf_counter()
-        if after_projection:
-            px @ pw
-            t1b = time.perf_counter()
-        else:
-            t1b = t1
+        before_call()
+        t1b = time.perf_counter()
         m.attention_backward(dout, q, k, v, out, lse, lay, threads=threads)
         t2 = time.perf_counter()
         if it >= 0:
@@ -55,6 +64,7 @@ med = statistics.median
 rf = med(b / a for b, a in zip(fwd[0], fwd[1]))
 rb = med(b / a for b, a in zip(bwd[0], bwd[1]))
 print(f"python {docs} x {tokens} tokens, H {H}, D {D}, causal, threads {threads}"
-      f"{', each right after a torch projection' if after_projection else ''}: forward before "
+      f"{', each right after a torch projection' if after_projection else ''}"
+      f"{', each right after an element-wise torch op' if after_elementwise else ''}: forward before "
       f"{med(fwd[0]) * 1e6:.0f} us, after {med(fwd[1]) * 1e6:.0f} us, paired ratio {rf:.3f}; backward before "
       f"{med(bwd[0]) * 1e6:.0f} us, after {med(bwd[1]) * 1e6:.0f} us, ratio {rb:.3f}")

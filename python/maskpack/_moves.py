@@ -121,9 +121,8 @@ def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
 # operator (in a training step: all of them). MASKPACK_THREAD_POOL=own keeps maskpack's own threads;
 # =openmp asks for the OpenMP pool whether or not torch is imported (any OpenMP runtime the process has
 # loaded); the default, auto, takes torch's when torch is imported and runs on OpenMP (a torch built
-# without OpenMP keeps maskpack's threads). A forked child
-# (a DataLoader worker) keeps to maskpack's own threads: GNU's OpenMP runtime is not safe to use after
-# fork() once the parent has used it.
+# without OpenMP keeps maskpack's threads). A forked child (a DataLoader worker) keeps to maskpack's
+# own threads: GNU's OpenMP runtime is not safe to use after fork() once the parent has used it.
 _TEAMS: dict = {}
 _FORKED: list = []
 
@@ -139,22 +138,23 @@ if hasattr(os, "register_at_fork"):
 _POOLS = ("auto", "own", "openmp")
 
 
-def _pool_kind() -> str:
-    """"openmp" or "own": the pool a team made now runs on (MASKPACK_THREAD_POOL, then torch)."""
+def _pool_wanted() -> str:
+    """The pool a team made now asks for: "own", "torch" (auto, torch imported: torch's OpenMP
+    runtime only) or "openmp" (MASKPACK_THREAD_POOL=openmp: torch's, else any loaded runtime)."""
     want = os.environ.get("MASKPACK_THREAD_POOL", "auto") or "auto"
     if want not in _POOLS:
         raise Error(f"MASKPACK_THREAD_POOL: expected one of {', '.join(_POOLS)}, found {want!r}",
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument="MASKPACK_THREAD_POOL")
-    if _FORKED:
+    if _FORKED or want == "own":
         return "own"
     if want == "auto":
-        return "openmp" if "torch" in sys.modules else "own"
-    return want
+        return "torch" if "torch" in sys.modules else "own"
+    return "openmp"
 
 
 def _openmp_team(n: int, any_runtime: bool):
-    """A team on torch's OpenMP pool (the runtime loaded from torch's own folder); with any_runtime,
-    else on whichever OpenMP runtime the process has loaded. None where there is none."""
+    """A team on torch's OpenMP pool (the runtime loaded from torch's own folder), or with any_runtime
+    on whichever OpenMP runtime the process has loaded; None where there is none."""
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         folder = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
@@ -168,14 +168,13 @@ def _team(threads: Optional[int]):
     n = _DEFAULT_THREADS if threads is None else _threads(threads)
     if n == 1:
         return None
-    kind = _pool_kind()
-    team = _TEAMS.get((n, kind))
+    want = _pool_wanted()
+    team = _TEAMS.get((n, want))
     if team is None:
-        # auto: torch's pool only (a torch without OpenMP keeps maskpack's threads); openmp: any
-        team = _openmp_team(n, os.environ.get("MASKPACK_THREAD_POOL") == "openmp") if kind == "openmp" else None
-        if team is None:  # no OpenMP runtime in the process: maskpack's own threads
+        team = None if want == "own" else _openmp_team(n, any_runtime=want == "openmp")
+        if team is None:  # no such OpenMP runtime in the process: maskpack's own threads
             team = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
-        _TEAMS[(n, kind)] = team
+        _TEAMS[(n, want)] = team
     return team
 
 
