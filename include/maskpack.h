@@ -1027,6 +1027,20 @@ MASKPACK_API maskpack_status maskpack_cp_attention_backward(const maskpack_comm 
                                                             const maskpack_tensor *lse, double scale, double softcap,
                                                             maskpack_tensor *dq, maskpack_tensor *dk,
                                                             maskpack_tensor *dv, int n_threads, maskpack_error *err);
+/* The ring on a worker team the caller owns (maskpack_workers_create or _create_hosted; NULL = the
+ * caller's thread alone): every kernel call of the ring runs on it, so no thread starts per step;
+ * the team's participant count in place of n_threads, and the same bits as that n_threads. */
+MASKPACK_API maskpack_status maskpack_cp_attention_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                              maskpack_cp_scheme scheme, const maskpack_tensor *q,
+                                                              const maskpack_tensor *k, const maskpack_tensor *v,
+                                                              double scale, double softcap, maskpack_tensor *out,
+                                                              maskpack_tensor *lse, maskpack_workers *team,
+                                                              maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_cp_attention_backward_on(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *dout,
+    const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
+    const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq, maskpack_tensor *dk,
+    maskpack_tensor *dv, maskpack_workers *team, maskpack_error *err);
 /* ==== end of Attention kernels ============================================================== */
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
@@ -1155,6 +1169,19 @@ MASKPACK_API maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm,
                                                       const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                                       const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                                       maskpack_error *err);
+/* Both on a worker team the caller owns (NULL = the caller's thread alone): the team's participant
+ * count in place of opts.n_threads, the same bits as that count. */
+MASKPACK_API maskpack_status maskpack_cp_gdn_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                        maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                                        const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                                        maskpack_tensor *final_state, maskpack_workers *team,
+                                                        maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                                         const maskpack_tensor *d_o,
+                                                         const maskpack_tensor *d_final_state,
+                                                         const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                                         maskpack_workers *team, maskpack_error *err);
 
 /* (comm, whole packed layout, scheme, x: this rank's shard [T_local, C], weight [C, W], prefix [N, C, W-1]
  * or NULL, silu, n_threads) -> y [T_local, C], conv_state [N, C, W-1] (NULL to skip) the same on every
@@ -1179,6 +1206,18 @@ MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_c
                                                                 const maskpack_tensor *d_conv_state, int n_threads,
                                                                 maskpack_tensor *dx, maskpack_tensor *dweight,
                                                                 maskpack_tensor *d_prefix, maskpack_error *err);
+/* Both on a worker team the caller owns (NULL = the caller's thread alone): the team's participant
+ * count in place of n_threads, the same bits as that count. */
+MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                          maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                          const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                          int silu, maskpack_workers *team, maskpack_tensor *y,
+                                                          maskpack_tensor *conv_state, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward_on(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *x,
+    const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy,
+    const maskpack_tensor *d_conv_state, maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
+    maskpack_tensor *d_prefix, maskpack_error *err);
 
 /* The rule on a worker team the caller owns (maskpack_workers_create; NULL = the caller's thread
  * alone), so that no thread starts per call: as maskpack_gdn_forward / _backward, with the team's

@@ -160,15 +160,17 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
 
 /* ---- ring attention over a Python communicator (mpx_comm, see ext_common.h) ------------------- */
 
-/* (comm_obj, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, q, k, v, scale, softcap, out, lse, team or None) -> None */
 static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *d[5];
-    int rank, size, scheme, threads;
+    PyObject *obj, *layout, *d[5], *team_obj;
+    int rank, size, scheme;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &scale,
-                          &softcap, &d[3], &d[4], &threads))
+    if (!PyArg_ParseTuple(args, "OiiOiOOOddOOO", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &scale,
+                          &softcap, &d[3], &d[4], &team_obj))
         return NULL;
+    maskpack_workers *team;
+    if (parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[5] = {"q", "k", "v", "out", "lse"};
     const maskpack_layout *L;
     maskpack_tensor t[5];
@@ -181,23 +183,26 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cp_attention_forward(&comm, L, (maskpack_cp_scheme)scheme, present[0] ? &t[0] : NULL,
-                                      present[1] ? &t[1] : NULL, present[2] ? &t[2] : NULL, scale, softcap,
-                                      present[3] ? &t[3] : NULL, present[4] ? &t[4] : NULL, threads, &err);
+    s = maskpack_cp_attention_forward_on(&comm, L, (maskpack_cp_scheme)scheme, present[0] ? &t[0] : NULL,
+                                         present[1] ? &t[1] : NULL, present[2] ? &t[2] : NULL, scale, softcap,
+                                         present[3] ? &t[3] : NULL, present[4] ? &t[4] : NULL, team, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
-/* (comm_obj, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads) -> None */
+/* (comm_obj, rank, size, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, team or None)
+ * -> None */
 static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *d[9];
-    int rank, size, scheme, threads;
+    PyObject *obj, *layout, *d[9], *team_obj;
+    int rank, size, scheme;
     double scale, softcap;
-    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOi", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &d[3],
-                          &d[4], &d[5], &scale, &softcap, &d[6], &d[7], &d[8], &threads))
+    if (!PyArg_ParseTuple(args, "OiiOiOOOOOOddOOOO", &obj, &rank, &size, &layout, &scheme, &d[0], &d[1], &d[2], &d[3],
+                          &d[4], &d[5], &scale, &softcap, &d[6], &d[7], &d[8], &team_obj))
         return NULL;
+    maskpack_workers *team;
+    if (parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     const maskpack_layout *L;
     maskpack_tensor t[9];
@@ -212,8 +217,8 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cp_attention_backward(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], p[3], p[4], p[5], scale,
-                                       softcap, p[6], p[7], p[8], threads, &err);
+    s = maskpack_cp_attention_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], p[3], p[4], p[5],
+                                          scale, softcap, p[6], p[7], p[8], team, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;

@@ -89,14 +89,19 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
 
 /* ---- sequence-parallel context parallelism over a Python communicator (mpx_comm) ------------- */
 
-/* cp_forward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads) */
+static int parse_team(PyObject *obj, maskpack_workers **team); /* below, with the operator */
+
+/* cp_forward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, team or
+ * None) */
 static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *descs;
-    int rank, size, scheme, chunked, l2norm, threads;
+    PyObject *obj, *layout, *descs, *team_obj;
+    int rank, size, scheme, chunked, l2norm;
     double scale;
-    if (!PyArg_ParseTuple(args, "OiiOiO!dppi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
-                          &chunked, &l2norm, &threads))
+    maskpack_workers *team;
+    if (!PyArg_ParseTuple(args, "OiiOiO!dppO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
+                          &chunked, &l2norm, &team_obj) ||
+        parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -110,23 +115,25 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     o.scale = scale;
     o.chunked = chunked;
     o.l2norm = l2norm;
-    o.n_threads = threads;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_forward(&comm, L, (maskpack_cp_scheme)scheme, &in, &o, p[6], p[7], &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_forward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, &o, p[6], p[7], team,
+                                                          &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
 /* cp_backward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale,
- * l2norm, n_threads) */
+ * l2norm, team or None) */
 static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *descs;
-    int rank, size, scheme, l2norm, threads;
+    PyObject *obj, *layout, *descs, *team_obj;
+    int rank, size, scheme, l2norm;
     double scale;
-    if (!PyArg_ParseTuple(args, "OiiOiO!dpi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
-                          &l2norm, &threads))
+    maskpack_workers *team;
+    if (!PyArg_ParseTuple(args, "OiiOiO!dpO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
+                          &l2norm, &team_obj) ||
+        parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -141,22 +148,23 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     maskpack_gdn_options o = maskpack_gdn_options_default();
     o.scale = scale;
     o.l2norm = l2norm;
-    o.n_threads = threads;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_backward(&comm, L, (maskpack_cp_scheme)scheme, &in, p[6], p[7], &o, &gr,
-                                                        &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_backward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, p[6], p[7], &o,
+                                                           &gr, team, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
-/* cp_conv1d(comm, rank, size, layout, scheme, (x, weight, prefix, y, state), silu, n_threads) */
+/* cp_conv1d(comm, rank, size, layout, scheme, (x, weight, prefix, y, state), silu, team or None) */
 static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *descs;
-    int rank, size, scheme, silu, threads;
-    if (!PyArg_ParseTuple(args, "OiiOiO!pi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
-                          &threads))
+    PyObject *obj, *layout, *descs, *team_obj;
+    int rank, size, scheme, silu;
+    maskpack_workers *team;
+    if (!PyArg_ParseTuple(args, "OiiOiO!pO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
+                          &team_obj) ||
+        parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -167,20 +175,22 @@ static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu,
-                                                         threads, p[3], p[4], &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu,
+                                                            team, p[3], p[4], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
 /* cp_conv1d_backward(comm, rank, size, layout, scheme, (x, weight, prefix, dy, dstate, dx, dweight, dprefix), silu,
- * n_threads) */
+ * team or None) */
 static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
     (void)m;
-    PyObject *obj, *layout, *descs;
-    int rank, size, scheme, silu, threads;
-    if (!PyArg_ParseTuple(args, "OiiOiO!pi", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
-                          &threads))
+    PyObject *obj, *layout, *descs, *team_obj;
+    int rank, size, scheme, silu;
+    maskpack_workers *team;
+    if (!PyArg_ParseTuple(args, "OiiOiO!pO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
+                          &team_obj) ||
+        parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -191,8 +201,9 @@ static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2],
-                                                                  silu, p[3], p[4], threads, p[5], p[6], p[7], &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1],
+                                                                     p[2], silu, p[3], p[4], team, p[5], p[6], p[7],
+                                                                     &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ._errors import Error
-from ._moves import _SCHEMES  # the package's one copy of maskpack_cp_scheme (checked by test_header_enums)
+from ._moves import _SCHEMES, _team  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
            "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp"]
@@ -704,7 +704,7 @@ class _RingAttention(torch.autograd.Function):
         nthreads = _threads(threads, True)
         descs = [describe(x, name)[0] for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))]
         _ring_call(_attention.cp_forward, comm, layout_handle(whole), _SCHEMES[scheme], descs[0], descs[1],
-                   descs[2], _scale(scale), _softcap(softcap), descs[3], descs[4], nthreads)
+                   descs[2], _scale(scale), _softcap(softcap), descs[3], descs[4], _team(nthreads))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (whole, group, scheme, scale, softcap, nthreads)
         ctx.mark_non_differentiable(lse)
@@ -723,7 +723,7 @@ class _RingAttention(torch.autograd.Function):
         names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
         d = [describe(x, n)[0] for n, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
         _ring_call(_attention.cp_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], *d[:6],
-                   _scale(scale), _softcap(softcap), *d[6:], nthreads)
+                   _scale(scale), _softcap(softcap), *d[6:], _team(nthreads))
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -813,7 +813,7 @@ class _SequenceGDN(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(o, "o"), _d(ht, "final_state"))
         _ring_call(_gdn.cp_forward, comm, layout_handle(whole), _SCHEMES[scheme], descs, scale, chunked, l2norm,
-                   threads)
+                   _team(threads))
         ctx.save_for_backward(q, k, v, g, beta, h0)
         ctx.args = (whole, group, scheme, scale, l2norm, threads)
         return o, ht
@@ -833,7 +833,7 @@ class _SequenceGDN(torch.autograd.Function):
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
         _ring_call(_gdn.cp_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, scale, l2norm,
-                   threads)
+                   _team(threads))
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
 
 
@@ -887,7 +887,7 @@ class _SequenceConv(torch.autograd.Function):
         y = torch.empty_like(x)
         state = torch.empty((whole.n_segments, x.shape[-1], w.shape[-1] - 1), dtype=torch.float32)
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(y, "y"), _d(state, "conv_state"))
-        _ring_call(_gdn.cp_conv1d, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, silu, threads)
+        _ring_call(_gdn.cp_conv1d, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, silu, _team(threads))
         ctx.save_for_backward(x, w, prefix)
         ctx.args = (whole, group, scheme, silu, threads)
         return y, state
@@ -906,7 +906,7 @@ class _SequenceConv(torch.autograd.Function):
         descs = (_d(x, "x"), _d(w, "weight"), _d(prefix, "prefix"), _d(dy, "dy"), _d(dstate, "d_conv_state"),
                  _d(dx, "dx"), _d(dw, "dweight"), _d(dp, "d_prefix"))
         _ring_call(_gdn.cp_conv1d_backward, _comm_for(group), layout_handle(whole), _SCHEMES[scheme], descs, silu,
-                   threads)
+                   _team(threads))
         return dx, dw, dp, None, None, None, None, None
 
 

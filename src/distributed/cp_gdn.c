@@ -289,9 +289,18 @@ static const float *rec_of(const gdn_run *R, size_t gi) {
 /* Passes 1 and 2, the exchange and the composition: what the correction and the backward need.
  * Collective: every rank agrees first (layout, scheme, each rank's own checks), so every rank either
  * fails here alike or enters the same exchanges. */
+/* The rule's kernel calls run on the caller's team (the _on entry points) or, without one, on
+ * opts.n_threads started per call: the same bits either way (the kernels depend on the count only). */
+static maskpack_status rule_forward(const maskpack_layout *L, const maskpack_gdn_inputs *in,
+                                    const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *fs,
+                                    maskpack_workers *team, maskpack_error *err) {
+    return team ? maskpack_gdn_forward_on(L, in, opts, o, fs, team, NULL, 0, err)
+                : maskpack_gdn_forward(L, in, opts, o, fs, NULL, 0, err);
+}
+
 static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
-                                   const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts, gdn_run *R,
-                                   maskpack_error *err) {
+                                   const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts,
+                                   maskpack_workers *team, gdn_run *R, maskpack_error *err) {
     memset(R, 0, sizeof *R);
     maskpack_status c = mp_cp_check_comm(comm, 0, err);
     if (c) return c;
@@ -364,7 +373,7 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     maskpack_gdn_inputs inx = *in;
     inx.v = &R->vx_t;
     inx.initial_state = &R->hx_t;
-    if (!s) s = maskpack_gdn_forward(P->mine, &inx, opts, &ox_t, &rec_t, NULL, 0, err);
+    if (!s) s = rule_forward(P->mine, &inx, opts, &ox_t, &rec_t, team, err);
     /* a local failure above (memory) must still enter the exchange, or the others would wait: the
      * exchange carries no status, so such a rank aborts its peers through the transport instead */
     if (!s && comm->all_gather(comm->ctx, rec, R->every, w1 * R->blk * sizeof(float)) != 0)
@@ -446,12 +455,12 @@ static maskpack_status gather_last_states(const maskpack_comm *comm, const gdn_p
     return s;
 }
 
-maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                        maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
-                                        const maskpack_gdn_options *opts, maskpack_tensor *o,
-                                        maskpack_tensor *final_state, maskpack_error *err) {
+static maskpack_status gdn_sp_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                      maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                      const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                      maskpack_tensor *final_state, maskpack_workers *team, maskpack_error *err) {
     gdn_run R;
-    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, &R, err);
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &R, err);
     if (s) return s;
     const int64_t HV = R.HV, K = R.K, V = R.V, np = R.np;
     if (!o || !f32_contiguous(o) || o->ndim != 3 || o->shape[0] != R.T || o->shape[1] != HV || o->shape[2] != V)
@@ -487,13 +496,13 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
     return s ? s : mp_ok(err);
 }
 
-maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
-                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
-                                         const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
-                                         maskpack_error *err) {
+static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                       maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                       const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                       const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                       maskpack_workers *team, maskpack_error *err) {
     gdn_run R;
-    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, &R, err);
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
     const int64_t HV = R.HV, K = R.K, V = R.V, T = R.T, np = R.np;
@@ -596,7 +605,9 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
     inx.v = &R.vx_t;
     inx.initial_state = &R.hx_t;
     maskpack_gdn_grads gx = {outs[0], outs[1], &dvx_t, outs[3], outs[4], &dhx_t};
-    if (!s) s = maskpack_gdn_backward(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, NULL, 0, err);
+    if (!s)
+        s = team ? maskpack_gdn_backward_on(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, team, NULL, 0, err)
+                 : maskpack_gdn_backward(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, NULL, 0, err);
     if (!s) copy_rows(outs[2]->data, (size_t)V, dvx + K, W, (size_t)(T * HV), (size_t)V);
     for (int64_t i = 0; !s && grads->d_initial_state && i < np; i++)
         if (mine[i].pos == 0) /* a first piece's initial state: the h0 columns of the pass's */
@@ -726,11 +737,11 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
     return s;
 }
 
-maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
-                                          maskpack_cp_scheme scheme, const maskpack_tensor *x,
-                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                          int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
-                                          maskpack_error *err) {
+static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                       maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                       const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                       int n_threads, maskpack_workers *team, maskpack_tensor *y,
+                                       maskpack_tensor *conv_state, maskpack_error *err) {
     conv_run R;
     maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
     if (s) return s;
@@ -743,7 +754,10 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
                     "conv_state: expected a contiguous float32 [%zu, C, W-1]", N);
     int64_t s3[3] = {R.np, R.C, R.Wm1};
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
-    if (!s) s = maskpack_causal_conv1d(P->mine, x, weight, &R.prefix_t, silu, n_threads, y, &st_t, err);
+    if (!s)
+        s = team ? maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, MASKPACK_ISA_AUTO, team, y, &st_t,
+                                             NULL, 0, err)
+                 : maskpack_causal_conv1d(P->mine, x, weight, &R.prefix_t, silu, n_threads, y, &st_t, err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
     maskpack_status f = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data,
                                            "conv states", err);
@@ -753,13 +767,12 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
     return s ? s : mp_ok(err);
 }
 
-maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                                   maskpack_cp_scheme scheme, const maskpack_tensor *x,
-                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                   int silu, const maskpack_tensor *dy,
-                                                   const maskpack_tensor *d_conv_state, int n_threads,
-                                                   maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                   maskpack_tensor *d_prefix, maskpack_error *err) {
+static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                        maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                        const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                        const maskpack_tensor *dy, const maskpack_tensor *d_conv_state, int n_threads,
+                                        maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
+                                        maskpack_tensor *d_prefix, maskpack_error *err) {
     conv_run R;
     maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
     if (s) return s;
@@ -785,8 +798,10 @@ maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, co
     maskpack_tensor dst_t = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, s3);
     maskpack_tensor dpre_t = maskpack_tensor_contiguous(dpre, MASKPACK_F32, 3, s3);
     if (!s)
-        s = maskpack_causal_conv1d_backward(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, n_threads, dx, dweight,
-                                            &dpre_t, err);
+        s = team ? maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t,
+                                                      MASKPACK_ISA_AUTO, team, dx, dweight, &dpre_t, NULL, 0, err)
+                 : maskpack_causal_conv1d_backward(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, n_threads, dx,
+                                                   dweight, &dpre_t, err);
     if (!s && d_prefix) memset(d_prefix->data, 0, P->n_seq * R.tail * sizeof(float));
     /* each prefix column's gradient goes back where the column came from */
     const gdn_piece *mine = P->pieces + P->first[P->rank];
@@ -825,4 +840,80 @@ maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, co
     free(recv);
     conv_free(&R);
     return s ? s : mp_ok(err);
+}
+
+/* ---- the entry points: per-call threads (n_threads, opts.n_threads) or the caller's team --------- */
+
+maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                        maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                        const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                        maskpack_tensor *final_state, maskpack_error *err) {
+    return gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, NULL, err);
+}
+
+maskpack_status maskpack_cp_gdn_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                           maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                           const maskpack_gdn_options *opts, maskpack_tensor *o,
+                                           maskpack_tensor *final_state, maskpack_workers *team,
+                                           maskpack_error *err) {
+    maskpack_gdn_options alone; /* no team: the caller's thread alone, whatever opts.n_threads says */
+    if (!team && opts) alone = *opts, alone.n_threads = 1, opts = &alone;
+    return gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, team, err);
+}
+
+maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                         const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                         maskpack_error *err) {
+    return gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, NULL, err);
+}
+
+maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                            maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
+                                            const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
+                                            const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
+                                            maskpack_workers *team, maskpack_error *err) {
+    maskpack_gdn_options alone; /* no team: the caller's thread alone, whatever opts.n_threads says */
+    if (!team && opts) alone = *opts, alone.n_threads = 1, opts = &alone;
+    return gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, team, err);
+}
+
+maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
+                                          maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                          int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
+                                          maskpack_error *err) {
+    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, n_threads, NULL, y, conv_state, err);
+}
+
+maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                             maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                             const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
+                                             maskpack_workers *team, maskpack_tensor *y, maskpack_tensor *conv_state,
+                                             maskpack_error *err) {
+    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, maskpack_workers_threads(team), team, y,
+                           conv_state, err);
+}
+
+maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                   maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                   int silu, const maskpack_tensor *dy,
+                                                   const maskpack_tensor *d_conv_state, int n_threads,
+                                                   maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                   maskpack_tensor *d_prefix, maskpack_error *err) {
+    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, n_threads, NULL, dx,
+                            dweight, d_prefix, err);
+}
+
+maskpack_status maskpack_cp_causal_conv1d_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
+                                                      maskpack_cp_scheme scheme, const maskpack_tensor *x,
+                                                      const maskpack_tensor *weight, const maskpack_tensor *prefix,
+                                                      int silu, const maskpack_tensor *dy,
+                                                      const maskpack_tensor *d_conv_state, maskpack_workers *team,
+                                                      maskpack_tensor *dx, maskpack_tensor *dweight,
+                                                      maskpack_tensor *d_prefix, maskpack_error *err) {
+    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state,
+                            maskpack_workers_threads(team), team, dx, dweight, d_prefix, err);
 }

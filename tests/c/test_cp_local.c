@@ -139,11 +139,129 @@ typedef struct job {
     const float *x, *w, *pre, *dy, *dst, *y, *st, *dx, *dw, *dp;                            /* conv */
     /* this rank's shares of the replicated gradients, summed by the caller */
     float dh_share[NSEQ * HV * K * V], dw_share[C * W], dp_share[NSEQ * C * 3];
-    int64_t bad[8];
+    int64_t bad[9];
 } job;
 
 static void gather_rows(float *dst, const float *src, const int64_t *idx, int64_t n, int64_t row) {
     for (int64_t i = 0; i < n; i++) memcpy(dst + i * row, src + idx[i] * row, (size_t)row * sizeof(float));
+}
+
+/* ---- the _on entry points: a team gives the bits of its participant count ---------------------- */
+
+static void serial_host(void *host, maskpack_task_fn task, void *ctx, int n) {
+    (void)host;
+    for (int t = n - 1; t >= 0; t--) task(ctx, t);
+}
+
+static float *rows_of(const float *src, const int64_t *idx, int64_t n, int64_t row) {
+    float *p = malloc((size_t)(n * row) * sizeof *p);
+    gather_rows(p, src, idx, n, row);
+    return p;
+}
+static float *zeros(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+static int64_t differ(const float *a, const float *b, int64_t n) { return memcmp(a, b, (size_t)n * sizeof *a) != 0; }
+
+/* Ring attention, the rule and the conv with n_threads = 2 (the plain calls), then on a team of 2 of
+ * maskpack's own threads and on one hosted by a serial host: every output equal bit for bit. */
+static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx, int64_t tl) {
+    maskpack_error e;
+    maskpack_workers *teams[2] = {NULL, NULL};
+    int64_t bad = maskpack_workers_create(2, &teams[0], &e) != 0;
+    bad += maskpack_workers_create_hosted(2, serial_host, NULL, &teams[1], &e) != 0;
+    /* ring attention: out, lse, dq, dk, dv of 3 runs */
+    float *q = rows_of(J->q, idx, tl, HQ * D), *k = rows_of(J->k, idx, tl, HK * D), *v = rows_of(J->v, idx, tl, HK * D);
+    float *dout = rows_of(J->dout, idx, tl, HQ * D);
+    const int64_t nq = tl * HQ * D, nk = tl * HK * D, nl = tl * HQ;
+    int64_t sq[3] = {tl, HQ, D}, sk[3] = {tl, HK, D}, sl[2] = {HQ, tl};
+    maskpack_tensor uq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), uk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sk);
+    maskpack_tensor uv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sk), udo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sq);
+    float *ro[3][5];
+    for (int run = 0; run < 3; run++) {
+        float **r = ro[run];
+        r[0] = zeros(nq), r[1] = zeros(nl), r[2] = zeros(nq), r[3] = zeros(nk), r[4] = zeros(nk);
+        maskpack_tensor o = maskpack_tensor_contiguous(r[0], MASKPACK_F32, 3, sq), l = maskpack_tensor_contiguous(r[1], MASKPACK_F32, 2, sl);
+        maskpack_tensor dq = maskpack_tensor_contiguous(r[2], MASKPACK_F32, 3, sq), dk = maskpack_tensor_contiguous(r[3], MASKPACK_F32, 3, sk);
+        maskpack_tensor dv = maskpack_tensor_contiguous(r[4], MASKPACK_F32, 3, sk);
+        if (run == 0) {
+            bad += maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, 2, &e) != 0;
+            bad += maskpack_cp_attention_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0, &dq, &dk,
+                                                  &dv, 2, &e) != 0;
+        } else {
+            bad += maskpack_cp_attention_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l,
+                                                    teams[run - 1], &e) != 0;
+            bad += maskpack_cp_attention_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0, &dq,
+                                                     &dk, &dv, teams[run - 1], &e) != 0;
+        }
+    }
+    const int64_t an[5] = {nq, nl, nq, nk, nk};
+    for (int run = 1; run < 3; run++)
+        for (int i = 0; i < 5; i++) bad += differ(ro[0][i], ro[run][i], an[i]);
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 5; i++) free(ro[run][i]);
+    free(q), free(k), free(v), free(dout);
+    /* the rule: o, final state, dq, dk, dv, dg, dbeta, d_initial_state share */
+    float *gq = rows_of(J->gq, idx, tl, H * K), *gk = rows_of(J->gk, idx, tl, H * K), *gv = rows_of(J->gv, idx, tl, HV * V);
+    float *gg = rows_of(J->gg, idx, tl, HV), *gb = rows_of(J->gb, idx, tl, HV), *gdo = rows_of(J->gdo, idx, tl, HV * V);
+    int64_t s3q[3] = {tl, H, K}, s3v[3] = {tl, HV, V}, s2[2] = {tl, HV}, s4[4] = {NSEQ, HV, K, V};
+    maskpack_tensor tq = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q), tk = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tv = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v), tg = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
+    maskpack_tensor tb = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2), tdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v);
+    maskpack_tensor th0 = maskpack_tensor_contiguous((void *)J->h0, MASKPACK_F32, 4, s4);
+    maskpack_tensor tdf = maskpack_tensor_contiguous((void *)J->dfin, MASKPACK_F32, 4, s4);
+    maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th0};
+    maskpack_gdn_options opts = maskpack_gdn_options_default();
+    opts.n_threads = 2;
+    const int64_t gn[8] = {tl * HV * V, NSEQ * HV * K * V, tl * H * K, tl * H * K, tl * HV * V, tl * HV, tl * HV, NSEQ * HV * K * V};
+    const int gd[8] = {3, 4, 3, 3, 3, 2, 2, 4};
+    const int64_t *gs[8] = {s3v, s4, s3q, s3q, s3v, s2, s2, s4};
+    float *rg[3][8];
+    for (int run = 0; run < 3; run++) {
+        maskpack_tensor t[8];
+        for (int i = 0; i < 8; i++) {
+            rg[run][i] = zeros(gn[i]);
+            t[i] = maskpack_tensor_contiguous(rg[run][i], MASKPACK_F32, gd[i], gs[i]);
+        }
+        maskpack_gdn_grads gr = {&t[2], &t[3], &t[4], &t[5], &t[6], &t[7]};
+        maskpack_workers *team = run ? teams[run - 1] : NULL;
+        bad += (run ? maskpack_cp_gdn_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &in, &opts, &t[0], &t[1], team, &e)
+                    : maskpack_cp_gdn_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &in, &opts, &t[0], &t[1], &e)) != 0;
+        bad += (run ? maskpack_cp_gdn_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &in, &tdo, &tdf, &opts, &gr, team, &e)
+                    : maskpack_cp_gdn_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &in, &tdo, &tdf, &opts, &gr, &e)) != 0;
+    }
+    for (int run = 1; run < 3; run++)
+        for (int i = 0; i < 8; i++) bad += differ(rg[0][i], rg[run][i], gn[i]);
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 8; i++) free(rg[run][i]);
+    free(gq), free(gk), free(gv), free(gg), free(gb), free(gdo);
+    /* the conv: y, state, dx, dweight share, d_prefix share */
+    float *cx = rows_of(J->x, idx, tl, C), *cdy = rows_of(J->dy, idx, tl, C);
+    int64_t sx[2] = {tl, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
+    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx), uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
+    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp), udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
+    maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp);
+    const int64_t cn[5] = {tl * C, NSEQ * C * 3, tl * C, C * W, NSEQ * C * 3};
+    float *rc[3][5];
+    for (int run = 0; run < 3; run++) {
+        for (int i = 0; i < 5; i++) rc[run][i] = zeros(cn[i]);
+        maskpack_tensor y = maskpack_tensor_contiguous(rc[run][0], MASKPACK_F32, 2, sx), st = maskpack_tensor_contiguous(rc[run][1], MASKPACK_F32, 3, sp);
+        maskpack_tensor dx = maskpack_tensor_contiguous(rc[run][2], MASKPACK_F32, 2, sx), dw = maskpack_tensor_contiguous(rc[run][3], MASKPACK_F32, 2, sw);
+        maskpack_tensor dp = maskpack_tensor_contiguous(rc[run][4], MASKPACK_F32, 3, sp);
+        maskpack_workers *team = run ? teams[run - 1] : NULL;
+        bad += (run ? maskpack_cp_causal_conv1d_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, team, &y, &st, &e)
+                    : maskpack_cp_causal_conv1d(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, 2, &y, &st, &e)) != 0;
+        bad += (run ? maskpack_cp_causal_conv1d_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, team,
+                                                            &dx, &dw, &dp, &e)
+                    : maskpack_cp_causal_conv1d_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, 2, &dx,
+                                                         &dw, &dp, &e)) != 0;
+    }
+    for (int run = 1; run < 3; run++)
+        for (int i = 0; i < 5; i++) bad += differ(rc[0][i], rc[run][i], cn[i]);
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 5; i++) free(rc[run][i]);
+    free(cx), free(cdy);
+    maskpack_workers_free(teams[0]);
+    maskpack_workers_free(teams[1]);
+    return bad;
 }
 
 static void *rank_main(void *arg) {
@@ -241,7 +359,9 @@ static void *rank_main(void *arg) {
             J->bad[5] += !close_to(cdx[i * C + c], J->dx[idx[i] * C + c], 1e-5f);
         }
     for (int64_t c = 0; c < NSEQ * C * 3; c++) J->bad[4] += cst[c] != J->st[c];
-    free(cx), free(cdy), free(cy), free(cst), free(cdx), free(idx);
+    free(cx), free(cdy), free(cy), free(cst), free(cdx);
+    J->bad[8] += teams_match(J, &comm, idx, tl);
+    free(idx);
     /* refusals every rank reaches alike: a padded layout for the GDN, bf16 for the ring */
     maskpack_status s = maskpack_cp_gdn_forward(&comm, J->Lpad, MASKPACK_CP_ZIGZAG, &in, &opts, &to, NULL, &e);
     J->bad[6] += s != MASKPACK_ERR_UNSUPPORTED;
@@ -354,9 +474,9 @@ static void run_ranks(int n) {
         bad_sum += !close_to(s, dp[i], 1e-5f);
     }
     for (int r = 0; r < n; r++) {
-        const char *what[8] = {"attention out/lse", "attention grads", "gdn out/final", "gdn grads", "conv y/state",
-                               "conv dx", "refusals", "call statuses"};
-        for (int i = 0; i < 8; i++) {
+        const char *what[9] = {"attention out/lse", "attention grads", "gdn out/final", "gdn grads", "conv y/state",
+                               "conv dx", "refusals", "call statuses", "a team's bits against n_threads'"};
+        for (int i = 0; i < 9; i++) {
             if (jobs[r].bad[i]) fprintf(stderr, "%d ranks, rank %d: %s: %lld bad\n", n, r, what[i], (long long)jobs[r].bad[i]);
             CHECK_EQ(jobs[r].bad[i], 0);
         }

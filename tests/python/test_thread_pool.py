@@ -137,3 +137,59 @@ def test_without_torch_maskpacks_own_threads():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want
+
+
+CP_LENGTHS = [37, 5, 64, 20, 3]
+
+
+def _cp_worker(rank, world, init_file, out_dir):
+    """Ring attention, the sequence-parallel rule and conv (the C algorithms) with threads=2, on each
+    pool in turn: their outputs and gradients saved for the parent."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        lay = maskpack.Layout.from_lengths(CP_LENGTHS, placement="packed")
+        T = lay.q_width
+        g = torch.Generator().manual_seed(11)
+        q, k, v = torch.randn(T, 4, 16, generator=g), torch.randn(T, 2, 16, generator=g), torch.randn(T, 2, 16, generator=g)
+        gq, gk = torch.randn(T, 3, 8, generator=g), torch.randn(T, 3, 8, generator=g)
+        gv = torch.randn(T, 6, 4, generator=g)
+        gg = -torch.rand(T, 6, generator=g) * 0.3
+        gb = torch.rand(T, 6, generator=g)
+        x, w = torch.randn(T, 6, generator=g), torch.randn(6, 4, generator=g) * 0.5
+        res = {}
+        for pool in ("own", "auto"):
+            import os as _os
+
+            _os.environ["MASKPACK_THREAD_POOL"] = pool
+            cut = [lay.shard(t, world, rank).clone().requires_grad_() for t in (q, k, v, gq, gk, gv, gg, gb, x)]
+            wl = w.clone().requires_grad_()
+            o = maskpack.attention(*cut[:3], lay, group=dist.group.WORLD, threads=2, cp_algorithm="ring")
+            go, ht = maskpack.gated_delta_rule(*cut[3:8], lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
+            y, st = maskpack.causal_conv1d(cut[8], wl, lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
+            (o.square().sum() + go.square().sum() + ht.square().sum() + y.square().sum() + st.sum()).backward()
+            res[pool] = {"pool": _moves.team_pool(2),
+                         "values": [t.detach() for t in (o, go, ht, y, st)] + [t.grad for t in cut] + [wl.grad]}
+        torch.save(res, f"{out_dir}/cp{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_context_parallel_c_algorithms_same_bits_on_either_pool():
+    import os
+    import tempfile
+
+    import torch.multiprocessing as tmp
+
+    with tempfile.TemporaryDirectory() as d:
+        init = os.path.join(d, "init")
+        tmp.start_processes(_cp_worker, args=(2, init, d), nprocs=2, join=True, start_method="spawn")
+        for r in range(2):
+            res = torch.load(os.path.join(d, f"cp{r}.pt"))
+            assert res["own"]["pool"] == "own"
+            if _torch_runs_openmp():
+                assert res["auto"]["pool"] == "openmp"
+            for a, b in zip(res["own"]["values"], res["auto"]["values"]):
+                assert torch.equal(a, b)
