@@ -65,6 +65,9 @@ typedef maskpack_task_fn mp_work_fn; /* (ctx, participant index) */
  * (w NULL: the caller alone); returns when every participant has left fn, with their writes
  * visible. Never waits for a worker that has not started. */
 void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
+/* n_threads (checked) -> *team: NULL for 1, else a team of n_threads started for one call (free it
+ * after; the n_threads entry points run their _on form on it, which gives the same bits). */
+maskpack_status mp_team_for_call(int n_threads, maskpack_workers **team, maskpack_error *err);
 
 /* (n_threads, the argument's name) -> OK when in [1, MASKPACK_MAX_THREADS], else
  * MASKPACK_ERR_INVALID_ARGUMENT naming the argument: the one thread limit of every call. */

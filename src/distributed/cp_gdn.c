@@ -288,16 +288,8 @@ static const float *rec_of(const gdn_run *R, size_t gi) {
 
 /* Passes 1 and 2, the exchange and the composition: what the correction and the backward need.
  * Collective: every rank agrees first (layout, scheme, each rank's own checks), so every rank either
- * fails here alike or enters the same exchanges. */
-/* The rule's kernel calls run on the caller's team (the _on entry points) or, without one, on
- * opts.n_threads started per call: the same bits either way (the kernels depend on the count only). */
-static maskpack_status rule_forward(const maskpack_layout *L, const maskpack_gdn_inputs *in,
-                                    const maskpack_gdn_options *opts, maskpack_tensor *o, maskpack_tensor *fs,
-                                    maskpack_workers *team, maskpack_error *err) {
-    return team ? maskpack_gdn_forward_on(L, in, opts, o, fs, team, NULL, 0, err)
-                : maskpack_gdn_forward(L, in, opts, o, fs, NULL, 0, err);
-}
-
+ * fails here alike or enters the same exchanges. The kernel runs on team (NULL: the caller alone):
+ * the caller's, or one the entry points without a team start for the whole call. */
 static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                    const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts,
                                    maskpack_workers *team, gdn_run *R, maskpack_error *err) {
@@ -373,7 +365,7 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     maskpack_gdn_inputs inx = *in;
     inx.v = &R->vx_t;
     inx.initial_state = &R->hx_t;
-    if (!s) s = rule_forward(P->mine, &inx, opts, &ox_t, &rec_t, team, err);
+    if (!s) s = maskpack_gdn_forward_on(P->mine, &inx, opts, &ox_t, &rec_t, team, NULL, 0, err);
     /* a local failure above (memory) must still enter the exchange, or the others would wait: the
      * exchange carries no status, so such a rank aborts its peers through the transport instead */
     if (!s && comm->all_gather(comm->ctx, rec, R->every, w1 * R->blk * sizeof(float)) != 0)
@@ -605,9 +597,7 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
     inx.v = &R.vx_t;
     inx.initial_state = &R.hx_t;
     maskpack_gdn_grads gx = {outs[0], outs[1], &dvx_t, outs[3], outs[4], &dhx_t};
-    if (!s)
-        s = team ? maskpack_gdn_backward_on(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, team, NULL, 0, err)
-                 : maskpack_gdn_backward(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, NULL, 0, err);
+    if (!s) s = maskpack_gdn_backward_on(P->mine, &inx, &dox_t, &dfx_t, opts, &gx, team, NULL, 0, err);
     if (!s) copy_rows(outs[2]->data, (size_t)V, dvx + K, W, (size_t)(T * HV), (size_t)V);
     for (int64_t i = 0; !s && grads->d_initial_state && i < np; i++)
         if (mine[i].pos == 0) /* a first piece's initial state: the h0 columns of the pass's */
@@ -740,7 +730,7 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
 static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                        maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                        const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                       int n_threads, maskpack_workers *team, maskpack_tensor *y,
+                                       maskpack_workers *team, maskpack_tensor *y,
                                        maskpack_tensor *conv_state, maskpack_error *err) {
     conv_run R;
     maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
@@ -755,9 +745,8 @@ static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack
     int64_t s3[3] = {R.np, R.C, R.Wm1};
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
     if (!s)
-        s = team ? maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, MASKPACK_ISA_AUTO, team, y, &st_t,
-                                             NULL, 0, err)
-                 : maskpack_causal_conv1d(P->mine, x, weight, &R.prefix_t, silu, n_threads, y, &st_t, err);
+        s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, MASKPACK_ISA_AUTO, team, y, &st_t, NULL, 0,
+                                      err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
     maskpack_status f = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data,
                                            "conv states", err);
@@ -770,7 +759,7 @@ static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack
 static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpack_layout *layout,
                                         maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                         const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                        const maskpack_tensor *dy, const maskpack_tensor *d_conv_state, int n_threads,
+                                        const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
                                         maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
                                         maskpack_tensor *d_prefix, maskpack_error *err) {
     conv_run R;
@@ -798,10 +787,8 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     maskpack_tensor dst_t = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, s3);
     maskpack_tensor dpre_t = maskpack_tensor_contiguous(dpre, MASKPACK_F32, 3, s3);
     if (!s)
-        s = team ? maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t,
-                                                      MASKPACK_ISA_AUTO, team, dx, dweight, &dpre_t, NULL, 0, err)
-                 : maskpack_causal_conv1d_backward(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, n_threads, dx,
-                                                   dweight, &dpre_t, err);
+        s = maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, MASKPACK_ISA_AUTO, team,
+                                               dx, dweight, &dpre_t, NULL, 0, err);
     if (!s && d_prefix) memset(d_prefix->data, 0, P->n_seq * R.tail * sizeof(float));
     /* each prefix column's gradient goes back where the column came from */
     const gdn_piece *mine = P->pieces + P->first[P->rank];
@@ -842,13 +829,17 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     return s ? s : mp_ok(err);
 }
 
-/* ---- the entry points: per-call threads (n_threads, opts.n_threads) or the caller's team --------- */
+/* ---- the entry points: a team started per call (n_threads, opts.n_threads) or the caller's ------ */
 
 maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
                                         const maskpack_gdn_options *opts, maskpack_tensor *o,
                                         maskpack_tensor *final_state, maskpack_error *err) {
-    return gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, NULL, err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(opts ? opts->n_threads : 1, &team, err);
+    if (!s) s = gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, team, err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_gdn_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -856,8 +847,6 @@ maskpack_status maskpack_cp_gdn_forward_on(const maskpack_comm *comm, const mask
                                            const maskpack_gdn_options *opts, maskpack_tensor *o,
                                            maskpack_tensor *final_state, maskpack_workers *team,
                                            maskpack_error *err) {
-    maskpack_gdn_options alone; /* no team: the caller's thread alone, whatever opts.n_threads says */
-    if (!team && opts) alone = *opts, alone.n_threads = 1, opts = &alone;
     return gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, team, err);
 }
 
@@ -866,7 +855,11 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
                                          const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                          const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                          maskpack_error *err) {
-    return gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, NULL, err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(opts ? opts->n_threads : 1, &team, err);
+    if (!s) s = gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, team, err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -874,8 +867,6 @@ maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *comm, const mas
                                             const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                             const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                             maskpack_workers *team, maskpack_error *err) {
-    maskpack_gdn_options alone; /* no team: the caller's thread alone, whatever opts.n_threads says */
-    if (!team && opts) alone = *opts, alone.n_threads = 1, opts = &alone;
     return gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, team, err);
 }
 
@@ -884,7 +875,11 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                           int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
                                           maskpack_error *err) {
-    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, n_threads, NULL, y, conv_state, err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(n_threads, &team, err);
+    if (!s) s = conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, team, y, conv_state, err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -892,8 +887,7 @@ maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const ma
                                              const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                              maskpack_workers *team, maskpack_tensor *y, maskpack_tensor *conv_state,
                                              maskpack_error *err) {
-    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, maskpack_workers_threads(team), team, y,
-                           conv_state, err);
+    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, team, y, conv_state, err);
 }
 
 maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -903,8 +897,13 @@ maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, co
                                                    const maskpack_tensor *d_conv_state, int n_threads,
                                                    maskpack_tensor *dx, maskpack_tensor *dweight,
                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
-    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, n_threads, NULL, dx,
-                            dweight, d_prefix, err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(n_threads, &team, err);
+    if (!s)
+        s = conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, team, dx, dweight, d_prefix,
+                             err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_causal_conv1d_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -914,6 +913,6 @@ maskpack_status maskpack_cp_causal_conv1d_backward_on(const maskpack_comm *comm,
                                                       const maskpack_tensor *d_conv_state, maskpack_workers *team,
                                                       maskpack_tensor *dx, maskpack_tensor *dweight,
                                                       maskpack_tensor *d_prefix, maskpack_error *err) {
-    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state,
-                            maskpack_workers_threads(team), team, dx, dweight, d_prefix, err);
+    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, team, dx, dweight, d_prefix,
+                            err);
 }

@@ -294,12 +294,12 @@ static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layo
     return s;
 }
 
-/* Every kernel call of a ring runs on the caller's team (the _on entry points) or, without one, on
- * n_threads started per call: the two give the same bits (the kernels depend on the count only). */
+/* Every kernel call of a ring runs on one team (NULL: the caller alone): the caller's, or one the
+ * n_threads entry points start for the whole call. */
 static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                     maskpack_cp_scheme scheme, const maskpack_tensor *q, const maskpack_tensor *k,
                                     const maskpack_tensor *v, double scale, double softcap, maskpack_tensor *out,
-                                    maskpack_tensor *lse, int n_threads, maskpack_workers *team, maskpack_error *err) {
+                                    maskpack_tensor *lse, maskpack_workers *team, maskpack_error *err) {
     const maskpack_tensor *ts[4] = {q, k, v, out};
     const char *names[4] = {"q", "k", "v", "out"};
     ring R;
@@ -351,10 +351,8 @@ static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_la
         for (int p = 0; p < RING_MAX_PARTS && !s; p++) {
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
-            s = team ? maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, MASKPACK_ISA_AUTO,
-                                                     team, NULL, 0, err)
-                     : maskpack_attention_forward(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, n_threads, NULL, 0,
-                                                  err);
+            s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, MASKPACK_ISA_AUTO, team,
+                                              NULL, 0, err);
             if (!s)
                 merge(out->data, lse_p, tmp_o, tmp_l, Lq->n_rows, Lq->q_width, Lq->packed, H, D);
         }
@@ -374,7 +372,7 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
                                      maskpack_cp_scheme scheme, const maskpack_tensor *dout, const maskpack_tensor *q,
                                      const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
                                      const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq,
-                                     maskpack_tensor *dk, maskpack_tensor *dv, int n_threads, maskpack_workers *team,
+                                     maskpack_tensor *dk, maskpack_tensor *dv, maskpack_workers *team,
                                      maskpack_error *err) {
     const maskpack_tensor *ts[8] = {dout, q, k, v, out, dq, dk, dv};
     const char *names[8] = {"dout", "q", "k", "v", "out", "dq", "dk", "dv"};
@@ -430,10 +428,8 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
         for (int p = 0; p < RING_MAX_PARTS && !s; p++) {
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
-            s = team ? maskpack_attention_backward_on(P, dout, q, &kt, &vt, out, lse, scale, softcap, &dq_t, &dk_t,
-                                                      &dv_t, MASKPACK_ISA_AUTO, team, NULL, 0, err)
-                     : maskpack_attention_backward(P, dout, q, &kt, &vt, out, lse, scale, softcap, &dq_t, &dk_t, &dv_t,
-                                                   n_threads, NULL, 0, err);
+            s = maskpack_attention_backward_on(P, dout, q, &kt, &vt, out, lse, scale, softcap, &dq_t, &dk_t, &dv_t,
+                                               MASKPACK_ISA_AUTO, team, NULL, 0, err);
             if (!s) {
                 add_into(dq->data, tmp_q, qb / sizeof(float));
                 add_into(gk, (const float *)tmp_kv, kb / sizeof(float));
@@ -482,7 +478,11 @@ maskpack_status maskpack_cp_attention_forward(const maskpack_comm *comm, const m
                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                               double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
                                               maskpack_error *err) {
-    return ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, n_threads, NULL, err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(n_threads, &team, err);
+    if (!s) s = ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, team, err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_attention_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -490,8 +490,7 @@ maskpack_status maskpack_cp_attention_forward_on(const maskpack_comm *comm, cons
                                                  const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                                  double softcap, maskpack_tensor *out, maskpack_tensor *lse,
                                                  maskpack_workers *team, maskpack_error *err) {
-    return ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, maskpack_workers_threads(team), team,
-                        err);
+    return ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, team, err);
 }
 
 maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -501,8 +500,11 @@ maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const 
                                                const maskpack_tensor *lse, double scale, double softcap,
                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
                                                int n_threads, maskpack_error *err) {
-    return ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads, NULL,
-                         err);
+    maskpack_workers *team;
+    maskpack_status s = mp_team_for_call(n_threads, &team, err);
+    if (!s) s = ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, team, err);
+    maskpack_workers_free(team);
+    return s;
 }
 
 maskpack_status maskpack_cp_attention_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -512,6 +514,5 @@ maskpack_status maskpack_cp_attention_backward_on(const maskpack_comm *comm, con
                                                   const maskpack_tensor *lse, double scale, double softcap,
                                                   maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
                                                   maskpack_workers *team, maskpack_error *err) {
-    return ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
-                         maskpack_workers_threads(team), team, err);
+    return ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, team, err);
 }
