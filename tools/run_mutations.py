@@ -111,6 +111,12 @@ def main():
     ap.add_argument("--scratch", default=None)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per test command")
     args = ap.parse_args()
+    # The tests run inside the scratch copy (cwd=scratch): an interpreter named relative to where the
+    # run was started (`make` passes PY=.venv/bin/python) must be resolved here, before that.
+    py = shutil.which(args.python) if os.sep not in args.python else os.path.abspath(args.python)
+    if not py or not os.path.exists(py):
+        sys.exit("--python: interpreter %r not found (from %s)" % (args.python, os.getcwd()))
+    args.python = py
 
     muts = load_mutations()
     names = [m["name"] for m in muts]
@@ -165,8 +171,10 @@ def main():
             if rc:
                 return False, "pytest %s: exit %d\n%s" % (" ".join(m["py"]), rc, out[-3000:])
         if m.get("cli"):
-            rc, out = sh([args.python, "tests/cli/test_cli.py", os.path.join(build, "maskpack")], scratch, env,
-                         args.timeout)
+            # test_cli.py MASKPACK_BINARY SOURCE_ROOT [CASE...]: the scratch copy is the source root
+            cases = m["cli"] if isinstance(m["cli"], (list, tuple)) else []
+            rc, out = sh([args.python, "tests/cli/test_cli.py", os.path.join(build, "maskpack"), scratch] + list(cases),
+                         scratch, env, args.timeout)
             if rc:
                 return False, "test_cli: exit %d\n%s" % (rc, out[-3000:])
         return True, ""

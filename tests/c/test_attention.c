@@ -1257,6 +1257,56 @@ static void test_long_sequences(void) {
     for (int x = 1; x < n_isas; x++) long_sequences(isas[x]);
 }
 
+/* Scores that jump by more than 2^128 (in the exponent) from one chunk of key tiles to the next:
+ * a kernel that takes a chunk's exponents against a stale running max (the AMX forward's "lazy
+ * max", which must redo a row whose scores outgrew it) overflows P to inf there, while a small
+ * jump only costs bits and is invisible to a tolerance. Queries are all ones; the first 256 keys
+ * (the AMX kernel's first chunk) score about 0 and the rest about 768 (138 in log2 units at the
+ * scale 1/8), flat after that, so the second chunk outgrows the max and the later ones do not.
+ * Forward only: with scores near 768 the f32 dot products themselves carry ~4e-4 absolute error
+ * (about 5e-5 relative in P), so out is held to 5e-4 of sum_j P_j |v_j| in f32 and 1e-2 in bf16
+ * (P and the output rounded to 8 bits), and lse to 1e-6 relative; every value must be finite. */
+static void test_steep_score_jump(void) {
+    int64_t len[1] = {1024};
+    maskpack_rule bidir = maskpack_rule_default();
+    bidir.causal = 0;
+    maskpack_layout *L = from_lengths(len, 1, MASKPACK_PLACE_PACKED, 0, &bidir);
+    if (!L) return;
+    for (int bf = 0; bf < 2; bf++) {
+        prob p = make_prob(L, 1, 1, 64, bf);
+        for (int64_t j = 0; j < p.Skv; j++)
+            for (int64_t c = 0; c < p.D; c++) {
+                float kv = (j < 256 ? 0.0f : 12.0f) + 0.25f * p.k[j * p.D + c];
+                p.k[j * p.D + c] = bf ? from_bf16(to_bf16(kv)) : kv;
+            }
+        for (int64_t i = 0; i < nq_el(&p); i++) p.q[i] = 1.0f;
+        dense ref = dense_ref(&p, 0.125, 0, 0);
+        for (int x = 0; x < n_isas; x++) {
+            result r;
+            maskpack_error e;
+            CHECK_OK(run(&p, isas[x], 0.125, 0, 2, 0, &r, &e), e);
+            double e_out = 0, e_lse = 0;
+            for (int64_t i = 0; i < nq_el(&p); i++) {
+                double d = fabs((double)r.out[i] - ref.out[i]) / (ref.absout[i] + 1e-30);
+                if (!(d <= e_out)) e_out = isnan(d) ? INFINITY : d;
+            }
+            for (int64_t i = 0; i < p.S; i++) {
+                double d = fabs((double)r.lse[i] - ref.lse[i]) / (1 + fabs(ref.lse[i]));
+                if (!(d <= e_lse)) e_lse = isnan(d) ? INFINITY : d;
+            }
+            CHECK(e_out <= (bf ? 1e-2 : 5e-4));
+            CHECK(e_lse <= 1e-6);
+            if (!(e_out <= (bf ? 1e-2 : 5e-4)) || !(e_lse <= 1e-6))
+                fprintf(stderr, "  steep score jump, %s, %s: out %.3g lse %.3g\n", bf ? "bf16" : "f32", isas[x], e_out,
+                        e_lse);
+            free_result(&r);
+        }
+        free_dense(&ref);
+        free_prob(&p);
+    }
+    maskpack_layout_free(L);
+}
+
 /* Two runs with the same threads are bitwise equal (deterministic reductions); 1 vs 2 threads
  * agree to rounding. One sequence of one head: the split path of the backward. */
 static void test_threads_deterministic(void) {
@@ -1508,6 +1558,7 @@ int main(void) {
     test_output_alignment();
     test_threads_deterministic();
     test_long_sequences();
+    test_steep_score_jump();
     test_schedule_tails();
     unsetenv("MASKPACK_ISA");
     print_measured();

@@ -161,8 +161,29 @@ static float *rows_of(const float *src, const int64_t *idx, int64_t n, int64_t r
 static float *zeros(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 static int64_t differ(const float *a, const float *b, int64_t n) { return memcmp(a, b, (size_t)n * sizeof *a) != 0; }
 
+/* A rank's [tl, row] rows against the whole batch's reference rows idx (stride 1), or, with
+ * tokens_last, a [row, tl] output against the reference's [row, T] (the lse): 1 when any is off. */
+static int64_t off_ref(const float *got, const float *ref, const int64_t *idx, int64_t tl, int64_t row, int64_t T,
+                       int tokens_last, float tol) {
+    for (int64_t i = 0; i < tl; i++)
+        for (int64_t c = 0; c < row; c++) {
+            float g = tokens_last ? got[c * tl + i] : got[i * row + c];
+            float r = tokens_last ? ref[c * T + idx[i]] : ref[idx[i] * row + c];
+            if (!close_to(g, r, tol)) return 1;
+        }
+    return 0;
+}
+static int64_t off_all(const float *got, const float *ref, int64_t n, float tol) {
+    for (int64_t i = 0; i < n; i++)
+        if (!close_to(got[i], ref[i], tol)) return 1;
+    return 0;
+}
+
 /* Ring attention, the rule and the conv with n_threads = 2 (the plain calls), then on a team of 2 of
- * maskpack's own threads and on one hosted by a serial host: every output equal bit for bit. */
+ * maskpack's own threads and on one hosted by a serial host: every output equal bit for bit. The plain
+ * call starts the same kind of team as the own-team arm (mp_team_for_call), so bit equality alone
+ * could not catch a fault shared by the two: every arm is also held to the single-process whole-batch
+ * reference, with the tolerances rank_main uses. */
 static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx, int64_t tl) {
     maskpack_error e;
     maskpack_workers *teams[2] = {NULL, NULL};
@@ -196,6 +217,13 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     const int64_t an[5] = {nq, nl, nq, nk, nk};
     for (int run = 1; run < 3; run++)
         for (int i = 0; i < 5; i++) bad += differ(ro[0][i], ro[run][i], an[i]);
+    for (int run = 0; run < 3; run++) {
+        bad += off_ref(ro[run][0], J->out, idx, tl, HQ * D, J->T, 0, 1e-5f);
+        bad += off_ref(ro[run][1], J->lse, idx, tl, HQ, J->T, 1, 1e-5f);
+        bad += off_ref(ro[run][2], J->dq, idx, tl, HQ * D, J->T, 0, 1e-4f);
+        bad += off_ref(ro[run][3], J->dk, idx, tl, HK * D, J->T, 0, 1e-4f);
+        bad += off_ref(ro[run][4], J->dv, idx, tl, HK * D, J->T, 0, 1e-4f);
+    }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 5; i++) free(ro[run][i]);
     free(q), free(k), free(v), free(dout);
@@ -230,6 +258,15 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     }
     for (int run = 1; run < 3; run++)
         for (int i = 0; i < 8; i++) bad += differ(rg[0][i], rg[run][i], gn[i]);
+    for (int run = 0; run < 3; run++) {
+        bad += off_ref(rg[run][0], J->go, idx, tl, HV * V, J->T, 0, 1e-4f);
+        bad += off_all(rg[run][1], J->gfin, NSEQ * HV * K * V, 1e-4f);
+        bad += off_ref(rg[run][2], J->gdq, idx, tl, H * K, J->T, 0, 1e-3f);
+        bad += off_ref(rg[run][3], J->gdk, idx, tl, H * K, J->T, 0, 1e-3f);
+        bad += off_ref(rg[run][4], J->gdv, idx, tl, HV * V, J->T, 0, 1e-3f);
+        bad += off_ref(rg[run][5], J->gdg, idx, tl, HV, J->T, 0, 1e-3f);
+        bad += off_ref(rg[run][6], J->gdb, idx, tl, HV, J->T, 0, 1e-3f);
+    }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 8; i++) free(rg[run][i]);
     free(gq), free(gk), free(gv), free(gg), free(gb), free(gdo);
@@ -256,6 +293,11 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     }
     for (int run = 1; run < 3; run++)
         for (int i = 0; i < 5; i++) bad += differ(rc[0][i], rc[run][i], cn[i]);
+    for (int run = 0; run < 3; run++) {
+        bad += off_ref(rc[run][0], J->y, idx, tl, C, J->T, 0, 1e-6f);
+        bad += off_all(rc[run][1], J->st, NSEQ * C * 3, 0.0f);
+        bad += off_ref(rc[run][2], J->dx, idx, tl, C, J->T, 0, 1e-5f);
+    }
     for (int run = 0; run < 3; run++)
         for (int i = 0; i < 5; i++) free(rc[run][i]);
     free(cx), free(cdy);

@@ -310,6 +310,17 @@ def test_bad_dp_and_microbatches_name_both_numbers():
     assert e.value.argument == "micro_batches"
 
 
+def ref_nextfit_rows(sizes, capacity):
+    """Order-preserving next-fit: a row stays open while the next item fits (an exact fit included);
+    -> the number of rows."""
+    rows, free = 0, -1
+    for x in sizes:
+        if free < x:
+            rows, free = rows + 1, capacity
+        free -= x
+    return rows
+
+
 def greedy_bound(costs, dp):
     """List scheduling's bound for dealing items to dp ranks (largest first, to the lightest): no rank
     ends above mean + the largest item."""
@@ -339,6 +350,20 @@ def test_property_invariants_and_balance(lengths, capacity, dp, micro_batches, o
     if algorithm != "nextfit":
         assert rep["rank_cost_max"] <= greedy_bound(costs, dp) * (1 + 1e-12) + 1e-9
         assert rep["microbatch_cost_max"] <= greedy_bound(costs, dp * micro_batches) * (1 + 1e-12) + 1e-9
+    else:
+        # next-fit keeps the input order, so its rows are exactly the reference's (an exact fit does
+        # not open a row), and whole rows dealt to ranks miss the mean by at most the costliest row
+        assert rep["n_packed_rows"] == ref_nextfit_rows(lengths, capacity)
+        assert rep["n_rows"] == max(1, -(-rep["n_packed_rows"] // g)) * g
+        row_cost_max = max(p.row_costs) if len(p.row_costs) else 0.0
+        assert rep["rank_cost_max"] <= costs.sum() / dp + row_cost_max + 1e-9 * (1 + costs.sum())
+
+
+def test_nextfit_exact_fit_keeps_the_row_open():
+    # 3 + 5 fills a row of 8 exactly; the 8 after it opens the second row, the 2 + 6 the third
+    p = maskpack.plan([3, 5, 8, 2, 6], 8, algorithm="nextfit")
+    assert p.report()["n_packed_rows"] == 3
+    assert [sorted(r) for r in p.rows if r] == [[0, 1], [2], [3, 4]]
 
 
 # ---- against the binpacking package (ms-swift's packer) -------------------------------------------

@@ -1198,11 +1198,14 @@ static maskpack_status op_exec(maskpack_attention_op *op, attn_problem *P, int b
     maskpack_status s;
     if (!workspace && !workspace_bytes && pthread_mutex_trylock(&op->ws_mu) == 0) {
         locked = 1;
-        if (op->ws_bytes < need) { /* grown to the largest run so far and kept */
-            free(op->ws);
-            op->ws_bytes = 0;
-            op->ws = malloc(need);
-            if (op->ws) op->ws_bytes = need;
+        /* Allocated once, at the larger of the two directions' sizes: which direction needs more
+         * depends on the CPU (the forward's per-share area is the largest among the kernels the CPU
+         * runs, so an AMX host's forward outgrows the backward), and a workspace sized by the first
+         * run would be reallocated by the other direction's first run. */
+        const size_t keep = op->fwd_ws > op->bwd_ws ? op->fwd_ws : op->bwd_ws;
+        if (!op->ws) {
+            op->ws = malloc(keep);
+            if (op->ws) op->ws_bytes = keep;
         }
         if (op->ws) workspace = op->ws, workspace_bytes = op->ws_bytes;
     }
