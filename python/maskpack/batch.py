@@ -7,17 +7,18 @@ needs, derived from one layout so that no two consumers can disagree (docs/conve
     logits = bundle.to_padded(out.logits, parts=all_ranks_logits)   # back to the dataloader's layout
 
 What the batch hands over is read in every form dataloaders use (attention_mask 2D or 4D, cu_seqlens,
-transformers' cu_seq_lens_q/k, seq_idx, position_ids [T], [1,T], [B,S] and M-RoPE [3,B,S] / [3,1,T],
-input_ids or inputs_embeds); where two of them describe the segments differently, an error names the
-first token where they disagree. Every per-token key moves with the tokens; a key that cannot be placed
-passes through and is listed. Fields a consumer reads (dense masks, NPU arguments, offsets) are derived
+transformers' cu_seq_lens_q/k, seq_idx, position_ids [T], [1,T], [B,S] and M-RoPE [3,B,S] / [3,1,T] /
+[3,T], input_ids or inputs_embeds); where two of them describe the segments differently, an error names
+the first token where they disagree. Every per-token key moves with the tokens (labels, shift_labels and
+the keys named in ``per_token_keys`` must fit the token grid, or an error names them); a key that is not
+per-token passes through and is listed. Fields a consumer reads (dense masks, NPU arguments, offsets) are derived
 on first access: nothing is built that nobody reads.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,7 +41,13 @@ class Batch:
     padded or [T_local] packed); derived fields are built on first access and kept. Methods return
     exactly what each consumer takes: :meth:`hf_kwargs`, :meth:`flash_attn_kwargs`,
     :meth:`megatron_packed_seq_params`, :meth:`fla_kwargs`, :meth:`sdpa_mask`, :meth:`eager_mask`,
-    :meth:`flex_block_mask`, :meth:`npu_kwargs`."""
+    :meth:`flex_block_mask`, :meth:`npu_kwargs`.
+
+    Attributes: ``tokens`` (every per-token key of the batch moved to this rank, with the derived
+    ``shift_labels``, ``loss_weights`` and ``position_ids``), ``passthrough`` (the keys that are not
+    per-token, untouched; :func:`prepare_batch` says how the split is made), ``layout`` (this rank's
+    layout: its tokens as queries, the whole batch as keys), ``global_layout`` (the unsharded target
+    layout, CP / tp aligned), ``source_layout`` (the dataloader's layout), ``loss_denominator``."""
 
     def __init__(self, *, backend: str, padding_free: bool, cp: int, cp_rank: int, layout: Layout,
                  global_layout: Layout, source_layout: Layout, tokens: Dict[str, Any], passthrough: Dict[str, Any],
@@ -62,10 +69,12 @@ class Batch:
 
     @property
     def input_ids(self):
+        """The batch's input_ids moved to this rank (pads: ``pad_token_id``); None for inputs_embeds."""
         return self.tokens.get("input_ids")
 
     @property
     def inputs_embeds(self):
+        """The batch's inputs_embeds moved to this rank (pads: 0), or None."""
         return self.tokens.get("inputs_embeds")
 
     @property
@@ -91,6 +100,7 @@ class Batch:
 
     @property
     def passthrough_keys(self) -> List[str]:
+        """The batch's keys that are not per-token (sorted): handed over untouched in :attr:`passthrough`."""
         return sorted(self.passthrough)
 
     # ---- derived on first access ---------------------------------------------------------------
@@ -126,14 +136,19 @@ class Batch:
 
     @functools.cached_property
     def cu_seqlens_padded(self):
+        """TE's cu_seqlens_padded of the global layout: each sequence's slot offsets [0, s1, ..., sN]
+        once padded for CP / tp alignment (equal to :attr:`cu_seqlens` where nothing was padded); divided
+        by cp it gives this rank's offsets (:attr:`local_cu_seqlens`). None when padded."""
         return self._place(self.global_layout.cu_seqlens_padded()) if self.padding_free else None
 
     @functools.cached_property
     def max_seqlen(self) -> int:
-        """The longest sequence a kernel must size for: the longest real sequence at cp = 1; under
-        context parallelism the longest *padded* slot (TransformerEngine divides it by cp and 2cp to
-        size per-rank work; verl, Megatron-Bridge and TE's own default use the padded slot), unless
-        ``max_seqlen=`` forced a value."""
+        """The longest sequence a kernel must size for: the longest real sequence at cp = 1 and tp = 1;
+        under context parallelism (zigzag / contiguous) or tp > 1 the longest *padded* slot of the global
+        layout (each sequence is padded to the cp / tp alignment; TransformerEngine divides it by cp and
+        2cp to size per-rank work; verl, Megatron-Bridge and TE's own default use the padded slot);
+        under Ulysses the longest real sequence (each rank attends over whole sequences); or the value
+        ``max_seqlen=`` forced."""
         forced = self.extras.get("max_seqlen")
         if forced is not None:
             return int(forced)
@@ -160,6 +175,9 @@ class Batch:
 
     def _npu_args(self) -> Dict[str, Any]:
         o = self.extras
+        if o.get("head_dim") is None and o.get("scale") is None:
+            raise Error("head_dim: npu_fusion_attention's scale defaults to 1.0; pass head_dim= (for 1/sqrt(head_dim)) "
+                        "or scale= to prepare_batch", "MASKPACK_ERR_INVALID_ARGUMENT", argument="head_dim")
         name = o.get("input_layout") or ("TND" if self.padding_free else "BSND")
         args = self.layout.npu_args(name, scale=o.get("scale"), head_dim=o.get("head_dim"))
         return {k: (self._place(v) if is_torch_tensor(v) or isinstance(v, np.ndarray) else v) for k, v in args.items()}
@@ -182,6 +200,9 @@ class Batch:
 
     @property
     def last_token_rank(self):
+        """Under CP: the rank holding each sequence's last token ([N], one per sequence, the same on every
+        rank), so the rank where :attr:`last_token_index` is not -1; None at cp = 1 (this rank holds
+        them all)."""
         return self._last_tokens[1]
 
     @property
@@ -209,13 +230,27 @@ class Batch:
 
     def npu_kwargs(self) -> Dict[str, Any]:
         """Exactly the keyword arguments of ``torch_npu.npu_fusion_attention`` (no diagnostics), spelled
-        as torch_npu spells them (``pre_tockens``, ``next_tockens``)."""
+        as torch_npu spells them (``pre_tockens``, ``next_tockens``). Needs ``head_dim=`` or ``scale=``
+        given to :func:`prepare_batch` (the operator's own default scale is 1.0, not 1/sqrt(head_dim))."""
         args = self.npu if self.npu is not None else self._npu_args()
         return {k: v for k, v in args.items() if not k.startswith("maskpack_")}
 
     def flash_attn_kwargs(self) -> Dict[str, Any]:
         """flash_attn_varlen_func's segment arguments: cu_seqlens_q/k (int32) and max_seqlen_q/k
-        (padding-free); the 2D keep mask for the padded path (flash-attn's unpad_input)."""
+        (padding-free); the 2D keep mask for the padded path (flash-attn's unpad_input).
+
+        Under cp > 1 flash-attn itself runs no context parallelism: with ``cp_scheme="ulysses"``
+        (padding-free) every rank attends over the whole stream after the heads all-to-all, so these are
+        the whole stream's offsets (``cu_seqlens``, the real longest sequence); a zigzag or contiguous
+        rank holds pieces of sequences whose attention needs the other ranks' keys, and is refused
+        (use :func:`maskpack.attention` with ``group=``, or TransformerEngine with
+        :meth:`megatron_packed_seq_params`)."""
+        if self.cp > 1 and not (self.padding_free and self.extras.get("cp_scheme") == "ulysses"):
+            raise Error(f"cp: flash-attn runs no context parallelism: this rank holds part of each sequence "
+                        f"(cp = {self.cp}, cp_scheme {self.extras.get('cp_scheme')!r}, "
+                        f"{'padding-free' if self.padding_free else 'padded'}); use maskpack.attention(group=), "
+                        f"TransformerEngine (megatron_packed_seq_params) or cp_scheme='ulysses' padding-free",
+                        "MASKPACK_ERR_UNSUPPORTED", argument="cp")
         if not self.padding_free:
             return {"attention_mask": self._place(self.layout.mask2d("int64"))}
         cu = _as_int32(self.cu_seqlens)
@@ -281,32 +316,70 @@ class Batch:
 
     def mtp_labels(self, depth: int):
         """Labels of a multi-token-prediction head at ``depth`` (1 = the first extra head): the batch's
-        labels rolled by depth + 1 tokens inside each sequence (never across one), on this rank."""
+        labels rolled by depth + 1 tokens inside each sequence (never across one), on this rank (the
+        batch's own shift_labels, when it gave them, rolled by depth)."""
         base = self.extras["label_source"]
-        rolled = self.source_layout.shift_labels(base, ignore_index=self.extras["ignore_index"], shift=int(depth) + 1)
+        shift = int(depth) + self.extras.get("label_shift", 1)
+        rolled = self.source_layout.shift_labels(base, ignore_index=self.extras["ignore_index"], shift=shift)
         moved = rolled if self.layout is self.source_layout else relayout(
             rolled, self.source_layout, self.layout, pad_value=self.extras["ignore_index"])
         return self._place(moved)
 
     def to_padded(self, x: Any, parts: Optional[List[Any]] = None, pad_value: Any = 0, group: Any = None):
-        """Output of the model step (per-token, this rank's layout) -> the dataloader's layout. Under CP,
-        pass every rank's output in rank order as ``parts`` (e.g. from an all_gather) to reassemble the
-        whole batch, or ``group`` (a torch.distributed ProcessGroup) to have the gather done here
-        (:func:`maskpack.cp_all_gather`: backward reduce-scatters); without either only this rank's
-        tokens are placed and the rest is pad_value. Differentiable."""
+        """Output of the model step (per-token, this rank's layout) -> the dataloader's layout.
+        Differentiable.
+
+        cp = 1: ``x`` alone. Under CP the other ranks' tokens are needed, from one of:
+
+        * ``group`` (a torch.distributed ProcessGroup): the gather is done here
+          (:func:`maskpack.cp_all_gather`: its backward reduce-scatters, summing every rank's gradient);
+        * ``parts``: every rank's output in rank order (e.g. from ``torch.distributed.all_gather``, whose
+          results are detached). This rank's slot always takes the live ``x``, so the gradient reaches
+          ``x`` whatever ``parts`` hold; ``parts[cp_rank]`` only has to have ``x``'s shape (its values,
+          usually the gather's detached copy of ``x``, are not read). The other ranks' parts must have
+          their shard's shape (their tokens, then ``x``'s trailing dims) and carry no gradient back
+          unless they are live themselves (verl's post-processing: each rank trains its own tokens).
+          A ``None`` part puts ``pad_value`` in that rank's tokens (``parts=[x if r == rank else None
+          ...]`` places this rank's tokens only).
+
+        Without ``parts`` or ``group`` under CP: :class:`maskpack.Error` naming ``parts`` (the result
+        would hold only this rank's tokens)."""
         if group is not None and self.cp > 1:
             from .distributed import cp_all_gather
 
             whole = cp_all_gather(x, self.global_layout, group, scheme=self.extras["cp_scheme"], align=None)
             return relayout(whole, self.global_layout, self.source_layout, pad_value=pad_value)
-        if self.cp == 1 or parts is None:
+        if self.cp == 1:
             return relayout(x, self.layout, self.source_layout, pad_value=pad_value)
+        if parts is None:
+            raise Error(f"parts: under cp = {self.cp} this rank holds only its own tokens; pass parts= (every rank's "
+                        f"output in rank order, e.g. from all_gather) or group= (a ProcessGroup: gathered here); "
+                        f"parts=[x if r == rank else None, ...] places this rank's tokens only",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="parts")
+        parts = list(parts)
         if len(parts) != self.cp:
             raise Error(f"parts: expected {self.cp} rank outputs, found {len(parts)}", "MASKPACK_ERR_SHAPE",
                         argument="parts")
         shards = [self.global_layout.cp_shard(self.cp, r, scheme=self.extras["cp_scheme"], align=None)
                   for r in range(self.cp)]
-        return relayout(list(parts), shards, self.source_layout, pad_value=pad_value)
+        local = self.layout._per_token_shape()
+        xs = _shape(x)
+        if xs[:len(local)] != local:
+            raise Error(f"x: expected this rank's tokens {list(local)} leading, found {list(xs)}", "MASKPACK_ERR_SHAPE",
+                        argument="x")
+        trail = xs[len(local):]
+        for r, p in enumerate(parts):
+            want = shards[r]._per_token_shape() + trail
+            if p is None:
+                if r != self.cp_rank:
+                    parts[r] = _full_like(x, want, pad_value)
+                continue
+            if _shape(p) != want:
+                mine = " (this rank's slot, where x goes: x's shape)" if r == self.cp_rank else ""
+                raise Error(f"parts: part {r}{mine} expected shape {list(want)}, found {list(_shape(p))}",
+                            "MASKPACK_ERR_SHAPE", argument="parts", index=(r,))
+        parts[self.cp_rank] = x  # the live output: its gradient flows whatever the gathered copy is
+        return relayout(parts, shards, self.source_layout, pad_value=pad_value)
 
     def hf_kwargs(self, labels: bool = False) -> Dict[str, Any]:
         """Keyword arguments for a transformers model's forward (``model(**bundle.hf_kwargs())``),
@@ -347,6 +420,15 @@ class Batch:
         return kw
 
 
+def _full_like(x: Any, shape: Tuple[int, ...], value: Any):
+    """A tensor of ``shape`` filled with ``value``, of x's kind, dtype and device."""
+    if is_torch_tensor(x):
+        import torch
+
+        return torch.full(shape, value, dtype=x.dtype, device=x.device)
+    return np.full(shape, value, dtype=np.asarray(x).dtype)
+
+
 def _max_slot(layout: Layout) -> int:
     cup = np.asarray(layout.cu_seqlens_padded("int64"))
     return int(np.diff(cup).max()) if cup.size > 1 else 0
@@ -383,16 +465,47 @@ def _host(x) -> np.ndarray:
     return np.asarray(x.detach().cpu() if is_torch_tensor(x) else x)
 
 
+def _is_array(x: Any) -> bool:
+    return is_torch_tensor(x) or isinstance(x, np.ndarray)
+
+
+def _refuse_meta(key: str, x: Any) -> None:
+    if is_torch_tensor(x) and x.device.type == "meta":
+        raise Error(f"{key}: expected a tensor with values (on the host or an accelerator), found one on the meta "
+                    f"device (a shape without values): prepare_batch reads and moves the batch's values",
+                    "MASKPACK_ERR_UNSUPPORTED", argument=key)
+
+
+def _is_integer(x: Any) -> bool:
+    if is_torch_tensor(x):
+        import torch
+
+        return not (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool)
+    return x.dtype.kind in "iu"
+
+
 def _token_grid(batch: Dict[str, Any]) -> Tuple[str, Tuple[int, ...], bool]:
     """(the key that carries the tokens, the token grid [B, S] or [T], whether the batch is one packed
-    row) from input_ids, else inputs_embeds (whose last dim is the hidden size)."""
+    row) from input_ids (integer token ids), else inputs_embeds (whose last dim is the hidden size)."""
     if batch.get("input_ids") is not None:
-        key, shape = "input_ids", _shape(batch["input_ids"])
+        key = "input_ids"
     elif batch.get("inputs_embeds") is not None:
-        key, shape = "inputs_embeds", _shape(batch["inputs_embeds"])[:-1]
+        key = "inputs_embeds"
     else:
         raise Error("batch: expected an 'input_ids' or an 'inputs_embeds' entry", "MASKPACK_ERR_NOT_FOUND",
                     argument="input_ids")
+    x = batch[key]
+    if not _is_array(x):
+        raise Error(f"{key}: expected a torch tensor or a numpy array, found {type(x).__name__}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument=key)
+    _refuse_meta(key, x)
+    if key == "input_ids":
+        if not _is_integer(x):
+            raise Error(f"input_ids: expected integer token ids, found dtype {str(x.dtype).replace('torch.', '')}",
+                        "MASKPACK_ERR_DTYPE", argument="input_ids")
+        shape = _shape(x)
+    else:
+        shape = _shape(x)[:-1]
     if len(shape) == 1:
         return key, shape, True
     if len(shape) != 2:
@@ -436,15 +549,12 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
     return int(d[0]) if d.size else -1
 
 
-def _check_positions(lay: Layout, pos, what: str) -> None:
+def _check_positions(lay: Layout, text, what: str, mrope: bool) -> None:
     """Given position ids agree with a layout's segments when they advance by one inside every segment
-    and do not run on across a boundary between two segments of a row. M-RoPE ids (row 0, temporal)
-    stand still over an image and jump after it: inside a segment they only never decrease."""
-    p = _host(pos)
-    mrope = p.ndim == 3 or (p.ndim == 2 and lay.packed and p.shape[0] == 3)
-    if mrope:
-        p = p[0]
-    p = p.reshape(lay._per_token_shape()).astype(np.int64)
+    and do not run on across a boundary between two segments of a row. M-RoPE ids (``text``: the first
+    plane, temporal) stand still over an image and jump after it: inside a segment they only never
+    decrease."""
+    p = _host(text).reshape(lay._per_token_shape()).astype(np.int64)
     grid = p.reshape(lay.n_rows, -1) if not lay.packed else p.reshape(1, -1)
     width = grid.shape[1]
     segs = lay.segments
@@ -466,16 +576,16 @@ def _check_positions(lay: Layout, pos, what: str) -> None:
 
 
 def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_form: str, position_rule: str,
-                   rule: Dict[str, Any]) -> Tuple[Layout, str]:
+                   rule: Dict[str, Any], pos: Any = None, mrope: bool = False) -> Tuple[Layout, str]:
     """The dataloader's layout and the key that described it. Explicit segment offsets (cu_seqlens,
     cu_seq_lens_q, seq_idx) come first; then, for one packed row, the position ids; then the attention
     mask; then position ids of a padded batch; else every row is one sequence. Every other description
-    present is checked against the chosen one."""
+    present is checked against the chosen one. ``pos``: the position ids' text row (the first M-RoPE
+    plane) in the token grid's shape ([T] for one row), from :func:`_positions`."""
     key, grid, one_row = _token_grid(batch)
     total = grid[-1]
     torch_in = is_torch_tensor(batch[key])
     explicit = _explicit_layouts(batch, total, cu_form, rule)
-    pos = batch.get("position_ids")
     mask = batch.get("attention_mask")
     if explicit:
         name, lay = explicit[0]
@@ -491,18 +601,13 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
                             f"vs {int(seg[t]) - 1 if t < seg.size else '?'}; -1 = padding)", "MASKPACK_ERR_VALUE",
                             argument=other, index=(t,))
         if pos is not None:
-            _check_positions(lay, pos, name)
+            _check_positions(lay, pos, name, mrope)
         source = lay, name
     elif pos is not None and one_row and (mask is None or (len(mask.shape) == 2 and _host(mask).astype(bool).all())):
-        # one packed row (a mask, if any, marks every token real: it carries no segments)
+        # one packed row (a mask, if any, marks every token real: it carries no segments); M-RoPE
+        # [3, 1, T] / [3, T]: the boundaries come from the first plane's restarts, as for [3, B, S]
         mask = None
-        p = pos
-        ps = _shape(p)
-        if len(ps) == 3:  # M-RoPE [3, 1, T]
-            p = p[:, 0]
-        elif len(ps) == 2 and ps[0] == 1:
-            p = p[0]
-        source = Layout.from_position_ids(p, rule=position_rule, **rule), "position_ids"
+        source = Layout.from_position_ids(pos, rule=position_rule, **rule), "position_ids"
     elif mask is not None:
         ndim = len(mask.shape)
         if ndim == 2:
@@ -518,11 +623,10 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
             raise Error(f"attention_mask: expected [B,S] or [B,1,S,S], found {ndim} dimensions", "MASKPACK_ERR_SHAPE",
                         argument="attention_mask")
         if pos is not None and ndim == 2:
-            _check_positions(lay, pos, "attention_mask")
+            _check_positions(lay, pos, "attention_mask", mrope)
         return lay, "attention_mask"
-    elif pos is not None:
-        p = pos[0] if len(_shape(pos)) == 3 else pos  # M-RoPE [3, B, S]: the text row decides
-        return Layout.from_position_ids(p, rule=position_rule, **rule), "position_ids"
+    elif pos is not None:  # M-RoPE [3, B, S]: the text row (first plane) decides
+        return Layout.from_position_ids(pos, rule=position_rule, **rule), "position_ids"
     else:
         lay = Layout.from_lengths([grid[-1]] * (grid[0] if len(grid) == 2 else 1),
                                   placement="packed" if len(grid) == 1 else "right", **rule)
@@ -539,17 +643,118 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
     return (lay.with_outputs("torch") if torch_in else lay), name
 
 
-def _token_tensor(x: Any, layout: Layout, grid: Tuple[int, ...]) -> Optional[Any]:
+def _grid_forms(grid: Tuple[int, ...], one_row: bool) -> str:
+    """The token grid's shape as an error message writes it ([T] and [1, T] alike for one row)."""
+    if not one_row:
+        return str(list(grid))
+    return f"[{grid[-1]}] or [1, {grid[-1]}]"
+
+
+def _grid_lead(s: Tuple[int, ...], grid: Tuple[int, ...], one_row: bool, either: bool) -> int:
+    """How many leading dims of shape ``s`` are the token grid (0: they are not). ``either``: for one
+    row, [T, ...] and [1, T, ...] both count, whichever the token key used."""
+    if s[:len(grid)] == tuple(grid):
+        return len(grid)
+    if either and one_row:
+        T = grid[-1]
+        if len(grid) == 2 and s[:1] == (T,):
+            return 1
+        if len(grid) == 1 and s[:2] == (1, T):
+            return 2
+    return 0
+
+
+def _token_tensor(x: Any, layout: Layout, grid: Tuple[int, ...], one_row: bool = False,
+                  either: bool = False) -> Optional[Any]:
     """The key's tensor with the layout's token dims leading ([1, T, ...] read as [T, ...]), or None
     when its leading dims are not the batch's token grid (then it passes through)."""
-    if not (is_torch_tensor(x) or isinstance(x, np.ndarray)):
+    if not _is_array(x):
         return None
     s = _shape(x)
-    if s[:len(grid)] != tuple(grid):
+    lead = _grid_lead(s, grid, one_row, either)
+    if not lead:
         return None
-    if layout.packed and len(grid) == 2:
-        return x[0]
-    return x
+    want = layout._per_token_shape() + s[lead:]
+    return x if s == want else x.reshape(want)
+
+
+def _require_per_token(key: str, x: Any, tok_key: str, grid: Tuple[int, ...], one_row: bool, exact: bool) -> None:
+    """A key that is per-token by name (labels, shift_labels, ``per_token_keys``) must have the token
+    grid's shape (``exact``: nothing after it): otherwise an error, never a pass-through."""
+    if not _is_array(x):
+        raise Error(f"{key}: expected a tensor of the token grid's shape {_grid_forms(grid, one_row)} (as {tok_key}), "
+                    f"found {type(x).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT", argument=key)
+    _refuse_meta(key, x)
+    s = _shape(x)
+    lead = _grid_lead(s, grid, one_row, True)
+    if lead and (not exact or len(s) == lead):
+        return
+    if lead:
+        d = lead
+    else:
+        d = next((i for i, (a, b) in enumerate(zip(s, grid)) if a != b), min(len(s), len(grid)))
+    then = "" if exact else ", then any per-token dims"
+    raise Error(f"{key}: expected the token grid's shape {_grid_forms(grid, one_row)} (as {tok_key}){then}, found "
+                f"{list(s)} (dimension {d}); a per-token key never passes through", "MASKPACK_ERR_SHAPE",
+                argument=key, index=(d,))
+
+
+def _per_token_key_set(per_token_keys: Any) -> Tuple[str, ...]:
+    """``per_token_keys`` checked: None or a sequence of key names."""
+    if per_token_keys is None:
+        return ()
+    if isinstance(per_token_keys, (str, bytes)) or not all(isinstance(k, str) for k in per_token_keys):
+        raise Error(f"per_token_keys: expected a list of key names, found {per_token_keys!r}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="per_token_keys")
+    return tuple(per_token_keys)
+
+
+def _check_layout_shapes(batch: Dict[str, Any], tok_key: str, grid: Tuple[int, ...]) -> None:
+    """attention_mask and seq_idx must cover the token grid (an error naming them, not a reshape failure)."""
+    B, S = (1, grid[0]) if len(grid) == 1 else grid
+    mask = batch.get("attention_mask")
+    if _is_array(mask):
+        s = _shape(mask)
+        if len(s) == 4:
+            ok = s[0] == B and s[3] == S and s[2] in (S, 1)
+            want = f"[{B}, 1 or heads, {S}, {S}] (or [{B}, 1, 1, {S}])"
+        else:
+            ok = len(s) != 2 or s == (B, S)
+            want = f"[{B}, {S}]"
+        if not ok:
+            raise Error(f"attention_mask: expected {want} for {tok_key} of shape {list(grid)}, found {list(s)}",
+                        "MASKPACK_ERR_SHAPE", argument="attention_mask")
+    seq_idx = batch.get("seq_idx")
+    if _is_array(seq_idx) and B == 1 and _shape(seq_idx) not in ((S,), (1, S)):
+        raise Error(f"seq_idx: expected [{S}] or [1, {S}] for {tok_key} of shape {list(grid)}, found "
+                    f"{list(_shape(seq_idx))}", "MASKPACK_ERR_SHAPE", argument="seq_idx")
+
+
+def _positions(pos: Any, grid: Tuple[int, ...], one_row: bool) -> Tuple[Any, Any]:
+    """Position ids in any documented form -> (the text row in the token grid's shape, [T] for one row;
+    every plane [P, *grid] for M-RoPE, else None). Forms: [B, S] / [T] / [1, T]; M-RoPE [P, B, S], and
+    for one packed row [P, 1, T] / [P, T] (P != 1). The text row is the first plane."""
+    if not _is_array(pos):
+        raise Error(f"position_ids: expected a tensor, found {type(pos).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="position_ids")
+    _refuse_meta("position_ids", pos)
+    s = _shape(pos)
+    if one_row:
+        T = grid[-1]
+        if s in ((T,), (1, T)):
+            return pos.reshape(T), None
+        if len(s) == 3 and s[1:] == (1, T) or len(s) == 2 and s[1] == T and s[0] != 1:
+            planes = pos.reshape(s[0], T)
+            return planes[0], planes
+        forms = f"[{T}], [1, {T}] or M-RoPE [3, 1, {T}] / [3, {T}]"
+    else:
+        if s == tuple(grid):
+            return pos, None
+        if len(s) == 3 and s[1:] == tuple(grid):
+            return pos[0], pos
+        forms = f"{list(grid)} or M-RoPE [3, {grid[0]}, {grid[1]}]"
+    raise Error(f"position_ids: expected {forms} (the token grid), found {list(s)}", "MASKPACK_ERR_SHAPE",
+                argument="position_ids")
 
 
 def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_free: bool = False, tp: int = 1,
@@ -558,15 +763,28 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
                   mask_convention: Optional[str] = None, cu_form: str = "te", position_rule: str = "reset",
                   ignore_index: int = -100, loss_mode: str = "token", pad_token_id: int = 0,
                   mask_dtype: Any = "float32", recompute_position_ids: bool = False, max_seqlen: Optional[int] = None,
-                  pad_to_multiple_of: Optional[int] = None, **rule: Any) -> Batch:
+                  pad_to_multiple_of: Optional[int] = None, per_token_keys: Optional[Sequence[str]] = None,
+                  **rule: Any) -> Batch:
     """A dataloader batch dict and a target -> :class:`Batch` (derived fields built on first access).
 
-    The batch gives the tokens (input_ids, or inputs_embeds) and their segments in any of the forms
-    dataloaders use: attention_mask (2D, or 4D with ``mask_convention``), cu_seqlens (``cu_form``),
-    transformers' cu_seq_lens_q/k, seq_idx, position_ids ([T], [1,T], [B,S], M-RoPE [3,B,S] / [3,1,T]).
+    The batch gives the tokens (input_ids: integer ids, or inputs_embeds) and their segments in any of
+    the forms dataloaders use: attention_mask (2D, or 4D with ``mask_convention``), cu_seqlens
+    (``cu_form``), transformers' cu_seq_lens_q/k, seq_idx, position_ids ([T], [1,T], [B,S], M-RoPE
+    [3,B,S], and for one packed row [3,1,T] / [3,T]: boundaries from the first plane's restarts).
     Descriptions that disagree raise :class:`maskpack.Error` naming the first token where they do.
-    labels are optional. Every other key whose leading dims are the token grid moves with the tokens;
-    the rest passes through (``bundle.passthrough_keys``).
+
+    Which keys are per-token (moved with the tokens into ``bundle.tokens``) and which pass through
+    (``bundle.passthrough``, listed in ``bundle.passthrough_keys``): ``labels``, ``shift_labels`` and
+    every key named in ``per_token_keys`` are per-token by name and must have the token grid's shape
+    (labels and shift_labels exactly; the others may add dims after it; for one packed row [T] and
+    [1, T] are one grid): otherwise :class:`maskpack.Error` naming the key with the expected and found
+    shapes, never a pass-through. A named key absent from the batch is fine. Any other key is per-token
+    when its leading dims are the token grid (the shape of input_ids, or inputs_embeds without its
+    hidden size) and passes through untouched otherwise.
+
+    labels are optional (the loss then predicts input_ids). ``shift_labels`` given by the batch are the
+    bundle's shifted labels (loss weights from them); given with labels they must equal labels shifted
+    inside each sequence at every real token.
 
     backend: which attention the model runs, deciding what ``bundle.attention_mask`` is (built only
     when read): "flash_attn", "sdpa", "eager" (additive in ``mask_dtype``), "npu" (arguments in
@@ -579,14 +797,29 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
         raise Error(f"backend: expected one of {', '.join(BACKENDS)}, found {backend!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="backend")
     cp, tp, cp_rank = int(cp), int(tp), int(cp_rank)
-    if cp < 1 or not 0 <= cp_rank < cp:
+    if cp < 1:
+        raise Error(f"cp: expected a context-parallel size >= 1, found {cp}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="cp")
+    if not 0 <= cp_rank < cp:
         raise Error(f"cp_rank: expected in [0, {cp}), found {cp_rank}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="cp_rank")
     if backend == "npu" and head_dim is None and scale is None:
         raise Error("head_dim: the NPU operator defaults scale to 1.0; pass head_dim (for 1/sqrt(head_dim)) or scale",
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument="head_dim")
-    key, grid, _one_row = _token_grid(batch)
-    src, _described_by = _source_layout(batch, mask_convention, cu_form, position_rule, rule)
+    named = ("labels", "shift_labels") + tuple(k for k in _per_token_key_set(per_token_keys)
+                                               if k not in ("labels", "shift_labels"))
+    key, grid, one_row = _token_grid(batch)
+    # every check of the batch before anything is read or built: layout keys, per-token keys by name
+    for k in _LAYOUT_KEYS:
+        _refuse_meta(k, batch.get(k))
+    for k in named:
+        if batch.get(k) is not None:
+            _require_per_token(k, batch[k], key, grid, one_row, exact=k in _LABEL_KEYS)
+    _check_layout_shapes(batch, key, grid)
+    pos = batch.get("position_ids")
+    pos_text, pos_planes = _positions(pos, grid, one_row) if pos is not None else (None, None)
+    src, _described_by = _source_layout(batch, mask_convention, cu_form, position_rule, rule, pos_text,
+                                        pos_planes is not None)
     target = src.packed_of() if padding_free else src
     # one padding rule (cp_multiple): zigzag halves and sequence parallelism at cp > 1, tp alone at cp = 1;
     # align=None pads nothing (every slot must already divide, as cp_shard(align=None) requires)
@@ -603,47 +836,67 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
         glob = glob.pad_total_to_multiple(m) if padding_free else glob.pad_to_multiple(m)
     local = glob.cp_shard(cp, cp_rank, scheme=cp_scheme, align=None) if cp > 1 else glob
 
-    tokens: Dict[str, Any] = {}
+    # the split: per-token by name (checked above) or by shape; the rest passes through untouched
+    per_token: Dict[str, Any] = {}
     passthrough: Dict[str, Any] = {}
     for k, v in batch.items():
-        if k in _LAYOUT_KEYS:  # read as the layout (position ids are moved below)
+        if k in _LAYOUT_KEYS or v is None:  # read as the layout (position ids are moved below)
             continue
-        t = _token_tensor(v, src, grid)
+        t = _token_tensor(v, src, grid, one_row, either=k in named)
         if t is None:
-            if v is not None:
-                passthrough[k] = v
+            passthrough[k] = v
             continue
+        _refuse_meta(k, v)
+        per_token[k] = t
+    tokens: Dict[str, Any] = {}
+    for k, t in per_token.items():
         pad = ignore_index if k in _LABEL_KEYS else (pad_token_id if k == "input_ids" else 0)
         tokens[k] = _move(t, src, local, pad)
-    labels_src = _token_tensor(batch.get("labels"), src, grid) if batch.get("labels") is not None else None
-    base = labels_src if labels_src is not None else (_token_tensor(batch[key], src, grid)
-                                                      if key == "input_ids" else None)
-    if base is None:
+    labels_src = per_token.get("labels")
+    base = labels_src if labels_src is not None else (per_token[key] if key == "input_ids" else None)
+    given_shift = per_token.get("shift_labels")
+    if base is None and given_shift is None:
         raise Error("labels: a batch of inputs_embeds needs labels (there are no input_ids to predict)",
                     "MASKPACK_ERR_NOT_FOUND", argument="labels")
-    shifted = src.shift_labels(base, ignore_index=ignore_index)
+    if given_shift is not None:  # the batch's own shifted labels are the loss's targets
+        if labels_src is not None:
+            _check_shift_labels(src, labels_src, given_shift, ignore_index)
+        shifted, base, label_shift = given_shift, given_shift, 0
+    else:
+        shifted, label_shift = src.shift_labels(base, ignore_index=ignore_index), 1
     weights, denom = src.loss_weights(loss_mode, labels=shifted, ignore_index=ignore_index, dtype="float32",
                                       return_denominator=True)
     tokens["shift_labels"] = _move(shifted, src, local, ignore_index)
     tokens["loss_weights"] = _move(weights, src, local, 0)
     mrope = False
-    pos = batch.get("position_ids")
     if pos is not None and not recompute_position_ids:
-        ps = _shape(pos)
-        mrope = len(ps) == 3
-        if mrope:  # [3, B, S] / [3, 1, T]: move the token dims, keep the 3 rows
-            p = pos[:, 0] if src.packed else pos
+        if pos_planes is not None:  # M-RoPE: move the token dims, keep the planes
+            mrope = True
+            p = pos_planes.reshape((pos_planes.shape[0],) + src._per_token_shape())
             moved = _move(_movedim(p, 0, -1), src, local, 0)
             tokens["position_ids"] = _movedim(moved, -1, 0)
         else:
-            tokens["position_ids"] = _move(_token_tensor(pos, src, grid), src, local, 0)
+            tokens["position_ids"] = _move(pos_text.reshape(src._per_token_shape()), src, local, 0)
     else:
         tokens["position_ids"] = local.position_ids()
     options = {"cp_scheme": cp_scheme, "tp": tp, "align": align, "mask_dtype": mask_dtype, "input_layout": input_layout,
                "head_dim": head_dim, "scale": scale, "ignore_index": ignore_index, "max_seqlen": max_seqlen,
-               "mrope": mrope, "described_by": _described_by, "label_source": base}
+               "mrope": mrope, "described_by": _described_by, "label_source": base, "label_shift": label_shift}
     return Batch(backend=backend, padding_free=padding_free, cp=cp, cp_rank=cp_rank, layout=local, global_layout=glob,
                  source_layout=src, tokens=tokens, passthrough=passthrough, loss_denominator=denom, options=options)
+
+
+def _check_shift_labels(src: Layout, labels, given, ignore_index: int) -> None:
+    """shift_labels given beside labels: they must be labels shifted inside each sequence (at every real
+    token), or the two describe different targets."""
+    want = _host(src.shift_labels(labels, ignore_index=ignore_index)).reshape(-1)
+    got = _host(given).reshape(-1)
+    real = np.asarray(src.with_outputs("numpy").mask2d()).reshape(-1).astype(bool)
+    bad = np.nonzero(real & (want != got))[0]
+    if bad.size:
+        t = int(bad[0])
+        raise Error(f"shift_labels: disagree with labels shifted inside each sequence at token {t}: expected "
+                    f"{int(want[t])}, found {int(got[t])}", "MASKPACK_ERR_VALUE", argument="shift_labels", index=(t,))
 
 
 def _move(x, src: Layout, dst: Layout, pad: Any):

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ._errors import Error
-from .batch import Batch, prepare_batch
+from .batch import Batch, _per_token_key_set, prepare_batch
 
 __all__ = ["Collator", "LengthBucketSampler"]
 
@@ -43,9 +43,15 @@ def _as_array(v: Any) -> Optional[np.ndarray]:
 
 class Collator:
     """Examples (dicts with ``input_ids`` or ``inputs_embeds``, optional ``labels`` and any other keys)
-    -> a :class:`Batch`. Keys whose value has the example's length as its first dimension are per-token
-    and are padded/packed with the tokens (labels with ``ignore_index``, ``input_ids`` with
-    ``pad_token_id``, others with 0); other keys are gathered into lists and pass through.
+    -> a :class:`Batch`. Every example is checked: ``input_ids`` a non-empty 1-D sequence of integer
+    ids (``inputs_embeds`` [n, hidden]), errors naming the example's index. ``labels``,
+    ``shift_labels`` and the keys named in ``per_token_keys=`` (passed on to prepare_batch) are
+    per-token by name: every example that has one must have it, of its own token count, else
+    :class:`maskpack.Error` naming the key and the example. Any other key whose value has the
+    example's length as its first dimension in every example is per-token too. Per-token keys are
+    padded/packed with the tokens (labels with ``ignore_index``, ``input_ids`` with ``pad_token_id``,
+    others with 0); the rest (keys of any example) are gathered into lists, one entry per example (None
+    where an example lacks the key), and pass through.
 
     padding_free: one packed row of all examples (cu_seqlens), else one padded row each.
     capacity: pack whole examples into rows of this many tokens with the planner (several per row;
@@ -72,11 +78,33 @@ class Collator:
         self.ignore_index = int(ignore_index)
         self.pad_to_multiple_of = None if pad_to_multiple_of is None else int(pad_to_multiple_of)
         self.return_tensors = return_tensors
+        _per_token_key_set(prepare_kwargs.get("per_token_keys"))  # checked now, not at the first batch
         self.prepare_kwargs = dict(prepare_kwargs)
 
     def __repr__(self) -> str:
         return (f"Collator(padding_free={self.padding_free}, capacity={self.capacity}, "
                 f"pad_to_multiple_of={self.pad_to_multiple_of}, {self.prepare_kwargs})")
+
+    @staticmethod
+    def _length(i: int, ex: Dict[str, Any], tok_key: str) -> int:
+        """Example i's token count, its token key checked: input_ids a non-empty 1-D sequence of integer
+        ids, inputs_embeds [n, hidden] with n >= 1."""
+        v = ex.get(tok_key)
+        a = _as_array(v)
+        if a is None:
+            raise Error(f"examples[{i}].{tok_key}: expected a sequence, found {type(v).__name__}",
+                        "MASKPACK_ERR_SHAPE", argument=tok_key, index=(i,))
+        want = 1 if tok_key == "input_ids" else 2
+        if a.ndim != want:
+            raise Error(f"examples[{i}].{tok_key}: expected {'[n] token ids' if want == 1 else '[n, hidden]'}, found "
+                        f"shape {list(a.shape)}", "MASKPACK_ERR_SHAPE", argument=tok_key, index=(i,))
+        if a.shape[0] == 0:
+            raise Error(f"examples[{i}].{tok_key}: expected at least one token, found an empty example",
+                        "MASKPACK_ERR_SHAPE", argument=tok_key, index=(i,))
+        if tok_key == "input_ids" and a.dtype.kind not in "iu":
+            raise Error(f"examples[{i}].input_ids: expected integer token ids, found dtype {a.dtype}",
+                        "MASKPACK_ERR_DTYPE", argument="input_ids", index=(i,))
+        return int(a.shape[0])
 
     def _pad_of(self, key: str) -> int:
         return self.ignore_index if key in ("labels", "shift_labels") else (self.pad_token_id if key == "input_ids"
@@ -93,16 +121,27 @@ class Collator:
         if tok_key not in examples[0]:
             raise Error("examples[0]: expected an 'input_ids' or an 'inputs_embeds' entry", "MASKPACK_ERR_NOT_FOUND",
                         argument="input_ids")
-        lengths, per_token, other = [], {}, {}
-        for i, ex in enumerate(examples):
-            a = _as_array(ex.get(tok_key))
-            if a is None or a.ndim < 1:
-                raise Error(f"examples[{i}].{tok_key}: expected a sequence, found {type(ex.get(tok_key)).__name__}",
-                            "MASKPACK_ERR_SHAPE", argument=tok_key, index=(i,))
-            lengths.append(int(a.shape[0]))
-        for k in examples[0]:
+        lengths = [self._length(i, ex, tok_key) for i, ex in enumerate(examples)]
+        named = ("labels", "shift_labels") + _per_token_key_set(self.prepare_kwargs.get("per_token_keys"))
+        keys: List[str] = []  # every key of any example, in order of first appearance
+        for ex in examples:
+            keys.extend(k for k in ex if k not in keys)
+        per_token, other = {}, {}
+        for k in keys:
             arrays = [_as_array(ex.get(k)) for ex in examples]
-            if all(a is not None and a.ndim >= 1 and a.shape[0] == n for a, n in zip(arrays, lengths)):
+            fits = [a is not None and a.ndim >= 1 and a.shape[0] == n for a, n in zip(arrays, lengths)]
+            if k in named and not all(fits):  # per-token by name: every example, its own length
+                i = fits.index(False)
+                j = next((j for j, ex in enumerate(examples) if ex.get(k) is not None), 0)
+                if examples[i].get(k) is None:
+                    raise Error(f"examples[{i}].{k}: missing, while examples[{j}] has {k} (a per-token key: every "
+                                f"example needs one of its own length)", "MASKPACK_ERR_NOT_FOUND", argument=k,
+                                index=(i,))
+                a = arrays[i]
+                found = "no sequence" if a is None else f"shape {list(a.shape)}"
+                raise Error(f"examples[{i}].{k}: expected {lengths[i]} entries (the length of its {tok_key}), found "
+                            f"{found}", "MASKPACK_ERR_SHAPE", argument=k, index=(i,))
+            if all(fits):
                 per_token[k] = arrays
             else:
                 other[k] = [ex.get(k) for ex in examples]
