@@ -242,18 +242,25 @@ class Layout(_Moves):
 
     @property
     def n_rows(self) -> int:
+        """Rows of the token grid: B for a padded batch [B,S], 1 for a packed one."""
         return self._info[0]
 
     @property
     def q_width(self) -> int:
+        """Query columns per row: S for a padded batch [B,S], T (all tokens, padding
+        included) for a packed one."""
         return self._info[1]
 
     @property
     def kv_width(self) -> int:
+        """Key columns per row (equal to :attr:`q_width` for self-attention; under CP
+        a shard's keys are the whole batch's)."""
         return self._info[2]
 
     @property
     def packed(self) -> bool:
+        """True for a packed (THD) layout: one row, per-token tensors [T, ...] rather
+        than [1, T, ...]."""
         return self._info[3]
 
     @property
@@ -267,10 +274,13 @@ class Layout(_Moves):
 
     @property
     def n_tokens(self) -> int:
+        """Real query tokens: the sum of the segments' lengths (padding excluded)."""
         return self._info[6]
 
     @property
     def max_seqlen(self) -> int:
+        """The longest segment's real (query) length, 0 for none; padding and CP
+        alignment not counted (:meth:`cu_seqlens_padded` has the slots)."""
         return self._info[7]
 
     @property

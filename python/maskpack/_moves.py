@@ -403,10 +403,6 @@ def _fast_move(move, x: Any, out: Any, pad_value: Any, threads: Optional[int]) -
             and not _records(x) and _maskpack.move(move.plan, x, out, None, _team(threads)))
 
 
-def _device_of(t) -> Any:
-    return t.device
-
-
 def _pick_engine(xs: list, out: Any, engine: Optional[str]) -> str:
     """The engine of a move: "c" for host memory, "torch" for any other torch device (or when asked).
     Every tensor of one call is on one device; the C engine reads host memory only."""
