@@ -1,0 +1,361 @@
+"""maskpack.compat.verl against verl 0.9.1's own functions (verl/models/mcore/util.py, loaded unmodified
+from build/upstream), bit for bit on property-based batches: left, right and no padding, empty rows,
+sequences shorter than 2*cp, cp 1..8, tp 1..4, FP8 on and off, the NPU branch on and off; every returned
+tensor and every PackedSeqParams field; each CP rank of a case in one process (torch.distributed.all_gather
+faked); gradients across 2 and 4 gloo processes in test_compat_verl_dist.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import maskpack
+from maskpack.compat import verl as tw
+
+import compat_upstream as cu
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@pytest.fixture(scope="module")
+def up():
+    yield cu.verl_mcore_util()
+    cu.write_counts()
+
+
+def _upstream(up, tp, cp, rank, npu=False, **extra):
+    return cu.patched(up, mpu=cu.FakeParallelState(tp, cp, rank), is_npu_available=npu, **extra)
+
+
+# ---- strategies ------------------------------------------------------------------------------------
+
+@st.composite
+def padded_batches(draw, max_b=5, max_s=24):
+    b = draw(st.integers(1, max_b))
+    s = draw(st.integers(1, max_s))
+    side = draw(st.sampled_from(["right", "left", "none", "mixed"]))
+    mask = torch.zeros(b, s, dtype=torch.bool)
+    for i in range(b):
+        n = s if side == "none" else draw(st.integers(0, s))
+        left = side == "left" or (side == "mixed" and draw(st.booleans()))
+        if left:
+            mask[i, s - n:] = True
+        else:
+            mask[i, :n] = True
+    if not bool(mask.any()):
+        mask[0, 0] = True  # verl's max() over an all-empty batch is a crash; tested apart
+    seed = draw(st.integers(0, 2**16))
+    return mask, seed
+
+
+parallel = st.tuples(st.integers(1, 4), st.integers(1, 8))
+
+
+@st.composite
+def nested_batches(draw, max_b=5, max_len=24, min_len=1):
+    lens = draw(st.lists(st.integers(min_len, max_len), min_size=1, max_size=max_b))
+    seed = draw(st.integers(0, 2**16))
+    return lens, seed
+
+
+def _nested(lens, seed, dense=(), dtype=torch.int64):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        parts = [torch.randn((n,) + dense, generator=g, dtype=dtype) for n in lens]
+    else:
+        parts = [torch.randint(1, 1000, (n,) + dense, generator=g, dtype=dtype) for n in lens]
+    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+
+
+# ---- preprocess_packed_seqs / postprocess_packed_seqs ---------------------------------------------------
+
+@SETTINGS
+@given(padded_batches(), parallel, st.booleans(), st.sampled_from([(), (3,)]))
+def test_preprocess_packed_seqs(up, batch, par, fp8, dense):
+    mask, seed = batch
+    tp, cp = par
+    ids = torch.randint(1, 1000, mask.shape + dense, generator=torch.Generator().manual_seed(seed))
+    for r in range(cp):
+        with _upstream(up, tp, cp, r):
+            a, pa = up.preprocess_packed_seqs(ids, mask, True, fp8)
+        b, pb = tw.preprocess_packed_seqs(ids, mask, True, fp8, tp=tp, cp=cp, cp_rank=r)
+        cu.assert_same(a, b, "input_ids_rmpad")
+        cu.assert_params(pa, pb, "packed_seq_params")
+        cu.count("verl.preprocess_packed_seqs")
+    with _upstream(up, tp, cp, 0):
+        a, pa = up.preprocess_packed_seqs(ids, mask, False, fp8)
+    b, pb = tw.preprocess_packed_seqs(ids, mask, False, fp8, tp=tp, cp=cp, cp_rank=0)
+    assert a is ids and b is ids
+    cu.assert_params(pa, pb, "packed_seq_params")
+
+
+@SETTINGS
+@given(padded_batches(), parallel, st.booleans(), st.sampled_from([(), (4,)]), st.sampled_from(["own", "sum"]))
+def test_postprocess_packed_seqs(up, batch, par, fp8, dense, grad):
+    """Forward bits against verl; the gradient of this rank's output against verl's (grad="own"; the "sum"
+    gradient needs real ranks: test_compat_verl_dist.py)."""
+    mask, seed = batch
+    tp, cp = par
+    b_, s = mask.shape
+    hidden = torch.randn((b_, s) + dense, generator=torch.Generator().manual_seed(seed))
+    parts = []
+    for r in range(cp):
+        x, params = tw.preprocess_packed_seqs(hidden, mask, True, fp8, tp=tp, cp=cp, cp_rank=r)
+        parts.append(x)
+    w = torch.randn((b_, s) + dense, generator=torch.Generator().manual_seed(seed + 1))
+    for r in range(cp if grad == "own" else 1):
+        xa = parts[r].clone().requires_grad_(True)
+        xb = parts[r].clone().requires_grad_(True)
+        with _upstream(up, tp, cp, r), cu.fake_all_gather(parts):
+            oa = up.postprocess_packed_seqs(xa, params, mask, b_, s, True)
+        with cu.fake_all_gather(parts):
+            if grad == "sum" and cp > 1:
+                continue
+            ob = tw.postprocess_packed_seqs(xb, params, mask, b_, s, True, grad=grad, cp=cp, cp_rank=r)
+        cu.assert_same(oa, ob, "output")
+        (oa * w).sum().backward()
+        (ob * w).sum().backward()
+        cu.assert_same(xa.grad, xb.grad, "grad")
+        cu.count("verl.postprocess_packed_seqs")
+    assert tw.postprocess_packed_seqs(hidden, params, mask, b_, s, False, cp=cp, cp_rank=0) is hidden
+
+
+# ---- the engine's nested-tensor THD pair ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def newer_psp():
+    """megatron-core's PackedSeqParams with the cp_partition_mode field of newer releases (verl 0.9.1
+    reads it when present; megatron-core 0.16.1 lacks it)."""
+    cu.require_upstream("megatron")
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    @dataclasses.dataclass
+    class PSP(PackedSeqParams):
+        cp_partition_mode: str = "zigzag"
+
+    return PSP
+
+
+thd_options = st.fixed_dictionaries({
+    "need_roll": st.booleans(),
+    "fp8": st.booleans(),
+    "cp_layout": st.sampled_from(["zigzag", "contiguous"]),
+    "min_local_rows": st.sampled_from([None, None, 1, 7, 40]),
+    "bucket": st.sampled_from([None, None, 8, 24, 64]),
+    "dense": st.sampled_from([(), (2,)]),
+})
+
+
+def _thd_expect_error(lens, tp, cp, o):
+    """Where verl 0.9.1 builds a batch whose last slot no longer splits into 2*cp chunks (min_local_rows or a
+    bucket padded it), it truncates silently; the twin refuses."""
+    import math
+
+    layout = o["cp_layout"]
+    align = tp * cp * (2 if layout == "zigzag" and cp > 1 else 1)
+    total_align = None
+    if o["fp8"]:
+        align, total_align = math.lcm(16, align), align * 128
+    slots = [n + (-n) % align for n in lens]
+    tot = sum(slots)
+    if total_align:
+        slots[-1] += (-tot) % total_align
+        tot = sum(slots)
+    if o["min_local_rows"] is not None and tot < cp * o["min_local_rows"]:
+        slots[-1] += cp * o["min_local_rows"] - tot
+        tot = sum(slots)
+    if o["bucket"] is not None:
+        t = math.lcm(o["bucket"], cp)
+        if total_align:
+            t = math.lcm(t, total_align)
+        slots[-1] += (-tot) % t
+        tot = sum(slots)
+    if tot % cp:
+        return True
+    return layout == "zigzag" and cp > 1 and any(s % (2 * cp) for s in slots)
+
+
+@SETTINGS
+@given(nested_batches(), parallel, thd_options)
+def test_preprocess_thd_engine(up, newer_psp, batch, par, o):
+    lens, seed = batch
+    tp, cp = par
+    ids = _nested(lens, seed, o["dense"])
+    args = (True, o["need_roll"], o["fp8"], None, o["min_local_rows"], o["bucket"], o["cp_layout"])
+    contiguous = o["cp_layout"] == "contiguous"
+    extra = dict(PackedSeqParams=newer_psp, _PACKED_SEQ_PARAMS_HAS_CP_PARTITION_MODE=True) if contiguous else {}
+    if _thd_expect_error(lens, tp, cp, o):
+        with pytest.raises(maskpack.Error) as e:
+            tw.preprocess_thd_engine(ids, *args, tp=tp, cp=cp, cp_rank=0)
+        assert e.value.argument in ("cp", "min_local_rows")
+        cu.count("verl.preprocess_thd_engine (refused)")
+        return
+    for r in range(cp):
+        with _upstream(up, tp, cp, r, **extra):
+            a, pa, posa = up.preprocess_thd_engine(ids, *args)
+        b, pb, posb = tw.preprocess_thd_engine(ids, *args, tp=tp, cp=cp, cp_rank=r)
+        cu.assert_same(a, b, "input_ids_rmpad")
+        cu.assert_same(posa, posb, "position_ids")
+        cu.assert_params(pa, pb, "packed_seq_params")
+        assert getattr(pb, "cp_partition_mode") == o["cp_layout"]
+        cu.count("verl.preprocess_thd_engine")
+    with _upstream(up, tp, cp, 0, **extra):
+        a, pa, posa = up.preprocess_thd_engine(ids, False, *args[1:])
+    b, pb, posb = tw.preprocess_thd_engine(ids, False, *args[1:], tp=tp, cp=cp, cp_rank=0)
+    assert a is ids and b is ids and posa is None and posb is None
+    cu.assert_params(pa, pb, "packed_seq_params")
+
+
+@SETTINGS
+@given(nested_batches(), parallel, st.booleans(), st.sampled_from(["zigzag", "contiguous"]),
+       st.sampled_from([(), (3,)]))
+def test_postprocess_thd_engine(up, newer_psp, batch, par, fp8, cp_layout, dense):
+    lens, seed = batch
+    tp, cp = par
+    ids = _nested(lens, seed)
+    hid = _nested(lens, seed + 1, dense, torch.float32)
+    parts = []
+    for r in range(cp):
+        x, params, _ = tw.preprocess_thd_engine(hid, True, False, fp8, None, None, None, cp_layout, tp=tp, cp=cp,
+                                                cp_rank=r)
+        parts.append(x)
+    for r in range(cp):
+        xa = parts[r].clone().requires_grad_(True)
+        xb = parts[r].clone().requires_grad_(True)
+        with _upstream(up, tp, cp, r), cu.fake_all_gather(parts):
+            oa = up.postprocess_thd_engine(xa, params, ids, len(lens), True, None, cp_layout)
+        with cu.fake_all_gather(parts):
+            ob = tw.postprocess_thd_engine(xb, params, ids, len(lens), True, None, cp_layout, cp=cp, cp_rank=r)
+        cu.assert_same(oa, ob, "output")
+        cu.assert_same(ob.values(), hid.values(), "round trip")
+        w = torch.randn(oa.values().shape, generator=torch.Generator().manual_seed(seed + 2))
+        (oa.values() * w).sum().backward()
+        (ob.values() * w).sum().backward()
+        cu.assert_same(xa.grad, xb.grad, "grad")
+        cu.count("verl.postprocess_thd_engine")
+
+
+# ---- the engine's nested-tensor BSHD pair -----------------------------------------------------------------
+
+@SETTINGS
+@given(nested_batches(), parallel, st.booleans(), st.booleans(), st.booleans(),
+       st.sampled_from([None, 0, 5, 30]), st.sampled_from([(), (2,)]))
+def test_preprocess_bshd_engine(up, batch, par, need_roll, fp8, npu, forced, dense):
+    lens, seed = batch
+    tp, cp = par
+    ids = _nested(lens, seed, dense)
+    if forced is not None:
+        forced = max(lens) + forced
+    for r in range(cp):
+        with _upstream(up, tp, cp, r, npu=npu):
+            a = up.preprocess_bshd_engine(ids, True, need_roll, fp8, forced)
+        b = tw.preprocess_bshd_engine(ids, True, need_roll, fp8, forced, tp=tp, cp=cp, cp_rank=r, npu=npu)
+        for k, (x, y) in enumerate(zip(a, b)):
+            cu.assert_same(x, y, f"output[{k}]")
+        cu.count("verl.preprocess_bshd_engine")
+
+
+@SETTINGS
+@given(nested_batches(), parallel, st.booleans(), st.booleans(), st.sampled_from([(), (3,)]))
+def test_postprocess_bshd_engine(up, batch, par, fp8, npu, dense):
+    lens, seed = batch
+    tp, cp = par
+    hid = _nested(lens, seed, dense, torch.float32)
+    pre = [tw.preprocess_bshd_engine(hid, True, False, fp8, None, tp=tp, cp=cp, cp_rank=r, npu=npu) for r in range(cp)]
+    parts = [p[0] for p in pre]
+    masks = [p[1] for p in pre]
+    masks2d = [tw.preprocess_bshd_engine(hid, True, False, fp8, None, tp=tp, cp=cp, cp_rank=r, npu=False)[1]
+               for r in range(cp)]  # what both sides all-gather (the NPU mask is read back to 2D first)
+    for r in range(cp):
+        xa = parts[r].clone().requires_grad_(True)
+        xb = parts[r].clone().requires_grad_(True)
+
+        def gather(tensor_list, tensor, group=None, async_op=False):
+            src = masks2d if tensor.dtype == torch.bool else parts
+            for j, t in enumerate(tensor_list):
+                t.copy_(src[j].detach())
+
+        with _upstream(up, tp, cp, r, npu=npu), cu.patched(torch.distributed, all_gather=gather):
+            oa = up.postprocess_bshd_engine(xa, masks[r], True)
+        with cu.patched(torch.distributed, all_gather=gather):
+            ob = tw.postprocess_bshd_engine(xb, masks[r], True, cp=cp, cp_rank=r, npu=npu)
+        cu.assert_same(oa, ob, "output")
+        cu.assert_same(ob.values(), hid.values(), "round trip")
+        w = torch.randn(oa.values().shape, generator=torch.Generator().manual_seed(seed + 2))
+        (oa.values() * w).sum().backward()
+        (ob.values() * w).sum().backward()
+        cu.assert_same(xa.grad, xb.grad, "grad")
+        cu.count("verl.postprocess_bshd_engine")
+
+
+# ---- VLM masks ----------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(nested_batches(), parallel, st.integers(0, 5), st.sampled_from([None, 0, 9]), st.booleans())
+def test_build_vlm_attn_mask(up, batch, par, pad_id, forced, npu):
+    lens, seed = batch
+    tp, cp = par
+    ids = _nested(lens, seed)
+    if forced is not None:
+        forced = max(lens) + forced
+    with _upstream(up, tp, cp, 0, npu=npu):
+        a = up.build_vlm_attn_mask_thd(ids, pad_id)
+        c = up.build_vlm_attn_mask_bshd(ids, len(lens), pad_id, forced)
+    b = tw.build_vlm_attn_mask_thd(ids, pad_id, tp=tp, cp=cp)
+    d = tw.build_vlm_attn_mask_bshd(ids, len(lens), pad_id, forced, tp=tp, cp=cp, npu=npu)
+    for k in range(2):
+        cu.assert_same(a[k], b[k], f"thd[{k}]")
+        cu.assert_same(c[k], d[k], f"bshd[{k}]")
+    cu.count("verl.build_vlm_attn_mask_thd")
+    cu.count("verl.build_vlm_attn_mask_bshd")
+
+
+# ---- bad input: errors where verl crashes or builds a silently wrong batch ---------------------------------
+
+def test_bad_input():
+    ids = torch.arange(8).view(2, 4)
+    holes = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    with pytest.raises(maskpack.Error) as e:
+        tw.preprocess_packed_seqs(ids, holes, tp=1, cp=1, cp_rank=0)
+    assert e.value.argument == "attention_mask" and e.value.status == "MASKPACK_ERR_HOLE"
+    with pytest.raises(maskpack.Error) as e:  # verl would index with the 0/1 values
+        tw.preprocess_packed_seqs(ids, torch.ones(2, 4, dtype=torch.int64), tp=1, cp=1, cp_rank=0)
+    assert e.value.argument == "attention_mask" and e.value.status == "MASKPACK_ERR_DTYPE"
+    with pytest.raises(maskpack.Error) as e:
+        tw.preprocess_packed_seqs(ids, torch.ones(2, 4, dtype=torch.bool))
+    assert e.value.argument == "tp" and "tp=" in str(e.value) and "parallel_state" in str(e.value)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    x, params = tw.preprocess_packed_seqs(ids, mask, tp=1, cp=2, cp_rank=0)
+    bad = dataclasses.replace(params, cu_seqlens_q_padded=torch.tensor([0, 3, 8], dtype=torch.int32))
+    with pytest.raises(maskpack.Error) as e:  # cu_seqlens that do not cover the tokens
+        tw.postprocess_packed_seqs(x.float(), bad, mask, 2, 4, cp=1, cp_rank=0)
+    assert e.value.argument in ("cu_seqlens_padded", "output")
+    nested = torch.nested.as_nested_tensor([torch.arange(5), torch.arange(3)], layout=torch.jagged)
+    with pytest.raises(maskpack.Error) as e:  # verl 0.9.1 truncates the last slot's zigzag chunks
+        tw.preprocess_thd_engine(nested, True, False, False, None, 7, None, "zigzag", tp=1, cp=2, cp_rank=0)
+    assert e.value.argument == "min_local_rows"
+    with pytest.raises(maskpack.Error) as e:
+        tw.preprocess_bshd_engine(nested, True, False, False, 2, tp=1, cp=1, cp_rank=0, npu=False)
+    assert e.value.argument == "forced_max_seqlen"
+    with pytest.raises(maskpack.Error) as e:
+        tw.preprocess_thd_engine(ids, tp=1, cp=1, cp_rank=0)
+    assert e.value.argument == "input_ids"
+
+
+def test_documented_differences(up):
+    """verl puts the padded offsets in cu_seqlens_q under CP (TransformerEngine issue 1930); maskpack's native
+    bundle keeps the real ones there and the padded ones in cu_seqlens_q_padded."""
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    ids = torch.arange(10).view(2, 5)
+    with _upstream(up, 1, 2, 0):
+        _, pa = up.preprocess_packed_seqs(ids, mask)
+    _, pb = tw.preprocess_packed_seqs(ids, mask, tp=1, cp=2, cp_rank=0)
+    bundle = maskpack.prepare_batch({"input_ids": ids, "attention_mask": mask.long()}, backend="megatron",
+                                    padding_free=True, cp=2, cp_rank=0)
+    native = bundle.megatron_packed_seq_params()
+    assert pa.cu_seqlens_q.tolist() == pb.cu_seqlens_q.tolist() == [0, 4, 12]
+    assert native["cu_seqlens_q"].tolist() == [0, 3, 8]
+    assert native["cu_seqlens_q_padded"].tolist() == pb.cu_seqlens_q_padded.tolist() == [0, 4, 12]
