@@ -229,10 +229,11 @@ def test_masks_and_seq_idx_of_the_wrong_shape_are_named():
 
 
 def _mrope_packed():
-    # three sequences packed: [5, 2, 3] tokens; an image run in the first (the temporal row stands still)
+    # three sequences packed: [5, 2, 3] tokens; an image run in the first (the temporal row stands still,
+    # the width row restarts at 0 inside it: only the first plane's restarts are boundaries)
     t = [0, 1, 2, 2, 4, 0, 1, 0, 1, 2]
     h = [0, 1, 2, 3, 4, 0, 1, 0, 1, 2]
-    w = [0, 1, 3, 3, 4, 0, 1, 0, 1, 2]
+    w = [0, 1, 0, 1, 4, 0, 1, 0, 1, 2]
     return torch.tensor([t, h, w])
 
 
