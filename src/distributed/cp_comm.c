@@ -1,7 +1,7 @@
 /* cp_comm.c: context parallelism across processes over a communicator the caller owns (a table of
  * callbacks: MPI through maskpack_mpi.h, or any other transport). The algorithms here are written
  * once against the table; the library never starts or tears down processes. */
-#include "internal.h"
+#include "cp_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,16 +20,111 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 
 static uint64_t fnv_i64(uint64_t h, int64_t v) { return fnv(h, &v, sizeof v); }
 
-/* What every rank must agree on, in a fixed 64-byte record: the group, the scheme, the grid and a hash
- * of the segments and of the rule. */
+/* What every rank must agree on, in one fixed-size record (the same for every collective call, so
+ * ranks in different calls still meet in this exchange): the group, the call, the status of the rank's
+ * own argument checks (a rank that fails them still takes part), the scheme, the grid, a hash of the
+ * segments and of the rule, and the call's settings (cp_internal.h). */
 typedef struct cp_fingerprint {
-    int64_t size, scheme, n_rows, q_width, kv_width, n_segments;
+    int64_t size, call, local_status;
+    char refused[24]; /* the argument this rank's own checks refused (its first 23 bytes) */
+    int64_t scheme, n_rows, q_width, kv_width, n_segments;
     uint64_t segments, rule;
-    int64_t local_status; /* the rank's own argument checks: a rank that fails them still takes part */
+    int64_t n_settings;
+    int64_t setting[MP_CP_SETTINGS];
 } cp_fingerprint;
 
-static cp_fingerprint fingerprint(const maskpack_comm *c, const maskpack_layout *L, maskpack_cp_scheme scheme) {
-    cp_fingerprint f = {c->size, (int64_t)scheme, L->n_rows, L->q_width, L->kv_width, (int64_t)L->n_segments, 0, 0, 0};
+static const char *const call_names[MP_CP_CALL_COUNT] = {
+    "no call",
+    "maskpack_cp_check",
+    "maskpack_cp_all_gather",
+    "maskpack_cp_attention_forward",
+    "maskpack_cp_attention_backward",
+    "maskpack_cp_gdn_forward",
+    "maskpack_cp_gdn_backward",
+    "maskpack_cp_causal_conv1d",
+    "maskpack_cp_causal_conv1d_backward",
+};
+
+static const char *call_name(int64_t id) {
+    return id > 0 && id < MP_CP_CALL_COUNT ? call_names[id] : "an unknown call";
+}
+
+void mp_cp_set(mp_cp_call *c, const char *argument, const char *what, mp_cp_kind kind, int64_t value) {
+    if (c->n >= MP_CP_SETTINGS) return;
+    c->s[c->n++] = (mp_cp_setting){argument, what, kind, value};
+}
+
+/* A per-token shape in one value: up to 3 dimensions below 2^20 exactly (ndim in bits 60-61), any other
+ * as a hash with bit 62 set (equal shapes, equal values; a message shows the hash); a tensor with fewer
+ * dimensions than the tokens take: -2 - ndim (-1 is no tensor). */
+static int64_t pack_shape(const maskpack_tensor *t, int lead) {
+    int nd = t->ndim - lead;
+    if (nd < 0) return -2 - (int64_t)t->ndim;
+    int exact = nd <= 3;
+    for (int i = 0; i < nd && exact; i++) exact = t->shape[lead + i] >= 0 && t->shape[lead + i] < (1 << 20);
+    if (exact) {
+        int64_t v = nd;
+        for (int i = 0; i < 3; i++) v = v << 20 | (i < nd ? t->shape[lead + i] : 0);
+        return v;
+    }
+    uint64_t h = 14695981039346656037ULL;
+    for (int i = lead; i < t->ndim; i++) h = fnv_i64(h, t->shape[i]);
+    return (int64_t)((h >> 2) | (1ULL << 62));
+}
+
+void mp_cp_tensor(mp_cp_call *c, const char *argument, const maskpack_tensor *t, int lead, const char *shape_what) {
+    mp_cp_set(c, argument, "dtype", MP_CP_DTYPE, t ? (int64_t)t->dtype : -1);
+    mp_cp_set(c, argument, shape_what, MP_CP_SHAPE, t ? pack_shape(t, lead) : -1);
+}
+
+/* value as it reads in a message, into buf */
+static const char *show(char *buf, size_t n, mp_cp_kind kind, int64_t v) {
+    switch (kind) {
+    case MP_CP_DTYPE:
+        snprintf(buf, n, "%s", v < 0 ? "no tensor" : maskpack_dtype_name((maskpack_dtype)v));
+        break;
+    case MP_CP_FLAG:
+        snprintf(buf, n, "%s", v ? "yes" : "no");
+        break;
+    case MP_CP_REAL: {
+        double d;
+        memcpy(&d, &v, sizeof d);
+        snprintf(buf, n, "%.17g", d);
+        break;
+    }
+    case MP_CP_SHAPE:
+        if (v == -1)
+            snprintf(buf, n, "no tensor");
+        else if (v < 0)
+            snprintf(buf, n, "a tensor of %lld dimensions", (long long)(-2 - v));
+        else if (v >> 62)
+            snprintf(buf, n, "a shape hashed to %016llx", (unsigned long long)v);
+        else {
+            int nd = (int)(v >> 60);
+            int64_t d[3] = {(v >> 40) & 0xfffff, (v >> 20) & 0xfffff, v & 0xfffff};
+            if (nd == 0) snprintf(buf, n, "[]");
+            if (nd == 1) snprintf(buf, n, "[%lld]", (long long)d[0]);
+            if (nd == 2) snprintf(buf, n, "[%lld, %lld]", (long long)d[0], (long long)d[1]);
+            if (nd == 3) snprintf(buf, n, "[%lld, %lld, %lld]", (long long)d[0], (long long)d[1], (long long)d[2]);
+        }
+        break;
+    default:
+        snprintf(buf, n, "%lld", (long long)v);
+    }
+    return buf;
+}
+
+static cp_fingerprint fingerprint(const maskpack_comm *c, const maskpack_layout *L, maskpack_cp_scheme scheme,
+                                  const mp_cp_call *call) {
+    cp_fingerprint f;
+    memset(&f, 0, sizeof f); /* every byte defined: the record travels as bytes */
+    f.size = c->size;
+    f.call = call->id;
+    f.scheme = (int64_t)scheme;
+    f.n_settings = call->n;
+    for (int i = 0; i < call->n; i++) f.setting[i] = call->s[i].value;
+    if (!L) return f;
+    f.n_rows = L->n_rows, f.q_width = L->q_width, f.kv_width = L->kv_width, f.n_segments = (int64_t)L->n_segments;
     uint64_t h = 14695981039346656037ULL;
     for (size_t k = 0; k < L->n_segments; k++) { /* field by field: struct padding is never hashed */
         const maskpack_segment *g = &L->segs[k];
@@ -73,14 +168,57 @@ maskpack_status mp_cp_check_comm(const maskpack_comm *c, int p2p, maskpack_error
     return MASKPACK_OK;
 }
 
-/* The agreement every collective call starts with: one all-gather of each rank's fingerprint and the
- * status of its own argument checks (local, with *err already filled when not OK). Every rank sees the
- * same records and so returns the same verdict: a rank whose arguments are wrong still joins the
- * exchange, and the others fail with it instead of waiting in a collective it never enters. */
-maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
-                                maskpack_status local, maskpack_error *err) {
-    cp_fingerprint mine = fingerprint(comm, layout, scheme);
+/* The first difference of rank r's record b from rank 0's a (the group, the call, the scheme, the
+ * layout, the call's settings), as an error naming the setting and both values; OK when none. */
+static maskpack_status differ(const cp_fingerprint *a, const cp_fingerprint *b, int r, const mp_cp_call *call,
+                              maskpack_error *err) {
+    const maskpack_status bad = MASKPACK_ERR_INVALID_ARGUMENT;
+    if (a->size != b->size)
+        return mp_fail(err, bad, "comm", r, -1, "comm: rank %d sees a group of %lld ranks, rank 0 one of %lld", r,
+                       (long long)b->size, (long long)a->size);
+    if (a->call != b->call || a->n_settings != b->n_settings)
+        return mp_fail(err, bad, "comm", r, -1,
+                       "comm: rank %d disagrees with rank 0 about the collective call: %s on rank %d, %s on rank 0 "
+                       "(every rank must make the same CP calls in the same order)", r, call_name(b->call), r,
+                       call_name(a->call));
+    if (a->scheme != b->scheme)
+        return mp_fail(err, bad, "scheme", r, -1, "scheme: rank %d uses CP scheme %lld, rank 0 scheme %lld", r,
+                       (long long)b->scheme, (long long)a->scheme);
+    if (a->n_rows != b->n_rows || a->q_width != b->q_width || a->kv_width != b->kv_width)
+        return mp_fail(err, bad, "layout", r, -1,
+                       "layout: rank %d holds a [%lld, %lld] grid, rank 0 a [%lld, %lld] one (keys: %lld on rank %d, %lld "
+                       "on rank 0)", r, (long long)b->n_rows, (long long)b->q_width, (long long)a->n_rows,
+                       (long long)a->q_width, (long long)b->kv_width, r, (long long)a->kv_width);
+    if (a->n_segments != b->n_segments || a->segments != b->segments)
+        return mp_fail(err, bad, "layout", r, -1,
+                       "layout: rank %d holds other sequences than rank 0 (%lld segments against %lld, or the same count "
+                       "placed differently: fingerprint %016llx on rank %d, %016llx on rank 0)", r,
+                       (long long)b->n_segments, (long long)a->n_segments, (unsigned long long)b->segments, r,
+                       (unsigned long long)a->segments);
+    if (a->rule != b->rule)
+        return mp_fail(err, bad, "layout", r, -1,
+                       "layout: rank %d's attention rule (causal, alignment, window, spans, prefix) differs from rank "
+                       "0's: fingerprint %016llx on rank %d, %016llx on rank 0", r, (unsigned long long)b->rule, r,
+                       (unsigned long long)a->rule);
+    for (int i = 0; i < call->n && i < MP_CP_SETTINGS; i++)
+        if (a->setting[i] != b->setting[i]) {
+            const mp_cp_setting *st = &call->s[i];
+            char va[80], vb[80];
+            return mp_fail(err, bad, st->argument, r, -1,
+                           "%s: rank %d disagrees with rank 0 about the %s %s: %s on rank %d, %s on rank 0 (every rank "
+                           "must make the same call of %s)", st->argument, r, st->argument, st->what,
+                           show(vb, sizeof vb, st->kind, b->setting[i]), r, show(va, sizeof va, st->kind, a->setting[i]),
+                           call_name(a->call));
+        }
+    return MASKPACK_OK;
+}
+
+maskpack_status mp_cp_agree_call(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                                 const mp_cp_call *call, maskpack_status local, maskpack_error *err) {
+    cp_fingerprint mine = fingerprint(comm, layout, scheme, call);
     mine.local_status = local;
+    for (size_t i = 0; local && err && i + 1 < sizeof mine.refused && err->argument[i]; i++)
+        mine.refused[i] = err->argument[i]; /* the rest stays 0 */
     cp_fingerprint *all = mp_alloc_array((size_t)comm->size, sizeof *all);
     if (!all) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory");
     if (comm->all_gather(comm->ctx, &mine, all, sizeof mine) != 0) {
@@ -88,47 +226,35 @@ maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *la
         return mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
                        "comm: all_gather of the layout fingerprints failed on rank %d", comm->rank);
     }
+    /* this rank's own refusal keeps its own reason; the others name the first rank that refused */
     maskpack_status s = local;
     for (int r = 0; r < comm->size && !s; r++)
-        if (all[r].local_status != MASKPACK_OK)
+        if (all[r].local_status != MASKPACK_OK) {
+            all[r].refused[sizeof all[r].refused - 1] = 0;
             s = mp_fail(err, (maskpack_status)all[r].local_status, "comm", r, -1,
-                        "comm: rank %d refused its arguments (%s); every rank stops with it", r,
-                        maskpack_status_name((maskpack_status)all[r].local_status));
-    for (int r = 1; r < comm->size && !s; r++) {
-        const cp_fingerprint *a = &all[0], *b = &all[r];
-        if (a->size != b->size)
-            s = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "comm", r, -1,
-                        "comm: rank %d sees a group of %lld ranks, rank 0 one of %lld", r, (long long)b->size,
-                        (long long)a->size);
-        else if (a->scheme != b->scheme)
-            s = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "scheme", r, -1,
-                        "scheme: rank %d uses CP scheme %lld, rank 0 scheme %lld", r, (long long)b->scheme,
-                        (long long)a->scheme);
-        else if (a->n_rows != b->n_rows || a->q_width != b->q_width || a->kv_width != b->kv_width)
-            s = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "layout", r, -1,
-                        "layout: rank %d holds a [%lld, %lld] grid, rank 0 a [%lld, %lld] one", r, (long long)b->n_rows,
-                        (long long)b->q_width, (long long)a->n_rows, (long long)a->q_width);
-        else if (a->n_segments != b->n_segments || a->segments != b->segments)
-            s = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "layout", r, -1,
-                        "layout: rank %d holds other sequences than rank 0 (%lld segments against %lld, or the same "
-                        "count placed differently)",
-                        r, (long long)b->n_segments, (long long)a->n_segments);
-        else if (a->rule != b->rule)
-            s = mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "layout", r, -1,
-                        "layout: rank %d's attention rule (causal, alignment, window, spans, prefix) differs from "
-                        "rank 0's",
-                        r);
-    }
+                        "comm: rank %d refused its arguments (%s) at its argument '%s'; every rank stops with it", r,
+                        maskpack_status_name((maskpack_status)all[r].local_status), all[r].refused);
+        }
+    for (int r = 1; r < comm->size && !s; r++) s = differ(&all[0], &all[r], r, call, err);
     free(all);
     return s;
+}
+
+maskpack_status mp_cp_agree(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                            maskpack_status local, maskpack_error *err) {
+    mp_cp_call call = mp_cp_call_of(MP_CP_CALL_CHECK);
+    return mp_cp_agree_call(comm, layout, scheme, &call, local, err);
 }
 
 maskpack_status maskpack_cp_check(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                   maskpack_error *err) {
     maskpack_status s = mp_cp_check_comm(comm, 0, err);
     if (s) return s;
-    MP_CHECK_NULL(err, layout, "layout");
-    s = mp_cp_agree(comm, layout, scheme, MASKPACK_OK, err);
+    /* a NULL layout still joins the exchange: the other ranks fail with this one instead of waiting */
+    maskpack_status local = layout ? MASKPACK_OK
+                                   : mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
+                                             "layout: expected a non-NULL pointer, found NULL");
+    s = mp_cp_agree(comm, layout, scheme, local, err);
     return s ? s : mp_ok(err);
 }
 
@@ -167,12 +293,19 @@ maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack
                                        const void *pad_value, maskpack_error *err) {
     maskpack_status s = mp_cp_check_comm(comm, 0, err);
     if (s) return s;
-    MP_CHECK_NULL(err, layout, "layout");
     const int n = comm->size;
     maskpack_layout **shards = mp_calloc_array((size_t)n, sizeof *shards);
-    if (!shards) return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory");
-    /* local checks first, then the agreement (collective even when the local checks failed) */
-    s = mp_cp_agree(comm, layout, scheme, gather_args(comm, layout, scheme, part, whole, shards, err), err);
+    /* local checks first (a NULL layout or part among them), then the agreement (collective even when
+     * the local checks failed): the call, the layout and the part's dtype, per-token shape and bytes */
+    maskpack_status local = !shards ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory")
+                            : !layout ? mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
+                                                "layout: expected a non-NULL pointer, found NULL")
+                                      : gather_args(comm, layout, scheme, part, whole, shards, err);
+    mp_cp_call call = mp_cp_call_of(MP_CP_CALL_ALL_GATHER);
+    mp_cp_tensor(&call, "part", part, mp_cp_lead(layout), "per-token shape");
+    mp_cp_set(&call, "part", "payload bytes", MP_CP_INT,
+              part && !local ? mp_numel(part) * (int64_t)maskpack_dtype_size(part->dtype) : -1);
+    s = mp_cp_agree_call(comm, layout, scheme, &call, local, err);
     /* the parts travel as bytes: [n, T_local, ...] in rank order, then one move into the layout; every
      * rank passed its checks here, so every rank allocates and enters the all-gather alike */
     size_t bytes = 0, total = 0;
@@ -201,7 +334,7 @@ maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack
     free(views);
     free(xs);
     free(buf);
-    for (int r = 0; r < n; r++) maskpack_layout_free(shards[r]);
+    for (int r = 0; shards && r < n; r++) maskpack_layout_free(shards[r]);
     free(shards);
     return s ? s : mp_ok(err);
 }

@@ -12,10 +12,11 @@
  * is the adjoint of the same steps: the kernel's own backward of the one pass, the correction's and
  * the composition's transposes, with the gradients of other ranks' transitions returned to their
  * owners by one all-to-all. MPI programs and the Python binding run this same code. */
-#include "internal.h"
+#include "cp_internal.h"
 #include "../kernels/gdn/gdn_internal.h" /* the GDN kernel table: its GEMMs run the correction */
 #include "../kernels/kernel_table.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,16 +226,51 @@ static float *floats(size_t a, size_t b, size_t c, int zero) {
     return zero ? mp_calloc_array(n, sizeof(float)) : mp_alloc_array(n, sizeof(float));
 }
 
+/* ---- a status folded into an exchange ----------------------------------------------------------------
+ * A rank whose own part fails after the agreement (a kernel's refusal, memory) still enters the exchanges
+ * that follow, so no peer waits for it; each record it sends ends in a trailer of TRAILER floats holding
+ * its status and the argument refused, so every rank that receives it fails too instead of going on with
+ * a missing contribution. */
+
+#define TRAILER 8 /* floats: the status (an int32), then the argument's first 27 bytes */
+
+static void put_trailer(float *at, maskpack_status s, const maskpack_error *err) {
+    char b[TRAILER * sizeof(float)];
+    memset(b, 0, sizeof b);
+    int32_t st = (int32_t)s;
+    memcpy(b, &st, sizeof st);
+    for (size_t i = 0; s && err && i + 1 < sizeof b - sizeof st && err->argument[i]; i++) b[sizeof st + i] = err->argument[i];
+    memcpy(at, b, sizeof b);
+}
+
+/* The first of n records (stride floats each, trailer last) whose sender failed, as this rank's error
+ * (OK when none). what: the exchange, for the message. */
+static maskpack_status read_trailers(const float *all, size_t stride, int n, const char *what, maskpack_error *err) {
+    for (int r = 0; r < n; r++) {
+        char b[TRAILER * sizeof(float)];
+        memcpy(b, all + (size_t)r * stride + stride - TRAILER, sizeof b);
+        int32_t st;
+        memcpy(&st, b, sizeof st);
+        if (st == 0) continue;
+        b[sizeof b - 1] = 0;
+        return mp_fail(err, (maskpack_status)st, "comm", r, -1,
+                       "comm: rank %d failed its part before the %s (%s at its argument '%s'); every rank stops with "
+                       "it", r, what, maskpack_status_name((maskpack_status)st), b + sizeof st);
+    }
+    return MASKPACK_OK;
+}
+
 /* ---- the shared forward steps ----------------------------------------------------------------------- */
 
 typedef struct gdn_run {
     gdn_plan P;
     int64_t T, H, HV, K, V, np;
     size_t st, sk, blk;     /* floats of a state [HV,K,V], a transition [HV,K,K], a (P | B) record */
+    size_t stride;          /* floats of one rank's records in every: width * blk and the trailer */
     float *hx;              /* [np, HV, K, K + V]: the pass's initial states (I | h0), h0 a first piece's
                              * true initial state, zeros elsewhere */
     float *vx;              /* [T, HV, K + V]: the pass's values (0 | v) */
-    float *every;           /* [n, width, HV, K, K + V]: every piece's (P | B) */
+    float *every;           /* [n, stride]: every piece's (P | B), [width, HV, K, K + V] and a trailer */
     float *states;          /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
     float *ox;              /* [T, HV, K + V]: the pass's outputs (phi | o1): phi the outputs' linear part in
                              * the incoming state, o1 the outputs from zero states (a first piece: its own) */
@@ -283,29 +319,62 @@ static const float *rec_of(const gdn_run *R, size_t gi) {
     int r;
     size_t l;
     owner_of(&R->P, gi, &r, &l);
-    return R->every + ((size_t)r * R->P.width + l) * R->blk;
+    return R->every + (size_t)r * R->stride + l * R->blk;
 }
 
 /* Passes 1 and 2, the exchange and the composition: what the correction and the backward need.
  * Collective: every rank agrees first (layout, scheme, each rank's own checks), so every rank either
  * fails here alike or enters the same exchanges. The kernel runs on team (NULL: the caller alone):
  * the caller's, or one the entry points without a team start for the whole call. */
+/* The settings every rank must share for a GDN call: q, k, v, g, beta (dtype, per-token shape), whether
+ * an initial state is given, the options that change the values (scale, l2norm). */
+static void gdn_settings(mp_cp_call *c, const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts) {
+    const maskpack_tensor *t[5] = {NULL, NULL, NULL, NULL, NULL};
+    if (in) t[0] = in->q, t[1] = in->k, t[2] = in->v, t[3] = in->g, t[4] = in->beta;
+    const char *names[5] = {"q", "k", "v", "g", "beta"};
+    for (int i = 0; i < 5; i++) mp_cp_tensor(c, names[i], t[i], 1, i < 3 ? "per-token shape [heads, head dim]" : "per-token shape [value heads]");
+    mp_cp_set(c, "initial_state", "presence", MP_CP_FLAG, in && in->initial_state);
+    int64_t bits = 0;
+    if (opts) memcpy(&bits, &opts->scale, sizeof bits);
+    mp_cp_set(c, "opts", "scale", MP_CP_REAL, bits);
+    mp_cp_set(c, "opts", "l2norm", MP_CP_INT, opts ? opts->l2norm : -1);
+}
+
+/* Passes 1 and 2, the exchange and the composition: what the correction and the backward need.
+ * Collective: every rank agrees first (the call, layout, scheme, settings, each rank's own checks, with
+ * the caller's own `more` checks among them), so every rank either fails here alike or enters the same
+ * exchanges; a kernel failure after that travels in the exchange's trailer. The kernel runs on team
+ * (NULL: the caller alone): the caller's, or one the entry points without a team start for the whole
+ * call. */
 static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                    const maskpack_gdn_inputs *in, const maskpack_gdn_options *opts,
-                                   maskpack_workers *team, gdn_run *R, maskpack_error *err) {
+                                   maskpack_workers *team, mp_cp_call *call,
+                                   maskpack_status (*more)(const gdn_plan *P, const void *ctx, maskpack_error *err),
+                                   const void *more_ctx, gdn_run *R, maskpack_error *err) {
     memset(R, 0, sizeof *R);
     maskpack_status c = mp_cp_check_comm(comm, 0, err);
     if (c) return c;
-    MP_CHECK_NULL(err, layout, "layout");
-    MP_CHECK_NULL(err, opts, "opts");
-    maskpack_status local = check_args(in, err);
+    maskpack_status local = MASKPACK_OK;
+    if (!layout) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
+    if (!local && !opts) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "opts", -1, -1, "opts: expected a non-NULL pointer, found NULL");
+    if (!local) local = check_args(in, err);
     if (!local) local = plan_build(comm, layout, scheme, &R->P, err);
     if (!local) {
         const maskpack_layout *M = R->P.mine;
+        const int64_t HV = in->v->shape[1];
         if (in->q->shape[0] != M->q_width || in->v->shape[0] != M->q_width)
             local = mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
                             "q: expected this rank's shard (rank %d of %d) of %lld tokens, found %lld", comm->rank,
                             comm->size, (long long)M->q_width, (long long)in->q->shape[0]);
+        else if (in->k->ndim != 3 || memcmp(in->k->shape, in->q->shape, 3 * sizeof(int64_t)))
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "k", -1, -1, "k: expected q's shape [%lld, %lld, %lld]",
+                            (long long)in->q->shape[0], (long long)in->q->shape[1], (long long)in->q->shape[2]);
+        else if (in->g->ndim != 2 || in->g->shape[0] != M->q_width || in->g->shape[1] != HV)
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "g", -1, -1, "g: expected [%lld, %lld] (tokens, value heads)",
+                            (long long)M->q_width, (long long)HV);
+        else if (in->beta->ndim != 2 || in->beta->shape[0] != M->q_width || in->beta->shape[1] != HV)
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "beta", -1, -1, "beta: expected [%lld, %lld] (tokens, value heads)",
+                            (long long)M->q_width, (long long)HV);
         else if (in->initial_state &&
                  (in->initial_state->ndim != 4 || in->initial_state->shape[0] != (int64_t)layout->n_segments ||
                   in->initial_state->shape[1] != in->v->shape[1] || in->initial_state->shape[2] != in->q->shape[2] ||
@@ -314,7 +383,9 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
                             "initial_state: expected [%zu, HV, K, V] (one state per sequence of the whole batch)",
                             layout->n_segments);
     }
-    maskpack_status s = mp_cp_agree(comm, layout, scheme, local, err);
+    if (!local && more) local = more(&R->P, more_ctx, err);
+    gdn_settings(call, in, opts);
+    maskpack_status s = mp_cp_agree_call(comm, layout, scheme, call, local, err);
     if (s) {
         run_free(R);
         return s;
@@ -334,10 +405,15 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     R->hx = floats(np1, R->blk, 1, 1);
     R->vx = floats((size_t)T, (size_t)HV, W, 0);
     R->ox = floats((size_t)T, (size_t)HV, W, 0);
-    R->every = floats((size_t)P->n, w1, R->blk, 0);
+    if (mp_mul_size(w1, R->blk, &R->stride) || R->stride > SIZE_MAX / 8) { /* the same on every rank */
+        run_free(R);
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "q", -1, -1, "q: the pieces' transitions overflow");
+    }
+    R->stride += TRAILER;
+    R->every = floats((size_t)P->n, R->stride, 1, 0);
     R->states = floats(np1, R->st, 1, 1);
     R->chainS_at = mp_calloc_array(P->n_seq + 1, sizeof *R->chainS_at);
-    float *rec = floats(w1, R->blk, 1, 1); /* the pass's final states: this rank's (P | B), as exchanged */
+    float *rec = floats(R->stride, 1, 1, 1); /* the pass's final states: this rank's (P | B), as exchanged */
     if (!R->hx || !R->vx || !R->ox || !R->every || !R->states || !R->chainS_at || !rec)
         s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "q", -1, -1, "out of memory");
     const gdn_piece *mine = s ? NULL : P->pieces + P->first[P->rank];
@@ -366,11 +442,17 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     inx.v = &R->vx_t;
     inx.initial_state = &R->hx_t;
     if (!s) s = maskpack_gdn_forward_on(P->mine, &inx, opts, &ox_t, &rec_t, team, NULL, 0, err);
-    /* a local failure above (memory) must still enter the exchange, or the others would wait: the
-     * exchange carries no status, so such a rank aborts its peers through the transport instead */
-    if (!s && comm->all_gather(comm->ctx, rec, R->every, w1 * R->blk * sizeof(float)) != 0)
+    /* a local failure above (the kernel's refusal, memory) still enters the exchange, or the others would
+     * wait: its status travels in the record's trailer and every rank fails with it */
+    if (rec) put_trailer(rec + R->stride - TRAILER, s, err);
+    if (!rec || !R->every) {
+        /* nothing to send with: the transport must end the others (as any rank lost mid-call would) */
+    } else if (comm->all_gather(comm->ctx, rec, R->every, R->stride * sizeof(float)) != 0) {
         s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the pieces' transitions failed on "
                     "rank %d", comm->rank);
+    } else if (!s) {
+        s = read_trailers(R->every, R->stride, P->n, "exchange of the pieces' transitions", err);
+    }
     /* the composition in sequence order, up to this rank's last piece of each sequence */
     size_t total = 0;
     for (size_t q = 0; !s && q < P->n_seq; q++) {
@@ -418,14 +500,15 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
 
 /* Each sequence's state after its last piece, [N, rec] floats: from the rank holding that piece
  * (per_piece: its pieces' states, `rec` floats each), all-gathered so every rank holds all of them.
- * Collective: every rank enters the exchange, even one whose own call already failed (skip_out set),
- * so no rank waits in it alone. out may be NULL (the exchange still runs). */
+ * Collective: every rank enters the exchange, even one whose own call already failed (`failed`, with
+ * *err filled): its status travels in the trailer and every rank fails with it. out may be NULL. */
 static maskpack_status gather_last_states(const maskpack_comm *comm, const gdn_plan *P, const float *per_piece,
-                                          size_t rec, float *out, const char *what, maskpack_error *err) {
-    size_t N = P->n_seq, w = N ? N : 1;
-    float *mine = floats(w, rec, 1, 1), *all = floats((size_t)P->n, w, rec, 0);
-    maskpack_status s = (!mine || !all) ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, what, -1, -1, "out of memory")
-                                        : MASKPACK_OK;
+                                          size_t rec, float *out, const char *what, maskpack_status failed,
+                                          maskpack_error *err) {
+    size_t N = P->n_seq, w = N ? N : 1, stride = w * rec + TRAILER;
+    float *mine = floats(stride, 1, 1, 1), *all = floats((size_t)P->n, stride, 1, 0);
+    maskpack_status s = failed;
+    if (!s && (!mine || !all)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, what, -1, -1, "out of memory");
     for (size_t q = 0; !s && per_piece && q < N; q++) {
         if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
         int r;
@@ -433,18 +516,73 @@ static maskpack_status gather_last_states(const maskpack_comm *comm, const gdn_p
         owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
         if (r == P->rank) memcpy(mine + q * rec, per_piece + l * rec, rec * sizeof(float));
     }
-    if (!s && rec && comm->all_gather(comm->ctx, mine, all, w * rec * sizeof(float)) != 0)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the %s failed on rank %d", what,
-                    comm->rank);
+    if (mine && all) {
+        put_trailer(mine + stride - TRAILER, s, err);
+        if (comm->all_gather(comm->ctx, mine, all, stride * sizeof(float)) != 0) {
+            if (!s)
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the %s failed on rank %d", what,
+                            comm->rank);
+        } else if (!s) {
+            char where[64];
+            snprintf(where, sizeof where, "exchange of the %s", what);
+            s = read_trailers(all, stride, P->n, where, err);
+        }
+    }
     for (size_t q = 0; !s && out && q < N; q++) {
         int r = 0;
         size_t l;
         if (P->chain_begin[q + 1] > P->chain_begin[q]) owner_of(P, P->chain[P->chain_begin[q + 1] - 1], &r, &l);
-        memcpy(out + q * rec, all + ((size_t)r * w + q) * rec, rec * sizeof(float));
+        memcpy(out + q * rec, all + (size_t)r * stride + q * rec, rec * sizeof(float));
     }
     free(mine);
     free(all);
     return s;
+}
+
+/* t is a contiguous float32 tensor of exactly `shape` (nd dims). */
+static int f32_shaped(const maskpack_tensor *t, int nd, const int64_t *shape) {
+    return f32_contiguous(t) && t->ndim == nd && !memcmp(t->shape, shape, (size_t)nd * sizeof *shape);
+}
+
+static maskpack_status want_shape(const maskpack_tensor *t, const char *name, int nd, const int64_t *shape,
+                                  int required, maskpack_error *err) {
+    if (!t && !required) return MASKPACK_OK;
+    if (t && f32_shaped(t, nd, shape)) return MASKPACK_OK;
+    char want[200], found[200];
+    mp_format_shape(want, sizeof want, nd, shape);
+    if (t) mp_format_shape(found, sizeof found, t->ndim, t->shape);
+    return mp_fail(err, t ? MASKPACK_ERR_SHAPE : MASKPACK_ERR_NULL_ARGUMENT, name, -1, -1,
+                   "%s: expected a contiguous float32 tensor %s, found %s%s", name, want, t ? found : "NULL",
+                   t && !f32_contiguous(t) ? " (not contiguous float32)" : "");
+}
+
+/* The outputs and gradients of a GDN call, checked before the agreement (cp_gdn's `more`). */
+typedef struct gdn_outs {
+    const maskpack_gdn_inputs *in;
+    const maskpack_tensor *o, *final_state, *d_o, *d_final_state;
+    const maskpack_gdn_grads *grads;
+    int backward;
+} gdn_outs;
+
+static maskpack_status gdn_more(const gdn_plan *P, const void *ctx, maskpack_error *err) {
+    const gdn_outs *x = ctx;
+    const maskpack_gdn_inputs *in = x->in;
+    const int64_t T = in->v->shape[0], HV = in->v->shape[1], V = in->v->shape[2], K = in->q->shape[2];
+    const int64_t vs[3] = {T, HV, V}, hs[4] = {(int64_t)P->n_seq, HV, K, V};
+    maskpack_status s;
+    if (!x->backward) {
+        if ((s = want_shape(x->o, "o", 3, vs, 1, err))) return s;
+        return want_shape(x->final_state, "final_state", 4, hs, 0, err);
+    }
+    if (!x->grads) return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "grads", -1, -1, "grads: expected a non-NULL pointer, found NULL");
+    const maskpack_tensor *outs[5] = {x->grads->dq, x->grads->dk, x->grads->dv, x->grads->dg, x->grads->dbeta};
+    const maskpack_tensor *like[5] = {in->q, in->k, in->v, in->g, in->beta};
+    const char *names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
+    for (int i = 0; i < 5; i++)
+        if ((s = want_shape(outs[i], names[i], like[i]->ndim, like[i]->shape, 1, err))) return s;
+    if ((s = want_shape(x->d_o, "d_o", 3, vs, 1, err))) return s;
+    if ((s = want_shape(x->d_final_state, "d_final_state", 4, hs, 0, err))) return s;
+    return want_shape(x->grads->d_initial_state, "d_initial_state", 4, hs, 0, err);
 }
 
 static maskpack_status gdn_sp_forward(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -452,17 +590,12 @@ static maskpack_status gdn_sp_forward(const maskpack_comm *comm, const maskpack_
                                       const maskpack_gdn_options *opts, maskpack_tensor *o,
                                       maskpack_tensor *final_state, maskpack_workers *team, maskpack_error *err) {
     gdn_run R;
-    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &R, err);
+    mp_cp_call call = mp_cp_call_of(MP_CP_CALL_GDN_FORWARD);
+    gdn_outs x = {in, o, final_state, NULL, NULL, NULL, 0};
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &call, gdn_more, &x, &R, err);
     if (s) return s;
     const int64_t HV = R.HV, K = R.K, V = R.V, np = R.np;
-    if (!o || !f32_contiguous(o) || o->ndim != 3 || o->shape[0] != R.T || o->shape[1] != HV || o->shape[2] != V)
-        s = mp_fail(err, MASKPACK_ERR_SHAPE, "o", -1, -1, "o: expected a contiguous float32 tensor [%lld, %lld, %lld]",
-                    (long long)R.T, (long long)HV, (long long)V);
-    if (!s && final_state && (!f32_contiguous(final_state) || final_state->ndim != 4 ||
-                              final_state->shape[0] != (int64_t)R.P.n_seq))
-        s = mp_fail(err, MASKPACK_ERR_SHAPE, "final_state", -1, -1,
-                    "final_state: expected a contiguous float32 tensor [%zu, HV, K, V]", R.P.n_seq);
-    float *ht = s ? NULL : floats((size_t)np + 1, R.st, 1, 0);
+    float *ht = floats((size_t)np + 1, R.st, 1, 0);
     if (!s && !ht) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "o", -1, -1, "out of memory");
     const gdn_piece *mine = R.P.pieces + R.P.first[R.P.rank];
     const gemm_fn gemm = pick_gemm(opts, K, V);
@@ -480,9 +613,8 @@ static maskpack_status gdn_sp_forward(const maskpack_comm *comm, const maskpack_
         gemm_add(ht + (size_t)i * R.st, pb, (size_t)(K + V), Sin, (size_t)V, pb + K, (size_t)(K + V), HV, K, V);
     }
     /* every rank enters the final exchange (a failure here is local: shapes or memory) */
-    maskpack_status f = gather_last_states(comm, &R.P, s ? NULL : ht, R.st, s || !final_state ? NULL : final_state->data,
-                                           "final states", err);
-    if (!s) s = f;
+    s = gather_last_states(comm, &R.P, s ? NULL : ht, R.st, s || !final_state ? NULL : final_state->data,
+                           "final states", s, err);
     free(ht);
     run_free(&R);
     return s ? s : mp_ok(err);
@@ -494,29 +626,17 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
                                        const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                        maskpack_workers *team, maskpack_error *err) {
     gdn_run R;
-    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &R, err);
+    mp_cp_call call = mp_cp_call_of(MP_CP_CALL_GDN_BACKWARD);
+    gdn_outs x = {in, NULL, NULL, d_o, d_final_state, grads, 1};
+    maskpack_status s = run_prepare(comm, layout, scheme, in, opts, team, &call, gdn_more, &x, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
     const int64_t HV = R.HV, K = R.K, V = R.V, T = R.T, np = R.np;
-    const size_t w1 = P->width ? P->width : 1, np1 = (size_t)np + 1;
+    const size_t np1 = (size_t)np + 1;
     maskpack_tensor *outs[5] = {grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta};
-    const char *names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
-    for (int i = 0; i < 5 && !s; i++)
-        if (!outs[i] || !f32_contiguous(outs[i]))
-            s = mp_fail(err, MASKPACK_ERR_DTYPE, names[i], -1, -1, "%s: expected a contiguous float32 tensor",
-                        names[i]);
-    if (!s && (!d_o || !f32_contiguous(d_o) || d_o->ndim != 3 || d_o->shape[0] != T || d_o->shape[1] != HV ||
-               d_o->shape[2] != V))
-        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_o", -1, -1, "d_o: expected a contiguous float32 tensor like v");
-    if (!s && d_final_state && !f32_contiguous(d_final_state))
-        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_final_state", -1, -1,
-                    "d_final_state: expected a contiguous float32 tensor [N, HV, K, V]");
-    if (!s && grads->d_initial_state && !f32_contiguous(grads->d_initial_state))
-        s = mp_fail(err, MASKPACK_ERR_DTYPE, "d_initial_state", -1, -1,
-                    "d_initial_state: expected a contiguous float32 tensor [N, HV, K, V]");
     const size_t W = (size_t)(K + V);
     float *dS = floats(np1, R.st, 1, 1), *dht = floats(np1, R.st, 1, 1);
-    float *dpb = floats((size_t)P->n, w1, R.blk, 1), *recv = floats((size_t)P->n, w1, R.blk, 0);
+    float *dpb = floats((size_t)P->n, R.stride, 1, 1), *recv = floats((size_t)P->n, R.stride, 1, 0);
     float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
     float *dfx = floats(np1, R.blk, 1, 1);           /* the pass's final states' gradient (dP | dB) */
     float *dox = floats((size_t)T, (size_t)HV, W, 1); /* its outputs' gradient (dphi | d_o); dphi 0 on first pieces */
@@ -564,7 +684,7 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
             int r;
             size_t l;
             owner_of(P, c[j], &r, &l);
-            float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
+            float *rec = dpb + (size_t)r * R.stride + l * R.blk;
             const float *pb = rec_of(&R, c[j]);
             add_rows(rec + K, W, G, (size_t)V, (size_t)(HV * K), (size_t)V); /* dB_j += G */
             gemm_gst(rec, W, G, S + j * R.st, HV, K, V);
@@ -574,16 +694,24 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
         int r; /* S_1 = B_0 */
         size_t l;
         owner_of(P, c[0], &r, &l);
-        float *rec = dpb + ((size_t)r * w1 + l) * R.blk;
+        float *rec = dpb + (size_t)r * R.stride + l * R.blk;
         add_rows(rec + K, W, G, (size_t)V, (size_t)(HV * K), (size_t)V);
     }
     /* each owner receives every rank's gradient of its transitions (records laid out as dfx) and sums them */
-    if (!s && comm->all_to_all(comm->ctx, dpb, recv, w1 * R.blk * 4) != 0)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
-                    "comm: all_to_all of the transitions' gradients failed on rank %d", comm->rank);
+    /* (every rank enters it: a failure above travels in each block's trailer) */
+    for (int r = 0; dpb && r < P->n; r++) put_trailer(dpb + (size_t)(r + 1) * R.stride - TRAILER, s, err);
+    if (dpb && recv) {
+        if (comm->all_to_all(comm->ctx, dpb, recv, R.stride * 4) != 0) {
+            if (!s)
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
+                            "comm: all_to_all of the transitions' gradients failed on rank %d", comm->rank);
+        } else if (!s) {
+            s = read_trailers(recv, R.stride, P->n, "exchange of the transitions' gradients", err);
+        }
+    }
     for (int r = 0; !s && r < P->n; r++)
         for (int64_t i = 0; i < np; i++) {
-            const float *src = recv + ((size_t)r * w1 + (size_t)i) * R.blk;
+            const float *src = recv + (size_t)r * R.stride + (size_t)i * R.blk;
             float *dfi = dfx + (size_t)i * R.blk;
             for (size_t x = 0; x < R.blk; x++) dfi[x] += src[x];
         }
@@ -639,7 +767,8 @@ typedef struct conv_run {
     gdn_plan P;
     int64_t C, Wm1, np;
     size_t tail;          /* floats of one piece's tail: C * (W-1) */
-    float *every;         /* [n, width, C, W-1] */
+    size_t stride;        /* floats of one rank's tails in every: width * tail and the trailer */
+    float *every;         /* [n, stride]: [width, C, W-1] and a trailer */
     float *prefix;        /* [np, C, W-1]: this rank's pieces' prefixes */
     maskpack_tensor prefix_t;
 } conv_run;
@@ -651,15 +780,39 @@ static void conv_free(conv_run *R) {
     memset(R, 0, sizeof *R);
 }
 
+/* The conv's outputs and gradients, checked before the agreement. */
+typedef struct conv_outs {
+    const maskpack_tensor *y, *conv_state, *dy, *d_conv_state, *dx, *dweight, *d_prefix;
+    int backward;
+} conv_outs;
+
+static maskpack_status conv_more(const gdn_plan *P, const maskpack_tensor *x, const maskpack_tensor *weight,
+                                 const conv_outs *o, maskpack_error *err) {
+    const int64_t C = x->shape[1], W = weight->shape[1];
+    const int64_t xs[2] = {x->shape[0], C}, ws[2] = {C, W}, ss[3] = {(int64_t)P->n_seq, C, W - 1};
+    maskpack_status s;
+    if (!o->backward) {
+        if ((s = want_shape(o->y, "y", 2, xs, 1, err))) return s;
+        return want_shape(o->conv_state, "conv_state", 3, ss, 0, err);
+    }
+    if ((s = want_shape(o->dy, "dy", 2, xs, 1, err))) return s;
+    if ((s = want_shape(o->d_conv_state, "d_conv_state", 3, ss, 0, err))) return s;
+    if ((s = want_shape(o->dx, "dx", 2, xs, 1, err))) return s;
+    if ((s = want_shape(o->dweight, "dweight", 2, ws, 0, err))) return s;
+    return want_shape(o->d_prefix, "d_prefix", 3, ss, 0, err);
+}
+
 static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_layout *layout,
                                     maskpack_cp_scheme scheme, const maskpack_tensor *x, const maskpack_tensor *weight,
-                                    const maskpack_tensor *prefix, conv_run *R, maskpack_error *err) {
+                                    const maskpack_tensor *prefix, int silu, const conv_outs *outs, conv_run *R,
+                                    maskpack_error *err) {
     memset(R, 0, sizeof *R);
     maskpack_status c = mp_cp_check_comm(comm, 0, err);
     if (c) return c;
-    MP_CHECK_NULL(err, layout, "layout");
     maskpack_status local = MASKPACK_OK;
-    if (!x || !weight) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1, "%s: expected a "
+    if (!layout)
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
+    else if (!x || !weight) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1, "%s: expected a "
                                        "tensor, found NULL", x ? "weight" : "x");
     else if (!f32_contiguous(x) || x->ndim != 2 || !f32_contiguous(weight) || weight->ndim != 2 ||
              weight->shape[0] != x->shape[1] || weight->shape[1] < 1 || weight->shape[1] > MASKPACK_GDN_MAX_CONV)
@@ -677,7 +830,14 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
         local = mp_fail(err, MASKPACK_ERR_SHAPE, "x", -1, -1,
                         "x: expected this rank's shard (rank %d of %d) of %lld tokens, found %lld", comm->rank,
                         comm->size, (long long)R->P.mine->q_width, (long long)x->shape[0]);
-    maskpack_status s = mp_cp_agree(comm, layout, scheme, local, err);
+    if (!local) local = conv_more(&R->P, x, weight, outs, err);
+    /* agreed: the call, the layout, x's and weight's dtypes and shapes (channels, width), a prefix, SiLU */
+    mp_cp_call call = mp_cp_call_of(outs->backward ? MP_CP_CALL_CONV_BACKWARD : MP_CP_CALL_CONV_FORWARD);
+    mp_cp_tensor(&call, "x", x, 1, "per-token shape [channels]");
+    mp_cp_tensor(&call, "weight", weight, 0, "shape [channels, width]");
+    mp_cp_set(&call, "prefix", "presence", MP_CP_FLAG, prefix != NULL);
+    mp_cp_set(&call, "silu", "value", MP_CP_INT, silu);
+    maskpack_status s = mp_cp_agree_call(comm, layout, scheme, &call, local, err);
     if (s) {
         conv_free(R);
         return s;
@@ -687,8 +847,9 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
     R->np = (int64_t)(P->first[P->rank + 1] - P->first[P->rank]);
     R->tail = (size_t)(R->C * R->Wm1); /* C is a tensor extent and W-1 <= 3: no overflow */
     size_t w1 = P->width ? P->width : 1;
-    float *rec = floats(w1, R->tail, 1, 1);
-    R->every = floats((size_t)P->n, w1, R->tail, 0);
+    R->stride = w1 * R->tail + TRAILER; /* tail <= 3 C floats of a tensor's extent: no overflow */
+    float *rec = floats(R->stride, 1, 1, 1);
+    R->every = floats((size_t)P->n, R->stride, 1, 0);
     R->prefix = floats((size_t)R->np + 1, R->tail, 1, 1);
     if (!rec || !R->every || !R->prefix) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     const gdn_piece *mine = P->pieces + P->first[P->rank];
@@ -700,9 +861,16 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
                 rec[(size_t)i * R->tail + (size_t)(ch * R->Wm1 + R->Wm1 - 1 - t)] =
                     xd[(mine[i].start + mine[i].len - 1 - t) * R->C + ch];
     }
-    if (!s && R->tail && comm->all_gather(comm->ctx, rec, R->every, w1 * R->tail * sizeof(float)) != 0)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv tails failed on rank %d",
-                    comm->rank);
+    if (rec) put_trailer(rec + R->stride - TRAILER, s, err); /* a failure here still joins: memory */
+    if (rec && R->every) {
+        if (comm->all_gather(comm->ctx, rec, R->every, R->stride * sizeof(float)) != 0) {
+            if (!s)
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv tails failed on rank %d",
+                            comm->rank);
+        } else if (!s) {
+            s = read_trailers(R->every, R->stride, P->n, "exchange of the conv tails", err);
+        }
+    }
     int64_t sp[MASKPACK_GDN_MAX_CONV], sc[MASKPACK_GDN_MAX_CONV];
     for (int64_t i = 0; !s && i < R->np; i++) {
         prefix_sources(P, P->first[P->rank] + (size_t)i, R->Wm1, sp, sc);
@@ -713,7 +881,7 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
                     int r;
                     size_t l;
                     owner_of(P, (size_t)sp[c], &r, &l);
-                    val = R->every[((size_t)r * w1 + l) * R->tail + (size_t)(ch * R->Wm1 + sc[c])];
+                    val = R->every[(size_t)r * R->stride + l * R->tail + (size_t)(ch * R->Wm1 + sc[c])];
                 } else if (prefix) {
                     val = ((const float *)prefix->data)[(mine[i].seq * R->C + ch) * R->Wm1 + sc[c]];
                 }
@@ -733,24 +901,20 @@ static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack
                                        maskpack_workers *team, maskpack_tensor *y,
                                        maskpack_tensor *conv_state, maskpack_error *err) {
     conv_run R;
-    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
+    conv_outs outs = {y, conv_state, NULL, NULL, NULL, NULL, NULL, 0};
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, &outs, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
     float *st = floats((size_t)R.np + 1, R.tail, 1, 0);
-    size_t N = P->n_seq;
     if (!st) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
-    if (!s && conv_state && (!f32_contiguous(conv_state) || conv_state->ndim != 3 || conv_state->shape[0] != (int64_t)N))
-        s = mp_fail(err, MASKPACK_ERR_SHAPE, "conv_state", -1, -1,
-                    "conv_state: expected a contiguous float32 [%zu, C, W-1]", N);
     int64_t s3[3] = {R.np, R.C, R.Wm1};
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
     if (!s)
         s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, MASKPACK_ISA_AUTO, team, y, &st_t, NULL, 0,
                                       err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
-    maskpack_status f = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data,
-                                           "conv states", err);
-    if (!s) s = f;
+    s = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data, "conv states",
+                           s, err);
     free(st);
     conv_free(&R);
     return s ? s : mp_ok(err);
@@ -763,16 +927,12 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
                                         maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
                                         maskpack_tensor *d_prefix, maskpack_error *err) {
     conv_run R;
-    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, &R, err);
+    conv_outs outs = {NULL, NULL, dy, d_conv_state, dx, dweight, d_prefix, 1};
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, &outs, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
-    size_t w1 = P->width ? P->width : 1;
-    if (!dx || !f32_contiguous(dx) || (d_prefix && !f32_contiguous(d_prefix)) ||
-        (d_conv_state && !f32_contiguous(d_conv_state)))
-        s = mp_fail(err, MASKPACK_ERR_DTYPE, "dx", -1, -1,
-                    "dx (required), d_prefix and d_conv_state: expected contiguous float32 tensors");
     float *dst = floats((size_t)R.np + 1, R.tail, 1, 1), *dpre = floats((size_t)R.np + 1, R.tail, 1, 0);
-    float *dtail = floats((size_t)P->n, w1, R.tail, 1), *recv = floats((size_t)P->n, w1, R.tail, 0);
+    float *dtail = floats((size_t)P->n, R.stride, 1, 1), *recv = floats((size_t)P->n, R.stride, 1, 0);
     if (!s && (!dst || !dpre || !dtail || !recv)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     /* the final states' gradient reaches each sequence's last piece where this rank holds it */
     for (size_t q = 0; !s && d_conv_state && q < P->n_seq; q++) {
@@ -802,21 +962,30 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
                     int r;
                     size_t l;
                     owner_of(P, (size_t)sp[c], &r, &l);
-                    dtail[((size_t)r * w1 + l) * R.tail + (size_t)(ch * R.Wm1 + sc[c])] += gval;
+                    dtail[(size_t)r * R.stride + l * R.tail + (size_t)(ch * R.Wm1 + sc[c])] += gval;
                 } else if (d_prefix) {
                     ((float *)d_prefix->data)[(mine[i].seq * R.C + ch) * R.Wm1 + sc[c]] += gval;
                 }
             }
     }
     /* owners receive the gradients of their tails and add them to their pieces' last tokens */
-    if (!s && R.tail && comm->all_to_all(comm->ctx, dtail, recv, w1 * R.tail * sizeof(float)) != 0)
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_to_all of the conv tails' gradients failed on "
-                    "rank %d", comm->rank);
+    /* (every rank enters it, W = 1 too: a failure above, the kernel's refusal, travels in each block's
+     * trailer and every rank fails with it) */
+    for (int r = 0; dtail && r < P->n; r++) put_trailer(dtail + (size_t)(r + 1) * R.stride - TRAILER, s, err);
+    if (dtail && recv) {
+        if (comm->all_to_all(comm->ctx, dtail, recv, R.stride * sizeof(float)) != 0) {
+            if (!s)
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_to_all of the conv tails' gradients "
+                            "failed on rank %d", comm->rank);
+        } else if (!s) {
+            s = read_trailers(recv, R.stride, P->n, "exchange of the conv tails' gradients", err);
+        }
+    }
     float *dxd = s ? NULL : dx->data;
     for (int r = 0; !s && R.tail && r < P->n; r++)
         for (int64_t i = 0; i < R.np; i++) {
             int64_t keep = mine[i].len < R.Wm1 ? mine[i].len : R.Wm1;
-            const float *src = recv + ((size_t)r * w1 + (size_t)i) * R.tail;
+            const float *src = recv + (size_t)r * R.stride + (size_t)i * R.tail;
             for (int64_t t = 0; t < keep; t++)
                 for (int64_t ch = 0; ch < R.C; ch++)
                     dxd[(mine[i].start + mine[i].len - 1 - t) * R.C + ch] += src[ch * R.Wm1 + R.Wm1 - 1 - t];

@@ -5,7 +5,7 @@
  * at their true sequence positions), so the rule is evaluated exactly and every tile the rule
  * excludes is skipped by the kernel as usual. Written once against the callback table: MPI programs
  * and the Python binding (torch.distributed) run this same code. */
-#include "internal.h"
+#include "cp_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -214,6 +214,67 @@ static maskpack_status check_flat(const maskpack_tensor *t, const char *name, ma
     return MASKPACK_OK;
 }
 
+/* Whether t's leading (token) dimensions are this rank's shard Lq's: [T] or [1, T] packed, [B, S] padded,
+ * followed by [heads, head dim]. */
+static int shard_lead(const maskpack_layout *Lq, const maskpack_tensor *t) {
+    if (Lq->packed)
+        return (t->ndim == 3 && t->shape[0] == Lq->n_rows * Lq->q_width) ||
+               (t->ndim == 4 && Lq->n_rows == 1 && t->shape[0] == 1 && t->shape[1] == Lq->q_width);
+    return t->ndim == 4 && t->shape[0] == Lq->n_rows && t->shape[1] == Lq->q_width;
+}
+
+static int same_shape(const maskpack_tensor *a, const maskpack_tensor *b) {
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
+}
+
+/* Every tensor of a ring call against this rank's shard Lq (the checks the kernel would make at the first
+ * step, made before the agreement so that a rank whose tensors are wrong refuses there instead of
+ * leaving the ring mid-way while its peers wait): q [tokens, Hq, D], k and v [tokens, Hk, D | Dv] with
+ * Hq a multiple of Hk, out like q with v's head dim, dout like out, dq, dk, dv like q, k, v, lse
+ * [Hq, T] | [B, Hq, S]. Absent tensors (NULL) are not checked. */
+static maskpack_status ring_shapes(const maskpack_layout *Lq, const maskpack_tensor *q, const maskpack_tensor *k,
+                                   const maskpack_tensor *v, const maskpack_tensor *out, const maskpack_tensor *lse,
+                                   const maskpack_tensor *dout, const maskpack_tensor *dq, const maskpack_tensor *dk,
+                                   const maskpack_tensor *dv, maskpack_error *err) {
+    const maskpack_tensor *all[4] = {q, k, v, out};
+    const char *names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; i++)
+        if (all[i] && !shard_lead(Lq, all[i])) {
+            char found[200];
+            mp_format_shape(found, sizeof found, all[i]->ndim, all[i]->shape);
+            return mp_fail(err, MASKPACK_ERR_SHAPE, names[i], -1, -1,
+                           "%s: expected this rank's shard %s, heads, head dim], found %s", names[i],
+                           Lq->packed ? "[tokens" : "[rows, columns", found);
+        }
+    const int hq = q->ndim - 2, hk = k->ndim - 2, hv = v->ndim - 2;
+    const int64_t Hq = q->shape[hq], D = q->shape[hq + 1], Hk = k->shape[hk], Dv = v->shape[hv + 1];
+    if (k->shape[hk + 1] != D || v->shape[hv] != Hk || Hk < 1 || Hq % Hk)
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "k", -1, -1,
+                       "k: expected [.., Hk, %lld] and v [.., Hk, Dv] with the %lld query heads a multiple of Hk, found k "
+                       "[.., %lld, %lld], v [.., %lld, %lld]", (long long)D, (long long)Hq, (long long)Hk,
+                       (long long)k->shape[hk + 1], (long long)v->shape[hv], (long long)Dv);
+    if (out && (out->shape[out->ndim - 2] != Hq || out->shape[out->ndim - 1] != Dv))
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "out", -1, -1, "out: expected [.., %lld, %lld], found [.., %lld, %lld]",
+                       (long long)Hq, (long long)Dv, (long long)out->shape[out->ndim - 2],
+                       (long long)out->shape[out->ndim - 1]);
+    if (dout && out && !same_shape(dout, out))
+        return mp_fail(err, MASKPACK_ERR_SHAPE, "dout", -1, -1, "dout: expected the shape of out");
+    if (dq && !same_shape(dq, q)) return mp_fail(err, MASKPACK_ERR_SHAPE, "dq", -1, -1, "dq: expected the shape of q");
+    if (dk && !same_shape(dk, k)) return mp_fail(err, MASKPACK_ERR_SHAPE, "dk", -1, -1, "dk: expected the shape of k");
+    if (dv && !same_shape(dv, v)) return mp_fail(err, MASKPACK_ERR_SHAPE, "dv", -1, -1, "dv: expected the shape of v");
+    if (lse) {
+        int ok = lse->dtype == MASKPACK_F32 && mp_is_contiguous(lse) &&
+                 (Lq->packed ? lse->ndim == 2 && lse->shape[0] == Hq && lse->shape[1] == Lq->q_width
+                             : lse->ndim == 3 && lse->shape[0] == Lq->n_rows && lse->shape[1] == Hq &&
+                                   lse->shape[2] == Lq->q_width);
+        if (!ok)
+            return mp_fail(err, MASKPACK_ERR_SHAPE, "lse", -1, -1,
+                           "lse: expected a contiguous float32 %s of this rank's shard",
+                           Lq->packed ? "[Hq, T]" : "[B, Hq, S]");
+    }
+    return MASKPACK_OK;
+}
+
 /* ---- buffers and messages ----------------------------------------------------------------------- */
 
 static size_t nbytes(const maskpack_tensor *t) { return (size_t)mp_numel(t) * maskpack_dtype_size(t->dtype); }
@@ -276,20 +337,35 @@ static void add_into(float *acc, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
-/* The common start of both directions: checks (local, then agreed by every rank), the ring plan. */
+/* The common start of both directions: checks (local, then agreed by every rank: the call, the layout,
+ * q's, k's and v's dtypes and per-token shapes [heads, head dim], the bytes of a key/value block, the
+ * scale and softcap), the ring plan. A NULL argument is a local refusal too: its rank still joins. */
 static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
-                                  const maskpack_tensor *const *t, const char *const *names, int n_t, ring *R,
-                                  maskpack_error *err) {
+                                  int call_id, const maskpack_tensor *const *t, const char *const *names, int n_t,
+                                  const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v,
+                                  double scale, double softcap, const maskpack_tensor *const sh[6], maskpack_status local,
+                                  ring *R, maskpack_error *err) {
     maskpack_status s = mp_cp_check_comm(comm, 1, err);
     if (s) return s;
-    MP_CHECK_NULL(err, layout, "layout");
-    maskpack_status local = MASKPACK_OK;
+    if (!local && !layout)
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
     for (int i = 0; i < n_t && !local; i++) local = check_flat(t[i], names[i], err);
     memset(R, 0, sizeof *R);
     if (!local) local = ring_build(comm, layout, scheme, R, err);
-    maskpack_error mine = err ? *err : (maskpack_error){0};
-    s = mp_cp_agree(comm, layout, scheme, local, err);
-    if (s && local && err) *err = mine; /* this rank's own reason reads better than "rank r refused" */
+    if (!local) local = ring_shapes(R->shard[R->rank], q, k, v, sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], err);
+    mp_cp_call call = mp_cp_call_of(call_id);
+    const int lead = mp_cp_lead(layout);
+    mp_cp_tensor(&call, "q", q, lead, "per-token shape [heads, head dim]");
+    mp_cp_tensor(&call, "k", k, lead, "per-token shape [heads, head dim]");
+    mp_cp_tensor(&call, "v", v, lead, "per-token shape [heads, head dim]");
+    mp_cp_set(&call, "k", "and v block bytes (each ring step's message)", MP_CP_INT,
+              local ? -1 : mp_numel(k) * 4 + mp_numel(v) * 4);
+    int64_t bits;
+    memcpy(&bits, &scale, sizeof bits);
+    mp_cp_set(&call, "scale", "value", MP_CP_REAL, bits);
+    memcpy(&bits, &softcap, sizeof bits);
+    mp_cp_set(&call, "softcap", "value", MP_CP_REAL, bits);
+    s = mp_cp_agree_call(comm, layout, scheme, &call, local, err);
     if (s) ring_free(R);
     return s;
 }
@@ -303,7 +379,9 @@ static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_la
     const maskpack_tensor *ts[4] = {q, k, v, out};
     const char *names[4] = {"q", "k", "v", "out"};
     ring R;
-    maskpack_status s = ring_begin(comm, layout, scheme, ts, names, 4, &R, err);
+    const maskpack_tensor *sh[6] = {out, lse, NULL, NULL, NULL, NULL}; /* out, lse, dout, dq, dk, dv */
+    maskpack_status s = ring_begin(comm, layout, scheme, MP_CP_CALL_ATTENTION_FORWARD, ts, names, 4, q, k, v, scale,
+                                   softcap, sh, MASKPACK_OK, &R, err);
     if (s) return s;
     const maskpack_layout *Lq = R.shard[R.rank];
     int64_t H = q->shape[q->ndim - 2], D = v->shape[v->ndim - 1];
@@ -376,9 +454,13 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
                                      maskpack_error *err) {
     const maskpack_tensor *ts[8] = {dout, q, k, v, out, dq, dk, dv};
     const char *names[8] = {"dout", "q", "k", "v", "out", "dq", "dk", "dv"};
-    MP_CHECK_NULL(err, lse, "lse");
+    maskpack_status local = lse ? MASKPACK_OK
+                                : mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "lse", -1, -1,
+                                          "lse: expected a non-NULL pointer, found NULL");
     ring R;
-    maskpack_status s = ring_begin(comm, layout, scheme, ts, names, 8, &R, err);
+    const maskpack_tensor *sh[6] = {out, lse, dout, dq, dk, dv};
+    maskpack_status s = ring_begin(comm, layout, scheme, MP_CP_CALL_ATTENTION_BACKWARD, ts, names, 8, q, k, v, scale,
+                                   softcap, sh, local, &R, err);
     if (s) return s;
     size_t kb = nbytes(k), vb = nbytes(v), block = kb + vb, qb = nbytes(q);
     char *own = NULL, *kvbuf[2] = {NULL, NULL}, *gout[2] = {NULL, NULL}, *gin[2] = {NULL, NULL};
