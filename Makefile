@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_LONG_SECONDS ?= 300
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-sanitize test-fuzz fuzz-long coverage test-mutation bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-conformance test-sanitize test-fuzz fuzz-long coverage test-mutation bench install clean
 
 all: build
 
@@ -32,7 +32,7 @@ python: deps
 	$(PY) -m pip install -q --no-build-isolation .
 
 test: deps build python
-	$(MAKE) --no-print-directory test-c test-install test-python test-fuzz test-sanitize
+	$(MAKE) --no-print-directory test-c test-install test-python test-conformance test-fuzz test-sanitize
 
 test-c:
 	meson test -C $(BUILD) --print-errorlogs
@@ -43,6 +43,14 @@ test-install:
 
 test-python:
 	$(PY) -m pytest tests/python -q
+
+# maskpack.compat's twins against the pinned upstream functions (installed without dependencies into
+# build/upstream, once), bit for bit; per-twin case counts in build/conformance/counts.json.
+test-conformance: python
+	PY=$(PY) sh tools/install_upstream.sh build/upstream
+	rm -f build/conformance/counts.json
+	PYTHONPATH=tests/python $(PY) -m pytest tests/python/test_compat_*.py -q -p no:cacheprovider
+	cat build/conformance/counts.json
 
 # Every fuzz target on its seed corpus for FUZZ_SECONDS each (libFuzzer when clang is present).
 test-fuzz:

@@ -1,0 +1,100 @@
+"""Gradients of verl's postprocess twins across 2 and 4 gloo processes, against verl 0.9.1's own
+functions running in the same processes with the real all-gather: grad="own" equals verl's gradient bit
+for bit; grad="sum" (maskpack.cp_all_gather) gives exactly cp times it when every rank computes the same
+loss (the documented difference)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import compat_upstream as cu
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _worker(rank, world, init_file, out_dir):
+    sys.path.insert(0, HERE)
+    import compat_upstream as cu
+    from maskpack.compat import verl as tw
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        up = cu.verl_mcore_util()
+        g = torch.Generator().manual_seed(11)
+        mask = torch.zeros(3, 13, dtype=torch.bool)
+        mask[0, :13] = True
+        mask[1, 9:] = True   # left-padded, 4 tokens (shorter than 2*cp at cp = 4)
+        mask[2, :1] = True   # one token
+        hidden = torch.randn(3, 13, 5, generator=g, dtype=torch.float64)
+        w = torch.randn(3, 13, 5, generator=g, dtype=torch.float64)  # the same loss on every rank
+        res = {}
+        for fp8 in (False, True):
+            x, params = tw.preprocess_packed_seqs(hidden, mask, True, fp8, tp=1, cp=world, cp_rank=rank)
+            xa = x.clone().requires_grad_(True)
+            with cu.patched(up, mpu=cu.FakeParallelState(1, world, rank, dist.group.WORLD)):
+                oa = up.postprocess_packed_seqs(xa, params, mask, 3, 13)
+            (oa * w).sum().backward()
+            for grad in ("own", "sum"):
+                xb = x.clone().requires_grad_(True)
+                ob = tw.postprocess_packed_seqs(xb, params, mask, 3, 13, grad=grad, cp=world, cp_rank=rank,
+                                                group=dist.group.WORLD)
+                (ob * w).sum().backward()
+                res[(fp8, grad)] = (oa.detach(), ob.detach(), xa.grad, xb.grad)
+            # the engine pair, nested tensors
+            lens = [13, 4, 1]
+            nested = torch.nested.as_nested_tensor([hidden[0], hidden[1, 9:], hidden[2, :1]], layout=torch.jagged)
+            ids = torch.nested.as_nested_tensor([torch.arange(n) for n in lens], layout=torch.jagged)
+            xt, pt, _ = tw.preprocess_thd_engine(nested, True, False, fp8, tp=1, cp=world, cp_rank=rank)
+            xa = xt.clone().requires_grad_(True)
+            with cu.patched(up, mpu=cu.FakeParallelState(1, world, rank, dist.group.WORLD)):
+                oa = up.postprocess_thd_engine(xa, pt, ids, 3)
+            wv = torch.randn(oa.values().shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+            (oa.values() * wv).sum().backward()
+            for grad in ("own", "sum"):
+                xb = xt.clone().requires_grad_(True)
+                ob = tw.postprocess_thd_engine(xb, pt, ids, 3, grad=grad, cp=world, cp_rank=rank,
+                                               group=dist.group.WORLD)
+                (ob.values() * wv).sum().backward()
+                res[("thd", fp8, grad)] = (oa.values().detach(), ob.values().detach(), xa.grad, xb.grad)
+            xs, ms, _ = tw.preprocess_bshd_engine(nested, True, False, fp8, tp=1, cp=world, cp_rank=rank, npu=False)
+            xa = xs.clone().requires_grad_(True)
+            with cu.patched(up, mpu=cu.FakeParallelState(1, world, rank, dist.group.WORLD), is_npu_available=False):
+                oa = up.postprocess_bshd_engine(xa, ms)
+            (oa.values() * wv).sum().backward()
+            for grad in ("own", "sum"):
+                xb = xs.clone().requires_grad_(True)
+                ob = tw.postprocess_bshd_engine(xb, ms, grad=grad, cp=world, cp_rank=rank, group=dist.group.WORLD,
+                                                npu=False)
+                (ob.values() * wv).sum().backward()
+                res[("bshd", fp8, grad)] = (oa.values().detach(), ob.values().detach(), xa.grad, xb.grad)
+        torch.save(res, os.path.join(out_dir, f"r{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_postprocess_gradients_across_processes(world):
+    cu.require_upstream("verl")
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_worker, args=(world, os.path.join(d, "init"), d), nprocs=world, join=True,
+                           start_method="spawn")
+        n = 0
+        for r in range(world):
+            res = torch.load(os.path.join(d, f"r{r}.pt"))
+            for key, (oa, ob, ga, gb) in res.items():
+                assert torch.equal(oa, ob), key
+                if key[-1] == "own":
+                    assert torch.equal(ga, gb), key            # verl's own-part gradient, bit for bit
+                else:
+                    assert torch.equal(gb, world * ga), key    # every rank's gradient summed: cp times verl's
+                n += 1
+    cu.count(f"verl.postprocess_* gradients (gloo, {world} ranks)", n)
+    cu.write_counts()
