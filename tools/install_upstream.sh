@@ -6,10 +6,14 @@ set -eu
 DIR=${1:-build/upstream}
 PY=${PY:-.venv/bin/python}
 PINS="verl==0.9.1 megatron-core==0.16.1 ms-swift==4.6.0 mcore-bridge==1.6.5"
-if [ -f "$DIR/.pins" ] && [ "$(cat "$DIR/.pins")" = "$PINS" ]; then
+# TransformerEngine's pure-Python wheel (the version megatron-core 0.16.1 accepts: <2.12) goes into a
+# directory of its own: on sys.path beside megatron it would make megatron try its CUDA extension.
+TE_PIN="transformer-engine==2.11.0"
+if [ -f "$DIR/.pins" ] && [ "$(cat "$DIR/.pins")" = "$PINS $TE_PIN" ]; then
     exit 0
 fi
 rm -rf "$DIR"
 # shellcheck disable=SC2086
 "$PY" -m pip install --quiet --no-deps --target "$DIR" $PINS
-echo "$PINS" > "$DIR/.pins"
+"$PY" -m pip install --quiet --no-deps --target "$DIR/te" "$TE_PIN"
+echo "$PINS $TE_PIN" > "$DIR/.pins"

@@ -159,3 +159,103 @@ def assert_params(a, b, what: str) -> None:
 
     for f in dataclasses.fields(a):
         assert_same(getattr(a, f.name), getattr(b, f.name), f"{what}.{f.name}")
+
+
+# ---- megatron-core and TransformerEngine ----------------------------------------------------------------
+
+def port_thd_get_partitioned_indices(cu_seqlens, total_tokens, world_size, rank):
+    """A line-by-line port (tests only) of TransformerEngine 2.11.0's CUDA kernel
+    thd_partition_indices_kernel (common/fused_attn/context_parallel.cu) and its host checks
+    (pytorch/csrc/extensions/attention.cpp): TransformerEngine's torch package is CUDA-only."""
+    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.dim() == 1 and cu_seqlens.size(0) >= 2
+    assert 0 <= rank < world_size and world_size > 0
+    assert total_tokens > 0 and total_tokens % (world_size * 2) == 0
+    batch = cu_seqlens.size(0) - 1
+    cu = cu_seqlens.tolist()
+    cu_s = []
+    for i in range(batch + 1):
+        seqlen = cu[i]
+        assert seqlen % (world_size * 2) == 0
+        cu_s.append(seqlen // world_size)
+
+    def binary_search(target, array, length):
+        left, right = 1, length - 1
+        while left < right:
+            mid = (left + right) // 2
+            if array[mid] <= target:
+                left = mid + 1
+            else:
+                right = mid
+        return left - 1
+
+    output = [0] * (total_tokens // world_size)
+    for token_id in range(total_tokens // world_size):
+        seq_id = binary_search(token_id, cu_s, batch + 1)
+        seq_len = cu_s[seq_id + 1] - cu_s[seq_id]
+        index = token_id - cu_s[seq_id]
+        offset = rank if index < seq_len // 2 else (world_size - 1) * 2 - rank
+        index += cu_s[seq_id] * world_size + seq_len // 2 * offset
+        output[token_id] = index
+    return torch.tensor(output, dtype=torch.int32)
+
+
+class FakeTex:
+    thd_get_partitioned_indices = staticmethod(port_thd_get_partitioned_indices)
+
+
+def megatron_module(name: str):
+    require_upstream("megatron")
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def te_functions():
+    """TransformerEngine 2.11.0's pure-torch CP helpers, each function's source extracted unmodified from
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py (the package import needs
+    its CUDA extension) and executed with the few names it needs (jit_fuser: the identity)."""
+    if "te" in _CACHE:
+        return _CACHE["te"]
+    import ast
+    from typing import Optional, Tuple
+
+    path = UPSTREAM / "te/transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py"
+    if not path.exists():
+        pytest.skip(f"{path} missing: run `make test-conformance`")
+    tree = ast.parse(path.read_text())
+    names = ("get_cu_seqlens_on_cp_rank", "pad_thd_sequences_for_cp", "generate_positional_ids_for_cp",
+             "get_batch_on_this_cp_rank")
+    ns = {"torch": torch, "Tuple": Tuple, "Optional": Optional, "jit_fuser": lambda f: f}
+    src = path.read_text().splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+            exec(compile("".join(src[start:node.end_lineno]), str(path), "exec"), ns)
+    _CACHE["te"] = types.SimpleNamespace(**{n: ns[n] for n in names})
+    return _CACHE["te"]
+
+
+class FakeGroup:
+    """A process group of `size` with this process at `rank` (torch.distributed.get_world_size/get_rank
+    patched to read it)."""
+
+    def __init__(self, size, rank):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+@contextlib.contextmanager
+def fake_group_queries():
+    def ws(group=None):
+        return group.size() if isinstance(group, FakeGroup) else 1
+
+    def rk(group=None):
+        return group.rank() if isinstance(group, FakeGroup) else 0
+
+    with patched(torch.distributed, get_world_size=ws, get_rank=rk):
+        yield

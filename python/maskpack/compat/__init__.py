@@ -11,7 +11,7 @@ maskpack equivalent and each deliberate difference.
 
 from importlib import import_module
 
-__all__ = ["verl", "PackedSeqParams"]
+__all__ = ["verl", "megatron", "te", "PackedSeqParams"]
 
 
 def __getattr__(name):
