@@ -259,3 +259,26 @@ def fake_group_queries():
 
     with patched(torch.distributed, get_world_size=ws, get_rank=rk):
         yield
+
+
+# ---- one function at a time (packages whose import needs CUDA, TransformerEngine or a framework stack) ----
+
+def extract(relpath: str, name: str, ns: dict, cls: str = None):
+    """The function ``name`` (or method ``cls.name``) of ``UPSTREAM/relpath``, its source extracted unmodified
+    with ``ast`` and executed in ``ns`` (the few names it needs, faked where they reach a global)."""
+    import ast
+    import textwrap
+
+    path = UPSTREAM / relpath
+    if not path.exists():
+        pytest.skip(f"{path} missing: run `make test-conformance`")
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    body = ast.parse(text).body
+    if cls is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    src = textwrap.dedent("".join(lines[start:node.end_lineno]))
+    exec(compile(src, str(path), "exec"), ns)
+    return ns[name]
