@@ -75,23 +75,142 @@ def _stable(value) -> int:
     return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _agree(group, layout, what: tuple, local: Optional[list], labels: tuple = ()) -> None:
-    """The check every CP call starts with: one all-gather of [ok, layout fingerprint, the call's
-    settings] so that ranks holding another layout, cp, scheme or alignment, or one rank's bad
-    argument, raise on every rank alike instead of leaving the others waiting in a collective.
-    ``local``: this rank's own argument error (raised here after the exchange). ``labels``: names
-    of the settings in ``what``, for the message (else "setting i")."""
+# ---- the agreement every CP call starts with ------------------------------------------------------------
+#
+# One all-gather of a fixed-size record (_WORDS int64, the same for every call, so that ranks in different
+# calls still meet in it instead of pairing a payload exchange with another collective, which gloo answers
+# with SIGABRT or a hang): the group size, which call, whether the rank refused its own arguments, the
+# layout's fingerprint (with its segment and token counts, for the message) and up to _SETTINGS settings
+# of the call, each as a value the message can show on both sides (a dtype, a per-token shape, the
+# scheme, a flag, a number).
+
+_CALLS = ("cp_all_gather", "attention", "gated_delta_rule", "gated_delta_rule_sp", "causal_conv1d",
+          "causal_conv1d_sp")
+_HEAD = 6  # size, call, refused, layout fingerprint, segments, grid tokens
+_SETTINGS = 18
+_WORDS = _HEAD + _SETTINGS
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_NOTHING = -1  # no tensor, no value
+_HASHED = 1 << 62  # a value too large or of an unknown kind: its stable hash, with this bit set
+
+
+def _hashed(value) -> int:
+    return _HASHED | (_stable(value) >> 2)
+
+
+def _encode(kind: str, value, options: tuple = ()) -> int:
+    """A setting as one int64 that _decode shows again (equal settings, equal values)."""
+    if value is None and kind != "choice":
+        return _NOTHING
+    if kind == "dtype":
+        return _DTYPES.index(value) if value in _DTYPES else _hashed(str(value))
+    if kind == "shape":
+        dims = tuple(int(d) for d in value)
+        if len(dims) <= 3 and all(0 <= d < (1 << 20) for d in dims):
+            v = len(dims)
+            for i in range(3):
+                v = (v << 20) | (dims[i] if i < len(dims) else 0)
+            return v
+        return _hashed(dims)
+    if kind == "choice":
+        return options.index(value) if value in options else _hashed(repr(value))
+    if kind == "real":
+        import struct
+
+        return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+    if kind == "flag":
+        return 1 if value else 0
+    v = int(value)
+    return v if -(1 << 62) < v < (1 << 62) else _hashed(v)
+
+
+def _decode(kind: str, v: int, options: tuple = ()) -> str:
+    if v == _NOTHING:
+        return "none"
+    if kind == "real":
+        import struct
+
+        return repr(struct.unpack("<d", struct.pack("<q", v))[0])
+    if v >= _HASHED:
+        return f"a value hashed to {v:016x}"
+    if kind == "dtype":
+        return str(_DTYPES[v]) if 0 <= v < len(_DTYPES) else str(v)
+    if kind == "shape":
+        nd = v >> 60
+        return str([(v >> (40 - 20 * i)) & 0xFFFFF for i in range(nd)])
+    if kind == "choice":
+        return repr(options[v]) if 0 <= v < len(options) else str(v)
+    if kind == "flag":
+        return "yes" if v else "no"
+    return str(v)
+
+
+def _dtype(x):
+    return x.dtype if isinstance(x, torch.Tensor) else None
+
+
+def _per_token(x, layout, extra: int = 0):
+    """x's shape past its token dimensions (1 packed, 2 padded), or None (no tensor)."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    lead = 1 if getattr(layout, "packed", True) else 2
+    return tuple(x.shape[lead + extra:])
+
+
+def _cp_settings(scheme, tp, align) -> list:
+    return [("scheme", "CP scheme", "choice", scheme, tuple(_SCHEMES)), ("tp", "tensor-parallel size", "int", tp),
+            ("align", "alignment", "choice", align, ("verl", "minimal", None))]
+
+
+def _tensor_settings(layout, *named) -> list:
+    """dtype and per-token shape of each (name, tensor, what the shape holds)."""
+    out = []
+    for name, x, what in named:
+        out.append((name, f"{name} dtype", "dtype", _dtype(x)))
+        out.append((name, f"{name} per-token shape {what}".rstrip(), "shape", _per_token(x, layout)))
+    return out
+
+
+def _record(n: int, call: str, refused: bool, layout, settings: list) -> list:
+    try:
+        fp = 0 if refused else _fingerprint(layout)
+        segs, grid = int(layout.n_segments), int(layout.n_rows) * int(layout.q_width)
+    except Exception:  # noqa: BLE001  (a rank whose layout is no layout refused it already)
+        fp, segs, grid = 0, 0, 0
+    assert len(settings) <= _SETTINGS, (call, len(settings))
+    words = [n, _CALLS.index(call), 1 if refused else 0, fp, segs, grid]
+    for st in settings:
+        try:
+            words.append(_encode(st[2], st[3], st[4] if len(st) > 4 else ()))
+        except Exception:  # noqa: BLE001  (a value that cannot be read: only a refused rank's)
+            words.append(-3)
+    return words + [0] * (_WORDS - len(words))
+
+
+# one flat all-gather into one tensor (torch 2.13 names it all_gather_single)
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _agree(group, layout, call: str, settings: list, local: Optional[list]) -> None:
+    """The check every CP call starts with: one all-gather of the call's fixed-size record (see above), so
+    that ranks in another call, holding another layout, or passing other settings, or one rank's bad
+    argument, raise on every rank alike instead of leaving the others waiting in a collective (or
+    crashing gloo with payloads of different sizes). ``settings``: (argument, what, kind, value[,
+    options]) of the call, at most _SETTINGS. ``local``: this rank's own argument error (raised here
+    after the exchange). A disagreement names the setting, both values and the first rank that differs
+    from rank 0, the same on every rank."""
     rank, n = _rank_size(group)
-    codes = [1 if local else 0, 0 if local else _fingerprint(layout)]
-    codes += [_stable(w) for w in what]
-    dev = _backend_device(group)
-    mine = torch.tensor([n] + codes, dtype=torch.int64,
-                        device=dev if dev in ("cuda", "npu") else "cpu")  # NCCL / HCCL move device tensors only
+    mine = _record(n, call, bool(local), layout, settings)
     try:
         if _is_mpi(group):
-            everyone = torch.tensor(group.allgather([n] + codes), dtype=torch.int64)
+            everyone = group.allgather(mine)
         else:
-            everyone = torch.stack(_all_gather(mine, group)).cpu()
+            dev = _backend_device(group)
+            t = torch.tensor(mine, dtype=torch.int64, device=dev if dev in ("cuda", "npu") else "cpu")  # NCCL / HCCL
+            out = torch.empty(n * _WORDS, dtype=torch.int64, device=t.device)
+            _gather_single(out, t, group=group)
+            everyone = out.view(n, _WORDS).cpu().tolist()
     except RuntimeError as exc:  # the backend's timeout or a closed connection: a rank died or never came
         raise Error(f"group: the ranks' agreement exchange failed on rank {rank} (a rank died, never joined, or "
                     f"did not make this call within the group's timeout): {exc}", "MASKPACK_ERR_COMM",
@@ -106,18 +225,33 @@ def _agree(group, layout, what: tuple, local: Optional[list], labels: tuple = ()
         finally:
             del exc
     for r in range(n):
-        if int(everyone[r, 1]):
+        if everyone[r][2]:
             raise Error(f"group: rank {r} refused its arguments; every rank stops with it",
-                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
-    names = ("group size", "", "layout") + tuple(labels[i] if i < len(labels) else f"setting {i}"
-                                                 for i in range(len(what)))
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="group", index=(r,))
+    a = everyone[0]
     for r in range(1, n):
-        for i in range(everyone.shape[1]):
-            if i != 1 and int(everyone[r, i]) != int(everyone[0, i]):
-                arg = "layout" if i == 2 else "group"
-                raise Error(f"{arg}: rank {r} disagrees with rank 0 about the {names[i]} (each rank must pass the "
-                            f"same whole-batch layout and the same cp settings)", "MASKPACK_ERR_INVALID_ARGUMENT",
-                            argument=arg, index=(r,))
+        b = everyone[r]
+        if b == a:
+            continue
+        if b[0] != a[0]:
+            _disagree("group", r, "group size", str(b[0]), str(a[0]))
+        if b[1] != a[1]:
+            _disagree("group", r, "collective call", _CALLS[b[1]] if 0 <= b[1] < len(_CALLS) else str(b[1]),
+                      _CALLS[a[1]], "every rank must make the same CP calls in the same order")
+        if b[3:6] != a[3:6]:
+            _disagree("layout", r, "layout", f"fingerprint {b[3]:016x} ({b[4]} segments, {b[5]} grid tokens)",
+                      f"fingerprint {a[3]:016x} ({a[4]} segments, {a[5]} grid tokens)",
+                      "each rank must pass the same whole-batch layout")
+        for i, st in enumerate(settings):
+            if b[_HEAD + i] != a[_HEAD + i]:
+                opts = st[4] if len(st) > 4 else ()
+                _disagree(st[0], r, st[1], _decode(st[2], b[_HEAD + i], opts), _decode(st[2], a[_HEAD + i], opts),
+                          f"every rank must make the same call of {call}")
+
+
+def _disagree(arg: str, r: int, what: str, theirs: str, ours: str, why: str = "") -> None:
+    raise Error(f"{arg}: rank {r} disagrees with rank 0 about the {what}: {theirs} on rank {r}, {ours} on rank 0"
+                + (f" ({why})" if why else ""), "MASKPACK_ERR_INVALID_ARGUMENT", argument=arg, index=(r,))
 
 
 class _AllGatherParts(torch.autograd.Function):
@@ -134,7 +268,8 @@ class _AllGatherParts(torch.autograd.Function):
             _check_shard("part", part, layout, n, rank, scheme, tp, align, group)
         except (Error, TypeError) as exc:
             local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
-        _agree(group, layout, ("cp_all_gather", scheme, tp, align, tuple(part.shape[1:]), str(part.dtype)), local)
+        _agree(group, layout, "cp_all_gather",
+               _cp_settings(scheme, tp, align) + _tensor_settings(layout, ("part", part, "")), local)
         ctx.args = (layout, scheme, tp, align, group, rank, n)
         from . import _shm
 
@@ -528,10 +663,9 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     # whether autograd records decides the exchange (see _gdn_cp_no_grad), so every rank must agree
     records = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                               for t in (q, k, v, g, beta, initial_state))
-    shapes = tuple((tuple(x.shape[1:]), str(x.dtype)) for x in (q, k, v, g, beta) if isinstance(x, torch.Tensor))
-    _agree(group, layout, ("gated_delta_rule", scheme, tp, align, H, HV, shapes, records), local,
-           ("call", "cp scheme", "tp", "alignment", "key heads", "value heads", "per-token shapes and dtypes",
-            "autograd recording (an input requiring grad on some ranks only)"))
+    _agree(group, layout, "gated_delta_rule", _gdn_settings(layout, scheme, tp, align, (q, k, v, g, beta), scale,
+                                                            initial_state, l2norm, chunked)
+           + [("group", "autograd recording (an input requiring grad on some ranks only)", "flag", records)], local)
     args = (layout, group, n, scheme, tp, align)
     h0 = None
     if initial_state is not None:
@@ -568,7 +702,8 @@ def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, t
         _check_shard("x", x, layout, n, rank, scheme, tp, align, group, kernel=True)
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
-    _agree(group, layout, ("causal_conv1d", scheme, tp, align, C), local)
+    _agree(group, layout, "causal_conv1d", _conv_settings(layout, scheme, tp, align, x, weight, activation, prefix),
+           local)
     args = (layout, group, n, scheme, tp, align)
     xw = _heads_to_sequences(x, *args)
     w = torch.tensor_split(weight, n, dim=0)[rank]
@@ -767,8 +902,12 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     ring = not local and algorithm != "all_gather" and _ring_supported(q, k, v, layout)
-    _agree(group, layout, ("attention", scheme, tp, align, tuple(k.shape[1:]), tuple(v.shape[1:]),
-                           str(k.dtype), ring), local)
+    hd = "[heads, head dim]"
+    _agree(group, layout, "attention", _cp_settings(scheme, tp, align)
+           + [("algorithm", "algorithm (the ring or the all-gather)", "choice", "ring" if ring else "all_gather",
+               ("ring", "all_gather"))]
+           + _tensor_settings(layout, ("q", q, hd), ("k", k, hd), ("v", v, hd))
+           + [("scale", "scale", "real", scale), ("softcap", "softcap", "real", softcap)], local)
     whole = layout._cp_global(n, tp, align, scheme)  # the grid the shard layouts' keys index
     if ring:
         return _RingAttention.apply(q, k, v, whole, group, scheme, scale, softcap, threads)[0]
@@ -786,6 +925,27 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
 # side, the pieces' transitions (P, B) are all-gathered and composed in sequence order, and each rank
 # corrects its outputs with the true incoming states (one K x V product per token and head). The
 # conv takes each continuing piece's prefix from the all-gathered tails of the pieces before it.
+
+
+def _gdn_settings(layout, scheme, tp, align, xs, scale, initial_state, l2norm, chunked) -> list:
+    """What every rank of a GDN call must share: the CP settings, q, k, v, g, beta (dtype, per-token shape:
+    key heads and head dim, value heads and head dim), the options that change the values."""
+    hd = "[heads, head dim]"
+    q, k, v, g, beta = xs
+    return (_cp_settings(scheme, tp, align)
+            + _tensor_settings(layout, ("q", q, hd), ("k", k, hd), ("v", v, hd), ("g", g, "[value heads]"),
+                               ("beta", beta, "[value heads]"))
+            + [("scale", "scale", "real", scale), ("initial_state", "presence of an initial state", "flag",
+                                                   initial_state is not None),
+               ("l2norm", "l2norm", "flag", l2norm), ("chunked", "chunked form", "flag", chunked)])
+
+
+def _conv_settings(layout, scheme, tp, align, x, weight, activation, prefix) -> list:
+    return (_cp_settings(scheme, tp, align) + _tensor_settings(layout, ("x", x, "[channels]"))
+            + [("weight", "weight dtype", "dtype", _dtype(weight)),
+               ("weight", "weight shape", "shape", tuple(weight.shape) if isinstance(weight, torch.Tensor) else None),
+               ("activation", "activation", "choice", activation, ("silu", None)),
+               ("prefix", "presence of a prefix", "flag", prefix is not None)])
 
 
 def _check_sequence_args(layout, n, rank, scheme, tp, align, group, tensors) -> None:
@@ -866,7 +1026,8 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     HV, K, V = v.shape[-2], q.shape[-1], v.shape[-1]
-    _agree(group, layout, ("gated_delta_rule_sp", scheme, tp, align, q.shape[-2], HV, K, V), local)
+    _agree(group, layout, "gated_delta_rule_sp", _gdn_settings(layout, scheme, tp, align, (q, k, v, g, beta), scale,
+                                                               initial_state, l2norm, chunked), local)
     whole = layout._cp_global(n, tp, align, scheme)
     sc = (1.0 / math.sqrt(K)) if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float()
@@ -934,8 +1095,8 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
                             argument=name)
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
-    C, W = x.shape[-1], weight.shape[-1]
-    _agree(group, layout, ("causal_conv1d_sp", scheme, tp, align, C, W), local)
+    _agree(group, layout, "causal_conv1d_sp", _conv_settings(layout, scheme, tp, align, x, weight, activation, prefix),
+           local)
     whole = layout._cp_global(n, tp, align, scheme)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1])
     return _SequenceConv.apply(x, w2, prefix, whole, group, scheme, activation == "silu", _threads(threads, True))
