@@ -5,7 +5,7 @@
 set -eu
 DIR=${1:-build/upstream}
 PY=${PY:-.venv/bin/python}
-PINS="verl==0.9.1 megatron-core==0.16.1 ms-swift==4.6.0 mcore-bridge==1.6.5"
+PINS="verl==0.9.1 megatron-core==0.16.1 ms-swift==4.6.0 mcore-bridge==1.6.5 twinkle-kit==0.5.1"
 # TransformerEngine's pure-Python wheel (the version megatron-core 0.16.1 accepts: <2.12) goes into a
 # directory of its own: on sys.path beside megatron it would make megatron try its CUDA extension.
 TE_PIN="transformer-engine==2.11.0"

@@ -17,7 +17,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = Path(os.environ.get("MASKPACK_UPSTREAM", ROOT / "build" / "upstream"))
-PINS = {"verl": "0.9.1", "megatron-core": "0.16.1", "ms-swift": "4.6.0", "mcore-bridge": "1.6.5"}
+PINS = {"verl": "0.9.1", "megatron-core": "0.16.1", "ms-swift": "4.6.0", "mcore-bridge": "1.6.5", "twinkle-kit": "0.5.1",
+        "transformer-engine": "2.11.0"}  # tools/install_upstream.sh installs these
 
 
 def require_upstream(package_dir: str):

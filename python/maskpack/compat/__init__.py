@@ -11,7 +11,7 @@ maskpack equivalent and each deliberate difference.
 
 from importlib import import_module
 
-__all__ = ["verl", "megatron", "te", "swift", "mcore_bridge", "PackedSeqParams"]
+__all__ = ["verl", "megatron", "te", "swift", "mcore_bridge", "twinkle", "PackedSeqParams"]
 
 
 def __getattr__(name):
