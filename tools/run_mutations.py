@@ -88,6 +88,17 @@ def c_target(name):
 PY_TARGETS = ["_maskpack"]  # the one extension module (its planner and kernel parts included)
 
 
+def meson_tests(build):
+    """meson test name -> the build outputs its command line runs (the mpirun tests' programs)."""
+    import json
+
+    p = subprocess.run(["meson", "introspect", "--tests", build], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if p.returncode:
+        sys.exit("meson introspect --tests failed")
+    return {t["name"]: [os.path.relpath(a, build) for a in t["cmd"] if a.startswith(os.path.abspath(build))]
+            for t in json.loads(p.stdout)}
+
+
 def target_outputs(build):
     """meson target name -> its output files relative to the build dir (executables and modules)."""
     import json
@@ -138,6 +149,11 @@ def main():
         print(out)
         sys.exit("meson setup failed in the scratch copy")
     c_tests = sorted({t for m in muts for t in m.get("c", [])})
+    mesons = sorted({t for m in muts for t in m.get("meson", [])})
+    by_test = meson_tests(build) if mesons else {}
+    unknown = [t for t in mesons if t not in by_test]
+    if unknown:
+        sys.exit("meson tests not in this build: %s" % ", ".join(unknown))
     need_py = any(m.get("py") or m.get("cli") for m in muts)
     outputs = target_outputs(build)
 
@@ -146,9 +162,9 @@ def main():
         names = list(m.get("c", []))
         if m.get("py") or m.get("cli"):
             names += PY_TARGETS + ["maskpack"]
-        return [o for n in names for o in outputs.get(n, [])]
+        return [o for n in names for o in outputs.get(n, [])] + [o for t in m.get("meson", []) for o in by_test[t]]
 
-    everything = {"c": c_tests, "py": need_py, "cli": need_py}
+    everything = {"c": c_tests, "py": need_py, "cli": need_py, "meson": mesons}
     rc, out = sh(["ninja", "-C", build] + targets_of(everything), scratch)
     if rc:
         print(out[-4000:])
@@ -165,6 +181,11 @@ def main():
             rc, out = sh([os.path.join(build, c_target(t))], scratch, env, args.timeout)
             if rc:
                 return False, "%s: exit %d\n%s" % (t, rc, out[-3000:])
+        if m.get("meson"):  # tests meson runs through another program (mpirun)
+            rc, out = sh(["meson", "test", "-C", build, "--no-rebuild", "--print-errorlogs"] + list(m["meson"]),
+                         scratch, env, args.timeout)
+            if rc:
+                return False, "meson test %s: exit %d\n%s" % (" ".join(m["meson"]), rc, out[-3000:])
         if m.get("py"):
             cmd = [args.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"] + list(m["py"])
             rc, out = sh(cmd, scratch, env, args.timeout)
@@ -181,7 +202,7 @@ def main():
 
     # each distinct test command of the list once, unmutated
     seen = set()
-    for m in [{"c": c_tests}] + [{"py": m["py"]} for m in muts if m.get("py")] + (
+    for m in [{"c": c_tests, "meson": mesons}] + [{"py": m["py"]} for m in muts if m.get("py")] + (
             [{"cli": True}] if any(m.get("cli") for m in muts) else []):
         key = repr(sorted(m.items()))
         if key in seen:

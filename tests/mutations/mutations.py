@@ -1,8 +1,9 @@
 """Planted bugs for the mutation run (tools/run_mutations.py, `make test-mutation`).
 
 Each entry plants one small bug of a class seen in this kind of library: the `find` snippet must
-occur exactly once in `file` and is replaced by `replace`; then the C test programs in `c`, the
-pytest arguments in `py` (run from the repository root) and, with `cli`, tests/cli/test_cli.py run,
+occur exactly once in `file` and is replaced by `replace`; then the C test programs in `c`, the meson
+tests in `meson` (those run through another program: the mpirun tests), the pytest arguments in `py`
+(run from the repository root) and, with `cli`, tests/cli/test_cli.py (all cases, or the listed ones) run,
 and at least one of them must fail (the bug is "killed"). `needs_cpu_flag` names a /proc/cpuinfo
 flag without which the mutated kernel never runs (the bug is then reported "not run", not survived). A bug that survives is a hole in the
 tests: strengthen them, do not drop the entry. Add an entry for every new class of bug found.
@@ -262,7 +263,7 @@ MUTATIONS = [
          file="src/kernels/attention/attn_avx512bf16.c",
          find="B->Yr + x * Dp, P->d, inv[x]);",
          replace="B->Yr + x * Dp, P->d, inv[x] * 1.03f);",
-         c=["test_attention"], needs_cpu_flag="avx512_bf16"),
+         c=["test_attention_emulated_amx", "test_attention"]),  # the emulated build runs it on every CPU
     dict(name="npu_band_next_from_left_window",
          why="band mode 4 takes next_tockens from the left window for bidirectional windows",
          file="src/npu/npu_args.c",
@@ -275,4 +276,79 @@ MUTATIONS = [
          find="weights, denom = src.loss_weights(loss_mode, labels=shifted,",
          replace="weights, denom = src.loss_weights(loss_mode, labels=base,",
          py=["tests/python/test_batch.py", "-k", "numpy"]),
+    # ---- the planner ----------------------------------------------------------------------------
+    dict(name="plan_nextfit_exact_fit_opens_row",
+         why="next-fit opens a new row when the next sequence fits the open row exactly",
+         file="src/plan/pack.c",
+         find="        if (free_ < size[i]) {",
+         replace="        if (free_ <= size[i]) {",
+         py=["tests/python/test_plan.py", "-k", "nextfit or invariants_and_balance"]),
+    dict(name="plan_py_rank_costs_are_row_costs",
+         why="Plan.rank_costs hands out the per-row costs",
+         file="python/maskpack/plan.py",
+         find="        return self._costs()[2]\n",
+         replace="        return self._costs()[0]\n",
+         py=["tests/python/test_plan.py", "-k", "invariants"]),
+    # ---- file formats and the CLI -------------------------------------------------------------
+    dict(name="npy_fortran_order_read_as_c",
+         why="a Fortran-order .npy is read as if it were C order (a transposed mask)",
+         file="src/io/npy.c",
+         find="                a->fortran_order = 1;",
+         replace="                a->fortran_order = 0;",
+         c=["test_io"]),
+    dict(name="cli_inspect_misses_inner_boundary",
+         why="inspect compares descriptions only where a run of real tokens starts, so two sequences "
+             "read as one by one source go unreported",
+         file="src/cli/inspect.c",
+         find="    return x->seg[t] != x->seg[t - 1];",
+         replace="    return 0;",
+         cli=True),
+    # ---- the layout parsers and the NPU validator ---------------------------------------------
+    dict(name="cu_padded_slot_one_short",
+         why="cu_seqlens_padded whose slot is one token short of its sequence is accepted",
+         file="src/layout/from_cu_seqlens.c",
+         find="            if (slot < len)",
+         replace="            if (slot < len - 1)",
+         c=["test_parse"]),
+    dict(name="npu_negative_actual_seq_accepted",
+         why="the NPU validator lets a negative actual_seq_qlen entry through",
+         file="src/npu/npu_validate.c",
+         find="        if (l->v[k] < 0) {",
+         replace="        if (l->v[k] < -1) {",
+         c=["test_npu"]),
+    # ---- the causal conv1d ----------------------------------------------------------------------
+    dict(name="conv_final_state_reversed",
+         why="the conv's final state is written oldest token last (reversed window)",
+         file="src/kernels/conv/conv.c",
+         find="(int64_t)s * J->state.s_n + (c0 + c) * J->state.s_h + i * J->state.s_k, win[i][c]);",
+         replace="(int64_t)s * J->state.s_n + (c0 + c) * J->state.s_h + i * J->state.s_k, win[W - 2 - i][c]);",
+         c=["test_gdn"]),
+    # ---- the extension and the communicators --------------------------------------------------
+    dict(name="ext_buffer_strides_assumed_compact",
+         why="the extension reads a strided numpy view as if it were compact",
+         file="python/ext_common.c",
+         find="        t->strides[d] = view.strides[d] / view.itemsize;",
+         replace="        t->strides[d] = d + 1 < view.ndim ? view.shape[d + 1] : 1;",
+         py=["tests/python/test_api.py"]),
+    dict(name="mpi_all_to_all_as_all_gather",
+         why="the MPI communicator's all-to-all hands every rank the first block of each sender",
+         file="src/mpi/comm_mpi.c",
+         find="    return MPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) ==",
+         replace="    return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) ==",
+         meson=["cp_mpi_2"]),
+    # ---- prepare_batch and the Collator: bad input never passes silently -----------------------
+    dict(name="batch_labels_wrong_shape_pass_through", why="labels of another shape than the token grid pass through and the loss is derived from input_ids (prompt mask lost)", file="python/maskpack/batch.py", find="            _require_per_token(k, batch[k], key, grid, one_row, exact=k in _LABEL_KEYS)\n", replace="            pass\n", py=["tests/python/test_batch_bad_input.py::test_labels_of_the_wrong_shape_are_refused"]),
+    dict(name="batch_one_row_labels_t_pass_through", why="labels [T] beside input_ids [1,T] (one packed row) pass through instead of moving with the tokens", file="python/maskpack/batch.py", find="t = _token_tensor(v, src, grid, one_row, either=k in named)", replace="t = _token_tensor(v, src, grid, one_row, either=False)", py=["tests/python/test_batch_bad_input.py::test_one_packed_row_takes_labels_as_t_or_1_t"]),
+    dict(name="batch_given_shift_labels_overwritten", why="the batch's own shift_labels are replaced by labels derived from input_ids", file="python/maskpack/batch.py", find="    if given_shift is not None:  # the batch's own shifted labels are the loss's targets\n", replace="    if False:\n", py=["tests/python/test_batch_bad_input.py::test_given_shift_labels_are_used_not_overwritten"]),
+    dict(name="collator_labels_length_unchecked", why="an example whose labels differ in length from its input_ids is not refused by the Collator (example index lost)", file="python/maskpack/collator.py", find="            if k in named and not all(fits):", replace="            if False and k in named and not all(fits):", py=["tests/python/test_batch_bad_input.py::test_collator_refuses_labels_of_another_length"]),
+    dict(name="collator_keys_of_the_first_example_only", why="keys absent from the first example are dropped: labels only in later examples vanish and the loss trains on prompts", file="python/maskpack/collator.py", find="        for ex in examples:\n            keys.extend(", replace="        for ex in examples[:1]:\n            keys.extend(", py=["tests/python/test_batch_bad_input.py::test_collator_refuses_labels_missing_from_some_examples"]),
+    dict(name="collator_empty_example_accepted", why="an empty example is reported as a dtype problem (or accepted), not as an empty input_ids", file="python/maskpack/collator.py", find="        if a.shape[0] == 0:", replace="        if False:", py=["tests/python/test_batch_bad_input.py::test_collator_bad_input_ids_are_named"]),
+    dict(name="collator_padded_mask_one_too_long", why="the Collator's padded attention_mask marks one pad token per row as real", file="python/maskpack/collator.py", find="        out[\"attention_mask\"] = (np.arange(S)[None] < np.asarray(lengths)[:, None]).astype(np.int64)", replace="        out[\"attention_mask\"] = (np.arange(S)[None] <= np.asarray(lengths)[:, None]).astype(np.int64)", py=["tests/python/test_bundle.py::test_collator_padded_packed_and_rows"]),
+    dict(name="batch_float_input_ids_accepted", why="float input_ids are accepted beside labels (and reported as labels without)", file="python/maskpack/batch.py", find="        if not _is_integer(x):", replace="        if False:", py=["tests/python/test_batch_bad_input.py::test_float_input_ids_are_named"]),
+    dict(name="batch_cp_zero_named_cp_rank", why="cp = 0 reported as a cp_rank problem", file="python/maskpack/batch.py", find="    if cp < 1:\n", replace="    if cp < 0:\n", py=["tests/python/test_batch_bad_input.py::test_cp_and_cp_rank_are_named"]),
+    dict(name="to_padded_parts_slot_not_live_x", why="to_padded keeps the detached all_gather copy in this rank's slot: a loss after the gather trains nothing", file="python/maskpack/batch.py", find="        parts[self.cp_rank] = x  # the live output", replace="        parts[self.cp_rank] = x if parts[self.cp_rank] is None else parts[self.cp_rank]  # the live output", py=["tests/python/test_batch_bad_input.py::test_to_padded_gradient_flows_through_detached_all_gather_parts"]),
+    dict(name="to_padded_alone_pads_other_ranks", why="to_padded(x) under CP silently pads the other ranks' tokens instead of asking for parts=/group=", file="python/maskpack/batch.py", find="        if parts is None:\n            raise Error(f\"parts: under cp", replace="        if parts is None:\n            parts = [None] * self.cp\n        if False:\n            raise Error(f\"parts: under cp", py=["tests/python/test_batch_bad_input.py::test_to_padded_refuses_parts_that_disagree_with_x_and_names_parts"]),
+    dict(name="mrope_packed_boundaries_from_last_plane", why="packed M-RoPE position ids take sequence boundaries from the last plane, not the text plane", file="python/maskpack/batch.py", find="            planes = pos.reshape(s[0], T)\n            return planes[0], planes", replace="            planes = pos.reshape(s[0], T)\n            return planes[-1], planes", py=["tests/python/test_batch_bad_input.py::test_packed_mrope_position_ids_without_cu_seq_lens"]),
+    dict(name="flash_attn_kwargs_under_zigzag_cp", why="flash_attn_kwargs hands the global offsets to a zigzag CP rank that holds only its own tokens", file="python/maskpack/batch.py", find="        if self.cp > 1 and not (self.padding_free and self.extras.get(\"cp_scheme\") == \"ulysses\"):", replace="        if False:", py=["tests/python/test_batch_bad_input.py::test_flash_attn_kwargs_refuse_a_zigzag_cp_rank"]),
+    dict(name="batch_mask_shape_unchecked", why="an attention_mask / seq_idx that does not cover the token grid crashes in a reshape instead of an error naming it", file="python/maskpack/batch.py", find="    _check_layout_shapes(batch, key, grid)\n", replace="", py=["tests/python/test_batch_bad_input.py::test_masks_and_seq_idx_of_the_wrong_shape_are_named"]),
 ]

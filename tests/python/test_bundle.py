@@ -218,6 +218,10 @@ def test_collator_padded_packed_and_rows():
     ex = _examples()
     padded = maskpack.Collator(pad_to_multiple_of=4)(ex)
     assert padded.input_ids.shape == (3, 8)  # longest 5, rounded to 8
+    # the padded mask covers each example's tokens exactly: one more would make a pad token real
+    assert np.asarray(padded.attention_mask_2d).tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0],
+                                                             [1, 1, 1, 1, 1, 0, 0, 0]]
+    assert [int(n) for n in np.asarray(padded.source_layout.seqlens)] == [3, 1, 5]
     assert padded.input_ids[2].tolist() == [9, 10, 11, 12, 13, 0, 0, 0]
     assert padded.tokens["token_type_ids"][0].tolist() == [1, 1, 2, 0, 0, 0, 0, 0]
     assert padded.passthrough["source"] == ["a", "b", "c"]
