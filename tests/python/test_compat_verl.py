@@ -359,3 +359,66 @@ def test_documented_differences(up):
     assert pa.cu_seqlens_q.tolist() == pb.cu_seqlens_q.tolist() == [0, 4, 12]
     assert native["cu_seqlens_q"].tolist() == [0, 3, 8]
     assert native["cu_seqlens_q_padded"].tolist() == pb.cu_seqlens_q_padded.tolist() == [0, 4, 12]
+
+
+# ---- verl/utils/ulysses.py ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uly():
+    cu.require_upstream("verl")
+    return cu._load_file("upstream_verl_ulysses", cu.UPSTREAM / "verl/utils/ulysses.py", {})
+
+
+@SETTINGS
+@given(st.integers(1, 30), st.integers(1, 8), st.booleans(), st.booleans(), st.integers(0, 3), st.integers(1, 2))
+def test_ulysses_pad_and_slice_inputs(uly, t, sp, mrope, skip, pad_value, bsz):
+    g = torch.Generator().manual_seed(t * 10 + sp)
+    ids = torch.randint(1, 99, (bsz, t), generator=g)
+    pos = torch.arange(t).unsqueeze(0)
+    if mrope:
+        pos = pos.expand(3, 1, t).clone()
+    for r in range(sp):
+        grp = cu.FakeGroup(sp, r)
+        with cu.patched(uly, _ULYSSES_SEQUENCE_PARALLEL_GROUP=grp), cu.fake_group_queries():
+            a = uly.ulysses_pad_and_slice_inputs(ids, pos, sp, skip, pad_value)
+        b = tw.ulysses_pad_and_slice_inputs(ids, pos, sp, skip, pad_value, sp_rank=r)
+        for k in range(3):
+            if k == 1 and mrope and not skip and sp > 1:
+                # verl slices dim 1 of M-RoPE [3, 1, T] position ids (the batch dimension): an empty tensor;
+                # the twin slices the tokens, like the [1, T] case
+                assert a[1].shape[1] == 0
+                flat = tw.ulysses_pad_and_slice_inputs(ids, pos[0], sp, skip, pad_value, sp_rank=r)[1]
+                cu.assert_same(b[1], flat.unsqueeze(0).expand(3, -1, -1), "M-RoPE positions sliced on tokens")
+                continue
+            cu.assert_same(a[k], b[k], f"output[{k}]")
+        cu.count("verl.ulysses_pad_and_slice_inputs")
+
+
+@SETTINGS
+@given(st.integers(1, 6), st.integers(1, 8), st.integers(0, 2), st.booleans(), st.booleans())
+def test_gather_outputs_and_unpad(uly, piece, sp, gather_dim, unpad, scaler):
+    g = torch.Generator().manual_seed(piece * 10 + sp)
+    shape = [2, 3, 4]
+    shape[gather_dim] = piece
+    parts = [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(sp)]
+    total = piece * sp
+    pad = total % 3 if unpad else 0
+    unpad_dim = gather_dim if unpad else None
+
+    def all_gather_into_tensor(output, local, group=None, async_op=False):
+        output.copy_(torch.cat([p.detach() for p in parts], 0))
+
+    for r in range(sp):
+        grp = cu.FakeGroup(sp, r)
+        xa = parts[r].clone().requires_grad_(True)
+        xb = parts[r].clone().requires_grad_(True)
+        with cu.fake_group_queries(), cu.patched(torch.distributed, all_gather_into_tensor=all_gather_into_tensor):
+            a = uly.gather_outputs_and_unpad(xa, gather_dim, unpad_dim, pad, scaler, grp)
+        with cu.fake_all_gather(parts):
+            b = tw.gather_outputs_and_unpad(xb, gather_dim, unpad_dim, pad, scaler, None, sp_rank=r, sp_size=sp)
+        cu.assert_same(a, b, "gathered")
+        w = torch.randn(a.shape, generator=g, dtype=torch.float64)
+        (a * w).sum().backward()
+        (b * w).sum().backward()
+        cu.assert_same(xa.grad, xb.grad, "grad")
+        cu.count("verl.gather_outputs_and_unpad")

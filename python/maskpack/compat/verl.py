@@ -36,7 +36,8 @@ from . import _common
 from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_layout
 
 __all__ = ["preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine", "postprocess_thd_engine",
-           "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd"]
+           "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd",
+           "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad"]
 
 UPSTREAM = "verl==0.9.1"
 
@@ -533,3 +534,93 @@ def build_vlm_attn_mask_bshd(input_ids: torch.Tensor, batch_size: int, pad_token
         width += (-width) % align
     x, mask = _padded_ids(fn, input_ids, width, pad_token_id)
     return (x, None) if _npu_default(npu) else (x, mask)
+
+
+# ---- verl/utils/ulysses.py ----------------------------------------------------------------------------
+
+def _sp_rank(fn: str, sp_rank: Optional[int], group: Any) -> int:
+    if sp_rank is not None:
+        return int(sp_rank)
+    if group is not None:
+        return torch.distributed.get_rank(group=group)
+    raise Error(f"{fn}: pass sp_rank= (or group=, the Ulysses group; verl reads a module global)",
+                "MASKPACK_ERR_INVALID_ARGUMENT", argument="sp_rank")
+
+
+def ulysses_pad_and_slice_inputs(input_ids_rmpad: torch.Tensor, position_ids_rmpad: Optional[torch.Tensor] = None,
+                                 sp_size: int = 1, skip_position_ids_rmpad: bool = False, pad_value: Any = 0, *,
+                                 sp_rank: Optional[int] = None, group: Any = None):
+    """verl's ``ulysses_pad_and_slice_inputs``: the packed row ``[bsz, T]`` padded at its end to a multiple of
+    ``sp_size`` (``pad_value``; position ids ``0 .. pad-1``) and cut into ``sp_size`` contiguous pieces: the piece of
+    ``sp_rank`` (maskpack's ``cp_shard(scheme="ulysses")``); returns ``(input_ids, position_ids, pad_size)``.
+    ``position_ids_rmpad``: ``[1, T]`` or M-RoPE ``[3, 1, T]`` (sliced along its tokens; verl 0.9.1 slices dim 1 of
+    the M-RoPE form, its batch dimension, and returns an empty tensor there)."""
+    fn = "ulysses_pad_and_slice_inputs"
+    if position_ids_rmpad is not None:
+        if position_ids_rmpad.size(-2) != 1 or input_ids_rmpad.size(-1) != position_ids_rmpad.size(-1):
+            raise Error(f"{fn}: position_ids_rmpad {tuple(position_ids_rmpad.shape)} does not match input_ids_rmpad "
+                        f"{tuple(input_ids_rmpad.shape)}", "MASKPACK_ERR_SHAPE", argument="position_ids_rmpad")
+    if sp_size <= 1:
+        return input_ids_rmpad, position_ids_rmpad, 0
+    rank = _sp_rank(fn, sp_rank, group)
+    t = input_ids_rmpad.shape[1]
+    lay = Layout.from_lengths([t], "packed")
+    idx = torch.as_tensor(lay.cp_shard_indices(sp_size, rank, scheme="ulysses"))
+    pad_size = (-t) % sp_size
+    real = idx < t
+    ids = input_ids_rmpad.index_select(1, torch.where(real, idx, 0).to(input_ids_rmpad.device))
+    if pad_size and not bool(real.all()):
+        ids[:, ~real.to(ids.device)] = pad_value
+    pos = position_ids_rmpad
+    if pos is not None and not skip_position_ids_rmpad:
+        p = pos.index_select(-1, torch.where(real, idx, 0).to(pos.device))
+        if pad_size and not bool(real.all()):
+            fill = (idx - t)[~real].to(p.device, p.dtype)
+            p[..., ~real.to(p.device)] = fill
+        pos = p
+    elif pos is not None and pad_size:  # verl pads the position ids without slicing them
+        pad_pos = torch.arange(pad_size, device=pos.device).unsqueeze(0)
+        if pos.dim() == 3:
+            pad_pos = pad_pos.unsqueeze(0).repeat(pos.size(0), 1, 1)
+        pos = torch.cat((pos, pad_pos), dim=-1)
+    return ids, pos, pad_size
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def gather_outputs_and_unpad(x: torch.Tensor, gather_dim: int, unpad_dim: Optional[int] = None, padding_size: int = 0,
+                             grad_scaler: bool = True, group: Any = None, *, sp_rank: Optional[int] = None,
+                             sp_size: Optional[int] = None):
+    """verl's ``gather_outputs_and_unpad``: the Ulysses pieces along ``gather_dim`` gathered in rank order, then
+    ``padding_size`` removed from the end of ``unpad_dim``. Without a group (and ``sp_size`` 1 or None) ``x`` is
+    returned, as in verl. Backward as verl's: this rank's piece of the gradient, times the group size when
+    ``grad_scaler``."""
+    fn = "gather_outputs_and_unpad"
+    if group is None and not sp_size:
+        return x
+    n = int(sp_size) if sp_size else torch.distributed.get_world_size(group=group)
+    rank = _sp_rank(fn, sp_rank, group)
+    gd = gather_dim % x.dim()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    torch.distributed.all_gather(parts, x.detach().contiguous(), group=group)
+    parts[rank] = _ScaleGrad.apply(x, float(n) if grad_scaler else 1.0)
+    piece = x.shape[gd]
+    lay = Layout.from_lengths([piece * n], "packed")
+    shards = [lay.cp_shard(n, r, scheme="contiguous", align=None) for r in range(n)]
+    whole = relayout([p.movedim(gd, 0).contiguous() for p in parts], shards, lay).movedim(0, gd)
+    if unpad_dim is not None:
+        if not isinstance(padding_size, int):
+            raise Error(f"{fn}: padding_size must be an int, found {padding_size!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="padding_size")
+        if padding_size:
+            whole = whole.narrow(unpad_dim, 0, whole.shape[unpad_dim] - padding_size)
+    return whole
