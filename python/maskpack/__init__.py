@@ -65,7 +65,16 @@ _ALLOC_NAMES = ("output_cache_info", "set_output_cache_limit", "empty_output_cac
 __all__ += list(_ALLOC_NAMES)
 
 
+# maskpack.hf (a transformers model on maskpack in one call: prepare_model) needs torch and transformers:
+# the submodule loads on first use.
+__all__ += ["hf"]
+
+
 def __getattr__(name):
+    if name == "hf":
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
     if name in _GDN_NAMES:
         from . import gdn
 
