@@ -529,8 +529,20 @@ typedef struct maskpack_comm {
 
 /* (comm, layout, scheme) -> OK on every rank when all ranks hold the same layout (segments, grid,
  * rule) and scheme; otherwise the same MASKPACK_ERR_INVALID_ARGUMENT on every rank, naming the first
- * rank that differs from rank 0 and what differs. One all-gather of a 72-byte fingerprint: cheap
- * enough to run before every CP step, so that mismatched shards fail loudly instead of mixing. */
+ * rank that differs from rank 0, what differs and both values. One all-gather of a 224-byte record:
+ * cheap enough to run before every CP step, so that mismatched shards fail loudly instead of mixing.
+ *
+ * Every collective call below (cp_all_gather, the ring attention's two directions, sequence-parallel
+ * GDN and conv) starts with the same all-gather of the same fixed-size record of its call: which
+ * collective, the layout and scheme, whether the rank's own argument checks passed, and the settings
+ * every rank must share (dtypes and per-token shapes of the tensors that travel, payload bytes, scale,
+ * softcap, l2norm, activation). Ranks in different collectives, or in one with other settings, fail
+ * there with the same MASKPACK_ERR_INVALID_ARGUMENT on every rank (argument: "comm" for another call,
+ * else the setting's argument; index[0]: the first rank that differs from rank 0; the message names
+ * the setting and both values), before any payload moves: never a hang, never a transport's abort. A
+ * rank whose own checks fail (a NULL or mis-shaped argument, outputs included) returns its own error
+ * and every other rank "rank r refused its arguments"; a failure after the agreement (a kernel's
+ * refusal inside the GDN) travels in the next exchange, so every rank fails with it. */
 MASKPACK_API maskpack_status maskpack_cp_check(const maskpack_comm *comm, const maskpack_layout *layout,
                                                maskpack_cp_scheme scheme, maskpack_error *err);
 
