@@ -1095,9 +1095,11 @@ typedef struct maskpack_gdn_options {
     int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
     int n_threads;        /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
     maskpack_isa isa;     /* default AUTO */
+    int skip_gate_check;  /* 0 (default) = refuse a real token's g that is not a finite value <= 0 (g > 0
+                           * grows the state; NaN, -inf); 1 = run g as given, unchecked */
 } maskpack_gdn_options;
 
-/* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO. */
+/* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO, gate checked. */
 MASKPACK_API maskpack_gdn_options maskpack_gdn_options_default(void);
 
 /* (requested isa) -> *resolved: the kernel a rule call with this request runs (REF, AVX512 or AVX2):
@@ -1110,10 +1112,18 @@ typedef struct maskpack_gdn_inputs {
     const maskpack_tensor *q;             /* [B,S,H,K] / [T,H,K] */
     const maskpack_tensor *k;             /* same shape as q */
     const maskpack_tensor *v;             /* [B,S,HV,V] / [T,HV,V] */
-    const maskpack_tensor *g;             /* [B,S,HV] / [T,HV]: log decay per token (<= 0 in practice) */
+    const maskpack_tensor *g;             /* [B,S,HV] / [T,HV]: log decay per token, finite and <= 0 */
     const maskpack_tensor *beta;          /* [B,S,HV] / [T,HV]: write strength */
     const maskpack_tensor *initial_state; /* [N,HV,K,V] f32, or NULL for zeros */
 } maskpack_gdn_inputs;
+
+/* (layout, g [B,S,HV] / [T,HV] f32/bf16) -> MASKPACK_OK, or MASKPACK_ERR_VALUE naming g and the first
+ * real token and head ((row, col, head); packed: (token, head)) whose log decay is not a finite value
+ * <= 0: the check the forward and backward run after their shape checks unless opts.skip_gate_check
+ * (one pass over the real tokens; pads are not read), for a collective caller to run before its ranks
+ * agree. */
+MASKPACK_API maskpack_status maskpack_gdn_check_gate(const maskpack_layout *layout, const maskpack_tensor *g,
+                                                     maskpack_error *err);
 
 /* (layout, inputs, opts, backward?) -> *bytes of workspace one call needs (all threads). Per thread:
  * forward O(chunk^2 + chunk*(K+V) + G*K*V) (G = HV/H value heads of one key head); backward adds

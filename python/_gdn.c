@@ -32,13 +32,14 @@ static int parse_many(PyObject *descs, const char *const *names, int n, maskpack
 
 /* ---- the rule ------------------------------------------------------------------------------- */
 
-/* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads, isa) */
+/* forward(layout, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, n_threads, isa[, check_gate = True]) */
 static PyObject *py_forward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *descs;
     double scale;
-    int chunked, l2norm, threads, isa;
-    if (!PyArg_ParseTuple(args, "OO!dppii", &layout, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads, &isa))
+    int chunked, l2norm, threads, isa, check_gate = 1;
+    if (!PyArg_ParseTuple(args, "OO!dppii|p", &layout, &PyTuple_Type, &descs, &scale, &chunked, &l2norm, &threads, &isa,
+                          &check_gate))
         return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
@@ -52,6 +53,7 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     o.l2norm = l2norm;
     o.n_threads = threads;
     o.isa = (maskpack_isa)isa;
+    o.skip_gate_check = !check_gate;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_forward(L, &in, &o, p[6], p[7], NULL, 0, &err);
@@ -59,13 +61,15 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads, isa) */
+/* backward(layout, (q, k, v, g, beta, h0, do, dht, dq, dk, dv, dg, dbeta, dh0), scale, l2norm, n_threads, isa[,
+ * check_gate = True]) */
 static PyObject *py_backward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *layout, *descs;
     double scale;
-    int l2norm, threads, isa;
-    if (!PyArg_ParseTuple(args, "OO!dpii", &layout, &PyTuple_Type, &descs, &scale, &l2norm, &threads, &isa))
+    int l2norm, threads, isa, check_gate = 1;
+    if (!PyArg_ParseTuple(args, "OO!dpii|p", &layout, &PyTuple_Type, &descs, &scale, &l2norm, &threads, &isa,
+                          &check_gate))
         return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
@@ -80,6 +84,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     o.l2norm = l2norm;
     o.n_threads = threads;
     o.isa = (maskpack_isa)isa;
+    o.skip_gate_check = !check_gate;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_backward(L, &in, p[6], p[7], &o, &gr, NULL, 0, &err);
@@ -245,16 +250,17 @@ static int parse_team(PyObject *obj, maskpack_workers **team) {
     return *team ? 0 : -1;
 }
 
-/* op_create(layout, H, HV, K, V, scale, chunked, l2norm, n_threads) -> op capsule. The capsule
- * holds no reference to the layout: the caller keeps the op in the layout's own cache, so the op
- * never outlives it. */
+/* op_create(layout, H, HV, K, V, scale, chunked, l2norm, n_threads, isa[, check_gate = True]) -> op capsule.
+ * The capsule holds no reference to the layout: the caller keeps the op in the layout's own cache, so
+ * the op never outlives it. */
 static PyObject *py_op_create(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *addr;
     long long H, HV, K, V;
     double scale;
-    int chunked, l2norm, threads, isa;
-    if (!PyArg_ParseTuple(args, "OLLLLdppii", &addr, &H, &HV, &K, &V, &scale, &chunked, &l2norm, &threads, &isa))
+    int chunked, l2norm, threads, isa, check_gate = 1;
+    if (!PyArg_ParseTuple(args, "OLLLLdppii|p", &addr, &H, &HV, &K, &V, &scale, &chunked, &l2norm, &threads, &isa,
+                          &check_gate))
         return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(addr, &L) < 0) return NULL;
@@ -264,6 +270,7 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     o.l2norm = l2norm;
     o.n_threads = threads;
     o.isa = (maskpack_isa)isa;
+    o.skip_gate_check = !check_gate;
     maskpack_gdn_op *op = NULL;
     maskpack_error err;
     maskpack_status s = maskpack_gdn_op_create(L, H, HV, K, V, &o, &op, &err);
@@ -464,6 +471,23 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
 }
 
 /* resolve_isa() -> "ref" | "avx2" | "avx512": the kernel AUTO (and MASKPACK_ISA) selects */
+/* check_gate(layout, g): maskpack_gdn_check_gate (for callers that check before a collective) */
+static PyObject *py_check_gate(PyObject *m, PyObject *args) {
+    (void)m;
+    PyObject *layout, *gobj;
+    if (!PyArg_ParseTuple(args, "OO", &layout, &gobj)) return NULL;
+    const maskpack_layout *L;
+    if (mpx_parse_layout(layout, &L) < 0) return NULL;
+    maskpack_tensor g;
+    int present;
+    if (mpx_parse_tensor(gobj, "g", &g, &present) < 0) return NULL;
+    maskpack_error err;
+    maskpack_status s;
+    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_check_gate(L, present ? &g : NULL, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     (void)m;
     (void)noargs;
@@ -482,7 +506,9 @@ static PyMethodDef methods[] = {
     {"cp_conv1d", py_cp_conv1d, METH_VARARGS, "sequence-parallel causal conv1d (maskpack_cp_causal_conv1d)"},
     {"cp_conv1d_backward", py_cp_conv1d_backward, METH_VARARGS, "sequence-parallel causal conv1d backward"},
     {"workspace_size", py_workspace_size, METH_VARARGS, "bytes of workspace a call needs"},
-    {"op_create", py_op_create, METH_VARARGS, "(layout, H, HV, K, V, scale, chunked, l2norm, threads) -> rule operator"},
+    {"op_create", py_op_create, METH_VARARGS,
+     "(layout, H, HV, K, V, scale, chunked, l2norm, threads, isa[, check_gate]) -> rule operator"},
+    {"check_gate", py_check_gate, METH_VARARGS, "(layout, g): refuses a real token's g that is not finite and <= 0"},
     {"op_forward", py_op_forward, METH_VARARGS, "(op, team or None, tensors): the rule forward through an operator"},
     {"op_backward", py_op_backward, METH_VARARGS, "(op, team or None, tensors): the rule backward"},
     {"conv1d", py_conv1d, METH_VARARGS, "causal depthwise conv1d over a layout (use maskpack.causal_conv1d)"},

@@ -69,7 +69,7 @@ def gdn_isa() -> str:
 # ---- the gated delta rule ---------------------------------------------------------------------
 
 
-def _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa):
+def _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa, check_gate=True):
     """The C operator of the rule for this layout, shapes and options, made on first use and kept in
     the layout's cache (the kernel choice, the sorted work lists and a workspace are planned once
     per layout, not per call); None where the shapes cannot make one: the plain call then names
@@ -78,42 +78,45 @@ def _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa):
         return None
     # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
     key = ("gdn_op", int(q.shape[-2]), int(v.shape[-2]), int(q.shape[-1]), int(v.shape[-1]), float(scale),
-           bool(chunked), bool(l2norm), threads, isa, os.environ.get("MASKPACK_ISA") if isa == 0 else None)
+           bool(chunked), bool(l2norm), threads, isa, bool(check_gate),
+           os.environ.get("MASKPACK_ISA") if isa == 0 else None)
     cache = _cache_of(layout)
     op = cache.get(key)
     if op is None:
         try:
-            op = _gdn.op_create(layout_handle(layout), *key[1:10])
+            op = _gdn.op_create(layout_handle(layout), *key[1:11])
         except Error:
             return None
         cache[key] = op
     return op
 
 
-def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht) -> None:
-    """The C forward of the rule into the given outputs (it validates every tensor before writing),
-    through the layout's operator on the process's worker team of ``threads``."""
+def _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht, check_gate=True) -> None:
+    """The C forward of the rule into the given outputs (it validates every tensor, g's values
+    included unless ``check_gate`` is False, before writing), through the layout's operator on the
+    process's worker team of ``threads``."""
     descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
              _d(o, "o"), _d(ht, "final_state"))
-    op = _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa)
+    op = _rule_op(layout, q, v, scale, chunked, l2norm, threads, isa, check_gate)
     if op is None:
-        _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads, isa)
+        _gdn.forward(layout_handle(layout), descs, float(scale), bool(chunked), bool(l2norm), threads, isa,
+                     bool(check_gate))
     else:
         _gdn.op_forward(op, _team(threads), descs)
 
 
 class _RuleFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa):
+    def forward(ctx, q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, check_gate):
         n_seg = layout.n_segments
         HV, V = v.shape[-2], v.shape[-1]
         K = q.shape[-1]
         o = fresh(v.shape, v.dtype)
         ht = fresh((n_seg, HV, K, V), torch.float32)
-        _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht)
+        _rule_into(q, k, v, g, beta, h0, layout, scale, chunked, l2norm, threads, isa, o, ht, check_gate)
         ctx.save_for_backward(q, k, v, g, beta, h0)
         ctx.layout, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads = layout, scale, chunked, l2norm, threads
-        ctx.isa = isa
+        ctx.isa, ctx.check_gate = isa, check_gate
         return o, ht
 
     @staticmethod
@@ -131,12 +134,13 @@ class _RuleFn(torch.autograd.Function):
         descs = (_d(q, "q"), _d(k, "k"), _d(v, "v"), _d(g, "g"), _d(beta, "beta"), _d(h0, "initial_state"),
                  _d(do, "d_o"), _d(dht, "d_final_state"), _d(dq, "dq"), _d(dk, "dk"), _d(dv, "dv"), _d(dg, "dg"),
                  _d(db, "dbeta"), _d(dh0, "d_initial_state"))
-        op = _rule_op(ctx.layout, q, v, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads, ctx.isa)
+        op = _rule_op(ctx.layout, q, v, ctx.scale, ctx.chunked, ctx.l2norm, ctx.threads, ctx.isa, ctx.check_gate)
         if op is None:
-            _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads, ctx.isa)
+            _gdn.backward(layout_handle(ctx.layout), descs, float(ctx.scale), bool(ctx.l2norm), ctx.threads, ctx.isa,
+                          bool(ctx.check_gate))
         else:
             _gdn.op_backward(op, _team(ctx.threads), descs)
-        return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None
+        return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -144,7 +148,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
                      out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, *, group: Any = None,
                      cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
-                     cp_method: str = "auto", isa: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                     cp_method: str = "auto", isa: Optional[str] = None,
+                     check_gate: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per segment of ``layout``.
 
     q, k ``[.., H, K]``, v ``[.., HV, V]`` (HV a multiple of H; value head h reads key head
@@ -162,6 +167,15 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     "avx2", "avx512"; None or "auto": MASKPACK_ISA, else the best this CPU runs); one this CPU lacks
     raises maskpack.Error naming the missing feature.
 
+    ``check_gate`` (default True): g of every real token must be a finite log decay <= 0. A gate
+    g > 0 grows the state without bound (the chunked and recurrent forms then part ways by orders
+    of magnitude), NaN poisons the state and -inf breaks the chunked form; each raises
+    maskpack.Error (status MASKPACK_ERR_VALUE, argument "g", index (token, head) for a packed
+    layout, (row, token, head) for a padded one: the first offending one) before anything is
+    written. Pads are never read. The check is one pass over g in the C library
+    (``maskpack_gdn_options.skip_gate_check``), forward and backward; ``check_gate=False`` runs g
+    as given. With ``group=`` the gate is always checked.
+
     ``group`` (a torch.distributed ProcessGroup): context parallelism. The tensors are then this
     rank's CP shard ([T_local, ...], as ``layout.shard(x, cp, rank, scheme=cp_scheme, tp=tp,
     align=align)`` cut them) and ``layout`` is the whole batch's; o comes back as this rank's shard and
@@ -170,9 +184,14 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     composed across ranks: :func:`maskpack.distributed.gated_delta_rule_sp`) or "auto" (head-parallel
     when both head counts divide by the group size, else sequence-parallel).
     """
+    if not isinstance(check_gate, bool):
+        raise TypeError(f"check_gate: expected True or False, found {check_gate!r}")
     if group is not None:
         if out is not None:
             raise TypeError("gated_delta_rule(): out= cannot be combined with group=")
+        if not check_gate:
+            raise TypeError("gated_delta_rule(): check_gate=False cannot be combined with group= (the CP ways "
+                            "check the gate)")
         if isa is not None:
             raise TypeError("gated_delta_rule(): isa= cannot be combined with group= (the CP ways choose their kernels)")
         from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
@@ -197,7 +216,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                     argument="scale")
     if out is None:
         return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
-                             _threads(threads), code)
+                             _threads(threads), code, check_gate)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
         raise TypeError("gated_delta_rule(): out= cannot be used when autograd records (an input requires grad)")
     if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out):
@@ -210,7 +229,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if ht.dtype != torch.float32 or tuple(ht.shape) != want:
         raise Error(f"out[1] (final_state): expected torch.float32 {want}, found {ht.dtype} {tuple(ht.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="final_state")
-    _rule_into(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, _threads(threads), code, o, ht)
+    _rule_into(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, _threads(threads), code, o, ht,
+               check_gate)
     return o, ht
 
 
@@ -518,13 +538,139 @@ class GatedDeltaNet(torch.nn.Module):
 _HF_GDN_LAYERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 
 
+# what a model call hands a patched layer besides its 2D mask: the keys that describe packed segments
+# (transformers passes a call's extra keyword arguments down to every layer); position_ids reach the
+# linear-attention layers only through the call tap below, as maskpack_position_ids
+_SEGMENT_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
+_MASKPACK_KEYS = ("maskpack_layout", "maskpack_position_ids")
+
+
+def _host(x: Any) -> Any:
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
+
+
+class _CallTap:
+    """A forward pre-hook on the model a patch was applied to: transformers hands a model call's
+    ``position_ids`` to its attention layers only, never to its linear-attention layers, so the
+    tap passes them on as ``maskpack_position_ids`` (a keyword argument, which transformers carries
+    down to every layer, gradient checkpointing's recomputation included). A plain object, so that
+    a patched model deep-copies and pickles."""
+
+    def __init__(self, index: Optional[int]) -> None:
+        self.index = index  # position_ids' place among forward's positional parameters, or None
+
+    def __call__(self, module: Any, args: tuple, kwargs: dict):
+        pos = kwargs.get("position_ids")
+        if pos is None and self.index is not None and len(args) > self.index:
+            pos = args[self.index]
+        if pos is None or kwargs.get("maskpack_position_ids") is not None:
+            return None
+        return args, {**kwargs, "maskpack_position_ids": pos}
+
+
+def _tap_index(model: torch.nn.Module) -> Tuple[bool, Optional[int]]:
+    """(whether the model's forward takes position_ids and passes other keywords on, the index of
+    position_ids among its positional parameters or None)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(model).forward).parameters.values())[1:]  # without self
+    except (TypeError, ValueError):
+        return False, None
+    names = [p.name for p in params]
+    if "position_ids" not in names or not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return False, None
+    i = names.index("position_ids")
+    positional = params[i].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return True, i if positional else None
+
+
+def _segment_ids(lay: Any):
+    import numpy as np
+
+    return np.asarray(lay.with_outputs("numpy").segment_ids()).reshape(-1)
+
+
+def _batch_layout(batch: dict) -> Tuple[Any, str]:
+    """prepare_batch's reading of a batch's segments (maskpack.batch's own helpers, so that a patched
+    layer and prepare_batch cannot read one batch two ways) -> (layout, the key that described it)."""
+    from . import batch as _b
+
+    key, grid, one_row = _b._token_grid(batch)
+    _b._check_layout_shapes(batch, key, grid)
+    pos = batch.get("position_ids")
+    text, planes = _b._positions(pos, grid, one_row) if pos is not None else (None, None)
+    return _b._source_layout(batch, None, "te", "reset", {}, text, planes is not None)
+
+
+def _call_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor], kwargs: dict,
+                 tail_padding: bool) -> Tuple[Any, str]:
+    """The segments of a patched layer's call [B, S, hidden] -> (layout, the key that described it),
+    by prepare_batch's rules (maskpack.batch): explicit offsets (cu_seqlens, cu_seq_lens_q/k,
+    seq_idx) first, then the position ids of one packed row, then the 2D keep mask, then position
+    ids of a padded batch, else whole rows; every other form present must agree (an error names the
+    first token where two disagree). A ``maskpack_layout`` passed through the call is the segments
+    themselves: the other forms must agree with it. Tokens the segments leave out (offsets that sum
+    to fewer than the row's tokens, a trailing run of zero position ids) are padding only when the
+    2D mask or the layout says so, or the patch was made with ``tail_padding=True``; otherwise the
+    call raises, as it does for forms that disagree."""
+    import numpy as np
+
+    B, S = int(hidden_states.shape[0]), int(hidden_states.shape[1])
+    batch: dict = {"inputs_embeds": hidden_states}
+    for key in _SEGMENT_KEYS:
+        if kwargs.get(key) is not None:
+            batch[key] = _host(kwargs[key])
+    pos = kwargs.get("position_ids")
+    if pos is None:
+        pos = kwargs.get("maskpack_position_ids")
+    if isinstance(pos, torch.Tensor):
+        pos = _host(pos)
+        if pos.dim() == 2 and pos.shape[0] == 1 and B > 1:  # one row of positions for every row
+            pos = pos.expand(B, -1)
+        batch["position_ids"] = pos
+    mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    if mask is not None:
+        batch["attention_mask"] = _host(mask)
+    given = kwargs.get("maskpack_layout")
+    if given is not None:
+        check_layout(given)
+        grid = (1, given.q_width) if given.packed else (given.n_rows, given.q_width)
+        if grid != (B, S):
+            raise Error(f"maskpack_layout: expected the token grid of hidden_states {[B, S]}, found {list(grid)}",
+                        "MASKPACK_ERR_SHAPE", argument="maskpack_layout")
+        if len(batch) == 1:
+            return given, "maskpack_layout"
+    lay, name = _batch_layout(batch)
+    if given is not None:
+        ids, want = _segment_ids(lay), _segment_ids(given)
+        # both number their segments in token order: equal ids = the same segments and the same padding
+        bad = np.nonzero(ids != want)[0]
+        if bad.size:
+            t = int(bad[0])
+            raise Error(f"{name}: disagrees with maskpack_layout at token {t} (sequence {int(ids[t]) - 1} vs "
+                        f"{int(want[t]) - 1}; -1 = padding)", "MASKPACK_ERR_VALUE", argument=name, index=(t,))
+        return given, "maskpack_layout"
+    if mask is None and not tail_padding:
+        real = _segment_ids(lay) != 0
+        if not real.all():
+            t = int(np.nonzero(~real)[0][0])
+            raise Error(f"{name}: leaves {int((~real).sum())} of the call's {real.size} tokens out of every sequence, "
+                        f"from token {t} (they would run as padding, their outputs 0); expected every token in a "
+                        "sequence: pass a 2D attention_mask (or maskpack_layout) marking the padding, or patch with "
+                        "patch_linear_attention(..., tail_padding=True)", "MASKPACK_ERR_VALUE", argument=name,
+                        index=(t,))
+    return lay, name
+
+
 class _PatchedForward:
     """A patched layer's forward: an object rather than a bound function, so that a patched model
     still deep-copies (the copy's forward calls the copy) and pickles (torch.save of the model)."""
 
     def __init__(self, module: torch.nn.Module, projections: str, threads: Optional[int],
-                 cp: Optional[dict] = None) -> None:
+                 cp: Optional[dict] = None, tail_padding: bool = False) -> None:
         self.module, self.projections, self.threads, self.cp = module, projections, threads, cp
+        self.tail_padding = tail_padding
 
     def _cp_call(self, hidden_states: torch.Tensor, cache_params: Any, kwargs: dict) -> torch.Tensor:
         """Context parallelism: hidden_states [1, T_local, hidden] is this rank's shard of the whole
@@ -551,60 +697,65 @@ class _PatchedForward:
 
     def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None,
                  attention_mask: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
-        """transformers' call of a GDN layer -> maskpack's layer with that layer's parameters. The
-        segments come from what the call carries: flash-attention's ``cu_seq_lens_q`` (a packed row
-        [1, T, hidden]), else the 2D keep mask, else whole rows."""
+        """transformers' call of a GDN layer -> maskpack's layer with that layer's parameters, per
+        sequence. The sequences come from whatever the call carries, by prepare_batch's rules (see
+        :func:`_call_layout`): cu_seq_lens_q / cu_seqlens / seq_idx (one packed row [1, T, hidden]),
+        the model call's position ids, the 2D keep mask, a maskpack_layout; forms that disagree, or
+        tokens left out of every sequence that nothing marks as padding, raise maskpack.Error."""
         mod = self.module
         if self.cp is not None:
             return self._cp_call(hidden_states, cache_params, kwargs)
         layer_idx = getattr(mod, "layer_idx", None)
         if cache_params is not None and cache_params.has_previous_state(layer_idx):
             # a decode step or a continuation: transformers' own path reads and updates its cache
+            rest = {k: v for k, v in kwargs.items() if k not in _MASKPACK_KEYS}
             return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
-                                     **kwargs)
-        from ._layout import Layout
-
-        B, S = hidden_states.shape[:2]
-        cu = kwargs.get("cu_seq_lens_q")
-        if cu is not None:
-            if B != 1:
-                raise Error(f"cu_seq_lens_q: a packed batch is one row [1, T, hidden], found {B} rows",
-                            "MASKPACK_ERR_SHAPE", argument="cu_seq_lens_q")
-            layout = Layout.from_cu_seqlens(torch.as_tensor(cu).cpu(), form="te", total=S)
-            # a packed row holds several sequences: it is no batch to continue, so the cache (which
-            # transformers' training forward creates by default) gets no entry for this layer
-            out = _layer_forward(mod, self.projections, hidden_states[0], layout, None, None, True, self.threads)[0]
-            return out.unsqueeze(0)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            layout = Layout.from_mask2d(attention_mask, convention="keep")
+                                     **rest)
+        B = hidden_states.shape[0]
+        layout, _ = _call_layout(hidden_states, attention_mask, kwargs, getattr(self, "tail_padding", False))
+        rows = [seg[0] for seg in layout.segments]
+        if layout.packed:
+            out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states[0], layout, None, None, True,
+                                                    self.threads)
+            out, conv_in = out.unsqueeze(0), conv_in.unsqueeze(0)
         else:
-            layout = Layout.from_lengths([S] * B, placement="right", capacity=S)
-        out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states, layout, None, None, True,
-                                                self.threads)
-        if cache_params is not None:
-            # a prefill: the entries transformers' own prefill writes, so generation continues from
-            # them: the conv's last `kernel` inputs per row (as transformers keeps them) and the final
-            # recurrent state per row (rows without a token keep zeros)
+            out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states, layout, None, None, True,
+                                                    self.threads)
+        if cache_params is not None and len(set(rows)) == len(rows):
+            # a prefill of one sequence per row: the entries transformers' own prefill writes, so
+            # generation continues from them: the conv's last `kernel` inputs per row (as transformers
+            # keeps them) and the final recurrent state per row (rows without a token keep zeros). A
+            # row holding several sequences is no batch to continue: the cache (which transformers'
+            # training forward creates by default) gets no entry for this layer.
             cache_params.update_conv_state(conv_in.transpose(1, 2), layer_idx, conv_kernel_size=mod.conv_kernel_size)
             per_row = state.new_zeros((B, *state.shape[1:]))
-            per_row[[seg[0] for seg in layout.segments]] = state
+            per_row[rows] = state
             cache_params.update_recurrent_state(per_row, layer_idx)
         return out
 
 
 def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None, *,
                            group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
-                           align: Optional[str] = "verl", cp_method: str = "auto") -> int:
+                           align: Optional[str] = "verl", cp_method: str = "auto", tail_padding: bool = False) -> int:
     """Routes the Gated DeltaNet layers of a transformers Qwen3-Next / Qwen3.5 model (any module of
     class Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet or Qwen3_5MoeGatedDeltaNet) through
     maskpack, in place; returns how many layers it set. ``enabled=False`` gives them back their
     own forward (and returns how many it gave back).
 
     Each patched layer keeps its parameters (the optimizer, state dict and checkpoints see no
-    change) and runs per sequence: a packed row with flash-attention's ``cu_seq_lens_q`` (as
-    DataCollatorWithFlattening(return_flash_attn_kwargs=True) gives it) no longer mixes its
-    sequences in the conv or the recurrence, and a padded batch never reads its padding. Calls that
-    carry a cache (generation) still take transformers' own path.
+    change) and runs per sequence, never across a boundary. It takes the sequences from whatever
+    the model call carries, by the rules of :func:`maskpack.prepare_batch`: flash-attention's
+    ``cu_seq_lens_q`` (DataCollatorWithFlattening(return_flash_attn_kwargs=True)), ``seq_idx``
+    (``return_seq_idx=True``), ``cu_seqlens``, a ``maskpack_layout=<Layout>``, the model call's
+    ``position_ids`` (the collator's default: a position that restarts at 0 starts a sequence; the
+    patch hooks ``model`` so that its call's position ids reach the layers, which transformers does
+    not do) or the 2D attention mask (a padded batch never reads its padding). Forms that disagree
+    raise maskpack.Error naming the first token where they do, so does a description of one packed
+    row given for several rows; tokens that the segments leave out (offsets that sum to fewer than
+    the row's tokens, a trailing run of zero position ids) raise unless the 2D mask or a
+    maskpack_layout marks them as padding or ``tail_padding=True`` says that such a tail is padding
+    (its outputs are then 0). Calls that continue a cache (generation's decode steps) take
+    transformers' own path.
 
     ``group`` (a torch.distributed ProcessGroup): context parallelism. Each layer then receives this
     rank's CP shard ``[1, T_local, hidden]`` (``layout.shard(x, cp, rank, cp_scheme, tp, align)``) and
@@ -627,6 +778,15 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
         projections = "qwen3_next" if hasattr(mod, "in_proj_qkvz") else "qwen3_5"
         cp = None if group is None else {"group": group, "cp_scheme": cp_scheme, "tp": tp, "align": align,
                                          "cp_method": cp_method}
-        mod.forward = _PatchedForward(mod, projections, threads, cp)
+        mod.forward = _PatchedForward(mod, projections, threads, cp, bool(tail_padding))
         n += 1
+    taps = [k for k, h in model._forward_pre_hooks.items() if isinstance(h, _CallTap)]
+    if not enabled:
+        for k in taps:
+            del model._forward_pre_hooks[k]
+            model._forward_pre_hooks_with_kwargs.pop(k, None)
+    elif n and not taps:
+        takes, index = _tap_index(model)
+        if takes:
+            model.register_forward_pre_hook(_CallTap(index), with_kwargs=True)
     return n

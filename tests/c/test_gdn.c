@@ -2033,6 +2033,91 @@ static void test_bad_input(void) {
     maskpack_layout_free(Lr);
 }
 
+/* The gate: a real token's g that is not a finite value <= 0 (g > 0 grows the state, NaN, -inf) is
+ * refused by name with its first (row, col, head) or (token, head), nothing written, by the forward,
+ * the backward, an operator's runs and maskpack_gdn_check_gate; pads are never read (they hold NaN
+ * and Inf here); opts.skip_gate_check = 1 runs g as given. */
+static void test_gate_check(void) {
+    const uint32_t SENT = 0x7fc12345u;
+    dims d = {2, 4, 16, 16};
+    const int64_t lens[3] = {10, 0, 7};
+    maskpack_layout *Ls[2] = {lay_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0),
+                              lay_lengths(lens, 3, MASKPACK_PLACE_RIGHT, 12)};
+    if (!Ls[0] || !Ls[1]) return;
+    const float bad[4] = {0.5f, NAN, -INFINITY, 1e-30f};
+    maskpack_error e;
+    for (int li = 0; li < 2; li++) {
+        maskpack_layout *L = Ls[li];
+        const int packed = li == 0;
+        gcase c = case_make(L, d, 5, 1);
+        int64_t no = mp_numel(&c.o.t), ns = mp_numel(&c.ht.t);
+        maskpack_gdn_inputs in = case_inputs(&c);
+        for (int chunked = 0; chunked <= 1; chunked++) {
+            maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, chunked, 2);
+            CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e); /* NaN/Inf pads: fine */
+            CHECK_OK(maskpack_gdn_check_gate(L, &c.g.t, &e), e);
+            for (int b = 0; b < 4; b++) {
+                /* segment 2 (row 2 when padded), its token 3, head 1; a later bad token too */
+                float *x = tok_at(L, &c.g, 2, 3), *y = tok_at(L, &c.g, 2, 5);
+                const float keep_x = x[1], keep_y = y[0];
+                x[1] = bad[b];
+                y[0] = bad[b];
+                sentinel_fill(c.o.data, no, SENT);
+                sentinel_fill(c.ht.data, ns, SENT);
+                CHECK_STATUS(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_VALUE, e);
+                CHECK(strcmp(e.argument, "g") == 0);
+                if (packed) {
+                    CHECK(e.index[0] == 13 && e.index[1] == 1 && e.index[2] == -1);
+                    CHECK_MSG(e, "token 13, head 1");
+                } else {
+                    CHECK(e.index[0] == 2 && e.index[1] == 3 && e.index[2] == 1);
+                    CHECK_MSG(e, "row 2, token 3, head 1");
+                }
+                CHECK(untouched(c.o.data, no, SENT) && untouched(c.ht.data, ns, SENT));
+                CHECK_STATUS(maskpack_gdn_check_gate(L, &c.g.t, &e), MASKPACK_ERR_VALUE, e);
+                CHECK(e.index[packed ? 0 : 1] == (packed ? 13 : 3));
+                /* the backward: gradients untouched */
+                int64_t qd[2] = {d.H, d.K};
+                ttensor dq = tok_alloc(L, 2, qd);
+                sentinel_fill(dq.data, mp_numel(&dq.t), SENT);
+                maskpack_gdn_grads gr = {&dq.t, NULL, NULL, NULL, NULL, NULL};
+                CHECK_STATUS(maskpack_gdn_backward(L, &in, &c.o.t, NULL, &o, &gr, NULL, 0, &e), MASKPACK_ERR_VALUE, e);
+                CHECK(strcmp(e.argument, "g") == 0 && untouched(dq.data, mp_numel(&dq.t), SENT));
+                free(dq.data);
+                /* an operator's run */
+                maskpack_gdn_op *op = NULL;
+                CHECK_OK(maskpack_gdn_op_create(L, d.H, d.HV, d.K, d.V, &o, &op, &e), e);
+                CHECK_STATUS(maskpack_gdn_op_forward(op, &in, &c.o.t, &c.ht.t, NULL, NULL, 0, &e), MASKPACK_ERR_VALUE,
+                             e);
+                CHECK(untouched(c.o.data, no, SENT));
+                maskpack_gdn_op_free(op);
+                /* asked not to check: it runs */
+                maskpack_gdn_options un = o;
+                un.skip_gate_check = 1;
+                CHECK_OK(maskpack_gdn_forward(L, &in, &un, &c.o.t, &c.ht.t, NULL, 0, &e), e);
+                CHECK_OK(maskpack_gdn_op_create(L, d.H, d.HV, d.K, d.V, &un, &op, &e), e);
+                CHECK_OK(maskpack_gdn_op_forward(op, &in, &c.o.t, &c.ht.t, NULL, NULL, 0, &e), e);
+                maskpack_gdn_op_free(op);
+                x[1] = keep_x;
+                y[0] = keep_y;
+            }
+            /* g = 0 (no decay) and -0 are allowed */
+            float *z = tok_at(L, &c.g, 0, 0);
+            z[0] = 0.0f;
+            z[1] = -0.0f;
+            CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
+        }
+        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+        o.skip_gate_check = 2;
+        CHECK_STATUS(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_MSG(e, "opts.skip_gate_check");
+        CHECK_STATUS(maskpack_gdn_check_gate(L, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        case_free(&c);
+    }
+    maskpack_layout_free(Ls[0]);
+    maskpack_layout_free(Ls[1]);
+}
+
 int main(void) {
     unsetenv("MASKPACK_ISA");
     test_primitives();
@@ -2058,6 +2143,7 @@ int main(void) {
     test_conv_isa_agree();
     test_l2norm_gates();
     test_bad_input();
+    test_gate_check();
     /* the kernels this CPU lacks are named in the summary line: a pass that checked fewer says so */
     char note[96] = "";
     if (!have_avx512() || !have_avx2())

@@ -19,6 +19,7 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
     o.l2norm = 1;
     o.n_threads = 1;
     o.isa = MASKPACK_GDN_ISA_AUTO;
+    o.skip_gate_check = 0;
     return o;
 }
 
@@ -65,6 +66,9 @@ static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gd
     if (o->l2norm != 0 && o->l2norm != 1)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "opts.l2norm", -1, -1,
                        "opts.l2norm: expected 0 or 1, found %d", o->l2norm);
+    if (o->skip_gate_check != 0 && o->skip_gate_check != 1)
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "opts.skip_gate_check", -1, -1,
+                       "opts.skip_gate_check: expected 0 or 1, found %d", o->skip_gate_check);
     maskpack_status s = mp_check_threads(o->n_threads, "opts.n_threads", err);
     if (s) return s;
     size_t i;
@@ -157,6 +161,16 @@ static maskpack_status check_slots(int slots, gdn_problem *P, maskpack_error *er
                        "slots: expected 0 or in [2, %d], found %d", GDN_BWD_MAX_SLOTS, slots);
     P->bwd_slots = slots ? slots : GDN_BWD_SLOTS;
     return MASKPACK_OK;
+}
+
+maskpack_status maskpack_gdn_check_gate(const maskpack_layout *layout, const maskpack_tensor *g, maskpack_error *err) {
+    MP_CHECK_NULL(err, layout, "layout");
+    MP_CHECK_NULL(err, g, "g");
+    int64_t hd[1] = {-1};
+    gdn_view v;
+    maskpack_status s = gdn_token_view(layout, g, "g", 1, hd, GDN_FLOAT_DTYPES, &v, err);
+    if (s || (s = gdn_check_gate_view(layout, &v, hd[0], err))) return s;
+    return mp_ok(err);
 }
 
 /* ---- work lists and workspace ------------------------------------------------------------------ */
@@ -385,7 +399,9 @@ static maskpack_status check_forward(const maskpack_layout *layout, const maskpa
     const maskpack_tensor *ins[6] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state};
     const char *names[2] = {"o", "final_state"};
     maskpack_tensor *outs[2] = {o, final_state};
-    return gdn_check_overlap(ins, 6, outs, names, 2, err);
+    if ((s = gdn_check_overlap(ins, 6, outs, names, 2, err))) return s;
+    /* the values last, once every shape, dtype and overlap is known good */
+    return op->skip_gate_check ? MASKPACK_OK : gdn_check_gate_view(layout, &P->g, P->HV, err);
 }
 
 static maskpack_status check_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
@@ -414,7 +430,8 @@ static maskpack_status check_backward(const maskpack_layout *layout, const maskp
     const maskpack_tensor *ins[8] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state, d_o, d_final_state};
     const char *names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor *outs[6] = {grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta, grads->d_initial_state};
-    return gdn_check_overlap(ins, 8, outs, names, 6, err);
+    if ((s = gdn_check_overlap(ins, 8, outs, names, 6, err))) return s;
+    return op->skip_gate_check ? MASKPACK_OK : gdn_check_gate_view(layout, &P->g, P->HV, err);
 }
 
 /* ---- forward and backward -------------------------------------------------------------------- */

@@ -1,7 +1,8 @@
-/* gdn_common.c: tensor-against-layout validation, overlap checks and pad zeroing for the Gated
- * DeltaNet calls. */
+/* gdn_common.c: tensor-against-layout validation, the gate check, overlap checks and pad zeroing
+ * for the Gated DeltaNet calls. */
 #include "gdn_common.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -97,6 +98,52 @@ maskpack_status gdn_conv_state_view(const maskpack_layout *L, const maskpack_ten
                                     int64_t W, gdn_sview *out, maskpack_error *err) {
     int64_t want[4] = {(int64_t)L->n_segments, C, W - 1, -1};
     return state_like(L, t, name, want, GDN_FLOAT_DTYPES, "[segments, channels, kernel - 1]", out, err);
+}
+
+/* One pass over the real tokens of g (pads are never read), in token order: the first (row, col,
+ * head) whose value is not a finite number <= 0. The scan of a token's heads has no branch per
+ * element (an accumulated flag); only a token that holds a bad value is scanned again to name it. */
+maskpack_status gdn_check_gate_view(const maskpack_layout *L, const gdn_view *g, int64_t HV, maskpack_error *err) {
+    for (size_t k = 0; k < L->n_segments; k++) { /* sorted by (row, q_start): token order */
+        const int64_t r = L->segs[k].row, c0 = L->segs[k].q_start, c1 = c0 + L->segs[k].q_len;
+        for (int64_t col = c0; col < c1; col++) {
+            const int64_t off = r * g->s_row + col * g->s_col;
+            int bad = 0;
+            if (g->dt == MASKPACK_F32) {
+                const float *p = (const float *)g->base + off;
+                /* !(x <= 0): x > 0 or NaN; x < -FLT_MAX: -inf */
+                for (int64_t h = 0; h < HV; h++) bad |= !(p[h * g->s_h] <= 0.0f) | (p[h * g->s_h] < -FLT_MAX);
+            } else { /* bf16 bits: fine are +0 and a set sign bit with an exponent short of all ones */
+                const uint16_t *p = (const uint16_t *)g->base + off;
+                for (int64_t h = 0; h < HV; h++) {
+                    const unsigned b = p[h * g->s_h];
+                    bad |= (b != 0) & ((b < 0x8000u) | ((b & 0x7f80u) == 0x7f80u));
+                }
+            }
+            if (!bad) continue;
+            for (int64_t h = 0; h < HV; h++) {
+                const float x = gdn_get(g->dt, g->base, off + h * g->s_h);
+                if (x <= 0.0f && x >= -FLT_MAX) continue;
+                const char *why = x != x                                         ? "NaN"
+                                  : x > 0.0f ? "a gate > 0 grows the state, and the chunked and recurrent forms "
+                                               "part ways"
+                                             : "-inf breaks the chunked form";
+                char at[96];
+                const int64_t idx[4] = {L->packed ? col : r, L->packed ? h : col, L->packed ? -1 : h, -1};
+                if (L->packed)
+                    snprintf(at, sizeof at, "g[%lld, %lld] (token %lld, head %lld)", (long long)col, (long long)h,
+                             (long long)col, (long long)h);
+                else
+                    snprintf(at, sizeof at, "g[%lld, %lld, %lld] (row %lld, token %lld, head %lld)", (long long)r,
+                             (long long)col, (long long)h, (long long)r, (long long)col, (long long)h);
+                return mp_fail4(err, MASKPACK_ERR_VALUE, "g", idx,
+                                "%s: expected a finite log decay <= 0, found %g (%s); opts.skip_gate_check = 1 "
+                                "(Python: check_gate=False) runs it unchecked",
+                                at, (double)x, why);
+            }
+        }
+    }
+    return MASKPACK_OK;
 }
 
 /* [lo, hi) byte range a tensor touches; empty (lo == hi) when it has no element. */

@@ -22,6 +22,11 @@ maskpack_status gdn_state_view(const maskpack_layout *L, const maskpack_tensor *
 maskpack_status gdn_conv_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t C,
                                     int64_t W, gdn_sview *out, maskpack_error *err);
 
+/* MASKPACK_ERR_VALUE naming g and its first real token and head (row, col, head; packed: token,
+ * head) whose log decay is not a finite number <= 0 (g > 0 grows the state without bound, NaN and
+ * -inf break the chunked form); pads are not read. g: a view of [.., HV]. */
+maskpack_status gdn_check_gate_view(const maskpack_layout *L, const gdn_view *g, int64_t HV, maskpack_error *err);
+
 /* MASKPACK_ERR_OVERLAP when an output's memory range meets an input's or another output's
  * (NULL entries are skipped). */
 maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, maskpack_tensor *const *outs,
