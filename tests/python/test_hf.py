@@ -12,6 +12,7 @@ up to 3e-6 on gradients, fp32 throughout).
 """
 
 import copy
+import functools
 import os
 import tempfile
 
@@ -72,6 +73,7 @@ def padded_batch():
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+@functools.lru_cache(maxsize=None)
 def reference(kind):
     """transformers' own padded run of the unprepared model: (loss, {name: grad})."""
     model = tiny_model(kind)
@@ -127,6 +129,48 @@ def test_prepared_model_trains_padding_free_and_padded_like_transformers_padded_
     assert torch.equal(model(**padded_batch(), use_cache=False).loss.detach(), ref_loss)
 
 
+def test_any_attention_interface_model_with_a_sliding_window_and_generation_unchanged():
+    """A model of no family maskpack names (Mistral: attention only, through AttentionInterface, with
+    transformers' sliding window of 5 keys): prepared, its padding-free and padded logits are
+    transformers' own padded logits (the window converted, never crossing a sequence). A prepared
+    Qwen3.5 generates greedily as transformers does from a left-padded prompt (the prefill through
+    maskpack, decode steps through transformers' SDPA with its cache)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(8)
+    cfg = MistralConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, sliding_window=5)
+    cfg._attn_implementation = "sdpa"
+    model = MistralForCausalLM(cfg).eval()
+    batch = padded_batch()
+    keep = batch["attention_mask"].bool()
+    with torch.no_grad():
+        ref = model(batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        full = copy.deepcopy(model)
+        full.config.sliding_window = None  # the same model without its window: other logits
+        assert relerr(full(batch["input_ids"], attention_mask=batch["attention_mask"],
+                           use_cache=False).logits[keep], ref[keep]) > 1e-3
+        mhf.prepare_model(model)
+        for padding_free in (True, False):
+            bundle = maskpack.prepare_batch(batch, padding_free=padding_free)
+            logits = model(**bundle.hf_kwargs()).logits
+            back = bundle.to_padded(logits[0] if padding_free else logits)
+            assert relerr(back[keep], ref[keep]) < TOL, padding_free
+    qwen = tiny_model("qwen3_5").eval()
+    prompt = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(9))
+    pmask = torch.ones_like(prompt)
+    pmask[1, :3] = 0  # left padding
+    kw = dict(attention_mask=pmask, max_new_tokens=4, do_sample=False, output_scores=True,
+              return_dict_in_generate=True)
+    with torch.no_grad():
+        want = qwen.generate(prompt, **kw)
+        mhf.prepare_model(qwen)
+        got = qwen.generate(prompt, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores):
+        assert relerr(a, b) < TOL
+
+
 # ---- context parallelism across processes -------------------------------------------------------------
 
 # (model kind, cp_scheme of the batch, cp_algorithm of the attention)
@@ -144,10 +188,12 @@ def _cp_worker(rank, world, init_file, out_dir):
             model = mhf.prepare_model(tiny_model(kind), group=group, cp_scheme=scheme, cp_algorithm=algo)
             bundle = maskpack.prepare_batch(padded_batch(), backend="sdpa", padding_free=True, cp=world, cp_rank=rank,
                                             cp_scheme=scheme)
-            loss = maskpack_loss(model, bundle)
+            kw = mhf.cp_kwargs(bundle)  # TMP
+            logits = model(**kw).logits[0]
+            per_token = F.cross_entropy(logits, bundle.shift_labels, reduction="none")
+            loss = maskpack.cp_loss(per_token, bundle.loss_weights, group)  # the README's step
             loss.backward()
-            total = loss.detach().clone()
-            dist.all_reduce(total)  # the mean over the whole batch
+            total = loss.detach()  # the mean over the whole batch, on every rank
             grads = {}
             for n, p in model.named_parameters():
                 g = p.grad.clone()
