@@ -681,9 +681,26 @@ class _PatchedForward:
         if cache_params is not None and cache_params.has_previous_state(getattr(self.module, "layer_idx", None)):
             raise Error("group: a patched layer with context parallelism does not continue a cache (generation "
                         "runs without group=)", "MASKPACK_ERR_UNSUPPORTED", argument="group")
+        import numpy as np
+        import torch.distributed as dist
+
         layout = kwargs.get("maskpack_layout")
-        if layout is None and kwargs.get("cu_seq_lens_q") is not None:
-            layout = Layout.from_cu_seqlens(torch.as_tensor(kwargs["cu_seq_lens_q"]).cpu(), form="te")
+        cu = kwargs.get("cu_seq_lens_q")
+        name = "maskpack_layout" if layout is not None else "cu_seq_lens_q"
+        if layout is None and cu is not None:
+            layout = Layout.from_cu_seqlens(_host(torch.as_tensor(cu)), form="te")
+        elif layout is not None:
+            check_layout(layout)
+            if cu is not None:  # both: the same sequences (the layout may hold padding after them)
+                want = _segment_ids(layout)
+                ids = _segment_ids(Layout.from_cu_seqlens(_host(torch.as_tensor(cu)), form="te",
+                                                          total=max(int(want.size), int(_host(torch.as_tensor(cu))[-1]))))
+                n = min(ids.size, want.size)
+                bad = np.nonzero(ids[:n] != want[:n])[0]
+                if bad.size or ids.size != want.size:
+                    t = int(bad[0]) if bad.size else n
+                    raise Error(f"cu_seq_lens_q: disagrees with maskpack_layout at token {t} of the whole batch",
+                                "MASKPACK_ERR_VALUE", argument="cu_seq_lens_q", index=(t,))
         if layout is None:
             raise Error("group: a patched layer under context parallelism needs the whole batch: pass "
                         "maskpack_layout=<Layout of the whole batch> (or the whole batch's cu_seq_lens_q) to the "
@@ -691,6 +708,16 @@ class _PatchedForward:
         if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
             raise Error(f"hidden_states: under context parallelism one packed row [1, T_local, hidden], found shape "
                         f"{list(hidden_states.shape)}", "MASKPACK_ERR_SHAPE", argument="hidden_states")
+        c = self.cp
+        g_ = c["group"]
+        world, rank = dist.get_world_size(g_), dist.get_rank(g_)
+        mine = layout.cp_shard(world, rank, scheme=c["cp_scheme"], tp=c["tp"], align=c["align"]).q_width
+        if int(hidden_states.shape[1]) != mine:
+            # offsets that cover fewer (or more) tokens than the ranks hold: never a silent tail of padding.
+            # Every rank holds the same arguments and shapes, so every rank raises here alike.
+            raise Error(f"{name}: expected the whole batch of which this rank (rank {rank} of {world}) holds "
+                        f"{int(hidden_states.shape[1])} tokens; the {name} given ({layout.n_tokens} tokens in "
+                        f"{layout.n_segments} sequences) gives it {mine}", "MASKPACK_ERR_SHAPE", argument=name)
         out = _layer_forward(self.module, self.projections, hidden_states[0], layout, None, None, True, self.threads,
                              self.cp)[0]
         return out.unsqueeze(0)

@@ -298,3 +298,59 @@ def test_check_gate_is_a_bool_and_not_silently_dropped():
     lay = maskpack.Layout.from_lengths([4], placement="packed")
     with pytest.raises(TypeError):
         maskpack.gated_delta_rule(*_rule_inputs((4,)), lay, check_gate=0)
+
+
+# ---- context parallelism: the whole batch's offsets must cover the ranks' tokens -----------------
+
+
+def _cp_worker(rank, world, init_file, out_dir):
+    import os
+
+    import torch.distributed as dist
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(3)
+        layer = Qwen3_5GatedDeltaNet(Qwen3_5TextConfig(**_TINY), layer_idx=0)
+        maskpack.patch_linear_attention(layer, group=dist.group.WORLD)
+        lay = maskpack.Layout.from_lengths([12, 20], placement="packed")
+        hid = lay.shard(torch.randn(32, 48, generator=torch.Generator().manual_seed(4)), world, rank)[None]
+        got = {}
+        with torch.no_grad():
+            got["ok"] = layer(hid, maskpack_layout=lay)
+            cu = torch.tensor([0, 12, 32], dtype=torch.int32)
+            got["cu"] = layer(hid, cu_seq_lens_q=cu)
+            for name, kw in (("short", dict(cu_seq_lens_q=torch.tensor([0, 12, 28], dtype=torch.int32))),
+                             ("disagree", dict(maskpack_layout=lay,
+                                               cu_seq_lens_q=torch.tensor([0, 14, 32], dtype=torch.int32)))):
+                try:
+                    layer(hid, **kw)
+                    got[name] = None
+                except maskpack.Error as e:
+                    got[name] = (e.argument, e.status, e.index, str(e))
+        torch.save(got, os.path.join(out_dir, f"cp{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_patched_layer_under_cp_refuses_offsets_that_do_not_cover_the_batch():
+    """Under context parallelism the whole batch's cu_seq_lens_q must cover the tokens the ranks
+    hold (no silent tail of padding) and agree with a maskpack_layout given beside it; every rank
+    raises alike (before any collective, so none waits)."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_cp_worker, args=(2, os.path.join(d, "init"), d), nprocs=2, join=True, start_method="spawn")
+        for r in range(2):
+            got = torch.load(os.path.join(d, f"cp{r}.pt"))
+            assert torch.equal(got["ok"], got["cu"])
+            arg, status, _, msg = got["short"]
+            assert arg == "cu_seq_lens_q" and status == "MASKPACK_ERR_SHAPE" and "28 tokens" in msg, got["short"]
+            arg, status, index, _ = got["disagree"]
+            assert arg == "cu_seq_lens_q" and status == "MASKPACK_ERR_VALUE" and index == (12,), got["disagree"]
