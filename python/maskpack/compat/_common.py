@@ -151,3 +151,18 @@ def rows_layout(mask: torch.Tensor, lens: torch.Tensor, name: str = "attention_m
     segs = {s[0]: s for s in lay.segments}
     return Layout.from_segments([segs[b][:3] if b in segs else (b, 0, 0) for b in range(mask.shape[0])],
                                 mask.shape[0], mask.shape[1])
+
+
+def take(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(dim, idx)`` for a CPU int64 ``idx`` (a shard's token indices, from a layout): when the
+    indices form a few long runs (a zigzag row, a contiguous piece) the runs are copied as slices."""
+    n = idx.numel()
+    if n > 1:
+        brk = torch.nonzero(idx[1:] - idx[:-1] != 1).flatten() + 1
+        runs = brk.numel() + 1
+        if runs <= 32:
+            cuts = [0] + brk.tolist() + [n]
+            first = idx[torch.tensor(cuts[:-1])].tolist()
+            pieces = [x.narrow(dim, s, cuts[k + 1] - cuts[k]) for k, s in enumerate(first)]
+            return pieces[0].contiguous() if runs == 1 else torch.cat(pieces, dim)
+    return x.index_select(dim, idx.to(x.device))

@@ -18,7 +18,7 @@ import torch
 
 from .._errors import Error
 from .._layout import Layout
-from ._common import resolve_parallel
+from ._common import resolve_parallel, take
 
 __all__ = ["split_cp_inputs", "resolve_gdn_attention_mask"]
 
@@ -77,7 +77,7 @@ def split_cp_inputs(inputs: torch.Tensor, cu_seqlens: Optional[torch.Tensor], di
         dim = (dim + inputs.ndim) % inputs.ndim
     _, cp, cp_rank = resolve_parallel(fn, 1, cp, cp_rank, need=("cp", "cp_rank"))
     idx = shard_index(fn, inputs.shape[dim], cu_seqlens, cp, cp_rank, cp_partition_mode)
-    return inputs.index_select(dim, idx.to(inputs.device))
+    return take(inputs, dim, idx)
 
 
 def resolve_gdn_attention_mask(kwargs: dict, *, npu: Optional[bool] = None) -> Optional[torch.Tensor]:

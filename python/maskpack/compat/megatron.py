@@ -19,7 +19,7 @@ import torch
 from .._errors import Error
 from .._layout import Layout
 from .._moves import cp_gather
-from ._common import resolve_parallel
+from ._common import resolve_parallel, take
 
 __all__ = ["get_batch_on_this_cp_rank", "undo_attention_load_balancing", "redo_attention_load_balancing",
            "roll_tensor"]
@@ -48,11 +48,14 @@ def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp
         cp, cp_rank = _group_size_rank(cp_group)
     _, cp, cp_rank = resolve_parallel(fn, 1, cp, cp_rank, need=("cp", "cp_rank"))
     if cp > 1:
+        cols = {}
         for key, val in batch.items():
             if val is not None:
                 dim = 1 if key != "attention_mask" else 2
-                cols = _columns(fn, val.shape[dim], cp, cp_rank, key)
-                batch[key] = val.index_select(dim, cols.to(val.device))
+                w = val.shape[dim]
+                if w not in cols:
+                    cols[w] = _columns(fn, w, cp, cp_rank, key)
+                batch[key] = take(val, dim, cols[w])
     return batch
 
 

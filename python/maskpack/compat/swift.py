@@ -25,8 +25,9 @@ import torch
 
 from .._errors import Error
 from .._layout import Layout
+from .._moves import cp_gather
 from . import _common
-from ._common import resolve_group, resolve_parallel
+from ._common import resolve_group, resolve_parallel, take
 from .mcore_bridge import _npu, shard_index
 
 __all__ = ["get_packed_seq_params", "get_megatron_packed_seq_params", "get_padding_to", "get_batch_on_this_cp_rank",
@@ -116,7 +117,7 @@ def get_batch_on_this_cp_rank(args: Any, batch: Dict[str, Any], *, cp: Optional[
             n = val.shape[dim]
             if n not in cache:
                 cache[n] = shard_index(fn, n, cu, cp, cp_rank, mode)
-            return val.index_select(dim, cache[n].to(val.device))
+            return take(val, dim, cache[n])
 
         for key, val in batch.items():
             if key not in keys:
@@ -169,17 +170,14 @@ def reconstruct_tensor_cp(cp_size: int, tensor: torch.Tensor, packed_seq_params:
         if int(cu[-1]) != n:
             raise Error(f"{fn}: cu_seqlens_q ends at {int(cu[-1])}, the ranks hold {n} tokens", "MASKPACK_ERR_SHAPE",
                         argument="packed_seq_params")
-        keep = int(cu[num_samples])
-        idx = torch.cat([torch.as_tensor(shard_index(fn, n, cu, cp_size, r, "zigzag")) for r in range(cp_size)])
-        inv = torch.empty_like(idx)
-        inv[idx] = torch.arange(n)
-        return torch.cat(parts, dim=1)[:1].index_select(1, inv[:keep].to(tensor.device))
-    b, s_local = tensor.shape[0], tensor.shape[1]
-    n = s_local * cp_size
-    idx = torch.cat([shard_index(fn, n, None, cp_size, r, "zigzag") for r in range(cp_size)])
-    inv = torch.empty_like(idx)
-    inv[idx] = torch.arange(n)
-    return torch.cat(parts, dim=1).index_select(1, inv.to(tensor.device))
+        shard_index(fn, n, cu, cp_size, 0, "zigzag")  # every sequence splits into 2 cp chunks
+        g = Layout.from_cu_seqlens(cu)
+        whole = cp_gather([p[0] for p in parts], g, align=None)
+        return whole[:int(cu[num_samples])].unsqueeze(0)
+    n = tensor.shape[1] * cp_size
+    shard_index(fn, n, None, cp_size, 0, "zigzag")
+    rows = Layout.from_lengths([n] * tensor.shape[0])
+    return cp_gather(parts, rows, align=None)
 
 
 def get_last_tokens(args: Any, output_tensor: torch.Tensor, packed_seq_params: Any = None, attention_mask: Any = None,

@@ -23,6 +23,7 @@ import torch
 from .._errors import Error
 from .._layout import Layout
 from .._moves import relayout
+from ._common import take
 
 __all__ = ["thd_get_partitioned_indices", "get_cu_seqlens_on_cp_rank", "pad_thd_sequences_for_cp",
            "generate_positional_ids_for_cp", "get_batch_on_this_cp_rank"]
@@ -82,14 +83,14 @@ def get_cu_seqlens_on_cp_rank(cu_seqlens: torch.Tensor, cu_seqlens_padded_on_cp_
     half of each slot of ``cu_seqlens_padded_on_cp_rank`` (the padded offsets divided by cp)."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     half = (cu_seqlens_padded_on_cp_rank[1:] - cu_seqlens_padded_on_cp_rank[:-1]) // 2
-    n = torch.zeros_like(lens)
-    if first_half:  # the rank's chunk cp_rank: real tokens past cp_rank * half, at most half
-        n = n + torch.minimum(torch.clamp(lens - cp_rank * half, min=0), half)
-    if second_half:  # its chunk 2 cp - 1 - cp_rank
-        n = n + torch.minimum(torch.clamp(lens - (2 * cp_size - cp_rank - 1) * half, min=0), half)
+    zero = torch.zeros_like(lens)
     out = torch.zeros_like(cu_seqlens)
-    torch.cumsum(n, 0, out=out[1:])
-    return out
+    n = out[1:]
+    if first_half:  # the rank's chunk cp_rank: its real tokens, between 0 and half
+        n.add_((lens - cp_rank * half).clamp_(zero, half))
+    if second_half:  # its chunk 2 cp - 1 - cp_rank
+        n.add_((lens - (2 * cp_size - cp_rank - 1) * half).clamp_(zero, half))
+    return out.cumsum_(0)
 
 
 def pad_thd_sequences_for_cp(input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -127,10 +128,14 @@ def generate_positional_ids_for_cp(cu_seqlens: torch.Tensor, divisibility_factor
     p = _packed(fn, cu_seqlens)
     g = p.pad_to_multiple(int(divisibility_factor))
     cu = torch.as_tensor(g.cu_seqlens_padded(dtype="int64"))
-    slots = cu.diff()
     total = int(cu[-1])
-    start = torch.repeat_interleave(cu[:-1], slots, output_size=total)
-    return (torch.arange(total, dtype=torch.int64) - start).to(dtype)
+    # positions as a running sum: +1 per token, minus the previous slot's length at each slot start
+    step = torch.ones(total, dtype=torch.int64)
+    inner = cu[1:-1] < total
+    step.index_add_(0, cu[1:-1][inner], -cu.diff()[:-1][inner])
+    if total:
+        step[0] = 0
+    return step.cumsum_(0).to(dtype)
 
 
 def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded: torch.Tensor,
@@ -157,7 +162,7 @@ def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded:
     total = g.q_width
     idx = torch.as_tensor(g.cp_shard_indices(cp, cp_rank, align=None))
 
-    def take(name, val):
+    def part(name, val):
         if val is None:
             return val
         if val.ndim == 1:
@@ -174,7 +179,7 @@ def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded:
                 raise ValueError("Make sure the inputs are in THD format and padded correctly.")
         else:
             raise ValueError("Tensor must be at least 1D")
-        return val.index_select(dim, idx.to(val.device))
+        return take(val, dim, idx)
 
-    return (take("input_ids_padded", input_ids_padded), take("labels_padded", labels_padded),
-            take("position_ids_padded", position_ids_padded))
+    return (part("input_ids_padded", input_ids_padded), part("labels_padded", labels_padded),
+            part("position_ids_padded", position_ids_padded))

@@ -26,7 +26,7 @@ from .._errors import Error
 from .._layout import Layout
 from .._moves import relayout
 from . import _common
-from ._common import resolve_parallel
+from ._common import resolve_parallel, take
 from .mcore_bridge import _npu, shard_index
 
 __all__ = ["drop_causal_4d_mask", "get_packed_seq_params", "pad_cp", "split_cp", "PADDING_MAP"]
@@ -149,7 +149,7 @@ def split_cp(inputs: List[Dict[str, Any]], *, cp: Optional[int] = None,
                 n = v.shape[dim]
                 if n not in cache:
                     cache[n] = shard_index(fn, n, cu, cp, cp_rank, "zigzag")
-                return v.index_select(dim, cache[n].to(v.device))
+                return take(v, dim, cache[n])
 
             ids = split(ids, 1, "input_ids")
             pos = split(pos, -1, "position_ids")

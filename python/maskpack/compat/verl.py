@@ -33,7 +33,7 @@ from .._errors import Error
 from .._layout import Layout, mask2d_from_mask4d
 from .._moves import relayout
 from . import _common
-from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_layout
+from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_layout, take
 
 __all__ = ["preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine", "postprocess_thd_engine",
            "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd",
@@ -567,16 +567,17 @@ def ulysses_pad_and_slice_inputs(input_ids_rmpad: torch.Tensor, position_ids_rmp
     lay = Layout.from_lengths([t], "packed")
     idx = torch.as_tensor(lay.cp_shard_indices(sp_size, rank, scheme="ulysses"))
     pad_size = (-t) % sp_size
-    real = idx < t
-    ids = input_ids_rmpad.index_select(1, torch.where(real, idx, 0).to(input_ids_rmpad.device))
-    if pad_size and not bool(real.all()):
-        ids[:, ~real.to(ids.device)] = pad_value
+    real = idx[idx < t]
+    n_pad = idx.numel() - real.numel()  # the rank's share of the end padding
+    ids = take(input_ids_rmpad, 1, real)
+    if n_pad:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], n_pad), pad_value)], 1)
     pos = position_ids_rmpad
     if pos is not None and not skip_position_ids_rmpad:
-        p = pos.index_select(-1, torch.where(real, idx, 0).to(pos.device))
-        if pad_size and not bool(real.all()):
-            fill = (idx - t)[~real].to(p.device, p.dtype)
-            p[..., ~real.to(p.device)] = fill
+        p = take(pos, pos.dim() - 1, real)
+        if n_pad:
+            fill = (idx[real.numel():] - t).to(p.device, p.dtype).expand(*p.shape[:-1], n_pad)
+            p = torch.cat([p, fill], -1)
         pos = p
     elif pos is not None and pad_size:  # verl pads the position ids without slicing them
         pad_pos = torch.arange(pad_size, device=pos.device).unsqueeze(0)
