@@ -291,12 +291,29 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     return out, None
 
 
-def _cp_layout(settings: _Settings, kwargs: Dict[str, Any]):
-    """The whole batch's layout under CP, and the shard the call says it holds checked against the group."""
+def _agree(group: Any, n: int, rank: int, local: Optional[Exception]) -> None:
+    """One all-gather of whether each rank accepted its call's CP arguments (the shard it claims, the
+    whole batch's layout), before any collective of the layer: a rank that refuses them raises its own
+    error and every other rank one naming it, instead of leaving them waiting in the ring."""
     import torch.distributed as dist
 
-    group = settings.group
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    from .distributed import _backend_device
+
+    dev = _backend_device(group)
+    mine = torch.tensor([1 if local is not None else 0], dtype=torch.int64,
+                        device=dev if dev in ("cuda", "npu") else "cpu")  # NCCL / HCCL move device tensors only
+    everyone = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(everyone, mine, group=group)
+    if local is not None:
+        raise local
+    for r, flag in enumerate(everyone):
+        if int(flag):
+            raise _fail(f"group: rank {r} refused its call's context-parallel arguments (the shard it holds, the "
+                        "whole batch's layout); every rank stops with it", "group", index=(r,))
+
+
+def _cp_layout(settings: _Settings, kwargs: Dict[str, Any], n: int, rank: int):
+    """The whole batch's layout under CP, and the shard the call says it holds checked against the group."""
     info = kwargs.get("maskpack_cp")
     if info is not None:
         if int(info.get("cp", n)) != n or int(info.get("cp_rank", rank)) != rank:
@@ -316,7 +333,7 @@ def _cp_layout(settings: _Settings, kwargs: Dict[str, Any]):
                     "pass maskpack_layout=<Layout of the whole batch> (bundle.hf_kwargs() does) or the whole batch's "
                     "cu_seq_lens_q to the model call", "maskpack_layout", "MASKPACK_ERR_NOT_FOUND")
     check_layout(layout, "maskpack_layout")
-    return layout, n, rank
+    return layout
 
 
 def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, kwargs) -> torch.Tensor:
@@ -326,8 +343,15 @@ def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, 
     if q.shape[0] != 1:
         raise _fail(f"query: under context parallelism one packed row [1, T_local, ...], found a batch of "
                     f"{q.shape[0]} rows", "query", "MASKPACK_ERR_SHAPE")
-    whole, n, rank = _cp_layout(settings, kwargs)
-    whole = _with_rule(whole, causal, window)
+    import torch.distributed as dist
+
+    n, rank = dist.get_world_size(settings.group), dist.get_rank(settings.group)
+    local = None
+    try:
+        whole = _with_rule(_cp_layout(settings, kwargs, n, rank), causal, window)
+    except (Error, TypeError) as e:
+        local = e
+    _agree(settings.group, n, rank, local)
     q, k, v = q[0], k[0], v[0]
     s = settings
     algo = s.cp_algorithm

@@ -207,7 +207,10 @@ def _cp_worker(rank, world, init_file, out_dir):
         other = maskpack.prepare_batch(padded_batch(), padding_free=True, cp=world, cp_rank=(rank + 1) % world)
         kw = mhf.cp_kwargs(mine)  # TMP
         kw_scheme = {**kw, "maskpack_cp": {**kw["maskpack_cp"], "cp_scheme": "contiguous"}}
-        for name, kwargs in (("rank", mhf.cp_kwargs(other)), ("scheme", kw_scheme)):  # TMP
+        # rank 0 alone holds a wrong batch: it raises its own error, every other rank one naming rank 0
+        # (nobody waits in the ring)
+        kw_one = kw_scheme if rank == 0 else kw
+        for name, kwargs in (("rank", mhf.cp_kwargs(other)), ("scheme", kw_scheme), ("one", kw_one)):  # TMP
             try:
                 with torch.no_grad():
                     model(**kwargs)
@@ -243,7 +246,7 @@ def test_prepared_model_under_cp_equals_transformers_padded_run(world):
     and the all-reduced gradients equal transformers' padded run, for Qwen3.5 and Qwen3-Next, with ring,
     all-gather and Ulysses attention (zigzag and Ulysses batch splits). A batch cut for another rank, or
     with another scheme, or without the whole batch's layout, is refused naming the argument; so is
-    hf_kwargs for a model not prepared for CP."""
+    hf_kwargs for a model not prepared for CP; a wrong batch on one rank only stops every rank (no hang)."""
     with tempfile.TemporaryDirectory() as d:
         init = os.path.join(d, "init")
         mp.start_processes(_cp_worker, args=(world, init, d), nprocs=world, join=True, start_method="spawn")
@@ -258,6 +261,10 @@ def test_prepared_model_under_cp_equals_transformers_padded_run(world):
     for r, e in enumerate(errs):
         assert e["rank"][0] == "group" and f"cp_rank = {(r + 1) % world}" in e["rank"][1], (r, e)
         assert e["scheme"][0] == "cp_scheme" and "'contiguous'" in e["scheme"][1], (r, e)
+        if r == 0:
+            assert e["one"] == e["scheme"], e
+        else:
+            assert e["one"][0] == "group" and "rank 0 refused" in e["one"][1], (r, e)
         assert e["nolayout"][0] == "maskpack_layout", (r, e)
         assert e["unprepared"][0] == "cp" and "prepare_model" in e["unprepared"][1], (r, e)
 
