@@ -88,6 +88,9 @@ def resolve_parallel(fn: str, tp: Optional[int] = None, cp: Optional[int] = None
                      need: Tuple[str, ...] = ("tp", "cp", "cp_rank")) -> Tuple[int, int, int]:
     """``(tp, cp, cp_rank)``: each keyword given wins; the missing ones come from Megatron's
     ``parallel_state`` when it is initialized, else the call fails naming the keyword to pass."""
+    if (type(tp) is int or tp is None) and type(cp) is int and type(cp_rank) is int and 0 <= cp_rank < cp and \
+            (tp is None or tp >= 1) and (tp is not None or "tp" not in need):
+        return (1 if tp is None else tp), cp, cp_rank  # all given (the common case): no lookup
     vals = {"tp": tp, "cp": cp, "cp_rank": cp_rank}
     missing = [k for k in need if vals[k] is None]
     if missing:
@@ -153,16 +156,57 @@ def rows_layout(mask: torch.Tensor, lens: torch.Tensor, name: str = "attention_m
                                 mask.shape[0], mask.shape[1])
 
 
-def take(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
-    """``x.index_select(dim, idx)`` for a CPU int64 ``idx`` (a shard's token indices, from a layout): when the
-    indices form a few long runs (a zigzag row, a contiguous piece) the runs are copied as slices."""
-    n = idx.numel()
-    if n > 1:
+class Taker:
+    """How to copy the entries ``idx`` (CPU int64, strictly increasing: a shard's token indices, from a layout)
+    of a dimension of ``width``, the cheapest way: one run as a slice, equal aligned runs (a zigzag row) as a
+    chunk gather, a few runs as slices, else a gather. Built once per index, applied to every tensor."""
+
+    __slots__ = ("n", "kind", "a", "b", "idx", "_dev")
+
+    def __init__(self, idx: torch.Tensor, width: int):
+        self.n = n = idx.numel()
+        self.idx = idx
+        self._dev = {}
+        self.kind = "gather"
+        if n == 0:
+            return
+        first = int(idx[0])
+        if int(idx[-1]) - first == n - 1:
+            self.kind, self.a, self.b = "slice", first, n
+            return
         brk = torch.nonzero(idx[1:] - idx[:-1] != 1).flatten() + 1
         runs = brk.numel() + 1
-        if runs <= 32:
-            cuts = [0] + brk.tolist() + [n]
-            first = idx[torch.tensor(cuts[:-1])].tolist()
-            pieces = [x.narrow(dim, s, cuts[k + 1] - cuts[k]) for k, s in enumerate(first)]
-            return pieces[0].contiguous() if runs == 1 else torch.cat(pieces, dim)
-    return x.index_select(dim, idx.to(x.device))
+        if runs > 32:
+            return
+        cuts = [0] + brk.tolist() + [n]
+        starts = idx[torch.tensor(cuts[:-1])].tolist()
+        lens = [cuts[k + 1] - cuts[k] for k in range(runs)]
+        chunk = lens[0]
+        if all(r == chunk for r in lens) and width % chunk == 0 and all(s_ % chunk == 0 for s_ in starts):
+            self.kind, self.a, self.b = "chunks", chunk, torch.tensor([s_ // chunk for s_ in starts])
+        else:
+            self.kind, self.a, self.b = "runs", starts, lens
+
+    def _on(self, t: torch.Tensor, device) -> torch.Tensor:
+        if device.type == "cpu":
+            return t
+        key = str(device)
+        if key not in self._dev:
+            self._dev[key] = t.to(device)
+        return self._dev[key]
+
+    def __call__(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        dim = dim % x.dim()
+        if self.kind == "slice":
+            return x.narrow(dim, self.a, self.b).contiguous()
+        if self.kind == "chunks":
+            w = x.shape[dim]
+            return x.unflatten(dim, (w // self.a, self.a)).index_select(dim, self._on(self.b, x.device)).flatten(dim, dim + 1)
+        if self.kind == "runs":
+            return torch.cat([x.narrow(dim, s_, r) for s_, r in zip(self.a, self.b)], dim)
+        return x.index_select(dim, self._on(self.idx, x.device))
+
+
+def take(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(dim, idx)`` through a :class:`Taker` (one tensor)."""
+    return Taker(idx, x.shape[dim % x.dim()])(x, dim)

@@ -12,6 +12,7 @@ length that does not divide by ``2 cp`` (Megatron's ``view`` fails with a bare R
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Optional
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from .._errors import Error
 from .._layout import Layout
 from .._moves import cp_gather
-from ._common import resolve_parallel, take
+from ._common import Taker, resolve_parallel
 
 __all__ = ["get_batch_on_this_cp_rank", "undo_attention_load_balancing", "redo_attention_load_balancing",
            "roll_tensor"]
@@ -31,11 +32,18 @@ def _group_size_rank(group):
     return torch.distributed.get_world_size(group=group), torch.distributed.get_rank(group=group)
 
 
-def _columns(fn: str, width: int, cp: int, rank: int, name: str) -> torch.Tensor:
+@functools.lru_cache(maxsize=256)
+def _row_taker(width: int, cp: int, rank: int) -> Taker:
+    """The zigzag columns of rank ``rank`` in a row of ``width`` (maskpack's shard of one full row), kept per
+    (width, cp, rank) as layouts keep their plans."""
+    return Taker(torch.as_tensor(Layout.from_lengths([width]).cp_shard_indices(cp, rank, align=None)), width)
+
+
+def _columns(fn: str, width: int, cp: int, rank: int, name: str) -> Taker:
     if width % (2 * cp):
         raise Error(f"{fn}: {name} has sequence length {width}, which does not divide by 2*cp = {2 * cp}; pad it "
                     "explicitly first (Layout.pad_to_multiple)", "MASKPACK_ERR_SHAPE", argument=name)
-    return torch.as_tensor(Layout.from_lengths([width]).cp_shard_indices(cp, rank, align=None))
+    return _row_taker(width, cp, rank)
 
 
 def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp: Optional[int] = None,
@@ -55,7 +63,7 @@ def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp
                 w = val.shape[dim]
                 if w not in cols:
                     cols[w] = _columns(fn, w, cp, cp_rank, key)
-                batch[key] = take(val, dim, cols[w])
+                batch[key] = cols[w](val, dim)
     return batch
 
 

@@ -27,7 +27,7 @@ from .._errors import Error
 from .._layout import Layout
 from .._moves import cp_gather
 from . import _common
-from ._common import resolve_group, resolve_parallel, take
+from ._common import resolve_group, resolve_parallel, Taker
 from .mcore_bridge import _npu, shard_index
 
 __all__ = ["get_packed_seq_params", "get_megatron_packed_seq_params", "get_padding_to", "get_batch_on_this_cp_rank",
@@ -116,8 +116,8 @@ def get_batch_on_this_cp_rank(args: Any, batch: Dict[str, Any], *, cp: Optional[
             dim = dim % val.ndim
             n = val.shape[dim]
             if n not in cache:
-                cache[n] = shard_index(fn, n, cu, cp, cp_rank, mode)
-            return take(val, dim, cache[n])
+                cache[n] = Taker(shard_index(fn, n, cu, cp, cp_rank, mode), n)
+            return cache[n](val, dim)
 
         for key, val in batch.items():
             if key not in keys:

@@ -23,7 +23,7 @@ import torch
 from .._errors import Error
 from .._layout import Layout
 from .._moves import relayout
-from ._common import take
+from ._common import Taker
 
 __all__ = ["thd_get_partitioned_indices", "get_cu_seqlens_on_cp_rank", "pad_thd_sequences_for_cp",
            "generate_positional_ids_for_cp", "get_batch_on_this_cp_rank"]
@@ -160,7 +160,7 @@ def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded:
     g = _packed(fn, cu_seqlens_padded, "cu_seqlens_padded")
     _check_split(fn, cu_seqlens_padded, cp, "cu_seqlens_padded")
     total = g.q_width
-    idx = torch.as_tensor(g.cp_shard_indices(cp, cp_rank, align=None))
+    taker = Taker(torch.as_tensor(g.cp_shard_indices(cp, cp_rank, align=None)), total)
 
     def part(name, val):
         if val is None:
@@ -179,7 +179,7 @@ def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded:
                 raise ValueError("Make sure the inputs are in THD format and padded correctly.")
         else:
             raise ValueError("Tensor must be at least 1D")
-        return take(val, dim, idx)
+        return taker(val, dim)
 
     return (part("input_ids_padded", input_ids_padded), part("labels_padded", labels_padded),
             part("position_ids_padded", position_ids_padded))

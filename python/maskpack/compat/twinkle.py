@@ -26,7 +26,7 @@ from .._errors import Error
 from .._layout import Layout
 from .._moves import relayout
 from . import _common
-from ._common import resolve_parallel, take
+from ._common import resolve_parallel, Taker
 from .mcore_bridge import _npu, shard_index
 
 __all__ = ["drop_causal_4d_mask", "get_packed_seq_params", "pad_cp", "split_cp", "PADDING_MAP"]
@@ -148,8 +148,8 @@ def split_cp(inputs: List[Dict[str, Any]], *, cp: Optional[int] = None,
                 dim = dim % v.ndim
                 n = v.shape[dim]
                 if n not in cache:
-                    cache[n] = shard_index(fn, n, cu, cp, cp_rank, "zigzag")
-                return take(v, dim, cache[n])
+                    cache[n] = Taker(shard_index(fn, n, cu, cp, cp_rank, "zigzag"), n)
+                return cache[n](v, dim)
 
             ids = split(ids, 1, "input_ids")
             pos = split(pos, -1, "position_ids")

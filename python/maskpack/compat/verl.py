@@ -567,7 +567,7 @@ def ulysses_pad_and_slice_inputs(input_ids_rmpad: torch.Tensor, position_ids_rmp
     lay = Layout.from_lengths([t], "packed")
     idx = torch.as_tensor(lay.cp_shard_indices(sp_size, rank, scheme="ulysses"))
     pad_size = (-t) % sp_size
-    real = idx[idx < t]
+    real = idx[:int(torch.searchsorted(idx, t))]  # idx increases: the real tokens first, then the padding
     n_pad = idx.numel() - real.numel()  # the rank's share of the end padding
     ids = take(input_ids_rmpad, 1, real)
     if n_pad:
