@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -542,7 +542,7 @@ _HF_GDN_LAYERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeG
 # (transformers passes a call's extra keyword arguments down to every layer); position_ids reach the
 # linear-attention layers only through the call tap below, as maskpack_position_ids
 _SEGMENT_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
-_MASKPACK_KEYS = ("maskpack_layout", "maskpack_position_ids")
+_TAPPED = {"position_ids": "maskpack_position_ids", "attention_mask": "maskpack_attention_mask"}
 
 
 def _host(x: Any) -> Any:
@@ -551,38 +551,49 @@ def _host(x: Any) -> Any:
 
 class _CallTap:
     """A forward pre-hook on the model a patch was applied to: transformers hands a model call's
-    ``position_ids`` to its attention layers only, never to its linear-attention layers, so the
-    tap passes them on as ``maskpack_position_ids`` (a keyword argument, which transformers carries
-    down to every layer, gradient checkpointing's recomputation included). A plain object, so that
-    a patched model deep-copies and pickles."""
+    ``position_ids`` to its attention layers only, and its linear-attention layers no 2D mask at all
+    when every token is real, so the tap passes the call's own position ids and 2D attention mask on
+    as ``maskpack_position_ids`` and ``maskpack_attention_mask`` (keyword arguments, which
+    transformers carries down to every layer, gradient checkpointing's recomputation included). A
+    plain object, so that a patched model deep-copies and pickles."""
 
-    def __init__(self, index: Optional[int]) -> None:
-        self.index = index  # position_ids' place among forward's positional parameters, or None
+    def __init__(self, index: Dict[str, Optional[int]]) -> None:
+        self.index = index  # each tapped argument's place among forward's positional parameters, or None
 
     def __call__(self, module: Any, args: tuple, kwargs: dict):
-        pos = kwargs.get("position_ids")
-        if pos is None and self.index is not None and len(args) > self.index:
-            pos = args[self.index]
-        if pos is None or kwargs.get("maskpack_position_ids") is not None:
-            return None
-        return args, {**kwargs, "maskpack_position_ids": pos}
+        add = {}
+        for name, i in self.index.items():
+            x = kwargs.get(name)
+            if x is None and i is not None and len(args) > i:
+                x = args[i]
+            if name == "attention_mask" and not (isinstance(x, torch.Tensor) and x.dim() == 2):
+                continue  # a 4D or dict mask carries no 2D padding mask
+            if x is not None and kwargs.get(_TAPPED[name]) is None:
+                add[_TAPPED[name]] = x
+        return (args, {**kwargs, **add}) if add else None
 
 
-def _tap_index(model: torch.nn.Module) -> Tuple[bool, Optional[int]]:
-    """(whether the model's forward takes position_ids and passes other keywords on, the index of
-    position_ids among its positional parameters or None)."""
+def _tap_index(model: torch.nn.Module) -> Optional[Dict[str, Optional[int]]]:
+    """The arguments a call tap on ``model`` reads ({name: index among forward's positional
+    parameters, or None}), or None where its forward takes no position_ids or passes no other
+    keywords on."""
     import inspect
 
     try:
         params = list(inspect.signature(type(model).forward).parameters.values())[1:]  # without self
     except (TypeError, ValueError):
-        return False, None
+        return None
     names = [p.name for p in params]
     if "position_ids" not in names or not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return False, None
-    i = names.index("position_ids")
-    positional = params[i].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return True, i if positional else None
+        return None
+    out: Dict[str, Optional[int]] = {}
+    for name in _TAPPED:
+        if name in names:
+            i = names.index(name)
+            positional = params[i].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            out[name] = i if positional else None
+    return out
 
 
 def _segment_ids(lay: Any):
@@ -630,6 +641,11 @@ def _call_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch.Ten
             pos = pos.expand(B, -1)
         batch["position_ids"] = pos
     mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    if mask is None:  # transformers hands the layer no mask when every token is real: the call's own
+        call_mask = kwargs.get("maskpack_attention_mask")
+        if isinstance(call_mask, torch.Tensor) and call_mask.dim() == 2 and call_mask.shape[0] == B \
+                and call_mask.shape[1] >= S:
+            mask = call_mask[:, call_mask.shape[1] - S:]  # a continuation's mask covers the cache too
     if mask is not None:
         batch["attention_mask"] = _host(mask)
     given = kwargs.get("maskpack_layout")
@@ -641,6 +657,11 @@ def _call_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch.Ten
                         "MASKPACK_ERR_SHAPE", argument="maskpack_layout")
         if len(batch) == 1:
             return given, "maskpack_layout"
+    elif len(batch) == 1 and B == 1:
+        raise Error("position_ids: a patched linear-attention layer cannot tell where the sequences of its one row "
+                    "begin and end: the call carries no maskpack_layout, no cu_seq_lens_q / cu_seqlens / seq_idx, no "
+                    "position_ids and no 2D attention mask; pass one (a packed row never runs as one sequence by "
+                    "default)", "MASKPACK_ERR_NOT_FOUND", argument="position_ids")
     lay, name = _batch_layout(batch)
     if given is not None:
         ids, want = _segment_ids(lay), _segment_ids(given)
@@ -735,7 +756,7 @@ class _PatchedForward:
         layer_idx = getattr(mod, "layer_idx", None)
         if cache_params is not None and cache_params.has_previous_state(layer_idx):
             # a decode step or a continuation: transformers' own path reads and updates its cache
-            rest = {k: v for k, v in kwargs.items() if k not in _MASKPACK_KEYS}
+            rest = {k: v for k, v in kwargs.items() if not k.startswith("maskpack_")}
             return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                                      **rest)
         B = hidden_states.shape[0]
@@ -813,7 +834,7 @@ def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads
             del model._forward_pre_hooks[k]
             model._forward_pre_hooks_with_kwargs.pop(k, None)
     elif n and not taps:
-        takes, index = _tap_index(model)
-        if takes:
+        index = _tap_index(model)
+        if index is not None:
             model.register_forward_pre_hook(_CallTap(index), with_kwargs=True)
     return n

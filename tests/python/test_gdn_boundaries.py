@@ -80,7 +80,7 @@ def test_patched_model_takes_boundaries_from_position_ids_alone(kind):
     assert maskpack.patch_linear_attention(model) == 3
     with torch.no_grad():
         out = model(flat, position_ids=pos, use_cache=False).logits[0]
-        mixed = model(flat, use_cache=False).logits[0]  # no boundaries at all: one sequence
+        mixed = model(flat, position_ids=torch.arange(22)[None], use_cache=False).logits[0]  # one sequence
     assert relerr(out, ref) < 1e-5
     assert relerr(mixed, ref) > 1e-3  # the model does see the difference
     # positional position_ids reach the layers too (ForCausalLM.forward(input_ids, attention_mask, position_ids))
@@ -101,7 +101,7 @@ def test_patched_linear_layers_take_boundaries_from_any_one_form(key):
           "maskpack_layout": dict(maskpack_layout=maskpack.Layout.from_cu_seqlens(cu))}[key]
     with torch.no_grad():
         out = model(flat, use_cache=False, **kw).logits[0]
-        mixed = model(flat, use_cache=False).logits[0]
+        mixed = model(flat, position_ids=torch.arange(22)[None], use_cache=False).logits[0]
     assert relerr(out, ref) < 1e-5
     assert relerr(mixed, ref) > 1e-3
 
@@ -157,6 +157,18 @@ def test_patched_layers_refuse_disagreeing_or_absent_boundaries():
     m = torch.ones_like(flat)
     m[0, 3] = 0
     refused("attention_mask", (3,), cu_seq_lens_q=cu, attention_mask=m)
+    # a 2D mask of every token (transformers then hands the layers none) with position ids that
+    # restart: one packed row, as prepare_batch reads it; with offsets that disagree: refused
+    with torch.no_grad():
+        full = model(flat, attention_mask=torch.ones_like(flat), position_ids=pos, use_cache=False).logits
+        assert torch.equal(full, model(flat, position_ids=pos, use_cache=False).logits)
+    refused("attention_mask", (19,), attention_mask=torch.ones_like(flat),
+            cu_seq_lens_q=torch.tensor([0, 7, 10, 19], dtype=torch.int32))
+    # one row and nothing that marks its sequences: never run as one sequence by default
+    e = refused("position_ids")
+    assert e.status == "MASKPACK_ERR_NOT_FOUND"
+    with torch.no_grad():  # several rows without anything: each row one sequence, as transformers runs them
+        model(flat.expand(2, -1), use_cache=False)
     # one packed row's description given for several rows
     with torch.no_grad(), pytest.raises(maskpack.Error) as e:
         model(flat.expand(2, -1), seq_idx=seq_idx, use_cache=False)
