@@ -551,7 +551,9 @@ static maskpack_status want_shape(const maskpack_tensor *t, const char *name, in
     char want[200], found[200];
     mp_format_shape(want, sizeof want, nd, shape);
     if (t) mp_format_shape(found, sizeof found, t->ndim, t->shape);
-    return mp_fail(err, t ? MASKPACK_ERR_SHAPE : MASKPACK_ERR_NULL_ARGUMENT, name, -1, -1,
+    const maskpack_status st = !t ? MASKPACK_ERR_NULL_ARGUMENT : t->dtype != MASKPACK_F32 ? MASKPACK_ERR_DTYPE
+                                                                                      : MASKPACK_ERR_SHAPE;
+    return mp_fail(err, st, name, -1, -1,
                    "%s: expected a contiguous float32 tensor %s, found %s%s", name, want, t ? found : "NULL",
                    t && !f32_contiguous(t) ? " (not contiguous float32)" : "");
 }
