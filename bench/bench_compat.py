@@ -89,6 +89,11 @@ class Upstream:
                  "torch_util": types.SimpleNamespace(is_torch_npu_available=lambda: False),
                  "PackedSeqParams": PackedSeqParams, "InputFeature": dict,
                  "Platform": types.SimpleNamespace(device_prefix=lambda: "npu")}
+        import heapq
+
+        ns_b = {"heapq": heapq, "torch": torch}
+        cu.extract("verl/utils/seqlen_balancing.py", "karmarkar_karp", ns_b)
+        self.balance = cu.extract("verl/utils/seqlen_balancing.py", "get_seqlen_balanced_partitions", ns_b)
         base = "twinkle/processor/base.py"
         self.tk = {n: cu.extract(base, n, ns_tk, cls="InputProcessor")
                    for n in ("pad_cp", "split_cp", "_get_packed_seq_params")}
@@ -269,6 +274,12 @@ def cases(up: Upstream, B: int, S: int, H: int, cp: int):
         tk_pad = {"input_ids": flat.unsqueeze(0), "labels": flat.unsqueeze(0), "position_ids": pos_r}
         out.append(("twinkle.pad_cp", lambda: tw_tk.pad_cp([dict(tk_pad)], cp=cp, tp=1),
                     lambda: up.tk["pad_cp"](proc, [dict(tk_pad)])))
+    work = [24576 * n + n * n for n in lens.tolist()]
+    k = 4 * cp  # e.g. dp ranks
+    out.append((f"verl.get_seqlen_balanced_partitions (k={k})",
+                lambda: tw_v.get_seqlen_balanced_partitions(work, k, False), lambda: up.balance(work, k, False)))
+    out.append((f"verl.get_seqlen_balanced_partitions equal (k={k})",
+                lambda: tw_v.get_seqlen_balanced_partitions(work, k, True), lambda: up.balance(work, k, True)))
     pos_r = torch.cat([torch.arange(int(n)) for n in lens]).unsqueeze(0)
     out.append(("swift.get_packed_seq_params", lambda: tw_sw.get_packed_seq_params(pos_r),
                 lambda: up.hf_params(pos_r)))

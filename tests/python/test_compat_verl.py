@@ -422,3 +422,33 @@ def test_gather_outputs_and_unpad(uly, piece, sp, gather_dim, unpad, scaler):
         (b * w).sum().backward()
         cu.assert_same(xa.grad, xb.grad, "grad")
         cu.count("verl.gather_outputs_and_unpad")
+
+
+# ---- verl/utils/seqlen_balancing.py -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def balancing():
+    import heapq
+
+    ns = {"heapq": heapq, "torch": torch}
+    cu.extract("verl/utils/seqlen_balancing.py", "karmarkar_karp", ns)
+    return cu.extract("verl/utils/seqlen_balancing.py", "get_seqlen_balanced_partitions", ns)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.lists(st.integers(0, 8192), min_size=1, max_size=48), st.integers(1, 8), st.booleans(), st.booleans())
+def test_get_seqlen_balanced_partitions(balancing, lens, k, equal, workload):
+    """Not the same partition as verl's Karmarkar-Karp (another algorithm), but never a heavier heaviest part."""
+    k = min(k, len(lens))
+    if equal:
+        lens = lens[: len(lens) // k * k]
+    values = [24576 * n + n * n for n in lens] if workload else lens
+    a = balancing(values, k, equal)
+    b = tw.get_seqlen_balanced_partitions(values, k, equal)
+    assert len(b) == k and all(q == sorted(q) and q for q in b)
+    assert sorted(i for q in b for i in q) == list(range(len(values)))
+    if equal:
+        assert all(len(q) * k == len(values) for q in b)
+    heaviest = lambda parts: max(sum(values[i] for i in q) for q in parts)  # noqa: E731
+    assert heaviest(b) <= heaviest(a), (heaviest(b), heaviest(a))
+    cu.count("verl.get_seqlen_balanced_partitions (never heavier)")

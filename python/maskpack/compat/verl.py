@@ -37,7 +37,7 @@ from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_la
 
 __all__ = ["preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine", "postprocess_thd_engine",
            "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd",
-           "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad"]
+           "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad", "get_seqlen_balanced_partitions"]
 
 UPSTREAM = "verl==0.9.1"
 
@@ -625,3 +625,113 @@ def gather_outputs_and_unpad(x: torch.Tensor, gather_dim: int, unpad_dim: Option
         if padding_size:
             whole = whole.narrow(unpad_dim, 0, whole.shape[unpad_dim] - padding_size)
     return whole
+
+
+# ---- verl/utils/seqlen_balancing.py ---------------------------------------------------------------------
+
+def _differencing(values: List[int], k: int, equal_size: bool) -> List[List[int]]:
+    """k-way largest differencing: partial partitions (k sets each) are combined two at a time, the two with
+    the largest spread first, the heaviest set of one joined with the lightest of the other."""
+    import heapq
+
+    order = sorted(range(len(values)), key=lambda i: (values[i], i))
+    heap = []
+    tick = 0
+
+    def push(sets):
+        nonlocal tick
+        sets.sort(key=lambda s: s[0], reverse=True)
+        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), -sets[0][0], tick, sets))
+        tick += 1
+
+    if equal_size:
+        for off in range(0, len(order), k):
+            push([[values[i], [i]] for i in order[off:off + k]])
+    else:
+        for i in order:
+            push([[values[i], [i]]] + [[0, []] for _ in range(k - 1)])
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[3]
+        b = heapq.heappop(heap)[3]
+        push([[a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]] for j in range(k)])
+    return [s[1] for s in heap[0][3]]
+
+
+def _improve(parts: List[List[int]], values: List[int], equal_size: bool, budget: int) -> List[List[int]]:
+    """Lower the heaviest partition while a single move (not under equal_size) or a swap with a lighter one
+    lowers it; never empties a partition."""
+    sums = [sum(values[i] for i in p) for p in parts]
+    for _ in range(budget):
+        h = max(range(len(parts)), key=lambda j: sums[j])
+        done = False
+        for l in sorted(range(len(parts)), key=lambda j: sums[j]):
+            gap = sums[h] - sums[l]
+            if l == h or gap <= 1:
+                continue
+            best = None  # (|2 d - gap|, a, b): d = values moved from h to l, 0 < d < gap
+            if not equal_size and len(parts[h]) > 1:
+                for a in parts[h]:
+                    d = values[a]
+                    if 0 < d < gap and (best is None or abs(2 * d - gap) < best[0]):
+                        best = (abs(2 * d - gap), a, None)
+            for a in parts[h]:
+                for b in parts[l]:
+                    d = values[a] - values[b]
+                    if 0 < d < gap and (best is None or abs(2 * d - gap) < best[0]):
+                        best = (abs(2 * d - gap), a, b)
+            if best is not None:
+                _, a, b = best
+                parts[h].remove(a)
+                parts[l].append(a)
+                d = values[a]
+                if b is not None:
+                    parts[l].remove(b)
+                    parts[h].append(b)
+                    d -= values[b]
+                sums[h] -= d
+                sums[l] += d
+                done = True
+                break
+        if not done:
+            break
+    return parts
+
+
+def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, equal_size: bool) -> List[List[int]]:
+    """verl's ``get_seqlen_balanced_partitions``: ``k_partitions`` sorted index lists covering ``seqlen_list``
+    once, none empty, of equal sizes when ``equal_size``, with balanced sums. maskpack's planner
+    (``maskpack.plan``: sequences dealt largest first, then moves and swaps) and a largest-differencing
+    partition are both built and polished by single moves and swaps; the one with the lighter heaviest part
+    is returned, so it is never less balanced than verl's Karmarkar-Karp (checked by the conformance
+    tests). Partitions are in decreasing order of their sums."""
+    fn = "get_seqlen_balanced_partitions"
+    values = [int(v) for v in seqlen_list]
+    n, k = len(values), int(k_partitions)
+    if k < 1 or n < k:
+        raise Error(f"{fn}: {n} items cannot fill {k} partitions", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="k_partitions")
+    if equal_size and n % k:
+        raise Error(f"{fn}: {n} items do not split into {k} partitions of equal size", "MASKPACK_ERR_INVALID_ARGUMENT",
+                    argument="equal_size")
+    if any(v < 0 for v in values):
+        raise Error(f"{fn}: lengths must be >= 0", "MASKPACK_ERR_INVALID_ARGUMENT", argument="seqlen_list",
+                    index=(next(i for i, v in enumerate(values) if v < 0),))
+    budget = 4 * n + 16
+    candidates = [_improve(_differencing(values, k, equal_size), values, equal_size, budget)]
+    if not equal_size and sum(values) > 0:
+        from ..plan import plan
+
+        p = plan(values, capacity=sum(values), dp=k)
+        parts: List[List[int]] = [[] for _ in range(k)]
+        for r, row in zip(list(p.rank_of_row), p.rows.tolist()):
+            parts[int(r)].extend(int(i) for i in row)
+        if all(parts):
+            candidates.append(_improve(parts, values, False, budget))
+
+    def key(parts):
+        s = [sum(values[i] for i in q) for q in parts]
+        return max(s), max(s) - min(s)
+
+    best = min(candidates, key=key)
+    best = sorted((sorted(q) for q in best), key=lambda q: (-sum(values[i] for i in q), q))
+    return best
