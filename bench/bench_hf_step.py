@@ -140,7 +140,7 @@ def main():
         opts[name].zero_grad()
         loss.backward()
         opts[name].step()
-        return time.perf_counter() - t0, float(loss)
+        return time.perf_counter() - t0, float(loss.detach())
 
     real = sum(lengths)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Qwen3.5 hidden {h}, {a.layers} layers; "

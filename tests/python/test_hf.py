@@ -225,6 +225,19 @@ def _cp_worker(rank, world, init_file, out_dir):
             mhf.attention_forward(attn, q, kv, kv, None, position_ids=mine.position_ids[None])
         except maskpack.Error as e:
             errs["nolayout"] = (e.argument, str(e))
+        # a batch cut for another number of ranks than the model's group: hf_kwargs refuses it (no model of
+        # the process was prepared for that many), and so does the attention layer, given its kwargs
+        size = 6 - world  # 4 at world 2, 2 at world 4
+        sized = maskpack.prepare_batch(padded_batch(), padding_free=True, cp=size, cp_rank=0)
+        try:
+            mhf.cp_kwargs(sized)  # TMP
+        except maskpack.Error as e:
+            errs["size"] = (e.argument, str(e))
+        try:
+            mhf.attention_forward(attn, q, kv, kv, None, maskpack_layout=mine.global_layout,
+                                  maskpack_cp={"cp": size, "cp_rank": 0, "cp_scheme": "zigzag"})
+        except maskpack.Error as e:
+            errs["size_attn"] = (e.argument, str(e))
         # an unprepared model is refused the shard's kwargs
         try:
             mhf.cp_kwargs(mine, model=tiny_model("qwen3_5"))  # TMP
@@ -266,6 +279,8 @@ def test_prepared_model_under_cp_equals_transformers_padded_run(world):
         else:
             assert e["one"][0] == "group" and "rank 0 refused" in e["one"][1], (r, e)
         assert e["nolayout"][0] == "maskpack_layout", (r, e)
+        assert e["size"][0] == "cp" and f"prepared for {6 - world} " in e["size"][1], (r, e)
+        assert e["size_attn"][0] == "group" and f"cp = {6 - world}," in e["size_attn"][1], (r, e)
         assert e["unprepared"][0] == "cp" and "prepare_model" in e["unprepared"][1], (r, e)
 
 
