@@ -70,6 +70,7 @@ class Upstream:
         self.mamba = cu.megatron_module("megatron.core.ssm.mamba_context_parallel")
         self.mamba.tex = cu.FakeTex
         self.mamba.is_te_min_version = lambda v: True
+        self.mtp = cu.megatron_module("megatron.core.transformer.multi_token_prediction")
         self.te = cu.te_functions()
         from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -209,6 +210,11 @@ def cases(up: Upstream, B: int, S: int, H: int, cp: int):
                                                          "position_ids": ids}, cp=cp, cp_rank=0),
                 lambda: up.mg_utils.get_batch_on_this_cp_rank({"tokens": ids, "labels": ids,
                                                                "loss_mask": mask.float(), "position_ids": ids})))
+    if cp == 1:
+        lab = stream[:, 0].unsqueeze(0).contiguous()
+        rpsp = types.SimpleNamespace(cu_seqlens_q=cu_pad)
+        out.append(("megatron.roll_tensor (packed, no CP)", lambda: tw_mg.roll_tensor(lab, -1, -1, None, rpsp),
+                    lambda: up.mtp.roll_tensor(lab, -1, -1, None, rpsp)))
     if cp > 1:
         out.append(("megatron.undo_attention_load_balancing (packed)",
                     lambda: tw_mg.undo_attention_load_balancing(stream, cp, psp),

@@ -1,13 +1,15 @@
-"""Gradients of verl's postprocess twins across 2 and 4 gloo processes, against verl 0.9.1's own
-functions running in the same processes with the real all-gather: grad="own" equals verl's gradient bit
-for bit; grad="sum" (maskpack.cp_all_gather) gives exactly cp times it when every rank computes the same
-loss (the documented difference)."""
+"""The twins that communicate, across 2 and 4 gloo processes, against the upstream functions running in the
+same processes over the same group: verl 0.9.1's postprocess functions (grad="own" equals verl's gradient
+bit for bit; grad="sum", maskpack.cp_all_gather, gives exactly cp times it when every rank computes the same
+loss: the documented difference) and megatron-core 0.16.1's roll_tensor under CP (its point-to-point
+exchange against the twin's all-gather; values, sums and gradients)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
+import types
 
 import pytest
 import torch
@@ -17,6 +19,14 @@ import torch.multiprocessing as mp
 import compat_upstream as cu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mg_split(x, cu, cp, rank):
+    """The rank's zigzag part of each sequence of cu along the last dimension (maskpack's shard)."""
+    import maskpack
+
+    idx = torch.as_tensor(maskpack.Layout.from_cu_seqlens(cu.to(torch.int64)).cp_shard_indices(cp, rank, align=None))
+    return x.index_select(-1, idx)
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -74,6 +84,26 @@ def _worker(rank, world, init_file, out_dir):
                                                 npu=False)
                 (ob.values() * wv).sum().backward()
                 res[("bshd", fp8, grad)] = (oa.values().detach(), ob.values().detach(), xa.grad, xb.grad)
+        # megatron-core's roll_tensor under CP: packed (cu_seqlens_q over the whole padded batch) and not
+        from maskpack.compat import megatron as mg
+
+        mtp = cu.megatron_module("megatron.core.transformer.multi_token_prediction")
+        cu_q = torch.tensor([0, 4 * world, 10 * world], dtype=torch.int32)  # (an empty sequence crashes Megatron)
+        full = torch.randn(2, 10 * world, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        psp = types.SimpleNamespace(cu_seqlens_q=cu_q)
+        for key, (whole, p) in {"roll packed": (full, psp), "roll": (full, None)}.items():
+            cuts = cu_q if p is not None else torch.tensor([0, whole.shape[-1]])
+            part = mg_split(whole, cuts, world, rank)
+            xa = part.clone().requires_grad_(True)
+            xb = part.clone().requires_grad_(True)
+            with cu.patched(torch.cuda, current_device=lambda: "cpu"):
+                ra, sa = mtp.roll_tensor(xa, -1, -1, dist.group.WORLD, p)
+            rb, sb = mg.roll_tensor(xb, -1, -1, dist.group.WORLD, p)
+            wv = torch.randn(ra.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+            (ra * wv).sum().backward()
+            (rb * wv).sum().backward()
+            res[(key, "own")] = (torch.cat([ra.detach().flatten(), sa.detach().view(1)]),
+                                 torch.cat([rb.detach().flatten(), sb.detach().view(1)]), xa.grad, xb.grad)
         torch.save(res, os.path.join(out_dir, f"r{rank}.pt"))
         dist.barrier()
     finally:
@@ -96,5 +126,5 @@ def test_postprocess_gradients_across_processes(world):
                 else:
                     assert torch.equal(gb, world * ga), key    # every rank's gradient summed: cp times verl's
                 n += 1
-    cu.count(f"verl.postprocess_* gradients (gloo, {world} ranks)", n)
+    cu.count(f"verl.postprocess_* and megatron.roll_tensor under CP (gloo, {world} ranks)", n)
     cu.write_counts()

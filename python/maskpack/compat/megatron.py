@@ -125,42 +125,84 @@ def redo_attention_load_balancing(input_: torch.Tensor, cp_size: int,
 
 def roll_tensor(tensor: torch.Tensor, shifts: int = -1, dims: int = -1, cp_group: Any = None,
                 packed_seq_params: Any = None):
-    """Megatron's ``roll_tensor`` (multi-token prediction) without context parallelism: ``(rolled, rolled.sum())``
-    where ``rolled`` is ``tensor`` rolled left by one along ``dims`` with the vacated last position filled with
-    0; with ``packed_seq_params`` the roll stays inside each sequence of ``cu_seqlens_q`` (each sequence's last
-    position 0). A CP group of more than one rank is not supported by this twin yet (maskpack.Error)."""
+    """Megatron's ``roll_tensor`` (multi-token prediction): ``(rolled, rolled.sum())`` where ``rolled`` is ``tensor``
+    rolled left by one along ``dims`` with the vacated last position filled with 0; with ``packed_seq_params`` the
+    roll stays inside each sequence of ``cu_seqlens_q`` (each sequence's last position 0). Under CP (``cp_group``
+    of more than one rank; the tensor is this rank's zigzag shard) the roll is the one of the whole sequence:
+    each chunk's last position takes the first token of the chunk after it, fetched in one all-gather of the
+    chunks' first tokens (Megatron sends them point to point). As in Megatron the values fetched from another
+    rank carry no gradient (the last rank's own chunk does)."""
     fn = "roll_tensor"
-    if cp_group is not None and torch.distributed.get_world_size(group=cp_group) > 1:
-        raise Error(f"{fn}: the twin does not roll across CP ranks yet; pass cp_group=None or a group of one",
-                    "MASKPACK_ERR_UNSUPPORTED", argument="cp_group")
-    if packed_seq_params is None:
+    cp = 1 if cp_group is None else torch.distributed.get_world_size(group=cp_group)
+    if packed_seq_params is not None:
+        if not (dims == -1 or dims == tensor.dim() - 1):
+            raise Error(f"{fn}: packed sequences roll along the last dimension only, found dims={dims}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="dims")
+        if shifts != -1:
+            raise Error(f"{fn}: packed sequences roll by shifts=-1 only, found {shifts}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="shifts")
+        cu = packed_seq_params.cu_seqlens_q
+        if cu is None:
+            raise Error(f"{fn}: packed_seq_params must provide cu_seqlens_q", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="packed_seq_params")
+        c = cu.detach().to("cpu", torch.int64)
+    elif cp == 1:
         rolled = torch.roll(tensor, shifts=shifts, dims=dims)
         rolled.select(dims, shifts).fill_(0)
         return rolled, rolled.sum()
-    if not (dims == -1 or dims == tensor.dim() - 1):
-        raise Error(f"{fn}: packed sequences roll along the last dimension only, found dims={dims}",
-                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="dims")
-    if shifts != -1:
-        raise Error(f"{fn}: packed sequences roll by shifts=-1 only, found {shifts}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument="shifts")
-    cu = packed_seq_params.cu_seqlens_q
-    if cu is None:
-        raise Error(f"{fn}: packed_seq_params must provide cu_seqlens_q", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument="packed_seq_params")
-    c = cu.detach().to("cpu", torch.int64)
-    n = tensor.shape[-1]
-    if int(c[-1]) > n:
-        raise Error(f"{fn}: cu_seqlens_q ends at {int(c[-1])}, past the tensor's {n} positions",
+    else:
+        if shifts != -1:
+            raise Error(f"{fn}: under CP the roll is by shifts=-1 only, found {shifts}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="shifts")
+        c = None
+    dim = dims % tensor.dim()
+    n = tensor.shape[dim]
+    x = tensor.movedim(dim, -1)
+    if c is None:  # one sequence over the whole dimension, this rank's 2 chunks
+        c = torch.tensor([0, n * cp])
+    if int(c[-1]) > n * cp:
+        raise Error(f"{fn}: cu_seqlens_q ends at {int(c[-1])}, past the {n * cp} positions of the CP ranks",
                     "MASKPACK_ERR_SHAPE", argument="packed_seq_params")
-    lay = Layout.from_cu_seqlens(c, total=n)
-    # each position takes the next one of its sequence; a sequence's last position and positions outside
-    # any sequence: the next index is "none" (0 is written, as Megatron's roll does)
-    nxt = torch.as_tensor(lay._shift_index()).to(torch.int64)
-    src = torch.where(nxt >= 0, nxt, 0)
-    keep = (nxt >= 0)
-    outside = ~torch.as_tensor(lay.mask2d()).reshape(-1).bool()
-    rolled = tensor.index_select(-1, src.to(tensor.device))
-    rolled = torch.where(keep.to(tensor.device), rolled, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
-    if bool(outside.any()):  # Megatron leaves positions outside every sequence as they were
-        rolled = torch.where(outside.to(tensor.device), tensor, rolled)
+    if cp == 1:
+        lay = Layout.from_cu_seqlens(c, total=n)
+        nxt = torch.as_tensor(lay._shift_index()).to(torch.int64)  # the next position of each one's sequence
+        inside = torch.as_tensor(lay.mask2d()).reshape(-1).bool()
+        src = torch.where(nxt >= 0, nxt, 0).to(x.device)
+        rolled = torch.where((nxt >= 0).to(x.device), x.index_select(-1, src), torch.zeros((), dtype=x.dtype,
+                                                                                          device=x.device))
+        if not bool(inside.all()):  # positions outside every sequence stay as they were, as in Megatron
+            rolled = torch.where(inside.to(x.device), rolled, x)
+        rolled = rolled.movedim(-1, dim)
+        return rolled, rolled.sum()
+    bad = torch.nonzero(c.diff() % (2 * cp)).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise Error(f"{fn}: sequence {i} of cu_seqlens_q does not split into 2*cp = {2 * cp} chunks",
+                    "MASKPACK_ERR_SHAPE", argument="packed_seq_params", index=(i,))
+    rank = torch.distributed.get_rank(group=cp_group)
+    local = c // cp  # each sequence's local slot: [chunk r | chunk 2 cp - 1 - r], halves of equal length
+    half = (local[1:] - local[:-1]) // 2
+    live = torch.nonzero(half > 0).flatten()
+    starts0 = local[:-1][live]
+    starts1 = starts0 + half[live]
+    # within each chunk: the next position; a chunk's last position takes the neighbour chunk's first token
+    idx = torch.arange(n)
+    seq_of = torch.full((n,), -1, dtype=torch.int64)
+    for j, (a, h) in enumerate(zip(starts0.tolist(), half[live].tolist())):
+        seq_of[a:a + 2 * h] = j
+    nxt = idx + 1
+    ends0 = starts0 + half[live] - 1
+    ends1 = starts1 + half[live] - 1
+    firsts = torch.stack([x.index_select(-1, starts0.to(x.device)), x.index_select(-1, starts1.to(x.device))], 0)
+    gathered = [torch.empty_like(firsts) for _ in range(cp)]
+    torch.distributed.all_gather(gathered, firsts.detach().contiguous(), group=cp_group)
+    fill0 = gathered[rank + 1][0] if rank < cp - 1 else firsts[1]  # after chunk r (the last rank: its own chunk)
+    fill1 = gathered[rank - 1][1] if rank > 0 else torch.zeros_like(gathered[rank][1])  # after chunk 2cp-1-r
+    inside = seq_of >= 0
+    src = torch.where(inside, nxt, idx).clamp(max=n - 1)
+    rolled = x.index_select(-1, src.to(x.device))
+    if not bool(inside.all()):  # positions outside every sequence stay as they were, as in Megatron
+        rolled = torch.where(inside.to(x.device), rolled, x)
+    rolled = rolled.index_copy(-1, ends0.to(x.device), fill0).index_copy(-1, ends1.to(x.device), fill1)
+    rolled = rolled.movedim(-1, dim)
     return rolled, rolled.sum()
