@@ -164,14 +164,15 @@ def roll_tensor(tensor: torch.Tensor, shifts: int = -1, dims: int = -1, cp_group
         raise Error(f"{fn}: cu_seqlens_q ends at {int(c[-1])}, past the {n * cp} positions of the CP ranks",
                     "MASKPACK_ERR_SHAPE", argument="packed_seq_params")
     if cp == 1:
+        # the whole row rolled, then each sequence's last position 0 (its layout's last tokens) and the
+        # positions after the last sequence as they were, as in Megatron
         lay = Layout.from_cu_seqlens(c, total=n)
-        nxt = torch.as_tensor(lay._shift_index()).to(torch.int64)  # the next position of each one's sequence
-        inside = torch.as_tensor(lay.mask2d()).reshape(-1).bool()
-        src = torch.where(nxt >= 0, nxt, 0).to(x.device)
-        rolled = torch.where((nxt >= 0).to(x.device), x.index_select(-1, src), torch.zeros((), dtype=x.dtype,
-                                                                                          device=x.device))
-        if not bool(inside.all()):  # positions outside every sequence stay as they were, as in Megatron
-            rolled = torch.where(inside.to(x.device), rolled, x)
+        last = torch.as_tensor(lay.last_token_index())
+        last = last[last >= 0]
+        rolled = torch.roll(x, -1, -1).index_fill_(-1, last.to(x.device), 0)
+        end = int(c[-1])
+        if end < n:
+            rolled[..., end:] = x[..., end:]
         rolled = rolled.movedim(-1, dim)
         return rolled, rolled.sum()
     bad = torch.nonzero(c.diff() % (2 * cp)).flatten()
