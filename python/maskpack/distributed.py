@@ -658,6 +658,13 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
         _check_heads("v", HV, n)
         for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
             _check_shard(name, x, layout, n, rank, scheme, tp, align, group, kernel=True)
+        # the gate's values too, before any exchange: the kernel would refuse a growing gate only
+        # after the all-to-all, on this rank alone, and leave the others waiting in the next one
+        from ._maskpack import gdn as _gdn
+        from ._tensors import layout_handle
+
+        _gdn.check_gate(layout_handle(layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)),
+                        g.detach() if g.requires_grad else g)
     except (Error, TypeError) as exc:
         local = [exc]  # boxed: _agree takes it out, so no frame keeps it (see _agree)
     # whether autograd records decides the exchange (see _gdn_cp_no_grad), so every rank must agree

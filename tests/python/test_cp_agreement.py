@@ -43,6 +43,11 @@ def _cases(world):
         return maskpack.gated_delta_rule(cut(gq, r), cut(gq, r), cut(v, r), cut(g, r), cut(beta, r), lay, group=W,
                                          cp_method="sequence")
 
+    def gdn_heads(r, n, g=gg):  # head-parallel: the all-to-all moves g before the kernel reads it
+        return maskpack.gated_delta_rule(cut(gq, r).repeat(1, n, 1), cut(gq, r).repeat(1, n, 1),
+                                         cut(gv, r).repeat(1, n, 1), cut(g, r).repeat(1, n),
+                                         cut(gb, r).repeat(1, n), lay, group=W, cp_method="head")
+
     def conv(r, n, method="sequence"):
         return maskpack.causal_conv1d(cut(cx, r), cw, lay, group=W, cp_method=method)
 
@@ -57,6 +62,9 @@ def _cases(world):
         "payload": (gather, lambda r, n: gather(r, n, part=torch.randn(T, 3)), last),
         "scheme": (gather, lambda r, n: gather(r, n, scheme="contiguous"), last),
         "key heads": (ring, lambda r, n: ring(r, n, k=q1), last),
+        # a growing gate on one rank: refused before any exchange, on every rank alike (it used to be
+        # refused after the all-to-all, on that rank alone, while the others waited in the next one)
+        "growing gate, head-parallel": (gdn_heads, lambda r, n: gdn_heads(r, n, g=-gg), last),
         "value heads": (lambda r, n: gdn(r, n),
                         lambda r, n: gdn(r, n, v=gv[:, :2].contiguous(), g=gg[:, :2].contiguous(),
                                          beta=gb[:, :2].contiguous()), last),
@@ -123,6 +131,13 @@ def test_ranks_in_different_calls_or_settings_all_raise_naming_both_values(world
         last = world - 1
         for r in range(world):
             got = torch.load(os.path.join(d, f"agree{r}.pt"))
+            res = got.get("growing gate, head-parallel")
+            assert res is not None and res[0] == "Error", (r, res)
+            if r == last:  # the rank whose gate grows names it, the first offending token and head
+                assert res[1] == "MASKPACK_ERR_VALUE" and res[2] == "g" and "g[" in res[4], (r, res)
+            else:  # every other rank stops with it, naming that rank
+                assert res[2] == "group" and res[3] == (last,), (r, res)
+                assert f"rank {last} refused its arguments" in res[4], (r, res)
             for name, (arg, subs) in WANT.items():
                 res = got.get(name)
                 assert res is not None and res[0] == "Error", (r, name, res)
