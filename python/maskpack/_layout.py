@@ -168,6 +168,26 @@ class Layout(_Moves):
         return cls._wrap(h, torch, explicit)
 
     @classmethod
+    def from_nested(cls, nested: Any, **rule: Any) -> "Layout":
+        """A torch nested (jagged) tensor ``[B, j, ...]`` (``torch.nested.nested_tensor(..., layout=torch.jagged)``,
+        verl's model-engine batches) -> the packed layout of its sequences: ``nested.values()`` is a per-token
+        tensor of it. A strided nested tensor, or a jagged one with holes (``lengths()`` set), is refused."""
+        if not (is_torch_tensor(nested) and getattr(nested, "is_nested", False)):
+            raise TypeError(f"nested: expected a torch nested tensor, found {type(nested).__name__}")
+        try:
+            offsets = nested.offsets()
+        except Exception:
+            raise Error("nested: a strided nested tensor has no offsets; build it with layout=torch.jagged",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="nested") from None
+        if nested.lengths() is not None:
+            raise Error("nested: a jagged tensor with holes (lengths() set) is not a packed batch",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="nested")
+        if getattr(nested, "_ragged_idx", 1) != 1:
+            raise Error("nested: the ragged dimension must be dim 1 ([B, j, ...])", "MASKPACK_ERR_SHAPE",
+                        argument="nested")
+        return cls.from_cu_seqlens(offsets.detach().to("cpu"), **rule)
+
+    @classmethod
     def from_position_ids(cls, position_ids: Any, rule: str = "reset", **rule_kwargs: Any) -> "Layout":
         """position_ids ([T] packed, [B,S], or [3,B,S] M-RoPE: text row 0 decides) -> layout.
 

@@ -643,6 +643,8 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
         if isinstance(src, (list, tuple)):
             return _compile.move(list(x), list(src), dst, "", pad_value, threads, engine)
         return _compile.move([x], [src], dst, "", pad_value, threads, engine)
+    if getattr(x, "is_nested", False) and not isinstance(src, (list, tuple)):
+        x = _nested_values(x, src)
     if not isinstance(src, (list, tuple)):
         c = getattr(src, "_cache", None)  # not a Layout: _plan names the argument
         entry = c.get(id(dst)) if c is not None else None  # a plan made before by _plan
@@ -658,6 +660,23 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     if not srcs:
         raise Error("src: expected at least one source layout", "MASKPACK_ERR_INVALID_ARGUMENT", argument="src")
     return _apply(_plan(srcs, dst), srcs, dst, xs, out, pad_value, threads, engine)
+
+
+def _nested_values(x, src):
+    """A jagged nested tensor handed to a move: its values, checked to be the packed tokens of ``src``."""
+    try:
+        offsets = x.offsets()
+    except Exception:
+        raise Error("x: a strided nested tensor cannot be moved; build it with layout=torch.jagged",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="x") from None
+    packed = src.packed_of()
+    want = packed.cu_seqlens(dtype="int64")
+    got = offsets.detach().to("cpu")
+    if x.lengths() is not None or tuple(got.tolist()) != tuple(np.asarray(want).tolist()) or not (
+            src.packed and packed is src):
+        raise Error("x: a nested tensor moves from the packed layout of its own offsets (Layout.from_nested(x)); "
+                    "its offsets do not describe src", "MASKPACK_ERR_SHAPE", argument="x")
+    return x.values()
 
 
 def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
@@ -793,6 +812,20 @@ class _Moves:
         src = self.packed_of()
         move = _cached(self, _UNPACK_PLAN, lambda: _Move.create([src], self))
         return _apply(move, [src], self, [x], out, pad_value, threads, engine)
+
+    def to_nested(self, x: Any, threads: Optional[int] = None, engine: Optional[str] = None):
+        """Per-token torch tensor of this layout -> a torch nested (jagged) tensor ``[n_segments, j, ...]``, one
+        component per sequence (verl's model-engine outputs). Differentiable: the components are views of
+        the packed move's result. ``Layout.from_nested`` reads such a tensor back."""
+        import torch
+
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch tensor, found {type(x).__name__}")
+        if x.is_nested:
+            x = relayout(x, type(self).from_nested(x), self)
+        values = self.pack(x, threads=threads, engine=engine)
+        offsets = torch.as_tensor(self.packed_of().cu_seqlens(dtype="int64")).to(values.device)
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
 
     def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
               align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None,
