@@ -173,7 +173,8 @@ def _call_layout(B: int, S: int, attention_mask: Any, kwargs: Dict[str, Any]):
                     "no maskpack_layout, no cu_seq_lens_q / cu_seqlens / seq_idx, no position_ids and no 2D attention "
                     "mask; pass one (bundle.hf_kwargs() passes them), a layer never attends across the whole batch "
                     "as one sequence", "position_ids", "MASKPACK_ERR_NOT_FOUND")
-    key = _fingerprint((mask, pos, *segs)) + ((B, S),)
+    given_tensors = (mask, pos, *segs)
+    key = _fingerprint(given_tensors) + ((B, S),)
     last = getattr(_LAST, "entry", None)
     if last is not None and last[0] == key:
         return last[1]
@@ -194,8 +195,8 @@ def _call_layout(B: int, S: int, attention_mask: Any, kwargs: Dict[str, Any]):
     _, grid, _ = _b._token_grid(batch)
     _b._check_layout_shapes(batch, "hidden_states", grid)
     lay, _name = _b._source_layout(batch, None, "te", "reset", {}, text, False)
-    # keep the tensors alive with the entry, so that their ids cannot be reused by other tensors
-    _LAST.entry = (key, lay, (mask, pos, *segs))
+    # keep the given tensors alive with the entry, so that their ids cannot be reused by other tensors
+    _LAST.entry = (key, lay, given_tensors)
     return lay
 
 
@@ -278,8 +279,9 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]: maskpack's order, no copy
     if group is not None:
         return _cp_forward(settings, q, k, v, causal, window, scaling, softcap, kwargs), None
-    if kwargs.get("maskpack_cp") is not None and int(kwargs["maskpack_cp"].get("cp", 1)) > 1:
-        raise _fail(f"group: the call holds a context-parallel shard (cp = {kwargs['maskpack_cp']['cp']}) but the "
+    info = kwargs.get("maskpack_cp")
+    if isinstance(info, dict) and int(info.get("cp", 1)) > 1:
+        raise _fail(f"group: the call holds a context-parallel shard (cp = {info['cp']}) but the "
                     "model was prepared without a group: maskpack.hf.prepare_model(model, group=...)", "group")
     layout = _with_rule(_call_layout(B, S, attention_mask, kwargs), causal, window)
     from .attention import attention
@@ -316,6 +318,8 @@ def _cp_layout(settings: _Settings, kwargs: Dict[str, Any], n: int, rank: int):
     """The whole batch's layout under CP, and the shard the call says it holds checked against the group."""
     info = kwargs.get("maskpack_cp")
     if info is not None:
+        if not isinstance(info, dict):
+            raise TypeError(f"maskpack_cp: expected a dict (cp, cp_rank, cp_scheme, tp), found {type(info).__name__}")
         if int(info.get("cp", n)) != n or int(info.get("cp_rank", rank)) != rank:
             raise _fail(f"group: the batch was prepared for cp = {info.get('cp')}, cp_rank = {info.get('cp_rank')}; "
                         f"the model's group has {n} ranks and this process is rank {rank}", "group")
@@ -338,33 +342,50 @@ def _cp_layout(settings: _Settings, kwargs: Dict[str, Any], n: int, rank: int):
 
 def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, kwargs) -> torch.Tensor:
     """This rank's shard [1, T_local, H, D] -> its attention output [1, T_local, Hq, D] over the whole batch."""
-    from .attention import attention
-
-    if q.shape[0] != 1:
-        raise _fail(f"query: under context parallelism one packed row [1, T_local, ...], found a batch of "
-                    f"{q.shape[0]} rows", "query", "MASKPACK_ERR_SHAPE")
     import torch.distributed as dist
 
-    n, rank = dist.get_world_size(settings.group), dist.get_rank(settings.group)
-    local = None
-    try:
-        whole = _with_rule(_cp_layout(settings, kwargs, n, rank), causal, window)
-    except (Error, TypeError) as e:
-        local = e
-    _agree(settings.group, n, rank, local)
-    q, k, v = q[0], k[0], v[0]
+    from .attention import attention
+
     s = settings
+    n, rank = dist.get_world_size(s.group), dist.get_rank(s.group)
     algo = s.cp_algorithm
     if algo == "auto":
         algo = "ulysses" if s.cp_scheme == "ulysses" else "auto"
+    # every check that may differ between ranks before the agreement, so that none raises alone
+    local = None
+    try:
+        if q.shape[0] != 1:
+            raise _fail(f"query: under context parallelism one packed row [1, T_local, ...], found a batch of "
+                        f"{q.shape[0]} rows", "query", "MASKPACK_ERR_SHAPE")
+        whole = _with_rule(_cp_layout(s, kwargs, n, rank), causal, window)
+        if algo == "ulysses":
+            shards = _ulysses_shards(q[0], whole, s, n, rank)
+    except (Error, TypeError) as e:
+        local = e
+    _agree(s.group, n, rank, local)
+    q, k, v = q[0], k[0], v[0]
     if algo == "ulysses":
-        return _ulysses(q, k, v, whole, s, n, rank, scaling, softcap).unsqueeze(0)
+        return _ulysses(q, k, v, whole, shards, s, n, scaling, softcap).unsqueeze(0)
     out = attention(q, k, v, whole, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
                     cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
     return out.unsqueeze(0)
 
 
-def _ulysses(q, k, v, whole, s: _Settings, n: int, rank: int, scaling, softcap) -> torch.Tensor:
+def _ulysses_shards(q, whole, s: _Settings, n: int, rank: int) -> list:
+    """Every rank's shard layout of ``whole``, with this rank's q [T_local, Hq, D] checked against its own."""
+    Hq = int(q.shape[1])
+    if Hq % n:
+        raise _fail(f"cp_algorithm: Ulysses gives each of the {n} ranks heads/{n} of the {Hq} query heads, which do "
+                    "not divide; use cp_algorithm='ring' or 'all_gather'", "cp_algorithm", "MASKPACK_ERR_SHAPE")
+    shards = [whole.cp_shard(n, r, scheme=s.cp_scheme, tp=s.tp, align=s.align) for r in range(n)]
+    mine = shards[rank]
+    if q.shape[0] != mine.n_rows * mine.q_width:
+        raise _fail(f"query: expected this rank's shard (rank {rank} of {n}) of {mine.n_rows * mine.q_width} tokens, "
+                    f"found {q.shape[0]}", "query", "MASKPACK_ERR_SHAPE")
+    return shards
+
+
+def _ulysses(q, k, v, whole, shards: list, s: _Settings, n: int, scaling, softcap) -> torch.Tensor:
     """Ulysses: an all-to-all turns this rank's tokens of every head into every token of heads/n heads, the
     whole batch attends per sequence in one kernel call, and the reverse all-to-all brings the rank's tokens
     back. Key/value heads that do not divide by n are repeated up to the query heads first (each query head
@@ -374,17 +395,9 @@ def _ulysses(q, k, v, whole, s: _Settings, n: int, rank: int, scaling, softcap) 
     from .distributed import ulysses_all_to_all
 
     Hq, Hkv = int(q.shape[1]), int(k.shape[1])
-    if Hq % n:
-        raise _fail(f"cp_algorithm: Ulysses gives each of the {n} ranks heads/{n} of the {Hq} query heads, which do "
-                    "not divide; use cp_algorithm='ring' or 'all_gather'", "cp_algorithm", "MASKPACK_ERR_SHAPE")
     if Hkv % n:
         k, v = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
     whole_g = whole._cp_global(n, s.tp, s.align, s.cp_scheme)
-    shards = [whole.cp_shard(n, r, scheme=s.cp_scheme, tp=s.tp, align=s.align) for r in range(n)]
-    mine = shards[rank]
-    if q.shape[0] != mine.n_rows * mine.q_width:
-        raise _fail(f"query: expected this rank's shard (rank {rank} of {n}) of {mine.n_rows * mine.q_width} tokens, "
-                    f"found {q.shape[0]}", "query", "MASKPACK_ERR_SHAPE")
     sizes = [sh.n_rows * sh.q_width for sh in shards]
     contiguous = s.cp_scheme == "ulysses"  # the shards are the stream's pieces in rank order
 
