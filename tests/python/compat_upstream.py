@@ -142,6 +142,9 @@ def assert_same(a, b, what: str) -> None:
     if a is None or b is None or isinstance(a, (int, float, str, bool)):
         assert a == b and type(a) is type(b), f"{what}: {a!r} != {b!r}"
         return
+    if not isinstance(a, torch.Tensor):  # a process group and the like: the same object
+        assert a is b, f"{what}: {a!r} is not {b!r}"
+        return
     assert isinstance(b, torch.Tensor), f"{what}: {type(b)}"
     assert a.is_nested == b.is_nested, what
     if a.is_nested:

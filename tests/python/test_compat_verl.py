@@ -452,3 +452,54 @@ def test_get_seqlen_balanced_partitions(balancing, lens, k, equal, workload):
     heaviest = lambda parts: max(sum(values[i] for i in q) for q in parts)  # noqa: E731
     assert heaviest(b) <= heaviest(a), (heaviest(b), heaviest(a))
     cu.count("verl.get_seqlen_balanced_partitions (never heavier)")
+
+
+def test_parallel_state_fallback(up, monkeypatch):
+    """Without tp= / cp= / cp_rank= a twin reads an initialized Megatron parallel_state, as upstream does."""
+    cu.require_upstream("megatron")
+    from megatron.core import parallel_state as ps
+
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    ids = torch.arange(10).view(2, 5)
+    fake = cu.FakeParallelState(2, 2, 1)
+    for name in ("model_parallel_is_initialized", "get_tensor_model_parallel_world_size",
+                 "get_context_parallel_world_size", "get_context_parallel_rank", "get_context_parallel_group"):
+        monkeypatch.setattr(ps, name, getattr(fake, name))
+    a = tw.preprocess_packed_seqs(ids, mask)
+    b = tw.preprocess_packed_seqs(ids, mask, tp=2, cp=2, cp_rank=1)
+    cu.assert_same(a[0], b[0], "input_ids_rmpad")
+    cu.assert_params(a[1], b[1], "params")
+    with _upstream(up, 2, 2, 1):
+        c = up.preprocess_packed_seqs(ids, mask)
+    cu.assert_same(a[0], c[0], "upstream")
+
+
+def test_packed_seq_params_stand_in(monkeypatch):
+    """Without megatron.core the twins return a dataclass with Megatron's fields plus cp_partition_mode."""
+    from maskpack.compat import _common
+
+    monkeypatch.setattr(_common, "_CLASS", [_common._PackedSeqParams])
+    nested = torch.nested.as_nested_tensor([torch.arange(5), torch.arange(3)], layout=torch.jagged)
+    _, p, _ = tw.preprocess_thd_engine(nested, True, False, False, None, None, None, "contiguous", tp=1, cp=2,
+                                       cp_rank=0)
+    assert type(p) is _common._PackedSeqParams and p.cp_partition_mode == "contiguous"
+    names = {f.name for f in dataclasses.fields(p)}
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    assert {f.name for f in dataclasses.fields(PackedSeqParams)} <= names
+
+
+def test_dynamic_cp(up, newer_psp):
+    """verl's dynamic CP (local_cp_size): the twin takes the group and its rank."""
+    nested = torch.nested.as_nested_tensor([torch.arange(1, 10), torch.arange(1, 4)], layout=torch.jagged)
+    for r in range(2):
+        grp = cu.FakeGroup(2, r)
+        fake = cu.FakeParallelState(1, 1, 0)
+        fake.get_dynamic_data_context_parallel_groups = lambda group_size: grp
+        with _upstream(up, 1, 1, 0), cu.patched(up, mpu=fake), cu.fake_group_queries():
+            a = up.preprocess_thd_engine(nested, True, False, False, 2)
+        b = tw.preprocess_thd_engine(nested, True, False, False, 2, tp=1, cp_rank=r, group=grp)
+        cu.assert_same(a[0], b[0], "input_ids_rmpad")
+        cu.assert_same(a[2], b[2], "position_ids")
+        cu.assert_params(a[1], b[1], "params")
+        cu.count("verl.preprocess_thd_engine (dynamic CP)")
