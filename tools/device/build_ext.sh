@@ -25,4 +25,5 @@ wait
 cc "${cflags[@]}" -I"$inc" -Ipython -shared python/_maskpack.c python/ext_common.c python/_plan.c python/_gdn.c \
   python/_attention.c "${objs[@]}" -lm -lpthread -o "$out/maskpack/_maskpack$suffix"
 cp python/maskpack/*.py python/maskpack/py.typed "$out/maskpack/"
+mkdir -p "$out/maskpack/compat" && cp python/maskpack/compat/*.py "$out/maskpack/compat/"
 echo "build_ext: $out/maskpack"
