@@ -20,7 +20,7 @@ it on the layout outside the graph. Outside compilation nothing here runs.
 from __future__ import annotations
 
 import ast
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -167,3 +167,323 @@ def _shift_fake(labels, key, ignore_index):
 
 def shift_labels(layout: Any, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return shift_labels_op(labels, id(layout), int(ignore_index))
+
+
+# ---- the kernels: attention, the gated delta rule, the conv, the gates, the L2 norm ----------------
+#
+# Each kernel is one custom op for its forward and one for its backward; the forward's autograd
+# formula calls the backward op, so a compiled step's gradients come from the same C backward as an
+# eager step's. Scalars cross as numbers (threads 0 = the default count, resolved inside the op, since
+# torch.get_num_threads() breaks a Dynamo graph), the layout as its registry key.
+
+Tensor = torch.Tensor
+
+
+def _absent() -> torch.Tensor:
+    # an op cannot return None: the gradient of an absent input crosses as a 0-element tensor (dropped)
+    return torch.empty(0, dtype=torch.uint8)
+
+
+@torch.library.custom_op("maskpack::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, key: int, scale: float, softcap: float, threads: int,
+                 isa: int) -> Tuple[Tensor, Tensor]:
+    from .attention import _forward
+
+    with _eager():
+        return _forward(q, k, v, _lookup(key), scale or None, softcap, None, threads or None, isa)
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, key, scale, softcap, threads, isa):
+    from .attention import _lse_shape
+
+    return torch.empty_like(q), q.new_empty(_lse_shape(None, q), dtype=torch.float32)
+
+
+@torch.library.custom_op("maskpack::attention_backward", mutates_args=())
+def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key: int,
+                          scale: float, softcap: float, threads: int, isa: int) -> Tuple[Tensor, Tensor, Tensor]:
+    from .attention import attention_backward
+    from ._tensors import ISA_CODES
+
+    names = {c: n for n, c in ISA_CODES.items()}
+    with _eager():
+        return attention_backward(dout.contiguous(), q, k, v, out, lse, _lookup(key), scale or None, softcap,
+                                  threads or None, isa=names[isa])
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, key, scale, softcap, threads, isa):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, key, scale, softcap, threads, isa = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.args = (key, scale, softcap, threads, isa)
+
+
+def _attention_grad(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = attention_backward_op(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+def attention(q, k, v, layout, scale, softcap, threads, isa: int):
+    """maskpack.attention under compilation -> (out, lse); lse is not differentiable (its gradient is dropped)."""
+    from .attention import _scale, _softcap
+
+    return attention_op(q, k, v, id(layout), _scale(scale), _softcap(softcap), int(threads or 0), int(isa))
+
+
+@torch.library.custom_op("maskpack::gated_delta_rule", mutates_args=())
+def gdn_rule_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, h0: Optional[Tensor], key: int,
+                scale: float, chunked: bool, l2norm: bool, threads: int, isa: int,
+                check_gate: bool) -> Tuple[Tensor, Tensor]:
+    from .gdn import _RuleFn, _threads as gdn_threads
+
+    class _Ctx:  # the Function's forward fills a context the op does not keep
+        def save_for_backward(self, *a):
+            pass
+
+    with _eager():
+        return _RuleFn.forward(_Ctx(), q, k, v, g, beta, h0, _lookup(key), scale, chunked, l2norm,
+                               gdn_threads(threads or None), isa, check_gate)
+
+
+@gdn_rule_op.register_fake
+def _gdn_rule_fake(q, k, v, g, beta, h0, key, scale, chunked, l2norm, threads, isa, check_gate):
+    n_seg = _lookup(key).n_segments
+    return torch.empty_like(v), v.new_empty((n_seg, v.shape[-2], q.shape[-1], v.shape[-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("maskpack::gated_delta_rule_backward", mutates_args=())
+def gdn_rule_backward_op(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                         h0: Optional[Tensor], key: int, scale: float, l2norm: bool, threads: int, isa: int,
+                         check_gate: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    from .gdn import _RuleFn, _threads as gdn_threads
+
+    class _Ctx:
+        saved_tensors = (q, k, v, g, beta, h0)
+        needs_input_grad = (True, True, True, True, True, h0 is not None)
+
+    c = _Ctx()
+    c.layout, c.scale, c.chunked, c.l2norm = _lookup(key), scale, True, l2norm
+    c.threads, c.isa, c.check_gate = gdn_threads(threads or None), isa, check_gate
+    with _eager():
+        dq, dk, dv, dg, db, dh0 = _RuleFn.backward(c, do.contiguous(), dht.contiguous())[:6]
+    return dq, dk, dv, dg, db, _absent() if dh0 is None else dh0
+
+
+@gdn_rule_backward_op.register_fake
+def _gdn_rule_backward_fake(do, dht, q, k, v, g, beta, h0, key, scale, l2norm, threads, isa, check_gate):
+    dh0 = _absent() if h0 is None else torch.empty(h0.shape, dtype=torch.float32, device=h0.device)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), dh0)
+
+
+def _gdn_rule_setup(ctx, inputs, output):
+    q, k, v, g, beta, h0, key, scale, chunked, l2norm, threads, isa, check_gate = inputs
+    ctx.save_for_backward(q, k, v, g, beta, h0)
+    ctx.args = (key, scale, l2norm, threads, isa, check_gate)
+
+
+def _gdn_rule_grad(ctx, do, dht):
+    q, k, v, g, beta, h0 = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
+    if dht is None:
+        dht = v.new_zeros((_lookup(ctx.args[0]).n_segments, v.shape[-2], q.shape[-1], v.shape[-1]),
+                          dtype=torch.float32)
+    dq, dk, dv, dg, db, dh0 = gdn_rule_backward_op(do, dht, q, k, v, g, beta, h0, *ctx.args)
+    return dq, dk, dv, dg, db, (None if h0 is None else dh0), None, None, None, None, None, None, None
+
+
+gdn_rule_op.register_autograd(_gdn_rule_grad, setup_context=_gdn_rule_setup)
+
+
+def gated_delta_rule(q, k, v, g, beta, h0, layout, scale: float, chunked: bool, l2norm: bool,
+                     threads: Optional[int], isa: int, check_gate: bool):
+    """maskpack.gated_delta_rule under compilation -> (o, final_state)."""
+    return gdn_rule_op(q, k, v, g, beta, h0, id(layout), float(scale), bool(chunked), bool(l2norm),
+                       int(threads or 0), int(isa), bool(check_gate))
+
+
+@torch.library.custom_op("maskpack::causal_conv1d", mutates_args=())
+def conv1d_op(x: Tensor, weight: Tensor, prefix: Optional[Tensor], key: int, silu: bool, threads: int,
+              isa: int) -> Tuple[Tensor, Tensor]:
+    from .gdn import _ConvFn, _threads as gdn_threads
+
+    class _Ctx:
+        def save_for_backward(self, *a):
+            pass
+
+    with _eager():
+        return _ConvFn.forward(_Ctx(), x, weight, prefix, _lookup(key), silu, gdn_threads(threads or None), None,
+                               isa)
+
+
+@conv1d_op.register_fake
+def _conv1d_fake(x, weight, prefix, key, silu, threads, isa):
+    n_seg = _lookup(key).n_segments
+    return torch.empty_like(x), x.new_empty((n_seg, weight.shape[0], weight.shape[1] - 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("maskpack::causal_conv1d_backward", mutates_args=())
+def conv1d_backward_op(dy: Tensor, dstate: Tensor, x: Tensor, weight: Tensor, prefix: Optional[Tensor], key: int,
+                       silu: bool, threads: int, isa: int) -> Tuple[Tensor, Tensor, Tensor]:
+    from .gdn import _ConvFn, _threads as gdn_threads
+
+    class _Ctx:
+        saved_tensors = (x, weight, prefix)
+        needs_input_grad = (True, True, prefix is not None)
+
+    c = _Ctx()
+    c.layout, c.silu, c.threads, c.isa = _lookup(key), silu, gdn_threads(threads or None), isa
+    with _eager():
+        dx, dw, dp = _ConvFn.backward(c, dy.contiguous(), dstate.contiguous())[:3]
+    return dx, dw, _absent() if dp is None else dp
+
+
+@conv1d_backward_op.register_fake
+def _conv1d_backward_fake(dy, dstate, x, weight, prefix, key, silu, threads, isa):
+    return (torch.empty_like(x), torch.empty_like(weight),
+            _absent() if prefix is None else torch.empty_like(prefix))
+
+
+def _conv1d_setup(ctx, inputs, output):
+    x, weight, prefix, key, silu, threads, isa = inputs
+    ctx.save_for_backward(x, weight, prefix)
+    ctx.args = (key, silu, threads, isa)
+
+
+def _conv1d_grad(ctx, dy, dstate):
+    x, weight, prefix = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(x)
+    if dstate is None:
+        dstate = x.new_zeros((_lookup(ctx.args[0]).n_segments, weight.shape[0], weight.shape[1] - 1),
+                             dtype=torch.float32)
+    dx, dw, dp = conv1d_backward_op(dy, dstate, x, weight, prefix, *ctx.args)
+    return dx, dw, (None if prefix is None else dp), None, None, None, None
+
+
+conv1d_op.register_autograd(_conv1d_grad, setup_context=_conv1d_setup)
+
+
+def causal_conv1d(x, weight2d, prefix, layout, silu: bool, threads: Optional[int], isa: int):
+    """maskpack.causal_conv1d under compilation (weight as [C, W]) -> (y, conv_state)."""
+    return conv1d_op(x, weight2d, prefix, id(layout), bool(silu), int(threads or 0), int(isa))
+
+
+@torch.library.custom_op("maskpack::gdn_gates", mutates_args=())
+def gates_op(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, key: int) -> Tuple[Tensor, Tensor]:
+    from .gdn import _GatesFn
+
+    class _Ctx:
+        def save_for_backward(self, *a):
+            pass
+
+    with _eager():
+        return _GatesFn.forward(_Ctx(), a, b, A_log, dt_bias, _lookup(key))
+
+
+@gates_op.register_fake
+def _gates_fake(a, b, A_log, dt_bias, key):
+    return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
+
+
+@torch.library.custom_op("maskpack::gdn_gates_backward", mutates_args=())
+def gates_backward_op(dg: Tensor, dbeta: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                      key: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    from .gdn import _GatesFn
+
+    class _Ctx:
+        saved_tensors = (a, b, A_log, dt_bias)
+        needs_input_grad = (True, True, True, True)
+
+    c = _Ctx()
+    c.layout = _lookup(key)
+    with _eager():
+        return tuple(_GatesFn.backward(c, dg.contiguous(), dbeta.contiguous())[:4])
+
+
+@gates_backward_op.register_fake
+def _gates_backward_fake(dg, dbeta, a, b, A_log, dt_bias, key):
+    return torch.empty_like(a), torch.empty_like(b), torch.empty_like(A_log), torch.empty_like(dt_bias)
+
+
+def _gates_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.key = inputs[4]
+
+
+def _gates_grad(ctx, dg, dbeta):
+    a, b, A_log, dt_bias = ctx.saved_tensors
+    dg = torch.zeros_like(a, dtype=torch.float32) if dg is None else dg
+    dbeta = torch.zeros_like(b, dtype=torch.float32) if dbeta is None else dbeta
+    return (*gates_backward_op(dg, dbeta, a, b, A_log, dt_bias, ctx.key), None)
+
+
+gates_op.register_autograd(_gates_grad, setup_context=_gates_setup)
+
+
+def gdn_gates(a, b, A_log, dt_bias, layout):
+    return gates_op(a, b, A_log, dt_bias, id(layout))
+
+
+@torch.library.custom_op("maskpack::gdn_l2norm", mutates_args=())
+def l2norm_op(x: Tensor, key: int, eps: float) -> Tensor:
+    from .gdn import _L2Fn
+
+    class _Ctx:
+        def save_for_backward(self, *a):
+            pass
+
+    with _eager():
+        return _L2Fn.forward(_Ctx(), x, _lookup(key), eps)
+
+
+@l2norm_op.register_fake
+def _l2norm_fake(x, key, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("maskpack::gdn_l2norm_backward", mutates_args=())
+def l2norm_backward_op(dy: Tensor, x: Tensor, key: int, eps: float) -> Tensor:
+    from .gdn import _L2Fn
+
+    class _Ctx:
+        saved_tensors = (x,)
+
+    c = _Ctx()
+    c.layout, c.eps = _lookup(key), eps
+    with _eager():
+        return _L2Fn.backward(c, dy.contiguous())[0]
+
+
+@l2norm_backward_op.register_fake
+def _l2norm_backward_fake(dy, x, key, eps):
+    return torch.empty_like(x)
+
+
+def _l2norm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.args = inputs[1:]
+
+
+def _l2norm_grad(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return l2norm_backward_op(dy, x, *ctx.args), None, None
+
+
+l2norm_op.register_autograd(_l2norm_grad, setup_context=_l2norm_setup)
+
+
+def gdn_l2norm(x, layout, eps: float):
+    return l2norm_op(x, id(layout), float(eps))

@@ -28,6 +28,7 @@ from ._errors import Error
 from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, dtype_code, is_torch_tensor,
                        isa_code, layout_handle)
 from ._moves import _cache_of, _team
+from ._tensors import compiling
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
 
@@ -171,6 +172,10 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
         return attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
                             scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
     code = isa_code(isa)
+    if out is None and compiling():  # under torch.compile: one custom op (maskpack._compile), autograd included
+        from . import _compile
+
+        return _compile.attention(q, k, v, layout, scale, softcap, _alias(threads, n_threads), code)
     if _needs_grad(q, k, v):
         if out is not None:
             raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")
@@ -248,6 +253,10 @@ class AttentionFunction:
 
     @staticmethod
     def apply(q, k, v, layout, scale=None, softcap=0.0, n_threads=None, isa=None):
+        if compiling():
+            from . import _compile
+
+            return _compile.attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
         return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
 
 
@@ -256,6 +265,10 @@ def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[floa
                        isa: Optional[str] = None) -> Any:
     """Differentiable attention for torch models: returns ``out`` only (gradients flow to q, k, v)."""
     n_threads = _alias(threads, n_threads)
+    if compiling():
+        from . import _compile
+
+        return _compile.attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
     return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
 
 

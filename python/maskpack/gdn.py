@@ -24,7 +24,7 @@ import torch
 from ._maskpack import gdn as _gdn
 from ._alloc import fresh
 from ._errors import Error
-from ._tensors import check_layout, check_threads, isa_code, layout_handle
+from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
 from ._moves import _cache_of, _team
 
@@ -214,6 +214,13 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if not math.isfinite(sc) or sc == 0.0:
         raise Error(f"scale: expected a finite non-zero number, found {scale}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="scale")
+    if out is None and compiling():  # under torch.compile: one custom op (maskpack._compile), autograd included
+        from . import _compile
+
+        if threads is not None:
+            check_threads(threads, 1)  # an invalid count is refused while tracing, as in eager
+        return _compile.gated_delta_rule(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, threads,
+                                         code, check_gate)
     if out is None:
         return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
                              _threads(threads), code, check_gate)
@@ -304,6 +311,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
                     "MASKPACK_ERR_SHAPE", argument="weight")
     weight_shape = tuple(weight.shape)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
+    if compiling():
+        from . import _compile
+
+        if threads is not None:
+            check_threads(threads, 1)
+        return _compile.causal_conv1d(x, w2, prefix, layout, _ACTIVATIONS[activation], threads, isa_code(isa))
     return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape,
                          isa_code(isa))
 
@@ -344,6 +357,10 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
               layout: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` per real token (float32;
     pad rows 0). a, b ``[.., HV]``; A_log, dt_bias ``[HV]``."""
+    if compiling():
+        from . import _compile
+
+        return _compile.gdn_gates(a, b, A_log, dt_bias, layout)
     return _GatesFn.apply(a, b, A_log, dt_bias, layout)
 
 
@@ -366,6 +383,10 @@ class _L2Fn(torch.autograd.Function):
 
 def gdn_l2norm(x: torch.Tensor, layout: Any, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2, -1) + eps)`` per real token and head (x ``[.., H, D]``; pad rows 0)."""
+    if compiling():
+        from . import _compile
+
+        return _compile.gdn_l2norm(x, layout, eps)
     return _L2Fn.apply(x, layout, eps)
 
 

@@ -1,0 +1,129 @@
+"""torch.compile over maskpack's kernels: attention, the gated delta rule, the causal conv1d, the GDN
+gates and L2 norm run as torch custom ops with fake implementations and registered autograd
+(maskpack._compile), so a compiled step traces them whole: torch._dynamo.explain reports no graph
+break, and a fullgraph compile (aot_eager: the captured graph run without code generation) gives the
+eager outputs and gradients bit for bit (the ops call the same C forward and backward)."""
+
+import pytest
+import torch
+
+import maskpack
+from maskpack import Layout
+
+
+def _breaks(fn, *args):
+    """Graph breaks of fn, which calls torch.autograd.grad: the backward is traced too (Dynamo's
+    trace_autograd_ops), so a backward that cannot trace counts as well."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        e = torch._dynamo.explain(fn)(*args)
+    return e.graph_break_count, [str(b.reason)[:200] for b in e.break_reasons]
+
+
+def _same(fn, args, n_grad):
+    """fn(*args) eager and compiled (fullgraph): outputs and gradients of the first n_grad args equal."""
+    torch._dynamo.reset()
+    ref = [a.detach().clone().requires_grad_() if i < n_grad else a for i, a in enumerate(args)]
+    cmp = [a.detach().clone().requires_grad_() if i < n_grad else a for i, a in enumerate(args)]
+    y_ref = fn(*ref)
+    y = torch.compile(fn, fullgraph=True, backend="aot_eager")(*cmp)
+    assert torch.equal(y, y_ref)
+    g_ref = torch.autograd.grad(y_ref, ref[:n_grad])
+    g = torch.autograd.grad(y, cmp[:n_grad])
+    for a, b in zip(g, g_ref):
+        assert torch.equal(a, b)
+    return y
+
+
+LAY = Layout.from_lengths([5, 3, 6], placement="packed")
+PAD = Layout.from_lengths([5, 3, 6], placement="right")
+
+
+def _attn(q, k, v, lay):
+    out, lse = maskpack.attention(q, k, v, lay)
+    return (out.square().sum() + maskpack.attention_autograd(q, k, v, lay).sum()
+            + lse.masked_fill(torch.isinf(lse), 0).sum() * 0)
+
+
+@pytest.mark.parametrize("lay", [LAY, PAD], ids=["packed", "padded"])
+def test_attention_fwd_bwd_no_break_equals_eager(lay):
+    torch.manual_seed(0)
+    shape = (14, 4, 8) if lay.packed else (3, 6, 4, 8)
+    kv = shape[:-2] + (2, 8)
+    q, k, v = torch.randn(shape), torch.randn(kv), torch.randn(kv)
+    q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+    n, why = _breaks(lambda q, k, v: torch.autograd.grad(_attn(q, k, v, lay), (q, k, v)), q_, k_, v_)
+    assert n == 0, why
+    _same(lambda q, k, v: _attn(q, k, v, lay), (q, k, v), 3)
+
+
+def _rule(q, k, v, g, beta, h0, lay):
+    o, ht = maskpack.gated_delta_rule(q, k, v, g, beta, lay, initial_state=h0)
+    return o.square().sum() + ht.sum() * 0.5
+
+
+def _rule_inputs(lay, T=14):
+    torch.manual_seed(1)
+    lead = (T,) if lay.packed else (lay.n_rows, lay.q_width)
+    q, k = torch.randn(*lead, 2, 8), torch.randn(*lead, 2, 8)
+    v = torch.randn(*lead, 4, 8)
+    g = -torch.rand(*lead, 4)
+    beta = torch.rand(*lead, 4)
+    h0 = torch.randn(lay.n_segments, 4, 8, 8)
+    return q, k, v, g, beta, h0
+
+
+@pytest.mark.parametrize("lay", [LAY, PAD], ids=["packed", "padded"])
+def test_gated_delta_rule_fwd_bwd_no_break_equals_eager(lay):
+    args = _rule_inputs(lay)
+    grads = [a.clone().requires_grad_() for a in args]
+    n, why = _breaks(lambda *a: torch.autograd.grad(_rule(*a, lay), a), *grads)
+    assert n == 0, why
+    _same(lambda *a: _rule(*a, lay), args, 6)
+    # without an initial state (its gradient absent, not a 0-element tensor)
+    _same(lambda q, k, v, g, b: _rule(q, k, v, g, b, None, lay), args[:5], 5)
+
+
+def test_gated_delta_rule_compiled_keeps_the_gate_check():
+    q, k, v, g, beta, h0 = _rule_inputs(LAY)
+    g[3, 1] = 0.5  # a growing state: refused in the compiled graph as in eager
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a: _rule(*a, LAY), fullgraph=True, backend="aot_eager")
+    with pytest.raises(maskpack.Error) as e:
+        f(q, k, v, g, beta, h0)
+    assert e.value.argument == "g" and e.value.status == "MASKPACK_ERR_VALUE"
+
+
+def _conv(x, w, prefix, lay):
+    y, state = maskpack.causal_conv1d(x, w, lay, prefix=prefix)
+    y2, _ = maskpack.causal_conv1d(x, w.unsqueeze(1), lay, activation=None)
+    return y.square().sum() + state.sum() * 0.25 + y2.sum()
+
+
+@pytest.mark.parametrize("lay", [LAY, PAD], ids=["packed", "padded"])
+def test_causal_conv1d_fwd_bwd_no_break_equals_eager(lay):
+    torch.manual_seed(2)
+    lead = (14,) if lay.packed else (lay.n_rows, lay.q_width)
+    x, w, p = torch.randn(*lead, 6), torch.randn(6, 4), torch.randn(lay.n_segments, 6, 3)
+    grads = [a.clone().requires_grad_() for a in (x, w, p)]
+    n, why = _breaks(lambda *a: torch.autograd.grad(_conv(*a, lay), a), *grads)
+    assert n == 0, why
+    _same(lambda *a: _conv(*a, lay), (x, w, p), 3)
+    _same(lambda x, w: _conv(x, w, None, lay), (x, w), 2)
+
+
+def test_gates_and_l2norm_no_break_equals_eager():
+    from maskpack.gdn import gdn_gates, gdn_l2norm
+
+    torch.manual_seed(3)
+    a, b = torch.randn(14, 4), torch.randn(14, 4)
+    A, dt, x = torch.randn(4), torch.randn(4), torch.randn(14, 2, 8)
+
+    def f(a, b, A, dt, x):
+        g, beta = gdn_gates(a, b, A, dt, LAY)
+        return (g * beta).sum() + gdn_l2norm(x, LAY).square().mul(torch.arange(8.0)).sum()
+
+    grads = [t.clone().requires_grad_() for t in (a, b, A, dt, x)]
+    n, why = _breaks(lambda *t: torch.autograd.grad(f(*t), t), *grads)
+    assert n == 0, why
+    _same(f, (a, b, A, dt, x), 5)
