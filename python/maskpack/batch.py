@@ -576,12 +576,15 @@ def _check_positions(lay: Layout, text, what: str, mrope: bool) -> None:
 
 
 def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_form: str, position_rule: str,
-                   rule: Dict[str, Any], pos: Any = None, mrope: bool = False) -> Tuple[Layout, str]:
+                   rule: Dict[str, Any], pos: Any = None, mrope: bool = False,
+                   tail_padding: bool = True) -> Tuple[Layout, str]:
     """The dataloader's layout and the key that described it. Explicit segment offsets (cu_seqlens,
     cu_seq_lens_q, seq_idx) come first; then, for one packed row, the position ids; then the attention
     mask; then position ids of a padded batch; else every row is one sequence. Every other description
     present is checked against the chosen one. ``pos``: the position ids' text row (the first M-RoPE
-    plane) in the token grid's shape ([T] for one row), from :func:`_positions`."""
+    plane) in the token grid's shape ([T] for one row), from :func:`_positions`. ``tail_padding``:
+    explicit offsets that end before the row does leave the tail as padding; otherwise that is an error
+    unless an attention_mask or cu_seqlens_padded says so (prepare_batch's default)."""
     key, grid, one_row = _token_grid(batch)
     total = grid[-1]
     torch_in = is_torch_tensor(batch[key])
@@ -600,6 +603,14 @@ def _source_layout(batch: Dict[str, Any], mask_convention: Optional[str], cu_for
                 raise Error(f"{other}: disagrees with {name} at token {t} (sequence {int(s2[t]) - 1 if t < s2.size else '?'} "
                             f"vs {int(seg[t]) - 1 if t < seg.size else '?'}; -1 = padding)", "MASKPACK_ERR_VALUE",
                             argument=other, index=(t,))
+        if not tail_padding and mask is None and batch.get("cu_seqlens_padded") is None:
+            # offsets that stop short of the row would silently make its tail padding: a dataloader
+            # that dropped a sequence's offsets must not train on a batch missing it
+            covered = int(lay.n_tokens)
+            if covered < total:
+                raise Error(f"{name}: the offsets cover tokens [0, {covered}) of the row's {total}; tokens from "
+                            f"{covered} on belong to no sequence (pass tail_padding=True if they are padding, or an "
+                            f"attention_mask)", "MASKPACK_ERR_VALUE", argument=name, index=(covered,))
         if pos is not None:
             _check_positions(lay, pos, name, mrope)
         source = lay, name
@@ -764,7 +775,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
                   ignore_index: int = -100, loss_mode: str = "token", pad_token_id: int = 0,
                   mask_dtype: Any = "float32", recompute_position_ids: bool = False, max_seqlen: Optional[int] = None,
                   pad_to_multiple_of: Optional[int] = None, per_token_keys: Optional[Sequence[str]] = None,
-                  **rule: Any) -> Batch:
+                  tail_padding: bool = False, **rule: Any) -> Batch:
     """A dataloader batch dict and a target -> :class:`Batch` (derived fields built on first access).
 
     The batch gives the tokens (input_ids: integer ids, or inputs_embeds) and their segments in any of
@@ -772,6 +783,9 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     (``cu_form``), transformers' cu_seq_lens_q/k, seq_idx, position_ids ([T], [1,T], [B,S], M-RoPE
     [3,B,S], and for one packed row [3,1,T] / [3,T]: boundaries from the first plane's restarts).
     Descriptions that disagree raise :class:`maskpack.Error` naming the first token where they do.
+    Offsets (cu_seqlens, cu_seq_lens_q) that end before the packed row does are an error naming them,
+    unless an attention_mask or cu_seqlens_padded marks the rest as padding or ``tail_padding=True``
+    says it is.
 
     Which keys are per-token (moved with the tokens into ``bundle.tokens``) and which pass through
     (``bundle.passthrough``, listed in ``bundle.passthrough_keys``): ``labels``, ``shift_labels`` and
@@ -819,7 +833,7 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     pos = batch.get("position_ids")
     pos_text, pos_planes = _positions(pos, grid, one_row) if pos is not None else (None, None)
     src, _described_by = _source_layout(batch, mask_convention, cu_form, position_rule, rule, pos_text,
-                                        pos_planes is not None)
+                                        pos_planes is not None, tail_padding=bool(tail_padding))
     target = src.packed_of() if padding_free else src
     # one padding rule (cp_multiple): zigzag halves and sequence parallelism at cp > 1, tp alone at cp = 1;
     # align=None pads nothing (every slot must already divide, as cp_shard(align=None) requires)

@@ -159,6 +159,8 @@ class Collator:
         kw = dict(self.prepare_kwargs)
         if self.capacity is not None:
             kw.setdefault("mask_convention", "doc_id")
+        if self.padding_free and self.capacity is None:
+            kw.setdefault("tail_padding", True)  # pad_to_multiple_of's tail belongs to no example
         return prepare_batch(batch, padding_free=self.padding_free, ignore_index=self.ignore_index,
                              pad_token_id=self.pad_token_id, **kw)
 

@@ -404,3 +404,33 @@ def test_npu_kwargs_need_head_dim_or_scale():
     assert e.value.argument == "head_dim" and "prepare_batch" in str(e.value)
     kw = maskpack.prepare_batch(batch, padding_free=True, head_dim=64).npu_kwargs()
     assert kw["scale"] == pytest.approx(1 / 8) and kw["input_layout"] == "TND"
+
+
+def test_offsets_short_of_the_row_are_an_error_unless_the_tail_is_padding():
+    # cu_seqlens / cu_seq_lens_q ending at token 7 of 10: the last 3 tokens belong to no sequence, which
+    # used to become padding silently (a dataloader that lost a sequence's offsets trained without it)
+    ids = torch.arange(10)[None]
+    for key in ("cu_seqlens", "cu_seq_lens_q"):
+        with pytest.raises(maskpack.Error) as e:
+            maskpack.prepare_batch({"input_ids": ids, key: torch.tensor([0, 3, 7], dtype=torch.int32)},
+                                   padding_free=True)
+        assert e.value.argument == key and e.value.index == (7,)
+        assert "[0, 7) of the row's 10" in str(e.value) and "tail_padding=True" in str(e.value)
+        # said to be padding: by the caller, by a 2D mask, or by cu_seqlens_padded's slots
+        b = maskpack.prepare_batch({"input_ids": ids, key: torch.tensor([0, 3, 7], dtype=torch.int32)},
+                                   padding_free=True, tail_padding=True)
+        assert np.asarray(b.cu_seqlens).tolist() == [0, 3, 7]
+        mask = torch.tensor([[1] * 7 + [0] * 3])
+        b = maskpack.prepare_batch({"input_ids": ids, key: torch.tensor([0, 3, 7], dtype=torch.int32),
+                                    "attention_mask": mask}, padding_free=True)
+        assert np.asarray(b.cu_seqlens).tolist() == [0, 3, 7]
+    b = maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": torch.tensor([0, 3, 7], dtype=torch.int32),
+                                "cu_seqlens_padded": torch.tensor([0, 4, 10], dtype=torch.int32)}, padding_free=True)
+    assert [int(n) for n in np.asarray(b.source_layout.seqlens)] == [3, 4]
+    # offsets that cover the row are unaffected
+    b = maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": torch.tensor([0, 3, 10], dtype=torch.int32)},
+                               padding_free=True)
+    assert np.asarray(b.cu_seqlens).tolist() == [0, 3, 10]
+    # the Collator's pad_to_multiple_of tail is its own padding: accepted
+    b = maskpack.Collator(padding_free=True, pad_to_multiple_of=8)([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
+    assert np.asarray(b.cu_seqlens).tolist() == [0, 3, 5] and b.source_layout.q_width == 8
