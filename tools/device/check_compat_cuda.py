@@ -42,6 +42,8 @@ def same(a, b, what, dev):
         for f in dataclasses.fields(a):
             same(getattr(a, f.name), getattr(b, f.name), f"{what}.{f.name}", dev)
         return
+    if isinstance(a, types.SimpleNamespace):
+        a, b = vars(a), vars(b)
     if isinstance(a, dict):
         for k in a:
             same(a[k], b[k], f"{what}[{k!r}]", dev)
@@ -87,8 +89,8 @@ def to(x, dev):
         return types.SimpleNamespace(**{k: to(v, dev) for k, v in vars(x).items()})
     if isinstance(x, dict):
         return {k: to(v, dev) for k, v in x.items()}
-    if isinstance(x, list):
-        return [to(v, dev) for v in x]
+    if isinstance(x, (list, tuple)):
+        return type(x)(to(v, dev) for v in x)
     return x
 
 

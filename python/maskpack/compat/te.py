@@ -115,7 +115,7 @@ def pad_thd_sequences_for_cp(input_ids: torch.Tensor, labels: torch.Tensor, cu_s
     g = p.pad_to_multiple(int(divisibility_factor))
     ids = relayout(input_ids, p, g, pad_value=padding_token_id)
     lab = relayout(labels, p, g, pad_value=padding_label_id)
-    cu_padded = torch.as_tensor(g.cu_seqlens_padded(dtype="int64"))  # int64, as torch.cumsum gives upstream
+    cu_padded = torch.as_tensor(g.cu_seqlens_padded(dtype="int64")).to(cu_seqlens.device)  # int64 (torch.cumsum's)
     return ids, lab, cu_padded
 
 
