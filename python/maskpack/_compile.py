@@ -487,3 +487,30 @@ l2norm_op.register_autograd(_l2norm_grad, setup_context=_l2norm_setup)
 
 def gdn_l2norm(x, layout, eps: float):
     return l2norm_op(x, id(layout), float(eps))
+
+
+# ---- a patched linear-attention layer's boundaries, checked at run time ---------------------------
+
+
+@torch.library.custom_op("maskpack::check_call", mutates_args=())
+def check_call_op(hidden_states: Tensor, attention_mask: Optional[Tensor], forms: List[Optional[Tensor]],
+                  key: int, tail_padding: bool) -> Tensor:
+    """The patched layer's reading of its call (maskpack.gdn._call_layout: every form present must agree
+    with the maskpack_layout, tokens left out must be marked padding) on the call's real tensors;
+    raises maskpack.Error as the eager call does, else returns True."""
+    from .gdn import _CHECKED, _call_layout
+
+    kwargs = {n: f for n, f in zip(_CHECKED, forms) if f is not None}  # forms: one per name of _CHECKED
+    kwargs["maskpack_layout"] = _lookup(key)
+    with _eager():
+        _call_layout(hidden_states, attention_mask, kwargs, tail_padding)
+    return torch.ones((), dtype=torch.bool, device=hidden_states.device)
+
+
+@check_call_op.register_fake
+def _check_call_fake(hidden_states, attention_mask, forms, key, tail_padding):
+    return hidden_states.new_empty((), dtype=torch.bool)
+
+
+def check_call(hidden_states, attention_mask, forms, layout, tail_padding: bool):
+    return check_call_op(hidden_states.detach(), attention_mask, forms, id(layout), bool(tail_padding))

@@ -430,7 +430,7 @@ def _layer_project(m: Any, projections: str, hidden: torch.Tensor):
 
 def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout: Any,
                    initial_state: Optional[torch.Tensor], conv_prefix: Optional[torch.Tensor], chunked: bool,
-                   threads: Optional[int], cp: Optional[dict] = None):
+                   threads: Optional[int], cp: Optional[dict] = None, ok: Optional[torch.Tensor] = None):
     """The layer over ``layout`` with the parameters of ``m`` (a GatedDeltaNet or transformers'
     Qwen3-Next / Qwen3.5 layer: the same attribute names) -> (out, final_state, conv_state, the
     conv's input [.., conv_dim]). ``cp`` (group, cp_scheme, tp, align): hidden_states is this rank's
@@ -447,6 +447,8 @@ def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout
     # the projections are torch GEMMs over every row: select (never multiply) the real rows so
     # a NaN in the padding reaches neither the outputs nor the weight gradients
     keep = torch.as_tensor(tok_layout.mask2d("bool")).reshape(*lead, 1)
+    if ok is not None:  # a compiled call's check of its boundaries (see _compiled_layout): its result feeds on
+        keep = keep & ok
     zero = torch.zeros((), dtype=hidden_states.dtype)
     hidden_states = torch.where(keep, hidden_states, zero)
     conv_in, z, b, a = _layer_project(m, projections, hidden_states)
@@ -705,6 +707,45 @@ def _call_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch.Ten
     return lay, name
 
 
+# what a compiled call's check op re-reads: every keyword argument that can describe the segments
+_CHECKED = _SEGMENT_KEYS + ("position_ids", "maskpack_position_ids", "maskpack_attention_mask")
+
+
+def _compiled_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor], kwargs: dict,
+                     tail_padding: bool) -> Tuple[Any, Optional[torch.Tensor]]:
+    """_call_layout under torch.compile -> (layout, the check's result or None). A traced graph cannot
+    read boundaries out of tensor values (their count sets the state shapes), so the segments are the
+    ``maskpack_layout`` the call carries, built before the compiled region; every other form the call
+    carries is checked against it at run time, inside an opaque op running _call_layout's own rules
+    (maskpack._compile.check_call), whose result (True) the layer's keep mask takes in, so that no
+    compiler drops it."""
+    given = kwargs.get("maskpack_layout")
+    if given is None:
+        raise Error("maskpack_layout: under torch.compile a patched linear-attention layer takes its sequences from "
+                    "a maskpack_layout=<Layout> passed to the model call (built outside the compiled function, e.g. "
+                    "by maskpack.prepare_batch); boundaries read from tensor values cannot be traced",
+                    "MASKPACK_ERR_NOT_FOUND", argument="maskpack_layout")
+    check_layout(given)
+    B, S = int(hidden_states.shape[0]), int(hidden_states.shape[1])
+    grid = (1, given.q_width) if given.packed else (given.n_rows, given.q_width)
+    if grid != (B, S):
+        raise Error(f"maskpack_layout: expected the token grid of hidden_states {[B, S]}, found {list(grid)}",
+                    "MASKPACK_ERR_SHAPE", argument="maskpack_layout")
+    mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    forms = [kwargs.get(k) if isinstance(kwargs.get(k), torch.Tensor) else None for k in _CHECKED]
+    if mask is None and all(f is None for f in forms):
+        return given, None
+    from . import _compile
+
+    return given, _compile.check_call(hidden_states, mask, forms, given, tail_padding)
+
+
+@torch._dynamo.assume_constant_result
+def _segment_rows(layout: Any) -> Tuple[int, ...]:
+    """The row of each segment (a constant of the layout: computed once while tracing)."""
+    return tuple(seg[0] for seg in layout.segments)
+
+
 class _PatchedForward:
     """A patched layer's forward: an object rather than a bound function, so that a patched model
     still deep-copies (the copy's forward calls the copy) and pickles (torch.save of the model)."""
@@ -781,15 +822,20 @@ class _PatchedForward:
             return type(mod).forward(mod, hidden_states, cache_params=cache_params, attention_mask=attention_mask,
                                      **rest)
         B = hidden_states.shape[0]
-        layout, _ = _call_layout(hidden_states, attention_mask, kwargs, getattr(self, "tail_padding", False))
-        rows = [seg[0] for seg in layout.segments]
+        ok = None
+        if compiling():
+            layout, ok = _compiled_layout(hidden_states, attention_mask, kwargs, getattr(self, "tail_padding", False))
+            rows = list(_segment_rows(layout))
+        else:
+            layout, _ = _call_layout(hidden_states, attention_mask, kwargs, getattr(self, "tail_padding", False))
+            rows = [seg[0] for seg in layout.segments]
         if layout.packed:
             out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states[0], layout, None, None, True,
-                                                    self.threads)
+                                                    self.threads, ok=ok)
             out, conv_in = out.unsqueeze(0), conv_in.unsqueeze(0)
         else:
             out, state, _, conv_in = _layer_forward(mod, self.projections, hidden_states, layout, None, None, True,
-                                                    self.threads)
+                                                    self.threads, ok=ok)
         if cache_params is not None and len(set(rows)) == len(rows):
             # a prefill of one sequence per row: the entries transformers' own prefill writes, so
             # generation continues from them: the conv's last `kernel` inputs per row (as transformers
