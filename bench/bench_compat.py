@@ -318,10 +318,10 @@ def main():
                 continue
             r, to, tt = pairs(ours, theirs, a.pairs)
             print(f"  {name:<48s} ours {to * 1e3:9.3f} ms  upstream {tt * 1e3:9.3f} ms  ratio {r:6.2f}x")
-            if r < 1:
+            if r < 0.97:  # below 3 %: the noise of a pair of sub-millisecond calls
                 slower.append((cp, name, r))
     print(load())
-    print("no twin slower than upstream" if not slower else
+    print("no twin slower than upstream (a ratio under 0.97 counts as slower)" if not slower else
           "slower than upstream: " + ", ".join(f"{n} (cp {c}: {r:.2f}x)" for c, n, r in slower))
 
 
