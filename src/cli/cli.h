@@ -74,6 +74,8 @@ typedef struct cli_options {
     size_t n_png_rows;
     int64_t png_rows[CLI_MAX_PNG_ROWS];
     int png_zoom;
+    int64_t png_block;         /* tokens per picture cell (--png-block), 0 = automatic */
+    int png_svg;               /* --svg FILE: an SVG whatever the name */
     uint64_t max_bytes;        /* memory budget of the reader and the per-token analysis (--max-bytes) */
     /* in-memory use (the fuzz target): a file's bytes read instead of `file` when data is non-NULL;
      * with out NULL, --emit encodes the outputs (.npz and .safetensors) in memory and drops them */
@@ -121,12 +123,17 @@ typedef struct cli_report {
     const char *rule_origin;   /* "flags", "default", "attention_mask (4D)" */
     size_t n_problems, n_problems_total;
     char *problems[CLI_MAX_PROBLEMS];
+    /* where each listed problem occurs: batch row and token column of the grid, -1 when it is not tied
+     * to one (a file that does not load, a shape); the pictures mark it there */
+    int64_t problem_row[CLI_MAX_PROBLEMS], problem_col[CLI_MAX_PROBLEMS];
+    int auth;                  /* index of the source that says which tokens are real, -1 = none */
     int fatal;                 /* a usage error found after loading (exit 2) */
     /* emitted outputs (names and shapes), filled by cli_emit */
     size_t n_emitted;
     char emitted[48][96];
     int have_npu;
     maskpack_npu_argset npu;
+    char picture[512];         /* what --png wrote, for the text report ("" when nothing) */
 } cli_report;
 
 /* 1 iff inspect reads a member of this name (attention_mask, position_ids, cu_seqlens, ...). */
@@ -142,6 +149,13 @@ void cli_problem(cli_report *r, const char *fmt, ...)
 #endif
     ;
 
+/* Records a problem at (row, column) of the token grid (either -1 when unknown). */
+void cli_problem_at(cli_report *r, int64_t row, int64_t col, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
 /* (options) -> *r: loads the file (or sample), builds each input's layout, cross-checks them and builds
  * the merged layout. Returns 0, CLI_EXIT_PROBLEMS or CLI_EXIT_USAGE (report filled as far as it got). */
 int cli_analyze(const cli_options *o, cli_report *r);
@@ -150,10 +164,22 @@ void cli_report_free(cli_report *r);
 /* ---- output (report.c, emit.c) --------------------------------------------------------------- */
 
 void cli_print_text(const cli_options *o, const cli_report *r, FILE *f);
+/* (layout) -> its rule in words: "causal, bottom_right alignment, no window" (report.c). */
+void cli_rule_text(char *buf, size_t cap, const maskpack_layout *L);
 /* Prints the JSON report; returns 0 or 1 when cJSON ran out of memory. */
 int cli_print_json(const cli_options *o, const cli_report *r, FILE *f);
 /* Writes the --emit outputs to --out. Returns 0 or CLI_EXIT_PROBLEMS (after recording the problem). */
 int cli_emit_outputs(const cli_options *o, cli_report *r);
+
+/* ---- pictures (draw_inspect.c) ------------------------------------------------------------- */
+
+/* Cells a picture draws per side at most before it switches to blocks of tokens. */
+#define CLI_PICTURE_MAX_CELLS 512
+
+/* (options, report, rows[n] to draw) -> writes o->png: PNG, or SVG when the name ends in .svg.
+ * Returns 0, or 1 with why[cap] set. */
+int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *rows, size_t n_rows, char *why,
+                     size_t cap);
 
 /* The inspect command: returns the exit status. */
 int cli_inspect(int argc, char **argv);

@@ -12,22 +12,36 @@
  * a row differently are a problem. */
 #include "cli.h"
 
+#include "draw.h"
 #include "internal.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-void cli_problem(cli_report *r, const char *fmt, ...) {
+static void add_problem(cli_report *r, int64_t row, int64_t col, const char *fmt, va_list ap) {
     r->n_problems_total++;
     if (r->n_problems >= CLI_MAX_PROBLEMS) return;
     char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    r->problems[r->n_problems] = mpio_strdup(buf);
+    r->problem_row[r->n_problems] = row;
+    r->problem_col[r->n_problems] = col;
+    if (r->problems[r->n_problems]) r->n_problems++;
+}
+
+void cli_problem(cli_report *r, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    add_problem(r, -1, -1, fmt, ap);
     va_end(ap);
-    r->problems[r->n_problems] = mpio_strdup(buf);
-    if (r->problems[r->n_problems]) r->n_problems++;
+}
+
+void cli_problem_at(cli_report *r, int64_t row, int64_t col, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    add_problem(r, row, col, fmt, ap);
+    va_end(ap);
 }
 
 void cli_report_free(cli_report *r) {
@@ -316,7 +330,7 @@ static void check_validity(cli_report *r, const cli_source *a, const cli_source 
         }
         if (first >= 0) {
             int64_t t = b * r->S + first;
-            cli_problem(r,
+            cli_problem_at(r, b, first,
                         "row %lld: %s and %s disagree on which tokens are real (%lld vs %lld tokens; at column %lld "
                         "%s says %s, %s says %s)",
                         (long long)b, a->name, c->name, (long long)na, (long long)nc, (long long)first, a->name,
@@ -337,7 +351,7 @@ static void check_partial_validity(cli_report *r, const cli_source *auth, const 
             }
         }
         if (n)
-            cli_problem(r,
+            cli_problem_at(r, b, first,
                         "row %lld: %s end in a run of zeros read as padding from column %lld, but %s marks %lld of "
                         "those tokens as real",
                         (long long)b, p->name, (long long)first, auth->name, (long long)n);
@@ -361,7 +375,7 @@ static void check_boundaries(cli_report *r, const uint8_t *valid, const cli_sour
             if (sx != sy && first < 0) first = s;
         }
         if (first >= 0)
-            cli_problem(r, "row %lld: %s says %lld sequence%s, %s says %lld (they split differently at column %lld)",
+            cli_problem_at(r, b, first, "row %lld: %s says %lld sequence%s, %s says %lld (they split differently at column %lld)",
                         (long long)b, x->name, (long long)nx, nx == 1 ? "" : "s", y->name, (long long)ny,
                         (long long)first);
     }
@@ -375,7 +389,7 @@ static void check_row_crossing(cli_report *r, const cli_source *f) {
         maskpack_segment g;
         maskpack_layout_segment(f->layout, k, &g, NULL);
         if (g.q_len > 0 && g.q_start / r->S != (g.q_start + g.q_len - 1) / r->S)
-            cli_problem(r, "%s: sequence %zu (tokens [%lld, %lld)) runs from row %lld into row %lld of the [%lld, %lld] grid",
+            cli_problem_at(r, g.q_start / r->S, r->S - 1, "%s: sequence %zu (tokens [%lld, %lld)) runs from row %lld into row %lld of the [%lld, %lld] grid",
                         f->name, k, (long long)g.q_start, (long long)(g.q_start + g.q_len),
                         (long long)(g.q_start / r->S), (long long)((g.q_start + g.q_len - 1) / r->S), (long long)r->B,
                         (long long)r->S);
@@ -400,7 +414,7 @@ static void check_labels(cli_report *r) {
             }
         }
         if (n)
-            cli_problem(r, "row %lld: labels are not -100 on %lld pad token%s (first at column %lld: %lld); the loss "
+            cli_problem_at(r, b, first, "row %lld: labels are not -100 on %lld pad token%s (first at column %lld: %lld); the loss "
                            "would train on padding",
                         (long long)b, (long long)n, n == 1 ? "" : "s", (long long)first, (long long)value);
     }
@@ -558,7 +572,12 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
     for (size_t k = 0; k < r->n_sources; k++) {
         cli_source *s = &r->sources[k];
         if (!s->layout) {
-            problem_from_error(r, s->name, &s->err);
+            /* a [B,S] input's error names the first offending token: the picture marks it */
+            if (s->array->ndim == 2 && s->err.index[0] >= 0 && s->err.index[1] >= 0)
+                cli_problem_at(r, s->err.index[0], s->err.index[1], "%s: %s: %s", s->name,
+                               maskpack_status_name(s->err.status), s->err.message);
+            else
+                problem_from_error(r, s->name, &s->err);
             continue;
         }
         if (!fill_seg(o, r, s)) {
@@ -570,6 +589,7 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
 }
 
 int cli_analyze(const cli_options *o, cli_report *r) {
+    r->auth = -1;
     int rc = load_arrays(o, r);
     if (rc) return rc;
     rc = analyze_sources(o, r);
@@ -586,6 +606,7 @@ int cli_analyze(const cli_options *o, cli_report *r) {
     }
     if (!auth) auth = partial;
     if (!auth) return CLI_EXIT_PROBLEMS; /* every constructor failed: already reported */
+    r->auth = (int)(auth - r->sources);
     int64_t cells = r->B * r->S; /* fits: fill_seg checked it for auth */
     uint8_t *valid = mp_alloc_array((size_t)cells, 1);
     if (!valid) {
@@ -631,17 +652,26 @@ int cli_inspect(int argc, char **argv) {
         cli_report_free(&r);
         return CLI_EXIT_USAGE;
     }
-    if (r.layout && o.png) { /* drawn even when there are problems: the picture helps find them */
-        maskpack_error e;
-        mpio_png_options po = {o.png_zoom, 0};
+    if (o.png) { /* drawn even when there are problems: the picture helps find them */
         size_t n_rows = o.n_png_rows;
         int64_t rows[CLI_MAX_PNG_ROWS];
         memcpy(rows, o.png_rows, sizeof rows);
         if (!n_rows) /* default: every row, up to the first CLI_MAX_PNG_ROWS */
             for (int64_t b = 0; b < r.B && n_rows < CLI_MAX_PNG_ROWS; b++) rows[n_rows++] = b;
-        if (mpio_png_write_layout(o.png, r.layout, rows, n_rows, &po, &e)) {
-            problem_from_error(&r, "png", &e);
+        char why[512];
+        if (!dw_available()) {
+            cli_problem(&r, "png: nothing written to %s: %s", o.png, dw_unavailable_reason());
             rc = CLI_EXIT_PROBLEMS;
+        } else if (!r.layout) {
+            cli_problem(&r, "png: nothing written to %s: no layout could be built from the inputs (see the problems "
+                            "above)", o.png);
+            rc = CLI_EXIT_PROBLEMS;
+        } else if (cli_draw_inspect(&o, &r, rows, n_rows, why, sizeof why)) {
+            cli_problem(&r, "png: nothing written to %s: %s", o.png, why);
+            rc = CLI_EXIT_PROBLEMS;
+        } else {
+            snprintf(r.picture, sizeof r.picture, "%s (%s, %zu of %lld rows)", o.png,
+                     o.png_svg || dw_path_is_svg(o.png) ? "SVG" : "PNG", n_rows, (long long)r.B);
         }
     }
     if (o.emit) {

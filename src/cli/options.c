@@ -36,7 +36,12 @@ void cli_print_inspect_usage(FILE *f) {
             "  --alignment top_left|bottom_right\n"
             "output:\n"
             "  --json                              machine-readable report on stdout\n"
-            "  --png FILE                          draw the allowed matrix of each row (--png-rows 0,2; --png-zoom N)\n"
+            "  --png FILE                          draw the allowed matrix of each row with its title, numbers,\n"
+            "                                      legend and problems marked: PNG, or SVG when FILE ends in .svg\n"
+            "  --svg FILE                          the same picture as SVG (text kept as text)\n"
+            "  --png-rows 0,2  --png-zoom N        rows to draw (default: the first 64), pixels per cell (1..32)\n"
+            "  --png-block N                       tokens per cell side (default: 1, or blocks when a row has more\n"
+            "                                      than 512 tokens)\n"
             "  --emit a,b,...  --out FILE.npz|FILE.safetensors   write derived outputs:\n"
             "      mask2d mask4d cu_seqlens cu_seqlens_npu cu_seqlens_padded seqlens position_ids segment_ids\n"
             "      valid_indices last_token_index block_mask npu   (or 'all')\n"
@@ -178,7 +183,8 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
         static const char *const with_value[] = {
             "--as", "--mask-convention", "--cu-form", "--position-rule", "--window", "--alignment", "--total",
             "--emit", "--out", "--emit-convention", "--emit-dtype", "--emit-fill", "--index-dtype", "--block",
-            "--npu-layout", "--head-dim", "--scale", "--png", "--png-rows", "--png-zoom", "--max-bytes", NULL};
+            "--npu-layout", "--head-dim", "--scale", "--png", "--svg", "--png-rows", "--png-zoom", "--png-block",
+            "--max-bytes", NULL};
         if (pick(flag, with_value) < 0) return cli_usage_error("inspect", "unknown option '%s'", arg);
         if (!value) {
             if (i + 1 >= argc) return cli_usage_error("inspect", "option '%s' needs a value", flag);
@@ -259,8 +265,15 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
             o->scale = strtod(value, &end);
             if (end == value || *end || !(o->scale > 0) || !isfinite(o->scale))
                 return cli_usage_error("inspect", "--scale: expected a finite number > 0, found '%s'", value);
-        } else if (strcmp(flag, "--png") == 0) {
+        } else if (strcmp(flag, "--png") == 0 || strcmp(flag, "--svg") == 0) {
+            if (o->png) return cli_usage_error("inspect", "one picture per run: --png/--svg given twice ('%s' and '%s')", o->png, value);
+            if (!*value) return cli_usage_error("inspect", "%s: expected a file name", flag);
             o->png = value;
+            o->png_svg = strcmp(flag, "--svg") == 0;
+        } else if (strcmp(flag, "--png-block") == 0) {
+            if (!parse_i64(value, &x) || x < 1 || x > ((int64_t)1 << 40))
+                return cli_usage_error("inspect", "--png-block: expected a block of tokens in [1, 2^40], found '%s'", value);
+            o->png_block = x;
         } else if (strcmp(flag, "--png-rows") == 0) {
             if (!parse_rows(value, o))
                 return cli_usage_error("inspect", "--png-rows: expected a comma list of up to 64 row indices, found '%s'", value);
@@ -276,6 +289,9 @@ int cli_parse_inspect_options(int argc, char **argv, cli_options *o) {
     }
     if (o->emit && !o->out) return cli_usage_error("inspect", "--emit needs --out FILE.npz");
     if (o->out && !o->emit) return cli_usage_error("inspect", "--out needs --emit a,b,...");
+    if (!o->png && (o->n_png_rows || o->png_zoom || o->png_block))
+        return cli_usage_error("inspect", "%s applies to a picture: add --png FILE (or --svg FILE)",
+                               o->n_png_rows ? "--png-rows" : o->png_zoom ? "--png-zoom" : "--png-block");
     if (o->emit_dtype >= 0 && !(o->emit & (1u << EMIT_MASK4D)))
         return cli_usage_error("inspect", "--emit-dtype applies to --emit mask4d only");
     return 0;

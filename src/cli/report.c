@@ -21,7 +21,7 @@ static void shape_text(char *buf, size_t cap, const mpio_array *a) {
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
-static void rule_text(char *buf, size_t cap, const maskpack_layout *L) {
+void cli_rule_text(char *buf, size_t cap, const maskpack_layout *L) {
     maskpack_rule rule = maskpack_layout_rule(L);
     size_t used = (size_t)snprintf(buf, cap, "%s, %s alignment", rule.causal ? "causal" : "bidirectional",
                                    rule.alignment == MASKPACK_ALIGN_TOP_LEFT ? "top_left" : "bottom_right");
@@ -60,6 +60,118 @@ static void print_source_line(FILE *f, const char *name, const mpio_array *a, co
     fprintf(f, "  %-18s %-8s %-14s %-30s %s\n", name, maskpack_dtype_name(a->dtype), shape, how, result);
 }
 
+
+/* What a source can say, in words (for the reconciliation). */
+static const char *real_tokens_why(const cli_source *s) {
+    if (strcmp(s->name, "cu_seqlens") == 0) return "its offsets say where each sequence ends; tokens past them are padding";
+    if (strcmp(s->name, "position_ids") == 0)
+        return "no other input says which tokens are real, so a tail of zeros in position_ids is read as padding";
+    if (strstr(s->how, "doc-id")) return "it gives every real token its document id and every pad token 0";
+    if (strstr(s->how, "4D")) return "a 4D mask says which tokens attend at all";
+    return "it marks every real token 1 and every pad token 0";
+}
+
+static const char *boundary_why(const cli_source *s) {
+    if (strcmp(s->name, "cu_seqlens") == 0) return "each offset starts a sequence";
+    if (strcmp(s->name, "position_ids") == 0)
+        return strstr(s->how, "step") ? "a step other than +1 starts a sequence"
+                                      : "a position that drops back to its minimum (0) starts a sequence";
+    if (strstr(s->how, "doc-id")) return "a change of document id starts a sequence";
+    return "tokens that never see each other are different sequences";
+}
+
+/* The merged layout's sequence of grid token (b, s), -1 = padding. */
+static int64_t merged_seg(const cli_report *r, int64_t b, int64_t s) {
+    return maskpack_segment_of_query(r->layout, r->packed ? 0 : b, r->packed ? b * r->S + s : s);
+}
+
+/* How each input was read alone, why its count differs from the result, and which input decided what:
+ * the answer to "why does attention_mask say 3, position_ids 5 and the result 4?". */
+static void print_reconciliation(const cli_report *r, FILE *f) {
+    if (!r->layout || r->auth < 0 || !r->have_grid) return;
+    const cli_source *auth = &r->sources[r->auth];
+    int64_t cells = r->B * r->S;
+    size_t n_bounds = 0;
+    for (size_t k = 0; k < r->n_sources; k++) n_bounds += r->sources[k].seg && r->sources[k].boundaries;
+    fprintf(f, "how the inputs were reconciled:\n");
+    fprintf(f, "  which tokens are real: %s decides (%s).\n", auth->name, real_tokens_why(auth));
+    if (n_bounds == 0) {
+        fprintf(f, "  where sequences start: no input marks where two sequences meet, so each run of real tokens is "
+                   "one sequence.\n");
+    } else {
+        fprintf(f, "  where sequences start:");
+        size_t i = 0;
+        for (size_t k = 0; k < r->n_sources; k++) {
+            const cli_source *s = &r->sources[k];
+            if (!s->seg || !s->boundaries) continue;
+            fprintf(f, "%s %s (%s)", i++ ? ";" : "", s->name, boundary_why(s));
+        }
+        fprintf(f, "%s.\n", n_bounds > 1 ? " (they must agree)" : "");
+    }
+    for (size_t k = 0; k < r->n_sources && cells; k++) {
+        const cli_source *s = &r->sources[k];
+        if (!s->seg || !s->layout) continue;
+        size_t n_src = maskpack_layout_n_segments(s->layout);
+        int64_t pad_read = 0, pad_b = -1, pad_c0 = -1, pad_c1 = -1, joined = 0, join_b = -1, join_c = -1, lost = 0;
+        /* sequences of this input made only of tokens the result calls padding */
+        uint8_t *has_real = calloc(n_src ? n_src : 1, 1);
+        uint8_t *seen = calloc(n_src ? n_src : 1, 1);
+        for (int64_t b = 0; b < r->B; b++)
+            for (int64_t c = 0; c < r->S; c++) {
+                int64_t t = b * r->S + c, x = s->seg[t], m = merged_seg(r, b, c);
+                if (x >= 0 && (size_t)x < n_src && seen) seen[x] = 1;
+                if (x >= 0 && m >= 0 && (size_t)x < n_src && has_real) has_real[x] = 1;
+                if (x >= 0 && m < 0) {
+                    if (pad_read == 0) pad_b = b, pad_c0 = c;
+                    if (b == pad_b && c == pad_c1 + 1) pad_c1 = c;
+                    if (pad_read == 0) pad_c1 = c;
+                    pad_read++;
+                }
+                if (x < 0 && m >= 0) lost++;
+                if (c > 0 && m >= 0 && x >= 0) {
+                    int64_t mp = merged_seg(r, b, c - 1);
+                    if (mp >= 0 && mp != m && s->seg[t - 1] == x) {
+                        if (joined == 0) join_b = b, join_c = c;
+                        joined++;
+                    }
+                }
+            }
+        int64_t pad_only = 0;
+        for (size_t i = 0; has_real && seen && i < n_src; i++) pad_only += seen[i] && !has_real[i];
+        free(has_real);
+        free(seen);
+        fprintf(f, "  %s (%s) read alone: %zu sequence%s, %lld tokens", s->name, s->how, n_src, n_src == 1 ? "" : "s",
+                (long long)maskpack_layout_n_tokens(s->layout));
+        if (!pad_read && !joined && !lost) {
+            fprintf(f, ": the same as the result.\n");
+            continue;
+        }
+        fprintf(f, ". It differs from the result because");
+        int more = 0;
+        if (joined)
+            fprintf(f, "%s it cannot mark where two sequences packed in one row meet: it reads %lld pair%s of "
+                       "neighbouring sequences as one (first: row %lld, column %lld, where %s)",
+                    more++ ? ";" : "", (long long)joined, joined == 1 ? "" : "s", (long long)join_b,
+                    (long long)join_c, n_bounds ? "another input starts a sequence" : "?");
+        if (pad_read)
+            fprintf(f, "%s it cannot mark %s padding: %lld pad token%s (first: row %lld, columns %lld-%lld) read as "
+                       "tokens%s",
+                    more++ ? ";" : "", strcmp(s->name, "position_ids") == 0 ? "left (or inner)" : "this",
+                    (long long)pad_read, pad_read == 1 ? "" : "s", (long long)pad_b, (long long)pad_c0,
+                    (long long)pad_c1, pad_only ? "" : "");
+        if (pad_only)
+            fprintf(f, ", which make %lld extra sequence%s of padding only", (long long)pad_only, pad_only == 1 ? "" : "s");
+        if (lost)
+            fprintf(f, "%s it reads %lld real token%s as padding (see the problems)", more++ ? ";" : "", (long long)lost,
+                    lost == 1 ? "" : "s");
+        fprintf(f, ".\n");
+    }
+    size_t n = maskpack_layout_n_segments(r->layout);
+    fprintf(f, "  result: %zu sequence%s over %lld real tokens: the real tokens %s says, split where %s.\n", n,
+            n == 1 ? "" : "s", (long long)maskpack_layout_n_tokens(r->layout), auth->name,
+            n_bounds ? "any input starts a sequence" : "a run of real tokens ends");
+}
+
 void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
     fprintf(f, "maskpack %s inspect: ", maskpack_version_string());
     put_escaped(f, r->origin);
@@ -73,7 +185,7 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         const cli_source *s = &r->sources[k];
         char result[96];
         if (s->layout)
-            snprintf(result, sizeof result, "-> %zu sequence%s, %lld tokens", maskpack_layout_n_segments(s->layout),
+            snprintf(result, sizeof result, "-> alone: %zu sequence%s, %lld tokens", maskpack_layout_n_segments(s->layout),
                      maskpack_layout_n_segments(s->layout) == 1 ? "" : "s", (long long)maskpack_layout_n_tokens(s->layout));
         else
             snprintf(result, sizeof result, "-> not usable (see problems)");
@@ -90,7 +202,7 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
     if (r->layout) {
         const maskpack_layout *L = r->layout;
         char rule[256];
-        rule_text(rule, sizeof rule, L);
+        cli_rule_text(rule, sizeof rule, L);
         if (r->packed)
             fprintf(f, "shape: [%lld] packed stream (THD)\n", (long long)r->S);
         else
@@ -98,6 +210,7 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
                     (long long)r->B, (long long)r->S);
         fprintf(f, "rule: %s (from %s)\n", rule, r->rule_origin ? r->rule_origin : "default");
         size_t n = maskpack_layout_n_segments(L);
+        print_reconciliation(r, f);
         fprintf(f, "sequences: %zu, longest: %lld, tokens: %lld of %lld, pad fraction: %.3f\n", n,
                 (long long)maskpack_layout_max_seqlen(L), (long long)maskpack_layout_n_tokens(L),
                 (long long)(r->B * r->S), pad_fraction(r));
@@ -137,8 +250,13 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         fputs(":\n", f);
         for (size_t i = 0; i < r->n_emitted; i++) fprintf(f, "  %s\n", r->emitted[i]);
     }
+    if (r->picture[0]) {
+        fputs("picture: ", f);
+        put_escaped(f, r->picture);
+        fputc('\n', f);
+    }
     if (r->n_problems_total == 0) {
-        fprintf(f, "problems: none\n");
+        fprintf(f, "problems: none (every input agrees with the others)\n");
         return;
     }
     fprintf(f, "problems (%zu):\n", r->n_problems_total);
