@@ -303,6 +303,8 @@ static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b
     /* the problems of this row, where they occur: the token's cell on the diagonal, its column and row */
     for (size_t i = 0; i < r->n_problems; i++) {
         if (r->problem_row[i] != b || r->problem_col[i] < 0) continue;
+        size_t before = 0; /* earlier markers at the same column: this badge goes beside them */
+        for (size_t k = 0; k < i; k++) before += r->problem_row[k] == b && r->problem_col[k] == r->problem_col[i];
         int64_t col = r->problem_col[i];
         if (col >= g->S && col >= g->K) continue;
         char title[1100], badge[16];
@@ -318,6 +320,7 @@ static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b
         double tri[6] = {bx, my + mh + 1, bx - 5, by - 2, bx + 5, by - 2};
         dw_path(d, tri, 3, 1, C_PROBLEM, DW_NONE, 0);
         double bw = dw_text_width(badge, 10, 1) + 8;
+        by += (double)before * 16; /* beneath the earlier ones */
         dw_rect(d, bx - bw / 2, by - 2, bw, 14, C_PROBLEM, DW_NONE, 0);
         dw_text(d, bx, by + 8.5, badge, 10, 0xFFFFFF, DW_CENTRE, 1, 0);
         dw_group_end(d);
@@ -344,7 +347,7 @@ static double paragraph(dw *d, double x, double y, double width, const char *tex
     char *lines[12];
     size_t n = dw_wrap(text, size, bold, width, lines, 12);
     for (size_t i = 0; i < n; i++) {
-        dw_text(d, x, y + size, lines[i], size, colour, DW_LEFT, bold, 0);
+        dw_text(d, x, y + size + (size + 4) * (double)i, lines[i], size, colour, DW_LEFT, bold, 0);
         free(lines[i]);
     }
     return y + (size + 4) * (double)n;
@@ -398,7 +401,14 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     g.left = 18 + g.tick_w + 10 + BAND + 2;
     g.top = HEAD + 16 + 14 + BAND + 4;
     g.pw = g.left + (double)g.Kd * g.z + 24;
-    g.ph = g.top + (double)g.Sd * g.z + 30;
+    size_t stack = 1; /* the most problem badges under one column */
+    for (size_t i = 0; i < r->n_problems; i++) {
+        size_t same = 0;
+        for (size_t k = 0; k < r->n_problems; k++)
+            same += r->problem_col[i] >= 0 && r->problem_row[k] == r->problem_row[i] && r->problem_col[k] == r->problem_col[i];
+        if (same > stack) stack = same;
+    }
+    g.ph = g.top + (double)g.Sd * g.z + 14 + 16 * (double)stack;
     size_t ncols = (size_t)floor(1500.0 / g.pw);
     if (ncols < 1) ncols = 1;
     if (ncols > n_rows) ncols = n_rows;

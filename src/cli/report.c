@@ -154,11 +154,14 @@ static void print_reconciliation(const cli_report *r, FILE *f) {
                     more++ ? ";" : "", (long long)joined, joined == 1 ? "" : "s", (long long)join_b,
                     (long long)join_c, n_bounds ? "another input starts a sequence" : "?");
         if (pad_read)
-            fprintf(f, "%s it cannot mark %s padding: %lld pad token%s (first: row %lld, columns %lld-%lld) read as "
-                       "tokens%s",
+        {
+            char cols[64];
+            if (pad_c1 > pad_c0) snprintf(cols, sizeof cols, "columns %lld-%lld", (long long)pad_c0, (long long)pad_c1);
+            else snprintf(cols, sizeof cols, "column %lld", (long long)pad_c0);
+            fprintf(f, "%s it cannot mark %s padding: %lld pad token%s (first: row %lld, %s) read as tokens",
                     more++ ? ";" : "", strcmp(s->name, "position_ids") == 0 ? "left (or inner)" : "this",
-                    (long long)pad_read, pad_read == 1 ? "" : "s", (long long)pad_b, (long long)pad_c0,
-                    (long long)pad_c1, pad_only ? "" : "");
+                    (long long)pad_read, pad_read == 1 ? "" : "s", (long long)pad_b, cols);
+        }
         if (pad_only)
             fprintf(f, ", which make %lld extra sequence%s of padding only", (long long)pad_only, pad_only == 1 ? "" : "s");
         if (lost)
