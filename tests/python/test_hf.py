@@ -327,6 +327,9 @@ def test_attention_layer_without_boundaries_is_refused():
 
 
 def test_attention_layer_refuses_mixed_devices_and_an_unprepared_cp_call():
+    """Mixed devices (key on meta beside a CPU query; a model half on meta), a shard's kwargs in a model
+    prepared without a group, unknown cp_algorithm / cp_scheme, a group without torch.distributed: each a
+    maskpack.Error naming the argument."""
     model = mhf.prepare_model(tiny_model("qwen3_5"))
     attn = model.model.layers[1].self_attn
     q = torch.randn(1, 4, 6, 8)
@@ -346,3 +349,10 @@ def test_attention_layer_refuses_mixed_devices_and_an_unprepared_cp_call():
     with pytest.raises(maskpack.Error) as e:
         mhf.prepare_model(tiny_model("qwen3_5"), cp_algorithm="tree")
     assert e.value.argument == "cp_algorithm"
+    with pytest.raises(maskpack.Error) as e:
+        mhf.prepare_model(tiny_model("qwen3_5"), cp_scheme="spiral")
+    assert e.value.argument == "cp_scheme"
+    assert not dist.is_initialized()
+    with pytest.raises(maskpack.Error) as e:  # a group in a process whose torch.distributed is not initialised
+        mhf.prepare_model(tiny_model("qwen3_5"), group=object())
+    assert e.value.argument == "group" and "init_process_group" in str(e.value)
