@@ -55,7 +55,10 @@ static void usage(FILE *f) {
             "  --allow-split           cut sequences longer than a row into pieces instead of failing\n"
             "  --row-width capacity|used   rows of the full capacity (default) or of their used width\n"
             "  --json-out FILE         write the plan (ranks, micro-batches, rows, pieces, report) as JSON\n"
-            "  --png FILE              draw the rows of each rank (--png-rows N: at most N rows per rank)\n"
+            "  --png FILE              draw the plan: ranks, micro-batches and rows against a token axis,\n"
+            "                          the capacity line, each rank's cost and the mean, a legend, fill and\n"
+            "                          imbalance (PNG, or SVG when FILE ends in .svg; --png-rows N: at most N\n"
+            "                          rows per rank)\n"
             "  --json                  print the report as JSON instead of text\n"
             "  --progress | --no-progress   force the progress bar on stderr on or off (default: on for\n"
             "                          large inputs when stderr is a terminal)\n"
@@ -693,7 +696,8 @@ int maskpack_cli_plan(int argc, char **argv) {
     }
     int64_t drawn = 0;
     if (!rc && a.png) {
-        if (mp_cli_plan_png(a.png, p, a.png_rows, &drawn, &e)) {
+        if (mp_cli_plan_png(a.png, p, a.file, a.o.objective == MASKPACK_PLAN_TOKENS ? "tokens" : "attention, a*L + L^2",
+                            a.png_rows, &drawn, &e)) {
             fprintf(stderr, "maskpack plan: %s\n", e.message);
             rc = EXIT_PROBLEM_;
         }

@@ -16,12 +16,14 @@ int maskpack_cli_plan(int argc, char **argv);
 int mp_cli_plan_parse_lengths(const char *origin, const uint8_t *buf, size_t len, int64_t **lengths, size_t *n,
                               const char **kind);
 
-/* (path, plan) -> writes a PNG of the rows, ranks stacked top to bottom (plan_png.c). Each row is a
- * bar of `capacity` columns coloured by sequence (alignment filler lighter, unused columns grey);
- * rank blocks are separated by black lines, micro-batches by grey ones; a bar right of each rank
- * shows its cost relative to the heaviest rank (the dark tick marks the mean). At most `max_rows`
- * rows per rank are drawn (0 = automatic); *drawn_rows receives the rows drawn per rank. */
-maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *plan, int64_t max_rows, int64_t *drawn_rows,
-                                maskpack_error *err);
+/* (path, plan, source and objective named in the caption) -> writes the plan's picture (plan_png.c): PNG,
+ * or SVG when path ends in .svg. Rows of each rank stacked top to bottom, coloured by sequence
+ * (alignment filler lighter, unused columns grey), ranks and micro-batches named, a token axis, the
+ * capacity line, each rank's cost beside its rows with the mean line, a legend, and the fill and
+ * imbalance in the caption. At most `max_rows` rows per rank are drawn (0 = automatic); *drawn_rows
+ * receives the rows drawn per rank. Without cairo: MASKPACK_ERR_UNSUPPORTED saying pictures were not
+ * built in. */
+maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *plan, const char *source, const char *objective,
+                                int64_t max_rows, int64_t *drawn_rows, maskpack_error *err);
 
 #endif
