@@ -6,10 +6,10 @@
  * dealt largest first to the least loaded rank, as MagiAttention's dispatcher balances area). Only
  * closed forms and one pass over the documents: a million tokens over 256 ranks take milliseconds. */
 #include "cli.h"
+#include "draw.h"
 #include "internal.h"
 
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,39 +138,140 @@ static void stats(const rank_load *l, int64_t cp, int tokens, double *mx, double
     *mean = s / (double)cp;
 }
 
-/* A picture of the per-rank attention work at the largest cp: one band per scheme, one bar per rank,
- * heights relative to the heaviest rank of all schemes, the mean as a black line. */
-static int write_png(const char *path, const rank_load *load, int64_t cp) {
-    const int bar = cp <= 64 ? 8 : cp <= 128 ? 4 : 2, band_h = 120, gap = 14;
-    const int W = (int)(cp * bar) + 20, H = SCHEMES * (band_h + gap) + gap, row = W * 3; /* cp <= 65536 */
-    uint8_t *img = mp_alloc_array((size_t)row, (size_t)H);
-    if (!img) return 1;
-    memset(img, 255, (size_t)W * (size_t)H * 3);
-    static const uint8_t colour[SCHEMES][3] = {{31, 119, 180}, {214, 39, 40}, {44, 160, 44}};
+/* A picture of the per-rank attention work at the largest cp: one band per scheme (named, with its
+ * imbalance), one bar per rank on a rank axis, every band on one work scale (the heaviest rank of all
+ * schemes), the mean as a labelled dashed line, a title and a legend. PNG, or SVG by the name. Returns 0,
+ * or 1 with why set. */
+static int write_picture(const char *path, const rank_load *load, int64_t cp, const sim_options *o, size_t n_docs,
+                         char *why, size_t cap) {
+    static const uint32_t colour[SCHEMES] = {0x1f77b4, 0xd62728, 0x2ca02c};
+    const double margin = 20, left = 190, band_h = 130, gap = 46;
+    double plot_w = (double)cp * 8;
+    if (plot_w < 640) plot_w = 640;
+    if (plot_w > 1200) plot_w = 1200;
+    double width = margin + left + plot_w + 110 + margin;
+    dw *d = dw_new(width, 100);
+    if (!d) {
+        snprintf(why, cap, "out of memory");
+        return 1;
+    }
+    char line[512], num[48];
+    snprintf(line, sizeof line, "cp-sim: causal attention work per rank at cp = %lld, three ways to cut the batch",
+             (long long)cp);
+    dw_group(d, "title", line);
+    dw_text(d, margin, margin + 16, line, 16, 0x000000, DW_LEFT, 1, 0);
+    dw_group_end(d);
+    snprintf(line, sizeof line, "%lld tokens in %zu documents (%s mix); work = allowed query-key pairs; every band "
+                                "on one scale (0 to the heaviest rank of all schemes)",
+             (long long)o->tokens, n_docs, o->mix);
+    dw_text(d, margin, margin + 36, line, 12, 0x222222, DW_LEFT, 0, 0);
     double top = 0;
     for (int64_t i = 0; i < SCHEMES * cp; i++) top = load[i].work > top ? load[i].work : top;
+    double y = margin + 60, x0 = margin + left;
+    double bar = plot_w / (double)cp;
+    char widest[32];
+    snprintf(widest, sizeof widest, "%lld", (long long)(cp - 1));
+    double rstep = dw_nice_step((dw_text_width(widest, 10, 0) + 12) / bar);
     for (int s = 0; s < SCHEMES; s++) {
-        int y0 = gap + s * (band_h + gap); /* band top */
         double mx, mean;
         stats(load + s * cp, cp, 0, &mx, &mean);
-        for (int64_t r = 0; r < cp; r++) {
-            int h = top > 0 ? (int)(band_h * load[s * cp + r].work / top + 0.5) : 0;
-            for (int y = y0 + band_h - h; y < y0 + band_h; y++)
-                for (int x = 10 + (int)r * bar; x < 10 + (int)(r + 1) * bar - (bar > 2); x++)
-                    memcpy(img + ((size_t)y * W + (size_t)x) * 3, colour[s], 3);
+        double y0 = y, yb = y + band_h; /* band top and baseline */
+        dw_group(d, "scheme", scheme_names[s]);
+        dw_text(d, margin, y0 + 16, scheme_names[s], 14, colour[s], DW_LEFT, 1, 0);
+        snprintf(line, sizeof line, "max / mean = %.3f", mean > 0 ? mx / mean : 1.0);
+        dw_text(d, margin, y0 + 34, line, 11.5, 0x222222, DW_LEFT, 0, 0);
+        dw_short_number(mx, num, sizeof num);
+        snprintf(line, sizeof line, "heaviest rank: %s", num);
+        dw_text(d, margin, y0 + 50, line, 11.5, 0x222222, DW_LEFT, 0, 0);
+        /* work axis */
+        dw_line(d, x0, y0, x0, yb, 0x000000, 1, 0);
+        for (int k = 0; k <= 2; k++) {
+            double v = top * k / 2, py = yb - band_h * k / 2;
+            dw_short_number(v, num, sizeof num);
+            dw_line(d, x0 - 4, py, x0, py, 0x000000, 1, 0);
+            dw_text(d, x0 - 6, py + 3.5, num, 9.5, 0x666666, DW_RIGHT, 0, 0);
         }
-        int ym = y0 + band_h - (top > 0 ? (int)(band_h * mean / top + 0.5) : 0);
-        for (int x = 10; x < W - 10; x++) memset(img + ((size_t)ym * W + (size_t)x) * 3, 0, 3);
+        dw_text(d, x0 - 52, (y0 + yb) / 2, "work", 10, 0x666666, DW_CENTRE, 0, 1);
+        /* the bars: separate below 65 ranks, one outline above */
+        if (cp <= 64) {
+            for (int64_t r = 0; r < cp; r++) {
+                double h = top > 0 ? band_h * load[s * cp + r].work / top : 0;
+                dw_rect(d, x0 + (double)r * bar + 0.5, yb - h, bar - 1.5, h, colour[s], DW_NONE, 0);
+            }
+        } else {
+            double *xy = mp_alloc_array((size_t)(2 * cp + 2), 2 * sizeof *xy);
+            if (!xy) {
+                dw_free(d);
+                snprintf(why, cap, "out of memory");
+                return 1;
+            }
+            size_t n = 0;
+            xy[2 * n] = x0, xy[2 * n + 1] = yb, n++;
+            for (int64_t r = 0; r < cp; r++) {
+                double h = top > 0 ? band_h * load[s * cp + r].work / top : 0;
+                xy[2 * n] = x0 + (double)r * bar, xy[2 * n + 1] = yb - h, n++;
+                xy[2 * n] = x0 + (double)(r + 1) * bar, xy[2 * n + 1] = yb - h, n++;
+            }
+            xy[2 * n] = x0 + plot_w, xy[2 * n + 1] = yb, n++;
+            dw_path(d, xy, n, 1, colour[s], DW_NONE, 0);
+            free(xy);
+        }
+        /* rank axis */
+        dw_line(d, x0, yb, x0 + plot_w, yb, 0x000000, 1, 0);
+        for (double r = 0; r < (double)cp; r += rstep) {
+            double px = x0 + (r + 0.5) * bar;
+            snprintf(num, sizeof num, "%.0f", r);
+            dw_line(d, px, yb, px, yb + 4, 0x000000, 1, 0);
+            dw_text(d, px, yb + 15, num, 9.5, 0x666666, DW_CENTRE, 0, 0);
+        }
+        dw_text(d, x0 + plot_w + 8, yb + 15, "rank", 10, 0x666666, DW_LEFT, 0, 0);
+        /* the mean */
+        double ym = yb - (top > 0 ? band_h * mean / top : 0);
+        dw_group(d, "mean-line", "mean over ranks");
+        dw_line(d, x0, ym, x0 + plot_w + 4, ym, 0x000000, 1.4, 1);
+        dw_short_number(mean, num, sizeof num);
+        snprintf(line, sizeof line, "mean %s", num);
+        dw_text(d, x0 + plot_w + 8, ym + 4, line, 10.5, 0x000000, DW_LEFT, 1, 0);
+        dw_group_end(d);
+        dw_group_end(d);
+        y = yb + gap;
     }
-    png_image im;
-    memset(&im, 0, sizeof im);
-    im.version = PNG_IMAGE_VERSION;
-    im.width = (png_uint_32)W;
-    im.height = (png_uint_32)H;
-    im.format = PNG_FORMAT_RGB;
-    int ok = png_image_write_to_file(&im, path, 0, img, W * 3, NULL);
-    free(img);
-    return ok ? 0 : 1;
+    snprintf(line, sizeof line, "rank (0 to %lld): one bar per rank", (long long)(cp - 1));
+    dw_text(d, x0 + plot_w / 2, y - gap + 32, line, 11.5, 0x222222, DW_CENTRE, 1, 0);
+    y += 4;
+    dw_group(d, "legend", "legend");
+    dw_text(d, margin, y + 12, "Legend", 13, 0x000000, DW_LEFT, 1, 0);
+    y += 22;
+    for (int s = 0; s < SCHEMES; s++) dw_rect(d, margin + 6.0 * s, y, 6, 12, colour[s], DW_NONE, 0);
+    dw_text(d, margin + 24, y + 10,
+            "a bar: one rank's causal attention work (allowed query-key pairs) under the band's scheme", 11, 0x222222,
+            DW_LEFT, 0, 0);
+    y += 18;
+    dw_line(d, margin, y + 6, margin + 18, y + 6, 0x000000, 1.4, 1);
+    dw_text(d, margin + 24, y + 10,
+            "mean: the mean work over ranks; a balanced scheme's bars all end there (max / mean = 1)", 11, 0x222222,
+            DW_LEFT, 0, 0);
+    y += 18;
+    dw_text(d, margin, y + 10,
+            "zigzag: chunks r and 2cp-1-r of every document to rank r; contiguous: the packed stream cut in cp equal "
+            "pieces; area-balanced: chunks dealt largest area first",
+            11, 0x222222, DW_LEFT, 0, 0);
+    dw_group_end(d);
+    y += 18 + margin;
+    dw_set_size(d, ceil(width), ceil(y));
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = dw_encode(d, dw_path_is_svg(path), &buf, &len, why, cap);
+    dw_free(d);
+    if (!rc) {
+        maskpack_error e;
+        if (mpio_write_file(path, buf, len, &e)) {
+            snprintf(why, cap, "%s", e.message);
+            rc = 1;
+        }
+    }
+    free(buf);
+    return rc;
 }
 
 static void usage(FILE *f) {
@@ -180,7 +281,8 @@ static void usage(FILE *f) {
                "  Per-rank causal attention work (allowed query-key pairs), tokens (a sequence-split GDN\n"
                "  layer's work) and ring bytes per step under zigzag, contiguous and area-balanced\n"
                "  assignments. Defaults: 1000000 tokens, lognormal, ranks 8,16,32,64,128,256, area chunks of\n"
-               "  512, 8 KV heads of 128, 2-byte K/V; --png draws the per-rank work at the largest rank count.\n");
+               "  512, 8 KV heads of 128, 2-byte K/V; --png draws the per-rank work at the largest rank count\n"
+               "  (PNG, or SVG when FILE ends in .svg).\n");
 }
 
 static int parse_count(const char *v, int64_t *out) {
@@ -289,13 +391,14 @@ int maskpack_cli_cp_sim(int argc, char **argv) {
     }
     int rc = CLI_EXIT_OK;
     if (o.png) {
+        char why[512];
         simulate(len, n, cp_max, o.chunk, load, heap);
-        if (write_png(o.png, load, cp_max)) {
-            fprintf(stderr, "maskpack cp-sim: cannot write %s\n", o.png);
+        if (write_picture(o.png, load, cp_max, &o, n, why, sizeof why)) {
+            fprintf(stderr, "maskpack cp-sim: nothing written to %s: %s\n", o.png, why);
             rc = CLI_EXIT_PROBLEMS;
         } else {
             printf("wrote %s: per-rank attention work at %lld ranks (bands: zigzag, contiguous, area-balanced; "
-                   "black line: the mean)\n",
+                   "dashed line: the mean)\n",
                    o.png, (long long)cp_max);
         }
     }
