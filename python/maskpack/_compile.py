@@ -148,10 +148,15 @@ def _derived_fake(key, name, args, device):
     return torch.empty(meta.shape, dtype=meta.dtype, device=device)
 
 
+def _key(layout: Any) -> int:
+    """A layout's registry key (a key already: as it is)."""
+    return layout if isinstance(layout, int) else id(layout)
+
+
 def derived(layout: Any, name: str, kwargs: dict, device: Any) -> torch.Tensor:
     """A derived output under compilation; kwargs are plain constants (strings, ints, bools, dtype names)."""
     args = {k: (dtype_name(v) if k == "dtype" and v is not None else v) for k, v in kwargs.items()}
-    return derived_op(id(layout), name, repr(args), torch.device("cpu") if device is None else torch.device(device))
+    return derived_op(_key(layout), name, repr(args), torch.device("cpu") if device is None else torch.device(device))
 
 
 @torch.library.custom_op("maskpack::shift_labels", mutates_args=())
@@ -434,7 +439,7 @@ gates_op.register_autograd(_gates_grad, setup_context=_gates_setup)
 
 
 def gdn_gates(a, b, A_log, dt_bias, layout):
-    return gates_op(a, b, A_log, dt_bias, id(layout))
+    return gates_op(a, b, A_log, dt_bias, _key(layout))
 
 
 @torch.library.custom_op("maskpack::gdn_l2norm", mutates_args=())
@@ -514,3 +519,203 @@ def _check_call_fake(hidden_states, attention_mask, forms, key, tail_padding):
 
 def check_call(hidden_states, attention_mask, forms, layout, tail_padding: bool):
     return check_call_op(hidden_states.detach(), attention_mask, forms, id(layout), bool(tail_padding))
+
+
+# ---- the context-parallel calls ------------------------------------------------------------------
+#
+# A CP call is a composition of kernels and collectives (all-to-alls, the ring's point-to-point
+# sends, the agreement every call starts with) whose backward runs collectives of its own. Under
+# compilation the whole call is one opaque op: its implementation runs the eager call with autograd
+# on, keeps that call's graph under a token, and the backward op runs torch.autograd.grad on it, so
+# the compiled step sends and receives exactly what the eager step does, in the same order on every
+# rank. The token is an int64 tensor over numpy memory: when the last tensor sharing it goes (the
+# backward ran, or the graph holding it was freed without one), the kept graph is dropped with it.
+# The group crosses by name (torch.distributed's registry of groups, as functional collectives do).
+
+import itertools
+import weakref
+
+_KEPT: dict = {}
+_TOKENS = itertools.count(1)
+# the dispatch keys a plain thread excludes (autocast's); an op's implementation runs with autograd
+# excluded as well, which the kept call needs back
+_PLAIN_EXCLUDE = torch._C._dispatch_tls_local_exclude_set()
+
+
+@contextlib.contextmanager
+def _autograd_on():
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), _PLAIN_EXCLUDE), \
+            torch.enable_grad():
+        yield
+
+
+def _group(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name)
+
+
+def _present(xs):
+    """The list an op was given, absent arguments (see _absent) as None again."""
+    return [None if x.dtype == torch.uint8 and x.dim() == 1 and x.shape[0] == 0 else x for x in xs]
+
+
+def _cp_attention(xs, layout, group, kw):
+    from .distributed import attention_cp
+
+    return (attention_cp(*xs, layout, group, **kw),)
+
+
+def _cp_gdn(xs, layout, group, kw):
+    from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
+
+    q, k, v, g, beta, h0 = xs
+    kw = dict(kw)
+    fn = gated_delta_rule_sp if _cp_method(kw.pop("cp_method"), group, q.shape[-2], v.shape[-2]) == "sequence" \
+        else gated_delta_rule_cp
+    return tuple(fn(q, k, v, g, beta, layout, group, initial_state=h0, **kw))
+
+
+def _cp_conv(xs, layout, group, kw):
+    from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
+
+    x, weight, prefix = xs
+    kw = dict(kw)
+    fn = causal_conv1d_sp if _cp_method(kw.pop("cp_method"), group, x.shape[-1], x.shape[-1]) == "sequence" \
+        else causal_conv1d_cp
+    return tuple(fn(x, weight, layout, group, prefix=prefix, **kw))
+
+
+def _cp_loss(xs, layout, group, kw):
+    from .distributed import cp_loss
+
+    return (cp_loss(xs[0], xs[1], group),)
+
+
+def _fake_attention(xs, layout):
+    return [torch.empty_like(xs[0])]
+
+
+def _fake_gdn(xs, layout):
+    q, v = xs[0], xs[2]
+    return [torch.empty_like(v), v.new_empty((layout.n_segments, v.shape[-2], q.shape[-1], v.shape[-1]),
+                                             dtype=torch.float32)]
+
+
+def _fake_conv(xs, layout):
+    x, w = xs[0], xs[1]
+    return [torch.empty_like(x), x.new_empty((layout.n_segments, w.shape[0], w.shape[-1] - 1), dtype=torch.float32)]
+
+
+def _fake_loss(xs, layout):
+    return [xs[0].new_empty((), dtype=torch.result_type(xs[0], xs[0]))]
+
+
+_CP_CALLS = {"attention": (_cp_attention, _fake_attention), "gated_delta_rule": (_cp_gdn, _fake_gdn),
+             "causal_conv1d": (_cp_conv, _fake_conv), "cp_loss": (_cp_loss, _fake_loss)}
+
+
+@torch.library.custom_op("maskpack::cp_call", mutates_args=())
+def cp_call_op(xs: List[Tensor], want: List[bool], call: str, key: int, group: str, args: str) -> List[Tensor]:
+    """The eager CP call ``call`` on xs (want[i]: xs[i] takes a gradient; an absent argument is a
+    0-element uint8 tensor, since torch's autograd of a custom op skips a list holding None) -> its
+    outputs and the token of its kept graph (-1: none kept)."""
+    import numpy as np
+
+    xs = _present(xs)
+    fn = _CP_CALLS[call][0]
+    layout = _lookup(key) if key else None
+    with _eager(), _autograd_on():
+        leaves = [None if x is None else x.detach().requires_grad_(bool(w) and x.is_floating_point())
+                  for x, w in zip(xs, want)]
+        outs = fn(leaves, layout, _group(group), ast.literal_eval(args))
+    keep = any(o.requires_grad for o in outs)
+    tok = next(_TOKENS) if keep else -1
+    cell = np.array([tok], dtype=np.int64)
+    if keep:
+        _KEPT[tok] = (leaves, outs)
+        weakref.finalize(cell, _KEPT.pop, tok, None)
+    return [o.detach() for o in outs] + [torch.from_numpy(cell)]
+
+
+@cp_call_op.register_fake
+def _cp_call_fake(xs, want, call, key, group, args):
+    xs = _present(xs)
+    layout = _lookup(key) if key else None
+    return _CP_CALLS[call][1](xs, layout) + [torch.empty((1,), dtype=torch.int64)]
+
+
+@torch.library.custom_op("maskpack::cp_call_backward", mutates_args=())
+def cp_call_backward_op(token: Tensor, grads: List[Optional[Tensor]], xs: List[Tensor],
+                        want: List[bool]) -> List[Tensor]:
+    entry = _KEPT.pop(int(token[0]), None)
+    if entry is None:
+        from ._errors import Error
+
+        raise Error("token: the forward of this context-parallel call is gone (its backward runs once, while the "
+                    "graph of the step that made it lives)", "MASKPACK_ERR_NOT_FOUND", argument="token")
+    leaves, outs = entry
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+    need = [x for x in leaves if x is not None and x.requires_grad]
+    with _eager(), _autograd_on():
+        res = iter(torch.autograd.grad([o for o, _ in pairs], need, [g for _, g in pairs], allow_unused=True))
+    out = []
+    for x in leaves:
+        if x is not None and x.requires_grad:
+            r = next(res)
+            out.append(torch.zeros_like(x) if r is None else r)
+        else:
+            out.append(_absent())
+    return out
+
+
+@cp_call_backward_op.register_fake
+def _cp_call_backward_fake(token, grads, xs, want):
+    xs = _present(xs)
+    return [torch.empty_like(x) if x is not None and w and x.is_floating_point() else _absent()
+            for x, w in zip(xs, want)]
+
+
+def _cp_call_setup(ctx, inputs, output):
+    xs, want, call, key, group, args = inputs
+    ctx.save_for_backward(output[-1], *xs)
+    ctx.want = list(want)
+
+
+def _cp_call_grad(ctx, grads):
+    token, *given = ctx.saved_tensors
+    res = cp_call_backward_op(token, list(grads[:-1]), given, ctx.want)
+    xs = _present(given)
+    out = [r if x is not None and w and x.is_floating_point() else None for r, x, w in zip(res, xs, ctx.want)]
+    return out, None, None, None, None, None
+
+
+cp_call_op.register_autograd(_cp_call_grad, setup_context=_cp_call_setup)
+
+
+def cp_call(call: str, xs: list, layout: Any, group: Any, kwargs: dict) -> tuple:
+    """A CP call under compilation -> its outputs (a tuple); kwargs are plain constants."""
+    record = torch.is_grad_enabled()
+    want = [bool(record and x is not None and x.requires_grad) for x in xs]
+    outs = cp_call_op([_absent() if x is None else x for x in xs], want, call, id(layout) if layout is not None else 0, group.group_name,
+                      repr(kwargs))
+    return tuple(outs[:-1])
+
+
+@torch.library.custom_op("maskpack::check_cp_offsets", mutates_args=())
+def check_cp_offsets_op(hidden_states: Tensor, key: int, cu: Tensor) -> Tensor:
+    """A CP call's cu_seq_lens_q against its maskpack_layout (maskpack.gdn._check_cp_offsets) -> True."""
+    from .gdn import _check_cp_offsets
+
+    with _eager():
+        _check_cp_offsets(_lookup(key), cu)
+    return torch.ones((), dtype=torch.bool, device=hidden_states.device)
+
+
+@check_cp_offsets_op.register_fake
+def _check_cp_offsets_fake(hidden_states, key, cu):
+    return hidden_states.new_empty((), dtype=torch.bool)
+
+
+def check_cp_offsets(hidden_states, layout, cu):
+    return check_cp_offsets_op(hidden_states.detach(), id(layout), torch.as_tensor(cu))

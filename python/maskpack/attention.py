@@ -169,6 +169,12 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
 
         if isa is not None:
             raise TypeError("attention(): isa= cannot be combined with group= (the CP algorithms choose their kernels)")
+        if compiling():  # the whole CP call is one opaque op (maskpack._compile.cp_call), collectives included
+            from . import _compile
+
+            return _compile.cp_call("attention", [q, k, v], layout, group,
+                                    dict(scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
+                                         scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm))[0]
         return attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
                             scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
     code = isa_code(isa)

@@ -377,6 +377,11 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
     if w.shape != per_token_loss.shape:
         raise Error(f"weights: expected the loss's shape {list(per_token_loss.shape)}, found {list(w.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="weights")
+    if torch.compiler.is_compiling():  # the all-reduce as an opaque op (maskpack._compile.cp_call)
+        from . import _compile
+
+        return _compile.cp_call("cp_loss", [per_token_loss, w], None, dist.group.WORLD if group is None else group,
+                                {})[0]
     return _AllReduceSum.apply((per_token_loss * w).sum(), group)
 
 

@@ -194,6 +194,12 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                             "check the gate)")
         if isa is not None:
             raise TypeError("gated_delta_rule(): isa= cannot be combined with group= (the CP ways choose their kernels)")
+        if compiling():  # the whole CP call is one opaque op (maskpack._compile.cp_call), collectives included
+            from . import _compile
+
+            return _compile.cp_call("gated_delta_rule", [q, k, v, g, beta, initial_state], layout, group,
+                                    dict(scale=scale, chunked=bool(chunked), l2norm=bool(l2norm), threads=threads,
+                                         scheme=cp_scheme, tp=tp, align=align, cp_method=cp_method))
         from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
 
         fn = gated_delta_rule_sp if _cp_method(cp_method, group, q.shape[-2], v.shape[-2]) == "sequence" \
@@ -296,6 +302,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
     if group is not None:
         if isa is not None:
             raise TypeError("causal_conv1d(): isa= cannot be combined with group= (the CP ways choose their kernels)")
+        if compiling():
+            from . import _compile
+
+            return _compile.cp_call("causal_conv1d", [x, weight, prefix], layout, group,
+                                    dict(activation=activation, threads=threads, scheme=cp_scheme, tp=tp, align=align,
+                                         cp_method=cp_method))
         from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
 
         fn = causal_conv1d_sp if _cp_method(cp_method, group, x.shape[-1], x.shape[-1]) == "sequence" \
@@ -442,11 +454,18 @@ def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout
         import torch.distributed as dist
 
         g_ = cp["group"]
-        tok_layout = layout.cp_shard(dist.get_world_size(g_), dist.get_rank(g_), scheme=cp["cp_scheme"],
-                                     tp=cp["tp"], align=cp["align"])
+        shard = (dist.get_world_size(g_), dist.get_rank(g_), cp["cp_scheme"], cp["tp"], cp["align"])
+        # traced: the shard layout by its registry key (kept alive by the whole layout's cache)
+        tok_layout = _shard_key(layout, *shard) if compiling() else \
+            layout.cp_shard(shard[0], shard[1], scheme=shard[2], tp=shard[3], align=shard[4])
     # the projections are torch GEMMs over every row: select (never multiply) the real rows so
     # a NaN in the padding reaches neither the outputs nor the weight gradients
-    keep = torch.as_tensor(tok_layout.mask2d("bool")).reshape(*lead, 1)
+    if isinstance(tok_layout, int):
+        from . import _compile
+
+        keep = _compile.derived(tok_layout, "mask2d", dict(dtype="bool"), None).reshape(*lead, 1)
+    else:
+        keep = torch.as_tensor(tok_layout.mask2d("bool")).reshape(*lead, 1)
     if ok is not None:  # a compiled call's check of its boundaries (see _compiled_layout): its result feeds on
         keep = keep & ok
     zero = torch.zeros((), dtype=hidden_states.dtype)
@@ -741,6 +760,35 @@ def _compiled_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch
 
 
 @torch._dynamo.assume_constant_result
+def _shard_key(layout: Any, cp: int, rank: int, scheme: str, tp: int, align: Optional[str]) -> int:
+    """The registry key of a CP shard of ``layout`` (a constant of the layout: made once while tracing and
+    kept in the layout's cache, so it lives as long as the layout)."""
+    return id(layout.cp_shard(cp, rank, scheme=scheme, tp=tp, align=align))
+
+
+@torch._dynamo.assume_constant_result
+def _shard_width(layout: Any, cp: int, rank: int, scheme: str, tp: int, align: Optional[str]) -> int:
+    return int(layout.cp_shard(cp, rank, scheme=scheme, tp=tp, align=align).q_width)
+
+
+def _check_cp_offsets(layout: Any, cu: torch.Tensor) -> None:
+    """A CP call's whole-batch cu_seq_lens_q given beside its maskpack_layout: the same sequences (the
+    layout may hold padding after them)."""
+    import numpy as np
+    from ._layout import Layout
+
+    want = _segment_ids(layout)
+    cu = _host(torch.as_tensor(cu))
+    ids = _segment_ids(Layout.from_cu_seqlens(cu, form="te", total=max(int(want.size), int(cu[-1]))))
+    n = min(ids.size, want.size)
+    bad = np.nonzero(ids[:n] != want[:n])[0]
+    if bad.size or ids.size != want.size:
+        t = int(bad[0]) if bad.size else n
+        raise Error(f"cu_seq_lens_q: disagrees with maskpack_layout at token {t} of the whole batch",
+                    "MASKPACK_ERR_VALUE", argument="cu_seq_lens_q", index=(t,))
+
+
+@torch._dynamo.assume_constant_result
 def _segment_rows(layout: Any) -> Tuple[int, ...]:
     """The row of each segment (a constant of the layout: computed once while tracing)."""
     return tuple(seg[0] for seg in layout.segments)
@@ -764,26 +812,27 @@ class _PatchedForward:
         if cache_params is not None and cache_params.has_previous_state(getattr(self.module, "layer_idx", None)):
             raise Error("group: a patched layer with context parallelism does not continue a cache (generation "
                         "runs without group=)", "MASKPACK_ERR_UNSUPPORTED", argument="group")
-        import numpy as np
         import torch.distributed as dist
 
         layout = kwargs.get("maskpack_layout")
         cu = kwargs.get("cu_seq_lens_q")
         name = "maskpack_layout" if layout is not None else "cu_seq_lens_q"
+        ok = None
         if layout is None and cu is not None:
+            if compiling():
+                raise Error("maskpack_layout: under torch.compile a patched layer with context parallelism takes the "
+                            "whole batch as maskpack_layout=<Layout> (built outside the compiled function); offsets "
+                            "read from tensor values cannot be traced", "MASKPACK_ERR_NOT_FOUND",
+                            argument="maskpack_layout")
             layout = Layout.from_cu_seqlens(_host(torch.as_tensor(cu)), form="te")
         elif layout is not None:
             check_layout(layout)
-            if cu is not None:  # both: the same sequences (the layout may hold padding after them)
-                want = _segment_ids(layout)
-                ids = _segment_ids(Layout.from_cu_seqlens(_host(torch.as_tensor(cu)), form="te",
-                                                          total=max(int(want.size), int(_host(torch.as_tensor(cu))[-1]))))
-                n = min(ids.size, want.size)
-                bad = np.nonzero(ids[:n] != want[:n])[0]
-                if bad.size or ids.size != want.size:
-                    t = int(bad[0]) if bad.size else n
-                    raise Error(f"cu_seq_lens_q: disagrees with maskpack_layout at token {t} of the whole batch",
-                                "MASKPACK_ERR_VALUE", argument="cu_seq_lens_q", index=(t,))
+            if cu is not None and compiling():  # checked when the graph runs, in an opaque op
+                from . import _compile
+
+                ok = _compile.check_cp_offsets(hidden_states, layout, cu)
+            elif cu is not None:  # both: the same sequences (the layout may hold padding after them)
+                _check_cp_offsets(layout, cu)
         if layout is None:
             raise Error("group: a patched layer under context parallelism needs the whole batch: pass "
                         "maskpack_layout=<Layout of the whole batch> (or the whole batch's cu_seq_lens_q) to the "
@@ -794,7 +843,8 @@ class _PatchedForward:
         c = self.cp
         g_ = c["group"]
         world, rank = dist.get_world_size(g_), dist.get_rank(g_)
-        mine = layout.cp_shard(world, rank, scheme=c["cp_scheme"], tp=c["tp"], align=c["align"]).q_width
+        mine = _shard_width(layout, world, rank, c["cp_scheme"], c["tp"], c["align"]) if compiling() else \
+            layout.cp_shard(world, rank, scheme=c["cp_scheme"], tp=c["tp"], align=c["align"]).q_width
         if int(hidden_states.shape[1]) != mine:
             # offsets that cover fewer (or more) tokens than the ranks hold: never a silent tail of padding.
             # Every rank holds the same arguments and shapes, so every rank raises here alike.
@@ -802,7 +852,7 @@ class _PatchedForward:
                         f"{int(hidden_states.shape[1])} tokens; the {name} given ({layout.n_tokens} tokens in "
                         f"{layout.n_segments} sequences) gives it {mine}", "MASKPACK_ERR_SHAPE", argument=name)
         out = _layer_forward(self.module, self.projections, hidden_states[0], layout, None, None, True, self.threads,
-                             self.cp)[0]
+                             self.cp, ok=ok)[0]
         return out.unsqueeze(0)
 
     def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None,
