@@ -159,7 +159,7 @@ static void print_reconciliation(const cli_report *r, FILE *f) {
             if (pad_c1 > pad_c0) snprintf(cols, sizeof cols, "columns %lld-%lld", (long long)pad_c0, (long long)pad_c1);
             else snprintf(cols, sizeof cols, "column %lld", (long long)pad_c0);
             fprintf(f, "%s it cannot mark %s padding: %lld pad token%s (first: row %lld, %s) read as tokens",
-                    more++ ? ";" : "", strcmp(s->name, "position_ids") == 0 ? "left (or inner)" : "this",
+                    more++ ? ";" : "", pad_c0 == 0 ? "left" : "this",
                     (long long)pad_read, pad_read == 1 ? "" : "s", (long long)pad_b, cols);
         }
         if (pad_only)

@@ -154,20 +154,203 @@ def case_sample_json():
     check(d["inputs"][1]["n_sequences"] == 5, "position_ids alone read 5 sequences (left pads included)")
 
 
+def png_size(path):
+    """(width, height) of a PNG after checking its signature and that IHDR comes first."""
+    with open(path, "rb") as f:
+        data = f.read(24)
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", "%s: PNG signature" % path)
+    check(data[12:16] == b"IHDR", "%s: IHDR first" % path)
+    return struct.unpack(">II", data[16:24])
+
+
+def pictures_built_in():
+    """False when this maskpack was built without cairo (then --png says so: case no_cairo checks it)."""
+    rc, out, err = run("inspect", "--png", os.path.join(TMP, "probe.png"))
+    return "pictures were not built in" not in out
+
+
+def svg_texts(path):
+    """Every <text> of an SVG (the picture's words), its <g class> groups with their <title>s, and the
+    raster images' decoded PNG bytes."""
+    import base64
+    import xml.etree.ElementTree as ET
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.parse(path).getroot()
+    texts = [t.text or "" for t in root.iter(ns + "text")]
+    groups = []
+    for g in root.iter(ns + "g"):
+        title = g.find(ns + "title")
+        groups.append((g.get("class"), title.text if title is not None else ""))
+    images = []
+    for im in root.iter(ns + "image"):
+        href = im.get("{http://www.w3.org/1999/xlink}href") or im.get("href") or ""
+        images.append(base64.b64decode(href.split(",", 1)[1]) if href.startswith("data:image/png;base64,") else b"")
+    return texts, groups, images
+
+
 def case_png():
+    # The sample's picture: drawn by cairo with a title, numbers, labels and a legend (the old one was
+    # bare cells, 32 px each, panels stacked: its exact size is no longer pinned, only that it is a
+    # valid PNG whose panels sit side by side)
+    if not pictures_built_in():
+        return
     path = os.path.join(TMP, "sample.png")
-    expect(["inspect", "--png", path], 0)
-    with open(path, "rb") as f:
-        data = f.read()
-    check(data[:8] == b"\x89PNG\r\n\x1a\n", "PNG signature")
-    check(data[12:16] == b"IHDR", "IHDR first")
-    w, h = struct.unpack(">II", data[16:24])
-    check((w, h) == (16 * 32, 3 * 16 * 32 + 2 * 2), "png size %dx%d" % (w, h))
+    out = expect(["inspect", "--png", path], 0, out_has=["picture: " + path + " (PNG, 3 of 3 rows)"])
+    w, h = png_size(path)
+    check(w >= 3 * 16 * 20 and 400 <= h <= 2000, "png size %dx%d" % (w, h))
     expect(["inspect", "--png", path, "--png-rows", "1", "--png-zoom", "2"], 0)
-    with open(path, "rb") as f:
-        data = f.read()
-    check(struct.unpack(">II", data[16:24]) == (32, 32), "one row at zoom 2")
-    expect(["inspect", "--png", path, "--png-rows", "7"], 1, out_has=["png: MASKPACK_ERR_INVALID_ARGUMENT"])
+    w1, h1 = png_size(path)
+    check(w1 < w and h1 < h, "one row at zoom 2 is smaller: %dx%d" % (w1, h1))
+    # a row the batch does not have: nothing drawn, the reason named
+    expect(["inspect", "--png", path, "--png-rows", "7"], 1,
+           out_has=["png: nothing written to %s: --png-rows: row 7 is not a row of this batch (it has rows 0 to 2)"
+                    % path])
+    # the same picture as SVG, by --svg or by the name: its words are text
+    for args in (["--svg", os.path.join(TMP, "sample_svg")], ["--png", os.path.join(TMP, "sample.svg")]):
+        expect(["inspect"] + args, 0, out_has=["(SVG, 3 of 3 rows)"])
+        texts, groups, images = svg_texts(args[1])
+        words = "\n".join(texts)
+        for want in ["Which keys each query attends to: sample batch (embedded)",      # title: the file
+                     "rule: causal, bottom_right alignment, no window",               # the rule
+                     "attention_mask (2D keep mask)", "position_ids (reset rule)",     # the conventions
+                     "key token (column)", "query token (row)",                        # axis labels
+                     "batch row 0", "batch row 2", "Legend", "allowed:", "masked by the rule:",
+                     "another sequence:", "padding:", "Problems: none"]:
+            check(want in words, "sample SVG lacks the text %r" % want)
+        for k in range(4):
+            check("seq %d" % k in texts, "sample SVG: sequence %d is not labelled" % k)
+        for n in ("0", "7", "15"):
+            check(texts.count(n) >= 6, "sample SVG: column/row number %s not on both axes of 3 panels" % n)
+        check([c for c, _ in groups].count("problem-marker") == 0, "the sample has no problem to mark")
+        check(len(images) == 3 and all(png_dims(i) == (16, 16) for i in images), "one 16 x 16 cell raster per row")
+
+
+def png_dims(data):
+    return struct.unpack(">II", data[16:24]) if data[:8] == b"\x89PNG\r\n\x1a\n" else None
+
+
+def case_picture_problems():
+    """Every problem the report lists is in the picture's list; each one tied to a token is marked in
+    its row's panel (an SVG group per marker, titled with the problem)."""
+    if not pictures_built_in():
+        return
+    f1 = os.path.join(TMP, "mixed.npz")
+    npz(f1, {
+        "attention_mask": ("i8", (2, 8), [1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0]),
+        "position_ids": ("i8", (2, 8), [0, 1, 2, 3, 0, 1, 0, 0, 0, 1, 0, 1, 2, 3, 4, 0]),
+        "cu_seqlens": ("i4", (4,), [0, 2, 6, 15]),
+        "labels": ("i8", (2, 8), [1, 2, 3, 4, 5, 6, 7, -100, 1, 2, 3, 4, 5, 6, 7, -100]),
+    })
+    flags = ["--mask-convention", "keep", "--position-rule", "reset", "--cu-form", "te"]
+    svg = os.path.join(TMP, "mixed.svg")
+    rc, out, err = run("inspect", f1, *flags, "--json", "--svg", svg)
+    problems = json.loads(out)["problems"]
+    check(rc == 1 and len(problems) == 5, "mixed batch: 5 problems, got %r" % problems)
+    texts, groups, _ = svg_texts(svg)
+    words = "\n".join(texts)
+    markers = [t for c, t in groups if c == "problem-marker"]
+    listed = [t for c, t in groups if c == "problem"]
+    check(len(listed) == len(problems), "a list entry per problem: %r" % listed)
+    check(len(markers) == len(problems), "a marker per problem (each is tied to a token here): %r" % markers)
+    for i, p in enumerate(problems):
+        check("problem %d: %s" % (i + 1, p) in markers, "problem %d not marked: %r" % (i + 1, p))
+        check(p[:60] in words, "problem %d not written in the picture: %r" % (i + 1, p))
+    check("Problems (5), numbered as their markers:" in words, "the problem list's heading")
+    # the PNG of the same batch draws too
+    png = os.path.join(TMP, "mixed.png")
+    expect(["inspect", f1] + flags + ["--png", png], 1, out_has=["picture: " + png])
+    png_size(png)
+    # a problem not tied to a token (a grid disagreement) is listed and said not to be marked
+    f5 = os.path.join(TMP, "shapes_pic.npz")
+    npz(f5, {"attention_mask": ("i8", (1, 4), [1, 1, 1, 0]), "labels": ("i8", (1, 5), [1, 2, 3, 4, 5])})
+    expect(["inspect", f5, "--mask-convention", "keep", "--svg", svg], 1)
+    texts, groups, _ = svg_texts(svg)
+    check([c for c, _ in groups].count("problem") == 1 and [c for c, _ in groups].count("problem-marker") == 0,
+          "an untied problem: listed, not marked")
+    check(any("not tied to a token" in t for t in texts), "the untied problem says it is not marked")
+
+
+def case_picture_blocks():
+    """A row of more than 512 tokens is drawn at block resolution: each cell a block of tokens, the
+    legend says the block size; --png-block chooses it; bad values are refused."""
+    if not pictures_built_in():
+        return
+    big = os.path.join(TMP, "big.npz")
+    S = 3000
+    pos = list(range(1000)) + list(range(1600)) + [0] * 400
+    npz(big, {"attention_mask": ("i8", (1, S), [1] * 2600 + [0] * 400), "position_ids": ("i8", (1, S), pos)})
+    flags = ["--mask-convention", "keep", "--position-rule", "reset"]
+    svg = os.path.join(TMP, "big.svg")
+    expect(["inspect", big] + flags + ["--svg", svg], 0)
+    texts, groups, images = svg_texts(svg)
+    words = "\n".join(texts)
+    # 3000 tokens: blocks of 8 (the smallest power of two leaving at most 512 cells: 375 a side)
+    check(len(images) == 1 and png_dims(images[0]) == (375, 375), "block raster %r" % [png_dims(i) for i in images])
+    for want in ["each cell is a block of 8 x 8 tokens", "block size: 8 tokens", "partly allowed:",
+                 "key tokens (columns, by block)", "query tokens (rows, by block)", "seq 0", "seq 1"]:
+        check(want in words, "block SVG lacks %r" % want)
+    expect(["inspect", big] + flags + ["--svg", svg, "--png-block", "100"], 0)
+    texts, _, images = svg_texts(svg)
+    check(png_dims(images[0]) == (30, 30) and any("block of 100 x 100 tokens" in t for t in texts), "--png-block 100")
+    png = os.path.join(TMP, "big.png")
+    expect(["inspect", big] + flags + ["--png", png], 0)
+    w, h = png_size(png)
+    check(w < 2000 and h < 2000, "block picture size %dx%d" % (w, h))
+    # one token per cell on request: 3000 cells is more than 2048 a side: refused with the block to use
+    expect(["inspect", big] + flags + ["--png", png, "--png-block", "1"], 1,
+           out_has=["--png-block 1 leaves 3000 x 3000 cells per row, more than 2048 a side; use a block of at least 2"])
+    expect(["inspect", big] + flags + ["--png", png, "--png-block", "0"], 2,
+           err_has=["--png-block: expected a block of tokens in [1, 2^40], found '0'"])
+    expect(["inspect", big] + flags + ["--png-block", "8"], 2, err_has=["--png-block applies to a picture"])
+    expect(["inspect", "--png", png, "--svg", svg], 2, err_has=["one picture per run"])
+
+
+def case_reconciled():
+    """The sample's report says in words how its inputs were reconciled: which input decides which
+    tokens are real, which one where sequences start, what each input alone reads and why that
+    differs from the result (the 3, 5 and 4 of the old report, unexplained)."""
+    out = expect(["inspect"], 0, out_has=[
+        "attention_mask     int64    [3, 16]        2D keep mask                   -> alone: 3 sequences, 36 tokens",
+        "how the inputs were reconciled:",
+        "which tokens are real: attention_mask decides (it marks every real token 1 and every pad token 0).",
+        "where sequences start: position_ids (a position that drops back to its minimum (0) starts a sequence).",
+        "attention_mask (2D keep mask) read alone: 3 sequences, 36 tokens. It differs from the result because it "
+        "cannot mark where two sequences packed in one row meet: it reads 1 pair of neighbouring sequences as one "
+        "(first: row 1, column 7",
+        "position_ids (reset rule) read alone: 5 sequences, 40 tokens. It differs from the result because it cannot "
+        "mark left padding: 4 pad tokens (first: row 2, columns 0-3) read as tokens, which make 1 extra "
+        "sequence of padding only.",
+        "result: 4 sequences over 36 real tokens: the real tokens attention_mask says, split where any input starts "
+        "a sequence.",
+        "problems: none (every input agrees with the others)"])
+    check(out.index("how the inputs were reconciled:") < out.index("sequences: 4, longest: 12"), "reconciliation first")
+    # an input that agrees with the result says so
+    f = os.path.join(TMP, "agree.npz")
+    npz(f, {"attention_mask": ("i8", (1, 4), [1, 1, 1, 1]), "position_ids": ("i8", (1, 4), [0, 1, 2, 3])})
+    expect(["inspect", f, "--mask-convention", "keep", "--position-rule", "reset"], 0,
+           out_has=["attention_mask (2D keep mask) read alone: 1 sequence, 4 tokens: the same as the result.",
+                    "position_ids (reset rule) read alone: 1 sequence, 4 tokens: the same as the result."])
+    # a single 0 after the real tokens: position_ids read it as a one-token sequence, the mask as padding
+    npz(f, {"attention_mask": ("i8", (1, 4), [1, 1, 1, 0]), "position_ids": ("i8", (1, 4), [0, 1, 2, 0])})
+    expect(["inspect", f, "--mask-convention", "keep", "--position-rule", "reset"], 0,
+           out_has=["position_ids (reset rule) read alone: 2 sequences, 4 tokens. It differs from the result because "
+                    "it cannot mark this padding: 1 pad token (first: row 0, column 3) read as tokens, which make 1 "
+                    "extra sequence of padding only."])
+
+
+def case_no_cairo():
+    """Built without cairo (meson -Dcairo=disabled), every picture is refused saying so, nothing crashes
+    and the report is still printed; with cairo this case has nothing to check."""
+    if pictures_built_in():
+        return
+    path = os.path.join(TMP, "never.png")
+    expect(["inspect", "--png", path], 1, out_has=["pictures were not built in", "libcairo2-dev", "sequences: 4"])
+    lengths = os.path.join(TMP, "nc.txt")
+    with open(lengths, "w") as fh:
+        fh.write("3\n5\n")
+    expect(["plan", lengths, "--capacity", "8", "--png", path], 1, err_has=["pictures were not built in"])
+    expect(["cp-sim", "--tokens", "1000", "--ranks", "2", "--png", path], 1, err_has=["pictures were not built in"])
+    check(not os.path.exists(path), "a picture was written without cairo")
 
 
 def case_emit():
@@ -441,7 +624,8 @@ def case_hostile():
     npz(evil, {"attention_mask": ("i4", (1, 3), [1, 1, 0]), "x\x1b[2J\nproblems: none\x07": ("i4", (1,), [0])})
     out = expect(["inspect", evil, "--mask-convention", "keep"], 0, out_has=["x\\x1b[2J\\nproblems: none\\x07"])
     check("\x1b" not in out and "\x07" not in out, "raw control characters in the text report")
-    check([l for l in out.split("\n") if l.startswith("problems")] == ["problems: none"],
+    # (the line now says why there are none: "problems: none (every input agrees with the others)")
+    check([l for l in out.split("\n") if l.startswith("problems")] == ["problems: none (every input agrees with the others)"],
           "a member name faked a report line")
     # an .npz holding both 'x' and 'x.npy' is refused (the first one silently won)
     dup = os.path.join(TMP, "dup.npz")

@@ -464,13 +464,28 @@ def case_reports_and_pictures():
     check(pics[0] != pics[1], "a 1-token sequence is visible in the picture")
     # only empty sequences (every cost 0), and 3000 rows of 1 pixel with micro-batches (no gaps)
     import struct
-    for stdin, args, lo, hi in [(b"0\n0\n", [], 1, 64), (b"16\n" * 3000, ["--micro-batches", "2"], 3000, 3010)]:
+    # (the heights now include the title, caption, axes and legend: about 300 pixels)
+    for stdin, args, lo, hi in [(b"0\n0\n", [], 1, 400), (b"16\n" * 3000, ["--micro-batches", "2"], 3000, 3400)]:
         png = tmp("rows_%d.png" % lo)
         expect(["plan", "-", "--capacity", "16", "--png", png] + args, 0, stdin=stdin)
         with open(png, "rb") as f:
             h = struct.unpack(">II", f.read(24)[16:24])[1]
         check(lo <= h <= hi, "picture height %d not in [%d, %d]" % (h, lo, hi))
     expect(["plan", path, "--capacity", "16", "--png", tmp("no/such/dir.png")], 1, err_has=["cannot create"])
+    # the plan as SVG: title, ranks and micro-batches, the token axis, the capacity line, the mean, the
+    # legend, and the fill and imbalance in the caption, all as text
+    svg = tmp("plan.svg")
+    expect(["plan", path, "--capacity", "16", "--micro-batches", "2", "--dp", "2", "--png", svg], 0,
+           out_has=["picture written to " + svg])
+    texts, groups, images = base.svg_texts(svg)
+    words = "\n".join(texts)
+    for want in ["Packing plan: 7 sequences into", "rows of 16 tokens, 2 ranks x 2 micro-batches", "rank 0", "rank 1",
+                 "micro-batch 0", "micro-batch 1", "tokens in the row (capacity 16)", "capacity 16", "rank cost (tokens)",
+                 "fill: ", "imbalance: the heaviest rank's cost is", "Legend", "unused:", "alignment padding:",
+                 "capacity line:", "mean: the mean cost over ranks"]:
+        check(want in words, "plan SVG lacks %r" % want)
+    check(any(t.startswith("mean ") for t in texts), "the mean line is labelled")
+    check(len(images) == 2, "one raster of rows per rank")
     expect(["plan", path, "--capacity", "16", "--dp", "5000", "--png", tmp("wide.png")], 1,
            err_has=["png: 5000 ranks are too many to draw (at most 4096)"])
     check(not os.path.exists(tmp("wide.png")), "no picture for too many ranks")
@@ -820,8 +835,19 @@ def case_cp_sim():
         check(abs(zz[4] - zz[2] * 2 * 8 * 128 * 2) <= 1e-3 * zz[4], "cp %d ring bytes" % cp)
     with open(png, "rb") as f:
         head = f.read(24)
-    check(head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", head[16:20])[0] == 64 * 8 + 20,
-          "the picture: a PNG one bar of 8 pixels per rank wide")
+    # (the picture now has axes, names and a legend: its width is no longer 8 pixels per rank + 20)
+    check(head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR" and struct.unpack(">I", head[16:20])[0] >= 64 * 8,
+          "the picture: a PNG at least one bar of 8 pixels per rank wide")
+    svg = tmp("cp.svg")
+    expect(["cp-sim", "--tokens", "200000", "--ranks", "8,64", "--mix", "chat", "--png", svg], 0, out_has=["wrote " + svg])
+    texts, groups, _ = base.svg_texts(svg)
+    words = "\n".join(texts)
+    for want in ["cp = 64", "zigzag", "contiguous", "area-balanced", "max / mean = ", "rank (0 to 63): one bar per rank",
+                 "work", "0", "Legend", "mean: the mean work over ranks"]:
+        check(want in texts or want in words, "cp-sim SVG lacks %r" % want)
+    check(sum(1 for t in texts if t.startswith("mean ")) == 3, "a labelled mean line per scheme: %r" %
+          [t for t in texts if t.startswith("mean")])
+    check([c for c, _ in groups].count("mean-line") == 3, "three mean lines")
     again = expect(["cp-sim", "--tokens", "200000", "--ranks", "8,64", "--mix", "chat"], 0)
     def table(text):
         return [line for line in text.splitlines() if line.split() and line.split()[0].isdigit()]
