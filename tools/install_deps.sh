@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing maskpack needs on a fresh Debian machine: the C libraries
-# (zlib, libpng, cJSON), pkg-config, SIMDe (a test build runs the AVX-512 kernels emulated) and Open MPI
-# (libmaskpack_mpi and its mpirun tests); with `all` (the default) also clang with libFuzzer for
+# (zlib, libpng, cJSON), cairo and a font for the CLI's pictures (optional to the build: without
+# them `--png` says pictures were not built in), pkg-config, SIMDe (a test build runs the AVX-512
+# kernels emulated) and Open MPI (libmaskpack_mpi and its mpirun tests); with `all` (the default) also clang with libFuzzer for
 # coverage-guided fuzzing and a Python virtual environment at .venv with the build and test
 # packages. Idempotent and quiet when everything is there.
 #   tools/install_deps.sh [c|all]
@@ -10,7 +11,8 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 
 need=()
-for pkg in pkg-config zlib1g-dev libpng-dev libcjson-dev libsimde-dev libopenmpi-dev openmpi-bin; do
+for pkg in pkg-config zlib1g-dev libpng-dev libcjson-dev libcairo2-dev fonts-dejavu-core libsimde-dev libopenmpi-dev \
+           openmpi-bin; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "$what" = all ] && [ "${MASKPACK_WITH_CLANG:-1}" = 1 ]; then
