@@ -208,7 +208,7 @@ typedef struct geometry {
 } geometry;
 
 #define BAND 15.0   /* the coloured band naming the sequences along each axis */
-#define HEAD 20.0   /* the panel's heading */
+#define HEAD 34.0   /* the panel's heading: two lines */
 
 /* tick labels every `step` tokens so that labels never overlap */
 static int64_t tick_step(const geometry *g, double label_px) {
@@ -250,23 +250,36 @@ static void draw_band(dw *d, const row_cells *c, int64_t n_tokens, const geometr
     }
 }
 
+/* "seq 1 to 2: 13 tokens + 3 padding" for batch row b */
+static void row_summary(const maskpack_layout *L, int64_t b, char *buf, size_t cap) {
+    size_t n_all = maskpack_layout_n_segments(L);
+    int64_t first = -1, last = -1, real = 0, S = maskpack_layout_q_width(L);
+    for (size_t k = 0; k < n_all; k++) {
+        maskpack_segment g;
+        maskpack_layout_segment(L, k, &g, NULL);
+        if (g.row != b) continue;
+        if (first < 0) first = (int64_t)k;
+        last = (int64_t)k;
+        real += g.q_len;
+    }
+    if (first < 0)
+        snprintf(buf, cap, "padding only (%lld tokens)", (long long)S);
+    else if (first == last)
+        snprintf(buf, cap, "seq %lld: %lld tokens + %lld padding", (long long)first, (long long)real, (long long)(S - real));
+    else
+        snprintf(buf, cap, "seq %lld to %lld: %lld tokens + %lld padding", (long long)first, (long long)last,
+                 (long long)real, (long long)(S - real));
+}
+
 static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b, const geometry *g, double x, double y) {
     double mx = x + g->left, my = y + g->top; /* the matrix's corner */
     double mw = (double)g->Kd * g->z, mh = (double)g->Sd * g->z;
-    /* heading */
-    int64_t real = 0;
-    for (int64_t j = 0; j < c->n_local; j++) real += c->seg[j].q_len;
+    /* heading: the row, then what it holds */
     char head[160];
-    if (c->n_local == 0)
-        snprintf(head, sizeof head, "batch row %lld: padding only", (long long)b);
-    else if (c->n_local == 1)
-        snprintf(head, sizeof head, "batch row %lld: seq %lld, %lld tokens + %lld padding", (long long)b,
-                 (long long)c->global[0], (long long)real, (long long)(g->S - real));
-    else
-        snprintf(head, sizeof head, "batch row %lld: seq %lld to %lld, %lld tokens + %lld padding", (long long)b,
-                 (long long)c->global[0], (long long)c->global[c->n_local - 1], (long long)real,
-                 (long long)(g->S - real));
-    dw_text(d, x, y + 14, head, 12.5, C_TEXT, DW_LEFT, 1, 0);
+    snprintf(head, sizeof head, "batch row %lld", (long long)b);
+    dw_text(d, x, y + 13, head, 12.5, C_TEXT, DW_LEFT, 1, 0);
+    row_summary(r->layout, b, head, sizeof head);
+    dw_text(d, x, y + 28, head, 11, C_TEXT, DW_LEFT, 0, 0);
     /* axis titles */
     dw_text(d, mx + mw / 2, y + HEAD + 12, g->f > 1 ? "key tokens (columns, by block)" : "key token (column)", FONT,
             C_FAINT, DW_CENTRE, 0, 0);
@@ -401,6 +414,12 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     g.left = 18 + g.tick_w + 10 + BAND + 2;
     g.top = HEAD + 16 + 14 + BAND + 4;
     g.pw = g.left + (double)g.Kd * g.z + 24;
+    for (size_t i = 0; i < n_rows; i++) { /* wide enough for every heading */
+        char head[160];
+        row_summary(L, rows[i], head, sizeof head);
+        double w = dw_text_width(head, 11, 0) + 20;
+        if (w > g.pw) g.pw = w;
+    }
     size_t stack = 1; /* the most problem badges under one column */
     for (size_t i = 0; i < r->n_problems; i++) {
         size_t same = 0;
