@@ -134,7 +134,8 @@ def main():
     heads = max(2, h // 64)
     cfg = Qwen3_5TextConfig(hidden_size=h, linear_num_key_heads=heads, linear_num_value_heads=2 * heads,
                             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
-                            num_hidden_layers=a.layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                            num_hidden_layers=a.layers, num_attention_heads=heads,
+                            num_key_value_heads=max(1, heads // 2),
                             head_dim=64, intermediate_size=2 * h, vocab_size=4096, rms_norm_eps=1e-6)
     cfg._attn_implementation = "sdpa"
     model = Qwen3_5ForCausalLM(cfg).train()

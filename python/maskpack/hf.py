@@ -100,6 +100,7 @@ _PREPARED_CP: "weakref.WeakSet" = weakref.WeakSet()
 # ---- registration with transformers -------------------------------------------------------------------
 
 
+# () -> None: the attention function and mask factory registered with transformers as "maskpack"
 def register() -> None:
     """Registers the attention function and its mask function with transformers under
     ``"maskpack"`` (idempotent). prepare_model calls it; call it yourself to set
@@ -111,6 +112,7 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, mask_function)
 
 
+# (B, S, S_kv, 2D keep mask [B, S_kv] or None) -> the same 2D mask (fresh calls) or SDPA's 4D mask (cache)
 def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
                   mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None, **kwargs: Any):
     """transformers' mask factory for ``"maskpack"``: the 2D keep mask [B, S] as the model got it (or
@@ -244,6 +246,7 @@ def _settings_of(module: Any) -> Optional[_Settings]:
     return s if isinstance(s, _Settings) else None
 
 
+# query [B, Hq, S, D], key/value [B, Hkv, S, D] -> (out [B, S, Hq, D], None); under CP B = 1, S = T_local
 def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
                       **kwargs: Any) -> Tuple[torch.Tensor, None]:
@@ -504,6 +507,7 @@ def _set_attn(model: Any, name: str) -> None:
         model.set_attn_implementation(name)
 
 
+# model -> the same model, in place (attention "maskpack", GDN layers patched); enabled=False undoes it
 def prepare_model(model: Any, group: Any = None, *, enabled: bool = True, cp_scheme: str = "zigzag", tp: int = 1,
                   align: Optional[str] = "verl", cp_algorithm: str = "auto", threads: Optional[int] = None) -> Any:
     """A transformers model -> the same model (in place) running on maskpack: full attention through
@@ -552,6 +556,7 @@ def prepare_model(model: Any, group: Any = None, *, enabled: bool = True, cp_sch
     return model
 
 
+# prepared model -> the same model as before prepare_model
 def unprepare_model(model: Any) -> Any:
     """Undoes :func:`prepare_model` (a model that was not prepared is returned as it is)."""
     settings = _settings_of(model)
@@ -582,6 +587,7 @@ def _prepared_for(cp: int, model: Any = None) -> bool:
     return False
 
 
+# Batch of a CP rank -> {input_ids [1, T_local], position_ids [1, T_local], maskpack_layout, maskpack_cp, ...}
 def cp_kwargs(bundle: Any, labels: bool = False, model: Any = None) -> Dict[str, Any]:
     """What :meth:`maskpack.Batch.hf_kwargs` returns for a context-parallel rank (cp > 1): this rank's
     shard as one packed row ``[1, T_local]`` (input_ids or inputs_embeds, position_ids: each token's
