@@ -199,7 +199,8 @@ static int write_picture(const char *path, const rank_load *load, int64_t cp, co
                 dw_rect(d, x0 + (double)r * bar + 0.5, yb - h, bar - 1.5, h, colour[s], DW_NONE, 0);
             }
         } else {
-            double *xy = mp_alloc_array((size_t)(2 * cp + 2), 2 * sizeof *xy);
+            size_t n_points = (size_t)cp * 2 + 2; /* cp <= 65536 */
+            double *xy = mp_alloc_array(n_points, sizeof(double[2]));
             if (!xy) {
                 dw_free(d);
                 snprintf(why, cap, "out of memory");

@@ -93,7 +93,8 @@ static op *push(dw *d, op_kind kind) {
     if (d->failed) return NULL;
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 256;
-        op *o = cap < ((size_t)-1) / sizeof *o ? realloc(d->ops, cap * sizeof *o) : NULL;
+        size_t bytes;
+        op *o = __builtin_mul_overflow(cap, sizeof *o, &bytes) ? NULL : realloc(d->ops, bytes);
         if (!o) {
             d->failed = 1;
             return NULL;
@@ -132,12 +133,13 @@ void dw_path(dw *d, const double *xy, size_t n, int closed, uint32_t fill, uint3
     if (n == 0) return;
     op *o = push(d, OP_PATH);
     if (!o) return;
-    o->xy = n < ((size_t)-1) / (2 * sizeof(double)) ? malloc(n * 2 * sizeof(double)) : NULL;
+    size_t bytes;
+    o->xy = __builtin_mul_overflow(n, sizeof(double[2]), &bytes) ? NULL : malloc(bytes);
     if (!o->xy) {
         d->failed = 1;
         return;
     }
-    memcpy(o->xy, xy, n * 2 * sizeof(double));
+    memcpy(o->xy, xy, bytes);
     o->n = n;
     o->flag_a = closed;
     o->fill = fill, o->stroke = stroke, o->line_width = line_width;
@@ -156,8 +158,10 @@ void dw_image(dw *d, double x, double y, double w, double h, int iw, int ih, con
     if (iw <= 0 || ih <= 0) return;
     op *o = push(d, OP_IMAGE);
     if (!o) return;
-    size_t bytes = (size_t)iw * (size_t)ih * 3;
-    o->rgb = malloc(bytes);
+    size_t bytes, px;
+    o->rgb = __builtin_mul_overflow((size_t)iw, (size_t)ih, &px) || __builtin_mul_overflow(px, (size_t)3, &bytes)
+                 ? NULL
+                 : malloc(bytes);
     if (!o->rgb) {
         d->failed = 1;
         return;

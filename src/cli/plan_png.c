@@ -62,7 +62,7 @@ static uint32_t lighter(uint32_t c) {
 static void row_pixels(const maskpack_plan *p, int64_t row, int64_t capacity, uint8_t *px) {
     size_t cnt = 0;
     maskpack_error e;
-    uint32_t *col = malloc(BAR_W * sizeof *col);
+    uint32_t *col = mp_alloc_array(BAR_W, sizeof *col);
     if (!col) return;
     for (int x = 0; x < BAR_W; x++) col[x] = C_UNUSED;
     maskpack_plan_piece *pc = NULL;
