@@ -16,9 +16,10 @@
 #endif
 
 #define DW_FONT "DejaVu Sans"
-/* cairo image surfaces are at most 32767 pixels a side; the PNG is refused above 200 Mpixel too */
+/* cairo image surfaces are at most 32767 pixels a side; the PNG is refused above 64 Mpixel too (256 MB
+ * of pixels while it is drawn) */
 #define DW_MAX_SIDE 32767.0
-#define DW_MAX_PIXELS 200e6
+#define DW_MAX_PIXELS 64e6
 
 typedef enum op_kind { OP_RECT, OP_LINE, OP_PATH, OP_TEXT, OP_IMAGE, OP_GROUP, OP_GROUP_END } op_kind;
 

@@ -371,6 +371,7 @@ int cli_print_json(const cli_options *o, const cli_report *r, FILE *f) {
             cJSON_AddNumberToObject(j, "fully_masked_pad_rows", (double)a->fully_masked_pad_rows);
         }
     }
+    if (r->picture[0]) cJSON_AddStringToObject(root, "picture", o->png);
     cJSON *em = cJSON_AddArrayToObject(root, "emitted");
     for (size_t i = 0; em && i < r->n_emitted; i++) cJSON_AddItemToArray(em, cJSON_CreateString(r->emitted[i]));
     if (o->out && r->n_emitted) cJSON_AddStringToObject(root, "out", o->out);

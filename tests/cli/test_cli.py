@@ -299,6 +299,13 @@ def case_picture_blocks():
     # one token per cell on request: 3000 cells is more than 2048 a side: refused with the block to use
     expect(["inspect", big] + flags + ["--png", png, "--png-block", "1"], 1,
            out_has=["--png-block 1 leaves 3000 x 3000 cells per row, more than 2048 a side; use a block of at least 2"])
+    # 375 cells of 32 pixels a side: 12000 x 12000 pixels is more than a PNG here holds; the SVG is not
+    # limited (its cells are one 375 x 375 raster)
+    out = expect(["inspect", big] + flags + ["--png", png, "--png-zoom", "32"], 1,
+                 out_has=["more than a PNG here holds (32767 a side, 64 Mpixel); draw fewer rows, or write an .svg"])
+    check("picture: " not in out, "a refused picture is not reported as written")
+    rc, out, err = run("inspect", big, *flags, "--svg", svg, "--png-zoom", "32", "--json")
+    check(rc == 0 and json.loads(out).get("picture") == svg, "the SVG at zoom 32, named in the JSON report: %r" % out[-200:])
     expect(["inspect", big] + flags + ["--png", png, "--png-block", "0"], 2,
            err_has=["--png-block: expected a block of tokens in [1, 2^40], found '0'"])
     expect(["inspect", big] + flags + ["--png-block", "8"], 2, err_has=["--png-block applies to a picture"])
