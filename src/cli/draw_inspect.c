@@ -461,9 +461,10 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     if (r->packed)
         used = (size_t)snprintf(line, sizeof line, "one packed row of %lld tokens", (long long)g.S);
     else
-        used = (size_t)snprintf(line, sizeof line, "%lld rows x %lld tokens", (long long)B, (long long)g.S);
-    used += (size_t)snprintf(line + used, sizeof line - used, "; %zu sequences, %lld real tokens, %lld padding; ", n_seq,
-                             (long long)n_tokens, (long long)(B * g.S - n_tokens));
+        used = (size_t)snprintf(line, sizeof line, "%lld row%s x %lld tokens", (long long)B, B == 1 ? "" : "s",
+                                (long long)g.S);
+    used += (size_t)snprintf(line + used, sizeof line - used, "; %zu sequence%s, %lld real tokens, %lld padding; ", n_seq,
+                             n_seq == 1 ? "" : "s", (long long)n_tokens, (long long)(B * g.S - n_tokens));
     if (g.f > 1)
         snprintf(line + used, sizeof line - used,
                  "each cell is a block of %lld x %lld tokens (%lld query tokens down, %lld key tokens across)",
