@@ -503,3 +503,71 @@ def test_dynamic_cp(up, newer_psp):
         cu.assert_same(a[2], b[2], "position_ids")
         cu.assert_params(a[1], b[1], "params")
         cu.count("verl.preprocess_thd_engine (dynamic CP)")
+
+
+# ---- the padded pair and the fused-kernel output ------------------------------------------------------------
+
+@SETTINGS
+@given(padded_batches(), st.integers(1, 4), st.booleans(), st.booleans(), st.sampled_from([(), (3,)]))
+def test_preprocess_postprocess_bshd(up, batch, tp, sp, pre, dense):
+    mask, seed = batch
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 99, mask.shape + dense, generator=g)
+    pos = torch.randint(0, 99, mask.shape, generator=g)
+    with _upstream(up, tp, 1, 0):
+        a = up.preprocess_bshd(ids, mask, pos, sp, pre)
+    b = tw.preprocess_bshd(ids, mask, pos, sp, pre, tp=tp, cp=1)
+    for k in range(3):
+        cu.assert_same(a[k], b[k], f"preprocess_bshd[{k}]")
+    cu.count("verl.preprocess_bshd")
+    res = torch.randn(a[1].shape + (2,), generator=g, dtype=torch.float64)
+    ra = res.clone().requires_grad_(True)
+    rb = res.clone().requires_grad_(True)
+    oa = up.postprocess_bshd(ra, a[1], mask, mask.shape[1])
+    ob = tw.postprocess_bshd(rb, b[1], mask, mask.shape[1])
+    cu.assert_same(oa, ob, "postprocess_bshd")
+    w = torch.randn(oa.shape, generator=g, dtype=torch.float64)
+    (oa * w).sum().backward()
+    (ob * w).sum().backward()
+    cu.assert_same(ra.grad, rb.grad, "grad")
+    cu.count("verl.postprocess_bshd")
+
+
+@SETTINGS
+@given(padded_batches(), parallel)
+def test_postprocess_packed_seqs_for_dict_output(up, batch, par):
+    mask, seed = batch
+    tp, cp = par
+    b_, s = mask.shape
+    g = torch.Generator().manual_seed(seed)
+    ent = torch.randn(b_, s, generator=g)
+    lp = torch.randn(b_, s, generator=g)
+    parts_e = [tw.preprocess_packed_seqs(ent, mask, tp=tp, cp=cp, cp_rank=r)[0] for r in range(cp)]
+    parts_l = [tw.preprocess_packed_seqs(lp, mask, tp=tp, cp=cp, cp_rank=r)[0] for r in range(cp)]
+    params = tw.preprocess_packed_seqs(ent, mask, tp=tp, cp=cp, cp_rank=0)[1]
+    for r in range(cp):
+        labels_mask = torch.rand(parts_l[r].shape, generator=g) > 0.3
+
+        def gather(tensor_list, tensor, group=None, async_op=False):
+            src = parts_e if tensor.data_ptr() == outs[0].entropy.data_ptr() else None
+            for j, t in enumerate(tensor_list):
+                t.copy_((parts_e if src is not None else masked_l)[j])
+
+        masked_l = [p.masked_fill(~labels_mask, 0.0) if j == r else p for j, p in enumerate(parts_l)]
+        outs = []
+        res = []
+        for fn, extra in ((up.postprocess_packed_seqs_for_dict_output, {}),
+                          (tw.postprocess_packed_seqs_for_dict_output, dict(cp=cp, cp_rank=r))):
+            o = types_ns(entropy=parts_e[r].clone(), log_probs=parts_l[r].clone())
+            outs[:] = [o]
+            with _upstream(up, tp, cp, r), cu.patched(torch.distributed, all_gather=gather):
+                res.append(fn(labels_mask, o, params, mask, b_, s, True, **extra))
+        for k in ("entropy", "log_probs"):
+            cu.assert_same(res[0][k], res[1][k], k)
+        cu.count("verl.postprocess_packed_seqs_for_dict_output")
+
+
+def types_ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)

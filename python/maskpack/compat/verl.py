@@ -37,7 +37,8 @@ from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_la
 
 __all__ = ["preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine", "postprocess_thd_engine",
            "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd",
-           "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad", "get_seqlen_balanced_partitions"]
+           "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad", "get_seqlen_balanced_partitions",
+           "preprocess_bshd", "postprocess_bshd", "postprocess_packed_seqs_for_dict_output"]
 
 UPSTREAM = "verl==0.9.1"
 
@@ -735,3 +736,65 @@ def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, eq
     best = min(candidates, key=key)
     best = sorted((sorted(q) for q in best), key=lambda q: (-sum(values[i] for i in q), q))
     return best
+
+
+# ---- verl/models/mcore/util.py: the padded (BSHD) pair and the fused-kernel output ---------------------------
+
+def preprocess_bshd(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    sequence_parallel: bool = False, pre_process: bool = True, *, tp: Optional[int] = None,
+                    cp: Optional[int] = None):
+    """verl's ``preprocess_bshd``: left (or any) padding moved to the right of rows as wide as the longest
+    sequence (rounded up to tp under ``sequence_parallel``): ``(input_ids, attention_mask, position_ids)``
+    (``input_ids`` untouched without pre_process). No context parallelism (cp must be 1, as in verl)."""
+    fn = "preprocess_bshd"
+    tp, cp, _ = resolve_parallel(fn, tp if sequence_parallel else (tp or 1), cp, 0, need=("tp", "cp"))
+    if cp != 1:
+        raise Error(f"{fn}: context parallelism without sequence packing is not supported (cp = {cp})",
+                    "MASKPACK_ERR_UNSUPPORTED", argument="cp")
+    check_bool_mask2d(fn, attention_mask)
+    if position_ids.dim() != 2:
+        raise Error(f"{fn}: position_ids must be [batch, seq], found {tuple(position_ids.shape)}", "MASKPACK_ERR_SHAPE",
+                    argument="position_ids")
+    mask = attention_mask if attention_mask.device.type == "cpu" else attention_mask.cpu()
+    src = rows_layout(mask, None)
+    lens = mask.sum(dim=1)
+    width = int(lens.max()) if lens.numel() else 0
+    if sequence_parallel:
+        width += (-width) % tp
+    dst = Layout.from_segments([(b, 0, int(n)) for b, n in enumerate(lens.tolist())], mask.shape[0], width)
+    new_mask = relayout(attention_mask, src, dst, pad_value=0)
+    new_pos = relayout(position_ids, src, dst, pad_value=0)
+    new_ids = relayout(input_ids, src, dst, pad_value=0) if pre_process else input_ids
+    return new_ids, new_mask, new_pos
+
+
+def postprocess_bshd(result: torch.Tensor, attention_mask: torch.Tensor, original_attention_mask: torch.Tensor,
+                     origin_seqlen: int, post_process: bool = True):
+    """verl's ``postprocess_bshd``: the right-padded ``result`` of :func:`preprocess_bshd` back to the rows of
+    ``original_attention_mask`` (``[B, origin_seqlen, ...]``, zeros elsewhere). Differentiable."""
+    fn = "postprocess_bshd"
+    if not post_process:
+        return result
+    check_bool_mask2d(fn, attention_mask)
+    check_bool_mask2d(fn, original_attention_mask, "original_attention_mask")
+    if original_attention_mask.shape[1] != int(origin_seqlen):
+        raise Error(f"{fn}: original_attention_mask has {original_attention_mask.shape[1]} columns, origin_seqlen is "
+                    f"{origin_seqlen}", "MASKPACK_ERR_SHAPE", argument="origin_seqlen")
+    src = rows_layout(attention_mask.cpu(), None, "attention_mask")
+    dst = rows_layout(original_attention_mask.cpu(), None, "original_attention_mask")
+    return relayout(result, src, dst, pad_value=0)
+
+
+def postprocess_packed_seqs_for_dict_output(labels_mask: torch.Tensor, output: Any, packed_seq_params: Any,
+                                            attention_mask: torch.Tensor, batch_size: int, seq_len: int,
+                                            post_process: bool = True, **kw: Any) -> dict:
+    """verl's ``postprocess_packed_seqs_for_dict_output`` (fused kernels): ``output.entropy`` and
+    ``output.log_probs`` (log-probs 0 where ``labels_mask`` is False; both viewed ``[1, -1]`` on ``output``, as
+    verl does) each through :func:`postprocess_packed_seqs` (``kw``: its keywords)."""
+    output.entropy = output.entropy.view(1, -1)
+    output.log_probs = output.log_probs.view(1, -1)
+    output.log_probs = output.log_probs.masked_fill(~labels_mask, 0.0)
+    return {"entropy": postprocess_packed_seqs(output.entropy, packed_seq_params, attention_mask, batch_size, seq_len,
+                                               post_process=post_process, **kw),
+            "log_probs": postprocess_packed_seqs(output.log_probs, packed_seq_params, attention_mask, batch_size,
+                                                 seq_len, post_process=post_process, **kw)}
