@@ -13,6 +13,9 @@
 #if defined(MASKPACK_HAVE_CAIRO)
 #include <cairo.h>
 #include <cairo-svg.h>
+#if defined(MASKPACK_HAVE_FONTCONFIG)
+#include <fontconfig/fontconfig.h>
+#endif
 #endif
 
 #define DW_FONT "DejaVu Sans"
@@ -183,14 +186,27 @@ void dw_group_end(dw *d) { push(d, OP_GROUP_END); }
 /* ---- text metrics ------------------------------------------------------------------------------ */
 
 #if defined(MASKPACK_HAVE_CAIRO)
+static cairo_t *measure;
+
+/* At exit: the measuring context, then cairo's font caches (they hold fontconfig patterns that a leak
+ * checker would otherwise report). */
+static void release_cairo(void) {
+    if (measure) cairo_destroy(measure);
+    measure = NULL;
+    cairo_debug_reset_static_data();
+#if defined(MASKPACK_HAVE_FONTCONFIG)
+    FcFini(); /* fontconfig's own caches: nothing of cairo refers to them any more */
+#endif
+}
+
 static cairo_t *measure_cr(void) {
-    static cairo_t *cr;
-    if (!cr) {
+    if (!measure) {
         cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
-        cr = cairo_create(s);
+        measure = cairo_create(s);
         cairo_surface_destroy(s);
+        atexit(release_cairo);
     }
-    return cr;
+    return measure;
 }
 
 static void set_font(cairo_t *cr, double size, int bold) {

@@ -320,7 +320,7 @@ static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b
         for (size_t k = 0; k < i; k++) before += r->problem_row[k] == b && r->problem_col[k] == r->problem_col[i];
         int64_t col = r->problem_col[i];
         if (col >= g->S && col >= g->K) continue;
-        char title[1100], badge[16];
+        char title[1100], badge[24];
         snprintf(title, sizeof title, "problem %zu: %s", i + 1, r->problems[i]);
         snprintf(badge, sizeof badge, "%zu", i + 1);
         double cx = (double)(col / g->f) * g->z, cw = g->z < 6 ? 6 : g->z;
