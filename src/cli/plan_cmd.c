@@ -434,6 +434,7 @@ static int parse_args(int argc, char **argv, plan_args *a) {
     }
     if (!a->file) return cli_usage_error("plan", "a lengths file is required");
     if (!a->have_capacity) return cli_usage_error("plan", "--capacity is required");
+    if (a->png_rows && !a->png) return cli_usage_error("plan", "--png-rows applies to a picture: add --png FILE");
     return 0;
 }
 

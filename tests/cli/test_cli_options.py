@@ -472,6 +472,7 @@ def case_reports_and_pictures():
             h = struct.unpack(">II", f.read(24)[16:24])[1]
         check(lo <= h <= hi, "picture height %d not in [%d, %d]" % (h, lo, hi))
     expect(["plan", path, "--capacity", "16", "--png", tmp("no/such/dir.png")], 1, err_has=["cannot create"])
+    expect(["plan", path, "--capacity", "16", "--png-rows", "2"], 2, err_has=["--png-rows applies to a picture"])
     # the plan as SVG: title, ranks and micro-batches, the token axis, the capacity line, the mean, the
     # legend, and the fill and imbalance in the caption, all as text
     svg = tmp("plan.svg")
