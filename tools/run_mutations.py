@@ -95,8 +95,12 @@ def meson_tests(build):
     p = subprocess.run(["meson", "introspect", "--tests", build], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if p.returncode:
         sys.exit("meson introspect --tests failed")
-    return {t["name"]: [os.path.relpath(a, build) for a in t["cmd"] if a.startswith(os.path.abspath(build))]
-            for t in json.loads(p.stdout)}
+    def built(a):  # a program of this build: absolute inside it, or relative to it (as meson writes args)
+        if os.path.isabs(a):
+            return os.path.relpath(a, build) if a.startswith(os.path.abspath(build) + os.sep) else None
+        return a if not a.startswith("-") and os.sep in a else None
+
+    return {t["name"]: [b for b in map(built, t["cmd"]) if b] for t in json.loads(p.stdout)}
 
 
 def target_outputs(build):
