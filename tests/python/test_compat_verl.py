@@ -571,3 +571,11 @@ def types_ns(**kw):
     import types
 
     return types.SimpleNamespace(**kw)
+
+
+def test_balanced_partitions_zero_lengths(balancing):
+    for lens, k, eq in (([0, 0, 0], 3, False), ([0, 0, 0, 0], 2, True), ([0, 5, 0, 0], 3, False), ([0] * 8, 4, False)):
+        b = tw.get_seqlen_balanced_partitions(lens, k, eq)
+        assert all(b) and sorted(i for q in b for i in q) == list(range(len(lens)))
+        a = balancing(lens, k, eq)
+        assert max(sum(lens[i] for i in q) for q in b) <= max(sum(lens[i] for i in q) for q in a)

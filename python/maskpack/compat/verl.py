@@ -641,7 +641,7 @@ def _differencing(values: List[int], k: int, equal_size: bool) -> List[List[int]
 
     def push(sets):
         nonlocal tick
-        sets.sort(key=lambda s: s[0], reverse=True)
+        sets.sort(key=lambda s: (s[0], len(s[1])), reverse=True)  # ties: the fuller set first
         heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), -sets[0][0], tick, sets))
         tick += 1
 
@@ -733,7 +733,13 @@ def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, eq
         s = [sum(values[i] for i in q) for q in parts]
         return max(s), max(s) - min(s)
 
-    best = min(candidates, key=key)
+    best = [list(q) for q in min(candidates, key=key)]
+    for q in best:  # zero-length items can leave a part empty: it takes the smallest item of the fullest part
+        if not q:
+            donor = max(best, key=len)
+            i = min(donor, key=lambda j: values[j])
+            donor.remove(i)
+            q.append(i)
     best = sorted((sorted(q) for q in best), key=lambda q: (-sum(values[i] for i in q), q))
     return best
 
