@@ -23,10 +23,15 @@ $(BUILD)/build.ninja:
 build: deps-c $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# The main job: inspect the sample batch embedded in the CLI and draw its mask.
+# The main job: `maskpack demo` (python/maskpack/demo.py): a batch drawn from data/sft_lengths.txt, planned,
+# a small Qwen3.5 hybrid trained on it padded (transformers), packed and at cp = 2 (gloo); one table, the
+# attention backends' arguments, pictures in $(BUILD)/demo/. Sets up the Python side first when the
+# .venv lacks torch, transformers or this tree's maskpack.demo (a fresh clone: make python). DEMO_ARGS: its options.
 run: build
-	./$(BUILD)/maskpack inspect --png $(BUILD)/sample_mask.png
-	@echo "mask picture: $(BUILD)/sample_mask.png"
+	@src=$$(ls python/maskpack/_maskpack*.so >/dev/null 2>&1 && echo python); PYTHONPATH=$$src $(PY) -c "import filecmp, \
+		torch, transformers, maskpack.demo as d; raise SystemExit(not filecmp.cmp(d.__file__, 'python/maskpack/demo.py'))" \
+		2>/dev/null || $(MAKE) --no-print-directory python
+	./$(BUILD)/maskpack demo $(DEMO_ARGS)
 
 python: deps
 	$(PY) -m pip install -q --no-build-isolation .

@@ -519,7 +519,7 @@ def _pictures(a, batch: dict, pool: np.ndarray, out_dir: str, notes: List[str]) 
     with open(lens, "w") as f:
         f.write("".join(f"{int(x)}\n" for x in pool))
     jobs = {"mask": [cli, "inspect", npz, "--mask-convention", "keep", "--png", os.path.join(out_dir, "mask.png")],
-            "plan": [cli, "plan", lens, "--capacity", str(a.tokens), "--cp", "2", "--allow-split", "-q",
+            "plan": [cli, "plan", lens, "--capacity", str(a.tokens), "--cp", "2", "--allow-split", "--algorithm", "nextfit", "-q",
                      "--png", os.path.join(out_dir, "plan.png")]}
     for name, cmd in jobs.items():
         try:
@@ -547,6 +547,24 @@ def _have(mod: str) -> Optional[str]:
         return None
     except ImportError as e:
         return str(e)
+
+
+def _machine() -> Dict[str, Any]:
+    cpu = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"cpu": cpu or "unknown CPU", "cores": os.cpu_count(), "load_average": load,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def _default_threads() -> int:
@@ -582,7 +600,7 @@ def run(a) -> Dict[str, Any]:
         "plan": {"capacity": int(a.tokens), "rows": int(p.n_rows), "multiple": int(p.multiple),
                  "fill": float(rep.get("fill_all_rows", float("nan"))), "batch_row": 0},
         "batch": {"sequences": B, "lengths": [int(x) for x in lengths], "real_tokens": real, "padded_shape": [B, S]},
-        "threads": threads, "tolerance": TOLERANCE, "layouts": {}, "handoff": {}, "pictures": {}, "notes": notes,
+        "machine": _machine(), "threads": threads, "tolerance": TOLERANCE, "layouts": {}, "handoff": {}, "pictures": {}, "notes": notes,
     }
     miss = [m for m in ("torch", "transformers") if _have(m) is not None]
     if miss:
@@ -601,6 +619,10 @@ def run(a) -> Dict[str, Any]:
         except OSError as e:
             notes.append(f"pictures skipped: cannot write {out_dir} ({e.strerror})")
     progress.done()
+    try:
+        res["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
     lay = res["layouts"]
     res["agree"] = all(v.get("agree", True) for v in lay.values())
     return res
@@ -665,8 +687,8 @@ def _train_all(a, batch: dict, res: dict, threads: int, progress, notes: List[st
         record("padded", out, f"{B} x {S}", 1 - real / (B * S), ref_grads, None)
         del own
         notes.append("step times compare whole stacks: padded is transformers' own step (SDPA, and its reference "
-                     "PyTorch Gated DeltaNet on a CPU), packed and cp2 run maskpack's kernels; the pad fraction alone "
-                     "accounts for a speed-up of 1 / (1 - pad)")
+                     "PyTorch Gated DeltaNet on a CPU), packed and cp2 run maskpack's kernels; the padding alone accounts "
+                     f"for {1 / max(real / (B * S), 1e-9):.1f}x (1 / (1 - pad))")
     ref = lay.get("padded")
     if "packed" in a.layouts:
         model = mhf.prepare_model(copy.deepcopy(base), threads=threads)
@@ -727,6 +749,9 @@ def format_table(res: Dict[str, Any]) -> str:
                      f"(GDN {m['linear_num_key_heads']}k/{m['linear_num_value_heads']}v heads, gated attention "
                      f"{m['num_attention_heads']}q/{m['num_key_value_heads']}kv heads), vocab {m['vocab_size']}; "
                      f"torch {res['torch']}, {res['threads']} threads")
+    mc = res["machine"]
+    lines.append(f"machine: {mc['cpu']}, {mc['cores']} cores, {mc['date']}, load average {mc['load_average']} at the "
+                 f"start, {mc.get('load_average_end')} at the end")
     if res["layouts"]:
         lines.append("")
         ref_ms = res["layouts"].get("padded", {}).get("step_ms")
