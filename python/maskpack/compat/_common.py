@@ -142,7 +142,7 @@ def check_bool_mask2d(fn: str, mask: Any, name: str = "attention_mask") -> None:
                     "would be read as token indices)", "MASKPACK_ERR_DTYPE", argument=name)
 
 
-def rows_layout(mask: torch.Tensor, lens: torch.Tensor, name: str = "attention_mask") -> Layout:
+def rows_layout(mask: torch.Tensor, name: str = "attention_mask") -> Layout:
     """The padded layout of a bool keep mask, one sequence per row, empty rows kept as empty sequences
     (so that sequence i is row i); a row with holes is a maskpack.Error naming the mask."""
     try:

@@ -138,7 +138,7 @@ def preprocess_packed_seqs(input_ids: torch.Tensor, attention_mask: torch.Tensor
     if input_ids.shape[:2] != mask.shape:
         raise Error(f"{fn}: input_ids {tuple(input_ids.shape)} and attention_mask {tuple(mask.shape)} disagree on "
                     "[batch, seq]", "MASKPACK_ERR_SHAPE", argument="attention_mask")
-    src = rows_layout(mask, None)
+    src = rows_layout(mask)
     lens = mask.sum(dim=-1, dtype=torch.int64)
     align = tp * cp * 2 if cp > 1 else tp
     total_align = None
@@ -194,14 +194,14 @@ def postprocess_packed_seqs(output: torch.Tensor, packed_seq_params: Any, attent
     if cu_padded.numel() != lens.numel() + 1:
         raise Error(f"{fn}: cu_seqlens_q_padded has {cu_padded.numel()} entries for {lens.numel()} sequences",
                     "MASKPACK_ERR_SHAPE", argument="packed_seq_params")
-    dst = rows_layout(mask, None)
+    dst = rows_layout(mask)
     g = _global_layout(fn, _cum(lens), cu_padded)
     if output.shape[1] * cp != g.q_width:
         raise Error(f"{fn}: output holds {output.shape[1]} tokens per rank; cu_seqlens_q_padded describes "
                     f"{g.q_width} over cp = {cp}", "MASKPACK_ERR_SHAPE", argument="output")
     if cp == 1:
         return relayout(output[0], g, dst)
-    shards = [_shard(fn, g, cp, r) for r in range(cp)]
+    shards = [_shard(fn, g, cp, r) for r in range(cp)]  # checks every slot splits before any communication
     group = resolve_group(group)
     if grad == "sum":
         from ..distributed import cp_all_gather
@@ -467,7 +467,7 @@ def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, 
     width = mask.shape[1] * cp
     if cp == 1:
         full = mask
-        lay = rows_layout(full, None)
+        lay = rows_layout(full)
         values = lay.pack(output)
     else:
         if mask.shape[1] % 2:
@@ -479,7 +479,7 @@ def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, 
         full = torch.zeros(mask.shape[0], width, dtype=torch.bool)
         for r in range(cp):
             full[:, _zigzag_columns(width, cp, r)] = masks[r].bool().cpu()
-        lay = rows_layout(full, None)
+        lay = rows_layout(full)
         shards = [lay.cp_shard(cp, r, align=None) for r in range(cp)]
         if grad == "sum":
             from ..distributed import cp_all_gather
@@ -762,7 +762,7 @@ def preprocess_bshd(input_ids: torch.Tensor, attention_mask: torch.Tensor, posit
         raise Error(f"{fn}: position_ids must be [batch, seq], found {tuple(position_ids.shape)}", "MASKPACK_ERR_SHAPE",
                     argument="position_ids")
     mask = attention_mask if attention_mask.device.type == "cpu" else attention_mask.cpu()
-    src = rows_layout(mask, None)
+    src = rows_layout(mask)
     lens = mask.sum(dim=1)
     width = int(lens.max()) if lens.numel() else 0
     if sequence_parallel:
@@ -786,8 +786,8 @@ def postprocess_bshd(result: torch.Tensor, attention_mask: torch.Tensor, origina
     if original_attention_mask.shape[1] != int(origin_seqlen):
         raise Error(f"{fn}: original_attention_mask has {original_attention_mask.shape[1]} columns, origin_seqlen is "
                     f"{origin_seqlen}", "MASKPACK_ERR_SHAPE", argument="origin_seqlen")
-    src = rows_layout(attention_mask.cpu(), None, "attention_mask")
-    dst = rows_layout(original_attention_mask.cpu(), None, "original_attention_mask")
+    src = rows_layout(attention_mask.cpu(), "attention_mask")
+    dst = rows_layout(original_attention_mask.cpu(), "original_attention_mask")
     return relayout(result, src, dst, pad_value=0)
 
 
