@@ -66,6 +66,104 @@ def gdn_isa() -> str:
     return _gdn.resolve_isa()
 
 
+# ---- on accelerators: flash-linear-attention's kernels over maskpack's boundaries -------------------
+#
+# maskpack's kernels are CPU code. Tensors on another device run flash-linear-attention's Triton kernels
+# (chunk_gated_delta_rule and causal_conv1d with cu_seqlens) over the boundaries the layout gives, in
+# whatever form the caller described them: the tokens move (differentiably, by torch indexing on the
+# device) into the layout's packed form, the one fla reads, and the outputs move back (pad rows 0).
+# fla is optional: missing, the call raises maskpack.Error naming the package, never another path.
+
+# Tests: {"rule": fn, "conv": fn} standing in for fla's two functions (same signatures); while set, CPU
+# tensors take the device path too, so the dispatch runs against fla's own torch reference code.
+_FLA_TEST_HOOK: Optional[Dict[str, Any]] = None
+
+
+def _device_of(**named: Any) -> torch.device:
+    """The one device of the named tensors (None entries skipped); another device: maskpack.Error naming
+    the first tensor found elsewhere."""
+    dev, first = None, None
+    for name, t in named.items():
+        if t is None:
+            continue
+        if dev is None:
+            dev, first = t.device, name
+        elif t.device != dev:
+            raise Error(f"{name}: expected a tensor on {dev} (the device of {first}), found one on {t.device}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument=name)
+    return dev if dev is not None else torch.device("cpu")
+
+
+def _on_device(dev: torch.device) -> bool:
+    return _FLA_TEST_HOOK is not None or dev.type != "cpu"
+
+
+def _fla(what: str, dev: torch.device, argument: str):
+    """fla's chunk_gated_delta_rule ("rule") or causal_conv1d ("conv")."""
+    if _FLA_TEST_HOOK is not None:
+        return _FLA_TEST_HOOK[what]
+    try:
+        if what == "rule":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
+        else:
+            from fla.modules.causal_conv1d import causal_conv1d as fn
+    except ImportError as e:
+        raise Error(f"{argument}: tensors on {dev} run flash-linear-attention's kernels, and the package "
+                    f"flash-linear-attention (import fla) is not installed or fails to import ({e}); install it "
+                    "(pip install flash-linear-attention) or pass CPU tensors", "MASKPACK_ERR_UNSUPPORTED",
+                    argument=argument) from e
+    return fn
+
+
+def _to_packed(layout: Any):
+    """(the packed layout fla reads: each segment's tokens contiguous, in segment order, no gaps; a move
+    of a tensor into it, and one back with pad rows 0). No move when the layout already is one."""
+    from ._moves import relayout
+
+    P = layout.packed_of()
+    if P is layout:
+        return P, (lambda x: x), (lambda x: x)
+    return P, (lambda x: relayout(x, layout, P)), (lambda x: relayout(x, P, layout, pad_value=0))
+
+
+def _check_gate_device(g: torch.Tensor, layout: Any) -> None:
+    """The C gate check's rule on a device tensor: every real token's g a finite log decay <= 0, else
+    maskpack.Error naming g with the first offending index in g's own coordinates. One device pass and
+    one synchronising read of whether anything was found."""
+    keep = layout.mask2d("bool", device=g.device).reshape(*g.shape[:-1], 1)
+    bad = ~(torch.isfinite(g) & (g <= 0)) & keep
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        val = float(g[idx])
+        raise Error(f"g: expected a finite log decay <= 0 at every real token, found {val} at {idx}",
+                    "MASKPACK_ERR_VALUE", argument="g", index=idx)
+
+
+def _rule_on_device(q, k, v, g, beta, layout, scale, initial_state, l2norm, check_gate, dev):
+    fn = _fla("rule", dev, "q")
+    P, there, back = _to_packed(layout)
+    if check_gate:
+        _check_gate_device(g.detach(), layout)
+    qp, kp, vp, gp, bp = (there(x) for x in (q, k, v, g, beta))
+    cu = P.cu_seqlens(dtype="int64", device=dev)
+    h0 = None if initial_state is None else initial_state.float()
+    o, ht = fn(qp.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0), gp.unsqueeze(0), bp.unsqueeze(0), scale=scale,
+               initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=bool(l2norm), cu_seqlens=cu)
+    return back(o.squeeze(0)), ht.float()
+
+
+def _conv_on_device(x, w2, prefix, layout, silu, dev):
+    fn = _fla("conv", dev, "x")
+    P, there, back = _to_packed(layout)
+    C, W = w2.shape
+    init = None
+    if prefix is not None:  # maskpack's prefix holds the W-1 inputs before a segment; fla's state all W
+        init = torch.cat([prefix.new_zeros(prefix.shape[0], C, 1), prefix], dim=-1).to(x.dtype)
+    y, final = fn(x=there(x).unsqueeze(0), weight=w2, initial_state=init, output_final_state=True,
+                  activation="silu" if silu else None, cu_seqlens=P.cu_seqlens(dtype="int64", device=dev))
+    return back(y.squeeze(0)), final[..., 1:].float()  # the last W-1 inputs, as maskpack's conv_state
+
+
 # ---- the gated delta rule ---------------------------------------------------------------------
 
 
@@ -210,6 +308,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     code = isa_code(isa)
     if initial_state is not None and not isinstance(initial_state, torch.Tensor):
         raise TypeError(f"initial_state: expected a torch.Tensor or None, found {type(initial_state).__name__}")
+    dev = _device_of(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
     K = q.shape[-1] if q.dim() > 0 else 1
@@ -220,6 +319,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if not math.isfinite(sc) or sc == 0.0:
         raise Error(f"scale: expected a finite non-zero number, found {scale}", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="scale")
+    if _on_device(dev):
+        if out is not None:
+            raise TypeError("gated_delta_rule(): out= is a CPU kernel's; tensors on a device return fresh outputs")
+        return _rule_on_device(q, k, v, g, beta, layout, sc, initial_state, l2norm, check_gate, dev)
     if out is None and compiling():  # under torch.compile: one custom op (maskpack._compile), autograd included
         from . import _compile
 
@@ -323,6 +426,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
                     "MASKPACK_ERR_SHAPE", argument="weight")
     weight_shape = tuple(weight.shape)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1]) if weight.dim() == 3 else weight
+    dev = _device_of(x=x, weight=weight, prefix=prefix)
+    if _on_device(dev):
+        return _conv_on_device(x, w2, prefix, layout, _ACTIVATIONS[activation], dev)
     if compiling():
         from . import _compile
 
@@ -369,6 +475,11 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
               layout: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` per real token (float32;
     pad rows 0). a, b ``[.., HV]``; A_log, dt_bias ``[HV]``."""
+    if _on_device(_device_of(a=a, b=b, A_log=A_log, dt_bias=dt_bias)):  # the same formula in torch
+        keep = layout.mask2d("bool", device=a.device).reshape(*a.shape[:-1], 1)
+        g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float())
+        zero = torch.zeros((), device=a.device)
+        return torch.where(keep, g, zero), torch.where(keep, torch.sigmoid(b.float()), zero)
     if compiling():
         from . import _compile
 
@@ -395,6 +506,10 @@ class _L2Fn(torch.autograd.Function):
 
 def gdn_l2norm(x: torch.Tensor, layout: Any, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2, -1) + eps)`` per real token and head (x ``[.., H, D]``; pad rows 0)."""
+    if _on_device(x.device):
+        keep = layout.mask2d("bool", device=x.device).reshape(*x.shape[:-2], 1, 1)
+        y = x * torch.rsqrt(x.float().square().sum(-1, keepdim=True) + eps).to(x.dtype)
+        return torch.where(keep, y, torch.zeros((), dtype=x.dtype, device=x.device))
     if compiling():
         from . import _compile
 
@@ -465,10 +580,10 @@ def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout
 
         keep = _compile.derived(tok_layout, "mask2d", dict(dtype="bool"), None).reshape(*lead, 1)
     else:
-        keep = torch.as_tensor(tok_layout.mask2d("bool")).reshape(*lead, 1)
+        keep = torch.as_tensor(tok_layout.mask2d("bool", device=hidden_states.device)).reshape(*lead, 1)
     if ok is not None:  # a compiled call's check of its boundaries (see _compiled_layout): its result feeds on
         keep = keep & ok
-    zero = torch.zeros((), dtype=hidden_states.dtype)
+    zero = torch.zeros((), dtype=hidden_states.dtype, device=hidden_states.device)
     hidden_states = torch.where(keep, hidden_states, zero)
     conv_in, z, b, a = _layer_project(m, projections, hidden_states)
     mixed, conv_state = causal_conv1d(conv_in, m.conv1d.weight, layout, "silu", prefix=conv_prefix, threads=threads,
@@ -483,7 +598,7 @@ def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout
     o = m.norm(o, z)
     out = m.out_proj(o.reshape(*lead, m.value_dim))
     # pad rows are exactly 0 (the norm and projections of zero rows need not give exact zeros)
-    return torch.where(keep, out, torch.zeros((), dtype=out.dtype)), state, conv_state, conv_in
+    return torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device)), state, conv_state, conv_in
 
 
 # the two projection layouts of transformers' GDN layers: Qwen3-Next fuses q, k, v, z (and b, a)
