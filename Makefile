@@ -80,18 +80,11 @@ coverage: deps
 test-mutation: python
 	PY=$(PY) $(PY) tools/run_mutations.py
 
-# Benchmark programs: each prints its figures beside a baseline measured in the same run.
+# Every benchmark program against its baselines in one run (their shapes and arguments: bench/shapes.json),
+# plus sweeps over sequence length and cp-sim -> bench/report.md, plots in bench/report/ (the lead runs it
+# on a quiet machine; most of an hour on 2 cores). BENCH_ARGS: e.g. --quick, --only bench_gdn,bench_plan.
 bench: build python
-	./$(BUILD)/bench/bench_derive
-	./$(BUILD)/bench/bench_relayout 2
-	$(PY) bench/bench_relayout_torch.py
-	$(PY) bench/bench_moves_autograd.py
-	./$(BUILD)/bench/plan/bench_plan
-	$(PY) bench/plan/bench_plan_binpacking.py
-	$(PY) bench/plan/bench_plan_peers.py
-	./$(BUILD)/bench/gdn/bench_gdn
-	$(PY) bench/gdn/bench_gdn_torch.py
-	./$(BUILD)/bench/attention/bench_attention
+	$(PY) bench/report.py $(BENCH_ARGS)
 
 install: build
 	meson install -C $(BUILD)
