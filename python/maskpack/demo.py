@@ -461,6 +461,11 @@ def _cp_worker(rank: int, world: int, init_file: str, out_dir: str, a_dict: dict
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # done: leave without the interpreter's teardown, where a library thread still joinable at exit can
+    # abort the process ("terminate called without an active exception") after the work is written
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_cp(a, batch: dict, threads: int, progress) -> Dict[str, Any]:
@@ -487,7 +492,12 @@ def _run_cp(a, batch: dict, threads: int, progress) -> Dict[str, Any]:
             last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             raise RuntimeError(f"a cp2 process failed: {last[-1] if last else e}") from None
         except mp.ProcessExitedException as e:
-            raise RuntimeError(f"a cp2 process exited: {e}") from None
+            # the results are complete once rank 0 has written them (after the last step's all-reduce)
+            if not os.path.isfile(os.path.join(d, "cp.pt")):
+                raise RuntimeError(f"a cp2 process exited: {e}") from None
+            got = torch.load(os.path.join(d, "cp.pt"))
+            got["note"] = f"a cp2 process exited abnormally after the results were written ({e})"
+            return got
         got = torch.load(os.path.join(d, "cp.pt"))
     return got
 
@@ -715,6 +725,8 @@ def _train_all(a, batch: dict, res: dict, threads: int, progress, notes: List[st
             notes.append(f"cp2 failed: {e}")
             lay["cp2"] = {"error": str(e), "agree": False}
             return
+        if got.get("note"):
+            notes.append(got["note"])
         r = got["res"]
         each = r["tokens_each_rank"]
         total = sum(each)
@@ -728,10 +740,24 @@ def _train_all(a, batch: dict, res: dict, threads: int, progress, notes: List[st
 _NAMES = {"padded": "padded (transformers)", "packed": "packed (maskpack)", "cp2": "cp=2 (2 gloo procs)"}
 
 
-def _fmt_diff(x: Optional[float]) -> str:
+def _fmt_diff(x: Optional[float], name: str) -> str:
     if x is None:
-        return "reference"
+        return "reference" if name == "padded" else "-"
     return f"{x:.1e}"
+
+
+def _verdict(res: Dict[str, Any]) -> str:
+    lay = res["layouts"]
+    if "padded" not in lay:
+        return "no padded run to compare with (--layouts without padded)"
+    failed = [n for n, e in lay.items() if "error" in e]
+    differ = [n for n, e in lay.items() if "error" not in e and not e.get("agree", True)]
+    parts = []
+    if differ:
+        parts.append(f"{', '.join(differ)} DISAGREE{'S' if len(differ) == 1 else ''} with the padded run")
+    if failed:
+        parts.append(f"{', '.join(failed)} FAILED to run")
+    return "; ".join(parts) if parts else "every layout agrees"
 
 
 def format_table(res: Dict[str, Any]) -> str:
@@ -767,11 +793,11 @@ def format_table(res: Dict[str, Any]) -> str:
             ok = "" if e.get("agree", True) else "  DIFFERS"
             sp = f"{ref_ms / e['step_ms']:.1f}x" if ref_ms else "-"
             lines.append(f"{_NAMES.get(name, name):<22} {e['tokens']:>10} {e['pad_fraction']:>6.1%} {e['step_ms']:>8.1f} "
-                         f"{sp:>8}  {losses:<30} {_fmt_diff(e.get('loss_diff')):>9} {_fmt_diff(e.get('grad_diff')):>9}{ok}")
+                         f"{sp:>8}  {losses:<30} {_fmt_diff(e.get('loss_diff'), name):>9} {_fmt_diff(e.get('grad_diff'), name):>9}{ok}")
         lines.append("step ms: median over the steps after the first; speed-up: the padded step's time over the layout's")
         lines.append(f"d loss, d grad: largest relative difference from the padded run over the steps "
                      f"(max|a-b| / max|b|; the gradient: every parameter as one vector); fp32 rounding limit {res['tolerance']:.0e}: "
-                     + ("every layout agrees" if res["agree"] else "A LAYOUT DISAGREES"))
+                     + _verdict(res))
     if res["handoff"]:
         lines.append("")
         lines.append("what each attention backend is handed for this batch:")
