@@ -169,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"which layouts to train, comma-separated (default {','.join(LAYOUTS)}); padded is the reference")
     ap.add_argument("--threads", type=_int_in(1, 1024), default=None,
                     help="torch and kernel threads (default: the cores, at most 8; each cp2 rank gets half)")
+    ap.add_argument("--cp-backend", choices=("gloo", "mpi"), default="gloo",
+                    help="how the two cp2 processes talk: gloo (spawned by the demo; default) or mpi (torch's MPI "
+                         "backend under mpirun, when this torch has it)")
     ap.add_argument("--cp-timeout", type=_int_in(10, 3600), default=300,
                     help="seconds the cp2 processes may take (default 300)")
     ap.add_argument("--out", metavar="DIR", default=None,
@@ -435,7 +438,11 @@ def _cp_worker(rank: int, world: int, init_file: str, out_dir: str, a_dict: dict
 
     torch.set_num_threads(threads)
     a = argparse.Namespace(**a_dict)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if init_file:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    else:  # under mpirun: rank and size from MPI
+        dist.init_process_group("mpi")
+        rank, world = dist.get_rank(), dist.get_world_size()
     try:
         group = dist.group.WORLD
         model = mhf.prepare_model(_model(a), group=group, threads=threads)
@@ -466,6 +473,37 @@ def _cp_worker(rank: int, world: int, init_file: str, out_dir: str, a_dict: dict
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _mpi_worker(out_dir: str) -> None:
+    """One rank under ``mpirun -np 2`` (--cp-backend mpi): the arguments come from out_dir/args.pt."""
+    import torch
+
+    args = torch.load(os.path.join(out_dir, "args.pt"))
+    _cp_worker(0, 2, "", out_dir, args["a"], args["batch"], args["threads"])
+
+
+def _run_cp_mpi(a, batch: dict, threads: int, mpirun: str, progress) -> Dict[str, Any]:
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="maskpack-demo-") as d:
+        a_dict = {k: getattr(a, k) for k in ("seed", "hidden", "layers", "vocab", "steps", "lr")}
+        torch.save({"a": a_dict, "batch": batch, "threads": threads}, os.path.join(d, "args.pt"))
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(maskpack.__file__))),
+                                               os.environ.get("PYTHONPATH", "")]))
+        progress("cp2: two MPI processes training")
+        try:
+            r = subprocess.run([mpirun, "--oversubscribe", "-np", "2", sys.executable, "-c",
+                                f"import maskpack.demo as d; d._mpi_worker({d!r})"], capture_output=True, text=True,
+                               env=env, timeout=a.cp_timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"mpirun took longer than --cp-timeout {a.cp_timeout} s; stopped") from None
+        path = os.path.join(d, "cp.pt")
+        if not os.path.isfile(path):
+            tail = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+            raise RuntimeError(f"mpirun exited {r.returncode}: {tail[-1] if tail else 'no output'}")
+        return torch.load(path)
 
 
 def _run_cp(a, batch: dict, threads: int, progress) -> Dict[str, Any]:
@@ -610,7 +648,8 @@ def run(a) -> Dict[str, Any]:
         "plan": {"capacity": int(a.tokens), "rows": int(p.n_rows), "multiple": int(p.multiple),
                  "fill": float(rep.get("fill_all_rows", float("nan"))), "batch_row": 0},
         "batch": {"sequences": B, "lengths": [int(x) for x in lengths], "real_tokens": real, "padded_shape": [B, S]},
-        "machine": _machine(), "threads": threads, "tolerance": TOLERANCE, "layouts": {}, "handoff": {}, "pictures": {}, "notes": notes,
+        "machine": _machine(), "threads": threads, "cp_backend": a.cp_backend, "tolerance": TOLERANCE,
+        "layouts": {}, "handoff": {}, "pictures": {}, "notes": notes,
     }
     miss = [m for m in ("torch", "transformers") if _have(m) is not None]
     if miss:
@@ -711,16 +750,25 @@ def _train_all(a, batch: dict, res: dict, threads: int, progress, notes: List[st
         why = None
         import torch.distributed as dist
 
+        mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
         if not dist.is_available():
             why = "this torch is built without torch.distributed"
-        elif not dist.is_gloo_available():
+        elif a.cp_backend == "gloo" and not dist.is_gloo_available():
             why = "this torch has no gloo backend (torch.distributed.is_gloo_available() is False)"
+        elif a.cp_backend == "mpi" and not dist.is_mpi_available():
+            why = ("this torch is built without the MPI backend (torch.distributed.is_mpi_available() is False; "
+                   "--cp-backend gloo needs none)")
+        elif a.cp_backend == "mpi" and mpirun is None:
+            why = "no mpirun or mpiexec on the PATH (Open MPI: tools/install_deps.sh; --cp-backend gloo needs none)"
         if why:
-            notes.append(f"cp2 skipped: {why}; the padded and packed layouts ran")
+            notes.append(f"cp2 skipped: {why}; the other layouts ran")
             return
-        progress("cp2: starting two gloo processes")
+        progress(f"cp2: starting two {a.cp_backend} processes")
         try:
-            got = _run_cp(a, batch, max(1, threads // 2), progress)
+            if a.cp_backend == "mpi":
+                got = _run_cp_mpi(a, batch, max(1, threads // 2), mpirun, progress)
+            else:
+                got = _run_cp(a, batch, max(1, threads // 2), progress)
         except RuntimeError as e:
             notes.append(f"cp2 failed: {e}")
             lay["cp2"] = {"error": str(e), "agree": False}
@@ -737,7 +785,7 @@ def _train_all(a, batch: dict, res: dict, threads: int, progress, notes: List[st
 # ---- printing -------------------------------------------------------------------------------------------------
 
 
-_NAMES = {"padded": "padded (transformers)", "packed": "packed (maskpack)", "cp2": "cp=2 (2 gloo procs)"}
+_NAMES = {"padded": "padded (transformers)", "packed": "packed (maskpack)", "cp2": "cp=2 (2 {} procs)"}
 
 
 def _fmt_diff(x: Optional[float], name: str) -> str:
@@ -787,12 +835,12 @@ def format_table(res: Dict[str, Any]) -> str:
         lines.append("-" * len(hdr))
         for name, e in res["layouts"].items():
             if "error" in e:
-                lines.append(f"{_NAMES.get(name, name):<22} failed: {e['error']}")
+                lines.append(f"{_NAMES.get(name, name).format(res['cp_backend']):<22} failed: {e['error']}")
                 continue
             losses = " ".join(f"{x:.4f}" for x in e["losses"])
             ok = "" if e.get("agree", True) else "  DIFFERS"
             sp = f"{ref_ms / e['step_ms']:.1f}x" if ref_ms else "-"
-            lines.append(f"{_NAMES.get(name, name):<22} {e['tokens']:>10} {e['pad_fraction']:>6.1%} {e['step_ms']:>8.1f} "
+            lines.append(f"{_NAMES.get(name, name).format(res['cp_backend']):<22} {e['tokens']:>10} {e['pad_fraction']:>6.1%} {e['step_ms']:>8.1f} "
                          f"{sp:>8}  {losses:<30} {_fmt_diff(e.get('loss_diff'), name):>9} {_fmt_diff(e.get('grad_diff'), name):>9}{ok}")
         lines.append("step ms: median over the steps after the first; speed-up: the padded step's time over the layout's")
         lines.append(f"d loss, d grad: largest relative difference from the padded run over the steps "

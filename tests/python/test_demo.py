@@ -93,6 +93,21 @@ def test_demo_table_and_no_gloo(capsys, monkeypatch, tmp_path):
     assert "flash-attn varlen:" in out and "Ascend npu_fusion_attention (TND):" in out
 
 
+def test_demo_mpi_backend_without_mpi(capsys, monkeypatch, tmp_path):
+    """--cp-backend mpi with a torch built without MPI: cp2 is skipped with a note saying why (and that
+    gloo needs none); the other layouts run, exit 0."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASKPACK_ROOT", ROOT)
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    rc, out, err = _run_inprocess(capsys, [*TINY, "--layouts", "packed,cp2", "--cp-backend", "mpi", "--no-pictures",
+                                           "--out", str(tmp_path)])
+    assert rc == 0, out + err
+    assert "note: cp2 skipped: this torch is built without the MPI backend" in out
+    assert any(ln.startswith("packed (maskpack)") for ln in out.splitlines())
+    assert "no padded run to compare with" in out
+
+
 def test_demo_without_torch_or_cli(capsys, monkeypatch, tmp_path):
     """No torch / transformers: the training is skipped with a note naming them, the plan is still
     printed, exit 0. No CLI program: the pictures are skipped with a note."""
@@ -114,6 +129,7 @@ def test_demo_without_torch_or_cli(capsys, monkeypatch, tmp_path):
     (["--lr", "-1"], "--lr: expected a number in [0.0, 100.0]"),
     (["--lengths", "/nonexistent/lengths.txt"], "--lengths: cannot read /nonexistent/lengths.txt"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--cp-backend", "nccl"], "--cp-backend: invalid choice: 'nccl'"),
 ])
 def test_demo_bad_options_exit_2_with_one_line(capsys, argv, words):
     rc, out, err = _run_inprocess(capsys, argv)
