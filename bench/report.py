@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = re.compile(r"(->|\d\.\d+x\b|\bx torch\b|target|GFLOP/s|RESULT|MET\b|MISSED|speed-?up|median|ratio)", re.I)
-PEAK = re.compile(r"(?:f32|fp32) FMA peak[^:\n]*:\s*([\d.]+) GFLOP/s")
+PEAK = re.compile(r"(?:f32|fp32) FMA peak[^:\n]*:\s*([\d.]+) GFLOP/s|highest peak measured \(([\d.]+) GFLOP/s\)")
 
 
 def load() -> List[float]:
@@ -140,9 +140,9 @@ def run_program(p: Dict[str, Any], quick: bool, ctx: Dict[str, str], timeout: in
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["load_after"] = load()
     out["headlines"] = [ln.strip() for ln in out["output"].splitlines() if HEADLINE.search(ln)][:16]
-    m = PEAK.findall(out["output"])
+    m = [float(x) for pair in PEAK.findall(out["output"]) for x in pair if x]
     if m:
-        out["peak_gflops"] = max(float(x) for x in m)
+        out["peak_gflops"] = max(m)
     return out
 
 
@@ -318,7 +318,7 @@ def plots(sweeps: Dict[str, List[Dict[str, Any]]], peak: Optional[float], cp: Di
         ax[0].set_yscale("log")
         fig.suptitle(name)
         fig.tight_layout()
-        path = os.path.join(out, f"sweep_{name.replace(' ', '_')}.png")
+        path = os.path.join(out, "sweep_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".png")
         fig.savefig(path, dpi=90)
         plt.close(fig)
         files.append(path)
@@ -350,8 +350,10 @@ def write_report(res: Dict[str, Any], path: str) -> None:
     m = res["machine"]
     rel = lambda p: os.path.relpath(p, os.path.dirname(path))  # noqa: E731
     L = [f"# maskpack benchmark report{' (quick: not figures to quote)' if res['quick'] else ''}", ""]
+    ran = [p["name"] for p in res["programs"] if p.get("status") and not str(p["status"]).startswith("not run")]
     L.append(f"Written by `bench/report.py{' --quick' if res['quick'] else ''}` on {m['date']}; shapes and arguments: "
-             "[bench/shapes.json](shapes.json).")
+             f"[bench/shapes.json](shapes.json). Programs run: {', '.join(ran) if ran else 'none'}"
+             f"{'' if len(ran) == len([p for p in res['programs'] if not p.get('left_out')]) else ' (not all: `make bench` runs every one)'}.")
     L.append("")
     L.append(f"* machine: {m['cpu']}, {m['cores']} cores ({', '.join(m['flags']) or 'no AVX2'}), {m['threads']} threads "
              f"per benchmark")
@@ -359,6 +361,8 @@ def write_report(res: Dict[str, Any], path: str) -> None:
     L.append(f"* torch {m['torch']}, Python {m['python']}, maskpack {m.get('maskpack')}")
     L.append(f"* load average (1, 5, 15 min): {m['load_start']} at the start, {res.get('load_end')} at the end "
              "(a busy machine slows both sides of a pair alike, not the absolute times)")
+    for n in m.get("notes", []):
+        L.append(f"* note: {n}")
     peak = res.get("peak")
     if peak:
         L.append(f"* peak for the fractions: {peak['gflops']:.1f} GFLOP/s ({peak['source']})")
@@ -367,7 +371,9 @@ def write_report(res: Dict[str, Any], path: str) -> None:
         L.append("## Kernels against their baselines, by sequence length")
         L.append("")
         L.append("Forward, float32, one sequence of S tokens; medians over the reps with the 25th-75th percentile in "
-                 "brackets; the two sides alternate rep by rep.")
+                 "brackets; the two sides alternate rep by rep. GFLOP/s count the same work for both sides: attention "
+                 "the products over the allowed (causal) query-key pairs, the gated delta rule the chunked form's "
+                 "matrix work as bench/gdn/bench_gdn.c counts it (so a side doing more work shows a lower rate).")
         L.append("")
         for name, rows in res["sweeps"].items():
             if not rows:
@@ -448,7 +454,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per program (default 1800)")
     ap.add_argument("--threads", type=int, default=None, help="threads per benchmark (default: shapes.json)")
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="run nothing: write the report and plots again from a report.json of an earlier run")
     a = ap.parse_args(argv)
+    if a.render:
+        with open(a.render) as f:
+            res = json.load(f)
+        plot_dir = os.path.splitext(a.out)[0]
+        os.makedirs(plot_dir, exist_ok=True)
+        res["plots"] = plots(res["sweeps"], (res.get("peak") or {}).get("gflops"), res.get("cp_sim") or {}, plot_dir)
+        write_report(res, a.out)
+        print(f"report: {a.out} (rendered from {a.render})")
+        return 0
     with open(a.shapes) as f:
         shapes = json.load(f)
     threads = a.threads or int(shapes.get("threads", 2))

@@ -43,7 +43,7 @@ def test_report_quick(tmp_path):
         for row in rows:
             for side in row["times"].values():
                 assert side["p25"] <= side["median"] <= side["p75"] and side["n"] == 2
-    for f in ("sweep_attention_(causal).png", "sweep_gated_delta_rule.png"):
+    for f in ("sweep_attention_causal.png", "sweep_gated_delta_rule.png"):
         assert (tmp_path / "report" / f).stat().st_size > 1000
     if os.access(os.path.join(ROOT, "build", "maskpack"), os.X_OK):
         assert {row["scheme"] for row in res["cp_sim"]["rows"]} == {"zigzag", "contiguous", "area-balanced"}
