@@ -479,7 +479,31 @@ static void split_jobs(const maskpack_relayout_plan *P, int64_t total, int nj, j
  * operations rather than 20, and the split point stays near the middle from call to call. */
 enum { MAX_CHUNKS = 64 };
 #define CHUNK_BYTES ((int64_t)16 << 10) /* small enough to balance a 300 KB move between 2 cores */
-#define TEAM_MIN_BYTES ((int64_t)64 << 10) /* below this, handing work over costs more than it saves */
+/* Below this many bytes a move stays on the caller's thread whatever the team. A team's run is as fast as
+ * its slowest thread: on torch's OpenMP pool the region's end waits for every thread, and with a core
+ * taken by another process a thread the scheduler has not run yet costs a time slice where the move
+ * takes microseconds. bench/bench_small_moves.py on 2 cores of a quiet machine (taskset), the pool used
+ * for every size, then one core kept busy: every move on the pool took 8 ms or more (64 KB: 0.05 ms idle,
+ * 8.0 ms contended; 16 MB: 0.8 ms idle, 7.7 ms contended), while the caller alone took 0.2 ms and 2.1 ms.
+ * At 64 MB the pool's contended time (11.7 ms) is within 2x of the caller's idle time (7.9 ms) and the
+ * idle pool still gains (6.6 ms); below it the time slice dominates. So a move splits only from
+ * 64 MiB up; the environment variable MASKPACK_TEAM_MIN_BYTES (bytes, read once) overrides it. */
+#define TEAM_MIN_BYTES_DEFAULT ((int64_t)64 << 20)
+static int64_t team_min_bytes(void) {
+    static _Atomic int64_t cached = -1;
+    int64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = TEAM_MIN_BYTES_DEFAULT;
+    const char *env = getenv("MASKPACK_TEAM_MIN_BYTES");
+    if (env && *env) {
+        char *end = NULL;
+        long long x = strtoll(env, &end, 10);
+        if (end && *end == '\0' && x >= 0) v = (int64_t)x;
+    }
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+}
+#define TEAM_MIN_BYTES team_min_bytes()
 typedef struct chunked {
     job jobs[MAX_CHUNKS];
     uint64_t threads;       /* team size: each take is 1/threads of what is left (guided scheduling) */
@@ -580,7 +604,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         /* n_threads without a team: a team for this call, as the kernels' plain calls start one (one
          * threading mechanism); below 1 MiB starting threads costs more than the copy saves */
         maskpack_workers *started = NULL;
-        if (!workers && n_threads > 1 && bytes >= ((int64_t)1 << 20) && total > 1 &&
+        if (!workers && n_threads > 1 && bytes >= ((int64_t)1 << 20) && bytes >= TEAM_MIN_BYTES && total > 1 &&
             maskpack_workers_create(n_threads < total ? n_threads : (int)total, &started, NULL) == MASKPACK_OK)
             workers = started;
         if (workers && maskpack_workers_threads(workers) > 1 && bytes >= TEAM_MIN_BYTES && total > 1) {

@@ -361,8 +361,47 @@ static void test_refusals(void) {
     CHECK(team == NULL);
 }
 
+/* A move below the team threshold (64 MiB, src/relayout/relayout.c) stays on the caller's thread: the host is
+ * asked for no region, since on a pool whose region waits for every thread one thread the scheduler has
+ * not run yet costs a time slice (bench/bench_small_moves.py). From the threshold up it splits. */
+static void test_small_moves_stay_on_the_caller(void) {
+    maskpack_error e;
+    host_stats *hs = calloc(1, sizeof *hs);
+    maskpack_workers *team = NULL;
+    CHECK_OK(maskpack_workers_create_hosted(2, pthread_host, hs, &team, &e), e);
+    const int64_t C = 128, widths[2] = {1024, (int64_t)1 << 16}; /* 1 MiB and 64 MiB of float32 */
+    for (int big = 0; big < 2; big++) {
+        const int64_t W = widths[big];
+        maskpack_segment segs[2] = {{0, 0, W, 0, W}, {1, 0, W, 0, W}};
+        maskpack_layout *L = NULL, *P = NULL;
+        CHECK_OK(maskpack_layout_from_segments(segs, 2, 2, W, W, 0, NULL, &L, &e), e);
+        CHECK_OK(maskpack_layout_packed_of(L, &P, &e), e);
+        maskpack_relayout_plan *plan = NULL;
+        const maskpack_layout *src[1] = {L};
+        CHECK_OK(maskpack_relayout_plan_create(src, 1, P, &plan, &e), e);
+        float *x = malloc(sizeof(float) * (size_t)(2 * W * C)), *y = malloc(sizeof(float) * (size_t)(2 * W * C));
+        for (int64_t i = 0; i < 2 * W * C; i++) x[i] = (float)i;
+        int64_t xs[3] = {2, W, C}, ys[2] = {2 * W, C};
+        maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 3, xs);
+        maskpack_tensor yt = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, ys);
+        const maskpack_tensor *xv[1] = {&xt};
+        int before = atomic_load(&hs->regions);
+        CHECK_OK(maskpack_relayout_execute_on(plan, xv, &yt, NULL, team, &e), e);
+        CHECK_EQ(atomic_load(&hs->regions) - before, big); /* 1 MiB: none; 64 MiB: one region */
+        CHECK(memcmp(x, y, sizeof(float) * (size_t)(2 * W * C)) == 0); /* two full rows: the same bytes */
+        free(x);
+        free(y);
+        maskpack_relayout_plan_free(plan);
+        maskpack_layout_free(P);
+        maskpack_layout_free(L);
+    }
+    maskpack_workers_free(team);
+    free(hs);
+}
+
 int main(void) {
     test_refusals();
+    test_small_moves_stay_on_the_caller();
     test_every_host_gives_the_same_bits();
     test_fork_child_runs_alone();
     char note[64];
