@@ -157,3 +157,25 @@ def test_cli_demo_execs_the_python_demo():
     env["MASKPACK_PYTHON"] = "/nonexistent/python"
     r = subprocess.run([cli, "demo"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 1 and "cannot run /nonexistent/python" in r.stderr
+
+
+def test_length_sample_file_is_its_recipe(monkeypatch, tmp_path):
+    """data/sft_lengths.txt is what data/make_sft_lengths.py writes, and the demo's fallback away from the
+    source tree (an installed package) regenerates the same lengths, saying so."""
+    import numpy as np
+
+    monkeypatch.setenv("MASKPACK_ROOT", ROOT)
+    notes = []
+    from_file, src = demo._sample_lengths(None, notes)
+    assert src.endswith(os.path.join("data", "sft_lengths.txt")) and not notes
+    monkeypatch.setattr(demo, "_source_root", lambda: None)
+    regen, src = demo._sample_lengths(None, notes)
+    assert "recipe" in src and notes and "regenerated" in notes[0]
+    assert np.array_equal(from_file, regen)
+    sys.path.insert(0, os.path.join(ROOT, "data"))
+    try:
+        import make_sft_lengths
+    finally:
+        sys.path.pop(0)
+    assert np.array_equal(make_sft_lengths.lengths(), from_file)
+    assert from_file.size == 4096 and int(np.median(from_file)) == 696
