@@ -122,6 +122,10 @@ def run_program(p: Dict[str, Any], quick: bool, ctx: Dict[str, str], timeout: in
         if not os.access(os.path.join(ROOT, exe), os.X_OK):
             out.update(status="not built", output=f"{exe} is not there (make build)")
             return out
+    script = next((c for c in cmd[1:2] if c.endswith(".py")), None)
+    if script and not os.path.isfile(os.path.join(ROOT, script)):
+        out.update(status="missing", output=f"{script} is not in this tree")
+        return out
     if p.get("needs") and "build/upstream" in p["needs"] and not os.path.isdir(os.path.join(ROOT, "build", "upstream")):
         out.update(status="skipped", output=f"needs {p['needs']}")
         return out
