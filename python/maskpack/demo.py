@@ -637,6 +637,9 @@ def run(a) -> Dict[str, Any]:
     rep = p.report()
     # the demo's batch: the plan's first row (pieces of a sequence cut to fit count as sequences)
     lengths = _first_row_lengths(p, pool)
+    if max(lengths) < 2:
+        raise _Usage(f"the batch (the plan's first row: {len(lengths)} sequence(s) of 1 token) has no next-token target "
+                     "to train on; use a smaller --scale or more --sequences")
     batch = _batch(lengths, a.vocab, a.seed)
     real = int(sum(lengths))
     B, S = len(lengths), max(lengths)
@@ -866,6 +869,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         a = _parser().parse_args(argv)
         if a.hidden % 16:
             raise _Usage(f"argument --hidden: expected a multiple of 16, found {a.hidden}")
+        if a.tokens % 4:
+            raise _Usage(f"argument --tokens: expected a multiple of 4 (each sequence is rounded up to the cp = 2 "
+                         f"multiple, 4, and the rows must hold whole slots), found {a.tokens}")
         res = run(a)
     except _Usage as e:
         print(f"maskpack demo: {e}", file=sys.stderr)

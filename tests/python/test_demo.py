@@ -130,6 +130,8 @@ def test_demo_without_torch_or_cli(capsys, monkeypatch, tmp_path):
     (["--lengths", "/nonexistent/lengths.txt"], "--lengths: cannot read /nonexistent/lengths.txt"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["--cp-backend", "nccl"], "--cp-backend: invalid choice: 'nccl'"),
+    (["--tokens", "10"], "--tokens: expected a multiple of 4"),
+    (["--scale", "4096", "--sequences", "1", "--tokens", "8"], "has no next-token target"),
 ])
 def test_demo_bad_options_exit_2_with_one_line(capsys, argv, words):
     rc, out, err = _run_inprocess(capsys, argv)
