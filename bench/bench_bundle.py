@@ -71,6 +71,9 @@ def hand_packed(batch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=21)
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_bundle')
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     B, S = 8, 4096

@@ -208,6 +208,9 @@ def main():
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--what", default="gather,gdn,gdn_seq,attention,attention_ag")
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_cp')
     args = ap.parse_args()
     print(f"bench_cp: {os.cpu_count()} CPUs, torch {torch.__version__}, T = S = {args.tokens}, float32, 2 gloo "
           f"ranks of 1 thread against 1 process of 1 thread; load average %.2f %.2f %.2f" % os.getloadavg())

@@ -54,6 +54,9 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--S", type=int, default=2048)
     ap.add_argument("--H", type=int, default=1024)
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_moves_autograd')
     a = ap.parse_args()
     B, S, H = a.B, a.S, a.H
     rng = np.random.default_rng(0)

@@ -73,6 +73,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_thread_pool')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, maskpack threads={a.threads}; "

@@ -34,6 +34,9 @@ def main():
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=2048, help="real tokens in the batch (documents of 64 to 448)")
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_train_step')
     a = ap.parse_args()
     torch.manual_seed(0)
     h = a.hidden

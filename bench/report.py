@@ -421,7 +421,8 @@ def write_report(res: Dict[str, Any], path: str) -> None:
         if p.get("left_out"):
             L.append(f"| {p['name']} | - | - | left out: {p['left_out']} | | |")
             continue
-        L.append(f"| {p['name']} | {p.get('baselines', '')} | {p.get('shapes', '')} | {p.get('status', 'not run')} | "
+        shp = p.get("shapes", "") + ("; its defaults read from shapes.json" if p.get("reads") else "")
+        L.append(f"| {p['name']} | {p.get('baselines', '')} | {shp} | {p.get('status', 'not run')} | "
                  f"{p.get('seconds', '')} | {p.get('load_before', '')} -> {p.get('load_after', '')} |")
     L.append("")
     for p in res["programs"]:

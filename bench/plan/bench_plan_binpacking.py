@@ -11,6 +11,8 @@ usage: .venv/bin/python bench/plan/bench_plan_binpacking.py [--n N] [--seed S] [
 
 import argparse
 import math
+import os
+import sys
 import statistics
 import time
 
@@ -60,6 +62,10 @@ def main():
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--binpacking-n", type=int, default=None)
     ap.add_argument("--reps", type=int, default=11)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: bench_shapes
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_plan_binpacking')
     args = ap.parse_args()
     cap = 8192
     lengths = sft_lengths(args.n, args.seed)

@@ -32,6 +32,7 @@ import argparse
 import heapq
 import math
 import os
+import sys
 import statistics
 import time
 
@@ -214,6 +215,10 @@ def main():
     ap.add_argument("--full", action="store_true", help="add 100000 sequences for every peer (minutes)")
     ap.add_argument("--peers", default="verl-KK,NeMo-FFD,swift-bp",
                     help="peers to run (verl-KK at 1e5 sequences takes minutes per run in Python)")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: bench_shapes
+    import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
+
+    bench_shapes.apply(ap, 'bench_plan_peers')
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.full and 100000 not in sizes:

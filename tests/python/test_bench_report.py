@@ -74,3 +74,21 @@ def test_gdn_flop_count_matches_bench_gdn():
     finally:
         p.kill()
         p.wait()
+
+
+def test_programs_marked_reads_take_their_defaults_from_shapes_json():
+    """Every program shapes.json marks "reads" calls bench_shapes.apply with its own name, and its full
+    arguments parse (they are the defaults a bare run gets)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import bench_shapes
+    finally:
+        sys.path.pop(0)
+    shapes = bench_shapes.load()
+    reads = [p for p in shapes["programs"] if p.get("reads")]
+    assert len(reads) >= 7
+    for p in reads:
+        script = next(c for c in p["cmd"] if c.endswith(".py"))
+        with open(os.path.join(ROOT, script)) as f:
+            assert f"bench_shapes.apply(ap, {p['name']!r})" in f.read(), p["name"]
+        assert bench_shapes.full_args(p["name"], shapes) and "{" not in " ".join(bench_shapes.full_args(p["name"], shapes))
