@@ -1110,6 +1110,14 @@ static void test_finding_not_cumulative(void) {
     c = clean_tnd();
     c.total_q = 10;
     EXPECT_ONLY(c, MASKPACK_NPU_NOT_CUMULATIVE, "trailing tokens");
+    /* a negative end, even the first (where no earlier end shows the list going down) or -1 */
+    for (int64_t bad = -1; bad >= -2; bad--) {
+        int64_t neg[3] = {bad, 3, 8};
+        t = maskpack_tensor_contiguous(neg, MASKPACK_I64, 1, &n);
+        c = clean_tnd();
+        c.actual_seq_qlen = &t;
+        EXPECT_ONLY(c, MASKPACK_NPU_NOT_CUMULATIVE, "actual_seq_qlen[0]: expected a cumulative end >= 0");
+    }
 }
 
 static void test_finding_too_many_items(void) {
