@@ -184,6 +184,12 @@ def shift_labels(layout: Any, labels: torch.Tensor, ignore_index: int) -> torch.
 Tensor = torch.Tensor
 
 
+def _like(x: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A fake output of x's shape (and dtype unless given), contiguous as every op's real output is
+    (torch.empty_like would keep x's strides, and inductor checks the real strides against the fake's)."""
+    return x.new_empty(tuple(x.shape), dtype=x.dtype if dtype is None else dtype)
+
+
 def _absent() -> torch.Tensor:
     # an op cannot return None: the gradient of an absent input crosses as a 0-element tensor (dropped)
     return torch.empty(0, dtype=torch.uint8)
@@ -202,7 +208,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, key: int, scale: float, softca
 def _attention_fake(q, k, v, key, scale, softcap, threads, isa):
     from .attention import _lse_shape
 
-    return torch.empty_like(q), q.new_empty(_lse_shape(None, q), dtype=torch.float32)
+    return _like(q), q.new_empty(_lse_shape(None, q), dtype=torch.float32)
 
 
 @torch.library.custom_op("maskpack::attention_backward", mutates_args=())
@@ -219,7 +225,7 @@ def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(dout, q, k, v, out, lse, key, scale, softcap, threads, isa):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _like(q), _like(k), _like(v)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -264,7 +270,7 @@ def gdn_rule_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, h0: Op
 @gdn_rule_op.register_fake
 def _gdn_rule_fake(q, k, v, g, beta, h0, key, scale, chunked, l2norm, threads, isa, check_gate):
     n_seg = _lookup(key).n_segments
-    return torch.empty_like(v), v.new_empty((n_seg, v.shape[-2], q.shape[-1], v.shape[-1]), dtype=torch.float32)
+    return _like(v), v.new_empty((n_seg, v.shape[-2], q.shape[-1], v.shape[-1]), dtype=torch.float32)
 
 
 @torch.library.custom_op("maskpack::gated_delta_rule_backward", mutates_args=())
@@ -288,8 +294,7 @@ def gdn_rule_backward_op(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, v: Tenso
 @gdn_rule_backward_op.register_fake
 def _gdn_rule_backward_fake(do, dht, q, k, v, g, beta, h0, key, scale, l2norm, threads, isa, check_gate):
     dh0 = _absent() if h0 is None else torch.empty(h0.shape, dtype=torch.float32, device=h0.device)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), dh0)
+    return _like(q), _like(k), _like(v), _like(g), _like(beta), dh0
 
 
 def _gdn_rule_setup(ctx, inputs, output):
@@ -336,7 +341,7 @@ def conv1d_op(x: Tensor, weight: Tensor, prefix: Optional[Tensor], key: int, sil
 @conv1d_op.register_fake
 def _conv1d_fake(x, weight, prefix, key, silu, threads, isa):
     n_seg = _lookup(key).n_segments
-    return torch.empty_like(x), x.new_empty((n_seg, weight.shape[0], weight.shape[1] - 1), dtype=torch.float32)
+    return _like(x), x.new_empty((n_seg, weight.shape[0], weight.shape[1] - 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("maskpack::causal_conv1d_backward", mutates_args=())
@@ -357,8 +362,7 @@ def conv1d_backward_op(dy: Tensor, dstate: Tensor, x: Tensor, weight: Tensor, pr
 
 @conv1d_backward_op.register_fake
 def _conv1d_backward_fake(dy, dstate, x, weight, prefix, key, silu, threads, isa):
-    return (torch.empty_like(x), torch.empty_like(weight),
-            _absent() if prefix is None else torch.empty_like(prefix))
+    return _like(x), _like(weight), _absent() if prefix is None else _like(prefix)
 
 
 def _conv1d_setup(ctx, inputs, output):
@@ -400,7 +404,7 @@ def gates_op(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, key: int) -> 
 
 @gates_op.register_fake
 def _gates_fake(a, b, A_log, dt_bias, key):
-    return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
+    return _like(a, torch.float32), _like(b, torch.float32)
 
 
 @torch.library.custom_op("maskpack::gdn_gates_backward", mutates_args=())
@@ -420,7 +424,7 @@ def gates_backward_op(dg: Tensor, dbeta: Tensor, a: Tensor, b: Tensor, A_log: Te
 
 @gates_backward_op.register_fake
 def _gates_backward_fake(dg, dbeta, a, b, A_log, dt_bias, key):
-    return torch.empty_like(a), torch.empty_like(b), torch.empty_like(A_log), torch.empty_like(dt_bias)
+    return _like(a), _like(b), _like(A_log), _like(dt_bias)
 
 
 def _gates_setup(ctx, inputs, output):
@@ -456,7 +460,7 @@ def l2norm_op(x: Tensor, key: int, eps: float) -> Tensor:
 
 @l2norm_op.register_fake
 def _l2norm_fake(x, key, eps):
-    return torch.empty_like(x)
+    return _like(x)
 
 
 @torch.library.custom_op("maskpack::gdn_l2norm_backward", mutates_args=())
@@ -474,7 +478,7 @@ def l2norm_backward_op(dy: Tensor, x: Tensor, key: int, eps: float) -> Tensor:
 
 @l2norm_backward_op.register_fake
 def _l2norm_backward_fake(dy, x, key, eps):
-    return torch.empty_like(x)
+    return _like(x)
 
 
 def _l2norm_setup(ctx, inputs, output):
@@ -593,18 +597,18 @@ def _cp_loss(xs, layout, group, kw):
 
 
 def _fake_attention(xs, layout):
-    return [torch.empty_like(xs[0])]
+    return [_like(xs[0])]
 
 
 def _fake_gdn(xs, layout):
     q, v = xs[0], xs[2]
-    return [torch.empty_like(v), v.new_empty((layout.n_segments, v.shape[-2], q.shape[-1], v.shape[-1]),
+    return [_like(v), v.new_empty((layout.n_segments, v.shape[-2], q.shape[-1], v.shape[-1]),
                                              dtype=torch.float32)]
 
 
 def _fake_conv(xs, layout):
     x, w = xs[0], xs[1]
-    return [torch.empty_like(x), x.new_empty((layout.n_segments, w.shape[0], w.shape[-1] - 1), dtype=torch.float32)]
+    return [_like(x), x.new_empty((layout.n_segments, w.shape[0], w.shape[-1] - 1), dtype=torch.float32)]
 
 
 def _fake_loss(xs, layout):
@@ -635,7 +639,7 @@ def cp_call_op(xs: List[Tensor], want: List[bool], call: str, key: int, group: s
     if keep:
         _KEPT[tok] = (leaves, outs)
         weakref.finalize(cell, _KEPT.pop, tok, None)
-    return [o.detach() for o in outs] + [torch.from_numpy(cell)]
+    return [o.detach().contiguous() for o in outs] + [torch.from_numpy(cell)]
 
 
 @cp_call_op.register_fake
@@ -663,7 +667,7 @@ def cp_call_backward_op(token: Tensor, grads: List[Optional[Tensor]], xs: List[T
     for x in leaves:
         if x is not None and x.requires_grad:
             r = next(res)
-            out.append(torch.zeros_like(x) if r is None else r)
+            out.append(torch.zeros(x.shape, dtype=x.dtype, device=x.device) if r is None else r.contiguous())
         else:
             out.append(_absent())
     return out
@@ -672,7 +676,7 @@ def cp_call_backward_op(token: Tensor, grads: List[Optional[Tensor]], xs: List[T
 @cp_call_backward_op.register_fake
 def _cp_call_backward_fake(token, grads, xs, want):
     xs = _present(xs)
-    return [torch.empty_like(x) if x is not None and w and x.is_floating_point() else _absent()
+    return [_like(x) if x is not None and w and x.is_floating_point() else _absent()
             for x, w in zip(xs, want)]
 
 

@@ -196,3 +196,27 @@ def test_patched_layer_under_compile_needs_a_layout():
     with pytest.raises(Exception) as e:
         f(ids, torch.tensor([[0, 1, 2, 0, 1, 2]]))
     assert "maskpack_layout" in str(e.value)
+
+
+def test_inductor_with_strided_inputs():
+    """inductor checks every custom op's real output strides against its fake's: the ops return
+    contiguous outputs whatever the inputs' strides, and their fakes say so (a transposed q here)."""
+    torch.manual_seed(4)
+    q = torch.randn(4, 14, 8).transpose(0, 1)  # [14, 4, 8], not contiguous
+    k, v = torch.randn(14, 2, 8), torch.randn(14, 2, 8)
+    x, w = torch.randn(8, 14).t(), torch.randn(8, 4)  # [14, 8], not contiguous
+
+    def f(q, k, v, x, w):
+        out, _ = maskpack.attention(q, k, v, LAY)
+        y, st = maskpack.causal_conv1d(x, w, LAY)
+        o, ht = maskpack.gated_delta_rule(q[:, :2], k, v.repeat(1, 2, 1), -y[:, :4].sigmoid(), y[:, 4:].sigmoid(), LAY)
+        return out.square().sum() + st.sum() + o.square().sum() + ht.sum()
+
+    args = [t.clone().requires_grad_() for t in (q, k, v, x, w)]
+    ref = [t.detach().clone().requires_grad_() for t in (q, k, v, x, w)]
+    torch._dynamo.reset()
+    y = torch.compile(f, fullgraph=True)(*args)
+    y_ref = f(*ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(y, args), torch.autograd.grad(y_ref, ref)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
