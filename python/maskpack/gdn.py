@@ -30,6 +30,7 @@ from ._moves import _cache_of, _team
 
 __all__ = [
     "GatedDeltaNet",
+    "fla_cp_kwargs",
     "patch_linear_attention",
     "GatedRMSNorm",
     "causal_conv1d",
@@ -162,6 +163,51 @@ def _conv_on_device(x, w2, prefix, layout, silu, dev):
     y, final = fn(x=there(x).unsqueeze(0), weight=w2, initial_state=init, output_final_state=True,
                   activation="silu" if silu else None, cu_seqlens=P.cu_seqlens(dtype="int64", device=dev))
     return back(y.squeeze(0)), final[..., 1:].float()  # the last W-1 inputs, as maskpack's conv_state
+
+
+def fla_cp_kwargs(layout: Any, group: Any, scheme: str = "ulysses", tp: int = 1, align: Optional[str] = "verl",
+                  conv1d_kernel_size: Optional[int] = None, cp: Optional[int] = None,
+                  device: Any = None) -> Dict[str, Any]:
+    """whole packed layout, group -> keyword arguments of ``fla.ops.cp.build_cp_context`` for this rank.
+
+    flash-linear-attention's context parallelism cuts the whole packed stream into equal contiguous parts
+    (its layout "contiguous") and reads the whole batch's ``cu_seqlens``: that is maskpack's "ulysses"
+    split (the stream padded at its end to a multiple of cp * tp by ``align``, then cut contiguously), so
+    ``layout.shard(x, cp, rank, scheme="ulysses", tp=tp, align=align)`` gives each rank the tokens fla
+    expects. The returned ``cu_seqlens`` (int64 on ``device``, and ``cu_seqlens_cpu``) cover the padded
+    stream: every run of padding (between slots, the tail) is a sequence of its own to fla, whose outputs
+    there are not maskpack's zeros (select the real tokens, e.g. by ``layout.cp_shard(...).mask2d()``).
+    maskpack's per-sequence splits ("zigzag", "contiguous") hand fla other tokens than it expects: an error
+    naming ``scheme`` (reshard first). ``cp``: the rank count the batch was cut for, when known; one that is
+    not the group's size is an error naming ``group``."""
+    from .distributed import _rank_size
+
+    check_layout(layout)
+    if scheme != "ulysses":
+        raise Error(f"scheme: flash-linear-attention's context parallelism cuts the whole packed stream "
+                    f"contiguously (maskpack's scheme 'ulysses'); found {scheme!r}, whose parts hold other tokens",
+                    "MASKPACK_ERR_UNSUPPORTED", argument="scheme")
+    if not layout.packed:
+        raise Error("layout: flash-linear-attention's context parallelism takes one packed stream; found a padded "
+                    "layout (layout.packed_of() packs it)", "MASKPACK_ERR_UNSUPPORTED", argument="layout")
+    rank, n = _rank_size(group)
+    if cp is not None and int(cp) != n:
+        raise Error(f"group: the batch was cut for cp = {int(cp)} ranks, the group has {n}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
+    whole = layout._cp_global(n, tp, align, "ulysses")
+    total = int(whole.q_width)
+    if total % n:
+        raise Error(f"layout: {total} tokens do not divide among the group's {n} ranks (pass align= to pad the "
+                    "stream)", "MASKPACK_ERR_INVALID_ARGUMENT", argument="layout")
+    cuts = {0, total}
+    for seg in whole.segments:
+        cuts.update((int(seg[1]), int(seg[1]) + int(seg[2])))
+    cu_cpu = torch.tensor(sorted(cuts), dtype=torch.int64)
+    out: Dict[str, Any] = {"cu_seqlens": cu_cpu.to(device) if device is not None else cu_cpu.clone(),
+                           "cu_seqlens_cpu": cu_cpu, "group": group, "layout": "contiguous"}
+    if conv1d_kernel_size is not None:
+        out["conv1d_kernel_size"] = int(conv1d_kernel_size)
+    return out
 
 
 # ---- the gated delta rule ---------------------------------------------------------------------

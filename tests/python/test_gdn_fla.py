@@ -224,3 +224,63 @@ def test_mixed_devices_name_the_argument():
     with pytest.raises(maskpack.Error) as e:
         maskpack.causal_conv1d(torch.randn(17, 6), torch.randn(6, 4, device="meta"), lay)
     assert e.value.argument == "weight"
+
+
+# ---- flash-linear-attention's context parallelism ---------------------------------------------------
+
+
+def _fla_contiguous_split(cu, world, rank):
+    """flash-linear-attention's contiguous CP split, as its documentation states it (written here, not
+    copied): the stream [0, cu[-1]) in world equal parts; rank r's local offsets are the global ones
+    clamped to its part, shifted to start at 0, repeats dropped."""
+    total = cu[-1]
+    assert total % world == 0
+    part = total // world
+    lo, hi = part * rank, part * (rank + 1)
+    local = sorted({min(max(c, lo), hi) - lo for c in cu})
+    return list(zip(local[:-1], local[1:])), lo
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fla_cp_kwargs_match_maskpacks_ulysses_shards(world, monkeypatch):
+    import maskpack.distributed as mdist
+
+    lengths = [7, 2, 12, 5, 9, 3]
+    lay = Layout.from_lengths(lengths, placement="packed")
+    for rank in range(world):
+        monkeypatch.setattr(mdist, "_rank_size", lambda group, r=rank: (r, world))
+        kw = gdn.fla_cp_kwargs(lay, "group", conv1d_kernel_size=4)
+        assert kw["layout"] == "contiguous" and kw["conv1d_kernel_size"] == 4
+        assert kw["cu_seqlens"].dtype == torch.int64 and torch.equal(kw["cu_seqlens"], kw["cu_seqlens_cpu"])
+        cu = kw["cu_seqlens_cpu"].tolist()
+        assert cu[-1] % world == 0 and cu[-1] >= sum(lengths)
+        pieces, lo = _fla_contiguous_split(cu, world, rank)
+        shard = lay.cp_shard(world, rank, scheme="ulysses")
+        assert shard.q_width == cu[-1] // world  # the tokens fla expects on this rank
+        # each real piece fla sees on this rank is one of the shard's segments (pad runs: fla's own pieces)
+        real = [(a, b) for a, b in pieces if lo + a < sum(lengths)]
+        mine = sorted((int(s[1]), int(s[1]) + int(s[2])) for s in shard.segments)
+        assert real == mine, (rank, real, mine)
+        # and the tokens are the ones maskpack's shard move gives this rank
+        x = torch.arange(sum(lengths), dtype=torch.float32)[:, None]
+        got = lay.shard(x, world, rank, scheme="ulysses", pad_value=-1)[:, 0]
+        want = torch.full((cu[-1] // world,), -1.0)
+        n_real = max(0, min(sum(lengths) - lo, cu[-1] // world))
+        want[:n_real] = torch.arange(lo, lo + n_real, dtype=torch.float32)
+        assert torch.equal(got, want)
+
+
+def test_fla_cp_kwargs_refusals(monkeypatch):
+    import maskpack.distributed as mdist
+
+    monkeypatch.setattr(mdist, "_rank_size", lambda group: (0, 2))
+    lay = Layout.from_lengths([7, 2, 12], placement="packed")
+    with pytest.raises(maskpack.Error) as e:
+        gdn.fla_cp_kwargs(lay, "group", scheme="zigzag")
+    assert e.value.argument == "scheme"
+    with pytest.raises(maskpack.Error) as e:
+        gdn.fla_cp_kwargs(lay, "group", cp=4)
+    assert e.value.argument == "group" and "4" in str(e.value)
+    with pytest.raises(maskpack.Error) as e:
+        gdn.fla_cp_kwargs(Layout.from_lengths([7, 2], placement="right"), "group")
+    assert e.value.argument == "layout"
