@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -23,7 +24,7 @@ from ._errors import Error
 from ._moves import _SCHEMES, _team  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
-           "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp"]
+           "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp", "cp_reshard"]
 
 
 def _is_mpi(group) -> bool:
@@ -383,6 +384,116 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
         return _compile.cp_call("cp_loss", [per_token_loss, w], None, dist.group.WORLD if group is None else group,
                                 {})[0]
     return _AllReduceSum.apply((per_token_loss * w).sum(), group)
+
+
+# ---- resharding: one CP split to another, one all-to-all ---------------------------------------------
+
+
+def _reshard_plan(layout, n: int, rank: int, src: tuple, dst: tuple) -> tuple:
+    """(per peer: the positions in this rank's src shard it sends there; per peer: the positions in this
+    rank's dst shard it receives from there; the dst shard's length). src, dst: (scheme, tp, align). Both
+    lists of a pair run in the destination's token order, so sender and receiver agree without a message.
+    Derived from the layouts alone (every rank computes the same maps) and kept on the layout."""
+    from ._moves import _cached
+
+    def make():
+        T = int(layout.q_width)  # a packed layout: one slot per column
+        ids_t = torch.arange(T, dtype=torch.int64)
+        held = [layout.shard(ids_t, n, r, scheme=src[0], tp=src[1], align=src[2], pad_value=-1).numpy()
+                for r in range(n)]
+        want = [layout.shard(ids_t, n, r, scheme=dst[0], tp=dst[1], align=dst[2], pad_value=-1).numpy()
+                for r in range(n)]
+        owner = np.full(T, -1, dtype=np.int64)
+        place = np.full(T, -1, dtype=np.int64)
+        for r in range(n):
+            real = np.nonzero(held[r] >= 0)[0]
+            owner[held[r][real]] = r
+            place[held[r][real]] = real
+        send = []
+        for s_ in range(n):  # what this rank sends to s_: its tokens s_ wants, in s_'s order
+            w = want[s_]
+            j = np.nonzero(w >= 0)[0]
+            mine = j[owner[w[j]] == rank]
+            send.append(torch.from_numpy(place[w[mine]].copy()))
+        w = want[rank]
+        j = np.nonzero(w >= 0)[0]
+        recv = [torch.from_numpy(j[owner[w[j]] == r].copy()) for r in range(n)]
+        return send, recv, int(w.shape[0])
+
+    return _cached(layout, ("cp_reshard", n, rank, src, dst), make)
+
+
+def _reshard_raw(x: torch.Tensor, group, send: list, recv: list, length: int) -> torch.Tensor:
+    rest = tuple(x.shape[1:])
+    sizes_in, sizes_out = [int(i.numel()) for i in send], [int(i.numel()) for i in recv]
+    # one buffer each way with per-peer sizes (gloo's list all-to-all wants equal sizes)
+    sent = x.index_select(0, torch.cat(send).to(x.device)).contiguous()
+    got = x.new_empty((sum(sizes_out),) + rest)
+    dist.all_to_all_single(got, sent, sizes_out, sizes_in, group=group)
+    out = x.new_zeros((length,) + rest)  # pad slots of the new split: 0
+    out.index_copy_(0, torch.cat(recv).to(x.device), got)
+    return out
+
+
+class _Reshard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, send, recv, length_in, length_out):
+        ctx.args = (group, send, recv, length_in)
+        return _reshard_raw(x, group, send, recv, length_out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, send, recv, length_in = ctx.args
+        # the adjoint: the same all-to-all the other way (each token is held once, so no sums)
+        return _Reshard.apply(grad.contiguous(), group, recv, send, grad.shape[0], length_in), None, None, None, \
+            None, None
+
+
+def cp_reshard(x: torch.Tensor, layout, group: Any, scheme: str = "zigzag", to_scheme: str = "ulysses", tp: int = 1,
+               align: Optional[str] = "verl", to_tp: Optional[int] = None,
+               to_align: Any = "same") -> torch.Tensor:
+    """this rank's shard [T_local, ...] under ``scheme`` -> its shard [T_local', ...] under ``to_scheme``.
+
+    A hybrid model can run its attention layers on one CP split and its linear-attention layers on
+    another (maskpack's per-sequence "zigzag" for ring attention, "ulysses" / the whole-stream contiguous
+    split for flash-linear-attention's CP, "contiguous"): one all-to-all moves every token from the rank
+    that holds it to the rank that needs it, pad slots of the new split are 0. Differentiable: the
+    backward is the reverse all-to-all. Every rank must call it (and its backward) alike. ``to_tp`` /
+    ``to_align``: the new split's, by default the same as the old's. The whole layout, group and splits
+    must be the same on every rank: a shard whose length is not the old split's for this rank is an error
+    naming ``x`` (a group of another size than the batch was cut for shows so)."""
+    _refuse_mpi(group, "cp_reshard")
+    for name, sch in (("scheme", scheme), ("to_scheme", to_scheme)):
+        if sch not in _CP_SCHEME_NAMES:
+            raise Error(f"{name}: expected one of {', '.join(_CP_SCHEME_NAMES)}, found {sch!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument=name)
+    if not layout.packed:
+        raise Error("layout: cp_reshard moves the shards of a packed layout (layout.packed_of() packs a padded one)",
+                    "MASKPACK_ERR_UNSUPPORTED", argument="layout")
+    rank, n = _rank_size(group)
+    to_tp = tp if to_tp is None else to_tp
+    to_align = align if to_align == "same" else to_align
+    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
+    want = int(mine.q_width)
+    if isinstance(x, torch.Tensor) and x.dim() >= 1 and int(x.shape[0]) != want:
+        # a batch cut for another rank count: name the group (the layout and x agree with each other)
+        for m in range(1, 2 * n + 9):
+            if m != n and int(layout.cp_shard(m, min(rank, m - 1), scheme=scheme, tp=tp, align=align).q_width) \
+                    == int(x.shape[0]) and int(layout._cp_global(m, tp, align, scheme).q_width) % m == 0:
+                raise Error(f"group: x is a {scheme} shard of the layout for {m} ranks ({int(x.shape[0])} tokens), "
+                            f"the group has {n} (rank {rank} holds {want})", "MASKPACK_ERR_INVALID_ARGUMENT",
+                            argument="group")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or int(x.shape[0]) != want:
+        found = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise Error(f"x: expected this rank's {scheme} shard of the layout for {n} ranks (rank {rank}: {want} tokens "
+                    f"first), found {found}", "MASKPACK_ERR_SHAPE", argument="x")
+    send, recv, length = _reshard_plan(layout, n, rank, (scheme, tp, align), (to_scheme, to_tp, to_align))
+    if scheme == to_scheme and tp == to_tp and align == to_align:
+        return x
+    return _Reshard.apply(x, group, send, recv, int(x.shape[0]), length)
+
+
+_CP_SCHEME_NAMES = ("zigzag", "contiguous", "ulysses")
 
 
 # ---- head-parallel Gated DeltaNet and conv1d (the kernel runs unchanged on whole sequences) -----------
