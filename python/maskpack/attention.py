@@ -145,6 +145,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads, isa=0):
     return out, lse
 
 
+# q [B,S,Hq,D] | [T,Hq,D], k, v [.., Hkv, D], layout -> (out like q, lse float32 [B,Hq,S] | [Hq,T])
 def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None, softcap: float = 0.0,
               out: Any = None, n_threads: Optional[int] = None, threads: Optional[int] = None, *,
               group: Any = None, cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
@@ -189,6 +190,7 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
     return _forward(q, k, v, layout, scale, softcap, out, _alias(threads, n_threads), code)
 
 
+# dout, q, k, v, out (like q), lse, layout -> (dq, dk, dv) like q, k, v
 def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, layout: Any,
                        scale: Optional[float] = None, softcap: float = 0.0,
                        n_threads: Optional[int] = None, threads: Optional[int] = None, *,
@@ -266,6 +268,7 @@ class AttentionFunction:
         return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
 
 
+# q, k, v, layout -> out like q (differentiable in q, k, v)
 def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None,
                        softcap: float = 0.0, n_threads: Optional[int] = None, threads: Optional[int] = None, *,
                        isa: Optional[str] = None) -> Any:
@@ -278,6 +281,7 @@ def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[floa
     return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
 
 
+# dtype -> the kernel name the next call on it runs ("ref", "avx2", "avx512", "amx")
 def attention_isa(dtype: Any = "float32") -> str:
     """The kernel the next call on this dtype uses: "ref", "avx2", "avx512" or "amx" (the best this
     CPU has, in the order amx (bfloat16 only) > avx512 > avx2 > ref; MASKPACK_ISA honoured, and

@@ -298,6 +298,7 @@ class _AllGatherParts(torch.autograd.Function):
         return out, None, None, None, None, None
 
 
+# this rank's shard [T_local, ...], whole layout, group -> the whole batch [.., ...] on every rank
 def cp_all_gather(part: torch.Tensor, layout, group: Any = None, scheme: str = "zigzag", tp: int = 1,
                   align: Optional[str] = "verl") -> torch.Tensor:
     """This rank's CP shard of a per-token tensor ([local tokens, ...], as ``layout.shard`` cut it) ->
@@ -343,6 +344,7 @@ def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> to
     return out.to(x.device) if staged else out
 
 
+# x [.., heads, ..] split on scatter_dim -> gathered on gather_dim (one all-to-all)
 def ulysses_all_to_all(x: torch.Tensor, group: Any = None, scatter_dim: int = 1, gather_dim: int = 0) -> torch.Tensor:
     """Ulysses' exchange: split ``scatter_dim`` over the group and concatenate the received pieces along
     ``gather_dim``. Sequence-split -> head-split: ``(x [T/cp, H, D], scatter_dim=1, gather_dim=0)`` gives
@@ -369,6 +371,7 @@ class _AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
+# this rank's per-token loss and weights [T_local] -> the whole batch's weighted sum (a scalar)
 def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = None) -> torch.Tensor:
     """sum(per_token_loss * weights) over this rank's tokens, summed over the group: with a bundle's
     ``loss_weights`` the exact mean loss of the whole batch, the same number on every rank. Backward on
@@ -449,6 +452,7 @@ class _Reshard(torch.autograd.Function):
             None, None
 
 
+# this rank's shard [T_local, ...] under scheme -> its shard [T_local', ...] under to_scheme
 def cp_reshard(x: torch.Tensor, layout, group: Any, scheme: str = "zigzag", to_scheme: str = "ulysses", tp: int = 1,
                align: Optional[str] = "verl", to_tp: Optional[int] = None,
                to_align: Any = "same") -> torch.Tensor:
@@ -751,6 +755,7 @@ def _gdn_cp_no_grad(xs, h0, layout, group, rank: int, n: int, scheme, tp, align,
     return o, ht
 
 
+# shards q, k, v, g, beta [T_local, ..], whole layout, group -> (o [T_local, HV, V], final_state)
 def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
                         threads=None, scheme="zigzag", tp=1, align="verl"):
     """Head-parallel context parallelism for :func:`maskpack.gated_delta_rule` (reached through its
@@ -806,6 +811,7 @@ def gated_delta_rule_cp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     return o_local, _GatherReplicated.apply(ht, group, 1)  # every rank's head group, on every rank
 
 
+# shard x [T_local, C], weight, whole layout, group -> (y [T_local, C], conv_state [segments, C, W-1])
 def causal_conv1d_cp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
                      align="verl"):
     """Channel-parallel context parallelism for :func:`maskpack.causal_conv1d` (its ``group=``): x is
@@ -988,6 +994,7 @@ class _RingAttention(torch.autograd.Function):
 _CP_ALGORITHMS = ("auto", "ring", "all_gather")
 
 
+# shards q [T_local, Hq, D], k, v [T_local, Hkv, D], whole layout, group -> out [T_local, Hq, D]
 def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, scheme="zigzag", tp=1,
                  align="verl", algorithm="auto"):
     """Context-parallel attention (reached through :func:`maskpack.attention`'s ``group=``): q, k, v are
@@ -1120,6 +1127,7 @@ class _SequenceGDN(torch.autograd.Function):
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
 
 
+# shards q, k, v, g, beta [T_local, ..], whole layout, group -> (o [T_local, HV, V], final_state)
 def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_state=None, chunked=True, l2norm=True,
                         threads=None, scheme="zigzag", tp=1, align="verl"):
     """Sequence-parallel context parallelism for :func:`maskpack.gated_delta_rule` (its ``group=`` with
@@ -1194,6 +1202,7 @@ class _SequenceConv(torch.autograd.Function):
         return dx, dw, dp, None, None, None, None, None
 
 
+# shard x [T_local, C], weight, whole layout, group -> (y [T_local, C], conv_state [segments, C, W-1])
 def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, threads=None, scheme="zigzag", tp=1,
                      align="verl"):
     """Sequence-parallel context parallelism for :func:`maskpack.causal_conv1d`: x is this rank's CP

@@ -55,6 +55,7 @@ def _check_call(layout: Any, **tensors: Any) -> None:
     check_layout(layout)
 
 
+# () -> the rule's kernel name here ("avx512", "avx2", "ref")
 def gdn_isa() -> str:
     """The kernel the rule runs here: ``"avx512"``, ``"avx2"`` or ``"ref"``.
 
@@ -165,6 +166,7 @@ def _conv_on_device(x, w2, prefix, layout, silu, dev):
     return back(y.squeeze(0)), final[..., 1:].float()  # the last W-1 inputs, as maskpack's conv_state
 
 
+# whole packed layout, group -> {cu_seqlens [N+1] int64, cu_seqlens_cpu, group, layout, conv1d_kernel_size}
 def fla_cp_kwargs(layout: Any, group: Any, scheme: str = "ulysses", tp: int = 1, align: Optional[str] = "verl",
                   conv1d_kernel_size: Optional[int] = None, cp: Optional[int] = None,
                   device: Any = None) -> Dict[str, Any]:
@@ -287,6 +289,7 @@ class _RuleFn(torch.autograd.Function):
         return dq, dk, dv, dg, db, dh0, None, None, None, None, None, None, None
 
 
+# q, k [.., H, K], v [.., HV, V], g, beta [.., HV], layout -> (o like v, final_state [segments, HV, K, V] f32)
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      layout: Any, scale: Optional[float] = None, initial_state: Optional[torch.Tensor] = None,
                      chunked: bool = True, l2norm: bool = True, threads: Optional[int] = None,
@@ -433,6 +436,7 @@ class _ConvFn(torch.autograd.Function):
         return dx, dw, dp, None, None, None, None, None
 
 
+# x [.., C], weight [C, W] | [C, 1, W], layout -> (y like x, conv_state [segments, C, W-1] f32)
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation: Optional[str] = "silu",
                   prefix: Optional[torch.Tensor] = None, threads: Optional[int] = None, *, group: Any = None,
                   cp_scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
@@ -517,6 +521,7 @@ class _GatesFn(torch.autograd.Function):
         return da, db, dA, ddt, None
 
 
+# a, b [.., HV], A_log, dt_bias [HV], layout -> (g, beta) float32 [.., HV]
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
               layout: Any) -> Tuple[torch.Tensor, torch.Tensor]:
     """``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` per real token (float32;
@@ -550,6 +555,7 @@ class _L2Fn(torch.autograd.Function):
         return dx, None, None
 
 
+# x [.., H, D], layout -> like x
 def gdn_l2norm(x: torch.Tensor, layout: Any, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2, -1) + eps)`` per real token and head (x ``[.., H, D]``; pad rows 0)."""
     if _on_device(x.device):
@@ -1060,6 +1066,7 @@ class _PatchedForward:
         return out
 
 
+# transformers model -> the number of GDN layers patched (or given back), in place
 def patch_linear_attention(model: torch.nn.Module, enabled: bool = True, threads: Optional[int] = None, *,
                            group: Any = None, cp_scheme: str = "zigzag", tp: int = 1,
                            align: Optional[str] = "verl", cp_method: str = "auto", tail_padding: bool = False) -> int:
