@@ -27,7 +27,7 @@ from ._layout import Layout
 from ._moves import cp_multiple, relayout
 from ._tensors import is_torch_tensor
 
-BACKENDS = ("flash_attn", "sdpa", "eager", "npu", "megatron")
+BACKENDS = ("flash_attn", "sdpa", "eager", "npu", "megatron", "mindspeed")
 
 # keys that describe the layout (read, checked against each other, never moved as data)
 _LAYOUT_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx",
@@ -127,6 +127,8 @@ class Batch:
             return None if self.padding_free else self._place(self.layout.mask4d("masked"))
         if b == "flash_attn":
             return None if self.padding_free else self._place(self.layout.mask2d("int64"))
+        if b == "mindspeed":
+            return self._mindspeed_mask()
         return self.npu["atten_mask"]
 
     @functools.cached_property
@@ -228,6 +230,35 @@ class Batch:
         """A torch FlexAttention ``BlockMask`` of this rank's layout."""
         return self.layout.flex_block_mask(block_q, block_k)
 
+    def _mindspeed_mask(self):
+        """MindSpeed (backend "mindspeed"): no dense mask for plain causal attention (its TE backend builds its
+        own compressed causal mask; a dense [B,1,S,S] mask handed to that path is wrong); otherwise the masked
+        [B,1,S,Skv] mask of this rank (padded). A padding-free batch under another rule is refused: MindSpeed's
+        THD path would run it causal."""
+        r = self.layout.rule
+        if r["causal"] and tuple(r["window"]) == (-1, -1) and not r["spans"] and r["prefix"] is None:
+            return None
+        if self.padding_free:
+            raise Error("backend: MindSpeed's THD attention takes no mask and runs causal; this rule "
+                        f"(causal={r['causal']}, window={tuple(r['window'])}, spans, prefix) needs backend='npu'",
+                        "MASKPACK_ERR_UNSUPPORTED", argument="backend")
+        return self._place(self.layout.mask4d("masked"))
+
+    def mindspeed_kwargs(self) -> Dict[str, Any]:
+        """What MindSpeed reads beside the tokens (backend "mindspeed"): ``attention_mask`` (None for plain causal
+        attention), ``attention_mask_2d`` (the keep mask of this rank's tokens, for the Gated DeltaNet layers),
+        ``position_ids``, and, padding-free, the NPU-form sequence ends (no leading 0) of the padded slots:
+        ``actual_seq_len`` (global, as ``set_actual_seq_len`` takes them) and ``actual_seq_len_local`` (this
+        rank's, the padded ends divided by cp, for MindSpeed's P2P ring); None when padded."""
+        ends = ends_local = None
+        if self.padding_free:
+            cup = self.global_layout.cu_seqlens_padded()
+            ends = self._place(cup[1:])
+            ends_local = self._place(cup[1:] // self.cp)
+        return {"attention_mask": self.attention_mask if self.backend == "mindspeed" else self._mindspeed_mask(),
+                "attention_mask_2d": self.attention_mask_2d, "position_ids": self.position_ids,
+                "actual_seq_len": ends, "actual_seq_len_local": ends_local}
+
     def npu_kwargs(self) -> Dict[str, Any]:
         """Exactly the keyword arguments of ``torch_npu.npu_fusion_attention`` (no diagnostics), spelled
         as torch_npu spells them (``pre_tockens``, ``next_tockens``). Needs ``head_dim=`` or ``scale=``
@@ -257,15 +288,23 @@ class Batch:
         return {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": self.max_seqlen,
                 "max_seqlen_k": self.max_seqlen}
 
-    def megatron_packed_seq_params(self, as_object: bool = False):
+    def megatron_packed_seq_params(self, as_object: bool = False, cu_seqlens_q: str = "real"):
         """The fields of Megatron-core's ``PackedSeqParams`` for THD (padding-free): qkv_format "thd",
-        cu_seqlens_q/kv (real lengths), cu_seqlens_q/kv_padded (slots), max_seqlen_q/kv (the longest
-        padded slot, as Megatron-Bridge sets it). ``as_object=True`` builds the class itself (needs
-        megatron.core)."""
+        cu_seqlens_q/kv, cu_seqlens_q/kv_padded (slots), max_seqlen_q/kv (the longest padded slot, as
+        Megatron-Bridge sets it). ``cu_seqlens_q="real"`` (the default, TransformerEngine's documented
+        contract) puts the real offsets in cu_seqlens_q/kv; ``"padded"`` puts the slot offsets there too, as
+        verl and Megatron's packed loader do under CP on purpose (TransformerEngine issue 1930; equal to
+        maskpack.compat.verl's). ``as_object=True`` builds the class itself (needs megatron.core)."""
+        if cu_seqlens_q not in ("real", "padded"):
+            raise Error(f"cu_seqlens_q: expected 'real' (TransformerEngine's contract) or 'padded' (verl's and "
+                        f"Megatron's packed loader's), found {cu_seqlens_q!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="cu_seqlens_q")
         if not self.padding_free:
             raise Error("padding_free: PackedSeqParams describe a THD (padding-free) batch; this bundle is padded",
                         "MASKPACK_ERR_UNSUPPORTED", argument="padding_free")
         cu, cup = _as_int32(self.cu_seqlens), _as_int32(self.cu_seqlens_padded)
+        if cu_seqlens_q == "padded":
+            cu = cup
         m = _max_slot(self.global_layout) if self.extras.get("max_seqlen") is None else int(self.extras["max_seqlen"])
         fields = {"qkv_format": "thd", "cu_seqlens_q": cu, "cu_seqlens_kv": cu, "cu_seqlens_q_padded": cup,
                   "cu_seqlens_kv_padded": cup, "max_seqlen_q": m, "max_seqlen_kv": m}
@@ -803,7 +842,10 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     backend: which attention the model runs, deciding what ``bundle.attention_mask`` is (built only
     when read): "flash_attn", "sdpa", "eager" (additive in ``mask_dtype``), "npu" (arguments in
     ``bundle.npu``; TND when padding_free, BSND otherwise; ``head_dim`` or ``scale`` required),
-    "megatron". The rule (causal=True, window=..., spans=..., prefix=...) applies to every backend alike.
+    "megatron", "mindspeed" (Ascend MindSpeed: no dense mask for causal attention, the 2D keep mask kept for
+    Gated DeltaNet, NPU-form sequence ends in ``bundle.mindspeed_kwargs()``, slots padded to MindSpeed's
+    ``lcm(2, tp) * cp``: ``align="minimal"`` in place of the default). The rule (causal=True, window=...,
+    spans=..., prefix=...) applies to every backend alike.
     ``max_seqlen`` forces the value reported to kernels; ``pad_to_multiple_of`` pads the token count (each
     rank's, under CP) to a multiple, at the end of the packed stream (or the row width when padded), for
     kernels such as FP8 GEMMs that need it."""
@@ -837,6 +879,8 @@ def prepare_batch(batch: Dict[str, Any], backend: str = "flash_attn", padding_fr
     target = src.packed_of() if padding_free else src
     # one padding rule (cp_multiple): zigzag halves and sequence parallelism at cp > 1, tp alone at cp = 1;
     # align=None pads nothing (every slot must already divide, as cp_shard(align=None) requires)
+    if backend == "mindspeed" and align == "verl":
+        align = "minimal"  # MindSpeed's pad_data: each slot a multiple of lcm(2, tp) * cp
     multiple = 1 if align is None else cp_multiple(cp, tp, align)
     if cp == 1 and not padding_free:
         multiple = 1  # a padded batch at cp = 1 runs as given

@@ -256,11 +256,12 @@ def _disagree(arg: str, r: int, what: str, theirs: str, ours: str, why: str = ""
 
 
 class _AllGatherParts(torch.autograd.Function):
-    """part (this rank's shard) -> the whole, in the layout; backward: every rank's gradient of the
-    whole summed, restricted to this rank's tokens (a reduce-scatter through the layout's shards)."""
+    """part (this rank's shard) -> the whole, in the layout; backward (grad "sum"): every rank's gradient of
+    the whole summed, restricted to this rank's tokens (a reduce-scatter through the layout's shards);
+    grad "own": this rank's own gradient of the whole, restricted to its tokens (no communication)."""
 
     @staticmethod
-    def forward(ctx, part, layout, scheme, tp, align, group):
+    def forward(ctx, part, layout, scheme, tp, align, group, grad="sum"):
         from ._moves import cp_gather
 
         rank, n = _rank_size(group)
@@ -272,6 +273,7 @@ class _AllGatherParts(torch.autograd.Function):
         _agree(group, layout, "cp_all_gather",
                _cp_settings(scheme, tp, align) + _tensor_settings(layout, ("part", part, "")), local)
         ctx.args = (layout, scheme, tp, align, group, rank, n)
+        ctx.grad_mode = grad
         from . import _shm
 
         views = _shm.all_gather(part.detach().contiguous(), group, rank, n)  # one host: shared memory
@@ -286,6 +288,8 @@ class _AllGatherParts(torch.autograd.Function):
     def backward(ctx, grad):
         layout, scheme, tp, align, group, rank, n = ctx.args
         grad = grad.contiguous()
+        if ctx.grad_mode == "own":  # the other ranks' parts were constants of this rank's objective
+            return layout.shard(grad, n, rank, scheme=scheme, tp=tp, align=align), None, None, None, None, None, None
         shards = [layout.shard(grad, n, r, scheme=scheme, tp=tp, align=align) for r in range(n)]
         out = torch.empty_like(shards[rank])
         try:
@@ -295,21 +299,27 @@ class _AllGatherParts(torch.autograd.Function):
             total = grad.clone()
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
             out = layout.shard(total, n, rank, scheme=scheme, tp=tp, align=align)
-        return out, None, None, None, None, None
+        return out, None, None, None, None, None, None
 
 
 # this rank's shard [T_local, ...], whole layout, group -> the whole batch [.., ...] on every rank
 def cp_all_gather(part: torch.Tensor, layout, group: Any = None, scheme: str = "zigzag", tp: int = 1,
-                  align: Optional[str] = "verl") -> torch.Tensor:
+                  align: Optional[str] = "verl", grad: str = "sum") -> torch.Tensor:
     """This rank's CP shard of a per-token tensor ([local tokens, ...], as ``layout.shard`` cut it) ->
-    the whole tensor in ``layout`` (rank order is the group's). Differentiable: backward is a
-    reduce-scatter of the gradient to the shard, i.e. the objective is the sum over ranks of what each
-    rank computes from the whole (when every rank computes the same loss from it, that loss counts cp
-    times: scale it by 1/cp, or reduce with :func:`cp_loss` on the shards instead). ``group``: a
+    the whole tensor in ``layout`` (rank order is the group's). Differentiable. ``grad="sum"`` (the
+    default): backward is a reduce-scatter of the gradient to the shard, i.e. the objective is the sum over
+    ranks of what each rank computes from the whole (when every rank computes the same loss from it, that
+    loss counts cp times: scale it by 1/cp, or reduce with :func:`cp_loss` on the shards instead).
+    ``grad="own"``: the other ranks' parts are constants, so the shard gets only this rank's own gradient
+    at its tokens (verl's ``postprocess_packed_seqs``, which gathers them detached; no communication in
+    the backward): with the same loss on every rank, "sum" gives exactly cp times "own". ``group``: a
     torch.distributed ProcessGroup (None: the default group)."""
     if not isinstance(part, torch.Tensor):
         raise TypeError(f"part: expected a torch tensor, found {type(part).__name__}")
-    return _AllGatherParts.apply(part, layout, scheme, tp, align, group)
+    if grad not in ("sum", "own"):
+        raise Error(f"grad: expected 'sum' (every rank's gradient) or 'own' (this rank's), found {grad!r}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="grad")
+    return _AllGatherParts.apply(part, layout, scheme, tp, align, group, grad)
 
 
 class _AllToAll(torch.autograd.Function):

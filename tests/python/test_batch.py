@@ -270,6 +270,14 @@ def test_bundle_matches_numpy_expectations(backend, padding_free):
             assert am is None if padding_free else np.array_equal(np.asarray(am), ~want["keep4d"])
         elif backend == "flash_attn":
             assert am is None if padding_free else np.array_equal(np.asarray(am), want["mask"])
+        elif backend == "mindspeed":  # causal: no dense mask (MindSpeed builds its own); NPU-form slot ends
+            kw = b.mindspeed_kwargs()
+            assert am is None and kw["attention_mask"] is None
+            np.testing.assert_array_equal(np.asarray(kw["attention_mask_2d"]), np.asarray(b.attention_mask_2d))
+            if padding_free:
+                assert list(kw["actual_seq_len"]) == list(kw["actual_seq_len_local"]) == want["cu"][1:].tolist()
+            else:
+                assert kw["actual_seq_len"] is None
         else:  # npu: TND cumulative ends of the non-empty sequences, causal bottom-right (mode 3)
             if padding_free:
                 assert b.npu["input_layout"] == "TND" and b.npu["sparse_mode"] == 3

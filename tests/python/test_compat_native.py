@@ -78,3 +78,92 @@ def test_padding_recipes():
     r = padding_recipe("verl", tp=1, cp=2, fp8=True)
     padded = lay.pad_to_multiple(r.per_sequence).pad_total_to_multiple(r.total)
     assert padded.q_width % r.total == 0
+
+
+# ---- Batch.megatron_packed_seq_params(cu_seqlens_q=), cp_all_gather(grad=), prepare_batch(backend="mindspeed") ----
+
+def _batch():
+    return {"input_ids": torch.arange(10).view(2, 5), "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}
+
+
+def test_megatron_packed_seq_params_offsets():
+    """cu_seqlens_q="real" (TransformerEngine's contract, the default) or "padded" (verl's and Megatron's
+    packed loader's, TransformerEngine issue 1930): the latter equals verl's preprocess_packed_seqs."""
+    from maskpack.compat import verl
+
+    b = maskpack.prepare_batch(_batch(), backend="megatron", padding_free=True, cp=2, cp_rank=0)
+    real = b.megatron_packed_seq_params()
+    padded = b.megatron_packed_seq_params(cu_seqlens_q="padded")
+    assert real["cu_seqlens_q"].tolist() == real["cu_seqlens_kv"].tolist() == [0, 3, 8]
+    assert padded["cu_seqlens_q"].tolist() == padded["cu_seqlens_kv"].tolist() == [0, 4, 12]
+    assert padded["cu_seqlens_q_padded"].tolist() == real["cu_seqlens_q_padded"].tolist() == [0, 4, 12]
+    _, twin = verl.preprocess_packed_seqs(_batch()["input_ids"], _batch()["attention_mask"].bool(), tp=1, cp=2,
+                                          cp_rank=0)
+    for k, v in padded.items():
+        got = getattr(twin, k)
+        assert (got.tolist() if hasattr(got, "tolist") else got) == (v.tolist() if hasattr(v, "tolist") else v), k
+    with pytest.raises(maskpack.Error) as e:
+        b.megatron_packed_seq_params(cu_seqlens_q="slots")
+    assert e.value.argument == "cu_seqlens_q"
+
+
+def test_mindspeed_backend():
+    """No 4D mask for causal attention (MindSpeed builds its compressed mask), the 2D keep mask kept for Gated
+    DeltaNet, NPU-form sequence ends global and per rank (P2P), MindSpeed's alignment lcm(2, tp) * cp."""
+    b = maskpack.prepare_batch(_batch(), backend="mindspeed", padding_free=True, tp=2, cp=2, cp_rank=1)
+    assert b.attention_mask is None
+    assert b.attention_mask_2d is not None
+    kw = b.mindspeed_kwargs()
+    assert kw["actual_seq_len"].tolist() == [4, 12]            # slots of lcm(2, 2) * 2 = 4, NPU form
+    assert kw["actual_seq_len_local"].tolist() == [2, 6]       # per rank (P2P): the padded ends / cp
+    assert b.global_layout.cu_seqlens_padded().tolist() == [0, 4, 12]
+    verl_aligned = maskpack.prepare_batch(_batch(), backend="megatron", padding_free=True, tp=2, cp=2, cp_rank=1)
+    assert verl_aligned.global_layout.cu_seqlens_padded().tolist() == [0, 8, 16]   # tp * cp * 2
+    padded = maskpack.prepare_batch(_batch(), backend="mindspeed", padding_free=False)
+    assert padded.attention_mask is None and padded.mindspeed_kwargs()["actual_seq_len"] is None
+    windowed = maskpack.prepare_batch(_batch(), backend="mindspeed", padding_free=False, window=(2, 0))
+    assert windowed.attention_mask.shape == (2, 1, 5, 5) and windowed.attention_mask.dtype == torch.bool
+
+
+def _grad_worker(rank, world, init_file, out_dir):
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        lay = maskpack.Layout.from_lengths([5, 9, 2], "packed")
+        whole = torch.arange(float(lay.pad_to_multiple(2 * world).q_width)).unsqueeze(-1).repeat(1, 3)
+        g = lay.pad_to_multiple(2 * world)
+        part = g.shard(whole, world, rank, align=None).requires_grad_(True)
+        res = {}
+        for grad in ("sum", "own"):
+            p = part.detach().clone().requires_grad_(True)
+            out = maskpack.cp_all_gather(p, g, dist.group.WORLD, align=None, grad=grad)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            res[grad] = (out.detach(), p.grad)
+        torch.save(res, os.path.join(out_dir, f"g{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cp_all_gather_grad_own():
+    """grad="own": this rank's part gets its own loss's gradient (verl's detached gather); grad="sum" (the
+    default) every rank's: the same loss on every rank gives exactly cp times the "own" gradient."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    world = 2
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_grad_worker, args=(world, os.path.join(d, "init"), d), nprocs=world, join=True,
+                           start_method="spawn")
+        for r in range(world):
+            res = torch.load(os.path.join(d, f"g{r}.pt"))
+            assert torch.equal(res["sum"][0], res["own"][0])
+            assert torch.equal(res["sum"][1], world * res["own"][1])
+    with pytest.raises(maskpack.Error) as e:
+        maskpack.cp_all_gather(torch.zeros(2), maskpack.Layout.from_lengths([4], "packed"), None, grad="mine")
+    assert e.value.argument == "grad"
