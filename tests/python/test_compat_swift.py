@@ -16,7 +16,7 @@ from maskpack.compat import mcore_bridge as mb, swift as sw
 
 import compat_upstream as cu
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
 @pytest.fixture(scope="module")
