@@ -622,6 +622,7 @@ def _deserter_worker(rank, world, init_file, out_dir):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=5))
+    dist.barrier()  # both ranks are connected: an exit during rank 0's set-up would fail its init instead
     if rank == 1:
         os._exit(0)  # dies without a word: never makes the call, never tears the group down
     lay = maskpack.Layout.from_lengths([8, 4], placement="packed")
