@@ -420,21 +420,27 @@ class Batch:
         parts[self.cp_rank] = x  # the live output: its gradient flows whatever the gathered copy is
         return relayout(parts, shards, self.source_layout, pad_value=pad_value)
 
-    def hf_kwargs(self, labels: bool = False) -> Dict[str, Any]:
-        """Keyword arguments for a transformers model's forward (``model(**bundle.hf_kwargs())``),
-        one rank (cp = 1: transformers models do no context parallelism). Padded: input_ids (or
-        inputs_embeds) and position_ids ``[B, S]`` and the 2D keep mask, whatever the backend
-        (transformers builds its attention masks from it, and its Gated DeltaNet / Mamba layers need
+    def hf_kwargs(self, labels: bool = False, model: Any = None) -> Dict[str, Any]:
+        """Keyword arguments for a transformers model's forward (``model(**bundle.hf_kwargs())``).
+        Padded: input_ids (or inputs_embeds) and position_ids ``[B, S]`` and the 2D keep mask, whatever the
+        backend (transformers builds its attention masks from it, and its Gated DeltaNet / Mamba layers need
         exactly that 2D mask: a 4D one reaches them as no mask at all). Padding-free: one packed row
         ``[1, T]`` with flash-attention's ``cu_seq_lens_q/k`` and ``max_length_q/k`` (which the flash
-        kernels and maskpack-patched GDN layers read; sdpa/eager separate the sequences by the
-        restarting position ids) and ``use_cache=False``. ``labels=True`` adds ``labels`` and the
-        bundle's ``shift_labels`` (transformers' loss then takes the shifted labels as they are, never
-        shifting across a packed sequence boundary). Every other per-token key of the batch is passed
-        on in the same shape."""
+        kernels, maskpack's attention and maskpack-patched GDN layers read; sdpa/eager separate the
+        sequences by the restarting position ids) and ``use_cache=False``. ``labels=True`` adds ``labels``
+        and the bundle's ``shift_labels`` (transformers' loss then takes the shifted labels as they are,
+        never shifting across a packed sequence boundary). Every other per-token key of the batch is passed
+        on in the same shape.
+
+        cp > 1 (padding-free): this rank's shard as one packed row ``[1, T_local]`` with the whole batch's
+        layout (``maskpack_layout``) and the shard it is (``maskpack_cp``), for a model prepared with
+        :func:`maskpack.hf.prepare_model` and a group of cp ranks (see :func:`maskpack.hf.cp_kwargs`);
+        transformers' own attention runs no context parallelism, so without such a model (``model``, or
+        when None any live model of the process) :class:`maskpack.Error` names ``cp``."""
         if self.cp != 1:
-            raise Error(f"cp: transformers models run no context parallelism; hf_kwargs needs cp = 1, found {self.cp}",
-                        "MASKPACK_ERR_UNSUPPORTED", argument="cp")
+            from .hf import cp_kwargs
+
+            return cp_kwargs(self, labels=labels, model=model)
         skip = {"labels", "shift_labels", "loss_weights"}
         if not self.padding_free:
             kw = {k: v for k, v in self.tokens.items() if k not in skip}

@@ -84,7 +84,7 @@ def reference(kind):
 
 def maskpack_loss(model, bundle, **kw):
     """This rank's share of the mean loss: sum(per-token loss * the bundle's weights)."""
-    logits = model(**(mhf.cp_kwargs(bundle, **kw) if bundle.cp > 1 else bundle.hf_kwargs(**kw))).logits  # TMP
+    logits = model(**bundle.hf_kwargs(**kw)).logits
     flat = logits.reshape(-1, logits.shape[-1])
     per_token = F.cross_entropy(flat, bundle.shift_labels.reshape(-1), ignore_index=-100, reduction="none")
     return (per_token * bundle.loss_weights.reshape(-1)).sum()
@@ -188,8 +188,7 @@ def _cp_worker(rank, world, init_file, out_dir):
             model = mhf.prepare_model(tiny_model(kind), group=group, cp_scheme=scheme, cp_algorithm=algo)
             bundle = maskpack.prepare_batch(padded_batch(), backend="sdpa", padding_free=True, cp=world, cp_rank=rank,
                                             cp_scheme=scheme)
-            kw = mhf.cp_kwargs(bundle)  # TMP
-            logits = model(**kw).logits[0]
+            logits = model(**bundle.hf_kwargs()).logits[0]  # this rank's shard [T_local, vocab]
             per_token = F.cross_entropy(logits, bundle.shift_labels, reduction="none")
             loss = maskpack.cp_loss(per_token, bundle.loss_weights, group)  # the README's step
             loss.backward()
@@ -205,12 +204,16 @@ def _cp_worker(rank, world, init_file, out_dir):
         model = mhf.prepare_model(tiny_model("qwen3_5"), group=group)
         mine = maskpack.prepare_batch(padded_batch(), padding_free=True, cp=world, cp_rank=rank)
         other = maskpack.prepare_batch(padded_batch(), padding_free=True, cp=world, cp_rank=(rank + 1) % world)
-        kw = mhf.cp_kwargs(mine)  # TMP
+        kw = mine.hf_kwargs()
+        with_labels = mine.hf_kwargs(labels=True)  # the shard's labels and shifted labels, one packed row
+        assert with_labels["shift_labels"].shape == kw["input_ids"].shape == (1, mine.input_ids.shape[0])
+        assert torch.equal(with_labels["shift_labels"][0], mine.shift_labels)
+        assert kw["maskpack_layout"] is mine.global_layout and kw["maskpack_cp"]["cp_rank"] == rank
         kw_scheme = {**kw, "maskpack_cp": {**kw["maskpack_cp"], "cp_scheme": "contiguous"}}
         # rank 0 alone holds a wrong batch: it raises its own error, every other rank one naming rank 0
         # (nobody waits in the ring)
         kw_one = kw_scheme if rank == 0 else kw
-        for name, kwargs in (("rank", mhf.cp_kwargs(other)), ("scheme", kw_scheme), ("one", kw_one)):  # TMP
+        for name, kwargs in (("rank", other.hf_kwargs()), ("scheme", kw_scheme), ("one", kw_one)):
             try:
                 with torch.no_grad():
                     model(**kwargs)
@@ -230,7 +233,7 @@ def _cp_worker(rank, world, init_file, out_dir):
         size = 6 - world  # 4 at world 2, 2 at world 4
         sized = maskpack.prepare_batch(padded_batch(), padding_free=True, cp=size, cp_rank=0)
         try:
-            mhf.cp_kwargs(sized)  # TMP
+            sized.hf_kwargs()
         except maskpack.Error as e:
             errs["size"] = (e.argument, str(e))
         try:
@@ -240,7 +243,7 @@ def _cp_worker(rank, world, init_file, out_dir):
             errs["size_attn"] = (e.argument, str(e))
         # an unprepared model is refused the shard's kwargs
         try:
-            mhf.cp_kwargs(mine, model=tiny_model("qwen3_5"))  # TMP
+            mine.hf_kwargs(model=tiny_model("qwen3_5"))
         except maskpack.Error as e:
             errs["unprepared"] = (e.argument, str(e))
         if rank == 0:
