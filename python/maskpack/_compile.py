@@ -249,7 +249,7 @@ def attention(q, k, v, layout, scale, softcap, threads, isa: int):
     """maskpack.attention under compilation -> (out, lse); lse is not differentiable (its gradient is dropped)."""
     from .attention import _scale, _softcap
 
-    return attention_op(q, k, v, id(layout), _scale(scale), _softcap(softcap), int(threads or 0), int(isa))
+    return attention_op(q, k, v, _key(layout), _scale(scale), _softcap(softcap), int(threads or 0), int(isa))
 
 
 @torch.library.custom_op("maskpack::gated_delta_rule", mutates_args=())

@@ -40,7 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ._errors import Error
-from ._tensors import check_layout
+from ._tensors import check_layout, compiling
 
 __all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "mask_function", "prepare_model", "unprepare_model",
            "register", "SUPPORTED"]
@@ -212,6 +212,14 @@ def _with_rule(layout: Any, causal: bool, window: Tuple[int, int]):
     return _cached(layout, ("hf_rule", causal, tuple(window)), lambda: layout.with_rule(causal=causal, window=window))
 
 
+@torch._dynamo.assume_constant_result
+def _ruled_key(layout: Any, causal: bool, window: Tuple[int, int]) -> int:
+    """Under torch.compile: the registry key of the layout under the layer's rule (a constant of the
+    layout while tracing: made once, kept in the layout's cache, so it lives as long as the layout; the
+    rule is read from the C extension, which Dynamo cannot trace)."""
+    return id(_with_rule(layout, causal, window))
+
+
 def _layer_rule(module: Any, kwargs: Dict[str, Any]) -> Tuple[bool, Tuple[int, int]]:
     causal = kwargs.get("is_causal")
     if causal is None:
@@ -286,9 +294,26 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if isinstance(info, dict) and int(info.get("cp", 1)) > 1:
         raise _fail(f"group: the call holds a context-parallel shard (cp = {info['cp']}) but the "
                     "model was prepared without a group: maskpack.hf.prepare_model(model, group=...)", "group")
-    layout = _with_rule(_call_layout(B, S, attention_mask, kwargs), causal, window)
     from .attention import attention
 
+    if compiling():
+        # traced: the layout is the call's maskpack_layout (boundaries read from tensor values cannot be
+        # traced), handed to the kernel op by its registry key; the call's other forms are checked
+        # against it by the patched linear layers' opaque check when the graph runs
+        given = kwargs.get("maskpack_layout")
+        if given is None:
+            raise _fail("maskpack_layout: under torch.compile the attention layers take the call's layout as "
+                        "maskpack_layout=<Layout> (built outside the compiled function; bundle.hf_kwargs() passes "
+                        "it); offsets read from tensor values cannot be traced", "maskpack_layout",
+                    "MASKPACK_ERR_NOT_FOUND")
+        layout = _call_layout(B, S, attention_mask, kwargs)
+        key = _ruled_key(layout, causal, window)
+        if layout.packed:
+            out, _ = attention(q[0], k[0], v[0], key, scale=scaling, softcap=softcap, threads=threads)
+            return out.unsqueeze(0), None
+        out, _ = attention(q, k, v, key, scale=scaling, softcap=softcap, threads=threads)
+        return out, None
+    layout = _with_rule(_call_layout(B, S, attention_mask, kwargs), causal, window)
     if layout.packed:
         out, _ = attention(q[0], k[0], v[0], layout, scale=scaling, softcap=softcap, threads=threads)
         return out.unsqueeze(0), None
