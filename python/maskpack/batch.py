@@ -314,15 +314,35 @@ class Batch:
 
         return PackedSeqParams(**fields)
 
-    def fla_kwargs(self) -> Dict[str, Any]:
+    def fla_kwargs(self, group: Any = None, conv1d_kernel_size: Optional[int] = None) -> Dict[str, Any]:
         """What flash-linear-attention's ``chunk_gated_delta_rule`` and ``causal_conv1d`` take for packed
         rows: ``cu_seqlens`` (int64, the one packed row of this rank's tokens; inputs shaped [1, T, ...]);
-        padded: the 2D keep mask its layers unpad with."""
+        padded: the 2D keep mask its layers unpad with. Under context parallelism (cp > 1, padding-free,
+        ``cp_scheme="ulysses"``: flash-linear-attention cuts the whole packed stream contiguously, which is
+        maskpack's Ulysses split) with ``group=``: the keyword arguments of its ``build_cp_context`` for this
+        rank (:func:`maskpack.gdn.fla_cp_kwargs`); without ``group`` an error naming it, and a per-sequence
+        split (zigzag, contiguous) an error naming ``cp_scheme`` (reshard with
+        :func:`maskpack.distributed.cp_reshard` first)."""
         if not self.padding_free:
+            if self.cp != 1:
+                raise Error(f"padding_free: flash-linear-attention's context parallelism takes one packed stream; "
+                            f"this bundle is padded at cp = {self.cp}", "MASKPACK_ERR_UNSUPPORTED",
+                            argument="padding_free")
             return {"attention_mask": self._place(self.layout.mask2d("int64"))}
         if self.cp != 1:
-            raise Error(f"cp: flash-linear-attention's packed rows hold whole sequences; found cp = {self.cp}",
-                        "MASKPACK_ERR_UNSUPPORTED", argument="cp")
+            scheme = self.extras["cp_scheme"]
+            if scheme != "ulysses":
+                raise Error(f"cp_scheme: flash-linear-attention's context parallelism cuts the whole packed stream "
+                            f"contiguously (maskpack's 'ulysses' split); this bundle's ranks hold the {scheme!r} "
+                            "split (reshard with maskpack.distributed.cp_reshard, or prepare it with "
+                            "cp_scheme='ulysses')", "MASKPACK_ERR_UNSUPPORTED", argument="cp_scheme")
+            if group is None:
+                raise Error(f"group: under cp = {self.cp} flash-linear-attention's context needs the process group "
+                            "(bundle.fla_kwargs(group=...))", "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
+            from .gdn import fla_cp_kwargs
+
+            return fla_cp_kwargs(self.global_layout, group, scheme="ulysses", align=None,
+                                 conv1d_kernel_size=conv1d_kernel_size, cp=self.cp, device=self._device)
         return {"cu_seqlens": self.global_layout.cu_seqlens_padded("int64", device=self._device or "cpu")}
 
     def as_dict(self) -> Dict[str, Any]:

@@ -284,3 +284,35 @@ def test_fla_cp_kwargs_refusals(monkeypatch):
     with pytest.raises(maskpack.Error) as e:
         gdn.fla_cp_kwargs(Layout.from_lengths([7, 2], placement="right"), "group")
     assert e.value.argument == "layout"
+
+
+def test_bundle_fla_kwargs_under_cp(monkeypatch):
+    """bundle.fla_kwargs(group=) at cp > 1: build_cp_context's arguments for the bundle's Ulysses split,
+    the same as fla_cp_kwargs on its global layout; a per-sequence split, a missing group and a padded
+    bundle are errors naming what to change."""
+    import maskpack.distributed as mdist
+
+    lengths = [7, 2, 12, 5]
+    ids = torch.arange(sum(lengths))[None]
+    cu = torch.tensor([0, 7, 9, 21, 26], dtype=torch.int32)
+    for rank in range(2):
+        monkeypatch.setattr(mdist, "_rank_size", lambda group, r=rank: (r, 2))
+        b = maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu}, padding_free=True, cp=2, cp_rank=rank,
+                                   cp_scheme="ulysses")
+        kw = b.fla_kwargs(group="group", conv1d_kernel_size=4)
+        want = gdn.fla_cp_kwargs(b.global_layout, "group", align=None, conv1d_kernel_size=4, cp=2)
+        assert kw.keys() == want.keys() and kw["layout"] == "contiguous"
+        assert torch.equal(kw["cu_seqlens_cpu"], want["cu_seqlens_cpu"])
+        assert kw["cu_seqlens_cpu"][-1] == 2 * b.layout.q_width  # this rank holds its contiguous half
+        with pytest.raises(maskpack.Error) as e:
+            b.fla_kwargs()
+        assert e.value.argument == "group"
+    z = maskpack.prepare_batch({"input_ids": ids, "cu_seqlens": cu}, padding_free=True, cp=2, cp_rank=0)
+    with pytest.raises(maskpack.Error) as e:
+        z.fla_kwargs(group="group")
+    assert e.value.argument == "cp_scheme"
+    mask = torch.ones(2, 13, dtype=torch.int64)
+    p = maskpack.prepare_batch({"input_ids": torch.zeros(2, 13, dtype=torch.int64), "attention_mask": mask}, cp=2)
+    with pytest.raises(maskpack.Error) as e:
+        p.fla_kwargs(group="group")
+    assert e.value.argument == "padding_free"
