@@ -701,7 +701,7 @@ def cp_call(call: str, xs: list, layout: Any, group: Any, kwargs: dict) -> tuple
     """A CP call under compilation -> its outputs (a tuple); kwargs are plain constants."""
     record = torch.is_grad_enabled()
     want = [bool(record and x is not None and x.requires_grad) for x in xs]
-    outs = cp_call_op([_absent() if x is None else x for x in xs], want, call, id(layout) if layout is not None else 0, group.group_name,
+    outs = cp_call_op([_absent() if x is None else x for x in xs], want, call, _key(layout) if layout is not None else 0, group.group_name,
                       repr(kwargs))
     return tuple(outs[:-1])
 

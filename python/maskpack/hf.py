@@ -379,6 +379,21 @@ def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, 
     algo = s.cp_algorithm
     if algo == "auto":
         algo = "ulysses" if s.cp_scheme == "ulysses" else "auto"
+    if compiling():
+        # traced: the ring or the all-gather is one opaque op (maskpack._compile.cp_call) whose eager call
+        # starts with the ranks' agreement, so a rank refused there stops every rank; the whole batch's
+        # layout under the layer's rule crosses by its registry key
+        if algo == "ulysses":
+            raise _fail("cp_algorithm: under torch.compile the attention layers run the ring or the all-gather "
+                        "(prepare_model(..., cp_algorithm='ring' or 'all_gather', cp_scheme='zigzag'))",
+                        "cp_algorithm", "MASKPACK_ERR_UNSUPPORTED")
+        if q.shape[0] != 1:
+            raise _fail(f"query: under context parallelism one packed row [1, T_local, ...], found a batch of "
+                        f"{q.shape[0]} rows", "query", "MASKPACK_ERR_SHAPE")
+        key = _ruled_key(_cp_layout(s, kwargs, n, rank), causal, window)
+        out = attention(q[0], k[0], v[0], key, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
+                        cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
+        return out.unsqueeze(0)
     # every check that may differ between ranks before the agreement, so that none raises alone
     local = None
     try:
