@@ -402,6 +402,26 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
 # ---- resharding: one CP split to another, one all-to-all ---------------------------------------------
 
 
+def _stream_zigzag_ids(T: int, n: int, r: int, tp: int) -> np.ndarray:
+    """The whole-stream zigzag split: the packed stream of T slots (sequence boundaries ignored) padded at
+    its end to a multiple of 2 * n * tp and cut into 2n equal chunks; rank r holds chunks r and 2n-1-r (so
+    causal work is even across ranks, as the per-sequence zigzag makes it per sequence). -> the stream
+    positions of rank r's slots, -1 for the end padding."""
+    m = 2 * n * max(1, tp)
+    c = -(-T // m) * m // (2 * n)
+    ids = np.concatenate([np.arange(r * c, (r + 1) * c), np.arange((2 * n - 1 - r) * c, (2 * n - r) * c)])
+    return np.where(ids < T, ids, -1).astype(np.int64)
+
+
+def _split_ids(layout, n: int, r: int, scheme: str, tp: int, align) -> np.ndarray:
+    """Rank r's slots under a CP split -> the packed layout's columns they hold (-1: padding)."""
+    T = int(layout.q_width)
+    if scheme == "stream_zigzag":
+        return _stream_zigzag_ids(T, n, r, tp)
+    ids_t = torch.arange(T, dtype=torch.int64)
+    return layout.shard(ids_t, n, r, scheme=scheme, tp=tp, align=align, pad_value=-1).numpy()
+
+
 def _reshard_plan(layout, n: int, rank: int, src: tuple, dst: tuple) -> tuple:
     """(per peer: the positions in this rank's src shard it sends there; per peer: the positions in this
     rank's dst shard it receives from there; the dst shard's length). src, dst: (scheme, tp, align). Both
@@ -411,11 +431,8 @@ def _reshard_plan(layout, n: int, rank: int, src: tuple, dst: tuple) -> tuple:
 
     def make():
         T = int(layout.q_width)  # a packed layout: one slot per column
-        ids_t = torch.arange(T, dtype=torch.int64)
-        held = [layout.shard(ids_t, n, r, scheme=src[0], tp=src[1], align=src[2], pad_value=-1).numpy()
-                for r in range(n)]
-        want = [layout.shard(ids_t, n, r, scheme=dst[0], tp=dst[1], align=dst[2], pad_value=-1).numpy()
-                for r in range(n)]
+        held = [_split_ids(layout, n, r, *src) for r in range(n)]
+        want = [_split_ids(layout, n, r, *dst) for r in range(n)]
         owner = np.full(T, -1, dtype=np.int64)
         place = np.full(T, -1, dtype=np.int64)
         for r in range(n):
@@ -470,7 +487,9 @@ def cp_reshard(x: torch.Tensor, layout, group: Any, scheme: str = "zigzag", to_s
 
     A hybrid model can run its attention layers on one CP split and its linear-attention layers on
     another (maskpack's per-sequence "zigzag" for ring attention, "ulysses" / the whole-stream contiguous
-    split for flash-linear-attention's CP, "contiguous"): one all-to-all moves every token from the rank
+    split for flash-linear-attention's CP, "contiguous", and "stream_zigzag": the whole packed stream cut
+    into 2 * cp chunks, rank r holding chunks r and 2cp-1-r, sequence boundaries ignored, the end padded
+    to a multiple of 2 * cp * tp; ``align`` does not apply to it): one all-to-all moves every token from the rank
     that holds it to the rank that needs it, pad slots of the new split are 0. Differentiable: the
     backward is the reverse all-to-all. Every rank must call it (and its backward) alike. ``to_tp`` /
     ``to_align``: the new split's, by default the same as the old's. The whole layout, group and splits
@@ -487,9 +506,8 @@ def cp_reshard(x: torch.Tensor, layout, group: Any, scheme: str = "zigzag", to_s
     rank, n = _rank_size(group)
     to_tp = tp if to_tp is None else to_tp
     to_align = align if to_align == "same" else to_align
-    mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
-    want = int(mine.q_width)
-    if isinstance(x, torch.Tensor) and x.dim() >= 1 and int(x.shape[0]) != want:
+    want = int(_split_ids(layout, n, rank, scheme, tp, align).shape[0])
+    if scheme != "stream_zigzag" and isinstance(x, torch.Tensor) and x.dim() >= 1 and int(x.shape[0]) != want:
         # a batch cut for another rank count: name the group (the layout and x agree with each other)
         for m in range(1, 2 * n + 9):
             if m != n and int(layout.cp_shard(m, min(rank, m - 1), scheme=scheme, tp=tp, align=align).q_width) \
@@ -507,7 +525,7 @@ def cp_reshard(x: torch.Tensor, layout, group: Any, scheme: str = "zigzag", to_s
     return _Reshard.apply(x, group, send, recv, int(x.shape[0]), length)
 
 
-_CP_SCHEME_NAMES = ("zigzag", "contiguous", "ulysses")
+_CP_SCHEME_NAMES = ("zigzag", "contiguous", "ulysses", "stream_zigzag")
 
 
 # ---- head-parallel Gated DeltaNet and conv1d (the kernel runs unchanged on whole sequences) -----------

@@ -1,5 +1,5 @@
 """maskpack.distributed.cp_reshard across 2 and 4 gloo processes: every pair of CP splits (per-sequence
-zigzag, per-sequence contiguous, Ulysses / the whole-stream contiguous split), packed layouts with
+zigzag, per-sequence contiguous, Ulysses / the whole-stream contiguous split, the whole-stream zigzag), packed layouts with
 uneven sequences: the result on each rank is exactly what layout.shard gives under the new split (pads
 0), and its gradient is the reverse move (checked against the shard of the whole gradient)."""
 
@@ -16,7 +16,20 @@ import maskpack
 from maskpack.distributed import cp_reshard
 
 LENGTHS = [7, 2, 12, 5, 9, 3]
-SCHEMES = ["zigzag", "contiguous", "ulysses"]
+SCHEMES = ["zigzag", "contiguous", "ulysses", "stream_zigzag"]
+
+
+def _shard(lay, x, world, rank, scheme):
+    """This rank's part of x [T, ...] under a split; the whole-stream zigzag written out here: the
+    stream padded with zeros to a multiple of 2 * world, cut into 2 * world chunks, chunks rank and
+    2 * world - 1 - rank."""
+    if scheme != "stream_zigzag":
+        return lay.shard(x, world, rank, scheme=scheme)
+    T = x.shape[0]
+    c = -(-T // (2 * world))
+    padded = torch.cat([x, x.new_zeros((2 * world * c - T,) + tuple(x.shape[1:]))])
+    chunks = padded.split(c)
+    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]])
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -29,12 +42,12 @@ def _worker(rank, world, init_file, out_dir):
         dy = torch.randn(T, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
         bad = []
         for a, b in itertools.product(SCHEMES, SCHEMES):
-            part = lay.shard(x, world, rank, scheme=a).requires_grad_()
+            part = _shard(lay, x, world, rank, a).requires_grad_()
             y = cp_reshard(part, lay, dist.group.WORLD, scheme=a, to_scheme=b)
-            want = lay.shard(x, world, rank, scheme=b)
-            g_out = lay.shard(dy, world, rank, scheme=b)
+            want = _shard(lay, x, world, rank, b)
+            g_out = _shard(lay, dy, world, rank, b)
             (g,) = torch.autograd.grad(y, part, g_out)
-            g_want = lay.shard(dy, world, rank, scheme=a)  # each token's gradient back on its holder
+            g_want = _shard(lay, dy, world, rank, a)  # each token's gradient back on its holder
             if not torch.equal(y.detach(), want):
                 bad.append(f"{a}->{b}: values")
             if not torch.equal(g, g_want):
