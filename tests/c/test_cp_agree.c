@@ -176,7 +176,9 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
     const maskpack_layout *lay = tw->null_layout ? NULL : L;
     maskpack_cp_scheme scheme = tw->scheme ? MASKPACK_CP_CONTIGUOUS : MASKPACK_CP_ZIGZAG;
     maskpack_status s = MASKPACK_OK;
-    maskpack_tensor *watch = NULL; /* an output that must stay as it was when the call fails */
+    /* an output that must stay as it was when the call fails: a copy of its view (the tensors are
+     * declared in the blocks below; their buffers live until the end of this function) */
+    maskpack_tensor watched, *watch = NULL;
     if (what == ATT_FWD || what == ATT_BWD) {
         const int64_t HQ = 4, HK = tw->kv_heads ? tw->kv_heads : 2, D = tw->head_dim ? tw->head_dim : 8;
         maskpack_tensor q = ten(&b, 3, tl, HQ, D, 0, -1, 1), k = ten(&b, 3, tl, HK, D, 0, -1, 1);
@@ -185,13 +187,13 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         double scale = tw->scale ? 0.5 : 0.0;
         if (what == ATT_FWD) {
             sentinel(&o);
-            watch = &o;
+            watched = o, watch = &watched;
             s = maskpack_cp_attention_forward(comm, lay, scheme, &q, &k, &v, scale, 0, &o, &lse, 1, &e);
         } else {
             maskpack_tensor dout = ten(&b, 3, tl, HQ, D, 0, -1, 1), dq = ten(&b, 3, tl, HQ, D, 0, 0, 0);
             maskpack_tensor dk = ten(&b, 3, tl, HK, D, 0, 0, 0), dv = ten(&b, 3, tl, HK, D, 0, 0, 0);
             sentinel(&dq);
-            watch = &dq;
+            watched = dq, watch = &watched;
             s = maskpack_cp_attention_backward(comm, lay, scheme, &dout, &q, &k, &v, &o, &lse, scale, 0, &dq, &dk, &dv, 1,
                                                &e);
         }
@@ -208,7 +210,7 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         maskpack_tensor o = ten(&b, 3, tl, HV, V, 0, 0, 0), fin = ten(&b, 4, N, HV, K, V, 0, 0);
         if (what == GDN_FWD) {
             sentinel(&o);
-            watch = &o;
+            watched = o, watch = &watched;
             s = maskpack_cp_gdn_forward(comm, lay, scheme, &in, &opts, &o, &fin, &e);
         } else {
             maskpack_tensor dq = ten(&b, 3, tl, H, K, 0, 0, 0), dk = ten(&b, 3, tl, H, K, 0, 0, 0);
@@ -216,7 +218,7 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
             maskpack_tensor db = ten(&b, 2, tl, HV, 0, 0, 0, 0), d_o = ten(&b, 3, tl, HV, V, 0, -1, 1);
             maskpack_gdn_grads gr = {&dq, &dk, &dv, &dg, &db, NULL};
             sentinel(&dq);
-            watch = &dq;
+            watched = dq, watch = &watched;
             s = maskpack_cp_gdn_backward(comm, lay, scheme, &in, &d_o, NULL, &opts, &gr, &e);
         }
     } else if (what == CONV_FWD || what == CONV_BWD) {
@@ -226,13 +228,13 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         int silu = tw->silu ? 0 : 1;
         if (what == CONV_FWD) {
             sentinel(&y);
-            watch = &y;
+            watched = y, watch = &watched;
             s = maskpack_cp_causal_conv1d(comm, lay, scheme, &x, &w, NULL, silu, 1, &y, &st, &e);
         } else {
             maskpack_tensor dy = ten(&b, 2, tl - (tw->bad_dy ? 1 : 0), C, 0, 0, -1, 1), dx = ten(&b, 2, tl, C, 0, 0, 0, 0);
             maskpack_tensor dw = ten(&b, 2, C, W, 0, 0, 0, 0);
             sentinel(&dx);
-            watch = &dx;
+            watched = dx, watch = &watched;
             s = maskpack_cp_causal_conv1d_backward(comm, lay, scheme, &x, &w, NULL, silu, &dy, NULL, 1, &dx, &dw, NULL, &e);
         }
     } else {
