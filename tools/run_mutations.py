@@ -64,6 +64,9 @@ def package_dir(scratch, build):
     for f in os.listdir(src):
         if f.endswith(".py") or f == "py.typed":
             shutil.copy2(os.path.join(src, f), os.path.join(pkg, "maskpack", f))
+        elif os.path.isdir(os.path.join(src, f)) and f != "__pycache__":  # subpackages (maskpack.compat)
+            shutil.copytree(os.path.join(src, f), os.path.join(pkg, "maskpack", f),
+                            ignore=shutil.ignore_patterns("__pycache__"))
     for f in os.listdir(os.path.join(build, "python")):
         if f.startswith("_") and f.endswith(".so"):
             shutil.copy2(os.path.join(build, "python", f), os.path.join(pkg, "maskpack", f))

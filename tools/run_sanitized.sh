@@ -34,6 +34,11 @@ done
 pkgdir="$BUILD/pyroot"
 rm -rf "$pkgdir"; mkdir -p "$pkgdir/maskpack"
 cp python/maskpack/*.py "$pkgdir/maskpack/"
+for sub in python/maskpack/*/; do  # subpackages (maskpack.compat), without their bytecode caches
+  name=$(basename "$sub")
+  [ "$name" = __pycache__ ] && continue
+  mkdir -p "$pkgdir/maskpack/$name" && cp "$sub"*.py "$pkgdir/maskpack/$name/"
+done
 cp "$BUILD"/python/_*.so "$pkgdir/maskpack/"
 asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
