@@ -147,10 +147,9 @@ def get_batch_on_this_cp_rank(cu_seqlens_padded: torch.Tensor, input_ids_padded:
     else dim 1 (or dim 0) whichever equals the padded total. ``cp`` / ``cp_rank`` default to ``cp_group``'s
     size and rank."""
     fn = "get_batch_on_this_cp_rank"
-    if qvk_format not in ["thd", "bshd", "sbhd"]:
-        raise ValueError(f"Unsupported qvk_format: {qvk_format}!")
-    if qvk_format != "thd":
-        raise ValueError(f"Support not implemented yet for qvk_format: {qvk_format}!")
+    if qvk_format != "thd":  # TransformerEngine itself refuses every other format here (ValueError alike)
+        raise Error(f"{fn}: qvk_format: expected 'thd' (the only format this function shards), found "
+                    f"{qvk_format!r}", "MASKPACK_ERR_UNSUPPORTED", argument="qvk_format")
     if cp is None:
         cp = torch.distributed.get_world_size(group=cp_group)
     if cp <= 1:
