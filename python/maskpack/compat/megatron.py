@@ -85,20 +85,26 @@ def _check_slots(fn, g: Layout, cp: int):
                         "MASKPACK_ERR_SHAPE", argument="packed_seq_params", index=(i,))
 
 
+def _balanced_layout(fn: str, input_: torch.Tensor, cp_size: int, packed_seq_params: Any) -> Layout:
+    """The packed layout [S] the load balancing cuts: one sequence, or packed_seq_params' sequences,
+    every slot dividing by 2 * cp."""
+    s = input_.shape[0]
+    if packed_seq_params is not None:
+        g = _thd_layout(fn, packed_seq_params, s)
+        _check_slots(fn, g, cp_size)
+        return g
+    if s % (2 * cp_size):
+        raise Error(f"{fn}: input_ has {s} tokens, which does not divide by 2*cp = {2 * cp_size}",
+                    "MASKPACK_ERR_SHAPE", argument="input_")
+    return Layout.from_lengths([s], "packed")
+
+
 def undo_attention_load_balancing(input_: torch.Tensor, cp_size: int,
                                   packed_seq_params: Any = None) -> torch.Tensor:
     """Megatron's ``_undo_attention_load_balancing``: ``[S, ...]`` holding every rank's zigzag shard in rank
     order -> the sequence in order (packed: each sequence of ``packed_seq_params``). Differentiable."""
     fn = "undo_attention_load_balancing"
-    s = input_.shape[0]
-    if packed_seq_params is None:
-        if s % (2 * cp_size):
-            raise Error(f"{fn}: input_ has {s} tokens, which does not divide by 2*cp = {2 * cp_size}",
-                        "MASKPACK_ERR_SHAPE", argument="input_")
-        g = Layout.from_lengths([s], "packed")
-    else:
-        g = _thd_layout(fn, packed_seq_params, s)
-        _check_slots(fn, g, cp_size)
+    g = _balanced_layout(fn, input_, cp_size, packed_seq_params)
     if cp_size == 1:
         return input_
     return cp_gather(list(torch.chunk(input_, cp_size, 0)), g, align=None)
@@ -109,15 +115,7 @@ def redo_attention_load_balancing(input_: torch.Tensor, cp_size: int,
     """Megatron's ``_redo_attention_load_balancing``: the sequence in order -> every rank's zigzag shard in
     rank order (the inverse of :func:`undo_attention_load_balancing`). Differentiable."""
     fn = "redo_attention_load_balancing"
-    s = input_.shape[0]
-    if packed_seq_params is None:
-        if s % (2 * cp_size):
-            raise Error(f"{fn}: input_ has {s} tokens, which does not divide by 2*cp = {2 * cp_size}",
-                        "MASKPACK_ERR_SHAPE", argument="input_")
-        g = Layout.from_lengths([s], "packed")
-    else:
-        g = _thd_layout(fn, packed_seq_params, s)
-        _check_slots(fn, g, cp_size)
+    g = _balanced_layout(fn, input_, cp_size, packed_seq_params)
     if cp_size == 1:
         return input_
     return torch.cat([g.shard(input_, cp_size, r, align=None) for r in range(cp_size)], 0)
