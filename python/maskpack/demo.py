@@ -109,28 +109,25 @@ class _Progress:
 # ---- options ------------------------------------------------------------------------------------------
 
 
-def _int_in(lo: int, hi: int):
-    def conv(s: str) -> int:
+def _in_range(kind, what: str, lo, hi):
+    """An argparse type: a value of ``kind`` (int or float) in [lo, hi], or the option's one-line error."""
+    def conv(s: str):
         try:
-            v = int(s)
+            v = kind(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], found {s!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {what} in [{lo}, {hi}], found {s!r}") from None
         if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], found {v}")
+            raise argparse.ArgumentTypeError(f"expected {what} in [{lo}, {hi}], found {v}")
         return v
     return conv
+
+
+def _int_in(lo: int, hi: int):
+    return _in_range(int, "an integer", lo, hi)
 
 
 def _float_in(lo: float, hi: float):
-    def conv(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number in [{lo}, {hi}], found {s!r}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"expected a number in [{lo}, {hi}], found {v}")
-        return v
-    return conv
+    return _in_range(float, "a number", lo, hi)
 
 
 def _layouts(s: str) -> List[str]:
