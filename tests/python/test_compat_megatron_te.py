@@ -75,6 +75,85 @@ def test_get_batch_on_this_cp_rank(cp, chunks, b, with_mask, via_group):
         cu.count("megatron.get_batch_on_this_cp_rank")
 
 
+@SETTINGS
+@given(packed(), st.integers(1, 2), st.integers(0, 3))
+def test_thd_batch_on_this_cp_rank(case, b, trim):
+    """get_thd_batch_on_this_cp_rank against megatron-core's (TransformerEngine's index: the port of its kernel),
+    and get_batch_on_this_cp_rank given the same batch with its thd packed_seq_params entry (the newer form)."""
+    cp, cuq = case
+    utils = cu.megatron_module("megatron.core.utils")
+    total = int(cuq[-1])
+    slots = cuq.diff()
+    real = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum((slots - trim).clamp(min=0), 0).to(torch.int32)])
+    g = torch.Generator().manual_seed(total * 10 + trim)
+    batch = {"tokens": torch.randint(0, 100, (b, total), generator=g), "labels": torch.randint(0, 100, (b, total), generator=g),
+             "loss_mask": torch.rand(b, total, generator=g), "hidden": torch.randn(b, total, 3, generator=g),
+             "attention_mask": torch.ones(b, 1, 1, 1), "cu_seqlens": real, "cu_seqlens_padded": cuq,
+             "max_seqlen": slots.max().reshape(1)}
+    skip = {"attention_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen"}
+    for r in range(cp):
+        with cu.patched(utils, parallel_state=cu.FakeParallelState(1, cp, r), tex=cu.FakeTex,
+                        is_te_min_version=lambda v, check_equality=True: True):
+            a, pa = utils.get_thd_batch_on_this_cp_rank(dict(batch), real, cuq, batch["max_seqlen"])
+        out, pb = mg.get_thd_batch_on_this_cp_rank(dict(batch), real, cuq, batch["max_seqlen"], cp_size=cp, cp_rank=r)
+        assert a.keys() == out.keys()
+        for k in a:
+            cu.assert_same(a[k], out[k], k)
+        cu.assert_params(pa, pb, "packed_seq_params")
+        entry = {k: v for k, v in batch.items() if k not in skip}
+        entry["packed_seq_params"] = pb
+        c = mg.get_batch_on_this_cp_rank(entry, cp=cp, cp_rank=r)
+        for k in a:
+            if k not in skip:
+                cu.assert_same(a[k], c[k], "packed_seq_params entry: " + k)
+        assert c["packed_seq_params"] is pb and (cp == 1 or pb.cp_partition_mode == "zigzag")
+        cu.count("megatron.get_thd_batch_on_this_cp_rank")
+        cu.count("megatron.get_batch_on_this_cp_rank(packed_seq_params)")
+
+
+def test_get_batch_on_this_cp_rank_newer_forms():
+    """cp_size= (Megatron's spelling), dim3_keys=, entries that are not tensors, contiguous THD partitioning."""
+    utils = cu.megatron_module("megatron.core.utils")
+    cp, s = 2, 16
+    g = torch.Generator().manual_seed(5)
+    tokens, mask = torch.randint(0, 100, (2, s), generator=g), torch.rand(2, 1, s, s, generator=g) > 0.5
+    for r in range(cp):
+        with cu.patched(utils, parallel_state=cu.FakeParallelState(1, cp, r)):
+            ref = utils.get_batch_on_this_cp_rank({"tokens": tokens, "attention_mask": mask})
+        out = mg.get_batch_on_this_cp_rank({"tokens": tokens, "mask3": mask, "sizes": [3, 5], "none": None},
+                                           cp_size=cp, cp_rank=r, dim3_keys=["mask3"])
+        cu.assert_same(ref["tokens"], out["tokens"], "tokens")
+        cu.assert_same(ref["attention_mask"], out["mask3"], "dim3_keys")
+        assert out["sizes"] == [3, 5] and out["none"] is None
+    x = torch.arange(32).view(2, 16)
+    psp = _psp(torch.tensor([0, 10, 16], dtype=torch.int32), False)
+    psp.cp_partition_mode = "contiguous"
+    out = mg.get_batch_on_this_cp_rank({"tokens": x, "packed_seq_params": psp}, cp=2, cp_rank=1)
+    assert torch.equal(out["tokens"], x[:, 8:16]) and out["packed_seq_params"] is psp
+    psp = _psp(torch.tensor([0, 4, 16], dtype=torch.int32), False)  # the keyword wins and is recorded
+    out = mg.get_batch_on_this_cp_rank({"tokens": x, "packed_seq_params": psp}, cp=2, cp_rank=0,
+                                       cp_partition_mode="contiguous")
+    assert torch.equal(out["tokens"], x[:, :8]) and psp.cp_partition_mode == "contiguous"
+    out = mg.get_batch_on_this_cp_rank({"tokens": x, "packed_seq_params": _psp(torch.tensor([0, 4, 16],
+                                        dtype=torch.int32), False)}, cp=2, cp_rank=0)
+    assert out["tokens"][0].tolist() == [0, 3, 4, 5, 6, 13, 14, 15]  # zigzag per sequence: [0|..|3], [4..6|..|13..15]
+    with pytest.raises(maskpack.Error) as e:
+        mg.get_batch_on_this_cp_rank({"tokens": x}, cp=2, cp_size=4, cp_rank=0)
+    assert e.value.argument == "cp_size"
+    with pytest.raises(maskpack.Error) as e:  # a slot of 6 does not cut into 4 chunks
+        mg.get_batch_on_this_cp_rank({"tokens": x, "packed_seq_params": _psp(torch.tensor([0, 6, 16],
+                                      dtype=torch.int32), False)}, cp=2, cp_rank=0)
+    assert e.value.argument == "packed_seq_params"
+    with pytest.raises(maskpack.Error) as e:
+        mg.get_batch_on_this_cp_rank({"tokens": x, "packed_seq_params": psp}, cp=2, cp_rank=0,
+                                     cp_partition_mode="striped")
+    assert e.value.argument == "cp_partition_mode"
+    with pytest.raises(maskpack.Error) as e:
+        mg.get_thd_batch_on_this_cp_rank({"tokens": x, "labels": torch.zeros(2, 15)}, torch.tensor([0, 16]),
+                                         torch.tensor([0, 16], dtype=torch.int32), torch.tensor([16]), 2, 0)
+    assert e.value.argument == "labels"
+
+
 def _psp(cu_q, padded):
     return _PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_q, cu_seqlens_kv=cu_q,
                             cu_seqlens_q_padded=cu_q if padded else None, cu_seqlens_kv_padded=None)

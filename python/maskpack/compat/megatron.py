@@ -13,17 +13,17 @@ length that does not divide by ``2 cp`` (Megatron's ``view`` fails with a bare R
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 
 from .._errors import Error
 from .._layout import Layout
 from .._moves import cp_gather
-from ._common import Taker, resolve_parallel
+from ._common import Taker, packed_seq_params, resolve_parallel
 
-__all__ = ["get_batch_on_this_cp_rank", "undo_attention_load_balancing", "redo_attention_load_balancing",
-           "roll_tensor"]
+__all__ = ["get_batch_on_this_cp_rank", "get_thd_batch_on_this_cp_rank", "undo_attention_load_balancing",
+           "redo_attention_load_balancing", "roll_tensor"]
 
 UPSTREAM = "megatron-core==0.16.1"
 
@@ -46,25 +46,123 @@ def _columns(fn: str, width: int, cp: int, rank: int, name: str) -> Taker:
     return _row_taker(width, cp, rank)
 
 
-def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp: Optional[int] = None,
-                              cp_rank: Optional[int] = None) -> Dict[str, Any]:
-    """Megatron's ``get_batch_on_this_cp_rank``: every tensor of ``batch`` cut to the rank's zigzag shard
-    along dim 1 (``attention_mask``: dim 2, its query rows), in place; returns ``batch``. The rank comes
-    from ``cp_group`` when given, else ``cp=`` / ``cp_rank=``, else ``parallel_state``."""
-    fn = "get_batch_on_this_cp_rank"
+def _resolve_cp(fn: str, cp_group: Any, cp: Optional[int], cp_size: Optional[int], cp_rank: Optional[int]):
+    """(cp, cp_rank) from ``cp=`` or its Megatron spelling ``cp_size=`` (both given: they must agree), else
+    ``cp_group``, else ``parallel_state``."""
+    if cp_size is not None:
+        if cp is not None and cp != cp_size:
+            raise Error(f"{fn}: cp={cp} and cp_size={cp_size} name the same size and differ", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="cp_size")
+        cp = cp_size
     if cp_group is not None and cp is None:
-        cp, cp_rank = _group_size_rank(cp_group)
+        cp, group_rank = _group_size_rank(cp_group)
+        cp_rank = group_rank if cp_rank is None else cp_rank
     _, cp, cp_rank = resolve_parallel(fn, 1, cp, cp_rank, need=("cp", "cp_rank"))
-    if cp > 1:
-        cols = {}
-        for key, val in batch.items():
-            if val is not None:
-                dim = 1 if key != "attention_mask" else 2
-                w = val.shape[dim]
-                if w not in cols:
-                    cols[w] = _columns(fn, w, cp, cp_rank, key)
-                batch[key] = cols[w](val, dim)
+    return cp, cp_rank
+
+
+def _thd_taker(fn: str, packed_seq_params: Any, width: int, cp: int, cp_rank: int, mode: str) -> Taker:
+    """The rank's tokens of a packed row of ``width``: each sequence of packed_seq_params cut in 2 cp zigzag chunks
+    (its padded slots when it has them, as TransformerEngine cuts them), or one contiguous run of width / cp."""
+    if mode == "contiguous":
+        if width % cp:
+            raise Error(f"{fn}: contiguous CP needs the packed row of {width} tokens to divide by cp = {cp}",
+                        "MASKPACK_ERR_SHAPE", argument="packed_seq_params")
+        return Taker(torch.arange(cp_rank * (width // cp), (cp_rank + 1) * (width // cp)), width)
+    g = _thd_layout(fn, packed_seq_params, width)
+    _check_slots(fn, g, cp)
+    return Taker(torch.as_tensor(g.cp_shard_indices(cp, cp_rank, align=None)), width)
+
+
+def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp: Optional[int] = None,
+                              cp_rank: Optional[int] = None, cp_size: Optional[int] = None,
+                              dim3_keys: Iterable[str] = ("attention_mask",),
+                              cp_partition_mode: Optional[str] = None) -> Dict[str, Any]:
+    """Megatron's ``get_batch_on_this_cp_rank``: every tensor of ``batch`` cut to the rank's zigzag shard
+    along dim 1 (the keys of ``dim3_keys``, by default ``attention_mask``: dim 2, its query rows), in place;
+    returns ``batch``. The rank comes from ``cp_group`` when given, else ``cp=`` (or Megatron's spelling
+    ``cp_size=``) / ``cp_rank=``, else ``parallel_state``.
+
+    The newer Megatron forms are accepted: ``dim3_keys=`` (Megatron's multimodal models name the keys whose
+    sequence is dim 2), entries that are not tensors (a ``PackedSeqParams``, lists of sizes) pass through
+    untouched, and a ``packed_seq_params`` entry of format ``thd`` makes the cut per sequence, as
+    TransformerEngine's ``thd_get_partitioned_indices`` cuts a packed row (on its padded offsets when it has
+    them), or, with ``cp_partition_mode="contiguous"`` (the keyword, else the entry's own field), one run of
+    width / cp per rank; the mode is recorded on the entry. Megatron 0.16.1 itself cuts such a row as if it
+    were one sequence, mixing the sequences' chunks."""
+    fn = "get_batch_on_this_cp_rank"
+    cp, cp_rank = _resolve_cp(fn, cp_group, cp, cp_size, cp_rank)
+    if cp <= 1:
+        return batch
+    dim3 = {dim3_keys} if isinstance(dim3_keys, str) else set(dim3_keys)
+    psp = batch.get("packed_seq_params")
+    thd = psp is not None and getattr(psp, "qkv_format", None) == "thd"
+    if thd:
+        mode = cp_partition_mode or getattr(psp, "cp_partition_mode", None) or "zigzag"
+        if mode not in ("zigzag", "contiguous"):
+            raise Error(f"{fn}: cp_partition_mode must be 'zigzag' or 'contiguous', found {mode!r}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="cp_partition_mode")
+        try:
+            psp.cp_partition_mode = mode
+        except (AttributeError, TypeError):  # a frozen or slotted object: the cut is still the mode's
+            pass
+    cols = {}
+    for key, val in batch.items():
+        if not isinstance(val, torch.Tensor):
+            continue
+        dim = 2 if key in dim3 else 1
+        if val.dim() <= dim:
+            raise Error(f"{fn}: {key} has shape {tuple(val.shape)}, no sequence dimension {dim} to cut",
+                        "MASKPACK_ERR_SHAPE", argument=key)
+        w = val.shape[dim]
+        if w not in cols:
+            cols[w] = _thd_taker(fn, psp, w, cp, cp_rank, mode) if thd else _columns(fn, w, cp, cp_rank, key)
+        batch[key] = cols[w](val, dim)
     return batch
+
+
+def get_thd_batch_on_this_cp_rank(batch: Dict[str, Any], cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor,
+                                  max_seqlen: torch.Tensor, cp_size: Optional[int] = None,
+                                  cp_rank: Optional[int] = None):
+    """Megatron's ``get_thd_batch_on_this_cp_rank``: ``(batch, packed_seq_params)``. Every tensor of ``batch``
+    but ``attention_mask``, ``cu_seqlens``, ``cu_seqlens_padded`` and ``max_seqlen`` is cut in place along dim
+    1 to the rank's share of the packed row ``batch["tokens"]``: each slot of ``cu_seqlens_padded`` in 2 cp
+    zigzag chunks (TransformerEngine's ``thd_get_partitioned_indices``, without TransformerEngine). The
+    ``PackedSeqParams`` (thd) carries both offsets and ``max_seqlen[0]``. ``cp_size`` / ``cp_rank`` default to
+    ``parallel_state``'s."""
+    fn = "get_thd_batch_on_this_cp_rank"
+    m = int(max_seqlen[0].item()) if isinstance(max_seqlen, torch.Tensor) else int(max_seqlen[0])
+    params = packed_seq_params(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                               cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_kv_padded=cu_seqlens_padded,
+                               max_seqlen_q=m, max_seqlen_kv=m)
+    _, cp, cp_rank = resolve_parallel(fn, 1, cp_size, cp_rank, need=("cp", "cp_rank"))
+    if cp > 1:
+        tokens = batch.get("tokens")
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+            raise Error(f"{fn}: batch['tokens'] must be the packed row [1, T] (its width is the row cut)",
+                        "MASKPACK_ERR_SHAPE", argument="batch")
+        width = tokens.shape[1]
+        taker = _thd_taker(fn, _PaddedOffsets(cu_seqlens_padded), width, cp, cp_rank, "zigzag")
+        for key, val in batch.items():
+            if key in _THD_KEEP:
+                continue
+            if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[1] != width:
+                raise Error(f"{fn}: batch[{key!r}] must have the packed row's {width} tokens in dim 1, found "
+                            f"{tuple(val.shape) if isinstance(val, torch.Tensor) else type(val).__name__}",
+                            "MASKPACK_ERR_SHAPE", argument=key)
+            batch[key] = taker(val, 1)
+    return batch, params
+
+
+_THD_KEEP = frozenset({"attention_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen"})
+
+
+class _PaddedOffsets:
+    """What _thd_layout reads of a PackedSeqParams: the padded offsets."""
+
+    def __init__(self, cu_padded):
+        self.cu_seqlens_q_padded = cu_padded
+        self.cu_seqlens_q = cu_padded
 
 
 def _thd_layout(fn: str, packed_seq_params: Any, total: int) -> Layout:
