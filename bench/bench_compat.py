@@ -95,6 +95,7 @@ class Upstream:
         ns_b = {"heapq": heapq, "torch": torch}
         cu.extract("verl/utils/seqlen_balancing.py", "karmarkar_karp", ns_b)
         self.balance = cu.extract("verl/utils/seqlen_balancing.py", "get_seqlen_balanced_partitions", ns_b)
+        self.rearrange, _ = cu.verl_seqlen_balancing()
         base = "twinkle/processor/base.py"
         self.tk = {n: cu.extract(base, n, ns_tk, cls="InputProcessor")
                    for n in ("pad_cp", "split_cp", "_get_packed_seq_params")}
@@ -286,6 +287,22 @@ def cases(up: Upstream, B: int, S: int, H: int, cp: int):
                 lambda: tw_v.get_seqlen_balanced_partitions(work, k, False), lambda: up.balance(work, k, False)))
     out.append((f"verl.get_seqlen_balanced_partitions equal (k={k})",
                 lambda: tw_v.get_seqlen_balanced_partitions(work, k, True), lambda: up.balance(work, k, True)))
+    from tensordict import TensorDict
+
+    td = TensorDict({"input_ids": ids, "attention_mask": mask, "position_ids": ids}, batch_size=B)
+    limit = 2 * S
+    out.append((f"verl.rearrange_micro_batches (max_token_len={limit})",
+                lambda: tw_v.rearrange_micro_batches(td, limit), lambda: up.rearrange(td, limit)))
+    if cp > 1:
+        thd = {"tokens": ids_p, "labels": ids_p, "position_ids": pos_p}
+        mx = slots.max().reshape(1)
+
+        def thd_theirs():
+            with cu.patched(up.mg_utils, tex=cu.FakeTex, is_te_min_version=lambda v, check_equality=True: True):
+                return up.mg_utils.get_thd_batch_on_this_cp_rank(dict(thd), cu_real, cu_pad, mx)
+
+        out.append(("megatron.get_thd_batch_on_this_cp_rank",
+                    lambda: tw_mg.get_thd_batch_on_this_cp_rank(dict(thd), cu_real, cu_pad, mx, cp, 0), thd_theirs))
     pos_r = torch.cat([torch.arange(int(n)) for n in lens]).unsqueeze(0)
     out.append(("swift.get_packed_seq_params", lambda: tw_sw.get_packed_seq_params(pos_r),
                 lambda: up.hf_params(pos_r)))

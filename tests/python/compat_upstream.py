@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = Path(os.environ.get("MASKPACK_UPSTREAM", ROOT / "build" / "upstream"))
 PINS = {"verl": "0.9.1", "megatron-core": "0.16.1", "ms-swift": "4.6.0", "mcore-bridge": "1.6.5", "twinkle-kit": "0.5.1",
-        "transformer-engine": "2.11.0"}  # tools/install_upstream.sh installs these
+        "transformer-engine": "2.11.0", "tensordict": "0.10.0"}  # tools/install_upstream.sh installs these
 
 
 def require_upstream(package_dir: str):
@@ -99,6 +99,24 @@ def verl_mcore_util():
                  "verl.utils.model": model}
         _CACHE["verl"] = _load_file("upstream_verl_mcore_util", UPSTREAM / "verl/models/mcore/util.py", stubs)
     return _CACHE["verl"]
+
+
+def verl_seqlen_balancing():
+    """verl/utils/seqlen_balancing.py's rearrange_micro_batches and the functions it calls, their source
+    extracted unmodified, with verl's own tensordict_utils module (the real tensordict 0.10.0 underneath) and
+    torch.distributed; get_device_name is the CPU (gloo)."""
+    if "verl_balancing" not in _CACHE:
+        import heapq
+
+        require_upstream("verl")
+        require_upstream("tensordict")
+        tu = _load_file("upstream_verl_tensordict_utils", UPSTREAM / "verl/utils/tensordict_utils.py", {})
+        ns = {"heapq": heapq, "torch": torch, "dist": torch.distributed, "tu": tu, "get_device_name": lambda: "cpu"}
+        for name in ("calculate_workload", "karmarkar_karp", "get_seqlen_balanced_partitions", "ceildiv",
+                     "roundup_divisible"):
+            extract("verl/utils/seqlen_balancing.py", name, ns)
+        _CACHE["verl_balancing"] = (extract("verl/utils/seqlen_balancing.py", "rearrange_micro_batches", ns), tu)
+    return _CACHE["verl_balancing"]
 
 
 @contextlib.contextmanager

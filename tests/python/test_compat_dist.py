@@ -128,3 +128,51 @@ def test_postprocess_gradients_across_processes(world):
                 n += 1
     cu.count(f"verl.postprocess_* and megatron.roll_tensor under CP (gloo, {world} ranks)", n)
     cu.write_counts()
+
+
+def _rearrange_worker(rank, world, init_file, out_dir):
+    """Each rank a batch of its own; the micro-batch count is agreed over the group by verl and by the twin."""
+    sys.path.insert(0, HERE)
+    import compat_upstream as cu
+    from maskpack.compat import verl as tw
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        up, _ = cu.verl_seqlen_balancing()
+        g = torch.Generator().manual_seed(rank)
+        n_rows = 8
+        lens = torch.randint(1, 9 + 8 * rank, (n_rows,), generator=g)   # rank r's rows longer than rank r - 1's
+        mask = torch.arange(32).expand(n_rows, 32) < lens[:, None]
+        batch = {"attention_mask": mask, "input_ids": torch.arange(n_rows * 32).view(n_rows, 32)}
+        res = {}
+        for balance in (False, True):
+            from tensordict import TensorDict
+
+            _, a_idx = up(TensorDict(dict(batch), batch_size=n_rows), 40, dist.group.WORLD,
+                          use_dynamic_bsz_balance=balance)
+            _, b_idx = tw.rearrange_micro_batches(dict(batch), 40, dist.group.WORLD, use_dynamic_bsz_balance=balance)
+            _, alone = tw.rearrange_micro_batches(dict(batch), 40, use_dynamic_bsz_balance=balance)
+            res[balance] = (len(a_idx), len(b_idx), [sum(int(lens[i]) for i in q) for q in b_idx], len(alone))
+        torch.save(res, os.path.join(out_dir, f"m{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_rearrange_micro_batches_agree_over_dp(world):
+    cu.require_upstream("verl")
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_rearrange_worker, args=(world, os.path.join(d, "init"), d), nprocs=world, join=True,
+                           start_method="spawn")
+        res = [torch.load(os.path.join(d, f"m{r}.pt")) for r in range(world)]
+    for balance in (False, True):
+        counts = {r[balance][1] for r in res}
+        assert len(counts) == 1, counts                       # one count on every rank
+        assert {r[balance][0] for r in res} == {res[0][balance][0]}
+        for r in res:
+            assert r[balance][1] <= r[balance][0]              # never more micro-batches than verl
+            assert all(t <= 40 for t in r[balance][2])
+        assert res[0][balance][3] < res[0][balance][1]          # rank 0 alone would take fewer: the sync mattered
+    cu.count(f"verl.rearrange_micro_batches (dp_group, gloo, {world} ranks)", 2 * world)
+    cu.write_counts()

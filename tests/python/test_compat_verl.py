@@ -579,3 +579,105 @@ def test_balanced_partitions_zero_lengths(balancing):
         assert all(b) and sorted(i for q in b for i in q) == list(range(len(lens)))
         a = balancing(lens, k, eq)
         assert max(sum(lens[i] for i in q) for q in b) <= max(sum(lens[i] for i in q) for q in a)
+
+
+@st.composite
+def micro_batch_cases(draw):
+    """Rows of real lengths (a padded [B, S] batch or a nested one), a token limit no smaller than the
+    longest row (or group of rows), and verl's options."""
+    fg = draw(st.sampled_from([1, 1, 2]))
+    b = fg * draw(st.integers(1, 12 // fg))
+    s = draw(st.integers(1, 64))
+    lens = [draw(st.integers(0, s)) for _ in range(b)]
+    groups = [sum(lens[g * fg:(g + 1) * fg]) for g in range(b // fg)]
+    limit = max(s, max(groups)) + draw(st.integers(0, 3 * s))
+    opts = {"use_dynamic_bsz_balance": draw(st.booleans()), "force_group_size": fg,
+            "num_batches_divided_by": draw(st.sampled_from([None, None, 2])),
+            "min_num_micro_batch": draw(st.sampled_from([None, None, 1, 3]))}
+    return lens, s, limit, opts, draw(st.sampled_from(["padded", "nested", "dict"]))
+
+
+def _rows_batch(lens, s, form, seed):
+    from tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(seed)
+    b = len(lens)
+    if form == "nested":
+        ids = _nested([max(n, 1) for n in lens], seed)
+        return TensorDict({"input_ids": ids, "loss_mask": _nested([max(n, 1) for n in lens], seed + 1, dense=(2,)),
+                           "reward": torch.randn(b, generator=g)}, batch_size=b)
+    mask = torch.zeros(b, s, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        if i % 2:
+            mask[i, s - n:] = True   # left padding
+        else:
+            mask[i, :n] = True
+    data = {"input_ids": torch.randint(0, 100, (b, s), generator=g), "attention_mask": mask,
+            "position_ids": (mask.cumsum(1) - 1).clamp(min=0), "reward": torch.randn(b, 3, generator=g)}
+    return data if form == "dict" else TensorDict(data, batch_size=b)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(micro_batch_cases())
+def test_rearrange_micro_batches(case):
+    """Against verl 0.9.1's own rearrange_micro_batches (its source, its TensorDict helpers, tensordict 0.10.0):
+    every row once, each micro-batch within the token limit, groups whole, the rows selected exactly as verl's
+    index_select_tensor_dict selects them; never more micro-batches than verl, and at verl's count never a
+    heavier heaviest one; verl's bubble order (light ends, heavy middle)."""
+    up, tu = cu.verl_seqlen_balancing()
+    lens, s, limit, opts, form = case
+    batch = _rows_batch(lens, s, form, seed=len(lens) * 100 + s)
+    eff = [max(n, 1) for n in lens] if form == "nested" else lens
+    td = batch if form != "dict" else _rows_batch(lens, s, "padded", seed=len(lens) * 100 + s)
+    try:
+        a_mbs, a_idx = up(td, limit, **opts)
+    except (ValueError, AssertionError, IndexError):  # IndexError: verl asks for 0 partitions of a tokenless batch
+        a_idx = None
+    try:
+        b_mbs, b_idx = tw.rearrange_micro_batches(batch, limit, **opts)
+    except maskpack.Error:
+        assert a_idx is None, "the twin refused a batch verl splits"
+        return
+    fg = opts["force_group_size"]
+    assert sorted(i for q in b_idx for i in q) == list(range(len(lens)))
+    for q in b_idx:
+        assert sum(eff[i] for i in q) <= limit
+        assert all(q[j] % fg == 0 and q[j:j + fg] == list(range(q[j], q[j] + fg)) for j in range(0, len(q), fg))
+    if opts["num_batches_divided_by"]:
+        assert len(b_idx) % opts["num_batches_divided_by"] == 0
+    if opts["min_num_micro_batch"]:
+        assert len(b_idx) >= opts["min_num_micro_batch"]
+    for q, mb in zip(b_idx, b_mbs):
+        ref = tu.index_select_tensor_dict(td, q)
+        assert type(mb) is (dict if form == "dict" else type(ref))
+        assert set(mb.keys()) == set(ref.keys())
+        for k in ref.keys():
+            cu.assert_same(ref[k], mb[k], f"micro-batch rows {q}: {k}")
+    work = lambda q: sum(24576 * eff[i] + eff[i] ** 2 for i in q)  # noqa: E731  (verl's calculate_workload)
+    if opts["use_dynamic_bsz_balance"]:
+        w = sorted((work(q) for q in b_idx), reverse=True)
+        assert [work(q) for q in b_idx] == w[::2][::-1] + w[1::2]
+    if a_idx is not None:
+        assert len(b_idx) <= len(a_idx), (len(b_idx), len(a_idx))
+        if len(b_idx) == len(a_idx):
+            assert max(map(work, b_idx)) <= max(map(work, a_idx))
+    cu.count("verl.rearrange_micro_batches")
+
+
+def test_rearrange_micro_batches_bad_input():
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    with pytest.raises(maskpack.Error) as e:   # verl asserts
+        tw.rearrange_micro_batches({"attention_mask": mask}, 7)
+    assert e.value.argument == "max_token_len"
+    with pytest.raises(maskpack.Error) as e:
+        tw.rearrange_micro_batches({"attention_mask": mask}, 8, force_group_size=3)
+    assert e.value.argument == "force_group_size"
+    with pytest.raises(maskpack.Error) as e:   # a group of two full rows (16 tokens) cannot be split
+        tw.rearrange_micro_batches({"attention_mask": mask}, 12, force_group_size=2)
+    assert e.value.argument == "max_token_len" and isinstance(e.value, ValueError)
+    with pytest.raises(maskpack.Error) as e:
+        tw.rearrange_micro_batches({"input_ids": torch.zeros(4, 8)}, 8)
+    assert e.value.argument == "batch"
+    mbs, idx = tw.rearrange_micro_batches({"attention_mask": torch.zeros(3, 8, dtype=torch.bool),
+                                           "meta": "kept", "names": ["a", "b", "c"]}, 8)
+    assert idx == [[0, 1, 2]] and mbs[0]["meta"] == "kept" and mbs[0]["names"] == ["a", "b", "c"]

@@ -1,4 +1,5 @@
-"""Drop-in twins of verl's batch functions, pinned to **verl 0.9.1** (``verl/models/mcore/util.py``).
+"""Drop-in twins of verl's batch functions, pinned to **verl 0.9.1** (``verl/models/mcore/util.py``,
+``verl/utils/ulysses.py``, ``verl/utils/seqlen_balancing.py``).
 
 Each twin has the upstream name, positional signature and return types, and is computed from
 maskpack's own layout engine (a :class:`maskpack.Layout` per batch, its CP shard, and maskpack's moves);
@@ -38,6 +39,7 @@ from ._common import check_bool_mask2d, resolve_group, resolve_parallel, rows_la
 __all__ = ["preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine", "postprocess_thd_engine",
            "preprocess_bshd_engine", "postprocess_bshd_engine", "build_vlm_attn_mask_thd", "build_vlm_attn_mask_bshd",
            "ulysses_pad_and_slice_inputs", "gather_outputs_and_unpad", "get_seqlen_balanced_partitions",
+           "rearrange_micro_batches",
            "preprocess_bshd", "postprocess_bshd", "postprocess_packed_seqs_for_dict_output"]
 
 UPSTREAM = "verl==0.9.1"
@@ -698,16 +700,8 @@ def _improve(parts: List[List[int]], values: List[int], equal_size: bool, budget
     return parts
 
 
-def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, equal_size: bool) -> List[List[int]]:
-    """verl's ``get_seqlen_balanced_partitions``: ``k_partitions`` sorted index lists covering ``seqlen_list``
-    once, none empty, of equal sizes when ``equal_size``, with balanced sums. maskpack's planner
-    (``maskpack.plan``: sequences dealt largest first, then moves and swaps) and a largest-differencing
-    partition are both built and polished by single moves and swaps; the one with the lighter heaviest part
-    is returned, so it is never less balanced than verl's Karmarkar-Karp (checked by the conformance
-    tests). Partitions are in decreasing order of their sums."""
-    fn = "get_seqlen_balanced_partitions"
-    values = [int(v) for v in seqlen_list]
-    n, k = len(values), int(k_partitions)
+def _check_partitioning(fn: str, values: List[int], k: int, equal_size: bool) -> None:
+    n = len(values)
     if k < 1 or n < k:
         raise Error(f"{fn}: {n} items cannot fill {k} partitions", "MASKPACK_ERR_INVALID_ARGUMENT",
                     argument="k_partitions")
@@ -717,8 +711,14 @@ def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, eq
     if any(v < 0 for v in values):
         raise Error(f"{fn}: lengths must be >= 0", "MASKPACK_ERR_INVALID_ARGUMENT", argument="seqlen_list",
                     index=(next(i for i, v in enumerate(values) if v < 0),))
+
+
+def _candidates(values: List[int], k: int, equal_size: bool) -> List[List[List[int]]]:
+    """Partitions of ``values`` into k non-empty parts, each polished by single moves and swaps: a
+    largest-differencing one, and (unequal sizes) maskpack's planner's."""
+    n = len(values)
     budget = 4 * n + 16
-    candidates = [_improve(_differencing(values, k, equal_size), values, equal_size, budget)]
+    out = [_improve(_differencing(values, k, equal_size), values, equal_size, budget)]
     if not equal_size and sum(values) > 0:
         from ..plan import plan
 
@@ -727,21 +727,187 @@ def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, eq
         for r, row in zip(list(p.rank_of_row), p.rows.tolist()):
             parts[int(r)].extend(int(i) for i in row)
         if all(parts):
-            candidates.append(_improve(parts, values, False, budget))
+            out.append(_improve(parts, values, False, budget))
+    for parts in out:  # zero-length items can leave a part empty: it takes the smallest item of the fullest part
+        for q in parts:
+            if not q:
+                donor = max(parts, key=len)
+                i = min(donor, key=lambda j: values[j])
+                donor.remove(i)
+                q.append(i)
+    return out
 
+
+def _balance_key(values: List[int]):
     def key(parts):
         s = [sum(values[i] for i in q) for q in parts]
         return max(s), max(s) - min(s)
+    return key
 
-    best = [list(q) for q in min(candidates, key=key)]
-    for q in best:  # zero-length items can leave a part empty: it takes the smallest item of the fullest part
-        if not q:
-            donor = max(best, key=len)
-            i = min(donor, key=lambda j: values[j])
-            donor.remove(i)
-            q.append(i)
-    best = sorted((sorted(q) for q in best), key=lambda q: (-sum(values[i] for i in q), q))
-    return best
+
+def _sorted_parts(parts: List[List[int]], values: List[int]) -> List[List[int]]:
+    return sorted((sorted(q) for q in parts), key=lambda q: (-sum(values[i] for i in q), q))
+
+
+def get_seqlen_balanced_partitions(seqlen_list: List[int], k_partitions: int, equal_size: bool) -> List[List[int]]:
+    """verl's ``get_seqlen_balanced_partitions``: ``k_partitions`` sorted index lists covering ``seqlen_list``
+    once, none empty, of equal sizes when ``equal_size``, with balanced sums. maskpack's planner
+    (``maskpack.plan``: sequences dealt largest first, then moves and swaps) and a largest-differencing
+    partition are both built and polished by single moves and swaps; the one with the lighter heaviest part
+    is returned, so it is never less balanced than verl's Karmarkar-Karp (checked by the conformance
+    tests). Partitions are in decreasing order of their sums."""
+    values = [int(v) for v in seqlen_list]
+    k = int(k_partitions)
+    _check_partitioning("get_seqlen_balanced_partitions", values, k, equal_size)
+    return _sorted_parts(min(_candidates(values, k, equal_size), key=_balance_key(values)), values)
+
+
+def _workload(n: int) -> int:
+    """verl's ``calculate_workload``: relative FLOPs of a sequence of n tokens in a dense block calibrated on a
+    7B model (12 h^2 n + 2 h n^2 with h = 4096, divided by 2 h)."""
+    return 24576 * n + n * n
+
+
+def _effective_lengths(fn: str, batch: Any) -> Tuple[List[int], int, Any]:
+    """(tokens per row, the longest row a micro-batch must hold, the device): from a nested ``input_ids``'
+    offsets, else the bool/0-1 ``attention_mask``'s row sums and width, as verl reads them."""
+    try:
+        ids = batch["input_ids"]
+    except (KeyError, TypeError):
+        ids = None
+    if isinstance(ids, torch.Tensor) and ids.is_nested:
+        lens = ids.offsets().diff().tolist()
+        return [int(v) for v in lens], max(lens) if lens else 0, ids.device
+    try:
+        mask = batch["attention_mask"]
+    except (KeyError, TypeError):
+        raise Error(f"{fn}: batch must hold attention_mask [B, S] (or a nested input_ids)",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="batch") from None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise Error(f"{fn}: attention_mask must be a [B, S] tensor, found "
+                    f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}",
+                    "MASKPACK_ERR_SHAPE", argument="attention_mask")
+    return [int(v) for v in mask.sum(dim=1).tolist()], int(mask.shape[-1]), mask.device
+
+
+def _all_reduce(values: List[int], op, group: Any, device) -> List[int]:
+    t = torch.tensor(values, dtype=torch.long, device=device)
+    torch.distributed.all_reduce(t, op=op, group=group)
+    return [int(v) for v in t.tolist()]
+
+
+def _select_rows(value: Any, rows: List[int], idx: torch.Tensor, n_rows: int) -> Any:
+    """One entry of the batch, rows ``rows`` (verl's ``index_select_tensor_dict``): tensors indexed, nested
+    tensors rebuilt from their components, batched non-tensors (a NonTensorStack, a numpy array, a list of
+    one item per row) indexed, anything else (scalar metadata) kept."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            parts = value.unbind()
+            picked = [parts[i] for i in rows]
+            ragged = getattr(value, "_ragged_idx", value.dim() - 1)
+            cat = ragged - 1
+            lens = torch.tensor([t.shape[cat] for t in picked], dtype=torch.long, device=value.device)
+            offsets = torch.zeros(len(picked) + 1, dtype=torch.long, device=value.device)
+            torch.cumsum(lens, 0, out=offsets[1:])
+            return torch.nested.nested_tensor_from_jagged(torch.cat(picked, cat), offsets, jagged_dim=ragged)
+        return value.index_select(0, idx if idx.device == value.device else idx.to(value.device))
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        if not len(shape):
+            return value
+        try:
+            import numpy as np
+
+            if isinstance(value, np.ndarray):
+                return value[rows]
+        except ImportError:  # numpy absent: nothing here is a numpy array
+            pass
+        return value[idx]
+    if isinstance(value, (list, tuple)) and len(value) == n_rows:
+        return type(value)(value[i] for i in rows)
+    return value
+
+
+def _select(batch: Any, rows: List[int], n_rows: int) -> Any:
+    idx = torch.tensor(rows, dtype=torch.long)
+    data = {key: _select_rows(val, rows, idx, n_rows) for key, val in batch.items()}
+    if isinstance(batch, dict):
+        return data
+    return type(batch)(data, batch_size=[len(rows)])  # a TensorDict (or one of its kind): the same class
+
+
+def rearrange_micro_batches(batch: Any, max_token_len: int, dp_group: Any = None,
+                            num_batches_divided_by: Optional[int] = None, same_micro_num_in_dp: bool = True,
+                            min_num_micro_batch: Optional[int] = None, use_dynamic_bsz_balance: bool = True,
+                            force_group_size: int = 1):
+    """verl's ``rearrange_micro_batches`` (``verl/utils/seqlen_balancing.py``): ``(micro_batches, index_lists)``,
+    the rows of ``batch`` (a TensorDict, or a dict of tensors) split into micro-batches of at most
+    ``max_token_len`` real tokens, balanced by verl's attention workload, ``force_group_size`` consecutive rows
+    kept together, the count agreed over ``dp_group`` (all-reduced on the batch's device) and rounded up to
+    ``num_batches_divided_by``, at least ``min_num_micro_batch``. With ``use_dynamic_bsz_balance`` the
+    micro-batches are ordered heaviest in the middle, lighter at both ends, as verl orders them.
+
+    The partition is maskpack's (the candidates of :func:`get_seqlen_balanced_partitions`; among them the best
+    balanced one within the token limit): never more micro-batches than verl's, and at verl's count never a
+    heavier heaviest micro-batch (checked by the conformance tests). Without ``use_dynamic_bsz_balance`` the
+    micro-batches come heaviest first. Bad input is a ``maskpack.Error`` (a ``ValueError``, as verl raises for
+    the limit it cannot meet; verl asserts the others); a batch with no tokens gives one micro-batch, where
+    verl asks its partitioner for zero."""
+    fn = "rearrange_micro_batches"
+    lens, longest, device = _effective_lengths(fn, batch)
+    n_rows = len(lens)
+    if isinstance(force_group_size, bool) or not isinstance(force_group_size, int) or force_group_size < 1:
+        raise Error(f"{fn}: force_group_size must be an int >= 1, found {force_group_size!r}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="force_group_size")
+    if max_token_len < longest:
+        raise Error(f"{fn}: max_token_len {max_token_len} is below the sequence length {longest}",
+                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="max_token_len")
+    if n_rows == 0 or n_rows % force_group_size:
+        raise Error(f"{fn}: the batch's {n_rows} rows do not split into groups of force_group_size = "
+                    f"{force_group_size}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="force_group_size")
+    fg = force_group_size
+    n_groups = n_rows // fg
+    group_tokens = [sum(lens[g * fg:(g + 1) * fg]) for g in range(n_groups)]
+    workloads = [sum(_workload(n) for n in lens[g * fg:(g + 1) * fg]) for g in range(n_groups)]
+    k = max(1, min(n_groups, -(-sum(lens) // max_token_len)))
+    if min_num_micro_batch is not None:
+        k = max(int(min_num_micro_batch), k)
+    sync = (same_micro_num_in_dp and dp_group is not None and torch.distributed.is_available()
+            and torch.distributed.is_initialized())
+    if sync:
+        k = _all_reduce([k], torch.distributed.ReduceOp.MAX, dp_group, device)[0]
+    step = int(num_batches_divided_by) if num_batches_divided_by else 1
+    k = -(-k // step) * step
+    widest, fewest = max(group_tokens), n_groups
+    if sync:  # every rank learns the fatal constraints before any raises, so none hangs in a collective
+        widest, neg = _all_reduce([widest, -n_groups], torch.distributed.ReduceOp.MAX, dp_group, device)
+        fewest = -neg
+    if widest > max_token_len:
+        raise Error(f"{fn}: a group of force_group_size = {fg} rows holds {widest} tokens, more than max_token_len "
+                    f"{max_token_len}; a group is never split", "MASKPACK_ERR_INVALID_ARGUMENT", argument="max_token_len")
+    key = _balance_key(workloads)
+    while True:
+        if k > fewest:
+            raise Error(f"{fn}: max_token_len {max_token_len} needs {k} micro-batches, but a rank has only {fewest} "
+                        f"groups of force_group_size = {fg} rows", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="max_token_len")
+        fits = []
+        for parts in _candidates(workloads, k, False):
+            over = any(sum(group_tokens[g] for g in q) > max_token_len for q in parts)
+            fits.append((over, key(parts), parts))
+        over, _, parts = min(fits, key=lambda c: (c[0], c[1]))
+        within = not over
+        if sync:
+            within = bool(_all_reduce([int(within)], torch.distributed.ReduceOp.MIN, dp_group, device)[0])
+        if within:
+            break
+        k += step
+    parts = _sorted_parts(parts, workloads)
+    index_lists = [[g * fg + j for g in q for j in range(fg)] for q in parts]
+    if use_dynamic_bsz_balance:
+        index_lists.sort(key=lambda q: (sum(workloads[i // fg] for i in q[::fg]), q[0]), reverse=True)
+        index_lists = index_lists[::2][::-1] + index_lists[1::2]
+    return [_select(batch, q, n_rows) for q in index_lists], index_lists
 
 
 # ---- verl/models/mcore/util.py: the padded (BSHD) pair and the fused-kernel output ---------------------------
