@@ -88,15 +88,17 @@ static void sort_parts(part *v, size_t k) {
     }
 }
 
-/* Max-heap of states by (spread descending, state id ascending). */
+/* Binary max-heap of ids by a caller-supplied key: largest key on top, equal keys by smaller id (a
+ * total order, so the pop order is fixed). Serves balanced Karmarkar-Karp (partial partitions by
+ * spread) and mp_plan_spread (closed groups by their largest free space). */
 typedef struct heap {
     int32_t *ids;
     size_t n;
-    const double *spread;
+    const double *key;
 } heap;
 
-static int heap_before(const heap *h, int32_t a, int32_t b) {
-    if (h->spread[a] != h->spread[b]) return h->spread[a] > h->spread[b];
+static inline int heap_before(const heap *h, int32_t a, int32_t b) {
+    if (h->key[a] != h->key[b]) return h->key[a] > h->key[b];
     return a < b;
 }
 
@@ -212,50 +214,6 @@ maskpack_status mp_plan_kk(const double *cost, const uint64_t *tie, size_t n, si
  * keeps exactly T rows; mp_plan_improve then moves or swaps single sequences between the heaviest
  * group and the lightest ones while that lowers the heavier of the two. */
 
-/* Binary heap of group ids ordered by a caller-supplied key (min-heap on key[], ties by id). */
-typedef struct gheap {
-    int32_t *ids;
-    size_t n;
-    const double *key;
-    int max; /* 1: largest key on top */
-} gheap;
-
-static int gh_before(const gheap *h, int32_t a, int32_t b) {
-    double ka = h->key[a], kb = h->key[b];
-    if (ka != kb) return h->max ? ka > kb : ka < kb;
-    return a < b;
-}
-
-static void gh_push(gheap *h, int32_t id) {
-    size_t x = h->n++;
-    h->ids[x] = id;
-    while (x > 0) {
-        size_t p = (x - 1) / 2;
-        if (!gh_before(h, h->ids[x], h->ids[p])) break;
-        int32_t t = h->ids[x];
-        h->ids[x] = h->ids[p];
-        h->ids[p] = t;
-        x = p;
-    }
-}
-
-static int32_t gh_pop(gheap *h) {
-    int32_t top = h->ids[0];
-    h->ids[0] = h->ids[--h->n];
-    size_t x = 0;
-    for (;;) {
-        size_t l = 2 * x + 1, r = l + 1, best = x;
-        if (l < h->n && gh_before(h, h->ids[l], h->ids[best])) best = l;
-        if (r < h->n && gh_before(h, h->ids[r], h->ids[best])) best = r;
-        if (best == x) break;
-        int32_t t = h->ids[x];
-        h->ids[x] = h->ids[best];
-        h->ids[best] = t;
-        x = best;
-    }
-    return top;
-}
-
 /* Per group, an 8-ary max tree over its rows' free space: level 0 holds the rows (padded to a
  * multiple of 8 with -1, which nothing fits), each level above the maxima of 8 entries below, up to a
  * level of at most 8. "First row with room for s" walks down one block of 8 per level: 4 levels for
@@ -344,12 +302,12 @@ int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t ca
     wtree w = {win, P, gcost, closed};
     for (size_t x = 0; x < P; x++) win[P + x] = x < G ? (int32_t)x : -1;
     for (size_t x = P - 1; x >= 1; x--) win[x] = wt_better(&w, win[2 * x], win[2 * x + 1]);
-    gheap blocked = {ids, 0, groot, 1};
+    heap blocked = {ids, 0, groot}; /* closed groups, the most free space on top */
     int ok = 1;
     for (size_t j = 0; j < n; j++) {
         const int64_t s = size[j];
         while (blocked.n && groot[blocked.ids[0]] >= (double)s) {
-            int32_t c = gh_pop(&blocked);
+            int32_t c = heap_pop(&blocked);
             closed[c] = 0;
             wt_update(&w, (size_t)c);
         }
@@ -357,7 +315,7 @@ int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t ca
         while ((g = win[1]) >= 0 && groot[g] < (double)s) {
             closed[g] = 1;
             wt_update(&w, (size_t)g);
-            gh_push(&blocked, g);
+            heap_push(&blocked, g);
         }
         if (g < 0) { /* no row of any group has room: the caller falls back to the packed rows */
             ok = 0;
