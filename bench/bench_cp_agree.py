@@ -1,13 +1,15 @@
 """bench_cp_agree.py: what the agreement every CP call starts with costs on a small, latency-bound call.
 
 2 gloo processes, 1 thread each, ring attention (maskpack.attention(..., group=), cp_algorithm="ring") of
-a packed batch of 2 x 256 tokens (H = 4, D = 64, float32), forward and forward + backward; beside it the
+a packed batch of 2 x 256 tokens (H = 4, D = 64, float32: bench/shapes.json's table "cp_agree", each an
+option), forward and forward + backward; beside it the
 agreement exchange alone (maskpack.distributed._agree with the ring's settings) and, for scale, one
 bare gloo all-gather of a 16-word record. Calls alternate in rounds inside the same two processes and
 the median of each is printed (microseconds per call). Issue 32 allows no path slower than before by
 more than 2 %: run this before and after a change (a quiet machine; two ranks on two cores).
 
     PYTHONPATH=python .venv/bin/python bench/bench_cp_agree.py [--calls 200] [--rounds 7]
+                                   [--lengths 256,256] [--heads 4] [--head-dim 64]
 """
 
 import argparse
@@ -22,14 +24,17 @@ import torch.multiprocessing as mp
 
 import maskpack
 
+import bench_shapes  # the shapes' defaults: bench/shapes.json (bench/ is this script's folder)
+
 
 def _worker(rank, world, init, args, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        lay = maskpack.Layout.from_lengths([256, 256], placement="packed")
+        lay = maskpack.Layout.from_lengths(args.lengths, placement="packed")
         g0 = torch.Generator().manual_seed(0)
-        q, k, v, do = (lay.shard(torch.randn(512, 4, 64, generator=g0), world, rank) for _ in range(4))
+        shape = (sum(args.lengths), args.heads, args.head_dim)
+        q, k, v, do = (lay.shard(torch.randn(*shape, generator=g0), world, rank) for _ in range(4))
         grp = dist.group.WORLD
 
         def fwd():
@@ -124,7 +129,13 @@ def main():
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--before", default=None, help="another distributed.py whose agreement to pair against")
+    ap.add_argument("--lengths", type=bench_shapes.integers(1, 1 << 20), help="the packed sequences' lengths, L,L,...")
+    ap.add_argument("--heads", type=bench_shapes.integer(1, 256))
+    ap.add_argument("--head-dim", type=bench_shapes.integer(1, 1024))
+    bench_shapes.apply(ap, 'bench_cp_agree', table=True)
     args = ap.parse_args()
+    print(f"bench_cp_agree: 2 gloo ranks, 1 thread each; packed lengths {','.join(map(str, args.lengths))}, "
+          f"H {args.heads}, D {args.head_dim}, float32", flush=True)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "res.pt")
         mp.start_processes(_worker, args=(2, os.path.join(d, "init"), args, out), nprocs=2, join=True,

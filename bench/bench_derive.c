@@ -1,11 +1,13 @@
 /* bench_derive.c: throughput of the derived outputs.
  *
- * 1. A padded [64, 32768] batch with random lengths: mask2d (uint8), position_ids (int64) and
- *    cu_seqlens (int32), each compared with a memcpy of the same number of bytes (target: the
- *    derivation writes at >= 0.8x the memcpy rate).
- * 2. A FlexAttention block mask for 131072 tokens packed in 1000 random segments, causal, 128x128
- *    blocks, into pre-allocated zeroed arrays (target: < 1 ms).
- * 3. For context: a dense 4D mask of a smaller batch.
+ * The shapes (defaults: bench/shapes.json's table "derive", built into bench_shapes.h; each one an
+ * option, e.g. bench_derive --batch 4 --seq 256 --tokens 4096 --segments 10 --dense 512):
+ * 1. A padded [64, 32768] batch (--batch, --seq) with random lengths: mask2d (uint8), position_ids
+ *    (int64) and cu_seqlens (int32), each compared with a memcpy of the same number of bytes
+ *    (target: the derivation writes at >= 0.8x the memcpy rate).
+ * 2. A FlexAttention block mask for 131072 tokens (--tokens) packed in 1000 random segments
+ *    (--segments), causal, 128x128 blocks, into pre-allocated zeroed arrays (target: < 1 ms).
+ * 3. For context: a dense 4D mask of the stream's first 8192 tokens (--dense).
  * Every figure is the median of >= 15 timed samples taken after warm-up runs. */
 #include "maskpack.h"
 
@@ -13,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "bench_shapes.h"       /* generated from bench/shapes.json */
+#include "common/bench_args.h"
 
 #define SAMPLES 21
 #define WARMUP 3
@@ -147,32 +152,94 @@ static int compare_with_memcpy(const char *label, op_fn fn, derive_ctx *ctx, siz
     return 0;
 }
 
-int main(void) {
+/* ---- shapes ------------------------------------------------------------------------------------ */
+
+/* The shapes of the three parts (defaults: bench/shapes.json's table "derive", via bench_shapes.h). */
+typedef struct shapes {
+    int64_t batch, seq;      /* 1. the padded batch [batch, seq] */
+    int64_t tokens, segments; /* 2. the block mask's packed stream */
+    int64_t dense;           /* 3. the dense 4D mask of the stream's first `dense` tokens */
+} shapes;
+
+#define USAGE "[--batch N] [--seq N] [--tokens N] [--segments N] [--dense N]"
+
+/* Reads the options argv[0..argc) into *s: 0, or -1 after a one-line message. */
+static int parse_shapes(const char *prog, const char *where, int argc, const char *const *argv, shapes *s) {
+    const bench_int_opt opts[] = {{"--batch", &s->batch, 1, 65536},        {"--seq", &s->seq, 1, 1 << 24},
+                                  {"--tokens", &s->tokens, 2, 1 << 28},    {"--segments", &s->segments, 1, 1 << 24},
+                                  {"--dense", &s->dense, 1, 32768}};
+    for (int i = 0; i < argc; i++) {
+        int r = bench_parse_int_opt(prog, where, opts, sizeof opts / sizeof opts[0], argc, argv, &i);
+        if (r < 0) return -1;
+        if (r == 0) {
+            fprintf(stderr, "%s: unknown option '%s'%s (usage: %s " USAGE ")\n", prog, argv[i], where, prog);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
     maskpack_error err;
-    /* ---- 1. padded batch [64, 32768] ------------------------------------------------------ */
-    enum { B = 64, S = 32768 };
-    int64_t lengths[B];
-    for (int b = 0; b < B; b++) lengths[b] = 1 + (int64_t)(rng_next() % S);
+    const char *prog = "bench_derive";
+    /* line by line into a pipe too: a reader (the report, a test) sees the shape before the long runs */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    static const char *const defaults[] = {BENCH_SHAPES_DERIVE};
+    shapes sh = {0};
+    if (parse_shapes(prog, BENCH_SHAPES_WHERE, (int)(sizeof defaults / sizeof defaults[0]), defaults, &sh) ||
+        parse_shapes(prog, "", argc - 1, (const char *const *)argv + 1, &sh))
+        return 2;
+    if (bench_require(prog, "derive", "--batch", sh.batch) || bench_require(prog, "derive", "--seq", sh.seq) ||
+        bench_require(prog, "derive", "--tokens", sh.tokens) ||
+        bench_require(prog, "derive", "--segments", sh.segments) || bench_require(prog, "derive", "--dense", sh.dense))
+        return 2;
+    /* what the parts need of each other: distinct cut points, a prefix of the stream, and position
+     * ids of the padded batch addressable in memory */
+    if (sh.segments > sh.tokens) {
+        fprintf(stderr, "%s: --segments: %lld segments do not fit in --tokens %lld\n", prog, (long long)sh.segments,
+                (long long)sh.tokens);
+        return 2;
+    }
+    if (sh.dense > sh.tokens) {
+        fprintf(stderr, "%s: --dense: %lld is more than --tokens %lld\n", prog, (long long)sh.dense,
+                (long long)sh.tokens);
+        return 2;
+    }
+    if (sh.batch * sh.seq > ((int64_t)1 << 30)) {
+        fprintf(stderr, "%s: --batch x --seq: %lld x %lld tokens is more than 2^30\n", prog, (long long)sh.batch,
+                (long long)sh.seq);
+        return 2;
+    }
+    /* ---- 1. padded batch [B, S] ------------------------------------------------------------ */
+    const int64_t B = sh.batch, S = sh.seq;
+    int64_t *lengths = malloc((size_t)B * sizeof *lengths);
+    if (!lengths) return 1;
+    for (int64_t b = 0; b < B; b++) lengths[b] = 1 + (int64_t)(rng_next() % (uint64_t)S);
     maskpack_layout *L = NULL;
-    if (maskpack_layout_from_lengths(lengths, B, MASKPACK_PLACE_RIGHT, S, NULL, &L, &err)) {
+    if (maskpack_layout_from_lengths(lengths, (size_t)B, MASKPACK_PLACE_RIGHT, S, NULL, &L, &err)) {
         fprintf(stderr, "layout: %s\n", err.message);
         return 1;
     }
-    printf("padded batch [%d x %d], %lld real tokens (median of %d samples after %d warm-up runs)\n", B, S,
-           (long long)maskpack_layout_n_tokens(L), SAMPLES, WARMUP);
+    free(lengths);
+    printf("padded batch [%lld x %lld], %lld real tokens (median of %d samples after %d warm-up runs)\n", (long long)B,
+           (long long)S, (long long)maskpack_layout_n_tokens(L), SAMPLES, WARMUP);
     int64_t shape2[2] = {B, S}, ncu = B + 1;
-    uint8_t *m2 = malloc((size_t)B * S);
-    int64_t *pos = malloc((size_t)B * S * sizeof *pos);
-    int32_t cu[B + 1];
-    if (!m2 || !pos) return 1;
+    uint8_t *m2 = malloc((size_t)(B * S));
+    int64_t *pos = malloc((size_t)(B * S) * sizeof *pos);
+    int32_t *cu = malloc((size_t)ncu * sizeof *cu);
+    if (!m2 || !pos || !cu) return 1;
     derive_ctx c_m2 = {L, maskpack_tensor_contiguous(m2, MASKPACK_U8, 2, shape2), {0}};
     derive_ctx c_pos = {L, maskpack_tensor_contiguous(pos, MASKPACK_I64, 2, shape2), {0}};
     derive_ctx c_cu = {L, maskpack_tensor_contiguous(cu, MASKPACK_I32, 1, &ncu), {0}};
     double td[3], tc[3];
-    size_t bytes[3] = {(size_t)B * S, (size_t)B * S * sizeof *pos, sizeof cu};
-    if (compare_with_memcpy("mask2d [64x32768] u8:", op_mask2d, &c_m2, bytes[0], &td[0], &tc[0]) ||
-        compare_with_memcpy("position_ids [64x32768] i64:", op_position_ids, &c_pos, bytes[1], &td[1], &tc[1]) ||
-        compare_with_memcpy("cu_seqlens [65] i32:", op_cu_seqlens, &c_cu, bytes[2], &td[2], &tc[2]))
+    size_t bytes[3] = {(size_t)(B * S), (size_t)(B * S) * sizeof *pos, (size_t)ncu * sizeof *cu};
+    char lm2[64], lpos[64], lcu[64];
+    snprintf(lm2, sizeof lm2, "mask2d [%lldx%lld] u8:", (long long)B, (long long)S);
+    snprintf(lpos, sizeof lpos, "position_ids [%lldx%lld] i64:", (long long)B, (long long)S);
+    snprintf(lcu, sizeof lcu, "cu_seqlens [%lld] i32:", (long long)ncu);
+    if (compare_with_memcpy(lm2, op_mask2d, &c_m2, bytes[0], &td[0], &tc[0]) ||
+        compare_with_memcpy(lpos, op_position_ids, &c_pos, bytes[1], &td[1], &tc[1]) ||
+        compare_with_memcpy(lcu, op_cu_seqlens, &c_cu, bytes[2], &td[2], &tc[2]))
         return 1;
     double sum_d = td[0] + td[1] + td[2], sum_c = tc[0] + tc[1] + tc[2];
     size_t sum_b = bytes[0] + bytes[1] + bytes[2];
@@ -183,17 +250,20 @@ int main(void) {
                bytes[2], td[2] * 1e9, tc[2] * 1e9);
     free(m2);
     free(pos);
+    free(cu);
     maskpack_layout_free(L);
 
-    /* ---- 2. block mask: 131072 tokens packed in 1000 random segments ------------------------ */
-    enum { T = 131072, NSEG = 1000 };
-    static int64_t seglen[NSEG];
+    /* ---- 2. block mask: T tokens packed in NSEG random segments ------------------------------ */
+    const int64_t T = sh.tokens, NSEG = sh.segments;
+    int64_t *seglen = malloc((size_t)NSEG * sizeof *seglen);
+    if (!seglen) return 1;
     {
-        /* random cut points: 999 distinct positions in (0, T) */
-        static uint8_t cut[T];
-        int placed = 0;
+        /* random cut points: NSEG - 1 distinct positions in (0, T) */
+        uint8_t *cut = calloc((size_t)T, 1);
+        if (!cut) return 1;
+        int64_t placed = 0;
         while (placed < NSEG - 1) {
-            int64_t x = 1 + (int64_t)(rng_next() % (T - 1));
+            int64_t x = 1 + (int64_t)(rng_next() % (uint64_t)(T - 1));
             if (!cut[x]) {
                 cut[x] = 1;
                 placed++;
@@ -205,8 +275,9 @@ int main(void) {
                 seglen[k++] = x - last;
                 last = x;
             }
+        free(cut);
     }
-    if (maskpack_layout_from_lengths(seglen, NSEG, MASKPACK_PLACE_PACKED, 0, NULL, &L, &err)) {
+    if (maskpack_layout_from_lengths(seglen, (size_t)NSEG, MASKPACK_PLACE_PACKED, 0, NULL, &L, &err)) {
         fprintf(stderr, "layout: %s\n", err.message);
         return 1;
     }
@@ -228,21 +299,23 @@ int main(void) {
         n_partial += arr[0][i];
         n_full += arr[2][i];
     }
-    printf("block_mask [%d tokens, %d segments, causal, 128x128, %lldx%lld blocks, all 8 arrays]: %.3f ms "
+    printf("block_mask [%lld tokens, %lld segments, causal, 128x128, %lldx%lld blocks, all 8 arrays]: %.3f ms "
            "(target < 1 ms); %lld partial + %lld full blocks\n",
-           T, NSEG, (long long)qb, (long long)kb, tb * 1e3, n_partial, n_full);
+           (long long)T, (long long)NSEG, (long long)qb, (long long)kb, tb * 1e3, n_partial, n_full);
     for (int i = 0; i < 8; i++) free(arr[i]);
 
-    /* ---- 3. context: the dense 4D mask of the first 8192 tokens of the same stream -------- */
+    /* ---- 3. context: the dense 4D mask of the first SD tokens of the same stream ------------- */
     {
-        enum { SD = 8192 };
-        int64_t acc = 0, n = 0, part[NSEG];
+        const int64_t SD = sh.dense;
+        int64_t acc = 0, n = 0, *part = malloc((size_t)NSEG * sizeof *part);
+        if (!part) return 1;
         while (n < NSEG && acc + seglen[n] <= SD) acc += part[n] = seglen[n], n++;
         if (acc < SD && n < NSEG) part[n++] = SD - acc;
         maskpack_layout *D = NULL;
         if (maskpack_layout_from_lengths(part, (size_t)n, MASKPACK_PLACE_PACKED, 0, NULL, &D, &err)) return 1;
+        free(part);
         int64_t shape4[4] = {1, 1, SD, SD};
-        uint8_t *dense = malloc((size_t)SD * SD);
+        uint8_t *dense = malloc((size_t)(SD * SD));
         if (!dense) return 1;
         derive_ctx dc = {D, maskpack_tensor_contiguous(dense, MASKPACK_BOOL, 4, shape4), {0}};
         double t4 = time_op(op_mask4d, &dc, 1);
@@ -252,12 +325,14 @@ int main(void) {
         }
         int64_t bq = 0, bk = 0;
         maskpack_block_mask_dims(D, 128, 128, &bq, &bk, &err);
-        printf("dense baseline: mask4d [1,1,%d,%d] bool (%lld segments): %.3f ms, %.2f GB/s "
+        printf("dense baseline: mask4d [1,1,%lld,%lld] bool (%lld segments): %.3f ms, %.2f GB/s "
                "(the block mask of the same tokens has %lldx%lld entries)\n",
-               SD, SD, (long long)n, t4 * 1e3, (double)SD * SD / t4 / 1e9, (long long)bq, (long long)bk);
+               (long long)SD, (long long)SD, (long long)n, t4 * 1e3, (double)(SD * SD) / t4 / 1e9, (long long)bq,
+               (long long)bk);
         free(dense);
         maskpack_layout_free(D);
     }
+    free(seglen);
     maskpack_layout_free(L);
     return 0;
 }

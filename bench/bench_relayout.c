@@ -1,5 +1,9 @@
 /* bench_relayout.c: pack, unpack and CP shard through the copy-plan engine against memcpy of the same
- * bytes, for an L2-sized and a DRAM-sized per-token tensor, in one run. Prints medians and ratios. */
+ * bytes, for an L2-sized and a DRAM-sized per-token tensor, in one run. Prints medians and ratios.
+ *
+ *   bench_relayout [threads (1)] [--cases LABEL:BxSxC[,LABEL:BxSxC...]]
+ * The cases (a padded [B x S] x C bf16 tensor each) default to bench/shapes.json's table "relayout",
+ * built into bench_shapes.h; bench_relayout_torch.py measures the same table. */
 #include <maskpack.h>
 
 #include <stdint.h>
@@ -7,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "bench_shapes.h" /* generated from bench/shapes.json */
+#include "common/bench_args.h"
 
 static double now(void) {
     struct timespec ts;
@@ -67,6 +74,15 @@ static int64_t rnd_in(int64_t lo, int64_t hi) {
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return lo + (int64_t)(rng % (uint64_t)(hi - lo + 1));
+}
+
+/* Calls per timed sample: enough that a sample moves about 512 MiB of padded tensor (a small move
+ * lasts microseconds, below what one reading of the clock resolves), at most 200 (the L2-sized case's
+ * 200 and the DRAM-sized one's 2, as before the shapes moved to shapes.json). */
+static int reps_for(int64_t B, int64_t S, int64_t C) {
+    double padded = (double)B * (double)S * (double)C * sizeof(uint16_t);
+    double r = (double)(1 << 29) / padded;
+    return r >= 200 ? 200 : r < 1 ? 1 : (int)r;
 }
 
 static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int reps, int threads) {
@@ -143,11 +159,85 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
     maskpack_layout_free(Sh);
 }
 
+/* ---- the cases ------------------------------------------------------------------------------ */
+
+#define MAX_CASES 16
+typedef struct relayout_case {
+    char label[32];
+    int64_t B, S, C;
+} relayout_case;
+
+/* Parses "LABEL:BxSxC[,LABEL:BxSxC...]" into cs[0..*n): 0, or -1 after a one-line message. */
+static int parse_cases(const char *prog, const char *where, const char *text, relayout_case *cs, int *n) {
+    *n = 0;
+    const char *p = text;
+    if (!p) goto bad;
+    for (;;) {
+        const char *end = strchr(p, ','), *colon = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[96], dims[3][32];
+        long long v[3];
+        int used = 0;
+        if (*n == MAX_CASES || len >= sizeof item) goto bad;
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (!colon || colon - p >= (ptrdiff_t)sizeof cs->label || colon - p == 0 || (end && colon > end)) goto bad;
+        if (sscanf(item + (colon - p) + 1, "%31[0-9]x%31[0-9]x%31[0-9]%n", dims[0], dims[1], dims[2], &used) != 3 ||
+            item[(colon - p) + 1 + used])
+            goto bad;
+        for (int d = 0; d < 3; d++) {
+            v[d] = strtoll(dims[d], NULL, 10);
+            if (v[d] < 1 || v[d] > (d == 2 ? 65536 : 1 << 24)) goto bad;
+        }
+        if ((double)v[0] * (double)v[1] * (double)v[2] > (double)(1ll << 31)) goto bad; /* at most 4 GiB padded */
+        memcpy(cs[*n].label, p, (size_t)(colon - p));
+        cs[*n].label[colon - p] = 0;
+        cs[*n].B = v[0];
+        cs[*n].S = v[1];
+        cs[*n].C = v[2];
+        (*n)++;
+        if (!end) return 0;
+        p = end + 1; /* an empty item after a comma is malformed, as any other */
+    }
+bad:
+    fprintf(stderr, "%s: --cases%s: expected LABEL:BxSxC[,LABEL:BxSxC...] (at most %d cases, B and S in [1, 2^24], "
+            "C in [1, 65536], B*S*C at most 2^31), got '%s'\n", prog, where, MAX_CASES, text ? text : "(nothing)");
+    return -1;
+}
+
+/* Reads the arguments argv[0..argc) (the threads, then --cases) into *threads and cs: 0, or -1 after a
+ * one-line message. */
+static int parse_args(const char *prog, const char *where, int argc, const char *const *argv, int *threads,
+                      relayout_case *cs, int *n) {
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--cases")) {
+            if (parse_cases(prog, where, i + 1 < argc ? argv[i + 1] : NULL, cs, n)) return -1;
+            i++;
+        } else if (argv[i][0] != '-' && i == 0) {
+            *threads = atoi(argv[i]);
+        } else {
+            fprintf(stderr, "%s: unknown argument '%s'%s (usage: %s [threads] [--cases LABEL:BxSxC,...])\n", prog,
+                    argv[i], where, prog);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    static const char *const defaults[] = {BENCH_SHAPES_RELAYOUT};
+    /* line by line into a pipe too: a reader (the report, a test) sees the shape before the long runs */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    relayout_case cs[MAX_CASES];
+    int threads = 1, n = 0;
+    if (parse_args("bench_relayout", BENCH_SHAPES_WHERE, (int)(sizeof defaults / sizeof defaults[0]), defaults,
+                   &threads, cs, &n) ||
+        parse_args("bench_relayout", "", argc - 1, (const char *const *)argv + 1, &threads, cs, &n) ||
+        bench_require("bench_relayout", "relayout", "--cases", n))
+        return 2;
     printf("maskpack %s relayout benchmark (median of %d runs; memcpy of the same bytes measured in this run)\n",
            maskpack_version_string(), REPS);
-    run_case("L2-sized", 8, 512, 64, 200, threads);
-    run_case("DRAM-sized", 16, 8192, 1024, 2, threads);
+    for (int c = 0; c < n; c++)
+        run_case(cs[c].label, cs[c].B, cs[c].S, cs[c].C, reps_for(cs[c].B, cs[c].S, cs[c].C), threads);
     return 0;
 }

@@ -1,7 +1,12 @@
 """bench_relayout_torch.py: pack, unpack and CP shard through maskpack against the same moves written
 with torch indexing (index_select / index_put_) and against a plain copy of the same bytes, all in one
-run, 2 threads each. Prints medians and ratios.   .venv/bin/python bench/bench_relayout_torch.py"""
+run, 2 threads each, for an L2-sized and a DRAM-sized per-token tensor (bench/shapes.json's table
+"relayout", the one bench_relayout.c is built with). Prints medians and ratios.
 
+    .venv/bin/python bench/bench_relayout_torch.py [--cases LABEL:BxSxC[,LABEL:BxSxC...]]
+"""
+
+import argparse
 import os
 import statistics
 import time
@@ -10,6 +15,8 @@ import numpy as np
 import torch
 
 import maskpack
+
+import bench_shapes  # the shapes' defaults: bench/shapes.json (bench/ is this script's folder)
 
 torch.set_num_threads(2)
 REPS = 15
@@ -27,6 +34,25 @@ def load() -> str:
 # Each block of repetitions therefore starts after an idle pause, so it measures that operation alone;
 # the interleaved line below measures the two called in alternation, as in a training step.
 IDLE_S = 0.05
+
+
+def reps_for(B, S, C):
+    """Repetitions behind a median: many for a move that fits in L2 (microseconds each, noisy), fewer for
+    one through DRAM (a padded tensor of 16 MiB or more; the 101 and 15 of the two cases before the shapes
+    moved to shapes.json)."""
+    return 101 if B * S * C * 2 < 1 << 24 else 15
+
+
+def cases(text):
+    """An argparse type: "LABEL:BxSxC[,LABEL:BxSxC...]" -> [(label, B, S, C), ...], each dimension >= 1."""
+    out = []
+    for item in text.split(","):
+        label, _, dims = item.partition(":")
+        parts = dims.split("x")
+        if not label or len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"expected LABEL:BxSxC[,LABEL:BxSxC...] with B, S, C >= 1, got {text!r}")
+        out.append((label, *map(int, parts)))
+    return out
 
 
 def median_time(fn, reps=None):
@@ -107,10 +133,19 @@ def case(label, B, S, C, seed=0):
     assert torch.equal(lay.pack(x), packed_ref)
 
 
-if __name__ == "__main__":
+def main():
+    """Every case of --cases, in order."""
+    global REPS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", type=cases, help="LABEL:BxSxC,...: padded [B x S] x C bf16 tensors")
+    bench_shapes.apply(ap, 'bench_relayout_torch', table=True)
+    a = ap.parse_args()
     print(f"maskpack {maskpack.__version__} relayout vs torch {torch.__version__} (medians; {load()})")
-    REPS = 101  # L2-sized moves take microseconds: many repetitions for a stable median
-    case("L2-sized", 8, 512, 64)
-    REPS = 15
-    case("DRAM-sized", 16, 8192, 1024)
+    for label, B, S, C in a.cases:
+        REPS = reps_for(B, S, C)
+        case(label, B, S, C)
     print(f"after: {load()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,10 +5,12 @@
 
 What it runs (the shapes and arguments of everything live in bench/shapes.json):
 
-* each program of bench/shapes.json with its arguments (``full``, or ``quick`` with --quick), one after
-  another, stdout and stderr captured, the load average read before and after each; its headline lines
-  (those with a ratio, a target, GFLOP/s or a median) go into the report, its whole output into a
-  folded section. Programs marked ``left_out`` are listed with the reason.
+* each program of bench/shapes.json with its arguments (``full``, or ``quick`` with --quick) and, for a
+  program with a ``table``, that shape table of shapes.json as options (bench_shapes.options), one after
+  another (the Python programs' defaults read from the same shapes file: MASKPACK_BENCH_SHAPES), stdout
+  and stderr captured, the load average read before and after each; its headline lines (those with a
+  ratio, a target, GFLOP/s or a median) go into the report, its whole output into a folded section.
+  Programs marked ``left_out`` are listed with the reason.
 * two sweeps over sequence length, run here in this process on ``threads`` threads, each side
   alternating with its baseline rep by rep (a busy moment of a shared machine hits both): causal
   attention of one sequence (maskpack.attention against torch's scaled_dot_product_attention) and
@@ -39,6 +41,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
+
+import bench_shapes  # bench/ is this script's folder: the shape tables as options, as the programs read them
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = re.compile(r"(->|\d\.\d+x\b|\bx torch\b|target|GFLOP/s|RESULT|MET\b|MISSED|speed-?up|median|ratio)", re.I)
@@ -115,7 +119,7 @@ def expand(args: List[str], ctx: Dict[str, str]) -> List[str]:
 
 
 def run_program(p: Dict[str, Any], quick: bool, ctx: Dict[str, str], timeout: int) -> Dict[str, Any]:
-    cmd = expand(p["cmd"], ctx) + expand(p["quick" if quick else "full"], ctx)
+    cmd = expand(p["cmd"], ctx) + expand(p["quick" if quick else "full"], ctx) + p.get("table_args", [])
     exe = cmd[0]
     out: Dict[str, Any] = {"name": p["name"], "cmd": " ".join(shlex.quote(c) for c in cmd), "load_before": load()}
     if not (os.path.isabs(exe) and os.access(exe, os.X_OK)) and not exe.endswith("python") and "/" in exe:
@@ -131,6 +135,7 @@ def run_program(p: Dict[str, Any], quick: bool, ctx: Dict[str, str], timeout: in
         return out
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (ctx["pythonpath"], env.get("PYTHONPATH", "")) if x)
+    env["MASKPACK_BENCH_SHAPES"] = ctx["shapes"]  # a program's defaults come from the file the report runs
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -421,7 +426,10 @@ def write_report(res: Dict[str, Any], path: str) -> None:
         if p.get("left_out"):
             L.append(f"| {p['name']} | - | - | left out: {p['left_out']} | | |")
             continue
-        shp = p.get("shapes", "") + ("; its defaults read from shapes.json" if p.get("reads") else "")
+        shp = p.get("shapes", "")
+        if p.get("table"):
+            shp += f" (table {p['table']}: {' '.join(p.get('table_args', []))})"
+        shp += "; its defaults read from shapes.json" if p.get("reads") else ""
         L.append(f"| {p['name']} | {p.get('baselines', '')} | {shp} | {p.get('status', 'not run')} | "
                  f"{p.get('seconds', '')} | {p.get('load_before', '')} -> {p.get('load_after', '')} |")
     L.append("")
@@ -490,7 +498,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     res: Dict[str, Any] = {"quick": a.quick, "machine": machine(threads), "programs": [], "sweeps": {}, "plots": []}
     src_py = os.path.join(ROOT, "python")
-    ctx = {"build": a.build, "threads": str(threads), "py": sys.executable,
+    ctx = {"build": a.build, "threads": str(threads), "py": sys.executable, "shapes": os.path.abspath(a.shapes),
            "pythonpath": src_py if any(n.startswith("_maskpack") for n in os.listdir(os.path.join(src_py, "maskpack")))
            else ""}
     for p in shapes["programs"]:
@@ -498,12 +506,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         if p.get("left_out"):
             res["programs"].append(entry)
             continue
+        if p.get("table"):
+            try:
+                entry["table_args"] = bench_shapes.options(bench_shapes.table_of(p["table"], shapes, a.shapes))
+            except bench_shapes.ShapesError as e:  # the report says so; the other programs still run
+                entry["status"] = f"not run: {e}"
+                res["programs"].append(entry)
+                continue
         if a.no_programs or (only is not None and p["name"] not in only):
             entry["status"] = "not run (--only / --no-programs)"
             res["programs"].append(entry)
             continue
         progress(f"{p['name']}")
-        entry.update(run_program(p, a.quick, ctx, a.timeout))
+        entry.update(run_program(entry, a.quick, ctx, a.timeout))
         res["programs"].append(entry)
     peaks = [p["peak_gflops"] for p in res["programs"] if p.get("peak_gflops")]
     if not a.no_sweep:

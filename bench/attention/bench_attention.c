@@ -11,6 +11,10 @@
  *
  *   ./build/bench/attention/bench_attention [--threads 2] [--reps 5] [--quick] [--no-torch]
  *                                           [--python PATH] [--script PATH] [--only 1,5]
+ *                                           [--seq S] [--heads H] [--head-dim D] [--docs L,L,...]
+ * The shapes (S tokens of one sequence, H heads of D; item [3]'s documents, packed) default to
+ * bench/shapes.json's table "attention", built into bench_shapes.h; the torch co-process is given the
+ * same options, so both sides always measure one shape.
  * --only LIST (item numbers 1..6, comma-separated) measures just those items, so one figure can be
  * measured again without the whole run; the others print "skipped". Item [5] also prints the
  * arithmetic bound of its 1.3x target: the fraction of the measured FMA peak we would need. Item [6]
@@ -24,6 +28,9 @@
 #include <time.h>
 
 #include "maskpack.h"
+
+#include "bench_shapes.h" /* generated from bench/shapes.json */
+#include "common/bench_args.h"
 
 #ifndef MASKPACK_SOURCE_ROOT
 #define MASKPACK_SOURCE_ROOT "."
@@ -260,14 +267,17 @@ typedef struct torch_proc {
     FILE *to, *from;
 } torch_proc;
 
-/* Starts `python script --serve --threads N` with its stdin/stdout on pipes and waits for "ready".
- * Returns 0 on success. */
-static int torch_start(torch_proc *tp, const char *python, const char *script, int threads) {
+/* Starts `python script --serve --threads N` and the shape options `shape` (NULL-terminated) with its
+ * stdin/stdout on pipes and waits for "ready". Returns 0 on success. */
+static int torch_start(torch_proc *tp, const char *python, const char *script, int threads,
+                       const char *const *shape) {
     int in[2], out[2];
     memset(tp, 0, sizeof *tp);
     if (pipe(in) || pipe(out)) return -1;
     char nthreads[16];
     snprintf(nthreads, sizeof nthreads, "%d", threads);
+    char *args[32] = {(char *)python, (char *)script, "--serve", "--threads", nthreads};
+    for (int i = 0; shape[i] && i < 26; i++) args[5 + i] = (char *)shape[i];
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return -1;
@@ -278,7 +288,7 @@ static int torch_start(torch_proc *tp, const char *python, const char *script, i
         close(in[1]);
         close(out[0]);
         close(out[1]);
-        execl(python, python, script, "--serve", "--threads", nthreads, (char *)NULL);
+        execv(python, args);
         _exit(127);
     }
     close(in[0]);
@@ -369,36 +379,85 @@ static void verdict(int measured, int met) {
     printf("  -> %s\n", !measured ? "NOT MEASURED" : met ? "MET" : "MISSED");
 }
 
-int main(int argc, char **argv) {
-    int threads = 2, reps = 5, quick = 0, use_torch = 1;
-    unsigned only = 0x7e; /* bits 1..6: the items to measure */
-    int only_given = 0;
-    const char *python = MASKPACK_SOURCE_ROOT "/.venv/bin/python";
-    const char *script = MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = atoi(argv[++i]);
+#define MAX_DOCS 256
+
+/* What the command line sets (the shapes' defaults: bench/shapes.json's table "attention"). */
+typedef struct settings {
+    int threads, reps, quick, use_torch, only_given;
+    unsigned only; /* bits 1..6: the items to measure */
+    const char *python, *script;
+    int64_t S, H, D, ndoc, docs[MAX_DOCS];
+} settings;
+
+/* Reads the arguments argv[0..argc) into *a: 0, or -1 after a one-line message (where: "" on the
+ * command line, BENCH_SHAPES_WHERE for the defaults). */
+static int parse_args(const char *where, int argc, const char *const *argv, settings *a) {
+    const bench_int_opt shape[] = {
+        {"--seq", &a->S, 1, 1 << 20}, {"--heads", &a->H, 1, 1024}, {"--head-dim", &a->D, 1, 1024}};
+    for (int i = 0; i < argc; i++) {
+        int r = bench_parse_int_opt("bench_attention", where, shape, sizeof shape / sizeof shape[0], argc, argv, &i);
+        if (r < 0) return -1;
+        if (r == 1) continue;
+        if (!strcmp(argv[i], "--docs")) {
+            size_t n = 0;
+            if (bench_arg_ints("bench_attention", "--docs", where, i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20, a->docs,
+                               MAX_DOCS, &n))
+                return -1;
+            a->ndoc = (int64_t)n;
+            i++;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            a->threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            a->reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
-            quick = 1;
+            a->quick = 1;
         else if (!strcmp(argv[i], "--no-torch"))
-            use_torch = 0;
+            a->use_torch = 0;
         else if (!strcmp(argv[i], "--python") && i + 1 < argc)
-            python = argv[++i];
+            a->python = argv[++i];
         else if (!strcmp(argv[i], "--script") && i + 1 < argc)
-            script = argv[++i];
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc && (only = parse_only(argv[i + 1])) != 0) {
-            only_given = 1;
+            a->script = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && (a->only = parse_only(argv[i + 1])) != 0) {
+            a->only_given = 1;
             i++;
         } else {
             fprintf(stderr,
-                    "usage: %s [--threads N] [--reps N] [--quick] [--no-torch] [--python P] [--script S] "
-                    "[--only LIST (items 1..6, e.g. 1,5)]\n",
-                    argv[0]);
-            return 2;
+                    "usage: bench_attention [--threads N] [--reps N] [--quick] [--no-torch] [--python P] [--script S] "
+                    "[--only LIST (items 1..6, e.g. 1,5)] [--seq S] [--heads H] [--head-dim D] [--docs L,L,...]%s\n",
+                    where);
+            return -1;
         }
     }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    static const char *const defaults[] = {BENCH_SHAPES_ATTENTION};
+    /* line by line into a pipe too: a reader (the report, a test) sees the shape before the long runs */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    settings a = {2, 5, 0, 1, 0, 0x7e, MASKPACK_SOURCE_ROOT "/.venv/bin/python",
+                  MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py", 0, 0, 0, 0, {0}};
+    if (parse_args(BENCH_SHAPES_WHERE, (int)(sizeof defaults / sizeof defaults[0]), defaults, &a) ||
+        parse_args("", argc - 1, (const char *const *)argv + 1, &a))
+        return 2;
+    const char *const prog = "bench_attention";
+    if (bench_require(prog, "attention", "--seq", a.S) || bench_require(prog, "attention", "--heads", a.H) ||
+        bench_require(prog, "attention", "--head-dim", a.D) || bench_require(prog, "attention", "--docs", a.ndoc))
+        return 2;
+    int threads = a.threads, reps = a.reps, quick = a.quick, use_torch = a.use_torch, only_given = a.only_given;
+    unsigned only = a.only;
+    const char *python = a.python, *script = a.script;
+    /* the shape, as the options the torch co-process is given (the numbers as parsed here) */
+    char shape_text[4][8 * MAX_DOCS + 16];
+    snprintf(shape_text[0], sizeof shape_text[0], "%lld", (long long)a.S);
+    snprintf(shape_text[1], sizeof shape_text[1], "%lld", (long long)a.H);
+    snprintf(shape_text[2], sizeof shape_text[2], "%lld", (long long)a.D);
+    shape_text[3][0] = 0;
+    for (int64_t i = 0; i < a.ndoc; i++)
+        snprintf(shape_text[3] + strlen(shape_text[3]), sizeof shape_text[3] - strlen(shape_text[3]), "%s%lld",
+                 i ? "," : "", (long long)a.docs[i]);
+    const char *const shape_args[] = {"--seq", shape_text[0], "--heads", shape_text[1], "--head-dim", shape_text[2],
+                                      "--docs", shape_text[3], NULL};
     if (quick) reps = reps > 3 ? 3 : reps;
     if (reps < 1) reps = 1;
     if (threads < 1) threads = 1;
@@ -420,15 +479,16 @@ int main(int argc, char **argv) {
     torch_proc tp = {0};
     /* every item may ask torch except [4] without AMX (ours against ours only) */
     if (use_torch && (WANT(1) || WANT(2) || WANT(3) || WANT(5) || (WANT(4) && isa16 == MASKPACK_ATTN_ISA_AMX))) {
-        printf("torch baselines: %s %s --serve --threads %d, one run per request, alternating with ours\n", python,
-               script, threads);
-        torch_start(&tp, python, script, threads);
+        printf("torch baselines: %s %s --serve --threads %d", python, script, threads);
+        for (int i = 0; shape_args[i]; i++) printf(" %s", shape_args[i]);
+        printf(", one run per request, alternating with ours\n");
+        torch_start(&tp, python, script, threads, shape_args);
     }
     side torch_side = {run_torch, NULL, threads, 0, &tp, NULL};
 
-    const int64_t S = 2048, D = 128, H = 8;
+    const int64_t S = a.S, D = a.D, H = a.H;
     const double flops_full = 4.0 * S * S * D * H; /* QK^T and PV, 2 flops per multiply-add */
-    problem pn, pc, pb, pp, palone[16];
+    problem pn, pc, pb, pp;
     int64_t one[1] = {S};
     if (make_problem(&pn, one, 1, 0, H, D, MASKPACK_F32, threads, 1)) return 1;
     side ours_nomask = {run_ours, &pn, threads, 0, NULL, NULL};
@@ -483,17 +543,22 @@ int main(int argc, char **argv) {
         free_problem(&pc);
     }
 
-    /* 3. 16 documents packed into 8192 tokens, causal: vs torch's dense mask, and vs the documents alone */
-    enum { NDOC = 16 };
+    /* 3. the documents (16 of 112..912 tokens in 8192) packed, causal: vs torch's dense mask, and vs the
+     * documents alone */
+    const int NDOC = (int)a.ndoc;
     if (!WANT(3)) {
         skipped(3);
     } else {
-        const int deltas[NDOC] = {-300, 300, -200, 200, -100, 100, 250, -250, 0, 0, 400, -400, -150, 150, 50, -50};
-        int64_t lens[NDOC];
+        const int64_t *lens = a.docs;
+        int64_t total = 0, shortest = lens[0], longest = lens[0];
         double pairs = 0;
-        side alone[NDOC];
+        problem *palone = calloc((size_t)NDOC, sizeof *palone);
+        side *alone = calloc((size_t)NDOC, sizeof *alone);
+        if (!palone || !alone) return 1;
         for (int i = 0; i < NDOC; i++) {
-            lens[i] = 512 + deltas[i];
+            total += lens[i];
+            shortest = lens[i] < shortest ? lens[i] : shortest;
+            longest = lens[i] > longest ? lens[i] : longest;
             pairs += (double)lens[i] * (double)(lens[i] + 1) / 2;
             if (make_problem(&palone[i], &lens[i], 1, 1, H, D, MASKPACK_F32, threads, 0)) return 1;
             alone[i] = (side){run_ours, &palone[i], threads, 0, NULL, NULL};
@@ -501,18 +566,22 @@ int main(int argc, char **argv) {
         if (make_problem(&pp, lens, NDOC, 1, H, D, MASKPACK_F32, threads, 0)) return 1;
         side ours_packed = {run_ours, &pp, threads, 0, NULL, NULL};
         paired_result r3a = paired(&ours_packed, 1, alone, NDOC, reps);
-        torch_side.name = "sdpa_fwd_packed16_dense_mask";
+        char packed_name[64]; /* the torch script's name of this measurement, by the number of documents */
+        snprintf(packed_name, sizeof packed_name, "sdpa_fwd_packed%d_dense_mask", NDOC);
+        torch_side.name = packed_name;
         paired_result r3t = paired(&ours_packed, 1, &torch_side, 1, quick ? 1 : (reps + 1) / 2); /* ~2 s per torch run */
-        printf("\n[3] 16 documents (112..912 tokens) packed into 8192 tokens, causal, H=%lld D=%lld, f32 forward\n",
-               (long long)H, (long long)D);
+        printf("\n[3] %d documents (%lld..%lld tokens) packed into %lld tokens, causal, H=%lld D=%lld, f32 forward\n",
+               NDOC, (long long)shortest, (long long)longest, (long long)total, (long long)H, (long long)D);
         printf("  ours %.2f ms (%.1f GFLOP/s on allowed pairs); torch SDPA with the dense block-diagonal mask %.2f ms -> "
                "%.1fx faster (target >= 5x)\n",
                r3t.a * 1e3, 4.0 * pairs * D * H / r3t.a / 1e9, r3t.b * 1e3, r3t.ratio);
-        printf("  sum of the 16 documents run alone %.2f ms -> packed takes %.3fx that (target <= 1.15x)\n", r3a.b * 1e3,
-               1.0 / r3a.ratio);
+        printf("  sum of the %d documents run alone %.2f ms -> packed takes %.3fx that (target <= 1.15x)\n", NDOC,
+               r3a.b * 1e3, 1.0 / r3a.ratio);
         verdict(!isnan(r3t.ratio) && !isnan(r3a.ratio), r3t.ratio >= 5 && 1.0 / r3a.ratio <= 1.15);
         free_problem(&pp);
         for (int i = 0; i < NDOC; i++) free_problem(&palone[i]);
+        free(palone);
+        free(alone);
     }
 
     /* 4. bf16 forward on AMX vs our f32 forward (alternating), and vs torch bf16. The target is AMX's:

@@ -1,5 +1,9 @@
 """Torch baselines for bench_attention: torch 2.x CPU attention on the shapes bench_attention.c uses.
 
+The shapes (--seq S tokens of one sequence, --heads H of --head-dim D, the --docs lengths packed for the
+dense-mask measurement) default to bench/shapes.json's table "attention", the one bench_attention.c is
+built with; in --serve mode bench_attention.c passes its own shape options, so both sides measure one.
+
 Two modes, both on the same number of threads as our kernels (torch.set_num_threads):
 - alone: prints one line per measurement, "name median_seconds", after --reps runs of each;
 - --serve: bench_attention.c starts it as a co-process and asks for one run at a time, so its own
@@ -8,9 +12,12 @@ Two modes, both on the same number of threads as our kernels (torch.set_num_thre
   measurement once (the first request of a name is preceded by one untimed warm-up run) and prints
   "name seconds"; an unknown name gets "name nan"; end of input ends it.
     .venv/bin/python bench/attention/bench_attention_torch.py [--threads 2] [--reps 5] [--quick] [--serve]
+                                                              [--seq S] [--heads H] [--head-dim D] [--docs L,L,...]
+Alone, it first prints the shape: "shape S=2048 H=8 D=128 docs=212,812,...".
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -18,18 +25,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-# 16 documents of 112..912 tokens summing to 8192 (the same list as bench_attention.c)
-DOC_DELTAS = [-300, 300, -200, 200, -100, 100, 250, -250, 0, 0, 400, -400, -150, 150, 50, -50]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: bench_shapes
+import bench_shapes  # noqa: E402  (the shapes' defaults: bench/shapes.json)
 
 
-def doc_lengths():
-    return [512 + d for d in DOC_DELTAS]
+def packed_name(docs):
+    """The dense-mask measurement's name, by the number of documents (bench_attention.c asks for it so)."""
+    return f"sdpa_fwd_packed{len(docs)}_dense_mask"
 
 
-def measurements():
+def measurements(S, H, D, docs):
     """name -> a function running that measurement once (inputs built here, outside the timing)."""
     torch.manual_seed(0)
-    S, D, H = 2048, 128, 8
     q, k, v = (torch.randn(1, H, S, D) for _ in range(3))
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
@@ -47,11 +54,9 @@ def measurements():
         o.backward(dout)
         qg.grad = kg.grad = vg.grad = None
 
-    # 16 documents packed into 8192 tokens, causal inside each: the dense block-diagonal mask
-    T, n_docs = 8192, 16
-    lens = doc_lengths()
-    assert sum(lens) == T and len(lens) == n_docs
-    seg = torch.repeat_interleave(torch.arange(n_docs), torch.tensor(lens))
+    # the documents packed into one stream, causal inside each: the dense block-diagonal mask
+    T, n_docs = sum(docs), len(docs)
+    seg = torch.repeat_interleave(torch.arange(n_docs), torch.tensor(docs))
     pos = torch.arange(T)
     mask = ((seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None]))[None, None]
     qp, kp, vp = (torch.randn(1, H, T, D) for _ in range(3))
@@ -61,7 +66,7 @@ def measurements():
         "sdpa_fwd_causal": no_grad(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         "sdpa_fwd_nomask_bf16": no_grad(lambda: F.scaled_dot_product_attention(qb, kb, vb)),
         "sdpa_fwd_bwd_nomask": fwd_bwd,
-        "sdpa_fwd_packed16_dense_mask": no_grad(lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)),
+        packed_name(docs): no_grad(lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)),
     }
 
 
@@ -94,16 +99,22 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller repetition counts")
     ap.add_argument("--serve", action="store_true", help="answer one-run requests on stdin (see above)")
+    ap.add_argument("--seq", type=bench_shapes.integer(1, 1 << 20), help="tokens of the one sequence")
+    ap.add_argument("--heads", type=bench_shapes.integer(1, 1024))
+    ap.add_argument("--head-dim", type=bench_shapes.integer(1, 1024))
+    ap.add_argument("--docs", type=bench_shapes.integers(1, 1 << 20), help="the packed documents' lengths, L,L,...")
+    bench_shapes.apply(ap, 'bench_attention_torch', table=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    runs = measurements()
+    runs = measurements(a.seq, a.heads, a.head_dim, a.docs)
     if a.serve:
         serve(runs)
         return
     reps = 2 if a.quick else a.reps
+    print(f"shape S={a.seq} H={a.heads} D={a.head_dim} docs={','.join(map(str, a.docs))}", flush=True)
     print("torch_threads", torch.get_num_threads(), flush=True)
     for name, fn in runs.items():
-        n = max(1, reps // 2) if "packed16" in name else reps  # ~2 s per run
+        n = max(1, reps // 2) if name == packed_name(a.docs) else reps  # ~2 s per run
         fn()
         print(name, statistics.median(once(fn) for _ in range(n)), flush=True)
 

@@ -5,7 +5,8 @@
  *    measured before and after the runs and briefly before each timed run; the highest value
  *    seen is the peak (the machine is shared: a busy moment must not flatter the fraction).
  * 2. The rule: T = 4096 tokens in 8 packed segments of 512, H = 16 key heads, HV = 32 value heads,
- *    K = V = 128, f32, chunked forward on n_threads threads (median of runs). The matrix work is
+ *    K = V = 128 (bench/shapes.json's table "gdn", built into bench_shapes.h; bench_gdn_torch.py
+ *    measures the same table), f32, chunked forward on n_threads threads (median of runs). The matrix work is
  *    counted from the products the kernel computes per chunk (triangular ones at their triangle,
  *    the shared Q K^T / K K^T once per key head, the unit-lower inverse at n^3/6; Dv as
  *    A diag(beta) (V - diag(E) K S), so A multiplies V-wide rows only).
@@ -15,7 +16,9 @@
  * AVX2 + FMA), which is what that kernel uses.
  * Also reported: the reference (portable) kernel, the recurrent form and the backward.
  *
- * Usage: bench_gdn [n_threads (2)] [runs (7)]. Exit status 0 whatever the numbers (it measures). */
+ * Usage: bench_gdn [n_threads (2)] [runs (7)] [--tokens T] [--segments N] [--heads H] [--value-heads HV]
+ *                  [--key-dim K] [--value-dim V]   (T in N equal segments; HV a multiple of H)
+ * Exit status 0 whatever the numbers (it measures); 2 for a bad argument. */
 #include "maskpack.h"
 
 #include <math.h>
@@ -24,6 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "bench_shapes.h" /* generated from bench/shapes.json */
+#include "common/bench_args.h"
 
 static double now(void) {
     struct timespec ts;
@@ -70,11 +76,64 @@ static double chunk_macs(int64_t len, int64_t H, int64_t HV, int64_t K, int64_t 
     return macs;
 }
 
+/* The problem's shape (defaults: bench/shapes.json's table "gdn"). */
+typedef struct gdn_shape {
+    int64_t T, NSEG, H, HV, K, V;
+} gdn_shape;
+
+#define USAGE                                                                                                  \
+    "[n_threads] [runs] [--tokens T] [--segments N] [--heads H] [--value-heads HV] [--key-dim K] "              \
+    "[--value-dim V]"
+
+/* Reads the arguments argv[0..argc) (up to two numbers, then options) into *nt, *runs and *s: 0, or
+ * -1 after a one-line message. */
+static int parse_args(const char *where, int argc, const char *const *argv, int *nt, int *runs, gdn_shape *s) {
+    const bench_int_opt opts[] = {{"--tokens", &s->T, 1, 1 << 20},     {"--segments", &s->NSEG, 1, 4096},
+                                  {"--heads", &s->H, 1, 256},          {"--value-heads", &s->HV, 1, 256},
+                                  {"--key-dim", &s->K, 1, 1024},       {"--value-dim", &s->V, 1, 1024}};
+    int positional = 0;
+    for (int i = 0; i < argc; i++) {
+        int r = bench_parse_int_opt("bench_gdn", where, opts, sizeof opts / sizeof opts[0], argc, argv, &i);
+        if (r < 0) return -1;
+        if (r == 1) continue;
+        if (argv[i][0] != '-' && positional < 2) {
+            *(positional++ ? runs : nt) = atoi(argv[i]);
+            continue;
+        }
+        fprintf(stderr, "bench_gdn: unknown argument '%s'%s (usage: bench_gdn " USAGE ")\n", argv[i], where);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int nt = argc > 1 ? atoi(argv[1]) : 2, runs = argc > 2 ? atoi(argv[2]) : 7;
+    static const char *const defaults[] = {BENCH_SHAPES_GDN};
+    /* line by line into a pipe too: a reader (the report, a test) sees the shape before the long runs */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int nt = 2, runs = 7;
+    gdn_shape sh = {0};
+    if (parse_args(BENCH_SHAPES_WHERE, (int)(sizeof defaults / sizeof defaults[0]), defaults, &nt, &runs, &sh) ||
+        parse_args("", argc - 1, (const char *const *)argv + 1, &nt, &runs, &sh))
+        return 2;
+    const char *const prog = "bench_gdn";
+    if (bench_require(prog, "gdn", "--tokens", sh.T) || bench_require(prog, "gdn", "--segments", sh.NSEG) ||
+        bench_require(prog, "gdn", "--heads", sh.H) || bench_require(prog, "gdn", "--value-heads", sh.HV) ||
+        bench_require(prog, "gdn", "--key-dim", sh.K) || bench_require(prog, "gdn", "--value-dim", sh.V))
+        return 2;
+    /* equal segments (bench_gdn_torch.py runs them as a batch), and whole groups of value heads */
+    if (sh.T % sh.NSEG) {
+        fprintf(stderr, "bench_gdn: --segments: %lld tokens do not split into %lld equal segments\n", (long long)sh.T,
+                (long long)sh.NSEG);
+        return 2;
+    }
+    if (sh.HV % sh.H) {
+        fprintf(stderr, "bench_gdn: --value-heads: %lld is not a multiple of --heads %lld\n", (long long)sh.HV,
+                (long long)sh.H);
+        return 2;
+    }
     if (nt < 1) nt = 1;
     if (runs < 1) runs = 1;
-    const int64_t T = 4096, NSEG = 8, H = 16, HV = 32, K = 128, V = 128;
+    const int64_t T = sh.T, NSEG = sh.NSEG, H = sh.H, HV = sh.HV, K = sh.K, V = sh.V;
     double load[3] = {0, 0, 0};
     FILE *f = fopen("/proc/loadavg", "r");
     if (f) {
@@ -87,8 +146,9 @@ int main(int argc, char **argv) {
     printf("fp32 FMA peak (%s, %d threads, measured): %.1f GFLOP/s\n",
            __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2 + FMA", nt, peak);
 
-    int64_t lens[8];
-    for (int i = 0; i < NSEG; i++) lens[i] = T / NSEG;
+    int64_t *lens = malloc((size_t)NSEG * sizeof *lens);
+    if (!lens) return 1;
+    for (int64_t i = 0; i < NSEG; i++) lens[i] = T / NSEG;
     maskpack_layout *L = NULL;
     maskpack_error e;
     if (maskpack_layout_from_lengths(lens, (size_t)NSEG, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e)) {
@@ -99,6 +159,10 @@ int main(int argc, char **argv) {
     float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *g = malloc(nh * 4), *b = malloc(nh * 4);
     float *o = malloc(nv * 4), *dO = malloc(nv * 4), *dq = malloc(nq * 4), *dk = malloc(nq * 4), *dv = malloc(nv * 4);
     float *dg = malloc(nh * 4), *db = malloc(nh * 4);
+    if (!q || !k || !v || !g || !b || !o || !dO || !dq || !dk || !dv || !dg || !db) {
+        fprintf(stderr, "bench_gdn: out of memory for this shape\n");
+        return 1;
+    }
     for (size_t i = 0; i < nq; i++) {
         q[i] = frand() - 0.5f;
         k[i] = frand() - 0.5f;
@@ -113,6 +177,10 @@ int main(int argc, char **argv) {
     }
     int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV}, ss[4] = {NSEG, HV, K, V};
     float *ht = malloc((size_t)(NSEG * HV * K * V) * 4);
+    if (!ht) {
+        fprintf(stderr, "bench_gdn: out of memory for this shape\n");
+        return 1;
+    }
     maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
     maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv), tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
     maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv);
@@ -122,7 +190,7 @@ int main(int argc, char **argv) {
     maskpack_tensor tdb = maskpack_tensor_contiguous(db, MASKPACK_F32, 2, sg);
     maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, NULL};
     double macs = 0;
-    for (int i = 0; i < NSEG; i++) macs += chunk_macs(lens[i], H, HV, K, V);
+    for (int64_t i = 0; i < NSEG; i++) macs += chunk_macs(lens[i], H, HV, K, V);
     const double gflop = 2.0 * macs * 1e-9;
     printf("problem: T %lld in %lld segments, H %lld, HV %lld, K %lld, V %lld; chunked matrix work %.2f GFLOP\n",
            (long long)T, (long long)NSEG, (long long)H, (long long)HV, (long long)K, (long long)V, gflop);
@@ -240,6 +308,7 @@ int main(int argc, char **argv) {
     free(dg);
     free(db);
     free(ht);
+    free(lens);
     maskpack_layout_free(L);
     return rc;
 }

@@ -1,7 +1,7 @@
 """bench_gdn_torch.py: maskpack's gated delta rule against transformers' torch fallback, same run.
 
-T = 4096 tokens in 8 segments of 512, H = 16 key heads, HV = 32 value heads, K = V = 128, float32,
-2 threads (torch.set_num_threads and maskpack's n_threads). transformers' torch_chunk_gated_delta_rule
+T = 4096 tokens in 8 segments of 512, H = 16 key heads, HV = 32 value heads, K = V = 128 (bench/shapes.json's
+table "gdn", the one bench_gdn.c is built with; each an option), float32, 2 threads (torch.set_num_threads and maskpack's n_threads). transformers' torch_chunk_gated_delta_rule
 takes no cu_seqlens, so it runs the 8 equal segments as a batch [8, 512, ...]: the same work, the
 same result. Forward: maskpack.gated_delta_rule (L2 norm in the kernel) vs torch_chunk_gated_delta_rule
 (use_qk_l2norm_in_kernel=True, output_final_state=True). Backward: maskpack's C backward (through
@@ -10,28 +10,46 @@ Targets: forward >= 10x, backward >= 5x. Prints medians, the machine's load and 
 two sides alternate run by run (the machine is shared: a busy moment then hits both), and the
 median of the per-pair ratios is printed next to the ratio of the medians.
 
-    .venv/bin/python bench/gdn/bench_gdn_torch.py [--runs 7] [--threads 2]
+    .venv/bin/python bench/gdn/bench_gdn_torch.py [--runs 7] [--threads 2] [--tokens T] [--segments N]
+                                                  [--heads H] [--value-heads HV] [--key-dim K] [--value-dim V]
 """
 
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: bench_shapes
+import bench_shapes  # noqa: E402  (the shapes' defaults: bench/shapes.json)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)  # medians of a shared, noisy machine need a few runs
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=bench_shapes.integer(1, 1 << 20), help="T, in --segments equal segments")
+    ap.add_argument("--segments", type=bench_shapes.integer(1, 4096))
+    ap.add_argument("--heads", type=bench_shapes.integer(1, 256), help="H, key heads")
+    ap.add_argument("--value-heads", type=bench_shapes.integer(1, 256), help="HV, a multiple of H")
+    ap.add_argument("--key-dim", type=bench_shapes.integer(1, 1024))
+    ap.add_argument("--value-dim", type=bench_shapes.integer(1, 1024))
+    bench_shapes.apply(ap, 'bench_gdn_torch', table=True)
     args = ap.parse_args()
+    # equal segments (the fallback runs them as a batch), and whole groups of value heads
+    if args.tokens % args.segments:
+        ap.error(f"argument --segments: {args.tokens} tokens do not split into {args.segments} equal segments")
+    if args.value_heads % args.heads:
+        ap.error(f"argument --value-heads: {args.value_heads} is not a multiple of --heads {args.heads}")
     torch.set_num_threads(args.threads)
 
     import maskpack
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
-    NSEG, L, H, HV, K, V = 8, 512, 16, 32, 128, 128
+    NSEG, H, HV, K, V = args.segments, args.heads, args.value_heads, args.key_dim, args.value_dim
+    L = args.tokens // NSEG
     T = NSEG * L
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(NSEG, L, H, K, generator=gen)

@@ -52,19 +52,23 @@ def test_report_quick(tmp_path):
 
 def test_gdn_flop_count_matches_bench_gdn():
     """report.py counts the chunked rule's work as bench_gdn.c does: its printed 'chunked matrix work'
-    for T 4096 in 8 segments of 512, H 16, HV 32, K = V = 128."""
+    for the shape of shapes.json's table "gdn" (bench_gdn's default; T in equal segments)."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     try:
+        import bench_shapes
         import report
     finally:
         sys.path.pop(0)
-    gflop = 8 * 2 * report.gdn_chunk_macs(512, 16, 32, 128, 128) / 1e9
-    assert 5 < gflop < 20
+    assert 5 < 8 * 2 * report.gdn_chunk_macs(512, 16, 32, 128, 128) / 1e9 < 20  # T 4096 in 8, H 16, HV 32, K = V = 128
+    g = bench_shapes.load(bench_shapes.PATH)["tables"]["gdn"]
+    n = g["segments"]
+    macs = report.gdn_chunk_macs(g["tokens"] // n, g["heads"], g["value-heads"], g["key-dim"], g["value-dim"])
+    gflop = n * 2 * macs / 1e9
     r = os.path.join(ROOT, "build", "bench", "gdn", "bench_gdn")
     assert report.spread([3.0, 1.0, 2.0])["median"] == 2.0
     if not os.access(r, os.X_OK):
         return
-    # bench_gdn prints the figure before it times anything; read just that line
+    # bench_gdn prints the figure before it times anything (line by line): read just that line
     p = subprocess.Popen([r, "1", "1"], stdout=subprocess.PIPE, text=True)
     try:
         for line in p.stdout:
@@ -77,8 +81,9 @@ def test_gdn_flop_count_matches_bench_gdn():
 
 
 def test_programs_marked_reads_take_their_defaults_from_shapes_json():
-    """Every program shapes.json marks "reads" calls bench_shapes.apply with its own name, and its full
-    arguments parse (they are the defaults a bare run gets)."""
+    """Every program shapes.json marks "reads" calls bench_shapes.apply with its own name (and table=True
+    when its entry names a shape table), or, a C program, includes the header generated from its table
+    (bench/meson.build generates it with that table); its full arguments have no {placeholder} left."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     try:
         import bench_shapes
@@ -87,8 +92,19 @@ def test_programs_marked_reads_take_their_defaults_from_shapes_json():
     shapes = bench_shapes.load()
     reads = [p for p in shapes["programs"] if p.get("reads")]
     assert len(reads) >= 7
+    with open(os.path.join(ROOT, "bench", "meson.build")) as f:
+        meson = f.read()
     for p in reads:
-        script = next(c for c in p["cmd"] if c.endswith(".py"))
-        with open(os.path.join(ROOT, script)) as f:
-            assert f"bench_shapes.apply(ap, {p['name']!r})" in f.read(), p["name"]
-        assert bench_shapes.full_args(p["name"], shapes) and "{" not in " ".join(bench_shapes.full_args(p["name"], shapes))
+        script = next((c for c in p["cmd"] if c.endswith(".py")), None)
+        if script is None:  # a C program: {build}/bench/... built from bench/....c
+            src = p["cmd"][0].replace("{build}/", "") + ".c"
+            with open(os.path.join(ROOT, src)) as f:
+                code = f.read()
+            assert p.get("table") and f"BENCH_SHAPES_{p['table'].upper()}" in code, p["name"]
+            assert f"'{p['table']}'" in meson, p["name"]
+        else:
+            call = f"bench_shapes.apply(ap, {p['name']!r}" + (", table=True)" if p.get("table") else ")")
+            with open(os.path.join(ROOT, script)) as f:
+                assert call in f.read(), p["name"]
+        args = (bench_shapes.full_args(p["name"], shapes) or []) + bench_shapes.table_args(p["name"], shapes)
+        assert args and "{" not in " ".join(args), p["name"]
