@@ -168,6 +168,8 @@ typedef struct work {
     size_t *cursor;
     double *icost;      /* processing position -> cost (sequence-level balancing) */
     int32_t *spread_row; /* processing position -> final row of the sequences-dealt candidate */
+    double *rank_tokens;    /* rank -> tokens (the report) */
+    double *rank_attention; /* rank -> attention cost (the report) */
 } work;
 
 static void work_free(work *w) {
@@ -188,6 +190,8 @@ static void work_free(work *w) {
     free(w->cursor);
     free(w->icost);
     free(w->spread_row);
+    free(w->rank_tokens);
+    free(w->rank_attention);
 }
 
 void maskpack_plan_free(maskpack_plan *p) {
@@ -202,18 +206,6 @@ void maskpack_plan_free(maskpack_plan *p) {
     free(p->rank_cost);
     free(p->microbatch_cost);
     free(p);
-}
-
-static maskpack_status oom(work *w, maskpack_plan *p, maskpack_error *err) {
-    work_free(w);
-    maskpack_plan_free(p);
-    return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
-}
-
-static maskpack_status bail(work *w, maskpack_plan *p, maskpack_status s) {
-    work_free(w);
-    maskpack_plan_free(p);
-    return s;
 }
 
 /* The heaviest group never exceeds the mean by more than this before improvement stops (1e-5 = 0.001%). */
@@ -402,37 +394,77 @@ maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const mas
     return mp_plan_create_ex(lengths, n, o, MP_PLAN_INDEX_AUTO, out, err);
 }
 
-/* Memory note: first touches of fresh pages dominate a plan's cost at 10^5 sequences, so the
- * common case (no splitting, multiple 1, seed 0) packs the caller's lengths in place and keeps per
- * sequence only its length and, per row position, a 4-byte index. */
-maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpack_plan_options *o, int index_mode,
-                                  maskpack_plan **out, maskpack_error *err) {
+/* One creation's state, passed from phase to phase: the caller's inputs, what the phases derive from
+ * them, the working arrays and the plan being filled. */
+typedef struct creation {
+    const int64_t *lengths;
+    size_t n;
+    const maskpack_plan_options *o;
+    int index_mode;
+    /* the options settled */
+    int64_t m;         /* the alignment multiple */
+    int64_t cap_units; /* the capacity in units of the multiple */
+    int64_t piece_max; /* the longest slot a row can hold */
+    double a;          /* the attention coefficient */
+    mp_plan_progress progress;
+    /* items: pieces in (sequence, offset) order */
+    int64_t total;     /* real tokens */
+    size_t n_items, ni; /* ni: n_items, at least 1 (allocation sizes) */
+    int64_t n_split;
+    int split, decreasing;
+    const int64_t *size;     /* items' slots in units (the caller's lengths when they are the sizes) */
+    const int64_t *seq_size; /* the same in processing order */
+    size_t n_bins;           /* rows the packer filled */
+    /* the row grid: dp ranks x mb micro-batches (G groups) x T rows */
+    int64_t per_mb, n_rows;
+    size_t R, per_rank, G, T, mb, dp;
+    int by_sequence; /* sequence-level balancing */
+    /* the placement */
+    int have_spread;
+    int32_t *pos_row; /* processing position -> final row */
+    size_t n_nonempty;
+    work w;
+    maskpack_plan *p;
+} creation;
+
+static maskpack_status creation_oom(maskpack_error *err) {
+    return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "plan", -1, -1, "out of memory");
+}
+
+/* The arguments and options: the multiple, the attention coefficient (a given a wins; else the
+ * model's hidden size: 6 * hidden, MHA, 4*hidden MLP; else verl's constant), the progress callback. */
+static maskpack_status check_arguments(creation *c, maskpack_plan **out, maskpack_error *err) {
+    const maskpack_plan_options *o = c->o;
     MP_CHECK_NULL(err, out, "out");
     MP_CHECK_NULL(err, o, "options");
-    if (n > 0) MP_CHECK_NULL(err, lengths, "lengths");
-    if (n > (size_t)INT32_MAX - 1)
+    if (c->n > 0) MP_CHECK_NULL(err, c->lengths, "lengths");
+    if (c->n > (size_t)INT32_MAX - 1)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", -1, -1, "lengths: %zu sequences is too many (limit 2^31-2)",
-                       n);
-    int64_t m = 1;
-    maskpack_status s = validate_options(o, &m, err);
+                       c->n);
+    maskpack_status s = validate_options(o, &c->m, err);
     if (s) return s;
-    const int64_t cap_units = o->capacity / m;
-    const int64_t piece_max = cap_units * m; /* the longest slot a row can hold */
-    /* a given a wins; else the model's hidden size (6 * hidden: MHA, 4*hidden MLP); else verl's constant */
-    double a = MASKPACK_PLAN_DEFAULT_ATTENTION_A;
+    c->cap_units = o->capacity / c->m;
+    c->piece_max = c->cap_units * c->m;
+    c->a = MASKPACK_PLAN_DEFAULT_ATTENTION_A;
     if (o->attention_a > 0)
-        a = o->attention_a;
+        c->a = o->attention_a;
     else if (o->hidden > 0) {
-        s = maskpack_plan_attention_coefficient(o->hidden, 0, 0, 0, 0, 0, &a, err);
+        s = maskpack_plan_attention_coefficient(o->hidden, 0, 0, 0, 0, 0, &c->a, err);
         if (s) return s;
     }
-    mp_plan_progress progress = {o->progress, o->progress_ctx};
+    c->progress = (mp_plan_progress){o->progress, o->progress_ctx};
+    return MASKPACK_OK;
+}
 
-    /* Validation pass: lengths, their slots, pieces. Nothing is allocated before it succeeds. */
+/* Validation pass: lengths, their slots, pieces (-> total, n_items). Nothing is allocated before it
+ * succeeds. */
+static maskpack_status count_pieces(creation *c, maskpack_error *err) {
+    const maskpack_plan_options *o = c->o;
+    const int64_t m = c->m;
     int64_t total = 0;
     size_t n_items = 0;
-    for (size_t k = 0; k < n; k++) {
-        int64_t L = lengths[k];
+    for (size_t k = 0; k < c->n; k++) {
+        int64_t L = c->lengths[k];
         if (L < 0)
             return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1, "lengths[%zu]: expected >= 0, found %lld",
                            k, (long long)L);
@@ -458,191 +490,248 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
                                "splitting to cut it into pieces",
                                k, k, (long long)L, (long long)o->capacity);
             }
-            pieces = (size_t)((L - 1) / piece_max + 1);
+            pieces = (size_t)((L - 1) / c->piece_max + 1);
         }
         if (pieces > (size_t)INT32_MAX - 1 - n_items)
             return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", (int64_t)k, -1,
                            "lengths: more than 2^31-2 pieces at sequence %zu", k);
         n_items += pieces;
     }
+    c->total = total;
+    c->n_items = n_items;
+    c->ni = n_items ? n_items : 1;
+    c->split = n_items != c->n;
+    c->decreasing = c->o->algorithm != MASKPACK_PLAN_NEXTFIT;
+    return MASKPACK_OK;
+}
 
-    /* Items are pieces in (sequence, offset) order, so item index order is the input order next-fit
-     * keeps. Without splitting item i is sequence i (item_seq and item_offset stay NULL). */
-    work w;
-    memset(&w, 0, sizeof w);
-    maskpack_plan *p = calloc(1, sizeof *p);
-    if (!p) return oom(&w, p, err);
-    const int split = n_items != n;
-    const size_t ni = n_items ? n_items : 1;
+/* The plan and the per-item arrays. Without splitting item i is sequence i (item_seq and item_offset
+ * stay NULL); sizes in units only when they differ from the lengths, tie keys only with a seed. */
+static maskpack_status allocate_items(creation *c, maskpack_error *err) {
+    work *w = &c->w;
+    const size_t ni = c->ni;
+    maskpack_plan *p = c->p = calloc(1, sizeof *p);
+    if (!p) return creation_oom(err);
     p->item_length = mp_alloc_array(ni, sizeof *p->item_length);
-    w.bin = mp_alloc_array(ni, sizeof *w.bin);
+    w->bin = mp_alloc_array(ni, sizeof *w->bin);
     /* the decreasing packers need an order; next-fit does not, but the buffer becomes pos_item later */
-    w.order = mp_alloc_array(ni, sizeof *w.order);
-    if (split) {
+    w->order = mp_alloc_array(ni, sizeof *w->order);
+    if (c->split) {
         p->item_seq = mp_alloc_array(ni, sizeof *p->item_seq);
         p->item_offset = mp_alloc_array(ni, sizeof *p->item_offset);
     }
-    const int decreasing = o->algorithm != MASKPACK_PLAN_NEXTFIT;
-    if (decreasing) w.sorted = mp_alloc_array(ni, sizeof *w.sorted);
-    if (split || m > 1) w.size = mp_alloc_array(ni, sizeof *w.size);
-    if (o->seed) w.tie = mp_alloc_array(ni, sizeof *w.tie);
-    if (!p->item_length || !w.bin || !w.order || (decreasing && !w.sorted) ||
-        (split && (!p->item_seq || !p->item_offset)) || ((split || m > 1) && !w.size) || (o->seed && !w.tie))
-        return oom(&w, p, err);
+    if (c->decreasing) w->sorted = mp_alloc_array(ni, sizeof *w->sorted);
+    if (c->split || c->m > 1) w->size = mp_alloc_array(ni, sizeof *w->size);
+    if (c->o->seed) w->tie = mp_alloc_array(ni, sizeof *w->tie);
+    if (!p->item_length || !w->bin || !w->order || (c->decreasing && !w->sorted) ||
+        (c->split && (!p->item_seq || !p->item_offset)) || ((c->split || c->m > 1) && !w->size) ||
+        (c->o->seed && !w->tie))
+        return creation_oom(err);
+    return MASKPACK_OK;
+}
 
-    int64_t n_split = 0;
-    if (!split) {
+/* Items are pieces in (sequence, offset) order, so item index order is the input order next-fit
+ * keeps: each item's length, slot in units, sequence and offset (when splitting), tie key (seed). */
+static void cut_items(creation *c) {
+    const int64_t *lengths = c->lengths, m = c->m, piece_max = c->piece_max;
+    const size_t n = c->n;
+    maskpack_plan *p = c->p;
+    work *w = &c->w;
+    if (!c->split) {
         if (n) memcpy(p->item_length, lengths, n * sizeof *lengths);
         if (m > 1)
-            for (size_t k = 0; k < n; k++) w.size[k] = slot_of(lengths[k], m) / m;
+            for (size_t k = 0; k < n; k++) w->size[k] = slot_of(lengths[k], m) / m;
     } else {
         size_t it = 0;
         for (size_t k = 0; k < n; k++) {
             int64_t L = lengths[k];
             int64_t slot = slot_of(L, m);
-            if (slot <= o->capacity) {
+            if (slot <= c->o->capacity) {
                 p->item_seq[it] = (int64_t)k;
                 p->item_offset[it] = 0;
                 p->item_length[it] = L;
-                w.size[it] = slot / m;
+                w->size[it] = slot / m;
                 it++;
                 continue;
             }
-            n_split++;
+            c->n_split++;
             for (int64_t off = 0; off < L; off += piece_max) {
                 int64_t len = L - off < piece_max ? L - off : piece_max;
                 p->item_seq[it] = (int64_t)k;
                 p->item_offset[it] = off;
                 p->item_length[it] = len;
-                w.size[it] = (len + m - 1) / m; /* len <= piece_max: no overflow */
+                w->size[it] = (len + m - 1) / m; /* len <= piece_max: no overflow */
                 it++;
             }
         }
     }
-    const int64_t *size = w.size ? w.size : lengths; /* multiple 1, no splitting: the lengths are the sizes */
-    if (o->seed)
-        for (size_t i = 0; i < n_items; i++) w.tie[i] = mp_plan_tie(o->seed, 1, i);
+    c->size = w->size ? w->size : lengths; /* multiple 1, no splitting: the lengths are the sizes */
+    const uint64_t seed = c->o->seed;
+    if (seed)
+        for (size_t i = 0, n_items = c->n_items; i < n_items; i++) w->tie[i] = mp_plan_tie(seed, 1, i);
+}
 
-    /* ---- pack: the packers see sizes in processing order and give the row of each position ---- */
-    if (decreasing) {
-        s = mp_plan_order_decreasing(size, w.tie, n_items, cap_units, w.order, w.sorted, err);
-        if (s) return bail(&w, p, s);
+/* The packers see sizes in processing order (decreasing for the decreasing packers, input order for
+ * next-fit) and give the packer row of each position (w.bin, n_bins rows). */
+static maskpack_status pack_items(creation *c, maskpack_error *err) {
+    work *w = &c->w;
+    if (c->decreasing) {
+        maskpack_status s = mp_plan_order_decreasing(c->size, w->tie, c->n_items, c->cap_units, w->order, w->sorted, err);
+        if (s) return s;
     }
-    const int64_t *seq_size = decreasing ? w.sorted : size;
-    size_t n_bins = 0;
-    s = mp_plan_pack(seq_size, n_items, cap_units, o->algorithm, index_mode, &progress, w.bin, &n_bins, err);
-    if (s) return bail(&w, p, s);
+    c->seq_size = c->decreasing ? w->sorted : c->size;
+    return mp_plan_pack(c->seq_size, c->n_items, c->cap_units, c->o->algorithm, c->index_mode, &c->progress, w->bin,
+                        &c->n_bins, err);
+}
 
-    /* ---- rows per rank and micro-batch: as many rows per micro-batch as the packed rows need ---- */
+/* Rows per rank and micro-batch: as many rows per micro-batch as the packed rows need, every
+ * micro-batch of every rank at least one (empty) row; then the per-row arrays of the balancing and of
+ * the plan. */
+static maskpack_status allocate_rows(creation *c, maskpack_error *err) {
+    const maskpack_plan_options *o = c->o;
+    work *w = &c->w;
+    maskpack_plan *p = c->p;
     const int64_t groups = o->dp * o->micro_batches;
-    int64_t per_mb = ((int64_t)n_bins + groups - 1) / groups;
-    if (per_mb < 1) per_mb = 1; /* every micro-batch of every rank runs at least one (empty) row */
+    int64_t per_mb = ((int64_t)c->n_bins + groups - 1) / groups;
+    if (per_mb < 1) per_mb = 1;
     int64_t n_rows;
-    if (mp_mul_overflow(per_mb, groups, &n_rows) || n_rows > INT32_MAX) {
-        work_free(&w);
-        maskpack_plan_free(p);
+    if (mp_mul_overflow(per_mb, groups, &n_rows) || n_rows > INT32_MAX)
         return mp_fail(err, MASKPACK_ERR_OVERFLOW, "dp", -1, -1,
                        "dp %lld and micro_batches %lld cannot get equal row counts: %lld rows per micro-batch "
                        "times dp * micro_batches = %lld exceeds 2^31-1 rows",
                        (long long)o->dp, (long long)o->micro_batches, (long long)per_mb, (long long)groups);
-    }
-    const size_t R = (size_t)n_rows;
-    const size_t per_rank = R / (size_t)o->dp;
-    const size_t G = (size_t)groups, T = (size_t)per_mb;
+    const size_t R = (size_t)n_rows, ni = c->ni;
+    c->per_mb = per_mb;
+    c->n_rows = n_rows;
+    c->R = R;
+    c->per_rank = R / (size_t)o->dp;
+    c->G = (size_t)groups;
+    c->T = (size_t)per_mb;
+    c->mb = (size_t)o->micro_batches;
+    c->dp = (size_t)o->dp;
     /* Sequence-level balancing (the decreasing packers over more than one group): the packed row count
      * only fixes T; the sequences are then dealt over the groups (mp_plan_spread) and improved by
      * single moves and swaps. Next-fit keeps its input-order runs, so its rows are dealt whole. */
-    const int by_sequence = decreasing && G > 1;
-    w.bin_used = calloc(R, sizeof *w.bin_used);
-    w.row_cost = calloc(R, sizeof *w.row_cost);
-    w.rank = mp_alloc_array(R, sizeof *w.rank);
-    w.by_rank = mp_alloc_array(R, sizeof *w.by_rank);
-    w.final_of = mp_alloc_array(R, sizeof *w.final_of);
-    w.cursor = mp_alloc_array(R + 1, sizeof *w.cursor);
-    if (o->seed) w.row_tie = mp_alloc_array(R, sizeof *w.row_tie);
+    c->by_sequence = c->decreasing && c->G > 1;
+    w->bin_used = calloc(R, sizeof *w->bin_used);
+    w->row_cost = calloc(R, sizeof *w->row_cost);
+    w->rank = mp_alloc_array(R, sizeof *w->rank);
+    w->by_rank = mp_alloc_array(R, sizeof *w->by_rank);
+    w->final_of = mp_alloc_array(R, sizeof *w->final_of);
+    w->cursor = mp_alloc_array(R + 1, sizeof *w->cursor);
+    if (o->seed) w->row_tie = mp_alloc_array(R, sizeof *w->row_tie);
     if (o->micro_batches > 1) {
-        w.sub_cost = mp_alloc_array(per_rank, sizeof *w.sub_cost);
-        w.sub_tie = mp_alloc_array(per_rank, sizeof *w.sub_tie);
-        w.sub_part = mp_alloc_array(per_rank, sizeof *w.sub_part);
+        w->sub_cost = mp_alloc_array(c->per_rank, sizeof *w->sub_cost);
+        w->sub_tie = mp_alloc_array(c->per_rank, sizeof *w->sub_tie);
+        w->sub_part = mp_alloc_array(c->per_rank, sizeof *w->sub_part);
     }
-    if (by_sequence) {
-        w.icost = mp_alloc_array(ni, sizeof *w.icost);
-        w.spread_row = mp_alloc_array(ni, sizeof *w.spread_row);
+    if (c->by_sequence) {
+        w->icost = mp_alloc_array(ni, sizeof *w->icost);
+        w->spread_row = mp_alloc_array(ni, sizeof *w->spread_row);
     }
     p->row_begin = calloc(R + 1, sizeof *p->row_begin);
     p->row_used = calloc(R, sizeof *p->row_used);
     p->row_cost = calloc(R, sizeof *p->row_cost);
     p->rank_cost = calloc((size_t)o->dp, sizeof *p->rank_cost);
     p->microbatch_cost = calloc((size_t)groups, sizeof *p->microbatch_cost);
-    if (!w.bin_used || !w.row_cost || !w.rank || !w.by_rank || !w.final_of || !w.cursor || (o->seed && !w.row_tie) ||
-        (o->micro_batches > 1 && (!w.sub_cost || !w.sub_tie || !w.sub_part)) ||
-        (by_sequence && (!w.icost || !w.spread_row)) || !p->row_begin || !p->row_used || !p->row_cost ||
+    if (!w->bin_used || !w->row_cost || !w->rank || !w->by_rank || !w->final_of || !w->cursor ||
+        (o->seed && !w->row_tie) || (o->micro_batches > 1 && (!w->sub_cost || !w->sub_tie || !w->sub_part)) ||
+        (c->by_sequence && (!w->icost || !w->spread_row)) || !p->row_begin || !p->row_used || !p->row_cost ||
         !p->rank_cost || !p->microbatch_cost)
-        return oom(&w, p, err);
-    int64_t alignment_padding = 0;
-    if (by_sequence)
-        for (size_t j = 0; j < n_items; j++) w.icost[j] = slot_cost(o->objective, a, seq_size[j] * m);
-    if (m > 1)
-        for (size_t i = 0; i < n_items; i++) alignment_padding += size[i] * m - p->item_length[i];
+        return creation_oom(err);
+    if (c->by_sequence)
+        for (size_t j = 0; j < c->n_items; j++) w->icost[j] = slot_cost(o->objective, c->a, c->seq_size[j] * c->m);
+    return MASKPACK_OK;
+}
 
-    /* ---- candidate A: the sequences dealt over the ranks (each with mb * T rows), improved, then each
-     * rank's sequences over its micro-batches: ranks first, as every rank waits for the slowest ---- */
-    const size_t mb = (size_t)o->micro_batches, dpz = (size_t)o->dp;
-    int have_spread = 0;
-    if (by_sequence) {
-        int r = mp_plan_spread(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row);
-        if (r < 0) return oom(&w, p, err);
-        if (r == 1) {
-            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.spread_row, PLAN_TOLERANCE) < 0)
-                return oom(&w, p, err);
-            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 1,
-                                             w.spread_row) < 0)
-                return oom(&w, p, err);
-            have_spread = 1;
-        }
-        if (progress.fn) progress.fn(progress.ctx, "balance", 0.25);
+/* Candidate A: the sequences dealt over the ranks (each with mb * T rows), improved, then each rank's
+ * sequences over its micro-batches: ranks first, as every rank waits for the slowest. Sets
+ * have_spread when the sequences found room that way. */
+static maskpack_status deal_sequences(creation *c, maskpack_error *err) {
+    work *w = &c->w;
+    if (!c->by_sequence) return MASKPACK_OK;
+    const size_t n_items = c->n_items, mb = c->mb, T = c->T;
+    int r = mp_plan_spread(c->seq_size, w->icost, n_items, c->cap_units, c->dp, mb * T, w->spread_row);
+    if (r < 0) return creation_oom(err);
+    if (r == 1) {
+        if (mp_plan_improve(c->seq_size, w->icost, n_items, c->cap_units, c->dp, mb * T, w->spread_row,
+                            PLAN_TOLERANCE) < 0)
+            return creation_oom(err);
+        if (mb > 1 && split_microbatches(c->seq_size, w->icost, n_items, c->cap_units, c->dp, mb, T, c->o->seed, 1,
+                                         w->spread_row) < 0)
+            return creation_oom(err);
+        c->have_spread = 1;
     }
-    /* ---- candidate B: the packed rows dealt whole (balanced Karmarkar-Karp over rows, then over each
-     * rank's micro-batches); for the decreasing packers improved the same way. Needed when A found no
-     * room (a fragmented packing), and tried beside A on small inputs where row-level KK can win. ---- */
-    const int try_rows = !have_spread || n_items <= PLAN_BOTH_LIMIT;
-    if (try_rows) {
-        s = deal_rows(&w, o, seq_size, n_items, n_bins, a, m, R, per_rank, per_mb, &progress, err);
-        if (s) return bail(&w, p, s);
-        for (size_t j = 0; j < n_items; j++) w.bin[j] = w.final_of[w.bin[j]]; /* bin[] now: final row */
-        if (by_sequence) {
-            if (mp_plan_improve(seq_size, w.icost, n_items, cap_units, dpz, mb * T, w.bin, PLAN_TOLERANCE) < 0)
-                return oom(&w, p, err);
-            if (mb > 1 && split_microbatches(seq_size, w.icost, n_items, cap_units, dpz, mb, T, o->seed, 0, w.bin) < 0)
-                return oom(&w, p, err);
-        }
-    }
-    int32_t *pos_row = w.bin;
-    if (have_spread && (!try_rows || placement_cost(w.spread_row, w.icost, n_items, T, G, (size_t)o->micro_batches) <=
-                                         placement_cost(w.bin, w.icost, n_items, T, G, (size_t)o->micro_batches)))
-        pos_row = w.spread_row;
-    if (progress.fn) progress.fn(progress.ctx, "balance", 1.0);
+    if (c->progress.fn) c->progress.fn(c->progress.ctx, "balance", 0.25);
+    return MASKPACK_OK;
+}
 
-    /* ---- inside each micro-batch the rows holding pieces come first, in their order ---- */
-    memset(w.cursor, 0, (R + 1) * sizeof *w.cursor);
-    for (size_t j = 0; j < n_items; j++) w.cursor[pos_row[j]]++;
+/* Candidate B: the packed rows dealt whole (balanced Karmarkar-Karp over rows, then over each rank's
+ * micro-batches); for the decreasing packers improved the same way. Needed when A found no room (a
+ * fragmented packing), and tried beside A on small inputs where row-level KK can win. Leaves
+ * w.bin[position] = final row. */
+static maskpack_status deal_packed_rows(creation *c, maskpack_error *err) {
+    work *w = &c->w;
+    const size_t n_items = c->n_items, mb = c->mb, T = c->T;
+    if (c->have_spread && n_items > PLAN_BOTH_LIMIT) return MASKPACK_OK;
+    maskpack_status s = deal_rows(w, c->o, c->seq_size, n_items, c->n_bins, c->a, c->m, c->R, c->per_rank, c->per_mb,
+                                  &c->progress, err);
+    if (s) return s;
+    for (size_t j = 0; j < n_items; j++) w->bin[j] = w->final_of[w->bin[j]]; /* bin[] now: final row */
+    if (c->by_sequence) {
+        if (mp_plan_improve(c->seq_size, w->icost, n_items, c->cap_units, c->dp, mb * T, w->bin, PLAN_TOLERANCE) < 0)
+            return creation_oom(err);
+        if (mb > 1 &&
+            split_microbatches(c->seq_size, w->icost, n_items, c->cap_units, c->dp, mb, T, c->o->seed, 0, w->bin) < 0)
+            return creation_oom(err);
+    }
+    return MASKPACK_OK;
+}
+
+/* The better candidate (A on a tie): c->pos_row. */
+static void choose_candidate(creation *c) {
+    work *w = &c->w;
+    const int try_rows = !c->have_spread || c->n_items <= PLAN_BOTH_LIMIT;
+    c->pos_row = w->bin;
+    if (c->have_spread && (!try_rows || placement_cost(w->spread_row, w->icost, c->n_items, c->T, c->G, c->mb) <=
+                                            placement_cost(w->bin, w->icost, c->n_items, c->T, c->G, c->mb)))
+        c->pos_row = w->spread_row;
+    if (c->progress.fn) c->progress.fn(c->progress.ctx, "balance", 1.0);
+}
+
+/* Inside each micro-batch the rows holding pieces come first, in their order (-> n_nonempty). */
+static void put_filled_rows_first(creation *c) {
+    work *w = &c->w;
+    const size_t R = c->R, G = c->G, T = c->T, n_items = c->n_items;
+    int32_t *pos_row = c->pos_row;
+    memset(w->cursor, 0, (R + 1) * sizeof *w->cursor);
+    for (size_t j = 0; j < n_items; j++) w->cursor[pos_row[j]]++;
     size_t n_nonempty = 0;
     for (size_t g = 0; g < G; g++) {
         size_t t = 0;
         for (size_t r = g * T; r < (g + 1) * T; r++)
-            if (w.cursor[r]) w.final_of[r] = (int32_t)(g * T + t++);
+            if (w->cursor[r]) w->final_of[r] = (int32_t)(g * T + t++);
         n_nonempty += t;
         for (size_t r = g * T; r < (g + 1) * T; r++)
-            if (!w.cursor[r]) w.final_of[r] = (int32_t)(g * T + t++);
+            if (!w->cursor[r]) w->final_of[r] = (int32_t)(g * T + t++);
     }
-    for (size_t j = 0; j < n_items; j++) pos_row[j] = w.final_of[pos_row[j]];
+    for (size_t j = 0; j < n_items; j++) pos_row[j] = w->final_of[pos_row[j]];
+    c->n_nonempty = n_nonempty;
+}
 
-    /* ---- the plan: rows in final order, items in index = (sequence, offset) order inside a row ---- */
-    p->n_sequences = (int64_t)n;
-    p->n_rows = n_rows;
+/* The plan's settings and rows in final order: where each row's items begin, its units used, its cost. */
+static void fill_rows(creation *c) {
+    const maskpack_plan_options *o = c->o;
+    maskpack_plan *p = c->p;
+    const size_t R = c->R, n_items = c->n_items;
+    const int64_t m = c->m, *seq_size = c->seq_size;
+    const double a = c->a;
+    const int32_t *pos_row = c->pos_row;
+    p->n_sequences = (int64_t)c->n;
+    p->n_rows = c->n_rows;
     p->dp = o->dp;
     p->micro_batches = o->micro_batches;
-    p->rows_per_microbatch = per_mb;
+    p->rows_per_microbatch = c->per_mb;
     p->capacity = o->capacity;
     p->multiple = m;
     p->row_width = o->row_width;
@@ -660,50 +749,83 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
         p->row_used[r] *= m;
         if (o->objective == MASKPACK_PLAN_TOKENS) p->row_cost[r] = (double)p->row_used[r];
     }
-    /* both objectives per rank, whatever the plan balanced (the report shows the two side by side) */
-    double *rank_tok = calloc((size_t)o->dp, sizeof *rank_tok), *rank_att = calloc((size_t)o->dp, sizeof *rank_att);
-    if (!rank_tok || !rank_att) {
-        free(rank_tok);
-        free(rank_att);
-        return oom(&w, p, err);
-    }
+}
+
+/* Both objectives per rank, whatever the plan balanced (the report shows the two side by side):
+ * w.rank_tokens, w.rank_attention. Before map_rows_to_items, which reuses the sorted sizes' memory. */
+static maskpack_status tally_rank_objectives(creation *c, maskpack_error *err) {
+    work *w = &c->w;
+    const double a = c->a;
+    const size_t n_items = c->n_items, per_rank = c->per_rank;
+    const int64_t m = c->m, *seq_size = c->seq_size;
+    const int32_t *pos_row = c->pos_row;
+    w->rank_tokens = calloc(c->dp, sizeof *w->rank_tokens);
+    w->rank_attention = calloc(c->dp, sizeof *w->rank_attention);
+    if (!w->rank_tokens || !w->rank_attention) return creation_oom(err);
     for (size_t j = 0; j < n_items; j++) {
         size_t q = (size_t)pos_row[j] / per_rank;
         double L = (double)(seq_size[j] * m);
-        rank_tok[q] += L;
-        rank_att[q] += a * L + L * L;
+        w->rank_tokens[q] += L;
+        w->rank_attention[q] += a * L + L * L;
     }
-    /* The row -> item map reuses memory already touched (fresh pages cost more than the copies):
-     * next-fit's unused order buffer, or the sorted sizes' buffer of the decreasing packers, which
-     * then sort each row's items back into index order. */
-    memcpy(w.cursor, p->row_begin, R * sizeof *w.cursor);
-    if (!decreasing) {
-        p->pos_item = w.order;
-        w.order = NULL;
-        for (size_t j = 0; j < n_items; j++) p->pos_item[w.cursor[pos_row[j]]++] = (uint32_t)j;
+    return MASKPACK_OK;
+}
+
+/* The row -> item map (pos_item), items in index = (sequence, offset) order inside a row. It reuses
+ * memory already touched (fresh pages cost more than the copies): next-fit's unused order buffer, or
+ * the sorted sizes' buffer of the decreasing packers, which then sort each row's items back into
+ * index order (seq_size is gone after this). */
+static void map_rows_to_items(creation *c) {
+    work *w = &c->w;
+    maskpack_plan *p = c->p;
+    const size_t R = c->R, n_items = c->n_items;
+    const int32_t *pos_row = c->pos_row;
+    memcpy(w->cursor, p->row_begin, R * sizeof *w->cursor);
+    if (!c->decreasing) {
+        p->pos_item = w->order;
+        w->order = NULL;
+        for (size_t j = 0; j < n_items; j++) p->pos_item[w->cursor[pos_row[j]]++] = (uint32_t)j;
     } else {
-        uint32_t *pos = (uint32_t *)(void *)w.sorted;
-        for (size_t j = 0; j < n_items; j++) pos[w.cursor[pos_row[j]]++] = w.order[j];
+        uint32_t *pos = (uint32_t *)(void *)w->sorted;
+        for (size_t j = 0; j < n_items; j++) pos[w->cursor[pos_row[j]]++] = w->order[j];
         for (size_t r = 0; r < R; r++) sort_u32(pos + p->row_begin[r], p->row_begin[r + 1] - p->row_begin[r]);
-        uint32_t *shrunk = mp_realloc_array(pos, ni, sizeof *pos);
+        uint32_t *shrunk = mp_realloc_array(pos, c->ni, sizeof *pos);
         p->pos_item = shrunk ? shrunk : pos;
-        w.sorted = NULL;
+        w->sorted = NULL;
+        c->seq_size = NULL;
     }
+}
+
+/* Each micro-batch's and each rank's cost: the sums of their rows' costs. */
+static void sum_group_costs(creation *c) {
+    maskpack_plan *p = c->p;
+    const size_t R = c->R, T = c->T, mb = c->mb;
     for (size_t f = 0; f < R; f++) {
-        size_t g = f / (size_t)per_mb;
+        size_t g = f / T;
         p->microbatch_cost[g] += p->row_cost[f];
-        p->rank_cost[g / (size_t)o->micro_batches] += p->row_cost[f];
+        p->rank_cost[g / mb] += p->row_cost[f];
     }
-    /* ---- report ---- */
+}
+
+/* The report: counts, padding, fill, and the balance of ranks and micro-batches. */
+static void fill_report(creation *c) {
+    const maskpack_plan_options *o = c->o;
+    const work *w = &c->w;
+    maskpack_plan *p = c->p;
+    const size_t R = c->R;
+    const int64_t n_rows = c->n_rows, total = c->total, m = c->m;
     maskpack_plan_report *rep = &p->report;
-    rep->n_sequences = (int64_t)n;
-    rep->n_pieces = (int64_t)n_items;
-    rep->n_split = n_split;
+    int64_t alignment_padding = 0;
+    if (m > 1)
+        for (size_t i = 0, n_items = c->n_items; i < n_items; i++) alignment_padding += c->size[i] * m - p->item_length[i];
+    rep->n_sequences = (int64_t)c->n;
+    rep->n_pieces = (int64_t)c->n_items;
+    rep->n_split = c->n_split;
     rep->n_rows = n_rows;
-    rep->n_packed_rows = (int64_t)n_nonempty;
-    rep->n_empty_rows = n_rows - (int64_t)n_nonempty;
-    rep->rows_per_rank = (int64_t)per_rank;
-    rep->rows_per_microbatch = per_mb;
+    rep->n_packed_rows = (int64_t)c->n_nonempty;
+    rep->n_empty_rows = n_rows - (int64_t)c->n_nonempty;
+    rep->rows_per_rank = (int64_t)c->per_rank;
+    rep->rows_per_microbatch = c->per_mb;
     rep->capacity = o->capacity;
     rep->multiple = m;
     rep->real_tokens = total;
@@ -711,25 +833,51 @@ maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpa
     rep->tail_padding = 0;
     for (size_t r = 0; r < R; r++)
         if (p->row_begin[r + 1] > p->row_begin[r]) rep->tail_padding += o->capacity - p->row_used[r];
-    rep->fill = n_nonempty ? (double)total / ((double)o->capacity * (double)n_nonempty) : 1.0;
+    rep->fill = c->n_nonempty ? (double)total / ((double)o->capacity * (double)c->n_nonempty) : 1.0;
     rep->fill_nonempty_rows = rep->fill;
     rep->fill_all_rows = (double)total / ((double)o->capacity * (double)n_rows);
-    rep->attention_a = a;
-    rep->imbalance = spread(p->rank_cost, (size_t)o->dp, &rep->rank_cost_min, &rep->rank_cost_mean,
-                            &rep->rank_cost_max);
+    rep->attention_a = c->a;
+    rep->imbalance = spread(p->rank_cost, c->dp, &rep->rank_cost_min, &rep->rank_cost_mean, &rep->rank_cost_max);
     double unused;
-    rep->microbatch_imbalance = spread(p->microbatch_cost, (size_t)groups, &unused, &rep->microbatch_cost_mean,
+    rep->microbatch_imbalance = spread(p->microbatch_cost, c->G, &unused, &rep->microbatch_cost_mean,
                                        &rep->microbatch_cost_max);
-    rep->token_imbalance = spread(rank_tok, (size_t)o->dp, &rep->rank_tokens_min, &rep->rank_tokens_mean,
+    rep->token_imbalance = spread(w->rank_tokens, c->dp, &rep->rank_tokens_min, &rep->rank_tokens_mean,
                                   &rep->rank_tokens_max);
-    rep->attention_imbalance = spread(rank_att, (size_t)o->dp, &unused, &rep->rank_attention_mean,
+    rep->attention_imbalance = spread(w->rank_attention, c->dp, &unused, &rep->rank_attention_mean,
                                       &rep->rank_attention_max);
-    free(rank_tok);
-    free(rank_att);
+}
 
-    work_free(&w);
-    *out = p;
+/* Memory note: first touches of fresh pages dominate a plan's cost at 10^5 sequences, so the
+ * common case (no splitting, multiple 1, seed 0) packs the caller's lengths in place and keeps per
+ * sequence only its length and, per row position, a 4-byte index. */
+maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpack_plan_options *o, int index_mode,
+                                  maskpack_plan **out, maskpack_error *err) {
+    creation c;
+    memset(&c, 0, sizeof c);
+    c.lengths = lengths;
+    c.n = n;
+    c.o = o;
+    c.index_mode = index_mode;
+    maskpack_status s;
+    if ((s = check_arguments(&c, out, err)) || (s = count_pieces(&c, err))) return s;
+    if ((s = allocate_items(&c, err))) goto fail;
+    cut_items(&c);
+    if ((s = pack_items(&c, err)) || (s = allocate_rows(&c, err))) goto fail;
+    if ((s = deal_sequences(&c, err)) || (s = deal_packed_rows(&c, err))) goto fail;
+    choose_candidate(&c);
+    put_filled_rows_first(&c);
+    fill_rows(&c);
+    if ((s = tally_rank_objectives(&c, err))) goto fail;
+    map_rows_to_items(&c);
+    sum_group_costs(&c);
+    fill_report(&c);
+    work_free(&c.w);
+    *out = c.p;
     return mp_ok(err);
+fail:
+    work_free(&c.w);
+    maskpack_plan_free(c.p);
+    return s;
 }
 
 /* ---- accessors ----------------------------------------------------------------------------------- */
