@@ -4,7 +4,9 @@
 
 #include "maskpack.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,9 +67,80 @@ typedef maskpack_task_fn mp_work_fn; /* (ctx, participant index) */
  * (w NULL: the caller alone); returns when every participant has left fn, with their writes
  * visible. Never waits for a worker that has not started. */
 void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx);
-/* n_threads (checked) -> *team: NULL for 1, else a team of n_threads started for one call (free it
- * after; the n_threads entry points run their _on form on it, which gives the same bits). */
-maskpack_status mp_team_for_call(int n_threads, maskpack_workers **team, maskpack_error *err);
+
+/* ---- the run layer (run.c) ------------------------------------------------------------------ */
+
+/* The one claim of the library: items [0, n) taken one at a time from a shared counter by whichever
+ * participants run, each exactly once (mp_run_for's, and the attention kernels' item loops inside a
+ * share, which map the claimed index to their work: whole units, then tail items or pieces). */
+typedef struct mp_claim {
+    _Atomic int64_t next;
+    int64_t n;
+} mp_claim;
+static inline void mp_claim_init(mp_claim *c, int64_t n) {
+    atomic_init(&c->next, 0);
+    c->n = n;
+}
+/* (claim) -> 1 with *i the next index not yet taken, 0 when none is left */
+static inline int mp_claim_take(mp_claim *c, int64_t *i) {
+    *i = atomic_fetch_add(&c->next, 1);
+    return *i < c->n;
+}
+/* every later take finds none left */
+static inline void mp_claim_stop(mp_claim *c) { atomic_store(&c->next, c->n); }
+
+/* An item: (ctx, claimed index in [0, n_items), participant in [0, the team's threads)) -> its
+ * status. The participant indexes per-thread scratch: no two participants run at once under one
+ * index. The function maps the index to the work (heaviest first, groups, shares). */
+typedef maskpack_status (*mp_item_fn)(void *ctx, int64_t item, int participant);
+
+/* The team a call's items run on: the caller's, one started for the call, or NULL (the caller). */
+typedef struct mp_run {
+    maskpack_workers *team;
+    maskpack_workers *started; /* the team started for this call, freed by mp_run_end */
+} mp_run;
+
+/* Begins a call: on team when given; else, with n_threads > 1 and max_items > 1, on a team of
+ * min(n_threads, max_items) threads started for the call (the one per-call team start of the
+ * kernels and moves; one the system cannot start leaves every item to the caller, with the same
+ * results); else the caller alone. Not an error whatever happens. */
+void mp_run_begin(mp_run *r, maskpack_workers *team, int n_threads, int64_t max_items);
+/* The checked form, for calls that hold one team across many runs (the context-parallel entry
+ * points without a team): n_threads outside [1, MASKPACK_MAX_THREADS] is MASKPACK_ERR_INVALID_ARGUMENT
+ * naming "n_threads"; 1 runs on the caller; else a team of n_threads, whose allocation failing is
+ * MASKPACK_ERR_OUT_OF_MEMORY (then nothing is held). */
+maskpack_status mp_run_begin_checked(mp_run *r, int n_threads, maskpack_error *err);
+/* Frees the team started for the call, if any. */
+void mp_run_end(mp_run *r);
+/* Runs fn once for every item in [0, n_items), claimed one at a time in index order; returns when
+ * every participant is done, with their writes visible. With one item, no team or a team of one,
+ * the caller runs them in order. An item's failure stops the claims (items already claimed finish)
+ * and is returned: the status of the lowest failing index; MASKPACK_OK when none failed. */
+maskpack_status mp_run_for(const mp_run *r, int64_t n_items, mp_item_fn fn, void *ctx);
+/* Same, with guided claims (n_items < 2^32): the caller (participant 0) takes from the front and the
+ * workers from the back, each take 1/threads of what is left, so a steady team runs the same items
+ * on the same cores call after call (the moves: each core finds its bytes still in its own L2).
+ * After a failure nothing more is taken; the status returned is the lowest failing index's of those
+ * that ran. */
+maskpack_status mp_run_for_guided(const mp_run *r, int64_t n_items, mp_item_fn fn, void *ctx);
+/* mp_run_begin(team, n_threads, n_items), mp_run_for, mp_run_end: a call of one parallel loop. */
+maskpack_status mp_parallel_for(maskpack_workers *team, int n_threads, int64_t n_items, mp_item_fn fn, void *ctx);
+
+/* An op's workspace, kept between its runs for the calls that bring none. */
+typedef struct mp_op_ws {
+    pthread_mutex_t mu; /* held by the run using mem; a concurrent run allocates its own */
+    void *mem;
+    size_t bytes;
+} mp_op_ws;
+void mp_op_ws_init(mp_op_ws *k);
+void mp_op_ws_free(mp_op_ws *k);
+/* (kept workspace, bytes a run keeps, the call's workspace and its bytes) -> 1 when the call brings
+ * none (NULL and 0) and no other run holds the kept one: it is now the call's (grown to keep bytes
+ * when smaller, the old block freed; an allocation that fails leaves none, and the call then
+ * allocates its own, and fails, as any other) in *workspace / *workspace_bytes, to give back with
+ * mp_op_ws_release after the run. Else 0, the arguments untouched. */
+int mp_op_ws_take(mp_op_ws *k, size_t keep, void **workspace, size_t *workspace_bytes);
+void mp_op_ws_release(mp_op_ws *k);
 
 /* (n_threads, the argument's name) -> OK when in [1, MASKPACK_MAX_THREADS], else
  * MASKPACK_ERR_INVALID_ARGUMENT naming the argument: the one thread limit of every call. */
@@ -250,6 +323,17 @@ static inline void mp_write_f64(maskpack_dtype d, void *base, int64_t off, doubl
  * like that has every thread write the same bytes. */
 maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *name, maskpack_error *err);
 
+/* Byte extent [lo, hi) of t's elements, strides of either sign; lo == hi == 0 for a tensor without
+ * elements or data. */
+void mp_tensor_extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi);
+/* 1 when the byte extents of a and b (NULL: none) meet: the one overlap test of outputs against
+ * inputs and other outputs (each caller words its own MASKPACK_ERR_OVERLAP). */
+int mp_tensors_overlap(const maskpack_tensor *a, const maskpack_tensor *b);
+/* The test itself, on extents already at hand: both non-empty and meeting. */
+static inline int mp_extents_meet(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) {
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 /* Checks an output tensor: dtype in `allowed` (bitmask of 1u << dtype), exact shape (ndim, shape),
  * no element sharing memory with another (mp_check_no_self_overlap). `name` is used in messages. */
 maskpack_status mp_check_output(const maskpack_tensor *t, const char *name, uint32_t allowed_dtypes, int32_t ndim,
@@ -265,6 +349,29 @@ maskpack_status mp_check_per_token_input(const maskpack_layout *L, const maskpac
 
 #define MP_DT(x) (1u << (x))
 #define MP_DT_INDEX (MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64))
+
+/* ---- the token view (token_view.c) --------------------------------------------------------- */
+
+/* A per-token tensor over a layout's token grid, the one view of the kernels (attention, the gated
+ * delta rule, the causal conv): element (row, col, head h, d) of [B, S, H, D] / [T, H, D] /
+ * [1, T, H, D] (fewer trailing dims: their strides 0) at base + (row * s_row + col * s_col + h * s_h
+ * + d * s_d) elements of dt; s_row is 0 on a packed grid (every segment in row 0). base NULL: absent. */
+typedef struct mp_token_view {
+    char *base;
+    maskpack_dtype dt;
+    int64_t s_row, s_col, s_h, s_d;
+} mp_token_view;
+/* (tensor already checked against the grid, its token dims lead: 2 for [B, S, ...] or [1, T, ...],
+ * 1 for [T, ...]; packed grid?) -> its view. */
+void mp_token_view_fill(const maskpack_tensor *t, int lead, int packed, mp_token_view *v);
+/* Checks a per-token tensor against L's query grid: [B, S, e...] for a padded layout, [T, e...] or
+ * [1, T, e...] for a packed one, with n_extra trailing dims; extra[i] >= 0 must match, extra[i] = -1
+ * accepts any size and receives it; dtype in dtypes (float32 / bfloat16 named). Fills the view. */
+maskpack_status mp_token_view_check(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int n_extra,
+                                    int64_t *extra, uint32_t dtypes, mp_token_view *out, maskpack_error *err);
+/* (ndim, shape) -> "[d0, *, ...]" in buf (cap bytes): mp_format_shape with a negative extent (any
+ * size accepted) written as "*". */
+void mp_format_want_shape(char *buf, size_t cap, int32_t nd, const int64_t *shape);
 
 /* ---- layout internals ---------------------------------------------------------------------- */
 

@@ -170,6 +170,32 @@ void mp_format_shape(char *buf, size_t cap, int32_t ndim, const int64_t *shape) 
 
 static uint64_t abs_u64(int64_t v) { return v < 0 ? 0 - (uint64_t)v : (uint64_t)v; }
 
+void mp_tensor_extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    int64_t n = mp_numel(t);
+    if (n <= 0 || !t->data) {
+        *lo = *hi = 0;
+        return;
+    }
+    int64_t es = (int64_t)maskpack_dtype_size(t->dtype), a = 0, b = 0;
+    for (int32_t x = 0; x < t->ndim; x++) {
+        int64_t span = (t->shape[x] - 1) * t->strides[x] * es;
+        if (span < 0)
+            a += span;
+        else
+            b += span;
+    }
+    *lo = (uintptr_t)t->data + (uintptr_t)(intptr_t)a;
+    *hi = (uintptr_t)t->data + (uintptr_t)b + (uintptr_t)es;
+}
+
+int mp_tensors_overlap(const maskpack_tensor *a, const maskpack_tensor *b) {
+    if (!a || !b) return 0;
+    uintptr_t a0, a1, b0, b1;
+    mp_tensor_extent(a, &a0, &a1);
+    mp_tensor_extent(b, &b0, &b1);
+    return mp_extents_meet(a0, a1, b0, b1);
+}
+
 maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *name, maskpack_error *err) {
     /* Dimensions of extent > 1 in increasing |stride|: each stride must step past everything the
      * smaller ones reach, which proves distinct indices reach distinct elements (the test PyTorch

@@ -190,13 +190,6 @@ void maskpack_workers_free(maskpack_workers *w) {
 
 int maskpack_workers_threads(const maskpack_workers *w) { return w ? w->n : 1; }
 
-maskpack_status mp_team_for_call(int n_threads, maskpack_workers **team, maskpack_error *err) {
-    *team = NULL;
-    maskpack_status s = mp_check_threads(n_threads, "n_threads", err);
-    if (s || n_threads == 1) return s;
-    return maskpack_workers_create(n_threads, team, err);
-}
-
 void mp_workers_run(maskpack_workers *w, mp_work_fn fn, void *ctx) {
     if (w && w->parallel) { /* hosted: the host's region, unless this is a child after fork() */
         if (w->n > 1 && getpid() == w->owner)

@@ -1006,10 +1006,10 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
                                         const maskpack_gdn_options *opts, maskpack_tensor *o,
                                         maskpack_tensor *final_state, maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(opts ? opts->n_threads : 1, &team, err);
-    if (!s) s = gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, team, err);
-    maskpack_workers_free(team);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
+    if (!s) s = gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, run.team, err);
+    mp_run_end(&run);
     return s;
 }
 
@@ -1026,10 +1026,10 @@ maskpack_status maskpack_cp_gdn_backward(const maskpack_comm *comm, const maskpa
                                          const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                          const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
                                          maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(opts ? opts->n_threads : 1, &team, err);
-    if (!s) s = gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, team, err);
-    maskpack_workers_free(team);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
+    if (!s) s = gdn_sp_backward(comm, layout, scheme, in, d_o, d_final_state, opts, grads, run.team, err);
+    mp_run_end(&run);
     return s;
 }
 
@@ -1046,10 +1046,10 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                           int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
                                           maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(n_threads, &team, err);
-    if (!s) s = conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, team, y, conv_state, err);
-    maskpack_workers_free(team);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
+    if (!s) s = conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, run.team, y, conv_state, err);
+    mp_run_end(&run);
     return s;
 }
 
@@ -1068,12 +1068,12 @@ maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, co
                                                    const maskpack_tensor *d_conv_state, int n_threads,
                                                    maskpack_tensor *dx, maskpack_tensor *dweight,
                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(n_threads, &team, err);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
     if (!s)
-        s = conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, team, dx, dweight, d_prefix,
+        s = conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, run.team, dx, dweight, d_prefix,
                              err);
-    maskpack_workers_free(team);
+    mp_run_end(&run);
     return s;
 }
 

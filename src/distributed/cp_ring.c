@@ -560,10 +560,10 @@ maskpack_status maskpack_cp_attention_forward(const maskpack_comm *comm, const m
                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                               double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
                                               maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(n_threads, &team, err);
-    if (!s) s = ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, team, err);
-    maskpack_workers_free(team);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
+    if (!s) s = ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, run.team, err);
+    mp_run_end(&run);
     return s;
 }
 
@@ -582,10 +582,10 @@ maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const 
                                                const maskpack_tensor *lse, double scale, double softcap,
                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
                                                int n_threads, maskpack_error *err) {
-    maskpack_workers *team;
-    maskpack_status s = mp_team_for_call(n_threads, &team, err);
-    if (!s) s = ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, team, err);
-    maskpack_workers_free(team);
+    mp_run run;
+    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
+    if (!s) s = ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, run.team, err);
+    mp_run_end(&run);
     return s;
 }
 

@@ -369,16 +369,6 @@ static int same_trailing(const maskpack_tensor *a, int32_t la, const maskpack_te
     return 1;
 }
 
-/* byte extent [lo, hi) touched by a tensor (non-negative strides) */
-static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
-    int64_t last = 0, es = (int64_t)maskpack_dtype_size(t->dtype);
-    for (int32_t d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 0) last += (t->shape[d] - 1) * t->strides[d];
-    *lo = (uintptr_t)t->data;
-    *hi = (uintptr_t)t->data + (uintptr_t)((last + 1) * es);
-    if (mp_numel(t) == 0) *hi = *lo;
-}
-
 typedef struct job {
     const maskpack_relayout_plan *P;
     const view *src;
@@ -472,11 +462,12 @@ static void split_jobs(const maskpack_relayout_plan *P, int64_t total, int nj, j
     }
 }
 
-/* Chunks of a move taken dynamically by a team: a worker that wakes late takes fewer chunks. The
- * caller takes chunks from the front and workers from the back, so with a steady worker each core
- * copies the same bytes call after call and finds them still in its own L2. Each take is 1/threads
- * of the chunks left (at least one), so a move of 20 chunks costs a handful of contended atomic
- * operations rather than 20, and the split point stays near the middle from call to call. */
+/* Chunks of a move taken dynamically by a team (mp_run_for_guided): a worker that wakes late takes
+ * fewer chunks. The caller takes chunks from the front and workers from the back, so with a steady
+ * worker each core copies the same bytes call after call and finds them still in its own L2. Each
+ * take is 1/threads of the chunks left (at least one), so a move of 20 chunks costs a handful of
+ * contended atomic operations rather than 20, and the split point stays near the middle from call
+ * to call. */
 enum { MAX_CHUNKS = 64 };
 #define CHUNK_BYTES ((int64_t)16 << 10) /* small enough to balance a 300 KB move between 2 cores */
 /* Below this many bytes a move stays on the caller's thread whatever the team. A team's run is as fast as
@@ -504,27 +495,11 @@ static int64_t team_min_bytes(void) {
     return v;
 }
 #define TEAM_MIN_BYTES team_min_bytes()
-typedef struct chunked {
-    job jobs[MAX_CHUNKS];
-    uint64_t threads;       /* team size: each take is 1/threads of what is left (guided scheduling) */
-    _Atomic uint64_t range; /* chunks [lo, hi) not yet taken: lo in the low 32 bits, hi in the high */
-} chunked;
-
-static void chunk_worker(void *ctx, int tid) {
-    chunked *c = ctx;
-    uint64_t r = atomic_load_explicit(&c->range, memory_order_relaxed);
-    for (;;) {
-        uint64_t lo = r & 0xffffffffu, hi = r >> 32;
-        if (lo >= hi) return;
-        uint64_t k = (hi - lo) / c->threads;
-        if (k < 1) k = 1;
-        uint64_t take = tid == 0 ? lo : hi - k;
-        uint64_t next = tid == 0 ? (hi << 32) | (lo + k) : ((hi - k) << 32) | lo;
-        if (atomic_compare_exchange_weak_explicit(&c->range, &r, next, memory_order_relaxed, memory_order_relaxed)) {
-            for (uint64_t j = take; j < take + k; j++) run_job(&c->jobs[j]);
-            r = atomic_load_explicit(&c->range, memory_order_relaxed);
-        }
-    }
+/* One chunk of a move: the run layer's guided claims (mp_run_for_guided) deal them out. */
+static maskpack_status run_chunk(void *ctx, int64_t j, int participant) {
+    (void)participant;
+    run_job(&((job *)ctx)[j]);
+    return MASKPACK_OK;
 }
 
 /* Validation, then the copy on a team: the caller's, or one of n_threads started for this call. */
@@ -552,7 +527,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
     }
     int32_t lead_out = P->dst.packed ? 1 : 2;
     uintptr_t olo, ohi;
-    extent(out, &olo, &ohi);
+    mp_tensor_extent(out, &olo, &ohi);
     for (size_t i = 0; i < P->n_src && !s; i++) {
         /* the argument's name, for messages; formatted only past the common counts (a move of a
          * small tensor takes about a microsecond, and snprintf costs a tenth of that) */
@@ -571,8 +546,8 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
             break;
         }
         uintptr_t lo, hi;
-        extent(x[i], &lo, &hi);
-        if (lo < ohi && olo < hi && lo != hi && olo != ohi) {
+        mp_tensor_extent(x[i], &lo, &hi);
+        if (mp_extents_meet(lo, hi, olo, ohi)) {
             s = mp_fail(err, MASKPACK_ERR_OVERLAP, name, (int64_t)i, -1,
                         "%s and out overlap in memory; relayout writes out while reading %s", name, name);
             break;
@@ -601,27 +576,27 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         for (size_t r = 0; r < nr; r++) total += P->runs[r].len;
         int64_t bytes = total * ib;
         job proto = {P, sv, &dv, ib, pad, bytes >= MP_STREAM_THRESHOLD, 0, 0, 0, 0};
-        /* n_threads without a team: a team for this call, as the kernels' plain calls start one (one
-         * threading mechanism); below 1 MiB starting threads costs more than the copy saves */
-        maskpack_workers *started = NULL;
-        if (!workers && n_threads > 1 && bytes >= ((int64_t)1 << 20) && bytes >= TEAM_MIN_BYTES && total > 1 &&
-            maskpack_workers_create(n_threads < total ? n_threads : (int)total, &started, NULL) == MASKPACK_OK)
-            workers = started;
-        if (workers && maskpack_workers_threads(workers) > 1 && bytes >= TEAM_MIN_BYTES && total > 1) {
-            chunked c;
+        /* split over a team (the caller's, or without one with n_threads one started for this
+         * call, as the kernels' plain calls start one: below 1 MiB starting threads costs more than
+         * the copy saves), else the caller alone; a team that cannot start leaves the chunks to the
+         * caller, with the same bytes */
+        const int split = bytes >= TEAM_MIN_BYTES && total > 1 &&
+                          (workers ? maskpack_workers_threads(workers) > 1 : n_threads > 1 && bytes >= ((int64_t)1 << 20));
+        if (split) {
+            job jobs[MAX_CHUNKS];
             int64_t n = bytes / CHUNK_BYTES;
             if (n > MAX_CHUNKS) n = MAX_CHUNKS;
             if (n > total) n = total;
-            atomic_init(&c.range, (uint64_t)n << 32);
-            c.threads = (uint64_t)maskpack_workers_threads(workers);
-            split_jobs(P, total, (int)n, proto, c.jobs);
-            mp_workers_run(workers, chunk_worker, &c);
-        } else { /* the caller alone (also when a team could not start: the copy still completes) */
+            split_jobs(P, total, (int)n, proto, jobs);
+            mp_run run;
+            mp_run_begin(&run, workers, n_threads, n);
+            mp_run_for_guided(&run, n, run_chunk, jobs);
+            mp_run_end(&run);
+        } else {
             job whole;
             split_jobs(P, total, 1, proto, &whole);
             run_job(&whole);
         }
-        maskpack_workers_free(started);
         free((void *)pad);
     }
     s = mp_ok(err);

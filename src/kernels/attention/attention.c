@@ -9,8 +9,6 @@
 #include "../kernel_table.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,35 +80,26 @@ maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_att
 
 /* ---- running shares on a team ------------------------------------------------------------------ */
 
-/* The kernels' thread functions take a share index tid in [0, n): per-share workspace, and in the
- * backward's split mode and tail reduction a fixed part of the work. A team's worker may join late
- * or not at all (mp_workers_run never waits for one), so the shares are claimed from a counter by
- * whichever participants run: every share runs exactly once, on some participant, and the results
- * depend only on n (never on the team or on which participant ran what). */
+/* The kernels' thread functions take a share index s in [0, n): per-share workspace, and in the
+ * backward's split mode and tail reduction a fixed part of the work. The shares are the run layer's
+ * items (mp_run_for): every share runs exactly once, on some participant, and the results depend
+ * only on n (never on the team or on which participant ran what). */
 typedef struct {
     attn_thread_fn fn;
     void *ctx;
-    int n;
-    _Atomic int next;
 } attn_shares;
 
-static void run_shares(void *p, int participant) {
+static maskpack_status run_share(void *p, int64_t s, int participant) {
     (void)participant;
-    attn_shares *S = p;
-    for (;;) {
-        int s = atomic_fetch_add(&S->next, 1);
-        if (s >= S->n) return;
-        S->fn(S->ctx, s);
-    }
+    const attn_shares *S = p;
+    S->fn(S->ctx, (int)s);
+    return MASKPACK_OK;
 }
 
-void attn_run_on(maskpack_workers *team, int n, attn_thread_fn fn, void *ctx) {
-    if (n <= 1 || !team) {
-        for (int s = 0; s < (n > 1 ? n : 1); s++) fn(ctx, s);
-        return;
-    }
-    attn_shares S = {fn, ctx, n, 0};
-    mp_workers_run(team, run_shares, &S);
+/* Runs fn(ctx, s) once for every share s in [0, n) (at least one) on the run's team. */
+static void run_shares(const mp_run *run, int n, attn_thread_fn fn, void *ctx) {
+    attn_shares S = {fn, ctx};
+    mp_run_for(run, n > 1 ? n : 1, run_share, &S);
 }
 /* ---- the rule of a query block -------------------------------------------------------------- */
 
@@ -294,9 +283,6 @@ static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpa
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, lead, -1,
                            "%s: expected %lld tokens (the layout's %s grid) in dimension %d, found %lld", name,
                            (long long)width, grid, lead, (long long)t->shape[lead]);
-        view->sb = lead ? t->strides[0] : 0;
-        view->st = t->strides[lead];
-        view->sh = t->strides[lead + 1];
     } else {
         if (t->ndim != 4)
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
@@ -308,9 +294,6 @@ static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpa
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, 1, -1,
                            "%s: expected %lld columns (the layout's %s grid) in dimension 1, found %lld", name,
                            (long long)width, grid, (long long)t->shape[1]);
-        view->sb = t->strides[0];
-        view->st = t->strides[1];
-        view->sh = t->strides[2];
     }
     *heads = t->shape[t->ndim - 2];
     *d = t->shape[t->ndim - 1];
@@ -318,7 +301,7 @@ static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpa
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, name, t->ndim - 1, -1,
                        "%s: the head dimension (D) must be contiguous (stride 1), found stride %lld", name,
                        (long long)t->strides[t->ndim - 1]);
-    view->base = t->data;
+    mp_token_view_fill(t, L->packed && t->ndim == 3 ? 1 : 2, L->packed, view);
     return MASKPACK_OK;
 }
 
@@ -358,14 +341,14 @@ static maskpack_status check_lse(const maskpack_layout *L, const maskpack_tensor
     int ok;
     if (L->packed && t->ndim == 2) {
         ok = t->shape[0] == hq && t->shape[1] == L->q_width;
-        view->sb = 0;
-        view->sh = t->strides[0];
-        view->st = t->strides[1];
+        view->s_row = 0;
+        view->s_h = t->strides[0];
+        view->s_col = t->strides[1];
     } else {
         ok = t->ndim == 3 && t->shape[0] == L->n_rows && t->shape[1] == hq && t->shape[2] == L->q_width;
-        view->sb = t->ndim == 3 ? t->strides[0] : 0;
-        view->sh = t->ndim == 3 ? t->strides[1] : 0;
-        view->st = t->ndim == 3 ? t->strides[2] : 0;
+        view->s_row = t->ndim == 3 ? t->strides[0] : 0;
+        view->s_h = t->ndim == 3 ? t->strides[1] : 0;
+        view->s_col = t->ndim == 3 ? t->strides[2] : 0;
     }
     if (!ok) {
         if (L->packed)
@@ -378,33 +361,6 @@ static maskpack_status check_lse(const maskpack_layout *L, const maskpack_tensor
     return MASKPACK_OK;
 }
 
-/* Byte extent [lo, hi) of a tensor's elements (empty tensors: lo == hi). */
-static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
-    int64_t n = mp_numel(t);
-    if (n <= 0 || !t->data) {
-        *lo = *hi = 0;
-        return;
-    }
-    int64_t es = (int64_t)maskpack_dtype_size(t->dtype), a = 0, b = 0;
-    for (int32_t x = 0; x < t->ndim; x++) {
-        int64_t span = (t->shape[x] - 1) * t->strides[x] * es;
-        if (span < 0)
-            a += span;
-        else
-            b += span;
-    }
-    *lo = (uintptr_t)t->data + (uintptr_t)(intptr_t)a;
-    *hi = (uintptr_t)t->data + (uintptr_t)b + (uintptr_t)es;
-}
-
-static int overlaps(const maskpack_tensor *x, const maskpack_tensor *y) {
-    if (!x || !y) return 0;
-    uintptr_t a0, a1, b0, b1;
-    extent(x, &a0, &a1);
-    extent(y, &b0, &b1);
-    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
 /* Outputs must not overlap each other or any input. */
 static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const char *const *out_names, int n_out,
                                       const maskpack_tensor *const *ins, const char *const *in_names, int n_in,
@@ -413,11 +369,11 @@ static maskpack_status check_overlaps(const maskpack_tensor *const *outs, const 
         maskpack_status s;
         if (outs[a] && (s = mp_check_no_self_overlap(outs[a], out_names[a], err))) return s;
         for (int b = 0; b < n_in; b++)
-            if (overlaps(outs[a], ins[b]))
+            if (mp_tensors_overlap(outs[a], ins[b]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the input %s",
                                out_names[a], in_names[b]);
         for (int b = a + 1; b < n_out; b++)
-            if (overlaps(outs[a], outs[b]))
+            if (mp_tensors_overlap(outs[a], outs[b]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[a], -1, -1, "%s: overlaps the output %s",
                                out_names[a], out_names[b]);
     }
@@ -491,8 +447,9 @@ static int64_t count_items(const attn_problem *P, int32_t bq) {
 }
 
 int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e) {
-    _Atomic size_t *next = job->next;
-    size_t x = atomic_fetch_add(next, 1);
+    int64_t i;
+    if (!mp_claim_take(job->claim, &i)) return 0;
+    size_t x = (size_t)i;
     if (job->by_unit) {
         if (x < job->n_whole) {
             *b = job->unit_begin[x];
@@ -501,7 +458,6 @@ int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e) {
         }
         x = job->unit_begin[job->n_whole] + (x - job->n_whole); /* the tail, item by item */
     }
-    if (x >= job->n_items) return 0;
     *b = x;
     *e = x + 1;
     return 1;
@@ -767,12 +723,15 @@ static void plan_fwd(const attn_problem *P, attn_item *items, size_t *unit_begin
 
 /* Validated, planned and with its workspace (thr: P->n_threads areas of fwd_thread_ws bytes):
  * from here on only writes. */
-static void exec_fwd(const attn_problem *P, const fwd_plan *F, maskpack_workers *team, char *thr) {
-    _Atomic size_t next = 0;
-    attn_fwd_job job = {P, F->items, F->n_items, (void *)&next, thr, fwd_thread_ws(P), F->unit_begin, F->n_units,
+static void exec_fwd(const attn_problem *P, const fwd_plan *F, const mp_run *run, char *thr) {
+    /* claims: whole units [0, n_whole), then the rest item by item (attn_fwd_claim) */
+    mp_claim claim;
+    mp_claim_init(&claim, F->by_unit ? (int64_t)(F->n_whole + F->n_items - F->unit_begin[F->n_whole])
+                                     : (int64_t)F->n_items);
+    attn_fwd_job job = {P, F->items, F->n_items, &claim, thr, fwd_thread_ws(P), F->unit_begin, F->n_units,
                         F->by_unit, F->n_whole};
     zero_query_padding(P, &P->out, P->have_lse);
-    if (F->n_items) attn_run_on(team, F->nt, P->bf16 ? F->kern->fwd_bf16 : F->kern->fwd_f32, &job);
+    if (F->n_items) run_shares(run, F->nt, P->bf16 ? F->kern->fwd_bf16 : F->kern->fwd_f32, &job);
 }
 
 /* The plain and _on calls: the work list carved from the workspace (fwd_ws_size's layout). start:
@@ -792,10 +751,10 @@ static maskpack_status fwd_call(attn_problem *P, maskpack_workers *team, int sta
                                                   sizeof(attn_item)));
     fwd_plan F;
     plan_fwd(P, (attn_item *)ws, unit_begin, &F);
-    maskpack_workers *started = NULL;
-    if (start && F.nt > 1 && maskpack_workers_create(F.nt, &started, NULL) == MASKPACK_OK) team = started;
-    exec_fwd(P, &F, team, ws + fwd_items_bytes(P));
-    maskpack_workers_free(started);
+    mp_run run;
+    mp_run_begin(&run, team, start ? F.nt : 1, F.nt);
+    exec_fwd(P, &F, &run, ws + fwd_items_bytes(P));
+    mp_run_end(&run);
     free(owned);
     return mp_ok(err);
 }
@@ -920,7 +879,7 @@ static void plan_bwd(const attn_problem *P, size_t *perm, attn_kgroup *groups, u
 
 /* Validated, planned and with its workspace (tail_acc: bwd_tail_bytes; thr: P->n_threads areas of
  * B->per bytes): from here on only writes. */
-static void exec_bwd(const attn_problem *P0, const bwd_plan *B, maskpack_workers *team, float *tail_acc, char *thr) {
+static void exec_bwd(const attn_problem *P0, const bwd_plan *B, const mp_run *run, float *tail_acc, char *thr) {
     attn_problem P = *P0;
     const maskpack_layout *L = P.L;
     /* padding: dq rows of pad queries, dk/dv rows of keys no segment owns */
@@ -931,12 +890,12 @@ static void exec_bwd(const attn_problem *P0, const bwd_plan *B, maskpack_workers
     /* groups list their segments through perm (seg_begin / seg_end index perm) */
     attn_bwd_job job;
     memset(&job, 0, sizeof job);
-    _Atomic int64_t next = 0;
+    mp_claim claim;
     job.P = &P;
     job.groups = B->groups;
     job.n_groups = B->ng;
     job.n_units = (int64_t)B->ng * P.hkv;
-    job.next = (void *)&next;
+    job.claim = &claim;
     job.ws = thr;
     job.ws_stride = B->per;
     /* the reference kernel has no reductions: it neither splits units nor keeps a tail */
@@ -957,14 +916,16 @@ static void exec_bwd(const attn_problem *P0, const bwd_plan *B, maskpack_workers
     job.n_whole = vector && !job.split ? job.n_units - B->n_tail : job.n_units;
     job.tail_acc = tail_acc;
     job.max_width = B->max_width;
+    /* claims of the dynamic mode: whole units [0, n_whole), then each tail unit's pieces */
+    mp_claim_init(&claim, job.n_whole + (job.n_units - job.n_whole) * ATTN_BWD_TAIL_CHUNKS);
     if (job.n_units > 0) {
         if (!job.split) {
-            attn_run_on(team, nt, fn, &job);
-            if (job.n_whole < job.n_units) attn_run_on(team, nt, tail_reduce, &job);
+            run_shares(run, nt, fn, &job);
+            if (job.n_whole < job.n_units) run_shares(run, nt, tail_reduce, &job);
         } else {
             for (int64_t u = 0; u < job.n_units; u++) {
                 job.unit = u;
-                attn_run_on(team, nt, fn, &job);
+                run_shares(run, nt, fn, &job);
                 reduce(&job, u);
             }
         }
@@ -996,12 +957,11 @@ static maskpack_status bwd_call(attn_problem *P, maskpack_workers *team, int sta
     plan_bwd(P, perm, groups, covered, &B);
     float *tail_acc = (float *)ws;
     ws += align_up(bwd_tail_bytes(P, B.max_width, B.n_tail));
-    maskpack_workers *started = NULL;
     const int64_t n_units = (int64_t)B.ng * P->hkv;
-    if (start && P->n_threads > 1 && n_units > 0 && maskpack_workers_create(P->n_threads, &started, NULL) == MASKPACK_OK)
-        team = started;
-    exec_bwd(P, &B, team, tail_acc, ws);
-    maskpack_workers_free(started);
+    mp_run run;
+    mp_run_begin(&run, team, start ? P->n_threads : 1, n_units > 0 ? P->n_threads : 0);
+    exec_bwd(P, &B, &run, tail_acc, ws);
+    mp_run_end(&run);
     free(owned);
     return mp_ok(err);
 }
@@ -1071,9 +1031,7 @@ struct maskpack_attention_op {
     bwd_plan B;
     void *plans;          /* one allocation: items, unit_begin, perm, groups, covered */
     size_t fwd_ws, bwd_ws; /* bytes of the runs' workspace (op_ws_layout) */
-    pthread_mutex_t ws_mu; /* held by the run using ws; a concurrent run allocates its own */
-    void *ws;
-    size_t ws_bytes;
+    mp_op_ws ws; /* kept for the runs that bring no workspace */
 };
 
 /* A run's workspace: per-share areas (forward) or the tail partials then the per-share areas
@@ -1144,16 +1102,15 @@ maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int6
         free(o);
         return s;
     }
-    pthread_mutex_init(&o->ws_mu, NULL);
+    mp_op_ws_init(&o->ws);
     *out = o;
     return mp_ok(err);
 }
 
 void maskpack_attention_op_free(maskpack_attention_op *op) {
     if (!op) return;
-    pthread_mutex_destroy(&op->ws_mu);
+    mp_op_ws_free(&op->ws);
     free(op->plans);
-    free(op->ws);
     free(op);
 }
 
@@ -1194,35 +1151,29 @@ static maskpack_status op_exec(maskpack_attention_op *op, attn_problem *P, int b
     P->isa = op->dims.isa;
     const size_t need = backward ? op->bwd_ws : op->fwd_ws;
     void *owned = NULL, *block = NULL;
-    int locked = 0;
     maskpack_status s;
-    if (!workspace && !workspace_bytes && pthread_mutex_trylock(&op->ws_mu) == 0) {
-        locked = 1;
-        /* Allocated once, at the larger of the two directions' sizes: which direction needs more
-         * depends on the CPU (the forward's per-share area is the largest among the kernels the CPU
-         * runs, so an AMX host's forward outgrows the backward), and a workspace sized by the first
-         * run would be reallocated by the other direction's first run. */
-        const size_t keep = op->fwd_ws > op->bwd_ws ? op->fwd_ws : op->bwd_ws;
-        if (!op->ws) {
-            op->ws = malloc(keep);
-            if (op->ws) op->ws_bytes = keep;
-        }
-        if (op->ws) workspace = op->ws, workspace_bytes = op->ws_bytes;
-    }
+    /* without a workspace: the op's own, kept, at the larger of the two directions' sizes: which
+     * direction needs more depends on the CPU (the forward's per-share area is the largest among the
+     * kernels the CPU runs, so an AMX host's forward outgrows the backward), and a workspace sized by
+     * the first run would be reallocated by the other direction's first run */
+    const int kept = mp_op_ws_take(&op->ws, op->fwd_ws > op->bwd_ws ? op->fwd_ws : op->bwd_ws, &workspace,
+                                   &workspace_bytes);
     s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_op_workspace_size", &block, &owned,
                           err);
     if (!s) {
         char *ws = (char *)(((uintptr_t)block + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
+        mp_run run;
+        mp_run_begin(&run, team, 1, 0); /* the caller's team, or the caller alone */
         if (!backward) {
-            exec_fwd(P, &op->F, team, ws);
+            exec_fwd(P, &op->F, &run, ws);
         } else {
             char *thr = ws + align_up(bwd_tail_bytes(P, op->B.max_width, op->B.n_tail));
-            exec_bwd(P, &op->B, team, (float *)ws, thr);
+            exec_bwd(P, &op->B, &run, (float *)ws, thr);
         }
         free(owned);
         s = mp_ok(err);
     }
-    if (locked) pthread_mutex_unlock(&op->ws_mu);
+    if (kept) mp_op_ws_release(&op->ws);
     return s;
 }
 

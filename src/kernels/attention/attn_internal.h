@@ -21,12 +21,10 @@
 #define ATTN_MAX_D 256
 #define ATTN_MAX_BQ 64 /* the larger of the two (attn_rows holds a block) */
 
-/* One tensor's addressing: element (row b, token t, head h, d) sits at
- * base + (b*sb + t*st + h*sh + d) * esize. sb is 0 for packed tensors. */
-typedef struct attn_view {
-    char *base;
-    int64_t sb, st, sh;
-} attn_view;
+/* One tensor's addressing, the kernels' one token view (internal.h): element (row b, token t, head
+ * h, d) sits at base + (b*s_row + t*s_col + h*s_h + d) * esize (D contiguous). s_row is 0 for
+ * packed tensors. */
+typedef mp_token_view attn_view;
 
 typedef struct attn_problem {
     const maskpack_layout *L;
@@ -34,7 +32,7 @@ typedef struct attn_problem {
     int bf16;                  /* 1: q/k/v/out/dout/dq/dk/dv are bf16, else f32 */
     size_t esize;
     double scale, softcap;
-    attn_view q, k, v, out, lse; /* lse: f32, token stride st, head stride sh, row stride sb */
+    attn_view q, k, v, out, lse; /* lse: f32, token stride s_col, head stride s_h, row stride s_row */
     int have_lse;
     /* backward */
     attn_view dout, dq, dk, dv;
@@ -43,7 +41,7 @@ typedef struct attn_problem {
 } attn_problem;
 
 static inline char *attn_ptr(const attn_view *v, int64_t b, int64_t t, int64_t h, size_t esize) {
-    return v->base + (b * v->sb + t * v->st + h * v->sh) * (int64_t)esize;
+    return v->base + (b * v->s_row + t * v->s_col + h * v->s_h) * (int64_t)esize;
 }
 
 /* The rule of one query block, as per-row key intervals (segment-local): base [lo, hi) from
@@ -103,10 +101,9 @@ typedef struct attn_item {
     int32_t i0, n;
 } attn_item;
 
-/* Runs fn(ctx, s) once for every share s in [0, n) on the team's participants (NULL: all on the
- * caller), each share claimed by whichever participant comes first (see attention.c). */
+/* A kernel's share: fn(ctx, s) runs once for every share s in [0, n), each on whichever participant
+ * of the team claims it first (the run layer's items: see attention.c). */
 typedef void (*attn_thread_fn)(void *ctx, int tid);
-void attn_run_on(maskpack_workers *team, int n, attn_thread_fn fn, void *ctx);
 
 /* Backward work units: a key group (segments of one row whose key ranges overlap, e.g. the
  * pieces of one sequence in a CP shard) for one key head. */
@@ -130,7 +127,7 @@ typedef struct attn_fwd_job {
     const attn_problem *P;
     const attn_item *items;
     size_t n_items;
-    void *next;              /* the shared counter (an _Atomic size_t) of items or units */
+    mp_claim *claim;         /* the shared claims of units, then items (attn_fwd_claim) */
     char *ws;                /* per-thread slices of ws_stride bytes, 64-aligned */
     size_t ws_stride;
     /* units = (segment, key head): items [unit_begin[u], unit_begin[u+1]). With enough units
@@ -156,7 +153,8 @@ typedef struct attn_bwd_job {
     const size_t *perm;      /* group G's segments are perm[G.seg_begin .. G.seg_end) */
     size_t n_groups;
     int64_t n_units;         /* n_groups * hkv */
-    void *next;              /* the shared unit counter (an _Atomic int64_t), dynamic mode */
+    mp_claim *claim;         /* dynamic mode: whole units [0, n_whole), then the tail units' pieces
+                              * (n_whole + (n_units - n_whole) * ATTN_BWD_TAIL_CHUNKS claims) */
     int split;               /* 1: one unit at a time, its items split over threads */
     int64_t unit;            /* split mode: the current unit */
     char *ws;

@@ -197,10 +197,6 @@ static void ref_bwd_unit(const attn_bwd_job *job, int64_t u) {
 void attn_ref_bwd_thread(void *vjob, int tid) {
     (void)tid;
     attn_bwd_job *job = vjob;
-    _Atomic int64_t *next = job->next;
-    for (;;) {
-        int64_t u = atomic_fetch_add(next, 1);
-        if (u >= job->n_units) break;
-        ref_bwd_unit(job, u);
-    }
+    int64_t u; /* the reference keeps no tail: its claims are the units */
+    while (mp_claim_take(job->claim, &u)) ref_bwd_unit(job, u);
 }

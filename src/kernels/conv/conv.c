@@ -9,7 +9,6 @@
 #include "../gdn/gdn_common.h"
 #include "../kernel_table.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +16,7 @@
 
 typedef struct conv_job {
     const maskpack_layout *L;
-    gdn_view x, y, dy, dx;
+    mp_token_view x, y, dy, dx;
     const maskpack_tensor *weight;
     gdn_sview prefix, state, dstate, dprefix;
     float *dweight; /* [C][W] f32 (contiguous, owned by the caller of the job) */
@@ -33,7 +32,7 @@ static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
  * hardware prefetchers do not follow them, so the rows a few tokens ahead are requested here (a
  * hint only; results do not depend on it). */
 #define CONV_PF_AHEAD 8
-static inline void conv_pf(const gdn_view *v, int64_t off, int64_t nb, int write) {
+static inline void conv_pf(const mp_token_view *v, int64_t off, int64_t nb, int write) {
 #if defined(__GNUC__) || defined(__clang__)
     if (!v->base || v->s_h != 1) return;
     const int64_t es = v->dt == MASKPACK_F32 ? 4 : 2;
@@ -132,7 +131,7 @@ static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
 #endif
 
 /* Whether a view can take the AVX2 rows: f32 with contiguous channels (or absent). */
-static int conv_vec_ok(const gdn_view *v) { return !v->base || (v->dt == MASKPACK_F32 && v->s_h == 1); }
+static int conv_vec_ok(const mp_token_view *v) { return !v->base || (v->dt == MASKPACK_F32 && v->s_h == 1); }
 
 static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W, float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
     for (int64_t k = 0; k < W; k++)
@@ -298,31 +297,26 @@ static void conv_backward_job(const conv_job *J) {
     }
 }
 
-/* The channel ranges of a call, taken one at a time by the participants of a team: range i is
+/* The channel ranges of a call, claimed one at a time by the participants of a team: range i is
  * [i * per, min((i + 1) * per, C)). Each range owns its channels' outputs (dweight included), so
  * who runs it never changes a result. */
 typedef struct conv_share {
     const conv_job *proto;
     int backward;
     int64_t per;
-    int n_ranges;
-    atomic_int next;
 } conv_share;
 
-static void conv_share_run(void *ctx, int tid) {
-    (void)tid;
-    conv_share *S = ctx;
-    for (;;) {
-        const int i = atomic_fetch_add(&S->next, 1);
-        if (i >= S->n_ranges) break;
-        conv_job J = *S->proto;
-        J.c0 = i * S->per;
-        J.c1 = (i + 1) * S->per < J.C ? (i + 1) * S->per : J.C;
-        if (S->backward)
-            conv_backward_job(&J);
-        else
-            conv_forward_job(&J);
-    }
+static maskpack_status conv_range(void *ctx, int64_t i, int participant) {
+    (void)participant;
+    const conv_share *S = ctx;
+    conv_job J = *S->proto;
+    J.c0 = i * S->per;
+    J.c1 = (i + 1) * S->per < J.C ? (i + 1) * S->per : J.C;
+    if (S->backward)
+        conv_backward_job(&J);
+    else
+        conv_forward_job(&J);
+    return MASKPACK_OK;
 }
 
 /* (channels, threads) -> the channel ranges: n_threads of them, sizes multiples of 16 where
@@ -340,16 +334,9 @@ static int conv_ranges(int64_t C, int n_threads, int64_t *per_out) {
  * as many threads as ranges started for this call (one that cannot start leaves its work to the
  * caller, with the same results). */
 static void conv_run(const conv_job *proto, int backward, int n_threads, maskpack_workers *team, int start_team) {
-    conv_share S;
-    S.proto = proto;
-    S.backward = backward;
-    S.n_ranges = conv_ranges(proto->C, n_threads, &S.per);
-    atomic_init(&S.next, 0);
-    maskpack_workers *started = NULL;
-    if (start_team && S.n_ranges > 1 && maskpack_workers_create(S.n_ranges, &started, NULL) != MASKPACK_OK)
-        started = NULL;
-    mp_workers_run(start_team ? started : team, conv_share_run, &S);
-    maskpack_workers_free(started);
+    conv_share S = {proto, backward, 0};
+    const int n_ranges = conv_ranges(proto->C, n_threads, &S.per);
+    mp_parallel_for(start_team ? NULL : team, start_team ? n_ranges : 1, n_ranges, conv_range, &S);
 }
 
 /* The conv's kernel table: the portable loops and the AVX2 rows (vec). */
@@ -375,7 +362,7 @@ static maskpack_status conv_common(const maskpack_layout *L, const maskpack_tens
     memset(J, 0, sizeof *J);
     J->L = L;
     int64_t cd[1] = {-1};
-    maskpack_status s = gdn_token_view(L, x, "x", 1, cd, GDN_FLOAT_DTYPES, &J->x, err);
+    maskpack_status s = mp_token_view_check(L, x, "x", 1, cd, GDN_FLOAT_DTYPES, &J->x, err);
     if (s) return s;
     if ((s = mp_check_tensor(weight, "weight", 2, 2, err))) return s;
     if (!(GDN_FLOAT_DTYPES & MP_DT(weight->dtype)))
@@ -452,7 +439,7 @@ static maskpack_status conv_forward_call(const maskpack_layout *layout, const ma
     if (s) return s;
     MP_CHECK_NULL(err, y, "y");
     int64_t cd[1] = {J.C};
-    if ((s = gdn_token_view(layout, y, "y", 1, cd, GDN_FLOAT_DTYPES, &J.y, err))) return s;
+    if ((s = mp_token_view_check(layout, y, "y", 1, cd, GDN_FLOAT_DTYPES, &J.y, err))) return s;
     if (conv_state && (s = gdn_conv_state_view(layout, conv_state, "conv_state", J.C, J.W, &J.state, err))) return s;
     const maskpack_tensor *ins[3] = {x, weight, prefix};
     maskpack_tensor *outs[2] = {y, conv_state};
@@ -503,11 +490,11 @@ static maskpack_status conv_backward_call(const maskpack_layout *layout, const m
     if (s) return s;
     MP_CHECK_NULL(err, dy, "dy");
     int64_t cd[1] = {J.C};
-    if ((s = gdn_token_view(layout, dy, "dy", 1, cd, GDN_FLOAT_DTYPES, &J.dy, err))) return s;
+    if ((s = mp_token_view_check(layout, dy, "dy", 1, cd, GDN_FLOAT_DTYPES, &J.dy, err))) return s;
     if (d_conv_state &&
         (s = gdn_conv_state_view(layout, d_conv_state, "d_conv_state", J.C, J.W, &J.dstate, err)))
         return s;
-    if (dx && (s = gdn_token_view(layout, dx, "dx", 1, cd, GDN_FLOAT_DTYPES, &J.dx, err))) return s;
+    if (dx && (s = mp_token_view_check(layout, dx, "dx", 1, cd, GDN_FLOAT_DTYPES, &J.dx, err))) return s;
     if (dweight) {
         int64_t ws[2] = {J.C, J.W};
         if ((s = mp_check_output(dweight, "dweight", MP_DT(MASKPACK_F32), 2, ws, err))) return s;

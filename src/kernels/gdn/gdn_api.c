@@ -6,8 +6,6 @@
 #include "gdn_common.h"
 #include "../kernel_table.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,15 +117,15 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
     P->L = L;
     const uint32_t fl = GDN_FLOAT_DTYPES;
     int64_t qd[2] = {-1, -1}, vd[2] = {-1, -1}, hd[1];
-    maskpack_status s = gdn_token_view(L, in->q, "q", 2, qd, fl, &P->q, err);
+    maskpack_status s = mp_token_view_check(L, in->q, "q", 2, qd, fl, &P->q, err);
     if (s) return s;
     if (qd[0] < 1 || qd[1] < 1)
         return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
                        "q: expected at least one head and a head dim >= 1 ([.., H, K]), found H = %lld, K = %lld",
                        (long long)qd[0], (long long)qd[1]);
     int64_t kd[2] = {qd[0], qd[1]};
-    if ((s = gdn_token_view(L, in->k, "k", 2, kd, fl, &P->k, err))) return s;
-    if ((s = gdn_token_view(L, in->v, "v", 2, vd, fl, &P->v, err))) return s;
+    if ((s = mp_token_view_check(L, in->k, "k", 2, kd, fl, &P->k, err))) return s;
+    if ((s = mp_token_view_check(L, in->v, "v", 2, vd, fl, &P->v, err))) return s;
     if (vd[0] < 1 || vd[1] < 1)
         return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1,
                        "v: expected at least one head and a head dim >= 1 ([.., HV, V]), found HV = %lld, V = %lld",
@@ -137,8 +135,8 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
                        "v: expected the value heads HV to be a multiple of the key heads H = %lld, found HV = %lld",
                        (long long)qd[0], (long long)vd[0]);
     hd[0] = vd[0];
-    if ((s = gdn_token_view(L, in->g, "g", 1, hd, fl, &P->g, err))) return s;
-    if ((s = gdn_token_view(L, in->beta, "beta", 1, hd, fl, &P->beta, err))) return s;
+    if ((s = mp_token_view_check(L, in->g, "g", 1, hd, fl, &P->g, err))) return s;
+    if ((s = mp_token_view_check(L, in->beta, "beta", 1, hd, fl, &P->beta, err))) return s;
     P->H = qd[0];
     P->K = qd[1];
     P->HV = vd[0];
@@ -168,7 +166,7 @@ maskpack_status maskpack_gdn_check_gate(const maskpack_layout *layout, const mas
     MP_CHECK_NULL(err, g, "g");
     int64_t hd[1] = {-1};
     gdn_view v;
-    maskpack_status s = gdn_token_view(layout, g, "g", 1, hd, GDN_FLOAT_DTYPES, &v, err);
+    maskpack_status s = mp_token_view_check(layout, g, "g", 1, hd, GDN_FLOAT_DTYPES, &v, err);
     if (s || (s = gdn_check_gate_view(layout, &v, hd[0], err))) return s;
     return mp_ok(err);
 }
@@ -294,22 +292,16 @@ typedef struct gdn_run {
     const gdn_problem *P;
     gdn_task_fn fn;
     const task *tasks;
-    size_t n_tasks;
-    atomic_size_t next;
     char *ws;
     size_t ws_stride;
 } gdn_run;
 
-/* One participant (tid < the threads the workspace was carved for): tasks from the shared
- * counter until none is left, in its own workspace area. */
-static void run_share(void *ctx, int tid) {
-    gdn_run *R = ctx;
-    float *ws = (float *)(R->ws + (size_t)tid * R->ws_stride);
-    for (;;) {
-        size_t i = atomic_fetch_add(&R->next, 1);
-        if (i >= R->n_tasks) break;
-        R->fn(R->P, R->tasks[i].seg, R->tasks[i].head, ws);
-    }
+/* Task i in the list's order, in the workspace area of the participant running it (participants
+ * are below the threads the workspace was carved for). */
+static maskpack_status run_task(void *ctx, int64_t i, int participant) {
+    const gdn_run *R = ctx;
+    R->fn(R->P, R->tasks[i].seg, R->tasks[i].head, (float *)(R->ws + (size_t)participant * R->ws_stride));
+    return MASKPACK_OK;
 }
 
 /* How one validated call runs. */
@@ -360,26 +352,17 @@ static maskpack_status exec_call(const gdn_problem *P, const gdn_exec *X, void *
         make_tasks(P->L, task_heads(P, X->backward, X->chunked), X->n_threads, w.tasks, w.tmp);
         tasks = w.tasks;
     }
-    /* a per-call team (the n_threads entry points): no more threads than tasks; one that cannot
-     * start leaves the work to the caller, which gives the same results */
-    maskpack_workers *team = X->team, *started = NULL;
-    if (X->start_team && X->n_threads > 1 && n_tasks > 1) {
-        const int nt = (size_t)X->n_threads < n_tasks ? X->n_threads : (int)n_tasks;
-        if (maskpack_workers_create(nt, &started, NULL) != MASKPACK_OK) started = NULL;
-        team = started;
-    }
     /* validated and allocated: from here on only writes */
     zero_outputs(P, X->backward);
     gdn_run R;
     R.P = P;
     R.fn = X->backward ? X->kern->bwd_chunk : X->chunked ? X->kern->fwd_chunk : X->kern->fwd_recurrent;
     R.tasks = tasks;
-    R.n_tasks = n_tasks;
-    atomic_init(&R.next, 0);
     R.ws = w.thr;
     R.ws_stride = per;
-    if (n_tasks) mp_workers_run(team, run_share, &R);
-    maskpack_workers_free(started);
+    /* the tasks in list order, on the team, or (the n_threads entry points) on one of at most
+     * n_threads started for the call */
+    mp_parallel_for(X->team, X->start_team ? X->n_threads : 1, (int64_t)n_tasks, run_task, &R);
     free(owned);
     return mp_ok(err);
 }
@@ -393,7 +376,7 @@ static maskpack_status check_forward(const maskpack_layout *layout, const maskpa
     if (s) return s;
     MP_CHECK_NULL(err, o, "o");
     int64_t od[2] = {P->HV, P->V};
-    if ((s = gdn_token_view(layout, o, "o", 2, od, GDN_FLOAT_DTYPES, &P->o, err))) return s;
+    if ((s = mp_token_view_check(layout, o, "o", 2, od, GDN_FLOAT_DTYPES, &P->o, err))) return s;
     if (final_state && (s = gdn_state_view(layout, final_state, "final_state", P->HV, P->K, P->V, &P->ht, err)))
         return s;
     const maskpack_tensor *ins[6] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state};
@@ -414,15 +397,15 @@ static maskpack_status check_backward(const maskpack_layout *layout, const maskp
     MP_CHECK_NULL(err, d_o, "d_o");
     MP_CHECK_NULL(err, grads, "grads");
     int64_t vd[2] = {P->HV, P->V}, qd[2] = {P->H, P->K}, hd[1] = {P->HV};
-    if ((s = gdn_token_view(layout, d_o, "d_o", 2, vd, GDN_FLOAT_DTYPES, &P->dO, err))) return s;
+    if ((s = mp_token_view_check(layout, d_o, "d_o", 2, vd, GDN_FLOAT_DTYPES, &P->dO, err))) return s;
     if (d_final_state &&
         (s = gdn_state_view(layout, d_final_state, "d_final_state", P->HV, P->K, P->V, &P->dht, err)))
         return s;
-    if (grads->dq && (s = gdn_token_view(layout, grads->dq, "dq", 2, qd, GDN_FLOAT_DTYPES, &P->dq, err))) return s;
-    if (grads->dk && (s = gdn_token_view(layout, grads->dk, "dk", 2, qd, GDN_FLOAT_DTYPES, &P->dk, err))) return s;
-    if (grads->dv && (s = gdn_token_view(layout, grads->dv, "dv", 2, vd, GDN_FLOAT_DTYPES, &P->dv, err))) return s;
-    if (grads->dg && (s = gdn_token_view(layout, grads->dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &P->dg, err))) return s;
-    if (grads->dbeta && (s = gdn_token_view(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P->dbeta, err)))
+    if (grads->dq && (s = mp_token_view_check(layout, grads->dq, "dq", 2, qd, GDN_FLOAT_DTYPES, &P->dq, err))) return s;
+    if (grads->dk && (s = mp_token_view_check(layout, grads->dk, "dk", 2, qd, GDN_FLOAT_DTYPES, &P->dk, err))) return s;
+    if (grads->dv && (s = mp_token_view_check(layout, grads->dv, "dv", 2, vd, GDN_FLOAT_DTYPES, &P->dv, err))) return s;
+    if (grads->dg && (s = mp_token_view_check(layout, grads->dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &P->dg, err))) return s;
+    if (grads->dbeta && (s = mp_token_view_check(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P->dbeta, err)))
         return s;
     if (grads->d_initial_state && (s = gdn_state_view(layout, grads->d_initial_state, "d_initial_state", P->HV, P->K,
                                                       P->V, &P->dh0, err)))
@@ -523,9 +506,7 @@ struct maskpack_gdn_op {
     const gdn_kernel *kern;
     task *fwd, *bwd; /* one allocation; bwd == fwd when both forms take key heads */
     size_t n_fwd, n_bwd;
-    pthread_mutex_t ws_mu; /* held by the run using ws; a concurrent run allocates its own */
-    void *ws;
-    size_t ws_bytes;
+    mp_op_ws ws; /* kept for the runs that bring no workspace */
 };
 
 maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H, int64_t HV, int64_t K, int64_t V,
@@ -582,16 +563,15 @@ maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H,
     make_tasks(layout, task_heads(&P, 0, op.chunked), op.n_threads, o->fwd, tmp);
     if (!shared) make_tasks(layout, H, op.n_threads, o->bwd, tmp);
     free(tmp);
-    pthread_mutex_init(&o->ws_mu, NULL);
+    mp_op_ws_init(&o->ws);
     *out = o;
     return mp_ok(err);
 }
 
 void maskpack_gdn_op_free(maskpack_gdn_op *op) {
     if (!op) return;
-    pthread_mutex_destroy(&op->ws_mu);
+    mp_op_ws_free(&op->ws);
     free(op->fwd);
-    free(op->ws);
     free(op);
 }
 
@@ -634,20 +614,14 @@ static maskpack_status op_exec(maskpack_gdn_op *op, const gdn_problem *P, int ba
                   team,
                   0,
                   "maskpack_gdn_op_workspace_size"};
-    if (workspace || workspace_bytes || pthread_mutex_trylock(&op->ws_mu) != 0)
-        return exec_call(P, &X, workspace, workspace_bytes, err);
-    /* the op's own workspace, grown to the largest run so far and kept */
+    /* without a workspace: the op's own, grown to the largest run so far and kept */
     size_t need = 0;
-    maskpack_status s = ws_size(op->kern, P, backward, X.chunked, X.n_threads, 0, &need, err);
-    if (!s && op->ws_bytes < need) {
-        free(op->ws);
-        op->ws_bytes = 0;
-        op->ws = malloc(need);
-        if (op->ws) op->ws_bytes = need;
-    }
-    /* without it (out of memory) the call allocates, and fails, as any other */
-    if (!s) s = op->ws ? exec_call(P, &X, op->ws, op->ws_bytes, err) : exec_call(P, &X, NULL, 0, err);
-    pthread_mutex_unlock(&op->ws_mu);
+    maskpack_status s;
+    if (!workspace && !workspace_bytes && (s = ws_size(op->kern, P, backward, X.chunked, X.n_threads, 0, &need, err)))
+        return s;
+    const int kept = mp_op_ws_take(&op->ws, need, &workspace, &workspace_bytes);
+    s = exec_call(P, &X, workspace, workspace_bytes, err);
+    if (kept) mp_op_ws_release(&op->ws);
     return s;
 }
 

@@ -6,60 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static void fmt_shape(char *buf, size_t cap, int32_t nd, const int64_t *shape) {
-    size_t u = (size_t)snprintf(buf, cap, "[");
-    for (int32_t d = 0; d < nd && u < cap; d++) {
-        if (shape[d] < 0)
-            u += (size_t)snprintf(buf + u, cap - u, d ? ", *" : "*");
-        else
-            u += (size_t)snprintf(buf + u, cap - u, d ? ", %lld" : "%lld", (long long)shape[d]);
-    }
-    if (u < cap) snprintf(buf + u, cap - u, "]");
-}
-
-maskpack_status gdn_token_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int n_extra,
-                               int64_t *extra, uint32_t dtypes, gdn_view *out, maskpack_error *err) {
-    maskpack_status s = mp_check_tensor(t, name, 1, MASKPACK_MAX_DIMS, err);
-    if (s) return s;
-    if (!(dtypes & MP_DT(t->dtype)))
-        return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32 or bfloat16, found %s", name,
-                       maskpack_dtype_name(t->dtype));
-    int64_t want[MASKPACK_MAX_DIMS];
-    int32_t nd;
-    int lead;
-    if (L->packed) {
-        lead = (t->ndim == 2 + n_extra && t->shape[0] == 1) ? 2 : 1;
-        nd = lead + n_extra;
-        if (lead == 2) want[0] = 1;
-        want[lead - 1] = L->q_width;
-    } else {
-        lead = 2;
-        nd = 2 + n_extra;
-        want[0] = L->n_rows;
-        want[1] = L->q_width;
-    }
-    for (int i = 0; i < n_extra; i++) want[lead + i] = extra[i];
-    int ok = t->ndim == nd;
-    for (int32_t d = 0; ok && d < nd; d++) ok = want[d] < 0 || t->shape[d] == want[d];
-    if (!ok) {
-        char w[160], f[160];
-        fmt_shape(w, sizeof w, nd, want);
-        fmt_shape(f, sizeof f, t->ndim, t->shape);
-        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
-                       "%s: expected shape %s (the layout's %s token grid, heads second-to-last), found %s", name, w,
-                       L->packed ? "packed [T]" : "padded [B, S]", f);
-    }
-    for (int i = 0; i < n_extra; i++) extra[i] = t->shape[lead + i];
-    memset(out, 0, sizeof *out);
-    out->base = (char *)t->data;
-    out->dt = t->dtype;
-    out->s_row = (!L->packed) ? t->strides[0] : 0;
-    out->s_col = t->strides[lead - 1];
-    out->s_h = n_extra >= 1 ? t->strides[lead] : 0;
-    out->s_d = n_extra >= 2 ? t->strides[lead + 1] : 0;
-    return MASKPACK_OK;
-}
-
 static maskpack_status state_like(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
                                   const int64_t *want, uint32_t dtypes, const char *what, gdn_sview *out,
                                   maskpack_error *err) {
@@ -74,8 +20,8 @@ static maskpack_status state_like(const maskpack_layout *L, const maskpack_tenso
     for (int32_t d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
     if (!ok) {
         char w[160], f[160];
-        fmt_shape(w, sizeof w, nd, want);
-        fmt_shape(f, sizeof f, t->ndim, t->shape);
+        mp_format_want_shape(w, sizeof w, nd, want);
+        mp_format_want_shape(f, sizeof f, t->ndim, t->shape);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape %s (%s), found %s", name, w, what, f);
     }
     memset(out, 0, sizeof *out);
@@ -146,32 +92,6 @@ maskpack_status gdn_check_gate_view(const maskpack_layout *L, const gdn_view *g,
     return MASKPACK_OK;
 }
 
-/* [lo, hi) byte range a tensor touches; empty (lo == hi) when it has no element. */
-static void extent(const maskpack_tensor *t, uintptr_t *lo, uintptr_t *hi) {
-    int64_t n = mp_numel(t);
-    if (n <= 0 || !t->data) {
-        *lo = *hi = 0;
-        return;
-    }
-    int64_t a = 0, b = 0, es = (int64_t)maskpack_dtype_size(t->dtype);
-    for (int32_t d = 0; d < t->ndim; d++) {
-        int64_t span = (t->shape[d] - 1) * t->strides[d];
-        if (span < 0)
-            a += span;
-        else
-            b += span;
-    }
-    *lo = (uintptr_t)t->data + (uintptr_t)(a * es);
-    *hi = (uintptr_t)t->data + (uintptr_t)((b + 1) * es);
-}
-
-static int meets(const maskpack_tensor *x, const maskpack_tensor *y) {
-    uintptr_t a0, a1, b0, b1;
-    extent(x, &a0, &a1);
-    extent(y, &b0, &b1);
-    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
 maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, maskpack_tensor *const *outs,
                                   const char *const *out_names, int n_out, maskpack_error *err) {
     for (int o = 0; o < n_out; o++) {
@@ -179,11 +99,11 @@ maskpack_status gdn_check_overlap(const maskpack_tensor *const *ins, int n_in, m
         maskpack_status s = mp_check_no_self_overlap(outs[o], out_names[o], err);
         if (s) return s;
         for (int i = 0; i < n_in; i++)
-            if (ins[i] && meets(outs[o], ins[i]))
+            if (mp_tensors_overlap(outs[o], ins[i]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, i,
                                "%s: its memory overlaps input %d; outputs must not alias inputs", out_names[o], i);
         for (int p = 0; p < o; p++)
-            if (outs[p] && meets(outs[o], outs[p]))
+            if (mp_tensors_overlap(outs[o], outs[p]))
                 return mp_fail(err, MASKPACK_ERR_OVERLAP, out_names[o], o, p, "%s: its memory overlaps output %s",
                                out_names[o], out_names[p]);
     }

@@ -8,11 +8,7 @@
 
 #define GDN_FLOAT_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
 
-/* Checks a per-token tensor against the layout's token grid: [B, S, e...] for a padded layout,
- * [T, e...] or [1, T, e...] for a packed one, with n_extra trailing dims; extra[i] >= 0 must
- * match, extra[i] = -1 accepts any size and receives it. Fills the view. */
-maskpack_status gdn_token_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int n_extra,
-                               int64_t *extra, uint32_t dtypes, gdn_view *out, maskpack_error *err);
+/* The per-token tensors: mp_token_view_check (internal.h), shared with the conv. */
 
 /* Checks an f32 state tensor [N, HV, K, V] (N = segments). */
 maskpack_status gdn_state_view(const maskpack_layout *L, const maskpack_tensor *t, const char *name, int64_t HV,

@@ -17,11 +17,7 @@
 
 /* A per-token tensor seen through the layout: element (b, s, h, d) of a padded tensor, or
  * (s, h, d) of a packed one (b = 0, s_row unused), sits at b*s_row + s*s_col + h*s_h + d*s_d. */
-typedef struct gdn_view {
-    char *base; /* NULL = absent */
-    maskpack_dtype dt;
-    int64_t s_row, s_col, s_h, s_d;
-} gdn_view;
+typedef mp_token_view gdn_view; /* the kernels' one token view (internal.h) */
 
 /* A per-segment state tensor [N, HV, K, V] (or [N, C, W-1] for the conv: s_h = channel). */
 typedef struct gdn_sview {
