@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../tests/c/test_rng.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* weak: present only when linked with a sanitizer runtime */
@@ -196,14 +198,9 @@ static void load_path(pool *p, const char *path) {
     }
 }
 
-/* xorshift64*: small, fast, reproducible */
-static uint64_t g_rng;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ull;
-}
+/* xorshift64* (the tests' test_rng.h): small, fast, reproducible */
+static test_rng g_rng;
+static uint64_t rnd(void) { return test_rng_next_star(&g_rng); }
 static size_t rnd_below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
 
 /* Applies one random mutation to buf[0..*len) (capacity cap). */
@@ -340,8 +337,8 @@ int main(int argc, char **argv) {
     size_t seeds = corpus.n;
     long long done = 0;
     if (runs >= 0 || max_time >= 0) {
-        g_rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-        if (!g_rng) g_rng = 1;
+        g_rng.s = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+        if (!g_rng.s) g_rng.s = 1;
         if (corpus.n == 0) pool_add(&corpus, (const uint8_t *)"", 0);
         size_t cap = (size_t)max_len;
         uint8_t *buf = malloc(cap);

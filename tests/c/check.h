@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "maskpack.h"
+#include "test_rng.h"
 
 static int check_failures = 0;
 static int check_count = 0;

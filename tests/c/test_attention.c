@@ -11,15 +11,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float rnd_f(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static test_rng rng = {0x2545f4914f6cdd1dull};
+static int64_t rnd_in(int64_t lo, int64_t hi) { return test_rng_in(&rng, lo, hi); }
+static float rnd_f(void) { return (float)test_rng_signed(&rng); }
 
 /* The kernels this machine runs, "ref" first (set by test_isa_selection): isas[1 .. n_isas) are
  * the vector kernels, which the tests of their schedules (long sequences, tails) loop over. */

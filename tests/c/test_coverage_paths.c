@@ -56,11 +56,9 @@ static void test_f16_every_value(void) {
  * even, values below half the smallest subnormal to (signed) zero */
 static void test_f16_subnormal_rounding(void) {
     int wrong = 0;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
+    test_rng r = {0x9e3779b97f4a7c15ull};
     for (int i = 0; i < 200000; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        const uint64_t x = test_rng_next(&r);
         /* |f| in [2^-30, 2^-14): exponents from below the subnormals to the smallest normal */
         const float f = ldexpf(1.0f + (float)(x & 0x7fffff) / 8388608.0f, -30 + (int)((x >> 23) % 16)) *
                         ((x >> 40) & 1 ? -1.0f : 1.0f);

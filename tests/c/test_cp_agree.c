@@ -111,10 +111,7 @@ typedef struct bufs {
 
 static float *grab(bufs *b, int64_t n, float lo, float hi, uint64_t seed) {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        p[i] = lo + (hi - lo) * (float)((double)(seed >> 40) / (double)(1ULL << 24));
-    }
+    for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * (float)((double)(test_lcg_next(&seed) >> 40) / (double)(1ULL << 24));
     b->p[b->n++] = p;
     return p;
 }

@@ -103,10 +103,7 @@ static int h_wait(void *c, void *request) {
 
 /* ---- inputs and references ---------------------------------------------------------------------- */
 
-static float rnd(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((double)(*s >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
-}
+static float rnd(uint64_t *s) { return (float)((double)(test_lcg_next(s) >> 40) / (double)(1ULL << 24) * 2.0 - 1.0); }
 
 static int close_to(float a, float b, float tol) {
     if (a == b) return 1;

@@ -10,23 +10,6 @@
 
 #define SENT 0xA5u /* sentinel byte: outputs outside a view (or of a failing call) must keep it */
 
-/* ---- random numbers (xorshift64, fixed seed) ---------------------------------------------- */
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) {
-    uint64_t x = r->s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return r->s = x;
-}
-
-/* uniform in [0, n); 0 when n <= 0 */
-static int64_t rnd(rng *r, int64_t n) { return n <= 0 ? 0 : (int64_t)(rng_next(r) % (uint64_t)n); }
-
 /* ---- one random test case ---------------------------------------------------------------- */
 
 #define MAX_SEGS 256
@@ -47,52 +30,52 @@ typedef struct tcase {
     int sharded;     /* built by maskpack_layout_cp_shard */
 } tcase;
 
-static int64_t pick_len(rng *r, int64_t remaining) {
+static int64_t pick_len(test_rng *r, int64_t remaining) {
     if (remaining <= 0) return 0;
-    switch (rnd(r, 7)) {
+    switch (test_rng_below(r, 7)) {
     case 0: return 0; /* empty segment */
     case 1: return 1; /* length-1 segment */
-    case 2: return 1 + rnd(r, remaining);
+    case 2: return 1 + test_rng_below(r, remaining);
     default: {
-        int64_t cap = 1 + rnd(r, 40);
-        return 1 + rnd(r, cap < remaining ? cap : remaining);
+        int64_t cap = 1 + test_rng_below(r, 40);
+        return 1 + test_rng_below(r, cap < remaining ? cap : remaining);
     }
     }
 }
 
 static int finish_case(tcase *c);
-static int make_case(rng *r, tcase *c);
+static int make_case(test_rng *r, tcase *c);
 
 /* A context-parallel shard (explicit-position pieces that share keys) of a random self layout,
  * through maskpack_layout_cp_shard. Falls back to another random case when sharding refuses. */
-static int make_shard_case(rng *r, tcase *c) {
+static int make_shard_case(test_rng *r, tcase *c) {
     tcase base;
     memset(&base, 0, sizeof base);
-    int64_t cp = 1 + rnd(r, 3), lens[4];
-    size_t n = (size_t)(1 + rnd(r, 4));
+    int64_t cp = 1 + test_rng_below(r, 3), lens[4];
+    size_t n = (size_t)(1 + test_rng_below(r, 4));
     for (size_t k = 0; k < n; k++) lens[k] = pick_len(r, 40);
     maskpack_rule ru = maskpack_rule_default();
-    ru.causal = rnd(r, 4) != 0;
-    if (rnd(r, 3) == 0) ru.window_left = rnd(r, 6);
+    ru.causal = test_rng_below(r, 4) != 0;
+    if (test_rng_below(r, 3) == 0) ru.window_left = test_rng_below(r, 6);
     int64_t prefix[4];
-    if (rnd(r, 3) == 0) {
-        for (size_t k = 0; k < n; k++) prefix[k] = rnd(r, lens[k] + 1);
+    if (test_rng_below(r, 3) == 0) {
+        for (size_t k = 0; k < n; k++) prefix[k] = test_rng_below(r, lens[k] + 1);
         ru.prefix = prefix;
         ru.n_prefix = n;
     }
     maskpack_span span = {0, 0, 0};
-    if (lens[0] > 1 && rnd(r, 2)) {
-        span.start = rnd(r, lens[0] - 1);
-        span.end = span.start + 1 + rnd(r, lens[0] - span.start);
+    if (lens[0] > 1 && test_rng_below(r, 2)) {
+        span.start = test_rng_below(r, lens[0] - 1);
+        span.end = span.start + 1 + test_rng_below(r, lens[0] - span.start);
         ru.spans = &span;
         ru.n_spans = 1;
     }
     maskpack_layout *U = NULL, *P = NULL, *Sh = NULL;
     maskpack_error e;
-    int ok = maskpack_layout_from_lengths(lens, n, rnd(r, 2) ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT, 0,
+    int ok = maskpack_layout_from_lengths(lens, n, test_rng_below(r, 2) ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT, 0,
                                           &ru, &U, &e) == MASKPACK_OK &&
              maskpack_layout_pad_to_multiple(U, 2 * cp, &P, &e) == MASKPACK_OK &&
-             maskpack_layout_cp_shard(P, cp, rnd(r, cp), rnd(r, 2) ? MASKPACK_CP_ZIGZAG : MASKPACK_CP_CONTIGUOUS,
+             maskpack_layout_cp_shard(P, cp, test_rng_below(r, cp), test_rng_below(r, 2) ? MASKPACK_CP_ZIGZAG : MASKPACK_CP_CONTIGUOUS,
                                       &Sh, &e) == MASKPACK_OK;
     maskpack_layout_free(U);
     maskpack_layout_free(P);
@@ -115,66 +98,66 @@ static int make_shard_case(rng *r, tcase *c) {
 
 /* Builds a random layout (kinds: padded rows, packed rows, THD, cross attention, explicit-position
  * pieces, CP shards) and its reference. */
-static int make_case(rng *r, tcase *c) {
+static int make_case(test_rng *r, tcase *c) {
     memset(c, 0, sizeof *c);
-    int kind = (int)rnd(r, 6);
+    int kind = (int)test_rng_below(r, 6);
     if (kind == 5) return make_shard_case(r, c);
-    c->packed = kind == 2 || (kind == 4 && rnd(r, 2));
-    c->B = c->packed ? 1 : 1 + rnd(r, 4);
-    c->S = rnd(r, 10) == 0 ? rnd(r, 4) : rnd(r, 97);
-    c->Skv = kind >= 3 ? (rnd(r, 10) == 0 ? rnd(r, 4) : rnd(r, 97)) : c->S;
+    c->packed = kind == 2 || (kind == 4 && test_rng_below(r, 2));
+    c->B = c->packed ? 1 : 1 + test_rng_below(r, 4);
+    c->S = test_rng_below(r, 10) == 0 ? test_rng_below(r, 4) : test_rng_below(r, 97);
+    c->Skv = kind >= 3 ? (test_rng_below(r, 10) == 0 ? test_rng_below(r, 4) : test_rng_below(r, 97)) : c->S;
     for (int64_t b = 0; b < c->B; b++) {
         if (kind == 0) { /* padded: one segment per row, anywhere in the row */
             int64_t len = pick_len(r, c->S);
-            int64_t start = rnd(r, c->S - len + 1);
-            if (rnd(r, 8) == 0 && b > 0) continue; /* a row with no segment */
+            int64_t start = test_rng_below(r, c->S - len + 1);
+            if (test_rng_below(r, 8) == 0 && b > 0) continue; /* a row with no segment */
             c->segs[c->N++] = (maskpack_segment){b, start, len, start, len};
             continue;
         }
         if (kind == 4) { /* explicit-position pieces: several query chunks of one key sequence */
             int64_t qc = 0, kc = 0, seq = 0;
             while (c->N < MAX_SEGS - 4 && kc <= c->Skv && qc <= c->S) {
-                int64_t kl = pick_len(r, c->Skv - kc), pieces = 1 + rnd(r, 3);
+                int64_t kl = pick_len(r, c->Skv - kc), pieces = 1 + test_rng_below(r, 3);
                 for (int64_t t = 0; t < pieces; t++) {
-                    if (rnd(r, 3) == 0) qc += rnd(r, 3);
+                    if (test_rng_below(r, 3) == 0) qc += test_rng_below(r, 3);
                     if (qc > c->S) break;
-                    int64_t ql = rnd(r, (kl < c->S - qc ? kl : c->S - qc) + 1);
-                    maskpack_segment g = {b, qc, ql, kc, kl, MASKPACK_SEGMENT_EXPLICIT_POS, rnd(r, kl - ql + 1), seq};
+                    int64_t ql = test_rng_below(r, (kl < c->S - qc ? kl : c->S - qc) + 1);
+                    maskpack_segment g = {b, qc, ql, kc, kl, MASKPACK_SEGMENT_EXPLICIT_POS, test_rng_below(r, kl - ql + 1), seq};
                     c->segs[c->N++] = g;
                     qc += ql;
                 }
                 seq++;
-                kc += kl + (rnd(r, 3) == 0 ? rnd(r, 3) : 0);
-                if (rnd(r, 5) == 0) break;
+                kc += kl + (test_rng_below(r, 3) == 0 ? test_rng_below(r, 3) : 0);
+                if (test_rng_below(r, 5) == 0) break;
             }
             continue;
         }
         int64_t qc = 0, kc = 0;
         while (c->N < MAX_SEGS - 1) {
-            if (rnd(r, 3) == 0) qc += rnd(r, 4);
-            if (kind == 3 && rnd(r, 3) == 0) kc += rnd(r, 4);
+            if (test_rng_below(r, 3) == 0) qc += test_rng_below(r, 4);
+            if (kind == 3 && test_rng_below(r, 3) == 0) kc += test_rng_below(r, 4);
             if (kind != 3) kc = qc;
             if (qc > c->S || kc > c->Skv) break;
             int64_t ql = pick_len(r, c->S - qc), kl = ql;
             if (kind == 3) {
-                kl = rnd(r, 3) == 0 ? ql : pick_len(r, c->Skv - kc);
+                kl = test_rng_below(r, 3) == 0 ? ql : pick_len(r, c->Skv - kc);
                 if (kl > c->Skv - kc) kl = c->Skv - kc;
             }
             c->segs[c->N++] = (maskpack_segment){b, qc, ql, kc, kl};
             qc += ql;
             kc += kl;
-            if (rnd(r, 6) == 0) break;
+            if (test_rng_below(r, 6) == 0) break;
         }
     }
     /* the rule */
     maskpack_rule *ru = &c->rule;
     *ru = maskpack_rule_default();
-    ru->causal = rnd(r, 4) != 0;
-    ru->alignment = rnd(r, 2) ? MASKPACK_ALIGN_BOTTOM_RIGHT : MASKPACK_ALIGN_TOP_LEFT;
-    int extras = (int)rnd(r, 8);
+    ru->causal = test_rng_below(r, 4) != 0;
+    ru->alignment = test_rng_below(r, 2) ? MASKPACK_ALIGN_BOTTOM_RIGHT : MASKPACK_ALIGN_TOP_LEFT;
+    int extras = (int)test_rng_below(r, 8);
     if (extras & 1) {
-        ru->window_left = rnd(r, 3) == 0 ? -1 : rnd(r, 7);
-        ru->window_right = rnd(r, 3) == 0 ? -1 : rnd(r, 7);
+        ru->window_left = test_rng_below(r, 3) == 0 ? -1 : test_rng_below(r, 7);
+        ru->window_right = test_rng_below(r, 3) == 0 ? -1 : test_rng_below(r, 7);
     }
     if ((extras & 2) && ru->causal) {
         size_t ns = 0;
@@ -184,9 +167,9 @@ static int make_case(rng *r, tcase *c) {
             if (len == 0 || (!(c->segs[k].flags & MASKPACK_SEGMENT_EXPLICIT_POS) && len != c->segs[k].q_len)) continue;
             int64_t pos = 0;
             for (int t = 0; t < 2 && ns < MAX_SPANS; t++) {
-                int64_t s = pos + rnd(r, len - pos + 1);
+                int64_t s = pos + test_rng_below(r, len - pos + 1);
                 if (s >= len) break;
-                int64_t e = s + 1 + rnd(r, len - s);
+                int64_t e = s + 1 + test_rng_below(r, len - s);
                 c->spans[ns++] = (maskpack_span){(int64_t)k, s, e};
                 pos = e;
             }
@@ -195,7 +178,7 @@ static int make_case(rng *r, tcase *c) {
         ru->n_spans = ns;
     }
     if (extras & 4) {
-        for (size_t k = 0; k < c->N; k++) c->prefix[k] = rnd(r, 2) ? rnd(r, c->segs[k].kv_len + 1) : 0;
+        for (size_t k = 0; k < c->N; k++) c->prefix[k] = test_rng_below(r, 2) ? test_rng_below(r, c->segs[k].kv_len + 1) : 0;
         ru->prefix = c->prefix;
         ru->n_prefix = c->N;
     }
@@ -333,7 +316,7 @@ static int token_view_equals(const tview *v, const int64_t *expected) {
 
 /* ---- per-token outputs ---------------------------------------------------------------------- */
 
-static void check_token_outputs(rng *r, const tcase *c) {
+static void check_token_outputs(test_rng *r, const tcase *c) {
     maskpack_error e;
     int64_t cells = c->B * c->S;
     int64_t *want = malloc((size_t)(cells + 1) * sizeof *want);
@@ -342,13 +325,13 @@ static void check_token_outputs(rng *r, const tcase *c) {
     for (int form = 0; form < 3; form++) {
         if (form == 2 && !c->packed) continue;
         /* mask2d */
-        tview v = token_view(c, mask_dts[rnd(r, 6)], form);
+        tview v = token_view(c, mask_dts[test_rng_below(r, 6)], form);
         for (int64_t x = 0; x < cells; x++) want[x] = c->segid[x] != 0;
         CHECK_OK(maskpack_mask2d(c->L, &v.t, &e), e);
         CHECK(token_view_equals(&v, want));
         free(v.buf);
         /* position ids: 0,1,2,... inside each segment, 0 on pads */
-        v = token_view(c, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
+        v = token_view(c, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
         for (int64_t x = 0; x < cells; x++) want[x] = 0;
         for (size_t k = 0; k < c->N; k++)
             for (int64_t t = 0; t < c->segs[k].q_len; t++) /* pieces keep their place in the sequence */
@@ -358,7 +341,7 @@ static void check_token_outputs(rng *r, const tcase *c) {
         CHECK(token_view_equals(&v, want));
         free(v.buf);
         /* segment ids */
-        v = token_view(c, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
+        v = token_view(c, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, form);
         CHECK_OK(maskpack_segment_ids(c->L, &v.t, &e), e);
         CHECK(token_view_equals(&v, c->seqid));
         free(v.buf);
@@ -378,7 +361,7 @@ static tview vec_view(int64_t n, maskpack_dtype dt, int strided) {
     return v;
 }
 
-static void check_vector_outputs(rng *r, const tcase *c) {
+static void check_vector_outputs(test_rng *r, const tcase *c) {
     maskpack_error e;
     int64_t N = (int64_t)c->N;
     int64_t *want = malloc((size_t)(N + 2 + c->B * c->S) * sizeof *want);
@@ -387,7 +370,7 @@ static void check_vector_outputs(rng *r, const tcase *c) {
             for (int d = 0; d < 2; d++) {
                 maskpack_dtype dt = d ? MASKPACK_I64 : MASKPACK_I32;
                 int lead = form == MASKPACK_CU_TE;
-                tview v = vec_view(N + lead, dt, (int)rnd(r, 2));
+                tview v = vec_view(N + lead, dt, (int)test_rng_below(r, 2));
                 int64_t acc = 0, n = 0;
                 if (lead) want[n++] = 0;
                 for (size_t k = 0; k < c->N; k++) {
@@ -399,7 +382,7 @@ static void check_vector_outputs(rng *r, const tcase *c) {
                 free(v.buf);
             }
     for (int kv = 0; kv < 2; kv++) {
-        tview v = vec_view(N, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)rnd(r, 2));
+        tview v = vec_view(N, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)test_rng_below(r, 2));
         for (size_t k = 0; k < c->N; k++) want[k] = kv ? c->segs[k].kv_len : c->segs[k].q_len;
         CHECK_OK(maskpack_seqlens(c->L, kv, &v.t, &e), e);
         CHECK(token_view_equals(&v, want));
@@ -411,7 +394,7 @@ static void check_vector_outputs(rng *r, const tcase *c) {
         for (int64_t x = 0; x < c->B * c->S; x++)
             if (c->segid[x]) want[n++] = x;
         CHECK_EQ(n, maskpack_layout_n_tokens(c->L));
-        tview v = vec_view(n, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)rnd(r, 2));
+        tview v = vec_view(n, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)test_rng_below(r, 2));
         CHECK_OK(maskpack_valid_indices(c->L, &v.t, &e), e);
         CHECK(token_view_equals(&v, want));
         free(v.buf);
@@ -421,14 +404,14 @@ static void check_vector_outputs(rng *r, const tcase *c) {
         for (size_t k = 0; k < c->N; k++) want[k] = -1;
         for (int64_t x = 0; x < c->B * c->S; x++)
             if (c->segid[x]) want[c->segid[x] - 1] = x;
-        tview v = vec_view(N, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)rnd(r, 2));
+        tview v = vec_view(N, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, (int)test_rng_below(r, 2));
         CHECK_OK(maskpack_last_token_index(c->L, &v.t, &e), e);
         CHECK(token_view_equals(&v, want));
         free(v.buf);
     }
     /* cu_seqlens_padded: invariants, then the documented slot starts */
     {
-        tview v = vec_view(N + 1, rnd(r, 2) ? MASKPACK_I32 : MASKPACK_I64, 0);
+        tview v = vec_view(N + 1, test_rng_below(r, 2) ? MASKPACK_I32 : MASKPACK_I64, 0);
         CHECK_OK(maskpack_cu_seqlens_padded(c->L, &v.t, &e), e);
         int64_t *got = calloc((size_t)(N + 1), sizeof *got); /* zeroed: GCC cannot see that N >= 0 */
         for (int64_t k = 0; k <= N; k++) got[k] = read_int(v.t.dtype, v.buf, k);
@@ -516,7 +499,7 @@ static int mask4d_matches(const tcase *c, maskpack_mask_convention conv, maskpac
     return ok;
 }
 
-static void check_mask4d(rng *r, const tcase *c) {
+static void check_mask4d(test_rng *r, const tcase *c) {
     static const struct {
         maskpack_mask_convention conv;
         maskpack_dtype dt;
@@ -544,8 +527,8 @@ static void check_mask4d(rng *r, const tcase *c) {
     }
     /* several heads, contiguous (head planes are copies) */
     {
-        size_t v = (size_t)rnd(r, (int64_t)nv);
-        int64_t H = 2 + rnd(r, 2);
+        size_t v = (size_t)test_rng_below(r, (int64_t)nv);
+        int64_t H = 2 + test_rng_below(r, 2);
         int64_t shape[4] = {c->B, H, c->S, c->Skv};
         size_t bytes = (size_t)(c->B * H * c->S * c->Skv) * maskpack_dtype_size(variants[v].dt) + 8;
         uint8_t *buf = malloc(bytes);
@@ -556,8 +539,8 @@ static void check_mask4d(rng *r, const tcase *c) {
     }
     /* non-contiguous: physical order [B, S, H, W] with W = 2*Skv + 1 and key stride 2 (or 1 with padding) */
     {
-        size_t v = (size_t)rnd(r, (int64_t)nv);
-        int64_t H = 1 + rnd(r, 2), W = 2 * c->Skv + 1, ks = rnd(r, 2) ? 2 : 1;
+        size_t v = (size_t)test_rng_below(r, (int64_t)nv);
+        int64_t H = 1 + test_rng_below(r, 2), W = 2 * c->Skv + 1, ks = test_rng_below(r, 2) ? 2 : 1;
         int64_t shape[4] = {c->B, H, c->S, c->Skv};
         size_t bytes = (size_t)(c->B * c->S * H * W) * maskpack_dtype_size(variants[v].dt) + 8;
         uint8_t *buf = malloc(bytes);
@@ -755,7 +738,7 @@ static void check_magi(const tcase *c) {
 /* ---- the random sweep ------------------------------------------------------------------------- */
 
 static void test_random_layouts(void) {
-    rng r = {0x9e3779b97f4a7c15ull};
+    test_rng r = {0x9e3779b97f4a7c15ull};
     static tcase c;
     int n_cases = 0, n_cross = 0, n_window = 0, n_span = 0, n_prefix = 0, n_packed = 0, n_explicit = 0, n_shard = 0;
     for (int it = 0; it < 300; it++) {
@@ -775,11 +758,11 @@ static void test_random_layouts(void) {
         check_token_outputs(&r, &c);
         check_vector_outputs(&r, &c);
         check_mask4d(&r, &c);
-        const int64_t sizes[] = {1, 7, 16, 128, c.S + 5, 1 + rnd(&r, 20)};
+        const int64_t sizes[] = {1, 7, 16, 128, c.S + 5, 1 + test_rng_below(&r, 20)};
         for (size_t a = 0; a < sizeof sizes / sizeof sizes[0]; a++) check_block_mask(&c, sizes[a], sizes[a]);
         check_block_mask(&c, 7, 16);
-        check_block_mask(&c, 16, 1 + rnd(&r, 9));
-        check_block_mask(&c, 1 + rnd(&r, 9), c.Skv + 1);
+        check_block_mask(&c, 16, 1 + test_rng_below(&r, 9));
+        check_block_mask(&c, 1 + test_rng_below(&r, 9), c.Skv + 1);
         check_magi(&c);
         free_case(&c);
     }
@@ -1165,11 +1148,11 @@ static void test_shared_key_overflow(void) {
 
 /* Block mask at benchmark scale stays sparse: 131072 packed tokens, causal, 128 blocks */
 static void test_block_mask_scale(void) {
-    rng r = {12345};
+    test_rng r = {12345};
     static maskpack_segment s[1000];
     int64_t T = 131072, pos = 0;
     for (int k = 0; k < 1000; k++) {
-        int64_t left = T - pos, len = k == 999 ? left : 1 + rnd(&r, 2 * left / (1000 - k));
+        int64_t left = T - pos, len = k == 999 ? left : 1 + test_rng_below(&r, 2 * left / (1000 - k));
         if (len > left - (999 - k)) len = left - (999 - k);
         s[k] = (maskpack_segment){0, pos, len, pos, len};
         pos += len;

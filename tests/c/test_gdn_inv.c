@@ -18,10 +18,7 @@
 typedef void (*inv_fn)(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static double rnd(void) { /* uniform in [-1, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) * (2.0 / 9007199254740992.0) - 1.0;
-}
+static double rnd(void) { return (double)(test_lcg_next(&rng_state) >> 11) * (2.0 / 9007199254740992.0) - 1.0; } /* [-1, 1) */
 
 /* Runs fn on Lm for n rows; checks the untouched columns [cn, LD) of rows < n and every row >= n,
  * and returns the worst |A - want| over columns [0, cn) of rows < n (want: [64][64] doubles). */

@@ -120,13 +120,8 @@ enum { N_HOSTS = sizeof HOSTS / sizeof *HOSTS };
 
 /* ---- data -------------------------------------------------------------------------------------------- */
 
-static uint64_t rng = 88172645463325252ull;
-static float rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) & 0xffffff) / 16777216.0f - 0.5f;
-}
+static test_rng rng = {88172645463325252ull};
+static float rnd(void) { return (float)((test_rng_next(&rng) >> 11) & 0xffffff) / 16777216.0f - 0.5f; }
 static float *rand_floats(int64_t n, float scale, float offset) {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
     for (int64_t i = 0; i < n; i++) p[i] = rnd() * scale + offset;

@@ -494,12 +494,7 @@ static void test_zip_more(void) {
     /* the writer: names refused, a UTF-8 name, and data deflate cannot shrink (stored instead) */
     static int32_t v[1 << 18]; /* 1 MiB of xorshift32: deflate's per-block overhead outgrows what the header saves */
     uint32_t x = 12345;
-    for (int i = 0; i < (1 << 18); i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        v[i] = (int32_t)x;
-    }
+    for (int i = 0; i < (1 << 18); i++) v[i] = (int32_t)test_rng_next32(&x);
     int64_t n64 = 1 << 18;
     mpio_named_tensor it[2] = {{"", maskpack_tensor_contiguous(v, MASKPACK_I32, 1, &n64)},
                                {"b", maskpack_tensor_contiguous(v, MASKPACK_I32, 1, &n64)}};

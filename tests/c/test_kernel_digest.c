@@ -217,13 +217,8 @@ static void digest(const char *name, const void *p, size_t bytes) {
 
 /* ---- data --------------------------------------------------------------------------------------- */
 
-static uint64_t rng;
-static float rnd_f(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+static test_rng rng;
+static float rnd_f(void) { return (float)test_rng_signed(&rng); }
 
 static uint16_t to_bf16(float f) {
     uint32_t x;
@@ -353,7 +348,7 @@ static void attention_case(const acase *c, int bf16, uint64_t seed) {
     const int64_t B = maskpack_layout_n_rows(L), S = maskpack_layout_q_width(L), Skv = maskpack_layout_kv_width(L);
     const int64_t nq = B * S * c->hq * c->d, nk = B * Skv * c->hkv * c->d, nl = B * c->hq * S;
     const size_t es = bf16 ? 2 : 4;
-    rng = seed;
+    rng.s = seed;
     void *q = rand_buf(nq, bf16, 1.5f, c->ramp > 0 ? 1.0f : 0), *k = rand_buf(nk, bf16, 1.5f, 0);
     void *v = rand_buf(nk, bf16, 1.5f, 0);
     for (int64_t i = 0; c->ramp > 0 && i < nk; i++) { /* key position w of [.., W, H, D] */
@@ -494,7 +489,7 @@ static void gdn_case(const gcase *c, uint64_t seed) {
     const int64_t T = n_tok(L), N = (int64_t)maskpack_layout_n_segments(L);
     const maskpack_dtype dt = c->bf16 ? MASKPACK_BF16 : MASKPACK_F32;
     const size_t es = c->bf16 ? 2 : 4;
-    rng = seed;
+    rng.s = seed;
     void *q = rand_buf(T * c->H * c->K, c->bf16, 1.0f, 0), *k = rand_buf(T * c->H * c->K, c->bf16, 1.0f, 0);
     void *v = rand_buf(T * c->HV * c->V, c->bf16, 1.0f, 0);
     void *g = rand_buf(T * c->HV, c->bf16, 0.3f, -0.4f), *beta = rand_buf(T * c->HV, c->bf16, 0.4f, 0.5f);
@@ -553,7 +548,7 @@ static void conv_case(const char *name, const maskpack_layout *L, int64_t C, int
     const int64_t T = n_tok(L), N = (int64_t)maskpack_layout_n_segments(L);
     const maskpack_dtype dt = bf16 ? MASKPACK_BF16 : MASKPACK_F32;
     const size_t es = bf16 ? 2 : 4;
-    rng = seed;
+    rng.s = seed;
     void *x = rand_buf(T * C, bf16, 1.0f, 0), *w = rand_buf(C * W, bf16, 0.7f, 0);
     void *pre = rand_buf(N * C * (W - 1), bf16, 1.0f, 0), *dy = rand_buf(T * C, bf16, 1.0f, 0);
     void *dst = rand_buf(N * C * (W - 1), bf16, 1.0f, 0);

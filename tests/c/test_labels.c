@@ -6,14 +6,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-static uint64_t rng_state = 0xd1b54a32d192ed03ull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+static test_rng rng = {0xd1b54a32d192ed03ull};
+static int64_t rnd_in(int64_t lo, int64_t hi) { return test_rng_in(&rng, lo, hi); }
 
 static void test_shift_golden(void) {
     maskpack_error e;

@@ -10,19 +10,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-typedef struct {
-    uint64_t s;
-} rng;
-
-static uint64_t xorshift(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-
-static int64_t rnd(rng *r, int64_t n) { return n <= 0 ? 0 : (int64_t)(xorshift(r) % (uint64_t)n); }
-
 /* Writes one element of any dtype (integers get v as an integer). */
 static void put(void *data, maskpack_dtype dt, int64_t off, double v) {
     switch (dt) {
@@ -610,9 +597,9 @@ static void test_not_representable(void) {
     {
         const int64_t S = 10;
         uint8_t att[100];
-        rng r = {0x9e3779b97f4a7c15ull};
+        test_rng r = {0x9e3779b97f4a7c15ull};
         for (int64_t i = 0; i < S; i++)
-            for (int64_t j = 0; j < S; j++) att[i * S + j] = (uint8_t)(i == j || rnd(&r, 3) == 0);
+            for (int64_t j = 0; j < S; j++) att[i * S + j] = (uint8_t)(i == j || test_rng_below(&r, 3) == 0);
         maskpack_tensor t = encode(att, 1, 1, S, MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0);
         CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_KEEP, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
         CHECK(R == NULL);
@@ -814,47 +801,47 @@ static void test_empty_rows(void) {
 /* ---- round-trip property ------------------------------------------------------------------- */
 
 static void test_roundtrip_property(void) {
-    rng r = {0x243f6a8885a308d3ull};
+    test_rng r = {0x243f6a8885a308d3ull};
     int failures = 0;
     for (int iter = 0; iter < 200; iter++) {
-        int64_t B = 1 + rnd(&r, 3), S = 1 + rnd(&r, 24);
+        int64_t B = 1 + test_rng_below(&r, 3), S = 1 + test_rng_below(&r, 24);
         maskpack_segment segs[128];
         size_t n = 0;
         for (int64_t b = 0; b < B; b++) {
             int64_t col = 0;
             while (col < S && n < 120) {
-                if (rnd(&r, 4) == 0) col += 1 + rnd(&r, 2); /* padding */
+                if (test_rng_below(&r, 4) == 0) col += 1 + test_rng_below(&r, 2); /* padding */
                 if (col > S) col = S;
                 int64_t room = S - col;
-                int64_t len = rnd(&r, 3) == 0 ? rnd(&r, 2) : rnd(&r, room + 1); /* often 0 or 1 */
+                int64_t len = test_rng_below(&r, 3) == 0 ? test_rng_below(&r, 2) : test_rng_below(&r, room + 1); /* often 0 or 1 */
                 if (len > room) len = room;
                 maskpack_segment g = {b, col, len, col, len};
                 segs[n++] = g;
                 col += len;
-                if (len == 0 && rnd(&r, 2)) col++; /* avoid endless empty segments */
+                if (len == 0 && test_rng_below(&r, 2)) col++; /* avoid endless empty segments */
             }
         }
         maskpack_rule rule = maskpack_rule_default();
-        rule.causal = (int)rnd(&r, 3) != 0;
-        if (rnd(&r, 3) == 0) rule.window_left = rnd(&r, 5);
-        if (!rule.causal && rnd(&r, 2)) rule.window_right = rnd(&r, 5);
+        rule.causal = (int)test_rng_below(&r, 3) != 0;
+        if (test_rng_below(&r, 3) == 0) rule.window_left = test_rng_below(&r, 5);
+        if (!rule.causal && test_rng_below(&r, 2)) rule.window_right = test_rng_below(&r, 5);
         int64_t prefix[128];
-        if (rnd(&r, 3) == 0) {
-            for (size_t k = 0; k < n; k++) prefix[k] = rnd(&r, segs[k].q_len + 1);
+        if (test_rng_below(&r, 3) == 0) {
+            for (size_t k = 0; k < n; k++) prefix[k] = test_rng_below(&r, segs[k].q_len + 1);
             rule.prefix = prefix;
             rule.n_prefix = n;
         }
         /* spans on every rule: HF's overlay on a causal one, and on top of a bidirectional window */
         maskpack_span spans[256];
         size_t ns = 0;
-        if (rnd(&r, 2)) {
+        if (test_rng_below(&r, 2)) {
             for (size_t k = 0; k < n; k++) {
                 int64_t at = 0, len = segs[k].q_len;
                 while (at < len && ns < 250) {
-                    at += rnd(&r, 4);
+                    at += test_rng_below(&r, 4);
                     if (at >= len) break;
-                    int64_t end = at + 1 + rnd(&r, len - at);
-                    if (rnd(&r, 2)) {
+                    int64_t end = at + 1 + test_rng_below(&r, len - at);
+                    if (test_rng_below(&r, 2)) {
                         maskpack_span sp = {(int64_t)k, at, end};
                         spans[ns++] = sp;
                     }
@@ -870,13 +857,13 @@ static void test_roundtrip_property(void) {
         if (!L) continue;
 
         uint8_t *att = att_of_layout(L, B, S);
-        int form = (int)rnd(&r, 3);
+        int form = (int)test_rng_below(&r, 3);
         maskpack_mask_convention conv = form == 0 ? MASKPACK_MASK_KEEP : form == 1 ? MASKPACK_MASK_MASKED
                                                                                 : MASKPACK_MASK_ADDITIVE;
         maskpack_dtype dt = form == 0 ? MASKPACK_BOOL : form == 1 ? MASKPACK_U8 : MASKPACK_F32;
         maskpack_tensor t = encode(att, B, 1, S, conv, dt, -INFINITY);
-        if (rnd(&r, 2)) { /* broadcast heads */
-            t.shape[1] = 1 + rnd(&r, 3);
+        if (test_rng_below(&r, 2)) { /* broadcast heads */
+            t.shape[1] = 1 + test_rng_below(&r, 3);
             t.strides[1] = 0;
         }
         maskpack_layout *R = NULL;
@@ -913,28 +900,28 @@ static void test_roundtrip_property(void) {
  * a layout whose predicate equals the mask on every valid query row (valid = key column attended by
  * someone), or NOT_REPRESENTABLE naming a valid query row of the mask. */
 static void test_perturbed_property(void) {
-    rng r = {0x13198a2e03707344ull};
+    test_rng r = {0x13198a2e03707344ull};
     int ok = 0, refused = 0;
     for (int iter = 0; iter < 300; iter++) {
-        int64_t B = 1 + rnd(&r, 2), S = 2 + rnd(&r, 14);
+        int64_t B = 1 + test_rng_below(&r, 2), S = 2 + test_rng_below(&r, 14);
         maskpack_segment segs[64];
         size_t n = 0;
         for (int64_t b = 0; b < B; b++)
-            for (int64_t col = rnd(&r, 2); col < S && n < 60;) {
-                int64_t len = 1 + rnd(&r, S - col);
+            for (int64_t col = test_rng_below(&r, 2); col < S && n < 60;) {
+                int64_t len = 1 + test_rng_below(&r, S - col);
                 maskpack_segment g = {b, col, len, col, len};
                 segs[n++] = g;
-                col += len + rnd(&r, 2);
+                col += len + test_rng_below(&r, 2);
             }
         maskpack_rule rule = maskpack_rule_default();
-        rule.causal = (int)rnd(&r, 3) != 0;
-        if (rnd(&r, 3) == 0) rule.window_left = rnd(&r, 4);
+        rule.causal = (int)test_rng_below(&r, 3) != 0;
+        if (test_rng_below(&r, 3) == 0) rule.window_left = test_rng_below(&r, 4);
         maskpack_layout *L = layout_of(segs, n, B, S, &rule);
         if (!L) continue;
         uint8_t *att = att_of_layout(L, B, S);
-        int flips = 1 + (int)rnd(&r, 2);
+        int flips = 1 + (int)test_rng_below(&r, 2);
         for (int f = 0; f < flips; f++) {
-            int64_t b = rnd(&r, B), i = rnd(&r, S), j = rnd(&r, S);
+            int64_t b = test_rng_below(&r, B), i = test_rng_below(&r, S), j = test_rng_below(&r, S);
             att[(b * S + i) * S + j] ^= 1;
         }
         uint8_t *valid = calloc((size_t)(B * S), 1);

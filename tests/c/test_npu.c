@@ -1302,10 +1302,7 @@ static void test_several_findings(void) {
 /* ---- round trip: emitter -> checker ----------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-static int64_t rnd(int64_t n) { /* uniform-ish in [0, n) */
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (int64_t)((rng_state >> 33) % (uint64_t)n);
-}
+static int64_t rnd(int64_t n) { return (int64_t)((test_lcg_next(&rng_state) >> 33) % (uint64_t)n); } /* [0, n) */
 
 static maskpack_rule random_rule(int64_t *pf, size_t n_seg, const int64_t *kv_len, int allow_prefix) {
     maskpack_rule r = maskpack_rule_default();

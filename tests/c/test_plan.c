@@ -11,19 +11,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rnd(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-
-static int64_t rnd_range(rng *r, int64_t lo, int64_t hi) { return lo + (int64_t)(rnd(r) % (uint64_t)(hi - lo + 1)); }
-
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 static maskpack_plan *make(const int64_t *len, size_t n, const maskpack_plan_options *o) {
@@ -368,8 +355,8 @@ static void test_cp_alignment(void) {
 
 static void test_microbatch_layout(void) {
     int64_t len[40];
-    rng g = {12345};
-    for (int k = 0; k < 40; k++) len[k] = rnd_range(&g, 1, 60);
+    test_rng g = {12345};
+    for (int k = 0; k < 40; k++) len[k] = test_rng_in(&g, 1, 60);
     maskpack_plan_options o = maskpack_plan_options_default(64);
     o.dp = 2;
     o.micro_batches = 3;
@@ -554,8 +541,8 @@ static void test_split(void) {
 static void test_determinism(void) {
     enum { N = 3000 };
     int64_t *len = malloc(N * sizeof *len);
-    rng g = {777};
-    for (int k = 0; k < N; k++) len[k] = rnd_range(&g, 1, 8) * 64; /* many ties */
+    test_rng g = {777};
+    for (int k = 0; k < N; k++) len[k] = test_rng_in(&g, 1, 8) * 64; /* many ties */
     maskpack_plan_options o = maskpack_plan_options_default(1024);
     o.dp = 4;
     o.micro_batches = 2;
@@ -641,17 +628,17 @@ static size_t ref_ffd(const int64_t *size, const uint32_t *order, size_t n, int6
 }
 
 static void test_packers_vs_reference(void) {
-    rng g = {99};
+    test_rng g = {99};
     for (int trial = 0; trial < 60; trial++) {
-        size_t n = (size_t)rnd_range(&g, 1, 400);
-        int64_t cap = trial % 3 == 0 ? rnd_range(&g, 1, 20) : rnd_range(&g, 20, 5000);
+        size_t n = (size_t)test_rng_in(&g, 1, 400);
+        int64_t cap = trial % 3 == 0 ? test_rng_in(&g, 1, 20) : test_rng_in(&g, 20, 5000);
         int64_t *size = malloc(n * sizeof *size);
         uint64_t *tie = malloc(n * sizeof *tie);
         uint32_t *order = malloc(n * sizeof *order);
         int64_t *sorted = malloc(n * sizeof *sorted);
         int32_t *b1 = malloc(n * sizeof *b1), *b2 = malloc(n * sizeof *b2), *b3 = malloc(n * sizeof *b3);
         for (size_t i = 0; i < n; i++) {
-            size[i] = trial % 5 == 0 ? rnd_range(&g, 0, cap) : rnd_range(&g, 1, cap / 2 + 1 > cap ? cap : cap / 2 + 1);
+            size[i] = trial % 5 == 0 ? test_rng_in(&g, 0, cap) : test_rng_in(&g, 1, cap / 2 + 1 > cap ? cap : cap / 2 + 1);
             tie[i] = mp_plan_tie(trial % 2 ? 0 : 1234567, 1, i);
         }
         maskpack_error e;
@@ -711,11 +698,11 @@ static int opt_bins_rec(const int64_t *s, int n, int i, int64_t cap, int64_t *lo
 }
 
 static void test_bfd_quality_small(void) {
-    rng g = {4242};
+    test_rng g = {4242};
     for (int trial = 0; trial < 300; trial++) {
-        int n = (int)rnd_range(&g, 1, 9);
+        int n = (int)test_rng_in(&g, 1, 9);
         int64_t cap = 100, len[9], loads[10] = {0};
-        for (int i = 0; i < n; i++) len[i] = rnd_range(&g, 5, 100);
+        for (int i = 0; i < n; i++) len[i] = test_rng_in(&g, 5, 100);
         int opt = opt_bins_rec(len, n, 0, cap, loads, 0, n + 1);
         for (int alg = 0; alg < 2; alg++) {
             maskpack_plan_options o = maskpack_plan_options_default(cap);
@@ -763,17 +750,17 @@ static double kk_bound(int per, int k) {
 }
 
 static void test_kk_exhaustive(void) {
-    rng g = {2024};
+    test_rng g = {2024};
     int exact_hits = 0, trials = 0;
     for (int trial = 0; trial < 400; trial++) {
-        int k = (int)rnd_range(&g, 2, 3);
-        int per = (int)rnd_range(&g, 1, k == 2 ? 5 : 3);
+        int k = (int)test_rng_in(&g, 2, 3);
+        int per = (int)test_rng_in(&g, 1, k == 2 ? 5 : 3);
         int n = k * per; /* <= 10 rows */
         double c[10];
         uint64_t tie[10];
         int32_t part[10];
         for (int i = 0; i < n; i++) {
-            c[i] = (double)(trial % 4 == 0 ? rnd_range(&g, 1, 5) : rnd_range(&g, 1, 1000));
+            c[i] = (double)(trial % 4 == 0 ? test_rng_in(&g, 1, 5) : test_rng_in(&g, 1, 1000));
             tie[i] = (uint64_t)i;
         }
         maskpack_error e;
@@ -806,10 +793,10 @@ static void test_kk_exhaustive(void) {
     /* the same through the public API: lengths > capacity/2 give one sequence per row, so row costs are
      * the sequences' costs; compare the largest rank cost with the exhaustive optimum */
     for (int trial = 0; trial < 150; trial++) {
-        int k = (int)rnd_range(&g, 2, 3);
-        int n = (int)rnd_range(&g, 2, k == 2 ? 10 : 9);
+        int k = (int)test_rng_in(&g, 2, 3);
+        int n = (int)test_rng_in(&g, 2, k == 2 ? 10 : 9);
         int64_t len[10];
-        for (int i = 0; i < n; i++) len[i] = rnd_range(&g, 501, 1000);
+        for (int i = 0; i < n; i++) len[i] = test_rng_in(&g, 501, 1000);
         maskpack_plan_options o = maskpack_plan_options_default(1000);
         o.dp = k;
         o.objective = trial % 2 ? MASKPACK_PLAN_ATTENTION : MASKPACK_PLAN_TOKENS;
@@ -841,9 +828,9 @@ static void test_kk_large_balance(void) {
     double *c = malloc(N * sizeof *c);
     uint64_t *tie = malloc(N * sizeof *tie);
     int32_t *part = malloc(N * sizeof *part);
-    rng g = {5};
+    test_rng g = {5};
     for (int i = 0; i < N; i++) {
-        c[i] = (double)rnd_range(&g, 7000, 8192) * 30000.0 + (double)rnd_range(&g, 0, 8192 * 8192);
+        c[i] = (double)test_rng_in(&g, 7000, 8192) * 30000.0 + (double)test_rng_in(&g, 0, 8192 * 8192);
         tie[i] = (uint64_t)i;
     }
     maskpack_error e;
@@ -935,8 +922,8 @@ static void on_progress(void *ctx, const char *stage, double f) {
 static void test_progress_and_edges(void) {
     enum { N = 200000 };
     int64_t *len = malloc(N * sizeof *len);
-    rng g = {31337};
-    for (int k = 0; k < N; k++) len[k] = rnd_range(&g, 16, 2048);
+    test_rng g = {31337};
+    for (int k = 0; k < N; k++) len[k] = test_rng_in(&g, 16, 2048);
     progress_log log = {0};
     maskpack_plan_options o = maskpack_plan_options_default(8192);
     o.dp = 8;
@@ -987,7 +974,7 @@ static void test_progress_and_edges(void) {
     /* the treap index on a capacity above the bucket limit agrees with the same plan scaled down */
     int64_t big[64], small[64];
     for (int k = 0; k < 64; k++) {
-        small[k] = rnd_range(&g, 1, 100);
+        small[k] = test_rng_in(&g, 1, 100);
         big[k] = small[k] << 23;
     }
     maskpack_plan_options ob = maskpack_plan_options_default((int64_t)100 << 23);
@@ -1004,25 +991,25 @@ static void test_progress_and_edges(void) {
 }
 
 static void test_random_invariants(void) {
-    rng g = {8080};
+    test_rng g = {8080};
     for (int trial = 0; trial < 120; trial++) {
-        size_t n = (size_t)rnd_range(&g, 0, 300);
+        size_t n = (size_t)test_rng_in(&g, 0, 300);
         int64_t *len = malloc((n ? n : 1) * sizeof *len);
         maskpack_plan_options o = maskpack_plan_options_default(0);
-        o.cp = rnd_range(&g, 1, 3);
-        o.tp = rnd_range(&g, 1, 2);
+        o.cp = test_rng_in(&g, 1, 3);
+        o.tp = test_rng_in(&g, 1, 2);
         o.align = (maskpack_cp_align)(trial % 2);
         int64_t m = o.cp == 1 ? o.tp : (o.align == MASKPACK_CP_ALIGN_VERL ? 2 * o.cp * o.tp : o.cp * 2);
-        o.capacity = m * rnd_range(&g, 2, 200);
-        o.dp = rnd_range(&g, 1, 6);
-        o.micro_batches = rnd_range(&g, 1, 3);
+        o.capacity = m * test_rng_in(&g, 2, 200);
+        o.dp = test_rng_in(&g, 1, 6);
+        o.micro_batches = test_rng_in(&g, 1, 3);
         o.algorithm = (maskpack_plan_algorithm)(trial % 3);
         o.objective = (maskpack_plan_objective)((trial / 3) % 2);
         o.allow_split = trial % 4 == 0;
         o.seed = (uint64_t)(trial % 5);
         o.row_width = (maskpack_plan_width)((trial / 2) % 2);
         for (size_t k = 0; k < n; k++)
-            len[k] = o.allow_split ? rnd_range(&g, 0, 3 * o.capacity) : rnd_range(&g, 0, o.capacity - m + 1);
+            len[k] = o.allow_split ? test_rng_in(&g, 0, 3 * o.capacity) : test_rng_in(&g, 0, o.capacity - m + 1);
         maskpack_plan *p = make(len, n, &o);
         if (p) {
             CHECK_EQ(maskpack_plan_multiple(p), m);
@@ -1088,9 +1075,9 @@ static void test_many_microbatches_linear(void) {
 /* ---- sequence-level balance --------------------------------------------------------------------- */
 
 /* lognormal lengths (median 600, sigma 1) clipped to [16, cap] */
-static void sft_lengths(rng *g, int64_t *len, size_t n, int64_t cap) {
+static void sft_lengths(test_rng *g, int64_t *len, size_t n, int64_t cap) {
     for (size_t i = 0; i < n; i++) {
-        double u1 = ((double)(rnd(g) >> 11) + 0.5) / 9007199254740992.0, u2 = (double)(rnd(g) >> 11) / 9007199254740992.0;
+        double u1 = ((double)(test_rng_next(g) >> 11) + 0.5) / 9007199254740992.0, u2 = (double)(test_rng_next(g) >> 11) / 9007199254740992.0;
         double x = floor(exp(log(600.0) + sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
         len[i] = x < 16 ? 16 : x > (double)cap ? cap : (int64_t)x;
     }
@@ -1120,7 +1107,7 @@ static void test_sequence_balance(void) {
      * round-robin (NeMo-RL's way) */
     enum { N = 20000 };
     int64_t *len = malloc(N * sizeof *len);
-    rng g = {2718};
+    test_rng g = {2718};
     sft_lengths(&g, len, N, 8192);
     maskpack_plan_options f = maskpack_plan_options_default(8192);
     f.algorithm = MASKPACK_PLAN_FFD;
@@ -1182,16 +1169,16 @@ static void test_sequence_balance(void) {
 /* mp_plan_spread and mp_plan_improve on their own: capacity kept, every item placed, improvement never
  * raises the heaviest group and strictly lowers the sum of squares when it moves anything. */
 static void test_spread_and_improve(void) {
-    rng g = {777};
+    test_rng g = {777};
     int spread_fail = 0;
     for (int trial = 0; trial < 300; trial++) {
-        size_t n = (size_t)rnd_range(&g, 0, 200), G = (size_t)rnd_range(&g, 1, 9);
-        int64_t cap = rnd_range(&g, 10, 400);
+        size_t n = (size_t)test_rng_in(&g, 0, 200), G = (size_t)test_rng_in(&g, 1, 9);
+        int64_t cap = test_rng_in(&g, 10, 400);
         int64_t *size = malloc((n ? n : 1) * sizeof *size);
         double *cost = malloc((n ? n : 1) * sizeof *cost);
         int32_t *row = malloc((n ? n : 1) * sizeof *row);
         int64_t sum = 0;
-        for (size_t i = 0; i < n; i++) size[i] = rnd_range(&g, 0, trial % 3 ? cap / 3 : cap);
+        for (size_t i = 0; i < n; i++) size[i] = test_rng_in(&g, 0, trial % 3 ? cap / 3 : cap);
         for (size_t i = 1; i < n; i++) /* decreasing, as the planner hands them over */
             for (size_t k = i; k > 0 && size[k - 1] < size[k]; k--) {
                 int64_t t = size[k];
@@ -1202,7 +1189,7 @@ static void test_spread_and_improve(void) {
             cost[i] = trial % 2 ? (double)size[i] : 7.0 * (double)size[i] + (double)(size[i] * size[i]);
             sum += size[i];
         }
-        size_t T = (size_t)((sum / cap + 1) / (int64_t)G + (size_t)rnd_range(&g, 0, 2));
+        size_t T = (size_t)((sum / cap + 1) / (int64_t)G + (size_t)test_rng_in(&g, 0, 2));
         if (T == 0) T = 1;
         int ok = mp_plan_spread(size, cost, n, cap, G, T, row);
         CHECK(ok == 0 || ok == 1);

@@ -8,14 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int64_t rnd_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+static test_rng rng = {0x2545f4914f6cdd1dull};
+static int64_t rnd_in(int64_t lo, int64_t hi) { return test_rng_in(&rng, lo, hi); }
 
 /* value of token (row, col), channel c: unique per token so misplaced copies are caught */
 static float tokval(int64_t row, int64_t col, int64_t c) { return (float)(row * 100000 + col * 10 + c) + 0.5f; }

@@ -56,13 +56,8 @@ void free(void *p) { __libc_free(p); }
 
 /* ---- problems ---------------------------------------------------------------------------------- */
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static test_rng rng = {0x9e3779b97f4a7c15ull};
+static uint64_t rnd(void) { return test_rng_next(&rng); }
 
 static maskpack_tensor heads(const maskpack_layout *L, void *buf, int kv, int64_t H, int64_t D) {
     int64_t W = kv ? maskpack_layout_kv_width(L) : maskpack_layout_q_width(L);
