@@ -1,8 +1,8 @@
 /* test_cp_agree.c: ranks that make different context-parallel calls, or the same call with different
  * settings, get an error on every rank (naming the setting, both values and the first rank that
  * differs from rank 0), never a hang or a crash; and a rank whose own part fails, before or after the
- * agreement, makes every rank fail with it. 2 and 4 ranks as threads of this process over an in-process
- * comm (as test_cp_local's); a watchdog turns a hang into a failure. */
+ * agreement, makes every rank fail with it. 2 and 4 ranks as threads of this process over the
+ * in-process comm of local_comm.h (test_cp_local's too); a watchdog turns a hang into a failure. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -10,95 +10,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "local_comm.h"
 
-#define MAXR 4
-
-/* ---- an in-process comm (test_cp_local's: a barrier for the collectives, mailboxes for messages) ---- */
-
-typedef struct slot {
-    const void *p;
-    size_t bytes;
-    int full;
-} slot;
-
-typedef struct hub {
-    int n;
-    pthread_barrier_t bar;
-    const void *send[MAXR];
-    size_t bytes[MAXR];
-    int size_mismatch; /* a collective whose ranks passed different byte counts (the transport would fail) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    slot box[MAXR][MAXR][2];
-} hub;
-
-typedef struct rank_ctx {
-    hub *h;
-    int rank;
-} rank_ctx;
-
-typedef struct req {
-    int to, from, tag;
-    void *recv;
-    size_t rbytes;
-} req;
-
-static int collective(rank_ctx *x, const void *send, void *recv, size_t bytes, int to_all) {
-    hub *h = x->h;
-    h->send[x->rank] = send;
-    h->bytes[x->rank] = bytes;
-    pthread_barrier_wait(&h->bar);
-    int same = 1;
-    for (int r = 0; r < h->n; r++) same &= h->bytes[r] == bytes;
-    if (!same) h->size_mismatch = 1;
-    for (int r = 0; same && r < h->n; r++)
-        memcpy((char *)recv + (size_t)r * bytes, (const char *)h->send[r] + (to_all ? (size_t)x->rank * bytes : 0), bytes);
-    pthread_barrier_wait(&h->bar);
-    return same ? 0 : 1;
-}
-
-static int h_all_gather(void *c, const void *send, void *recv, size_t bytes) { return collective(c, send, recv, bytes, 0); }
-static int h_all_to_all(void *c, const void *send, void *recv, size_t bytes) { return collective(c, send, recv, bytes, 1); }
-
-static int h_start(void *c, const void *send, size_t sb, int to, void *recv, size_t rb, int from, int tag,
-                   void **request) {
-    rank_ctx *x = c;
-    hub *h = x->h;
-    if (tag < 0 || tag > 1) return 1;
-    if (to >= 0) {
-        pthread_mutex_lock(&h->mu);
-        while (h->box[x->rank][to][tag].full) pthread_cond_wait(&h->cv, &h->mu);
-        h->box[x->rank][to][tag] = (slot){send, sb, 1};
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-    }
-    req *q = malloc(sizeof *q);
-    if (!q) return 1;
-    *q = (req){to, from, tag, recv, rb};
-    *request = q;
-    return 0;
-}
-
-static int h_wait(void *c, void *request) {
-    rank_ctx *x = c;
-    hub *h = x->h;
-    req *q = request;
-    int rc = 0;
-    pthread_mutex_lock(&h->mu);
-    if (q->from >= 0) {
-        slot *s = &h->box[q->from][x->rank][q->tag];
-        while (!s->full) pthread_cond_wait(&h->cv, &h->mu);
-        if (s->bytes != q->rbytes) rc = 1;
-        memcpy(q->recv, s->p, s->bytes < q->rbytes ? s->bytes : q->rbytes);
-        s->full = 0;
-        pthread_cond_broadcast(&h->cv);
-    }
-    if (q->to >= 0)
-        while (h->box[x->rank][q->to][q->tag].full) pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-    free(q);
-    return rc;
-}
+#define MAXR LOCAL_COMM_MAX_RANKS
 
 /* ---- tensors ------------------------------------------------------------------------------------ */
 
@@ -259,7 +173,7 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
 }
 
 typedef struct job {
-    hub *h;
+    local_hub *h;
     int rank, n;
     const maskpack_layout *L;
     int what;
@@ -269,8 +183,8 @@ typedef struct job {
 
 static void *rank_main(void *arg) {
     job *J = arg;
-    rank_ctx rc = {J->h, J->rank};
-    maskpack_comm comm = {&rc, J->rank, J->n, h_all_gather, h_all_to_all, h_start, h_wait};
+    local_rank rc = {J->h, J->rank};
+    maskpack_comm comm = local_comm(&rc);
     one_call(&comm, J->L, J->what, &J->tw, &J->res);
     return NULL;
 }
@@ -278,12 +192,8 @@ static void *rank_main(void *arg) {
 /* n ranks: rank `odd` makes call what_odd with twist tw_odd, the others call what with no twist. */
 static void run(int n, int what, int what_odd, twist tw_odd, int odd, result *out, int *mismatch) {
     maskpack_layout *L = aligned(n);
-    hub h;
-    memset(&h, 0, sizeof h);
-    h.n = n;
-    pthread_barrier_init(&h.bar, NULL, (unsigned)n);
-    pthread_mutex_init(&h.mu, NULL);
-    pthread_cond_init(&h.cv, NULL);
+    local_hub h;
+    local_hub_init(&h, n);
     job jobs[MAXR];
     pthread_t th[MAXR];
     for (int r = 0; r < n; r++) {
@@ -297,9 +207,7 @@ static void run(int n, int what, int what_odd, twist tw_odd, int odd, result *ou
         out[r] = jobs[r].res;
     }
     *mismatch = h.size_mismatch;
-    pthread_barrier_destroy(&h.bar);
-    pthread_mutex_destroy(&h.mu);
-    pthread_cond_destroy(&h.cv);
+    local_hub_destroy(&h);
     maskpack_layout_free(L);
 }
 

@@ -1,105 +1,19 @@
 /* test_cp_local.c: the context-parallel algorithms written over maskpack_comm (ring attention,
  * sequence-parallel Gated DeltaNet and conv) with 1, 2 and 3 ranks as threads of this process, over
- * an in-process comm (a barrier for the collectives, mailboxes for the point-to-point messages). It
- * runs in the plain C suite, so the sanitizer run checks these algorithms for leaks and bad accesses
- * as well (the mpirun tests cannot: Open MPI's own allocations drown a leak report). Every rank's
- * result is compared with the single-process kernel on the whole batch. Also: the key-block
- * segments' validation and the refusals every rank reaches alike. */
+ * the in-process comm of local_comm.h (a barrier for the collectives, mailboxes for the point-to-point
+ * messages). It runs in the plain C suite, so the sanitizer run checks these algorithms for leaks and
+ * bad accesses as well (the mpirun tests cannot: Open MPI's own allocations drown a leak report).
+ * Every rank's result is compared with the single-process kernel on the whole batch. Also: the
+ * key-block segments' validation and the refusals every rank reaches alike. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "check.h"
+#include "local_comm.h"
 
 #define MAXR 3
-
-/* ---- an in-process comm ------------------------------------------------------------------------- */
-
-typedef struct slot {
-    const void *p;
-    size_t bytes;
-    int full;
-} slot;
-
-typedef struct hub {
-    int n;
-    pthread_barrier_t bar;
-    const void *send[MAXR];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    slot box[MAXR][MAXR][2]; /* [from][to][tag] */
-} hub;
-
-typedef struct rank_ctx {
-    hub *h;
-    int rank;
-} rank_ctx;
-
-typedef struct req {
-    int to, from, tag;
-    void *recv;
-    size_t rbytes;
-} req;
-
-static int h_all_gather(void *c, const void *send, void *recv, size_t bytes) {
-    rank_ctx *x = c;
-    x->h->send[x->rank] = send;
-    pthread_barrier_wait(&x->h->bar);
-    for (int r = 0; r < x->h->n; r++) memcpy((char *)recv + (size_t)r * bytes, x->h->send[r], bytes);
-    pthread_barrier_wait(&x->h->bar);
-    return 0;
-}
-
-static int h_all_to_all(void *c, const void *send, void *recv, size_t bytes) {
-    rank_ctx *x = c;
-    x->h->send[x->rank] = send;
-    pthread_barrier_wait(&x->h->bar);
-    for (int r = 0; r < x->h->n; r++)
-        memcpy((char *)recv + (size_t)r * bytes, (const char *)x->h->send[r] + (size_t)x->rank * bytes, bytes);
-    pthread_barrier_wait(&x->h->bar);
-    return 0;
-}
-
-static int h_start(void *c, const void *send, size_t sb, int to, void *recv, size_t rb, int from, int tag,
-                   void **request) {
-    rank_ctx *x = c;
-    hub *h = x->h;
-    if (tag < 0 || tag > 1) return 1;
-    if (to >= 0) {
-        pthread_mutex_lock(&h->mu);
-        while (h->box[x->rank][to][tag].full) pthread_cond_wait(&h->cv, &h->mu);
-        h->box[x->rank][to][tag] = (slot){send, sb, 1};
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-    }
-    req *q = malloc(sizeof *q);
-    if (!q) return 1;
-    *q = (req){to, from, tag, recv, rb};
-    *request = q;
-    return 0;
-}
-
-static int h_wait(void *c, void *request) {
-    rank_ctx *x = c;
-    hub *h = x->h;
-    req *q = request;
-    int rc = 0;
-    pthread_mutex_lock(&h->mu);
-    if (q->from >= 0) {
-        slot *s = &h->box[q->from][x->rank][q->tag];
-        while (!s->full) pthread_cond_wait(&h->cv, &h->mu);
-        if (s->bytes != q->rbytes) rc = 1; /* the pair must agree on the size */
-        memcpy(q->recv, s->p, s->bytes < q->rbytes ? s->bytes : q->rbytes);
-        s->full = 0;
-        pthread_cond_broadcast(&h->cv);
-    }
-    if (q->to >= 0) /* the peer has taken the bytes: the buffer is ours again */
-        while (h->box[x->rank][q->to][q->tag].full) pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-    free(q);
-    return rc;
-}
 
 /* ---- inputs and references ---------------------------------------------------------------------- */
 
@@ -127,7 +41,7 @@ enum { HQ = 4, HK = 2, D = 8, H = 2, HV = 4, K = 8, V = 4, C = 6, W = 4, NSEQ = 
 
 typedef struct job {
     int n, rank;
-    hub *h;
+    local_hub *h;
     const maskpack_layout *L, *Lpad;
     int64_t T;
     /* whole-batch inputs and references (shared, read-only) */
@@ -305,8 +219,8 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
 
 static void *rank_main(void *arg) {
     job *J = arg;
-    rank_ctx rc = {J->h, J->rank};
-    maskpack_comm comm = {&rc, J->rank, J->n, h_all_gather, h_all_to_all, h_start, h_wait};
+    local_rank rc = {J->h, J->rank};
+    maskpack_comm comm = local_comm(&rc);
     maskpack_error e;
     const int64_t T = J->T, tl = T / J->n;
     int64_t *idx = malloc((size_t)tl * sizeof *idx);
@@ -481,12 +395,8 @@ static void run_ranks(int n) {
     base.x = x, base.w = w, base.pre = pre, base.dy = dy, base.dst = dst, base.y = y, base.st = st, base.dx = dx;
     base.dw = dw, base.dp = dp;
     /* the ranks */
-    hub h;
-    memset(&h, 0, sizeof h);
-    h.n = n;
-    pthread_barrier_init(&h.bar, NULL, (unsigned)n);
-    pthread_mutex_init(&h.mu, NULL);
-    pthread_cond_init(&h.cv, NULL);
+    local_hub h;
+    local_hub_init(&h, n);
     job *jobs = calloc((size_t)n, sizeof *jobs);
     pthread_t th[MAXR];
     for (int r = 0; r < n; r++) {
@@ -521,9 +431,7 @@ static void run_ranks(int n) {
         }
     }
     CHECK_EQ(bad_sum, 0);
-    pthread_barrier_destroy(&h.bar);
-    pthread_mutex_destroy(&h.mu);
-    pthread_cond_destroy(&h.cv);
+    local_hub_destroy(&h);
     free(jobs);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
     free(gq), free(gk), free(gv), free(gg), free(gb), free(h0), free(gdo), free(dfin), free(go), free(gfin), free(gdq);
