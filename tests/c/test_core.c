@@ -1,4 +1,7 @@
-/* test_core.c: version, status table, tensor helpers, layout validation and the reference predicate. */
+/* test_core.c: version, status table, tensor helpers, layout validation and the reference predicate;
+ * half-precision conversion over every f16 value (subnormals included) against a decoding written
+ * here, f32 -> f16 rounding of subnormal results against round-to-nearest-even in double, the element
+ * readers and writers, and the segment and rule checks of maskpack_layout_from_segments. */
 #include "check.h"
 #include "internal.h"
 
@@ -501,15 +504,209 @@ static void test_workers_wait(void) {
     maskpack_workers_free(w);
 }
 
+/* ---- f16 ------------------------------------------------------------------------------------------ */
+
+/* the value of an f16 bit pattern, decoded from the format's definition */
+static double f16_value(uint16_t h) {
+    const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    double v;
+    if (exp == 0)
+        v = ldexp((double)man, -24); /* subnormal: man * 2^-24 */
+    else if (exp == 31)
+        v = man ? NAN : INFINITY;
+    else
+        v = ldexp((double)(1024 + man), exp - 25);
+    return sign ? -v : v;
+}
+
+static void test_f16_every_value(void) {
+    int wrong_decode = 0, wrong_round_trip = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const double want = f16_value((uint16_t)h);
+        const float f = mp_f16_to_f32((uint16_t)h);
+        if (isnan(want)) {
+            if (!isnan(f)) wrong_decode++;
+            if ((mp_f32_to_f16(f) & 0x7c00u) != 0x7c00u || !(mp_f32_to_f16(f) & 0x3ffu)) wrong_round_trip++;
+            continue;
+        }
+        if ((double)f != want || !!signbit(f) != (int)(h >> 15)) wrong_decode++;
+        if (mp_f32_to_f16(f) != (uint16_t)h) wrong_round_trip++;
+    }
+    CHECK_EQ(wrong_decode, 0);
+    CHECK_EQ(wrong_round_trip, 0);
+    /* the subnormals by name: the smallest, the largest, and one in between */
+    CHECK(mp_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    CHECK(mp_f16_to_f32(0x03ff) == ldexpf(1023.0f, -24));
+    CHECK(mp_f16_to_f32(0x8200) == -ldexpf(512.0f, -24));
+}
+
+/* f32 values in and below f16's subnormal range: rounded to the nearest multiple of 2^-24, ties to
+ * even, values below half the smallest subnormal to (signed) zero */
+static void test_f16_subnormal_rounding(void) {
+    int wrong = 0;
+    test_rng r = {0x9e3779b97f4a7c15ull};
+    for (int i = 0; i < 200000; i++) {
+        const uint64_t x = test_rng_next(&r);
+        /* |f| in [2^-30, 2^-14): exponents from below the subnormals to the smallest normal */
+        const float f = ldexpf(1.0f + (float)(x & 0x7fffff) / 8388608.0f, -30 + (int)((x >> 23) % 16)) *
+                        ((x >> 40) & 1 ? -1.0f : 1.0f);
+        const double units = rint(fabs((double)f) * 16777216.0); /* multiples of 2^-24, ties to even */
+        const uint16_t want = (uint16_t)((f < 0 ? 0x8000u : 0u) | (uint32_t)units); /* 1024 units = 0x0400 */
+        if (mp_f32_to_f16(f) != want) {
+            if (wrong < 5) fprintf(stderr, "f32 %a -> f16 %04x, expected %04x\n", (double)f, mp_f32_to_f16(f), want);
+            wrong++;
+        }
+    }
+    CHECK_EQ(wrong, 0);
+    /* exact ties: 0.5 and 1.5 units round to 0 and 2, 2^-25 (half the smallest) to zero */
+    CHECK_EQ(mp_f32_to_f16(ldexpf(1.0f, -25)), 0);
+    CHECK_EQ(mp_f32_to_f16(ldexpf(3.0f, -25)), 2);
+    CHECK_EQ(mp_f32_to_f16(ldexpf(5.0f, -25)), 2);
+    CHECK_EQ(mp_f32_to_f16(-ldexpf(1.0f, -40)), 0x8000);
+}
+
+/* the element readers and writers across integer and float dtypes (saturating float -> int64) */
+static void test_element_conversions(void) {
+    const float f[4] = {3.75f, 1e30f, -1e30f, NAN};
+    CHECK_EQ(mp_read_i64(MASKPACK_F32, f, 0), 3);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 1) == INT64_MAX);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 2) == INT64_MIN);
+    CHECK(mp_read_i64(MASKPACK_F32, f, 3) == INT64_MIN);
+    const int16_t h[2] = {-5, 300};
+    CHECK(mp_read_f64(MASKPACK_I16, h, 0) == -5.0 && mp_read_f64(MASKPACK_I16, h, 1) == 300.0);
+    float out[2] = {0, 0};
+    mp_write_i64(MASKPACK_F32, out, 1, 7);
+    CHECK(out[1] == 7.0f);
+    int32_t io[2] = {0, 0};
+    mp_write_f64(MASKPACK_I32, io, 0, -2.9);
+    CHECK_EQ(io[0], -2);
+    uint16_t bf = 0;
+    mp_write_i64(MASKPACK_BF16, &bf, 0, 3);
+    CHECK(mp_read_f64(MASKPACK_BF16, &bf, 0) == 3.0);
+    /* the tensor checks: an unknown dtype code, a byte size past int64 */
+    maskpack_error e;
+    int64_t shape[2] = {(int64_t)1 << 31, (int64_t)1 << 31};
+    maskpack_tensor t = maskpack_tensor_contiguous(io, MASKPACK_I32, 2, shape);
+    CHECK_STATUS(mp_check_tensor(&t, "x", 1, 4, &e), MASKPACK_ERR_OVERFLOW, e);
+    CHECK_MSG(e, "x: byte size overflows int64");
+    t.dtype = (maskpack_dtype)99;
+    CHECK_STATUS(mp_check_tensor(&t, "x", 1, 4, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_MSG(e, "x: expected a known dtype code, found 99");
+}
+
+/* ---- layout_from_segments: the segment and rule checks --------------------------------------------- */
+
+static void expect_segments(const maskpack_segment *segs, size_t n, int64_t rows, int64_t qw, int64_t kw,
+                            const maskpack_rule *rule, maskpack_status want, const char *fragment) {
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_layout_from_segments(segs, n, rows, qw, kw, 0, rule, &L, &e), want, e);
+    CHECK_MSG(e, fragment);
+    CHECK(L == NULL);
+}
+
+static void test_segment_checks(void) {
+    const maskpack_segment ok[2] = {{0, 0, 3, 0, 3, 0, 0, 0}, {0, 3, 2, 3, 2, 0, 0, 0}};
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_segments(ok, 2, 1, 6, 6, 0, NULL, &L, &e), e); /* the control */
+    maskpack_layout_free(L);
+    expect_segments(ok, 2, -1, 6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT,
+                    "grid: expected n_rows, q_width, kv_width >= 0, found -1, 6, 6");
+    maskpack_segment s[2] = {ok[0], ok[1]};
+    s[1].kv_len = 9; /* keys [3, 12) past the 6 key columns */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1]: key columns [3, 3 + 9) must lie in [0, 6)");
+    s[1] = ok[1];
+    s[1].flags = 0x80;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS");
+    s[1].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+    s[1].q_pos = 1; /* 1 + 2 queries > 2 keys */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    s[1].q_pos = 0;
+    s[1].origin = -2;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].origin: expected >= 0");
+    s[1] = ok[1];
+    s[1].kv_start = 2; /* keys overlap the previous segment's, without explicit positions */
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_UNSORTED, "segments[1].kv_start: expected >= 3 (end of segment 0)");
+    /* the rule: spans without a pointer, a prefix count without a pointer, a span of a missing segment */
+    maskpack_rule r = maskpack_rule_default();
+    r.n_spans = 2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.spans: 2 spans declared but the pointer is NULL");
+    r = maskpack_rule_default();
+    r.n_prefix = 2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.prefix: 2 entries declared but the pointer is NULL");
+    const maskpack_span sp = {5, 0, 1};
+    r = maskpack_rule_default();
+    r.spans = &sp;
+    r.n_spans = 1;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[0].segment: expected in [0, 2), found 5");
+
+    /* each field of a segment out of its range in turn (the checks before the key columns' one) */
+    expect_segments(ok, 2, 1, -6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
+    expect_segments(ok, 2, 1, 6, -6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
+    const struct {
+        int field;
+        int64_t value;
+        const char *fragment;
+    } bad[] = {{0, 1, "segments[1].row"},        {0, -1, "segments[1].row"},      {1, -1, "segments[1]"},
+               {2, -1, "segments[1]"},           {2, 4, "segments[1]"},          {1, INT64_MAX, "segments[1]"},
+               {3, -1, "segments[1]"},           {4, -1, "segments[1]"},          {3, INT64_MAX, "segments[1]"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        s[1] = ok[1];
+        int64_t *f[5] = {&s[1].row, &s[1].q_start, &s[1].q_len, &s[1].kv_start, &s[1].kv_len};
+        *f[bad[k].field] = bad[k].value;
+        expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, bad[k].fragment);
+    }
+    /* explicit positions: q_pos negative, or past the keys */
+    s[1] = ok[1];
+    s[1].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
+    s[1].q_pos = -1;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    s[1].q_pos = 3;
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
+    /* the rule: a window below -1 on either side, spans outside their segment, overlapping or out of
+     * order, prefixes outside [0, kv_len] */
+    r = maskpack_rule_default();
+    r.window_left = -2;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.window");
+    r = maskpack_rule_default();
+    r.window_right = -3;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.window");
+    const maskpack_span spans_bad[][2] = {{{-1, 0, 1}, {0, 0, 0}}, {{0, -1, 1}, {0, 0, 0}}, {{0, 2, 2}, {0, 0, 0}},
+                                          {{0, 1, 4}, {0, 0, 0}},  {{0, 0, 2}, {0, 1, 3}},  {{1, 0, 1}, {0, 0, 1}}};
+    const size_t n_sp[] = {1, 1, 1, 1, 2, 2};
+    for (size_t k = 0; k < sizeof n_sp / sizeof n_sp[0]; k++) {
+        r = maskpack_rule_default();
+        r.spans = spans_bad[k];
+        r.n_spans = n_sp[k];
+        expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[");
+    }
+    const int64_t pf_bad[2][2] = {{-1, 0}, {0, 3}};
+    for (int k = 0; k < 2; k++) {
+        r = maskpack_rule_default();
+        r.prefix = pf_bad[k];
+        r.n_prefix = 2;
+        expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.prefix[");
+    }
+    r = maskpack_rule_default();
+    r.prefix = pf_bad[0];
+    r.n_prefix = 3;
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.prefix");
+}
+
 int main(void) {
     test_version_and_status();
     test_workers_wait();
     test_half_conversions();
     test_tensor_checks();
+    test_f16_every_value();
+    test_f16_subnormal_rounding();
+    test_element_conversions();
     test_layout_basics();
     test_spans_and_prefix();
     test_alignment();
     test_segment_validation();
+    test_segment_checks();
     test_windows();
     test_self_overlapping_outputs();
     return check_report("test_core");

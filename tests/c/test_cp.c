@@ -1,5 +1,6 @@
 /* test_cp.c: context-parallel alignment, padding and shards: TE and Megatron golden vectors, and the
- * property that a rank's shard layout is the original predicate restricted to the rank's queries. */
+ * property that a rank's shard layout is the original predicate restricted to the rank's queries;
+ * the shard's argument checks. */
 #include "check.h"
 #include "cp_expect.h"
 
@@ -269,10 +270,25 @@ static void test_shard_property(void) {
     }
 }
 
+/* the shard's arguments: a cp size out of range, an unknown scheme */
+static void test_shard_arguments(void) {
+    const int64_t lens[3] = {5, 9, 3};
+    maskpack_error e;
+    maskpack_layout *L = NULL, *S = NULL;
+    CHECK_OK(maskpack_layout_from_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    CHECK_STATUS(maskpack_layout_cp_shard(L, 0, 0, MASKPACK_CP_ZIGZAG, &S, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "cp: expected in [1, 2^20], found 0");
+    CHECK_STATUS(maskpack_layout_cp_shard(L, 2, 0, (maskpack_cp_scheme)5, &S, &e), MASKPACK_ERR_CONVENTION, e);
+    CHECK_MSG(e, "scheme: expected MASKPACK_CP_ZIGZAG (0) or MASKPACK_CP_CONTIGUOUS (1), found 5");
+    CHECK(S == NULL);
+    maskpack_layout_free(L);
+}
+
 int main(void) {
     test_golden();
     test_golden_cp4_unequal();
     test_alignment_rules();
     test_shard_property();
+    test_shard_arguments();
     return check_report("test_cp");
 }

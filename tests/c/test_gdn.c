@@ -3,7 +3,8 @@
  * AVX-512 and AVX2 (each build this CPU runs), padded vs packed (bitwise), NaN/Inf planted in padding and in other segments,
  * zero-length and short segments, chunk-boundary lengths, continuation with state and conv
  * prefix, gradients against finite differences of the double recurrence, bf16, the conv1d,
- * L2 norm and gates with their backward, and bad input leaving outputs untouched. */
+ * L2 norm and gates with their backward, bad input leaving outputs untouched, and the empty inner
+ * range of the triangular GEMM of each build this CPU runs. */
 #include "check.h"
 #include "cpu_features.h"
 #include "internal.h"
@@ -2118,9 +2119,57 @@ static void test_gate_check(void) {
     maskpack_layout_free(Ls[1]);
 }
 
+/* ---- the triangular GEMM's empty inner range ---------------------------------------------------------- */
+
+typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                          int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+
+/* C [20 x 32] = cs Cin + alpha A B with A upper triangular (A(i, k) = 0 for k < i, GDN_GEMM_TRI_UP)
+ * and kd = 8: the row blocks at or below row 8 have an empty inner range, and must come out as
+ * exactly 0 (or cs Cin when accumulating); the others match the product in double. */
+static void check_tri_up(const char *name, gemm_x_fn fn) {
+    enum { M = 20, N = 32, KD = 8 };
+    static float A[M * KD], B[KD * N], C[M * N], Cin[M * N];
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < KD; k++) A[i * KD + k] = k < i ? 0.0f : (float)((i * 7 + k * 3) % 11) / 8.0f - 0.6f;
+    for (int k = 0; k < KD; k++)
+        for (int j = 0; j < N; j++) B[k * N + j] = (float)((k * 5 + j * 13) % 17) / 16.0f - 0.5f;
+    for (int i = 0; i < M * N; i++) Cin[i] = (float)(i % 23) - 11.0f;
+    for (int accumulate = 0; accumulate < 2; accumulate++) {
+        const float alpha = 0.75f, cs = 0.5f;
+        for (int i = 0; i < M * N; i++) C[i] = NAN; /* every entry must be written */
+        const unsigned flags = GDN_GEMM_TRI_UP | (accumulate ? GDN_GEMM_ACC : 0u);
+        fn(M, N, KD, alpha, A, KD, B, N, C, N, flags, NULL, Cin, cs);
+        double worst = 0.0;
+        int empty_rows_exact = 1;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double want = accumulate ? (double)cs * Cin[i * N + j] : 0.0;
+                for (int k = 0; k < KD; k++) want += (double)alpha * A[i * KD + k] * B[k * N + j];
+                const double d = fabs(C[i * N + j] - want);
+                if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+                if (i >= KD && C[i * N + j] != (accumulate ? cs * Cin[i * N + j] : 0.0f)) empty_rows_exact = 0;
+            }
+        if (worst >= 1e-5 || !empty_rows_exact)
+            fprintf(stderr, "%s: TRI_UP gemm (acc %d): worst %g, empty rows exact %d\n", name, accumulate, worst,
+                    empty_rows_exact);
+        CHECK(worst < 1e-5);
+        CHECK(empty_rows_exact);
+    }
+}
+
+static void test_gemm_empty_inner_range(void) {
+    check_tri_up("ref", gdn_gemm_x_ref);
+    maskpack_gdn_isa r;
+    maskpack_error e;
+    if (maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX512, &r, &e) == MASKPACK_OK) check_tri_up("avx512", gdn_gemm_x_avx512);
+    if (mp_cpu_has_avx2()) check_tri_up("avx2", gdn_gemm_x_avx2);
+}
+
 int main(void) {
     unsetenv("MASKPACK_ISA");
     test_primitives();
+    test_gemm_empty_inner_range();
     test_forward_forms();
     test_layout_invariance();
     test_strides();

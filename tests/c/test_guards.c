@@ -5,7 +5,9 @@
  * memory of an input. Each spoiled call must fail with the status of that kind, name the spoiled
  * argument in e.argument, and leave every output untouched. Then the required pointers of the other
  * calls (derived tensors, layouts, CP shards, plans, relayout, the readers and writers), each NULL in
- * turn with the ones before it valid: MASKPACK_ERR_NULL_ARGUMENT naming it. */
+ * turn with the ones before it valid: MASKPACK_ERR_NULL_ARGUMENT naming it. And the Gated DeltaNet
+ * workspace guards: options out of range, zero heads or head dims, value heads not a multiple of key
+ * heads, head dims whose workspace overflows, each with its status and message. */
 #include "check.h"
 #include "io.h"
 
@@ -1418,6 +1420,78 @@ static void test_null_pointers(const maskpack_layout *L) {
     free(z);
 }
 
+/* ---- Gated DeltaNet guards ------------------------------------------------------------------------ */
+
+typedef struct gdn_case {
+    maskpack_tensor q, k, v, g, beta;
+    maskpack_gdn_inputs in;
+} gdn_case;
+
+/* [T = 4, H, K] q/k, [T, HV, V] v, [T, HV] g/beta over a packed layout of one 4-token sequence. Data
+ * points at a small buffer: the guards refuse before anything is read. */
+static void gdn_shapes(gdn_case *c, int64_t H, int64_t K, int64_t HV, int64_t V) {
+    static float data[64];
+    int64_t qs[3] = {4, H, K}, vs[3] = {4, HV, V}, gs[2] = {4, HV};
+    c->q = maskpack_tensor_contiguous(data, MASKPACK_F32, 3, qs);
+    c->k = c->q;
+    c->v = maskpack_tensor_contiguous(data, MASKPACK_F32, 3, vs);
+    c->g = maskpack_tensor_contiguous(data, MASKPACK_F32, 2, gs);
+    c->beta = c->g;
+    c->in = (maskpack_gdn_inputs){&c->q, &c->k, &c->v, &c->g, &c->beta, NULL};
+}
+
+static void expect_ws(const maskpack_layout *L, const gdn_case *c, const maskpack_gdn_options *o, maskpack_status want,
+                      const char *fragment) {
+    size_t bytes = 12345;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_gdn_workspace_size(L, &c->in, o, 0, &bytes, &e), want, e);
+    CHECK_MSG(e, fragment);
+}
+
+static void test_gdn_guards(void) {
+    const int64_t len = 4;
+    maskpack_layout *L = NULL;
+    maskpack_error e;
+    CHECK_OK(maskpack_layout_from_lengths(&len, 1, MASKPACK_PLACE_PACKED, 0, NULL, &L, &e), e);
+    gdn_case c;
+    gdn_shapes(&c, 1, 4, 2, 4);
+    size_t bytes = 0;
+    CHECK_OK(maskpack_gdn_workspace_size(L, &c.in, NULL, 0, &bytes, &e), e); /* the control */
+    CHECK(bytes > 0);
+
+    maskpack_gdn_options o = maskpack_gdn_options_default();
+    o.chunked = 2;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.chunked: expected 0 or 1, found 2");
+    o = maskpack_gdn_options_default();
+    o.l2norm = -1;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.l2norm: expected 0 or 1, found -1");
+    o = maskpack_gdn_options_default();
+    o.scale = NAN;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.scale: expected a finite number");
+    o = maskpack_gdn_options_default();
+    o.isa = (maskpack_gdn_isa)9;
+    expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "isa: expected AUTO (0), REF (1), AVX512 (2) or AVX2 (3)");
+
+    /* zero key heads, a zero key head dim, zero value heads, a zero value head dim */
+    gdn_shapes(&c, 0, 4, 2, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "q: expected at least one head and a head dim >= 1");
+    gdn_shapes(&c, 1, 0, 2, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "found H = 1, K = 0");
+    gdn_shapes(&c, 1, 4, 0, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "v: expected at least one head and a head dim >= 1");
+    gdn_shapes(&c, 1, 4, 2, 0);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "found HV = 2, V = 0");
+    /* 3 value heads over 2 key heads */
+    gdn_shapes(&c, 2, 4, 3, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_SHAPE, "multiple of the key heads H = 2, found HV = 3");
+    /* head dims whose per-chunk buffers overflow int64, and ones whose workspace would */
+    gdn_shapes(&c, 1, (int64_t)1 << 40, 1, 4);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_OVERFLOW, "are too large");
+    gdn_shapes(&c, 1, (int64_t)1 << 24, 1, (int64_t)1 << 24);
+    expect_ws(L, &c, NULL, MASKPACK_ERR_OVERFLOW, "workspace for K = 16777216, V = 16777216");
+    maskpack_layout_free(L);
+}
+
 int main(void) {
     const int64_t lens[2] = {5, 3};
     maskpack_layout *L = NULL;
@@ -1433,6 +1507,7 @@ int main(void) {
     test_plan_ranges();
     test_labels_checks(L);
     test_gdn_checks(L);
+    test_gdn_guards();
     test_attention_odd_dims();
     test_plan_option_grid();
     test_relayout_shards();

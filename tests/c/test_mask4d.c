@@ -1,6 +1,7 @@
 /* test_mask4d.c: maskpack_mask2d_from_mask4d and maskpack_layout_from_mask4d on hand-built 4D masks
  * (ms-swift and verl padding forms, packed documents, bidirectional, windows, prefix-LM, VLM spans,
- * every convention and dtype, heads, strides, errors) and a round-trip property over random layouts. */
+ * every convention and dtype, heads, strides, errors) and a round-trip property over random layouts;
+ * the shape, convention and value checks of both readers. */
 #include "check.h"
 #include "internal.h"
 
@@ -1104,6 +1105,53 @@ static void test_exhaustive_small(void) {
     CHECK_EQ(st.failures, 0);
 }
 
+/* ---- 4D masks: the shape, convention and value checks of both readers ---------------------------------- */
+
+static void expect_m4(const maskpack_tensor *t, maskpack_mask_convention conv, int square, maskpack_status want,
+                      const char *fragment) {
+    maskpack_error e;
+    if (square) {
+        maskpack_layout *L = NULL;
+        CHECK_STATUS(maskpack_layout_from_mask4d(t, conv, &L, &e), want, e);
+        CHECK(L == NULL);
+    } else {
+        static uint8_t keep[64];
+        const int64_t ks[2] = {t->shape[0], t->shape[t->ndim - 1]};
+        maskpack_tensor k = maskpack_tensor_contiguous(keep, MASKPACK_U8, 2, ks);
+        CHECK_STATUS(maskpack_mask2d_from_mask4d(t, conv, &k, &e), want, e);
+    }
+    CHECK_MSG(e, fragment);
+}
+
+static void test_mask4d_checks(void) {
+    static int32_t mi[64];
+    static float mf[64];
+    const int64_t s3[3] = {1, 4, 4}, s4[4] = {1, 1, 4, 4}, h0[4] = {1, 0, 4, 4}, q2[4] = {1, 1, 2, 4}, s2[2] = {1, 4};
+    maskpack_tensor t3 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 3, s3);
+    expect_m4(&t3, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_SHAPE, "layout recovery needs a [B,1,S,S] or [B,H,S,S] mask, found 3");
+    expect_m4(&t3, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_SHAPE, "expected [B,1,S,S], [B,H,S,S], [B,1,1,S] or [B,S], found 3");
+    maskpack_tensor t4 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 4, s4);
+    expect_m4(&t4, (maskpack_mask_convention)7, 1, MASKPACK_ERR_CONVENTION, "convention: expected KEEP (0), MASKED (1) or ADDITIVE (2), found 7");
+    expect_m4(&t4, MASKPACK_MASK_ADDITIVE, 0, MASKPACK_ERR_DTYPE, "an ADDITIVE mask needs a float dtype");
+    maskpack_tensor th = maskpack_tensor_contiguous(mi, MASKPACK_I32, 4, h0);
+    expect_m4(&th, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_SHAPE, "expected at least one head (dimension 1), found 0");
+    maskpack_tensor tq = maskpack_tensor_contiguous(mi, MASKPACK_I32, 4, q2);
+    expect_m4(&tq, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_UNSUPPORTED, "found Sq = 2, Skv = 4");
+    expect_m4(&tq, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_SHAPE, "query dimension S or 1), found Sq = 2 with Skv = 4");
+    /* values: each convention names what it accepts and the element that is not */
+    for (int i = 0; i < 16; i++) mi[i] = 0, mf[i] = 0.0f;
+    mi[1] = 2;
+    expect_m4(&t4, MASKPACK_MASK_MASKED, 1, MASKPACK_ERR_VALUE, "mask[0, 0, 0, 1]: expected 0 or 1 in a MASKED mask (1 = excluded), found 2");
+    expect_m4(&t4, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_VALUE, "expected 0 or 1 in a KEEP mask (1 = attend), found 2");
+    maskpack_tensor t2 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 2, s2);
+    expect_m4(&t2, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_VALUE, "mask[0, 1]: expected 0 or 1 in a KEEP mask");
+    mf[2] = 0.5f;
+    maskpack_tensor f4 = maskpack_tensor_contiguous(mf, MASKPACK_F32, 4, s4);
+    expect_m4(&f4, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_VALUE, "expected exactly 0 or 1 in a KEEP mask of dtype float32, found 0.5");
+    mf[2] = 1.0f;
+    expect_m4(&f4, MASKPACK_MASK_ADDITIVE, 1, MASKPACK_ERR_VALUE, "expected 0 (attend) or a negative value (excluded) in an ADDITIVE mask, found 1");
+}
+
 int main(void) {
     test_padding_forms();
     test_packed_documents();
@@ -1118,6 +1166,7 @@ int main(void) {
     test_padding_mask_forms();
     test_not_representable();
     test_values();
+    test_mask4d_checks();
     test_empty_rows();
     test_roundtrip_property();
     test_perturbed_property();

@@ -1,6 +1,9 @@
 /* test_npu.c: npu_fusion_attention arguments (mode decisions, compressed and full masks, TND items
  * with pad items), the golden outer-split cases of sparse modes 7/8, the contract checker (one test
- * per finding code) and a random round trip emitter -> checker. */
+ * per finding code) and a random round trip emitter -> checker; the checker on a sparse_mode 5 full
+ * mask against bottom-right causal + prefix (a matching mask passes, one flipped entry is reported
+ * with its position), every atten_mask shape form against the full-mask modes, pre/next against a
+ * full mask, and TND without its actual_seq lists. */
 #include "check.h"
 #include "internal.h"
 
@@ -1635,6 +1638,208 @@ static void test_round_trip(void) {
     printf("round trip: %d TND, %d B*S and %d CP-shard layouts agreed\n", passed_tnd, passed_bsnd, passed_shard);
 }
 
+/* ---- NPU sparse_mode 5 with a full mask ------------------------------------------------------------- */
+
+/* Validates c; returns the number of findings (printed when it is not `expected`). */
+static int npu_findings(const maskpack_npu_call *c, maskpack_npu_report *rep, maskpack_status *st, int expected) {
+    maskpack_error e;
+    *st = maskpack_validate_npu_args(c, rep, &e);
+    if (rep->n_total != expected)
+        for (int i = 0; i < rep->n_findings; i++)
+            fprintf(stderr, "  finding %d: %s\n", (int)rep->findings[i].code, rep->findings[i].message);
+    return rep->n_total;
+}
+
+static void test_npu_mode5_full_mask(void) {
+    /* B = 2, S = Skv = 4, prefixes 2 and 0: masked (1) where neither j <= i nor j < prefix */
+    static uint8_t m[2 * 4 * 4];
+    const int64_t pf[2] = {2, 0};
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) m[b * 16 + i * 4 + j] = !(j <= i || j < pf[b]);
+    int64_t shape[4] = {2, 1, 4, 4}, two = 2;
+    maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape);
+    maskpack_tensor pt = maskpack_tensor_contiguous((void *)pf, MASKPACK_I64, 1, &two);
+    maskpack_npu_call c;
+    memset(&c, 0, sizeof c);
+    c.input_layout = MASKPACK_NPU_BSND;
+    c.batch = 2;
+    c.q_len = c.kv_len = 4;
+    c.heads_q = c.heads_kv = 2;
+    c.head_dim = 64;
+    c.sparse_mode = 5;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    c.atten_mask = &mt;
+    c.prefix = &pt;
+    c.scale = 0.125;
+    c.inner_precise = 0;
+    maskpack_npu_report rep;
+    maskpack_status st;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    CHECK_EQ(st, MASKPACK_OK);
+    /* batch 1, row 0, column 1: the rule says masked (no prefix there); the mask says visible */
+    m[16 + 1] = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
+    CHECK(rep.n_findings == 1 && rep.findings[0].code == MASKPACK_NPU_MASK_MISMATCH);
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 5: atten_mask (b 1, head 0, i 0, j 1) is 0") != NULL);
+    m[16 + 1] = 1;
+    /* batch 0, row 0, column 1 is inside the prefix 2: masking it disagrees too */
+    m[1] = 1;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(rep.n_findings == 1 && strstr(rep.findings[0].message, "(b 0, head 0, i 0, j 1) is 1") != NULL);
+    m[1] = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    /* the prefix list: missing, one entry too many, a negative entry */
+    c.prefix = NULL;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 5 needs prefix (one length per batch), none passed") != NULL);
+    const int64_t pf3[3] = {2, 0, 1}, pfneg[2] = {2, -1};
+    int64_t three = 3;
+    maskpack_tensor p3 = maskpack_tensor_contiguous((void *)pf3, MASKPACK_I64, 1, &three);
+    c.prefix = &p3;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(strstr(rep.findings[0].message, "prefix has 3 entries, expected 2 (one per batch)") != NULL);
+    maskpack_tensor pn = maskpack_tensor_contiguous((void *)pfneg, MASKPACK_I64, 1, &two);
+    c.prefix = &pn;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(strstr(rep.findings[0].message, "prefix[1]: expected >= 0, found -1") != NULL);
+    /* mode 5 does not exist for TND */
+    c.prefix = &pt;
+    c.input_layout = MASKPACK_NPU_TND;
+    maskpack_error e;
+    st = maskpack_validate_npu_args(&c, &rep, &e);
+    int seen = 0;
+    for (int i = 0; i < rep.n_findings; i++)
+        seen |= strstr(rep.findings[i].message, "sparse_mode 5 (prefix with a full mask) is not supported with TND") != NULL;
+    CHECK(seen);
+    CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
+}
+
+/* Every atten_mask shape form against sparse_modes 0, 1 (full masks: [B,N,S,S], [B,1,S,S], [1,1,S,S]
+ * and [S,S] accepted) and 5 (BNSS / B1SS only); the padding-shaped ones get the hint to expand them. */
+static void test_npu_mask_shapes(void) {
+    static uint8_t m[2 * 3 * 4 * 4]; /* all 0: nothing masked */
+    const int64_t shapes[][5] = {{4, 2, 1, 4, 4}, {4, 2, 2, 4, 4}, {4, 1, 1, 4, 4}, {2, 4, 4, 0, 0}, {4, 2, 3, 4, 4},
+                                 {2, 2, 4, 0, 0}, {4, 2, 1, 1, 4}, {2, 1, 4, 0, 0}, {3, 2, 4, 4, 0}};
+    /* 0 accepted, 1 refused, 2 refused with the padding hint, 3 refused: mode 5 needs BNSS/B1SS, 4 accepted
+     * but the content is not causal + prefix */
+    const int want[3][9] = {{0, 0, 0, 0, 1, 2, 2, 2, 1}, {0, 0, 0, 0, 1, 2, 2, 2, 1}, {4, 4, 3, 3, 1, 2, 2, 2, 1}};
+    const int modes[3] = {0, 1, 5};
+    const int64_t pf[2] = {1, 0};
+    int64_t two = 2;
+    maskpack_tensor pt = maskpack_tensor_contiguous((void *)pf, MASKPACK_I64, 1, &two);
+    for (int mi = 0; mi < 3; mi++)
+        for (int k = 0; k < 9; k++) {
+            maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, (int32_t)shapes[k][0], shapes[k] + 1);
+            maskpack_npu_call c;
+            memset(&c, 0, sizeof c);
+            c.input_layout = MASKPACK_NPU_BSND;
+            c.batch = 2;
+            c.q_len = c.kv_len = 4;
+            c.heads_q = c.heads_kv = 2;
+            c.head_dim = 64;
+            c.sparse_mode = modes[mi];
+            c.pre_tokens = c.next_tokens = 2147483647;
+            c.atten_mask = &mt;
+            c.scale = 0.125;
+            if (modes[mi] == 5) c.prefix = &pt;
+            maskpack_npu_report rep;
+            maskpack_status st;
+            const int w = want[mi][k];
+            const int n = npu_findings(&c, &rep, &st, w == 0 ? 0 : 1);
+            CHECK_EQ(n, w == 0 ? 0 : 1);
+            CHECK_EQ(st, w == 0 ? MASKPACK_OK : MASKPACK_ERR_NPU_CONTRACT);
+            if (w == 0 || rep.n_findings < 1) continue;
+            const char *msg = rep.findings[0].message;
+            CHECK_EQ(rep.findings[0].code, w == 4 ? MASKPACK_NPU_MASK_MISMATCH : MASKPACK_NPU_BAD_MASK_SHAPE);
+            if (w == 1 || w == 2) CHECK(strstr(msg, "is not accepted (error 561103") != NULL);
+            CHECK((w == 2) == (strstr(msg, "padding mask must be expanded to [B,1,Sq,Skv]") != NULL));
+            if (w == 3) CHECK(strstr(msg, "sparse_mode 5 needs a BNSS or B1SS mask") != NULL);
+        }
+}
+
+/* pre/next against a full mask (sparse_mode 0): an empty band, a band dropping pairs the mask allows,
+ * clipping values with Sq != Skv; inner_precise 2 (rows that see nothing are then fine in BSND) */
+static void test_npu_pre_next(void) {
+    static uint8_t m[2 * 1 * 4 * 4]; /* all 0: every pair allowed */
+    int64_t shape[4] = {2, 1, 4, 4};
+    maskpack_tensor mt = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape);
+    maskpack_npu_call c;
+    memset(&c, 0, sizeof c);
+    c.input_layout = MASKPACK_NPU_BSND;
+    c.batch = 2;
+    c.q_len = c.kv_len = 4;
+    c.heads_q = c.heads_kv = 2;
+    c.head_dim = 64;
+    c.sparse_mode = 0;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    c.atten_mask = &mt;
+    c.scale = 0.125;
+    maskpack_npu_report rep;
+    maskpack_status st;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    /* next_tokens 0 drops (i 0, j 1), which the mask allows */
+    c.next_tokens = 0;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 1), 1);
+    CHECK(rep.findings[0].code == MASKPACK_NPU_PRE_NEXT_MISMATCH &&
+          strstr(rep.findings[0].message, "atten_mask allows (b 0, head 0, i 0, j 1) but pre_tokens 2147483647 / "
+                                          "next_tokens 0 drop it") != NULL);
+    /* an empty band: every row fully masked (the pair check and the fully-masked-row check report too) */
+    c.pre_tokens = -3;
+    c.next_tokens = 1;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 3), 3);
+    CHECK(strstr(rep.findings[0].message, "pre_tokens -3 + next_tokens 1 < 0: the band is empty") != NULL);
+    /* Sq 2 != Skv 4 with clipping values: the origin is undocumented */
+    int64_t shape2[4] = {2, 1, 2, 4};
+    maskpack_tensor m2 = maskpack_tensor_contiguous(m, MASKPACK_BOOL, 4, shape2);
+    c.atten_mask = &m2;
+    c.q_len = 2;
+    c.pre_tokens = 0;
+    c.next_tokens = 2147483647;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 2), 2); /* and the pair (i 1, j 0) dropped by pre_tokens 0 */
+    CHECK(strstr(rep.findings[0].message, "sparse_mode 0 with Sq 2 != Skv 4 (batch 0) and a clipping pre/next (0, "
+                                          "2147483647)") != NULL);
+    /* a fully masked first row: a finding without inner_precise 2, none with it */
+    c.atten_mask = &mt;
+    c.q_len = 4;
+    c.pre_tokens = c.next_tokens = 2147483647;
+    for (int j = 0; j < 4; j++) m[j] = 1;
+    CHECK(npu_findings(&c, &rep, &st, 1) >= 1);
+    CHECK(rep.findings[0].code == MASKPACK_NPU_FULLY_MASKED_ROW);
+    c.inner_precise = 2;
+    CHECK_EQ(npu_findings(&c, &rep, &st, 0), 0);
+    CHECK_EQ(st, MASKPACK_OK);
+}
+
+/* TND without one or both actual_seq lists: BAD_LAYOUT naming what is missing */
+static void test_npu_tnd_lists(void) {
+    const int64_t ends[2] = {3, 7};
+    int64_t two = 2;
+    maskpack_tensor lst = maskpack_tensor_contiguous((void *)ends, MASKPACK_I64, 1, &two);
+    const char *want[3] = {"neither was passed", "actual_seq_qlen is missing", "actual_seq_kvlen is missing"};
+    for (int k = 0; k < 3; k++) {
+        maskpack_npu_call c;
+        memset(&c, 0, sizeof c);
+        c.input_layout = MASKPACK_NPU_TND;
+        c.total_q = c.total_kv = 7;
+        c.heads_q = c.heads_kv = 2;
+        c.head_dim = 64;
+        c.sparse_mode = 0;
+        c.pre_tokens = c.next_tokens = 2147483647;
+        c.scale = 0.125;
+        c.actual_seq_qlen = k == 2 ? &lst : NULL;
+        c.actual_seq_kvlen = k == 1 ? &lst : NULL;
+        maskpack_npu_report rep;
+        maskpack_error e;
+        CHECK_EQ(maskpack_validate_npu_args(&c, &rep, &e), MASKPACK_ERR_NPU_CONTRACT);
+        int seen = 0;
+        for (int i = 0; i < rep.n_findings; i++)
+            seen |= rep.findings[i].code == MASKPACK_NPU_BAD_LAYOUT && strstr(rep.findings[i].message, want[k]) != NULL;
+        CHECK(seen);
+    }
+}
+
 int main(void) {
     build_compressed();
     test_scale();
@@ -1664,5 +1869,9 @@ int main(void) {
     test_golden_from_pieces();
     test_cp_shards();
     test_round_trip();
+    test_npu_mode5_full_mask();
+    test_npu_mask_shapes();
+    test_npu_pre_next();
+    test_npu_tnd_lists();
     return check_report("test_npu");
 }

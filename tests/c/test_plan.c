@@ -1,6 +1,7 @@
 /* test_plan.c: the packing planner: placement invariants, CP alignment, splitting, errors, determinism,
  * the two best-fit indexes against each other and against naive reference packers, balanced
- * Karmarkar-Karp against exhaustive search, row layouts and the report. */
+ * Karmarkar-Karp against exhaustive search, row layouts and the report, the ranges of the options
+ * and of the attention coefficient's arguments. */
 #include "check.h"
 #include "internal.h"
 #include "../../src/plan/plan_internal.h"
@@ -1281,6 +1282,37 @@ static void test_balance_options_and_errors(void) {
     }
 }
 
+/* the attention coefficient's and the options' ranges: each refusal with its message */
+static void test_plan_argument_ranges(void) {
+    double a = -1.0;
+    maskpack_error e;
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, -1, 0, 0, 0, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "q_dim: expected in [0, 2^30] (0 = hidden), found -1");
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, 0, -5, 0, 0, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "kv_dim: expected in [0, 2^30] (0 = q_dim), found -5");
+    CHECK_STATUS(maskpack_plan_attention_coefficient(1024, 0, 0, 0, 0, 2, &a, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "causal: expected 0 or 1, found 2");
+    CHECK(a == -1.0); /* untouched on error */
+
+    const int64_t lens[3] = {5, 9, 3};
+    maskpack_plan *p = NULL;
+    maskpack_plan_options o = maskpack_plan_options_default(16);
+    o.dp = 1 << 20;
+    o.micro_batches = 1 << 10;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "dp 1048576 and micro_batches 1024");
+    CHECK_MSG(e, "dp * micro_batches = 1073741824 groups exceeds the limit 2^28");
+    o = maskpack_plan_options_default(16);
+    o.multiple = -2;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "multiple: expected 0 (derive from cp, tp, align) or in [1, 2^40], found -2");
+    o = maskpack_plan_options_default(16);
+    o.row_width = (maskpack_plan_width)7;
+    CHECK_STATUS(maskpack_plan_create(lens, 3, &o, &p, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_MSG(e, "row_width: expected CAPACITY (0) or USED (1), found 7");
+    CHECK(p == NULL);
+}
+
 int main(void) {
     test_small_plan();
     test_cp_alignment();
@@ -1293,6 +1325,7 @@ int main(void) {
     test_kk_exhaustive();
     test_kk_large_balance();
     test_attention_coefficient();
+    test_plan_argument_ranges();
     test_report_and_objective();
     test_progress_and_edges();
     test_random_invariants();
