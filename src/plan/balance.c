@@ -102,7 +102,7 @@ static inline int heap_before(const heap *h, int32_t a, int32_t b) {
     return a < b;
 }
 
-static void heap_push(heap *h, int32_t id) {
+static inline void heap_push(heap *h, int32_t id) {
     size_t x = h->n++;
     h->ids[x] = id;
     while (x > 0) {
@@ -115,7 +115,7 @@ static void heap_push(heap *h, int32_t id) {
     }
 }
 
-static int32_t heap_pop(heap *h) {
+static inline int32_t heap_pop(heap *h) {
     int32_t top = h->ids[0];
     h->ids[0] = h->ids[--h->n];
     size_t x = 0;
