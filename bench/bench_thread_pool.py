@@ -73,6 +73,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cases", default="attention:4x64,attention:8x512,gdn:4x64,gdn:4x512,move:8x512",
+                    help="comma-separated KIND:DOCSxTOKENS, KIND one of attention, gdn, move")
     import bench_shapes  # the defaults are bench/shapes.json's arguments for this program
 
     bench_shapes.apply(ap, 'bench_thread_pool')
@@ -80,9 +82,19 @@ def main():
     torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, maskpack threads={a.threads}; "
           f"load average at the start: {load()}")
-    for make in (lambda: case_attention(4, 64), lambda: case_attention(8, 512), lambda: case_gdn(4, 64),
-                 lambda: case_gdn(4, 512), lambda: case_move(8, 512)):
-        name, T, calls = make()
+    kinds = {"attention": case_attention, "gdn": case_gdn, "move": case_move}
+    cases = []
+    for item in a.cases.split(","):
+        try:
+            kind, shape = item.split(":")
+            docs, tokens = (int(x) for x in shape.split("x"))
+        except ValueError:
+            ap.error(f"--cases: {item!r} is not KIND:DOCSxTOKENS")
+        if kind not in kinds or docs < 1 or tokens < 4 * docs:
+            ap.error(f"--cases: {item!r}: KIND one of {', '.join(kinds)}, DOCS >= 1, TOKENS >= 4 DOCS")
+        cases.append((kinds[kind], docs, tokens))
+    for case, docs, tokens in cases:
+        name, T, calls = case(docs, tokens)
         x, w = torch.randn(max(T, 256), 1024), torch.randn(1024, 1024)
         e = torch.randn(1 << 20)
         for label, fn in calls:

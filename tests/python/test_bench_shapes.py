@@ -107,7 +107,8 @@ def test_every_program_reads_a_table_and_twins_share_one():
         assert isinstance(shapes["tables"][table], dict) and shapes["tables"][table], table
         opts = bench_shapes.table_args(name, shapes)
         assert opts == bench_shapes.options(shapes["tables"][table]) and len(opts) >= 2, name
-    assert not [p["name"] for p in shapes["programs"] if p.get("name") in TABLES and "fixed" in p.get("shapes", "")]
+    # no program the report runs keeps shapes of its own
+    assert not [p["name"] for p in shapes["programs"] if "left_out" not in p and "fixed" in p.get("shapes", "")]
     # the torch baseline of a C program measures the C program's table
     for c, py in (("bench_relayout", "bench_relayout_torch"), ("bench_gdn", "bench_gdn_torch"),
                   ("bench_attention", "bench_attention_torch")):
@@ -335,3 +336,28 @@ def test_python_program_without_its_table_says_so(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "'gdn'" in lines[0] and lines[0].startswith("bench_gdn_torch.py:"), r.stderr
+
+
+def test_bench_bundle_and_thread_pool_take_their_shapes():
+    """The two programs whose shapes are plain options: shapes.json's "full" arguments name their shapes (a
+    bare run takes them through bench_shapes.apply), options given win, and a bad shape is one line, exit 2."""
+    shapes = bench_shapes.load(bench_shapes.PATH)
+    full = bench_shapes.entry("bench_bundle", shapes)["full"]
+    assert {"--B", "--S", "--tokens", "--sequences"} <= set(full)
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_bundle.py"), "--pairs", "1", "--B", "3",
+                        "--S", "64", "--tokens", "300", "--sequences", "7"], capture_output=True, text=True,
+                       env=env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "shapes: padded B = 3, S = 64; packed row 300 tokens / 7 sequences" in r.stdout
+    assert "B=3, S=64 padded -> padding-free" in r.stdout
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_bundle.py"), "--pairs", "1", "--tokens", "3",
+                        "--sequences", "7"], capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 2 and "--tokens (3) must be at least --sequences (7)" in r.stderr
+    assert "--cases" in bench_shapes.entry("bench_thread_pool", shapes)["full"]
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_thread_pool.py"), "--pairs", "1", "--threads", "2",
+                        "--cases", "attention:2x40"], capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "attention 2 x 40 tokens" in r.stdout and "attention 4 x 64" not in r.stdout
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "bench_thread_pool.py"), "--cases", "conv:2x40"],
+                       capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 2 and "--cases: 'conv:2x40'" in r.stderr and "Traceback" not in r.stderr
