@@ -48,7 +48,7 @@ import time
 import torch
 
 import maskpack
-from maskpack import _moves
+from maskpack import _runtime
 
 
 def load() -> str:
@@ -75,8 +75,8 @@ def cases(hidden):
     pos = torch.cat([torch.arange(n) for n in [4096] * 8])[None]
 
     def bundle(th):
-        saved = _moves._DEFAULT_THREADS
-        _moves._DEFAULT_THREADS = 1 if th == 1 else saved
+        saved = _runtime.default_override
+        _runtime.default_override = 1 if th == 1 else saved
         try:
             b = maskpack.prepare_batch({"input_ids": row, "position_ids": pos, "labels": row}, padding_free=True,
                                        cp=2, cp_rank=0)
@@ -84,7 +84,7 @@ def cases(hidden):
                          "last_token_index"):
                 getattr(b, name)
         finally:
-            _moves._DEFAULT_THREADS = saved
+            _runtime.default_override = saved
 
     out["bundle_cp2"] = (bundle, row.numel() * 8 * 3 // 2)
     return out
@@ -121,7 +121,7 @@ def main():
     ap.add_argument("--no-contended", action="store_true")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
-          f"pool {maskpack.team_pool(2) if hasattr(maskpack, 'team_pool') else _moves.team_pool(2)}, "
+          f"pool {_runtime.team_pool(2)}, "
           f"MASKPACK_TEAM_MIN_BYTES {os.environ.get('MASKPACK_TEAM_MIN_BYTES', '(default)')}")
     all_cases = cases(a.hidden)
     print(f"idle      load {load()}")

@@ -100,7 +100,7 @@ def machine(threads: int) -> Dict[str, Any]:
         except Exception as e:  # noqa: BLE001 (reported, never fatal)
             info["isa"]["gated_delta_rule"] = f"unknown ({e})"
         try:
-            from maskpack.attention import attention_isa
+            from maskpack import attention_isa
 
             info["isa"]["attention f32"] = attention_isa("float32")
             info["isa"]["attention bf16"] = attention_isa("bfloat16")

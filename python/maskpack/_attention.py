@@ -27,7 +27,7 @@ from ._maskpack import attention as _attention
 from ._errors import Error
 from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, dtype_code, is_torch_tensor,
                        isa_code, layout_handle)
-from ._moves import _cache_of, _team
+from ._runtime import cache_of as _cache_of, team as _team
 from ._tensors import compiling
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
@@ -58,19 +58,10 @@ def _alias(threads: Optional[int], n_threads: Optional[int]) -> Optional[int]:
     return threads if threads is not None else n_threads
 
 
-def _threads(n_threads: Optional[int], use_torch: bool) -> int:
-    """None -> torch's thread count (torch callers) or the CPUs this process may run on; an explicit
-    count as every maskpack call takes it."""
-    if n_threads is None and use_torch:
-        import torch
-
-        return check_threads(None, torch.get_num_threads())
-    if n_threads is None:
-        try:
-            return check_threads(None, len(os.sched_getaffinity(0)))
-        except AttributeError:  # not Linux
-            return check_threads(None, os.cpu_count() or 1)
-    return check_threads(n_threads, 1)
+def _threads(n_threads: Optional[int], use_torch: bool = True) -> int:
+    """``threads=`` resolved by the package's one rule (maskpack._runtime: None -> torch's thread count when
+    torch is loaded, else the CPUs this process may run on)."""
+    return check_threads(n_threads)
 
 
 def _empty_like(x: Any, shape=None, dtype=None) -> Any:

@@ -61,7 +61,8 @@ def _resolve(srcs: Sequence[int], dst: int, spec: str, path: str):
     spec: "" (srcs -> dst), "pack", "unpack", "shard,cp,rank,scheme,tp,align" or
     "gather,scheme,tp,align" (the parts of dst's shards -> dst); path: source indices of nested
     adjoints ("1" = the adjoint of source 1, "1.0" = that adjoint's adjoint)."""
-    from ._moves import _Move, _cached, _plan, _PACK_PLAN, _UNPACK_PLAN
+    from ._moves import _Move, _plan, _PACK_PLAN, _UNPACK_PLAN
+    from ._runtime import cached as _cached
 
     layouts = [_lookup(k) for k in srcs]
     if spec == "pack":
@@ -198,7 +199,7 @@ def _absent() -> torch.Tensor:
 @torch.library.custom_op("maskpack::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, key: int, scale: float, softcap: float, threads: int,
                  isa: int) -> Tuple[Tensor, Tensor]:
-    from .attention import _forward
+    from ._attention import _forward
 
     with _eager():
         return _forward(q, k, v, _lookup(key), scale or None, softcap, None, threads or None, isa)
@@ -206,7 +207,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, key: int, scale: float, softca
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, key, scale, softcap, threads, isa):
-    from .attention import _lse_shape
+    from ._attention import _lse_shape
 
     return _like(q), q.new_empty(_lse_shape(None, q), dtype=torch.float32)
 
@@ -214,7 +215,7 @@ def _attention_fake(q, k, v, key, scale, softcap, threads, isa):
 @torch.library.custom_op("maskpack::attention_backward", mutates_args=())
 def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key: int,
                           scale: float, softcap: float, threads: int, isa: int) -> Tuple[Tensor, Tensor, Tensor]:
-    from .attention import attention_backward
+    from ._attention import attention_backward
     from ._tensors import ISA_CODES
 
     names = {c: n for n, c in ISA_CODES.items()}
@@ -247,7 +248,7 @@ attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 def attention(q, k, v, layout, scale, softcap, threads, isa: int):
     """maskpack.attention under compilation -> (out, lse); lse is not differentiable (its gradient is dropped)."""
-    from .attention import _scale, _softcap
+    from ._attention import _scale, _softcap
 
     return attention_op(q, k, v, _key(layout), _scale(scale), _softcap(softcap), int(threads or 0), int(isa))
 

@@ -17,8 +17,6 @@ The adjoint runs through the same autograd function, so double backward works.""
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -28,7 +26,8 @@ from . import _maskpack
 from ._errors import Error
 from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, alloc, describe, describe_out, dtype_code, dtype_name,
                        is_torch_tensor, register_torch)
-from ._tensors import check_layout, check_threads, compiling, placed as _placed
+from ._tensors import check_layout, compiling, placed as _placed
+from ._runtime import cache_of as _cache_of, cached as _cached, team as _team, threads as _threads
 
 # "ulysses" runs as "contiguous" over a global layout padded only at the end (see _cp_global)
 _SCHEMES = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
@@ -44,14 +43,6 @@ def _pick(value: Any, table: dict, name: str) -> int:
         raise Error(f"{name}: expected one of {', '.join(map(repr, table))}, found {value!r}",
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument=name)
     return table[value]
-
-
-# The default thread count, read once: os.cpu_count() reads sysfs on every call.
-_DEFAULT_THREADS = max(1, min(2, os.cpu_count() or 1))
-
-
-def _threads(threads: Optional[int]) -> int:
-    return check_threads(threads, _DEFAULT_THREADS)
 
 
 def cp_multiple(cp: int, tp: int = 1, align: str = "verl") -> int:
@@ -108,97 +99,6 @@ def _pad_bytes(pad_value: Any, dtype: str) -> Optional[bytes]:
 
         return torch.tensor([pad_value], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
     return np.array([pad_value], dtype=np.dtype(dtype)).tobytes()
-
-
-# One worker team per (process, thread count, pool), made on first use: a move of a few hundred KB takes
-# ~10 us, less than starting a thread, so only a team that is already running can put the second
-# core to work on it. A forked child (a DataLoader worker) makes its own: the parent's threads do not
-# exist there (the C library then runs the parent's team inline and only frees its memory).
-#
-# Once torch is imported, the team runs on torch's own OpenMP pool (maskpack_workers_create_hosted):
-# its idle threads spin for milliseconds after every torch operator, and a team of maskpack's own
-# threads would share each core with one of them, at half speed, on every call that follows a torch
-# operator (in a training step: all of them). MASKPACK_THREAD_POOL=own keeps maskpack's own threads;
-# =openmp asks for the OpenMP pool whether or not torch is imported (any OpenMP runtime the process has
-# loaded); the default, auto, takes torch's when torch is imported and runs on OpenMP (a torch built
-# without OpenMP keeps maskpack's threads). A forked child (a DataLoader worker) keeps to maskpack's
-# own threads: GNU's OpenMP runtime is not safe to use after fork() once the parent has used it.
-_TEAMS: dict = {}
-_FORKED: list = []
-
-
-def _after_fork_in_child() -> None:
-    _TEAMS.clear()
-    _FORKED.append(True)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-_POOLS = ("auto", "own", "openmp")
-
-
-def _pool_wanted() -> str:
-    """The pool a team made now asks for: "own", "torch" (auto, torch imported: torch's OpenMP
-    runtime only) or "openmp" (MASKPACK_THREAD_POOL=openmp: torch's, else any loaded runtime)."""
-    want = os.environ.get("MASKPACK_THREAD_POOL", "auto") or "auto"
-    if want not in _POOLS:
-        raise Error(f"MASKPACK_THREAD_POOL: expected one of {', '.join(_POOLS)}, found {want!r}",
-                    "MASKPACK_ERR_INVALID_ARGUMENT", argument="MASKPACK_THREAD_POOL")
-    if _FORKED or want == "own":
-        return "own"
-    if want == "auto":
-        return "torch" if "torch" in sys.modules else "own"
-    return "openmp"
-
-
-def _openmp_team(n: int, any_runtime: bool):
-    """A team on torch's OpenMP pool (the runtime loaded from torch's own folder), or with any_runtime
-    on whichever OpenMP runtime the process has loaded; None where there is none."""
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        folder = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
-        team = _maskpack.workers_create_openmp(n, folder)
-        if team is not None:
-            return team
-    return _maskpack.workers_create_openmp(n, None) if any_runtime else None
-
-
-def _team(threads: Optional[int]):
-    n = _DEFAULT_THREADS if threads is None else _threads(threads)
-    if n == 1:
-        return None
-    want = _pool_wanted()
-    team = _TEAMS.get((n, want))
-    if team is None:
-        team = None if want == "own" else _openmp_team(n, any_runtime=want == "openmp")
-        if team is None:  # no such OpenMP runtime in the process: maskpack's own threads
-            team = _maskpack.workers_create(n)  # n < 1 or > 256: a maskpack.Error
-        _TEAMS[(n, want)] = team
-    return team
-
-
-def team_pool(threads: int) -> str:
-    """The pool the team of this many threads runs on: "openmp" or "own" (see MASKPACK_THREAD_POOL)."""
-    team = _team(threads)
-    return "own" if team is None else _maskpack.workers_pool(team)
-
-
-def _cache_of(layout) -> dict:
-    """The dict of values derived from an (immutable) layout, kept on it."""
-    c = layout._cache
-    if c is None:
-        c = layout._cache = {}
-    return c
-
-
-def _cached(layout, key, make):
-    """A value derived from an (immutable) layout, computed once and kept on it."""
-    c = _cache_of(layout)
-    v = c.get(key)
-    if v is None:
-        v = c[key] = make()
-    return v
 
 
 # A move with padding or several sources, of at most this many contiguous runs, runs as slice copies

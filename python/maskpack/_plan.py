@@ -1,4 +1,4 @@
-"""maskpack.plan: pack sequences into rows of a fixed capacity and balance the rows across ranks.
+"""maskpack.plan (module maskpack._plan): pack sequences into rows of a fixed capacity and balance the rows across ranks.
 
     >>> import maskpack
     >>> p = maskpack.plan([3, 7, 1, 6, 5, 2, 4], capacity=10)

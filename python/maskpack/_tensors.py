@@ -340,21 +340,7 @@ def as_int_list(x: Any, name: str) -> list:
 
 # ---- arguments every kernel family shares -------------------------------------------------------
 
-MAX_THREADS = 256  # the library's one thread limit (maskpack_workers_create, the GDN kernels)
-
-
-def check_threads(threads: Any, default: int) -> int:
-    """The ``threads=`` rule of every call: None -> ``default``; an int (numpy integers too) in
-    [1, MAX_THREADS], else a TypeError (not an int) or a maskpack.Error naming ``threads``."""
-    if threads is None:
-        return max(1, min(MAX_THREADS, int(default)))
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads: expected an int, found {type(threads).__name__} {threads!r}")
-    n = int(threads)
-    if not 1 <= n <= MAX_THREADS:
-        raise Error(f"threads: expected in [1, {MAX_THREADS}], found {n}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument="threads")
-    return n
+from ._runtime import MAX_THREADS, check_threads  # noqa: E402,F401  (the one rule: maskpack._runtime)
 
 
 _LAYOUT_TYPE: list = []  # maskpack.Layout, looked up once (_layout imports this module)

@@ -189,7 +189,7 @@ class Collator:
         return out
 
     def _rows(self, per_token: Dict[str, List[np.ndarray]], lengths: List[int]) -> Dict[str, np.ndarray]:
-        from .plan import plan
+        from ._plan import plan
 
         cap = self.capacity
         for i, n in enumerate(lengths):

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from ._errors import Error
-from ._moves import _SCHEMES, _team  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
+from ._runtime import team as _team
+from ._moves import _SCHEMES  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
            "gated_delta_rule_sp", "causal_conv1d_sp", "attention_cp", "cp_reshard"]
@@ -62,7 +63,7 @@ def _all_gather(x: torch.Tensor, group) -> list:
 def _fingerprint(layout) -> int:
     """63 bits of a hash of everything the ranks must agree on about a layout (grid, segments, rule),
     computed once per layout (layouts are immutable)."""
-    from ._moves import _cached
+    from ._runtime import cached as _cached
 
     return _cached(layout, ("cp_fingerprint",), lambda: _stable((layout.n_rows, layout.q_width, layout.kv_width,
                                                                   layout.packed, layout.segments,
@@ -427,7 +428,7 @@ def _reshard_plan(layout, n: int, rank: int, src: tuple, dst: tuple) -> tuple:
     rank's dst shard it receives from there; the dst shard's length). src, dst: (scheme, tp, align). Both
     lists of a pair run in the destination's token order, so sender and receiver agree without a message.
     Derived from the layouts alone (every rank computes the same maps) and kept on the layout."""
-    from ._moves import _cached
+    from ._runtime import cached as _cached
 
     def make():
         T = int(layout.q_width)  # a packed layout: one slot per column
@@ -986,7 +987,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, whole, group, scheme, scale, softcap, threads):
         from ._maskpack import attention as _attention
-        from .attention import _lse_shape, _scale, _softcap, _threads
+        from ._attention import _lse_shape, _scale, _softcap, _threads
         from ._tensors import describe, layout_handle
 
         comm = _comm_for(group)
@@ -1005,7 +1006,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         from ._maskpack import attention as _attention
-        from .attention import _scale, _softcap
+        from ._attention import _scale, _softcap
         from ._tensors import describe, layout_handle
 
         q, k, v, out, lse = ctx.saved_tensors
@@ -1040,7 +1041,7 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
       bitwise equal to the single-process run; backward reduce-scatters dk, dv.
     """
     from ._moves import relayout
-    from .attention import attention_autograd
+    from ._attention import attention_autograd
 
     rank, n = _rank_size(group)
     local = None
@@ -1171,7 +1172,7 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     over the group. Differentiable; every rank runs the backward."""
     import math
 
-    from .attention import _threads
+    from ._attention import _threads
 
     rank, n = _rank_size(group)
     local = None
@@ -1240,7 +1241,7 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
     (y [T_local, C], conv_state [segments, C, W-1] the same on every rank); bitwise the single-process
     run; differentiable (the weight's and prefix's gradients are each rank's share: sum them over the
     group)."""
-    from .attention import _threads
+    from ._attention import _threads
 
     rank, n = _rank_size(group)
     local = None

@@ -26,7 +26,7 @@ from ._alloc import fresh
 from ._errors import Error
 from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
-from ._moves import _cache_of, _team
+from ._runtime import cache_of as _cache_of, team as _team
 
 __all__ = [
     "GatedDeltaNet",
@@ -41,8 +41,8 @@ __all__ = [
 ]
 
 def _threads(threads: Optional[int]) -> int:
-    """None -> torch's thread count; an explicit count as every maskpack call takes it."""
-    return check_threads(threads, torch.get_num_threads())
+    """``threads=`` resolved by the package's one rule (maskpack._runtime: None -> torch's thread count)."""
+    return check_threads(threads)
 
 
 def _check_call(layout: Any, **tensors: Any) -> None:

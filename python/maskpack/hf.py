@@ -207,7 +207,7 @@ def _with_rule(layout: Any, causal: bool, window: Tuple[int, int]):
     r = layout.rule
     if bool(r["causal"]) == causal and tuple(r["window"]) == tuple(window):
         return layout
-    from ._moves import _cached
+    from ._runtime import cached as _cached
 
     return _cached(layout, ("hf_rule", causal, tuple(window)), lambda: layout.with_rule(causal=causal, window=window))
 
@@ -294,7 +294,7 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if isinstance(info, dict) and int(info.get("cp", 1)) > 1:
         raise _fail(f"group: the call holds a context-parallel shard (cp = {info['cp']}) but the "
                     "model was prepared without a group: maskpack.hf.prepare_model(model, group=...)", "group")
-    from .attention import attention
+    from ._attention import attention
 
     if compiling():
         # traced: the layout is the call's maskpack_layout (boundaries read from tensor values cannot be
@@ -372,7 +372,7 @@ def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, 
     """This rank's shard [1, T_local, H, D] -> its attention output [1, T_local, Hq, D] over the whole batch."""
     import torch.distributed as dist
 
-    from .attention import attention
+    from ._attention import attention
 
     s = settings
     n, rank = dist.get_world_size(s.group), dist.get_rank(s.group)
@@ -434,7 +434,7 @@ def _ulysses(q, k, v, whole, shards: list, s: _Settings, n: int, scaling, softca
     back. Key/value heads that do not divide by n are repeated up to the query heads first (each query head
     keeps its key head)."""
     from ._moves import relayout
-    from .attention import attention
+    from ._attention import attention
     from .distributed import ulysses_all_to_all
 
     Hq, Hkv = int(q.shape[1]), int(k.shape[1])

@@ -548,7 +548,7 @@ def test_operator_is_kept_per_layout_and_gives_the_plain_calls_bits(monkeypatch,
     the plain per-call path (out, lse and the gradients)."""
     import sys
 
-    attn_mod = sys.modules["maskpack.attention"]  # the module (maskpack.attention is the function)
+    attn_mod = sys.modules["maskpack._attention"]  # the module behind maskpack.attention
     lengths = [64, 64, 1, 70]
     lay = maskpack.Layout.from_lengths(lengths, placement="packed")
     g = torch.Generator().manual_seed(7)

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import maskpack
+from maskpack import _runtime
 
 # the modules themselves (the package exports functions under some of these names)
 _layout, _moves, _npu, _rule, _tensors, gdn, plan = (
-    importlib.import_module("maskpack." + m) for m in ("_layout", "_moves", "_npu", "_rule", "_tensors", "gdn", "plan"))
+    importlib.import_module("maskpack." + m) for m in ("_layout", "_moves", "_npu", "_rule", "_tensors", "gdn", "_plan"))
 
 HEADER = pathlib.Path(__file__).resolve().parents[2] / "include" / "maskpack.h"
 
@@ -55,11 +56,11 @@ TABLES = [
     ("_moves._ALIGNS", _moves._ALIGNS, {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"}),
     ("_moves._PLACEMENTS", _moves._PLACEMENTS, {"right": "MASKPACK_PLACE_RIGHT", "left": "MASKPACK_PLACE_LEFT"}),
     ("_moves._LOSS_MODES", _moves._LOSS_MODES, {"token": "MASKPACK_LOSS_TOKEN", "sequence": "MASKPACK_LOSS_SEQUENCE"}),
-    ("plan._ALIGN", plan._ALIGN, {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"}),
-    ("plan._OBJECTIVE", plan._OBJECTIVE, {"tokens": "MASKPACK_PLAN_TOKENS", "attention": "MASKPACK_PLAN_ATTENTION"}),
-    ("plan._ALGORITHM", plan._ALGORITHM,
+    ("_plan._ALIGN", plan._ALIGN, {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"}),
+    ("_plan._OBJECTIVE", plan._OBJECTIVE, {"tokens": "MASKPACK_PLAN_TOKENS", "attention": "MASKPACK_PLAN_ATTENTION"}),
+    ("_plan._ALGORITHM", plan._ALGORITHM,
      {"bfd": "MASKPACK_PLAN_BFD", "ffd": "MASKPACK_PLAN_FFD", "nextfit": "MASKPACK_PLAN_NEXTFIT"}),
-    ("plan._ROW_WIDTH", plan._ROW_WIDTH, {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"}),
+    ("_plan._ROW_WIDTH", plan._ROW_WIDTH, {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"}),
     # the reverse direction: C codes the package names
     ("_layout._NPU_MASK_KINDS", {v: k for k, v in _layout._NPU_MASK_KINDS.items()},
      {n.lower(): "MASKPACK_NPU_MASK_" + n for n in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")}),
@@ -170,7 +171,7 @@ def test_thread_limit_matches_header():
     MASKPACK_MAX_THREADS (a #define, not an enum), and the C library refuses one thread more."""
     m = re.search(r"#define\s+MASKPACK_MAX_THREADS\s+(\d+)", HEADER.read_text())
     assert m, "MASKPACK_MAX_THREADS is not defined in the header"
-    assert _tensors.MAX_THREADS == int(m.group(1))
+    assert _runtime.MAX_THREADS == _tensors.MAX_THREADS == int(m.group(1))
     from maskpack._maskpack import gdn as _gdn
 
     lay = maskpack.Layout.from_lengths([4], placement="packed")

@@ -1,4 +1,4 @@
-"""Which thread pool maskpack's calls run on (maskpack._moves: MASKPACK_THREAD_POOL).
+"""Which thread pool maskpack's calls run on (maskpack._runtime: MASKPACK_THREAD_POOL).
 
 With torch imported, a team runs on torch's own OpenMP pool (maskpack_workers_create_hosted), so a call
 right after a torch operator does not share its cores with torch's spinning idle threads; the results
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import maskpack
-from maskpack import _moves
+from maskpack import _runtime
 
 LENGTHS = [131, 17, 64, 1, 260, 47]
 
@@ -32,19 +32,19 @@ def test_torch_imported_means_torchs_openmp_pool(pool):
     pool("auto")
     if not _torch_runs_openmp():
         pytest.skip("this torch build does not run its CPU operators on OpenMP")
-    assert _moves.team_pool(2) == "openmp"
-    assert _moves.team_pool(3) == "openmp"
-    assert _moves.team_pool(1) == "own"  # one thread: no team at all, the caller alone
+    assert _runtime.team_pool(2) == "openmp"
+    assert _runtime.team_pool(3) == "openmp"
+    assert _runtime.team_pool(1) == "own"  # one thread: no team at all, the caller alone
     pool("own")
-    assert _moves.team_pool(2) == "own"
+    assert _runtime.team_pool(2) == "own"
     pool("openmp")
-    assert _moves.team_pool(2) == "openmp"
+    assert _runtime.team_pool(2) == "openmp"
 
 
 def test_bad_pool_name_refused(pool):
     pool("tbb")
     with pytest.raises(maskpack.Error) as e:
-        _moves.team_pool(2)
+        _runtime.team_pool(2)
     assert e.value.argument == "MASKPACK_THREAD_POOL"
     assert "auto, own, openmp" in str(e.value)
 
@@ -95,7 +95,7 @@ def _child(queue):
     T = sum(LENGTHS)
     q, k, v = (torch.randn(T, 4, 32, generator=g) for _ in range(3))
     out, _ = maskpack.attention(q, k, v, lay, threads=2)
-    queue.put((_moves.team_pool(2), out.numpy()))
+    queue.put((_runtime.team_pool(2), out.numpy()))
 
 
 def test_forked_child_keeps_to_its_own_threads(pool):
@@ -126,12 +126,12 @@ def test_without_torch_maskpacks_own_threads():
     import sys
 
     code = ("import sys, numpy as np, maskpack\n"
-            "from maskpack import _moves\n"
+            "from maskpack import _runtime\n"
             "lay = maskpack.Layout.from_lengths([300, 200], placement='right')\n"
             "x = np.arange(lay.n_rows * lay.q_width * 4096, dtype=np.float32).reshape(lay.n_rows, lay.q_width, 4096)\n"
             "assert np.array_equal(lay.unpack(lay.pack(x, threads=2), threads=2)[:, :200], x[:, :200])\n"
             "assert 'torch' not in sys.modules\n"
-            "print(_moves.team_pool(2))\n")
+            "print(_runtime.team_pool(2))\n")
     for pool, want in (("auto", "own"), ("openmp", "own"), ("own", "own")):
         env = dict(__import__("os").environ, MASKPACK_THREAD_POOL=pool)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -169,7 +169,7 @@ def _cp_worker(rank, world, init_file, out_dir):
             go, ht = maskpack.gated_delta_rule(*cut[3:8], lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
             y, st = maskpack.causal_conv1d(cut[8], wl, lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
             (o.square().sum() + go.square().sum() + ht.square().sum() + y.square().sum() + st.sum()).backward()
-            res[pool] = {"pool": _moves.team_pool(2),
+            res[pool] = {"pool": _runtime.team_pool(2),
                          "values": [t.detach() for t in (o, go, ht, y, st)] + [t.grad for t in cut] + [wl.grad]}
         torch.save(res, f"{out_dir}/cp{rank}.pt")
         dist.barrier()

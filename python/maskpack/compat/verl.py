@@ -720,7 +720,7 @@ def _candidates(values: List[int], k: int, equal_size: bool) -> List[List[List[i
     budget = 4 * n + 16
     out = [_improve(_differencing(values, k, equal_size), values, equal_size, budget)]
     if not equal_size and sum(values) > 0:
-        from ..plan import plan
+        from .._plan import plan
 
         p = plan(values, capacity=sum(values), dp=k)
         parts: List[List[int]] = [[] for _ in range(k)]
