@@ -906,3 +906,73 @@ def test_numpy_bfloat16_arrays_cross_as_torch_views():
     out = np.zeros((4, 4), dtype=ml_dtypes.bfloat16)
     assert lay.pack(x, out=out) is out
     np.testing.assert_array_equal(out.astype(np.float32), want.float().numpy())
+
+
+# ---- status_message -----------------------------------------------------------------------------------
+
+def test_status_message_for_every_status():
+    names = maskpack._maskpack.status_names()
+    msgs = [maskpack._maskpack.status_message(code) for code in range(len(names))]
+    assert all(isinstance(m, str) and m for m in msgs)
+    assert len(set(msgs)) == len(msgs), "one description per status"
+    assert "success" in msgs[0].lower() or "ok" in msgs[0].lower()
+    unknown = maskpack._maskpack.status_message(10_000)
+    assert isinstance(unknown, str) and unknown not in msgs[1:]
+    with pytest.raises(TypeError):
+        maskpack._maskpack.status_message("MASKPACK_OK")
+
+
+# ---- int32 output buffers -----------------------------------------------------------------------------
+
+def _desc(a):
+    """What the extension reads for a buffer argument: the numpy array itself."""
+    return a
+
+
+def _block_mask_buffers(lay, bq, bk):
+    qb, kb = maskpack._maskpack.block_mask_dims(lay._h, bq, bk)
+    b = lay.n_rows
+    sizes = [b * qb, b * qb * kb, b * qb, b * qb * kb, b * kb, b * kb * qb, b * kb, b * kb * qb]
+    return [np.zeros(n, dtype=np.int32) for n in sizes]
+
+
+def test_block_mask_buffer_checks():
+    lay = maskpack.Layout.from_lengths([5, 3], placement="right")
+    bufs = _block_mask_buffers(lay, 4, 4)
+    maskpack._maskpack.block_mask(lay._h, 4, 4, tuple(_desc(a) for a in bufs))
+    want = lay.block_mask(4, 4)
+    np.testing.assert_array_equal(bufs[0], np.asarray(want["kv_num_blocks"]).ravel())
+    # int64 where int32 is needed
+    bad = list(bufs)
+    bad[2] = np.zeros(bufs[2].size, dtype=np.int64)
+    with pytest.raises(TypeError, match="full_kv_num_blocks: expected an int32 buffer"):
+        maskpack._maskpack.block_mask(lay._h, 4, 4, tuple(_desc(a) for a in bad))
+    # one element short
+    bad = list(bufs)
+    bad[1] = np.zeros(bufs[1].size - 1, dtype=np.int32)
+    with pytest.raises(ValueError, match="kv_indices: expected %d elements, found %d" % (bufs[1].size, bufs[1].size - 1)):
+        maskpack._maskpack.block_mask(lay._h, 4, 4, tuple(_desc(a) for a in bad))
+    # every other element of a buffer twice as long: the right count, not contiguous
+    bad = list(bufs)
+    bad[5] = np.zeros(bufs[5].size * 2, dtype=np.int32)[::2]
+    with pytest.raises(ValueError, match="q_indices: expected a C-contiguous buffer"):
+        maskpack._maskpack.block_mask(lay._h, 4, 4, tuple(_desc(a) for a in bad))
+    with pytest.raises(TypeError, match="expected 8 output arrays"):
+        maskpack._maskpack.block_mask(lay._h, 4, 4, tuple(_desc(a) for a in bufs[:7]))
+
+
+def test_magi_slices_buffer_checks():
+    lay = maskpack.Layout.from_lengths([5, 3], placement="packed")
+    n = maskpack._maskpack.magi_slices(lay._h, None, None, None, 0)
+    assert n == 2
+    q, k, t = np.zeros(2 * n, np.int32), np.zeros(2 * n, np.int32), np.zeros(n, np.int32)
+    assert maskpack._maskpack.magi_slices(lay._h, _desc(q), _desc(k), _desc(t), n) == n
+    np.testing.assert_array_equal(q, [0, 5, 5, 8])
+    with pytest.raises(TypeError, match="all three buffers are needed"):
+        maskpack._maskpack.magi_slices(lay._h, _desc(q), None, _desc(t), n)
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        maskpack._maskpack.magi_slices(lay._h, None, None, None, -1)
+    with pytest.raises(TypeError, match="types: expected an int32 buffer"):
+        maskpack._maskpack.magi_slices(lay._h, _desc(q), _desc(k), _desc(np.zeros(n, np.int64)), n)
+    with pytest.raises(ValueError, match="k_ranges: expected 4 elements, found 2"):
+        maskpack._maskpack.magi_slices(lay._h, _desc(q), _desc(np.zeros(2, np.int32)), _desc(t), n)

@@ -848,3 +848,99 @@ def test_rule_operator_is_kept_per_layout_and_gives_the_plain_calls_bits(monkeyp
     o4, _ = maskpack.gated_delta_rule(*xs, lay, chunked=chunked, threads=1)
     assert len(ops()) == 3
     assert (o4 - o1).abs().max() < 1e-4
+
+
+# ---- gdn_l2norm --------------------------------------------------------------------------------------
+
+def _l2_ref(x, eps):
+    x64 = x.double()
+    return x64 / torch.sqrt((x64 * x64).sum(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("placement", ["packed", "right"])
+def test_gdn_l2norm_forward_backward(placement):
+    lay = maskpack.Layout.from_lengths([5, 3], placement=placement)
+    gen = torch.Generator().manual_seed(3)
+    shape = (lay.q_width, 2, 16) if lay.packed else (lay.n_rows, lay.q_width, 2, 16)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    valid = torch.zeros(shape[:-2], dtype=torch.bool)
+    if lay.packed:
+        valid[:8] = True
+    else:
+        valid[0, :5] = True
+        valid[1, :3] = True
+    x[~valid] = float("nan")  # padding is never read
+    x.requires_grad_(True)
+    eps = 1e-3
+    y = maskpack.gdn_l2norm(x, lay, eps=eps)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    want = _l2_ref(x.detach()[valid], eps)
+    torch.testing.assert_close(y.detach()[valid].double(), want, rtol=1e-5, atol=1e-6)
+    assert torch.all(y.detach()[~valid] == 0), "padding rows are 0"
+    # backward against autograd of the double reference on the real rows
+    dy = torch.randn(*shape, generator=gen)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach()[valid].double().requires_grad_(True)
+    (dref,) = torch.autograd.grad(_l2_ref(xr, eps), xr, dy[valid].double())
+    torch.testing.assert_close(dx[valid].double(), dref, rtol=1e-4, atol=1e-6)
+    assert torch.all(dx[~valid] == 0)
+
+
+def test_gdn_l2norm_rejects_a_wrong_grid():
+    lay = maskpack.Layout.from_lengths([5, 3], placement="packed")
+    with pytest.raises((maskpack.Error, TypeError)):
+        maskpack.gdn_l2norm(torch.zeros(7, 2, 16), lay)  # 7 tokens, the layout has 8
+
+
+# ---- Gated DeltaNet: strided head dimension, bf16 in and out, NaN to bf16 ----------------------------
+
+def _every_other(x):
+    """x's values in a tensor whose last dimension has stride 2 (a view of a buffer twice as wide)."""
+    wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    wide[..., ::2] = x
+    view = wide[..., ::2]
+    assert view.stride(-1) == 2
+    return view
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_gdn_strided_head_dim_matches_contiguous(dtype, chunked):
+    lay = maskpack.Layout.from_lengths([70, 9], placement="packed")
+    gen = torch.Generator().manual_seed(11)
+    T, H, HV, K, V = 79, 1, 2, 16, 16
+    q = torch.randn(T, H, K, generator=gen).to(dtype)
+    k = torch.randn(T, H, K, generator=gen).to(dtype)
+    v = torch.randn(T, HV, V, generator=gen).to(dtype)
+    g = (-0.1 * torch.rand(T, HV, generator=gen)).to(dtype)
+    beta = torch.rand(T, HV, generator=gen).to(dtype)
+    o, ht = maskpack.gated_delta_rule(q, k, v, g, beta, lay, chunked=chunked)
+    # the same values read through head-dim stride 2, and written through stride 2
+    o_out = _every_other(torch.full_like(v, 7.0))
+    ht_out = torch.empty_like(ht)
+    o2, ht2 = maskpack.gated_delta_rule(_every_other(q), _every_other(k), _every_other(v), g, beta, lay,
+                                        chunked=chunked, out=(o_out, ht_out))
+    assert o2 is o_out and o2.stride(-1) == 2
+    assert torch.equal(o2, o), "strided inputs and output give the contiguous result bit for bit"
+    assert torch.equal(ht2, ht)
+
+
+def test_gdn_nan_to_bf16_stays_nan():
+    lay = maskpack.Layout.from_lengths([5, 4], placement="packed")
+    T, K, V = 9, 16, 16
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(T, 1, K, generator=gen).bfloat16()
+    k = torch.randn(T, 1, K, generator=gen).bfloat16()
+    v = torch.randn(T, 1, V, generator=gen).bfloat16()
+    v[6, 0, 3] = float("nan")  # token 1 of the second segment
+    g = torch.full((T, 1), -0.1).bfloat16()
+    beta = torch.full((T, 1), 0.5).bfloat16()
+    for chunked in (True, False):
+        o, ht = maskpack.gated_delta_rule(q, k, v, g, beta, lay, chunked=chunked)
+        assert o.dtype == torch.bfloat16
+        assert torch.isfinite(o[:5].float()).all(), "the first segment never sees the second's NaN"
+        assert torch.isnan(o[6:].float()).any(dim=-1).all(), "the NaN reaches the segment's later outputs as NaN"
+        bits = o[6:].view(torch.int16).int() & 0xFFFF
+        nan_bits = bits[torch.isnan(o[6:].float())]
+        assert torch.all((nan_bits & 0x7F80) == 0x7F80) and torch.all((nan_bits & 0x0040) != 0), "quiet NaN"
+        assert torch.isfinite(ht[0]).all() and torch.isnan(ht[1]).any()

@@ -415,3 +415,44 @@ def test_lazily_negated_views_are_read_resolved_and_refused_as_out():
     with pytest.raises(TypeError, match="negative bit"):
         lay.pack(torch.randn(2, 3, 4), out=out)
     assert torch.equal(out, before)
+
+
+# ---- Layout.padded_of ----------------------------------------------------------------------------------
+
+def test_padded_of_right_left_and_width():
+    packed = maskpack.Layout.from_lengths([4, 2, 3], placement="packed")
+    right = packed.padded_of()
+    assert (right.n_rows, right.q_width, right.packed) == (3, 4, False)
+    np.testing.assert_array_equal(right.mask2d(), [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    left = packed.padded_of("left", width=6)
+    assert (left.n_rows, left.q_width) == (3, 6)
+    np.testing.assert_array_equal(left.mask2d(), [[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1]])
+    np.testing.assert_array_equal(left.position_ids()[1], [0, 0, 0, 0, 0, 1])
+    # the same sequences, in order
+    np.testing.assert_array_equal(left.seqlens, [4, 2, 3])
+    with pytest.raises(maskpack.Error) as e:
+        packed.padded_of("right", width=3)  # the longest sequence has 4 tokens
+    assert e.value.status.startswith("MASKPACK_ERR")
+    with pytest.raises(ValueError):
+        packed.padded_of("middle")
+
+
+# ---- relayout of strided tokens of 256 bytes or more, large enough to stream -----------------------
+
+def test_pack_unpack_strided_wide_tokens():
+    # 35000 tokens of 128 float32 (512 bytes) read from a [.., 256] buffer (token stride 1024 bytes):
+    # 17.9 MB moved, past the relayout's non-temporal-store threshold, token by token
+    lay = maskpack.Layout.from_lengths([20000, 15000], placement="right")
+    base = torch.arange(2 * 20000 * 256, dtype=torch.float32).reshape(2, 20000, 256)
+    x = base[..., :128]
+    assert not x.is_contiguous()
+    packed = lay.pack(x)
+    want = torch.cat([x[0, :20000], x[1, :15000]])
+    assert torch.equal(packed, want)
+    # back into a strided destination: copies token by token, padding zeroed token by token
+    dst = torch.full((2, 20000, 256), -1.0)
+    out = dst[..., :128]
+    lay.unpack(packed, out=out)
+    assert torch.equal(out[0], x[0]) and torch.equal(out[1, :15000], x[1, :15000])
+    assert torch.all(out[1, 15000:] == 0), "padding tokens zeroed"
+    assert torch.all(dst[..., 128:] == -1.0), "bytes between the strided tokens untouched"
