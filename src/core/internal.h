@@ -61,7 +61,8 @@ maskpack_status mp_ok(maskpack_error *err);
 /* ---- worker team (workers.c) ---------------------------------------------------------------- */
 
 /* Parallel work shared dynamically: fn takes work items from a counter in ctx until none are left,
- * and must be correct however many participants run it (tid identifies the participant). */
+ * and must be correct however many participants run it (tid identifies the participant). The
+ * kernels and moves do not call it directly: they run through the run layer below (mp_run_for). */
 typedef maskpack_task_fn mp_work_fn; /* (ctx, participant index) */
 /* Runs fn on the caller (tid 0) and on every worker of w that joins before the caller's fn returns
  * (w NULL: the caller alone); returns when every participant has left fn, with their writes

@@ -19,7 +19,6 @@
 #include "attn_internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -5,7 +5,6 @@
 #include "attn_internal.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 size_t attn_ref_fwd_ws(const attn_problem *P) {
