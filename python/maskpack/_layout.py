@@ -11,8 +11,11 @@ import numpy as np
 from . import _maskpack
 from . import _rule
 from ._errors import Error
-from ._moves import _Moves
-from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, dtype_code, dtype_name, is_torch_tensor, compiling, placed as _placed
+from ._moves import (_ALIGNS, _LOSS_MODES, _PACK_PLAN, _PLACEMENTS as _PADDED_PLACEMENTS, _SCHEMES,
+                     _UNPACK_PLAN, _Move, _alloc_like, _apply, _as_torch, _check_grid, _fast_move, _numel,
+                     _pick, _token_lead, _torch_path, cp_multiple, relayout)
+from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, describe_out, dtype_code, dtype_name, is_torch_tensor, compiling, placed as _placed
+from ._runtime import cached as _cached
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
@@ -83,7 +86,7 @@ def _build(fn: Any, *args: Any) -> Any:
 _LIVE: "weakref.WeakValueDictionary[int, Layout]" = weakref.WeakValueDictionary()
 
 
-class Layout(_Moves):
+class Layout:
     """A batch described once: a list of segments on a token grid plus an attention rule.
 
     Build one with a ``from_*`` constructor; derive every consumer's input from it. Outputs are
@@ -572,6 +575,330 @@ class Layout(_Moves):
     def segment_of_query(self, b: int, i: int) -> int:
         """Index of the segment owning query column i of row b, or -1 for padding."""
         return _maskpack.segment_of_query(self._h, _int(b, "b"), _int(i, "i"))
+
+    # ---- layouts of the same sequences ---------------------------------------------------------
+
+    def _derived(self, h):
+        return type(self)._wrap(h, self._torch, self._align_explicit)
+
+    def packed_of(self):
+        """The packed (THD) layout of the same sequences in order, without gaps (flash-attn's unpad);
+        the layout itself when it already is one (packed, every column a token of a self-attention
+        segment), so moves between the two are no moves at all."""
+        info = self._info
+        if info[3] and info[4] and info[6] == info[1]:
+            return self
+        return _cached(self, "packed_of", lambda: self._derived(_maskpack.packed_of(self._h)))
+
+    def padded_of(self, placement: str = "right", width: Optional[int] = None):
+        """One sequence per row, padded on the right or the left to ``width`` (default: the longest)."""
+        return self._derived(_maskpack.padded_of(self._h, _pick(placement, _PADDED_PLACEMENTS, "placement"),
+                                                 0 if width is None else int(width)))
+
+    def pad_to_multiple(self, multiple: int):
+        """Each sequence's slot (packed) or the row width (padded) padded up to a multiple, explicitly."""
+        return self._derived(_maskpack.pad_to_multiple(self._h, int(multiple)))
+
+    def _cp_global(self, cp_size: int, tp: int, align: Optional[str], scheme: str = "zigzag"):
+        """The layout a CP split cuts: every slot padded to cp_multiple (zigzag, contiguous), or, for
+        Ulysses (verl's ulysses_pad_and_slice_inputs), only the total of a packed stream padded up to a
+        multiple of cp * tp at its end (a padded batch: its row width), then cut contiguously."""
+        if align is None:
+            return self
+        if scheme == "ulysses":
+            return self.pad_total_to_multiple(int(cp_size) * int(tp))
+        return self.pad_to_multiple(cp_multiple(cp_size, tp, align))
+
+    def pad_total_to_multiple(self, multiple: int):
+        """A packed stream padded at its end (one padding run after the last slot) so that its token count
+        divides by ``multiple`` (FP8 and other kernels that need token counts in multiples of 16); a
+        padded layout: its row width rounded up (as pad_to_multiple)."""
+        m = int(multiple)
+        if m < 1:
+            raise Error(f"multiple: expected >= 1, found {m}", "MASKPACK_ERR_INVALID_ARGUMENT", argument="multiple")
+        info = self._info
+        if not info[3]:
+            return self.pad_to_multiple(m)
+        total = -(-info[1] // m) * m
+        if total == info[1]:
+            return self
+        return _cached(self, ("pad total", m), lambda: self._derived(_maskpack.from_segments(
+            [tuple(sg[:5]) + ((sg[5],) if sg[5] is not None else ()) for sg in _maskpack.segments(self._h)],
+            1, total, total if info[4] else info[2] + (total - info[1]), True, _maskpack.rule(self._h))))
+
+    def cp_shard(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
+                 align: Optional[str] = "verl"):
+        """The layout of CP rank ``cp_rank`` of ``cp_size``: its queries are the rank's tokens, its keys
+        the whole (aligned) batch. ``align`` pads every sequence (packed) or row (padded) explicitly to
+        ``cp_multiple(cp_size, tp, align)``; ``align=None`` requires divisibility and fails otherwise."""
+        sch = _pick(scheme, _SCHEMES, "scheme")
+        if align is not None:
+            _pick(align, _ALIGNS, "align")
+        key = ("cp_shard", int(cp_size), int(cp_rank), scheme, int(tp), align)
+        return _cached(self, key, lambda: self._derived(_maskpack.cp_shard(
+            self._cp_global(cp_size, tp, align, scheme)._h, int(cp_size), int(cp_rank), sch)))
+
+    def cp_shard_indices(self, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
+                         align: Optional[str] = "verl", dtype: Any = "int64", device: Any = None,
+                         pin_memory: bool = False):
+        """int [local tokens]: flattened index, in the aligned layout, of each token of the rank's shard
+        (TransformerEngine's thd_get_partitioned_indices for packed layouts)."""
+        if compiling():
+            from . import _compile
+
+            return _compile.derived(self, "cp_shard_indices", dict(cp_size=int(cp_size), cp_rank=int(cp_rank),
+                                                                   scheme=scheme, tp=int(tp), align=align, dtype=dtype),
+                                    device)
+        g = self._cp_global(cp_size, tp, align, scheme)
+        n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
+        obj = alloc((n,), dtype_name(dtype), self._torch)
+        _maskpack.cp_shard_indices(g._h, int(cp_size), int(cp_rank), _pick(scheme, _SCHEMES, "scheme"), obj)
+        return _placed(obj, device, pin_memory)
+
+    # ---- tensor moves -------------------------------------------------------------------------
+
+    # pack and unpack into a given ``out`` run once per step on small tensors, where each microsecond
+    # of Python shows: their plans are kept under fixed keys (the packed layout lives in the same
+    # cache, so no identity check is needed) and tried on the extension's fast path first.
+
+    def pack(self, x: Any, out: Any = None, threads: Optional[int] = None, engine: Optional[str] = None):
+        """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad).
+        Differentiable; any torch device (see :func:`relayout`)."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, "pack", 0, threads, engine)
+        c = self._cache
+        if engine is None and c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
+            return out
+        dst = self.packed_of()
+        move = _cached(self, _PACK_PLAN, lambda: _Move.create([self], dst))
+        return _apply(move, [self], dst, [x], out, 0, threads, engine)
+
+    def unpack(self, x: Any, pad_value: Any = 0, out: Any = None, threads: Optional[int] = None,
+               engine: Optional[str] = None):
+        """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``.
+        Differentiable (pad slots take no gradient); any torch device (see :func:`relayout`)."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, "unpack", pad_value, threads, engine)
+        c = self._cache
+        if engine is None and c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
+            return out
+        src = self.packed_of()
+        move = _cached(self, _UNPACK_PLAN, lambda: _Move.create([src], self))
+        return _apply(move, [src], self, [x], out, pad_value, threads, engine)
+
+    def to_nested(self, x: Any, threads: Optional[int] = None, engine: Optional[str] = None):
+        """Per-token torch tensor of this layout -> a torch nested (jagged) tensor ``[n_segments, j, ...]``, one
+        component per sequence (verl's model-engine outputs). Differentiable: the components are views of
+        the packed move's result. ``Layout.from_nested`` reads such a tensor back."""
+        import torch
+
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch tensor, found {type(x).__name__}")
+        if x.is_nested:
+            x = relayout(x, type(self).from_nested(x), self)
+        values = self.pack(x, threads=threads, engine=engine)
+        offsets = torch.as_tensor(self.packed_of().cu_seqlens(dtype="int64")).to(values.device)
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+    def shard(self, x: Any, cp_size: int, cp_rank: int, scheme: str = "zigzag", tp: int = 1,
+              align: Optional[str] = "verl", pad_value: Any = 0, out: Any = None, threads: Optional[int] = None,
+              engine: Optional[str] = None):
+        """Per-token tensor of this layout -> CP rank ``cp_rank``'s part (shape of ``cp_shard(...)``).
+        Differentiable: the part's gradient lands in the whole's tokens, zero elsewhere."""
+        if out is None and compiling():
+            from . import _compile
+
+            return _compile.move([x], [self], None, f"shard,{int(cp_size)},{int(cp_rank)},{scheme},{int(tp)},{align}",
+                                 pad_value, threads, engine)
+        return relayout(x, self, self.cp_shard(cp_size, cp_rank, scheme, tp, align), out=out, pad_value=pad_value,
+                        threads=threads, engine=engine)
+
+    # ---- labels, losses, last tokens ----------------------------------------------------------
+
+    def shift_labels(self, labels: Any, ignore_index: int = -100, out: Any = None, engine: Optional[str] = None,
+                     shift: int = 1):
+        """Next-token labels inside each sequence: out[t] = labels[t+1] within a sequence, ignore_index
+        on each sequence's last token and on padding. Shift before sharding. Labels on an accelerator
+        are shifted there (torch indexing with an index the C library derives once per device);
+        ``engine="torch"`` takes that path on the CPU too. ``shift=k`` rolls by k tokens (a
+        multi-token-prediction head at depth d takes ``shift=d + 1``): out[t] = labels[t+k] within a
+        sequence, ignore_index on each sequence's last k tokens."""
+        if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)) or shift < 1:
+            raise Error(f"shift: expected an int >= 1, found {shift!r}", "MASKPACK_ERR_INVALID_ARGUMENT",
+                        argument="shift")
+        if shift > 1:  # k shifts inside each sequence: each one moves the ignored tail one token further
+            out_k = self.shift_labels(labels, ignore_index, None, engine)
+            for _ in range(int(shift) - 2):
+                out_k = self.shift_labels(out_k, ignore_index, None, engine)
+            return self.shift_labels(out_k, ignore_index, out, engine)
+        if out is None and is_torch_tensor(labels) and compiling():
+            from . import _compile
+
+            return _compile.shift_labels(self, labels, int(ignore_index))
+        if _torch_path(labels, engine):
+            return self._shift_labels_torch(labels, int(ignore_index), out)
+        d = describe(labels, "labels")[0]
+        if out is None:
+            out = _alloc_like(labels, tuple(d.shape))
+        od = describe_out(out, "out")[0]
+        _maskpack.shift_labels(self._h, d, int(ignore_index), od)
+        return out
+
+    def _shift_index(self) -> np.ndarray:
+        """int64 [tokens]: the flat index of each token's label after the shift, -1 where ignore_index
+        goes: the C shift run over a token counter."""
+        def make():
+            grid = self._per_token_shape()
+            counter = np.arange(_numel(grid), dtype=np.int64).reshape(grid)
+            return np.asarray(self.with_outputs("numpy").shift_labels(counter, ignore_index=-1)).reshape(-1)
+        return _cached(self, "shift index", make)
+
+    def _shift_labels_torch(self, labels, ignore_index: int, out):
+        import torch
+
+        grid = self._per_token_shape()
+        _check_grid(labels, grid, "labels")
+        if labels.dim() != len(grid) or labels.dtype not in (torch.int32, torch.int64):
+            raise Error(f"labels: expected an int32 or int64 tensor of shape {list(grid)}, found {labels.dtype} "
+                        f"{list(labels.shape)}", "MASKPACK_ERR_SHAPE", argument="labels")
+
+        def make():
+            idx = self._shift_index()
+            return (torch.from_numpy(np.maximum(idx, 0)).to(labels.device),
+                    torch.from_numpy(np.nonzero(idx < 0)[0]).to(labels.device))
+        take, ignore = _cached(self, ("shift index", str(labels.device)), make)
+        res = labels.reshape(-1).index_select(0, take).index_fill_(0, ignore, ignore_index).view(grid)
+        if out is None:
+            return res
+        if not is_torch_tensor(out) or out.device != labels.device or out.dtype != labels.dtype:
+            raise Error(f"out: expected a {labels.dtype} tensor on {labels.device} (as labels)",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument="out")
+        return out.copy_(res)
+
+    def loss_weights(self, mode: str = "token", labels: Any = None, ignore_index: int = -100,
+                     dtype: Any = "float32", return_denominator: bool = False, device: Any = None,
+                     pin_memory: bool = False, engine: Optional[str] = None):
+        """Per-token weights with sum(loss * w) == the mean loss ("token": over labelled tokens,
+        "sequence": mean of per-sequence means). ``labels`` are the shifted labels (None: every token but
+        each sequence's last). Shard the weights like any per-token tensor: per-rank sums add up to the
+        exact global mean. Labels on an accelerator give weights there (the same values as the C
+        library's, computed in float64 and rounded once; the denominator then costs a device sync)."""
+        code = _pick(mode, _LOSS_MODES, "mode")
+        if compiling() and not return_denominator:
+            if labels is None:
+                from . import _compile
+
+                return _compile.derived(self, "loss_weights", dict(mode=mode, ignore_index=int(ignore_index),
+                                                                   dtype=dtype), device)
+            if is_torch_tensor(labels):
+                return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), False, device)
+        if _torch_path(labels, engine):
+            return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), return_denominator,
+                                            device)
+        ld = None if labels is None else describe(labels, "labels")[0]
+        name = dtype_name(dtype)
+        if name not in ("float32", "float64", "bfloat16", "float16"):
+            raise Error(f"dtype: expected a floating dtype (float32, float64, bfloat16, float16), found {name}",
+                        "MASKPACK_ERR_DTYPE", argument="dtype")
+        # bfloat16 / float16 weights: computed in float32 and rounded once
+        obj = alloc(self._per_token_shape(), name if name in ("float32", "float64") else "float32", self._torch)
+        denom = _maskpack.loss_weights(self._h, ld, int(ignore_index), code, obj)
+        if name not in ("float32", "float64"):
+            import torch
+
+            obj = torch.as_tensor(obj).to(getattr(torch, name))
+        obj = _placed(obj, device, pin_memory)
+        return (obj, denom) if return_denominator else obj
+
+    def _loss_weights_torch(self, code: int, labels, ignore_index: int, dtype: str, return_denominator: bool,
+                            device: Any):
+        import torch
+
+        grid = self._per_token_shape()
+        if dtype not in ("float32", "float64", "bfloat16", "float16"):
+            raise Error(f"dtype: expected a floating dtype, found {dtype}", "MASKPACK_ERR_DTYPE", argument="dtype")
+        if labels is not None:
+            labels = _as_torch(labels, "labels")
+            _check_grid(labels, grid, "labels")
+        dev = labels.device if labels is not None else torch.device(device if device is not None else "cpu")
+        if compiling():
+            from . import _compile
+
+            seg = _compile.derived(self, "segment_ids", {"dtype": "int64"}, dev).reshape(-1)
+        else:
+            seg = _cached(self, ("segment ids", str(dev)), lambda: torch.as_tensor(
+                np.asarray(self.with_outputs("numpy").segment_ids())).reshape(-1).to(dev))
+        if labels is None:  # every token but each sequence's last: the tokens the shift gives a label
+            lab = _cached(self, ("shifted", str(dev)), lambda: torch.from_numpy(self._shift_index() >= 0).to(dev))
+        else:
+            lab = (labels.reshape(-1) != ignore_index) & (seg > 0)
+        per_seq = torch.zeros(self.n_segments + 1, dtype=torch.float64, device=dev).index_add_(
+            0, seg, lab.to(torch.float64))
+        per_seq[0] = 0  # padding belongs to no sequence
+        if code == _LOSS_MODES["token"]:
+            denom = per_seq.sum()
+            w = torch.where(lab, 1.0 / denom, 0.0)
+        else:
+            denom = (per_seq > 0).sum().to(torch.float64)
+            w = torch.where(lab, 1.0 / (per_seq[seg] * denom), 0.0)
+        if dtype in ("bfloat16", "float16"):
+            w = w.to(torch.float32)  # rounded as the host path: float64 -> float32 -> the narrow type
+        w = w.to(getattr(torch, dtype)).view(grid)
+        return (w, float(denom)) if return_denominator else w
+
+    def cp_last_token(self, cp_size: int, scheme: str = "zigzag", tp: int = 1, align: Optional[str] = "verl",
+                      dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
+        """(rank [N], local [N]): the CP rank holding each sequence's last token and its flattened index
+        in that rank's shard (-1 for empty sequences)."""
+        g = self._cp_global(cp_size, tp, align, scheme)
+        r = alloc((self.n_segments,), dtype_name(dtype), self._torch)
+        l = alloc((self.n_segments,), dtype_name(dtype), self._torch)
+        _maskpack.cp_last_token(g._h, int(cp_size), _pick(scheme, _SCHEMES, "scheme"), r, l)
+        return _placed(r, device, pin_memory), _placed(l, device, pin_memory)
+
+    def gather_last_tokens(self, x: Any):
+        """Per-token tensor [B,S,...] / [T,...] -> [N, ...]: each sequence's last real token (for reward
+        and value heads). Empty sequences give zeros. Differentiable, on x's device (torch indexing
+        with an index kept on the layout per device)."""
+        lead = _token_lead(self)
+        if is_torch_tensor(x):
+            import torch
+
+            _check_grid(x, self._per_token_shape(), "x")
+            if compiling():
+                from . import _compile
+
+                idx = _compile.derived(self, "last_token_index", {"dtype": "int64"}, x.device)
+                rows = x.reshape((-1,) + tuple(x.shape[lead:])).index_select(0, idx.clamp(min=0))
+                keep = (idx >= 0).reshape((-1,) + (1,) * (rows.dim() - 1))
+                return torch.where(keep, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+            key = ("last tokens", str(x.device))
+            idx, empty = _cached(self, key, lambda: self._last_token_index_on(x.device))
+            flat = x.reshape((-1,) + tuple(x.shape[lead:]))
+            rows = flat.index_select(0, idx)
+            if empty is not None:
+                rows = rows.index_fill(0, empty, 0)
+            return rows
+        a = np.asarray(x)
+        flat = a.reshape((-1,) + a.shape[lead:])
+        idx = np.asarray(self.last_token_index(dtype="int64"))
+        rows = flat[np.maximum(idx, 0)].copy()
+        rows[idx < 0] = 0
+        return rows
+
+    def _last_token_index_on(self, device):
+        import torch
+
+        idx = np.asarray(self.last_token_index(dtype="int64"))
+        if not isinstance(idx, np.ndarray):
+            idx = idx.numpy()
+        empty = np.nonzero(idx < 0)[0]
+        return (torch.from_numpy(np.maximum(idx, 0)).to(device),
+                torch.from_numpy(empty).to(device) if empty.size else None)
 
     # ---- protocol -----------------------------------------------------------------------------
 
