@@ -70,21 +70,18 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
 
 /* ---- the operator object (one per layout and shapes, kept by maskpack/attention.py) ------------- */
 
-#define OP_CAPSULE "maskpack.attention_op"
-#define TEAM_CAPSULE "maskpack.workers" /* made by _maskpack.workers_create */
-
-static void op_capsule_free(PyObject *cap) { maskpack_attention_op_free(PyCapsule_GetPointer(cap, OP_CAPSULE)); }
-
-/* None -> NULL (the caller's thread alone), else a worker team capsule. */
-static int parse_team(PyObject *obj, maskpack_workers **team) {
-    *team = NULL;
-    if (obj == Py_None) return 0;
-    *team = PyCapsule_GetPointer(obj, TEAM_CAPSULE);
-    return *team ? 0 : -1;
+static void Op_dealloc(mpx_HandleObject *self) {
+    maskpack_attention_op_free(self->ptr);
+    self->ptr = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* op_create(layout, hq, hkv, d, dtype_code, n_threads, isa) -> op capsule (the kernel: isa; AUTO reads
- * MASKPACK_ISA now). The capsule holds no reference to the layout: the caller keeps the op in the layout's
+/* The op handle: a maskpack_attention_op owned by a Python object of this type. */
+static MPX_HANDLE_TYPE(OpType, "AttentionOp", "Opaque handle to a maskpack_attention_op (made by op_create).", Op_dealloc);
+
+
+/* op_create(layout, hq, hkv, d, dtype_code, n_threads, isa) -> op handle (the kernel: isa; AUTO reads
+ * MASKPACK_ISA now). The handle holds no reference to the layout: the caller keeps the op in the layout's
  * own cache, so the op never outlives it. */
 static PyObject *py_op_create(PyObject *m, PyObject *args) {
     (void)m;
@@ -99,9 +96,9 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     maskpack_status s =
         maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype, (maskpack_isa)isa, threads, &op, &err);
     if (s) return mpx_raise_status(s, &err);
-    PyObject *cap = PyCapsule_New(op, OP_CAPSULE, op_capsule_free);
-    if (!cap) maskpack_attention_op_free(op);
-    return cap;
+    PyObject *h = mpx_new_handle(&OpType, op, NULL);
+    if (!h) maskpack_attention_op_free(op);
+    return h;
 }
 
 /* op_forward(op, team or None, q, k, v, scale, softcap, out, lse | None) -> None */
@@ -111,9 +108,9 @@ static PyObject *py_op_forward(PyObject *m, PyObject *args) {
     double scale, softcap;
     if (!PyArg_ParseTuple(args, "OOOOOddOO", &cap, &team_obj, &d[0], &d[1], &d[2], &scale, &softcap, &d[3], &d[4]))
         return NULL;
-    maskpack_attention_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_attention_op *op = mpx_handle_ptr(cap, &OpType, "op");
     maskpack_workers *team;
-    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    if (!op || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[5] = {"q", "k", "v", "out", "lse"};
     maskpack_tensor t[5], *p[5];
     int present[5];
@@ -138,9 +135,9 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOOOddOOO", &cap, &team_obj, &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &scale,
                           &softcap, &d[6], &d[7], &d[8]))
         return NULL;
-    maskpack_attention_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_attention_op *op = mpx_handle_ptr(cap, &OpType, "op");
     maskpack_workers *team;
-    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    if (!op || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     maskpack_tensor t[9], *p[9];
     int present[9];
@@ -170,7 +167,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
                           &softcap, &d[3], &d[4], &team_obj))
         return NULL;
     maskpack_workers *team;
-    if (parse_team(team_obj, &team) < 0) return NULL;
+    if (mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[5] = {"q", "k", "v", "out", "lse"};
     const maskpack_layout *L;
     maskpack_tensor t[5];
@@ -202,7 +199,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
                           &d[4], &d[5], &scale, &softcap, &d[6], &d[7], &d[8], &team_obj))
         return NULL;
     maskpack_workers *team;
-    if (parse_team(team_obj, &team) < 0) return NULL;
+    if (mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *names[9] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     const maskpack_layout *L;
     maskpack_tensor t[9];
@@ -255,4 +252,12 @@ static PyMethodDef methods[] = {
 };
 
 /* The functions above as the submodule maskpack._maskpack.attention. */
-int mpx_init_attention(PyObject *sub) { return PyModule_AddFunctions(sub, methods); }
+int mpx_init_attention(PyObject *sub) {
+    if (PyType_Ready(&OpType) < 0) return -1;
+    Py_INCREF(&OpType);
+    if (PyModule_AddObject(sub, "Op", (PyObject *)&OpType) < 0) {
+        Py_DECREF(&OpType);
+        return -1;
+    }
+    return PyModule_AddFunctions(sub, methods);
+}

@@ -94,8 +94,6 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
 
 /* ---- sequence-parallel context parallelism over a Python communicator (mpx_comm) ------------- */
 
-static int parse_team(PyObject *obj, maskpack_workers **team); /* below, with the operator */
-
 /* cp_forward(comm, rank, size, layout, scheme, (q, k, v, g, beta, h0, o, ht), scale, chunked, l2norm, team or
  * None) */
 static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
@@ -106,7 +104,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     maskpack_workers *team;
     if (!PyArg_ParseTuple(args, "OiiOiO!dppO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
                           &chunked, &l2norm, &team_obj) ||
-        parse_team(team_obj, &team) < 0)
+        mpx_parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -138,7 +136,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     maskpack_workers *team;
     if (!PyArg_ParseTuple(args, "OiiOiO!dpO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &scale,
                           &l2norm, &team_obj) ||
-        parse_team(team_obj, &team) < 0)
+        mpx_parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -169,7 +167,7 @@ static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
     maskpack_workers *team;
     if (!PyArg_ParseTuple(args, "OiiOiO!pO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
                           &team_obj) ||
-        parse_team(team_obj, &team) < 0)
+        mpx_parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -195,7 +193,7 @@ static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
     maskpack_workers *team;
     if (!PyArg_ParseTuple(args, "OiiOiO!pO", &obj, &rank, &size, &layout, &scheme, &PyTuple_Type, &descs, &silu,
                           &team_obj) ||
-        parse_team(team_obj, &team) < 0)
+        mpx_parse_team(team_obj, &team) < 0)
         return NULL;
     const maskpack_layout *L;
     mpx_comm pc;
@@ -237,21 +235,18 @@ static PyObject *py_workspace_size(PyObject *m, PyObject *args) {
 
 /* ---- the operator object (one per layout and shapes, kept by maskpack/gdn.py) ------------------ */
 
-#define OP_CAPSULE "maskpack.gdn_op"
-#define TEAM_CAPSULE "maskpack.workers" /* made by _maskpack.workers_create */
-
-static void op_capsule_free(PyObject *cap) { maskpack_gdn_op_free(PyCapsule_GetPointer(cap, OP_CAPSULE)); }
-
-/* None -> NULL (the caller's thread alone), else a worker team capsule. */
-static int parse_team(PyObject *obj, maskpack_workers **team) {
-    *team = NULL;
-    if (obj == Py_None) return 0;
-    *team = PyCapsule_GetPointer(obj, TEAM_CAPSULE);
-    return *team ? 0 : -1;
+static void Op_dealloc(mpx_HandleObject *self) {
+    maskpack_gdn_op_free(self->ptr);
+    self->ptr = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* op_create(layout, H, HV, K, V, scale, chunked, l2norm, n_threads, isa[, check_gate = True]) -> op capsule.
- * The capsule holds no reference to the layout: the caller keeps the op in the layout's own cache, so
+/* The op handle: a maskpack_gdn_op owned by a Python object of this type. */
+static MPX_HANDLE_TYPE(OpType, "GdnOp", "Opaque handle to a maskpack_gdn_op (made by op_create).", Op_dealloc);
+
+
+/* op_create(layout, H, HV, K, V, scale, chunked, l2norm, n_threads, isa[, check_gate = True]) -> op handle.
+ * The handle holds no reference to the layout: the caller keeps the op in the layout's own cache, so
  * the op never outlives it. */
 static PyObject *py_op_create(PyObject *m, PyObject *args) {
     (void)m;
@@ -275,9 +270,9 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s = maskpack_gdn_op_create(L, H, HV, K, V, &o, &op, &err);
     if (s) return mpx_raise_status(s, &err);
-    PyObject *cap = PyCapsule_New(op, OP_CAPSULE, op_capsule_free);
-    if (!cap) maskpack_gdn_op_free(op);
-    return cap;
+    PyObject *h = mpx_new_handle(&OpType, op, NULL);
+    if (!h) maskpack_gdn_op_free(op);
+    return h;
 }
 
 /* op_forward(op, team or None, (q, k, v, g, beta, h0, o, ht)) */
@@ -285,9 +280,9 @@ static PyObject *py_op_forward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *cap, *team_obj, *descs;
     if (!PyArg_ParseTuple(args, "OOO!", &cap, &team_obj, &PyTuple_Type, &descs)) return NULL;
-    maskpack_gdn_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_gdn_op *op = mpx_handle_ptr(cap, &OpType, "op");
     maskpack_workers *team;
-    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    if (!op || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *const names[8] = {"q", "k", "v", "g", "beta", "initial_state", "o", "final_state"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -304,9 +299,9 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *cap, *team_obj, *descs;
     if (!PyArg_ParseTuple(args, "OOO!", &cap, &team_obj, &PyTuple_Type, &descs)) return NULL;
-    maskpack_gdn_op *op = PyCapsule_GetPointer(cap, OP_CAPSULE);
+    maskpack_gdn_op *op = mpx_handle_ptr(cap, &OpType, "op");
     maskpack_workers *team;
-    if (!op || parse_team(team_obj, &team) < 0) return NULL;
+    if (!op || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
                                           "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
@@ -367,7 +362,7 @@ static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!pOi", &addr, &PyTuple_Type, &descs, &silu, &team_obj, &isa)) return NULL;
     const maskpack_layout *L;
     maskpack_workers *team;
-    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0 || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *const names[5] = {"x", "weight", "prefix", "y", "conv_state"};
     maskpack_tensor ts[5], *p[5];
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
@@ -387,7 +382,7 @@ static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!pOi", &addr, &PyTuple_Type, &descs, &silu, &team_obj, &isa)) return NULL;
     const maskpack_layout *L;
     maskpack_workers *team;
-    if (mpx_parse_layout(addr, &L) < 0 || parse_team(team_obj, &team) < 0) return NULL;
+    if (mpx_parse_layout(addr, &L) < 0 || mpx_parse_team(team_obj, &team) < 0) return NULL;
     static const char *const names[8] = {"x", "weight", "prefix", "dy", "d_conv_state", "dx", "dweight", "d_prefix"};
     maskpack_tensor ts[8], *p[8];
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
@@ -524,4 +519,12 @@ static PyMethodDef methods[] = {
 };
 
 /* The functions above as the submodule maskpack._maskpack.gdn. */
-int mpx_init_gdn(PyObject *sub) { return PyModule_AddFunctions(sub, methods); }
+int mpx_init_gdn(PyObject *sub) {
+    if (PyType_Ready(&OpType) < 0) return -1;
+    Py_INCREF(&OpType);
+    if (PyModule_AddObject(sub, "Op", (PyObject *)&OpType) < 0) {
+        Py_DECREF(&OpType);
+        return -1;
+    }
+    return PyModule_AddFunctions(sub, methods);
+}

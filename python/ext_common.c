@@ -45,6 +45,31 @@ int mpx_parse_layout(PyObject *obj, const maskpack_layout **L) {
     return 0;
 }
 
+/* ---- the other handles ------------------------------------------------------------------------ */
+
+PyObject *mpx_new_handle(PyTypeObject *type, void *ptr, void *host) {
+    mpx_HandleObject *o = PyObject_New(mpx_HandleObject, type);
+    if (!o) return NULL;
+    o->ptr = ptr;
+    o->host = host;
+    return (PyObject *)o;
+}
+
+void *mpx_handle_ptr(PyObject *obj, PyTypeObject *type, const char *name) {
+    if (!PyObject_TypeCheck(obj, type)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a %s, found %.100s", name, type->tp_name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return ((mpx_HandleObject *)obj)->ptr;
+}
+
+int mpx_parse_team(PyObject *obj, maskpack_workers **team) {
+    *team = NULL;
+    if (obj == Py_None) return 0;
+    *team = mpx_handle_ptr(obj, &mpx_TeamType, "team");
+    return *team ? 0 : -1;
+}
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* maskpack.Error, registered by the package at import (maskpack/__init__.py); a strong reference held
@@ -88,6 +113,46 @@ PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err) {
     }
     Py_DECREF(type);
     return NULL;
+}
+
+/* ---- integers -------------------------------------------------------------------------------- */
+
+int mpx_item_i64(PyObject *item, const char *arg, Py_ssize_t i, int64_t *out) {
+    long long x = PyLong_AsLongLong(item);
+    if (x == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        maskpack_error e;
+        memset(&e, 0, sizeof e);
+        e.status = MASKPACK_ERR_OVERFLOW;
+        snprintf(e.argument, sizeof e.argument, "%s", arg);
+        e.index[0] = (int64_t)i;
+        e.index[1] = e.index[2] = e.index[3] = -1;
+        PyObject *r = PyObject_Repr(item);
+        const char *txt = r ? PyUnicode_AsUTF8(r) : NULL;
+        if (!txt) PyErr_Clear();
+        snprintf(e.message, sizeof e.message, "%s[%zd]: expected a value that fits int64, found %.80s", arg, i,
+                 txt ? txt : "a larger integer");
+        Py_XDECREF(r);
+        mpx_raise_status(MASKPACK_ERR_OVERFLOW, &e);
+        return -1;
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
+PyObject *mpx_i64_list(const int64_t *v, int64_t n) {
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
 }
 
 /* ---- tensors --------------------------------------------------------------------------------- */
@@ -329,6 +394,15 @@ int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *p
 
 int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present) {
     return parse(obj, name, 1, t, present);
+}
+
+int mpx_parse_given_tensor(PyObject *obj, const char *name, maskpack_tensor *t) {
+    int present = 0;
+    if (obj == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a tensor or array, found None", name);
+        return -1;
+    }
+    return mpx_parse_tensor(obj, name, t, &present);
 }
 
 /* ---- the rule -------------------------------------------------------------------------------- */

@@ -1,12 +1,12 @@
 /*
  * ext_common.h: what the C files of the one extension module maskpack._maskpack share.
  *
- * The module is built from several files (_maskpack.c: layouts, derived outputs, relayout; _plan.c:
- * the planner; _gdn.c and _attention.c: the kernels; ext_common.c: this header's definitions). They
- * share one Layout handle type, so a layout crosses between them as that Python object, checked by
- * type (never as an integer address); one path from maskpack_error to maskpack.Error; one reader of
- * tensor arguments (the torch tensors and numpy arrays themselves: no descriptors cross); and one
- * reader of the rule tuple.
+ * The module is built from several files, one per concern (listed in _maskpack.c, its entry point; this
+ * header's definitions are ext_common.c). They share one Layout handle type, so a layout crosses between
+ * them as that Python object, checked by type (never as an integer address); one shape for every other
+ * handle (one extension type per kind: team, relayout plan, kernel ops; the team type defined once); one
+ * path from maskpack_error to maskpack.Error; one reader of tensor arguments (the torch tensors and numpy
+ * arrays themselves: no descriptors cross); and one reader of the rule tuple.
  */
 #ifndef MASKPACK_EXT_COMMON_H
 #define MASKPACK_EXT_COMMON_H
@@ -17,6 +17,15 @@
 #include <stdint.h>
 
 #include "maskpack.h"
+
+/* Py_NewRef appeared in 3.10; the package supports 3.9. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *mpx_newref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) mpx_newref((PyObject *)(o))
+#endif
 
 /* ---- the Layout handle ---------------------------------------------------------------------- */
 
@@ -36,6 +45,39 @@ int mpx_parse_layout(PyObject *obj, const maskpack_layout **L);
 /* (handle object known to be a Layout handle) -> its layout. */
 static inline const maskpack_layout *mpx_layout(PyObject *obj) { return ((mpx_LayoutObject *)obj)->layout; }
 
+/* ---- the other handles: one extension type per kind -------------------------------------------- */
+
+/* A C object owned by a Python object of its kind's type (freed by the type's dealloc); host: what a
+ * team hosted by an OpenMP pool needs (PyMem_RawFree'd with it; NULL otherwise). No type has tp_new:
+ * handles are only made by the module's constructors. */
+typedef struct {
+    PyObject_HEAD void *ptr;
+    void *host;
+} mpx_HandleObject;
+
+#define MPX_HANDLE_TYPE(var, name, doc, dealloc)                                                      \
+    PyTypeObject var = {                                                                                \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack." name,                            \
+        .tp_basicsize = sizeof(mpx_HandleObject),                                                       \
+        .tp_itemsize = 0,                                                                               \
+        .tp_dealloc = (destructor)(dealloc),                                                            \
+        .tp_flags = Py_TPFLAGS_DEFAULT,                                                                 \
+        .tp_doc = doc,                                                                                  \
+    }
+
+/* (type, pointer) -> a new handle owning ptr; NULL with an exception set (ptr not freed: the caller's). */
+PyObject *mpx_new_handle(PyTypeObject *type, void *ptr, void *host);
+
+/* (object, its expected type, the argument's name) -> the pointer it owns, or NULL with a TypeError
+ * "name: expected a <type name>, found <type>". */
+void *mpx_handle_ptr(PyObject *obj, PyTypeObject *type, const char *name);
+
+/* The worker team (_teams.c): the one type every binding that runs on a team takes. */
+extern PyTypeObject mpx_TeamType;
+
+/* (team handle or None) -> *team (NULL for None: the calling thread alone): 0, or -1 with a TypeError. */
+int mpx_parse_team(PyObject *obj, maskpack_workers **team);
+
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* (exception type) -> the type raised for failed calls from now on (maskpack.Error, set by the package). */
@@ -43,6 +85,15 @@ void mpx_set_error_type(PyObject *type);
 
 /* (status, error or NULL) -> NULL with maskpack.Error(message, status_name, code, argument, index) set. */
 PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err);
+
+/* ---- integers -------------------------------------------------------------------------------- */
+
+/* item i of argument `arg` -> *out; a value past int64 is maskpack.Error (OVERFLOW, naming the
+ * argument and the index) instead of Python's bare "int too big to convert". Returns 0 or -1. */
+int mpx_item_i64(PyObject *item, const char *arg, Py_ssize_t i, int64_t *out);
+
+/* (n int64 values) -> a new list of Python ints, or NULL. */
+PyObject *mpx_i64_list(const int64_t *v, int64_t n);
 
 /* ---- tensors --------------------------------------------------------------------------------- */
 
@@ -64,6 +115,8 @@ int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *p
  * writeable=False) is a TypeError. (The package checks its outputs before they get here; this is for
  * objects the user hands straight to the extension, as moves into a given out do.) */
 int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
+/* As mpx_parse_tensor for an argument that must be given: None is a TypeError naming it. */
+int mpx_parse_given_tensor(PyObject *obj, const char *name, maskpack_tensor *t);
 
 /* ---- the rule -------------------------------------------------------------------------------- */
 
@@ -98,6 +151,14 @@ typedef struct mpx_comm {
 
 /* (object, rank, size) -> *c, a comm over the object (pc holds its state: keep it alive for the call). */
 int mpx_parse_comm(PyObject *obj, int rank, int size, mpx_comm *pc, maskpack_comm *c);
+
+/* The module's own parts (functions added to the module itself): errors, enum tables and the tensor
+ * reader's registration (_boundary.c), layouts (_layout.c), relayout plans and moves (_moves.c), worker
+ * teams (_teams.c). */
+int mpx_init_boundary(PyObject *m);
+int mpx_init_layout(PyObject *m);
+int mpx_init_moves(PyObject *m);
+int mpx_init_teams(PyObject *m);
 
 int mpx_init_plan(PyObject *sub);
 int mpx_init_gdn(PyObject *sub);
