@@ -15,19 +15,20 @@ from ._moves import (_ALIGNS, _LOSS_MODES, _PACK_PLAN, _PLACEMENTS as _PADDED_PL
                      _UNPACK_PLAN, _Move, _alloc_like, _apply, _as_torch, _check_grid, _fast_move, _numel,
                      _pick, _token_lead, _torch_path, cp_multiple, relayout)
 from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, describe_out, dtype_code, dtype_name, is_torch_tensor, compiling, placed as _placed
-from ._runtime import cached as _cached
+from ._runtime import cached as _cached, enum as _enum
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
-_PLACEMENTS = {"right": 0, "left": 1, "packed": 2}
-_MASK2D_CONV = {"keep": 0, "doc_id": 1}
-_MASK_CONV = {"keep": 0, "masked": 1, "additive": 2}
-_CU_FORMS = {"te": 0, "npu": 1}
-_BOUNDARY = {"reset": 0, "step": 1}
-_FILLS = {"-inf": 0, "min": 1}
-NPU_LAYOUTS = {"BSND": 0, "BNSD": 1, "BSH": 2, "SBH": 3, "TND": 4}
+# the C enums, as the extension exports them (maskpack._runtime.enum)
+_PLACEMENTS = _enum("placement")
+_MASK2D_CONV = _enum("mask2d_convention")
+_MASK_CONV = _enum("mask_convention")
+_CU_FORMS = _enum("cu_form")
+_BOUNDARY = _enum("boundary")
+_FILLS = _enum("fill")
+NPU_LAYOUTS = _enum("npu_layout")
 _NPU_LAYOUT_NAMES = {v: k for k, v in NPU_LAYOUTS.items()}
-_NPU_MASK_KINDS = {0: "none", 1: "compressed", 2: "prefix_compressed", 3: "full"}
+_NPU_MASK_KINDS = {v: k for k, v in _enum("npu_mask_kind").items()}
 _NPU_MASKS: Dict[Any, Any] = {}  # the compressed NPU masks, one per (kind, shape, output kind) per process
 _FLOAT_CODES = {DTYPE_CODE[n] for n in ("float16", "bfloat16", "float32", "float64")}
 

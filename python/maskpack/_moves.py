@@ -28,13 +28,15 @@ from ._errors import Error
 from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, describe, describe_out, dtype_code, dtype_name,
                        is_torch_tensor, register_torch)
 from ._tensors import check_layout, compiling
-from ._runtime import cache_of as _cache_of, team as _team
+from ._runtime import cache_of as _cache_of, enum as _enum, team as _team
 
-# "ulysses" runs as "contiguous" over a global layout padded only at the end (see _cp_global)
-_SCHEMES = {"zigzag": 0, "contiguous": 1, "ulysses": 1}
-_ALIGNS = {"verl": 0, "minimal": 1}
-_PLACEMENTS = {"right": 0, "left": 1}
-_LOSS_MODES = {"token": 0, "sequence": 1}
+# the C enums, as the extension exports them (maskpack._runtime.enum); "ulysses" runs as "contiguous" over a
+# global layout padded only at the end (see _cp_global)
+_SCHEMES = _enum("cp_scheme")
+_SCHEMES["ulysses"] = _SCHEMES["contiguous"]
+_ALIGNS = _enum("cp_align")
+_PLACEMENTS = {k: v for k, v in _enum("placement").items() if k != "packed"}  # the padded placements
+_LOSS_MODES = _enum("loss_mode")
 
 
 def _pick(value: Any, table: dict, name: str) -> int:

@@ -9,27 +9,14 @@ import numpy as np
 
 from . import _maskpack
 from ._errors import Error
+from ._runtime import enum
 from ._layout import NPU_LAYOUTS, Layout, _int
 from ._tensors import describe
 
 __all__ = ["validate_npu_args", "NPU_FINDING_NAMES"]
 
-NPU_FINDING_NAMES = {
-    1: "MASKPACK_NPU_BAD_LAYOUT",
-    2: "MASKPACK_NPU_BAD_MASK_SHAPE",
-    3: "MASKPACK_NPU_BAD_MASK_DTYPE",
-    4: "MASKPACK_NPU_CAUSAL_WITHOUT_MASK",
-    5: "MASKPACK_NPU_DENSE_FOR_COMPRESSED",
-    6: "MASKPACK_NPU_LEADING_ZERO",
-    7: "MASKPACK_NPU_NOT_CUMULATIVE",
-    8: "MASKPACK_NPU_TOO_MANY_ITEMS",
-    9: "MASKPACK_NPU_FULLY_MASKED_ROW",
-    10: "MASKPACK_NPU_PRE_NEXT_MISMATCH",
-    11: "MASKPACK_NPU_BAD_HEADS",
-    12: "MASKPACK_NPU_SCALE_DEFAULT",
-    13: "MASKPACK_NPU_BAD_SPARSE_MODE",
-    14: "MASKPACK_NPU_MASK_MISMATCH",
-}
+# finding code -> its constant's name (MASKPACK_NPU_BAD_LAYOUT...)
+NPU_FINDING_NAMES = {v: k for k, v in enum("npu_finding").items()}
 
 _OPERATOR_DEFAULT_TOKENS = 2147483647
 _UNKNOWN_LAYOUT = 99  # an input_layout string the operator does not know: reported as a finding

@@ -40,13 +40,14 @@ import numpy as np
 
 from ._maskpack import plan as _plan
 from ._errors import Error
+from ._runtime import enum
 
 __all__ = ["Plan", "Rows", "plan", "attention_coefficient"]
 
-_ALIGN = {"verl": 0, "minimal": 1}
-_OBJECTIVE = {"tokens": 0, "attention": 1}
-_ALGORITHM = {"bfd": 0, "ffd": 1, "nextfit": 2}
-_ROW_WIDTH = {"capacity": 0, "used": 1}
+_ALIGN = enum("cp_align")
+_OBJECTIVE = enum("plan_objective")
+_ALGORITHM = enum("plan_algorithm")
+_ROW_WIDTH = enum("plan_row_width")
 
 
 @contextlib.contextmanager

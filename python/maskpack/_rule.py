@@ -17,13 +17,15 @@ import numpy as np
 
 from . import _maskpack
 from ._errors import Error
+from ._runtime import enum
 from ._tensors import as_int_list
 
-ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
+_ALIGNMENT = enum("alignment")
+ALIGNMENTS = {k: v for k, v in _ALIGNMENT.items() if k != "unstated"}
 ALIGNMENT_NAMES = {v: k for k, v in ALIGNMENTS.items()}
 # MASKPACK_ALIGN_UNSTATED: the rule passed when no ``alignment`` keyword was given, so that the library
 # applies its policy (refused where q_len != kv_len under a causal or windowed rule, else bottom-right)
-ALIGN_UNSTATED = 2
+ALIGN_UNSTATED: int = _ALIGNMENT["unstated"]
 RULE_KEYS = ("causal", "window", "window_hf", "window_gym", "alignment", "spans", "prefix")
 
 DEFAULT_RULE: Dict[str, Any] = {

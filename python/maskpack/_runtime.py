@@ -16,9 +16,20 @@ from typing import Any, Optional
 from . import _maskpack
 from ._errors import Error
 
-__all__ = ["MAX_THREADS", "check_threads", "default_threads", "threads", "team", "team_pool", "cache_of", "cached"]
+__all__ = ["MAX_THREADS", "enum", "check_threads", "default_threads", "threads", "team", "team_pool", "cache_of",
+           "cached"]
 
-MAX_THREADS = 256  # the library's one thread limit (maskpack_workers_create, the GDN kernels)
+# the library's one thread limit (MASKPACK_MAX_THREADS: maskpack_workers_create, the kernels), as the extension
+# was built with it
+MAX_THREADS: int = _maskpack.MAX_THREADS
+
+_ENUMS = _maskpack.enums()  # every C enum in the package's words, with the header's values (read once)
+
+
+def enum(table: str) -> dict:
+    """The C enum ``table`` as the extension exports it: {the package's name: the header's value} (a copy).
+    Every module reads its codes here; none keeps a copy of a C value."""
+    return dict(_ENUMS[table])
 
 try:
     _CPUS = len(os.sched_getaffinity(0))  # read once: it is a system call

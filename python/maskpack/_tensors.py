@@ -15,21 +15,12 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _maskpack
 from ._errors import Error
+from ._runtime import enum
 
-DTYPE_NAMES = (
-    "bool",
-    "uint8",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-)
-DTYPE_CODE = {name: code for code, name in enumerate(DTYPE_NAMES)}
+DTYPE_NAMES = _maskpack.DTYPE_NAMES  # maskpack_dtype_name of every code, in code order
+DTYPE_CODE = enum("dtype")
 
 # numpy dtype -> code, from the one table above (numpy has no bfloat16: ml_dtypes' is matched by name)
 _NP_CODE = {np.dtype(n): c for n, c in DTYPE_CODE.items() if n != "bfloat16"}
@@ -83,8 +74,6 @@ def register_torch() -> None:
     if not _TORCH_REGISTERED:
         import torch
         import torch.utils.dlpack
-
-        from . import _maskpack
 
         _maskpack.register_torch(torch.Tensor, torch.utils.dlpack.to_dlpack)
         _TORCH_REGISTERED.append(True)
@@ -234,8 +223,9 @@ def _is_intlike(v) -> bool:
     return isinstance(v, (int, np.integer, np.bool_))
 
 
-# maskpack_isa (maskpack.h): the kernel every attention, Gated DeltaNet and conv call takes as isa=
-ISA_CODES = {"auto": 0, "ref": 1, "avx512": 2, "avx2": 3, "avx512_bf16": 4, "amx": 5}
+# maskpack_isa (maskpack.h): the kernel every attention, Gated DeltaNet and conv call takes as isa=, by the
+# library's names (maskpack_isa_name)
+ISA_CODES = enum("isa")
 
 
 def isa_code(isa: Optional[str]) -> int:

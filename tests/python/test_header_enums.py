@@ -1,11 +1,15 @@
-"""The Python package's copies of C enum values against include/maskpack.h.
+"""The C enum values the package uses against include/maskpack.h.
 
-The package passes enum values to C as integers from its own dicts (placements, conventions, CP
-schemes, plan options, dtype codes, NPU finding codes). Nothing else ties those numbers to the
-header: this test parses the header and checks every dict entry against the named constant, so a
-renumbered or inserted C value fails here instead of silently selecting another option.
+The package passes enum values to C as integers (placements, conventions, CP schemes, plan options,
+dtype codes, ISAs, NPU finding codes). It keeps no copy of them: the extension exports its enum tables
+(``_maskpack.enums()``: the package's name for each constant, with the constant itself as the value),
+the thread limit and the dtype and ISA names, and the modules read those. This test parses the header
+and checks the exported tables entry by entry against the named constants, checks that every module
+table is the exported one (so a renumbered or inserted C value fails here instead of silently selecting
+another option), and that no module of the package holds a literal copy of a C value.
 """
 
+import ast
 import importlib
 import pathlib
 import re
@@ -15,7 +19,7 @@ import pytest
 import torch
 
 import maskpack
-from maskpack import _runtime
+from maskpack import _maskpack, _runtime
 
 # the modules themselves (the package exports functions under some of these names)
 _layout, _moves, _npu, _rule, _tensors, gdn, plan = (
@@ -36,6 +40,33 @@ def header_constants():
 
 
 C = header_constants()
+
+# the extension's tables (_maskpack.enums()): its name -> {the package's word: the C constant it stands for}
+EXPORTED = {
+    "placement": {"right": "MASKPACK_PLACE_RIGHT", "left": "MASKPACK_PLACE_LEFT", "packed": "MASKPACK_PLACE_PACKED"},
+    "mask2d_convention": {"keep": "MASKPACK_MASK2D_KEEP", "doc_id": "MASKPACK_MASK2D_DOC_ID"},
+    "mask_convention": {"keep": "MASKPACK_MASK_KEEP", "masked": "MASKPACK_MASK_MASKED",
+                        "additive": "MASKPACK_MASK_ADDITIVE"},
+    "cu_form": {"te": "MASKPACK_CU_TE", "npu": "MASKPACK_CU_NPU"},
+    "boundary": {"reset": "MASKPACK_BOUNDARY_RESET", "step": "MASKPACK_BOUNDARY_STEP"},
+    "fill": {"-inf": "MASKPACK_FILL_NEG_INF", "min": "MASKPACK_FILL_DTYPE_MIN"},
+    "alignment": {"top_left": "MASKPACK_ALIGN_TOP_LEFT", "bottom_right": "MASKPACK_ALIGN_BOTTOM_RIGHT",
+                  "unstated": "MASKPACK_ALIGN_UNSTATED"},
+    "npu_layout": {n: "MASKPACK_NPU_" + n for n in ("BSND", "BNSD", "BSH", "SBH", "TND")},
+    "npu_mask_kind": {n.lower(): "MASKPACK_NPU_MASK_" + n for n in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")},
+    "cp_scheme": {"zigzag": "MASKPACK_CP_ZIGZAG", "contiguous": "MASKPACK_CP_CONTIGUOUS"},
+    "cp_align": {"verl": "MASKPACK_CP_ALIGN_VERL", "minimal": "MASKPACK_CP_ALIGN_MINIMAL"},
+    "loss_mode": {"token": "MASKPACK_LOSS_TOKEN", "sequence": "MASKPACK_LOSS_SEQUENCE"},
+    "plan_objective": {"tokens": "MASKPACK_PLAN_TOKENS", "attention": "MASKPACK_PLAN_ATTENTION"},
+    "plan_algorithm": {"bfd": "MASKPACK_PLAN_BFD", "ffd": "MASKPACK_PLAN_FFD", "nextfit": "MASKPACK_PLAN_NEXTFIT"},
+    "plan_row_width": {"capacity": "MASKPACK_PLAN_WIDTH_CAPACITY", "used": "MASKPACK_PLAN_WIDTH_USED"},
+    "isa": {n: "MASKPACK_ISA_" + n.upper() for n in ("auto", "ref", "avx512", "avx2", "avx512_bf16", "amx")},
+    # every NPU finding of the header, by its own name
+    "npu_finding": {k: k for k in C if k.startswith("MASKPACK_NPU_")
+                    and k[len("MASKPACK_NPU_"):] not in ("BSND", "BNSD", "BSH", "SBH", "TND")
+                    and k[len("MASKPACK_NPU_MASK_"):] not in ("NONE", "COMPRESSED", "PREFIX_COMPRESSED", "FULL")},
+    "status": {k: k for k in C if k.startswith("MASKPACK_ERR_") or k == "MASKPACK_OK"},
+}
 
 # (Python dict, its key -> the C constant it stands for)
 TABLES = [
@@ -73,9 +104,10 @@ TABLES = [
      {n: "MASKPACK_ISA_" + n.upper() for n in ("auto", "ref", "avx512", "avx2", "avx512_bf16", "amx")}),
 ]
 
-# every module-level table of the package holding C integer codes: a new copy of an enum must be
-# added to TABLES (or to the dtype checks below) before test_every_copied_enum_table_is_checked passes
+# every module-level table of the package holding C integer codes: a new table must be added to TABLES
+# (or to the dtype checks below) before test_every_enum_table_is_checked passes
 CHECKED = {("_layout", "_NPU_MASK_KINDS"), ("_layout", "_NPU_LAYOUT_NAMES"), ("_rule", "ALIGNMENT_NAMES"),
+           ("_rule", "_ALIGNMENT"),
            ("_tensors", "DTYPE_CODE"), ("_tensors", "_NP_CODE"), ("_tensors", "_TORCH_CODES"), ("_npu", "NPU_FINDING_NAMES")}
 CHECKED |= {tuple(t[0].split(".")) for t in TABLES if t[0].count(".") == 1 and t[0] != "_rule.ALIGN_UNSTATED"}
 DTYPE_CONST = {"bool": "MASKPACK_BOOL", "uint8": "MASKPACK_U8", "int8": "MASKPACK_I8", "int16": "MASKPACK_I16",
@@ -87,6 +119,28 @@ def test_header_parsed():
     # the parse itself: known values, and enough of them that a broken regex cannot pass silently
     assert C["MASKPACK_ERR_UNSUPPORTED"] == 16 and C["MASKPACK_F32"] == 8 and C["MASKPACK_NPU_TND"] == 4
     assert len(C) > 90
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTED))
+def test_exported_enum_tables_match_header(name):
+    table, consts = _maskpack.enums()[name], EXPORTED[name]
+    assert set(table) == set(consts), f"enums()[{name!r}]: keys {sorted(table)} vs the checked {sorted(consts)}"
+    for key, const in consts.items():
+        assert const in C, f"{name}[{key!r}]: {const} is not in maskpack.h"
+        assert table[key] == C[const], f"enums()[{name!r}][{key!r}] = {table[key]}, maskpack.h has {const} = {C[const]}"
+
+
+def test_exported_tables_are_complete_and_the_limits_and_names_are_the_headers():
+    assert set(_maskpack.enums()) == set(EXPORTED) | {"dtype"}
+    assert _maskpack.enums() is not _maskpack.enums()  # a new dict each call: no caller edits another's
+    # dtype and ISA names in code order: the library's own (maskpack_dtype_name, maskpack_isa_name)
+    assert len(_maskpack.DTYPE_NAMES) == C["MASKPACK_DTYPE_COUNT_"]
+    for code, n in enumerate(_maskpack.DTYPE_NAMES):
+        assert C[DTYPE_CONST[n]] == code and _maskpack.enums()["dtype"][n] == code
+    assert len(_maskpack.ISA_NAMES) == C["MASKPACK_ISA_COUNT_"]
+    for code, n in enumerate(_maskpack.ISA_NAMES):
+        assert C["MASKPACK_ISA_" + n.upper()] == code
+    assert _maskpack.enums()["status"] == {n: i for i, n in enumerate(_maskpack.status_names())}
 
 
 @pytest.mark.parametrize("name,table,consts", TABLES, ids=[t[0] for t in TABLES])
@@ -108,7 +162,7 @@ def _int_table(v):
     return isinstance(v, dict) and bool(v) and ((strs(v) and ints(v.values())) or (ints(v) and strs(v.values())))
 
 
-def test_every_copied_enum_table_is_checked():
+def test_every_enum_table_is_checked():
     pkg = pathlib.Path(maskpack.__file__).parent
     checked = {id(getattr(importlib.import_module("maskpack." + m), a)) for m, a in CHECKED}
     found = {}
@@ -171,7 +225,7 @@ def test_thread_limit_matches_header():
     MASKPACK_MAX_THREADS (a #define, not an enum), and the C library refuses one thread more."""
     m = re.search(r"#define\s+MASKPACK_MAX_THREADS\s+(\d+)", HEADER.read_text())
     assert m, "MASKPACK_MAX_THREADS is not defined in the header"
-    assert _runtime.MAX_THREADS == _tensors.MAX_THREADS == int(m.group(1))
+    assert _runtime.MAX_THREADS == _tensors.MAX_THREADS == _maskpack.MAX_THREADS == int(m.group(1))
     from maskpack._maskpack import gdn as _gdn
 
     lay = maskpack.Layout.from_lengths([4], placement="packed")
@@ -179,3 +233,43 @@ def test_thread_limit_matches_header():
     with pytest.raises(maskpack.Error) as e:
         _gdn.op_create(lay._h, 1, 1, 16, 16, 0.25, True, True, int(m.group(1)) + 1, 0)
     assert e.value.argument == "opts.n_threads"
+
+
+def _literal_codes(node) -> bool:
+    """A literal that spells C codes: a dict display mapping names to int constants (or back), or an int
+    constant (a bound such as MAX_THREADS), or a tuple of the dtype / ISA names."""
+    def ints(xs):
+        return xs and all(isinstance(x, ast.Constant) and type(x.value) is int for x in xs)
+
+    def strs(xs):
+        return xs and all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in xs)
+    if isinstance(node, ast.Dict):
+        return bool((strs(node.keys) and ints(node.values)) or (ints(node.keys) and strs(node.values)))
+    if isinstance(node, (ast.Tuple, ast.List)) and strs(node.elts):
+        names = {e.value for e in node.elts}
+        return names <= set(_maskpack.DTYPE_NAMES) | set(_maskpack.ISA_NAMES) and len(names) > 2
+    return False
+
+
+def test_no_module_keeps_a_literal_copy_of_a_c_enum():
+    """The package reads the extension's tables: no module-level name of any module is bound to a literal
+    table of codes (a dict display of names and ints, a tuple of dtype or ISA names), and the thread
+    limit is the extension's value."""
+    pkg = pathlib.Path(maskpack.__file__).parent
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) and node.value is not None else []
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            if names and _literal_codes(node.value):
+                found.append(f"{path.relative_to(pkg)}:{node.lineno} {names[0]}")
+            if "MAX_THREADS" in names and isinstance(node.value, ast.Constant):
+                found.append(f"{path.relative_to(pkg)}:{node.lineno} MAX_THREADS")
+    assert not found, f"literal copies of C values: {found}"
+    # the scan sees a literal where there is one
+    assert _literal_codes(ast.parse('X = {"right": 0, "left": 1}').body[0].value)
+    assert _literal_codes(ast.parse('X = ("bool", "uint8", "int8")').body[0].value)
+    # the tables the modules use are the extension's
+    assert _layout._PLACEMENTS == _maskpack.enums()["placement"] and _tensors.DTYPE_NAMES is _maskpack.DTYPE_NAMES
+    assert _tensors.ISA_CODES == _maskpack.enums()["isa"] and _runtime.MAX_THREADS is _maskpack.MAX_THREADS
