@@ -585,6 +585,7 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         if (split) {
             job jobs[MAX_CHUNKS];
             int64_t n = bytes / CHUNK_BYTES;
+            if (n < 1) n = 1; /* a move under one chunk (MASKPACK_TEAM_MIN_BYTES set that low) is one job */
             if (n > MAX_CHUNKS) n = MAX_CHUNKS;
             if (n > total) n = total;
             split_jobs(P, total, (int)n, proto, jobs);

@@ -193,3 +193,25 @@ def test_context_parallel_c_algorithms_same_bits_on_either_pool():
                 assert res["auto"]["pool"] == "openmp"
             for a, b in zip(res["own"]["values"], res["auto"]["values"]):
                 assert torch.equal(a, b)
+
+
+def test_team_threshold_set_low_still_moves_every_byte():
+    """MASKPACK_TEAM_MIN_BYTES set below one chunk: a small move split over a team is one job, not zero (it once
+    copied nothing and returned success)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, maskpack\n"
+            "lay = maskpack.Layout.from_lengths([5, 3, 7], placement='right')\n"
+            "x = np.arange(lay.n_rows * lay.q_width * 4, dtype=np.float32).reshape(lay.n_rows, lay.q_width, 4)\n"
+            "want = lay.pack(x, threads=1)\n"
+            "for t in (2, 3):\n"
+            "    got = lay.pack(x, threads=t)\n"
+            "    assert np.array_equal(got, want), (t, got, want)\n"
+            "    back = lay.unpack(got, threads=t)\n"
+            "    assert np.array_equal(back, lay.unpack(want, threads=1)), t\n"
+            "print('moved', want.shape)\n")
+    env = dict(os.environ, MASKPACK_TEAM_MIN_BYTES="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "moved (15, 4)" in out.stdout, out.stdout + out.stderr
