@@ -231,10 +231,10 @@ MUTATIONS = [
          c=["test_labels"]),
     # ---- binding -----------------------------------------------------------------------------
     dict(name="binding_cu_forms_swapped",
-         why="the Python layer maps form='te' to the NPU form and back",
+         why="the Python layer asks the C library for the other cu_seqlens form (te <-> npu) on output",
          file="python/maskpack/_layout.py",
-         find='_CU_FORMS = {"te": 0, "npu": 1}',
-         replace='_CU_FORMS = {"te": 1, "npu": 0}',
+         find='fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")\n        n = self.n_segments',
+         replace='fcode = 1 - _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")\n        n = self.n_segments',
          py=["tests/python/test_properties.py", "-k", "per_token_and_offset"]),
     # ---- Gated DeltaNet ----------------------------------------------------------------------
     dict(name="gdn_chunk_decay_scaled",
