@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_LONG_SECONDS ?= 300
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-conformance test-sanitize test-fuzz fuzz-long coverage test-mutation bench install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-conformance test-sanitize test-fuzz fuzz-long coverage test-mutation bench format install clean
 
 all: build
 
@@ -86,6 +86,11 @@ test-mutation: python
 # on a quiet machine; most of an hour on 2 cores). BENCH_ARGS: e.g. --quick, --only bench_gdn,bench_plan.
 bench: build python
 	$(PY) bench/report.py $(BENCH_ARGS)
+
+# Every C file in the style of .clang-format (Debian's clang-format; a developer tool, not a build step).
+format:
+	@command -v clang-format >/dev/null || { echo "make format: clang-format is not installed (apt-get install clang-format)"; exit 1; }
+	git ls-files '*.c' '*.h' '*.inc' | xargs clang-format -i --style=file
 
 install: build
 	meson install -C $(BUILD)

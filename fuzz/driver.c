@@ -205,9 +205,22 @@ static size_t rnd_below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
 
 /* Applies one random mutation to buf[0..*len) (capacity cap). */
 static void mutate_once(uint8_t *buf, size_t *len, size_t cap, const pool *p) {
-    static const uint64_t interesting[] = {0,          1,          0x7f,       0x80,       0xff,       0x100,
-                                           0x7fff,     0x8000,     0xffff,     0x10000,    0x7fffffff, 0x80000000,
-                                           0xffffffff, 0x100000000ull, 0x7fffffffffffffffull, 0x8000000000000000ull,
+    static const uint64_t interesting[] = {0,
+                                           1,
+                                           0x7f,
+                                           0x80,
+                                           0xff,
+                                           0x100,
+                                           0x7fff,
+                                           0x8000,
+                                           0xffff,
+                                           0x10000,
+                                           0x7fffffff,
+                                           0x80000000,
+                                           0xffffffff,
+                                           0x100000000ull,
+                                           0x7fffffffffffffffull,
+                                           0x8000000000000000ull,
                                            0xffffffffffffffffull};
     size_t n = *len;
     switch (rnd_below(10)) {
@@ -314,15 +327,20 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] == '-') {
-            if (flag_value(a, "-runs", &v)) runs = v;
-            else if (flag_value(a, "-max_total_time", &v)) max_time = v;
-            else if (flag_value(a, "-seed", &v)) seed = v;
-            else if (flag_value(a, "-max_len", &v)) max_len = v > 0 ? v : max_len;
+            if (flag_value(a, "-runs", &v))
+                runs = v;
+            else if (flag_value(a, "-max_total_time", &v))
+                max_time = v;
+            else if (flag_value(a, "-seed", &v))
+                seed = v;
+            else if (flag_value(a, "-max_len", &v))
+                max_len = v > 0 ? v : max_len;
             else if (strncmp(a, "-artifact_prefix=", 17) == 0)
                 snprintf(g_artifact_prefix, sizeof g_artifact_prefix, "%s", a + 17);
             else if (strcmp(a, "-help=1") == 0 || strcmp(a, "--help") == 0) {
                 printf("usage: %s [-runs=N] [-max_total_time=S] [-seed=N] [-max_len=N] [-artifact_prefix=P] "
-                       "[FILE|DIR]...\n", argv[0]);
+                       "[FILE|DIR]...\n",
+                       argv[0]);
                 return 0;
             } else
                 fprintf(stderr, "driver: ignoring flag %s\n", a);

@@ -17,14 +17,14 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* A violated invariant is a bug: print it and abort so the fuzzer keeps the input. */
-#define FUZZ_ASSERT(cond, ...)                                                                       \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: invariant violated: %s\n  ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            abort();                                                                                 \
-        }                                                                                            \
+#define FUZZ_ASSERT(cond, ...)                                                                                         \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: invariant violated: %s\n  ", __FILE__, __LINE__, #cond);                           \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, "\n");                                                                                     \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 /* Consumes the fuzz input front to back; reads past the end yield zeros. */
@@ -149,9 +149,21 @@ static inline int64_t fuzz_at_i64(const maskpack_tensor *t, const int64_t *idx) 
     case MASKPACK_BOOL:
     case MASKPACK_U8: return *p;
     case MASKPACK_I8: return (int8_t)*p;
-    case MASKPACK_I16: { int16_t v; memcpy(&v, p, 2); return v; }
-    case MASKPACK_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    case MASKPACK_I64: { int64_t v; memcpy(&v, p, 8); return v; }
+    case MASKPACK_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case MASKPACK_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case MASKPACK_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
     default: return INT64_MIN; /* floats: callers use fuzz_at_f64 */
     }
 }
@@ -173,10 +185,26 @@ static inline double fuzz_at_f64(const maskpack_tensor *t, const int64_t *idx) {
     for (int32_t d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
     const uint8_t *p = (const uint8_t *)t->data + off * (int64_t)maskpack_dtype_size(t->dtype);
     switch (t->dtype) {
-    case MASKPACK_F16: { uint16_t v; memcpy(&v, p, 2); return fuzz_half_to_double(v, 0); }
-    case MASKPACK_BF16: { uint16_t v; memcpy(&v, p, 2); return fuzz_half_to_double(v, 1); }
-    case MASKPACK_F32: { float v; memcpy(&v, p, 4); return v; }
-    case MASKPACK_F64: { double v; memcpy(&v, p, 8); return v; }
+    case MASKPACK_F16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return fuzz_half_to_double(v, 0);
+    }
+    case MASKPACK_BF16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return fuzz_half_to_double(v, 1);
+    }
+    case MASKPACK_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case MASKPACK_F64: {
+        double v;
+        memcpy(&v, p, 8);
+        return v;
+    }
     default: return (double)fuzz_at_i64(t, idx);
     }
 }
@@ -188,19 +216,32 @@ static inline void fuzz_put_i64(maskpack_dtype dt, void *base, int64_t e, int64_
     case MASKPACK_BOOL:
     case MASKPACK_U8:
     case MASKPACK_I8: *p = (uint8_t)v; break;
-    case MASKPACK_I16: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
-    case MASKPACK_I32: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+    case MASKPACK_I16: {
+        uint16_t x = (uint16_t)v;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case MASKPACK_I32: {
+        uint32_t x = (uint32_t)v;
+        memcpy(p, &x, 4);
+        break;
+    }
     case MASKPACK_I64: memcpy(p, &v, 8); break;
     default: break;
     }
     if (!(dt <= MASKPACK_I64)) {
         double d = (double)v;
         /* floats: 0, +-1 and -inf are written exactly; others approximately */
-        if (dt == MASKPACK_F32) { float x = (float)d; memcpy(p, &x, 4); }
-        else if (dt == MASKPACK_F64) memcpy(p, &d, 8);
+        if (dt == MASKPACK_F32) {
+            float x = (float)d;
+            memcpy(p, &x, 4);
+        } else if (dt == MASKPACK_F64)
+            memcpy(p, &d, 8);
         else {
-            uint16_t h = v == 0 ? 0 : v == 1 ? (dt == MASKPACK_F16 ? 0x3c00 : 0x3f80)
-                       : v < 0 ? (dt == MASKPACK_F16 ? 0xbc00 : 0xbf80) : (dt == MASKPACK_F16 ? 0x7bff : 0x7f7f);
+            uint16_t h = v == 0   ? 0
+                         : v == 1 ? (dt == MASKPACK_F16 ? 0x3c00 : 0x3f80)
+                         : v < 0  ? (dt == MASKPACK_F16 ? 0xbc00 : 0xbf80)
+                                  : (dt == MASKPACK_F16 ? 0x7bff : 0x7f7f);
             memcpy(p, &h, 2);
         }
     }
@@ -218,10 +259,26 @@ static inline void fuzz_put(maskpack_dtype dt, void *base, int64_t e, double v) 
     case MASKPACK_BOOL:
     case MASKPACK_U8: *p = (uint8_t)(int64_t)v; break;
     case MASKPACK_I8: *p = (uint8_t)(int8_t)(int64_t)v; break;
-    case MASKPACK_I16: { int16_t x = (int16_t)(int64_t)v; memcpy(p, &x, 2); break; }
-    case MASKPACK_I32: { int32_t x = (int32_t)(int64_t)v; memcpy(p, &x, 4); break; }
-    case MASKPACK_I64: { int64_t x = (int64_t)v; memcpy(p, &x, 8); break; }
-    case MASKPACK_F32: { float x = (float)v; memcpy(p, &x, 4); break; }
+    case MASKPACK_I16: {
+        int16_t x = (int16_t)(int64_t)v;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case MASKPACK_I32: {
+        int32_t x = (int32_t)(int64_t)v;
+        memcpy(p, &x, 4);
+        break;
+    }
+    case MASKPACK_I64: {
+        int64_t x = (int64_t)v;
+        memcpy(p, &x, 8);
+        break;
+    }
+    case MASKPACK_F32: {
+        float x = (float)v;
+        memcpy(p, &x, 4);
+        break;
+    }
     case MASKPACK_F64: memcpy(p, &v, 8); break;
     case MASKPACK_F16: {
         /* only 0, 1, -1, -inf and -65504 are ever written */

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     maskpack_dtype dt = (flags & 2) ? MASKPACK_I64 : MASKPACK_I32;
     int with_padded = (flags >> 2) & 1;
     if ((flags >> 3) & 1) dt = (maskpack_dtype)(fz_u8(&in) % MASKPACK_DTYPE_COUNT_); /* sometimes a wrong dtype */
-    int64_t N = fz_u8(&in) % (MAX_N + 1); /* sequences */
+    int64_t N = fz_u8(&in) % (MAX_N + 1);                                            /* sequences */
     uint8_t total_mode = fz_u8(&in);
     int64_t cu[MAX_N + 1], pad[MAX_N + 1];
     cu[0] = fz_maybe_weird(&in, 0);
@@ -42,8 +42,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int integral = dt == MASKPACK_I32 || dt == MASKPACK_I64;
     for (int64_t k = 0; integral && k < n_entries; k++) {
         int64_t v = fuzz_at_i64(&t, &k);
-        if (form == MASKPACK_CU_TE) cu[k] = v;
-        else cu[k + 1] = v;
+        if (form == MASKPACK_CU_TE)
+            cu[k] = v;
+        else
+            cu[k + 1] = v;
     }
     if (form == MASKPACK_CU_NPU) cu[0] = 0;
     int64_t last = N ? cu[N] : 0, plast = pad[N];
@@ -89,8 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         s = maskpack_cu_seqlens(L, form, 0, &bt, &e);
         FUZZ_ASSERT(s == MASKPACK_OK, "cu_seqlens of a layout built from cu_seqlens failed: %s", e.message);
         for (int64_t k = 0; k < n_entries; k++)
-            FUZZ_ASSERT(back[k] == entries[k], "cu_seqlens[%lld] = %lld, input %lld", (long long)k,
-                        (long long)back[k], (long long)entries[k]);
+            FUZZ_ASSERT(back[k] == entries[k], "cu_seqlens[%lld] = %lld, input %lld", (long long)k, (long long)back[k],
+                        (long long)entries[k]);
     }
     maskpack_layout_free(L);
     return 0;

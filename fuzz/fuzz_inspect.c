@@ -14,9 +14,9 @@ static void check_report_text(const char *text, size_t len) {
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
         FUZZ_ASSERT(c == '\n' || (c >= 0x20 && c != 0x7f), "control byte 0x%02x at %zu of the text report", c, i);
-        FUZZ_ASSERT(!(c == 0xc2 && i + 1 < len && (unsigned char)text[i + 1] >= 0x80 &&
-                      (unsigned char)text[i + 1] <= 0x9f),
-                    "C1 control at %zu of the text report", i);
+        FUZZ_ASSERT(
+            !(c == 0xc2 && i + 1 < len && (unsigned char)text[i + 1] >= 0x80 && (unsigned char)text[i + 1] <= 0x9f),
+            "C1 control at %zu of the text report", i);
     }
 }
 

@@ -47,8 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rule.causal = causal;
     maskpack_layout *L = NULL;
     maskpack_error e;
-    maskpack_status s = maskpack_layout_from_mask2d(&mask, doc ? MASKPACK_MASK2D_DOC_ID : MASKPACK_MASK2D_KEEP,
-                                                    &rule, &L, &e);
+    maskpack_status s =
+        maskpack_layout_from_mask2d(&mask, doc ? MASKPACK_MASK2D_DOC_ID : MASKPACK_MASK2D_KEEP, &rule, &L, &e);
     fuzz_check_error(s, &e);
     if (s == MASKPACK_OK) {
         fuzz_check_layout(L);
@@ -61,8 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 int real = v != 0;
                 ones += real;
                 int64_t k = maskpack_segment_of_query(L, b, s2);
-                FUZZ_ASSERT((k >= 0) == real, "cell (%lld, %lld) = %g but segment %lld", (long long)b, (long long)s2,
-                            v, (long long)k);
+                FUZZ_ASSERT((k >= 0) == real, "cell (%lld, %lld) = %g but segment %lld", (long long)b, (long long)s2, v,
+                            (long long)k);
                 if (s2 > 0 && real) {
                     int64_t pidx[2] = {b, s2 - 1};
                     double pv = fuzz_at_f64(&mask, pidx);
@@ -70,8 +70,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     if (pv != 0) {
                         /* keep: one run per row; doc_id: a new segment exactly where the id changes */
                         int same = doc ? pv == v : 1;
-                        FUZZ_ASSERT((pk == k) == same, "row %lld col %lld: ids %g/%g, segments %lld/%lld",
-                                    (long long)b, (long long)s2, pv, v, (long long)pk, (long long)k);
+                        FUZZ_ASSERT((pk == k) == same, "row %lld col %lld: ids %g/%g, segments %lld/%lld", (long long)b,
+                                    (long long)s2, pv, v, (long long)pk, (long long)k);
                     }
                 }
             }

@@ -79,7 +79,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         int a = maskpack_allowed(ref, b, h, i, j);
                         if (pad_rows_see && maskpack_segment_of_query(ref, b, i) < 0)
                             a = maskpack_segment_of_query(ref, b, j) >= 0;
-                        double v = conv == MASKPACK_MASK_KEEP ? a : conv == MASKPACK_MASK_MASKED ? !a : (a ? 0.0 : fill);
+                        double v = conv == MASKPACK_MASK_KEEP     ? a
+                                   : conv == MASKPACK_MASK_MASKED ? !a
+                                                                  : (a ? 0.0 : fill);
                         vals[((b * H + h) * S + i) * S + j] = v;
                     }
         maskpack_layout_free(ref);
@@ -100,9 +102,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t shape4[4] = {B, (flags >> 4) & 1 ? 1 : H, S, S};
     if (shape4[1] == 1 && H > 1) {
         /* [B,1,S,S]: keep only head 0's cells */
-        for (int64_t b = 0; b < B; b++) memmove(buf + (size_t)(b * S * S) * maskpack_dtype_size(dt),
-                                                buf + (size_t)(b * H * S * S) * maskpack_dtype_size(dt),
-                                                (size_t)(S * S) * maskpack_dtype_size(dt));
+        for (int64_t b = 0; b < B; b++)
+            memmove(buf + (size_t)(b * S * S) * maskpack_dtype_size(dt),
+                    buf + (size_t)(b * H * S * S) * maskpack_dtype_size(dt), (size_t)(S * S) * maskpack_dtype_size(dt));
         H = 1;
     }
     maskpack_tensor mask = maskpack_tensor_contiguous(buf, dt, 4, shape4);
@@ -115,12 +117,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     maskpack_error e;
     maskpack_status s = maskpack_layout_from_mask4d(&mask, conv, &L, &e);
     fuzz_check_error(s, &e);
-    int dtype_ok = conv == MASKPACK_MASK_ADDITIVE ? (dt == MASKPACK_F16 || dt == MASKPACK_BF16 || dt == MASKPACK_F32 ||
-                                                     dt == MASKPACK_F64)
-                                                  : (dt == MASKPACK_BOOL || dt == MASKPACK_U8);
+    int dtype_ok = conv == MASKPACK_MASK_ADDITIVE
+                       ? (dt == MASKPACK_F16 || dt == MASKPACK_BF16 || dt == MASKPACK_F32 || dt == MASKPACK_F64)
+                       : (dt == MASKPACK_BOOL || dt == MASKPACK_U8);
     if (must_recover && clean && dtype_ok)
-        FUZZ_ASSERT(s == MASKPACK_OK, "a mask written from a layout was not recovered: %s: %s",
-                    maskpack_status_name(s), e.message);
+        FUZZ_ASSERT(s == MASKPACK_OK, "a mask written from a layout was not recovered: %s: %s", maskpack_status_name(s),
+                    e.message);
     if (s == MASKPACK_OK) {
         fuzz_check_layout(L);
         FUZZ_ASSERT(maskpack_layout_n_rows(L) == B && maskpack_layout_q_width(L) == S, "grid changed");

@@ -11,7 +11,7 @@
 #include "fuzz_common.h"
 
 #define MAX_ITEMS 8
-#define MAX_SIDE 12
+#define MAX_SIDE  12
 
 static void check_report(maskpack_status s, const maskpack_npu_report *rep, const maskpack_error *e) {
     fuzz_check_error(s, e);
@@ -141,8 +141,8 @@ static void round_trip(fuzz_reader *in) {
     maskpack_error e;
     if (maskpack_layout_from_lengths(lens, n, place, 0, &rule, &L, &e) != MASKPACK_OK) return;
     maskpack_npu_layout lay = place == MASKPACK_PLACE_PACKED ? MASKPACK_NPU_TND
-                              : (opt >> 4) & 1            ? MASKPACK_NPU_BNSD
-                                                          : MASKPACK_NPU_BSND;
+                              : (opt >> 4) & 1               ? MASKPACK_NPU_BNSD
+                                                             : MASKPACK_NPU_BSND;
     maskpack_npu_argset a;
     memset(&a, 0, sizeof a);
     maskpack_status s = maskpack_npu_args(L, lay, 0, 64, &a, &e);

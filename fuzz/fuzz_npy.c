@@ -5,11 +5,11 @@
 
 static void check_array(const mpio_array *a) {
     FUZZ_ASSERT(a->ndim >= 0 && a->ndim <= MASKPACK_MAX_DIMS, "ndim %d", (int)a->ndim);
-    FUZZ_ASSERT((int)a->dtype >= 0 && a->dtype < MASKPACK_DTYPE_COUNT_ && a->dtype != MASKPACK_BF16,
-                "dtype %d", (int)a->dtype);
+    FUZZ_ASSERT((int)a->dtype >= 0 && a->dtype < MASKPACK_DTYPE_COUNT_ && a->dtype != MASKPACK_BF16, "dtype %d",
+                (int)a->dtype);
     int64_t numel = mpio_array_numel(a);
-    FUZZ_ASSERT((uint64_t)numel * maskpack_dtype_size(a->dtype) == a->nbytes, "nbytes %zu for %lld elements",
-                a->nbytes, (long long)numel);
+    FUZZ_ASSERT((uint64_t)numel * maskpack_dtype_size(a->dtype) == a->nbytes, "nbytes %zu for %lld elements", a->nbytes,
+                (long long)numel);
     FUZZ_ASSERT((a->nbytes == 0) == (a->data == NULL), "data pointer vs %zu bytes", a->nbytes);
     /* touch every byte: the sanitizers catch a short allocation */
     volatile uint8_t sink = 0;

@@ -36,7 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (s == MASKPACK_OK) free(bytes);
         }
         size_t idx;
-        FUZZ_ASSERT(mpio_zip_find(z, "\x01no such member", &idx, &e) == MASKPACK_ERR_NOT_FOUND, "find invented a member");
+        FUZZ_ASSERT(mpio_zip_find(z, "\x01no such member", &idx, &e) == MASKPACK_ERR_NOT_FOUND,
+                    "find invented a member");
         mpio_zip_close(z);
     }
     mpio_arrayset set;

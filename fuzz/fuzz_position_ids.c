@@ -12,8 +12,8 @@
 #define MAX_B 3
 #define MAX_S 24
 
-static void check_rows(const maskpack_layout *L, const int64_t *pos, int64_t B, int64_t S,
-                       maskpack_boundary_rule rule, int packed_input) {
+static void check_rows(const maskpack_layout *L, const int64_t *pos, int64_t B, int64_t S, maskpack_boundary_rule rule,
+                       int packed_input) {
     for (int64_t b = 0; b < B; b++) {
         const int64_t *p = pos + b * S;
         int64_t row = packed_input ? 0 : b;
@@ -85,12 +85,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t raw[3 * MAX_B * MAX_S * 8];
     for (int64_t pl = 0; pl < planes; pl++)
         for (int64_t t = 0; t < B * S; t++)
-            fuzz_put_i64(dt, raw, pl * B * S + t, pl == 0 || pos[t] > INT64_MAX - 3 ? pos[t] : pos[t] + (int64_t)(fz_u8(&in) % 3));
+            fuzz_put_i64(dt, raw, pl * B * S + t,
+                         pl == 0 || pos[t] > INT64_MAX - 3 ? pos[t] : pos[t] + (int64_t)(fz_u8(&in) % 3));
     int64_t shape[3];
     int32_t nd = rank;
-    if (rank == 1) shape[0] = S;
-    else if (rank == 2) shape[0] = B, shape[1] = S;
-    else shape[0] = 3, shape[1] = B, shape[2] = S;
+    if (rank == 1)
+        shape[0] = S;
+    else if (rank == 2)
+        shape[0] = B, shape[1] = S;
+    else
+        shape[0] = 3, shape[1] = B, shape[2] = S;
     maskpack_tensor t = maskpack_tensor_contiguous(raw, dt, nd, shape);
     int integral = dt == MASKPACK_I32 || dt == MASKPACK_I64;
     for (int64_t i = 0; integral && i < B * S; i++) { /* what the library sees */
@@ -112,7 +116,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     else
         FUZZ_ASSERT(maskpack_layout_n_rows(L) == B && maskpack_layout_q_width(L) == S, "[B,S] grid changed");
     if (integral) {
-        for (int64_t i = 0; i < B * S; i++) FUZZ_ASSERT(pos[i] >= 0, "negative position %lld accepted", (long long)pos[i]);
+        for (int64_t i = 0; i < B * S; i++)
+            FUZZ_ASSERT(pos[i] >= 0, "negative position %lld accepted", (long long)pos[i]);
         check_rows(L, pos, B, S, rule, rank == 1);
     }
     if (rank == 3) {

@@ -17,8 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < m; i++) {
         const mpio_array *a = &set.arrays[i];
         FUZZ_ASSERT(a->name && strcmp(a->name, "__metadata__") != 0, "tensor %zu name", i);
-        FUZZ_ASSERT((uint64_t)mpio_array_numel(a) * maskpack_dtype_size(a->dtype) == a->nbytes, "'%s' size",
-                    a->name);
+        FUZZ_ASSERT((uint64_t)mpio_array_numel(a) * maskpack_dtype_size(a->dtype) == a->nbytes, "'%s' size", a->name);
         FUZZ_ASSERT(!a->fortran_order, "safetensors has no Fortran order");
         for (size_t j = 0; j < i; j++) FUZZ_ASSERT(strcmp(set.arrays[j].name, a->name) != 0, "duplicate '%s'", a->name);
         volatile uint8_t sink = 0;
@@ -40,7 +39,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FUZZ_ASSERT(strcmp(a->name, b->name) == 0 && a->dtype == b->dtype && a->ndim == b->ndim &&
                             a->nbytes == b->nbytes,
                         "'%s' changed in the round trip", a->name);
-            for (int32_t d = 0; d < a->ndim; d++) FUZZ_ASSERT(a->shape[d] == b->shape[d], "'%s' dim %d", a->name, (int)d);
+            for (int32_t d = 0; d < a->ndim; d++)
+                FUZZ_ASSERT(a->shape[d] == b->shape[d], "'%s' dim %d", a->name, (int)d);
             FUZZ_ASSERT(a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0, "'%s' data changed", a->name);
         }
         mpio_arrayset_free(&back);

@@ -38,8 +38,18 @@ typedef enum cli_mask_conv {
 
 /* Derived outputs --emit can name (bit positions). */
 typedef enum cli_emit {
-    EMIT_MASK2D, EMIT_MASK4D, EMIT_CU_SEQLENS, EMIT_CU_SEQLENS_NPU, EMIT_CU_SEQLENS_PADDED, EMIT_SEQLENS,
-    EMIT_POSITION_IDS, EMIT_SEGMENT_IDS, EMIT_VALID_INDICES, EMIT_LAST_TOKEN_INDEX, EMIT_BLOCK_MASK, EMIT_NPU,
+    EMIT_MASK2D,
+    EMIT_MASK4D,
+    EMIT_CU_SEQLENS,
+    EMIT_CU_SEQLENS_NPU,
+    EMIT_CU_SEQLENS_PADDED,
+    EMIT_SEQLENS,
+    EMIT_POSITION_IDS,
+    EMIT_SEGMENT_IDS,
+    EMIT_VALID_INDICES,
+    EMIT_LAST_TOKEN_INDEX,
+    EMIT_BLOCK_MASK,
+    EMIT_NPU,
     EMIT_COUNT_
 } cli_emit;
 
@@ -48,35 +58,35 @@ extern const char *const cli_emit_names[EMIT_COUNT_];
 #define CLI_MAX_PNG_ROWS 64
 
 typedef struct cli_options {
-    const char *file;          /* NULL: the embedded sample batch */
-    const char *as;            /* what a bare .npy holds */
+    const char *file; /* NULL: the embedded sample batch */
+    const char *as;   /* what a bare .npy holds */
     cli_mask_conv mask_conv;
-    int cu_form;               /* maskpack_cu_form or -1 */
-    int position_rule;         /* maskpack_boundary_rule or -1 */
-    int causal;                /* 1, 0, or -1 = not given */
+    int cu_form;       /* maskpack_cu_form or -1 */
+    int position_rule; /* maskpack_boundary_rule or -1 */
+    int causal;        /* 1, 0, or -1 = not given */
     int have_window;
     int64_t window_left, window_right;
-    int alignment;             /* maskpack_alignment or -1 */
-    int64_t total;             /* --total for cu_seqlens, 0 = from the grid or the last end */
-    unsigned emit;             /* bit set of cli_emit */
+    int alignment; /* maskpack_alignment or -1 */
+    int64_t total; /* --total for cu_seqlens, 0 = from the grid or the last end */
+    unsigned emit; /* bit set of cli_emit */
     const char *out;
-    cli_mask_conv emit_conv;   /* mask4d convention */
-    int emit_dtype;            /* mask4d dtype, -1 = default for the convention */
-    int emit_fill;             /* maskpack_fill */
-    int index_dtype;           /* -1 = int32 for cu_seqlens*, int64 otherwise */
+    cli_mask_conv emit_conv; /* mask4d convention */
+    int emit_dtype;          /* mask4d dtype, -1 = default for the convention */
+    int emit_fill;           /* maskpack_fill */
+    int index_dtype;         /* -1 = int32 for cu_seqlens*, int64 otherwise */
     int64_t block;
-    int npu_layout;            /* maskpack_npu_layout or -1 = TND when packed, else BSND */
+    int npu_layout; /* maskpack_npu_layout or -1 = TND when packed, else BSND */
     int64_t head_dim;
-    double scale;              /* 0 = 1/sqrt(head_dim) */
+    double scale; /* 0 = 1/sqrt(head_dim) */
     int deflate;
     int json;
     const char *png;
     size_t n_png_rows;
     int64_t png_rows[CLI_MAX_PNG_ROWS];
     int png_zoom;
-    int64_t png_block;         /* tokens per picture cell (--png-block), 0 = automatic */
-    int png_svg;               /* --svg FILE: an SVG whatever the name */
-    uint64_t max_bytes;        /* memory budget of the reader and the per-token analysis (--max-bytes) */
+    int64_t png_block;  /* tokens per picture cell (--png-block), 0 = automatic */
+    int png_svg;        /* --svg FILE: an SVG whatever the name */
+    uint64_t max_bytes; /* memory budget of the reader and the per-token analysis (--max-bytes) */
     /* in-memory use (the fuzz target): a file's bytes read instead of `file` when data is non-NULL;
      * with out NULL, --emit encodes the outputs (.npz and .safetensors) in memory and drops them */
     const uint8_t *data;
@@ -98,42 +108,42 @@ void cli_print_inspect_usage(FILE *f);
 
 /* One input tensor that a layout constructor reads. */
 typedef struct cli_source {
-    const char *name;          /* "attention_mask", "position_ids", "cu_seqlens" */
-    const char *how;           /* "keep mask", "4D masked mask", "reset rule", ... */
+    const char *name; /* "attention_mask", "position_ids", "cu_seqlens" */
+    const char *how;  /* "keep mask", "4D masked mask", "reset rule", ... */
     const mpio_array *array;
-    maskpack_layout *layout;   /* NULL when the constructor failed */
+    maskpack_layout *layout; /* NULL when the constructor failed */
     maskpack_error err;
-    int full_validity;         /* 1: says exactly which tokens are real */
-    int boundaries;            /* 1: can tell packed sequences apart */
-    int flat;                  /* 1: a packed stream compared in flattened grid coordinates */
-    int64_t *seg;              /* [B*S] its segment of each grid token, -1 = pad */
+    int full_validity; /* 1: says exactly which tokens are real */
+    int boundaries;    /* 1: can tell packed sequences apart */
+    int flat;          /* 1: a packed stream compared in flattened grid coordinates */
+    int64_t *seg;      /* [B*S] its segment of each grid token, -1 = pad */
 } cli_source;
 
 typedef struct cli_report {
-    const char *origin;        /* file name, or "sample batch (embedded)" */
+    const char *origin; /* file name, or "sample batch (embedded)" */
     mpio_arrayset arrays;
-    int64_t B, S;              /* the token grid */
-    int packed;                /* per-token tensors are [T] */
+    int64_t B, S; /* the token grid */
+    int packed;   /* per-token tensors are [T] */
     int have_grid;
     size_t n_sources;
     cli_source sources[4];
     const mpio_array *input_ids, *labels, *cu_padded;
-    char ignored[256];         /* members not read */
-    maskpack_layout *layout;   /* the merged layout, NULL when none could be built */
-    const char *rule_origin;   /* "flags", "default", "attention_mask (4D)" */
+    char ignored[256];       /* members not read */
+    maskpack_layout *layout; /* the merged layout, NULL when none could be built */
+    const char *rule_origin; /* "flags", "default", "attention_mask (4D)" */
     size_t n_problems, n_problems_total;
     char *problems[CLI_MAX_PROBLEMS];
     /* where each listed problem occurs: batch row and token column of the grid, -1 when it is not tied
      * to one (a file that does not load, a shape); the pictures mark it there */
     int64_t problem_row[CLI_MAX_PROBLEMS], problem_col[CLI_MAX_PROBLEMS];
-    int auth;                  /* index of the source that says which tokens are real, -1 = none */
-    int fatal;                 /* a usage error found after loading (exit 2) */
+    int auth;  /* index of the source that says which tokens are real, -1 = none */
+    int fatal; /* a usage error found after loading (exit 2) */
     /* emitted outputs (names and shapes), filled by cli_emit */
     size_t n_emitted;
     char emitted[48][96];
     int have_npu;
     maskpack_npu_argset npu;
-    char picture[512];         /* what --png wrote, for the text report ("" when nothing) */
+    char picture[512]; /* what --png wrote, for the text report ("" when nothing) */
 } cli_report;
 
 /* 1 iff inspect reads a member of this name (attention_mask, position_ids, cu_seqlens, ...). */

@@ -161,8 +161,9 @@ static int write_picture(const char *path, const rank_load *load, int64_t cp, co
     dw_group(d, "title", line);
     dw_text(d, margin, margin + 16, line, 16, 0x000000, DW_LEFT, 1, 0);
     dw_group_end(d);
-    snprintf(line, sizeof line, "%lld tokens in %zu documents (%s mix); work = allowed query-key pairs; every band "
-                                "on one scale (0 to the heaviest rank of all schemes)",
+    snprintf(line, sizeof line,
+             "%lld tokens in %zu documents (%s mix); work = allowed query-key pairs; every band "
+             "on one scale (0 to the heaviest rank of all schemes)",
              (long long)o->tokens, n_docs, o->mix);
     dw_text(d, margin, margin + 36, line, 12, 0x222222, DW_LEFT, 0, 0);
     double top = 0;
@@ -309,12 +310,18 @@ int maskpack_cli_cp_sim(int argc, char **argv) {
             strcmp(a, "--head-dim") == 0 || strcmp(a, "--dtype-bytes") == 0 || strcmp(a, "--seed") == 0) {
             if (!parse_count(v, &x) || x > ((int64_t)1 << 40))
                 return cli_usage_error("cp-sim", "%s: expected an integer in [1, 2^40], found '%s'", a, v);
-            if (strcmp(a, "--tokens") == 0) o.tokens = x;
-            else if (strcmp(a, "--chunk") == 0) o.chunk = x;
-            else if (strcmp(a, "--kv-heads") == 0) o.kv_heads = x;
-            else if (strcmp(a, "--head-dim") == 0) o.head_dim = x;
-            else if (strcmp(a, "--dtype-bytes") == 0) o.dtype_bytes = x;
-            else o.seed = (uint64_t)x;
+            if (strcmp(a, "--tokens") == 0)
+                o.tokens = x;
+            else if (strcmp(a, "--chunk") == 0)
+                o.chunk = x;
+            else if (strcmp(a, "--kv-heads") == 0)
+                o.kv_heads = x;
+            else if (strcmp(a, "--head-dim") == 0)
+                o.head_dim = x;
+            else if (strcmp(a, "--dtype-bytes") == 0)
+                o.dtype_bytes = x;
+            else
+                o.seed = (uint64_t)x;
         } else if (strcmp(a, "--mix") == 0) {
             if (strcmp(v, "lognormal") && strcmp(v, "chat") && strcmp(v, "uniform"))
                 return cli_usage_error("cp-sim", "--mix: expected lognormal, chat or uniform, found '%s'", v);
@@ -327,8 +334,10 @@ int maskpack_cli_cp_sim(int argc, char **argv) {
                 char *end;
                 long long r = strtoll(p, &end, 10);
                 if (end == p || r < 1 || r > 65536 || o.n_ranks == MAX_RANKS_LIST || (*end && *end != ','))
-                    return cli_usage_error("cp-sim", "--ranks: expected up to %d counts in [1, 65536] separated by "
-                                                     "commas, found '%s'", MAX_RANKS_LIST, v);
+                    return cli_usage_error("cp-sim",
+                                           "--ranks: expected up to %d counts in [1, 65536] separated by "
+                                           "commas, found '%s'",
+                                           MAX_RANKS_LIST, v);
                 o.ranks[o.n_ranks++] = r;
                 p = *end ? end + 1 : end;
             }

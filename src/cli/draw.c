@@ -21,7 +21,7 @@
 #define DW_FONT "DejaVu Sans"
 /* cairo image surfaces are at most 32767 pixels a side; the PNG is refused above 64 Mpixel too (256 MB
  * of pixels while it is drawn) */
-#define DW_MAX_SIDE 32767.0
+#define DW_MAX_SIDE   32767.0
 #define DW_MAX_PIXELS 64e6
 
 typedef enum op_kind { OP_RECT, OP_LINE, OP_PATH, OP_TEXT, OP_IMAGE, OP_GROUP, OP_GROUP_END } op_kind;
@@ -33,10 +33,10 @@ typedef struct op {
     double line_width, size;
     int flag_a, flag_b, flag_c; /* line: dashed; text: anchor, bold, vertical; path: closed */
     int iw, ih;
-    char *text, *text2;   /* text; group: class, title */
-    double *xy;           /* path points */
+    char *text, *text2; /* text; group: class, title */
+    double *xy;         /* path points */
     size_t n;
-    uint8_t *rgb;         /* image pixels */
+    uint8_t *rgb; /* image pixels */
 } op;
 
 struct dw {
@@ -210,7 +210,8 @@ static cairo_t *measure_cr(void) {
 }
 
 static void set_font(cairo_t *cr, double size, int bold) {
-    cairo_select_font_face(cr, DW_FONT, CAIRO_FONT_SLANT_NORMAL, bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_select_font_face(cr, DW_FONT, CAIRO_FONT_SLANT_NORMAL,
+                           bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
     cairo_set_font_size(cr, size);
 }
 #endif
@@ -320,7 +321,8 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+static void
+sb_printf(sbuf *b, const char *fmt, ...) {
     char tmp[512];
     va_list ap;
     va_start(ap, fmt);
@@ -353,15 +355,19 @@ static void sb_xml(sbuf *b, const char *s) {
         case '"': sb_put(b, "&quot;", 6); break;
         case '\'': sb_put(b, "&#39;", 5); break;
         default:
-            if (*p < 0x20 && *p != '\t' && *p != '\n') sb_put(b, "\xEF\xBF\xBD", 3);
-            else sb_put(b, (const char *)p, 1);
+            if (*p < 0x20 && *p != '\t' && *p != '\n')
+                sb_put(b, "\xEF\xBF\xBD", 3);
+            else
+                sb_put(b, (const char *)p, 1);
         }
     }
 }
 
 static void sb_colour(sbuf *b, const char *attr, uint32_t c) {
-    if (c == DW_NONE) sb_printf(b, " %s=\"none\"", attr);
-    else sb_printf(b, " %s=\"#%06x\"", attr, (unsigned)c);
+    if (c == DW_NONE)
+        sb_printf(b, " %s=\"none\"", attr);
+    else
+        sb_printf(b, " %s=\"#%06x\"", attr, (unsigned)c);
 }
 
 static void set_rgb(cairo_t *cr, uint32_t c) {
@@ -404,8 +410,10 @@ static void replay_cairo(const dw *d, cairo_t *cr) {
             cairo_rectangle(cr, o->x, o->y, o->w, o->h);
             if (o->fill != DW_NONE) {
                 set_rgb(cr, o->fill);
-                if (o->stroke != DW_NONE) cairo_fill_preserve(cr);
-                else cairo_fill(cr);
+                if (o->stroke != DW_NONE)
+                    cairo_fill_preserve(cr);
+                else
+                    cairo_fill(cr);
             }
             if (o->stroke != DW_NONE) {
                 set_rgb(cr, o->stroke);
@@ -472,8 +480,7 @@ static void replay_cairo(const dw *d, cairo_t *cr) {
             break;
         }
         case OP_GROUP:
-        case OP_GROUP_END:
-            break;
+        case OP_GROUP_END: break;
         }
     }
 }
@@ -493,10 +500,11 @@ static void sb_base64(sbuf *b, const unsigned char *p, size_t n) {
 }
 
 static void write_svg(const dw *d, sbuf *b) {
-    sb_printf(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" xmlns:xlink=\"http://www.w3.org/1999/xlink\" "
-                 "width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"%s, sans-serif\">\n"
-                 "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n",
+    sb_printf(b,
+              "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+              "<svg xmlns=\"http://www.w3.org/2000/svg\" xmlns:xlink=\"http://www.w3.org/1999/xlink\" "
+              "width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"%s, sans-serif\">\n"
+              "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n",
               d->width, d->height, d->width, d->height, DW_FONT, d->width, d->height);
     for (size_t i = 0; i < d->n && !b->failed; i++) {
         const op *o = &d->ops[i];
@@ -517,7 +525,8 @@ static void write_svg(const dw *d, sbuf *b) {
             break;
         case OP_PATH:
             sb_put(b, "<path d=\"", 9);
-            for (size_t k = 0; k < o->n; k++) sb_printf(b, "%s%.2f %.2f", k ? " L" : "M", o->xy[2 * k], o->xy[2 * k + 1]);
+            for (size_t k = 0; k < o->n; k++)
+                sb_printf(b, "%s%.2f %.2f", k ? " L" : "M", o->xy[2 * k], o->xy[2 * k + 1]);
             if (o->flag_a) sb_put(b, " Z", 2);
             sb_put(b, "\"", 1);
             sb_colour(b, "fill", o->fill);
@@ -546,9 +555,10 @@ static void write_svg(const dw *d, sbuf *b) {
                 b->failed = 1;
             if (s) cairo_surface_destroy(s);
             if (!b->failed) {
-                sb_printf(b, "<image x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" preserveAspectRatio=\"none\" "
-                             "image-rendering=\"optimizeSpeed\" style=\"image-rendering:pixelated\" "
-                             "xlink:href=\"data:image/png;base64,",
+                sb_printf(b,
+                          "<image x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" preserveAspectRatio=\"none\" "
+                          "image-rendering=\"optimizeSpeed\" style=\"image-rendering:pixelated\" "
+                          "xlink:href=\"data:image/png;base64,",
                           o->x, o->y, o->w, o->h);
                 sb_base64(b, (const unsigned char *)png.p, png.len);
                 sb_put(b, "\"/>\n", 4);
@@ -563,9 +573,7 @@ static void write_svg(const dw *d, sbuf *b) {
             sb_xml(b, o->text2);
             sb_put(b, "</title>\n", 9);
             break;
-        case OP_GROUP_END:
-            sb_put(b, "</g>\n", 5);
-            break;
+        case OP_GROUP_END: sb_put(b, "</g>\n", 5); break;
         }
     }
     sb_put(b, "</svg>\n", 7);

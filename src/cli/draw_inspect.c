@@ -18,16 +18,16 @@
 static const uint32_t palette[] = {0x1f77b4, 0xff7f0e, 0x2ca02c, 0x9467bd, 0x8c564b, 0xe377c2,
                                    0x17becf, 0xbcbd22, 0x005a3c, 0x7846c8, 0xc85a00, 0x3b7dd8};
 #define N_PALETTE (sizeof palette / sizeof palette[0])
-#define C_MASKED 0xFFFFFF  /* same sequence, hidden by the rule */
-#define C_OTHER 0xDDDDDD   /* another sequence */
-#define C_PAD 0x6E6E6E     /* padding */
+#define C_MASKED  0xFFFFFF /* same sequence, hidden by the rule */
+#define C_OTHER   0xDDDDDD /* another sequence */
+#define C_PAD     0x6E6E6E /* padding */
 #define C_PROBLEM 0xD62728
-#define C_TEXT 0x222222
-#define C_FAINT 0x666666
-#define C_GRID 0xB0B0B0
+#define C_TEXT    0x222222
+#define C_FAINT   0x666666
+#define C_GRID    0xB0B0B0
 
 #define MARGIN 20.0
-#define FONT 11.0
+#define FONT   11.0
 
 static uint32_t seq_colour(int64_t k) { return palette[(size_t)k % N_PALETTE]; }
 
@@ -47,10 +47,10 @@ static void put_rgb(uint8_t *px, uint32_t c) {
 /* ---- one batch row's cells ----------------------------------------------------------------------- */
 
 typedef struct row_cells {
-    int64_t n_local;      /* sequences of the row */
-    int64_t *global;      /* [n_local] their index in the layout */
-    maskpack_segment *seg;/* [n_local] (row 0 of the one-row layout) */
-    uint8_t *rgb;         /* [Sd * Kd * 3] */
+    int64_t n_local;       /* sequences of the row */
+    int64_t *global;       /* [n_local] their index in the layout */
+    maskpack_segment *seg; /* [n_local] (row 0 of the one-row layout) */
+    uint8_t *rgb;          /* [Sd * Kd * 3] */
 } row_cells;
 
 static void row_cells_free(row_cells *c) {
@@ -149,7 +149,8 @@ static int draw_row_cells(const maskpack_layout *L, int64_t b, int64_t f, int64_
         goto done;
     }
     for (int64_t q = 0; q < Sd; q++) {
-        for (int32_t i = 0; i < bm.kv_num_blocks[q]; i++) status[(size_t)q * (size_t)Kd + (size_t)bm.kv_indices[q * Kd + i]] = 1;
+        for (int32_t i = 0; i < bm.kv_num_blocks[q]; i++)
+            status[(size_t)q * (size_t)Kd + (size_t)bm.kv_indices[q * Kd + i]] = 1;
         for (int32_t i = 0; i < bm.full_kv_num_blocks[q]; i++)
             status[(size_t)q * (size_t)Kd + (size_t)bm.full_kv_indices[q * Kd + i]] = 2;
     }
@@ -170,11 +171,16 @@ static int draw_row_cells(const maskpack_layout *L, int64_t b, int64_t f, int64_
             if (qlo[q] < 0 || klo[k] < 0 || c > top) c = -1; /* no sequence in both blocks */
             uint32_t colour;
             if (st && c < 0) c = qlo[q] >= 0 ? qlo[q] : 0;
-            if (st == 2) colour = seq_colour(out->global[c]);
-            else if (st == 1) colour = tint(seq_colour(out->global[c]));
-            else if (c >= 0) colour = C_MASKED;
-            else if (qlo[q] >= 0 && klo[k] >= 0) colour = C_OTHER;
-            else colour = C_PAD;
+            if (st == 2)
+                colour = seq_colour(out->global[c]);
+            else if (st == 1)
+                colour = tint(seq_colour(out->global[c]));
+            else if (c >= 0)
+                colour = C_MASKED;
+            else if (qlo[q] >= 0 && klo[k] >= 0)
+                colour = C_OTHER;
+            else
+                colour = C_PAD;
             put_rgb(out->rgb + ((size_t)q * (size_t)Kd + (size_t)k) * 3, colour);
         }
     rc = 0;
@@ -201,14 +207,14 @@ done:
 
 typedef struct geometry {
     int64_t S, K, f, Sd, Kd;
-    double z;                 /* pixels per cell */
-    double left, top;         /* gutters inside a panel */
-    double pw, ph;            /* panel size */
-    double tick_w;            /* widest tick label */
+    double z;         /* pixels per cell */
+    double left, top; /* gutters inside a panel */
+    double pw, ph;    /* panel size */
+    double tick_w;    /* widest tick label */
 } geometry;
 
-#define BAND 15.0   /* the coloured band naming the sequences along each axis */
-#define HEAD 34.0   /* the panel's heading: two lines */
+#define BAND 15.0 /* the coloured band naming the sequences along each axis */
+#define HEAD 34.0 /* the panel's heading: two lines */
 
 /* tick labels every `step` tokens so that labels never overlap */
 static int64_t tick_step(const geometry *g, double label_px) {
@@ -222,8 +228,10 @@ static void draw_band(dw *d, const row_cells *c, int64_t n_tokens, const geometr
                       int vertical, int kv) {
     /* padding first, then each sequence over it */
     double len = (double)n_tokens / (double)g->f * g->z;
-    if (vertical) dw_rect(d, x0, y0, BAND, len, C_PAD, DW_NONE, 0);
-    else dw_rect(d, x0, y0, len, BAND, C_PAD, DW_NONE, 0);
+    if (vertical)
+        dw_rect(d, x0, y0, BAND, len, C_PAD, DW_NONE, 0);
+    else
+        dw_rect(d, x0, y0, len, BAND, C_PAD, DW_NONE, 0);
     for (int64_t j = 0; j < c->n_local; j++) {
         const maskpack_segment *s = &c->seg[j];
         int64_t a = kv ? s->kv_start : s->q_start, n = kv ? s->kv_len : s->q_len;
@@ -233,8 +241,9 @@ static void draw_band(dw *d, const row_cells *c, int64_t n_tokens, const geometr
         char label[48], shortl[24];
         snprintf(label, sizeof label, "seq %lld", (long long)c->global[j]);
         snprintf(shortl, sizeof shortl, "%lld", (long long)c->global[j]);
-        const char *text = dw_text_width(label, 10, 1) + 4 <= p1 - p0 ? label
-                           : dw_text_width(shortl, 10, 1) + 2 <= p1 - p0 ? shortl : NULL;
+        const char *text = dw_text_width(label, 10, 1) + 4 <= p1 - p0    ? label
+                           : dw_text_width(shortl, 10, 1) + 2 <= p1 - p0 ? shortl
+                                                                         : NULL;
         char title[96];
         snprintf(title, sizeof title, "sequence %lld: %s tokens %lld to %lld", (long long)c->global[j],
                  kv ? "key" : "query", (long long)a, (long long)(a + n - 1));
@@ -265,13 +274,15 @@ static void row_summary(const maskpack_layout *L, int64_t b, char *buf, size_t c
     if (first < 0)
         snprintf(buf, cap, "padding only (%lld tokens)", (long long)S);
     else if (first == last)
-        snprintf(buf, cap, "seq %lld: %lld tokens + %lld padding", (long long)first, (long long)real, (long long)(S - real));
+        snprintf(buf, cap, "seq %lld: %lld tokens + %lld padding", (long long)first, (long long)real,
+                 (long long)(S - real));
     else
         snprintf(buf, cap, "seq %lld to %lld: %lld tokens + %lld padding", (long long)first, (long long)last,
                  (long long)real, (long long)(S - real));
 }
 
-static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b, const geometry *g, double x, double y) {
+static void draw_panel(dw *d, const cli_report *r, const row_cells *c, int64_t b, const geometry *g, double x,
+                       double y) {
     double mx = x + g->left, my = y + g->top; /* the matrix's corner */
     double mw = (double)g->Kd * g->z, mh = (double)g->Sd * g->z;
     /* heading: the row, then what it holds */
@@ -398,8 +409,9 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     g.Sd = (g.S + g.f - 1) / g.f;
     g.Kd = (g.K + g.f - 1) / g.f;
     if (g.Sd > 4 * CLI_PICTURE_MAX_CELLS || g.Kd > 4 * CLI_PICTURE_MAX_CELLS) {
-        snprintf(why, cap, "--png-block %lld leaves %lld x %lld cells per row, more than %d a side; use a block of at "
-                           "least %lld tokens",
+        snprintf(why, cap,
+                 "--png-block %lld leaves %lld x %lld cells per row, more than %d a side; use a block of at "
+                 "least %lld tokens",
                  (long long)g.f, (long long)g.Sd, (long long)g.Kd, 4 * CLI_PICTURE_MAX_CELLS,
                  (long long)((side + 4 * CLI_PICTURE_MAX_CELLS - 1) / (4 * CLI_PICTURE_MAX_CELLS)));
         return 1;
@@ -424,7 +436,8 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     for (size_t i = 0; i < r->n_problems; i++) {
         size_t same = 0;
         for (size_t k = 0; k < r->n_problems; k++)
-            same += r->problem_col[i] >= 0 && r->problem_row[k] == r->problem_row[i] && r->problem_col[k] == r->problem_col[i];
+            same += r->problem_col[i] >= 0 && r->problem_row[k] == r->problem_row[i] &&
+                    r->problem_col[k] == r->problem_col[i];
         if (same > stack) stack = same;
     }
     g.ph = g.top + (double)g.Sd * g.z + 14 + 16 * (double)stack;
@@ -463,8 +476,8 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     else
         used = (size_t)snprintf(line, sizeof line, "%lld row%s x %lld tokens", (long long)B, B == 1 ? "" : "s",
                                 (long long)g.S);
-    used += (size_t)snprintf(line + used, sizeof line - used, "; %zu sequence%s, %lld real tokens, %lld padding; ", n_seq,
-                             n_seq == 1 ? "" : "s", (long long)n_tokens, (long long)(B * g.S - n_tokens));
+    used += (size_t)snprintf(line + used, sizeof line - used, "; %zu sequence%s, %lld real tokens, %lld padding; ",
+                             n_seq, n_seq == 1 ? "" : "s", (long long)n_tokens, (long long)(B * g.S - n_tokens));
     if (g.f > 1)
         snprintf(line + used, sizeof line - used,
                  "each cell is a block of %lld x %lld tokens (%lld query tokens down, %lld key tokens across)",
@@ -473,7 +486,8 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
         snprintf(line + used, sizeof line - used, "each cell is one query token (row) and one key token (column)");
     y = paragraph(d, MARGIN, y, text_w, line, 12, C_TEXT, 0);
     if ((int64_t)n_rows < B) {
-        snprintf(line, sizeof line, "drawn: %zu of the %lld batch rows (--png-rows chooses which)", n_rows, (long long)B);
+        snprintf(line, sizeof line, "drawn: %zu of the %lld batch rows (--png-rows chooses which)", n_rows,
+                 (long long)B);
         y = paragraph(d, MARGIN, y, text_w, line, 12, C_TEXT, 0);
     }
     y += 10;
@@ -504,10 +518,11 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
     /* the first swatch shows the sequence colours side by side */
     for (int k = 0; k < 4; k++) dw_rect(d, lx + 4.0 * k, y, 4, 14, palette[k], DW_NONE, 0);
     y = legend_item(d, lx, y, text_w, DW_NONE, 0x000000,
-                    g.f > 1 ? "allowed: every query of the block attends to every key of the block (one colour per "
-                              "sequence, as in the bands along the axes)"
-                            : "allowed: the query (row) attends to the key (column); one colour per sequence, as in the "
-                              "bands along the axes",
+                    g.f > 1
+                        ? "allowed: every query of the block attends to every key of the block (one colour per "
+                          "sequence, as in the bands along the axes)"
+                        : "allowed: the query (row) attends to the key (column); one colour per sequence, as in the "
+                          "bands along the axes",
                     "legend-allowed");
     if (g.f > 1)
         y = legend_item(d, lx, y, text_w, tint(palette[0]), DW_NONE,
@@ -546,8 +561,10 @@ int cli_draw_inspect(const cli_options *o, const cli_report *r, const int64_t *r
             int64_t pr = r->problem_row[i];
             int drawn = 0;
             for (size_t k = 0; k < n_rows; k++) drawn |= rows[k] == pr;
-            const char *where = pr < 0 ? " (not tied to a token: not marked)"
-                                : !drawn ? " (its row is not drawn)" : r->problem_col[i] < 0 ? " (row not marked)" : "";
+            const char *where = pr < 0                  ? " (not tied to a token: not marked)"
+                                : !drawn                ? " (its row is not drawn)"
+                                : r->problem_col[i] < 0 ? " (row not marked)"
+                                                        : "";
             char title[32];
             snprintf(title, sizeof title, "problem %zu", i + 1);
             dw_group(d, "problem", title);

@@ -27,7 +27,8 @@ static maskpack_tensor *new_item(emit_ctx *c, const char *name, maskpack_dtype d
     }
     size_t bytes;
     /* outputs count against the memory budget too (--max-bytes) */
-    if (mp_mul_size((size_t)numel, maskpack_dtype_size(dt), &bytes) || bytes > MPIO_MAX_BYTES || bytes > c->o->max_bytes)
+    if (mp_mul_size((size_t)numel, maskpack_dtype_size(dt), &bytes) || bytes > MPIO_MAX_BYTES ||
+        bytes > c->o->max_bytes)
         return NULL;
     void *buf = mp_calloc_array(bytes, 1);
     if (!buf) return NULL;
@@ -49,8 +50,10 @@ static int fail(emit_ctx *c, const char *what, const maskpack_error *e) {
 }
 
 static int oom(emit_ctx *c, const char *what) {
-    cli_problem(c->r, "emit %s: cannot allocate the output (larger than the memory budget of %llu bytes "
-                      "(--max-bytes), or out of memory)", what, (unsigned long long)c->o->max_bytes);
+    cli_problem(c->r,
+                "emit %s: cannot allocate the output (larger than the memory budget of %llu bytes "
+                "(--max-bytes), or out of memory)",
+                what, (unsigned long long)c->o->max_bytes);
     return CLI_EXIT_PROBLEMS;
 }
 
@@ -101,7 +104,7 @@ static int emit_mask4d(emit_ctx *c) {
     maskpack_mask_convention conv = o->emit_conv == CLI_CONV_MASKED     ? MASKPACK_MASK_MASKED
                                     : o->emit_conv == CLI_CONV_ADDITIVE ? MASKPACK_MASK_ADDITIVE
                                                                         : MASKPACK_MASK_KEEP;
-    maskpack_dtype dt = o->emit_dtype >= 0 ? (maskpack_dtype)o->emit_dtype
+    maskpack_dtype dt = o->emit_dtype >= 0               ? (maskpack_dtype)o->emit_dtype
                         : conv == MASKPACK_MASK_ADDITIVE ? MASKPACK_F32
                                                          : MASKPACK_BOOL;
     int64_t shape[4] = {maskpack_layout_n_rows(L), 1, maskpack_layout_q_width(L), maskpack_layout_kv_width(L)};
@@ -192,7 +195,7 @@ static int emit_npu(emit_ctx *c) {
     cli_report *r = c->r;
     const cli_options *o = c->o;
     const maskpack_layout *L = r->layout;
-    maskpack_npu_layout lay = o->npu_layout >= 0 ? (maskpack_npu_layout)o->npu_layout
+    maskpack_npu_layout lay = o->npu_layout >= 0             ? (maskpack_npu_layout)o->npu_layout
                               : maskpack_layout_is_packed(L) ? MASKPACK_NPU_TND
                                                              : MASKPACK_NPU_BSND;
     maskpack_error e;
@@ -209,7 +212,8 @@ static int emit_npu(emit_ctx *c) {
     if (!rc) rc = add_copy(c, "npu_pre_tockens", MASKPACK_I64, 0, NULL, &i64[0]);
     if (!rc) rc = add_copy(c, "npu_next_tockens", MASKPACK_I64, 0, NULL, &i64[1]);
     if (!rc) rc = add_copy(c, "npu_scale", MASKPACK_F64, 0, NULL, &a->scale);
-    if (!rc && a->actual_seq_qlen) rc = add_copy(c, "npu_actual_seq_qlen", MASKPACK_I64, 1, &a->n_items, a->actual_seq_qlen);
+    if (!rc && a->actual_seq_qlen)
+        rc = add_copy(c, "npu_actual_seq_qlen", MASKPACK_I64, 1, &a->n_items, a->actual_seq_qlen);
     if (!rc && a->actual_seq_kvlen)
         rc = add_copy(c, "npu_actual_seq_kvlen", MASKPACK_I64, 1, &a->n_items, a->actual_seq_kvlen);
     if (!rc && a->pad_items) rc = add_copy(c, "npu_pad_items", MASKPACK_U8, 1, &a->n_items, a->pad_items);
@@ -289,8 +293,8 @@ int cli_emit_outputs(const cli_options *o, cli_report *r) {
                 snprintf(line, sizeof r->emitted[0], "%s text '%s'", c.items[i].name, c.items[i].text);
                 continue;
             }
-            size_t used = (size_t)snprintf(line, sizeof r->emitted[0], "%s %s [", c.items[i].name,
-                                           maskpack_dtype_name(t->dtype));
+            size_t used =
+                (size_t)snprintf(line, sizeof r->emitted[0], "%s %s [", c.items[i].name, maskpack_dtype_name(t->dtype));
             for (int32_t d = 0; d < t->ndim && used < sizeof r->emitted[0]; d++)
                 used += (size_t)snprintf(line + used, sizeof r->emitted[0] - used, d ? ", %lld" : "%lld",
                                          (long long)t->shape[d]);

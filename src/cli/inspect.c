@@ -99,8 +99,10 @@ static int load_arrays(const cli_options *o, cli_report *r) {
     int bare = r->arrays.n == 1 && r->arrays.arrays[0].name == NULL;
     if (bare) {
         if (!o->as) {
-            fprintf(stderr, "maskpack inspect: %s is a bare .npy; say what it holds with --as "
-                            "attention_mask|position_ids|cu_seqlens|mask4d\n", r->origin);
+            fprintf(stderr,
+                    "maskpack inspect: %s is a bare .npy; say what it holds with --as "
+                    "attention_mask|position_ids|cu_seqlens|mask4d\n",
+                    r->origin);
             r->fatal = 1;
             return CLI_EXIT_USAGE;
         }
@@ -127,9 +129,12 @@ static int grid_of(const mpio_array *a, int64_t *B, int64_t *S, int *packed) {
     const char *n = a->name;
     *packed = 0;
     if (strcmp(n, "attention_mask") == 0) {
-        if (a->ndim == 2) *B = a->shape[0], *S = a->shape[1];
-        else if (a->ndim == 4) *B = a->shape[0], *S = a->shape[3];
-        else return 0;
+        if (a->ndim == 2)
+            *B = a->shape[0], *S = a->shape[1];
+        else if (a->ndim == 4)
+            *B = a->shape[0], *S = a->shape[3];
+        else
+            return 0;
         return 1;
     }
     if (strcmp(n, "position_ids") == 0 && a->ndim == 3) {
@@ -162,7 +167,8 @@ static void find_grid(cli_report *r, const mpio_array **per_token, size_t n, int
             cli_problem(r, "%s: %s %s has no per-token shape (expected [B,S] or [T]%s)", a->name,
                         maskpack_dtype_name(a->dtype), shape,
                         strcmp(a->name, "attention_mask") == 0 ? ", or a 4D mask"
-                        : strcmp(a->name, "position_ids") == 0 ? ", or [3,B,S]" : "");
+                        : strcmp(a->name, "position_ids") == 0 ? ", or [3,B,S]"
+                                                               : "");
             continue;
         }
         if (!first) {
@@ -174,8 +180,8 @@ static void find_grid(cli_report *r, const mpio_array **per_token, size_t n, int
         if (B != r->B || S != r->S) {
             char fshape[160];
             fmt_shape(fshape, sizeof fshape, first);
-            cli_problem(r, "shape: %s %s implies a [%lld, %lld] token grid, %s %s implies [%lld, %lld]", a->name,
-                        shape, (long long)B, (long long)S, first->name, fshape, (long long)r->B, (long long)r->S);
+            cli_problem(r, "shape: %s %s implies a [%lld, %lld] token grid, %s %s implies [%lld, %lld]", a->name, shape,
+                        (long long)B, (long long)S, first->name, fshape, (long long)r->B, (long long)r->S);
             continue;
         }
         if (!packed) r->packed = 0; /* a [B,S] tensor says this is a padded grid even when B = 1 */
@@ -200,8 +206,8 @@ static maskpack_rule rule_from_flags(const cli_options *o) {
 static int rule_flags_given(const cli_options *o) { return o->causal >= 0 || o->have_window || o->alignment >= 0; }
 
 /* Checks the conventions every present input needs before building anything (exit 2 when missing). */
-static int check_conventions(const cli_options *o, const mpio_array *mask, const mpio_array *pos,
-                             const mpio_array *cu, cli_report *r) {
+static int check_conventions(const cli_options *o, const mpio_array *mask, const mpio_array *pos, const mpio_array *cu,
+                             cli_report *r) {
     const char *why = NULL;
     if (mask && mask->ndim == 2 && o->mask_conv != CLI_CONV_KEEP && o->mask_conv != CLI_CONV_DOC_ID)
         why = o->mask_conv == CLI_CONV_UNSET
@@ -236,8 +242,8 @@ static cli_source *add_source(cli_report *r, const char *name, const char *how, 
 static void build_mask_source(const cli_options *o, cli_report *r, const mpio_array *a, const maskpack_rule *rule) {
     maskpack_tensor t = mpio_array_view(a);
     if (a->ndim == 2) {
-        cli_source *s = add_source(r, "attention_mask", o->mask_conv == CLI_CONV_KEEP ? "2D keep mask" : "2D doc-id mask",
-                                   a);
+        cli_source *s =
+            add_source(r, "attention_mask", o->mask_conv == CLI_CONV_KEEP ? "2D keep mask" : "2D doc-id mask", a);
         s->full_validity = 1;
         s->boundaries = o->mask_conv == CLI_CONV_DOC_ID;
         maskpack_layout_from_mask2d(&t, o->mask_conv == CLI_CONV_KEEP ? MASKPACK_MASK2D_KEEP : MASKPACK_MASK2D_DOC_ID,
@@ -284,10 +290,10 @@ static int fill_seg(const cli_options *o, cli_report *r, cli_source *src) {
     /* The per-token analysis holds a segment id per grid cell: a grid a few bytes can claim (a
      * cu_seqlens [0, 2^61]) must fit the budget before anything is allocated or visited. */
     size_t bytes;
-    if (mp_mul_overflow(B, S, &cells) || mp_mul_size((size_t)cells, sizeof *src->seg, &bytes) ||
-        bytes > o->max_bytes) {
-        cli_problem(r, "%s: the token grid [%lld, %lld] is too large to analyze token by token: it needs more "
-                       "than the memory budget of %llu bytes (--max-bytes)",
+    if (mp_mul_overflow(B, S, &cells) || mp_mul_size((size_t)cells, sizeof *src->seg, &bytes) || bytes > o->max_bytes) {
+        cli_problem(r,
+                    "%s: the token grid [%lld, %lld] is too large to analyze token by token: it needs more "
+                    "than the memory budget of %llu bytes (--max-bytes)",
                     src->name, (long long)B, (long long)S, (unsigned long long)o->max_bytes);
         return 0;
     }
@@ -331,10 +337,10 @@ static void check_validity(cli_report *r, const cli_source *a, const cli_source 
         if (first >= 0) {
             int64_t t = b * r->S + first;
             cli_problem_at(r, b, first,
-                        "row %lld: %s and %s disagree on which tokens are real (%lld vs %lld tokens; at column %lld "
-                        "%s says %s, %s says %s)",
-                        (long long)b, a->name, c->name, (long long)na, (long long)nc, (long long)first, a->name,
-                        tok_word(a->seg[t] >= 0), c->name, tok_word(c->seg[t] >= 0));
+                           "row %lld: %s and %s disagree on which tokens are real (%lld vs %lld tokens; at column %lld "
+                           "%s says %s, %s says %s)",
+                           (long long)b, a->name, c->name, (long long)na, (long long)nc, (long long)first, a->name,
+                           tok_word(a->seg[t] >= 0), c->name, tok_word(c->seg[t] >= 0));
         }
     }
 }
@@ -352,9 +358,9 @@ static void check_partial_validity(cli_report *r, const cli_source *auth, const 
         }
         if (n)
             cli_problem_at(r, b, first,
-                        "row %lld: %s end in a run of zeros read as padding from column %lld, but %s marks %lld of "
-                        "those tokens as real",
-                        (long long)b, p->name, (long long)first, auth->name, (long long)n);
+                           "row %lld: %s end in a run of zeros read as padding from column %lld, but %s marks %lld of "
+                           "those tokens as real",
+                           (long long)b, p->name, (long long)first, auth->name, (long long)n);
     }
 }
 
@@ -375,9 +381,9 @@ static void check_boundaries(cli_report *r, const uint8_t *valid, const cli_sour
             if (sx != sy && first < 0) first = s;
         }
         if (first >= 0)
-            cli_problem_at(r, b, first, "row %lld: %s says %lld sequence%s, %s says %lld (they split differently at column %lld)",
-                        (long long)b, x->name, (long long)nx, nx == 1 ? "" : "s", y->name, (long long)ny,
-                        (long long)first);
+            cli_problem_at(
+                r, b, first, "row %lld: %s says %lld sequence%s, %s says %lld (they split differently at column %lld)",
+                (long long)b, x->name, (long long)nx, nx == 1 ? "" : "s", y->name, (long long)ny, (long long)first);
     }
 }
 
@@ -389,10 +395,11 @@ static void check_row_crossing(cli_report *r, const cli_source *f) {
         maskpack_segment g;
         maskpack_layout_segment(f->layout, k, &g, NULL);
         if (g.q_len > 0 && g.q_start / r->S != (g.q_start + g.q_len - 1) / r->S)
-            cli_problem_at(r, g.q_start / r->S, r->S - 1, "%s: sequence %zu (tokens [%lld, %lld)) runs from row %lld into row %lld of the [%lld, %lld] grid",
-                        f->name, k, (long long)g.q_start, (long long)(g.q_start + g.q_len),
-                        (long long)(g.q_start / r->S), (long long)((g.q_start + g.q_len - 1) / r->S), (long long)r->B,
-                        (long long)r->S);
+            cli_problem_at(
+                r, g.q_start / r->S, r->S - 1,
+                "%s: sequence %zu (tokens [%lld, %lld)) runs from row %lld into row %lld of the [%lld, %lld] grid",
+                f->name, k, (long long)g.q_start, (long long)(g.q_start + g.q_len), (long long)(g.q_start / r->S),
+                (long long)((g.q_start + g.q_len - 1) / r->S), (long long)r->B, (long long)r->S);
     }
 }
 
@@ -414,9 +421,10 @@ static void check_labels(cli_report *r) {
             }
         }
         if (n)
-            cli_problem_at(r, b, first, "row %lld: labels are not -100 on %lld pad token%s (first at column %lld: %lld); the loss "
+            cli_problem_at(r, b, first,
+                           "row %lld: labels are not -100 on %lld pad token%s (first at column %lld: %lld); the loss "
                            "would train on padding",
-                        (long long)b, (long long)n, n == 1 ? "" : "s", (long long)first, (long long)value);
+                           (long long)b, (long long)n, n == 1 ? "" : "s", (long long)first, (long long)value);
     }
 }
 
@@ -425,8 +433,8 @@ static void check_rule(const cli_options *o, cli_report *r, const maskpack_rule 
     if (!rule_flags_given(o)) return;
     maskpack_rule want = rule_from_flags(o);
     if (got->causal != want.causal)
-        cli_problem(r, "rule: attention_mask encodes a %s rule, the flags say %s", got->causal ? "causal" : "bidirectional",
-                    want.causal ? "--causal" : "--bidirectional");
+        cli_problem(r, "rule: attention_mask encodes a %s rule, the flags say %s",
+                    got->causal ? "causal" : "bidirectional", want.causal ? "--causal" : "--bidirectional");
     if (got->window_left != want.window_left || got->window_right != want.window_right)
         cli_problem(r, "rule: attention_mask encodes window (%lld, %lld), the flags say (%lld, %lld)",
                     (long long)got->window_left, (long long)got->window_right, (long long)want.window_left,
@@ -537,9 +545,11 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
     maskpack_rule rule = rule_from_flags(o);
     if (mask) build_mask_source(o, r, mask, &rule);
     if (cu) {
-        cli_source *s = add_source(r, "cu_seqlens", o->cu_form == MASKPACK_CU_TE ? (r->cu_padded ? "TE form + cu_seqlens_padded" : "TE form")
-                                                                             : (r->cu_padded ? "NPU form + cu_seqlens_padded" : "NPU form"),
-                                   cu);
+        cli_source *s =
+            add_source(r, "cu_seqlens",
+                       o->cu_form == MASKPACK_CU_TE ? (r->cu_padded ? "TE form + cu_seqlens_padded" : "TE form")
+                                                    : (r->cu_padded ? "NPU form + cu_seqlens_padded" : "NPU form"),
+                       cu);
         s->full_validity = 1;
         s->boundaries = 1;
         s->flat = 1;
@@ -562,8 +572,8 @@ static int analyze_sources(const cli_options *o, cli_report *r) {
         }
     }
     if (pos) {
-        cli_source *s = add_source(r, "position_ids", o->position_rule == MASKPACK_BOUNDARY_RESET ? "reset rule" : "step rule",
-                                   pos);
+        cli_source *s = add_source(r, "position_ids",
+                                   o->position_rule == MASKPACK_BOUNDARY_RESET ? "reset rule" : "step rule", pos);
         s->boundaries = 1;
         maskpack_tensor t = mpio_array_view(pos);
         maskpack_layout_from_position_ids(&t, (maskpack_boundary_rule)o->position_rule, &rule, &s->layout, &s->err);
@@ -619,8 +629,10 @@ int cli_analyze(const cli_options *o, cli_report *r) {
     for (size_t k = 0; cells && k < r->n_sources; k++) {
         const cli_source *s = &r->sources[k];
         if (!s->seg || s == auth) continue;
-        if (s->full_validity) check_validity(r, auth, s);
-        else if (auth->full_validity) check_partial_validity(r, auth, s);
+        if (s->full_validity)
+            check_validity(r, auth, s);
+        else if (auth->full_validity)
+            check_partial_validity(r, auth, s);
     }
     for (size_t x = 0; cells && x < r->n_sources; x++)
         for (size_t y = x + 1; y < r->n_sources; y++)
@@ -663,8 +675,10 @@ int cli_inspect(int argc, char **argv) {
             cli_problem(&r, "png: nothing written to %s: %s", o.png, dw_unavailable_reason());
             rc = CLI_EXIT_PROBLEMS;
         } else if (!r.layout) {
-            cli_problem(&r, "png: nothing written to %s: no layout could be built from the inputs (see the problems "
-                            "above)", o.png);
+            cli_problem(&r,
+                        "png: nothing written to %s: no layout could be built from the inputs (see the problems "
+                        "above)",
+                        o.png);
             rc = CLI_EXIT_PROBLEMS;
         } else if (cli_draw_inspect(&o, &r, rows, n_rows, why, sizeof why)) {
             cli_problem(&r, "png: nothing written to %s: %s", o.png, why);

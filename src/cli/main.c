@@ -79,8 +79,9 @@ static int cli_demo(int argc, char **argv) {
     for (int i = 0; i < argc; i++) args[4 + i] = argv[i];
     fflush(NULL);
     execvp(py, args);
-    fprintf(stderr, "maskpack demo: cannot run %s (%s): the demo is Python; set MASKPACK_PYTHON to an interpreter "
-                    "with maskpack, torch and transformers (make python installs them into .venv)\n",
+    fprintf(stderr,
+            "maskpack demo: cannot run %s (%s): the demo is Python; set MASKPACK_PYTHON to an interpreter "
+            "with maskpack, torch and transformers (make python installs them into .venv)\n",
             py, strerror(errno));
     free(args);
     return CLI_EXIT_PROBLEMS;

@@ -26,44 +26,43 @@ enum { EXIT_OK_ = 0, EXIT_PROBLEM_ = 1, EXIT_USAGE_ = 2 };
 
 /* Inputs at least this long get a progress bar when stderr is a terminal. */
 #define PROGRESS_MIN_SEQUENCES 200000
-#define PROGRESS_MIN_BYTES ((size_t)8 << 20)
+#define PROGRESS_MIN_BYTES     ((size_t)8 << 20)
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: maskpack plan LENGTHS_FILE --capacity N [options]\n"
-            "\n"
-            "Packs sequences into rows of N tokens and balances the rows across data-parallel ranks and\n"
-            "micro-batches (equal row counts; empty rows are added when needed and reported).\n"
-            "LENGTHS_FILE: text (one length per line), .npy (1-D integers) or JSON lines (a length, a token\n"
-            "list, or an object with \"length\" / \"input_ids\" / \"tokens\" per line); '-' is standard input.\n"
-            "\n"
-            "  --capacity N            tokens per row (required)\n"
-            "  --dp N                  data-parallel ranks (default 1)\n"
-            "  --micro-batches N       micro-batches per rank (default 1)\n"
-            "  --cp N --tp N           context / tensor parallel sizes (default 1): each sequence is padded to\n"
-            "  --align verl|minimal    the CP multiple: verl tp*cp*2 (default), minimal cp*lcm(2,tp); none when\n"
-            "                          cp = tp = 1\n"
-            "  --multiple M            pad every sequence to a multiple of M instead\n"
-            "  --objective tokens|attention   balance tokens, or a*L + L^2 per sequence (default tokens)\n"
-            "  --attention-a A         a of a*L + L^2: the length at which a sequence's attention work equals\n"
-            "                          its linear-layer work (wins over --model and --hidden)\n"
-            "  --model H[,I[,Q[,KV[,GATED[,CAUSAL]]]]]   derive a from a model shape: hidden, intermediate\n"
-            "                          (0 = 4H), q dim, kv dim (0 = H), gated MLP 0/1, causal 0/1\n"
-            "  --hidden H              the model's hidden size: a = 6*H (default without any: 24576, verl's)\n"
-            "  --algorithm bfd|ffd|nextfit   best-fit-decreasing (default), first-fit-decreasing, next-fit\n"
-            "  --seed N                break ties with a seeded hash instead of the index (default 0)\n"
-            "  --allow-split           cut sequences longer than a row into pieces instead of failing\n"
-            "  --row-width capacity|used   rows of the full capacity (default) or of their used width\n"
-            "  --json-out FILE         write the plan (ranks, micro-batches, rows, pieces, report) as JSON\n"
-            "  --png FILE              draw the plan: ranks, micro-batches and rows against a token axis,\n"
-            "                          the capacity line, each rank's cost and the mean, a legend, fill and\n"
-            "                          imbalance (PNG, or SVG when FILE ends in .svg; --png-rows N: at most N\n"
-            "                          rows per rank)\n"
-            "  --json                  print the report as JSON instead of text\n"
-            "  --progress | --no-progress   force the progress bar on stderr on or off (default: on for\n"
-            "                          large inputs when stderr is a terminal)\n"
-            "  -q, --quiet             print nothing but errors\n"
-            "exit status: 0 ok, 1 unreadable input or a sequence that does not fit, 2 bad usage\n");
+    fprintf(f, "usage: maskpack plan LENGTHS_FILE --capacity N [options]\n"
+               "\n"
+               "Packs sequences into rows of N tokens and balances the rows across data-parallel ranks and\n"
+               "micro-batches (equal row counts; empty rows are added when needed and reported).\n"
+               "LENGTHS_FILE: text (one length per line), .npy (1-D integers) or JSON lines (a length, a token\n"
+               "list, or an object with \"length\" / \"input_ids\" / \"tokens\" per line); '-' is standard input.\n"
+               "\n"
+               "  --capacity N            tokens per row (required)\n"
+               "  --dp N                  data-parallel ranks (default 1)\n"
+               "  --micro-batches N       micro-batches per rank (default 1)\n"
+               "  --cp N --tp N           context / tensor parallel sizes (default 1): each sequence is padded to\n"
+               "  --align verl|minimal    the CP multiple: verl tp*cp*2 (default), minimal cp*lcm(2,tp); none when\n"
+               "                          cp = tp = 1\n"
+               "  --multiple M            pad every sequence to a multiple of M instead\n"
+               "  --objective tokens|attention   balance tokens, or a*L + L^2 per sequence (default tokens)\n"
+               "  --attention-a A         a of a*L + L^2: the length at which a sequence's attention work equals\n"
+               "                          its linear-layer work (wins over --model and --hidden)\n"
+               "  --model H[,I[,Q[,KV[,GATED[,CAUSAL]]]]]   derive a from a model shape: hidden, intermediate\n"
+               "                          (0 = 4H), q dim, kv dim (0 = H), gated MLP 0/1, causal 0/1\n"
+               "  --hidden H              the model's hidden size: a = 6*H (default without any: 24576, verl's)\n"
+               "  --algorithm bfd|ffd|nextfit   best-fit-decreasing (default), first-fit-decreasing, next-fit\n"
+               "  --seed N                break ties with a seeded hash instead of the index (default 0)\n"
+               "  --allow-split           cut sequences longer than a row into pieces instead of failing\n"
+               "  --row-width capacity|used   rows of the full capacity (default) or of their used width\n"
+               "  --json-out FILE         write the plan (ranks, micro-batches, rows, pieces, report) as JSON\n"
+               "  --png FILE              draw the plan: ranks, micro-batches and rows against a token axis,\n"
+               "                          the capacity line, each rank's cost and the mean, a legend, fill and\n"
+               "                          imbalance (PNG, or SVG when FILE ends in .svg; --png-rows N: at most N\n"
+               "                          rows per rank)\n"
+               "  --json                  print the report as JSON instead of text\n"
+               "  --progress | --no-progress   force the progress bar on stderr on or off (default: on for\n"
+               "                          large inputs when stderr is a terminal)\n"
+               "  -q, --quiet             print nothing but errors\n"
+               "exit status: 0 ok, 1 unreadable input or a sequence that does not fit, 2 bad usage\n");
 }
 
 
@@ -96,8 +95,8 @@ static double now_ms(void) {
 
 typedef struct progress {
     int on;
-    int last_percent;       /* redraw only when the shown value changes... */
-    double last_draw;       /* ...and at most every 100 ms, except at a stage's start and end */
+    int last_percent; /* redraw only when the shown value changes... */
+    double last_draw; /* ...and at most every 100 ms, except at a stage's start and end */
     const char *last_stage;
     double start;
 } progress;
@@ -155,8 +154,8 @@ static int load_npy(const char *path, const uint8_t *buf, size_t len, lengths *L
         return EXIT_PROBLEM_;
     }
     int ok_shape = a.ndim == 1 || (a.ndim == 2 && a.shape[1] == 1);
-    int is_float = a.dtype == MASKPACK_F16 || a.dtype == MASKPACK_BF16 || a.dtype == MASKPACK_F32 ||
-                   a.dtype == MASKPACK_F64;
+    int is_float =
+        a.dtype == MASKPACK_F16 || a.dtype == MASKPACK_BF16 || a.dtype == MASKPACK_F32 || a.dtype == MASKPACK_F64;
     if (!ok_shape || is_float || a.dtype == MASKPACK_BOOL) {
         fprintf(stderr, "maskpack plan: %s: expected a 1-D integer array of lengths, found %s with %d dimension(s)\n",
                 path, maskpack_dtype_name(a.dtype), (int)a.ndim);
@@ -178,8 +177,18 @@ static int load_npy(const char *path, const uint8_t *buf, size_t len, lengths *L
         switch (a.dtype) {
         case MASKPACK_U8: x = *(const uint8_t *)p; break;
         case MASKPACK_I8: x = *(const int8_t *)p; break;
-        case MASKPACK_I16: { int16_t y; memcpy(&y, p, 2); x = y; break; }
-        case MASKPACK_I32: { int32_t y; memcpy(&y, p, 4); x = y; break; }
+        case MASKPACK_I16: {
+            int16_t y;
+            memcpy(&y, p, 2);
+            x = y;
+            break;
+        }
+        case MASKPACK_I32: {
+            int32_t y;
+            memcpy(&y, p, 4);
+            x = y;
+            break;
+        }
         default: memcpy(&x, p, 8); break;
         }
         L->v[i] = x;
@@ -222,8 +231,7 @@ static int json_line_length(const char *path, size_t line, const char *s, size_t
     return rc;
 }
 
-static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths *L, const char **kind,
-                      progress *pr) {
+static int load_lines(const char *path, const uint8_t *buf, size_t len, lengths *L, const char **kind, progress *pr) {
     /* a line starting with '[' or '{' is JSON; any other line is a plain integer (which is also
      * what a JSON line holding a bare length looks like) */
     *kind = "text";
@@ -282,7 +290,7 @@ int mp_cli_plan_parse_lengths(const char *origin, const uint8_t *buf, size_t len
     lengths L = {0};
     progress pr = {0, -1, 0.0, NULL, 0.0}; /* off */
     int rc = mpio_detect(buf, len) == MPIO_KIND_NPY ? load_npy(origin, buf, len, &L, kind)
-                                                     : load_lines(origin, buf, len, &L, kind, &pr);
+                                                    : load_lines(origin, buf, len, &L, kind, &pr);
     if (rc) {
         free(L.v);
         *lengths_out = NULL;
@@ -334,11 +342,26 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             continue;
         }
         /* flags without a value */
-        if (!strcmp(arg, "--allow-split")) { a->o.allow_split = 1; continue; }
-        if (!strcmp(arg, "--json")) { a->json = 1; continue; }
-        if (!strcmp(arg, "--progress")) { a->progress = 1; continue; }
-        if (!strcmp(arg, "--no-progress")) { a->progress = 0; continue; }
-        if (!strcmp(arg, "-q") || !strcmp(arg, "--quiet")) { a->quiet = 1; continue; }
+        if (!strcmp(arg, "--allow-split")) {
+            a->o.allow_split = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--json")) {
+            a->json = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--progress")) {
+            a->progress = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--no-progress")) {
+            a->progress = 0;
+            continue;
+        }
+        if (!strcmp(arg, "-q") || !strcmp(arg, "--quiet")) {
+            a->quiet = 1;
+            continue;
+        }
         /* --flag value or --flag=value */
         const char *val = NULL;
         char name[64];
@@ -358,28 +381,33 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         int64_t x;
         int k;
         if (!strcmp(name, "--capacity")) {
-            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--capacity: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--capacity: expected an integer >= 1, found '%s'", val);
             a->o.capacity = x;
             a->have_capacity = 1;
         } else if (!strcmp(name, "--dp")) {
-            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--dp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--dp: expected an integer >= 1, found '%s'", val);
             a->o.dp = x;
         } else if (!strcmp(name, "--micro-batches")) {
             if (!parse_i64(val, &x) || x < 1)
                 return cli_usage_error("plan", "--micro-batches: expected an integer >= 1, found '%s'", val);
             a->o.micro_batches = x;
         } else if (!strcmp(name, "--cp")) {
-            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--cp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--cp: expected an integer >= 1, found '%s'", val);
             a->o.cp = x;
         } else if (!strcmp(name, "--tp")) {
-            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--tp: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--tp: expected an integer >= 1, found '%s'", val);
             a->o.tp = x;
         } else if (!strcmp(name, "--multiple")) {
             if (!parse_i64(val, &x) || x < 1)
                 return cli_usage_error("plan", "--multiple: expected an integer >= 1, found '%s'", val);
             a->o.multiple = x;
         } else if (!strcmp(name, "--align")) {
-            if ((k = pick(val, aligns)) < 0) return cli_usage_error("plan", "--align: expected verl or minimal, found '%s'", val);
+            if ((k = pick(val, aligns)) < 0)
+                return cli_usage_error("plan", "--align: expected verl or minimal, found '%s'", val);
             a->o.align = k == 0 ? MASKPACK_CP_ALIGN_VERL : MASKPACK_CP_ALIGN_MINIMAL;
         } else if (!strcmp(name, "--objective")) {
             if ((k = pick(val, objectives)) < 0)
@@ -398,9 +426,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             int n = 0;
             for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 if (n >= 6 || !parse_i64(tok, &x) || x < 0)
-                    return cli_usage_error("plan", "--model: expected H[,I[,Q[,KV[,GATED[,CAUSAL]]]]] non-negative integers, "
-                                       "found '%s'",
-                                       val);
+                    return cli_usage_error("plan",
+                                           "--model: expected H[,I[,Q[,KV[,GATED[,CAUSAL]]]]] non-negative integers, "
+                                           "found '%s'",
+                                           val);
                 a->model[n++] = x;
             }
             if (n == 0) return cli_usage_error("plan", "--model: expected at least the hidden size");
@@ -415,7 +444,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             a->o.algorithm = (maskpack_plan_algorithm)k;
         } else if (!strcmp(name, "--seed")) {
             uint64_t u;
-            if (!parse_u64(val, &u)) return cli_usage_error("plan", "--seed: expected an integer >= 0, found '%s'", val);
+            if (!parse_u64(val, &u))
+                return cli_usage_error("plan", "--seed: expected an integer >= 0, found '%s'", val);
             a->o.seed = u;
         } else if (!strcmp(name, "--row-width")) {
             if ((k = pick(val, widths)) < 0)
@@ -426,7 +456,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         } else if (!strcmp(name, "--png")) {
             a->png = val;
         } else if (!strcmp(name, "--png-rows")) {
-            if (!parse_i64(val, &x) || x < 1) return cli_usage_error("plan", "--png-rows: expected an integer >= 1, found '%s'", val);
+            if (!parse_i64(val, &x) || x < 1)
+                return cli_usage_error("plan", "--png-rows: expected an integer >= 1, found '%s'", val);
             a->png_rows = x;
         } else {
             return cli_usage_error("plan", "unknown option '%s'", name);
@@ -579,7 +610,9 @@ static void print_text(const plan_args *a, const maskpack_plan *p, const char *k
            (long long)r.real_tokens);
     printf("  capacity %lld, multiple %lld (cp %lld, tp %lld, %s), algorithm %s, objective %s", (long long)r.capacity,
            (long long)r.multiple, (long long)a->o.cp, (long long)a->o.tp,
-           a->o.multiple ? "explicit" : a->o.align == MASKPACK_CP_ALIGN_VERL ? "verl" : "minimal",
+           a->o.multiple                          ? "explicit"
+           : a->o.align == MASKPACK_CP_ALIGN_VERL ? "verl"
+                                                  : "minimal",
            algorithm_name(a->o.algorithm), a->o.objective == MASKPACK_PLAN_TOKENS ? "tokens" : "attention");
     if (a->o.objective == MASKPACK_PLAN_ATTENTION) printf(" (%.6g*L + L^2)", r.attention_a);
     printf(", seed %llu\n", (unsigned long long)a->o.seed);
@@ -595,7 +628,8 @@ static void print_text(const plan_args *a, const maskpack_plan *p, const char *k
     printf("  fill of non-empty rows: %.4f%% (lower bound %lld rows)\n", 100.0 * r.fill, lower);
     printf("  padding: %lld alignment, %lld at row ends, %lld in empty rows\n", (long long)r.alignment_padding,
            (long long)r.tail_padding, (long long)(r.n_empty_rows * r.capacity));
-    if (r.n_split) printf("  split: %lld sequence(s) into %lld pieces in all\n", (long long)r.n_split, (long long)r.n_pieces);
+    if (r.n_split)
+        printf("  split: %lld sequence(s) into %lld pieces in all\n", (long long)r.n_split, (long long)r.n_pieces);
     printf("  rank cost (%s): min %.6g, mean %.6g, max %.6g; imbalance max/mean-1 = %.4f%%\n",
            a->o.objective == MASKPACK_PLAN_TOKENS ? "tokens" : "attention", r.rank_cost_min, r.rank_cost_mean,
            r.rank_cost_max, 100.0 * r.imbalance);

@@ -13,18 +13,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BAR_W 900     /* pixels for `capacity` tokens */
-#define COST_W 220    /* the cost bars */
-#define LEFT 150.0    /* rank / micro-batch labels */
-#define MARGIN 20.0
+#define BAR_W      900   /* pixels for `capacity` tokens */
+#define COST_W     220   /* the cost bars */
+#define LEFT       150.0 /* rank / micro-batch labels */
+#define MARGIN     20.0
 #define MAX_PLOT_H 6000.0
 
-#define C_UNUSED 0xE4E4E4
-#define C_TEXT 0x222222
-#define C_FAINT 0x666666
+#define C_UNUSED   0xE4E4E4
+#define C_TEXT     0x222222
+#define C_FAINT    0x666666
 #define C_CAPACITY 0xD62728
-#define C_COST 0x3C5AA0
-#define C_MEAN 0x000000
+#define C_COST     0x3C5AA0
+#define C_MEAN     0x000000
 
 /* 16 well separated colours; neighbouring sequences never share one */
 static const uint32_t palette[16] = {0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f,
@@ -33,7 +33,8 @@ static const uint32_t palette[16] = {0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static maskpack_status fail(maskpack_error *err, maskpack_status status, const char *fmt, ...) {
+static maskpack_status
+fail(maskpack_error *err, maskpack_status status, const char *fmt, ...) {
     if (err) {
         memset(err, 0, sizeof *err);
         err->status = status;
@@ -106,8 +107,7 @@ static void label_row(dw *d, const maskpack_plan *p, int64_t row, int64_t capaci
     for (size_t i = 0; i < cnt; i++) {
         char t[48];
         double w = (double)pc[i].length * scale;
-        snprintf(t, sizeof t, pc[i].offset > 0 ? "seq %lld (rest)" : "seq %lld",
-                 (long long)pc[i].sequence);
+        snprintf(t, sizeof t, pc[i].offset > 0 ? "seq %lld (rest)" : "seq %lld", (long long)pc[i].sequence);
         if (dw_text_width(t, 9, 0) + 6 > w) snprintf(t, sizeof t, "%lld", (long long)pc[i].sequence);
         if (dw_text_width(t, 9, 0) + 4 <= w)
             dw_text(d, x0 + (at + w / 2), y + h / 2 + 3.2, t, 9, 0xFFFFFF, DW_CENTRE, 0, 0);
@@ -136,12 +136,15 @@ static void swatch(dw *d, double x, double y, uint32_t fill, uint32_t stroke, co
 
 maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, const char *source, const char *objective,
                                 int64_t max_rows, int64_t *drawn_rows, maskpack_error *err) {
-    if (!dw_available()) return fail(err, MASKPACK_ERR_UNSUPPORTED, "png: nothing written to %s: %s", path, dw_unavailable_reason());
+    if (!dw_available())
+        return fail(err, MASKPACK_ERR_UNSUPPORTED, "png: nothing written to %s: %s", path, dw_unavailable_reason());
     maskpack_plan_report rep;
     maskpack_status s = maskpack_plan_get_report(p, &rep, err);
     if (s) return s;
     int64_t dp = rep.n_rows / rep.rows_per_rank, mb = rep.rows_per_rank / rep.rows_per_microbatch;
-    if (dp > 4096) return fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "png: %lld ranks are too many to draw (at most 4096)", (long long)dp);
+    if (dp > 4096)
+        return fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "png: %lld ranks are too many to draw (at most 4096)",
+                    (long long)dp);
     /* rows drawn per rank: as many as fit the plot at >= 1 pixel each */
     int64_t per_rank = rep.rows_per_rank;
     if (max_rows > 0 && per_rank > max_rows) per_rank = max_rows;
@@ -163,15 +166,17 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, const 
     double width = MARGIN + LEFT + BAR_W + 40 + COST_W + 30 + MARGIN, text_w = width - 2 * MARGIN;
     char line[1024];
     /* title and caption: what was packed, how well it is filled and balanced */
-    snprintf(line, sizeof line, "Packing plan: %lld sequences into %lld rows of %lld tokens, %lld rank%s x %lld micro-batch%s",
+    snprintf(line, sizeof line,
+             "Packing plan: %lld sequences into %lld rows of %lld tokens, %lld rank%s x %lld micro-batch%s",
              (long long)rep.n_sequences, (long long)rep.n_rows, (long long)rep.capacity, (long long)dp,
              dp == 1 ? "" : "s", (long long)mb, mb == 1 ? "" : "es");
     double y = MARGIN;
     dw_group(d, "title", line);
     y = paragraph(d, MARGIN, y, text_w, line, 16, 0x000000, 1);
     dw_group_end(d);
-    snprintf(line, sizeof line, "from %s; %lld real tokens; rows per rank %lld (%lld per micro-batch)", source ? source : "?",
-             (long long)rep.real_tokens, (long long)rep.rows_per_rank, (long long)rep.rows_per_microbatch);
+    snprintf(line, sizeof line, "from %s; %lld real tokens; rows per rank %lld (%lld per micro-batch)",
+             source ? source : "?", (long long)rep.real_tokens, (long long)rep.rows_per_rank,
+             (long long)rep.rows_per_microbatch);
     y = paragraph(d, MARGIN, y + 2, text_w, line, 12, C_TEXT, 0);
     snprintf(line, sizeof line,
              "fill: %.2f%% of every row every rank runs is real tokens (%.2f%% of the packed rows; %lld empty row%s "
@@ -182,8 +187,8 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, const 
     y = paragraph(d, MARGIN, y, text_w, line, 12, C_TEXT, 1);
     dw_group_end(d);
     if (per_rank < rep.rows_per_rank) {
-        snprintf(line, sizeof line, "drawn: the first %lld of the %lld rows of each rank (--png-rows N)", (long long)per_rank,
-                 (long long)rep.rows_per_rank);
+        snprintf(line, sizeof line, "drawn: the first %lld of the %lld rows of each rank (--png-rows N)",
+                 (long long)per_rank, (long long)rep.rows_per_rank);
         y = paragraph(d, MARGIN, y, text_w, line, 12, C_TEXT, 0);
     }
     y += 26;
@@ -200,7 +205,8 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, const 
     dw_text(d, x0 + BAR_W, plot_top - 8, num, 11, C_CAPACITY, DW_RIGHT, 1, 0);
     for (int64_t q = 0; q < dp; q++) {
         double ry = y, rh = (double)per_rank * row_h;
-        for (int64_t t = 0; t < per_rank; t++) row_pixels(p, q * rep.rows_per_rank + t, rep.capacity, img + (size_t)t * BAR_W * 3);
+        for (int64_t t = 0; t < per_rank; t++)
+            row_pixels(p, q * rep.rows_per_rank + t, rep.capacity, img + (size_t)t * BAR_W * 3);
         char title[64];
         snprintf(title, sizeof title, "rank %lld", (long long)q);
         dw_group(d, "rank", title);
@@ -260,8 +266,8 @@ maskpack_status mp_cli_plan_png(const char *path, const maskpack_plan *p, const 
     }
     snprintf(line, sizeof line, "tokens in the row (capacity %lld)", (long long)rep.capacity);
     dw_text(d, x0 + BAR_W / 2, ay + 30, line, 11.5, C_TEXT, DW_CENTRE, 1, 0);
-    dw_text(d, MARGIN + 4, (plot_top + plot_bottom) / 2, mb > 1 ? "rank / micro-batch / row" : "rank / row", 11.5, C_TEXT,
-            DW_CENTRE, 1, 1);
+    dw_text(d, MARGIN + 4, (plot_top + plot_bottom) / 2, mb > 1 ? "rank / micro-batch / row" : "rank / row", 11.5,
+            C_TEXT, DW_CENTRE, 1, 1);
     /* the cost axis */
     dw_line(d, cx0, ay, cx0 + COST_W, ay, 0x000000, 1, 0);
     dw_text(d, cx0, ay + 15, "0", 10, C_FAINT, DW_CENTRE, 0, 0);

@@ -30,7 +30,8 @@ void cli_rule_text(char *buf, size_t cap, const maskpack_layout *L) {
     else
         used += (size_t)snprintf(buf + used, cap - used, ", window (%lld, %lld)", (long long)rule.window_left,
                                  (long long)rule.window_right);
-    if (rule.n_spans && used < cap) used += (size_t)snprintf(buf + used, cap - used, ", %zu bidirectional spans", rule.n_spans);
+    if (rule.n_spans && used < cap)
+        used += (size_t)snprintf(buf + used, cap - used, ", %zu bidirectional spans", rule.n_spans);
     if (rule.prefix && used < cap) snprintf(buf + used, cap - used, ", prefix-LM prefixes");
 }
 
@@ -45,12 +46,18 @@ static double pad_fraction(const cli_report *r) {
 static void put_escaped(FILE *f, const char *s) {
     const unsigned char *p = (const unsigned char *)(s ? s : "?");
     for (; *p; p++) {
-        if (*p == '\n') fputs("\\n", f);
-        else if (*p == '\t') fputs("\\t", f);
-        else if (*p == '\r') fputs("\\r", f);
-        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
-        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) fprintf(f, "\\u%04x", (unsigned)*++p);
-        else fputc(*p, f);
+        if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p == '\r')
+            fputs("\\r", f);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            fprintf(f, "\\u%04x", (unsigned)*++p);
+        else
+            fputc(*p, f);
     }
 }
 
@@ -63,7 +70,8 @@ static void print_source_line(FILE *f, const char *name, const mpio_array *a, co
 
 /* What a source can say, in words (for the reconciliation). */
 static const char *real_tokens_why(const cli_source *s) {
-    if (strcmp(s->name, "cu_seqlens") == 0) return "its offsets say where each sequence ends; tokens past them are padding";
+    if (strcmp(s->name, "cu_seqlens") == 0)
+        return "its offsets say where each sequence ends; tokens past them are padding";
     if (strcmp(s->name, "position_ids") == 0)
         return "no other input says which tokens are real, so a tail of zeros in position_ids is read as padding";
     if (strstr(s->how, "doc-id")) return "it gives every real token its document id and every pad token 0";
@@ -149,24 +157,27 @@ static void print_reconciliation(const cli_report *r, FILE *f) {
         fprintf(f, ". It differs from the result because");
         int more = 0;
         if (joined)
-            fprintf(f, "%s it cannot mark where two sequences packed in one row meet: it reads %lld pair%s of "
-                       "neighbouring sequences as one (first: row %lld, column %lld, where %s)",
-                    more++ ? ";" : "", (long long)joined, joined == 1 ? "" : "s", (long long)join_b,
-                    (long long)join_c, n_bounds ? "another input starts a sequence" : "?");
-        if (pad_read)
-        {
+            fprintf(f,
+                    "%s it cannot mark where two sequences packed in one row meet: it reads %lld pair%s of "
+                    "neighbouring sequences as one (first: row %lld, column %lld, where %s)",
+                    more++ ? ";" : "", (long long)joined, joined == 1 ? "" : "s", (long long)join_b, (long long)join_c,
+                    n_bounds ? "another input starts a sequence" : "?");
+        if (pad_read) {
             char cols[64];
-            if (pad_c1 > pad_c0) snprintf(cols, sizeof cols, "columns %lld-%lld", (long long)pad_c0, (long long)pad_c1);
-            else snprintf(cols, sizeof cols, "column %lld", (long long)pad_c0);
+            if (pad_c1 > pad_c0)
+                snprintf(cols, sizeof cols, "columns %lld-%lld", (long long)pad_c0, (long long)pad_c1);
+            else
+                snprintf(cols, sizeof cols, "column %lld", (long long)pad_c0);
             fprintf(f, "%s it cannot mark %s padding: %lld pad token%s (first: row %lld, %s) read as tokens",
-                    more++ ? ";" : "", pad_c0 == 0 ? "left" : "this",
-                    (long long)pad_read, pad_read == 1 ? "" : "s", (long long)pad_b, cols);
+                    more++ ? ";" : "", pad_c0 == 0 ? "left" : "this", (long long)pad_read, pad_read == 1 ? "" : "s",
+                    (long long)pad_b, cols);
         }
         if (pad_only)
-            fprintf(f, ", which make %lld extra sequence%s of padding only", (long long)pad_only, pad_only == 1 ? "" : "s");
+            fprintf(f, ", which make %lld extra sequence%s of padding only", (long long)pad_only,
+                    pad_only == 1 ? "" : "s");
         if (lost)
-            fprintf(f, "%s it reads %lld real token%s as padding (see the problems)", more++ ? ";" : "", (long long)lost,
-                    lost == 1 ? "" : "s");
+            fprintf(f, "%s it reads %lld real token%s as padding (see the problems)", more++ ? ";" : "",
+                    (long long)lost, lost == 1 ? "" : "s");
         fprintf(f, ".\n");
     }
     size_t n = maskpack_layout_n_segments(r->layout);
@@ -188,8 +199,9 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         const cli_source *s = &r->sources[k];
         char result[96];
         if (s->layout)
-            snprintf(result, sizeof result, "-> alone: %zu sequence%s, %lld tokens", maskpack_layout_n_segments(s->layout),
-                     maskpack_layout_n_segments(s->layout) == 1 ? "" : "s", (long long)maskpack_layout_n_tokens(s->layout));
+            snprintf(result, sizeof result, "-> alone: %zu sequence%s, %lld tokens",
+                     maskpack_layout_n_segments(s->layout), maskpack_layout_n_segments(s->layout) == 1 ? "" : "s",
+                     (long long)maskpack_layout_n_tokens(s->layout));
         else
             snprintf(result, sizeof result, "-> not usable (see problems)");
         print_source_line(f, s->name, s->array, s->how, result);
@@ -227,8 +239,9 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
     }
     if (r->have_npu) {
         const maskpack_npu_argset *a = &r->npu;
-        fprintf(f, "npu_fusion_attention: input_layout %s, sparse_mode %d, pre_tockens %lld, next_tockens %lld, "
-                   "scale %g, inner_precise %d, atten_mask %s",
+        fprintf(f,
+                "npu_fusion_attention: input_layout %s, sparse_mode %d, pre_tockens %lld, next_tockens %lld, "
+                "scale %g, inner_precise %d, atten_mask %s",
                 npu_layout_names[a->input_layout], (int)a->sparse_mode, (long long)a->pre_tokens,
                 (long long)a->next_tokens, a->scale, (int)a->inner_precise, npu_mask_names[a->mask_kind]);
         if (a->mask_kind != MASKPACK_NPU_MASK_NONE) {
@@ -243,8 +256,8 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
             fprintf(f, "%s]", a->n_items > 16 ? ", ..." : "");
         }
         if (a->fully_masked_rows || a->fully_masked_pad_rows)
-            fprintf(f, ", query rows that see nothing: %lld of tokens, %lld of padding", (long long)a->fully_masked_rows,
-                    (long long)a->fully_masked_pad_rows);
+            fprintf(f, ", query rows that see nothing: %lld of tokens, %lld of padding",
+                    (long long)a->fully_masked_rows, (long long)a->fully_masked_pad_rows);
         fprintf(f, "\n");
     }
     if (r->n_emitted) {
@@ -268,8 +281,7 @@ void cli_print_text(const cli_options *o, const cli_report *r, FILE *f) {
         put_escaped(f, r->problems[i]);
         fputc('\n', f);
     }
-    if (r->n_problems_total > r->n_problems)
-        fprintf(f, "  ... and %zu more\n", r->n_problems_total - r->n_problems);
+    if (r->n_problems_total > r->n_problems) fprintf(f, "  ... and %zu more\n", r->n_problems_total - r->n_problems);
 }
 
 static cJSON *shape_json(const int64_t *shape, int32_t ndim) {

@@ -18,9 +18,9 @@
 #endif
 
 /* XCR0 bits: which register state the OS saves. */
-#define XCR0_AVX 0x6ull      /* SSE, AVX (YMM upper halves) */
-#define XCR0_AVX512 0xe6ull  /* the above, opmask, ZMM_Hi256, Hi16_ZMM */
-#define XCR0_AMX 0x60000ull  /* XTILECFG, XTILEDATA */
+#define XCR0_AVX    0x6ull     /* SSE, AVX (YMM upper halves) */
+#define XCR0_AVX512 0xe6ull    /* the above, opmask, ZMM_Hi256, Hi16_ZMM */
+#define XCR0_AMX    0x60000ull /* XTILECFG, XTILEDATA */
 
 /* The caller has checked CPUID.1:ECX.OSXSAVE (xgetbv faults without it). */
 static uint64_t xgetbv0(void) {
@@ -30,9 +30,7 @@ static uint64_t xgetbv0(void) {
 }
 
 /* XCR0, or 0 when the OS has not enabled XSAVE (then no AVX state is saved at all). */
-static uint64_t os_saved_state(unsigned leaf1_ecx) {
-    return (leaf1_ecx & (1u << 27)) ? xgetbv0() : 0; /* OSXSAVE */
-}
+static uint64_t os_saved_state(unsigned leaf1_ecx) { return (leaf1_ecx & (1u << 27)) ? xgetbv0() : 0; /* OSXSAVE */ }
 
 /* Each cpuid traps to the hypervisor on a VM (5-9 us each, measured), so this asks each leaf once:
  * leaf 0 (the highest leaf, since leaf 7 is garbage where it does not exist), 1, 7.0 and, only when

@@ -14,21 +14,21 @@
 /* The layout object. Segments are sorted by (row, q_start); rows index them through row_begin. */
 struct maskpack_layout {
     int64_t n_rows, q_width, kv_width;
-    int packed;            /* per-token outputs are [T] rather than [B,S] */
-    int self;              /* every segment has kv == q */
+    int packed; /* per-token outputs are [T] rather than [B,S] */
+    int self;   /* every segment has kv == q */
     size_t n_segments;
     maskpack_segment *segs;
-    size_t *row_begin;     /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]); NULL when
+    size_t *row_begin; /* [n_rows + 1]: segments of row r are [row_begin[r], row_begin[r+1]); NULL when
                             * there are no segments (all zero, so a layout of 2^50 empty rows costs
                             * nothing): read it through mp_row_begin */
     /* rule (owned copies) */
     int causal;
     maskpack_alignment alignment;
     int64_t window_left, window_right;
-    maskpack_span *spans;  /* sorted by (segment, start) */
+    maskpack_span *spans; /* sorted by (segment, start) */
     size_t n_spans;
-    size_t *span_begin;    /* [n_segments + 1]: spans of segment k are [span_begin[k], span_begin[k+1]) */
-    int64_t *prefix;       /* [n_segments] or NULL */
+    size_t *span_begin; /* [n_segments + 1]: spans of segment k are [span_begin[k], span_begin[k+1]) */
+    int64_t *prefix;    /* [n_segments] or NULL */
     /* cached totals */
     int64_t n_tokens, max_q, max_kv;
 };
@@ -52,10 +52,11 @@ maskpack_status mp_fail4(maskpack_error *err, maskpack_status status, const char
 /* Marks *err as success (if non-NULL) and returns MASKPACK_OK. */
 maskpack_status mp_ok(maskpack_error *err);
 
-#define MP_CHECK_NULL(err, ptr, name)                                                         \
-    do {                                                                                      \
-        if ((ptr) == NULL)                                                                    \
-            return mp_fail((err), MASKPACK_ERR_NULL_ARGUMENT, (name), -1, -1, "%s: expected a non-NULL pointer, found NULL", (name)); \
+#define MP_CHECK_NULL(err, ptr, name)                                                                                  \
+    do {                                                                                                               \
+        if ((ptr) == NULL)                                                                                             \
+            return mp_fail((err), MASKPACK_ERR_NULL_ARGUMENT, (name), -1, -1,                                          \
+                           "%s: expected a non-NULL pointer, found NULL", (name));                                     \
     } while (0)
 
 /* ---- worker team (workers.c) ---------------------------------------------------------------- */
@@ -348,7 +349,7 @@ maskpack_status mp_check_per_token_output(const maskpack_layout *L, const maskpa
 maskpack_status mp_check_per_token_input(const maskpack_layout *L, const maskpack_tensor *t, const char *name,
                                          uint32_t allowed_dtypes, maskpack_error *err);
 
-#define MP_DT(x) (1u << (x))
+#define MP_DT(x)    (1u << (x))
 #define MP_DT_INDEX (MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64))
 
 /* ---- the token view (token_view.c) --------------------------------------------------------- */

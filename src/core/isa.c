@@ -8,9 +8,7 @@
 
 static const char *const NAMES[MASKPACK_ISA_COUNT_] = {"auto", "ref", "avx512", "avx2", "avx512_bf16", "amx"};
 
-const char *maskpack_isa_name(maskpack_isa isa) {
-    return (unsigned)isa < MASKPACK_ISA_COUNT_ ? NAMES[isa] : "unknown";
-}
+const char *maskpack_isa_name(maskpack_isa isa) { return (unsigned)isa < MASKPACK_ISA_COUNT_ ? NAMES[isa] : "unknown"; }
 
 const char *maskpack_kernel_family_name(maskpack_kernel_family family) {
     switch (family) {
@@ -32,10 +30,10 @@ int mp_isa_rank(maskpack_isa isa) {
     }
 }
 
-#define FEAT_AVX2 "AVX2 + FMA"
+#define FEAT_AVX2   "AVX2 + FMA"
 #define FEAT_AVX512 "AVX-512F/DQ/BW/VL + FMA"
-#define FEAT_BF16 "AVX512-BF16"
-#define FEAT_AMX "AMX-TILE/AMX-BF16 (with the OS's tile state permission)"
+#define FEAT_BF16   "AVX512-BF16"
+#define FEAT_AMX    "AMX-TILE/AMX-BF16 (with the OS's tile state permission)"
 
 const char *mp_isa_cpu_features(maskpack_isa isa) {
     switch (isa) {

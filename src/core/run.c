@@ -56,8 +56,7 @@ typedef struct run_items {
 static void note_failure(run_items *R, int64_t item, maskpack_status s) {
     const int64_t v = (item << 8) | (int64_t)(s & 0xff);
     int64_t cur = atomic_load(&R->failed);
-    while (v < cur && !atomic_compare_exchange_weak(&R->failed, &cur, v)) {
-    }
+    while (v < cur && !atomic_compare_exchange_weak(&R->failed, &cur, v)) {}
 }
 
 static maskpack_status failure_status(const run_items *R) {

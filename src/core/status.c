@@ -110,8 +110,8 @@ maskpack_status mp_take_workspace(void *workspace, size_t workspace_bytes, size_
     if (workspace == NULL && workspace_bytes == 0) {
         *owned = *base = malloc(need ? need : 1);
         if (!*owned)
-            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1,
-                           "workspace: cannot allocate %zu bytes", need);
+            return mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "workspace", -1, -1, "workspace: cannot allocate %zu bytes",
+                           need);
         return MASKPACK_OK;
     }
     if (!workspace)

@@ -6,8 +6,8 @@
 #include <string.h>
 
 static const size_t dtype_sizes[MASKPACK_DTYPE_COUNT_] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
-static const char *const dtype_names[MASKPACK_DTYPE_COUNT_] = {"bool",  "uint8",    "int8",    "int16",   "int32",
-                                                                "int64", "float16", "bfloat16", "float32", "float64"};
+static const char *const dtype_names[MASKPACK_DTYPE_COUNT_] = {"bool",  "uint8",   "int8",     "int16",   "int32",
+                                                               "int64", "float16", "bfloat16", "float32", "float64"};
 
 size_t maskpack_dtype_size(maskpack_dtype d) {
     if ((int)d < 0 || (int)d >= MASKPACK_DTYPE_COUNT_) return 0;
@@ -245,8 +245,8 @@ maskpack_status mp_check_no_self_overlap(const maskpack_tensor *t, const char *n
     return MASKPACK_OK;
 }
 
-static maskpack_status check_dtype_and_shape(const maskpack_tensor *t, const char *name, uint32_t allowed,
-                                             int32_t ndim, const int64_t *shape, maskpack_error *err) {
+static maskpack_status check_dtype_and_shape(const maskpack_tensor *t, const char *name, uint32_t allowed, int32_t ndim,
+                                             const int64_t *shape, maskpack_error *err) {
     maskpack_status s = mp_check_tensor(t, name, 0, MASKPACK_MAX_DIMS, err);
     if (s) return s;
     if (!(allowed & MP_DT(t->dtype)))

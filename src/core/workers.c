@@ -53,7 +53,7 @@ struct maskpack_workers {
     pthread_mutex_t mu; /* guards sleepers and the condition */
     pthread_cond_t cv;
     int sleepers;
-    pthread_mutex_t busy; /* held by the one caller currently running work on the team */
+    pthread_mutex_t busy;    /* held by the one caller currently running work on the team */
     _Atomic uint64_t gen;    /* last published generation */
     _Atomic uint64_t closed; /* last generation whose caller stopped accepting workers */
     _Atomic int active;      /* workers inside fn (or deciding whether to enter) */
@@ -86,9 +86,12 @@ static void *worker_main(void *p) {
             MP_PAUSE();
             if ((i & 63) == 0) {
                 int64_t t = now_ns();
-                if (i == 0) t0 = t;
-                else if (t - t0 > SPIN_NS) break;
-                else sched_yield();
+                if (i == 0)
+                    t0 = t;
+                else if (t - t0 > SPIN_NS)
+                    break;
+                else
+                    sched_yield();
             }
             g = atomic_load_explicit(&w->gen, memory_order_acquire);
         }
@@ -154,7 +157,7 @@ maskpack_status maskpack_workers_create(int n_threads, maskpack_workers **out, m
 }
 
 maskpack_status maskpack_workers_create_hosted(int n_threads, maskpack_parallel_fn parallel, void *host,
-                                              maskpack_workers **out, maskpack_error *err) {
+                                               maskpack_workers **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     MP_CHECK_NULL(err, parallel, "parallel");
     maskpack_status s = mp_check_threads(n_threads, "n_threads", err);

@@ -32,8 +32,8 @@ static maskpack_status block_dims(const maskpack_layout *L, int64_t bq, int64_t 
     return MASKPACK_OK;
 }
 
-maskpack_status maskpack_block_mask_dims(const maskpack_layout *L, int64_t block_q, int64_t block_k,
-                                         int64_t *q_blocks, int64_t *kv_blocks, maskpack_error *err) {
+maskpack_status maskpack_block_mask_dims(const maskpack_layout *L, int64_t block_q, int64_t block_k, int64_t *q_blocks,
+                                         int64_t *kv_blocks, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, q_blocks, "q_blocks");
     MP_CHECK_NULL(err, kv_blocks, "kv_blocks");
@@ -156,8 +156,8 @@ static int cmp_i32(const void *x, const void *y) {
 /* Per-kv-block scratch of one q block: which blocks some segment reaches (touched, in visiting
  * order), and how many of the q block's segments see all of each. */
 typedef struct scratch {
-    uint8_t *mark;   /* [Kb] 1 while the block is in `touched` */
-    int32_t *nfull;  /* [Kb] segments of the q block seeing every cell of their rows in the block */
+    uint8_t *mark;  /* [Kb] 1 while the block is in `touched` */
+    int32_t *nfull; /* [Kb] segments of the q block seeing every cell of their rows in the block */
     int32_t *touched;
     int64_t n_touched;
 } scratch;
@@ -184,8 +184,7 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
     /* all scratch is allocated before anything is written, so running out of memory writes nothing */
     size_t nk = (size_t)n_kb;
     int32_t *qcnt = want_q ? mp_alloc_array(nk, 2 * sizeof *qcnt) : NULL;
-    scratch sc = {calloc(nk ? nk : 1, 1), mp_alloc_array(nk, sizeof(int32_t)),
-                  mp_alloc_array(nk, sizeof(int32_t)), 0};
+    scratch sc = {calloc(nk ? nk : 1, 1), mp_alloc_array(nk, sizeof(int32_t)), mp_alloc_array(nk, sizeof(int32_t)), 0};
     if ((want_q && !qcnt) || !sc.mark || !sc.nfull || !sc.touched) {
         free(qcnt);
         free(sc.mark);
@@ -207,8 +206,8 @@ maskpack_status maskpack_block_mask(const maskpack_layout *L, int64_t block_q, i
             while (ks < kend && L->segs[ks].q_start + L->segs[ks].q_len <= q0) ks++;
             m.qb = qb;
             m.n_partial = m.n_full = 0;
-            int32_t n_segs = 0;     /* segments owning query rows of this block */
-            int64_t real_rows = 0;  /* query rows of this block that are real tokens */
+            int32_t n_segs = 0;    /* segments owning query rows of this block */
+            int64_t real_rows = 0; /* query rows of this block that are real tokens */
             int sorted = 1;
             sc.n_touched = 0;
             for (size_t k = ks; k < kend && L->segs[k].q_start < q1; k++) {

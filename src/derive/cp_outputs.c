@@ -5,8 +5,8 @@
 
 #include <stdlib.h>
 
-maskpack_status maskpack_cp_shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank,
-                                          maskpack_cp_scheme scheme, maskpack_tensor *out, maskpack_error *err) {
+maskpack_status maskpack_cp_shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
+                                          maskpack_tensor *out, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, out, "out");
     mp_cp_range *R;

@@ -111,8 +111,8 @@ static inline maskpack_status mpd_check_extent(const maskpack_tensor *t, const c
         if (s == INT64_MIN || mp_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &step) ||
             mp_add_overflow(reach, step, &a))
             return mp_fail(err, MASKPACK_ERR_OVERFLOW, name, d, -1,
-                           "%s: stride %lld of dimension %d reaches beyond the int64 offset range", name,
-                           (long long)s, (int)d);
+                           "%s: stride %lld of dimension %d reaches beyond the int64 offset range", name, (long long)s,
+                           (int)d);
         reach = a;
     }
     int64_t bytes;

@@ -28,8 +28,7 @@ typedef struct slice_sink {
 
 /* Records one slice of segment-local rows [r0, r1) x keys [c0, c1); empty ones are dropped. With a
  * NULL sink array only the count grows (the sizing pass). */
-static void add(slice_sink *s, int64_t qbase, int64_t kbase, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                int type) {
+static void add(slice_sink *s, int64_t qbase, int64_t kbase, int64_t r0, int64_t r1, int64_t c0, int64_t c1, int type) {
     if (r1 <= r0 || c1 <= c0) return;
     if (s->q && s->count < s->capacity) {
         size_t n = s->count;
@@ -43,8 +42,8 @@ static void add(slice_sink *s, int64_t qbase, int64_t kbase, int64_t r0, int64_t
 }
 
 /* The causal (+ prefix) rows [r0, r1) of a segment with m queries, n keys, offset d, prefix p. */
-static void causal_rows(slice_sink *s, int64_t qb, int64_t kb, int64_t r0, int64_t r1, int64_t m, int64_t n,
-                        int64_t d, int64_t p) {
+static void causal_rows(slice_sink *s, int64_t qb, int64_t kb, int64_t r0, int64_t r1, int64_t m, int64_t n, int64_t d,
+                        int64_t p) {
     int64_t ia = p - d > 0 ? p - d : 0, ib = n - d < m ? n - d : m;
     if (ia > r1) ia = r1;
     if (ia < r0) ia = r0;

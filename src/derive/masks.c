@@ -9,8 +9,8 @@
 
 #include <string.h>
 
-#define MASK2D_DTYPES                                                                                            \
-    (MP_DT(MASKPACK_BOOL) | MP_DT(MASKPACK_U8) | MP_DT(MASKPACK_I8) | MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64) | \
+#define MASK2D_DTYPES                                                                                                  \
+    (MP_DT(MASKPACK_BOOL) | MP_DT(MASKPACK_U8) | MP_DT(MASKPACK_I8) | MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64) |      \
      MP_DT(MASKPACK_F32))
 
 maskpack_status maskpack_mask2d(const maskpack_layout *L, maskpack_tensor *out, maskpack_error *err) {
@@ -40,9 +40,9 @@ maskpack_status maskpack_mask2d(const maskpack_layout *L, maskpack_tensor *out, 
 static uint64_t additive_fill_bits(maskpack_dtype d, maskpack_fill fill) {
     int neg_inf = fill == MASKPACK_FILL_NEG_INF;
     switch (d) {
-    case MASKPACK_F16: return neg_inf ? 0xfc00u : 0xfbffu;                 /* -inf : -65504 */
-    case MASKPACK_BF16: return neg_inf ? 0xff80u : 0xff7fu;                /* -inf : -3.3895e38 */
-    case MASKPACK_F32: return neg_inf ? 0xff800000u : 0xff7fffffu;         /* -inf : -FLT_MAX */
+    case MASKPACK_F16: return neg_inf ? 0xfc00u : 0xfbffu;                   /* -inf : -65504 */
+    case MASKPACK_BF16: return neg_inf ? 0xff80u : 0xff7fu;                  /* -inf : -3.3895e38 */
+    case MASKPACK_F32: return neg_inf ? 0xff800000u : 0xff7fffffu;           /* -inf : -FLT_MAX */
     default: return neg_inf ? 0xfff0000000000000ull : 0xffefffffffffffffull; /* f64: -inf : -DBL_MAX */
     }
 }

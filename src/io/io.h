@@ -31,13 +31,13 @@
 /* An array loaded from a file. It owns its memory (data is malloc'd, so suitably aligned for every
  * dtype even when the file stored it at an odd offset). */
 typedef struct mpio_array {
-    char *name;                       /* member / tensor name (malloc'd), NULL for a bare .npy */
+    char *name; /* member / tensor name (malloc'd), NULL for a bare .npy */
     maskpack_dtype dtype;
-    int32_t ndim;                     /* 0 = scalar (one element) */
+    int32_t ndim; /* 0 = scalar (one element) */
     int64_t shape[MASKPACK_MAX_DIMS];
-    int fortran_order;                /* 1: stored column-major; the view's strides say so */
-    void *data;                       /* NULL when nbytes == 0 */
-    size_t nbytes;                    /* numel * dtype size */
+    int fortran_order; /* 1: stored column-major; the view's strides say so */
+    void *data;        /* NULL when nbytes == 0 */
+    size_t nbytes;     /* numel * dtype size */
 } mpio_array;
 
 /* Releases the array's memory and zeroes it; NULL is a no-op. */
@@ -76,8 +76,7 @@ typedef struct mpio_named_tensor {
 
 /* (path or "-" for standard input, max_bytes) -> *buf (malloc'd, caller frees), *len. Files larger than max_bytes are refused
  * with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno text. */
-maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
-                               maskpack_error *err);
+maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len, maskpack_error *err);
 /* (path, bytes) -> writes the file. A regular file (or a new one) is written to a temporary file beside
  * it and renamed over it only on success, so a failed write leaves the old content as it was; a
  * link is followed (the link stays); a device, fifo or socket is written in place and never removed.
@@ -100,8 +99,7 @@ maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t max_
                                       maskpack_error *err);
 /* (path, budget) -> mpio_load_any reading at most max_bytes (a file, a pipe or an endless stream stops
  * there: memory stays within the budget) and parsing under the same budget. */
-maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
-                                     maskpack_error *err);
+maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out, maskpack_error *err);
 
 /* ---- .npy ------------------------------------------------------------------------------------------ */
 
@@ -160,8 +158,8 @@ maskpack_status mpio_npz_encode(const mpio_named_tensor *items, size_t n, int de
                                 maskpack_error *err);
 /* mpio_npz_encode with the zip64 threshold lowered to zip64_from bytes (members and counts at or
  * above it take the zip64 forms): lets tests check those forms without writing 4 GiB. */
-maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate,
-                                           uint64_t zip64_from, uint8_t **buf, size_t *len, maskpack_error *err);
+maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate, uint64_t zip64_from,
+                                           uint8_t **buf, size_t *len, maskpack_error *err);
 /* (path, items[n], deflate?) -> writes mpio_npz_encode's bytes to path. */
 maskpack_status mpio_npz_save(const char *path, const mpio_named_tensor *items, size_t n, int deflate,
                               maskpack_error *err);
@@ -178,8 +176,7 @@ maskpack_status mpio_safetensors_load(const char *path, mpio_arrayset *out, mask
 maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n, uint8_t **buf, size_t *len,
                                         maskpack_error *err);
 /* (path, items[n]) -> writes mpio_safetensors_encode's bytes to path. */
-maskpack_status mpio_safetensors_save(const char *path, const mpio_named_tensor *items, size_t n,
-                                      maskpack_error *err);
+maskpack_status mpio_safetensors_save(const char *path, const mpio_named_tensor *items, size_t n, maskpack_error *err);
 
 /* ---- PNG rendering of a layout's allowed matrix ----------------------------------------------------- */
 
@@ -187,16 +184,16 @@ maskpack_status mpio_safetensors_save(const char *path, const mpio_named_tensor 
  * segment are white, cells between two different segments light grey, cells in a padding row or
  * column dark grey; rows of the batch are stacked vertically, separated by a black line. */
 typedef struct mpio_png_options {
-    int zoom;             /* pixels per cell; 0 = automatic (largest integer keeping the side <= 1024) */
-    int64_t max_side;     /* larger grids are sampled down to at most this many pixels; 0 = 2048 */
+    int zoom;         /* pixels per cell; 0 = automatic (largest integer keeping the side <= 1024) */
+    int64_t max_side; /* larger grids are sampled down to at most this many pixels; 0 = 2048 */
 } mpio_png_options;
 
 /* (layout, rows[n_rows] (batch rows to draw; NULL with n_rows 0 = every row), options or NULL) ->
  * buf, len: a PNG file (RGB, 8 bit); width, height: its size (either may be NULL). Refuses images
  * above 64 Mpixel (MASKPACK_ERR_INVALID_ARGUMENT: draw fewer rows). */
 maskpack_status mpio_png_encode_layout(const maskpack_layout *layout, const int64_t *rows, size_t n_rows,
-                                       const mpio_png_options *options, uint8_t **buf, size_t *len,
-                                       uint32_t *width, uint32_t *height, maskpack_error *err);
+                                       const mpio_png_options *options, uint8_t **buf, size_t *len, uint32_t *width,
+                                       uint32_t *height, maskpack_error *err);
 /* (path, ...) -> writes mpio_png_encode_layout's bytes to path. */
 maskpack_status mpio_png_write_layout(const char *path, const maskpack_layout *layout, const int64_t *rows,
                                       size_t n_rows, const mpio_png_options *options, maskpack_error *err);

@@ -96,8 +96,7 @@ static void close_input(FILE *f, int is_stdin) {
     if (!is_stdin) fclose(f);
 }
 
-maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len,
-                               maskpack_error *err) {
+maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len, maskpack_error *err) {
     MP_CHECK_NULL(err, path, "path");
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
@@ -163,7 +162,8 @@ maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **b
     if ((uint64_t)used > max_bytes) {
         free(data);
         return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "path", -1, -1,
-                       "%s: more than the memory budget of %llu bytes (the input was read up to it)", path, (unsigned long long)max_bytes);
+                       "%s: more than the memory budget of %llu bytes (the input was read up to it)", path,
+                       (unsigned long long)max_bytes);
     }
     *buf = data;
     *len = used;
@@ -290,15 +290,14 @@ maskpack_status mpio_parse_any_budget(const void *buf, size_t len, uint64_t budg
     case MPIO_KIND_SAFETENSORS: return mpio_safetensors_parse(buf, len, out, err);
     default:
         return mp_fail(err, MASKPACK_ERR_FORMAT, "file", -1, -1,
-                       "not an .npy (\\x93NUMPY), .npz (PK zip) or .safetensors (length + '{') file (%zu bytes)",
-                       len);
+                       "not an .npy (\\x93NUMPY), .npz (PK zip) or .safetensors (length + '{') file (%zu bytes)", len);
     }
 }
 
 /* Reads path (at most max_bytes) and parses it with `parse`, or, when that is NULL, with
  * mpio_parse_any_budget under the same budget; messages are prefixed with the path. */
-static maskpack_status load_and_parse(const char *path, uint64_t max_bytes, mpio_set_parser parse,
-                                      mpio_arrayset *out, maskpack_error *err) {
+static maskpack_status load_and_parse(const char *path, uint64_t max_bytes, mpio_set_parser parse, mpio_arrayset *out,
+                                      maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     memset(out, 0, sizeof *out);
     uint8_t *buf = NULL;
@@ -319,8 +318,7 @@ maskpack_status mpio_load_any(const char *path, mpio_arrayset *out, maskpack_err
     return mpio_load_set(path, mpio_parse_any, out, err);
 }
 
-maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out,
-                                     maskpack_error *err) {
+maskpack_status mpio_load_any_budget(const char *path, uint64_t max_bytes, mpio_arrayset *out, maskpack_error *err) {
     return load_and_parse(path, max_bytes, NULL, out, err);
 }
 

@@ -92,22 +92,42 @@ static maskpack_status parse_descr(const char *s, maskpack_dtype *dt, maskpack_e
                        "npy header: descr '%s' uses native byte order, which a file cannot state; expected '<'", s);
     int found = 1;
     switch (kind) {
-    case 'b': found = size == 1; *dt = MASKPACK_BOOL; break;
-    case 'u': found = size == 1; *dt = MASKPACK_U8; break;
+    case 'b':
+        found = size == 1;
+        *dt = MASKPACK_BOOL;
+        break;
+    case 'u':
+        found = size == 1;
+        *dt = MASKPACK_U8;
+        break;
     case 'i':
-        if (size == 1) *dt = MASKPACK_I8;
-        else if (size == 2) *dt = MASKPACK_I16;
-        else if (size == 4) *dt = MASKPACK_I32;
-        else if (size == 8) *dt = MASKPACK_I64;
-        else found = 0;
+        if (size == 1)
+            *dt = MASKPACK_I8;
+        else if (size == 2)
+            *dt = MASKPACK_I16;
+        else if (size == 4)
+            *dt = MASKPACK_I32;
+        else if (size == 8)
+            *dt = MASKPACK_I64;
+        else
+            found = 0;
         break;
     case 'f':
-        if (size == 2) *dt = MASKPACK_F16;
-        else if (size == 4) *dt = MASKPACK_F32;
-        else if (size == 8) *dt = MASKPACK_F64;
-        else found = 0;
+        if (size == 2)
+            *dt = MASKPACK_F16;
+        else if (size == 4)
+            *dt = MASKPACK_F32;
+        else if (size == 8)
+            *dt = MASKPACK_F64;
+        else
+            found = 0;
         break;
-    case 'c': case 'S': case 'U': case 'V': case 'M': case 'm': found = 0; break;
+    case 'c':
+    case 'S':
+    case 'U':
+    case 'V':
+    case 'M':
+    case 'm': found = 0; break;
     default:
         return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1, "npy header: descr '%s' has unknown kind '%c'", s,
                        kind);
@@ -146,8 +166,8 @@ static maskpack_status parse_shape(cursor *c, int32_t *ndim, int64_t *shape, mas
         shape[n++] = (int64_t)v;
         if (accept(c, ',')) continue;
         if (accept(c, ')')) break;
-        return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1,
-                       "npy header: 'shape' expected ',' or ')', found '%c'", peek(c));
+        return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1, "npy header: 'shape' expected ',' or ')', found '%c'",
+                       peek(c));
     }
     *ndim = n;
     return MASKPACK_OK;
@@ -207,7 +227,9 @@ static maskpack_status parse_header(const char *h, size_t hlen, mpio_array *a, m
                        "npy header: unexpected bytes after the dict (offset %td of %zu)", c.p - h, hlen);
     if (!have_descr || !have_order || !have_shape)
         return mp_fail(err, MASKPACK_ERR_FORMAT, NPY_ARG, -1, -1, "npy header: missing key '%s'",
-                       !have_descr ? "descr" : !have_order ? "fortran_order" : "shape");
+                       !have_descr   ? "descr"
+                       : !have_order ? "fortran_order"
+                                     : "shape");
     return MASKPACK_OK;
 }
 

@@ -19,10 +19,10 @@
 
 #define ZIP_ARG "npz"
 
-#define SIG_LOCAL 0x04034b50u
-#define SIG_CENTRAL 0x02014b50u
-#define SIG_EOCD 0x06054b50u
-#define SIG_EOCD64 0x06064b50u
+#define SIG_LOCAL     0x04034b50u
+#define SIG_CENTRAL   0x02014b50u
+#define SIG_EOCD      0x06054b50u
+#define SIG_EOCD64    0x06064b50u
 #define SIG_LOCATOR64 0x07064b50u
 
 /* deflate cannot expand more than ~1032:1; anything claiming more lies */
@@ -332,8 +332,7 @@ maskpack_status mpio_zip_find(const mpio_zip *z, const char *name, size_t *index
             *index = i;
             return mp_ok(err);
         }
-    return mp_fail(err, MASKPACK_ERR_NOT_FOUND, "name", -1, -1, "npz: no member named '%s' (%zu members)", name,
-                   z->n);
+    return mp_fail(err, MASKPACK_ERR_NOT_FOUND, "name", -1, -1, "npz: no member named '%s' (%zu members)", name, z->n);
 }
 
 /* Inflates a raw deflate stream of exactly comp bytes into exactly size bytes. */
@@ -501,8 +500,9 @@ static maskpack_status check_array_names(const mpio_zip *z, maskpack_error *err)
     for (size_t i = 1; i < z->n && !s; i++)
         if (v[i].len == v[i - 1].len && memcmp(v[i].p, v[i - 1].p, v[i].len) == 0)
             s = mp_fail(err, MASKPACK_ERR_FORMAT, ZIP_ARG, (int64_t)v[i].index, -1,
-                        "npz: members '%.200s' and '%.200s' both hold the array '%.*s'", z->entries[v[i - 1].index].name,
-                        z->entries[v[i].index].name, (int)(v[i].len > 200 ? 200 : v[i].len), v[i].p);
+                        "npz: members '%.200s' and '%.200s' both hold the array '%.*s'",
+                        z->entries[v[i - 1].index].name, z->entries[v[i].index].name,
+                        (int)(v[i].len > 200 ? 200 : v[i].len), v[i].p);
     free(v);
     return s;
 }
@@ -619,8 +619,7 @@ static void wr64(uint8_t *p, uint64_t v) {
 
 /* Deflates src into a fresh buffer; returns 0 (store instead) when it does not shrink. zlib counts
  * its input and output windows in 32-bit uInt, so members over 4 GiB are fed in 1 GiB pieces. */
-static maskpack_status deflate_member(const uint8_t *src, size_t n, uint8_t **dst, size_t *dlen,
-                                      maskpack_error *err) {
+static maskpack_status deflate_member(const uint8_t *src, size_t n, uint8_t **dst, size_t *dlen, maskpack_error *err) {
     *dst = NULL;
     *dlen = 0;
     z_stream zs;
@@ -701,8 +700,8 @@ static maskpack_status check_unique_names(const mpio_named_tensor *items, size_t
 /* The writer uses the zip64 forms only where a value does not fit its classic field: a member's
  * sizes or offset at or above zip64_from (0xFFFFFFFF in real use: that value itself is the marker),
  * or 0xFFFF members or more. So every archive a classic reader can hold is written classically. */
-maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate,
-                                           uint64_t zip64_from, uint8_t **buf, size_t *len, maskpack_error *err) {
+maskpack_status mpio_npz_encode_zip64_from(const mpio_named_tensor *items, size_t n, int deflate, uint64_t zip64_from,
+                                           uint8_t **buf, size_t *len, maskpack_error *err) {
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
     if (n) MP_CHECK_NULL(err, items, "items");

@@ -13,16 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PNG_ARG "png"
+#define PNG_ARG        "png"
 #define PNG_MAX_PIXELS ((uint64_t)64 << 20)
-#define PNG_AUTO_SIDE 1024
-#define PNG_MAX_ZOOM 32
-#define PNG_SEPARATOR 2
+#define PNG_AUTO_SIDE  1024
+#define PNG_MAX_ZOOM   32
+#define PNG_SEPARATOR  2
 
 /* Distinct, fairly saturated colours so that neighbouring segments differ. */
 static const uint8_t palette[][3] = {
-    {31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},  {148, 103, 189}, {140, 86, 75},
-    {227, 119, 194}, {23, 190, 207}, {188, 189, 34}, {0, 90, 60},    {120, 60, 200},  {200, 90, 0},
+    {31, 119, 180},  {255, 127, 14}, {44, 160, 44},  {214, 39, 40}, {148, 103, 189}, {140, 86, 75},
+    {227, 119, 194}, {23, 190, 207}, {188, 189, 34}, {0, 90, 60},   {120, 60, 200},  {200, 90, 0},
 };
 #define N_PALETTE (sizeof palette / sizeof palette[0])
 static const uint8_t c_white[3] = {255, 255, 255};
@@ -87,8 +87,8 @@ static void put_block(uint8_t *img, uint32_t w, uint32_t x0, uint32_t y0, uint32
 }
 
 maskpack_status mpio_png_encode_layout(const maskpack_layout *L, const int64_t *rows, size_t n_rows,
-                                       const mpio_png_options *options, uint8_t **buf, size_t *len,
-                                       uint32_t *width, uint32_t *height, maskpack_error *err) {
+                                       const mpio_png_options *options, uint8_t **buf, size_t *len, uint32_t *width,
+                                       uint32_t *height, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, buf, "buf");
     MP_CHECK_NULL(err, len, "len");
@@ -156,8 +156,7 @@ maskpack_status mpio_png_encode_layout(const maskpack_layout *L, const int64_t *
         }
         if (r + 1 < n_draw)
             for (uint32_t y = 0; y < PNG_SEPARATOR; y++)
-                for (uint64_t x = 0; x < w; x++)
-                    memcpy(img + ((size_t)(y0 + panel + y) * w + x) * 3, c_sep, 3);
+                for (uint64_t x = 0; x < w; x++) memcpy(img + ((size_t)(y0 + panel + y) * w + x) * 3, c_sep, 3);
     }
     free(owner);
     membuf m = {0};
@@ -174,8 +173,8 @@ maskpack_status mpio_png_encode_layout(const maskpack_layout *L, const int64_t *
     return mp_ok(err);
 }
 
-maskpack_status mpio_png_write_layout(const char *path, const maskpack_layout *L, const int64_t *rows,
-                                      size_t n_rows, const mpio_png_options *options, maskpack_error *err) {
+maskpack_status mpio_png_write_layout(const char *path, const maskpack_layout *L, const int64_t *rows, size_t n_rows,
+                                      const mpio_png_options *options, maskpack_error *err) {
     uint8_t *buf = NULL;
     size_t len = 0;
     maskpack_status s = mpio_png_encode_layout(L, rows, n_rows, options, &buf, &len, NULL, NULL, err);

@@ -21,15 +21,15 @@ static const struct {
     const char *name;
     maskpack_dtype dtype;
 } st_dtypes[] = {
-    {"BOOL", MASKPACK_BOOL}, {"U8", MASKPACK_U8},   {"I8", MASKPACK_I8},     {"I16", MASKPACK_I16},
-    {"I32", MASKPACK_I32},   {"I64", MASKPACK_I64}, {"F16", MASKPACK_F16},   {"BF16", MASKPACK_BF16},
+    {"BOOL", MASKPACK_BOOL}, {"U8", MASKPACK_U8},   {"I8", MASKPACK_I8},   {"I16", MASKPACK_I16},
+    {"I32", MASKPACK_I32},   {"I64", MASKPACK_I64}, {"F16", MASKPACK_F16}, {"BF16", MASKPACK_BF16},
     {"F32", MASKPACK_F32},   {"F64", MASKPACK_F64},
 };
 #define N_ST_DTYPES (sizeof st_dtypes / sizeof st_dtypes[0])
 
 /* dtype names the format defines that maskpack does not read */
-static const char *const st_other[] = {"U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-                                       "F6_E3M2", "C64", "E8M0"};
+static const char *const st_other[] = {"U16", "U32",     "U64",     "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                       "F4",  "F6_E2M3", "F6_E3M2", "C64",     "E8M0"};
 
 /* A JSON number that is a non-negative integer exactly representable in a double. */
 static int json_uint(const cJSON *v, uint64_t *out) {
@@ -100,8 +100,8 @@ static maskpack_status read_entry(const cJSON *item, uint64_t data_len, mpio_arr
     for (int i = 0; i < ndim && !empty; i++)
         if (mp_mul_overflow(numel, a->shape[i], &numel))
             return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, i, -1,
-                           "safetensors: tensor '%s': shape element count overflows int64 at dimension %d (%lld)",
-                           name, i, (long long)a->shape[i]);
+                           "safetensors: tensor '%s': shape element count overflows int64 at dimension %d (%lld)", name,
+                           i, (long long)a->shape[i]);
     if (empty) numel = 0;
     if (mp_mul_overflow(numel, (int64_t)maskpack_dtype_size(a->dtype), &nbytes))
         return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
@@ -190,8 +190,8 @@ static maskpack_status parse_json(const uint8_t *b, size_t len, uint64_t *data_s
     if (!j) {
         size_t at = end ? (size_t)(end - text) : 0;
         free(text);
-        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: header is not valid JSON (near byte %zu)",
-                       at);
+        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
+                       "safetensors: header is not valid JSON (near byte %zu)", at);
     }
     /* only padding (spaces) may follow the object */
     for (const char *p = end; *p; p++)
@@ -211,8 +211,11 @@ static maskpack_status parse_json(const uint8_t *b, size_t len, uint64_t *data_s
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "__metadata__");
     if (meta && !cJSON_IsObject(meta)) {
         cJSON_Delete(j);
-        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: __metadata__ must be an object, found %s",
-                       cJSON_IsArray(meta) ? "an array" : cJSON_IsString(meta) ? "a string" : "a scalar");
+        return mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
+                       "safetensors: __metadata__ must be an object, found %s",
+                       cJSON_IsArray(meta)    ? "an array"
+                       : cJSON_IsString(meta) ? "a string"
+                                              : "a scalar");
     }
     *root = j;
     *data_start = 8 + n;
@@ -260,8 +263,8 @@ maskpack_status mpio_safetensors_parse(const void *buf, size_t len, mpio_arrayse
             qsort(names, count, sizeof *names, cmp_name);
             for (size_t i = 1; i < count && !s; i++)
                 if (strcmp(names[i], names[i - 1]) == 0)
-                    s = mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1,
-                                "safetensors: tensor name '%s' appears twice", names[i]);
+                    s = mp_fail(err, MASKPACK_ERR_FORMAT, ST_ARG, -1, -1, "safetensors: tensor name '%s' appears twice",
+                                names[i]);
             free(names);
         }
     }
@@ -403,8 +406,7 @@ maskpack_status mpio_safetensors_encode(const mpio_named_tensor *items, size_t n
     return mp_ok(err);
 }
 
-maskpack_status mpio_safetensors_save(const char *path, const mpio_named_tensor *items, size_t n,
-                                      maskpack_error *err) {
+maskpack_status mpio_safetensors_save(const char *path, const mpio_named_tensor *items, size_t n, maskpack_error *err) {
     uint8_t *buf = NULL;
     size_t len = 0;
     maskpack_status s = mpio_safetensors_encode(items, n, &buf, &len, err);

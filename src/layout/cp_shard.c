@@ -186,8 +186,13 @@ maskpack_status maskpack_layout_cp_shard(const maskpack_layout *L, int64_t cp, i
                 free(origin);
                 return mp_fail(err, MASKPACK_ERR_OVERFLOW, "shard", -1, -1, "internal piece bound exceeded");
             }
-            segs[m] = (maskpack_segment){cur_row, local_col + (lo - a), hi - lo, g->kv_start, g->kv_len,
-                                         MASKPACK_SEGMENT_EXPLICIT_POS, mp_query_pos(L, k, lo - g->q_start),
+            segs[m] = (maskpack_segment){cur_row,
+                                         local_col + (lo - a),
+                                         hi - lo,
+                                         g->kv_start,
+                                         g->kv_len,
+                                         MASKPACK_SEGMENT_EXPLICIT_POS,
+                                         mp_query_pos(L, k, lo - g->q_start),
                                          (int64_t)k};
             origin[m++] = k;
         }

@@ -18,9 +18,7 @@ typedef struct cu_view {
     int64_t n;   /* number of items */
 } cu_view;
 
-static int64_t cu_raw(const maskpack_tensor *t, int64_t i) {
-    return mp_read_i64(t->dtype, t->data, i * t->strides[0]);
-}
+static int64_t cu_raw(const maskpack_tensor *t, int64_t i) { return mp_read_i64(t->dtype, t->data, i * t->strides[0]); }
 
 static int64_t cu_bound(const cu_view *v, int64_t k) {
     if (!v->leading) return k == 0 ? 0 : cu_raw(v->t, k - 1);
@@ -114,9 +112,9 @@ maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tensor *cu, maskp
     }
     if (total == 0) total = last;
     if (total < last)
-        return mp_fail(err, MASKPACK_ERR_VALUE, "total", -1, -1,
-                       "total: expected >= %lld (the last %s), found %lld", (long long)last,
-                       cu_padded ? "entry of cu_seqlens_padded" : "end in cu_seqlens", (long long)total);
+        return mp_fail(err, MASKPACK_ERR_VALUE, "total", -1, -1, "total: expected >= %lld (the last %s), found %lld",
+                       (long long)last, cu_padded ? "entry of cu_seqlens_padded" : "end in cu_seqlens",
+                       (long long)total);
 
     size_t n = (size_t)v.n;
     maskpack_segment *segs = mp_alloc_array(n, sizeof *segs);

@@ -51,15 +51,15 @@ static maskpack_status keep_row(const maskpack_tensor *m, int64_t b, int64_t *st
 /* Contiguous rows of the common dtypes: one branch-free pass counts the ones and notes any value other
  * than 0 and 1, then the run's ends are found from both sides (a cost of the padding only). The row is
  * well formed when the ones fill [first, last] exactly; anything else goes to keep_row for the error. */
-#define KEEP_COUNT(NAME, T)                                                                          \
-    MP_CLONES static uint64_t NAME(const T *p, int64_t S, int *bad) {                               \
-        uint64_t ones = 0, other = 0;                                                                 \
-        for (int64_t s = 0; s < S; s++) {                                                             \
-            ones += (uint64_t)(p[s] == 1);                                                            \
-            other |= (uint64_t)(p[s] != 0 && p[s] != 1);                                              \
-        }                                                                                             \
-        *bad = other != 0;                                                                            \
-        return ones;                                                                                  \
+#define KEEP_COUNT(NAME, T)                                                                                            \
+    MP_CLONES static uint64_t NAME(const T *p, int64_t S, int *bad) {                                                  \
+        uint64_t ones = 0, other = 0;                                                                                  \
+        for (int64_t s = 0; s < S; s++) {                                                                              \
+            ones += (uint64_t)(p[s] == 1);                                                                             \
+            other |= (uint64_t)(p[s] != 0 && p[s] != 1);                                                               \
+        }                                                                                                              \
+        *bad = other != 0;                                                                                             \
+        return ones;                                                                                                   \
     }
 KEEP_COUNT(keep_count_u8, uint8_t)
 KEEP_COUNT(keep_count_i32, int32_t)

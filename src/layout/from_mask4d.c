@@ -51,9 +51,9 @@ static void mv_index(const mview *v, int64_t b, int64_t h, int64_t i, int64_t j,
 static inline int classify(const mview *v, int64_t off) {
     if (v->conv == MASKPACK_MASK_ADDITIVE) {
         double x = mp_read_f64(v->dt, v->data, off);
-        if (x == 0.0) return 1;  /* also -0.0 */
-        if (x < 0.0) return 0;   /* -inf, finfo.min, -10000, ... */
-        return -1;               /* positive or NaN: not a bias any framework writes */
+        if (x == 0.0) return 1; /* also -0.0 */
+        if (x < 0.0) return 0;  /* -inf, finfo.min, -10000, ... */
+        return -1;              /* positive or NaN: not a bias any framework writes */
     }
     int bit;
     if (mp_dtype_is_integer(v->dt)) {
@@ -176,8 +176,8 @@ static maskpack_status scan_valid(const mview *v, uint8_t *valid, maskpack_error
                         if (v->orig_ndim == 2)
                             snprintf(where, sizeof where, "mask[%lld, %lld]", (long long)b, (long long)j);
                         else
-                            snprintf(where, sizeof where, "mask[%lld, %lld, %lld, %lld]", (long long)b,
-                                     (long long)h, (long long)i, (long long)j);
+                            snprintf(where, sizeof where, "mask[%lld, %lld, %lld, %lld]", (long long)b, (long long)h,
+                                     (long long)i, (long long)j);
                         if (v->conv == MASKPACK_MASK_ADDITIVE)
                             return mp_fail4(err, MASKPACK_ERR_VALUE, "mask", idx,
                                             "%s: expected 0 (attend) or a negative value (excluded) in an ADDITIVE "
@@ -215,8 +215,8 @@ maskpack_status maskpack_mask2d_from_mask4d(const maskpack_tensor *mask, maskpac
     if (s) return s;
     int64_t shape[2] = {v.B, v.S};
     s = mp_check_output(out, "out",
-                        MP_DT(MASKPACK_BOOL) | MP_DT(MASKPACK_U8) | MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64), 2,
-                        shape, err);
+                        MP_DT(MASKPACK_BOOL) | MP_DT(MASKPACK_U8) | MP_DT(MASKPACK_I32) | MP_DT(MASKPACK_I64), 2, shape,
+                        err);
     if (s) return s;
     s = check_extent(out, "out", err);
     if (s) return s;
@@ -280,16 +280,16 @@ static int spanvec_push(spanvec *v, maskpack_span sp) {
 typedef struct rctx {
     mview v;
     int64_t B, S;
-    uint8_t *valid;     /* key column attended by someone */
-    uint8_t *row;       /* [S] scratch: one query row of head 0 */
-    uint8_t *row2;      /* [S] scratch: the same row of another head */
-    int64_t *minj;      /* smallest / largest attended key column of a valid row, -1 if none */
+    uint8_t *valid; /* key column attended by someone */
+    uint8_t *row;   /* [S] scratch: one query row of head 0 */
+    uint8_t *row2;  /* [S] scratch: the same row of another head */
+    int64_t *minj;  /* smallest / largest attended key column of a valid row, -1 if none */
     int64_t *maxj;
     uint8_t *seen_later; /* column j attended by some valid row i > j */
     /* per-segment statistics of the current segmentation (segment-local columns) */
-    int64_t *first0;    /* first key of the segment the row does NOT attend (n if none) */
-    int64_t *second;    /* first attended key after first0 (-1 if none) */
-    int64_t *last;      /* last attended key of the segment (-1 if none) */
+    int64_t *first0; /* first key of the segment the row does NOT attend (n if none) */
+    int64_t *second; /* first attended key after first0 (-1 if none) */
+    int64_t *last;   /* last attended key of the segment (-1 if none) */
 } rctx;
 
 /* The first cell where a candidate layout and the mask disagree. */
@@ -327,8 +327,7 @@ static maskpack_status segment_rows(rctx *c, int mode, segvec *out, int64_t *cov
             }
             for (int64_t t = 1; t <= S; t++) cover[t] += cover[t - 1];
         } else {
-            for (int64_t t = 1; t < S; t++)
-                cover[t] = later[t - 1] || (valid[t - 1] && mx[t - 1] > t - 1);
+            for (int64_t t = 1; t < S; t++) cover[t] = later[t - 1] || (valid[t - 1] && mx[t - 1] > t - 1);
         }
         int64_t start = -1;
         for (int64_t t = 0; t <= S; t++) {
@@ -484,7 +483,7 @@ static maskpack_status propose(rctx *c, const segvec *segs, const int64_t *pmax,
     cd->prefix = calloc(segs->n ? segs->n : 1, sizeof *cd->prefix);
     int64_t *sp_s = mp_alloc_array((size_t)c->S, sizeof *sp_s);
     int64_t *sp_e = mp_alloc_array((size_t)c->S, sizeof *sp_e);
-    int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0); /* first span of each segment */
+    int64_t *seg_span0 = calloc(segs->n + 1, sizeof *seg_span0);  /* first span of each segment */
     int64_t *votes_l = calloc((size_t)c->S + 1, sizeof *votes_l); /* rows fixing wl (wr) at each value */
     int64_t *votes_r = calloc((size_t)c->S + 1, sizeof *votes_r);
     if (!cd->prefix || !sp_s || !sp_e || !seg_span0 || !votes_l || !votes_r) goto oom;
@@ -810,8 +809,8 @@ static maskpack_status scan_rows(rctx *c, maskpack_error *err) {
                         return mp_fail4(err, MASKPACK_ERR_NOT_REPRESENTABLE, "mask", idx,
                                         "row %lld: head %lld %s key %lld from query %lld but head 0 %s: a layout has "
                                         "one predicate for all heads",
-                                        (long long)b, (long long)h, c->row2[j] ? "attends" : "excludes",
-                                        (long long)j, (long long)i, c->row[j] ? "attends it" : "excludes it");
+                                        (long long)b, (long long)h, c->row2[j] ? "attends" : "excludes", (long long)j,
+                                        (long long)i, c->row[j] ? "attends it" : "excludes it");
                     }
             }
             for (int64_t j = 0; j < S; j++) {
@@ -940,8 +939,7 @@ maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask, maskpac
          * (a fully bidirectional batch); a tie keeps the causal reading */
         cand *fit = NULL;
         if (!cc.mm.found) fit = &cc;
-        if (bidir_tried && !cb.mm.found &&
-            (!fit || extras(&cb, cb.L->n_segments) < extras(&cc, cc.L->n_segments)))
+        if (bidir_tried && !cb.mm.found && (!fit || extras(&cb, cb.L->n_segments) < extras(&cc, cc.L->n_segments)))
             fit = &cb;
         if (!fit && gen_tried && !cg.mm.found) fit = &cg;
         if (fit) {

@@ -28,7 +28,8 @@ static const int64_t *load_row(const pos_view *v, int64_t r, int64_t *buf) {
         const int32_t *p = (const int32_t *)v->t->data + r * v->rstride;
         for (int64_t c = 0; c < v->width; c++) buf[c] = p[c * v->cstride];
     } else {
-        for (int64_t c = 0; c < v->width; c++) buf[c] = mp_read_i64(v->t->dtype, v->t->data, r * v->rstride + c * v->cstride);
+        for (int64_t c = 0; c < v->width; c++)
+            buf[c] = mp_read_i64(v->t->dtype, v->t->data, r * v->rstride + c * v->cstride);
     }
     return buf;
 }

@@ -170,8 +170,8 @@ static maskpack_status copy_rule(maskpack_layout *L, const maskpack_rule *r, mas
                            t, (long long)sp->segment, (long long)g->kv_pos);
         if (sp->start < 0 || sp->end <= sp->start || sp->end > g->kv_len)
             return mp_fail(err, MASKPACK_ERR_RULE, "rule.spans", (int64_t)t, -1,
-                           "rule.spans[%zu]: expected 0 <= start < end <= %lld (segment length), found [%lld, %lld)",
-                           t, (long long)g->kv_len, (long long)sp->start, (long long)sp->end);
+                           "rule.spans[%zu]: expected 0 <= start < end <= %lld (segment length), found [%lld, %lld)", t,
+                           (long long)g->kv_len, (long long)sp->start, (long long)sp->end);
         if (t > 0) {
             const maskpack_span *p = &r->spans[t - 1];
             if (p->segment > sp->segment || (p->segment == sp->segment && p->end > sp->start))
@@ -355,7 +355,7 @@ maskpack_rule maskpack_layout_rule(const maskpack_layout *L) {
 
 void mp_base_key_range(const maskpack_layout *L, size_t k, int64_t i, int64_t *lo, int64_t *hi) {
     const maskpack_segment *g = &L->segs[k];
-    int64_t a = 0, b = g->kv_len;       /* [a, b) */
+    int64_t a = 0, b = g->kv_len;      /* [a, b) */
     int64_t c = mp_query_pos(L, k, i); /* the diagonal key */
     if (L->causal && c + 1 < b) b = c + 1;
     if (L->window_left >= 0 && c - L->window_left > a) a = c - L->window_left;

@@ -49,8 +49,8 @@ maskpack_status maskpack_layout_padded_of(const maskpack_layout *L, maskpack_pla
     for (size_t k = 0; k < L->n_segments; k++) {
         const maskpack_segment *g = &L->segs[k];
         int left = placement == MASKPACK_PLACE_LEFT;
-        segs[k] = (maskpack_segment){(int64_t)k, left ? width - g->q_len : 0, g->q_len,
-                                     left ? kv_width - g->kv_len : 0, g->kv_len};
+        segs[k] = (maskpack_segment){(int64_t)k, left ? width - g->q_len : 0, g->q_len, left ? kv_width - g->kv_len : 0,
+                                     g->kv_len};
     }
     maskpack_rule r = maskpack_layout_rule(L);
     return mp_layout_build(segs, L->n_segments, (int64_t)L->n_segments, width, kv_width, 0, &r, out, err);

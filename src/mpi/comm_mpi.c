@@ -22,16 +22,14 @@ static maskpack_status fail(maskpack_error *err, maskpack_status status, const c
 
 static int mpi_all_gather(void *ctx, const void *send, void *recv, size_t bytes) {
     if (bytes > INT_MAX) return 2;
-    return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) ==
-                   MPI_SUCCESS
+    return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) == MPI_SUCCESS
                ? 0
                : 1;
 }
 
 static int mpi_all_to_all(void *ctx, const void *send, void *recv, size_t bytes) {
     if (bytes > INT_MAX) return 2;
-    return MPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) ==
-                   MPI_SUCCESS
+    return MPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(const MPI_Comm *)ctx) == MPI_SUCCESS
                ? 0
                : 1;
 }

@@ -86,8 +86,7 @@ void mp_npu_key_range(int32_t mode, int64_t pre, int64_t next, int64_t sq, int64
         if (y < b) b = y;
         break;
     }
-    default: /* 1, 5: the full mask decides */
-        break;
+    default: /* 1, 5: the full mask decides */ break;
     }
     if (a > skv) a = skv;
     if (b < a) b = a;
@@ -165,10 +164,10 @@ typedef struct rule_class {
     int bidir_all; /* bidirectional without window: every pair of a segment, spans/prefix add nothing */
     int spans;     /* a span of two or more tokens (a one-token span only adds the diagonal, always kept) */
     int prefix;
-    int window;    /* a bound that the causal rule does not already imply */
-    int all_br;    /* every effective segment has the bottom-right diagonal (mode 3's) */
-    int all_tl;    /* every effective segment has the top-left diagonal (mode 2's) */
-    int uniform;   /* every effective segment has the same offset `o`: one band (mode 4) fits all */
+    int window;  /* a bound that the causal rule does not already imply */
+    int all_br;  /* every effective segment has the bottom-right diagonal (mode 3's) */
+    int all_tl;  /* every effective segment has the top-left diagonal (mode 2's) */
+    int uniform; /* every effective segment has the same offset `o`: one band (mode 4) fits all */
     int64_t o;
 } rule_class;
 
@@ -187,8 +186,10 @@ static rule_class classify(const maskpack_layout *L) {
         int64_t o = seg_offset(L, k);
         if (o != 0) rc.all_br = 0;
         if (mp_query_pos(L, k, 0) != 0) rc.all_tl = 0;
-        if (first) rc.o = o;
-        else if (o != rc.o) rc.uniform = 0;
+        if (first)
+            rc.o = o;
+        else if (o != rc.o)
+            rc.uniform = 0;
         first = 0;
     }
     if (rc.bidir_all) rc.spans = rc.prefix = 0;
@@ -326,7 +327,8 @@ static maskpack_status tnd_args(const maskpack_layout *L, const rule_class *rc, 
         return mp_fail(err, MASKPACK_ERR_NOT_REPRESENTABLE, "layout", n, -1,
                        "layout: %lld TND items (segments plus declared pad items) exceed the operator's limit of "
                        "%lld%s",
-                       (long long)n, (long long)limit, limit == MP_NPU_MAX_ITEMS_PREFIX ? " when prefix is passed" : "");
+                       (long long)n, (long long)limit,
+                       limit == MP_NPU_MAX_ITEMS_PREFIX ? " when prefix is passed" : "");
     }
     a->n_items = it.n;
     a->actual_seq_qlen = mp_alloc_array((size_t)it.n, sizeof(int64_t));
@@ -501,8 +503,8 @@ void maskpack_npu_argset_release(maskpack_npu_argset *args) {
 
 static void put(const maskpack_tensor *t, int64_t off, int v) { ((uint8_t *)t->data)[off] = (uint8_t)(v != 0); }
 
-maskpack_status maskpack_npu_atten_mask(const maskpack_layout *L, const maskpack_npu_argset *args,
-                                        maskpack_tensor *out, maskpack_error *err) {
+maskpack_status maskpack_npu_atten_mask(const maskpack_layout *L, const maskpack_npu_argset *args, maskpack_tensor *out,
+                                        maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, args, "args");
     MP_CHECK_NULL(err, out, "out");
@@ -515,7 +517,7 @@ maskpack_status maskpack_npu_atten_mask(const maskpack_layout *L, const maskpack
     case MASKPACK_NPU_MASK_COMPRESSED:
     case MASKPACK_NPU_MASK_PREFIX_COMPRESSED:
         want[0] = args->mask_kind == MASKPACK_NPU_MASK_COMPRESSED ? MP_NPU_COMPRESSED
-                                                                   : MP_NPU_COMPRESSED + MP_NPU_PREFIX_ROWS;
+                                                                  : MP_NPU_COMPRESSED + MP_NPU_PREFIX_ROWS;
         want[1] = MP_NPU_COMPRESSED;
         break;
     case MASKPACK_NPU_MASK_FULL:

@@ -9,13 +9,13 @@
 /* The operator's "unbounded" pre_tokens / next_tokens (its own default). */
 #define MP_NPU_INF INT64_C(2147483647)
 /* Side of the compressed masks (sparse modes 2/3/4/6/7/8); mode 6 adds MP_NPU_PREFIX_ROWS rows. */
-#define MP_NPU_COMPRESSED 2048
+#define MP_NPU_COMPRESSED  2048
 #define MP_NPU_PREFIX_ROWS 1024
 /* Item limits of the varlen (TND) path: 2048 items, 1024 when prefix is passed; prefix modes
  * with B*S layouts take at most 32 batches; head_dim at most 768. */
 #define MP_NPU_MAX_ITEMS_PREFIX 1024
 #define MP_NPU_MAX_PREFIX_BATCH 32
-#define MP_NPU_MAX_HEAD_DIM 768
+#define MP_NPU_MAX_HEAD_DIM     768
 
 /* Index of the item that sparse_mode 7 (last item with sq > 0 and skv > 0) or 8 (first such item)
  * computes as a band; -1 for other modes or when every item is empty. */

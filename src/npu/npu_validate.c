@@ -79,7 +79,7 @@ typedef struct seq_list {
     int64_t n_raw; /* entries as passed */
     int64_t n;     /* items (a CANN 9.0 trailing 0 terminator is not an item) */
     int terminator;
-    int ok;        /* non-negative and non-decreasing: items can be derived */
+    int ok; /* non-negative and non-decreasing: items can be derived */
 } seq_list;
 
 static maskpack_status read_ints(const maskpack_tensor *t, const char *name, int64_t **out, int64_t *n,
@@ -140,9 +140,8 @@ static void check_list(findings *f, const char *name, seq_list *l, int64_t total
             add(f, MASKPACK_NPU_NOT_CUMULATIVE, "%s: last end %lld exceeds the %lld tokens of the tensor", name,
                 (long long)last, (long long)total);
         else if (!l->terminator && last != total)
-            add(f, MASKPACK_NPU_NOT_CUMULATIVE,
-                "%s: expected the last cumulative end to be T = %lld, found %lld%s", name, (long long)total,
-                (long long)last,
+            add(f, MASKPACK_NPU_NOT_CUMULATIVE, "%s: expected the last cumulative end to be T = %lld, found %lld%s",
+                name, (long long)total, (long long)last,
                 last < total ? " (trailing tokens belong to no item: declare them as a pad item, or end the list "
                                "with 0 on CANN >= 9.0)"
                              : "");
@@ -155,14 +154,14 @@ typedef struct sem {
     int tnd;
     int32_t mode;
     int64_t pre, next;
-    int64_t n;                 /* items (TND) or batches */
-    int64_t *sq, *skv;         /* [n] */
-    int64_t *q_off, *kv_off;   /* [n] first token of each item (TND); 0 for batches */
-    const int64_t *prefix;     /* [n] or NULL */
-    int64_t band;              /* band item of modes 7/8, else -1 */
-    int mask_none;             /* atten_mask None: bidirectional */
+    int64_t n;                   /* items (TND) or batches */
+    int64_t *sq, *skv;           /* [n] */
+    int64_t *q_off, *kv_off;     /* [n] first token of each item (TND); 0 for batches */
+    const int64_t *prefix;       /* [n] or NULL */
+    int64_t band;                /* band item of modes 7/8, else -1 */
+    int mask_none;               /* atten_mask None: bidirectional */
     const maskpack_tensor *full; /* the full mask of modes 0/1/5, else NULL */
-    int64_t heads;             /* heads along which the full mask varies (1 unless BNSS) */
+    int64_t heads;               /* heads along which the full mask varies (1 unless BNSS) */
 } sem;
 
 static int full_masked(const sem *s, int64_t item, int64_t h, int64_t i, int64_t j) {
@@ -241,8 +240,9 @@ static void check_mask(state *st) {
                 "sparse_mode %d with atten_mask=None: without a mask the operator ignores sparse_mode, pre_tokens "
                 "and next_tokens, so the call silently becomes bidirectional; pass the %s",
                 (int)mode,
-                mode == 1 || mode == 5 ? "full mask" : mode == 6 ? "compressed [3072, 2048] prefix mask"
-                                                                 : "compressed [2048, 2048] triu(ones, 1) mask");
+                mode == 1 || mode == 5 ? "full mask"
+                : mode == 6            ? "compressed [3072, 2048] prefix mask"
+                                       : "compressed [2048, 2048] triu(ones, 1) mask");
         } else if (mode == 0) {
             int64_t sq = st->tnd ? st->max_sq : c->q_len, skv = st->tnd ? st->max_skv : c->kv_len;
             if ((st->tnd && !st->items_ok) || sq <= 0 || skv <= 0) return;
@@ -297,8 +297,8 @@ static void check_mask(state *st) {
             shape_ok = 0; /* TND lists unusable: their findings stand, the expected shape is unknown */
         else if (c2048 || c3072)
             add(f, MASKPACK_NPU_DENSE_FOR_COMPRESSED,
-                "atten_mask %s is a compressed mask but sparse_mode %d reads it as a full mask of %s", got,
-                (int)mode, want_full);
+                "atten_mask %s is a compressed mask but sparse_mode %d reads it as a full mask of %s", got, (int)mode,
+                want_full);
         else if (mode == 5 && ff == 1)
             add(f, MASKPACK_NPU_BAD_MASK_SHAPE,
                 "atten_mask shape %s: sparse_mode 5 needs a BNSS or B1SS mask [B, N or 1, Sq, Skv] (error 561103)",
@@ -307,8 +307,8 @@ static void check_mask(state *st) {
             int padding_like = (m->ndim == 2 && m->shape[0] == c->batch && m->shape[1] == c->kv_len) ||
                                (m->ndim == 4 && m->shape[2] == 1) || (m->ndim == 2 && m->shape[0] == 1);
             add(f, MASKPACK_NPU_BAD_MASK_SHAPE,
-                "atten_mask shape %s is not accepted (error 561103, unsupported atten_mask shape): expected %s%s",
-                got, want_full,
+                "atten_mask shape %s is not accepted (error 561103, unsupported atten_mask shape): expected %s%s", got,
+                want_full,
                 padding_like ? "; a [B,S]/[B,1,1,S]/[1,S] padding mask must be expanded to [B,1,Sq,Skv]" : "");
         }
     }
@@ -350,8 +350,8 @@ static void check_pre_next(state *st, const sem *s) {
         add(f, MASKPACK_NPU_PRE_NEXT_MISMATCH,
             "pre_tokens %lld + next_tokens %lld < 0: the band is empty, every query row is fully masked",
             (long long)c->pre_tokens, (long long)c->next_tokens);
-    int64_t max_s = st->tnd ? (st->max_sq > st->max_skv ? st->max_sq : st->max_skv)
-                            : (c->q_len > c->kv_len ? c->q_len : c->kv_len);
+    int64_t max_s =
+        st->tnd ? (st->max_sq > st->max_skv ? st->max_sq : st->max_skv) : (c->q_len > c->kv_len ? c->q_len : c->kv_len);
     if (c->pre_tokens == 65536 && max_s > 65536)
         add(f, MASKPACK_NPU_PRE_NEXT_MISMATCH,
             "pre_tokens 65536 (MindSpeed's default) with sequences of %lld tokens: keys further back than 65536 "
@@ -472,7 +472,7 @@ static void compare_intended(state *st, const sem *s) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < tq; i++) {
             int64_t seg = maskpack_segment_of_query(L, b, i);
-            if (seg < 0) continue; /* an intended pad row: its output is discarded */
+            if (seg < 0) continue;   /* an intended pad row: its output is discarded */
             int64_t ci = -1, li = 0; /* the call's item of this row and its local row */
             if (st->tnd) {
                 while (item < s->n && i >= s->q_off[item] + s->sq[item]) item++;
@@ -509,9 +509,8 @@ static void compare_intended(state *st, const sem *s) {
                     add(f, MASKPACK_NPU_MASK_MISMATCH,
                         "the call and the intended layout first disagree at (b %lld, head %lld, i %lld, j %lld)%s: "
                         "the call (sparse_mode %d) %s it, the intended layout %s it",
-                        (long long)b, (long long)h, (long long)i, (long long)j,
-                        st->tnd ? " (a TND token pair)" : "", (int)c->sparse_mode, got ? "allows" : "excludes",
-                        want ? "allows" : "excludes");
+                        (long long)b, (long long)h, (long long)i, (long long)j, st->tnd ? " (a TND token pair)" : "",
+                        (int)c->sparse_mode, got ? "allows" : "excludes", want ? "allows" : "excludes");
                     int64_t ipre, inext;
                     int band_mode = c->sparse_mode == 4 || (c->sparse_mode == 0 && c->atten_mask);
                     if (band_mode && mp_npu_layout_band(L, &ipre, &inext)) {
@@ -569,7 +568,8 @@ static maskpack_status run(state *st, maskpack_error *err) {
     if (!st->mode_ok)
         add(f, MASKPACK_NPU_BAD_SPARSE_MODE, "sparse_mode %d: expected 0..8", (int)mode);
     else if (st->tnd && mode == 5) {
-        add(f, MASKPACK_NPU_BAD_SPARSE_MODE, "sparse_mode 5 (prefix with a full mask) is not supported with TND; use 6");
+        add(f, MASKPACK_NPU_BAD_SPARSE_MODE,
+            "sparse_mode 5 (prefix with a full mask) is not supported with TND; use 6");
         st->mode_ok = 0;
     } else if (st->known_layout && !st->tnd && (mode == 7 || mode == 8)) {
         add(f, MASKPACK_NPU_BAD_SPARSE_MODE, "sparse_mode %d exists only for varlen (TND) calls", (int)mode);
@@ -586,8 +586,7 @@ static maskpack_status run(state *st, maskpack_error *err) {
     if (c->head_dim < 1 || c->head_dim > MP_NPU_MAX_HEAD_DIM)
         add(f, MASKPACK_NPU_BAD_HEADS, "head_dim %lld: expected 1..%d", (long long)c->head_dim, MP_NPU_MAX_HEAD_DIM);
     if (isnan(c->scale))
-        add(f, MASKPACK_NPU_SCALE_DEFAULT,
-            "scale not passed: the operator then uses 1.0, not 1/sqrt(head_dim)%s",
+        add(f, MASKPACK_NPU_SCALE_DEFAULT, "scale not passed: the operator then uses 1.0, not 1/sqrt(head_dim)%s",
             c->head_dim > 0 ? "; pass it explicitly" : "");
 
     /* TND lists */
@@ -777,8 +776,7 @@ maskpack_status maskpack_validate_npu_args(const maskpack_npu_call *call, maskpa
     if (s) goto out;
     *report = local; /* written only once everything was checked */
     if (local.n_total > 0) {
-        s = mp_fail(err, MASKPACK_ERR_NPU_CONTRACT, "call", -1, -1, "%s",
-                    local.findings[0].message);
+        s = mp_fail(err, MASKPACK_ERR_NPU_CONTRACT, "call", -1, -1, "%s", local.findings[0].message);
     } else {
         s = mp_ok(err);
     }

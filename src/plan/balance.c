@@ -14,7 +14,7 @@
 
 typedef struct part {
     double sum;
-    uint64_t tie;   /* smallest tie key of its items: a total order between parts of equal sum */
+    uint64_t tie; /* smallest tie key of its items: a total order between parts of equal sum */
     int32_t head, tail;
 } part;
 
@@ -71,8 +71,8 @@ static item_key *sort_items(item_key *v, item_key *tmp, size_t n) {
 /* Parts into part order: insertion sort for small k, shell sort (no allocation) above. */
 static void sort_parts(part *v, size_t k) {
     /* Ciura's gaps, extended by a factor 2.25 for very many ranks */
-    static const size_t gaps[] = {13090572, 5818032, 2585792, 1149241, 510774, 227011, 100894, 44842, 19930,
-                                  8858, 3937, 1750, 701, 301, 132, 57, 23, 10, 4, 1};
+    static const size_t gaps[] = {13090572, 5818032, 2585792, 1149241, 510774, 227011, 100894, 44842, 19930, 8858,
+                                  3937,     1750,    701,     301,     132,    57,     23,     10,    4,     1};
     for (size_t g = 0; g < sizeof gaps / sizeof gaps[0]; g++) {
         size_t gap = gaps[g];
         if (gap >= k) continue;
@@ -218,7 +218,7 @@ maskpack_status mp_plan_kk(const double *cost, const uint64_t *tie, size_t n, si
  * multiple of 8 with -1, which nothing fits), each level above the maxima of 8 entries below, up to a
  * level of at most 8. "First row with room for s" walks down one block of 8 per level: 4 levels for
  * 1500 rows, each a contiguous scan, where a binary tree needs 11 dependent loads. */
-#define SPREAD_B 8
+#define SPREAD_B          8
 #define SPREAD_MAX_LEVELS 16
 
 typedef struct ftree {
@@ -257,8 +257,7 @@ static void wt_update(wtree *w, size_t g) {
     for (size_t x = (w->P + g) / 2; x >= 1; x /= 2) w->win[x] = wt_better(w, w->win[2 * x], w->win[2 * x + 1]);
 }
 
-int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
-                   int32_t *row) {
+int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T, int32_t *row) {
     if (G == 0 || T == 0) return n == 0;
     ftree f = {0};
     for (size_t len = T;;) {
@@ -361,9 +360,8 @@ static int cmp_cand(const void *pa, const void *pb) {
 
 /* Finds the best single move (x from h into a row of l) or swap (x of h with y of l): the cost moved
  * d in (0, gap) closest to gap / 2, which lowers max(C_h, C_l) the most. Returns 1 and applies it. */
-static int improve_pair(const int64_t *size, const double *cost, size_t T, int32_t *row, int64_t *rfree,
-                        double *gcost, size_t *gcnt, int32_t *head, int32_t *nxt, int32_t *prv, int32_t h, int32_t l,
-                        cand *lc) {
+static int improve_pair(const int64_t *size, const double *cost, size_t T, int32_t *row, int64_t *rfree, double *gcost,
+                        size_t *gcnt, int32_t *head, int32_t *nxt, int32_t *prv, int32_t h, int32_t l, cand *lc) {
     const double gap = gcost[h] - gcost[l], target = gap / 2;
     if (!(gap > 0)) return 0;
     /* l's rows: the largest free space (moves) */
@@ -391,8 +389,10 @@ static int improve_pair(const int64_t *size, const double *cost, size_t T, int32
         size_t lo = 0, hi = nl;
         while (lo < hi) {
             size_t mid = (lo + hi) / 2;
-            if (lc[mid].cost < want) lo = mid + 1;
-            else hi = mid;
+            if (lc[mid].cost < want)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
         const int64_t fx = rfree[row[x]];
         for (int side = 0; side < 2; side++) {
@@ -439,8 +439,10 @@ static int improve_pair(const int64_t *size, const double *cost, size_t T, int32
     for (int k = 0; k < 2; k++) {
         int32_t v = xs[k];
         if (v < 0) continue;
-        if (prv[v] >= 0) nxt[prv[v]] = nxt[v];
-        else head[from[k]] = nxt[v];
+        if (prv[v] >= 0)
+            nxt[prv[v]] = nxt[v];
+        else
+            head[from[k]] = nxt[v];
         if (nxt[v] >= 0) prv[nxt[v]] = prv[v];
         rfree[row[v]] += size[v];
         gcost[from[k]] -= cost[v];
@@ -461,8 +463,8 @@ static int improve_pair(const int64_t *size, const double *cost, size_t T, int32
     return 1;
 }
 
-int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
-                    int32_t *row, double tolerance) {
+int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T, int32_t *row,
+                    double tolerance) {
     if (G < 2 || n == 0) return 1;
     const size_t R = G * T;
     int64_t *rfree = mp_alloc_array(R, sizeof *rfree);

@@ -163,9 +163,8 @@ static void report_progress(const mp_plan_progress *p, size_t done, size_t n) {
 
 #define PROGRESS_EVERY ((size_t)1 << 16)
 
-static maskpack_status bfd_buckets(const int64_t *size, size_t n, int64_t cap,
-                                   const mp_plan_progress *progress, int32_t *bin, size_t *n_bins,
-                                   maskpack_error *err) {
+static maskpack_status bfd_buckets(const int64_t *size, size_t n, int64_t cap, const mp_plan_progress *progress,
+                                   int32_t *bin, size_t *n_bins, maskpack_error *err) {
     int32_t *head = mp_alloc_array((size_t)cap + 1, sizeof *head);
     int32_t *next = mp_alloc_array(n, sizeof *next); /* stack links, per row */
     bitset bs;
@@ -281,11 +280,12 @@ static int32_t tr_lower_bound(const treap *t, int64_t s) {
     return best;
 }
 
-static maskpack_status bfd_tree(const int64_t *size, size_t n, int64_t cap,
-                                const mp_plan_progress *progress, int32_t *bin, size_t *n_bins, maskpack_error *err) {
+static maskpack_status bfd_tree(const int64_t *size, size_t n, int64_t cap, const mp_plan_progress *progress,
+                                int32_t *bin, size_t *n_bins, maskpack_error *err) {
     size_t m = n ? n : 1;
-    treap t = {mp_alloc_array(m, sizeof(int32_t)), mp_alloc_array(m, sizeof(int32_t)), mp_alloc_array(m, sizeof(int64_t)),
-               mp_alloc_array(m, sizeof(uint64_t)), mp_alloc_array(m, sizeof(uint64_t)), -1};
+    treap t = {mp_alloc_array(m, sizeof(int32_t)),  mp_alloc_array(m, sizeof(int32_t)),
+               mp_alloc_array(m, sizeof(int64_t)),  mp_alloc_array(m, sizeof(uint64_t)),
+               mp_alloc_array(m, sizeof(uint64_t)), -1};
     if (!t.left || !t.right || !t.free_ || !t.stamp || !t.prio) {
         free(t.left);
         free(t.right);
@@ -323,8 +323,8 @@ static maskpack_status bfd_tree(const int64_t *size, size_t n, int64_t cap,
 
 /* ---- first fit: a max segment tree over rows (unopened rows hold the full capacity) ------------ */
 
-static maskpack_status ffd(const int64_t *size, size_t n, int64_t cap,
-                           const mp_plan_progress *progress, int32_t *bin, size_t *n_bins, maskpack_error *err) {
+static maskpack_status ffd(const int64_t *size, size_t n, int64_t cap, const mp_plan_progress *progress, int32_t *bin,
+                           size_t *n_bins, maskpack_error *err) {
     /* An item opens a row only when it fits no open row, so no two rows are at most half full:
      * rows <= 2 * sum / cap + 1. Sizing the tree by that bound (not by n) keeps it in cache. */
     uint64_t sum = 0;
@@ -385,12 +385,8 @@ maskpack_status mp_plan_pack(const int64_t *size, size_t n, int64_t cap, maskpac
         else
             s = bfd_buckets(size, n, cap, progress, bin, n_bins, err);
         break;
-    case MASKPACK_PLAN_FFD:
-        s = ffd(size, n, cap, progress, bin, n_bins, err);
-        break;
-    case MASKPACK_PLAN_NEXTFIT:
-        nextfit(size, n, cap, bin, n_bins);
-        break;
+    case MASKPACK_PLAN_FFD: s = ffd(size, n, cap, progress, bin, n_bins, err); break;
+    case MASKPACK_PLAN_NEXTFIT: nextfit(size, n, cap, bin, n_bins); break;
     default:
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "algorithm", -1, -1,
                        "algorithm: expected BFD (0), FFD (1) or NEXTFIT (2), found %d", (int)algorithm);

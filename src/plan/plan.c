@@ -30,8 +30,8 @@ maskpack_status maskpack_plan_attention_coefficient(int64_t hidden, int64_t inte
     MP_CHECK_NULL(err, a, "a");
     const int64_t lim = (int64_t)1 << 30;
     if (hidden < 1 || hidden > lim)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "hidden", -1, -1, "hidden: expected in [1, 2^30], found %lld",
-                       (long long)hidden);
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "hidden", -1, -1,
+                       "hidden: expected in [1, 2^30], found %lld", (long long)hidden);
     if (intermediate < 0 || intermediate > lim)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "intermediate", -1, -1,
                        "intermediate: expected in [0, 2^30] (0 = 4*hidden), found %lld", (long long)intermediate);
@@ -100,8 +100,8 @@ static maskpack_status validate_options(const maskpack_plan_options *o, int64_t 
                        "objective: expected TOKENS (0) or ATTENTION (1), found %d", (int)o->objective);
     if (!(o->attention_a >= 0.0) || !isfinite(o->attention_a))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "attention_a", -1, -1,
-                       "attention_a: expected a finite value >= 0 (0 = %g), found %g", MASKPACK_PLAN_DEFAULT_ATTENTION_A,
-                       o->attention_a);
+                       "attention_a: expected a finite value >= 0 (0 = %g), found %g",
+                       MASKPACK_PLAN_DEFAULT_ATTENTION_A, o->attention_a);
     if (o->hidden < 0 || o->hidden > ((int64_t)1 << 30))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "hidden", -1, -1,
                        "hidden: expected 0 (not given) or in [1, 2^30], found %lld", (long long)o->hidden);
@@ -119,10 +119,11 @@ static maskpack_status validate_options(const maskpack_plan_options *o, int64_t 
                        "capacity: expected >= the alignment multiple %lld (no slot would fit), found %lld",
                        (long long)m, (long long)o->capacity);
     if (o->row_width == MASKPACK_PLAN_WIDTH_CAPACITY && o->capacity % m != 0)
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "capacity", -1, -1,
-                       "capacity: expected a multiple of the alignment multiple %lld (the last slot of a full-width row "
-                       "runs to its end and must divide too), found %lld; use %lld, or rows of the used width",
-                       (long long)m, (long long)o->capacity, (long long)(o->capacity - o->capacity % m));
+        return mp_fail(
+            err, MASKPACK_ERR_INVALID_ARGUMENT, "capacity", -1, -1,
+            "capacity: expected a multiple of the alignment multiple %lld (the last slot of a full-width row "
+            "runs to its end and must divide too), found %lld; use %lld, or rows of the used width",
+            (long long)m, (long long)o->capacity, (long long)(o->capacity - o->capacity % m));
     *multiple = m;
     return MASKPACK_OK;
 }
@@ -151,23 +152,23 @@ static void sort_u32(uint32_t *v, size_t n) {
 
 /* Working arrays of one creation, freed together. */
 typedef struct work {
-    int64_t *size;      /* items' slots in units of the multiple (NULL: the caller's lengths are the sizes) */
-    uint64_t *tie;      /* items' tie keys (NULL: index order) */
-    uint32_t *order;    /* processing order of the decreasing packers: item of position j */
-    int64_t *sorted;    /* sizes in that order (its memory later holds the row -> item map) */
-    int32_t *bin;       /* processing position -> packer row */
-    int64_t *bin_used;  /* packer row -> units in use */
-    double *row_cost;   /* packer row -> cost */
-    uint64_t *row_tie;  /* NULL: index order */
-    int32_t *rank;      /* packer row -> rank */
-    int32_t *by_rank;   /* packer rows grouped by rank, packer order inside */
-    int32_t *final_of;  /* packer row -> final row */
+    int64_t *size;     /* items' slots in units of the multiple (NULL: the caller's lengths are the sizes) */
+    uint64_t *tie;     /* items' tie keys (NULL: index order) */
+    uint32_t *order;   /* processing order of the decreasing packers: item of position j */
+    int64_t *sorted;   /* sizes in that order (its memory later holds the row -> item map) */
+    int32_t *bin;      /* processing position -> packer row */
+    int64_t *bin_used; /* packer row -> units in use */
+    double *row_cost;  /* packer row -> cost */
+    uint64_t *row_tie; /* NULL: index order */
+    int32_t *rank;     /* packer row -> rank */
+    int32_t *by_rank;  /* packer rows grouped by rank, packer order inside */
+    int32_t *final_of; /* packer row -> final row */
     double *sub_cost;
     uint64_t *sub_tie;
     int32_t *sub_part;
     size_t *cursor;
-    double *icost;      /* processing position -> cost (sequence-level balancing) */
-    int32_t *spread_row; /* processing position -> final row of the sequences-dealt candidate */
+    double *icost;          /* processing position -> cost (sequence-level balancing) */
+    int32_t *spread_row;    /* processing position -> final row of the sequences-dealt candidate */
     double *rank_tokens;    /* rank -> tokens (the report) */
     double *rank_attention; /* rank -> attention cost (the report) */
 } work;
@@ -286,8 +287,8 @@ static maskpack_status deal_rows(work *w, const maskpack_plan_options *o, const 
  * fit that way, or without `spread`, the rank's rows are dealt whole by balanced Karmarkar-Karp (T per
  * micro-batch). Either way single moves and swaps then polish the micro-batches. Returns 0, or -1 out
  * of memory. */
-static int split_microbatches(const int64_t *seq_size, const double *icost, size_t n, int64_t cap, size_t dp,
-                              size_t mb, size_t T, uint64_t seed, int spread, int32_t *row) {
+static int split_microbatches(const int64_t *seq_size, const double *icost, size_t n, int64_t cap, size_t dp, size_t mb,
+                              size_t T, uint64_t seed, int spread, int32_t *row) {
     const size_t RT = mb * T; /* rows per rank */
     uint32_t *idx = mp_alloc_array(n ? n : 1, sizeof *idx);
     size_t *start = calloc(dp + 1, sizeof *start);
@@ -408,7 +409,7 @@ typedef struct creation {
     double a;          /* the attention coefficient */
     mp_plan_progress progress;
     /* items: pieces in (sequence, offset) order */
-    int64_t total;     /* real tokens */
+    int64_t total;      /* real tokens */
     size_t n_items, ni; /* ni: n_items, at least 1 (allocation sizes) */
     int64_t n_split;
     int split, decreasing;
@@ -439,8 +440,8 @@ static maskpack_status check_arguments(creation *c, maskpack_plan **out, maskpac
     MP_CHECK_NULL(err, o, "options");
     if (c->n > 0) MP_CHECK_NULL(err, c->lengths, "lengths");
     if (c->n > (size_t)INT32_MAX - 1)
-        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", -1, -1, "lengths: %zu sequences is too many (limit 2^31-2)",
-                       c->n);
+        return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", -1, -1,
+                       "lengths: %zu sequences is too many (limit 2^31-2)", c->n);
     maskpack_status s = validate_options(o, &c->m, err);
     if (s) return s;
     c->cap_units = o->capacity / c->m;
@@ -466,8 +467,8 @@ static maskpack_status count_pieces(creation *c, maskpack_error *err) {
     for (size_t k = 0; k < c->n; k++) {
         int64_t L = c->lengths[k];
         if (L < 0)
-            return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1, "lengths[%zu]: expected >= 0, found %lld",
-                           k, (long long)L);
+            return mp_fail(err, MASKPACK_ERR_VALUE, "lengths", (int64_t)k, -1,
+                           "lengths[%zu]: expected >= 0, found %lld", k, (long long)L);
         if (mp_add_overflow(total, L, &total))
             return mp_fail(err, MASKPACK_ERR_OVERFLOW, "lengths", (int64_t)k, -1,
                            "lengths: the sum of lengths overflows int64 at index %zu", k);
@@ -576,7 +577,8 @@ static void cut_items(creation *c) {
 static maskpack_status pack_items(creation *c, maskpack_error *err) {
     work *w = &c->w;
     if (c->decreasing) {
-        maskpack_status s = mp_plan_order_decreasing(c->size, w->tie, c->n_items, c->cap_units, w->order, w->sorted, err);
+        maskpack_status s =
+            mp_plan_order_decreasing(c->size, w->tie, c->n_items, c->cap_units, w->order, w->sorted, err);
         if (s) return s;
     }
     c->seq_size = c->decreasing ? w->sorted : c->size;
@@ -817,7 +819,8 @@ static void fill_report(creation *c) {
     maskpack_plan_report *rep = &p->report;
     int64_t alignment_padding = 0;
     if (m > 1)
-        for (size_t i = 0, n_items = c->n_items; i < n_items; i++) alignment_padding += c->size[i] * m - p->item_length[i];
+        for (size_t i = 0, n_items = c->n_items; i < n_items; i++)
+            alignment_padding += c->size[i] * m - p->item_length[i];
     rep->n_sequences = (int64_t)c->n;
     rep->n_pieces = (int64_t)c->n_items;
     rep->n_split = c->n_split;
@@ -839,12 +842,12 @@ static void fill_report(creation *c) {
     rep->attention_a = c->a;
     rep->imbalance = spread(p->rank_cost, c->dp, &rep->rank_cost_min, &rep->rank_cost_mean, &rep->rank_cost_max);
     double unused;
-    rep->microbatch_imbalance = spread(p->microbatch_cost, c->G, &unused, &rep->microbatch_cost_mean,
-                                       &rep->microbatch_cost_max);
-    rep->token_imbalance = spread(w->rank_tokens, c->dp, &rep->rank_tokens_min, &rep->rank_tokens_mean,
-                                  &rep->rank_tokens_max);
-    rep->attention_imbalance = spread(w->rank_attention, c->dp, &unused, &rep->rank_attention_mean,
-                                      &rep->rank_attention_max);
+    rep->microbatch_imbalance =
+        spread(p->microbatch_cost, c->G, &unused, &rep->microbatch_cost_mean, &rep->microbatch_cost_max);
+    rep->token_imbalance =
+        spread(w->rank_tokens, c->dp, &rep->rank_tokens_min, &rep->rank_tokens_mean, &rep->rank_tokens_max);
+    rep->attention_imbalance =
+        spread(w->rank_attention, c->dp, &unused, &rep->rank_attention_mean, &rep->rank_attention_max);
 }
 
 /* Memory note: first touches of fresh pages dominate a plan's cost at 10^5 sequences, so the
@@ -932,8 +935,8 @@ int64_t maskpack_plan_row_count(const maskpack_plan *p, int64_t row) {
 static maskpack_plan_piece piece_at(const maskpack_plan *p, size_t q) {
     uint32_t i = p->pos_item[q];
     int64_t len = p->item_length[i];
-    return (maskpack_plan_piece){p->item_seq ? p->item_seq[i] : (int64_t)i, p->item_offset ? p->item_offset[i] : 0,
-                                 len, slot_of(len, p->multiple)};
+    return (maskpack_plan_piece){p->item_seq ? p->item_seq[i] : (int64_t)i, p->item_offset ? p->item_offset[i] : 0, len,
+                                 slot_of(len, p->multiple)};
 }
 
 maskpack_status maskpack_plan_row(const maskpack_plan *p, int64_t row, maskpack_plan_piece *out, size_t capacity,
@@ -958,8 +961,8 @@ static void row_segments(const maskpack_plan *p, int64_t row, int64_t grid_row, 
     int64_t col = 0;
     for (size_t q = p->row_begin[row]; q < p->row_begin[row + 1]; q++) {
         maskpack_plan_piece pc = piece_at(p, q);
-        segs[(*n)++] = (maskpack_segment){.row = grid_row, .q_start = col, .q_len = pc.length, .kv_start = col,
-                                          .kv_len = pc.length};
+        segs[(*n)++] = (maskpack_segment){
+            .row = grid_row, .q_start = col, .q_len = pc.length, .kv_start = col, .kv_len = pc.length};
         col += pc.slot;
     }
 }

@@ -19,12 +19,12 @@ struct maskpack_plan {
     /* Items are the pieces in (sequence, offset) order; without splitting item i is sequence i and
      * item_seq / item_offset are NULL. A slot is the length rounded up to the multiple. */
     int64_t *item_seq, *item_offset, *item_length;
-    uint32_t *pos_item;          /* [n_pieces]: the rows' items, row after row */
-    size_t *row_begin;           /* [n_rows + 1] positions of each row */
-    int64_t *row_used;           /* [n_rows] columns in use (sum of slots) */
-    double *row_cost;            /* [n_rows] */
-    double *rank_cost;           /* [dp] */
-    double *microbatch_cost;     /* [dp * micro_batches] */
+    uint32_t *pos_item;      /* [n_pieces]: the rows' items, row after row */
+    size_t *row_begin;       /* [n_rows + 1] positions of each row */
+    int64_t *row_used;       /* [n_rows] columns in use (sum of slots) */
+    double *row_cost;        /* [n_rows] */
+    double *rank_cost;       /* [dp] */
+    double *microbatch_cost; /* [dp * micro_batches] */
     maskpack_plan_report report;
 };
 
@@ -62,15 +62,14 @@ maskpack_status mp_plan_kk(const double *cost, const uint64_t *tie, size_t n, si
  * least cost so far that has a row with room for it (ties: lower group), first-fit inside the group.
  * Returns 1 when every item found a row, 0 when one fitted nowhere (row[] then incomplete), -1 out of
  * memory. */
-int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
-                   int32_t *row);
+int mp_plan_spread(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T, int32_t *row);
 
 /* Local improvement: (size[n], cost[n], row[n] = g*T + t a valid placement in G groups of T rows of cap)
  * -> row[] with single moves and pairwise swaps between the heaviest group and the lightest ones, each
  * lowering the heavier of the two, until the heaviest group is within (1 + tolerance) of the mean, no
  * step helps, or a work budget runs out. Capacity is kept. Returns 1, or -1 out of memory. */
-int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T,
-                    int32_t *row, double tolerance);
+int mp_plan_improve(const int64_t *size, const double *cost, size_t n, int64_t cap, size_t G, size_t T, int32_t *row,
+                    double tolerance);
 
 /* maskpack_plan_create with a chosen best-fit index (tests compare the two indexes). */
 maskpack_status mp_plan_create_ex(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
