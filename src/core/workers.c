@@ -12,8 +12,9 @@
  * A worker enters g by incrementing `active` and then checking `closed < g` (both sequentially
  * consistent, Dekker style): either the caller sees it active and waits for its decrement, or the
  * worker sees g closed and never touches fn/ctx, which may already be gone. The caller spins while
- * it waits, then (past SPIN_NS) sleeps until the worker that brings `active` to 0 wakes it. One caller at a time: a second concurrent caller (another thread using the same team) does not
- * wait, it runs every share itself. After fork() the child has none of the threads; calls from
+ * it waits, then (past SPIN_NS) sleeps until the worker that brings `active` to 0 wakes it. One
+ * caller at a time: a second concurrent caller (another thread using the same team) does not wait,
+ * it runs every share itself. After fork() the child has none of the threads; calls from
  * another process run inline too, and free() only releases memory.
  *
  * A hosted team (maskpack_workers_create_hosted) has no threads: each run is one parallel region of
