@@ -794,15 +794,16 @@ MASKPACK_API maskpack_status maskpack_validate_npu_args(const maskpack_npu_call 
 /* ==== Kernel ISAs (every kernel family: attention, gated delta rule, causal conv1d) ========== */
 /*
  * Every kernel family has a portable reference kernel and vector kernels, and every call takes
- * the ISA to run (maskpack_isa). MASKPACK_ISA_AUTO reads the environment variable MASKPACK_ISA,
- * one rule for every family: "ref", "avx2", "avx512", "avx512_bf16" or "amx" forces that ISA;
- * unset, empty or "auto" = the best this CPU runs. An explicit request is never overridden by the
- * variable. Requesting (per call or through the variable) an ISA this CPU, build or OS lacks is
- * MASKPACK_ERR_UNSUPPORTED naming the ISA and the missing CPU feature, never a silent fallback; an
- * unknown name is MASKPACK_ERR_INVALID_ARGUMENT naming MASKPACK_ISA. A family without a kernel of
- * the requested ISA runs its best kernel below it (the gated delta rule has no AMX or AVX512-BF16
- * kernel, so those run its AVX-512 one; the conv has only AVX2 rows). maskpack_kernel_list says
- * which kernels each family has and which this CPU runs. The values keep maskpack_gdn_isa's.
+ * the ISA to run (maskpack_isa) in its options (maskpack_kernel_options, maskpack_gdn_options).
+ * MASKPACK_ISA_AUTO reads the environment variable MASKPACK_ISA, one rule for every family: "ref",
+ * "avx2", "avx512", "avx512_bf16" or "amx" forces that ISA; unset, empty or "auto" = the best this
+ * CPU runs. An explicit request is never overridden by the variable. Requesting (per call or
+ * through the variable) an ISA this CPU, build or OS lacks is MASKPACK_ERR_UNSUPPORTED naming the
+ * ISA and the missing CPU feature, never a silent fallback; an unknown name is
+ * MASKPACK_ERR_INVALID_ARGUMENT naming MASKPACK_ISA. A family without a kernel of the requested ISA
+ * runs its best kernel below it (the gated delta rule has no AMX or AVX512-BF16 kernel, so those run
+ * its AVX-512 one; the conv has only AVX2 rows). maskpack_kernel_list says which kernels each family
+ * has and which this CPU runs.
  */
 typedef enum maskpack_isa {
     MASKPACK_ISA_AUTO = 0,        /* MASKPACK_ISA, else the best this CPU runs */
@@ -848,6 +849,22 @@ typedef struct maskpack_kernel_info {
 MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, size_t cap, size_t *n,
                                                   maskpack_error *err);
 
+/* Every kernel family has one call shape: the plain calls take their options by pointer (NULL = the
+ * defaults) and start their threads per call, the _on calls run on a team the caller keeps (its
+ * participant count in place of n_threads; the options' isa still chooses the kernel), and
+ * (attention, gated delta rule) an operator created once runs many times. The attention and the
+ * causal conv1d take the options below, one struct for both since they take the same two (their
+ * numeric arguments, scale, softcap and silu, stay arguments); the gated delta rule takes
+ * maskpack_gdn_options, which carries the same isa and n_threads besides its own. A bad n_threads
+ * is MASKPACK_ERR_INVALID_ARGUMENT naming "n_threads", a bad isa as Kernel ISAs above names "isa". */
+typedef struct maskpack_kernel_options {
+    int n_threads;    /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
+    maskpack_isa isa; /* default AUTO */
+} maskpack_kernel_options;
+
+/* () -> 1 thread, AUTO: what NULL options mean. */
+MASKPACK_API maskpack_kernel_options maskpack_kernel_options_default(void);
+
 /* ==== Attention kernels (fused CPU attention over a layout) ================================= */
 
 /*
@@ -873,117 +890,89 @@ MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, siz
  * or AVX512-BF16 dot products on CPUs without AMX (plain AVX-512 widening to f32 without either);
  * bf16 backwards widen to f32. CPUs with AVX2 + FMA but no AVX-512 (e.g. AMD Zen 1-3) run an AVX2
  * f32 kernel (bf16 widened to f32), which gives the AVX-512 f32 kernel's results bit for bit.
- * ISA (see Kernel ISAs above): maskpack_attention_forward_isa / _backward_isa take it per call;
- * maskpack_attention_forward / _backward run MASKPACK_ISA_AUTO: amx (bf16) > avx512 > avx2 > ref.
+ * ISA (see Kernel ISAs above): opts.isa of every call (maskpack_kernel_options); AUTO (the default)
+ * runs amx (bf16) > avx512 > avx2 > ref.
  * avx512 runs bf16 forwards on AVX512-BF16 dot products where the CPU has them; avx512_bf16 and
  * amx run f32 inputs and backwards on the AVX-512 kernels (neither has f32 arithmetic).
- * Threads: n_threads in [1, MASKPACK_MAX_THREADS]; the n_threads calls start a team for the call,
+ * Threads: opts.n_threads in [1, MASKPACK_MAX_THREADS]; the plain calls start a team for the call,
  * the _on calls and the operator (below) run on a team the caller keeps. Work is split over
  * (segment, head, query block), so both cores work even for one sequence of one head.
  * Workspace: pass a buffer of at least the queried size (any alignment), or NULL with 0 bytes to
  * let the call allocate it; a smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL. The size only
- * depends on the layout, head counts, head dim, dtype and n_threads, never on S*Skv, and serves
+ * depends on the layout, head counts, head dim, dtype and opts.n_threads, never on S*Skv, and serves
  * every ISA this CPU runs; the size queries allocate nothing.
  * On any error no output is written.
  */
-/* The former attention ISA names (source compatibility; the values are maskpack_isa's). */
-typedef maskpack_isa maskpack_attention_isa;
-#define MASKPACK_ATTN_ISA_REF MASKPACK_ISA_REF
-#define MASKPACK_ATTN_ISA_AVX512 MASKPACK_ISA_AVX512
-#define MASKPACK_ATTN_ISA_AMX MASKPACK_ISA_AMX
-#define MASKPACK_ATTN_ISA_AVX2 MASKPACK_ISA_AVX2
-#define MASKPACK_ATTN_ISA_AVX512_BF16 MASKPACK_ISA_AVX512_BF16
+/* (layout, q, k, v as for the forward, opts or NULL) -> *bytes of workspace maskpack_attention_forward needs. */
+MASKPACK_API maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout,
+                                                                  const maskpack_tensor *q, const maskpack_tensor *k,
+                                                                  const maskpack_tensor *v,
+                                                                  const maskpack_kernel_options *opts, size_t *bytes,
+                                                                  maskpack_error *err);
 
-/* (dtype f32/bf16) -> *isa the next attention call will use: maskpack_isa_resolve(ATTENTION, dtype, AUTO). */
-MASKPACK_API maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa,
-                                                           maskpack_error *err);
-/* isa -> its name: maskpack_isa_name. */
-MASKPACK_API const char *maskpack_attention_isa_name(maskpack_attention_isa isa);
-
-/* (layout, q, k, v as for the forward, n_threads) -> *bytes of workspace maskpack_attention_forward needs. */
-MASKPACK_API maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
-                                                                  const maskpack_tensor *k, const maskpack_tensor *v,
-                                                                  int n_threads, size_t *bytes, maskpack_error *err);
-
-/* (layout, q [B,S,Hq,D]|[T,Hq,D], k, v [B,Skv,Hkv,D]|[Tkv,Hkv,D], scale, softcap) -> out (q's shape and
- * dtype), lse f32 [B,Hq,S]|[Hq,T] (NULL to skip). */
+/* (layout, q [B,S,Hq,D]|[T,Hq,D], k, v [B,Skv,Hkv,D]|[Tkv,Hkv,D], scale, softcap, opts (isa, n_threads)
+ * or NULL = 1 thread, AUTO) -> out (q's shape and dtype), lse f32 [B,Hq,S]|[Hq,T] (NULL to skip). */
 MASKPACK_API maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const maskpack_tensor *q,
                                                         const maskpack_tensor *k, const maskpack_tensor *v,
                                                         double scale, double softcap, maskpack_tensor *out,
-                                                        maskpack_tensor *lse, int n_threads, void *workspace,
-                                                        size_t workspace_bytes, maskpack_error *err);
+                                                        maskpack_tensor *lse, const maskpack_kernel_options *opts,
+                                                        void *workspace, size_t workspace_bytes, maskpack_error *err);
 
-/* (layout, q, k, v as for the backward, n_threads) -> *bytes of workspace maskpack_attention_backward needs. */
+/* (layout, q, k, v as for the backward, opts or NULL) -> *bytes of workspace maskpack_attention_backward needs. */
 MASKPACK_API maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *layout,
                                                                    const maskpack_tensor *q, const maskpack_tensor *k,
-                                                                   const maskpack_tensor *v, int n_threads,
-                                                                   size_t *bytes, maskpack_error *err);
+                                                                   const maskpack_tensor *v,
+                                                                   const maskpack_kernel_options *opts, size_t *bytes,
+                                                                   maskpack_error *err);
 
-/* (layout, dout and out like q, q, k, v, lse f32 from the forward, scale, softcap) -> dq (q's shape),
- * dk, dv (k's shape), all of q's dtype. Tiles are recomputed (flash-attention 2): no S*Skv memory. */
+/* (layout, dout and out like q, q, k, v, lse f32 from the forward, scale, softcap, opts or NULL) -> dq
+ * (q's shape), dk, dv (k's shape), all of q's dtype. Tiles are recomputed (flash-attention 2): no
+ * S*Skv memory. */
 MASKPACK_API maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const maskpack_tensor *dout,
                                                          const maskpack_tensor *q, const maskpack_tensor *k,
                                                          const maskpack_tensor *v, const maskpack_tensor *out,
                                                          const maskpack_tensor *lse, double scale, double softcap,
                                                          maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                                         int n_threads, void *workspace, size_t workspace_bytes,
-                                                         maskpack_error *err);
-/* maskpack_attention_forward with the ISA chosen per call (see Kernel ISAs). */
-MASKPACK_API maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, const maskpack_tensor *q,
-                                                            const maskpack_tensor *k, const maskpack_tensor *v,
-                                                            double scale, double softcap, maskpack_tensor *out,
-                                                            maskpack_tensor *lse, maskpack_isa isa, int n_threads,
-                                                            void *workspace, size_t workspace_bytes,
-                                                            maskpack_error *err);
-/* maskpack_attention_backward with the ISA chosen per call (see Kernel ISAs). */
-MASKPACK_API maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, const maskpack_tensor *dout,
-                                                             const maskpack_tensor *q, const maskpack_tensor *k,
-                                                             const maskpack_tensor *v, const maskpack_tensor *out,
-                                                             const maskpack_tensor *lse, double scale, double softcap,
-                                                             maskpack_tensor *dq, maskpack_tensor *dk,
-                                                             maskpack_tensor *dv, maskpack_isa isa, int n_threads,
-                                                             void *workspace, size_t workspace_bytes,
-                                                             maskpack_error *err);
+                                                         const maskpack_kernel_options *opts, void *workspace,
+                                                         size_t workspace_bytes, maskpack_error *err);
 
 /* The attention on a worker team the caller owns (maskpack_workers_create; NULL = the caller's thread
- * alone), so that no thread starts per call: as maskpack_attention_forward_isa with the team's
- * participant count in place of n_threads (the workspace is maskpack_attention_forward_workspace's
- * with n_threads = maskpack_workers_threads(team)); results are the n_threads call's bit for bit. */
+ * alone), so that no thread starts per call: as maskpack_attention_forward with the team's
+ * participant count in place of opts.n_threads (opts or NULL: its isa; the workspace is
+ * maskpack_attention_forward_workspace's with n_threads = maskpack_workers_threads(team)); results
+ * are the plain call's at that n_threads bit for bit. */
 MASKPACK_API maskpack_status maskpack_attention_forward_on(const maskpack_layout *layout, const maskpack_tensor *q,
                                                            const maskpack_tensor *k, const maskpack_tensor *v,
                                                            double scale, double softcap, maskpack_tensor *out,
-                                                           maskpack_tensor *lse, maskpack_isa isa,
+                                                           maskpack_tensor *lse, const maskpack_kernel_options *opts,
                                                            maskpack_workers *team, void *workspace,
                                                            size_t workspace_bytes, maskpack_error *err);
-/* (as maskpack_attention_backward_isa, team or NULL in place of n_threads) -> dq, dk, dv. */
-MASKPACK_API maskpack_status maskpack_attention_backward_on(const maskpack_layout *layout, const maskpack_tensor *dout,
-                                                            const maskpack_tensor *q, const maskpack_tensor *k,
-                                                            const maskpack_tensor *v, const maskpack_tensor *out,
-                                                            const maskpack_tensor *lse, double scale, double softcap,
-                                                            maskpack_tensor *dq, maskpack_tensor *dk,
-                                                            maskpack_tensor *dv, maskpack_isa isa,
-                                                            maskpack_workers *team, void *workspace,
-                                                            size_t workspace_bytes, maskpack_error *err);
+/* (as maskpack_attention_backward, team or NULL in place of opts.n_threads) -> dq, dk, dv. */
+MASKPACK_API maskpack_status maskpack_attention_backward_on(
+    const maskpack_layout *layout, const maskpack_tensor *dout, const maskpack_tensor *q, const maskpack_tensor *k,
+    const maskpack_tensor *v, const maskpack_tensor *out, const maskpack_tensor *lse, double scale, double softcap,
+    maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv, const maskpack_kernel_options *opts,
+    maskpack_workers *team, void *workspace, size_t workspace_bytes, maskpack_error *err);
 
-/* An attention operator for one layout, head counts, head dim, dtype, ISA and thread count: created
- * once, run many times. Creation does what every call would otherwise repeat: picks the kernel (isa,
- * and MASKPACK_ISA for AUTO, read now; an ISA this CPU lacks is MASKPACK_ERR_UNSUPPORTED), lists and
+/* An attention operator for one layout, head counts, head dim, dtype and options: created once, run
+ * many times. Creation does what every call would otherwise repeat: picks the kernel (opts.isa, and
+ * MASKPACK_ISA for AUTO, read now; an ISA this CPU lacks is MASKPACK_ERR_UNSUPPORTED), lists and
  * orders the forward's (segment, head, query block) work items and builds the backward's key groups.
  * A run validates its tensors (their heads, head dim and dtype must be the op's; scale and softcap
- * are per run) and runs on a team of at most n_threads participants, with the results of the plain
- * calls at n_threads bit for bit. Workspace: a buffer of maskpack_attention_op_workspace_size bytes,
+ * are per run) and runs on a team of at most opts.n_threads participants, with the results of the
+ * plain calls at opts.n_threads bit for bit. Workspace: a buffer of maskpack_attention_op_workspace_size bytes,
  * or NULL and 0 for the op's own, allocated at the first run that needs it and kept until
  * maskpack_attention_op_free (a run concurrent with another on the same op allocates its own); a
  * smaller buffer is MASKPACK_ERR_BUFFER_TOO_SMALL naming the size needed, nothing written. The
  * layout is the caller's and must outlive the op. */
 typedef struct maskpack_attention_op maskpack_attention_op; /* opaque */
 
-/* (layout, query heads hq, key heads hkv (hq % hkv == 0), head dim 1 <= d <= 256, dtype f32/bf16, isa,
- * n_threads in [1, MASKPACK_MAX_THREADS]) -> *out. */
+/* (layout, query heads hq, key heads hkv (hq % hkv == 0), head dim 1 <= d <= 256, dtype f32/bf16,
+ * opts (isa, n_threads in [1, MASKPACK_MAX_THREADS]) or NULL = 1 thread, AUTO) -> *out. */
 MASKPACK_API maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int64_t hq, int64_t hkv,
-                                                          int64_t d, maskpack_dtype dtype, maskpack_isa isa,
-                                                          int n_threads, maskpack_attention_op **out,
-                                                          maskpack_error *err);
+                                                          int64_t d, maskpack_dtype dtype,
+                                                          const maskpack_kernel_options *opts,
+                                                          maskpack_attention_op **out, maskpack_error *err);
 /* Frees the op and its workspace (NULL is a no-op). */
 MASKPACK_API void maskpack_attention_op_free(maskpack_attention_op *op);
 /* (op, backward?) -> *bytes of workspace one run needs (the work lists are the op's); allocates nothing. */
@@ -1075,15 +1064,10 @@ MASKPACK_API maskpack_status maskpack_cp_attention_backward_on(
  */
 
 /* Which kernel runs the rule: opts.isa (see Kernel ISAs; AUTO = MASKPACK_ISA, else AVX512 > AVX2 >
- * REF; amx and avx512_bf16 run the AVX-512 kernel, the rule having no kernel of theirs). The
- * causal conv1d takes its ISA per call through maskpack_causal_conv1d_isa: portable loops for REF,
- * AVX2 + FMA rows otherwise (f32 tensors with contiguous channels). The former names of the
- * values (source compatibility): */
-typedef maskpack_isa maskpack_gdn_isa;
-#define MASKPACK_GDN_ISA_AUTO MASKPACK_ISA_AUTO
-#define MASKPACK_GDN_ISA_REF MASKPACK_ISA_REF
-#define MASKPACK_GDN_ISA_AVX512 MASKPACK_ISA_AVX512
-#define MASKPACK_GDN_ISA_AVX2 MASKPACK_ISA_AVX2
+ * REF; amx and avx512_bf16 run the AVX-512 kernel, the rule having no kernel of theirs;
+ * maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, isa) says which). The causal conv1d
+ * takes its ISA per call through its maskpack_kernel_options: portable loops for REF, AVX2 + FMA
+ * rows otherwise (f32 tensors with contiguous channels). */
 
 #define MASKPACK_GDN_CHUNK 64      /* chunk length of the chunked form (chunks start at each segment start) */
 #define MASKPACK_GDN_MAX_CONV 4    /* largest conv kernel */
@@ -1101,11 +1085,6 @@ typedef struct maskpack_gdn_options {
 
 /* () -> scale 0 (1/sqrt(K)), chunked, l2norm, 1 thread, AUTO, gate checked. */
 MASKPACK_API maskpack_gdn_options maskpack_gdn_options_default(void);
-
-/* (requested isa) -> *resolved: the kernel a rule call with this request runs (REF, AVX512 or AVX2):
- * maskpack_isa_resolve(GDN, f32, requested). */
-MASKPACK_API maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
-                                                      maskpack_error *err);
 
 /* The inputs of the rule (see the conventions above for shapes). */
 typedef struct maskpack_gdn_inputs {
@@ -1288,41 +1267,24 @@ MASKPACK_API maskpack_status maskpack_gdn_op_backward(maskpack_gdn_op *op, const
                                                       void *workspace, size_t workspace_bytes, maskpack_error *err);
 
 /* (layout, x [B,S,C] / [T,C] f32/bf16, weight [C,W] f32/bf16 with 1 <= W <= 4, prefix [N,C,W-1]
- * f32/bf16 or NULL = zeros, silu, n_threads) -> y like x f32/bf16 (pad rows 0) with
+ * f32/bf16 or NULL = zeros, silu, opts (isa, n_threads) or NULL = 1 thread, AUTO) -> y like x
+ * f32/bf16 (pad rows 0) with
  * y[t] = act(sum_w weight[w] x[t - (W-1) + w]) inside each segment (earlier positions come from
  * the prefix), conv_state [N,C,W-1] f32/bf16 or NULL = the segment's last W-1 inputs (prefix
  * included when the segment is shorter). */
 MASKPACK_API maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
                                                     const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                    int silu, int n_threads, maskpack_tensor *y,
+                                                    int silu, const maskpack_kernel_options *opts, maskpack_tensor *y,
                                                     maskpack_tensor *conv_state, maskpack_error *err);
 
-/* (layout, x, weight, prefix or NULL, silu, dy like x, d_conv_state [N,C,W-1] or NULL, n_threads)
+/* (layout, x, weight, prefix or NULL, silu, dy like x, d_conv_state [N,C,W-1] or NULL, opts or NULL)
  * -> dx like x (pad rows 0), dweight [C,W] f32 (sum over all tokens), d_prefix [N,C,W-1] f32/bf16;
  * each output may be NULL to skip it. */
-MASKPACK_API maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                             const maskpack_tensor *weight,
-                                                             const maskpack_tensor *prefix, int silu,
-                                                             const maskpack_tensor *dy,
-                                                             const maskpack_tensor *d_conv_state, int n_threads,
-                                                             maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                             maskpack_tensor *d_prefix, maskpack_error *err);
-
-/* maskpack_causal_conv1d with the ISA chosen per call (maskpack_causal_conv1d runs AUTO). */
-MASKPACK_API maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                        const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                        int silu, maskpack_isa isa, int n_threads, maskpack_tensor *y,
-                                                        maskpack_tensor *conv_state, maskpack_error *err);
-/* maskpack_causal_conv1d_backward with the ISA chosen per call. */
-MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout,
-                                                                 const maskpack_tensor *x,
-                                                                 const maskpack_tensor *weight,
-                                                                 const maskpack_tensor *prefix, int silu,
-                                                                 const maskpack_tensor *dy,
-                                                                 const maskpack_tensor *d_conv_state, maskpack_isa isa,
-                                                                 int n_threads, maskpack_tensor *dx,
-                                                                 maskpack_tensor *dweight, maskpack_tensor *d_prefix,
-                                                                 maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_causal_conv1d_backward(
+    const maskpack_layout *layout, const maskpack_tensor *x, const maskpack_tensor *weight,
+    const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+    const maskpack_kernel_options *opts, maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+    maskpack_error *err);
 
 /* (layout, x, weight as for the conv, backward?) -> *bytes of workspace the conv's _on calls need: 0
  * for the forward, the backward's dweight sums ([C, W] f32 and alignment slack) otherwise (a
@@ -1331,26 +1293,23 @@ MASKPACK_API maskpack_status maskpack_causal_conv1d_workspace_size(const maskpac
                                                                    const maskpack_tensor *x,
                                                                    const maskpack_tensor *weight, int backward,
                                                                    size_t *bytes, maskpack_error *err);
-/* maskpack_causal_conv1d_isa on a worker team (NULL = the caller's thread alone; the channels are
- * split for the team's participant count) with a workspace as every kernel takes it (NULL and 0 =
- * allocated here when the call needs one; NULL with a size is MASKPACK_ERR_NULL_ARGUMENT). */
+/* maskpack_causal_conv1d on a worker team (NULL = the caller's thread alone; the channels are split
+ * for the team's participant count, in place of opts.n_threads; opts or NULL: its isa) with a
+ * workspace as every kernel takes it (NULL and 0 = allocated here when the call needs one; NULL
+ * with a size is MASKPACK_ERR_NULL_ARGUMENT). */
 MASKPACK_API maskpack_status maskpack_causal_conv1d_on(const maskpack_layout *layout, const maskpack_tensor *x,
                                                        const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                       int silu, maskpack_isa isa, maskpack_workers *team,
-                                                       maskpack_tensor *y, maskpack_tensor *conv_state,
-                                                       void *workspace, size_t workspace_bytes, maskpack_error *err);
-/* maskpack_causal_conv1d_backward_isa on a worker team (NULL = the caller alone) with a workspace of
+                                                       int silu, const maskpack_kernel_options *opts,
+                                                       maskpack_workers *team, maskpack_tensor *y,
+                                                       maskpack_tensor *conv_state, void *workspace,
+                                                       size_t workspace_bytes, maskpack_error *err);
+/* maskpack_causal_conv1d_backward on a worker team (NULL = the caller alone) with a workspace of
  * maskpack_causal_conv1d_workspace_size(backward = 1) bytes (NULL and 0 = allocated here). */
-MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_on(const maskpack_layout *layout,
-                                                                const maskpack_tensor *x,
-                                                                const maskpack_tensor *weight,
-                                                                const maskpack_tensor *prefix, int silu,
-                                                                const maskpack_tensor *dy,
-                                                                const maskpack_tensor *d_conv_state, maskpack_isa isa,
-                                                                maskpack_workers *team, maskpack_tensor *dx,
-                                                                maskpack_tensor *dweight, maskpack_tensor *d_prefix,
-                                                                void *workspace, size_t workspace_bytes,
-                                                                maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_causal_conv1d_backward_on(
+    const maskpack_layout *layout, const maskpack_tensor *x, const maskpack_tensor *weight,
+    const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+    const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
+    maskpack_tensor *d_prefix, void *workspace, size_t workspace_bytes, maskpack_error *err);
 
 /* (layout, x [B,S,H,D] / [T,H,D] f32/bf16, eps > 0 (MASKPACK_GDN_L2_EPS)) -> y like x f32/bf16:
  * x / sqrt(sum x^2 + eps) over the last dim (pad rows 0). */

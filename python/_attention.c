@@ -32,9 +32,10 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
         return NULL;
     maskpack_error err;
     maskpack_status s;
+    const maskpack_kernel_options ko = {threads, (maskpack_isa)isa};
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_forward_isa(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
-                                       po ? &out : NULL, pl ? &lse : NULL, (maskpack_isa)isa, threads, NULL, 0, &err);
+    s = maskpack_attention_forward(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
+                                   po ? &out : NULL, pl ? &lse : NULL, &ko, NULL, 0, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
@@ -60,9 +61,10 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     for (int i = 0; i < 9; i++) p[i] = present[i] ? &t[i] : NULL;
     maskpack_error err;
     maskpack_status s;
+    const maskpack_kernel_options ko = {threads, (maskpack_isa)isa};
     Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_backward_isa(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8],
-                                        (maskpack_isa)isa, threads, NULL, 0, &err);
+    s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], &ko,
+                                    NULL, 0, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
@@ -94,7 +96,8 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     maskpack_attention_op *op = NULL;
     maskpack_error err;
     maskpack_status s =
-        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype, (maskpack_isa)isa, threads, &op, &err);
+        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype,
+                                     &(const maskpack_kernel_options){threads, (maskpack_isa)isa}, &op, &err);
     if (s) return mpx_raise_status(s, &err);
     PyObject *h = mpx_new_handle(&OpType, op, NULL);
     if (!h) maskpack_attention_op_free(op);
@@ -226,11 +229,11 @@ static PyObject *py_isa(PyObject *m, PyObject *arg) {
     (void)m;
     long dt = PyLong_AsLong(arg);
     if (dt == -1 && PyErr_Occurred()) return NULL;
-    maskpack_attention_isa isa;
+    maskpack_isa isa;
     maskpack_error err;
-    maskpack_status s = maskpack_attention_select_isa((maskpack_dtype)dt, &isa, &err);
+    maskpack_status s = maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, (maskpack_dtype)dt, MASKPACK_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
-    return PyUnicode_FromString(maskpack_attention_isa_name(isa));
+    return PyUnicode_FromString(maskpack_isa_name(isa));
 }
 
 static PyMethodDef methods[] = {

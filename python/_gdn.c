@@ -330,7 +330,8 @@ static PyObject *py_conv1d(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d(L, p[0], p[1], p[2], silu, threads, p[3], p[4], &err);
+    const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d(L, p[0], p[1], p[2], silu, &ko, p[3], p[4], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -348,8 +349,9 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], threads, p[5],
-                                                               p[6], p[7], &err);
+    const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, p[5], p[6],
+                                                               p[7], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -368,8 +370,9 @@ static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, (maskpack_isa)isa, team, p[3], p[4],
-                                                         NULL, 0, &err);
+    const maskpack_kernel_options ko = {1, (maskpack_isa)isa};
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, &ko, team, p[3], p[4], NULL, 0,
+                                                         &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -388,8 +391,9 @@ static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], (maskpack_isa)isa,
-                                                                  team, p[5], p[6], p[7], NULL, 0, &err);
+    const maskpack_kernel_options ko = {1, (maskpack_isa)isa};
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, team, p[5],
+                                                                  p[6], p[7], NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -488,7 +492,7 @@ static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
     (void)noargs;
     maskpack_isa isa;
     maskpack_error err;
-    maskpack_status s = maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &isa, &err);
+    maskpack_status s = maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
     return PyUnicode_FromString(maskpack_isa_name(isa));
 }

@@ -9,7 +9,9 @@
  * Usage: ab_attention BEFORE.so AFTER.so [op|plain (op)] [threads (2)] [iterations (200)]
  *        [documents tokens H D (4 64 8 128)] [causal (1)]
  * -> the medians of both and of the per-iteration ratio before / after, forward and backward (f32,
- * packed, Hkv = H). Exit status 0 whatever the numbers (it measures). */
+ * packed, Hkv = H). Exit status 0 whatever the numbers (it measures). A build from before
+ * maskpack_kernel_options (its calls took int n_threads, its op_create isa and n_threads) is called
+ * through those signatures: it has no maskpack_kernel_options_default. */
 #define _GNU_SOURCE
 #include "maskpack.h"
 #include <dlfcn.h>
@@ -46,8 +48,21 @@ static maskpack_tensor contiguous(void *data, int32_t ndim, const int64_t *shape
     return t;
 }
 #define SYM(h, name) ((__typeof__(&name))dlsym(h, #name))
+/* The calls of a build before maskpack_kernel_options. */
+typedef maskpack_status (*old_fwd_fn)(const maskpack_layout *, const maskpack_tensor *, const maskpack_tensor *,
+                                      const maskpack_tensor *, double, double, maskpack_tensor *, maskpack_tensor *,
+                                      int, void *, size_t, maskpack_error *);
+typedef maskpack_status (*old_bwd_fn)(const maskpack_layout *, const maskpack_tensor *, const maskpack_tensor *,
+                                      const maskpack_tensor *, const maskpack_tensor *, const maskpack_tensor *,
+                                      const maskpack_tensor *, double, double, maskpack_tensor *, maskpack_tensor *,
+                                      maskpack_tensor *, int, void *, size_t, maskpack_error *);
+typedef maskpack_status (*old_op_create_fn)(const maskpack_layout *, int64_t, int64_t, int64_t, maskpack_dtype,
+                                            maskpack_isa, int, maskpack_attention_op **, maskpack_error *);
 typedef struct lib {
     maskpack_layout *L;
+    int old_abi; /* no maskpack_kernel_options: old_fwd / old_bwd */
+    old_fwd_fn old_fwd;
+    old_bwd_fn old_bwd;
     __typeof__(&maskpack_attention_forward) fwd;
     __typeof__(&maskpack_attention_backward) bwd;
     __typeof__(&maskpack_attention_op_forward) op_fwd;
@@ -86,8 +101,11 @@ int main(int argc, char **argv) {
             puts(e.message);
             return 1;
         }
+        l->old_abi = dlsym(h, "maskpack_kernel_options_default") == NULL;
         l->fwd = SYM(h, maskpack_attention_forward);
         l->bwd = SYM(h, maskpack_attention_backward);
+        l->old_fwd = (old_fwd_fn)dlsym(h, "maskpack_attention_forward");
+        l->old_bwd = (old_bwd_fn)dlsym(h, "maskpack_attention_backward");
         if (i == 1 && use_op) {
             l->op_fwd = SYM(h, maskpack_attention_op_forward);
             l->op_bwd = SYM(h, maskpack_attention_op_backward);
@@ -95,8 +113,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s: no maskpack_attention_op_forward / _backward\n", argv[2]);
                 return 1;
             }
-            if (SYM(h, maskpack_attention_op_create)(l->L, H, H, D, MASKPACK_F32, MASKPACK_ISA_AUTO, threads, &l->op,
-                                                     &e)) {
+            const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
+            if (l->old_abi ? ((old_op_create_fn)dlsym(h, "maskpack_attention_op_create"))(
+                                 l->L, H, H, D, MASKPACK_F32, MASKPACK_ISA_AUTO, threads, &l->op, &e)
+                           : SYM(h, maskpack_attention_op_create)(l->L, H, H, D, MASKPACK_F32, &ko, &l->op, &e)) {
                 puts(e.message);
                 return 1;
             }
@@ -118,6 +138,7 @@ int main(int argc, char **argv) {
     maskpack_tensor tdk = contiguous(dk, 3, s3);
     maskpack_tensor tdv = contiguous(dv, 3, s3);
     maskpack_tensor tl = contiguous(lse, 2, s2);
+    const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
     double *rf = malloc(iters * 8), *rb = malloc(iters * 8), *bf = malloc(iters * 8), *bb = malloc(iters * 8),
            *af = malloc(iters * 8), *abw = malloc(iters * 8);
     for (int it = -3; it < iters; it++) {
@@ -127,12 +148,15 @@ int main(int argc, char **argv) {
             lib *l = &libs[which];
             const int op = which && use_op;
             double t0 = now();
-            maskpack_status s1 = op ? l->op_fwd(l->op, &tq, &tk, &tv, 0, 0, &to, &tl, l->team, NULL, 0, &e)
-                                    : l->fwd(l->L, &tq, &tk, &tv, 0, 0, &to, &tl, threads, NULL, 0, &e);
+            maskpack_status s1 = op           ? l->op_fwd(l->op, &tq, &tk, &tv, 0, 0, &to, &tl, l->team, NULL, 0, &e)
+                                 : l->old_abi ? l->old_fwd(l->L, &tq, &tk, &tv, 0, 0, &to, &tl, threads, NULL, 0, &e)
+                                              : l->fwd(l->L, &tq, &tk, &tv, 0, 0, &to, &tl, &ko, NULL, 0, &e);
             double t1 = now();
             maskpack_status s2 =
                 op ? l->op_bwd(l->op, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, l->team, NULL, 0, &e)
-                   : l->bwd(l->L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, threads, NULL, 0, &e);
+                : l->old_abi
+                    ? l->old_bwd(l->L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, threads, NULL, 0, &e)
+                    : l->bwd(l->L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, &ko, NULL, 0, &e);
             double t2 = now();
             if (s1 || s2) {
                 puts(e.message);

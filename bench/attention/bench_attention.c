@@ -147,8 +147,9 @@ static int make_problem(problem *p, const int64_t *lens, size_t n, int causal, i
     p->tdv = maskpack_tensor_contiguous(p->dv, dt, 3, shape);
     p->tl = maskpack_tensor_contiguous(p->lse, MASKPACK_F32, 2, ls);
     size_t a = 0, b = 0;
-    if (maskpack_attention_forward_workspace(p->L, &p->tq, &p->tk, &p->tv, threads, &a, &e) ||
-        (grads && maskpack_attention_backward_workspace(p->L, &p->tq, &p->tk, &p->tv, threads, &b, &e))) {
+    const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
+    if (maskpack_attention_forward_workspace(p->L, &p->tq, &p->tk, &p->tv, &ko, &a, &e) ||
+        (grads && maskpack_attention_backward_workspace(p->L, &p->tq, &p->tk, &p->tv, &ko, &b, &e))) {
         fprintf(stderr, "workspace: %s\n", e.message);
         return -1;
     }
@@ -174,8 +175,8 @@ static void free_problem(problem *p) {
 
 static int fwd(problem *p, int threads) {
     maskpack_error e;
-    if (maskpack_attention_forward_isa(p->L, &p->tq, &p->tk, &p->tv, 0, 0, &p->to, &p->tl, p->isa, threads, p->ws,
-                                       p->ws_bytes, &e)) {
+    const maskpack_kernel_options ko = {threads, p->isa};
+    if (maskpack_attention_forward(p->L, &p->tq, &p->tk, &p->tv, 0, 0, &p->to, &p->tl, &ko, p->ws, p->ws_bytes, &e)) {
         fprintf(stderr, "forward: %s\n", e.message);
         return -1;
     }
@@ -184,8 +185,9 @@ static int fwd(problem *p, int threads) {
 
 static int bwd(problem *p, int threads) {
     maskpack_error e;
-    if (maskpack_attention_backward_isa(p->L, &p->tdo, &p->tq, &p->tk, &p->tv, &p->to, &p->tl, 0, 0, &p->tdq, &p->tdk,
-                                        &p->tdv, p->isa, threads, p->ws, p->ws_bytes, &e)) {
+    const maskpack_kernel_options ko = {threads, p->isa};
+    if (maskpack_attention_backward(p->L, &p->tdo, &p->tq, &p->tk, &p->tv, &p->to, &p->tl, 0, 0, &p->tdq, &p->tdk,
+                                    &p->tdv, &ko, p->ws, p->ws_bytes, &e)) {
         fprintf(stderr, "backward: %s\n", e.message);
         return -1;
     }
@@ -461,24 +463,23 @@ int main(int argc, char **argv) {
     if (quick) reps = reps > 3 ? 3 : reps;
     if (reps < 1) reps = 1;
     if (threads < 1) threads = 1;
-    maskpack_attention_isa isa32, isa16;
+    maskpack_isa isa32, isa16;
     maskpack_error e;
-    if (maskpack_attention_select_isa(MASKPACK_F32, &isa32, &e) ||
-        maskpack_attention_select_isa(MASKPACK_BF16, &isa16, &e)) {
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa32, &e) ||
+        maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &isa16, &e)) {
         fprintf(stderr, "%s\n", e.message);
         return 1;
     }
     printf("maskpack %s attention benchmark: %d threads, %d alternating pairs per figure (medians; the ratio is "
            "the median of the per-pair ratios); kernels f32 %s, bf16 %s\n",
-           maskpack_version_string(), threads, reps, maskpack_attention_isa_name(isa32),
-           maskpack_attention_isa_name(isa16));
+           maskpack_version_string(), threads, reps, maskpack_isa_name(isa32), maskpack_isa_name(isa16));
     double peak = measure_peak(threads);
     printf("f32 FMA peak (register-resident %s FMA loop on %d threads): %.1f GFLOP/s\n",
            peak_isa_name(), threads, peak);
 #define WANT(item) ((only >> (item)) & 1u)
     torch_proc tp = {0};
     /* every item may ask torch except [4] without AMX (ours against ours only) */
-    if (use_torch && (WANT(1) || WANT(2) || WANT(3) || WANT(5) || (WANT(4) && isa16 == MASKPACK_ATTN_ISA_AMX))) {
+    if (use_torch && (WANT(1) || WANT(2) || WANT(3) || WANT(5) || (WANT(4) && isa16 == MASKPACK_ISA_AMX))) {
         printf("torch baselines: %s %s --serve --threads %d", python, script, threads);
         for (int i = 0; shape_args[i]; i++) printf(" %s", shape_args[i]);
         printf(", one run per request, alternating with ours\n");
@@ -502,7 +503,7 @@ int main(int argc, char **argv) {
         double gf = flops_full / r1.a / 1e9;
         update_peak(&peak, threads);
         printf("\n[1] f32 forward S=%lld D=%lld batch*heads=%lld, no mask (kernel %s)\n", (long long)S, (long long)D,
-               (long long)H, maskpack_attention_isa_name(isa32));
+               (long long)H, maskpack_isa_name(isa32));
         printf("  ours %.2f ms, %.1f GFLOP/s = %.1f%% of f32 peak (%.1f GFLOP/s, the best measured; target >= 50%%); torch SDPA %.2f ms -> %.2fx torch "
                "(target >= 1.0x; ratio of the medians %.2fx)\n",
                r1.a * 1e3, gf, 100 * gf / peak, peak, r1.b * 1e3, r1.ratio, r1.b / r1.a);
@@ -589,14 +590,15 @@ int main(int argc, char **argv) {
      * still timed, for information, but never judged against the AMX target). */
     if (!WANT(4)) {
         skipped(4);
-    } else if (isa16 != MASKPACK_ATTN_ISA_AMX) {
+    } else if (isa16 != MASKPACK_ISA_AMX) {
         printf("\n[4] bf16 forward on AMX: not measurable: this CPU has no AMX (bf16 runs on the %s kernel, "
-               "widened to f32)\n", maskpack_attention_isa_name(isa16));
+               "widened to f32)\n",
+               maskpack_isa_name(isa16));
         if (make_problem(&pb, one, 1, 0, H, D, MASKPACK_BF16, threads, 0)) return 1;
         side ours_bf16 = {run_ours, &pb, threads, 0, NULL, NULL};
         paired_result r4 = paired(&ours_bf16, 1, &ours_nomask, 1, reps);
-        printf("  for information: bf16 on %s %.2f ms = %.2fx our f32 forward (%.2f ms)\n",
-               maskpack_attention_isa_name(isa16), r4.a * 1e3, r4.ratio, r4.b * 1e3);
+        printf("  for information: bf16 on %s %.2f ms = %.2fx our f32 forward (%.2f ms)\n", maskpack_isa_name(isa16),
+               r4.a * 1e3, r4.ratio, r4.b * 1e3);
         verdict(0, 0);
         free_problem(&pb);
     } else {
@@ -605,7 +607,7 @@ int main(int argc, char **argv) {
         paired_result r4 = paired(&ours_bf16, 1, &ours_nomask, 1, reps);
         torch_side.name = "sdpa_fwd_nomask_bf16";
         paired_result r4t = paired(&ours_bf16, 1, &torch_side, 1, reps);
-        printf("\n[4] bf16 forward (%s), S=%lld D=%lld batch*heads=%lld, no mask\n", maskpack_attention_isa_name(isa16),
+        printf("\n[4] bf16 forward (%s), S=%lld D=%lld batch*heads=%lld, no mask\n", maskpack_isa_name(isa16),
                (long long)S, (long long)D, (long long)H);
         printf("  ours %.2f ms, %.1f GFLOP/s = %.2fx our f32 forward (%.2f ms; target >= 3x); torch SDPA bf16 %.2f ms -> "
                "%.2fx torch\n",

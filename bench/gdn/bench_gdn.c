@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
 
     /* the kernel AUTO runs here (MASKPACK_ISA respected) */
     maskpack_isa best = MASKPACK_ISA_REF;
-    if (maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &best, &e)) {
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &best, &e)) {
         fprintf(stderr, "isa: %s\n", e.message);
         return 1;
     }

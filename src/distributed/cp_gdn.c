@@ -911,9 +911,7 @@ static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack
     if (!st) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     int64_t s3[3] = {R.np, R.C, R.Wm1};
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
-    if (!s)
-        s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, MASKPACK_ISA_AUTO, team, y, &st_t, NULL, 0,
-                                      err);
+    if (!s) s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, NULL, team, y, &st_t, NULL, 0, err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
     s = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data, "conv states",
                            s, err);
@@ -949,8 +947,8 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     maskpack_tensor dst_t = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, s3);
     maskpack_tensor dpre_t = maskpack_tensor_contiguous(dpre, MASKPACK_F32, 3, s3);
     if (!s)
-        s = maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, MASKPACK_ISA_AUTO, team,
-                                               dx, dweight, &dpre_t, NULL, 0, err);
+        s = maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, NULL, team, dx,
+                                               dweight, &dpre_t, NULL, 0, err);
     if (!s && d_prefix) memset(d_prefix->data, 0, P->n_seq * R.tail * sizeof(float));
     /* each prefix column's gradient goes back where the column came from */
     const gdn_piece *mine = P->pieces + P->first[P->rank];

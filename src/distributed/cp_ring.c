@@ -429,8 +429,8 @@ static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_la
         for (int p = 0; p < RING_MAX_PARTS && !s; p++) {
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
-            s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, MASKPACK_ISA_AUTO, team,
-                                              NULL, 0, err);
+            s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, NULL, team, NULL, 0,
+                                              err);
             if (!s)
                 merge(out->data, lse_p, tmp_o, tmp_l, Lq->n_rows, Lq->q_width, Lq->packed, H, D);
         }
@@ -511,7 +511,7 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
             s = maskpack_attention_backward_on(P, dout, q, &kt, &vt, out, lse, scale, softcap, &dq_t, &dk_t, &dv_t,
-                                               MASKPACK_ISA_AUTO, team, NULL, 0, err);
+                                               NULL, team, NULL, 0, err);
             if (!s) {
                 add_into(dq->data, tmp_q, qb / sizeof(float));
                 add_into(gk, (const float *)tmp_kv, kb / sizeof(float));

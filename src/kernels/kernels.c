@@ -41,6 +41,13 @@ maskpack_status mp_kernel_pick(maskpack_kernel_family family, maskpack_dtype dty
     return MASKPACK_OK;
 }
 
+maskpack_kernel_options maskpack_kernel_options_default(void) {
+    maskpack_kernel_options o;
+    o.n_threads = 1;
+    o.isa = MASKPACK_ISA_AUTO;
+    return o;
+}
+
 maskpack_status maskpack_isa_resolve(maskpack_kernel_family family, maskpack_dtype dtype, maskpack_isa requested,
                                      maskpack_isa *resolved, maskpack_error *err) {
     MP_CHECK_NULL(err, resolved, "resolved");

@@ -58,6 +58,10 @@ static int check_count = 0;
         }                                                                                           \
     } while (0)
 
+/* The options of an attention or conv call: n threads, AUTO / n threads and an ISA. */
+#define OPTS_NT(n)       (&(maskpack_kernel_options){(n), MASKPACK_ISA_AUTO})
+#define OPTS_ISA(n, isa) (&(maskpack_kernel_options){(n), (isa)})
+
 static inline int check_report(const char *name) {
     if (check_failures)
         fprintf(stderr, "%s: %d of %d checks failed\n", name, check_failures, check_count);

@@ -25,7 +25,7 @@ static int p_rounded[4];
 static int not_run = 0;
 static char not_run_names[128] = "NOT RUN (this CPU lacks them):";
 
-/* The ISA the calls below run, chosen per call (maskpack_attention_forward_isa); the tests of
+/* The ISA the calls below run, chosen per call (maskpack_kernel_options.isa); the tests of
  * MASKPACK_ISA itself set the variable and run AUTO. */
 static maskpack_isa call_isa = MASKPACK_ISA_AUTO;
 static void use_isa(const char *name) {
@@ -33,10 +33,11 @@ static void use_isa(const char *name) {
     for (int i = 0; i < MASKPACK_ISA_COUNT_; i++)
         if (strcmp(name, maskpack_isa_name((maskpack_isa)i)) == 0) call_isa = (maskpack_isa)i;
 }
-#define attn_fwd(L, q, k, v, scale, cap, out, lse, threads, ws, bytes, err) \
-    maskpack_attention_forward_isa(L, q, k, v, scale, cap, out, lse, call_isa, threads, ws, bytes, err)
-#define attn_bwd(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, threads, ws, bytes, err) \
-    maskpack_attention_backward_isa(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, call_isa, threads, ws, bytes, err)
+#define attn_fwd(L, q, k, v, scale, cap, out, lse, threads, ws, bytes, err)                                            \
+    maskpack_attention_forward(L, q, k, v, scale, cap, out, lse, OPTS_ISA(threads, call_isa), ws, bytes, err)
+#define attn_bwd(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, threads, ws, bytes, err)                          \
+    maskpack_attention_backward(L, dout, q, k, v, out, lse, scale, cap, dq, dk, dv, OPTS_ISA(threads, call_isa), ws,   \
+                                bytes, err)
 /* (dtype) -> *isa the calls above run with call_isa */
 static maskpack_status select_cur(maskpack_dtype dt, maskpack_isa *isa, maskpack_error *e) {
     return maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, dt, call_isa, isa, e);
@@ -385,7 +386,7 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
     maskpack_tensor to = view_of(out, dt, p, 0, p->Hq), tl = lse_view(lse, p), tdo = view_of(dout, dt, p, 0, p->Hq);
     maskpack_tensor tdq = view_of(dq, dt, p, 0, p->Hq), tdk = view_of(dk, dt, p, 1, p->Hkv), tdv = view_of(dv, dt, p, 1, p->Hkv);
     size_t need = 0;
-    maskpack_status s = maskpack_attention_forward_workspace(p->L, &tq, &tk, &tv, threads, &need, e);
+    maskpack_status s = maskpack_attention_forward_workspace(p->L, &tq, &tk, &tv, OPTS_NT(threads), &need, e);
     void *ws = NULL;
     if (!s) {
         ws = malloc(need);
@@ -394,7 +395,7 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
     if (!s && grads) {
         free(ws);
         ws = NULL;
-        s = maskpack_attention_backward_workspace(p->L, &tq, &tk, &tv, threads, &need, e);
+        s = maskpack_attention_backward_workspace(p->L, &tq, &tk, &tv, OPTS_NT(threads), &need, e);
         if (!s) {
             ws = malloc(need);
             s = attn_bwd(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads,
@@ -1108,7 +1109,7 @@ static void test_bad_input(void) {
     /* workspace too small, or NULL with a size */
     {
         size_t need = 0;
-        CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tk, &tv, 2, &need, &e), e);
+        CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tk, &tv, OPTS_NT(2), &need, &e), e);
         CHECK(need > 0);
         char *ws = malloc(need);
         CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 2, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
@@ -1120,8 +1121,9 @@ static void test_bad_input(void) {
     call_isa = MASKPACK_ISA_AUTO;
     CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "MASKPACK_ISA");
-    maskpack_attention_isa isa;
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    maskpack_isa isa;
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
     unsetenv("MASKPACK_ISA");
     call_isa = (maskpack_isa)17;
     CHECK_STATUS(attn_fwd(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
@@ -1333,25 +1335,26 @@ static void test_threads_deterministic(void) {
 
 static void test_isa_selection(void) {
     maskpack_error e;
-    maskpack_attention_isa isa;
+    maskpack_isa isa;
     unsetenv("MASKPACK_ISA");
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_F32, &isa, &e), e);
-    maskpack_attention_isa auto_f32 = isa;
-    CHECK(isa == MASKPACK_ATTN_ISA_REF || isa == MASKPACK_ATTN_ISA_AVX2 || isa == MASKPACK_ATTN_ISA_AVX512);
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F64, &isa, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa, &e), e);
+    maskpack_isa auto_f32 = isa;
+    CHECK(isa == MASKPACK_ISA_REF || isa == MASKPACK_ISA_AVX2 || isa == MASKPACK_ISA_AVX512);
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F64, MASKPACK_ISA_AUTO, &isa, &e),
+                 MASKPACK_ERR_DTYPE, e);
     use_isa("ref");
     CHECK_OK(select_cur(MASKPACK_BF16, &isa, &e), e);
-    CHECK(isa == MASKPACK_ATTN_ISA_REF);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX2), "avx2") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX512), "avx512") == 0);
+    CHECK(isa == MASKPACK_ISA_REF);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AMX), "amx") == 0);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AVX2), "avx2") == 0);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AVX512), "avx512") == 0);
     /* which kernels this machine has decides isas; a forced one it lacks is an error */
     int has_avx2 = 0, has_avx512 = 0;
     use_isa("avx2");
     if (select_cur(MASKPACK_F32, &isa, &e) == MASKPACK_OK) {
-        CHECK(isa == MASKPACK_ATTN_ISA_AVX2);
+        CHECK(isa == MASKPACK_ISA_AVX2);
         CHECK_OK(select_cur(MASKPACK_BF16, &isa, &e), e);
-        CHECK(isa == MASKPACK_ATTN_ISA_AVX2); /* bf16 too (widened) */
+        CHECK(isa == MASKPACK_ISA_AVX2); /* bf16 too (widened) */
         isas[n_isas++] = "avx2";
         has_avx2 = 1;
     } else {
@@ -1366,7 +1369,7 @@ static void test_isa_selection(void) {
         maskpack_status s = select_cur(MASKPACK_BF16, &isa, &e);
         if (s == MASKPACK_OK) {
             isas[n_isas++] = "amx";
-            CHECK(isa == MASKPACK_ATTN_ISA_AMX);
+            CHECK(isa == MASKPACK_ISA_AMX);
         } else {
             CHECK_EQ(s, MASKPACK_ERR_UNSUPPORTED);
             CHECK_MSG(e, "amx"); /* names the ISA and what the CPU lacks */
@@ -1376,7 +1379,7 @@ static void test_isa_selection(void) {
         CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
     }
     /* automatic order: avx512 > avx2 > ref for f32 */
-    CHECK(auto_f32 == (has_avx512 ? MASKPACK_ATTN_ISA_AVX512 : has_avx2 ? MASKPACK_ATTN_ISA_AVX2 : MASKPACK_ATTN_ISA_REF));
+    CHECK(auto_f32 == (has_avx512 ? MASKPACK_ISA_AVX512 : has_avx2 ? MASKPACK_ISA_AVX2 : MASKPACK_ISA_REF));
     printf("test_attention: kernels on this machine:");
     for (int x = 0; x < n_isas; x++) printf(" %s", isas[x]);
     printf("\n");

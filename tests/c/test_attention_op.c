@@ -136,15 +136,15 @@ static maskpack_status run(const prob *p, int how, maskpack_isa isa, int n_threa
     const double scale = 0.11, cap = 0;
     maskpack_status s;
     if (how == PLAIN) {
-        s = maskpack_attention_forward_isa(p->L, &q, &k, &v, scale, cap, &out, &lse, isa, n_threads, NULL, 0, e);
+        s = maskpack_attention_forward(p->L, &q, &k, &v, scale, cap, &out, &lse, OPTS_ISA(n_threads, isa), NULL, 0, e);
         if (!s)
-            s = maskpack_attention_backward_isa(p->L, &dout, &q, &k, &v, &out, &lse, scale, cap, &dq, &dk, &dv, isa,
-                                                n_threads, NULL, 0, e);
+            s = maskpack_attention_backward(p->L, &dout, &q, &k, &v, &out, &lse, scale, cap, &dq, &dk, &dv,
+                                            OPTS_ISA(n_threads, isa), NULL, 0, e);
     } else if (how == ON) {
-        s = maskpack_attention_forward_on(p->L, &q, &k, &v, scale, cap, &out, &lse, isa, team, NULL, 0, e);
+        s = maskpack_attention_forward_on(p->L, &q, &k, &v, scale, cap, &out, &lse, OPTS_ISA(1, isa), team, NULL, 0, e);
         if (!s)
-            s = maskpack_attention_backward_on(p->L, &dout, &q, &k, &v, &out, &lse, scale, cap, &dq, &dk, &dv, isa,
-                                               team, NULL, 0, e);
+            s = maskpack_attention_backward_on(p->L, &dout, &q, &k, &v, &out, &lse, scale, cap, &dq, &dk, &dv,
+                                               OPTS_ISA(1, isa), team, NULL, 0, e);
     } else {
         s = maskpack_attention_op_forward(op, &q, &k, &v, scale, cap, &out, &lse, team, ws, ws_bytes, e);
         if (!s)
@@ -179,7 +179,7 @@ static void op_equals_plain(const maskpack_layout *L, int64_t Hq, int64_t Hkv, i
                 outs want = outs_new(&p, 0xA5);
                 CHECK_OK(run(&p, PLAIN, ks[x].isa, nt, NULL, NULL, NULL, 0, &want, &e), e);
                 maskpack_attention_op *op = NULL;
-                CHECK_OK(maskpack_attention_op_create(L, Hq, Hkv, D, dt, ks[x].isa, nt, &op, &e), e);
+                CHECK_OK(maskpack_attention_op_create(L, Hq, Hkv, D, dt, OPTS_ISA(nt, ks[x].isa), &op, &e), e);
                 size_t fb = 0, bb = 0;
                 CHECK_OK(maskpack_attention_op_workspace_size(op, 0, &fb, &e), e);
                 CHECK_OK(maskpack_attention_op_workspace_size(op, 1, &bb, &e), e);
@@ -253,7 +253,7 @@ static void test_refusals(void) {
     prob p = make(L, 4, 2, 32, MASKPACK_F32);
     maskpack_error e;
     maskpack_attention_op *op = NULL;
-    CHECK_OK(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_F32, MASKPACK_ISA_REF, 2, &op, &e), e);
+    CHECK_OK(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_F32, OPTS_ISA(2, MASKPACK_ISA_REF), &op, &e), e);
     maskpack_tensor q = grid(&p, p.q, 0, 4), k = grid(&p, p.k, 1, 2), v = grid(&p, p.v, 1, 2);
 
     /* a workspace one byte short: the size needed named, nothing written (forward and backward) */
@@ -318,14 +318,14 @@ static void test_refusals(void) {
 
     /* creation: bad arguments, and an ISA this CPU lacks */
     maskpack_attention_op *bad = NULL;
-    CHECK_STATUS(maskpack_attention_op_create(L, 4, 3, 32, MASKPACK_F32, MASKPACK_ISA_REF, 1, &bad, &e),
+    CHECK_STATUS(maskpack_attention_op_create(L, 4, 3, 32, MASKPACK_F32, OPTS_ISA(1, MASKPACK_ISA_REF), &bad, &e),
                  MASKPACK_ERR_SHAPE, e);
-    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 0, MASKPACK_F32, MASKPACK_ISA_REF, 1, &bad, &e),
+    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 0, MASKPACK_F32, OPTS_ISA(1, MASKPACK_ISA_REF), &bad, &e),
                  MASKPACK_ERR_UNSUPPORTED, e);
-    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_I32, MASKPACK_ISA_REF, 1, &bad, &e),
+    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_I32, OPTS_ISA(1, MASKPACK_ISA_REF), &bad, &e),
                  MASKPACK_ERR_DTYPE, e);
-    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_F32, MASKPACK_ISA_REF, MASKPACK_MAX_THREADS + 1,
-                                              &bad, &e),
+    CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, MASKPACK_F32,
+                                              OPTS_ISA(MASKPACK_MAX_THREADS + 1, MASKPACK_ISA_REF), &bad, &e),
                  MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(bad == NULL);
     maskpack_kernel_info ks[32];
@@ -335,8 +335,8 @@ static void test_refusals(void) {
     for (size_t x = 0; x < nk && x < 32; x++) {
         if (ks[x].family != MASKPACK_KERNEL_ATTENTION || ks[x].available) continue;
         maskpack_dtype dt = (ks[x].dtypes & (1u << MASKPACK_BF16)) ? MASKPACK_BF16 : MASKPACK_F32;
-        CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, dt, ks[x].isa, 1, &bad, &e), MASKPACK_ERR_UNSUPPORTED,
-                     e);
+        CHECK_STATUS(maskpack_attention_op_create(L, 4, 2, 32, dt, OPTS_ISA(1, ks[x].isa), &bad, &e),
+                     MASKPACK_ERR_UNSUPPORTED, e);
         CHECK_MSG(e, maskpack_isa_name(ks[x].isa));
         CHECK(bad == NULL);
         lacked++;
@@ -344,12 +344,13 @@ static void test_refusals(void) {
     if (!lacked) printf("test_attention_op: this CPU runs every attention kernel (the unsupported-ISA refusal is not reached)\n");
 
     /* the plain calls' one thread limit: above MASKPACK_MAX_THREADS is refused, never clamped */
-    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0, 0, &out, &lse, MASKPACK_MAX_THREADS + 1, NULL, 0, &e),
-                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(
+        maskpack_attention_forward(L, &q, &k, &v, 0, 0, &out, &lse, OPTS_NT(MASKPACK_MAX_THREADS + 1), NULL, 0, &e),
+        MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "n_threads: expected in [1, 256]");
     size_t w64 = 0, w100 = 0;
-    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, 64, &w64, &e), e);
-    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, 100, &w100, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, OPTS_NT(64), &w64, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, OPTS_NT(100), &w100, &e), e);
     CHECK(w100 > w64); /* 100 threads get 100 areas (no silent clamp to 64) */
     CHECK(untouched(&p, &o, 0x33));
 

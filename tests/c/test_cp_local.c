@@ -350,8 +350,9 @@ static void run_ranks(int n) {
     maskpack_tensor to = maskpack_tensor_contiguous(out, MASKPACK_F32, 3, aq), tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, al);
     maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, aq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, ak);
     maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, ak);
-    CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, 1, NULL, 0, &e), e);
-    CHECK_OK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 1, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, NULL, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, NULL, NULL, 0, &e),
+             e);
     base.q = q, base.k = k, base.v = v, base.dout = dout, base.out = out, base.lse = lse, base.dq = dq, base.dk = dk;
     base.dv = dv;
     /* gated delta rule reference */
@@ -390,8 +391,8 @@ static void run_ranks(int n) {
     maskpack_tensor cds = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, sp), cy = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
     maskpack_tensor cst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp), cdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx);
     maskpack_tensor cdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw), cdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
-    CHECK_OK(maskpack_causal_conv1d(L, &cx, &cw, &cp, 1, 1, &cy, &cst, &e), e);
-    CHECK_OK(maskpack_causal_conv1d_backward(L, &cx, &cw, &cp, 1, &cdy, &cds, 1, &cdx, &cdw, &cdp, &e), e);
+    CHECK_OK(maskpack_causal_conv1d(L, &cx, &cw, &cp, 1, NULL, &cy, &cst, &e), e);
+    CHECK_OK(maskpack_causal_conv1d_backward(L, &cx, &cw, &cp, 1, &cdy, &cds, NULL, &cdx, &cdw, &cdp, &e), e);
     base.x = x, base.w = w, base.pre = pre, base.dy = dy, base.dst = dst, base.y = y, base.st = st, base.dx = dx;
     base.dw = dw, base.dp = dp;
     /* the ranks */

@@ -82,40 +82,36 @@ static void test_dispatch(void) {
     const unsigned f = mp_cpu_features();
     const int amx = mp_cpu_has_amx();
     maskpack_error e;
-    maskpack_attention_isa a;
-    maskpack_gdn_isa g;
+    maskpack_isa a;
+    maskpack_isa g;
     unsetenv("MASKPACK_ISA");
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_F32, &a, &e), e);
-    CHECK_EQ(a, (f & MP_CPU_AVX512) ? MASKPACK_ATTN_ISA_AVX512
-                : (f & MP_CPU_AVX2) ? MASKPACK_ATTN_ISA_AVX2
-                                    : MASKPACK_ATTN_ISA_REF);
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &a, &e), e);
-    CHECK_EQ(a, (f & MP_CPU_AVX512) ? (amx ? MASKPACK_ATTN_ISA_AMX : MASKPACK_ATTN_ISA_AVX512)
-                : (f & MP_CPU_AVX2) ? MASKPACK_ATTN_ISA_AVX2
-                                    : MASKPACK_ATTN_ISA_REF);
-    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &g, &e), e);
-    CHECK_EQ(g, (f & MP_CPU_AVX512) ? MASKPACK_GDN_ISA_AVX512
-                : (f & MP_CPU_AVX2) ? MASKPACK_GDN_ISA_AVX2
-                                    : MASKPACK_GDN_ISA_REF);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &a, &e), e);
+    CHECK_EQ(a, (f & MP_CPU_AVX512) ? MASKPACK_ISA_AVX512 : (f & MP_CPU_AVX2) ? MASKPACK_ISA_AVX2 : MASKPACK_ISA_REF);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &a, &e), e);
+    CHECK_EQ(a, (f & MP_CPU_AVX512) ? (amx ? MASKPACK_ISA_AMX : MASKPACK_ISA_AVX512)
+                : (f & MP_CPU_AVX2) ? MASKPACK_ISA_AVX2
+                                    : MASKPACK_ISA_REF);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &g, &e), e);
+    CHECK_EQ(g, (f & MP_CPU_AVX512) ? MASKPACK_ISA_AVX512 : (f & MP_CPU_AVX2) ? MASKPACK_ISA_AVX2 : MASKPACK_ISA_REF);
 
     setenv("MASKPACK_ISA", "avx512", 1);
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, &a, &e),
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &a, &e),
                  (f & MP_CPU_AVX512) ? MASKPACK_OK : MASKPACK_ERR_UNSUPPORTED, e);
-    CHECK_STATUS(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &g, &e),
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &g, &e),
                  (f & MP_CPU_AVX512) ? MASKPACK_OK : MASKPACK_ERR_UNSUPPORTED, e);
     setenv("MASKPACK_ISA", "avx2", 1);
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, &a, &e),
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &a, &e),
                  (f & MP_CPU_AVX2) ? MASKPACK_OK : MASKPACK_ERR_UNSUPPORTED, e);
-    if (f & MP_CPU_AVX2) CHECK_EQ(a, MASKPACK_ATTN_ISA_AVX2);
-    CHECK_STATUS(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &g, &e),
+    if (f & MP_CPU_AVX2) CHECK_EQ(a, MASKPACK_ISA_AVX2);
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &g, &e),
                  (f & MP_CPU_AVX2) ? MASKPACK_OK : MASKPACK_ERR_UNSUPPORTED, e);
-    if (f & MP_CPU_AVX2) CHECK_EQ(g, MASKPACK_GDN_ISA_AVX2);
+    if (f & MP_CPU_AVX2) CHECK_EQ(g, MASKPACK_ISA_AVX2);
     setenv("MASKPACK_ISA", "amx", 1);
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_BF16, &a, &e),
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &a, &e),
                  ((f & MP_CPU_AVX512) && amx) ? MASKPACK_OK : MASKPACK_ERR_UNSUPPORTED, e);
     setenv("MASKPACK_ISA", "ref", 1);
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_F32, &a, &e), e);
-    CHECK_EQ(a, MASKPACK_ATTN_ISA_REF);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &a, &e), e);
+    CHECK_EQ(a, MASKPACK_ISA_REF);
     unsetenv("MASKPACK_ISA");
 }
 
@@ -141,14 +137,14 @@ static maskpack_status run_family(maskpack_kernel_family fam, maskpack_isa isa, 
     maskpack_tensor ty = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
     maskpack_status st = MASKPACK_ERR_INVALID_ARGUMENT;
     if (fam == MASKPACK_KERNEL_ATTENTION) {
-        st = maskpack_attention_forward_isa(L, &tq, &tk, &tv, 0, 0, &to, &tl, isa, 1, NULL, 0, e);
+        st = maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, OPTS_ISA(1, isa), NULL, 0, e);
     } else if (fam == MASKPACK_KERNEL_GDN) {
         maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, NULL};
         maskpack_gdn_options op = maskpack_gdn_options_default();
         op.isa = isa;
         st = maskpack_gdn_forward(L, &in, &op, &to, NULL, NULL, 0, e);
     } else {
-        st = maskpack_causal_conv1d_isa(L, &tx, &tw, NULL, 1, isa, 1, &ty, NULL, e);
+        st = maskpack_causal_conv1d(L, &tx, &tw, NULL, 1, OPTS_ISA(1, isa), &ty, NULL, e);
     }
     maskpack_layout_free(L);
     return st;
@@ -165,9 +161,6 @@ static void test_one_vocabulary(void) {
     CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AUTO), "auto") == 0);
     CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AVX512_BF16), "avx512_bf16") == 0);
     CHECK(strcmp(maskpack_isa_name((maskpack_isa)99), "unknown") == 0);
-    /* the former names are the same values */
-    CHECK_EQ(MASKPACK_GDN_ISA_AVX512, MASKPACK_ATTN_ISA_AVX512);
-    CHECK_EQ(MASKPACK_GDN_ISA_AVX2, MASKPACK_ATTN_ISA_AVX2);
     const struct {
         maskpack_isa isa;
         int has;

@@ -237,7 +237,7 @@ static maskpack_gdn_inputs case_inputs(const gcase *c) {
     return in;
 }
 
-static maskpack_gdn_options opts_of(maskpack_gdn_isa isa, int chunked, int threads) {
+static maskpack_gdn_options opts_of(maskpack_isa isa, int chunked, int threads) {
     maskpack_gdn_options o = maskpack_gdn_options_default();
     o.isa = isa;
     o.chunked = chunked;
@@ -245,7 +245,7 @@ static maskpack_gdn_options opts_of(maskpack_gdn_isa isa, int chunked, int threa
     return o;
 }
 
-static maskpack_status case_forward(gcase *c, maskpack_gdn_isa isa, int chunked, int threads) {
+static maskpack_status case_forward(gcase *c, maskpack_isa isa, int chunked, int threads) {
     maskpack_gdn_inputs in = case_inputs(c);
     maskpack_gdn_options o = opts_of(isa, chunked, threads);
     maskpack_error e;
@@ -352,26 +352,26 @@ static double case_vs_naive(const gcase *c) {
 
 /* whether the library runs the AVX-512 kernel here: on an AVX-512 CPU, or in the emulated test build */
 static int have_avx512(void) {
-    maskpack_gdn_isa r;
+    maskpack_isa r;
     maskpack_error err;
-    return maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX512, &r, &err) == MASKPACK_OK;
+    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AVX512, &r, &err) == MASKPACK_OK;
 }
 static int have_avx2(void) { return mp_cpu_has_avx2(); }
 
 /* The kernels this CPU runs, the reference first (then AVX-512, AVX2 when present): every
  * per-ISA test runs on each of them. Returns the count (1..3). */
 #define N_ISA_MAX 3
-static int isa_list(maskpack_gdn_isa out[N_ISA_MAX]) {
+static int isa_list(maskpack_isa out[N_ISA_MAX]) {
     int n = 0;
-    out[n++] = MASKPACK_GDN_ISA_REF;
-    if (have_avx512()) out[n++] = MASKPACK_GDN_ISA_AVX512;
-    if (have_avx2()) out[n++] = MASKPACK_GDN_ISA_AVX2;
+    out[n++] = MASKPACK_ISA_REF;
+    if (have_avx512()) out[n++] = MASKPACK_ISA_AVX512;
+    if (have_avx2()) out[n++] = MASKPACK_ISA_AVX2;
     return n;
 }
 
 /* The fastest kernel here (the one AUTO picks): AVX-512 > AVX2 > REF. */
-static maskpack_gdn_isa best_isa(void) {
-    return have_avx512() ? MASKPACK_GDN_ISA_AVX512 : have_avx2() ? MASKPACK_GDN_ISA_AVX2 : MASKPACK_GDN_ISA_REF;
+static maskpack_isa best_isa(void) {
+    return have_avx512() ? MASKPACK_ISA_AVX512 : have_avx2() ? MASKPACK_ISA_AVX2 : MASKPACK_ISA_REF;
 }
 
 typedef void (*gemm_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t, float *,
@@ -542,7 +542,9 @@ static void test_primitives(void) {
     for (size_t i = 0; i < n; i++) {
         maskpack_isa r;
         maskpack_error e;
-        if (!K[i].transpose || maskpack_gdn_resolve_isa(K[i].desc.isa, &r, &e) != MASKPACK_OK) continue;
+        if (!K[i].transpose ||
+            maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, K[i].desc.isa, &r, &e) != MASKPACK_OK)
+            continue;
         test_primitives_of(maskpack_isa_name(K[i].desc.isa), K[i].gemm, K[i].transpose, K[i].expv);
         any = 1;
     }
@@ -558,7 +560,7 @@ static void test_forward_forms(void) {
     dims d = {2, 4, 32, 24}; /* V = 24: padded internally to 32 */
     maskpack_layout *L = lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 0);
     if (!L) return;
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     gcase rec[N_ISA_MAX], chk[N_ISA_MAX];
     for (int i = 0; i < N_ISA_MAX; i++) {
@@ -594,7 +596,7 @@ static void test_forward_forms(void) {
         dims d2 = {1, 3, 20, 16};
         gcase a = case_make(L, d2, 11, 0), b = case_make(L, d2, 11, 0);
         maskpack_gdn_inputs in = case_inputs(&a);
-        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+        maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
         o.l2norm = 0;
         o.scale = 0.5;
         maskpack_error e;
@@ -619,7 +621,7 @@ static void test_forward_forms(void) {
      * in one pass, the last 16 columns under a mask) and with K = 16: against the double recurrence */
     {
         const dims ds[2] = {{1, 2, 37, 16}, {2, 2, 16, 16}};
-        maskpack_gdn_isa isas2[N_ISA_MAX];
+        maskpack_isa isas2[N_ISA_MAX];
         const int n2 = isa_list(isas2);
         for (int ii = 0; ii < n2; ii++)
             for (int j = 0; j < 2; j++) {
@@ -643,7 +645,7 @@ static void test_layout_invariance(void) {
                               lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 200)};
     for (int i = 0; i < 4; i++)
         if (!Ls[i]) return;
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     for (int ii = 0; ii < n_isa; ii++)
         for (int chunked = 0; chunked <= 1; chunked++) {
@@ -701,7 +703,7 @@ static void test_strides(void) {
     maskpack_layout *L = lay_lengths(lens, 2, MASKPACK_PLACE_PACKED, 0);
     if (!L) return;
     gcase a = case_make(L, d, 5, 1);
-    CHECK_OK(case_forward(&a, MASKPACK_GDN_ISA_AUTO, 1, 1), (maskpack_error){0});
+    CHECK_OK(case_forward(&a, MASKPACK_ISA_AUTO, 1, 1), (maskpack_error){0});
     /* q and k interleaved in one buffer [T, 2, H, K] -> views with token stride 2*H*K */
     int64_t T = 75, hk = d.H * d.K;
     float *qk = malloc((size_t)(T * 2 * hk) * 4);
@@ -731,7 +733,7 @@ static void test_strides(void) {
     in.q = &qv;
     in.k = &kv;
     in.initial_state = &h0v;
-    maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+    maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
     maskpack_error e;
     CHECK_OK(maskpack_gdn_forward(L, &in, &o, &b.o.t, &b.ht.t, NULL, 0, &e), e);
     CHECK(case_same_bits(&a, &b));
@@ -778,14 +780,14 @@ static void test_bf16(void) {
         bt[i].data = bf[i];
         bt[i].dtype = MASKPACK_BF16;
     }
-    CHECK_OK(case_forward(&a, MASKPACK_GDN_ISA_AUTO, 1, 1), (maskpack_error){0});
+    CHECK_OK(case_forward(&a, MASKPACK_ISA_AUTO, 1, 1), (maskpack_error){0});
     int64_t n_o = mp_numel(&a.o.t);
     uint16_t *ob = malloc((size_t)n_o * 2);
     maskpack_tensor ot = a.o.t;
     ot.data = ob;
     ot.dtype = MASKPACK_BF16;
     maskpack_gdn_inputs in = {&bt[0], &bt[1], &bt[2], &bt[3], &bt[4], &a.h0.t};
-    maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+    maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
     maskpack_error e;
     float *ht2 = malloc((size_t)(2 * a.ht.per) * 4);
     maskpack_tensor htt = a.ht.t;
@@ -812,7 +814,7 @@ static void test_continuation(void) {
     gcase w = case_make(Lw, d, 21, 1);
     const int64_t cuts[3] = {128, 100, 64};
     for (int chunked = 0; chunked <= 1; chunked++) {
-        CHECK_OK(case_forward(&w, MASKPACK_GDN_ISA_AUTO, chunked, 1), (maskpack_error){0});
+        CHECK_OK(case_forward(&w, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
         for (int ci = 0; ci < 3; ci++) {
             const int64_t cut = cuts[ci], l1[1] = {cut}, l2[1] = {200 - cut};
             maskpack_layout *L1 = lay_lengths(l1, 1, MASKPACK_PLACE_PACKED, 0), *L2 = lay_lengths(l2, 1, MASKPACK_PLACE_PACKED, 0);
@@ -821,9 +823,9 @@ static void test_continuation(void) {
             ttensor *src[5] = {&w.q, &w.k, &w.v, &w.g, &w.beta}, *dst[5] = {&b.q, &b.k, &b.v, &b.g, &b.beta};
             for (int i = 0; i < 5; i++)
                 memcpy(dst[i]->data, src[i]->data + cut * src[i]->per_token, (size_t)((200 - cut) * src[i]->per_token) * 4);
-            CHECK_OK(case_forward(&a, MASKPACK_GDN_ISA_AUTO, chunked, 1), (maskpack_error){0});
+            CHECK_OK(case_forward(&a, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
             memcpy(b.h0.data, a.ht.data, (size_t)a.ht.per * 4);
-            CHECK_OK(case_forward(&b, MASKPACK_GDN_ISA_AUTO, chunked, 1), (maskpack_error){0});
+            CHECK_OK(case_forward(&b, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
             int bits = memcmp(a.o.data, w.o.data, (size_t)(cut * a.o.per_token) * 4) == 0 &&
                        memcmp(b.o.data, w.o.data + cut * w.o.per_token, (size_t)((200 - cut) * b.o.per_token) * 4) == 0 &&
                        memcmp(b.ht.data, w.ht.data, (size_t)w.ht.per * 4) == 0;
@@ -888,7 +890,7 @@ static void test_backward(void) {
     tok_fill(L, &dO, T_DO, 31);
     stensor dht = st_alloc(5, 3, sd, T_DHT, 31);
     maskpack_gdn_inputs in = case_inputs(&c);
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     ttensor gq[N_ISA_MAX], gk[N_ISA_MAX], gv[N_ISA_MAX], gg[N_ISA_MAX], gb[N_ISA_MAX];
     stensor gh[N_ISA_MAX];
@@ -1106,8 +1108,8 @@ static int grads_match(const grads_set *a, const grads_set *b, int by_value, int
 }
 
 /* Backward of case c with `slots` state buffers per value head (0 = the default). */
-static void run_bwd_slots(gcase *c, const ttensor *dO, const stensor *dht, maskpack_gdn_isa isa, int threads,
-                          int slots, grads_set *g, int own_ws) {
+static void run_bwd_slots(gcase *c, const ttensor *dO, const stensor *dht, maskpack_isa isa, int threads, int slots,
+                          grads_set *g, int own_ws) {
     maskpack_gdn_inputs in = case_inputs(c);
     maskpack_gdn_grads gr = {&g->q.t, &g->k.t, &g->v.t, &g->g.t, &g->b.t, &g->h.t};
     maskpack_gdn_options o = opts_of(isa, 1, threads);
@@ -1141,7 +1143,7 @@ static void test_backward_revolve(void) {
     ttensor dO = tok_alloc(L, 2, vd);
     tok_fill(L, &dO, T_DO, 57);
     stensor dht = st_alloc(10, 3, sd, T_DHT, 57);
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     const int slots[6] = {0, 2, 3, 4, 5, 17};
     for (int ii = 0; ii < n_isa; ii++) {
@@ -1162,7 +1164,7 @@ static void test_backward_revolve(void) {
         grads_set g = grads_alloc(L, d);
         maskpack_gdn_inputs in = case_inputs(&c);
         maskpack_gdn_grads gr = {&g.q.t, &g.k.t, &g.v.t, &g.g.t, &g.b.t, &g.h.t};
-        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, 1);
+        maskpack_gdn_options o = opts_of(MASKPACK_ISA_REF, 1, 1);
         maskpack_error e;
         CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, 1, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
         CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, GDN_BWD_MAX_SLOTS + 1, &e),
@@ -1186,7 +1188,7 @@ static void test_backward_revolve(void) {
         ttensor dOl = tok_alloc(Ll, 2, vl);
         tok_fill(Ll, &dOl, T_DO, 58);
         stensor dhtl = st_alloc(1, 3, sl, T_DHT, 58);
-        const maskpack_gdn_isa isa = best_isa();
+        const maskpack_isa isa = best_isa();
         grads_set a = grads_alloc(Ll, dl), b2 = grads_alloc(Ll, dl);
         run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, 0, &a, 1);
         run_bwd_slots(&cl, &dOl, &dhtl, isa, 1, GDN_BWD_MAX_SLOTS, &b2, 0);
@@ -1221,7 +1223,7 @@ static void test_backward_zero_initial_state(void) {
     ttensor dO = tok_alloc(L, 2, vd);
     tok_fill(L, &dO, T_DO, 61);
     stensor dht = st_alloc(5, 3, sd, T_DHT, 61);
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     for (int ii = 0; ii < n_isa; ii++)
         for (int want_dh = 0; want_dh < 2; want_dh++) {
@@ -1272,10 +1274,10 @@ static void test_workspace_constant(void) {
         maskpack_gdn_inputs in = {&q, &k, &v, &g, &b, NULL};
         maskpack_error e;
         for (int t = 0; t < 2; t++) {
-            maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, t + 1);
+            maskpack_gdn_options o = opts_of(MASKPACK_ISA_REF, 1, t + 1);
             CHECK_OK(maskpack_gdn_workspace_size(L, &in, &o, 1, &bytes[li][t], &e), e);
         }
-        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_REF, 1, 1);
+        maskpack_gdn_options o = opts_of(MASKPACK_ISA_REF, 1, 1);
         CHECK_OK(maskpack_gdn_workspace_size(L, &in, &o, 0, &fwd[li], &e), e);
         maskpack_layout_free(L);
     }
@@ -1312,7 +1314,7 @@ static void test_op_and_team(void) {
     ttensor dO = tok_alloc(L, 2, vd);
     tok_fill(L, &dO, T_DO, 5);
     stensor dht = st_alloc((int64_t)N, 3, sd, T_DHT, 5);
-    maskpack_gdn_isa isas[N_ISA_MAX];
+    maskpack_isa isas[N_ISA_MAX];
     const int n_isa = isa_list(isas);
     for (int ii = 0; ii < n_isa; ii++)
         for (int chunked = 0; chunked < 2; chunked++) {
@@ -1419,15 +1421,15 @@ static void test_conv_team(void) {
         float *dw = calloc((size_t)(C * W), 4);
         maskpack_tensor tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, ws_);
         if (k == 0) {
-            CHECK_OK(maskpack_causal_conv1d(L, &x.t, &tw, &pre.t, 1, 1, &y.t, &st.t, &e), e);
-            CHECK_OK(maskpack_causal_conv1d_backward(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, 1, &dx.t, &tdw, &dpre.t, &e),
-                     e);
+            CHECK_OK(maskpack_causal_conv1d(L, &x.t, &tw, &pre.t, 1, NULL, &y.t, &st.t, &e), e);
+            CHECK_OK(
+                maskpack_causal_conv1d_backward(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, NULL, &dx.t, &tdw, &dpre.t, &e),
+                e);
         } else {
             maskpack_workers *t = k == 1 ? team : NULL;
-            CHECK_OK(maskpack_causal_conv1d_on(L, &x.t, &tw, &pre.t, 1, MASKPACK_ISA_AUTO, t, &y.t, &st.t, NULL, 0, &e),
-                     e);
-            CHECK_OK(maskpack_causal_conv1d_backward_on(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, MASKPACK_ISA_AUTO, t,
-                                                        &dx.t, &tdw, &dpre.t, NULL, 0, &e),
+            CHECK_OK(maskpack_causal_conv1d_on(L, &x.t, &tw, &pre.t, 1, NULL, t, &y.t, &st.t, NULL, 0, &e), e);
+            CHECK_OK(maskpack_causal_conv1d_backward_on(L, &x.t, &tw, &pre.t, 1, &dy.t, &st.t, NULL, t, &dx.t, &tdw,
+                                                        &dpre.t, NULL, 0, &e),
                      e);
         }
         static float *ref[5];
@@ -1460,7 +1462,7 @@ static void test_task_order(void) {
     const int64_t lens[9] = {64, 64, 64, 64, 100, 64, 64, 64, 5};
     maskpack_layout *L = lay_lengths(lens, 9, MASKPACK_PLACE_PACKED, 0);
     if (!L) return;
-    const maskpack_gdn_isa isa = best_isa();
+    const maskpack_isa isa = best_isa();
     gcase base = case_make(L, d, 77, 1);
     CHECK_OK(case_forward(&base, isa, 1, 1), (maskpack_error){0});
     const int threads[3] = {2, 3, 4};
@@ -1516,8 +1518,11 @@ static void test_conv_c(int64_t C) {
                 maskpack_tensor wt = maskpack_tensor_contiguous(wd, MASKPACK_F32, 2, wsh);
                 stensor pre = st_alloc(6, 2, pd, T_PRE, (uint64_t)W), st = st_alloc(6, 2, pd, 0, 0), st2 = st_alloc(6, 2, pd, 0, 0);
                 maskpack_error e;
-                CHECK_OK(maskpack_causal_conv1d(Lr, &x.t, &wt, with_pre ? &pre.t : NULL, silu, 2, &y.t, &st.t, &e), e);
-                CHECK_OK(maskpack_causal_conv1d(Lp, &xp.t, &wt, with_pre ? &pre.t : NULL, silu, 1, &yp.t, &st2.t, &e), e);
+                CHECK_OK(
+                    maskpack_causal_conv1d(Lr, &x.t, &wt, with_pre ? &pre.t : NULL, silu, OPTS_NT(2), &y.t, &st.t, &e),
+                    e);
+                CHECK_OK(
+                    maskpack_causal_conv1d(Lp, &xp.t, &wt, with_pre ? &pre.t : NULL, silu, NULL, &yp.t, &st2.t, &e), e);
                 CHECK(pads_zero(Lr, &y));
                 CHECK(memcmp(st.data, st2.data, (size_t)(6 * st.per) * 4) == 0);
                 double worst = 0;
@@ -1550,8 +1555,8 @@ static void test_conv_c(int64_t C) {
                 stensor dst = st_alloc(6, 2, pd, T_DST, (uint64_t)W), dpre = st_alloc(6, 2, pd, 0, 0);
                 float *dwd = malloc((size_t)(C * W) * 4);
                 maskpack_tensor dwt = maskpack_tensor_contiguous(dwd, MASKPACK_F32, 2, wsh);
-                CHECK_OK(maskpack_causal_conv1d_backward(Lr, &x.t, &wt, with_pre ? &pre.t : NULL, silu, &dy.t, &dst.t, 2,
-                                                         &dx.t, &dwt, &dpre.t, &e),
+                CHECK_OK(maskpack_causal_conv1d_backward(Lr, &x.t, &wt, with_pre ? &pre.t : NULL, silu, &dy.t, &dst.t,
+                                                         OPTS_NT(2), &dx.t, &dwt, &dpre.t, &e),
                          e);
                 CHECK(pads_zero(Lr, &dx));
                 double dw_fd_acc = 0, dw_ours = 0, dw_nrm = 0;
@@ -1646,7 +1651,7 @@ static void test_conv_c(int64_t C) {
         tok_fill(Lw, &x, T_X, 77);
         stensor stw = st_alloc(1, 2, pd, 0, 0);
         maskpack_error e;
-        CHECK_OK(maskpack_causal_conv1d(Lw, &x.t, &wt, NULL, 1, 1, &y.t, &stw.t, &e), e);
+        CHECK_OK(maskpack_causal_conv1d(Lw, &x.t, &wt, NULL, 1, NULL, &y.t, &stw.t, &e), e);
         const int64_t cuts[3] = {2, 1, 30};
         for (int ci = 0; ci < 3; ci++) {
             int64_t cut = cuts[ci], l1[1] = {cut}, l2[1] = {50 - cut};
@@ -1655,8 +1660,8 @@ static void test_conv_c(int64_t C) {
             memcpy(x1.data, x.data, (size_t)(cut * C) * 4);
             memcpy(x2.data, x.data + cut * C, (size_t)((50 - cut) * C) * 4);
             stensor s1 = st_alloc(1, 2, pd, 0, 0), s2 = st_alloc(1, 2, pd, 0, 0);
-            CHECK_OK(maskpack_causal_conv1d(L1, &x1.t, &wt, NULL, 1, 1, &y1.t, &s1.t, &e), e);
-            CHECK_OK(maskpack_causal_conv1d(L2, &x2.t, &wt, &s1.t, 1, 2, &y2.t, &s2.t, &e), e);
+            CHECK_OK(maskpack_causal_conv1d(L1, &x1.t, &wt, NULL, 1, NULL, &y1.t, &s1.t, &e), e);
+            CHECK_OK(maskpack_causal_conv1d(L2, &x2.t, &wt, &s1.t, 1, OPTS_NT(2), &y2.t, &s2.t, &e), e);
             CHECK(memcmp(y1.data, y.data, (size_t)(cut * C) * 4) == 0);
             CHECK(memcmp(y2.data, y.data + cut * C, (size_t)((50 - cut) * C) * 4) == 0);
             CHECK(memcmp(s2.data, stw.data, (size_t)(C * (W - 1)) * 4) == 0);
@@ -1714,8 +1719,8 @@ static void test_conv_isa_agree(void) {
         dw[r] = malloc((size_t)(C * W) * 4);
         maskpack_tensor dwt = maskpack_tensor_contiguous(dw[r], MASKPACK_F32, 2, wsh);
         maskpack_error e;
-        CHECK_OK(maskpack_causal_conv1d(L, &x.t, &wt, &pre.t, 1, 2, &y[r].t, &st[r].t, &e), e);
-        CHECK_OK(maskpack_causal_conv1d_backward(L, &x.t, &wt, &pre.t, 1, &dy.t, &dst.t, 2, &dx[r].t, &dwt,
+        CHECK_OK(maskpack_causal_conv1d(L, &x.t, &wt, &pre.t, 1, OPTS_NT(2), &y[r].t, &st[r].t, &e), e);
+        CHECK_OK(maskpack_causal_conv1d_backward(L, &x.t, &wt, &pre.t, 1, &dy.t, &dst.t, OPTS_NT(2), &dx[r].t, &dwt,
                                                  &dpre[r].t, &e),
                  e);
         CHECK(pads_zero(L, &y[r]) && pads_zero(L, &dx[r]));
@@ -1856,7 +1861,7 @@ static void test_bad_input(void) {
     gcase c = case_make(L, d, 1, 1);
     int64_t no = mp_numel(&c.o.t), ns = mp_numel(&c.ht.t);
     maskpack_error e;
-    maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+    maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
 #define EXPECT_FAIL(call, status, frag)                                       \
     do {                                                                      \
         sentinel_fill(c.o.data, no, SENT);                                    \
@@ -1926,21 +1931,21 @@ static void test_bad_input(void) {
     bad.scale = NAN;
     EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "opts.scale");
     bad = o;
-    bad.isa = (maskpack_gdn_isa)7;
+    bad.isa = (maskpack_isa)7;
     EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "isa");
     setenv("MASKPACK_ISA", "sse9", 1);
     EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA");
     setenv("MASKPACK_ISA", "ref", 1);
-    maskpack_gdn_isa r;
-    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
-    CHECK_EQ(r, MASKPACK_GDN_ISA_REF);
+    maskpack_isa r;
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
+    CHECK_EQ(r, MASKPACK_ISA_REF);
     /* "amx" runs the AVX-512 kernel where the CPU has AMX (the rule has no AMX kernel); a CPU
      * without AMX refuses it, naming it, as every kernel family does */
     setenv("MASKPACK_ISA", "amx", 1);
     if (have_avx512() && mp_cpu_has_amx()) {
-        r = MASKPACK_GDN_ISA_REF;
-        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
-        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX512);
+        r = MASKPACK_ISA_REF;
+        CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_ISA_AVX512);
         CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
     } else {
         EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "amx");
@@ -1949,31 +1954,32 @@ static void test_bad_input(void) {
     /* "avx2" forces the AVX2 kernel: UNSUPPORTED on a CPU without AVX2 + FMA, never a fallback */
     setenv("MASKPACK_ISA", "avx2", 1);
     if (have_avx2()) {
-        r = MASKPACK_GDN_ISA_REF;
-        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
-        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX2);
+        r = MASKPACK_ISA_REF;
+        CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_ISA_AVX2);
         CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
     } else {
-        EXPECT_FAIL(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), MASKPACK_ERR_UNSUPPORTED, "AVX2");
+        EXPECT_FAIL(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e),
+                    MASKPACK_ERR_UNSUPPORTED, "AVX2");
     }
     /* an explicit request is not overridden by the environment */
     setenv("MASKPACK_ISA", "avx2", 1);
-    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_REF, &r, &e), e);
-    CHECK_EQ(r, MASKPACK_GDN_ISA_REF);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_REF, &r, &e), e);
+    CHECK_EQ(r, MASKPACK_ISA_REF);
     unsetenv("MASKPACK_ISA");
     /* AUTO: AVX-512 > AVX2 > REF */
-    CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, &r, &e), e);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
     CHECK_EQ(r, best_isa());
     if (!have_avx512()) {
         bad = o;
-        bad.isa = MASKPACK_GDN_ISA_AVX512;
+        bad.isa = MASKPACK_ISA_AVX512;
         EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "AVX-512");
     }
     bad = o;
-    bad.isa = MASKPACK_GDN_ISA_AVX2;
+    bad.isa = MASKPACK_ISA_AVX2;
     if (have_avx2()) {
-        CHECK_OK(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX2, &r, &e), e);
-        CHECK_EQ(r, MASKPACK_GDN_ISA_AVX2);
+        CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AVX2, &r, &e), e);
+        CHECK_EQ(r, MASKPACK_ISA_AVX2);
     } else {
         EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "AVX2");
     }
@@ -2013,16 +2019,19 @@ static void test_bad_input(void) {
         maskpack_tensor t4 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w4), tc = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, wc);
         int64_t ny = mp_numel(&y.t);
         sentinel_fill(y.data, ny, SENT);
-        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t5, NULL, 1, 1, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t5, NULL, 1, NULL, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
         CHECK_MSG(e, "kernel size W in [1, 4], found 5");
-        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t0, NULL, 1, 1, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
-        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &tc, NULL, 1, 1, &y.t, NULL, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t0, NULL, 1, NULL, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
+        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &tc, NULL, 1, NULL, &y.t, NULL, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "C = 8");
         int64_t pd[2] = {C, 2};
         stensor pre = st_alloc(3, 2, pd, T_PRE, 1);
-        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t4, &pre.t, 1, 1, &y.t, NULL, &e), MASKPACK_ERR_SHAPE, e);
+        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t4, &pre.t, 1, NULL, &y.t, NULL, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "prefix: expected shape [3, 8, 3]");
-        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t4, NULL, 2, 1, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t4, NULL, 2, NULL, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
         CHECK(untouched(y.data, ny, SENT));
         free(x.data);
         free(y.data);
@@ -2054,7 +2063,7 @@ static void test_gate_check(void) {
         int64_t no = mp_numel(&c.o.t), ns = mp_numel(&c.ht.t);
         maskpack_gdn_inputs in = case_inputs(&c);
         for (int chunked = 0; chunked <= 1; chunked++) {
-            maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, chunked, 2);
+            maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, chunked, 2);
             CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e); /* NaN/Inf pads: fine */
             CHECK_OK(maskpack_gdn_check_gate(L, &c.g.t, &e), e);
             for (int b = 0; b < 4; b++) {
@@ -2108,7 +2117,7 @@ static void test_gate_check(void) {
             z[1] = -0.0f;
             CHECK_OK(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), e);
         }
-        maskpack_gdn_options o = opts_of(MASKPACK_GDN_ISA_AUTO, 1, 1);
+        maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
         o.skip_gate_check = 2;
         CHECK_STATUS(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
         CHECK_MSG(e, "opts.skip_gate_check");
@@ -2160,9 +2169,10 @@ static void check_tri_up(const char *name, gemm_x_fn fn) {
 
 static void test_gemm_empty_inner_range(void) {
     check_tri_up("ref", gdn_gemm_x_ref);
-    maskpack_gdn_isa r;
+    maskpack_isa r;
     maskpack_error e;
-    if (maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX512, &r, &e) == MASKPACK_OK) check_tri_up("avx512", gdn_gemm_x_avx512);
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AVX512, &r, &e) == MASKPACK_OK)
+        check_tri_up("avx512", gdn_gemm_x_avx512);
     if (mp_cpu_has_avx2()) check_tri_up("avx2", gdn_gemm_x_avx2);
 }
 

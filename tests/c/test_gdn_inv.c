@@ -91,9 +91,9 @@ static void check_build(const char *name, inv_fn fn) {
 
 /* whether the library runs the AVX-512 kernel here: on an AVX-512 CPU, or in the emulated test build */
 static int have_avx512(void) {
-    maskpack_gdn_isa r;
+    maskpack_isa r;
     maskpack_error err;
-    return maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AVX512, &r, &err) == MASKPACK_OK;
+    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AVX512, &r, &err) == MASKPACK_OK;
 }
 
 int main(void) {
@@ -103,7 +103,9 @@ int main(void) {
     for (size_t i = 0; i < n; i++) {
         maskpack_isa r;
         maskpack_error e;
-        if (maskpack_gdn_resolve_isa(K[i].desc.isa, &r, &e) != MASKPACK_OK || r != K[i].desc.isa) continue;
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, K[i].desc.isa, &r, &e) != MASKPACK_OK ||
+            r != K[i].desc.isa)
+            continue;
         check_build(maskpack_isa_name(K[i].desc.isa), K[i].inv_lower);
         ran++;
     }

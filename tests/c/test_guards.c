@@ -226,11 +226,11 @@ static void sweep(call *c, const maskpack_layout *L) {
  * AVX2 kernels); attention (softcap, a given scale, 3 threads, the reference and AVX2 kernels). A
  * kernel this CPU lacks is replaced by the automatic choice. */
 static maskpack_status run_conv(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_causal_conv1d(L, P(0), P(1), P(2), !(g_variant & 1), g_variant & 2 ? 2 : 1, W(3), W(4), e);
+    return maskpack_causal_conv1d(L, P(0), P(1), P(2), !(g_variant & 1), OPTS_NT(g_variant & 2 ? 2 : 1), W(3), W(4), e);
 }
 static maskpack_status run_conv_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
-    return maskpack_causal_conv1d_backward(L, P(0), P(1), P(2), !(g_variant & 1), P(3), P(4), g_variant & 2 ? 2 : 1,
-                                           W(5), W(6), W(7), e);
+    return maskpack_causal_conv1d_backward(L, P(0), P(1), P(2), !(g_variant & 1), P(3), P(4),
+                                           OPTS_NT(g_variant & 2 ? 2 : 1), W(5), W(6), W(7), e);
 }
 static maskpack_status run_l2(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     return maskpack_gdn_l2norm(L, P(0), MASKPACK_GDN_L2_EPS, W(1), e);
@@ -252,11 +252,12 @@ static maskpack_gdn_options gdn_opts(void) {
     /* these tests fill every tensor alike (positive values, gates too): they pin the shape, stride and
      * overlap guards, so the gate's value check (tested in test_gdn) is asked not to look */
     o.skip_gate_check = 1;
-    const maskpack_gdn_isa want[3] = {MASKPACK_GDN_ISA_AUTO, MASKPACK_GDN_ISA_REF, MASKPACK_GDN_ISA_AVX2};
-    maskpack_gdn_isa got;
+    const maskpack_isa want[3] = {MASKPACK_ISA_AUTO, MASKPACK_ISA_REF, MASKPACK_ISA_AVX2};
+    maskpack_isa got;
     maskpack_error e;
-    o.isa = maskpack_gdn_resolve_isa(want[g_variant >> 3], &got, &e) == MASKPACK_OK ? want[g_variant >> 3]
-                                                                                 : MASKPACK_GDN_ISA_AUTO;
+    o.isa = maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, want[g_variant >> 3], &got, &e) == MASKPACK_OK
+                ? want[g_variant >> 3]
+                : MASKPACK_ISA_AUTO;
     return o;
 }
 static maskpack_status run_gdn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
@@ -276,25 +277,26 @@ static void attn_isa(void) {
     const char *n = names[g_variant >> 3];
     if (n) {
         setenv("MASKPACK_ISA", n, 1);
-        maskpack_attention_isa isa;
+        maskpack_isa isa;
         maskpack_error e;
-        if (maskpack_attention_select_isa(MASKPACK_F32, &isa, &e) == MASKPACK_OK) return;
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa, &e) == MASKPACK_OK)
+            return;
     }
     unsetenv("MASKPACK_ISA");
 }
 static maskpack_status run_attn(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     attn_isa();
-    const maskpack_status s = maskpack_attention_forward(L, P(0), P(1), P(2), g_variant & 2 ? 0.3 : 0.0,
-                                                         g_variant & 1 ? 5.0 : 0.0, W(3), W(4), g_variant & 4 ? 3 : 1,
-                                                         NULL, 0, e);
+    const maskpack_status s =
+        maskpack_attention_forward(L, P(0), P(1), P(2), g_variant & 2 ? 0.3 : 0.0, g_variant & 1 ? 5.0 : 0.0, W(3),
+                                   W(4), OPTS_NT(g_variant & 4 ? 3 : 1), NULL, 0, e);
     unsetenv("MASKPACK_ISA");
     return s;
 }
 static maskpack_status run_attn_bwd(const maskpack_layout *L, const maskpack_tensor *const *p, maskpack_error *e) {
     attn_isa();
-    const maskpack_status s = maskpack_attention_backward(L, P(0), P(1), P(2), P(3), P(4), P(5), g_variant & 2 ? 0.3 : 0.0,
-                                                          g_variant & 1 ? 5.0 : 0.0, W(6), W(7), W(8),
-                                                          g_variant & 4 ? 3 : 1, NULL, 0, e);
+    const maskpack_status s = maskpack_attention_backward(L, P(0), P(1), P(2), P(3), P(4), P(5),
+                                                          g_variant & 2 ? 0.3 : 0.0, g_variant & 1 ? 5.0 : 0.0, W(6),
+                                                          W(7), W(8), OPTS_NT(g_variant & 4 ? 3 : 1), NULL, 0, e);
     unsetenv("MASKPACK_ISA");
     return s;
 }
@@ -442,7 +444,8 @@ static void test_attention_checks(const maskpack_layout *L) {
     maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k1), o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
     maskpack_tensor lse = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l2);
     maskpack_error e;
-#define FWD(qq, kk, vv, sc, cap, nt) maskpack_attention_forward(L, qq, kk, vv, sc, cap, &o, &lse, nt, NULL, 0, &e)
+#define FWD(qq, kk, vv, sc, cap, nt)                                                                                   \
+    maskpack_attention_forward(L, qq, kk, vv, sc, cap, &o, &lse, OPTS_NT(nt), NULL, 0, &e)
     CHECK_OK(FWD(&q, &k, &v, 0.0, 0.0, 1), e);
     /* k or v of another dtype than q */
     maskpack_tensor kb = k, vb = v;
@@ -466,7 +469,8 @@ static void test_attention_checks(const maskpack_layout *L) {
     maskpack_tensor qb = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, big), kbg = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, big);
     maskpack_tensor vbg = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, big);
     o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, big);
-    CHECK_STATUS(maskpack_attention_forward(L, &qb, &kbg, &vbg, 0.0, 0.0, &o, NULL, 1, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, e);
+    CHECK_STATUS(maskpack_attention_forward(L, &qb, &kbg, &vbg, 0.0, 0.0, &o, NULL, NULL, NULL, 0, &e),
+                 MASKPACK_ERR_UNSUPPORTED, e);
     CHECK_MSG(e, "q: head dim must be in [1, 256], found 300");
     o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
     /* scalars */
@@ -483,43 +487,50 @@ static void test_attention_checks(const maskpack_layout *L) {
 #undef FWD
     /* workspace: NULL with a size, too small, and the queries' NULL result pointer */
     size_t need = 0;
-    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, 1, &need, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &q, &k, &v, NULL, &need, &e), e);
     CHECK(need > 0);
-    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, NULL, 8, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, NULL, NULL, 8, &e),
+                 MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK_MSG(e, "workspace: NULL with 8 bytes");
     void *ws = malloc(need);
-    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, ws, need - 1, &e),
+    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, NULL, ws, need - 1, &e),
                  MASKPACK_ERR_BUFFER_TOO_SMALL, e);
     CHECK(strcmp(e.argument, "workspace") == 0);
-    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 1, ws, need, &e), e);
+    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, NULL, ws, need, &e), e);
     free(ws);
-    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, 1, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "bytes") == 0);
-    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, 1, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "bytes") == 0);
-    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, 0, &need, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &k, &v, OPTS_NT(0), &need, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "n_threads") == 0);
 
     /* the workspace queries refuse what the calls refuse */
-    CHECK_STATUS(maskpack_attention_forward_workspace(L, NULL, &k, &v, 1, &need, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, NULL, &k, &v, NULL, &need, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "q") == 0);
-    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, 0, &need, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(maskpack_attention_forward_workspace(L, &q, &k, &v, OPTS_NT(0), &need, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "n_threads") == 0);
-    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &kb, &v, 1, &need, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &kb, &v, NULL, &need, &e), MASKPACK_ERR_DTYPE, e);
     /* the backward: a MASKPACK_ISA it cannot honour, a workspace pointer missing; more threads than work */
     static float dom[T * 2 * D], dqm[T * 2 * D], dkm[T * D], dvm[T * D];
     maskpack_tensor dout = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, q2), dqt = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q2);
     maskpack_tensor dkt = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, k1), dvt = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, k1);
-    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, 8, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_NT(8), NULL, 0, &e), e);
     setenv("MASKPACK_ISA", "sse9", 1);
-    CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 0, &e),
-                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(
+        maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, NULL, NULL, 0, &e),
+        MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "found \"sse9\"");
     unsetenv("MASKPACK_ISA");
-    CHECK_STATUS(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 1, NULL, 16, &e),
-                 MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(
+        maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, NULL, NULL, 16, &e),
+        MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "workspace") == 0);
-    CHECK_OK(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, 8, NULL, 0, &e), e);
+    CHECK_OK(maskpack_attention_backward(L, &dout, &q, &k, &v, &o, &lse, 0.0, 0.0, &dqt, &dkt, &dvt, OPTS_NT(8), NULL,
+                                         0, &e),
+             e);
     /* a batch of empty sequences: no work, no token written, both directions succeed */
     const int64_t zeros[2] = {0, 0}, t0q[3] = {0, 2, D}, t0k[3] = {0, 1, D}, l0[2] = {2, 0};
     maskpack_layout *E = NULL;
@@ -530,31 +541,51 @@ static void test_attention_checks(const maskpack_layout *L) {
         maskpack_tensor ls0 = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l0);
         maskpack_tensor d0 = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, t0q), dq0 = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, t0q);
         maskpack_tensor dk0 = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, t0k), dv0 = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, t0k);
-        CHECK_OK(maskpack_attention_forward(E, &q0, &k0, &v0, 0.0, 0.0, &o0, &ls0, 2, NULL, 0, &e), e);
-        CHECK_OK(maskpack_attention_backward(E, &d0, &q0, &k0, &v0, &o0, &ls0, 0.0, 0.0, &dq0, &dk0, &dv0, 2, NULL, 0, &e), e);
+        CHECK_OK(maskpack_attention_forward(E, &q0, &k0, &v0, 0.0, 0.0, &o0, &ls0, OPTS_NT(2), NULL, 0, &e), e);
+        CHECK_OK(maskpack_attention_backward(E, &d0, &q0, &k0, &v0, &o0, &ls0, 0.0, 0.0, &dq0, &dk0, &dv0, OPTS_NT(2),
+                                             NULL, 0, &e),
+                 e);
         maskpack_layout_free(E);
     }
 
-    /* the kernel choice: names, a NULL result, an empty MASKPACK_ISA (= unset), amx forced */
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_REF), "ref") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX512), "avx512") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AMX), "amx") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name(MASKPACK_ATTN_ISA_AVX2), "avx2") == 0);
-    CHECK(strcmp(maskpack_attention_isa_name((maskpack_attention_isa)9), "unknown") == 0);
-    CHECK_STATUS(maskpack_attention_select_isa(MASKPACK_F32, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    /* the options: NULL = the defaults (1 thread, AUTO); an _on call takes their isa (a bad one is
+     * refused naming "isa") and the team's size in place of their n_threads (0 is not read) */
+    const maskpack_kernel_options dflt = maskpack_kernel_options_default();
+    CHECK(dflt.n_threads == 1 && dflt.isa == MASKPACK_ISA_AUTO);
+    CHECK_OK(maskpack_attention_forward_on(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_ISA(0, MASKPACK_ISA_REF), NULL, NULL,
+                                           0, &e),
+             e);
+    CHECK_STATUS(maskpack_attention_forward_on(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_ISA(1, (maskpack_isa)99), NULL,
+                                               NULL, 0, &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "isa") == 0);
-    maskpack_attention_isa auto_isa, got;
+    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_ISA(1, (maskpack_isa)99), NULL, 0,
+                                            &e),
+                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "isa") == 0);
+
+    /* the kernel choice: names, a NULL result, an empty MASKPACK_ISA (= unset), amx forced */
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_REF), "ref") == 0);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AVX512), "avx512") == 0);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AMX), "amx") == 0);
+    CHECK(strcmp(maskpack_isa_name(MASKPACK_ISA_AVX2), "avx2") == 0);
+    CHECK(strcmp(maskpack_isa_name((maskpack_isa)9), "unknown") == 0);
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, NULL, &e),
+                 MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK(strcmp(e.argument, "resolved") == 0);
+    maskpack_isa auto_isa, got;
     unsetenv("MASKPACK_ISA");
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &auto_isa, &e), e);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &auto_isa, &e), e);
     setenv("MASKPACK_ISA", "", 1);
-    CHECK_OK(maskpack_attention_select_isa(MASKPACK_BF16, &got, &e), e);
+    CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &got, &e), e);
     CHECK_EQ(got, auto_isa);
     setenv("MASKPACK_ISA", "amx", 1);
-    const maskpack_status sa = maskpack_attention_select_isa(MASKPACK_BF16, &got, &e);
+    const maskpack_status sa =
+        maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AUTO, &got, &e);
     /* the automatic choice for bf16 is amx exactly when the CPU has it: forcing it agrees */
-    if (auto_isa == MASKPACK_ATTN_ISA_AMX) {
+    if (auto_isa == MASKPACK_ISA_AMX) {
         CHECK_EQ(sa, MASKPACK_OK);
-        CHECK_EQ(got, MASKPACK_ATTN_ISA_AMX);
+        CHECK_EQ(got, MASKPACK_ISA_AMX);
     } else {
         CHECK_EQ(sa, MASKPACK_ERR_UNSUPPORTED);
         CHECK_MSG(e, "MASKPACK_ISA: amx requested but this CPU (or build, or OS) lacks AMX-TILE/AMX-BF16");
@@ -783,7 +814,8 @@ static void test_gdn_checks(const maskpack_layout *L) {
     maskpack_gdn_grads gr = {&dq, NULL, NULL, NULL, NULL, NULL};
     maskpack_error e;
     /* a NULL result pointer, inputs or grads */
-    CHECK_STATUS(maskpack_gdn_resolve_isa(MASKPACK_GDN_ISA_AUTO, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, NULL, &e),
+                 MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "resolved") == 0);
     CHECK_STATUS(maskpack_gdn_forward(L, NULL, &opt, &o, NULL, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "inputs") == 0);
@@ -873,8 +905,10 @@ static void test_attention_odd_dims(void) {
         for (int a = 0; a < 3; a++) {
             if (isas[a]) {
                 setenv("MASKPACK_ISA", isas[a], 1);
-                maskpack_attention_isa got;
-                if (maskpack_attention_select_isa(MASKPACK_F32, &got, &e) != MASKPACK_OK) continue;
+                maskpack_isa got;
+                if (maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &got, &e) !=
+                    MASKPACK_OK)
+                    continue;
             } else {
                 unsetenv("MASKPACK_ISA");
             }
@@ -883,8 +917,9 @@ static void test_attention_odd_dims(void) {
             maskpack_tensor dqt = maskpack_tensor_contiguous(dq[a], MASKPACK_F32, 3, qs);
             maskpack_tensor dkt = maskpack_tensor_contiguous(dk[a], MASKPACK_F32, 3, ks);
             maskpack_tensor dvt = maskpack_tensor_contiguous(dv[a], MASKPACK_F32, 3, ks);
-            CHECK_OK(maskpack_attention_forward(L, &qt, &kt, &vt, 0.0, 0.0, &ot, &lt, 2, NULL, 0, &e), e);
-            CHECK_OK(maskpack_attention_backward(L, &dot, &qt, &kt, &vt, &ot, &lt, 0.0, 0.0, &dqt, &dkt, &dvt, 2, NULL, 0, &e),
+            CHECK_OK(maskpack_attention_forward(L, &qt, &kt, &vt, 0.0, 0.0, &ot, &lt, OPTS_NT(2), NULL, 0, &e), e);
+            CHECK_OK(maskpack_attention_backward(L, &dot, &qt, &kt, &vt, &ot, &lt, 0.0, 0.0, &dqt, &dkt, &dvt,
+                                                 OPTS_NT(2), NULL, 0, &e),
                      e);
             ran[a] = 1;
         }
@@ -1469,7 +1504,7 @@ static void test_gdn_guards(void) {
     o.scale = NAN;
     expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "opts.scale: expected a finite number");
     o = maskpack_gdn_options_default();
-    o.isa = (maskpack_gdn_isa)9;
+    o.isa = (maskpack_isa)9;
     expect_ws(L, &c, &o, MASKPACK_ERR_INVALID_ARGUMENT, "isa: expected AUTO (0), REF (1), AVX512 (2) or AVX2 (3)");
 
     /* zero key heads, a zero key head dim, zero value heads, a zero value head dim */

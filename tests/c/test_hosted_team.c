@@ -208,9 +208,9 @@ static result run_all(const maskpack_layout *L, const inputs *in, maskpack_worke
         maskpack_tensor lse = maskpack_tensor_contiguous(o + 2 * T * HQ * D, MASKPACK_F32, 2, ls);
         maskpack_tensor dk = tens(o + 2 * T * HQ * D + HQ * T, 3, T, HKV, D);
         maskpack_tensor dv = tens(o + 2 * T * HQ * D + HQ * T + T * HKV * D, 3, T, HKV, D);
-        CHECK_OK(maskpack_attention_forward_on(L, &q, &k, &v, 0, 0, &out, &lse, MASKPACK_ISA_AUTO, team, NULL, 0, &e), e);
-        CHECK_OK(maskpack_attention_backward_on(L, &dout, &q, &k, &v, &out, &lse, 0, 0, &dq, &dk, &dv,
-                                                MASKPACK_ISA_AUTO, team, NULL, 0, &e),
+        CHECK_OK(maskpack_attention_forward_on(L, &q, &k, &v, 0, 0, &out, &lse, NULL, team, NULL, 0, &e), e);
+        CHECK_OK(maskpack_attention_backward_on(L, &dout, &q, &k, &v, &out, &lse, 0, 0, &dq, &dk, &dv, NULL, team, NULL,
+                                                0, &e),
                  e);
         o += n_attn;
     }
@@ -246,10 +246,10 @@ static result run_all(const maskpack_layout *L, const inputs *in, maskpack_worke
         maskpack_tensor dy = maskpack_tensor_contiguous(in->dy, MASKPACK_F32, 2, xs);
         maskpack_tensor dx = maskpack_tensor_contiguous(o + T * C + N * C * (W - 1), MASKPACK_F32, 2, xs);
         maskpack_tensor dw = maskpack_tensor_contiguous(o + 2 * T * C + N * C * (W - 1), MASKPACK_F32, 2, ws);
-        CHECK_OK(maskpack_causal_conv1d_on(L, &x, &w, NULL, 1, MASKPACK_ISA_AUTO, team, &y, &st, NULL, 0, &e), e);
-        CHECK_OK(maskpack_causal_conv1d_backward_on(L, &x, &w, NULL, 1, &dy, NULL, MASKPACK_ISA_AUTO, team, &dx, &dw,
-                                                    NULL, NULL, 0, &e),
-                 e);
+        CHECK_OK(maskpack_causal_conv1d_on(L, &x, &w, NULL, 1, NULL, team, &y, &st, NULL, 0, &e), e);
+        CHECK_OK(
+            maskpack_causal_conv1d_backward_on(L, &x, &w, NULL, 1, &dy, NULL, NULL, team, &dx, &dw, NULL, NULL, 0, &e),
+            e);
         o += n_conv;
     }
     /* the move to padded rows (the conv's input: a pad value, strided chunks for the team) */

@@ -385,11 +385,11 @@ static void attention_case(const acase *c, int bf16, uint64_t seed) {
             tl = maskpack_tensor_contiguous(r->lse, MASKPACK_F32, 3, s);
         }
         maskpack_error e;
-        CHECK_OK(maskpack_attention_forward_isa(L, &tq, &tk, &tv, 0, c->softcap, &to, &tl, ISAS[x], c->threads, NULL,
-                                                0, &e),
+        CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, c->softcap, &to, &tl, OPTS_ISA(c->threads, ISAS[x]),
+                                            NULL, 0, &e),
                  e);
-        CHECK_OK(maskpack_attention_backward_isa(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, c->softcap, &tdq, &tdk, &tdv,
-                                                 ISAS[x], c->threads, NULL, 0, &e),
+        CHECK_OK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, c->softcap, &tdq, &tdk, &tdv,
+                                             OPTS_ISA(c->threads, ISAS[x]), NULL, 0, &e),
                  e);
         char nm[96];
         const char *dt = bf16 ? "bf16" : "f32";
@@ -569,11 +569,11 @@ static void conv_case(const char *name, const maskpack_layout *L, int64_t C, int
         maskpack_tensor tdw = maskpack_tensor_contiguous(outs[i][3], MASKPACK_F32, 2, ws);
         maskpack_tensor tdp = maskpack_tensor_contiguous(outs[i][4], dt, 3, ps);
         maskpack_error e;
-        CHECK_OK(maskpack_causal_conv1d_isa(L, &tx, &tw, with_prefix ? &tp : NULL, silu, ISAS[i], threads, &ty, &tst,
-                                            &e),
+        CHECK_OK(maskpack_causal_conv1d(L, &tx, &tw, with_prefix ? &tp : NULL, silu, OPTS_ISA(threads, ISAS[i]), &ty,
+                                        &tst, &e),
                  e);
-        CHECK_OK(maskpack_causal_conv1d_backward_isa(L, &tx, &tw, with_prefix ? &tp : NULL, silu, &tdy, &tds, ISAS[i],
-                                                     threads, &tdx, &tdw, with_prefix ? &tdp : NULL, &e),
+        CHECK_OK(maskpack_causal_conv1d_backward(L, &tx, &tw, with_prefix ? &tp : NULL, silu, &tdy, &tds,
+                                                 OPTS_ISA(threads, ISAS[i]), &tdx, &tdw, with_prefix ? &tdp : NULL, &e),
                  e);
         for (int o = 0; o < 5; o++) {
             char nm[96];

@@ -161,16 +161,16 @@ static void test_attention_workspace(void) {
     maskpack_tensor tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, ls);
     size_t fwd = 0, bwd = 0;
     const long before = n_allocs;
-    CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tq, &tq, 2, &fwd, &e), e);
-    CHECK_OK(maskpack_attention_backward_workspace(L, &tq, &tq, &tq, 3, &bwd, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tq, &tq, OPTS_NT(2), &fwd, &e), e);
+    CHECK_OK(maskpack_attention_backward_workspace(L, &tq, &tq, &tq, OPTS_NT(3), &bwd, &e), e);
     CHECK_EQ(n_allocs, before); /* the size queries allocate nothing */
     char *ws = malloc(fwd > bwd ? fwd : bwd);
     /* NULL with a size, one byte short: refused, nothing written */
     for (int64_t i = 0; i < nq; i++) o[i] = dq[i] = 7.0f;
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, 2, NULL, 16, &e),
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, OPTS_NT(2), NULL, 16, &e),
                  MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(strcmp(e.argument, "workspace") == 0);
-    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, 2, ws, fwd - 1, &e),
+    CHECK_STATUS(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, OPTS_NT(2), ws, fwd - 1, &e),
                  MASKPACK_ERR_BUFFER_TOO_SMALL, e);
     char need[32];
     snprintf(need, sizeof need, "at least %zu bytes", fwd);
@@ -179,42 +179,45 @@ static void test_attention_workspace(void) {
     for (int64_t i = 0; i < nq; i++) untouched &= o[i] == 7.0f;
     CHECK(untouched);
     /* exactly the queried size, and NULL with 0 */
-    CHECK_OK(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, 2, ws, fwd, &e), e);
-    CHECK_OK(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, 2, NULL, 0, &e), e);
-    CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 3, ws, bwd - 1, &e),
+    CHECK_OK(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, OPTS_NT(2), ws, fwd, &e), e);
+    CHECK_OK(maskpack_attention_forward(L, &tq, &tq, &tq, 0, 0, &to, &tl, OPTS_NT(2), NULL, 0, &e), e);
+    CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, OPTS_NT(3), ws,
+                                             bwd - 1, &e),
                  MASKPACK_ERR_BUFFER_TOO_SMALL, e);
     snprintf(need, sizeof need, "at least %zu bytes", bwd);
     CHECK_MSG(e, need);
     untouched = 1;
     for (int64_t i = 0; i < nq; i++) untouched &= dq[i] == 7.0f;
     CHECK(untouched);
-    CHECK_STATUS(maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 3, NULL, 8, &e),
-                 MASKPACK_ERR_NULL_ARGUMENT, e);
-    CHECK_OK(maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, 3, ws, bwd, &e), e);
+    CHECK_STATUS(
+        maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, OPTS_NT(3), NULL, 8, &e),
+        MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_OK(
+        maskpack_attention_backward(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, OPTS_NT(3), ws, bwd, &e),
+        e);
     free(ws);
     /* the work lists come out of the workspace: on a running team (or the caller alone) with a
      * caller workspace the _on calls allocate nothing */
     maskpack_workers *team = NULL;
     CHECK_OK(maskpack_workers_create(2, &team, &e), e);
-    CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tq, &tq, 2, &fwd, &e), e);
-    CHECK_OK(maskpack_attention_backward_workspace(L, &tq, &tq, &tq, 2, &bwd, &e), e);
+    CHECK_OK(maskpack_attention_forward_workspace(L, &tq, &tq, &tq, OPTS_NT(2), &fwd, &e), e);
+    CHECK_OK(maskpack_attention_backward_workspace(L, &tq, &tq, &tq, OPTS_NT(2), &bwd, &e), e);
     ws = malloc(fwd > bwd ? fwd : bwd);
     long at = n_allocs;
-    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, team, ws, fwd, &e), e);
-    CHECK_OK(maskpack_attention_backward_on(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, MASKPACK_ISA_AUTO,
-                                            team, ws, bwd, &e),
+    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, NULL, team, ws, fwd, &e), e);
+    CHECK_OK(maskpack_attention_backward_on(L, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, NULL, team, ws,
+                                            bwd, &e),
              e);
-    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, NULL, ws, fwd, &e), e);
+    CHECK_OK(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, NULL, NULL, ws, fwd, &e), e);
     CHECK_EQ(n_allocs, at);
-    CHECK_STATUS(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, MASKPACK_ISA_AUTO, team, ws, fwd - 1,
-                                               &e),
+    CHECK_STATUS(maskpack_attention_forward_on(L, &tq, &tq, &tq, 0, 0, &to, &tl, NULL, team, ws, fwd - 1, &e),
                  MASKPACK_ERR_BUFFER_TOO_SMALL, e);
     CHECK_MSG(e, "maskpack_attention_forward_workspace");
     free(ws);
     /* the operator: its size query allocates nothing; a run on a running team with a caller
      * workspace, and a run in the op's own workspace once it exists, allocate nothing */
     maskpack_attention_op *aop = NULL;
-    CHECK_OK(maskpack_attention_op_create(L, H, H, D, MASKPACK_F32, MASKPACK_ISA_AUTO, 2, &aop, &e), e);
+    CHECK_OK(maskpack_attention_op_create(L, H, H, D, MASKPACK_F32, OPTS_NT(2), &aop, &e), e);
     size_t ofwd = 0, obwd = 0;
     at = n_allocs;
     CHECK_OK(maskpack_attention_op_workspace_size(aop, 0, &ofwd, &e), e);
@@ -243,7 +246,7 @@ static void test_attention_workspace(void) {
      * depends on the CPU (an AMX host's forward areas outgrow the backward's), so a fresh op whose
      * first own-workspace run is the forward allocates exactly once, and its backward nothing. */
     aop = NULL;
-    CHECK_OK(maskpack_attention_op_create(L, H, H, D, MASKPACK_F32, MASKPACK_ISA_AUTO, 2, &aop, &e), e);
+    CHECK_OK(maskpack_attention_op_create(L, H, H, D, MASKPACK_F32, OPTS_NT(2), &aop, &e), e);
     for (int first = 0; first < 2 && aop; first++) {
         at = n_allocs;
         for (int run = 0; run < 2; run++) {
@@ -368,23 +371,23 @@ static void test_conv_workspace(void) {
     CHECK_EQ(fwd, (size_t)0);
     CHECK(bwd >= (size_t)(C * W) * sizeof(float));
     char *ws = malloc(bwd);
-    CHECK_STATUS(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
-                                                    NULL, ws, bwd - 1, &e),
+    CHECK_STATUS(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, NULL, NULL, &tdx, &tdw, NULL, ws,
+                                                    bwd - 1, &e),
                  MASKPACK_ERR_BUFFER_TOO_SMALL, e);
     CHECK_MSG(e, "maskpack_causal_conv1d_workspace_size");
     CHECK(dw[0] == 7.0f);
-    CHECK_STATUS(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
-                                                    NULL, NULL, 4, &e),
-                 MASKPACK_ERR_NULL_ARGUMENT, e);
+    CHECK_STATUS(
+        maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, NULL, NULL, &tdx, &tdw, NULL, NULL, 4, &e),
+        MASKPACK_ERR_NULL_ARGUMENT, e);
     at = n_allocs;
-    CHECK_OK(maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, MASKPACK_ISA_AUTO, NULL, &tdx, &tdw,
-                                                NULL, ws, bwd, &e),
-             e);
+    CHECK_OK(
+        maskpack_causal_conv1d_backward_on(L, &tx, &tw, NULL, 1, &tdy, NULL, NULL, NULL, &tdx, &tdw, NULL, ws, bwd, &e),
+        e);
     CHECK_EQ(n_allocs, at);
     float want[24 * 4];
     memcpy(want, dw, sizeof want);
     for (int i = 0; i < C * W; i++) dw[i] = 7.0f;
-    CHECK_OK(maskpack_causal_conv1d_backward(L, &tx, &tw, NULL, 1, &tdy, NULL, 1, &tdx, &tdw, NULL, &e), e);
+    CHECK_OK(maskpack_causal_conv1d_backward(L, &tx, &tw, NULL, 1, &tdy, NULL, NULL, &tdx, &tdw, NULL, &e), e);
     CHECK(memcmp(want, dw, sizeof want) == 0);
     free(ws);
     maskpack_layout_free(L);

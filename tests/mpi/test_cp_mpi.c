@@ -138,9 +138,9 @@ static int check_ring(const maskpack_comm *mpi, const maskpack_layout *L, maskpa
     maskpack_tensor tdq = T4(dq, sq, fq), tdk = T4(dk, sk, fk), tdv = T4(dv, sk, fk);
     maskpack_tensor tl_ = packed ? maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, fl)
                                  : maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, sl);
-    CHECK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, softcap, &to, &tl_, 1, NULL, 0, &e) == MASKPACK_OK);
-    CHECK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl_, 0, softcap, &tdq, &tdk, &tdv, 1, NULL, 0, &e) ==
-          MASKPACK_OK);
+    CHECK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, softcap, &to, &tl_, NULL, NULL, 0, &e) == MASKPACK_OK);
+    CHECK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl_, 0, softcap, &tdq, &tdk, &tdv, NULL, NULL, 0,
+                                      &e) == MASKPACK_OK);
     /* this rank's shard of every input */
     int64_t *idx = malloc((size_t)tl * sizeof *idx);
     maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
@@ -395,8 +395,8 @@ static void check_conv(const maskpack_comm *comm) {
     maskpack_tensor ty = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx), tst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp);
     maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx), tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw);
     maskpack_tensor tdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
-    CHECK(maskpack_causal_conv1d(L, &tx, &tw, &tp, 1, 1, &ty, &tst, &e) == MASKPACK_OK);
-    CHECK(maskpack_causal_conv1d_backward(L, &tx, &tw, &tp, 1, &tdy, &tds, 1, &tdx, &tdw, &tdp, &e) == MASKPACK_OK);
+    CHECK(maskpack_causal_conv1d(L, &tx, &tw, &tp, 1, NULL, &ty, &tst, &e) == MASKPACK_OK);
+    CHECK(maskpack_causal_conv1d_backward(L, &tx, &tw, &tp, 1, &tdy, &tds, NULL, &tdx, &tdw, &tdp, &e) == MASKPACK_OK);
     int64_t *idx = malloc((size_t)tl * sizeof *idx);
     maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
     CHECK(maskpack_cp_shard_indices(L, n, comm->rank, MASKPACK_CP_ZIGZAG, &ti, &e) == MASKPACK_OK);

@@ -71,13 +71,6 @@ static const attn_kernel *attn_fwd_entry(const attn_problem *P) {
     return attn_entry(P->isa);
 }
 
-const char *maskpack_attention_isa_name(maskpack_attention_isa isa) { return maskpack_isa_name(isa); }
-
-maskpack_status maskpack_attention_select_isa(maskpack_dtype dtype, maskpack_attention_isa *isa, maskpack_error *err) {
-    MP_CHECK_NULL(err, isa, "isa");
-    return maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, dtype, MASKPACK_ISA_AUTO, isa, err);
-}
-
 /* ---- running shares on a team ------------------------------------------------------------------ */
 
 /* The kernels' thread functions take a share index s in [0, n): per-share workspace, and in the
@@ -759,25 +752,23 @@ static maskpack_status fwd_call(attn_problem *P, maskpack_workers *team, int sta
     return mp_ok(err);
 }
 
+/* opts or the defaults (NULL). */
+static maskpack_kernel_options opts_or_default(const maskpack_kernel_options *opts) {
+    return opts ? *opts : maskpack_kernel_options_default();
+}
+
 maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
-                                                     const maskpack_tensor *k, const maskpack_tensor *v, int n_threads,
-                                                     size_t *bytes, maskpack_error *err) {
+                                                     const maskpack_tensor *k, const maskpack_tensor *v,
+                                                     const maskpack_kernel_options *opts, size_t *bytes,
+                                                     maskpack_error *err) {
     MP_CHECK_NULL(err, bytes, "bytes");
     attn_problem P;
     memset(&P, 0, sizeof P);
     maskpack_status s = check_qkv(layout, q, k, v, &P, err);
     if (s) return s;
-    if ((s = check_scalars(&P, 0, 0, n_threads, err))) return s;
+    if ((s = check_scalars(&P, 0, 0, opts_or_default(opts).n_threads, err))) return s;
     if ((s = fwd_ws_size(&P, bytes, err))) return s;
     return mp_ok(err);
-}
-
-maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const maskpack_tensor *q,
-                                           const maskpack_tensor *k, const maskpack_tensor *v, double scale,
-                                           double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
-                                           void *workspace, size_t workspace_bytes, maskpack_error *err) {
-    return maskpack_attention_forward_isa(layout, q, k, v, scale, softcap, out, lse, MASKPACK_ISA_AUTO, n_threads,
-                                          workspace, workspace_bytes, err);
 }
 
 /* (requested isa, q's dtype) -> P->isa: the table entry the call runs. */
@@ -789,25 +780,27 @@ static maskpack_status pick_isa(attn_problem *P, maskpack_isa isa, maskpack_dtyp
     return MASKPACK_OK;
 }
 
-maskpack_status maskpack_attention_forward_isa(const maskpack_layout *layout, const maskpack_tensor *q,
-                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
-                                               double softcap, maskpack_tensor *out, maskpack_tensor *lse,
-                                               maskpack_isa isa, int n_threads, void *workspace,
-                                               size_t workspace_bytes, maskpack_error *err) {
+maskpack_status maskpack_attention_forward(const maskpack_layout *layout, const maskpack_tensor *q,
+                                           const maskpack_tensor *k, const maskpack_tensor *v, double scale,
+                                           double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                           const maskpack_kernel_options *opts, void *workspace, size_t workspace_bytes,
+                                           maskpack_error *err) {
+    const maskpack_kernel_options o = opts_or_default(opts);
     attn_problem P;
-    maskpack_status s = check_fwd(layout, q, k, v, scale, softcap, out, lse, n_threads, &P, err);
-    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    maskpack_status s = check_fwd(layout, q, k, v, scale, softcap, out, lse, o.n_threads, &P, err);
+    if (s || (s = pick_isa(&P, o.isa, q->dtype, err))) return s;
     return fwd_call(&P, NULL, 1, workspace, workspace_bytes, err);
 }
 
 maskpack_status maskpack_attention_forward_on(const maskpack_layout *layout, const maskpack_tensor *q,
                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                               double softcap, maskpack_tensor *out, maskpack_tensor *lse,
-                                              maskpack_isa isa, maskpack_workers *team, void *workspace,
-                                              size_t workspace_bytes, maskpack_error *err) {
+                                              const maskpack_kernel_options *opts, maskpack_workers *team,
+                                              void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    const maskpack_kernel_options o = opts_or_default(opts);
     attn_problem P;
     maskpack_status s = check_fwd(layout, q, k, v, scale, softcap, out, lse, maskpack_workers_threads(team), &P, err);
-    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    if (s || (s = pick_isa(&P, o.isa, q->dtype, err))) return s;
     return fwd_call(&P, team, 0, workspace, workspace_bytes, err);
 }
 
@@ -968,13 +961,14 @@ static maskpack_status bwd_call(attn_problem *P, maskpack_workers *team, int sta
 
 maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
                                                       const maskpack_tensor *k, const maskpack_tensor *v,
-                                                      int n_threads, size_t *bytes, maskpack_error *err) {
+                                                      const maskpack_kernel_options *opts, size_t *bytes,
+                                                      maskpack_error *err) {
     MP_CHECK_NULL(err, bytes, "bytes");
     attn_problem P;
     memset(&P, 0, sizeof P);
     maskpack_status s = check_qkv(layout, q, k, v, &P, err);
     if (s) return s;
-    if ((s = check_scalars(&P, 0, 0, n_threads, err))) return s;
+    if ((s = check_scalars(&P, 0, 0, opts_or_default(opts).n_threads, err))) return s;
     if ((s = bwd_ws_size(&P, bytes, err))) return s;
     return mp_ok(err);
 }
@@ -984,22 +978,12 @@ maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const
                                             const maskpack_tensor *v, const maskpack_tensor *out,
                                             const maskpack_tensor *lse, double scale, double softcap,
                                             maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                            int n_threads, void *workspace, size_t workspace_bytes,
-                                            maskpack_error *err) {
-    return maskpack_attention_backward_isa(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
-                                           MASKPACK_ISA_AUTO, n_threads, workspace, workspace_bytes, err);
-}
-
-maskpack_status maskpack_attention_backward_isa(const maskpack_layout *layout, const maskpack_tensor *dout,
-                                                const maskpack_tensor *q, const maskpack_tensor *k,
-                                                const maskpack_tensor *v, const maskpack_tensor *out,
-                                                const maskpack_tensor *lse, double scale, double softcap,
-                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                                maskpack_isa isa, int n_threads, void *workspace,
-                                                size_t workspace_bytes, maskpack_error *err) {
+                                            const maskpack_kernel_options *opts, void *workspace,
+                                            size_t workspace_bytes, maskpack_error *err) {
+    const maskpack_kernel_options o = opts_or_default(opts);
     attn_problem P;
-    maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, n_threads, &P, err);
-    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, o.n_threads, &P, err);
+    if (s || (s = pick_isa(&P, o.isa, q->dtype, err))) return s;
     return bwd_call(&P, NULL, 1, workspace, workspace_bytes, err);
 }
 
@@ -1008,12 +992,13 @@ maskpack_status maskpack_attention_backward_on(const maskpack_layout *layout, co
                                                const maskpack_tensor *v, const maskpack_tensor *out,
                                                const maskpack_tensor *lse, double scale, double softcap,
                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                               maskpack_isa isa, maskpack_workers *team, void *workspace,
-                                               size_t workspace_bytes, maskpack_error *err) {
+                                               const maskpack_kernel_options *opts, maskpack_workers *team,
+                                               void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    const maskpack_kernel_options o = opts_or_default(opts);
     attn_problem P;
     maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
                                   maskpack_workers_threads(team), &P, err);
-    if (s || (s = pick_isa(&P, isa, q->dtype, err))) return s;
+    if (s || (s = pick_isa(&P, o.isa, q->dtype, err))) return s;
     return bwd_call(&P, team, 0, workspace, workspace_bytes, err);
 }
 
@@ -1048,7 +1033,7 @@ static maskpack_status op_ws_sizes(maskpack_attention_op *o, maskpack_error *err
 }
 
 maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int64_t hq, int64_t hkv, int64_t d,
-                                             maskpack_dtype dtype, maskpack_isa isa, int n_threads,
+                                             maskpack_dtype dtype, const maskpack_kernel_options *opts,
                                              maskpack_attention_op **out, maskpack_error *err) {
     MP_CHECK_NULL(err, out, "out");
     *out = NULL;
@@ -1075,8 +1060,9 @@ maskpack_status maskpack_attention_op_create(const maskpack_layout *layout, int6
     P.d = d;
     P.bf16 = dtype == MASKPACK_BF16;
     P.esize = maskpack_dtype_size(dtype);
-    maskpack_status s = check_scalars(&P, 0, 0, n_threads, err);
-    if (s || (s = pick_isa(&P, isa, dtype, err))) return s;
+    const maskpack_kernel_options ko = opts_or_default(opts);
+    maskpack_status s = check_scalars(&P, 0, 0, ko.n_threads, err);
+    if (s || (s = pick_isa(&P, ko.isa, dtype, err))) return s;
     const maskpack_layout *L = layout;
     size_t n_items = (size_t)count_items(&P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ);
     size_t n_units = L_units(&P) + 1, n = L->n_segments ? L->n_segments : 1;

@@ -37,7 +37,7 @@ typedef struct attn_problem {
     /* backward */
     attn_view dout, dq, dk, dv;
     int n_threads;
-    maskpack_attention_isa isa;
+    maskpack_isa isa;
 } attn_problem;
 
 static inline char *attn_ptr(const attn_view *v, int64_t b, int64_t t, int64_t h, size_t esize) {

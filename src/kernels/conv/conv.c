@@ -428,14 +428,23 @@ maskpack_status maskpack_causal_conv1d_workspace_size(const maskpack_layout *lay
     return mp_ok(err);
 }
 
+/* The (isa, thread count) a call runs with: opts or the defaults (NULL), and on a team its
+ * participant count in place of opts.n_threads. */
+static maskpack_kernel_options conv_options(const maskpack_kernel_options *opts, maskpack_workers *team, int on_team) {
+    maskpack_kernel_options o = opts ? *opts : maskpack_kernel_options_default();
+    if (on_team) o.n_threads = maskpack_workers_threads(team);
+    return o;
+}
+
 static maskpack_status conv_forward_call(const maskpack_layout *layout, const maskpack_tensor *x,
                                          const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                         maskpack_isa isa, int n_threads, maskpack_workers *team, int on_team,
+                                         const maskpack_kernel_options *opts, maskpack_workers *team, int on_team,
                                          maskpack_tensor *y, maskpack_tensor *conv_state, void *workspace,
                                          size_t workspace_bytes, maskpack_error *err) {
-    if (on_team) n_threads = maskpack_workers_threads(team);
+    const maskpack_kernel_options o = conv_options(opts, team, on_team);
+    const int n_threads = o.n_threads;
     conv_job J;
-    maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, o.isa, n_threads, &J, err);
     if (s) return s;
     MP_CHECK_NULL(err, y, "y");
     int64_t cd[1] = {J.C};
@@ -456,37 +465,30 @@ static maskpack_status conv_forward_call(const maskpack_layout *layout, const ma
 
 maskpack_status maskpack_causal_conv1d(const maskpack_layout *layout, const maskpack_tensor *x,
                                        const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                       int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
-                                       maskpack_error *err) {
-    return conv_forward_call(layout, x, weight, prefix, silu, MASKPACK_ISA_AUTO, n_threads, NULL, 0, y, conv_state,
-                             NULL, 0, err);
-}
-
-maskpack_status maskpack_causal_conv1d_isa(const maskpack_layout *layout, const maskpack_tensor *x,
-                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                           maskpack_isa isa, int n_threads, maskpack_tensor *y,
-                                           maskpack_tensor *conv_state, maskpack_error *err) {
-    return conv_forward_call(layout, x, weight, prefix, silu, isa, n_threads, NULL, 0, y, conv_state, NULL, 0, err);
+                                       const maskpack_kernel_options *opts, maskpack_tensor *y,
+                                       maskpack_tensor *conv_state, maskpack_error *err) {
+    return conv_forward_call(layout, x, weight, prefix, silu, opts, NULL, 0, y, conv_state, NULL, 0, err);
 }
 
 maskpack_status maskpack_causal_conv1d_on(const maskpack_layout *layout, const maskpack_tensor *x,
                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                          maskpack_isa isa, maskpack_workers *team, maskpack_tensor *y,
-                                          maskpack_tensor *conv_state, void *workspace, size_t workspace_bytes,
-                                          maskpack_error *err) {
-    return conv_forward_call(layout, x, weight, prefix, silu, isa, 1, team, 1, y, conv_state, workspace,
-                             workspace_bytes, err);
+                                          const maskpack_kernel_options *opts, maskpack_workers *team,
+                                          maskpack_tensor *y, maskpack_tensor *conv_state, void *workspace,
+                                          size_t workspace_bytes, maskpack_error *err) {
+    return conv_forward_call(layout, x, weight, prefix, silu, opts, team, 1, y, conv_state, workspace, workspace_bytes,
+                             err);
 }
 
 static maskpack_status conv_backward_call(const maskpack_layout *layout, const maskpack_tensor *x,
                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                           const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
-                                          maskpack_isa isa, int n_threads, maskpack_workers *team, int on_team,
+                                          const maskpack_kernel_options *opts, maskpack_workers *team, int on_team,
                                           maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix,
                                           void *workspace, size_t workspace_bytes, maskpack_error *err) {
-    if (on_team) n_threads = maskpack_workers_threads(team);
+    const maskpack_kernel_options o = conv_options(opts, team, on_team);
+    const int n_threads = o.n_threads;
     conv_job J;
-    maskpack_status s = conv_common(layout, x, weight, prefix, silu, isa, n_threads, &J, err);
+    maskpack_status s = conv_common(layout, x, weight, prefix, silu, o.isa, n_threads, &J, err);
     if (s) return s;
     MP_CHECK_NULL(err, dy, "dy");
     int64_t cd[1] = {J.C};
@@ -524,29 +526,18 @@ static maskpack_status conv_backward_call(const maskpack_layout *layout, const m
 maskpack_status maskpack_causal_conv1d_backward(const maskpack_layout *layout, const maskpack_tensor *x,
                                                 const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                                 const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
-                                                int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                maskpack_tensor *d_prefix, maskpack_error *err) {
-    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, MASKPACK_ISA_AUTO, n_threads, NULL, 0,
-                              dx, dweight, d_prefix, NULL, 0, err);
+                                                const maskpack_kernel_options *opts, maskpack_tensor *dx,
+                                                maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                                maskpack_error *err) {
+    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, opts, NULL, 0, dx, dweight, d_prefix,
+                              NULL, 0, err);
 }
 
-maskpack_status maskpack_causal_conv1d_backward_isa(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                    const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                    int silu, const maskpack_tensor *dy,
-                                                    const maskpack_tensor *d_conv_state, maskpack_isa isa,
-                                                    int n_threads, maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                    maskpack_tensor *d_prefix, maskpack_error *err) {
-    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, isa, n_threads, NULL, 0, dx, dweight,
-                              d_prefix, NULL, 0, err);
-}
-
-maskpack_status maskpack_causal_conv1d_backward_on(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                   int silu, const maskpack_tensor *dy,
-                                                   const maskpack_tensor *d_conv_state, maskpack_isa isa,
-                                                   maskpack_workers *team, maskpack_tensor *dx,
-                                                   maskpack_tensor *dweight, maskpack_tensor *d_prefix,
-                                                   void *workspace, size_t workspace_bytes, maskpack_error *err) {
-    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, isa, 1, team, 1, dx, dweight,
-                              d_prefix, workspace, workspace_bytes, err);
+maskpack_status maskpack_causal_conv1d_backward_on(
+    const maskpack_layout *layout, const maskpack_tensor *x, const maskpack_tensor *weight,
+    const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
+    const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
+    maskpack_tensor *d_prefix, void *workspace, size_t workspace_bytes, maskpack_error *err) {
+    return conv_backward_call(layout, x, weight, prefix, silu, dy, d_conv_state, opts, team, 1, dx, dweight, d_prefix,
+                              workspace, workspace_bytes, err);
 }

@@ -16,7 +16,7 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
     o.chunked = 1;
     o.l2norm = 1;
     o.n_threads = 1;
-    o.isa = MASKPACK_GDN_ISA_AUTO;
+    o.isa = MASKPACK_ISA_AUTO;
     o.skip_gate_check = 0;
     return o;
 }
@@ -43,12 +43,6 @@ const gdn_kernel *gdn_kernels(size_t *n) {
 }
 
 const mp_kernel_desc *gdn_kernel_desc(size_t i) { return i < N_GDN_KERNELS ? &GDN_KERNELS[i].desc : NULL; }
-
-maskpack_status maskpack_gdn_resolve_isa(maskpack_gdn_isa requested, maskpack_gdn_isa *resolved,
-                                         maskpack_error *err) {
-    MP_CHECK_NULL(err, resolved, "resolved");
-    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, requested, resolved, err);
-}
 
 /* ---- validation ------------------------------------------------------------------------------ */
 
