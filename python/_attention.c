@@ -27,8 +27,8 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     maskpack_tensor q, k, v, out, lse;
     int pq, pk, pv, po, pl;
     if (mpx_parse_layout(layout, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 || mpx_parse_tensor(dk, "k", &k, &pk) < 0 ||
-        mpx_parse_tensor(dv, "v", &v, &pv) < 0 || mpx_parse_tensor(dout, "out", &out, &po) < 0 ||
-        mpx_parse_tensor(dlse, "lse", &lse, &pl) < 0)
+        mpx_parse_tensor(dv, "v", &v, &pv) < 0 || mpx_parse_out_tensor(dout, "out", &out, &po) < 0 ||
+        mpx_parse_out_tensor(dlse, "lse", &lse, &pl) < 0)
         return NULL;
     maskpack_error err;
     maskpack_status s;
@@ -56,7 +56,7 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     int present[9];
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
-        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if ((i >= 6 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
     for (int i = 0; i < 9; i++) p[i] = present[i] ? &t[i] : NULL;
     maskpack_error err;
@@ -118,7 +118,7 @@ static PyObject *py_op_forward(PyObject *m, PyObject *args) {
     maskpack_tensor t[5], *p[5];
     int present[5];
     for (int i = 0; i < 5; i++) {
-        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if ((i >= 3 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
         p[i] = present[i] ? &t[i] : NULL;
     }
     maskpack_error err;
@@ -145,7 +145,7 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
     maskpack_tensor t[9], *p[9];
     int present[9];
     for (int i = 0; i < 9; i++) {
-        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if ((i >= 6 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
         p[i] = present[i] ? &t[i] : NULL;
     }
     maskpack_error err;
@@ -179,7 +179,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     maskpack_comm comm;
     if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 5; i++)
-        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if ((i >= 3 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -211,7 +211,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     maskpack_comm comm;
     if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
     for (int i = 0; i < 9; i++)
-        if (mpx_parse_tensor(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
+        if ((i >= 6 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_tensor *p[9];
     for (int i = 0; i < 9; i++) p[i] = present[i] ? &t[i] : NULL;
     maskpack_error err;

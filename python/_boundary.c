@@ -42,13 +42,18 @@ static PyObject *py_status_message(PyObject *m, PyObject *arg) {
     return PyUnicode_FromString(maskpack_status_message((maskpack_status)s));
 }
 
-static PyObject *py_set_error_type(PyObject *m, PyObject *type) {
-    (void)m;
-    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_Exception)) {
-        PyErr_SetString(PyExc_TypeError, "expected an exception type");
-        return NULL;
+/* (maskpack.Error[, its subclass for refused tensor arguments]) -> None */
+static PyObject *py_set_error_type(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *type, *arg_type = NULL;
+    if (!PyArg_ParseTuple(args, "O|O", &type, &arg_type)) return NULL;
+    for (int i = 0; i < 2; i++) {
+        PyObject *t = i ? arg_type : type;
+        if (t && (!PyType_Check(t) || !PyType_IsSubtype((PyTypeObject *)t, (PyTypeObject *)PyExc_Exception))) {
+            PyErr_SetString(PyExc_TypeError, "expected an exception type");
+            return NULL;
+        }
     }
-    mpx_set_error_type(type);
+    mpx_set_error_type(type, arg_type);
     Py_RETURN_NONE;
 }
 
@@ -62,12 +67,15 @@ static PyObject *py_register_torch(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* (tensor or array) -> (dtype code, shape, strides in elements, address): what the one tensor reader
- * makes of an argument, so that tests check its dtype tables against maskpack.h. */
-static PyObject *py_tensor_info(PyObject *m, PyObject *obj) {
-    (void)m;
+/* (tensor or array[, name]) -> (dtype code, shape, strides in elements, address): what the one tensor reader
+ * makes of an argument (its refusal naming the argument `name`), so that the package asks the reader for a
+ * dtype it does not know and tests check the reader's dtype tables against maskpack.h. */
+static PyObject *py_tensor_info(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *obj;
+    const char *name = "x";
+    if (!PyArg_ParseTuple(args, "O|s", &obj, &name)) return NULL;
     maskpack_tensor t;
-    if (mpx_parse_given_tensor(obj, "x", &t) < 0) return NULL;
+    if (mpx_parse_given_tensor(obj, name, &t) < 0) return NULL;
     PyObject *shape = PyTuple_New(t.ndim), *strides = PyTuple_New(t.ndim);
     if (!shape || !strides) goto fail;
     for (int32_t i = 0; i < t.ndim; i++) {
@@ -210,9 +218,10 @@ static PyMethodDef methods[] = {
     {"version_number", py_version_number, METH_NOARGS, "() -> MAJOR*10000 + MINOR*100 + PATCH"},
     {"status_names", py_status_names, METH_NOARGS, "() -> status names indexed by code"},
     {"status_message", py_status_message, METH_O, "(code) -> generic description"},
-    {"_set_error_type", py_set_error_type, METH_O, "(type) -> None: the exception raised on failures"},
+    {"_set_error_type", py_set_error_type, METH_VARARGS,
+     "(type[, argument_type]) -> None: the exceptions raised on failures and on refused tensor arguments"},
     {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, torch.utils.dlpack.to_dlpack) -> None"},
-    {"tensor_info", py_tensor_info, METH_O, "(tensor or array) -> (dtype code, shape, strides, address) as read"},
+    {"tensor_info", py_tensor_info, METH_VARARGS, "(tensor or array[, name]) -> (dtype code, shape, strides, address) as read"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ static int parse_many(PyObject *descs, const char *const *names, int n, maskpack
     }
     for (int i = 0; i < n; i++) {
         int present;
-        if (mpx_parse_tensor(PyTuple_GET_ITEM(descs, i), names[i], &ts[i], &present) < 0) return -1;
+        if (mpx_parse_torch_tensor(PyTuple_GET_ITEM(descs, i), names[i], &ts[i], &present) < 0) return -1;
         ptrs[i] = present ? &ts[i] : NULL;
     }
     return 0;
@@ -479,7 +479,7 @@ static PyObject *py_check_gate(PyObject *m, PyObject *args) {
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
     maskpack_tensor g;
     int present;
-    if (mpx_parse_tensor(gobj, "g", &g, &present) < 0) return NULL;
+    if (mpx_parse_torch_tensor(gobj, "g", &g, &present) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_check_gate(L, present ? &g : NULL, &err);

@@ -249,7 +249,7 @@ static PyObject *py_mask2d_from_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiO", &desc, &conv, &odesc)) return NULL;
     maskpack_tensor t, o;
     if (mpx_parse_given_tensor(desc, "mask", &t) < 0) return NULL;
-    if (mpx_parse_given_tensor(odesc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(odesc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -385,7 +385,7 @@ static PyObject *simple_out(PyObject *args, out_fn fn) {
     PyObject *h, *desc;
     if (!PyArg_ParseTuple(args, "O!O", &mpx_LayoutType, &h, &desc)) return NULL;
     maskpack_tensor o;
-    if (mpx_parse_given_tensor(desc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -408,7 +408,7 @@ static PyObject *py_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
     int conv, fill;
     if (!PyArg_ParseTuple(args, "O!iiO", &mpx_LayoutType, &h, &conv, &fill, &desc)) return NULL;
     maskpack_tensor o;
-    if (mpx_parse_given_tensor(desc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -424,7 +424,7 @@ static PyObject *py_cu_seqlens(PyObject *Py_UNUSED(m), PyObject *args) {
     int form, kv;
     if (!PyArg_ParseTuple(args, "O!ipO", &mpx_LayoutType, &h, &form, &kv, &desc)) return NULL;
     maskpack_tensor o;
-    if (mpx_parse_given_tensor(desc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -440,7 +440,7 @@ static PyObject *py_seqlens(PyObject *Py_UNUSED(m), PyObject *args) {
     int kv;
     if (!PyArg_ParseTuple(args, "O!pO", &mpx_LayoutType, &h, &kv, &desc)) return NULL;
     maskpack_tensor o;
-    if (mpx_parse_given_tensor(desc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -468,7 +468,7 @@ static int contiguous_i32(PyObject *desc, int64_t numel, const char *name, int32
     *out = NULL;
     if (desc == Py_None) return 0;
     maskpack_tensor t;
-    if (mpx_parse_given_tensor(desc, name, &t) < 0) return -1;
+    if (mpx_parse_given_out_tensor(desc, name, &t) < 0) return -1;
     if (t.dtype != MASKPACK_I32) {
         PyErr_Format(PyExc_TypeError, "%s: expected an int32 buffer", name);
         return -1;
@@ -608,7 +608,7 @@ static PyObject *py_npu_args(PyObject *Py_UNUSED(m), PyObject *args) {
         }
         int fill = PyTuple_GET_ITEM(pair, 1) != Py_None;
         maskpack_tensor o;
-        if (fill && mpx_parse_given_tensor(PyTuple_GET_ITEM(pair, 1), "atten_mask", &o) < 0) {
+        if (fill && mpx_parse_given_out_tensor(PyTuple_GET_ITEM(pair, 1), "atten_mask", &o) < 0) {
             Py_DECREF(pair);
             goto done;
         }
@@ -811,7 +811,7 @@ static PyObject *py_cp_shard_indices(PyObject *Py_UNUSED(m), PyObject *args) {
     int scheme;
     if (!PyArg_ParseTuple(args, "O!LLiO", &mpx_LayoutType, &h, &cp, &rank, &scheme, &desc)) return NULL;
     maskpack_tensor o;
-    if (mpx_parse_given_tensor(desc, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -828,7 +828,7 @@ static PyObject *py_cp_last_token(PyObject *Py_UNUSED(m), PyObject *args) {
     int scheme;
     if (!PyArg_ParseTuple(args, "O!LiOO", &mpx_LayoutType, &h, &cp, &scheme, &d1, &d2)) return NULL;
     maskpack_tensor r, l;
-    if (mpx_parse_given_tensor(d1, "rank", &r) < 0 || mpx_parse_given_tensor(d2, "local", &l) < 0) return NULL;
+    if (mpx_parse_given_out_tensor(d1, "rank", &r) < 0 || mpx_parse_given_out_tensor(d2, "local", &l) < 0) return NULL;
     maskpack_error err;
     maskpack_status s = maskpack_cp_last_token(mpx_layout(h), (int64_t)cp, (maskpack_cp_scheme)scheme, &r, &l, &err);
     if (s) return mpx_raise_status(s, &err);

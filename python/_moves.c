@@ -6,6 +6,7 @@
  */
 #include "ext_common.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ---- the relayout plan handle ------------------------------------------------------------------ */
@@ -124,10 +125,12 @@ static PyObject *py_plan_execute(PyObject *Py_UNUSED(m), PyObject *args) {
     PyObject *ret = NULL;
     maskpack_tensor o;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (mpx_parse_given_tensor(PyTuple_GET_ITEM(xs, i), "x", &X[i]) < 0) goto done;
+        char name[32] = "x"; /* x[i] of several sources */
+        if (n > 1) snprintf(name, sizeof name, "x[%zd]", i);
+        if (mpx_parse_given_tensor(PyTuple_GET_ITEM(xs, i), name, &X[i]) < 0) goto done;
         XP[i] = &X[i];
     }
-    if (mpx_parse_given_tensor(odesc, "out", &o) < 0) goto done;
+    if (mpx_parse_given_out_tensor(odesc, "out", &o) < 0) goto done;
     if (check_pad(pad, o.dtype) < 0) goto done;
     {
         maskpack_error err;
@@ -149,9 +152,11 @@ done:
     return ret;
 }
 
-/* (plan, x, out, pad bytes | None, team | None) -> True when done, False when x or out is not
- * readable by the one tensor reader (another device, a tensor that requires grad...: the package then
- * takes its full path, which names the problem). */
+/* The one-tensor move into a given out: (plan, x, out, pad bytes | None, team | None) -> True when done,
+ * False when the reader does not take x or out as they are (a list or DLPack producer the package
+ * converts, a lazily negated input it resolves, or a refusal: the package's path then reads them again,
+ * converted, and the reader's refusal, the one message for that failure, names the argument). It saves
+ * that path's allocation and tuple, not a check: the package checks no tensor itself. */
 static PyObject *py_move(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) return PyErr_Format(PyExc_TypeError, "move: expected 5 arguments, found %zd", nargs);
     PyObject *plan = args[0], *x = args[1], *out = args[2], *pad = args[3], *team = args[4];
@@ -184,7 +189,7 @@ static PyObject *py_shift_labels(PyObject *Py_UNUSED(m), PyObject *args) {
     long long ignore;
     if (!PyArg_ParseTuple(args, "O!OLO", &mpx_LayoutType, &h, &ld, &ignore, &od)) return NULL;
     maskpack_tensor l, o;
-    if (mpx_parse_given_tensor(ld, "labels", &l) < 0 || mpx_parse_given_tensor(od, "out", &o) < 0) return NULL;
+    if (mpx_parse_given_tensor(ld, "labels", &l) < 0 || mpx_parse_given_out_tensor(od, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
@@ -202,7 +207,7 @@ static PyObject *py_loss_weights(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OLiO", &mpx_LayoutType, &h, &ld, &ignore, &mode, &od)) return NULL;
     maskpack_tensor l, o;
     int has_labels = 0;
-    if (mpx_parse_tensor(ld, "labels", &l, &has_labels) < 0 || mpx_parse_given_tensor(od, "out", &o) < 0) return NULL;
+    if (mpx_parse_tensor(ld, "labels", &l, &has_labels) < 0 || mpx_parse_given_out_tensor(od, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
     double denom = 0;

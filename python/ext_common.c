@@ -5,6 +5,7 @@
  */
 #include "ext_common.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,11 +75,13 @@ int mpx_parse_team(PyObject *obj, maskpack_workers **team) {
 
 /* maskpack.Error, registered by the package at import (maskpack/__init__.py); a strong reference held
  * for the life of the process, as the type objects of the module are. */
-static PyObject *error_type;
+static PyObject *error_type, *argument_error_type;
 
-void mpx_set_error_type(PyObject *type) {
+void mpx_set_error_type(PyObject *type, PyObject *argument_type) {
     Py_INCREF(type);
     Py_XSETREF(error_type, type);
+    Py_XINCREF(argument_type);
+    Py_XSETREF(argument_error_type, argument_type);
 }
 
 PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err) {
@@ -156,6 +159,45 @@ PyObject *mpx_i64_list(const int64_t *v, int64_t n) {
 }
 
 /* ---- tensors --------------------------------------------------------------------------------- */
+
+/* The tensor reader's refusal of an argument, the one per failure: maskpack.Error's argument subclass (a
+ * maskpack.Error with status and argument that is also a TypeError), or a TypeError before the package
+ * registered it. Always -1. */
+static int refuse(maskpack_status status, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    if (!msg) return -1;
+    PyObject *type = argument_error_type;
+    if (!type) {
+        PyErr_SetObject(PyExc_TypeError, msg);
+        Py_DECREF(msg);
+        return -1;
+    }
+    Py_INCREF(type);
+    PyObject *exc = PyObject_CallFunction(type, "Osis()", msg, maskpack_status_name(status), (int)status, name);
+    if (exc) {
+        PyErr_SetObject(type, exc);
+        Py_DECREF(exc);
+    }
+    Py_DECREF(type);
+    Py_DECREF(msg);
+    return -1;
+}
+
+/* str(getattr(x, attr)), or "?" (no exception left) */
+static PyObject *attr_str(PyObject *x, const char *attr) {
+    PyObject *a = PyObject_GetAttrString(x, attr), *s = a ? PyObject_Str(a) : NULL;
+    Py_XDECREF(a);
+    if (!s) {
+        PyErr_Clear();
+        s = PyUnicode_FromString("?");
+    }
+    return s;
+}
+
+#define DTYPES_EXPECTED "expected one of bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
 
 int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t cap, Py_ssize_t *n_out) {
     PyObject *seq = PySequence_Fast(obj, "expected a sequence");
@@ -254,18 +296,39 @@ static int too_many_dims(const char *name, Py_ssize_t nd) {
     return -1;
 }
 
-/* The pending exception replaced by a TypeError "name: what (its message)"; -1. */
-static int type_error_from(const char *name, const char *what) {
+/* The pending exception replaced by the refusal "name: what (its message)"; -1. */
+static int refuse_from(maskpack_status status, const char *name, const char *what) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     PyObject *msg = ev ? PyObject_Str(ev) : NULL;
     if (!msg) PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s: %s (%s)", name, what, msg ? PyUnicode_AsUTF8(msg) : "no reason given");
-    Py_XDECREF(msg);
     Py_XDECREF(et);
     Py_XDECREF(ev);
     Py_XDECREF(tb);
+    refuse(status, name, "%s: %s (%S)", name, what, msg ? msg : Py_None);
+    Py_XDECREF(msg);
     return -1;
+}
+
+/* A torch tensor's refusal for its device: "maskpack reads host memory; found a tensor on <device>". */
+static int refuse_device(PyObject *x, const char *name) {
+    PyObject *dev = attr_str(x, "device");
+    refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: maskpack reads host memory; found a tensor on %U (call .cpu() first)", name,
+           dev);
+    Py_DECREF(dev);
+    return -1;
+}
+
+/* x.is_cpu (1 when it cannot be read: the refusal then names torch's reason) */
+static int is_cpu(PyObject *x) {
+    PyObject *c = PyObject_GetAttrString(x, "is_cpu");
+    if (!c) {
+        PyErr_Clear();
+        return 1;
+    }
+    int r = c != Py_False;
+    Py_DECREF(c);
+    return r;
 }
 
 /* A torch tensor -> *t. The storage stays alive while the caller holds x; the capsule only borrows it
@@ -278,26 +341,33 @@ static int read_torch(PyObject *x, const char *name, maskpack_tensor *t) {
     if (!neg) return -1;
     int is_neg = neg != Py_False;
     Py_DECREF(neg);
-    if (is_neg) {
-        PyErr_Format(PyExc_TypeError, "%s: a tensor with the negative bit set (pass %s.resolve_neg())", name, name);
-        return -1;
-    }
+    if (is_neg) return refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: a tensor with the negative bit set (pass %s.resolve_neg())", name, name);
     PyObject *cap = PyObject_CallOneArg(torch_to_dlpack, x);
-    if (!cap) /* sparse, meta, conjugated...: named, with torch's reason */
-        return type_error_from(name, "this tensor cannot be read as a strided host tensor");
+    if (!cap) { /* on another device (meta...), sparse, conjugated...: named, with torch's reason */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (!is_cpu(x)) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            return refuse_device(x, name);
+        }
+        PyErr_Restore(et, ev, tb);
+        return refuse_from(MASKPACK_ERR_UNSUPPORTED, name, "this tensor cannot be read as a strided host tensor");
+    }
     int rc = -1;
     const dlpack_managed *mt = PyCapsule_GetPointer(cap, "dltensor");
     if (!mt) goto done;
     const dlpack_tensor *d = &mt->dl_tensor;
     int dt = dlpack_dtype_code(d->dtype);
     if (d->device.device_type != 1) {
-        PyErr_Format(PyExc_TypeError, "%s: maskpack reads host memory; this tensor is on an accelerator (call .cpu() first)",
-                     name);
+        refuse_device(x, name);
         goto done;
     }
     if (dt < 0) {
-        PyErr_Format(PyExc_TypeError, "%s: dtype (DLPack code %d, %d bits) is not supported", name, d->dtype.code,
-                     d->dtype.bits);
+        PyObject *dts = attr_str(x, "dtype");
+        refuse(MASKPACK_ERR_DTYPE, name, "%s: dtype %U is not supported (" DTYPES_EXPECTED ")", name, dts);
+        Py_DECREF(dts);
         goto done;
     }
     if (d->ndim > MASKPACK_MAX_DIMS) {
@@ -325,9 +395,15 @@ done:
  * be resized), and holding it would pin the array until the call returns for nothing. */
 static int read_buffer(PyObject *x, const char *name, int writable, maskpack_tensor *t) {
     Py_buffer view;
-    if (PyObject_GetBuffer(x, &view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0)
-        return type_error_from(name, writable ? "cannot write into this object as a strided buffer (read-only?)"
-                                              : "cannot read this object as a strided buffer");
+    if (PyObject_GetBuffer(x, &view, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) < 0) {
+        if (writable && PyObject_GetBuffer(x, &view, PyBUF_RECORDS_RO) == 0) { /* readable: read-only */
+            PyBuffer_Release(&view);
+            PyErr_Clear();
+            return refuse(MASKPACK_ERR_INVALID_ARGUMENT, name, "%s: expected a writable array, found a read-only one",
+                          name);
+        }
+        return refuse_from(MASKPACK_ERR_INVALID_ARGUMENT, name, "cannot read this object as a strided buffer");
+    }
     const char *f = view.format ? view.format : "B";
     if (*f == '=' || *f == '@' || (*f == '<' && 1 == *(const unsigned char *)&(uint16_t){1})) f++;
     int dt = -1;
@@ -345,7 +421,8 @@ static int read_buffer(PyObject *x, const char *name, int writable, maskpack_ten
         }
     int rc = -1;
     if (dt < 0 || (size_t)view.itemsize != maskpack_dtype_size((maskpack_dtype)dt)) {
-        PyErr_Format(PyExc_TypeError, "%s: element format '%s' is not supported", name, view.format ? view.format : "B");
+        refuse(MASKPACK_ERR_DTYPE, name, "%s: element format '%s' is not supported (" DTYPES_EXPECTED ")", name,
+               view.format ? view.format : "B");
         goto done;
     }
     if (view.ndim > MASKPACK_MAX_DIMS) {
@@ -355,7 +432,7 @@ static int read_buffer(PyObject *x, const char *name, int writable, maskpack_ten
     memset(t, 0, sizeof *t);
     for (int d = 0; d < view.ndim; d++) {
         if (view.strides[d] % view.itemsize) {
-            PyErr_Format(PyExc_TypeError, "%s: a stride that is not a whole number of elements", name);
+            refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: a stride that is not a whole number of elements", name);
             goto done;
         }
         t->shape[d] = view.shape[d];
@@ -370,20 +447,24 @@ done:
     return rc;
 }
 
-static int parse(PyObject *obj, const char *name, int writable, maskpack_tensor *t, int *present) {
+/* how: READ_OUT (the library writes it), READ_TORCH (the kernels: torch tensors only) */
+enum { READ_OUT = 1, READ_TORCH = 2 };
+
+static int parse(PyObject *obj, const char *name, int how, maskpack_tensor *t, int *present) {
     memset(t, 0, sizeof *t);
     *present = 0;
     if (obj == Py_None) return 0;
     int rc;
     if (torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)torch_tensor_type))
         rc = read_torch(obj, name, t);
+    else if (how & READ_TORCH)
+        rc = refuse(MASKPACK_ERR_INVALID_ARGUMENT, name, "%s: expected a torch tensor, found %.100s", name,
+                    Py_TYPE(obj)->tp_name);
     else if (PyObject_CheckBuffer(obj))
-        rc = read_buffer(obj, name, writable, t);
-    else {
-        PyErr_Format(PyExc_TypeError, "%s: expected a torch tensor or a numpy array, found %.100s", name,
-                     Py_TYPE(obj)->tp_name);
-        rc = -1;
-    }
+        rc = read_buffer(obj, name, how & READ_OUT, t);
+    else
+        rc = refuse(MASKPACK_ERR_INVALID_ARGUMENT, name, "%s: expected a torch tensor or a numpy array, found %.100s",
+                    name, Py_TYPE(obj)->tp_name);
     if (rc == 0) *present = 1;
     return rc;
 }
@@ -393,15 +474,24 @@ int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *p
 }
 
 int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present) {
-    return parse(obj, name, 1, t, present);
+    return parse(obj, name, READ_OUT, t, present);
+}
+
+int mpx_parse_given_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t) {
+    int present = 0;
+    if (obj == Py_None)
+        return refuse(MASKPACK_ERR_NULL_ARGUMENT, name, "%s: expected an array or tensor, found None", name);
+    return parse(obj, name, READ_OUT, t, &present);
+}
+
+int mpx_parse_torch_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present) {
+    return parse(obj, name, READ_TORCH, t, present);
 }
 
 int mpx_parse_given_tensor(PyObject *obj, const char *name, maskpack_tensor *t) {
     int present = 0;
-    if (obj == Py_None) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a tensor or array, found None", name);
-        return -1;
-    }
+    if (obj == Py_None)
+        return refuse(MASKPACK_ERR_NULL_ARGUMENT, name, "%s: expected an array or tensor, found None", name);
     return mpx_parse_tensor(obj, name, t, &present);
 }
 

@@ -80,8 +80,9 @@ int mpx_parse_team(PyObject *obj, maskpack_workers **team);
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-/* (exception type) -> the type raised for failed calls from now on (maskpack.Error, set by the package). */
-void mpx_set_error_type(PyObject *type);
+/* (exception type, its subclass for refused tensor arguments or NULL) -> the types raised from now on
+ * (maskpack.Error and its argument subclass, also a TypeError: set by the package). */
+void mpx_set_error_type(PyObject *type, PyObject *argument_type);
 
 /* (status, error or NULL) -> NULL with maskpack.Error(message, status_name, code, argument, index) set. */
 PyObject *mpx_raise_status(maskpack_status status, const maskpack_error *err);
@@ -105,11 +106,12 @@ int mpx_parse_i64_seq(PyObject *obj, const char *name, int64_t *out, Py_ssize_t 
  * take torch tensors (the module never imports torch itself). */
 int mpx_register_torch(PyObject *tensor_type, PyObject *to_dlpack);
 
-/* The one reader of a tensor argument: (a torch CPU strided tensor, read through DLPack; a numpy
- * array or other native-endian buffer, through the buffer protocol; or None) -> *t, *present = 0 for
- * None. The caller keeps obj referenced for as long as it uses t. Anything else, another device, a
- * dtype maskpack lacks or a lazily negated torch view: a TypeError naming the argument; more than
- * MASKPACK_MAX_DIMS dimensions: maskpack.Error (SHAPE). */
+/* The one reader of a tensor argument, and the package's one gate for them: (a torch CPU strided tensor,
+ * read through DLPack; a numpy array or other native-endian buffer, through the buffer protocol; or None)
+ * -> *t, *present = 0 for None. The caller keeps obj referenced for as long as it uses t. Anything else,
+ * another device, a dtype maskpack lacks or a lazily negated torch view: one refusal per failure, a
+ * maskpack.Error naming the argument (status INVALID_ARGUMENT, UNSUPPORTED or DTYPE) of the argument
+ * subclass, which is also a TypeError; more than MASKPACK_MAX_DIMS dimensions: maskpack.Error (SHAPE). */
 int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
 /* As mpx_parse_tensor, for an argument the library writes: a read-only buffer (a numpy array with
  * writeable=False) is a TypeError. (The package checks its outputs before they get here; this is for
@@ -117,6 +119,10 @@ int mpx_parse_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *p
 int mpx_parse_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
 /* As mpx_parse_tensor for an argument that must be given: None is a TypeError naming it. */
 int mpx_parse_given_tensor(PyObject *obj, const char *name, maskpack_tensor *t);
+/* As mpx_parse_out_tensor for an output that must be given. */
+int mpx_parse_given_out_tensor(PyObject *obj, const char *name, maskpack_tensor *t);
+/* As mpx_parse_tensor for the kernels, which take torch tensors only (anything else: INVALID_ARGUMENT). */
+int mpx_parse_torch_tensor(PyObject *obj, const char *name, maskpack_tensor *t, int *present);
 
 /* ---- the rule -------------------------------------------------------------------------------- */
 

@@ -13,10 +13,10 @@ failure raises :class:`maskpack.Error` (a ValueError) with ``status``, ``code``,
 """
 
 from . import _maskpack
-from ._errors import Error, _STATUS_NAMES
+from ._errors import ArgumentError as _ArgumentError, Error, _STATUS_NAMES
 
 _STATUS_NAMES.extend(_maskpack.status_names())
-_maskpack._set_error_type(Error)
+_maskpack._set_error_type(Error, _ArgumentError)
 
 # The public names, in one table: module -> the names it gives the package. Modules marked lazy need torch
 # (or transformers) and load on first use of one of their names, so `import maskpack` stays torch-free;

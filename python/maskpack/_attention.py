@@ -103,7 +103,7 @@ def _op(layout, handle, dq, dk, threads, isa):
     if len(qs) < 3 or len(ks) < 3:
         return None
     # the op picks its kernel when made, MASKPACK_ISA included: a change of the variable makes another
-    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), dtype_code(dq), threads, isa,
+    key = ("attention_op", int(qs[-2]), int(ks[-2]), int(qs[-1]), dtype_code(dq, "q"), threads, isa,
            os.environ.get("MASKPACK_ISA") if isa == 0 else None)
     cache = _cache_of(layout)
     op = cache.get(key)

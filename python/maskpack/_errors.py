@@ -41,6 +41,13 @@ class Error(ValueError):
         return (type(self), (self.message, self.status, self.code, self.argument, self.index))
 
 
+class ArgumentError(Error, TypeError):
+    """A tensor argument the extension's reader refused (another device, a dtype maskpack lacks, a lazily
+    negated view, a read-only output, an object that is no tensor): a maskpack.Error with its status and
+    argument, and a TypeError, as such refusals have always been. The reader raises it, once per failure
+    (python/ext_common.c)."""
+
+
 _STATUS_NAMES: list = []
 
 

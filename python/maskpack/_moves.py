@@ -475,7 +475,7 @@ def _run_c(move: _Move, srcs: list, dst, xs: list, out: Any, pad_value: Any, thr
                         f"{descs[0].ndim}", "MASKPACK_ERR_SHAPE", argument="x")
         out = _alloc_like(xs[0], tuple(move.dst_grid) + tuple(descs[0].shape[lead:]))
     od = describe_out(out, "out")[0]
-    pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[dtype_code(od)])
+    pad = None if (pad_value is None or pad_value == 0) else _pad_bytes(pad_value, _DTYPE_NAMES[dtype_code(od, "out")])
     _maskpack.plan_execute(plan, tuple(descs), od, pad, _team(threads))
     return out
 

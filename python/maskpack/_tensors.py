@@ -1,11 +1,13 @@
-"""Tensor arguments for the C extension, checked and converted here, read there.
+"""Tensor arguments for the C extension, converted here, read (and checked) there.
 
 The extension reads torch CPU tensors (through DLPack) and numpy arrays (through the buffer protocol)
-itself, with one reader (python/ext_common.c): nothing else crosses. This module turns what users pass
-(lists, DLPack producers, buffer objects, lazily negated torch views) into one of those two, without
-copying where it can, and names the argument when it cannot; it allocates outputs (numpy, or torch
-when the caller works in torch) for the C library to fill. The caller keeps the returned objects
-referenced until the C call returns.
+itself, with one reader (python/ext_common.c), which is the package's one gate for tensor arguments: it
+refuses another device, a dtype maskpack lacks, a lazily negated view, a read-only output, each with one
+message (a maskpack.Error naming the argument, which is also a TypeError). This module only converts what
+users pass (lists, DLPack producers, buffer objects, lazily negated torch inputs, ml_dtypes bfloat16
+arrays) into one of those two, without copying where it can, and names the argument when it cannot; it
+allocates outputs (numpy, or torch when the caller works in torch) for the C library to fill. The caller
+keeps the returned objects referenced until the C call returns.
 """
 
 from __future__ import annotations
@@ -79,22 +81,22 @@ def register_torch() -> None:
         _TORCH_REGISTERED.append(True)
 
 
-def dtype_code(x: Any) -> int:
-    """The dtype code of a tensor or array that describe() accepted."""
-    if isinstance(x, np.ndarray):
-        return _np_code(x.dtype)
-    return _torch_code(_torch(), x.dtype)
+def dtype_code(x: Any, name: Optional[str] = None) -> Optional[int]:
+    """The dtype code of a tensor or array describe() returned; a dtype maskpack lacks: None, or with
+    ``name`` the tensor reader's refusal naming it (the one message for that failure)."""
+    code = _np_code(x.dtype) if isinstance(x, np.ndarray) else _torch_code(_torch(), x.dtype)
+    if code is None and name is not None:
+        _maskpack.tensor_info(x, name)  # raises the reader's refusal
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported")  # not reached: the reader refuses it
+    return code
 
 
-def _describe_numpy(a: np.ndarray, name: str):  # -> (what the extension reads, the array behind it)
-    code = _np_code(a.dtype)
-    if code is None:
-        raise TypeError(f"{name}: dtype {a.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
+def _describe_numpy(a: np.ndarray, name: str):  # -> what the extension reads (its dtype: the reader's to check)
     item = a.dtype.itemsize
-    if any(s % item for s in a.strides):
+    if item and any(s % item for s in a.strides):
         # strides that are not whole elements (a view into a record array): the only case that copies
         a = np.ascontiguousarray(a)
-    if code == DTYPE_CODE["bfloat16"]:  # ml_dtypes' bfloat16 has no buffer format: read as a torch view
+    if a.dtype.name == "bfloat16" and item == 2:  # ml_dtypes' bfloat16 has no buffer format: read as a torch view
         t = _torch()
         if t is None:
             try:
@@ -102,20 +104,12 @@ def _describe_numpy(a: np.ndarray, name: str):  # -> (what the extension reads, 
             except ImportError:
                 raise TypeError(f"{name}: a bfloat16 numpy array needs torch to cross into maskpack") from None
         register_torch()
-        return t.from_numpy(a.view(np.uint16)).view(t.bfloat16), a
-    return a, a
+        return t.from_numpy(a.view(np.uint16)).view(t.bfloat16)  # (the view holds a)
+    return a
 
 
-def _describe_torch(x, name: str):  # -> the tensor the extension reads
-    t = _torch()
-    if x.layout != t.strided:
-        raise TypeError(f"{name}: expected a dense (strided) tensor, found layout {x.layout}")
-    if not x.is_cpu:
-        raise TypeError(f"{name}: maskpack reads host memory; found a tensor on {x.device} (call .cpu() first)")
-    code = _torch_code(t, x.dtype)
-    if code is None:
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported (expected one of {', '.join(DTYPE_NAMES)})")
-    if x.is_neg():  # a lazily negated view (e.g. conj().imag): its memory holds -x, so read a resolved copy
+def _describe_torch(x, resolve: bool):  # -> the tensor the extension reads (its device, layout, dtype: the reader's)
+    if resolve and x.is_neg():  # an input lazily negated (e.g. conj().imag): its memory holds -x, read a resolved copy
         x = x.resolve_neg()
     register_torch()
     return x
@@ -124,25 +118,12 @@ def _describe_torch(x, name: str):  # -> the tensor the extension reads
 def describe_kernel(t: Any, name: str) -> Any:
     """A kernel argument (a torch CPU tensor, or None) -> the tensor for the extension, or None.
 
-    The kernels (GDN, conv) take torch tensors only and refuse what describe() would convert: anything
-    but a torch tensor, a tensor on another device, a lazily negated view (its memory holds -t; a
-    resolved copy would not be the tensor autograd tracks) -- each a maskpack.Error naming the
-    argument."""
-    if t is None:
-        return None
-    tm = _torch()
-    if tm is None or not isinstance(t, tm.Tensor):
-        raise Error(f"{name}: expected a torch tensor, found {type(t).__name__}", "MASKPACK_ERR_INVALID_ARGUMENT",
-                    argument=name)
-    if t.device.type != "cpu":
-        raise Error(f"{name}: expected a CPU tensor, found one on {t.device}", "MASKPACK_ERR_UNSUPPORTED", argument=name)
-    code = _torch_code(tm, t.dtype)
-    if code is None:
-        raise Error(f"{name}: dtype {t.dtype} is not accepted", "MASKPACK_ERR_DTYPE", argument=name)
-    if t.is_neg():
-        raise Error(f"{name}: a tensor with the negative bit set; pass {name}.resolve_neg()", "MASKPACK_ERR_UNSUPPORTED",
-                    argument=name)
-    register_torch()
+    The kernels (GDN, conv) take torch tensors only, as they are: their bindings read them in the
+    reader's torch-only mode, which refuses anything but a torch tensor, a tensor on another device, a
+    dtype maskpack lacks, a lazily negated view (its memory holds -t; a resolved copy would not be the
+    tensor autograd tracks) -- each one maskpack.Error naming the argument. Nothing is checked here."""
+    if t is not None and is_torch_tensor(t):
+        register_torch()
     return t
 
 
@@ -154,21 +135,20 @@ def describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, bool]:
     Python lists and tuples are converted with ``np.asarray`` (``list_dtype`` when given, so that an
     empty list of lengths is an int64 array rather than float64).
     """
-    d, _array, is_torch = _describe(x, name, list_dtype)
-    return d, is_torch
+    return _describe(x, name, list_dtype, True)
 
 
-def _describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Optional[np.ndarray], bool]:
-    """describe() -> (what the extension reads, the numpy array behind it or None, is_torch)."""
+def _describe(x: Any, name: str, list_dtype, resolve: bool) -> Tuple[Any, bool]:
+    """describe() (resolve: read a lazily negated torch input resolved; an output is read as it is, and
+    refused) -> (what the extension reads, is_torch)."""
     if x is None:
-        raise TypeError(f"{name}: expected an array or tensor, found None")
+        _maskpack.tensor_info(None, name)  # raises the reader's refusal of a missing tensor
     if is_torch_tensor(x):
-        return _describe_torch(x, name), None, True
+        return _describe_torch(x, resolve), True
     if isinstance(x, np.ndarray):
-        d, a = _describe_numpy(x, name)
-        return d, a, False
-    if isinstance(x, (str, bytes, bytearray, dict, set)):
-        raise TypeError(f"{name}: expected an array or tensor, found {type(x).__name__}")
+        return _describe_numpy(x, name), False
+    if isinstance(x, (str, bytes, bytearray, dict, set)):  # (bytes would read as uint8: refused as the reader refuses str)
+        _refuse_object(x, name)
     if isinstance(x, (list, tuple)):
         try:
             a = np.asarray(x, dtype=list_dtype) if list_dtype is not None else np.asarray(x)
@@ -181,42 +161,38 @@ def _describe(x: Any, name: str, list_dtype=None) -> Tuple[Any, Optional[np.ndar
             raise TypeError(f"{name}: ragged or non-numeric {type(x).__name__}")
         if list_dtype is not None and len(x) and not all(_is_intlike(v) for v in np.ravel(np.asarray(x, dtype=object))):
             raise TypeError(f"{name}: expected integers")
-        d, a = _describe_numpy(a, name)
-        return d, a, False
+        return _describe_numpy(a, name), False
     if hasattr(x, "__dlpack__"):
         try:
             a = np.from_dlpack(x)
         except (TypeError, ValueError, RuntimeError, BufferError) as e:
             raise TypeError(f"{name}: cannot read {type(x).__name__} through DLPack ({e})") from None
-        d, a = _describe_numpy(a, name)
-        return d, a, False
+        return _describe_numpy(a, name), False
     try:
         mv = memoryview(x)
     except TypeError:
-        raise TypeError(
-            f"{name}: expected a numpy array, torch tensor, DLPack or buffer object, found {type(x).__name__}"
-        ) from None
+        _refuse_object(x, name)
     try:
         a = np.asarray(mv)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{name}: unsupported buffer format ({e})") from None
-    d, a = _describe_numpy(a, name)
-    return d, a, False
+    return _describe_numpy(a, name), False
 
 
 def describe_out(x: Any, name: str = "out") -> Tuple[Any, bool]:
-    """As describe, for a buffer the C library writes: read-only memory (a numpy array with
-    writeable=False, a view of bytes) is refused instead of being written through a raw pointer, and so
-    is a lazily negated torch view, whose memory would receive the values with the wrong sign."""
-    if is_torch_tensor(x) and x.is_neg():
-        raise TypeError(f"{name}: expected a tensor without the negative bit (out.is_neg() is True); "
-                        "write into out.resolve_neg() instead")
-    d, arr, is_torch = _describe(x, name)
-    if arr is not None and not arr.flags.writeable:
-        raise TypeError(f"{name}: expected a writable array, found a read-only one")
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        raise TypeError(f"{name}: expected a writable array, found a read-only one")
-    return d, is_torch
+    """As describe, for a buffer the C library writes, passed as it is: the reader refuses read-only memory
+    (a numpy array with writeable=False, a view of bytes) instead of writing through a raw pointer, and a
+    lazily negated torch view, whose memory would receive the values with the wrong sign."""
+    return _describe(x, name, None, False)
+
+
+def _refuse_object(x: Any, name: str) -> None:
+    """An object that is no tensor and converts to none: the reader's refusal (python/ext_common.c), in its
+    words and type."""
+    from ._errors import ArgumentError
+
+    raise ArgumentError(f"{name}: expected a torch tensor or a numpy array, found {type(x).__name__}",
+                        "MASKPACK_ERR_INVALID_ARGUMENT", argument=name) from None
 
 
 def _is_intlike(v) -> bool:
