@@ -42,6 +42,42 @@ _SUBMODULES = ("hf",)  # maskpack.hf (a transformers model on maskpack in one ca
 
 import importlib as _importlib  # noqa: E402
 
+from . import _runtime  # noqa: E402
+
+
+# The paths a lower layer takes through a layer above it, by name (maskpack._runtime.above), each loading the
+# module above that provides it on the first call that takes it: nothing below imports a module above it.
+# Each is an import statement, which torch.compile's tracer runs as it traces (importlib would break the
+# graph), so a traced call may be the first.
+def _above_cp():
+    from . import distributed  # a kernel given group=: its context-parallel path; Batch.to_padded(group=)
+
+    return distributed
+
+
+def _above_compile():
+    from . import _compile  # a call under torch.compile: its custom op
+
+    return _compile
+
+
+def _above_gdn():
+    from . import gdn  # Batch.fla_kwargs under CP
+
+    return gdn
+
+
+def _above_hf():
+    from . import hf  # Batch.hf_kwargs under CP
+
+    return hf
+
+
+_ABOVE = {"cp": _above_cp, "compile": _above_compile, "gdn": _above_gdn, "hf": _above_hf}
+for _path, _load in _ABOVE.items():
+    _runtime.provide(_path, _load)
+del _path, _load
+
 for _mod, _names in _EAGER.items():
     _m = _importlib.import_module(_mod, __name__)
     globals().update({_n: getattr(_m, _n) for _n in _names})

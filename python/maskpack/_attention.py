@@ -28,6 +28,7 @@ from ._errors import Error
 from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, dtype_code, is_torch_tensor,
                        isa_code, layout_handle)
 from ._runtime import cache_of as _cache_of, team as _team
+from ._runtime import above as _above  # the layers above this one, by name (see there)
 from ._tensors import compiling
 
 __all__ = ["attention", "attention_backward", "attention_autograd", "attention_isa", "AttentionFunction"]
@@ -157,23 +158,17 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
     if group is not None:
         if out is not None:
             raise TypeError("attention(): out= cannot be combined with group=")
-        from .distributed import attention_cp
-
         if isa is not None:
             raise TypeError("attention(): isa= cannot be combined with group= (the CP algorithms choose their kernels)")
         if compiling():  # the whole CP call is one opaque op (maskpack._compile.cp_call), collectives included
-            from . import _compile
-
-            return _compile.cp_call("attention", [q, k, v], layout, group,
-                                    dict(scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
-                                         scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm))[0]
-        return attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
-                            scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
+            return _above("compile").cp_call("attention", [q, k, v], layout, group,
+                                             dict(scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
+                                                  scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm))[0]
+        return _above("cp").attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
+                                         scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
     code = isa_code(isa)
     if out is None and compiling():  # under torch.compile: one custom op (maskpack._compile), autograd included
-        from . import _compile
-
-        return _compile.attention(q, k, v, layout, scale, softcap, _alias(threads, n_threads), code)
+        return _above("compile").attention(q, k, v, layout, scale, softcap, _alias(threads, n_threads), code)
     if _needs_grad(q, k, v):
         if out is not None:
             raise TypeError("attention(): out= cannot be used when autograd records (an input requires grad)")
@@ -253,9 +248,7 @@ class AttentionFunction:
     @staticmethod
     def apply(q, k, v, layout, scale=None, softcap=0.0, n_threads=None, isa=None):
         if compiling():
-            from . import _compile
-
-            return _compile.attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
+            return _above("compile").attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
         return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))
 
 
@@ -266,9 +259,7 @@ def attention_autograd(q: Any, k: Any, v: Any, layout: Any, scale: Optional[floa
     """Differentiable attention for torch models: returns ``out`` only (gradients flow to q, k, v)."""
     n_threads = _alias(threads, n_threads)
     if compiling():
-        from . import _compile
-
-        return _compile.attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
+        return _above("compile").attention(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
     return _function().apply(q, k, v, layout, scale, softcap, n_threads, isa_code(isa))[0]
 
 

@@ -22,13 +22,23 @@ from __future__ import annotations
 import ast
 from typing import Any, List, Optional, Sequence, Tuple
 
+import contextlib
+import itertools
+import weakref
+
+import numpy as np
 import torch
 
-import contextlib
-
-from ._tensors import IN_OP, dtype_name
-
+from ._attention import _forward, _lse_shape, _scale, _softcap, attention_backward
+from ._errors import Error
 from ._layout import _LIVE
+from ._moves import _Move, _PACK_PLAN, _UNPACK_PLAN, _execute, _pick_engine, _plan
+from ._runtime import cached as _cached
+from ._tensors import IN_OP, ISA_CODES, dtype_name
+from .distributed import (_cp_method, attention_cp, causal_conv1d_cp, causal_conv1d_sp, cp_loss, gated_delta_rule_cp,
+                          gated_delta_rule_sp)
+from .gdn import (_CHECKED, _ConvFn, _GatesFn, _L2Fn, _RuleFn, _call_layout, _check_cp_offsets,
+                  _threads as gdn_threads)
 
 
 @contextlib.contextmanager
@@ -48,8 +58,6 @@ def _eager():
 def _lookup(key: int) -> Any:
     obj = _LIVE.get(key)
     if obj is None:
-        from ._errors import Error
-
         raise Error(f"key: the layout {key} a compiled graph refers to no longer exists (keep the layout alive as "
                     "long as the compiled function that was traced with it)", "MASKPACK_ERR_NOT_FOUND",
                     argument="key")
@@ -61,9 +69,6 @@ def _resolve(srcs: Sequence[int], dst: int, spec: str, path: str):
     spec: "" (srcs -> dst), "pack", "unpack", "shard,cp,rank,scheme,tp,align" or
     "gather,scheme,tp,align" (the parts of dst's shards -> dst); path: source indices of nested
     adjoints ("1" = the adjoint of source 1, "1.0" = that adjoint's adjoint)."""
-    from ._moves import _Move, _plan, _PACK_PLAN, _UNPACK_PLAN
-    from ._runtime import cached as _cached
-
     layouts = [_lookup(k) for k in srcs]
     if spec == "pack":
         src = layouts[0]
@@ -94,8 +99,6 @@ def _resolve(srcs: Sequence[int], dst: int, spec: str, path: str):
 @torch.library.custom_op("maskpack::move", mutates_args=())
 def move_op(xs: Sequence[torch.Tensor], srcs: Sequence[int], dst: int, spec: str, path: str, pad: float,
             threads: int, engine: str) -> torch.Tensor:
-    from ._moves import _execute, _pick_engine
-
     xs = list(xs)
     with _eager():
         eng = _pick_engine(xs, None, engine or None)
@@ -199,25 +202,18 @@ def _absent() -> torch.Tensor:
 @torch.library.custom_op("maskpack::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, key: int, scale: float, softcap: float, threads: int,
                  isa: int) -> Tuple[Tensor, Tensor]:
-    from ._attention import _forward
-
     with _eager():
         return _forward(q, k, v, _lookup(key), scale or None, softcap, None, threads or None, isa)
 
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, key, scale, softcap, threads, isa):
-    from ._attention import _lse_shape
-
     return _like(q), q.new_empty(_lse_shape(None, q), dtype=torch.float32)
 
 
 @torch.library.custom_op("maskpack::attention_backward", mutates_args=())
 def attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, key: int,
                           scale: float, softcap: float, threads: int, isa: int) -> Tuple[Tensor, Tensor, Tensor]:
-    from ._attention import attention_backward
-    from ._tensors import ISA_CODES
-
     names = {c: n for n, c in ISA_CODES.items()}
     with _eager():
         return attention_backward(dout.contiguous(), q, k, v, out, lse, _lookup(key), scale or None, softcap,
@@ -248,8 +244,6 @@ attention_op.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 def attention(q, k, v, layout, scale, softcap, threads, isa: int):
     """maskpack.attention under compilation -> (out, lse); lse is not differentiable (its gradient is dropped)."""
-    from ._attention import _scale, _softcap
-
     return attention_op(q, k, v, _key(layout), _scale(scale), _softcap(softcap), int(threads or 0), int(isa))
 
 
@@ -257,8 +251,6 @@ def attention(q, k, v, layout, scale, softcap, threads, isa: int):
 def gdn_rule_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, h0: Optional[Tensor], key: int,
                 scale: float, chunked: bool, l2norm: bool, threads: int, isa: int,
                 check_gate: bool) -> Tuple[Tensor, Tensor]:
-    from .gdn import _RuleFn, _threads as gdn_threads
-
     class _Ctx:  # the Function's forward fills a context the op does not keep
         def save_for_backward(self, *a):
             pass
@@ -278,8 +270,6 @@ def _gdn_rule_fake(q, k, v, g, beta, h0, key, scale, chunked, l2norm, threads, i
 def gdn_rule_backward_op(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                          h0: Optional[Tensor], key: int, scale: float, l2norm: bool, threads: int, isa: int,
                          check_gate: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    from .gdn import _RuleFn, _threads as gdn_threads
-
     class _Ctx:
         saved_tensors = (q, k, v, g, beta, h0)
         needs_input_grad = (True, True, True, True, True, h0 is not None)
@@ -328,8 +318,6 @@ def gated_delta_rule(q, k, v, g, beta, h0, layout, scale: float, chunked: bool, 
 @torch.library.custom_op("maskpack::causal_conv1d", mutates_args=())
 def conv1d_op(x: Tensor, weight: Tensor, prefix: Optional[Tensor], key: int, silu: bool, threads: int,
               isa: int) -> Tuple[Tensor, Tensor]:
-    from .gdn import _ConvFn, _threads as gdn_threads
-
     class _Ctx:
         def save_for_backward(self, *a):
             pass
@@ -348,8 +336,6 @@ def _conv1d_fake(x, weight, prefix, key, silu, threads, isa):
 @torch.library.custom_op("maskpack::causal_conv1d_backward", mutates_args=())
 def conv1d_backward_op(dy: Tensor, dstate: Tensor, x: Tensor, weight: Tensor, prefix: Optional[Tensor], key: int,
                        silu: bool, threads: int, isa: int) -> Tuple[Tensor, Tensor, Tensor]:
-    from .gdn import _ConvFn, _threads as gdn_threads
-
     class _Ctx:
         saved_tensors = (x, weight, prefix)
         needs_input_grad = (True, True, prefix is not None)
@@ -393,8 +379,6 @@ def causal_conv1d(x, weight2d, prefix, layout, silu: bool, threads: Optional[int
 
 @torch.library.custom_op("maskpack::gdn_gates", mutates_args=())
 def gates_op(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, key: int) -> Tuple[Tensor, Tensor]:
-    from .gdn import _GatesFn
-
     class _Ctx:
         def save_for_backward(self, *a):
             pass
@@ -411,8 +395,6 @@ def _gates_fake(a, b, A_log, dt_bias, key):
 @torch.library.custom_op("maskpack::gdn_gates_backward", mutates_args=())
 def gates_backward_op(dg: Tensor, dbeta: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                       key: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    from .gdn import _GatesFn
-
     class _Ctx:
         saved_tensors = (a, b, A_log, dt_bias)
         needs_input_grad = (True, True, True, True)
@@ -449,8 +431,6 @@ def gdn_gates(a, b, A_log, dt_bias, layout):
 
 @torch.library.custom_op("maskpack::gdn_l2norm", mutates_args=())
 def l2norm_op(x: Tensor, key: int, eps: float) -> Tensor:
-    from .gdn import _L2Fn
-
     class _Ctx:
         def save_for_backward(self, *a):
             pass
@@ -466,8 +446,6 @@ def _l2norm_fake(x, key, eps):
 
 @torch.library.custom_op("maskpack::gdn_l2norm_backward", mutates_args=())
 def l2norm_backward_op(dy: Tensor, x: Tensor, key: int, eps: float) -> Tensor:
-    from .gdn import _L2Fn
-
     class _Ctx:
         saved_tensors = (x,)
 
@@ -508,8 +486,6 @@ def check_call_op(hidden_states: Tensor, attention_mask: Optional[Tensor], forms
     """The patched layer's reading of its call (maskpack.gdn._call_layout: every form present must agree
     with the maskpack_layout, tokens left out must be marked padding) on the call's real tensors;
     raises maskpack.Error as the eager call does, else returns True."""
-    from .gdn import _CHECKED, _call_layout
-
     kwargs = {n: f for n, f in zip(_CHECKED, forms) if f is not None}  # forms: one per name of _CHECKED
     kwargs["maskpack_layout"] = _lookup(key)
     with _eager():
@@ -537,9 +513,6 @@ def check_call(hidden_states, attention_mask, forms, layout, tail_padding: bool)
 # backward ran, or the graph holding it was freed without one), the kept graph is dropped with it.
 # The group crosses by name (torch.distributed's registry of groups, as functional collectives do).
 
-import itertools
-import weakref
-
 _KEPT: dict = {}
 _TOKENS = itertools.count(1)
 # the dispatch keys a plain thread excludes (autocast's); an op's implementation runs with autograd
@@ -566,14 +539,10 @@ def _present(xs):
 
 
 def _cp_attention(xs, layout, group, kw):
-    from .distributed import attention_cp
-
     return (attention_cp(*xs, layout, group, **kw),)
 
 
 def _cp_gdn(xs, layout, group, kw):
-    from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
-
     q, k, v, g, beta, h0 = xs
     kw = dict(kw)
     fn = gated_delta_rule_sp if _cp_method(kw.pop("cp_method"), group, q.shape[-2], v.shape[-2]) == "sequence" \
@@ -582,8 +551,6 @@ def _cp_gdn(xs, layout, group, kw):
 
 
 def _cp_conv(xs, layout, group, kw):
-    from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
-
     x, weight, prefix = xs
     kw = dict(kw)
     fn = causal_conv1d_sp if _cp_method(kw.pop("cp_method"), group, x.shape[-1], x.shape[-1]) == "sequence" \
@@ -592,8 +559,6 @@ def _cp_conv(xs, layout, group, kw):
 
 
 def _cp_loss(xs, layout, group, kw):
-    from .distributed import cp_loss
-
     return (cp_loss(xs[0], xs[1], group),)
 
 
@@ -625,8 +590,6 @@ def cp_call_op(xs: List[Tensor], want: List[bool], call: str, key: int, group: s
     """The eager CP call ``call`` on xs (want[i]: xs[i] takes a gradient; an absent argument is a
     0-element uint8 tensor, since torch's autograd of a custom op skips a list holding None) -> its
     outputs and the token of its kept graph (-1: none kept)."""
-    import numpy as np
-
     xs = _present(xs)
     fn = _CP_CALLS[call][0]
     layout = _lookup(key) if key else None
@@ -655,8 +618,6 @@ def cp_call_backward_op(token: Tensor, grads: List[Optional[Tensor]], xs: List[T
                         want: List[bool]) -> List[Tensor]:
     entry = _KEPT.pop(int(token[0]), None)
     if entry is None:
-        from ._errors import Error
-
         raise Error("token: the forward of this context-parallel call is gone (its backward runs once, while the "
                     "graph of the step that made it lives)", "MASKPACK_ERR_NOT_FOUND", argument="token")
     leaves, outs = entry
@@ -710,8 +671,6 @@ def cp_call(call: str, xs: list, layout: Any, group: Any, kwargs: dict) -> tuple
 @torch.library.custom_op("maskpack::check_cp_offsets", mutates_args=())
 def check_cp_offsets_op(hidden_states: Tensor, key: int, cu: Tensor) -> Tensor:
     """A CP call's cu_seq_lens_q against its maskpack_layout (maskpack.gdn._check_cp_offsets) -> True."""
-    from .gdn import _check_cp_offsets
-
     with _eager():
         _check_cp_offsets(_lookup(key), cu)
     return torch.ones((), dtype=torch.bool, device=hidden_states.device)

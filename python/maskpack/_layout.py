@@ -16,6 +16,8 @@ from ._moves import (_ALIGNS, _LOSS_MODES, _PACK_PLAN, _PLACEMENTS as _PADDED_PL
                      _pick, _token_lead, _torch_path, cp_multiple, relayout)
 from ._tensors import DTYPE_CODE, alloc, as_int_list, describe, describe_out, dtype_code, dtype_name, is_torch_tensor, compiling, placed as _placed
 from ._runtime import cached as _cached, enum as _enum
+from ._runtime import above as _above  # the layers above this one, by name (see there)
+from ._tensors import _LAYOUT_TYPE  # check_layout's type, entered below once Layout is defined
 
 __all__ = ["Layout", "mask2d_from_mask4d"]
 
@@ -354,9 +356,7 @@ class Layout:
         ``pin_memory=True`` (page-locked host memory, copied with non_blocking=True when a device is
         given too)."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
+            return _above("compile").derived(self, "cu_seqlens", dict(form=form, kv=kv, dtype=dtype), device)
         fcode = _choice(form, _CU_FORMS, "form", "MASKPACK_ERR_CONVENTION")
         n = self.n_segments + (1 if fcode == _CU_FORMS["te"] else 0)
         obj = alloc((n,), dtype_name(dtype), self._torch)
@@ -366,18 +366,14 @@ class Layout:
     def cu_seqlens_padded(self, dtype: Any = "int32", device: Any = None, pin_memory: bool = False):
         """[N+1] TE cu_seqlens_padded: slot offsets in the flattened token grid."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "cu_seqlens_padded", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "cu_seqlens_padded", dict(dtype=dtype), device)
         return self._fill(_maskpack.cu_seqlens_padded, (self.n_segments + 1,), dtype,
                           device=device, pin_memory=pin_memory)
 
     def mask2d(self, dtype: Any = "bool", device: Any = None, pin_memory: bool = False):
         """Per-token keep mask ([B,S], or [T] when packed): True = real token."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "mask2d", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "mask2d", dict(dtype=dtype), device)
         return self._fill(_maskpack.mask2d, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
@@ -387,9 +383,7 @@ class Layout:
         = the dtype's most negative finite value as HF eager uses). Default dtype: bool, or float32
         for additive."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "mask4d", dict(convention=convention, dtype=dtype, fill=fill, heads=heads), device)
+            return _above("compile").derived(self, "mask4d", dict(convention=convention, dtype=dtype, fill=fill, heads=heads), device)
         code = _choice(convention, _MASK_CONV, "convention", "MASKPACK_ERR_CONVENTION")
         if dtype is None:
             dtype = "float32" if code == _MASK_CONV["additive"] else "bool"
@@ -407,36 +401,28 @@ class Layout:
     def position_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token positions 0, 1, 2, ... restarting at each segment (pads 0)."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "position_ids", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "position_ids", dict(dtype=dtype), device)
         return self._fill(_maskpack.position_ids, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
     def segment_ids(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """Per-token 1-based segment id (global order), 0 = pad."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "segment_ids", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "segment_ids", dict(dtype=dtype), device)
         return self._fill(_maskpack.segment_ids, self._per_token_shape(), dtype,
                           device=device, pin_memory=pin_memory)
 
     def valid_indices(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[V] flattened indices (b*S + s) of the real tokens (flash-attn unpad_input's indices)."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "valid_indices", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "valid_indices", dict(dtype=dtype), device)
         return self._fill(_maskpack.valid_indices, (self.n_tokens,), dtype,
                           device=device, pin_memory=pin_memory)
 
     def last_token_index(self, dtype: Any = "int64", device: Any = None, pin_memory: bool = False):
         """[N] flattened index of each segment's last real token, -1 for an empty segment."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "last_token_index", dict(dtype=dtype), device)
+            return _above("compile").derived(self, "last_token_index", dict(dtype=dtype), device)
         return self._fill(_maskpack.last_token_index, (self.n_segments,), dtype,
                           device=device, pin_memory=pin_memory)
 
@@ -645,11 +631,9 @@ class Layout:
         """int [local tokens]: flattened index, in the aligned layout, of each token of the rank's shard
         (TransformerEngine's thd_get_partitioned_indices for packed layouts)."""
         if compiling():
-            from . import _compile
-
-            return _compile.derived(self, "cp_shard_indices", dict(cp_size=int(cp_size), cp_rank=int(cp_rank),
-                                                                   scheme=scheme, tp=int(tp), align=align, dtype=dtype),
-                                    device)
+            return _above("compile").derived(self, "cp_shard_indices", dict(cp_size=int(cp_size), cp_rank=int(cp_rank),
+                                                                            scheme=scheme, tp=int(tp), align=align, dtype=dtype),
+                                             device)
         g = self._cp_global(cp_size, tp, align, scheme)
         n = g.n_rows * g.q_width // int(cp_size) if int(cp_size) > 0 else 0
         obj = alloc((n,), dtype_name(dtype), self._torch)
@@ -666,9 +650,7 @@ class Layout:
         """Per-token tensor of this layout -> [n_tokens, ...] packed without gaps (flash-attn unpad).
         Differentiable; any torch device (see :func:`relayout`)."""
         if out is None and compiling():
-            from . import _compile
-
-            return _compile.move([x], [self], None, "pack", 0, threads, engine)
+            return _above("compile").move([x], [self], None, "pack", 0, threads, engine)
         c = self._cache
         if engine is None and c is not None and _fast_move(c.get(_PACK_PLAN), x, out, 0, threads):
             return out
@@ -681,9 +663,7 @@ class Layout:
         """[n_tokens, ...] packed tensor -> this layout, padding filled with ``pad_value``.
         Differentiable (pad slots take no gradient); any torch device (see :func:`relayout`)."""
         if out is None and compiling():
-            from . import _compile
-
-            return _compile.move([x], [self], None, "unpack", pad_value, threads, engine)
+            return _above("compile").move([x], [self], None, "unpack", pad_value, threads, engine)
         c = self._cache
         if engine is None and c is not None and _fast_move(c.get(_UNPACK_PLAN), x, out, pad_value, threads):
             return out
@@ -711,10 +691,8 @@ class Layout:
         """Per-token tensor of this layout -> CP rank ``cp_rank``'s part (shape of ``cp_shard(...)``).
         Differentiable: the part's gradient lands in the whole's tokens, zero elsewhere."""
         if out is None and compiling():
-            from . import _compile
-
-            return _compile.move([x], [self], None, f"shard,{int(cp_size)},{int(cp_rank)},{scheme},{int(tp)},{align}",
-                                 pad_value, threads, engine)
+            return _above("compile").move([x], [self], None, f"shard,{int(cp_size)},{int(cp_rank)},{scheme},{int(tp)},{align}",
+                                          pad_value, threads, engine)
         return relayout(x, self, self.cp_shard(cp_size, cp_rank, scheme, tp, align), out=out, pad_value=pad_value,
                         threads=threads, engine=engine)
 
@@ -737,9 +715,7 @@ class Layout:
                 out_k = self.shift_labels(out_k, ignore_index, None, engine)
             return self.shift_labels(out_k, ignore_index, out, engine)
         if out is None and is_torch_tensor(labels) and compiling():
-            from . import _compile
-
-            return _compile.shift_labels(self, labels, int(ignore_index))
+            return _above("compile").shift_labels(self, labels, int(ignore_index))
         if _torch_path(labels, engine):
             return self._shift_labels_torch(labels, int(ignore_index), out)
         d = describe(labels, "labels")[0]
@@ -791,10 +767,8 @@ class Layout:
         code = _pick(mode, _LOSS_MODES, "mode")
         if compiling() and not return_denominator:
             if labels is None:
-                from . import _compile
-
-                return _compile.derived(self, "loss_weights", dict(mode=mode, ignore_index=int(ignore_index),
-                                                                   dtype=dtype), device)
+                return _above("compile").derived(self, "loss_weights", dict(mode=mode, ignore_index=int(ignore_index),
+                                                                            dtype=dtype), device)
             if is_torch_tensor(labels):
                 return self._loss_weights_torch(code, labels, int(ignore_index), dtype_name(dtype), False, device)
         if _torch_path(labels, engine):
@@ -827,9 +801,7 @@ class Layout:
             _check_grid(labels, grid, "labels")
         dev = labels.device if labels is not None else torch.device(device if device is not None else "cpu")
         if compiling():
-            from . import _compile
-
-            seg = _compile.derived(self, "segment_ids", {"dtype": "int64"}, dev).reshape(-1)
+            seg = _above("compile").derived(self, "segment_ids", {"dtype": "int64"}, dev).reshape(-1)
         else:
             seg = _cached(self, ("segment ids", str(dev)), lambda: torch.as_tensor(
                 np.asarray(self.with_outputs("numpy").segment_ids())).reshape(-1).to(dev))
@@ -871,9 +843,7 @@ class Layout:
 
             _check_grid(x, self._per_token_shape(), "x")
             if compiling():
-                from . import _compile
-
-                idx = _compile.derived(self, "last_token_index", {"dtype": "int64"}, x.device)
+                idx = _above("compile").derived(self, "last_token_index", {"dtype": "int64"}, x.device)
                 rows = x.reshape((-1,) + tuple(x.shape[lead:])).index_select(0, idx.clamp(min=0))
                 keep = (idx >= 0).reshape((-1,) + (1,) * (rows.dim() - 1))
                 return torch.where(keep, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
@@ -941,6 +911,9 @@ class Layout:
         lens = [s[2] for s in _maskpack.segments(self._h)]
         shown = ", ".join(map(str, lens[:8])) + (", ..." if len(lens) > 8 else "")
         return (f"Layout({grid}, {info[5]} segments [{shown}], {info[6]} tokens, {' '.join(parts)})")
+
+
+_LAYOUT_TYPE.append(Layout)  # check_layout's type (maskpack._tensors is below this module)
 
 
 def _rebuild(segs, n_rows, q_width, kv_width, packed, rule_t, torch, align_explicit):

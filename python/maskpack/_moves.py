@@ -29,6 +29,7 @@ from ._tensors import (DTYPE_NAMES as _DTYPE_NAMES, describe, describe_out, dtyp
                        is_torch_tensor, register_torch)
 from ._tensors import check_layout, compiling
 from ._runtime import cache_of as _cache_of, enum as _enum, team as _team
+from ._runtime import above as _above  # the layers above this one, by name (see there)
 
 # the C enums, as the extension exports them (maskpack._runtime.enum); "ulysses" runs as "contiguous" over a
 # global layout padded only at the end (see _cp_global)
@@ -541,11 +542,9 @@ def relayout(x: Any, src, dst, out: Any = None, pad_value: Any = 0, threads: Opt
     the tensors' device (``engine``: None picks "c" for host memory, "torch" elsewhere). The copy plan
     is computed once per pair of layouts and kept on ``src``."""
     if out is None and compiling():  # under torch.compile: a custom op (maskpack._compile)
-        from . import _compile
-
         if isinstance(src, (list, tuple)):
-            return _compile.move(list(x), list(src), dst, "", pad_value, threads, engine)
-        return _compile.move([x], [src], dst, "", pad_value, threads, engine)
+            return _above("compile").move(list(x), list(src), dst, "", pad_value, threads, engine)
+        return _above("compile").move([x], [src], dst, "", pad_value, threads, engine)
     if getattr(x, "is_nested", False) and not isinstance(src, (list, tuple)):
         x = _nested_values(x, src)
     if not isinstance(src, (list, tuple)):
@@ -589,9 +588,7 @@ def cp_gather(parts: Sequence[Any], layout, scheme: str = "zigzag", tp: int = 1,
     the gradient of the whole goes back to each part as that rank's shard of it."""
     cp = len(parts)
     if out is None and compiling():
-        from . import _compile
-
-        return _compile.move(list(parts), [layout] * cp, layout, f"gather,{scheme},{int(tp)},{align}", pad_value,
-                             threads, engine)
+        return _above("compile").move(list(parts), [layout] * cp, layout, f"gather,{scheme},{int(tp)},{align}", pad_value,
+                                      threads, engine)
     shards = [layout.cp_shard(cp, r, scheme=scheme, tp=tp, align=align) for r in range(cp)]
     return relayout(list(parts), shards, layout, out=out, pad_value=pad_value, threads=threads, engine=engine)

@@ -1,6 +1,7 @@
 """The package's bottom layer: the one ``threads=`` rule and its one default, the teams of worker threads
-the calls run on, and the values cached on a layout. It imports only the extension and the error type, so
-every other module can import it without a cycle.
+the calls run on, the values cached on a layout, and the one way up: the paths that live above their
+caller, by name (see ``above``). It imports only the extension and the error type, so every other module
+can import it without a cycle.
 
 The default (``threads=None``) is the same for every call, moves and kernels alike: torch's intra-op thread
 count when torch is loaded (the caller sized it for this process, and maskpack's teams run on torch's
@@ -17,7 +18,7 @@ from . import _maskpack
 from ._errors import Error
 
 __all__ = ["MAX_THREADS", "enum", "check_threads", "default_threads", "threads", "team", "team_pool", "cache_of",
-           "cached"]
+           "cached", "provide", "above"]
 
 # the library's one thread limit (MASKPACK_MAX_THREADS: maskpack_workers_create, the kernels), as the extension
 # was built with it
@@ -162,3 +163,24 @@ def cached(layout, key, make):
     if v is None:
         v = c[key] = make()
     return v
+
+
+# ---- the layers above the caller ------------------------------------------------------------------------
+# A few calls take a path that lives in a layer above the module that takes the call: a kernel given
+# ``group=`` runs its context-parallel path (maskpack.distributed, which imports the kernels), every call
+# under torch.compile runs as a custom op (maskpack._compile, over every layer), a Batch hands its torch
+# integrations to maskpack.gdn and maskpack.hf. The lower module never imports the upper one: it asks for
+# the path by name, and the package's top (maskpack/__init__.py, ``_ABOVE``) gives the loader of the module
+# that provides each, run on the first call that takes it (each needs torch, which ``import maskpack`` does
+# not load).
+_PROVIDERS: dict = {}
+
+
+def provide(path: str, load) -> None:
+    """Enters the loader of the module that provides ``path``; maskpack/__init__.py does, once per path."""
+    _PROVIDERS[path] = load
+
+
+def above(path: str):
+    """The module that provides ``path`` ("cp", "compile", "gdn", "hf"), imported on first use."""
+    return _PROVIDERS[path]()

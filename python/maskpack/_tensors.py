@@ -309,17 +309,13 @@ def as_int_list(x: Any, name: str) -> list:
 from ._runtime import MAX_THREADS, check_threads  # noqa: E402,F401  (the one rule: maskpack._runtime)
 
 
-_LAYOUT_TYPE: list = []  # maskpack.Layout, looked up once (_layout imports this module)
+_LAYOUT_TYPE: list = []  # maskpack.Layout: _layout (a layer above this one) enters it when it defines the class
 
 
 def check_layout(layout: Any, name: str = "layout") -> None:
     """A maskpack.Layout, else a TypeError naming the argument (not an AttributeError from inside a
     call)."""
-    if not _LAYOUT_TYPE:
-        from ._layout import Layout
-
-        _LAYOUT_TYPE.append(Layout)
-    if not isinstance(layout, _LAYOUT_TYPE[0]):
+    if not (_LAYOUT_TYPE and isinstance(layout, _LAYOUT_TYPE[0])):
         raise TypeError(f"{name}: expected a maskpack.Layout, found {type(layout).__name__}")
 
 

@@ -26,6 +26,7 @@ from ._errors import Error
 from ._layout import Layout
 from ._moves import cp_multiple, relayout
 from ._tensors import is_torch_tensor
+from ._runtime import above as _above  # the layers above this one, by name (see there)
 
 BACKENDS = ("flash_attn", "sdpa", "eager", "npu", "megatron", "mindspeed")
 
@@ -339,10 +340,8 @@ class Batch:
             if group is None:
                 raise Error(f"group: under cp = {self.cp} flash-linear-attention's context needs the process group "
                             "(bundle.fla_kwargs(group=...))", "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
-            from .gdn import fla_cp_kwargs
-
-            return fla_cp_kwargs(self.global_layout, group, scheme="ulysses", align=None,
-                                 conv1d_kernel_size=conv1d_kernel_size, cp=self.cp, device=self._device)
+            return _above("gdn").fla_cp_kwargs(self.global_layout, group, scheme="ulysses", align=None,
+                                               conv1d_kernel_size=conv1d_kernel_size, cp=self.cp, device=self._device)
         return {"cu_seqlens": self.global_layout.cu_seqlens_padded("int64", device=self._device or "cpu")}
 
     def as_dict(self) -> Dict[str, Any]:
@@ -404,9 +403,7 @@ class Batch:
         Without ``parts`` or ``group`` under CP: :class:`maskpack.Error` naming ``parts`` (the result
         would hold only this rank's tokens)."""
         if group is not None and self.cp > 1:
-            from .distributed import cp_all_gather
-
-            whole = cp_all_gather(x, self.global_layout, group, scheme=self.extras["cp_scheme"], align=None)
+            whole = _above("cp").cp_all_gather(x, self.global_layout, group, scheme=self.extras["cp_scheme"], align=None)
             return relayout(whole, self.global_layout, self.source_layout, pad_value=pad_value)
         if self.cp == 1:
             return relayout(x, self.layout, self.source_layout, pad_value=pad_value)
@@ -458,9 +455,7 @@ class Batch:
         transformers' own attention runs no context parallelism, so without such a model (``model``, or
         when None any live model of the process) :class:`maskpack.Error` names ``cp``."""
         if self.cp != 1:
-            from .hf import cp_kwargs
-
-            return cp_kwargs(self, labels=labels, model=model)
+            return _above("hf").cp_kwargs(self, labels=labels, model=model)
         skip = {"labels", "shift_labels", "loss_weights"}
         if not self.padding_free:
             kw = {k: v for k, v in self.tokens.items() if k not in skip}

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ._errors import Error
 from ._runtime import team as _team
+from ._runtime import above as _above  # the layers above this one, by name (see there)
 from ._moves import _SCHEMES  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
 
 __all__ = ["cp_all_gather", "ulysses_all_to_all", "cp_loss", "gated_delta_rule_cp", "causal_conv1d_cp",
@@ -393,10 +394,8 @@ def cp_loss(per_token_loss: torch.Tensor, weights: torch.Tensor, group: Any = No
         raise Error(f"weights: expected the loss's shape {list(per_token_loss.shape)}, found {list(w.shape)}",
                     "MASKPACK_ERR_SHAPE", argument="weights")
     if torch.compiler.is_compiling():  # the all-reduce as an opaque op (maskpack._compile.cp_call)
-        from . import _compile
-
-        return _compile.cp_call("cp_loss", [per_token_loss, w], None, dist.group.WORLD if group is None else group,
-                                {})[0]
+        return _above("compile").cp_call("cp_loss", [per_token_loss, w], None, dist.group.WORLD if group is None else group,
+                                         {})[0]
     return _AllReduceSum.apply((per_token_loss * w).sum(), group)
 
 

@@ -27,6 +27,7 @@ from ._errors import Error
 from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
 from ._runtime import cache_of as _cache_of, team as _team
+from ._runtime import above as _above  # the layers above this one, by name (see there)
 
 __all__ = [
     "GatedDeltaNet",
@@ -182,8 +183,6 @@ def fla_cp_kwargs(layout: Any, group: Any, scheme: str = "ulysses", tp: int = 1,
     maskpack's per-sequence splits ("zigzag", "contiguous") hand fla other tokens than it expects: an error
     naming ``scheme`` (reshard first). ``cp``: the rank count the batch was cut for, when known; one that is
     not the group's size is an error naming ``group``."""
-    from .distributed import _rank_size
-
     check_layout(layout)
     if scheme != "ulysses":
         raise Error(f"scheme: flash-linear-attention's context parallelism cuts the whole packed stream "
@@ -192,7 +191,7 @@ def fla_cp_kwargs(layout: Any, group: Any, scheme: str = "ulysses", tp: int = 1,
     if not layout.packed:
         raise Error("layout: flash-linear-attention's context parallelism takes one packed stream; found a padded "
                     "layout (layout.packed_of() packs it)", "MASKPACK_ERR_UNSUPPORTED", argument="layout")
-    rank, n = _rank_size(group)
+    rank, n = _above("cp")._rank_size(group)
     if cp is not None and int(cp) != n:
         raise Error(f"group: the batch was cut for cp = {int(cp)} ranks, the group has {n}",
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument="group")
@@ -342,15 +341,12 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         if isa is not None:
             raise TypeError("gated_delta_rule(): isa= cannot be combined with group= (the CP ways choose their kernels)")
         if compiling():  # the whole CP call is one opaque op (maskpack._compile.cp_call), collectives included
-            from . import _compile
-
-            return _compile.cp_call("gated_delta_rule", [q, k, v, g, beta, initial_state], layout, group,
-                                    dict(scale=scale, chunked=bool(chunked), l2norm=bool(l2norm), threads=threads,
-                                         scheme=cp_scheme, tp=tp, align=align, cp_method=cp_method))
-        from .distributed import _cp_method, gated_delta_rule_cp, gated_delta_rule_sp
-
-        fn = gated_delta_rule_sp if _cp_method(cp_method, group, q.shape[-2], v.shape[-2]) == "sequence" \
-            else gated_delta_rule_cp
+            return _above("compile").cp_call("gated_delta_rule", [q, k, v, g, beta, initial_state], layout, group,
+                                             dict(scale=scale, chunked=bool(chunked), l2norm=bool(l2norm), threads=threads,
+                                                  scheme=cp_scheme, tp=tp, align=align, cp_method=cp_method))
+        cp = _above("cp")
+        fn = cp.gated_delta_rule_sp if cp._cp_method(cp_method, group, q.shape[-2], v.shape[-2]) == "sequence" \
+            else cp.gated_delta_rule_cp
         return fn(q, k, v, g, beta, layout, group, scale=scale, initial_state=initial_state, chunked=chunked,
                   l2norm=l2norm, threads=threads, scheme=cp_scheme, tp=tp, align=align)
     _check_call(layout, q=q, k=k, v=v, g=g, beta=beta)
@@ -373,12 +369,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             raise TypeError("gated_delta_rule(): out= is a CPU kernel's; tensors on a device return fresh outputs")
         return _rule_on_device(q, k, v, g, beta, layout, sc, initial_state, l2norm, check_gate, dev)
     if out is None and compiling():  # under torch.compile: one custom op (maskpack._compile), autograd included
-        from . import _compile
-
         if threads is not None:
             check_threads(threads, 1)  # an invalid count is refused while tracing, as in eager
-        return _compile.gated_delta_rule(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, threads,
-                                         code, check_gate)
+        return _above("compile").gated_delta_rule(q, k, v, g, beta, initial_state, layout, sc, chunked, l2norm, threads,
+                                                  code, check_gate)
     if out is None:
         return _RuleFn.apply(q, k, v, g, beta, initial_state, layout, sc, bool(chunked), bool(l2norm),
                              _threads(threads), code, check_gate)
@@ -456,15 +450,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
         if isa is not None:
             raise TypeError("causal_conv1d(): isa= cannot be combined with group= (the CP ways choose their kernels)")
         if compiling():
-            from . import _compile
-
-            return _compile.cp_call("causal_conv1d", [x, weight, prefix], layout, group,
-                                    dict(activation=activation, threads=threads, scheme=cp_scheme, tp=tp, align=align,
-                                         cp_method=cp_method))
-        from .distributed import _cp_method, causal_conv1d_cp, causal_conv1d_sp
-
-        fn = causal_conv1d_sp if _cp_method(cp_method, group, x.shape[-1], x.shape[-1]) == "sequence" \
-            else causal_conv1d_cp
+            return _above("compile").cp_call("causal_conv1d", [x, weight, prefix], layout, group,
+                                             dict(activation=activation, threads=threads, scheme=cp_scheme, tp=tp, align=align,
+                                                  cp_method=cp_method))
+        cp = _above("cp")
+        fn = cp.causal_conv1d_sp if cp._cp_method(cp_method, group, x.shape[-1], x.shape[-1]) == "sequence" \
+            else cp.causal_conv1d_cp
         return fn(x, weight, layout, group, activation=activation, prefix=prefix, threads=threads,
                   scheme=cp_scheme, tp=tp, align=align)
     if activation not in _ACTIVATIONS:
@@ -480,11 +471,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, layout: Any, activation
     if _on_device(dev):
         return _conv_on_device(x, w2, prefix, layout, _ACTIVATIONS[activation], dev)
     if compiling():
-        from . import _compile
-
         if threads is not None:
             check_threads(threads, 1)
-        return _compile.causal_conv1d(x, w2, prefix, layout, _ACTIVATIONS[activation], threads, isa_code(isa))
+        return _above("compile").causal_conv1d(x, w2, prefix, layout, _ACTIVATIONS[activation], threads, isa_code(isa))
     return _ConvFn.apply(x, w2, prefix, layout, _ACTIVATIONS[activation], _threads(threads), weight_shape,
                          isa_code(isa))
 
@@ -532,9 +521,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
         zero = torch.zeros((), device=a.device)
         return torch.where(keep, g, zero), torch.where(keep, torch.sigmoid(b.float()), zero)
     if compiling():
-        from . import _compile
-
-        return _compile.gdn_gates(a, b, A_log, dt_bias, layout)
+        return _above("compile").gdn_gates(a, b, A_log, dt_bias, layout)
     return _GatesFn.apply(a, b, A_log, dt_bias, layout)
 
 
@@ -563,9 +550,7 @@ def gdn_l2norm(x: torch.Tensor, layout: Any, eps: float = 1e-6) -> torch.Tensor:
         y = x * torch.rsqrt(x.float().square().sum(-1, keepdim=True) + eps).to(x.dtype)
         return torch.where(keep, y, torch.zeros((), dtype=x.dtype, device=x.device))
     if compiling():
-        from . import _compile
-
-        return _compile.gdn_l2norm(x, layout, eps)
+        return _above("compile").gdn_l2norm(x, layout, eps)
     return _L2Fn.apply(x, layout, eps)
 
 
@@ -628,9 +613,7 @@ def _layer_forward(m: Any, projections: str, hidden_states: torch.Tensor, layout
     # the projections are torch GEMMs over every row: select (never multiply) the real rows so
     # a NaN in the padding reaches neither the outputs nor the weight gradients
     if isinstance(tok_layout, int):
-        from . import _compile
-
-        keep = _compile.derived(tok_layout, "mask2d", dict(dtype="bool"), None).reshape(*lead, 1)
+        keep = _above("compile").derived(tok_layout, "mask2d", dict(dtype="bool"), None).reshape(*lead, 1)
     else:
         keep = torch.as_tensor(tok_layout.mask2d("bool", device=hidden_states.device)).reshape(*lead, 1)
     if ok is not None:  # a compiled call's check of its boundaries (see _compiled_layout): its result feeds on
@@ -921,9 +904,7 @@ def _compiled_layout(hidden_states: torch.Tensor, attention_mask: Optional[torch
     forms = [kwargs.get(k) if isinstance(kwargs.get(k), torch.Tensor) else None for k in _CHECKED]
     if mask is None and all(f is None for f in forms):
         return given, None
-    from . import _compile
-
-    return given, _compile.check_call(hidden_states, mask, forms, given, tail_padding)
+    return given, _above("compile").check_call(hidden_states, mask, forms, given, tail_padding)
 
 
 @torch._dynamo.assume_constant_result
@@ -995,9 +976,7 @@ class _PatchedForward:
         elif layout is not None:
             check_layout(layout)
             if cu is not None and compiling():  # checked when the graph runs, in an opaque op
-                from . import _compile
-
-                ok = _compile.check_cp_offsets(hidden_states, layout, cu)
+                ok = _above("compile").check_cp_offsets(hidden_states, layout, cu)
             elif cu is not None:  # both: the same sequences (the layout may hold padding after them)
                 _check_cp_offsets(layout, cu)
         if layout is None:
