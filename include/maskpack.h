@@ -852,7 +852,8 @@ MASKPACK_API maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, siz
 /* Every kernel family has one call shape: the plain calls take their options by pointer (NULL = the
  * defaults) and start their threads per call, the _on calls run on a team the caller keeps (its
  * participant count in place of n_threads; the options' isa still chooses the kernel), and
- * (attention, gated delta rule) an operator created once runs many times. The attention and the
+ * (attention, gated delta rule) an operator created once runs many times; the context-parallel
+ * calls (maskpack_cp_*) take the same options, plain and _on. The attention and the
  * causal conv1d take the options below, one struct for both since they take the same two (their
  * numeric arguments, scale, softcap and silu, stay arguments); the gated delta rule takes
  * maskpack_gdn_options, which carries the same isa and n_threads besides its own. A bad n_threads
@@ -1010,38 +1011,40 @@ MASKPACK_API maskpack_status maskpack_attention_op_backward(maskpack_attention_o
  * the whole batch up to the rounding of the merge. */
 
 /* (comm, layout of the whole batch (aligned for cp_shard), scheme, this rank's q [T_l,Hq,D] |
- * [B,S/cp,Hq,D], k, v [.., Hkv, D], all f32 contiguous, scale, softcap) -> out (q's shape,
- * contiguous), lse f32 [Hq,T_l] | [B,Hq,S/cp] (NULL to skip). */
+ * [B,S/cp,Hq,D], k, v [.., Hkv, D], all f32 contiguous, scale, softcap, opts (isa, n_threads) or
+ * NULL = 1 thread, AUTO) -> out (q's shape, contiguous), lse f32 [Hq,T_l] | [B,Hq,S/cp] (NULL to
+ * skip). Every kernel call of the ring runs opts.isa, checked on each rank before the ranks agree
+ * (an ISA this CPU lacks fails every rank, with the local call's error on the rank that lacks it). */
 MASKPACK_API maskpack_status maskpack_cp_attention_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                                            maskpack_cp_scheme scheme, const maskpack_tensor *q,
                                                            const maskpack_tensor *k, const maskpack_tensor *v,
                                                            double scale, double softcap, maskpack_tensor *out,
-                                                           maskpack_tensor *lse, int n_threads, maskpack_error *err);
+                                                           maskpack_tensor *lse, const maskpack_kernel_options *opts,
+                                                           maskpack_error *err);
 
-/* (comm, layout, scheme, dout, q, k, v, out and lse of the forward, scale, softcap) -> dq (q's shape), dk,
- * dv (k's shape) of this rank's shard, all f32 contiguous: the blocks travel again and each block's
- * key and value gradients return to their owner (tag 1) while the next step computes. */
-MASKPACK_API maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                                            maskpack_cp_scheme scheme, const maskpack_tensor *dout,
-                                                            const maskpack_tensor *q, const maskpack_tensor *k,
-                                                            const maskpack_tensor *v, const maskpack_tensor *out,
-                                                            const maskpack_tensor *lse, double scale, double softcap,
-                                                            maskpack_tensor *dq, maskpack_tensor *dk,
-                                                            maskpack_tensor *dv, int n_threads, maskpack_error *err);
+/* (comm, layout, scheme, dout, q, k, v, out and lse of the forward, scale, softcap, opts or NULL) -> dq
+ * (q's shape), dk, dv (k's shape) of this rank's shard, all f32 contiguous: the blocks travel again
+ * and each block's key and value gradients return to their owner (tag 1) while the next step computes. */
+MASKPACK_API maskpack_status maskpack_cp_attention_backward(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *dout,
+    const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
+    const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq, maskpack_tensor *dk,
+    maskpack_tensor *dv, const maskpack_kernel_options *opts, maskpack_error *err);
 /* The ring on a worker team the caller owns (maskpack_workers_create or _create_hosted; NULL = the
  * caller's thread alone): every kernel call of the ring runs on it, so no thread starts per step;
- * the team's participant count in place of n_threads, and the same bits as that n_threads. */
+ * the team's participant count in place of opts.n_threads (opts or NULL: its isa), and the same
+ * bits as that n_threads. */
 MASKPACK_API maskpack_status maskpack_cp_attention_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
                                                               maskpack_cp_scheme scheme, const maskpack_tensor *q,
                                                               const maskpack_tensor *k, const maskpack_tensor *v,
                                                               double scale, double softcap, maskpack_tensor *out,
-                                                              maskpack_tensor *lse, maskpack_workers *team,
-                                                              maskpack_error *err);
+                                                              maskpack_tensor *lse, const maskpack_kernel_options *opts,
+                                                              maskpack_workers *team, maskpack_error *err);
 MASKPACK_API maskpack_status maskpack_cp_attention_backward_on(
     const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *dout,
     const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
     const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq, maskpack_tensor *dk,
-    maskpack_tensor *dv, maskpack_workers *team, maskpack_error *err);
+    maskpack_tensor *dv, const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_error *err);
 /* ==== end of Attention kernels ============================================================== */
 
 /* ==== Gated DeltaNet (causal conv1d and the gated delta rule over a layout) ================= */
@@ -1185,40 +1188,39 @@ MASKPACK_API maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *co
                                                          maskpack_workers *team, maskpack_error *err);
 
 /* (comm, whole packed layout, scheme, x: this rank's shard [T_local, C], weight [C, W], prefix [N, C, W-1]
- * or NULL, silu, n_threads) -> y [T_local, C], conv_state [N, C, W-1] (NULL to skip) the same on every
- * rank: the sequence-parallel causal conv1d. Each piece that continues a sequence takes the last W-1
- * inputs before it from the all-gathered tails of the pieces (contiguous float32; collective, checked
- * first as maskpack_cp_check); bitwise the single-process result. */
+ * or NULL, silu, opts (isa, n_threads) or NULL = 1 thread, AUTO) -> y [T_local, C], conv_state
+ * [N, C, W-1] (NULL to skip) the same on every rank: the sequence-parallel causal conv1d. Each piece
+ * that continues a sequence takes the last W-1 inputs before it from the all-gathered tails of the
+ * pieces (contiguous float32; collective, checked first as maskpack_cp_check, opts.isa with each
+ * rank's own arguments); bitwise the single-process result of the same ISA. */
 MASKPACK_API maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
                                                        maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                                        const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                       int silu, int n_threads, maskpack_tensor *y,
-                                                       maskpack_tensor *conv_state, maskpack_error *err);
+                                                       int silu, const maskpack_kernel_options *opts,
+                                                       maskpack_tensor *y, maskpack_tensor *conv_state,
+                                                       maskpack_error *err);
 
-/* (comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state or NULL, n_threads) -> dx (required),
+/* (comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state or NULL, opts or NULL) -> dx (required),
  * dweight [C, W] and d_prefix [N, C, W-1] this rank's shares (sum them over the group), NULL to skip:
  * the tails' gradients return to their owners through one all-to-all. */
-MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm,
-                                                                const maskpack_layout *layout,
-                                                                maskpack_cp_scheme scheme, const maskpack_tensor *x,
-                                                                const maskpack_tensor *weight,
-                                                                const maskpack_tensor *prefix, int silu,
-                                                                const maskpack_tensor *dy,
-                                                                const maskpack_tensor *d_conv_state, int n_threads,
-                                                                maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                                maskpack_tensor *d_prefix, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *x,
+    const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy,
+    const maskpack_tensor *d_conv_state, const maskpack_kernel_options *opts, maskpack_tensor *dx,
+    maskpack_tensor *dweight, maskpack_tensor *d_prefix, maskpack_error *err);
 /* Both on a worker team the caller owns (NULL = the caller's thread alone): the team's participant
- * count in place of n_threads, the same bits as that count. */
+ * count in place of opts.n_threads (opts or NULL: its isa), the same bits as that count. */
 MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const maskpack_layout *layout,
                                                           maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                                           const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                          int silu, maskpack_workers *team, maskpack_tensor *y,
+                                                          int silu, const maskpack_kernel_options *opts,
+                                                          maskpack_workers *team, maskpack_tensor *y,
                                                           maskpack_tensor *conv_state, maskpack_error *err);
 MASKPACK_API maskpack_status maskpack_cp_causal_conv1d_backward_on(
     const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *x,
     const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy,
-    const maskpack_tensor *d_conv_state, maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
-    maskpack_tensor *d_prefix, maskpack_error *err);
+    const maskpack_tensor *d_conv_state, const maskpack_kernel_options *opts, maskpack_workers *team,
+    maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix, maskpack_error *err);
 
 /* The rule on a worker team the caller owns (maskpack_workers_create; NULL = the caller's thread
  * alone), so that no thread starts per call: as maskpack_gdn_forward / _backward, with the team's

@@ -185,7 +185,7 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = maskpack_cp_attention_forward_on(&comm, L, (maskpack_cp_scheme)scheme, present[0] ? &t[0] : NULL,
                                          present[1] ? &t[1] : NULL, present[2] ? &t[2] : NULL, scale, softcap,
-                                         present[3] ? &t[3] : NULL, present[4] ? &t[4] : NULL, team, &err);
+                                         present[3] ? &t[3] : NULL, present[4] ? &t[4] : NULL, NULL, team, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
@@ -218,7 +218,7 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS
     s = maskpack_cp_attention_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], p[3], p[4], p[5],
-                                          scale, softcap, p[6], p[7], p[8], team, &err);
+                                          scale, softcap, p[6], p[7], p[8], NULL, team, &err);
     Py_END_ALLOW_THREADS
     if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;

@@ -179,7 +179,7 @@ static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu,
-                                                            team, p[3], p[4], &err);
+                                                            NULL, team, p[3], p[4], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -205,8 +205,8 @@ static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1],
-                                                                     p[2], silu, p[3], p[4], team, p[5], p[6], p[7],
-                                                                     &err);
+                                                                     p[2], silu, p[3], p[4], NULL, team, p[5], p[6],
+                                                                     p[7], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }

@@ -804,10 +804,10 @@ static maskpack_status conv_more(const gdn_plan *P, const maskpack_tensor *x, co
     return want_shape(o->d_prefix, "d_prefix", 3, ss, 0, err);
 }
 
-static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_layout *layout,
-                                    maskpack_cp_scheme scheme, const maskpack_tensor *x, const maskpack_tensor *weight,
-                                    const maskpack_tensor *prefix, int silu, const conv_outs *outs, conv_run *R,
-                                    maskpack_error *err) {
+static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                                    const maskpack_tensor *x, const maskpack_tensor *weight,
+                                    const maskpack_tensor *prefix, int silu, const maskpack_kernel_options *opts,
+                                    const conv_outs *outs, conv_run *R, maskpack_error *err) {
     memset(R, 0, sizeof *R);
     maskpack_status c = mp_cp_check_comm(comm, 0, err);
     if (c) return c;
@@ -833,6 +833,9 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
                         "x: expected this rank's shard (rank %d of %d) of %lld tokens, found %lld", comm->rank,
                         comm->size, (long long)R->P.mine->q_width, (long long)x->shape[0]);
     if (!local) local = conv_more(&R->P, x, weight, outs, err);
+    size_t pick; /* opts.isa, refused here as the local call refuses it, before the ranks agree */
+    if (!local)
+        local = mp_kernel_pick(MASKPACK_KERNEL_CONV, MASKPACK_F32, opts ? opts->isa : MASKPACK_ISA_AUTO, &pick, err);
     /* agreed: the call, the layout, x's and weight's dtypes and shapes (channels, width), a prefix, SiLU */
     mp_cp_call call = mp_cp_call_of(outs->backward ? MP_CP_CALL_CONV_BACKWARD : MP_CP_CALL_CONV_FORWARD);
     mp_cp_tensor(&call, "x", x, 1, "per-token shape [channels]");
@@ -900,18 +903,18 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
 static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                        maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                        const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                       maskpack_workers *team, maskpack_tensor *y,
+                                       const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_tensor *y,
                                        maskpack_tensor *conv_state, maskpack_error *err) {
     conv_run R;
     conv_outs outs = {y, conv_state, NULL, NULL, NULL, NULL, NULL, 0};
-    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, &outs, &R, err);
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, opts, &outs, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
     float *st = floats((size_t)R.np + 1, R.tail, 1, 0);
     if (!st) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     int64_t s3[3] = {R.np, R.C, R.Wm1};
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
-    if (!s) s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, NULL, team, y, &st_t, NULL, 0, err);
+    if (!s) s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, opts, team, y, &st_t, NULL, 0, err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
     s = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data, "conv states",
                            s, err);
@@ -924,11 +927,12 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
                                         maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                         const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
                                         const maskpack_tensor *dy, const maskpack_tensor *d_conv_state,
-                                        maskpack_workers *team, maskpack_tensor *dx, maskpack_tensor *dweight,
-                                        maskpack_tensor *d_prefix, maskpack_error *err) {
+                                        const maskpack_kernel_options *opts, maskpack_workers *team,
+                                        maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix,
+                                        maskpack_error *err) {
     conv_run R;
     conv_outs outs = {NULL, NULL, dy, d_conv_state, dx, dweight, d_prefix, 1};
-    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, &outs, &R, err);
+    maskpack_status s = conv_prepare(comm, layout, scheme, x, weight, prefix, silu, opts, &outs, &R, err);
     if (s) return s;
     const gdn_plan *P = &R.P;
     float *dst = floats((size_t)R.np + 1, R.tail, 1, 1), *dpre = floats((size_t)R.np + 1, R.tail, 1, 0);
@@ -947,7 +951,7 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     maskpack_tensor dst_t = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, s3);
     maskpack_tensor dpre_t = maskpack_tensor_contiguous(dpre, MASKPACK_F32, 3, s3);
     if (!s)
-        s = maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, NULL, team, dx,
+        s = maskpack_causal_conv1d_backward_on(P->mine, x, weight, &R.prefix_t, silu, dy, &dst_t, opts, team, dx,
                                                dweight, &dpre_t, NULL, 0, err);
     if (!s && d_prefix) memset(d_prefix->data, 0, P->n_seq * R.tail * sizeof(float));
     /* each prefix column's gradient goes back where the column came from */
@@ -998,7 +1002,7 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     return s ? s : mp_ok(err);
 }
 
-/* ---- the entry points: a team started per call (n_threads, opts.n_threads) or the caller's ------ */
+/* ---- the entry points: a team started per call (opts.n_threads) or the caller's ---------------- */
 
 maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                         maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
@@ -1042,11 +1046,11 @@ maskpack_status maskpack_cp_gdn_backward_on(const maskpack_comm *comm, const mas
 maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskpack_layout *layout,
                                           maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                           const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                          int n_threads, maskpack_tensor *y, maskpack_tensor *conv_state,
-                                          maskpack_error *err) {
+                                          const maskpack_kernel_options *opts, maskpack_tensor *y,
+                                          maskpack_tensor *conv_state, maskpack_error *err) {
     mp_run run;
-    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
-    if (!s) s = conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, run.team, y, conv_state, err);
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
+    if (!s) s = conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, opts, run.team, y, conv_state, err);
     mp_run_end(&run);
     return s;
 }
@@ -1054,34 +1058,30 @@ maskpack_status maskpack_cp_causal_conv1d(const maskpack_comm *comm, const maskp
 maskpack_status maskpack_cp_causal_conv1d_on(const maskpack_comm *comm, const maskpack_layout *layout,
                                              maskpack_cp_scheme scheme, const maskpack_tensor *x,
                                              const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu,
-                                             maskpack_workers *team, maskpack_tensor *y, maskpack_tensor *conv_state,
-                                             maskpack_error *err) {
-    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, team, y, conv_state, err);
+                                             const maskpack_kernel_options *opts, maskpack_workers *team,
+                                             maskpack_tensor *y, maskpack_tensor *conv_state, maskpack_error *err) {
+    return conv_sp_forward(comm, layout, scheme, x, weight, prefix, silu, opts, team, y, conv_state, err);
 }
 
-maskpack_status maskpack_cp_causal_conv1d_backward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                                   maskpack_cp_scheme scheme, const maskpack_tensor *x,
-                                                   const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                   int silu, const maskpack_tensor *dy,
-                                                   const maskpack_tensor *d_conv_state, int n_threads,
-                                                   maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                   maskpack_tensor *d_prefix, maskpack_error *err) {
+maskpack_status maskpack_cp_causal_conv1d_backward(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *x,
+    const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy,
+    const maskpack_tensor *d_conv_state, const maskpack_kernel_options *opts, maskpack_tensor *dx,
+    maskpack_tensor *dweight, maskpack_tensor *d_prefix, maskpack_error *err) {
     mp_run run;
-    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
     if (!s)
-        s = conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, run.team, dx, dweight, d_prefix,
-                             err);
+        s = conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, opts, run.team, dx,
+                             dweight, d_prefix, err);
     mp_run_end(&run);
     return s;
 }
 
-maskpack_status maskpack_cp_causal_conv1d_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
-                                                      maskpack_cp_scheme scheme, const maskpack_tensor *x,
-                                                      const maskpack_tensor *weight, const maskpack_tensor *prefix,
-                                                      int silu, const maskpack_tensor *dy,
-                                                      const maskpack_tensor *d_conv_state, maskpack_workers *team,
-                                                      maskpack_tensor *dx, maskpack_tensor *dweight,
-                                                      maskpack_tensor *d_prefix, maskpack_error *err) {
-    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, team, dx, dweight, d_prefix,
-                            err);
+maskpack_status maskpack_cp_causal_conv1d_backward_on(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *x,
+    const maskpack_tensor *weight, const maskpack_tensor *prefix, int silu, const maskpack_tensor *dy,
+    const maskpack_tensor *d_conv_state, const maskpack_kernel_options *opts, maskpack_workers *team,
+    maskpack_tensor *dx, maskpack_tensor *dweight, maskpack_tensor *d_prefix, maskpack_error *err) {
+    return conv_sp_backward(comm, layout, scheme, x, weight, prefix, silu, dy, d_conv_state, opts, team, dx, dweight,
+                            d_prefix, err);
 }

@@ -6,6 +6,7 @@
  * excludes is skipped by the kernel as usual. Written once against the callback table: MPI programs
  * and the Python binding (torch.distributed) run this same code. */
 #include "cp_internal.h"
+#include "../kernels/kernel_table.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -343,8 +344,9 @@ static void add_into(float *acc, const float *x, size_t n) {
 static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
                                   int call_id, const maskpack_tensor *const *t, const char *const *names, int n_t,
                                   const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v,
-                                  double scale, double softcap, const maskpack_tensor *const sh[6], maskpack_status local,
-                                  ring *R, maskpack_error *err) {
+                                  double scale, double softcap, const maskpack_tensor *const sh[6],
+                                  const maskpack_kernel_options *opts, maskpack_status local, ring *R,
+                                  maskpack_error *err) {
     maskpack_status s = mp_cp_check_comm(comm, 1, err);
     if (s) return s;
     if (!local && !layout)
@@ -353,6 +355,10 @@ static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layo
     memset(R, 0, sizeof *R);
     if (!local) local = ring_build(comm, layout, scheme, R, err);
     if (!local) local = ring_shapes(R->shard[R->rank], q, k, v, sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], err);
+    size_t pick; /* opts.isa, refused here (as the local call refuses it) rather than by a kernel mid-ring */
+    if (!local)
+        local =
+            mp_kernel_pick(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, opts ? opts->isa : MASKPACK_ISA_AUTO, &pick, err);
     mp_cp_call call = mp_cp_call_of(call_id);
     const int lead = mp_cp_lead(layout);
     mp_cp_tensor(&call, "q", q, lead, "per-token shape [heads, head dim]");
@@ -371,17 +377,17 @@ static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layo
 }
 
 /* Every kernel call of a ring runs on one team (NULL: the caller alone): the caller's, or one the
- * n_threads entry points start for the whole call. */
-static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_layout *layout,
-                                    maskpack_cp_scheme scheme, const maskpack_tensor *q, const maskpack_tensor *k,
-                                    const maskpack_tensor *v, double scale, double softcap, maskpack_tensor *out,
-                                    maskpack_tensor *lse, maskpack_workers *team, maskpack_error *err) {
+ * plain entry points start (opts.n_threads) for the whole call; each runs opts.isa. */
+static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme,
+                                    const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v,
+                                    double scale, double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                    const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_error *err) {
     const maskpack_tensor *ts[4] = {q, k, v, out};
     const char *names[4] = {"q", "k", "v", "out"};
     ring R;
     const maskpack_tensor *sh[6] = {out, lse, NULL, NULL, NULL, NULL}; /* out, lse, dout, dq, dk, dv */
     maskpack_status s = ring_begin(comm, layout, scheme, MP_CP_CALL_ATTENTION_FORWARD, ts, names, 4, q, k, v, scale,
-                                   softcap, sh, MASKPACK_OK, &R, err);
+                                   softcap, sh, opts, MASKPACK_OK, &R, err);
     if (s) return s;
     const maskpack_layout *Lq = R.shard[R.rank];
     int64_t H = q->shape[q->ndim - 2], D = v->shape[v->ndim - 1];
@@ -429,7 +435,7 @@ static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_la
         for (int p = 0; p < RING_MAX_PARTS && !s; p++) {
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
-            s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, NULL, team, NULL, 0,
+            s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, opts, team, NULL, 0,
                                               err);
             if (!s)
                 merge(out->data, lse_p, tmp_o, tmp_l, Lq->n_rows, Lq->q_width, Lq->packed, H, D);
@@ -450,8 +456,8 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
                                      maskpack_cp_scheme scheme, const maskpack_tensor *dout, const maskpack_tensor *q,
                                      const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
                                      const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq,
-                                     maskpack_tensor *dk, maskpack_tensor *dv, maskpack_workers *team,
-                                     maskpack_error *err) {
+                                     maskpack_tensor *dk, maskpack_tensor *dv, const maskpack_kernel_options *opts,
+                                     maskpack_workers *team, maskpack_error *err) {
     const maskpack_tensor *ts[8] = {dout, q, k, v, out, dq, dk, dv};
     const char *names[8] = {"dout", "q", "k", "v", "out", "dq", "dk", "dv"};
     maskpack_status local = lse ? MASKPACK_OK
@@ -460,7 +466,7 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
     ring R;
     const maskpack_tensor *sh[6] = {out, lse, dout, dq, dk, dv};
     maskpack_status s = ring_begin(comm, layout, scheme, MP_CP_CALL_ATTENTION_BACKWARD, ts, names, 8, q, k, v, scale,
-                                   softcap, sh, local, &R, err);
+                                   softcap, sh, opts, local, &R, err);
     if (s) return s;
     size_t kb = nbytes(k), vb = nbytes(v), block = kb + vb, qb = nbytes(q);
     char *own = NULL, *kvbuf[2] = {NULL, NULL}, *gout[2] = {NULL, NULL}, *gin[2] = {NULL, NULL};
@@ -511,7 +517,7 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
             s = maskpack_attention_backward_on(P, dout, q, &kt, &vt, out, lse, scale, softcap, &dq_t, &dk_t, &dv_t,
-                                               NULL, team, NULL, 0, err);
+                                               opts, team, NULL, 0, err);
             if (!s) {
                 add_into(dq->data, tmp_q, qb / sizeof(float));
                 add_into(gk, (const float *)tmp_kv, kb / sizeof(float));
@@ -558,11 +564,11 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
 maskpack_status maskpack_cp_attention_forward(const maskpack_comm *comm, const maskpack_layout *layout,
                                               maskpack_cp_scheme scheme, const maskpack_tensor *q,
                                               const maskpack_tensor *k, const maskpack_tensor *v, double scale,
-                                              double softcap, maskpack_tensor *out, maskpack_tensor *lse, int n_threads,
-                                              maskpack_error *err) {
+                                              double softcap, maskpack_tensor *out, maskpack_tensor *lse,
+                                              const maskpack_kernel_options *opts, maskpack_error *err) {
     mp_run run;
-    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
-    if (!s) s = ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, run.team, err);
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
+    if (!s) s = ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, opts, run.team, err);
     mp_run_end(&run);
     return s;
 }
@@ -571,8 +577,9 @@ maskpack_status maskpack_cp_attention_forward_on(const maskpack_comm *comm, cons
                                                  maskpack_cp_scheme scheme, const maskpack_tensor *q,
                                                  const maskpack_tensor *k, const maskpack_tensor *v, double scale,
                                                  double softcap, maskpack_tensor *out, maskpack_tensor *lse,
-                                                 maskpack_workers *team, maskpack_error *err) {
-    return ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, team, err);
+                                                 const maskpack_kernel_options *opts, maskpack_workers *team,
+                                                 maskpack_error *err) {
+    return ring_forward(comm, layout, scheme, q, k, v, scale, softcap, out, lse, opts, team, err);
 }
 
 maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const maskpack_layout *layout,
@@ -581,20 +588,20 @@ maskpack_status maskpack_cp_attention_backward(const maskpack_comm *comm, const 
                                                const maskpack_tensor *v, const maskpack_tensor *out,
                                                const maskpack_tensor *lse, double scale, double softcap,
                                                maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                               int n_threads, maskpack_error *err) {
+                                               const maskpack_kernel_options *opts, maskpack_error *err) {
     mp_run run;
-    maskpack_status s = mp_run_begin_checked(&run, n_threads, err);
-    if (!s) s = ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, run.team, err);
+    maskpack_status s = mp_run_begin_checked(&run, opts ? opts->n_threads : 1, err);
+    if (!s)
+        s = ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, opts, run.team,
+                          err);
     mp_run_end(&run);
     return s;
 }
 
-maskpack_status maskpack_cp_attention_backward_on(const maskpack_comm *comm, const maskpack_layout *layout,
-                                                  maskpack_cp_scheme scheme, const maskpack_tensor *dout,
-                                                  const maskpack_tensor *q, const maskpack_tensor *k,
-                                                  const maskpack_tensor *v, const maskpack_tensor *out,
-                                                  const maskpack_tensor *lse, double scale, double softcap,
-                                                  maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv,
-                                                  maskpack_workers *team, maskpack_error *err) {
-    return ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, team, err);
+maskpack_status maskpack_cp_attention_backward_on(
+    const maskpack_comm *comm, const maskpack_layout *layout, maskpack_cp_scheme scheme, const maskpack_tensor *dout,
+    const maskpack_tensor *q, const maskpack_tensor *k, const maskpack_tensor *v, const maskpack_tensor *out,
+    const maskpack_tensor *lse, double scale, double softcap, maskpack_tensor *dq, maskpack_tensor *dk,
+    maskpack_tensor *dv, const maskpack_kernel_options *opts, maskpack_workers *team, maskpack_error *err) {
+    return ring_backward(comm, layout, scheme, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, opts, team, err);
 }

@@ -99,14 +99,14 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         if (what == ATT_FWD) {
             sentinel(&o);
             watched = o, watch = &watched;
-            s = maskpack_cp_attention_forward(comm, lay, scheme, &q, &k, &v, scale, 0, &o, &lse, 1, &e);
+            s = maskpack_cp_attention_forward(comm, lay, scheme, &q, &k, &v, scale, 0, &o, &lse, NULL, &e);
         } else {
             maskpack_tensor dout = ten(&b, 3, tl, HQ, D, 0, -1, 1), dq = ten(&b, 3, tl, HQ, D, 0, 0, 0);
             maskpack_tensor dk = ten(&b, 3, tl, HK, D, 0, 0, 0), dv = ten(&b, 3, tl, HK, D, 0, 0, 0);
             sentinel(&dq);
             watched = dq, watch = &watched;
-            s = maskpack_cp_attention_backward(comm, lay, scheme, &dout, &q, &k, &v, &o, &lse, scale, 0, &dq, &dk, &dv, 1,
-                                               &e);
+            s = maskpack_cp_attention_backward(comm, lay, scheme, &dout, &q, &k, &v, &o, &lse, scale, 0, &dq, &dk, &dv,
+                                               NULL, &e);
         }
     } else if (what == GDN_FWD || what == GDN_BWD) {
         const int64_t H = 2, HV = tw->value_heads ? tw->value_heads : 4, K = 8, V = 4;
@@ -140,13 +140,14 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         if (what == CONV_FWD) {
             sentinel(&y);
             watched = y, watch = &watched;
-            s = maskpack_cp_causal_conv1d(comm, lay, scheme, &x, &w, NULL, silu, 1, &y, &st, &e);
+            s = maskpack_cp_causal_conv1d(comm, lay, scheme, &x, &w, NULL, silu, NULL, &y, &st, &e);
         } else {
             maskpack_tensor dy = ten(&b, 2, tl - (tw->bad_dy ? 1 : 0), C, 0, 0, -1, 1), dx = ten(&b, 2, tl, C, 0, 0, 0, 0);
             maskpack_tensor dw = ten(&b, 2, C, W, 0, 0, 0, 0);
             sentinel(&dx);
             watched = dx, watch = &watched;
-            s = maskpack_cp_causal_conv1d_backward(comm, lay, scheme, &x, &w, NULL, silu, &dy, NULL, 1, &dx, &dw, NULL, &e);
+            s = maskpack_cp_causal_conv1d_backward(comm, lay, scheme, &x, &w, NULL, silu, &dy, NULL, NULL, &dx, &dw,
+                                                   NULL, &e);
         }
     } else {
         const int64_t width = tw->part_width ? tw->part_width : 3, T = maskpack_layout_q_width(L);

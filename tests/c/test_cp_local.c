@@ -50,7 +50,7 @@ typedef struct job {
     const float *x, *w, *pre, *dy, *dst, *y, *st, *dx, *dw, *dp;                            /* conv */
     /* this rank's shares of the replicated gradients, summed by the caller */
     float dh_share[NSEQ * HV * K * V], dw_share[C * W], dp_share[NSEQ * C * 3];
-    int64_t bad[9];
+    int64_t bad[10];
 } job;
 
 static void gather_rows(float *dst, const float *src, const int64_t *idx, int64_t n, int64_t row) {
@@ -115,14 +115,15 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
         maskpack_tensor dq = maskpack_tensor_contiguous(r[2], MASKPACK_F32, 3, sq), dk = maskpack_tensor_contiguous(r[3], MASKPACK_F32, 3, sk);
         maskpack_tensor dv = maskpack_tensor_contiguous(r[4], MASKPACK_F32, 3, sk);
         if (run == 0) {
-            bad += maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, 2, &e) != 0;
-            bad += maskpack_cp_attention_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0, &dq, &dk,
-                                                  &dv, 2, &e) != 0;
+            bad += maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l,
+                                                 OPTS_NT(2), &e) != 0;
+            bad += maskpack_cp_attention_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0,
+                                                  &dq, &dk, &dv, OPTS_NT(2), &e) != 0;
         } else {
-            bad += maskpack_cp_attention_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l,
+            bad += maskpack_cp_attention_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, NULL,
                                                     teams[run - 1], &e) != 0;
-            bad += maskpack_cp_attention_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0, &dq,
-                                                     &dk, &dv, teams[run - 1], &e) != 0;
+            bad += maskpack_cp_attention_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0,
+                                                     &dq, &dk, &dv, NULL, teams[run - 1], &e) != 0;
         }
     }
     const int64_t an[5] = {nq, nl, nq, nk, nk};
@@ -195,12 +196,14 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
         maskpack_tensor dx = maskpack_tensor_contiguous(rc[run][2], MASKPACK_F32, 2, sx), dw = maskpack_tensor_contiguous(rc[run][3], MASKPACK_F32, 2, sw);
         maskpack_tensor dp = maskpack_tensor_contiguous(rc[run][4], MASKPACK_F32, 3, sp);
         maskpack_workers *team = run ? teams[run - 1] : NULL;
-        bad += (run ? maskpack_cp_causal_conv1d_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, team, &y, &st, &e)
-                    : maskpack_cp_causal_conv1d(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, 2, &y, &st, &e)) != 0;
-        bad += (run ? maskpack_cp_causal_conv1d_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, team,
-                                                            &dx, &dw, &dp, &e)
-                    : maskpack_cp_causal_conv1d_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, 2, &dx,
-                                                         &dw, &dp, &e)) != 0;
+        bad += (run ? maskpack_cp_causal_conv1d_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, NULL, team, &y,
+                                                   &st, &e)
+                    : maskpack_cp_causal_conv1d(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, OPTS_NT(2), &y, &st,
+                                                &e)) != 0;
+        bad += (run ? maskpack_cp_causal_conv1d_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy,
+                                                            &uds, NULL, team, &dx, &dw, &dp, &e)
+                    : maskpack_cp_causal_conv1d_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds,
+                                                         OPTS_NT(2), &dx, &dw, &dp, &e)) != 0;
     }
     for (int run = 1; run < 3; run++)
         for (int i = 0; i < 5; i++) bad += differ(rc[0][i], rc[run][i], cn[i]);
@@ -214,6 +217,140 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     free(cx), free(cdy);
     maskpack_workers_free(teams[0]);
     maskpack_workers_free(teams[1]);
+    return bad;
+}
+
+/* ---- an explicit ISA reaches the CP kernels --------------------------------------------------- */
+
+/* The error a call gave, to hold another call's to it. */
+static int64_t same_error(const maskpack_error *a, maskpack_status sa, const maskpack_error *b, maskpack_status sb) {
+    return sa != sb || sa == MASKPACK_OK || strcmp(a->argument, b->argument) != 0 ||
+           strcmp(a->message, b->message) != 0;
+}
+
+/* Ring attention and the conv with opts.isa = REF (plain and _on): the single-process whole-batch
+ * reference (AUTO) within rank_main's tolerances, the conv bitwise the single-process REF conv; where
+ * AUTO runs another attention kernel, REF's bits differ from AUTO's (the ISA reached the kernel). An
+ * ISA out of range, and one this CPU lacks (where there is one), fail every rank with the error the
+ * single-process call gives. */
+static int64_t isa_reaches(job *J, const maskpack_comm *comm, const int64_t *idx, int64_t tl) {
+    maskpack_error e, le;
+    int64_t bad = 0;
+    float *q = rows_of(J->q, idx, tl, HQ * D), *k = rows_of(J->k, idx, tl, HK * D), *v = rows_of(J->v, idx, tl, HK * D);
+    float *dout = rows_of(J->dout, idx, tl, HQ * D);
+    const int64_t nq = tl * HQ * D, nk = tl * HK * D, nl = tl * HQ;
+    int64_t sq[3] = {tl, HQ, D}, sk[3] = {tl, HK, D}, sl[2] = {HQ, tl};
+    maskpack_tensor uq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq),
+                    uk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sk);
+    maskpack_tensor uv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sk),
+                    udo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sq);
+    /* the backwards take the reference's out and lse, so that their bits depend on their own ISA alone */
+    float *wo = rows_of(J->out, idx, tl, HQ * D), *wl = zeros(nl);
+    for (int64_t h = 0; h < HQ; h++)
+        for (int64_t i = 0; i < tl; i++) wl[h * tl + i] = J->lse[h * J->T + idx[i]];
+    maskpack_tensor ro_t = maskpack_tensor_contiguous(wo, MASKPACK_F32, 3, sq),
+                    rl_t = maskpack_tensor_contiguous(wl, MASKPACK_F32, 2, sl);
+    const maskpack_isa isas[3] = {MASKPACK_ISA_REF, MASKPACK_ISA_REF, MASKPACK_ISA_AUTO};
+    float *ro[3][5];
+    for (int run = 0; run < 3; run++) {
+        const int64_t n5[5] = {nq, nl, nq, nk, nk};
+        for (int i = 0; i < 5; i++) ro[run][i] = zeros(n5[i]);
+        maskpack_tensor o = maskpack_tensor_contiguous(ro[run][0], MASKPACK_F32, 3, sq);
+        maskpack_tensor l = maskpack_tensor_contiguous(ro[run][1], MASKPACK_F32, 2, sl);
+        maskpack_tensor dq = maskpack_tensor_contiguous(ro[run][2], MASKPACK_F32, 3, sq);
+        maskpack_tensor dk = maskpack_tensor_contiguous(ro[run][3], MASKPACK_F32, 3, sk);
+        maskpack_tensor dv = maskpack_tensor_contiguous(ro[run][4], MASKPACK_F32, 3, sk);
+        const maskpack_kernel_options *opts = OPTS_ISA(1, isas[run]);
+        if (run == 1) {
+            bad += maskpack_cp_attention_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, opts,
+                                                    NULL, &e) != 0;
+            bad += maskpack_cp_attention_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &ro_t, &rl_t,
+                                                     0, 0, &dq, &dk, &dv, opts, NULL, &e) != 0;
+        } else {
+            bad += maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, opts,
+                                                 &e) != 0;
+            bad += maskpack_cp_attention_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &ro_t, &rl_t, 0,
+                                                  0, &dq, &dk, &dv, opts, &e) != 0;
+        }
+        bad += off_ref(ro[run][0], J->out, idx, tl, HQ * D, J->T, 0, 1e-5f);
+        bad += off_ref(ro[run][1], J->lse, idx, tl, HQ, J->T, 1, 1e-5f);
+        bad += off_ref(ro[run][2], J->dq, idx, tl, HQ * D, J->T, 0, 1e-4f);
+        bad += off_ref(ro[run][3], J->dk, idx, tl, HK * D, J->T, 0, 1e-4f);
+        bad += off_ref(ro[run][4], J->dv, idx, tl, HK * D, J->T, 0, 1e-4f);
+    }
+    for (int i = 0; i < 5; i++) bad += differ(ro[0][i], ro[1][i], i == 0 ? nq : i == 1 ? nl : i == 2 ? nq : nk);
+    maskpack_isa best;
+    bad += maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, MASKPACK_ISA_AUTO, &best, &e) != 0;
+    if (best != MASKPACK_ISA_REF && tl > 0) bad += !differ(ro[0][0], ro[2][0], nq) + !differ(ro[0][2], ro[2][2], nq);
+    /* the conv: REF on the whole batch, then the CP conv with REF */
+    float *yref = zeros(J->T * C), *sref = zeros(NSEQ * C * 3);
+    int64_t sxw[2] = {J->T, C}, sx[2] = {tl, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
+    maskpack_tensor wx = maskpack_tensor_contiguous((void *)J->x, MASKPACK_F32, 2, sxw);
+    maskpack_tensor uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
+    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp);
+    maskpack_tensor wy = maskpack_tensor_contiguous(yref, MASKPACK_F32, 2, sxw);
+    maskpack_tensor ws = maskpack_tensor_contiguous(sref, MASKPACK_F32, 3, sp);
+    bad += maskpack_causal_conv1d(J->L, &wx, &uw, &up, 1, OPTS_ISA(1, MASKPACK_ISA_REF), &wy, &ws, &e) != 0;
+    float *cx = rows_of(J->x, idx, tl, C), *cdy = rows_of(J->dy, idx, tl, C);
+    float *cy = zeros(tl * C), *cst = zeros(NSEQ * C * 3), *cdx = zeros(tl * C), *cdw = zeros(C * W),
+          *cdp = zeros(NSEQ * C * 3);
+    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx),
+                    udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
+    maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp);
+    maskpack_tensor y = maskpack_tensor_contiguous(cy, MASKPACK_F32, 2, sx),
+                    st = maskpack_tensor_contiguous(cst, MASKPACK_F32, 3, sp);
+    maskpack_tensor dx = maskpack_tensor_contiguous(cdx, MASKPACK_F32, 2, sx),
+                    dw = maskpack_tensor_contiguous(cdw, MASKPACK_F32, 2, sw);
+    maskpack_tensor dp = maskpack_tensor_contiguous(cdp, MASKPACK_F32, 3, sp);
+    bad += maskpack_cp_causal_conv1d(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, OPTS_ISA(1, MASKPACK_ISA_REF),
+                                     &y, &st, &e) != 0;
+    bad += maskpack_cp_causal_conv1d_backward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds,
+                                                 OPTS_ISA(1, MASKPACK_ISA_REF), NULL, &dx, &dw, &dp, &e) != 0;
+    for (int64_t i = 0; i < tl; i++) bad += differ(cy + i * C, yref + idx[i] * C, C);
+    bad += differ(cst, sref, NSEQ * C * 3);
+    bad += off_ref(cdx, J->dx, idx, tl, C, J->T, 0, 1e-5f);
+    /* refusals: every rank gives the single-process call's error (the ranks share one CPU here) */
+    maskpack_isa refused[2] = {(maskpack_isa)77, MASKPACK_ISA_AUTO};
+    const maskpack_isa vec[4] = {MASKPACK_ISA_AVX2, MASKPACK_ISA_AVX512, MASKPACK_ISA_AVX512_BF16, MASKPACK_ISA_AMX};
+    for (int i = 0; i < 4 && refused[1] == MASKPACK_ISA_AUTO; i++)
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_F32, vec[i], &best, &e) ==
+            MASKPACK_ERR_UNSUPPORTED)
+            refused[1] = vec[i];
+    for (int i = 0; i < 2 && refused[i] != MASKPACK_ISA_AUTO; i++) {
+        const maskpack_kernel_options *opts = OPTS_ISA(1, refused[i]);
+        float *wout = zeros(J->T * HQ * D);
+        int64_t aq[3] = {J->T, HQ, D}, ak[3] = {J->T, HK, D};
+        maskpack_tensor tq = maskpack_tensor_contiguous((void *)J->q, MASKPACK_F32, 3, aq);
+        maskpack_tensor tk = maskpack_tensor_contiguous((void *)J->k, MASKPACK_F32, 3, ak);
+        maskpack_tensor tv = maskpack_tensor_contiguous((void *)J->v, MASKPACK_F32, 3, ak);
+        maskpack_tensor to = maskpack_tensor_contiguous(wout, MASKPACK_F32, 3, aq);
+        maskpack_status ls = maskpack_attention_forward(J->L, &tq, &tk, &tv, 0, 0, &to, NULL, opts, NULL, 0, &le);
+        maskpack_tensor o = maskpack_tensor_contiguous(ro[2][0], MASKPACK_F32, 3, sq);
+        maskpack_tensor l = maskpack_tensor_contiguous(ro[2][1], MASKPACK_F32, 2, sl);
+        maskpack_tensor dq = maskpack_tensor_contiguous(ro[2][2], MASKPACK_F32, 3, sq);
+        maskpack_tensor dk = maskpack_tensor_contiguous(ro[2][3], MASKPACK_F32, 3, sk);
+        maskpack_tensor dv = maskpack_tensor_contiguous(ro[2][4], MASKPACK_F32, 3, sk);
+        maskpack_status s =
+            maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, opts, &e);
+        bad += same_error(&e, s, &le, ls);
+        s = maskpack_cp_attention_forward_on(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l, opts, NULL,
+                                             &e);
+        bad += same_error(&e, s, &le, ls);
+        s = maskpack_cp_attention_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &o, &l, 0, 0, &dq, &dk,
+                                           &dv, opts, &e);
+        bad += same_error(&e, s, &le, ls);
+        ls = maskpack_causal_conv1d(J->L, &wx, &uw, &up, 1, opts, &wy, &ws, &le);
+        s = maskpack_cp_causal_conv1d(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, opts, &y, &st, &e);
+        bad += same_error(&e, s, &le, ls);
+        s = maskpack_cp_causal_conv1d_backward(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, opts, &dx,
+                                               &dw, &dp, &e);
+        bad += same_error(&e, s, &le, ls);
+        free(wout);
+    }
+    for (int run = 0; run < 3; run++)
+        for (int i = 0; i < 5; i++) free(ro[run][i]);
+    free(q), free(k), free(v), free(dout), free(wo), free(wl), free(yref), free(sref);
+    free(cx), free(cdy), free(cy), free(cst), free(cdx), free(cdw), free(cdp);
     return bad;
 }
 
@@ -238,9 +375,10 @@ static void *rank_main(void *arg) {
     maskpack_tensor uo = maskpack_tensor_contiguous(lo, MASKPACK_F32, 3, sq), ul = maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, sl);
     maskpack_tensor udq = maskpack_tensor_contiguous(ldq, MASKPACK_F32, 3, sq), udk = maskpack_tensor_contiguous(ldk, MASKPACK_F32, 3, sk);
     maskpack_tensor udv = maskpack_tensor_contiguous(ldv, MASKPACK_F32, 3, sk);
-    J->bad[7] += maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &uo, &ul, 1, &e) != 0;
-    J->bad[7] += maskpack_cp_attention_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &uo, &ul, 0, 0, &udq,
-                                                &udk, &udv, 1, &e) != 0;
+    J->bad[7] +=
+        maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &uo, &ul, NULL, &e) != 0;
+    J->bad[7] += maskpack_cp_attention_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &udo, &uq, &uk, &uv, &uo, &ul, 0, 0,
+                                                &udq, &udk, &udv, NULL, &e) != 0;
     for (int64_t i = 0; i < tl; i++) {
         for (int64_t c = 0; c < HQ * D; c++) {
             J->bad[0] += !close_to(lo[i * HQ * D + c], J->out[idx[i] * HQ * D + c], 1e-5f);
@@ -303,9 +441,9 @@ static void *rank_main(void *arg) {
     maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp), uy = maskpack_tensor_contiguous(cy, MASKPACK_F32, 2, sx);
     maskpack_tensor ust = maskpack_tensor_contiguous(cst, MASKPACK_F32, 3, sp), udx = maskpack_tensor_contiguous(cdx, MASKPACK_F32, 2, sx);
     maskpack_tensor udw = maskpack_tensor_contiguous(J->dw_share, MASKPACK_F32, 2, sw), udp = maskpack_tensor_contiguous(J->dp_share, MASKPACK_F32, 3, sp);
-    J->bad[7] += maskpack_cp_causal_conv1d(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, 1, &uy, &ust, &e) != 0;
-    J->bad[7] += maskpack_cp_causal_conv1d_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, 1, &udx,
-                                                    &udw, &udp, &e) != 0;
+    J->bad[7] += maskpack_cp_causal_conv1d(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, NULL, &uy, &ust, &e) != 0;
+    J->bad[7] += maskpack_cp_causal_conv1d_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, NULL,
+                                                    &udx, &udw, &udp, &e) != 0;
     for (int64_t i = 0; i < tl; i++)
         for (int64_t c = 0; c < C; c++) {
             J->bad[4] += cy[i * C + c] != J->y[idx[i] * C + c];
@@ -314,13 +452,14 @@ static void *rank_main(void *arg) {
     for (int64_t c = 0; c < NSEQ * C * 3; c++) J->bad[4] += cst[c] != J->st[c];
     free(cx), free(cdy), free(cy), free(cst), free(cdx);
     J->bad[8] += teams_match(J, &comm, idx, tl);
+    J->bad[9] += isa_reaches(J, &comm, idx, tl);
     free(idx);
     /* refusals every rank reaches alike: a padded layout for the GDN, bf16 for the ring */
     maskpack_status s = maskpack_cp_gdn_forward(&comm, J->Lpad, MASKPACK_CP_ZIGZAG, &in, &opts, &to, NULL, &e);
     J->bad[6] += s != MASKPACK_ERR_UNSUPPORTED;
     maskpack_tensor bq = uq;
     if (J->rank == 0) bq.dtype = MASKPACK_BF16;
-    s = maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &bq, &uk, &uv, 0, 0, &uo, NULL, 1, &e);
+    s = maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &bq, &uk, &uv, 0, 0, &uo, NULL, NULL, &e);
     J->bad[6] += s != MASKPACK_ERR_DTYPE;
     return NULL;
 }
@@ -424,9 +563,17 @@ static void run_ranks(int n) {
         bad_sum += !close_to(s, dp[i], 1e-5f);
     }
     for (int r = 0; r < n; r++) {
-        const char *what[9] = {"attention out/lse", "attention grads", "gdn out/final", "gdn grads", "conv y/state",
-                               "conv dx", "refusals", "call statuses", "a team's bits against n_threads'"};
-        for (int i = 0; i < 9; i++) {
+        const char *what[10] = {"attention out/lse",
+                                "attention grads",
+                                "gdn out/final",
+                                "gdn grads",
+                                "conv y/state",
+                                "conv dx",
+                                "refusals",
+                                "call statuses",
+                                "a team's bits against n_threads'",
+                                "an explicit ISA in opts"};
+        for (int i = 0; i < 10; i++) {
             if (jobs[r].bad[i]) fprintf(stderr, "%d ranks, rank %d: %s: %lld bad\n", n, r, what[i], (long long)jobs[r].bad[i]);
             CHECK_EQ(jobs[r].bad[i], 0);
         }

@@ -161,11 +161,11 @@ static int check_ring(const maskpack_comm *mpi, const maskpack_layout *L, maskpa
     maskpack_tensor ul = packed ? maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, gl)
                                 : maskpack_tensor_contiguous(ll, MASKPACK_F32, 3, rl);
 #undef T4
-    maskpack_status st = maskpack_cp_attention_forward(&comm, L, scheme, &uq, &uk, &uv, 0, softcap, &uo, &ul, 1, &e);
+    maskpack_status st = maskpack_cp_attention_forward(&comm, L, scheme, &uq, &uk, &uv, 0, softcap, &uo, &ul, NULL, &e);
     CHECK(st == MASKPACK_OK);
     if (st) fprintf(stderr, "rank %d: ring forward: %s\n", rank_, e.message);
-    st = maskpack_cp_attention_backward(&comm, L, scheme, &udo, &uq, &uk, &uv, &uo, &ul, 0, softcap, &udq, &udk, &udv, 1,
-                                        &e);
+    st = maskpack_cp_attention_backward(&comm, L, scheme, &udo, &uq, &uk, &uv, &uo, &ul, 0, softcap, &udq, &udk, &udv,
+                                        NULL, &e);
     CHECK(st == MASKPACK_OK);
     if (st) fprintf(stderr, "rank %d: ring backward: %s\n", rank_, e.message);
     int64_t bad_o = 0, bad_l = 0, bad_g = 0;
@@ -244,11 +244,12 @@ static void ring_tests(const maskpack_comm *comm) {
         int64_t tl = maskpack_layout_q_width(packed) / n, sh[3] = {tl, 1, 8};
         float *buf = calloc((size_t)(tl * 8), 4), *o = calloc((size_t)(tl * 8), 4);
         maskpack_tensor t = maskpack_tensor_contiguous(buf, MASKPACK_F32, 3, sh), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sh);
-        maskpack_status st = maskpack_cp_attention_forward(comm, pre, MASKPACK_CP_ZIGZAG, &t, &t, &t, 0, 0, &to, NULL, 1, &e);
+        maskpack_status st =
+            maskpack_cp_attention_forward(comm, pre, MASKPACK_CP_ZIGZAG, &t, &t, &t, 0, 0, &to, NULL, NULL, &e);
         CHECK(st == MASKPACK_ERR_UNSUPPORTED && strstr(e.message, "prefix") != NULL);
         maskpack_tensor tb = t;
         if (comm->rank == 0) tb.dtype = MASKPACK_BF16;
-        st = maskpack_cp_attention_forward(comm, packed, MASKPACK_CP_ZIGZAG, &tb, &t, &t, 0, 0, &to, NULL, 1, &e);
+        st = maskpack_cp_attention_forward(comm, packed, MASKPACK_CP_ZIGZAG, &tb, &t, &t, 0, 0, &to, NULL, NULL, &e);
         CHECK(comm->rank == 0 ? st == MASKPACK_ERR_DTYPE && strstr(e.message, "q: ring attention takes float32")
                               : st == MASKPACK_ERR_DTYPE && strstr(e.message, "rank 0 refused its arguments"));
         free(buf);
@@ -413,11 +414,11 @@ static void check_conv(const maskpack_comm *comm) {
     maskpack_tensor uy = maskpack_tensor_contiguous(my, MASKPACK_F32, 2, lsx), ust = maskpack_tensor_contiguous(mst, MASKPACK_F32, 3, sp);
     maskpack_tensor udx = maskpack_tensor_contiguous(mdx, MASKPACK_F32, 2, lsx), udw = maskpack_tensor_contiguous(mdw, MASKPACK_F32, 2, sw);
     maskpack_tensor udp = maskpack_tensor_contiguous(mdp, MASKPACK_F32, 3, sp);
-    maskpack_status s = maskpack_cp_causal_conv1d(comm, L, MASKPACK_CP_ZIGZAG, &ux, &tw, &tp, 1, 1, &uy, &ust, &e);
+    maskpack_status s = maskpack_cp_causal_conv1d(comm, L, MASKPACK_CP_ZIGZAG, &ux, &tw, &tp, 1, NULL, &uy, &ust, &e);
     CHECK(s == MASKPACK_OK);
     if (s) fprintf(stderr, "rank %d: cp conv: %s\n", rank_, e.message);
-    s = maskpack_cp_causal_conv1d_backward(comm, L, MASKPACK_CP_ZIGZAG, &ux, &tw, &tp, 1, &udy, &tds, 1, &udx, &udw, &udp,
-                                           &e);
+    s = maskpack_cp_causal_conv1d_backward(comm, L, MASKPACK_CP_ZIGZAG, &ux, &tw, &tp, 1, &udy, &tds, NULL, &udx, &udw,
+                                           &udp, &e);
     CHECK(s == MASKPACK_OK);
     if (s) fprintf(stderr, "rank %d: cp conv backward: %s\n", rank_, e.message);
     MPI_Allreduce(mdw, sdw, (int)(C * W), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
