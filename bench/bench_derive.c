@@ -16,11 +16,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_shapes.h"       /* generated from bench/shapes.json */
+#include "bench_shapes.h" /* generated from bench/shapes.json */
 #include "common/bench_args.h"
 
 #define SAMPLES 21
-#define WARMUP 3
+#define WARMUP  3
 
 static double now_s(void) {
     struct timespec ts;
@@ -156,17 +156,19 @@ static int compare_with_memcpy(const char *label, op_fn fn, derive_ctx *ctx, siz
 
 /* The shapes of the three parts (defaults: bench/shapes.json's table "derive", via bench_shapes.h). */
 typedef struct shapes {
-    int64_t batch, seq;      /* 1. the padded batch [batch, seq] */
+    int64_t batch, seq;       /* 1. the padded batch [batch, seq] */
     int64_t tokens, segments; /* 2. the block mask's packed stream */
-    int64_t dense;           /* 3. the dense 4D mask of the stream's first `dense` tokens */
+    int64_t dense;            /* 3. the dense 4D mask of the stream's first `dense` tokens */
 } shapes;
 
 #define USAGE "[--batch N] [--seq N] [--tokens N] [--segments N] [--dense N]"
 
 /* Reads the options argv[0..argc) into *s: 0, or -1 after a one-line message. */
 static int parse_shapes(const char *prog, const char *where, int argc, const char *const *argv, shapes *s) {
-    const bench_int_opt opts[] = {{"--batch", &s->batch, 1, 65536},        {"--seq", &s->seq, 1, 1 << 24},
-                                  {"--tokens", &s->tokens, 2, 1 << 28},    {"--segments", &s->segments, 1, 1 << 24},
+    const bench_int_opt opts[] = {{"--batch", &s->batch, 1, 65536},
+                                  {"--seq", &s->seq, 1, 1 << 24},
+                                  {"--tokens", &s->tokens, 2, 1 << 28},
+                                  {"--segments", &s->segments, 1, 1 << 24},
                                   {"--dense", &s->dense, 1, 32768}};
     for (int i = 0; i < argc; i++) {
         int r = bench_parse_int_opt(prog, where, opts, sizeof opts / sizeof opts[0], argc, argv, &i);
@@ -246,8 +248,8 @@ int main(int argc, char **argv) {
     printf("%-34s %10zu bytes  %7.2f GB/s  memcpy %7.2f GB/s  ratio %.2fx (target >= 0.8x)\n",
            "all three together:", sum_b, (double)sum_b / sum_d / 1e9, (double)sum_b / sum_c / 1e9, sum_c / sum_d);
     if (td[2] > 0)
-        printf("  (cu_seqlens writes %zu bytes: latency-bound, %.0f ns per call vs %.0f ns for the memcpy)\n",
-               bytes[2], td[2] * 1e9, tc[2] * 1e9);
+        printf("  (cu_seqlens writes %zu bytes: latency-bound, %.0f ns per call vs %.0f ns for the memcpy)\n", bytes[2],
+               td[2] * 1e9, tc[2] * 1e9);
     free(m2);
     free(pos);
     free(cu);

@@ -119,8 +119,8 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
         {"unpack (packed -> padded)", Pk, Pd, &kt, &st, (size_t)(B * S) * tokbytes},
         {"shard  (padded -> CP rank 0 of 2, zigzag)", Pd, Sh, &pt, &lt, (size_t)TL * tokbytes},
     };
-    printf("%s: [%lld x %lld] x %lld bf16 (%.1f MB padded, %lld real tokens), %d thread(s)\n", label,
-           (long long)B, (long long)S, (long long)C, (double)(B * S) * (double)tokbytes / 1e6, (long long)T, threads);
+    printf("%s: [%lld x %lld] x %lld bf16 (%.1f MB padded, %lld real tokens), %d thread(s)\n", label, (long long)B,
+           (long long)S, (long long)C, (double)(B * S) * (double)tokbytes / 1e6, (long long)T, threads);
     maskpack_workers *team = NULL;
     if (threads > 1 && maskpack_workers_create(threads, &team, &e)) {
         fprintf(stderr, "workers failed: %s\n", e.message);
@@ -142,8 +142,9 @@ static void run_case(const char *label, int64_t B, int64_t S, int64_t C, int rep
             c.team = team;
             time_relayout(&c, 1);
             double tt = time_relayout(&c, reps);
-            printf("  %-44s %7.2f GB/s   memcpy %7.2f GB/s   ratio %.2fx (on a %d-thread worker team)\n", "  same, worker team",
-                   (double)ops[o].bytes / tt / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tt, threads);
+            printf("  %-44s %7.2f GB/s   memcpy %7.2f GB/s   ratio %.2fx (on a %d-thread worker team)\n",
+                   "  same, worker team", (double)ops[o].bytes / tt / 1e9, (double)ops[o].bytes / tm / 1e9, tm / tt,
+                   threads);
         }
         maskpack_relayout_plan_free(c.plan);
     }
@@ -200,8 +201,10 @@ static int parse_cases(const char *prog, const char *where, const char *text, re
         p = end + 1; /* an empty item after a comma is malformed, as any other */
     }
 bad:
-    fprintf(stderr, "%s: --cases%s: expected LABEL:BxSxC[,LABEL:BxSxC...] (at most %d cases, B and S in [1, 2^24], "
-            "C in [1, 65536], B*S*C at most 2^31), got '%s'\n", prog, where, MAX_CASES, text ? text : "(nothing)");
+    fprintf(stderr,
+            "%s: --cases%s: expected LABEL:BxSxC[,LABEL:BxSxC...] (at most %d cases, B and S in [1, 2^24], "
+            "C in [1, 65536], B*S*C at most 2^31), got '%s'\n",
+            prog, where, MAX_CASES, text ? text : "(nothing)");
     return -1;
 }
 

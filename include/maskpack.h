@@ -54,11 +54,10 @@ extern "C" {
 /* Version                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-#define MASKPACK_VERSION_MAJOR 0
-#define MASKPACK_VERSION_MINOR 1
-#define MASKPACK_VERSION_PATCH 0
-#define MASKPACK_VERSION_NUMBER \
-    (MASKPACK_VERSION_MAJOR * 10000 + MASKPACK_VERSION_MINOR * 100 + MASKPACK_VERSION_PATCH)
+#define MASKPACK_VERSION_MAJOR  0
+#define MASKPACK_VERSION_MINOR  1
+#define MASKPACK_VERSION_PATCH  0
+#define MASKPACK_VERSION_NUMBER (MASKPACK_VERSION_MAJOR * 10000 + MASKPACK_VERSION_MINOR * 100 + MASKPACK_VERSION_PATCH)
 #define MASKPACK_VERSION_STRING "0.1.0"
 
 /* () -> MAJOR*10000 + MINOR*100 + PATCH of the library actually linked. */
@@ -72,26 +71,26 @@ MASKPACK_API const char *maskpack_version_string(void);
 
 typedef enum maskpack_status {
     MASKPACK_OK = 0,
-    MASKPACK_ERR_NULL_ARGUMENT = 1,      /* a required pointer is NULL */
-    MASKPACK_ERR_INVALID_ARGUMENT = 2,   /* a scalar argument is out of its range */
-    MASKPACK_ERR_SHAPE = 3,              /* a tensor's rank or shape is wrong or disagrees */
-    MASKPACK_ERR_DTYPE = 4,              /* a tensor's dtype is not accepted here */
-    MASKPACK_ERR_VALUE = 5,              /* an element has a forbidden value (mask not 0/1, negative length) */
-    MASKPACK_ERR_UNSORTED = 6,           /* cu_seqlens decrease, or offsets out of order */
-    MASKPACK_ERR_HOLE = 7,               /* a padding mask row has a hole (pad inside tokens) */
-    MASKPACK_ERR_OVERFLOW = 8,           /* a size or offset overflows its type */
-    MASKPACK_ERR_NOT_REPRESENTABLE = 9,  /* the input has no layout (or the layout no output) of that kind */
-    MASKPACK_ERR_BUFFER_TOO_SMALL = 10,  /* an output buffer cannot hold the result */
+    MASKPACK_ERR_NULL_ARGUMENT = 1,     /* a required pointer is NULL */
+    MASKPACK_ERR_INVALID_ARGUMENT = 2,  /* a scalar argument is out of its range */
+    MASKPACK_ERR_SHAPE = 3,             /* a tensor's rank or shape is wrong or disagrees */
+    MASKPACK_ERR_DTYPE = 4,             /* a tensor's dtype is not accepted here */
+    MASKPACK_ERR_VALUE = 5,             /* an element has a forbidden value (mask not 0/1, negative length) */
+    MASKPACK_ERR_UNSORTED = 6,          /* cu_seqlens decrease, or offsets out of order */
+    MASKPACK_ERR_HOLE = 7,              /* a padding mask row has a hole (pad inside tokens) */
+    MASKPACK_ERR_OVERFLOW = 8,          /* a size or offset overflows its type */
+    MASKPACK_ERR_NOT_REPRESENTABLE = 9, /* the input has no layout (or the layout no output) of that kind */
+    MASKPACK_ERR_BUFFER_TOO_SMALL = 10, /* an output buffer cannot hold the result */
     MASKPACK_ERR_OUT_OF_MEMORY = 11,
-    MASKPACK_ERR_CONVENTION = 12,        /* a mask convention, cu_seqlens form or alignment is missing or unknown */
-    MASKPACK_ERR_RULE = 13,              /* the attention rule is invalid (window, span, prefix) */
-    MASKPACK_ERR_FORMAT = 14,            /* a file is malformed or lies about its sizes */
-    MASKPACK_ERR_IO = 15,                /* the operating system refused a read or write */
-    MASKPACK_ERR_UNSUPPORTED = 16,       /* valid input this version does not handle */
-    MASKPACK_ERR_NPU_CONTRACT = 17,      /* npu_fusion_attention arguments break the operator's contract */
-    MASKPACK_ERR_OVERLAP = 18,           /* input and output buffers overlap */
-    MASKPACK_ERR_NOT_FOUND = 19,         /* a named entry (file member, tensor) is absent */
-    MASKPACK_ERR_COMM = 20,              /* a communicator callback failed (another rank died, a transport error) */
+    MASKPACK_ERR_CONVENTION = 12,   /* a mask convention, cu_seqlens form or alignment is missing or unknown */
+    MASKPACK_ERR_RULE = 13,         /* the attention rule is invalid (window, span, prefix) */
+    MASKPACK_ERR_FORMAT = 14,       /* a file is malformed or lies about its sizes */
+    MASKPACK_ERR_IO = 15,           /* the operating system refused a read or write */
+    MASKPACK_ERR_UNSUPPORTED = 16,  /* valid input this version does not handle */
+    MASKPACK_ERR_NPU_CONTRACT = 17, /* npu_fusion_attention arguments break the operator's contract */
+    MASKPACK_ERR_OVERLAP = 18,      /* input and output buffers overlap */
+    MASKPACK_ERR_NOT_FOUND = 19,    /* a named entry (file member, tensor) is absent */
+    MASKPACK_ERR_COMM = 20,         /* a communicator callback failed (another rank died, a transport error) */
     MASKPACK_STATUS_COUNT_ = 21
 } maskpack_status;
 
@@ -100,13 +99,13 @@ MASKPACK_API const char *maskpack_status_name(maskpack_status status);
 /* status -> one-sentence generic description (static storage). */
 MASKPACK_API const char *maskpack_status_message(maskpack_status status);
 
-#define MASKPACK_ERROR_MESSAGE_SIZE 320
+#define MASKPACK_ERROR_MESSAGE_SIZE  320
 #define MASKPACK_ERROR_ARGUMENT_SIZE 48
 
 /* Filled by a failing call when the caller passes one; zeroed (status OK) by a successful call. */
 typedef struct maskpack_error {
     maskpack_status status;
-    int64_t index[4];                         /* first offending element (row, col, ...); -1 = n/a */
+    int64_t index[4];                            /* first offending element (row, col, ...); -1 = n/a */
     char argument[MASKPACK_ERROR_ARGUMENT_SIZE]; /* the argument's name, e.g. "cu_seqlens" */
     char message[MASKPACK_ERROR_MESSAGE_SIZE];   /* "cu_seqlens[3]: expected >= 17 (non-decreasing), found 12" */
 } maskpack_error;
@@ -189,7 +188,7 @@ typedef struct maskpack_rule {
     int64_t window_right;         /* flash-attn convention; -1 = unbounded */
     const maskpack_span *spans;   /* sorted by (segment, start), non-overlapping; may be NULL */
     size_t n_spans;
-    const int64_t *prefix;        /* per-segment prefix-LM length (n_prefix == n_segments) or NULL */
+    const int64_t *prefix; /* per-segment prefix-LM length (n_prefix == n_segments) or NULL */
     size_t n_prefix;
 } maskpack_rule;
 
@@ -197,11 +196,9 @@ typedef struct maskpack_rule {
 MASKPACK_API maskpack_rule maskpack_rule_default(void);
 
 /* HF sliding_window w (keys j > i - w, w keys including self) -> flash-attn (w-1, w-1). w >= 1. */
-MASKPACK_API maskpack_status maskpack_window_from_hf(int64_t w, int64_t *left, int64_t *right,
-                                                     maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_window_from_hf(int64_t w, int64_t *left, int64_t *right, maskpack_error *err);
 /* attention-gym window w (i - j <= w, w+1 keys) -> flash-attn (w, w). w >= 0. */
-MASKPACK_API maskpack_status maskpack_window_from_gym(int64_t w, int64_t *left, int64_t *right,
-                                                      maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_window_from_gym(int64_t w, int64_t *left, int64_t *right, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Layouts                                                                                    */
@@ -234,28 +231,28 @@ typedef struct maskpack_segment {
 } maskpack_segment;
 
 #define MASKPACK_SEGMENT_EXPLICIT_POS 1u
-#define MASKPACK_SEGMENT_KEY_BLOCK 2u /* with EXPLICIT_POS: keys are a block at kv_pos (see kv_pos) */
+#define MASKPACK_SEGMENT_KEY_BLOCK    2u /* with EXPLICIT_POS: keys are a block at kv_pos (see kv_pos) */
 
 typedef enum maskpack_placement {
-    MASKPACK_PLACE_RIGHT = 0,  /* [B, S]: one sequence per row, padding after it */
-    MASKPACK_PLACE_LEFT = 1,   /* [B, S]: one sequence per row, padding before it */
-    MASKPACK_PLACE_PACKED = 2  /* capacity 0: one THD row of all tokens; else rows of `capacity`, in order */
+    MASKPACK_PLACE_RIGHT = 0, /* [B, S]: one sequence per row, padding after it */
+    MASKPACK_PLACE_LEFT = 1,  /* [B, S]: one sequence per row, padding before it */
+    MASKPACK_PLACE_PACKED = 2 /* capacity 0: one THD row of all tokens; else rows of `capacity`, in order */
 } maskpack_placement;
 
 typedef enum maskpack_mask2d_convention {
-    MASKPACK_MASK2D_KEEP = 0,   /* 1 = token, 0 = pad (HF attention_mask) */
-    MASKPACK_MASK2D_DOC_ID = 1  /* 1-based document id, 0 = pad (LlamaFactory/NeMo "indexed") */
+    MASKPACK_MASK2D_KEEP = 0,  /* 1 = token, 0 = pad (HF attention_mask) */
+    MASKPACK_MASK2D_DOC_ID = 1 /* 1-based document id, 0 = pad (LlamaFactory/NeMo "indexed") */
 } maskpack_mask2d_convention;
 
 typedef enum maskpack_mask_convention {
-    MASKPACK_MASK_KEEP = 0,     /* true/1 = may attend */
-    MASKPACK_MASK_MASKED = 1,   /* true/1 = excluded (Megatron, TE, Ascend) */
-    MASKPACK_MASK_ADDITIVE = 2  /* 0 = attend, negative (-inf, dtype min, -10000) = excluded */
+    MASKPACK_MASK_KEEP = 0,    /* true/1 = may attend */
+    MASKPACK_MASK_MASKED = 1,  /* true/1 = excluded (Megatron, TE, Ascend) */
+    MASKPACK_MASK_ADDITIVE = 2 /* 0 = attend, negative (-inf, dtype min, -10000) = excluded */
 } maskpack_mask_convention;
 
 typedef enum maskpack_cu_form {
-    MASKPACK_CU_TE = 0,  /* [0, e1, ..., eN] */
-    MASKPACK_CU_NPU = 1  /* [e1, ..., eN] */
+    MASKPACK_CU_TE = 0, /* [0, e1, ..., eN] */
+    MASKPACK_CU_NPU = 1 /* [e1, ..., eN] */
 } maskpack_cu_form;
 
 typedef enum maskpack_boundary_rule {
@@ -265,10 +262,10 @@ typedef enum maskpack_boundary_rule {
 
 /* (segments[n], grid n_rows x q_width / kv_width, packed, rule) -> layout. Segments must be sorted by
  * (row, q_start), inside the grid and non-overlapping on both sides. The rule is copied. */
-MASKPACK_API maskpack_status maskpack_layout_from_segments(const maskpack_segment *segments, size_t n,
-                                                           int64_t n_rows, int64_t q_width, int64_t kv_width,
-                                                           int packed, const maskpack_rule *rule,
-                                                           maskpack_layout **out, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_layout_from_segments(const maskpack_segment *segments, size_t n, int64_t n_rows,
+                                                           int64_t q_width, int64_t kv_width, int packed,
+                                                           const maskpack_rule *rule, maskpack_layout **out,
+                                                           maskpack_error *err);
 
 /* (lengths[n] >= 0, placement, capacity) -> layout. RIGHT/LEFT: [n, max(lengths, capacity)];
  * PACKED with capacity 0: one packed row of sum(lengths); PACKED with capacity > 0: rows of
@@ -297,32 +294,31 @@ MASKPACK_API maskpack_status maskpack_layout_from_cu_seqlens(const maskpack_tens
 /* (cu_q, cu_kv, both in `form`) -> packed cross layout: segment k has q_len = cu_q diff and kv_len =
  * cu_kv diff (q_len != kv_len is where the rule's alignment matters). */
 MASKPACK_API maskpack_status maskpack_layout_from_cu_seqlens_qk(const maskpack_tensor *cu_q,
-                                                                const maskpack_tensor *cu_kv,
-                                                                maskpack_cu_form form,
-                                                                const maskpack_rule *rule,
-                                                                maskpack_layout **out, maskpack_error *err);
+                                                                const maskpack_tensor *cu_kv, maskpack_cu_form form,
+                                                                const maskpack_rule *rule, maskpack_layout **out,
+                                                                maskpack_error *err);
 
 /* (position_ids [T] (packed), [B,S] or [3,B,S] M-RoPE (text row 0 decides), boundary rule) -> layout.
  * Tail padding written as position 0 becomes padding, not a run of length-1 sequences: a trailing
  * run of two or more zeros at the end of a row (or of the packed stream) is padding (bug class 8). */
 MASKPACK_API maskpack_status maskpack_layout_from_position_ids(const maskpack_tensor *position_ids,
                                                                maskpack_boundary_rule boundary,
-                                                               const maskpack_rule *rule,
-                                                               maskpack_layout **out, maskpack_error *err);
+                                                               const maskpack_rule *rule, maskpack_layout **out,
+                                                               maskpack_error *err);
 
 /* (mask [B,1,S,S] or [B,H,S,S], convention) -> layout with the recovered rule (padding, causal,
  * window, documents, spans, prefix). Rows of pad queries are ignored (both ms-swift's "pad rows see
  * valid keys" and verl's "pad rows see nothing" are accepted). When no layout reproduces the mask the
  * error says why and names the first (batch, head, query, key) that cannot be matched. */
 MASKPACK_API maskpack_status maskpack_layout_from_mask4d(const maskpack_tensor *mask,
-                                                         maskpack_mask_convention convention,
-                                                         maskpack_layout **out, maskpack_error *err);
+                                                         maskpack_mask_convention convention, maskpack_layout **out,
+                                                         maskpack_error *err);
 
 /* (mask [B,1,S,S]/[B,H,S,S]/[B,1,1,S]/[B,S], convention) -> out [B,S] keep mask: token s is valid iff
  * its key column is not fully masked (some query, any head, attends to it). out: bool/u8/int32/int64. */
 MASKPACK_API maskpack_status maskpack_mask2d_from_mask4d(const maskpack_tensor *mask,
-                                                         maskpack_mask_convention convention,
-                                                         maskpack_tensor *out, maskpack_error *err);
+                                                         maskpack_mask_convention convention, maskpack_tensor *out,
+                                                         maskpack_error *err);
 
 /* (layout, new rule) -> a new layout with the same segments under another rule. */
 MASKPACK_API maskpack_status maskpack_layout_with_rule(const maskpack_layout *layout, const maskpack_rule *rule,
@@ -349,8 +345,8 @@ MASKPACK_API int64_t maskpack_layout_n_tokens(const maskpack_layout *layout);
 MASKPACK_API int64_t maskpack_layout_max_seqlen(const maskpack_layout *layout);
 MASKPACK_API int64_t maskpack_layout_max_seqlen_kv(const maskpack_layout *layout);
 /* (layout, i < n_segments) -> copies segment i into *out. */
-MASKPACK_API maskpack_status maskpack_layout_segment(const maskpack_layout *layout, size_t i,
-                                                     maskpack_segment *out, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_layout_segment(const maskpack_layout *layout, size_t i, maskpack_segment *out,
+                                                     maskpack_error *err);
 /* (layout) -> the rule; its span and prefix pointers live as long as the layout. */
 MASKPACK_API maskpack_rule maskpack_layout_rule(const maskpack_layout *layout);
 
@@ -366,8 +362,8 @@ MASKPACK_API int64_t maskpack_segment_of_query(const maskpack_layout *layout, in
 /* ------------------------------------------------------------------------------------------ */
 
 typedef enum maskpack_cp_scheme {
-    MASKPACK_CP_ZIGZAG = 0,     /* 2*cp chunks per slot; rank r holds chunks r and 2cp-1-r (Megatron, TE THD) */
-    MASKPACK_CP_CONTIGUOUS = 1  /* cp equal pieces of each row (padded) or of the token stream (packed) */
+    MASKPACK_CP_ZIGZAG = 0,    /* 2*cp chunks per slot; rank r holds chunks r and 2cp-1-r (Megatron, TE THD) */
+    MASKPACK_CP_CONTIGUOUS = 1 /* cp equal pieces of each row (padded) or of the token stream (packed) */
     /* at cp = 1 both schemes are the identity: the one rank holds every token, nothing must divide */
 } maskpack_cp_scheme;
 
@@ -379,8 +375,8 @@ typedef enum maskpack_cp_align {
 /* (cp >= 1, tp >= 1, align) -> *multiple each slot length must divide by. Never lcm(tp, 2cp). At cp = 1
  * there is no zigzag split and the multiple is tp for either align (sequence parallelism splits the
  * tokens tp ways); prepare_batch and the planner pad by this one rule. */
-MASKPACK_API maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align align,
-                                                  int64_t *multiple, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_cp_multiple(int64_t cp, int64_t tp, maskpack_cp_align align, int64_t *multiple,
+                                                  maskpack_error *err);
 
 /* (layout, multiple >= 1) -> a layout with the same sequences whose slots are padded explicitly up to
  * a multiple: packed layouts get each slot (cu_seqlens_padded difference) rounded up (the stream
@@ -425,8 +421,8 @@ typedef struct maskpack_relayout_plan maskpack_relayout_plan; /* opaque, immutab
  * that dst does not hold are skipped (that is how a shard is cut). Two unsharded layouts must have
  * the same number of sequences and equal lengths (SHAPE error naming the first that differs). */
 MASKPACK_API maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sources, size_t n_src,
-                                                           const maskpack_layout *dst,
-                                                           maskpack_relayout_plan **out, maskpack_error *err);
+                                                           const maskpack_layout *dst, maskpack_relayout_plan **out,
+                                                           maskpack_error *err);
 MASKPACK_API void maskpack_relayout_plan_free(maskpack_relayout_plan *plan);
 /* (plan, source < n_src) -> the adjoint plan of source `source`: one source, dst's grid, into that source's
  * grid. Each token the plan copied from that source receives the dst token it was copied to; every other
@@ -450,8 +446,8 @@ MASKPACK_API maskpack_status maskpack_relayout_execute(const maskpack_relayout_p
 
 /* A team of worker threads the caller owns, reused across calls: starting a thread costs as much as
  * copying a few hundred KB, so moves of L2-sized tensors only gain from a second core through a team
- * that already runs. Idle workers spin politely (yielding the core) for 0.1 ms, then sleep. One caller at a time uses a team; a
- * concurrent second caller runs its work alone (no waiting). A child process after fork() gets no
+ * that already runs. Idle workers spin politely (yielding the core) for 0.1 ms, then sleep. One caller at a time uses
+ * a team; a concurrent second caller runs its work alone (no waiting). A child process after fork() gets no
  * workers from the parent's team: calls there run on the caller, and free() only releases memory. */
 typedef struct maskpack_workers maskpack_workers; /* opaque */
 
@@ -497,8 +493,8 @@ MASKPACK_API maskpack_status maskpack_relayout_execute_on(const maskpack_relayou
 
 /* One-source convenience: plan, execute, free. */
 MASKPACK_API maskpack_status maskpack_relayout(const maskpack_layout *src, const maskpack_layout *dst,
-                                               const maskpack_tensor *x, maskpack_tensor *out,
-                                               const void *pad_value, int n_threads, maskpack_error *err);
+                                               const maskpack_tensor *x, maskpack_tensor *out, const void *pad_value,
+                                               int n_threads, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Context parallelism across processes                                                       */
@@ -555,8 +551,7 @@ MASKPACK_API maskpack_status maskpack_cp_check(const maskpack_comm *comm, const 
  * another rank left. */
 MASKPACK_API maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack_layout *layout,
                                                     maskpack_cp_scheme scheme, const maskpack_tensor *part,
-                                                    maskpack_tensor *whole, const void *pad_value,
-                                                    maskpack_error *err);
+                                                    maskpack_tensor *whole, const void *pad_value, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Labels, losses and last tokens                                                             */
@@ -570,8 +565,8 @@ MASKPACK_API maskpack_status maskpack_shift_labels(const maskpack_layout *layout
                                                    int64_t ignore_index, maskpack_tensor *out, maskpack_error *err);
 
 typedef enum maskpack_loss_mode {
-    MASKPACK_LOSS_TOKEN = 0,    /* every labelled token weighs the same: mean over tokens */
-    MASKPACK_LOSS_SEQUENCE = 1  /* every sequence with a label weighs the same: mean of per-sequence means */
+    MASKPACK_LOSS_TOKEN = 0,   /* every labelled token weighs the same: mean over tokens */
+    MASKPACK_LOSS_SEQUENCE = 1 /* every sequence with a label weighs the same: mean of per-sequence means */
 } maskpack_loss_mode;
 
 /* (unsharded layout, shifted labels per-token int32/int64 or NULL = every real token but each
@@ -580,8 +575,8 @@ typedef enum maskpack_loss_mode {
  * (tokens, or sequences). Weights of unlabelled tokens and pads are 0. Shard the weights with the
  * other per-token tensors: the sum of per-rank sums is then the exact global mean. */
 MASKPACK_API maskpack_status maskpack_loss_weights(const maskpack_layout *layout, const maskpack_tensor *labels,
-                                                   int64_t ignore_index, maskpack_loss_mode mode,
-                                                   maskpack_tensor *out, double *denominator, maskpack_error *err);
+                                                   int64_t ignore_index, maskpack_loss_mode mode, maskpack_tensor *out,
+                                                   double *denominator, maskpack_error *err);
 
 /* (unsharded layout, cp, scheme) -> for each sequence: rank[N] (int32/int64) holding its last real
  * token and local[N] its flattened index in that rank's local grid; -1 for empty sequences. */
@@ -595,12 +590,11 @@ MASKPACK_API maskpack_status maskpack_cp_last_token(const maskpack_layout *layou
 /* ------------------------------------------------------------------------------------------ */
 
 /* (layout) -> out per-token [B,S] keep mask (1 = real token). dtype bool/u8/i8/i32/i64/f32. */
-MASKPACK_API maskpack_status maskpack_mask2d(const maskpack_layout *layout, maskpack_tensor *out,
-                                             maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_mask2d(const maskpack_layout *layout, maskpack_tensor *out, maskpack_error *err);
 
 typedef enum maskpack_fill {
-    MASKPACK_FILL_NEG_INF = 0,   /* additive: -inf */
-    MASKPACK_FILL_DTYPE_MIN = 1  /* additive: the dtype's most negative finite value (HF eager) */
+    MASKPACK_FILL_NEG_INF = 0,  /* additive: -inf */
+    MASKPACK_FILL_DTYPE_MIN = 1 /* additive: the dtype's most negative finite value (HF eager) */
 } maskpack_fill;
 
 /* (layout, convention, fill) -> out [B,1,S,Skv] or [B,H,S,Skv] dense mask. KEEP/MASKED: bool, u8, i32
@@ -644,10 +638,10 @@ MASKPACK_API maskpack_status maskpack_last_token_index(const maskpack_layout *la
 /* FlexAttention-compatible block mask for one head (H = 1, broadcast), Qb = ceil(S/block_q),
  * Kb = ceil(Skv/block_k). A block is FULL when it is a whole block_q x block_k block and every (i,j) in
  * it is allowed, PARTIAL when some but not all are; a block cut short by the end of the grid is at most
- * PARTIAL, as torch's create_block_mask classifies it (it pads to whole blocks with False). kv_num_blocks [B,Qb] counts partial blocks, kv_indices [B,Qb,Kb] lists them ascending in
- * its first kv_num_blocks entries (later entries are left untouched: FlexAttention ignores them);
- * full_kv_* likewise for full blocks; q_* / full_q_* are the transposes ([B,Kb], [B,Kb,Qb]).
- * Any pointer may be NULL to skip that output. All arrays int32, C-contiguous. */
+ * PARTIAL, as torch's create_block_mask classifies it (it pads to whole blocks with False). kv_num_blocks [B,Qb]
+ * counts partial blocks, kv_indices [B,Qb,Kb] lists them ascending in its first kv_num_blocks entries (later entries
+ * are left untouched: FlexAttention ignores them); full_kv_* likewise for full blocks; q_* / full_q_* are the
+ * transposes ([B,Kb], [B,Kb,Qb]). Any pointer may be NULL to skip that output. All arrays int32, C-contiguous. */
 typedef struct maskpack_block_mask_arrays {
     int32_t *kv_num_blocks, *kv_indices;
     int32_t *full_kv_num_blocks, *full_kv_indices;
@@ -656,9 +650,8 @@ typedef struct maskpack_block_mask_arrays {
 } maskpack_block_mask_arrays;
 
 /* (layout, block_q, block_k) -> *q_blocks = Qb, *kv_blocks = Kb (sizes for the arrays above). */
-MASKPACK_API maskpack_status maskpack_block_mask_dims(const maskpack_layout *layout, int64_t block_q,
-                                                      int64_t block_k, int64_t *q_blocks, int64_t *kv_blocks,
-                                                      maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_block_mask_dims(const maskpack_layout *layout, int64_t block_q, int64_t block_k,
+                                                      int64_t *q_blocks, int64_t *kv_blocks, maskpack_error *err);
 /* (layout, block_q, block_k) -> fills *out. Time proportional to the blocks touched, never S*Skv. */
 MASKPACK_API maskpack_status maskpack_block_mask(const maskpack_layout *layout, int64_t block_q, int64_t block_k,
                                                  maskpack_block_mask_arrays *out, maskpack_error *err);
@@ -666,8 +659,8 @@ MASKPACK_API maskpack_status maskpack_block_mask(const maskpack_layout *layout, 
 /* MagiAttention slice types. */
 typedef enum maskpack_magi_type {
     MASKPACK_MAGI_FULL = 0,
-    MASKPACK_MAGI_CAUSAL = 1,     /* bottom-right */
-    MASKPACK_MAGI_INVCAUSAL = 2,  /* top-left inverse */
+    MASKPACK_MAGI_CAUSAL = 1,    /* bottom-right */
+    MASKPACK_MAGI_INVCAUSAL = 2, /* top-left inverse */
     MASKPACK_MAGI_BICAUSAL = 3
 } maskpack_magi_type;
 
@@ -675,9 +668,8 @@ typedef enum maskpack_magi_type {
  * indices, types [n]; *count = slices needed (call with capacity 0 to size). Windows are
  * NOT_REPRESENTABLE; spans and prefixes are decomposed into FULL and CAUSAL slices. The union of
  * the slices' allowed pairs equals the predicate. */
-MASKPACK_API maskpack_status maskpack_magi_slices(const maskpack_layout *layout, int32_t *q_ranges,
-                                                  int32_t *k_ranges, int32_t *types, size_t capacity,
-                                                  size_t *count, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_magi_slices(const maskpack_layout *layout, int32_t *q_ranges, int32_t *k_ranges,
+                                                  int32_t *types, size_t capacity, size_t *count, maskpack_error *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Ascend npu_fusion_attention arguments (docs/conventions.md section 6)                              */
@@ -692,10 +684,10 @@ typedef enum maskpack_npu_layout {
 } maskpack_npu_layout;
 
 typedef enum maskpack_npu_mask_kind {
-    MASKPACK_NPU_MASK_NONE = 0,         /* atten_mask=None */
-    MASKPACK_NPU_MASK_COMPRESSED = 1,   /* [2048, 2048] triu(ones, 1), bool M-mask */
+    MASKPACK_NPU_MASK_NONE = 0,              /* atten_mask=None */
+    MASKPACK_NPU_MASK_COMPRESSED = 1,        /* [2048, 2048] triu(ones, 1), bool M-mask */
     MASKPACK_NPU_MASK_PREFIX_COMPRESSED = 2, /* [3072, 2048] for sparse_mode 6 */
-    MASKPACK_NPU_MASK_FULL = 3          /* [B,1,S,Skv] M-mask (or [maxSq,maxSkv] in TND) */
+    MASKPACK_NPU_MASK_FULL = 3               /* [B,1,S,Skv] M-mask (or [maxSq,maxSkv] in TND) */
 } maskpack_npu_mask_kind;
 
 #define MASKPACK_NPU_MAX_ITEMS 2048
@@ -705,21 +697,21 @@ typedef enum maskpack_npu_mask_kind {
 typedef struct maskpack_npu_argset {
     maskpack_npu_layout input_layout;
     int32_t sparse_mode;
-    int64_t pre_tokens;                /* the operator's pre_tockens: torch_npu's spelling, which the CLI's */
-    int64_t next_tokens;               /* reports and the Python dict use; C keeps plain field names */
+    int64_t pre_tokens;  /* the operator's pre_tockens: torch_npu's spelling, which the CLI's */
+    int64_t next_tokens; /* reports and the Python dict use; C keeps plain field names */
     double scale;
-    int32_t inner_precise;             /* 0, or 2 when fully masked query rows exist */
+    int32_t inner_precise; /* 0, or 2 when fully masked query rows exist */
     maskpack_npu_mask_kind mask_kind;
     int32_t mask_ndim;
-    int64_t mask_shape[4];             /* shape of atten_mask (bool, MASKED convention) */
-    int64_t n_items;                   /* TND: items in actual_seq_* (pad items included) */
-    int64_t *actual_seq_qlen;          /* TND: NPU-form cumulative ends, n_items entries; else NULL */
+    int64_t mask_shape[4];    /* shape of atten_mask (bool, MASKED convention) */
+    int64_t n_items;          /* TND: items in actual_seq_* (pad items included) */
+    int64_t *actual_seq_qlen; /* TND: NPU-form cumulative ends, n_items entries; else NULL */
     int64_t *actual_seq_kvlen;
-    int64_t *prefix;                   /* modes 5/6: per batch item / sequence; else NULL */
+    int64_t *prefix; /* modes 5/6: per batch item / sequence; else NULL */
     int64_t n_prefix;
-    uint8_t *pad_items;                /* TND: 1 where an item is a declared pad item (filler tokens) */
-    int64_t fully_masked_rows;         /* query rows of real tokens that see nothing */
-    int64_t fully_masked_pad_rows;     /* query rows of padding (B*S pad slots of a full mask, TND pad
+    uint8_t *pad_items;            /* TND: 1 where an item is a declared pad item (filler tokens) */
+    int64_t fully_masked_rows;     /* query rows of real tokens that see nothing */
+    int64_t fully_masked_pad_rows; /* query rows of padding (B*S pad slots of a full mask, TND pad
                                           items) that see nothing: their output is never read, but
                                           they too need inner_precise = 2 */
 } maskpack_npu_argset;
@@ -727,7 +719,8 @@ typedef struct maskpack_npu_argset {
 /* (layout, input_layout, scale (> 0 finite) or 0 with head_dim > 0 for 1/sqrt(head_dim)) -> args.
  * TND requires a packed layout; B*S layouts require padded or packed-row layouts. Rules the operator
  * cannot express (spans in TND, windows whose diagonal offset kv_len - q_len differs between
- * segments, zigzag CP pieces sharing keys in TND, ...) are NOT_REPRESENTABLE with the reason. On success release with maskpack_npu_argset_release. */
+ * segments, zigzag CP pieces sharing keys in TND, ...) are NOT_REPRESENTABLE with the reason. On success release with
+ * maskpack_npu_argset_release. */
 MASKPACK_API maskpack_status maskpack_npu_args(const maskpack_layout *layout, maskpack_npu_layout input_layout,
                                                double scale, int64_t head_dim, maskpack_npu_argset *out,
                                                maskpack_error *err);
@@ -741,9 +734,9 @@ MASKPACK_API maskpack_status maskpack_npu_atten_mask(const maskpack_layout *layo
 /* An argument set a user built by hand, to be checked against the operator's contract. */
 typedef struct maskpack_npu_call {
     maskpack_npu_layout input_layout;
-    int64_t batch;                  /* B (ignored for TND) */
-    int64_t q_len, kv_len;          /* S, Skv (ignored for TND) */
-    int64_t total_q, total_kv;      /* TND: T of query and key (0 = unknown) */
+    int64_t batch;             /* B (ignored for TND) */
+    int64_t q_len, kv_len;     /* S, Skv (ignored for TND) */
+    int64_t total_q, total_kv; /* TND: T of query and key (0 = unknown) */
     int64_t heads_q, heads_kv, head_dim;
     int32_t sparse_mode;
     int64_t pre_tokens, next_tokens;
@@ -751,7 +744,7 @@ typedef struct maskpack_npu_call {
     const maskpack_tensor *actual_seq_qlen; /* NULL = not passed */
     const maskpack_tensor *actual_seq_kvlen;
     const maskpack_tensor *prefix;
-    double scale;                   /* NAN = not passed (the operator then uses 1.0) */
+    double scale; /* NAN = not passed (the operator then uses 1.0) */
     int32_t inner_precise;
     const maskpack_layout *intended; /* optional: the layout the call is meant to compute */
 } maskpack_npu_call;
@@ -759,30 +752,30 @@ typedef struct maskpack_npu_call {
 #define MASKPACK_NPU_MAX_FINDINGS 32
 
 typedef struct maskpack_npu_finding {
-    int32_t code;                   /* MASKPACK_NPU_* finding code below */
+    int32_t code; /* MASKPACK_NPU_* finding code below */
     char message[MASKPACK_ERROR_MESSAGE_SIZE];
 } maskpack_npu_finding;
 
 enum {
-    MASKPACK_NPU_BAD_LAYOUT = 1,         /* input_layout unknown, or TND without both actual_seq lists */
-    MASKPACK_NPU_BAD_MASK_SHAPE = 2,     /* atten_mask shape not one of the accepted forms (error 561103) */
-    MASKPACK_NPU_BAD_MASK_DTYPE = 3,     /* atten_mask not bool/uint8 */
-    MASKPACK_NPU_CAUSAL_WITHOUT_MASK = 4,/* a sparse mode that needs a mask, with None: silently bidirectional */
-    MASKPACK_NPU_DENSE_FOR_COMPRESSED = 5,/* a full mask passed to a compressed mode (or the reverse) */
-    MASKPACK_NPU_LEADING_ZERO = 6,       /* actual_seq_* starts with 0: TE form given where NPU form is needed */
-    MASKPACK_NPU_NOT_CUMULATIVE = 7,     /* actual_seq_* decreasing or not ending at T */
-    MASKPACK_NPU_TOO_MANY_ITEMS = 8,     /* > 2048 items (> 1024 with prefix), or B > 32 in prefix modes */
-    MASKPACK_NPU_FULLY_MASKED_ROW = 9,   /* TND full mask with a fully masked row, or rows without inner_precise 2 */
-    MASKPACK_NPU_PRE_NEXT_MISMATCH = 10, /* pre/next disagree with the mask or intended rule */
-    MASKPACK_NPU_BAD_HEADS = 11,         /* Nq % Nkv != 0 or D > 768 */
-    MASKPACK_NPU_SCALE_DEFAULT = 12,     /* scale not passed: the operator uses 1.0, not 1/sqrt(D) */
-    MASKPACK_NPU_BAD_SPARSE_MODE = 13,   /* mode outside 0..8 or not allowed with this layout */
-    MASKPACK_NPU_MASK_MISMATCH = 14      /* the call computes another predicate than the intended layout */
+    MASKPACK_NPU_BAD_LAYOUT = 1,           /* input_layout unknown, or TND without both actual_seq lists */
+    MASKPACK_NPU_BAD_MASK_SHAPE = 2,       /* atten_mask shape not one of the accepted forms (error 561103) */
+    MASKPACK_NPU_BAD_MASK_DTYPE = 3,       /* atten_mask not bool/uint8 */
+    MASKPACK_NPU_CAUSAL_WITHOUT_MASK = 4,  /* a sparse mode that needs a mask, with None: silently bidirectional */
+    MASKPACK_NPU_DENSE_FOR_COMPRESSED = 5, /* a full mask passed to a compressed mode (or the reverse) */
+    MASKPACK_NPU_LEADING_ZERO = 6,         /* actual_seq_* starts with 0: TE form given where NPU form is needed */
+    MASKPACK_NPU_NOT_CUMULATIVE = 7,       /* actual_seq_* decreasing or not ending at T */
+    MASKPACK_NPU_TOO_MANY_ITEMS = 8,       /* > 2048 items (> 1024 with prefix), or B > 32 in prefix modes */
+    MASKPACK_NPU_FULLY_MASKED_ROW = 9,     /* TND full mask with a fully masked row, or rows without inner_precise 2 */
+    MASKPACK_NPU_PRE_NEXT_MISMATCH = 10,   /* pre/next disagree with the mask or intended rule */
+    MASKPACK_NPU_BAD_HEADS = 11,           /* Nq % Nkv != 0 or D > 768 */
+    MASKPACK_NPU_SCALE_DEFAULT = 12,       /* scale not passed: the operator uses 1.0, not 1/sqrt(D) */
+    MASKPACK_NPU_BAD_SPARSE_MODE = 13,     /* mode outside 0..8 or not allowed with this layout */
+    MASKPACK_NPU_MASK_MISMATCH = 14        /* the call computes another predicate than the intended layout */
 };
 
 typedef struct maskpack_npu_report {
-    int32_t n_findings;             /* findings stored (<= MASKPACK_NPU_MAX_FINDINGS) */
-    int32_t n_total;                /* findings seen (may exceed the stored count) */
+    int32_t n_findings; /* findings stored (<= MASKPACK_NPU_MAX_FINDINGS) */
+    int32_t n_total;    /* findings seen (may exceed the stored count) */
     maskpack_npu_finding findings[MASKPACK_NPU_MAX_FINDINGS];
 } maskpack_npu_report;
 
@@ -831,8 +824,7 @@ MASKPACK_API const char *maskpack_kernel_family_name(maskpack_kernel_family fami
  * this request runs (AUTO resolved through MASKPACK_ISA and the CPU; a family without a kernel of
  * the requested ISA: its best below). Errors as the calls themselves give them (see above). */
 MASKPACK_API maskpack_status maskpack_isa_resolve(maskpack_kernel_family family, maskpack_dtype dtype,
-                                                  maskpack_isa requested, maskpack_isa *resolved,
-                                                  maskpack_error *err);
+                                                  maskpack_isa requested, maskpack_isa *resolved, maskpack_error *err);
 
 /* One kernel of one family, as its table lists it. */
 typedef struct maskpack_kernel_info {
@@ -988,14 +980,11 @@ MASKPACK_API maskpack_status maskpack_attention_op_forward(maskpack_attention_op
                                                            maskpack_error *err);
 /* (op, dout, q, k, v, out, lse, scale, softcap as for maskpack_attention_backward, team or NULL,
  * workspace) -> dq, dk, dv. */
-MASKPACK_API maskpack_status maskpack_attention_op_backward(maskpack_attention_op *op, const maskpack_tensor *dout,
-                                                            const maskpack_tensor *q, const maskpack_tensor *k,
-                                                            const maskpack_tensor *v, const maskpack_tensor *out,
-                                                            const maskpack_tensor *lse, double scale, double softcap,
-                                                            maskpack_tensor *dq, maskpack_tensor *dk,
-                                                            maskpack_tensor *dv, maskpack_workers *team,
-                                                            void *workspace, size_t workspace_bytes,
-                                                            maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_attention_op_backward(
+    maskpack_attention_op *op, const maskpack_tensor *dout, const maskpack_tensor *q, const maskpack_tensor *k,
+    const maskpack_tensor *v, const maskpack_tensor *out, const maskpack_tensor *lse, double scale, double softcap,
+    maskpack_tensor *dq, maskpack_tensor *dk, maskpack_tensor *dv, maskpack_workers *team, void *workspace,
+    size_t workspace_bytes, maskpack_error *err);
 
 /* Ring attention across the ranks of a comm (context parallelism). Each rank holds its CP shard of q,
  * k, v as maskpack_layout_cp_shard(layout, comm->size, comm->rank, scheme) cuts it. Keys and values
@@ -1072,17 +1061,17 @@ MASKPACK_API maskpack_status maskpack_cp_attention_backward_on(
  * takes its ISA per call through its maskpack_kernel_options: portable loops for REF, AVX2 + FMA
  * rows otherwise (f32 tensors with contiguous channels). */
 
-#define MASKPACK_GDN_CHUNK 64      /* chunk length of the chunked form (chunks start at each segment start) */
+#define MASKPACK_GDN_CHUNK    64   /* chunk length of the chunked form (chunks start at each segment start) */
 #define MASKPACK_GDN_MAX_CONV 4    /* largest conv kernel */
-#define MASKPACK_GDN_L2_EPS 1e-6   /* q, k are normalised as x / sqrt(sum x^2 + eps) */
+#define MASKPACK_GDN_L2_EPS   1e-6 /* q, k are normalised as x / sqrt(sum x^2 + eps) */
 
 typedef struct maskpack_gdn_options {
-    double scale;         /* output scale; 0 = 1/sqrt(K) */
-    int chunked;          /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
-    int l2norm;           /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
-    int n_threads;        /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
-    maskpack_isa isa;     /* default AUTO */
-    int skip_gate_check;  /* 0 (default) = refuse a real token's g that is not a finite value <= 0 (g > 0
+    double scale;        /* output scale; 0 = 1/sqrt(K) */
+    int chunked;         /* forward form: 1 = chunked (default), 0 = token-by-token recurrence */
+    int l2norm;          /* 1 = L2-normalise q and k inside the rule (default), 0 = use them as given */
+    int n_threads;       /* in [1, MASKPACK_MAX_THREADS] (default 1); threads are started per call (see _on) */
+    maskpack_isa isa;    /* default AUTO */
+    int skip_gate_check; /* 0 (default) = refuse a real token's g that is not a finite value <= 0 (g > 0
                            * grows the state; NaN, -inf); 1 = run g as given, unchecked */
 } maskpack_gdn_options;
 
@@ -1117,8 +1106,8 @@ MASKPACK_API maskpack_status maskpack_gdn_check_gate(const maskpack_layout *layo
  * 64 bytes of alignment slack. The query allocates nothing, and with a workspace of this size the call
  * allocates nothing either (on one thread, or on a team through maskpack_gdn_forward_on). */
 MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
-                                                         const maskpack_gdn_options *opts, int backward,
-                                                         size_t *bytes, maskpack_error *err);
+                                                         const maskpack_gdn_options *opts, int backward, size_t *bytes,
+                                                         maskpack_error *err);
 
 /* (layout, inputs, opts, workspace of workspace_bytes (NULL and 0 = allocated here, as for the attention;
  * NULL with a size is MASKPACK_ERR_NULL_ARGUMENT)) -> o [B,S,HV,V] / [T,HV,V]
@@ -1126,15 +1115,15 @@ MASKPACK_API maskpack_status maskpack_gdn_workspace_size(const maskpack_layout *
  * S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = scale S^T q. */
 MASKPACK_API maskpack_status maskpack_gdn_forward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                   const maskpack_gdn_options *opts, maskpack_tensor *o,
-                                                  maskpack_tensor *final_state, void *workspace,
-                                                  size_t workspace_bytes, maskpack_error *err);
+                                                  maskpack_tensor *final_state, void *workspace, size_t workspace_bytes,
+                                                  maskpack_error *err);
 
 /* Gradient outputs of the rule; any pointer may be NULL to skip that output. */
 typedef struct maskpack_gdn_grads {
-    maskpack_tensor *dq, *dk;          /* like q, f32/bf16 (through the L2 norm when opts.l2norm) */
-    maskpack_tensor *dv;               /* like v */
-    maskpack_tensor *dg, *dbeta;       /* like g */
-    maskpack_tensor *d_initial_state;  /* [N,HV,K,V] f32 */
+    maskpack_tensor *dq, *dk;         /* like q, f32/bf16 (through the L2 norm when opts.l2norm) */
+    maskpack_tensor *dv;              /* like v */
+    maskpack_tensor *dg, *dbeta;      /* like g */
+    maskpack_tensor *d_initial_state; /* [N,HV,K,V] f32 */
 } maskpack_gdn_grads;
 
 /* (layout, inputs, d_o like o (f32/bf16), d_final_state [N,HV,K,V] f32 or NULL = 0, opts, workspace)
@@ -1234,8 +1223,8 @@ MASKPACK_API maskpack_status maskpack_gdn_forward_on(const maskpack_layout *layo
 MASKPACK_API maskpack_status maskpack_gdn_backward_on(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
                                                       const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                                       const maskpack_gdn_options *opts, maskpack_gdn_grads *grads,
-                                                      maskpack_workers *team, void *workspace,
-                                                      size_t workspace_bytes, maskpack_error *err);
+                                                      maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                                      maskpack_error *err);
 
 /* An operator of the rule for one layout and one set of shapes and options: created once, run many
  * times. Creation does what every call would otherwise repeat: picks the kernel (opts.isa, and
@@ -1250,8 +1239,8 @@ typedef struct maskpack_gdn_op maskpack_gdn_op; /* opaque */
 
 /* (layout, key heads H >= 1, value heads HV (a multiple of H), head dims K, V >= 1, opts) -> *out. */
 MASKPACK_API maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H, int64_t HV, int64_t K,
-                                                    int64_t V, const maskpack_gdn_options *opts,
-                                                    maskpack_gdn_op **out, maskpack_error *err);
+                                                    int64_t V, const maskpack_gdn_options *opts, maskpack_gdn_op **out,
+                                                    maskpack_error *err);
 /* Frees the op and its workspace (NULL is a no-op). */
 MASKPACK_API void maskpack_gdn_op_free(maskpack_gdn_op *op);
 /* (op, backward?) -> *bytes of workspace one run needs (the work lists are the op's); allocates nothing. */
@@ -1319,8 +1308,8 @@ MASKPACK_API maskpack_status maskpack_gdn_l2norm(const maskpack_layout *layout, 
                                                  maskpack_tensor *y, maskpack_error *err);
 /* (layout, x, dy like x, eps) -> dx like x: the gradient of maskpack_gdn_l2norm (pad rows 0). */
 MASKPACK_API maskpack_status maskpack_gdn_l2norm_backward(const maskpack_layout *layout, const maskpack_tensor *x,
-                                                          const maskpack_tensor *dy, double eps,
-                                                          maskpack_tensor *dx, maskpack_error *err);
+                                                          const maskpack_tensor *dy, double eps, maskpack_tensor *dx,
+                                                          maskpack_error *err);
 
 /* (layout, a, b [B,S,HV] / [T,HV] f32/bf16, A_log [HV], dt_bias [HV] f32/bf16) -> g, beta like a
  * f32/bf16 or NULL: g = -exp(A_log) * softplus(a + dt_bias) (softplus(x) = x above 20, as torch),
@@ -1378,9 +1367,9 @@ typedef enum maskpack_plan_objective {
 } maskpack_plan_objective;
 
 typedef enum maskpack_plan_algorithm {
-    MASKPACK_PLAN_BFD = 0,     /* best-fit-decreasing: the fullest row that still fits (O(n log n)) */
-    MASKPACK_PLAN_FFD = 1,     /* first-fit-decreasing: the first row that fits (O(n log n)) */
-    MASKPACK_PLAN_NEXTFIT = 2  /* input order; a new row when the next sequence does not fit (O(n)) */
+    MASKPACK_PLAN_BFD = 0,    /* best-fit-decreasing: the fullest row that still fits (O(n log n)) */
+    MASKPACK_PLAN_FFD = 1,    /* first-fit-decreasing: the first row that fits (O(n log n)) */
+    MASKPACK_PLAN_NEXTFIT = 2 /* input order; a new row when the next sequence does not fit (O(n)) */
 } maskpack_plan_algorithm;
 
 typedef enum maskpack_plan_width {
@@ -1397,17 +1386,17 @@ typedef enum maskpack_plan_width {
 #define MASKPACK_PLAN_DEFAULT_ATTENTION_A 24576.0
 
 typedef struct maskpack_plan_options {
-    int64_t capacity;              /* tokens per row, >= 1 */
-    int64_t dp;                    /* data-parallel ranks, >= 1 */
-    int64_t micro_batches;         /* micro-batches per rank, >= 1 */
-    int64_t cp, tp;                /* context- and tensor-parallel sizes, >= 1 */
-    maskpack_cp_align align;       /* rule for the multiple (verl: tp*cp*2; minimal: cp*lcm(2,tp)) */
-    int64_t multiple;              /* 0 = derive from cp, tp, align; else this multiple (>= 1) */
+    int64_t capacity;        /* tokens per row, >= 1 */
+    int64_t dp;              /* data-parallel ranks, >= 1 */
+    int64_t micro_batches;   /* micro-batches per rank, >= 1 */
+    int64_t cp, tp;          /* context- and tensor-parallel sizes, >= 1 */
+    maskpack_cp_align align; /* rule for the multiple (verl: tp*cp*2; minimal: cp*lcm(2,tp)) */
+    int64_t multiple;        /* 0 = derive from cp, tp, align; else this multiple (>= 1) */
     maskpack_plan_objective objective;
-    double attention_a;            /* a of a*L + L^2 (see below); 0 = from `hidden`, else the default */
+    double attention_a; /* a of a*L + L^2 (see below); 0 = from `hidden`, else the default */
     maskpack_plan_algorithm algorithm;
-    uint64_t seed;                 /* 0 = ties by index */
-    int allow_split;               /* 1 = cut sequences longer than a row into pieces */
+    uint64_t seed;   /* 0 = ties by index */
+    int allow_split; /* 1 = cut sequences longer than a row into pieces */
     maskpack_plan_width row_width;
     /* Optional progress report (called from the calling thread, a bounded number of times):
      * stage "pack" or "balance", fraction in [0, 1]. NULL = none. */
@@ -1437,8 +1426,9 @@ MASKPACK_API maskpack_status maskpack_plan_attention_coefficient(int64_t hidden,
  * is MASKPACK_ERR_VALUE naming lengths[k] (index k) unless options->allow_split; a dp and micro-batch
  * count whose rows cannot be laid out is MASKPACK_ERR_INVALID_ARGUMENT (or OVERFLOW) naming both.
  * Release with maskpack_plan_free. */
-MASKPACK_API maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n, const maskpack_plan_options *options,
-                                                  maskpack_plan **out, maskpack_error *err);
+MASKPACK_API maskpack_status maskpack_plan_create(const int64_t *lengths, size_t n,
+                                                  const maskpack_plan_options *options, maskpack_plan **out,
+                                                  maskpack_error *err);
 /* Releases a plan; NULL is a no-op. */
 MASKPACK_API void maskpack_plan_free(maskpack_plan *plan);
 
@@ -1485,25 +1475,25 @@ MASKPACK_API maskpack_status maskpack_plan_microbatch_layout(const maskpack_plan
 
 typedef struct maskpack_plan_report {
     int64_t n_sequences, n_pieces;
-    int64_t n_split;               /* sequences cut into more than one piece */
-    int64_t n_rows;                /* rows in the plan = dp * micro_batches * rows_per_microbatch */
-    int64_t n_packed_rows;         /* rows the packer filled */
-    int64_t n_empty_rows;          /* rows added (empty) so every rank and micro-batch has as many rows */
+    int64_t n_split;       /* sequences cut into more than one piece */
+    int64_t n_rows;        /* rows in the plan = dp * micro_batches * rows_per_microbatch */
+    int64_t n_packed_rows; /* rows the packer filled */
+    int64_t n_empty_rows;  /* rows added (empty) so every rank and micro-batch has as many rows */
     int64_t rows_per_rank, rows_per_microbatch;
     int64_t capacity, multiple;
-    int64_t real_tokens;           /* sum of lengths */
-    int64_t alignment_padding;     /* slot columns that are filler: sum(slot - length) */
-    int64_t tail_padding;          /* unused columns at the end of the packed rows (capacity - used) */
-    double fill;                   /* fill of non-empty rows: real_tokens / (capacity * n_packed_rows) (1 for
+    int64_t real_tokens;       /* sum of lengths */
+    int64_t alignment_padding; /* slot columns that are filler: sum(slot - length) */
+    int64_t tail_padding;      /* unused columns at the end of the packed rows (capacity - used) */
+    double fill;               /* fill of non-empty rows: real_tokens / (capacity * n_packed_rows) (1 for
                                       no rows); flatters a plan whose ranks step through empty rows */
-    double fill_all_rows;          /* real_tokens / (capacity * n_rows): over every row every rank runs, empty
+    double fill_all_rows;      /* real_tokens / (capacity * n_rows): over every row every rank runs, empty
                                       rows included (the honest figure) */
-    double attention_a;            /* a used by the attention objective */
+    double attention_a;        /* a used by the attention objective */
     double rank_cost_min, rank_cost_mean, rank_cost_max;
-    double imbalance;              /* rank_cost_max / rank_cost_mean - 1 (0 when the mean is 0) */
+    double imbalance; /* rank_cost_max / rank_cost_mean - 1 (0 when the mean is 0) */
     double microbatch_cost_max, microbatch_cost_mean;
-    double microbatch_imbalance;   /* over every (rank, micro-batch): max / mean - 1 */
-    double fill_nonempty_rows;     /* = fill, under the name that says what it counts */
+    double microbatch_imbalance; /* over every (rank, micro-batch): max / mean - 1 */
+    double fill_nonempty_rows;   /* = fill, under the name that says what it counts */
     /* Both objectives per rank, whichever one the plan balanced: tokens = slot columns in use,
      * attention = sum of a*L + L^2 over the rank's slots (a = attention_a). imbalance = max / mean - 1. */
     double rank_tokens_min, rank_tokens_mean, rank_tokens_max, token_imbalance;

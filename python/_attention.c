@@ -5,7 +5,8 @@
  * allocated by maskpack/attention.py), the layout as its
  * Layout handle (checked by type; the caller keeps the handle and every tensor alive for the call).
  * The GIL is released around the computation. The plain calls get their workspace from the
- * library per call; the operator (op_*) keeps its own between runs and runs on a worker team. Failures raise maskpack.Error with the C library's status, argument, index and message.
+ * library per call; the operator (op_*) keeps its own between runs and runs on a worker team. Failures raise
+ * maskpack.Error with the C library's status, argument, index and message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,18 +27,17 @@ static PyObject *py_forward(PyObject *m, PyObject *args) {
     const maskpack_layout *L;
     maskpack_tensor q, k, v, out, lse;
     int pq, pk, pv, po, pl;
-    if (mpx_parse_layout(layout, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 || mpx_parse_tensor(dk, "k", &k, &pk) < 0 ||
-        mpx_parse_tensor(dv, "v", &v, &pv) < 0 || mpx_parse_out_tensor(dout, "out", &out, &po) < 0 ||
-        mpx_parse_out_tensor(dlse, "lse", &lse, &pl) < 0)
+    if (mpx_parse_layout(layout, &L) < 0 || mpx_parse_tensor(dq, "q", &q, &pq) < 0 ||
+        mpx_parse_tensor(dk, "k", &k, &pk) < 0 || mpx_parse_tensor(dv, "v", &v, &pv) < 0 ||
+        mpx_parse_out_tensor(dout, "out", &out, &po) < 0 || mpx_parse_out_tensor(dlse, "lse", &lse, &pl) < 0)
         return NULL;
     maskpack_error err;
     maskpack_status s;
     const maskpack_kernel_options ko = {threads, (maskpack_isa)isa};
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_forward(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap,
-                                   po ? &out : NULL, pl ? &lse : NULL, &ko, NULL, 0, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_attention_forward(L, pq ? &q : NULL, pk ? &k : NULL, pv ? &v : NULL, scale, softcap, po ? &out : NULL,
+                                   pl ? &lse : NULL, &ko, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -62,11 +62,9 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     const maskpack_kernel_options ko = {threads, (maskpack_isa)isa};
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], &ko,
-                                    NULL, 0, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_attention_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6],
+                                                           p[7], p[8], &ko, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -79,7 +77,8 @@ static void Op_dealloc(mpx_HandleObject *self) {
 }
 
 /* The op handle: a maskpack_attention_op owned by a Python object of this type. */
-static MPX_HANDLE_TYPE(OpType, "AttentionOp", "Opaque handle to a maskpack_attention_op (made by op_create).", Op_dealloc);
+static MPX_HANDLE_TYPE(OpType, "AttentionOp", "Opaque handle to a maskpack_attention_op (made by op_create).",
+                       Op_dealloc);
 
 
 /* op_create(layout, hq, hkv, d, dtype_code, n_threads, isa) -> op handle (the kernel: isa; AUTO reads
@@ -95,9 +94,8 @@ static PyObject *py_op_create(PyObject *m, PyObject *args) {
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
     maskpack_attention_op *op = NULL;
     maskpack_error err;
-    maskpack_status s =
-        maskpack_attention_op_create(L, hq, hkv, d, (maskpack_dtype)dtype,
-                                     &(const maskpack_kernel_options){threads, (maskpack_isa)isa}, &op, &err);
+    maskpack_status s = maskpack_attention_op_create(
+        L, hq, hkv, d, (maskpack_dtype)dtype, &(const maskpack_kernel_options){threads, (maskpack_isa)isa}, &op, &err);
     if (s) return mpx_raise_status(s, &err);
     PyObject *h = mpx_new_handle(&OpType, op, NULL);
     if (!h) maskpack_attention_op_free(op);
@@ -123,10 +121,9 @@ static PyObject *py_op_forward(PyObject *m, PyObject *args) {
     }
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_op_forward(op, p[0], p[1], p[2], scale, softcap, p[3], p[4], team, NULL, 0, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_attention_op_forward(op, p[0], p[1], p[2], scale, softcap, p[3], p[4], team, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -150,11 +147,9 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
     }
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_attention_op_backward(op, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap, p[6], p[7], p[8], team,
-                                       NULL, 0, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_attention_op_backward(op, p[0], p[1], p[2], p[3], p[4], p[5], scale, softcap,
+                                                              p[6], p[7], p[8], team, NULL, 0, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -182,12 +177,11 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
         if ((i >= 3 ? mpx_parse_out_tensor : mpx_parse_tensor)(d[i], names[i], &t[i], &present[i]) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cp_attention_forward_on(&comm, L, (maskpack_cp_scheme)scheme, present[0] ? &t[0] : NULL,
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_cp_attention_forward_on(&comm, L, (maskpack_cp_scheme)scheme, present[0] ? &t[0] : NULL,
                                          present[1] ? &t[1] : NULL, present[2] ? &t[2] : NULL, scale, softcap,
                                          present[3] ? &t[3] : NULL, present[4] ? &t[4] : NULL, NULL, team, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -216,11 +210,10 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     for (int i = 0; i < 9; i++) p[i] = present[i] ? &t[i] : NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cp_attention_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], p[3], p[4], p[5],
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_cp_attention_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], p[3], p[4], p[5],
                                           scale, softcap, p[6], p[7], p[8], NULL, team, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -231,7 +224,8 @@ static PyObject *py_isa(PyObject *m, PyObject *arg) {
     if (dt == -1 && PyErr_Occurred()) return NULL;
     maskpack_isa isa;
     maskpack_error err;
-    maskpack_status s = maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, (maskpack_dtype)dt, MASKPACK_ISA_AUTO, &isa, &err);
+    maskpack_status s =
+        maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, (maskpack_dtype)dt, MASKPACK_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
     return PyUnicode_FromString(maskpack_isa_name(isa));
 }

@@ -106,8 +106,10 @@ typedef struct {
     long value;
 } enum_entry;
 
-#define END {NULL, 0}
-#define CONST(c) {#c, c} /* a table keyed by the constant's own name */
+#define END                                                                                                            \
+    { NULL, 0 }
+#define CONST(c)                                                                                                       \
+    { #c, c } /* a table keyed by the constant's own name */
 
 static const enum_entry placement[] = {
     {"right", MASKPACK_PLACE_RIGHT}, {"left", MASKPACK_PLACE_LEFT}, {"packed", MASKPACK_PLACE_PACKED}, END};
@@ -121,8 +123,9 @@ static const enum_entry alignment[] = {{"top_left", MASKPACK_ALIGN_TOP_LEFT},
                                        {"bottom_right", MASKPACK_ALIGN_BOTTOM_RIGHT},
                                        {"unstated", MASKPACK_ALIGN_UNSTATED},
                                        END};
-static const enum_entry npu_layout[] = {{"BSND", MASKPACK_NPU_BSND}, {"BNSD", MASKPACK_NPU_BNSD}, {"BSH", MASKPACK_NPU_BSH},
-                                        {"SBH", MASKPACK_NPU_SBH},   {"TND", MASKPACK_NPU_TND},   END};
+static const enum_entry npu_layout[] = {{"BSND", MASKPACK_NPU_BSND}, {"BNSD", MASKPACK_NPU_BNSD},
+                                        {"BSH", MASKPACK_NPU_BSH},   {"SBH", MASKPACK_NPU_SBH},
+                                        {"TND", MASKPACK_NPU_TND},   END};
 static const enum_entry npu_mask_kind[] = {{"none", MASKPACK_NPU_MASK_NONE},
                                            {"compressed", MASKPACK_NPU_MASK_COMPRESSED},
                                            {"prefix_compressed", MASKPACK_NPU_MASK_PREFIX_COMPRESSED},
@@ -146,7 +149,8 @@ static const enum_entry npu_finding[] = {CONST(MASKPACK_NPU_BAD_LAYOUT),
 static const enum_entry cp_scheme[] = {{"zigzag", MASKPACK_CP_ZIGZAG}, {"contiguous", MASKPACK_CP_CONTIGUOUS}, END};
 static const enum_entry cp_align[] = {{"verl", MASKPACK_CP_ALIGN_VERL}, {"minimal", MASKPACK_CP_ALIGN_MINIMAL}, END};
 static const enum_entry loss_mode[] = {{"token", MASKPACK_LOSS_TOKEN}, {"sequence", MASKPACK_LOSS_SEQUENCE}, END};
-static const enum_entry plan_objective[] = {{"tokens", MASKPACK_PLAN_TOKENS}, {"attention", MASKPACK_PLAN_ATTENTION}, END};
+static const enum_entry plan_objective[] = {
+    {"tokens", MASKPACK_PLAN_TOKENS}, {"attention", MASKPACK_PLAN_ATTENTION}, END};
 static const enum_entry plan_algorithm[] = {
     {"bfd", MASKPACK_PLAN_BFD}, {"ffd", MASKPACK_PLAN_FFD}, {"nextfit", MASKPACK_PLAN_NEXTFIT}, END};
 static const enum_entry plan_row_width[] = {
@@ -156,11 +160,21 @@ static const struct {
     const char *name;
     const enum_entry *entries;
 } TABLES[] = {
-    {"placement", placement},       {"mask2d_convention", mask2d_convention}, {"mask_convention", mask_convention},
-    {"cu_form", cu_form},           {"boundary", boundary},                   {"fill", fill},
-    {"alignment", alignment},       {"npu_layout", npu_layout},               {"npu_mask_kind", npu_mask_kind},
-    {"npu_finding", npu_finding},   {"cp_scheme", cp_scheme},                 {"cp_align", cp_align},
-    {"loss_mode", loss_mode},       {"plan_objective", plan_objective},       {"plan_algorithm", plan_algorithm},
+    {"placement", placement},
+    {"mask2d_convention", mask2d_convention},
+    {"mask_convention", mask_convention},
+    {"cu_form", cu_form},
+    {"boundary", boundary},
+    {"fill", fill},
+    {"alignment", alignment},
+    {"npu_layout", npu_layout},
+    {"npu_mask_kind", npu_mask_kind},
+    {"npu_finding", npu_finding},
+    {"cp_scheme", cp_scheme},
+    {"cp_align", cp_align},
+    {"loss_mode", loss_mode},
+    {"plan_objective", plan_objective},
+    {"plan_algorithm", plan_algorithm},
     {"plan_row_width", plan_row_width},
 };
 
@@ -221,7 +235,8 @@ static PyMethodDef methods[] = {
     {"_set_error_type", py_set_error_type, METH_VARARGS,
      "(type[, argument_type]) -> None: the exceptions raised on failures and on refused tensor arguments"},
     {"register_torch", py_register_torch, METH_VARARGS, "(torch.Tensor, torch.utils.dlpack.to_dlpack) -> None"},
-    {"tensor_info", py_tensor_info, METH_VARARGS, "(tensor or array[, name]) -> (dtype code, shape, strides, address) as read"},
+    {"tensor_info", py_tensor_info, METH_VARARGS,
+     "(tensor or array[, name]) -> (dtype code, shape, strides, address) as read"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -73,8 +73,8 @@ static PyObject *py_backward(PyObject *m, PyObject *args) {
         return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
-    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
-                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    static const char *const names[14] = {"q",  "k",  "v",  "g",  "beta",  "initial_state",  "d_o", "d_final_state",
+                                          "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
     if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
     maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
@@ -120,8 +120,8 @@ static PyObject *py_cp_forward(PyObject *m, PyObject *args) {
     o.l2norm = l2norm;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_forward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, &o, p[6], p[7], team,
-                                                          &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_cp_gdn_forward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, &o, p[6], p[7], team, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -142,8 +142,8 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     mpx_comm pc;
     maskpack_comm comm;
     if (mpx_parse_comm(obj, rank, size, &pc, &comm) < 0 || mpx_parse_layout(layout, &L) < 0) return NULL;
-    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
-                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    static const char *const names[14] = {"q",  "k",  "v",  "g",  "beta",  "initial_state",  "d_o", "d_final_state",
+                                          "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
     if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
     maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
@@ -153,8 +153,8 @@ static PyObject *py_cp_backward(PyObject *m, PyObject *args) {
     o.l2norm = l2norm;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_gdn_backward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, p[6], p[7], &o,
-                                                           &gr, team, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_cp_gdn_backward_on(&comm, L, (maskpack_cp_scheme)scheme, &in, p[6], p[7], &o, &gr, team, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -178,8 +178,8 @@ static PyObject *py_cp_conv1d(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 5, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu,
-                                                            NULL, team, p[3], p[4], &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2],
+                                                            silu, NULL, team, p[3], p[4], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -204,9 +204,8 @@ static PyObject *py_cp_conv1d_backward(PyObject *m, PyObject *args) {
     if (parse_many(descs, names, 8, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward_on(&comm, L, (maskpack_cp_scheme)scheme, p[0], p[1],
-                                                                     p[2], silu, p[3], p[4], NULL, team, p[5], p[6],
-                                                                     p[7], &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cp_causal_conv1d_backward_on(
+        &comm, L, (maskpack_cp_scheme)scheme, p[0], p[1], p[2], silu, p[3], p[4], NULL, team, p[5], p[6], p[7], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -302,8 +301,8 @@ static PyObject *py_op_backward(PyObject *m, PyObject *args) {
     maskpack_gdn_op *op = mpx_handle_ptr(cap, &OpType, "op");
     maskpack_workers *team;
     if (!op || mpx_parse_team(team_obj, &team) < 0) return NULL;
-    static const char *const names[14] = {"q", "k", "v", "g", "beta", "initial_state", "d_o",
-                                          "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+    static const char *const names[14] = {"q",  "k",  "v",  "g",  "beta",  "initial_state",  "d_o", "d_final_state",
+                                          "dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
     maskpack_tensor ts[14], *p[14];
     if (parse_many(descs, names, 14, ts, p) < 0) return NULL;
     maskpack_gdn_inputs in = {p[0], p[1], p[2], p[3], p[4], p[5]};
@@ -350,8 +349,8 @@ static PyObject *py_conv1d_backward(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     const maskpack_kernel_options ko = {threads, MASKPACK_ISA_AUTO};
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, p[5], p[6],
-                                                               p[7], &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_causal_conv1d_backward(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, p[5], p[6], p[7], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -371,8 +370,8 @@ static PyObject *py_conv1d_on(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     const maskpack_kernel_options ko = {1, (maskpack_isa)isa};
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, &ko, team, p[3], p[4], NULL, 0,
-                                                         &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_causal_conv1d_on(L, p[0], p[1], p[2], silu, &ko, team, p[3], p[4], NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -392,8 +391,8 @@ static PyObject *py_conv1d_backward_on(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     const maskpack_kernel_options ko = {1, (maskpack_isa)isa};
-    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, team, p[5],
-                                                                  p[6], p[7], NULL, 0, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_causal_conv1d_backward_on(L, p[0], p[1], p[2], silu, p[3], p[4], &ko, team,
+                                                                  p[5], p[6], p[7], NULL, 0, &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
@@ -458,13 +457,14 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!", &layout, &PyTuple_Type, &descs)) return NULL;
     const maskpack_layout *L;
     if (mpx_parse_layout(layout, &L) < 0) return NULL;
-    static const char *const names[10] = {"a", "b", "A_log", "dt_bias", "dg", "dbeta", "da", "db", "dA_log", "ddt_bias"};
+    static const char *const names[10] = {"a",     "b",  "A_log", "dt_bias", "dg",
+                                          "dbeta", "da", "db",    "dA_log",  "ddt_bias"};
     maskpack_tensor ts[10], *p[10];
     if (parse_many(descs, names, 10, ts, p) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS s = maskpack_gdn_gates_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
-                                                           p[9], &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_gdn_gates_backward(L, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], &err);
     Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }

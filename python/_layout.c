@@ -88,10 +88,9 @@ static PyObject *py_from_segments(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_segments(segs, (size_t)n, n_rows, qw, kw, packed, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(segs);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_layout_from_segments(segs, (size_t)n, n_rows, qw, kw, packed, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS PyMem_Free(segs);
     mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
@@ -131,10 +130,9 @@ static PyObject *py_from_lengths(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_lengths(lens, (size_t)n, (maskpack_placement)placement, capacity, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(lens);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_layout_from_lengths(lens, (size_t)n, (maskpack_placement)placement, capacity, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS PyMem_Free(lens);
     mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
@@ -152,10 +150,8 @@ static PyObject *py_from_mask2d(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_mask2d(&t, (maskpack_mask2d_convention)conv, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_layout_from_mask2d(&t, (maskpack_mask2d_convention)conv, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -175,11 +171,9 @@ static PyObject *py_from_cu_seqlens(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_cu_seqlens(&cu, (maskpack_cu_form)form, total, has_p ? &cp : NULL, &rb.rule, &L,
-                                        &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_layout_from_cu_seqlens(&cu, (maskpack_cu_form)form, total, has_p ? &cp : NULL, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -197,10 +191,8 @@ static PyObject *py_from_cu_seqlens_qk(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_cu_seqlens_qk(&q, &k, (maskpack_cu_form)form, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_layout_from_cu_seqlens_qk(&q, &k, (maskpack_cu_form)form, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -217,10 +209,9 @@ static PyObject *py_from_position_ids(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_position_ids(&t, (maskpack_boundary_rule)boundary, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_layout_from_position_ids(&t, (maskpack_boundary_rule)boundary, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -235,10 +226,8 @@ static PyObject *py_from_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_from_mask4d(&t, (maskpack_mask_convention)conv, &L, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_layout_from_mask4d(&t, (maskpack_mask_convention)conv, &L, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
 
@@ -252,10 +241,8 @@ static PyObject *py_mask2d_from_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_out_tensor(odesc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_mask2d_from_mask4d(&t, (maskpack_mask_convention)conv, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_mask2d_from_mask4d(&t, (maskpack_mask_convention)conv, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -268,10 +255,8 @@ static PyObject *py_with_rule(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_with_rule(mpx_layout(h), &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_layout_with_rule(mpx_layout(h), &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -388,19 +373,21 @@ static PyObject *simple_out(PyObject *args, out_fn fn) {
     if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = fn(mpx_layout(h), &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = fn(mpx_layout(h), &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_mask2d(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_mask2d); }
-static PyObject *py_cu_seqlens_padded(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_cu_seqlens_padded); }
+static PyObject *py_cu_seqlens_padded(PyObject *Py_UNUSED(m), PyObject *a) {
+    return simple_out(a, maskpack_cu_seqlens_padded);
+}
 static PyObject *py_position_ids(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_position_ids); }
 static PyObject *py_segment_ids(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_segment_ids); }
 static PyObject *py_valid_indices(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_valid_indices); }
-static PyObject *py_last_token_index(PyObject *Py_UNUSED(m), PyObject *a) { return simple_out(a, maskpack_last_token_index); }
+static PyObject *py_last_token_index(PyObject *Py_UNUSED(m), PyObject *a) {
+    return simple_out(a, maskpack_last_token_index);
+}
 
 /* (handle, convention, fill, out) */
 static PyObject *py_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
@@ -411,10 +398,9 @@ static PyObject *py_mask4d(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_mask4d(mpx_layout(h), (maskpack_mask_convention)conv, (maskpack_fill)fill, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_mask4d(mpx_layout(h), (maskpack_mask_convention)conv, (maskpack_fill)fill, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -427,10 +413,8 @@ static PyObject *py_cu_seqlens(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cu_seqlens(mpx_layout(h), (maskpack_cu_form)form, kv, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_cu_seqlens(mpx_layout(h), (maskpack_cu_form)form, kv, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -443,10 +427,8 @@ static PyObject *py_seqlens(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_seqlens(mpx_layout(h), kv, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_seqlens(mpx_layout(h), kv, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -521,10 +503,8 @@ static PyObject *py_block_mask(PyObject *Py_UNUSED(m), PyObject *args) {
     for (int i = 0; i < 8; i++)
         if (contiguous_i32(PyTuple_GET_ITEM(outs, i), sizes[i], names[i], &p[i]) < 0) return NULL;
     maskpack_block_mask_arrays a = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]};
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_block_mask(L, bq, bk, &a, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_block_mask(L, bq, bk, &a, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -550,11 +530,10 @@ static PyObject *py_magi_slices(PyObject *Py_UNUSED(m), PyObject *args) {
     size_t count = 0;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_magi_slices(mpx_layout(h), q, k, t, (size_t)cap, &count, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_magi_slices(mpx_layout(h), q, k, t, (size_t)cap, &count, &err);
     Py_END_ALLOW_THREADS
-    /* sizing call: a too-small buffer still reports the count needed */
-    if (s == MASKPACK_ERR_BUFFER_TOO_SMALL && cap == 0) s = MASKPACK_OK;
+        /* sizing call: a too-small buffer still reports the count needed */
+        if (s == MASKPACK_ERR_BUFFER_TOO_SMALL && cap == 0) s = MASKPACK_OK;
     if (s) return mpx_raise_status(s, &err);
     return PyLong_FromSize_t(count);
 }
@@ -563,8 +542,8 @@ static PyObject *py_magi_slices(PyObject *Py_UNUSED(m), PyObject *args) {
 
 /* (handle, input_layout, scale, head_dim, factory) -> (input_layout, sparse_mode, pre, next, scale,
  * inner_precise, mask_kind, atten_mask | None, actual_seq_qlen | None, actual_seq_kvlen | None,
- * prefix | None, pad_items | None, fully_masked_rows, fully_masked_pad_rows). factory(shape) -> (object, the object to fill) allocates
- * the atten_mask; the argset never outlives this call. */
+ * prefix | None, pad_items | None, fully_masked_rows, fully_masked_pad_rows). factory(shape) -> (object, the object to
+ * fill) allocates the atten_mask; the argset never outlives this call. */
 static PyObject *py_npu_args(PyObject *Py_UNUSED(m), PyObject *args) {
     PyObject *h, *factory;
     int il;
@@ -576,10 +555,8 @@ static PyObject *py_npu_args(PyObject *Py_UNUSED(m), PyObject *args) {
     memset(&a, 0, sizeof a);
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_npu_args(L, (maskpack_npu_layout)il, scale, head_dim, &a, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_npu_args(L, (maskpack_npu_layout)il, scale, head_dim, &a, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
 
     PyObject *mask_obj = NULL, *ql = NULL, *kl = NULL, *pf = NULL, *pad = NULL, *res = NULL;
     if (a.mask_kind != MASKPACK_NPU_MASK_NONE) {
@@ -615,10 +592,8 @@ static PyObject *py_npu_args(PyObject *Py_UNUSED(m), PyObject *args) {
         mask_obj = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
         Py_DECREF(pair);
         if (fill) {
-            Py_BEGIN_ALLOW_THREADS
-            s = maskpack_npu_atten_mask(L, &a, &o, &err);
-            Py_END_ALLOW_THREADS
-            if (s) {
+            Py_BEGIN_ALLOW_THREADS s = maskpack_npu_atten_mask(L, &a, &o, &err);
+            Py_END_ALLOW_THREADS if (s) {
                 mpx_raise_status(s, &err);
                 goto done;
             }
@@ -645,8 +620,8 @@ static PyObject *py_npu_args(PyObject *Py_UNUSED(m), PyObject *args) {
     } else
         pad = Py_NewRef(Py_None);
     res = Py_BuildValue("(iiLLdiiOOOOOLL)", (int)a.input_layout, (int)a.sparse_mode, (long long)a.pre_tokens,
-                        (long long)a.next_tokens, a.scale, (int)a.inner_precise, (int)a.mask_kind, mask_obj, ql, kl,
-                        pf, pad, (long long)a.fully_masked_rows, (long long)a.fully_masked_pad_rows);
+                        (long long)a.next_tokens, a.scale, (int)a.inner_precise, (int)a.mask_kind, mask_obj, ql, kl, pf,
+                        pad, (long long)a.fully_masked_rows, (long long)a.fully_masked_pad_rows);
 done:
     Py_XDECREF(mask_obj);
     Py_XDECREF(ql);
@@ -660,10 +635,10 @@ done:
 /* keyword call description -> (status_code, [(code, message)], n_total). Raises only when the
  * description itself is unusable (a status other than OK and NPU_CONTRACT). */
 static PyObject *py_validate_npu_args(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"input_layout", "batch",      "q_len",        "kv_len",          "total_q",
-                             "total_kv",     "heads_q",    "heads_kv",     "head_dim",        "sparse_mode",
-                             "pre_tokens",   "next_tokens", "atten_mask",  "actual_seq_qlen", "actual_seq_kvlen",
-                             "prefix",       "scale",      "inner_precise", "intended",       NULL};
+    static char *kwlist[] = {"input_layout", "batch",       "q_len",         "kv_len",          "total_q",
+                             "total_kv",     "heads_q",     "heads_kv",      "head_dim",        "sparse_mode",
+                             "pre_tokens",   "next_tokens", "atten_mask",    "actual_seq_qlen", "actual_seq_kvlen",
+                             "prefix",       "scale",       "inner_precise", "intended",        NULL};
     maskpack_npu_call c;
     memset(&c, 0, sizeof c);
     int il = 0, sm = 0, ip = 0;
@@ -706,10 +681,8 @@ static PyObject *py_validate_npu_args(PyObject *Py_UNUSED(m), PyObject *args, Py
     if (!rep) return PyErr_NoMemory();
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_validate_npu_args(&c, rep, &err);
-    Py_END_ALLOW_THREADS
-    if (s != MASKPACK_OK && s != MASKPACK_ERR_NPU_CONTRACT) {
+    Py_BEGIN_ALLOW_THREADS s = maskpack_validate_npu_args(&c, rep, &err);
+    Py_END_ALLOW_THREADS if (s != MASKPACK_OK && s != MASKPACK_ERR_NPU_CONTRACT) {
         PyMem_Free(rep);
         return mpx_raise_status(s, &err);
     }
@@ -759,7 +732,8 @@ static PyObject *py_padded_of(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!iL", &mpx_LayoutType, &h, &placement, &width)) return NULL;
     maskpack_layout *L = NULL;
     maskpack_error err;
-    maskpack_status s = maskpack_layout_padded_of(mpx_layout(h), (maskpack_placement)placement, (int64_t)width, &L, &err);
+    maskpack_status s =
+        maskpack_layout_padded_of(mpx_layout(h), (maskpack_placement)placement, (int64_t)width, &L, &err);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
@@ -797,10 +771,9 @@ static PyObject *py_cp_shard(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_layout_cp_shard(mpx_layout(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &L, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_layout_cp_shard(mpx_layout(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &L, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }
 
@@ -814,10 +787,9 @@ static PyObject *py_cp_shard_indices(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_out_tensor(desc, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_cp_shard_indices(mpx_layout(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s =
+        maskpack_cp_shard_indices(mpx_layout(h), (int64_t)cp, (int64_t)rank, (maskpack_cp_scheme)scheme, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 

@@ -20,8 +20,7 @@
 #include "ext_common.h"
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "_maskpack",
+    PyModuleDef_HEAD_INIT, .m_name = "_maskpack",
     .m_doc = "Low-level binding of libmaskpack (use the maskpack package).",
     .m_size = 0, /* no per-module state: the registered torch and error types live in ext_common.c */
 };
@@ -54,7 +53,8 @@ PyMODINIT_FUNC PyInit__maskpack(void) {
     if (mpx_init_boundary(m) < 0 || mpx_init_layout(m) < 0 || mpx_init_moves(m) < 0 || mpx_init_teams(m) < 0 ||
         add_part(m, "plan", "Packing planner bindings (use maskpack.plan).", mpx_init_plan) < 0 ||
         add_part(m, "gdn", "Gated DeltaNet bindings (use maskpack.gdn).", mpx_init_gdn) < 0 ||
-        add_part(m, "attention", "Fused CPU attention over a layout (use maskpack.attention).", mpx_init_attention) < 0) {
+        add_part(m, "attention", "Fused CPU attention over a layout (use maskpack.attention).", mpx_init_attention) <
+            0) {
         Py_DECREF(m);
         return NULL;
     }

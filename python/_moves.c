@@ -64,10 +64,8 @@ static PyObject *py_plan_create(PyObject *Py_UNUSED(m), PyObject *args) {
     maskpack_relayout_plan *P = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_relayout_plan_create(L, (size_t)n, mpx_layout(dst), &P, &err);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(L);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_relayout_plan_create(L, (size_t)n, mpx_layout(dst), &P, &err);
+    Py_END_ALLOW_THREADS PyMem_Free(L);
     if (s) return mpx_raise_status(s, &err);
     PyObject *h = mpx_new_handle(&RelayoutPlanType, P, NULL);
     if (!h) maskpack_relayout_plan_free(P);
@@ -135,10 +133,8 @@ static PyObject *py_plan_execute(PyObject *Py_UNUSED(m), PyObject *args) {
     {
         maskpack_error err;
         maskpack_status s;
-        Py_BEGIN_ALLOW_THREADS
-        s = maskpack_relayout_execute_on(P, XP, &o, pad_ptr, w, &err);
-        Py_END_ALLOW_THREADS
-        if (s) {
+        Py_BEGIN_ALLOW_THREADS s = maskpack_relayout_execute_on(P, XP, &o, pad_ptr, w, &err);
+        Py_END_ALLOW_THREADS if (s) {
             mpx_raise_status(s, &err);
             goto done;
         }
@@ -176,10 +172,8 @@ static PyObject *py_move(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize
     const maskpack_tensor *xp[1] = {&xt};
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_relayout_execute_on(P, xp, &ot, pad_ptr, w, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_relayout_execute_on(P, xp, &ot, pad_ptr, w, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_TRUE;
 }
 
@@ -192,10 +186,8 @@ static PyObject *py_shift_labels(PyObject *Py_UNUSED(m), PyObject *args) {
     if (mpx_parse_given_tensor(ld, "labels", &l) < 0 || mpx_parse_given_out_tensor(od, "out", &o) < 0) return NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_shift_labels(mpx_layout(h), &l, (int64_t)ignore, &o, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_shift_labels(mpx_layout(h), &l, (int64_t)ignore, &o, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     Py_RETURN_NONE;
 }
 
@@ -207,15 +199,14 @@ static PyObject *py_loss_weights(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OLiO", &mpx_LayoutType, &h, &ld, &ignore, &mode, &od)) return NULL;
     maskpack_tensor l, o;
     int has_labels = 0;
-    if (mpx_parse_tensor(ld, "labels", &l, &has_labels) < 0 || mpx_parse_given_out_tensor(od, "out", &o) < 0) return NULL;
+    if (mpx_parse_tensor(ld, "labels", &l, &has_labels) < 0 || mpx_parse_given_out_tensor(od, "out", &o) < 0)
+        return NULL;
     maskpack_error err;
     maskpack_status s;
     double denom = 0;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_loss_weights(mpx_layout(h), has_labels ? &l : NULL, (int64_t)ignore, (maskpack_loss_mode)mode, &o,
-                              &denom, &err);
-    Py_END_ALLOW_THREADS
-    if (s) return mpx_raise_status(s, &err);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_loss_weights(mpx_layout(h), has_labels ? &l : NULL, (int64_t)ignore,
+                                                     (maskpack_loss_mode)mode, &o, &denom, &err);
+    Py_END_ALLOW_THREADS if (s) return mpx_raise_status(s, &err);
     return PyFloat_FromDouble(denom);
 }
 
@@ -223,7 +214,8 @@ static PyMethodDef methods[] = {
     {"plan_create", py_plan_create, METH_VARARGS, "(sources, dst) -> relayout plan handle"},
     {"plan_execute", py_plan_execute, METH_VARARGS, "(plan, xs, out, pad, team | None)"},
     {"plan_adjoint", py_plan_adjoint, METH_VARARGS, "(plan, source) -> the adjoint plan handle"},
-    {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL, "(plan, x, out, pad, team) -> True, or False when x/out need the package's checks"},
+    {"move", (PyCFunction)(void (*)(void))py_move, METH_FASTCALL,
+     "(plan, x, out, pad, team) -> True, or False when x/out need the package's checks"},
     {"shift_labels", py_shift_labels, METH_VARARGS, "(handle, labels, ignore_index, out)"},
     {"loss_weights", py_loss_weights, METH_VARARGS, "(handle, labels, ignore_index, mode, out) -> denominator"},
     {NULL, NULL, 0, NULL},

@@ -90,10 +90,8 @@ static PyObject *py_create(PyObject *m, PyObject *args) {
     maskpack_error err;
     maskpack_status s;
     size_t n = (size_t)(view.len / 8);
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_plan_create((const int64_t *)view.buf, n, &o, &p, &err);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_plan_create((const int64_t *)view.buf, n, &o, &p, &err);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&view);
     if (s) return mpx_raise_status(s, &err);
     PlanObject *obj = PyObject_New(PlanObject, &PlanType);
     if (!obj) {
@@ -192,17 +190,17 @@ static PyObject *py_costs(PyObject *m, PyObject *arg) {
     return Py_BuildValue("NNNN", rc, ru, kc, mc);
 }
 
-#define ADD_I(d, name, v)                                                          \
-    do {                                                                           \
-        PyObject *x_ = PyLong_FromLongLong((long long)(v));                        \
-        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;           \
-        Py_DECREF(x_);                                                             \
+#define ADD_I(d, name, v)                                                                                              \
+    do {                                                                                                               \
+        PyObject *x_ = PyLong_FromLongLong((long long)(v));                                                            \
+        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;                                               \
+        Py_DECREF(x_);                                                                                                 \
     } while (0)
-#define ADD_F(d, name, v)                                                          \
-    do {                                                                           \
-        PyObject *x_ = PyFloat_FromDouble((double)(v));                            \
-        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;           \
-        Py_DECREF(x_);                                                             \
+#define ADD_F(d, name, v)                                                                                              \
+    do {                                                                                                               \
+        PyObject *x_ = PyFloat_FromDouble((double)(v));                                                                \
+        if (!x_ || PyDict_SetItemString((d), (name), x_) < 0) goto fail;                                               \
+        Py_DECREF(x_);                                                                                                 \
     } while (0)
 
 /* (plan) -> dict of maskpack_plan_report */
@@ -286,10 +284,8 @@ static PyObject *py_microbatch_layout(PyObject *m, PyObject *args) {
     maskpack_layout *L = NULL;
     maskpack_error err;
     maskpack_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = maskpack_plan_microbatch_layout(p, rank, mb, &rb.rule, &L, &err);
-    Py_END_ALLOW_THREADS
-    mpx_rule_buf_free(&rb);
+    Py_BEGIN_ALLOW_THREADS s = maskpack_plan_microbatch_layout(p, rank, mb, &rb.rule, &L, &err);
+    Py_END_ALLOW_THREADS mpx_rule_buf_free(&rb);
     if (s) return mpx_raise_status(s, &err);
     return mpx_wrap_layout(L);
 }

@@ -274,8 +274,12 @@ typedef struct dlpack_managed {
 static int dlpack_dtype_code(dlpack_dtype d) {
     if (d.lanes != 1) return -1;
     switch (d.code) {
-    case 0: return d.bits == 8 ? MASKPACK_I8 : d.bits == 16 ? MASKPACK_I16 : d.bits == 32 ? MASKPACK_I32
-                                                                          : d.bits == 64 ? MASKPACK_I64 : -1;
+    case 0:
+        return d.bits == 8    ? MASKPACK_I8
+               : d.bits == 16 ? MASKPACK_I16
+               : d.bits == 32 ? MASKPACK_I32
+               : d.bits == 64 ? MASKPACK_I64
+                              : -1;
     case 1: return d.bits == 8 ? MASKPACK_U8 : -1;
     case 2: return d.bits == 16 ? MASKPACK_F16 : d.bits == 32 ? MASKPACK_F32 : d.bits == 64 ? MASKPACK_F64 : -1;
     case 4: return d.bits == 16 ? MASKPACK_BF16 : -1;
@@ -313,8 +317,8 @@ static int refuse_from(maskpack_status status, const char *name, const char *wha
 /* A torch tensor's refusal for its device: "maskpack reads host memory; found a tensor on <device>". */
 static int refuse_device(PyObject *x, const char *name) {
     PyObject *dev = attr_str(x, "device");
-    refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: maskpack reads host memory; found a tensor on %U (call .cpu() first)", name,
-           dev);
+    refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: maskpack reads host memory; found a tensor on %U (call .cpu() first)",
+           name, dev);
     Py_DECREF(dev);
     return -1;
 }
@@ -341,7 +345,9 @@ static int read_torch(PyObject *x, const char *name, maskpack_tensor *t) {
     if (!neg) return -1;
     int is_neg = neg != Py_False;
     Py_DECREF(neg);
-    if (is_neg) return refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: a tensor with the negative bit set (pass %s.resolve_neg())", name, name);
+    if (is_neg)
+        return refuse(MASKPACK_ERR_UNSUPPORTED, name, "%s: a tensor with the negative bit set (pass %s.resolve_neg())",
+                      name, name);
     PyObject *cap = PyObject_CallOneArg(torch_to_dlpack, x);
     if (!cap) { /* on another device (meta...), sparse, conjugated...: named, with torch's reason */
         PyObject *et, *ev, *tb;
@@ -413,7 +419,8 @@ static int read_buffer(PyObject *x, const char *name, int writable, maskpack_ten
         case 'b': dt = MASKPACK_I8; break;
         case 'h': dt = MASKPACK_I16; break;
         case 'i': dt = view.itemsize == 4 ? MASKPACK_I32 : -1; break;
-        case 'l': case 'q': dt = view.itemsize == 8 ? MASKPACK_I64 : view.itemsize == 4 ? MASKPACK_I32 : -1; break;
+        case 'l':
+        case 'q': dt = view.itemsize == 8 ? MASKPACK_I64 : view.itemsize == 4 ? MASKPACK_I32 : -1; break;
         case 'e': dt = MASKPACK_F16; break;
         case 'f': dt = MASKPACK_F32; break;
         case 'd': dt = MASKPACK_F64; break;
@@ -515,8 +522,8 @@ int mpx_parse_rule(PyObject *obj, mpx_rule_buf *rb) {
         PyErr_SetString(PyExc_TypeError, "rule: expected a tuple (causal, alignment, left, right, spans, prefix)");
         return -1;
     }
-    if (!PyArg_ParseTuple(obj, "llLLOO;rule: expected (causal, alignment, left, right, spans, prefix)", &causal,
-                          &align, &wl, &wr, &spans, &prefix))
+    if (!PyArg_ParseTuple(obj, "llLLOO;rule: expected (causal, alignment, left, right, spans, prefix)", &causal, &align,
+                          &wl, &wr, &spans, &prefix))
         return -1;
     rb->rule.causal = (int)causal;
     rb->rule.alignment = (maskpack_alignment)align;
@@ -608,8 +615,10 @@ static int pyc_collective(void *ctx, const char *method, const void *send, size_
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *sv = view_of((void *)send, sbytes), *rv = view_of(recv, rbytes);
     int rc = 1;
-    if (sv && rv) rc = py_comm_call(c->obj, PyObject_CallMethod(c->obj, method, "OO", sv, rv));
-    else py_comm_call(c->obj, NULL);
+    if (sv && rv)
+        rc = py_comm_call(c->obj, PyObject_CallMethod(c->obj, method, "OO", sv, rv));
+    else
+        py_comm_call(c->obj, NULL);
     Py_XDECREF(sv);
     Py_XDECREF(rv);
     PyGILState_Release(g);
@@ -662,4 +671,3 @@ int mpx_parse_comm(PyObject *obj, int rank, int size, mpx_comm *pc, maskpack_com
     *c = (maskpack_comm){pc, rank, size, pyc_all_gather, pyc_all_to_all, pyc_sendrecv_start, pyc_wait};
     return 0;
 }
-

@@ -55,14 +55,14 @@ typedef struct {
     void *host;
 } mpx_HandleObject;
 
-#define MPX_HANDLE_TYPE(var, name, doc, dealloc)                                                      \
-    PyTypeObject var = {                                                                                \
-        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack." name,                            \
-        .tp_basicsize = sizeof(mpx_HandleObject),                                                       \
-        .tp_itemsize = 0,                                                                               \
-        .tp_dealloc = (destructor)(dealloc),                                                            \
-        .tp_flags = Py_TPFLAGS_DEFAULT,                                                                 \
-        .tp_doc = doc,                                                                                  \
+#define MPX_HANDLE_TYPE(var, name, doc, dealloc)                                                                       \
+    PyTypeObject var = {                                                                                               \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "maskpack._maskpack." name,                                           \
+        .tp_basicsize = sizeof(mpx_HandleObject),                                                                      \
+        .tp_itemsize = 0,                                                                                              \
+        .tp_dealloc = (destructor)(dealloc),                                                                           \
+        .tp_flags = Py_TPFLAGS_DEFAULT,                                                                                \
+        .tp_doc = doc,                                                                                                 \
     }
 
 /* (type, pointer) -> a new handle owning ptr; NULL with an exception set (ptr not freed: the caller's). */

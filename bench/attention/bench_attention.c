@@ -1,8 +1,8 @@
 /* bench_attention.c: the speed targets of the attention issue, measured in one run.
  *
  * It measures this machine's f32 FMA peak itself (a register-resident FMA loop of the widest vectors
- * the CPU has, AVX-512 or else AVX2, on the same number of threads) and prints for every target our time, GFLOP/s, fraction of peak, the
- * ratio to the baseline and the target next to it. Torch's scaled_dot_product_attention runs in
+ * the CPU has, AVX-512 or else AVX2, on the same number of threads) and prints for every target our time, GFLOP/s,
+ * fraction of peak, the ratio to the baseline and the target next to it. Torch's scaled_dot_product_attention runs in
  * bench_attention_torch.py --serve, a co-process on the same threads that runs one measurement per
  * request: every figure alternates the two sides rep by rep (ours then torch, then torch then ours)
  * and judges the median of the per-pair ratios, so a busy moment of the shared host hits both.
@@ -112,8 +112,8 @@ static void *rand_buf(int64_t n, maskpack_dtype dt) {
 }
 
 /* A packed layout of the given lengths (all heads H, head dim D). */
-static int make_problem(problem *p, const int64_t *lens, size_t n, int causal, int64_t H, int64_t D,
-                        maskpack_dtype dt, int threads, int grads) {
+static int make_problem(problem *p, const int64_t *lens, size_t n, int causal, int64_t H, int64_t D, maskpack_dtype dt,
+                        int threads, int grads) {
     memset(p, 0, sizeof *p);
     maskpack_rule r = maskpack_rule_default();
     r.causal = causal;
@@ -271,8 +271,7 @@ typedef struct torch_proc {
 
 /* Starts `python script --serve --threads N` and the shape options `shape` (NULL-terminated) with its
  * stdin/stdout on pipes and waits for "ready". Returns 0 on success. */
-static int torch_start(torch_proc *tp, const char *python, const char *script, int threads,
-                       const char *const *shape) {
+static int torch_start(torch_proc *tp, const char *python, const char *script, int threads, const char *const *shape) {
     int in[2], out[2];
     memset(tp, 0, sizeof *tp);
     if (pipe(in) || pipe(out)) return -1;
@@ -361,8 +360,8 @@ static void print_fb_bound(double flops, double torch_s, double peak) {
         return;
     }
     const double torch_frac = flops / torch_s / 1e9 / peak, need = 1.3 * torch_frac;
-    printf("; torch reaches %.1f%% of the f32 FMA peak (%.1f GFLOP/s); 1.3x torch needs %.1f%% of peak", 100 * torch_frac,
-           peak, 100 * need);
+    printf("; torch reaches %.1f%% of the f32 FMA peak (%.1f GFLOP/s); 1.3x torch needs %.1f%% of peak",
+           100 * torch_frac, peak, 100 * need);
     if (need > 1.0)
         printf(": more than the peak itself, so 1.3x torch is impossible on this machine\n");
     else if (need > 0.9)
@@ -402,8 +401,8 @@ static int parse_args(const char *where, int argc, const char *const *argv, sett
         if (r == 1) continue;
         if (!strcmp(argv[i], "--docs")) {
             size_t n = 0;
-            if (bench_arg_ints("bench_attention", "--docs", where, i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20, a->docs,
-                               MAX_DOCS, &n))
+            if (bench_arg_ints("bench_attention", "--docs", where, i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20,
+                               a->docs, MAX_DOCS, &n))
                 return -1;
             a->ndoc = (int64_t)n;
             i++;
@@ -437,8 +436,19 @@ int main(int argc, char **argv) {
     static const char *const defaults[] = {BENCH_SHAPES_ATTENTION};
     /* line by line into a pipe too: a reader (the report, a test) sees the shape before the long runs */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    settings a = {2, 5, 0, 1, 0, 0x7e, MASKPACK_SOURCE_ROOT "/.venv/bin/python",
-                  MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py", 0, 0, 0, 0, {0}};
+    settings a = {2,
+                  5,
+                  0,
+                  1,
+                  0,
+                  0x7e,
+                  MASKPACK_SOURCE_ROOT "/.venv/bin/python",
+                  MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py",
+                  0,
+                  0,
+                  0,
+                  0,
+                  {0}};
     if (parse_args(BENCH_SHAPES_WHERE, (int)(sizeof defaults / sizeof defaults[0]), defaults, &a) ||
         parse_args("", argc - 1, (const char *const *)argv + 1, &a))
         return 2;
@@ -458,8 +468,8 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < a.ndoc; i++)
         snprintf(shape_text[3] + strlen(shape_text[3]), sizeof shape_text[3] - strlen(shape_text[3]), "%s%lld",
                  i ? "," : "", (long long)a.docs[i]);
-    const char *const shape_args[] = {"--seq", shape_text[0], "--heads", shape_text[1], "--head-dim", shape_text[2],
-                                      "--docs", shape_text[3], NULL};
+    const char *const shape_args[] = {"--seq",       shape_text[0], "--heads",     shape_text[1], "--head-dim",
+                                      shape_text[2], "--docs",      shape_text[3], NULL};
     if (quick) reps = reps > 3 ? 3 : reps;
     if (reps < 1) reps = 1;
     if (threads < 1) threads = 1;
@@ -474,8 +484,8 @@ int main(int argc, char **argv) {
            "the median of the per-pair ratios); kernels f32 %s, bf16 %s\n",
            maskpack_version_string(), threads, reps, maskpack_isa_name(isa32), maskpack_isa_name(isa16));
     double peak = measure_peak(threads);
-    printf("f32 FMA peak (register-resident %s FMA loop on %d threads): %.1f GFLOP/s\n",
-           peak_isa_name(), threads, peak);
+    printf("f32 FMA peak (register-resident %s FMA loop on %d threads): %.1f GFLOP/s\n", peak_isa_name(), threads,
+           peak);
 #define WANT(item) ((only >> (item)) & 1u)
     torch_proc tp = {0};
     /* every item may ask torch except [4] without AMX (ours against ours only) */
@@ -504,7 +514,8 @@ int main(int argc, char **argv) {
         update_peak(&peak, threads);
         printf("\n[1] f32 forward S=%lld D=%lld batch*heads=%lld, no mask (kernel %s)\n", (long long)S, (long long)D,
                (long long)H, maskpack_isa_name(isa32));
-        printf("  ours %.2f ms, %.1f GFLOP/s = %.1f%% of f32 peak (%.1f GFLOP/s, the best measured; target >= 50%%); torch SDPA %.2f ms -> %.2fx torch "
+        printf("  ours %.2f ms, %.1f GFLOP/s = %.1f%% of f32 peak (%.1f GFLOP/s, the best measured; target >= 50%%); "
+               "torch SDPA %.2f ms -> %.2fx torch "
                "(target >= 1.0x; ratio of the medians %.2fx)\n",
                r1.a * 1e3, gf, 100 * gf / peak, peak, r1.b * 1e3, r1.ratio, r1.b / r1.a);
         verdict(!isnan(r1.ratio), gf >= 0.5 * peak && r1.ratio >= 1.0);
@@ -519,10 +530,11 @@ int main(int argc, char **argv) {
         paired_result r5 = paired(&ours_fb, 1, &torch_side, 1, reps);
         update_peak(&peak, threads);
         printf("\n[5] f32 forward + backward, same shape, no mask\n");
-        printf("  ours %.2f ms (%.1f GFLOP/s at 14*S^2*D*BH flops, %.1f%% of peak); torch SDPA fwd+bwd %.2f ms -> %.2fx "
-               "faster (target >= 1.3x; ratio of the medians %.2fx)\n",
-               r5.a * 1e3, 3.5 * flops_full / r5.a / 1e9, 100 * 3.5 * flops_full / r5.a / 1e9 / peak, r5.b * 1e3, r5.ratio,
-               r5.b / r5.a);
+        printf(
+            "  ours %.2f ms (%.1f GFLOP/s at 14*S^2*D*BH flops, %.1f%% of peak); torch SDPA fwd+bwd %.2f ms -> %.2fx "
+            "faster (target >= 1.3x; ratio of the medians %.2fx)\n",
+            r5.a * 1e3, 3.5 * flops_full / r5.a / 1e9, 100 * 3.5 * flops_full / r5.a / 1e9 / peak, r5.b * 1e3, r5.ratio,
+            r5.b / r5.a);
         print_fb_bound(3.5 * flops_full, r5.b, peak);
         verdict(!isnan(r5.ratio), r5.ratio >= 1.3);
     }
@@ -537,9 +549,10 @@ int main(int argc, char **argv) {
         torch_side.name = "sdpa_fwd_causal";
         paired_result r2t = paired(&ours_causal, 1, &torch_side, 1, reps);
         printf("\n[2] causal f32 forward, same shape\n");
-        printf("  ours %.2f ms = %.3fx the non-causal time (%.2f ms; target <= 0.55x); %.1f GFLOP/s on the allowed half; "
-               "torch SDPA causal %.2f ms -> %.2fx torch\n",
-               r2.b * 1e3, r2.ratio, r2.a * 1e3, flops_full * (S + 1) / (2.0 * S) / r2.b / 1e9, r2t.b * 1e3, r2t.ratio);
+        printf(
+            "  ours %.2f ms = %.3fx the non-causal time (%.2f ms; target <= 0.55x); %.1f GFLOP/s on the allowed half; "
+            "torch SDPA causal %.2f ms -> %.2fx torch\n",
+            r2.b * 1e3, r2.ratio, r2.a * 1e3, flops_full * (S + 1) / (2.0 * S) / r2.b / 1e9, r2t.b * 1e3, r2t.ratio);
         verdict(!isnan(r2.ratio), r2.ratio <= 0.55);
         free_problem(&pc);
     }
@@ -570,12 +583,14 @@ int main(int argc, char **argv) {
         char packed_name[64]; /* the torch script's name of this measurement, by the number of documents */
         snprintf(packed_name, sizeof packed_name, "sdpa_fwd_packed%d_dense_mask", NDOC);
         torch_side.name = packed_name;
-        paired_result r3t = paired(&ours_packed, 1, &torch_side, 1, quick ? 1 : (reps + 1) / 2); /* ~2 s per torch run */
+        paired_result r3t =
+            paired(&ours_packed, 1, &torch_side, 1, quick ? 1 : (reps + 1) / 2); /* ~2 s per torch run */
         printf("\n[3] %d documents (%lld..%lld tokens) packed into %lld tokens, causal, H=%lld D=%lld, f32 forward\n",
                NDOC, (long long)shortest, (long long)longest, (long long)total, (long long)H, (long long)D);
-        printf("  ours %.2f ms (%.1f GFLOP/s on allowed pairs); torch SDPA with the dense block-diagonal mask %.2f ms -> "
-               "%.1fx faster (target >= 5x)\n",
-               r3t.a * 1e3, 4.0 * pairs * D * H / r3t.a / 1e9, r3t.b * 1e3, r3t.ratio);
+        printf(
+            "  ours %.2f ms (%.1f GFLOP/s on allowed pairs); torch SDPA with the dense block-diagonal mask %.2f ms -> "
+            "%.1fx faster (target >= 5x)\n",
+            r3t.a * 1e3, 4.0 * pairs * D * H / r3t.a / 1e9, r3t.b * 1e3, r3t.ratio);
         printf("  sum of the %d documents run alone %.2f ms -> packed takes %.3fx that (target <= 1.15x)\n", NDOC,
                r3a.b * 1e3, 1.0 / r3a.ratio);
         verdict(!isnan(r3t.ratio) && !isnan(r3a.ratio), r3t.ratio >= 5 && 1.0 / r3a.ratio <= 1.15);
@@ -609,9 +624,10 @@ int main(int argc, char **argv) {
         paired_result r4t = paired(&ours_bf16, 1, &torch_side, 1, reps);
         printf("\n[4] bf16 forward (%s), S=%lld D=%lld batch*heads=%lld, no mask\n", maskpack_isa_name(isa16),
                (long long)S, (long long)D, (long long)H);
-        printf("  ours %.2f ms, %.1f GFLOP/s = %.2fx our f32 forward (%.2f ms; target >= 3x); torch SDPA bf16 %.2f ms -> "
-               "%.2fx torch\n",
-               r4.a * 1e3, flops_full / r4.a / 1e9, r4.ratio, r4.b * 1e3, r4t.b * 1e3, r4t.ratio);
+        printf(
+            "  ours %.2f ms, %.1f GFLOP/s = %.2fx our f32 forward (%.2f ms; target >= 3x); torch SDPA bf16 %.2f ms -> "
+            "%.2fx torch\n",
+            r4.a * 1e3, flops_full / r4.a / 1e9, r4.ratio, r4.b * 1e3, r4t.b * 1e3, r4t.ratio);
         verdict(!isnan(r4.ratio), r4.ratio >= 3);
         free_problem(&pb);
     }
@@ -634,7 +650,8 @@ int main(int argc, char **argv) {
         for (int bf = 0; bf < 2; bf++) {
             problem pk, pa;
             const maskpack_dtype dt = bf ? MASKPACK_BF16 : MASKPACK_F32;
-            if (make_problem(&pk, one, 1, 0, H, D, dt, threads, 1) || make_problem(&pa, one, 1, 0, H, D, dt, threads, 1))
+            if (make_problem(&pk, one, 1, 0, H, D, dt, threads, 1) ||
+                make_problem(&pa, one, 1, 0, H, D, dt, threads, 1))
                 return 1;
             side kern = {run_ours, &pk, threads, 1, NULL, NULL}, autos = {run_ours, &pa, threads, 1, NULL, NULL};
             for (size_t i = 0; i < n_info && i < 32; i++) {

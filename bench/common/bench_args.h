@@ -44,7 +44,8 @@ static inline int bench_arg_ints(const char *prog, const char *opt, const char *
         errno = 0;
         long long v = p ? strtoll(p, &end, 10) : 0;
         if (!p || end == p || (*end && *end != ',') || errno || v < lo || v > hi || *n == max) {
-            fprintf(stderr, "%s: %s%s: expected a comma-separated list of at most %zu integers in [%lld, %lld], got '%s'\n",
+            fprintf(stderr,
+                    "%s: %s%s: expected a comma-separated list of at most %zu integers in [%lld, %lld], got '%s'\n",
                     prog, opt, where, max, (long long)lo, (long long)hi, text ? text : "(nothing)");
             return -1;
         }
@@ -72,8 +73,8 @@ typedef struct {
 
 /* If argv[*i] names one of the n options, parses its value (argv[*i + 1]) and steps *i past it:
  * 1; 0 when argv[*i] is none of them; -1 after a one-line message when its value is bad. */
-static inline int bench_parse_int_opt(const char *prog, const char *where, const bench_int_opt *opts, size_t n, int argc,
-                                      const char *const *argv, int *i) {
+static inline int bench_parse_int_opt(const char *prog, const char *where, const bench_int_opt *opts, size_t n,
+                                      int argc, const char *const *argv, int *i) {
     for (size_t k = 0; k < n; k++) {
         if (strcmp(argv[*i], opts[k].name)) continue;
         const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;

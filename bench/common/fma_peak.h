@@ -20,20 +20,23 @@
 #define BENCH_HAVE_AVX512_PEAK 1
 __attribute__((target("avx512f"))) static float bench_fma_loop(long iters) {
     __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0,
-           b9 = a0, b10 = a0, b11 = a0;
+           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0,
+           b10 = a0, b11 = a0;
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     for (long it = 0; it < iters; it++) {
 #define BENCH_FMA_(a) a = _mm512_fmadd_ps(a, m, c);
-        BENCH_FMA_(a0) BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5)
-        BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
-        BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2) BENCH_FMA_(b3) BENCH_FMA_(b4) BENCH_FMA_(b5)
-        BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9) BENCH_FMA_(b10) BENCH_FMA_(b11)
+        BENCH_FMA_(a0)
+        BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7)
+            BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11) BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2)
+                BENCH_FMA_(b3) BENCH_FMA_(b4) BENCH_FMA_(b5) BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9)
+                    BENCH_FMA_(b10) BENCH_FMA_(b11)
 #undef BENCH_FMA_
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
-                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
-        __asm__ volatile("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7),
-                         "+v"(b8), "+v"(b9), "+v"(b10), "+v"(b11));
+                        __asm__ volatile(""
+                                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+        __asm__ volatile(""
+                         : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7), "+v"(b8),
+                           "+v"(b9), "+v"(b10), "+v"(b11));
     }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -51,11 +54,13 @@ __attribute__((target("avx2,fma"))) static float bench_fma_loop_avx2(long iters)
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
     for (long it = 0; it < iters; it++) {
 #define BENCH_FMA_(a) a = _mm256_fmadd_ps(a, m, c);
-        BENCH_FMA_(a0) BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5)
-        BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
+        BENCH_FMA_(a0)
+        BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7)
+            BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
 #undef BENCH_FMA_
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
-                         "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+                __asm__ volatile(""
+                                 : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
+                                   "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                              _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
@@ -122,7 +127,8 @@ static double bench_fma_peak(int threads, long iters, int bursts) {
     pthread_barrier_destroy(&bar);
     double best = 0;
     for (int b = 0; b < bursts; b++) {
-        double gf = (avx2 ? BENCH_FLOP_PER_ITER_AVX2 : BENCH_FLOP_PER_ITER) * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
+        double gf =
+            (avx2 ? BENCH_FLOP_PER_ITER_AVX2 : BENCH_FLOP_PER_ITER) * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
         if (gf > best) best = gf;
     }
     return best;

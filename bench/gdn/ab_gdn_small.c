@@ -16,10 +16,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e6 + t.tv_nsec / 1e3; }
-static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
-static double med(double *x, int n) { qsort(x, n, sizeof *x, cmp); return x[n / 2]; }
-static float frand(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f; }
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double med(double *x, int n) {
+    qsort(x, n, sizeof *x, cmp);
+    return x[n / 2];
+}
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
 #define SYM(h, name) ((__typeof__(&name))dlsym(h, #name))
 typedef struct lib {
     maskpack_layout *L;
@@ -49,7 +62,10 @@ int main(int argc, char **argv) {
     maskpack_gdn_options opt;
     for (int i = 0; i < 2; i++) {
         void *h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
-        if (!h) { puts(dlerror()); return 1; }
+        if (!h) {
+            puts(dlerror());
+            return 1;
+        }
         lib *l = &libs[i];
         memset(l, 0, sizeof *l);
         maskpack_rule r = SYM(h, maskpack_rule_default)();
@@ -65,21 +81,27 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s: no maskpack_gdn_op_forward / _backward\n", argv[2]);
                 return 1;
             }
-            if (SYM(h, maskpack_gdn_op_create)(l->L, H, HV, K, V, &opt, &l->op, &e)) { puts(e.message); return 1; }
+            if (SYM(h, maskpack_gdn_op_create)(l->L, H, HV, K, V, &opt, &l->op, &e)) {
+                puts(e.message);
+                return 1;
+            }
             if (threads > 1 && SYM(h, maskpack_workers_create)(threads, &l->team, &e)) return 1;
         }
     }
     unsigned sd = 1;
-    float *q = malloc(T*H*K*4), *k = malloc(T*H*K*4), *v = malloc(T*HV*V*4), *g = malloc(T*HV*4), *b = malloc(T*HV*4);
-    float *o = malloc(T*HV*V*4), *ht = malloc(N*HV*K*V*4), *dO = malloc(T*HV*V*4);
-    float *dq = malloc(T*H*K*4), *dk = malloc(T*H*K*4), *dv = malloc(T*HV*V*4), *dg = malloc(T*HV*4), *db = malloc(T*HV*4);
-    for (int64_t i = 0; i < T*H*K; i++) q[i] = frand(&sd), k[i] = frand(&sd);
-    for (int64_t i = 0; i < T*HV*V; i++) v[i] = frand(&sd), dO[i] = frand(&sd);
-    for (int64_t i = 0; i < T*HV; i++) g[i] = -0.1f + 0.1f * frand(&sd), b[i] = 0.5f + frand(&sd);
-    int64_t sq[3] = {T,H,K}, sv[3] = {T,HV,V}, sg[2] = {T,HV}, ss[4] = {N,HV,K,V};
+    float *q = malloc(T * H * K * 4), *k = malloc(T * H * K * 4), *v = malloc(T * HV * V * 4), *g = malloc(T * HV * 4),
+          *b = malloc(T * HV * 4);
+    float *o = malloc(T * HV * V * 4), *ht = malloc(N * HV * K * V * 4), *dO = malloc(T * HV * V * 4);
+    float *dq = malloc(T * H * K * 4), *dk = malloc(T * H * K * 4), *dv = malloc(T * HV * V * 4),
+          *dg = malloc(T * HV * 4), *db = malloc(T * HV * 4);
+    for (int64_t i = 0; i < T * H * K; i++) q[i] = frand(&sd), k[i] = frand(&sd);
+    for (int64_t i = 0; i < T * HV * V; i++) v[i] = frand(&sd), dO[i] = frand(&sd);
+    for (int64_t i = 0; i < T * HV; i++) g[i] = -0.1f + 0.1f * frand(&sd), b[i] = 0.5f + frand(&sd);
+    int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV}, ss[4] = {N, HV, K, V};
 #define TC(p, n, s) ((maskpack_tensor){p, MASKPACK_F32, n, {s[0], s[1], n > 2 ? s[2] : 0, n > 3 ? s[3] : 0}, {0}})
     maskpack_tensor tq = TC(q, 3, sq), tk = TC(k, 3, sq), tv = TC(v, 3, sv), tg = TC(g, 2, sg), tb = TC(b, 2, sg);
-    maskpack_tensor to = TC(o, 3, sv), tht = TC(ht, 4, ss), tdo = TC(dO, 3, sv), tdq = TC(dq, 3, sq), tdk = TC(dk, 3, sq);
+    maskpack_tensor to = TC(o, 3, sv), tht = TC(ht, 4, ss), tdo = TC(dO, 3, sv), tdq = TC(dq, 3, sq),
+                    tdk = TC(dk, 3, sq);
     maskpack_tensor tdv = TC(dv, 3, sv), tdg = TC(dg, 2, sg), tdb = TC(db, 2, sg);
     maskpack_tensor *all[] = {&tq, &tk, &tv, &tg, &tb, &to, &tht, &tdo, &tdq, &tdk, &tdv, &tdg, &tdb};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) { /* C-order strides */
@@ -103,8 +125,14 @@ int main(int argc, char **argv) {
             maskpack_status s2 = which ? l->op_bwd(l->op, &in, &tdo, NULL, &gr, l->team, NULL, 0, &e)
                                        : l->bwd(l->L, &in, &tdo, NULL, &opt, &gr, NULL, 0, &e);
             double t2 = now();
-            if (s1 || s2) { puts(e.message); return 1; }
-            if (which) ta0 = t1 - t0, ta1 = t2 - t1; else tb0 = t1 - t0, tb1 = t2 - t1;
+            if (s1 || s2) {
+                puts(e.message);
+                return 1;
+            }
+            if (which)
+                ta0 = t1 - t0, ta1 = t2 - t1;
+            else
+                tb0 = t1 - t0, tb1 = t2 - t1;
         }
         if (it >= 0) bf[it] = tb0, bb[it] = tb1, af[it] = ta0, abw[it] = ta1, rf[it] = tb0 / ta0, rb[it] = tb1 / ta1;
     }

@@ -65,13 +65,13 @@ static double chunk_macs(int64_t len, int64_t H, int64_t HV, int64_t K, int64_t 
     for (int64_t t0 = 0; t0 < len; t0 += MASKPACK_GDN_CHUNK) {
         double n = (double)(len - t0 < MASKPACK_GDN_CHUNK ? len - t0 : MASKPACK_GDN_CHUNK);
         double tri = n * (n + 1) / 2, stri = n * (n - 1) / 2;
-        macs += (double)H * (tri * K + stri * K);      /* Q K^T, K K^T: once per key head */
+        macs += (double)H * (tri * K + stri * K); /* Q K^T, K K^T: once per key head */
         /* no initial state is given: the first chunk starts from S = 0 and has no [Q; K] S */
-        macs += (double)HV * (n * n * n / 6.0           /* (I + L)^-1 */
+        macs += (double)HV * (n * n * n / 6.0                /* (I + L)^-1 */
                               + (t0 ? 2.0 * n * K * V : 0.0) /* [Q; K] S */
-                              + tri * V                 /* Dv = A diag(beta) (V - diag(E) K S) */
-                              + tri * V                 /* P Dv */
-                              + n * K * V);             /* state update */
+                              + tri * V                      /* Dv = A diag(beta) (V - diag(E) K S) */
+                              + tri * V                      /* P Dv */
+                              + n * K * V);                  /* state update */
     }
     return macs;
 }
@@ -81,16 +81,16 @@ typedef struct gdn_shape {
     int64_t T, NSEG, H, HV, K, V;
 } gdn_shape;
 
-#define USAGE                                                                                                  \
-    "[n_threads] [runs] [--tokens T] [--segments N] [--heads H] [--value-heads HV] [--key-dim K] "              \
+#define USAGE                                                                                                          \
+    "[n_threads] [runs] [--tokens T] [--segments N] [--heads H] [--value-heads HV] [--key-dim K] "                     \
     "[--value-dim V]"
 
 /* Reads the arguments argv[0..argc) (up to two numbers, then options) into *nt, *runs and *s: 0, or
  * -1 after a one-line message. */
 static int parse_args(const char *where, int argc, const char *const *argv, int *nt, int *runs, gdn_shape *s) {
-    const bench_int_opt opts[] = {{"--tokens", &s->T, 1, 1 << 20},     {"--segments", &s->NSEG, 1, 4096},
-                                  {"--heads", &s->H, 1, 256},          {"--value-heads", &s->HV, 1, 256},
-                                  {"--key-dim", &s->K, 1, 1024},       {"--value-dim", &s->V, 1, 1024}};
+    const bench_int_opt opts[] = {{"--tokens", &s->T, 1, 1 << 20}, {"--segments", &s->NSEG, 1, 4096},
+                                  {"--heads", &s->H, 1, 256},      {"--value-heads", &s->HV, 1, 256},
+                                  {"--key-dim", &s->K, 1, 1024},   {"--value-dim", &s->V, 1, 1024}};
     int positional = 0;
     for (int i = 0; i < argc; i++) {
         int r = bench_parse_int_opt("bench_gdn", where, opts, sizeof opts / sizeof opts[0], argc, argv, &i);
@@ -181,12 +181,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_gdn: out of memory for this shape\n");
         return 1;
     }
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
-    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv), tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
-    maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv);
-    maskpack_tensor tdo = maskpack_tensor_contiguous(dO, MASKPACK_F32, 3, sv), tht = maskpack_tensor_contiguous(ht, MASKPACK_F32, 4, ss);
-    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, sq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, sq);
-    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, sv), tdg = maskpack_tensor_contiguous(dg, MASKPACK_F32, 2, sg);
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq),
+                    tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv),
+                    tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
+    maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg),
+                    to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv);
+    maskpack_tensor tdo = maskpack_tensor_contiguous(dO, MASKPACK_F32, 3, sv),
+                    tht = maskpack_tensor_contiguous(ht, MASKPACK_F32, 4, ss);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, sq),
+                    tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, sq);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, sv),
+                    tdg = maskpack_tensor_contiguous(dg, MASKPACK_F32, 2, sg);
     maskpack_tensor tdb = maskpack_tensor_contiguous(db, MASKPACK_F32, 2, sg);
     maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, NULL};
     double macs = 0;

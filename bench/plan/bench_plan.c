@@ -32,8 +32,7 @@ static uint64_t splitmix(uint64_t *s) {
 static double uniform01(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* lognormal(log(median), sigma) by Box-Muller (one normal per pair of uniforms), floored, clipped */
-static void sft_lengths(int64_t *out, size_t n, uint64_t seed, double median, double sigma, int64_t lo,
-                        int64_t hi) {
+static void sft_lengths(int64_t *out, size_t n, uint64_t seed, double median, double sigma, int64_t lo, int64_t hi) {
     uint64_t s = seed;
     const double two_pi = 6.283185307179586;
     for (size_t i = 0; i < n; i++) {
@@ -160,7 +159,10 @@ int main(int argc, char **argv) {
         printf("  %-24s %8.3f / %6.3f ms wall, %6.3f ms CPU  rows %6lld  fill %.4f%%", names[alg], ms, best, cpu,
                (long long)rep.n_packed_rows, 100.0 * rep.fill);
         if (alg == 0)
-            printf("   [targets: <= 10 ms %s, fill >= 99%% %s]", ms <= 10.0 ? "met" : best <= 10.0 ? "met at best" : "MISSED",
+            printf("   [targets: <= 10 ms %s, fill >= 99%% %s]",
+                   ms <= 10.0     ? "met"
+                   : best <= 10.0 ? "met at best"
+                                  : "MISSED",
                    rep.fill >= 0.99 ? "met" : "MISSED");
         printf("\n");
     }
@@ -204,11 +206,13 @@ int main(int argc, char **argv) {
         lo_rank = bottom;
         hi_rank = top;
     }
-    printf("\nbalancing %zu rows over %zu ranks (cost 24576*L + L^2 per slot; wall median / best of %d runs, CPU best):\n",
-           R, K, reps);
+    printf(
+        "\nbalancing %zu rows over %zu ranks (cost 24576*L + L^2 per slot; wall median / best of %d runs, CPU best):\n",
+        R, K, reps);
     printf("  Karmarkar-Karp (equal rows per rank) %8.3f / %6.3f ms wall, %6.3f ms CPU  imbalance max/mean-1 = %.2e "
            "(rank costs %.6e .. %.6e)\n  [targets: <= 5 ms %s, <= 1%% %s]\n",
-           kk_ms, kk_best, kk_cpu, imb, lo_rank, hi_rank, kk_ms <= 5.0 ? "met" : "MISSED", imb <= 0.01 ? "met" : "MISSED");
+           kk_ms, kk_best, kk_cpu, imb, lo_rank, hi_rank, kk_ms <= 5.0 ? "met" : "MISSED",
+           imb <= 0.01 ? "met" : "MISSED");
     /* a naive baseline for scale: rows dealt round-robin in packer order */
     {
         double sum[64] = {0}, all = 0, top = 0;
@@ -233,8 +237,8 @@ int main(int argc, char **argv) {
     }
     printf("\nfull plan, dp 64 x 2 micro-batches, attention objective: %.3f ms; %lld rows (%lld empty), fill %.4f%%,\n"
            "  rank imbalance %.5f%%, micro-batch imbalance %.5f%%\n",
-           median(t, reps), (long long)rep.n_rows, (long long)rep.n_empty_rows, 100.0 * rep.fill,
-           100.0 * rep.imbalance, 100.0 * rep.microbatch_imbalance);
+           median(t, reps), (long long)rep.n_rows, (long long)rep.n_empty_rows, 100.0 * rep.fill, 100.0 * rep.imbalance,
+           100.0 * rep.microbatch_imbalance);
     /* and with CP 4 (verl alignment: every slot a multiple of 8) */
     o.cp = 4;
     for (int r = 0; r < reps; r++) {

@@ -9,8 +9,8 @@
  * A block is FULL when it is a whole block (not cut short by the end of the grid: torch's
  * create_block_mask pads to whole blocks with False), its query rows are all real tokens and every
  * segment owning them sees every key of the block; it is PARTIAL when some segment sees some key.
- * Segments with explicit positions (context-parallel pieces) may share keys, so several segments can make one block FULL together.
- * The work is proportional to the candidate blocks plus B * (Qb + Kb), never S * Skv. */
+ * Segments with explicit positions (context-parallel pieces) may share keys, so several segments can make one block
+ * FULL together. The work is proportional to the candidate blocks plus B * (Qb + Kb), never S * Skv. */
 #include "fill.h"
 
 #include <stdlib.h>

@@ -80,12 +80,8 @@ void mp_cp_tensor(mp_cp_call *c, const char *argument, const maskpack_tensor *t,
 /* value as it reads in a message, into buf */
 static const char *show(char *buf, size_t n, mp_cp_kind kind, int64_t v) {
     switch (kind) {
-    case MP_CP_DTYPE:
-        snprintf(buf, n, "%s", v < 0 ? "no tensor" : maskpack_dtype_name((maskpack_dtype)v));
-        break;
-    case MP_CP_FLAG:
-        snprintf(buf, n, "%s", v ? "yes" : "no");
-        break;
+    case MP_CP_DTYPE: snprintf(buf, n, "%s", v < 0 ? "no tensor" : maskpack_dtype_name((maskpack_dtype)v)); break;
+    case MP_CP_FLAG: snprintf(buf, n, "%s", v ? "yes" : "no"); break;
     case MP_CP_REAL: {
         double d;
         memcpy(&d, &v, sizeof d);
@@ -108,8 +104,7 @@ static const char *show(char *buf, size_t n, mp_cp_kind kind, int64_t v) {
             if (nd == 3) snprintf(buf, n, "[%lld, %lld, %lld]", (long long)d[0], (long long)d[1], (long long)d[2]);
         }
         break;
-    default:
-        snprintf(buf, n, "%lld", (long long)v);
+    default: snprintf(buf, n, "%lld", (long long)v);
     }
     return buf;
 }
@@ -179,36 +174,39 @@ static maskpack_status differ(const cp_fingerprint *a, const cp_fingerprint *b, 
     if (a->call != b->call || a->n_settings != b->n_settings)
         return mp_fail(err, bad, "comm", r, -1,
                        "comm: rank %d disagrees with rank 0 about the collective call: %s on rank %d, %s on rank 0 "
-                       "(every rank must make the same CP calls in the same order)", r, call_name(b->call), r,
-                       call_name(a->call));
+                       "(every rank must make the same CP calls in the same order)",
+                       r, call_name(b->call), r, call_name(a->call));
     if (a->scheme != b->scheme)
         return mp_fail(err, bad, "scheme", r, -1, "scheme: rank %d uses CP scheme %lld, rank 0 scheme %lld", r,
                        (long long)b->scheme, (long long)a->scheme);
     if (a->n_rows != b->n_rows || a->q_width != b->q_width || a->kv_width != b->kv_width)
-        return mp_fail(err, bad, "layout", r, -1,
-                       "layout: rank %d holds a [%lld, %lld] grid, rank 0 a [%lld, %lld] one (keys: %lld on rank %d, %lld "
-                       "on rank 0)", r, (long long)b->n_rows, (long long)b->q_width, (long long)a->n_rows,
-                       (long long)a->q_width, (long long)b->kv_width, r, (long long)a->kv_width);
+        return mp_fail(
+            err, bad, "layout", r, -1,
+            "layout: rank %d holds a [%lld, %lld] grid, rank 0 a [%lld, %lld] one (keys: %lld on rank %d, %lld "
+            "on rank 0)",
+            r, (long long)b->n_rows, (long long)b->q_width, (long long)a->n_rows, (long long)a->q_width,
+            (long long)b->kv_width, r, (long long)a->kv_width);
     if (a->n_segments != b->n_segments || a->segments != b->segments)
-        return mp_fail(err, bad, "layout", r, -1,
-                       "layout: rank %d holds other sequences than rank 0 (%lld segments against %lld, or the same count "
-                       "placed differently: fingerprint %016llx on rank %d, %016llx on rank 0)", r,
-                       (long long)b->n_segments, (long long)a->n_segments, (unsigned long long)b->segments, r,
-                       (unsigned long long)a->segments);
+        return mp_fail(
+            err, bad, "layout", r, -1,
+            "layout: rank %d holds other sequences than rank 0 (%lld segments against %lld, or the same count "
+            "placed differently: fingerprint %016llx on rank %d, %016llx on rank 0)",
+            r, (long long)b->n_segments, (long long)a->n_segments, (unsigned long long)b->segments, r,
+            (unsigned long long)a->segments);
     if (a->rule != b->rule)
         return mp_fail(err, bad, "layout", r, -1,
                        "layout: rank %d's attention rule (causal, alignment, window, spans, prefix) differs from rank "
-                       "0's: fingerprint %016llx on rank %d, %016llx on rank 0", r, (unsigned long long)b->rule, r,
-                       (unsigned long long)a->rule);
+                       "0's: fingerprint %016llx on rank %d, %016llx on rank 0",
+                       r, (unsigned long long)b->rule, r, (unsigned long long)a->rule);
     for (int i = 0; i < call->n && i < MP_CP_SETTINGS; i++)
         if (a->setting[i] != b->setting[i]) {
             const mp_cp_setting *st = &call->s[i];
             char va[80], vb[80];
             return mp_fail(err, bad, st->argument, r, -1,
                            "%s: rank %d disagrees with rank 0 about the %s %s: %s on rank %d, %s on rank 0 (every rank "
-                           "must make the same call of %s)", st->argument, r, st->argument, st->what,
-                           show(vb, sizeof vb, st->kind, b->setting[i]), r, show(va, sizeof va, st->kind, a->setting[i]),
-                           call_name(a->call));
+                           "must make the same call of %s)",
+                           st->argument, r, st->argument, st->what, show(vb, sizeof vb, st->kind, b->setting[i]), r,
+                           show(va, sizeof va, st->kind, a->setting[i]), call_name(a->call));
         }
     return MASKPACK_OK;
 }
@@ -266,7 +264,8 @@ static maskpack_status gather_args(const maskpack_comm *comm, const maskpack_lay
     MP_CHECK_NULL(err, part, "part");
     MP_CHECK_NULL(err, whole, "whole");
     maskpack_status s = mp_check_tensor(part, "part", 1, MASKPACK_MAX_DIMS, err);
-    for (int r = 0; r < comm->size && !s; r++) s = maskpack_layout_cp_shard(layout, comm->size, r, scheme, &shards[r], err);
+    for (int r = 0; r < comm->size && !s; r++)
+        s = maskpack_layout_cp_shard(layout, comm->size, r, scheme, &shards[r], err);
     if (s) return s;
     /* a per-token tensor of the rank's shard layout: [T_local, ...] packed, [B, S/cp, ...] padded */
     const maskpack_layout *mine = shards[comm->rank];
@@ -297,7 +296,7 @@ maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack
     maskpack_layout **shards = mp_calloc_array((size_t)n, sizeof *shards);
     /* local checks first (a NULL layout or part among them), then the agreement (collective even when
      * the local checks failed): the call, the layout and the part's dtype, per-token shape and bytes */
-    maskpack_status local = !shards ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory")
+    maskpack_status local = !shards   ? mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "comm", -1, -1, "out of memory")
                             : !layout ? mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
                                                 "layout: expected a non-NULL pointer, found NULL")
                                       : gather_args(comm, layout, scheme, part, whole, shards, err);
@@ -324,7 +323,8 @@ maskpack_status maskpack_cp_all_gather(const maskpack_comm *comm, const maskpack
     maskpack_relayout_plan *plan = NULL;
     if (!s) {
         for (int r = 0; r < n; r++) {
-            views[r] = maskpack_tensor_contiguous((char *)buf + (size_t)r * bytes, part->dtype, part->ndim, part->shape);
+            views[r] =
+                maskpack_tensor_contiguous((char *)buf + (size_t)r * bytes, part->dtype, part->ndim, part->shape);
             xs[r] = &views[r];
         }
         s = maskpack_relayout_plan_create((const maskpack_layout *const *)shards, (size_t)n, layout, &plan, err);

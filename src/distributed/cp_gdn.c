@@ -27,12 +27,12 @@ typedef struct gdn_piece {
 typedef struct gdn_plan {
     int n, rank;
     maskpack_layout *mine;
-    gdn_piece *pieces;       /* every rank's pieces, rank after rank */
-    size_t *first;           /* [n + 1]: rank r's pieces are pieces[first[r] .. first[r+1]) */
-    size_t width;            /* the most pieces a rank holds */
+    gdn_piece *pieces; /* every rank's pieces, rank after rank */
+    size_t *first;     /* [n + 1]: rank r's pieces are pieces[first[r] .. first[r+1]) */
+    size_t width;      /* the most pieces a rank holds */
     size_t n_seq;
-    size_t *chain_begin;     /* [n_seq + 1] */
-    size_t *chain;           /* indices into pieces, each sequence's in position order */
+    size_t *chain_begin; /* [n_seq + 1] */
+    size_t *chain;       /* indices into pieces, each sequence's in position order */
 } gdn_plan;
 
 static void plan_free(gdn_plan *P) {
@@ -126,8 +126,8 @@ static void owner_of(const gdn_plan *P, size_t i, int *r, size_t *local) {
  * chunk of the kernel, so it runs at vector width, not the baseline's. */
 
 /* c[h] = a[h] (K x K) @ b[h] (K x V) + d[h] (K x V) per head; i-k-j order so the inner loop streams rows. */
-MP_CLONES static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_t ldb, const float *d, size_t ldd,
-                     int64_t HV, int64_t K, int64_t V) {
+MP_CLONES static void gemm_add(float *c, const float *a, size_t lda, const float *b, size_t ldb, const float *d,
+                               size_t ldd, int64_t HV, int64_t K, int64_t V) {
     for (int64_t h = 0; h < HV; h++) {
         float *ch = c + h * K * V;
         const float *ah = a + h * K * lda, *bh = b + h * K * ldb, *dh = d + h * K * ldd;
@@ -144,7 +144,8 @@ MP_CLONES static void gemm_add(float *c, const float *a, size_t lda, const float
 }
 
 /* dP[h] += G[h] (K x V) @ S[h]^T (V x K); the adjoint of S -> P S with respect to P. */
-MP_CLONES static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int64_t HV, int64_t K, int64_t V) {
+MP_CLONES static void gemm_gst(float *dp, size_t ldp, const float *G, const float *S, int64_t HV, int64_t K,
+                               int64_t V) {
     for (int64_t h = 0; h < HV; h++)
         for (int64_t i = 0; i < K; i++)
             for (int64_t t = 0; t < K; t++) {
@@ -156,7 +157,8 @@ MP_CLONES static void gemm_gst(float *dp, size_t ldp, const float *G, const floa
 }
 
 /* out[h] = P[h]^T (K x K) @ G[h] (K x V); the adjoint of S -> P S with respect to S. */
-MP_CLONES static void gemm_ptg(float *out, const float *p, size_t ldp, const float *G, int64_t HV, int64_t K, int64_t V) {
+MP_CLONES static void gemm_ptg(float *out, const float *p, size_t ldp, const float *G, int64_t HV, int64_t K,
+                               int64_t V) {
     memset(out, 0, (size_t)(HV * K * V) * sizeof *out);
     for (int64_t h = 0; h < HV; h++)
         for (int64_t t = 0; t < K; t++) {
@@ -189,7 +191,8 @@ static void correct(gemm_fn gemm, float *o, const float *phi, const float *S, in
                     int64_t V) {
     const int64_t W = K + V;
     for (int64_t h = 0; h < HV; h++)
-        gemm(len, V, K, 1.0f, phi + h * W, HV * W, S + h * K * V, V, o + h * V, HV * V, GDN_GEMM_ACC, NULL, o + h * V, 1.0f);
+        gemm(len, V, K, 1.0f, phi + h * W, HV * W, S + h * K * V, V, o + h * V, HV * V, GDN_GEMM_ACC, NULL, o + h * V,
+             1.0f);
 }
 
 /* The correction's adjoint over a piece's tokens, per value head: dPhi_h = dO_h S_h^T and
@@ -239,7 +242,8 @@ static void put_trailer(float *at, maskpack_status s, const maskpack_error *err)
     memset(b, 0, sizeof b);
     int32_t st = (int32_t)s;
     memcpy(b, &st, sizeof st);
-    for (size_t i = 0; s && err && i + 1 < sizeof b - sizeof st && err->argument[i]; i++) b[sizeof st + i] = err->argument[i];
+    for (size_t i = 0; s && err && i + 1 < sizeof b - sizeof st && err->argument[i]; i++)
+        b[sizeof st + i] = err->argument[i];
     memcpy(at, b, sizeof b);
 }
 
@@ -255,7 +259,8 @@ static maskpack_status read_trailers(const float *all, size_t stride, int n, con
         b[sizeof b - 1] = 0;
         return mp_fail(err, (maskpack_status)st, "comm", r, -1,
                        "comm: rank %d failed its part before the %s (%s at its argument '%s'); every rank stops with "
-                       "it", r, what, maskpack_status_name((maskpack_status)st), b + sizeof st);
+                       "it",
+                       r, what, maskpack_status_name((maskpack_status)st), b + sizeof st);
     }
     return MASKPACK_OK;
 }
@@ -265,17 +270,17 @@ static maskpack_status read_trailers(const float *all, size_t stride, int n, con
 typedef struct gdn_run {
     gdn_plan P;
     int64_t T, H, HV, K, V, np;
-    size_t st, sk, blk;     /* floats of a state [HV,K,V], a transition [HV,K,K], a (P | B) record */
-    size_t stride;          /* floats of one rank's records in every: width * blk and the trailer */
-    float *hx;              /* [np, HV, K, K + V]: the pass's initial states (I | h0), h0 a first piece's
+    size_t st, sk, blk; /* floats of a state [HV,K,V], a transition [HV,K,K], a (P | B) record */
+    size_t stride;      /* floats of one rank's records in every: width * blk and the trailer */
+    float *hx;          /* [np, HV, K, K + V]: the pass's initial states (I | h0), h0 a first piece's
                              * true initial state, zeros elsewhere */
-    float *vx;              /* [T, HV, K + V]: the pass's values (0 | v) */
-    float *every;           /* [n, stride]: every piece's (P | B), [width, HV, K, K + V] and a trailer */
-    float *states;          /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
-    float *ox;              /* [T, HV, K + V]: the pass's outputs (phi | o1): phi the outputs' linear part in
+    float *vx;          /* [T, HV, K + V]: the pass's values (0 | v) */
+    float *every;       /* [n, stride]: every piece's (P | B), [width, HV, K, K + V] and a trailer */
+    float *states;      /* [np, HV, K, V]: each of this rank's pieces' true incoming state */
+    float *ox;          /* [T, HV, K + V]: the pass's outputs (phi | o1): phi the outputs' linear part in
                              * the incoming state, o1 the outputs from zero states (a first piece: its own) */
-    float *chainS;          /* per sequence, the state entering each chain element up to ours */
-    size_t *chainS_at;      /* [n_seq + 1]: offsets into chainS in states */
+    float *chainS;      /* per sequence, the state entering each chain element up to ours */
+    size_t *chainS_at;  /* [n_seq + 1]: offsets into chainS in states */
     maskpack_tensor hx_t, vx_t, states_t;
 } gdn_run;
 
@@ -332,7 +337,9 @@ static void gdn_settings(mp_cp_call *c, const maskpack_gdn_inputs *in, const mas
     const maskpack_tensor *t[5] = {NULL, NULL, NULL, NULL, NULL};
     if (in) t[0] = in->q, t[1] = in->k, t[2] = in->v, t[3] = in->g, t[4] = in->beta;
     const char *names[5] = {"q", "k", "v", "g", "beta"};
-    for (int i = 0; i < 5; i++) mp_cp_tensor(c, names[i], t[i], 1, i < 3 ? "per-token shape [heads, head dim]" : "per-token shape [value heads]");
+    for (int i = 0; i < 5; i++)
+        mp_cp_tensor(c, names[i], t[i], 1,
+                     i < 3 ? "per-token shape [heads, head dim]" : "per-token shape [value heads]");
     mp_cp_set(c, "initial_state", "presence", MP_CP_FLAG, in && in->initial_state);
     int64_t bits = 0;
     if (opts) memcpy(&bits, &opts->scale, sizeof bits);
@@ -355,8 +362,12 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     maskpack_status c = mp_cp_check_comm(comm, 0, err);
     if (c) return c;
     maskpack_status local = MASKPACK_OK;
-    if (!layout) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
-    if (!local && !opts) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "opts", -1, -1, "opts: expected a non-NULL pointer, found NULL");
+    if (!layout)
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
+                        "layout: expected a non-NULL pointer, found NULL");
+    if (!local && !opts)
+        local =
+            mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "opts", -1, -1, "opts: expected a non-NULL pointer, found NULL");
     if (!local) local = check_args(in, err);
     if (!local) local = plan_build(comm, layout, scheme, &R->P, err);
     if (!local) {
@@ -373,8 +384,8 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
             local = mp_fail(err, MASKPACK_ERR_SHAPE, "g", -1, -1, "g: expected [%lld, %lld] (tokens, value heads)",
                             (long long)M->q_width, (long long)HV);
         else if (in->beta->ndim != 2 || in->beta->shape[0] != M->q_width || in->beta->shape[1] != HV)
-            local = mp_fail(err, MASKPACK_ERR_SHAPE, "beta", -1, -1, "beta: expected [%lld, %lld] (tokens, value heads)",
-                            (long long)M->q_width, (long long)HV);
+            local = mp_fail(err, MASKPACK_ERR_SHAPE, "beta", -1, -1,
+                            "beta: expected [%lld, %lld] (tokens, value heads)", (long long)M->q_width, (long long)HV);
         else if (in->initial_state &&
                  (in->initial_state->ndim != 4 || in->initial_state->shape[0] != (int64_t)layout->n_segments ||
                   in->initial_state->shape[1] != in->v->shape[1] || in->initial_state->shape[2] != in->q->shape[2] ||
@@ -448,8 +459,10 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
     if (!rec || !R->every) {
         /* nothing to send with: the transport must end the others (as any rank lost mid-call would) */
     } else if (comm->all_gather(comm->ctx, rec, R->every, R->stride * sizeof(float)) != 0) {
-        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the pieces' transitions failed on "
-                    "rank %d", comm->rank);
+        s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
+                    "comm: all_gather of the pieces' transitions failed on "
+                    "rank %d",
+                    comm->rank);
     } else if (!s) {
         s = read_trailers(R->every, R->stride, P->n, "exchange of the pieces' transitions", err);
     }
@@ -488,8 +501,8 @@ static maskpack_status run_prepare(const maskpack_comm *comm, const maskpack_lay
             if (j == 0) { /* S_1 = B_0 (the first piece ran from the true initial state) */
                 copy_rows(S + R->st, (size_t)V, pb + K, W, (size_t)(HV * K), (size_t)V);
             } else {
-                gemm_add(S + (j + 1) * R->st, pb, (size_t)(K + V), S + j * R->st, (size_t)V, pb + K, (size_t)(K + V), HV,
-                         K, V);
+                gemm_add(S + (j + 1) * R->st, pb, (size_t)(K + V), S + j * R->st, (size_t)V, pb + K, (size_t)(K + V),
+                         HV, K, V);
             }
         }
     }
@@ -520,8 +533,8 @@ static maskpack_status gather_last_states(const maskpack_comm *comm, const gdn_p
         put_trailer(mine + stride - TRAILER, s, err);
         if (comm->all_gather(comm->ctx, mine, all, stride * sizeof(float)) != 0) {
             if (!s)
-                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the %s failed on rank %d", what,
-                            comm->rank);
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the %s failed on rank %d",
+                            what, comm->rank);
         } else if (!s) {
             char where[64];
             snprintf(where, sizeof where, "exchange of the %s", what);
@@ -551,11 +564,11 @@ static maskpack_status want_shape(const maskpack_tensor *t, const char *name, in
     char want[200], found[200];
     mp_format_shape(want, sizeof want, nd, shape);
     if (t) mp_format_shape(found, sizeof found, t->ndim, t->shape);
-    const maskpack_status st = !t ? MASKPACK_ERR_NULL_ARGUMENT : t->dtype != MASKPACK_F32 ? MASKPACK_ERR_DTYPE
-                                                                                      : MASKPACK_ERR_SHAPE;
-    return mp_fail(err, st, name, -1, -1,
-                   "%s: expected a contiguous float32 tensor %s, found %s%s", name, want, t ? found : "NULL",
-                   t && !f32_contiguous(t) ? " (not contiguous float32)" : "");
+    const maskpack_status st = !t                         ? MASKPACK_ERR_NULL_ARGUMENT
+                               : t->dtype != MASKPACK_F32 ? MASKPACK_ERR_DTYPE
+                                                          : MASKPACK_ERR_SHAPE;
+    return mp_fail(err, st, name, -1, -1, "%s: expected a contiguous float32 tensor %s, found %s%s", name, want,
+                   t ? found : "NULL", t && !f32_contiguous(t) ? " (not contiguous float32)" : "");
 }
 
 /* The outputs and gradients of a GDN call, checked before the agreement (cp_gdn's `more`). */
@@ -576,7 +589,9 @@ static maskpack_status gdn_more(const gdn_plan *P, const void *ctx, maskpack_err
         if ((s = want_shape(x->o, "o", 3, vs, 1, err))) return s;
         return want_shape(x->final_state, "final_state", 4, hs, 0, err);
     }
-    if (!x->grads) return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "grads", -1, -1, "grads: expected a non-NULL pointer, found NULL");
+    if (!x->grads)
+        return mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "grads", -1, -1,
+                       "grads: expected a non-NULL pointer, found NULL");
     const maskpack_tensor *outs[5] = {x->grads->dq, x->grads->dk, x->grads->dv, x->grads->dg, x->grads->dbeta};
     const maskpack_tensor *like[5] = {in->q, in->k, in->v, in->g, in->beta};
     const char *names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
@@ -640,7 +655,7 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
     float *dS = floats(np1, R.st, 1, 1), *dht = floats(np1, R.st, 1, 1);
     float *dpb = floats((size_t)P->n, R.stride, 1, 1), *recv = floats((size_t)P->n, R.stride, 1, 0);
     float *G = floats(R.st, 1, 1, 0), *G2 = floats(R.st, 1, 1, 0);
-    float *dfx = floats(np1, R.blk, 1, 1);           /* the pass's final states' gradient (dP | dB) */
+    float *dfx = floats(np1, R.blk, 1, 1);            /* the pass's final states' gradient (dP | dB) */
     float *dox = floats((size_t)T, (size_t)HV, W, 1); /* its outputs' gradient (dphi | d_o); dphi 0 on first pieces */
     float *dvx = floats((size_t)T, (size_t)HV, W, 0), *dhx = floats(np1, R.blk, 1, 0);
     float *St = floats((size_t)K, (size_t)V, 1, 0);
@@ -668,8 +683,8 @@ static maskpack_status gdn_sp_backward(const maskpack_comm *comm, const maskpack
         const float *pb = rec_of(&R, P->first[P->rank] + (size_t)i), *Sin = R.states + (size_t)i * R.st;
         size_t at = (size_t)mine[i].start * (size_t)HV;
         float *dSi = dS + (size_t)i * R.st;
-        gemm_ptg(dSi, pb, W, dhti, HV, K, V);   /* P^T dS_out */
-        gemm_gst(dfi, W, dhti, Sin, HV, K, V);  /* dP += dS_out S_in^T */
+        gemm_ptg(dSi, pb, W, dhti, HV, K, V);  /* P^T dS_out */
+        gemm_gst(dfi, W, dhti, Sin, HV, K, V); /* dP += dS_out S_in^T */
         correct_adjoint(gemm, dox + at * W, dSi, R.ox + at * W, (const float *)d_o->data + at * (size_t)V, Sin, St,
                         mine[i].len, HV, K, V);
     }
@@ -768,10 +783,10 @@ static void prefix_sources(const gdn_plan *P, size_t gi, int64_t Wm1, int64_t *s
 typedef struct conv_run {
     gdn_plan P;
     int64_t C, Wm1, np;
-    size_t tail;          /* floats of one piece's tail: C * (W-1) */
-    size_t stride;        /* floats of one rank's tails in every: width * tail and the trailer */
-    float *every;         /* [n, stride]: [width, C, W-1] and a trailer */
-    float *prefix;        /* [np, C, W-1]: this rank's pieces' prefixes */
+    size_t tail;   /* floats of one piece's tail: C * (W-1) */
+    size_t stride; /* floats of one rank's tails in every: width * tail and the trailer */
+    float *every;  /* [n, stride]: [width, C, W-1] and a trailer */
+    float *prefix; /* [np, C, W-1]: this rank's pieces' prefixes */
     maskpack_tensor prefix_t;
 } conv_run;
 
@@ -813,17 +828,22 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
     if (c) return c;
     maskpack_status local = MASKPACK_OK;
     if (!layout)
-        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
-    else if (!x || !weight) local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1, "%s: expected a "
-                                       "tensor, found NULL", x ? "weight" : "x");
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
+                        "layout: expected a non-NULL pointer, found NULL");
+    else if (!x || !weight)
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, x ? "weight" : "x", -1, -1,
+                        "%s: expected a "
+                        "tensor, found NULL",
+                        x ? "weight" : "x");
     else if (!f32_contiguous(x) || x->ndim != 2 || !f32_contiguous(weight) || weight->ndim != 2 ||
              weight->shape[0] != x->shape[1] || weight->shape[1] < 1 || weight->shape[1] > MASKPACK_GDN_MAX_CONV)
         local = mp_fail(err, MASKPACK_ERR_SHAPE, "x", -1, -1,
                         "x: expected this rank's packed shard [T_local, C] and weight [C, W] (1 <= W <= %d), both "
                         "contiguous float32",
                         MASKPACK_GDN_MAX_CONV);
-    else if (prefix && (!f32_contiguous(prefix) || prefix->ndim != 3 || prefix->shape[0] != (int64_t)layout->n_segments ||
-                        prefix->shape[1] != x->shape[1] || prefix->shape[2] != weight->shape[1] - 1))
+    else if (prefix &&
+             (!f32_contiguous(prefix) || prefix->ndim != 3 || prefix->shape[0] != (int64_t)layout->n_segments ||
+              prefix->shape[1] != x->shape[1] || prefix->shape[2] != weight->shape[1] - 1))
         local = mp_fail(err, MASKPACK_ERR_SHAPE, "prefix", -1, -1,
                         "prefix: expected a contiguous float32 [%zu, C, W-1] (per sequence of the whole batch)",
                         layout->n_segments);
@@ -870,8 +890,8 @@ static maskpack_status conv_prepare(const maskpack_comm *comm, const maskpack_la
     if (rec && R->every) {
         if (comm->all_gather(comm->ctx, rec, R->every, R->stride * sizeof(float)) != 0) {
             if (!s)
-                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_gather of the conv tails failed on rank %d",
-                            comm->rank);
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
+                            "comm: all_gather of the conv tails failed on rank %d", comm->rank);
         } else if (!s) {
             s = read_trailers(R->every, R->stride, P->n, "exchange of the conv tails", err);
         }
@@ -916,8 +936,8 @@ static maskpack_status conv_sp_forward(const maskpack_comm *comm, const maskpack
     maskpack_tensor st_t = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, s3);
     if (!s) s = maskpack_causal_conv1d_on(P->mine, x, weight, &R.prefix_t, silu, opts, team, y, &st_t, NULL, 0, err);
     /* each sequence's final conv state from the rank holding its last piece (every rank exchanges) */
-    s = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data, "conv states",
-                           s, err);
+    s = gather_last_states(comm, P, s ? NULL : st, R.tail, s || !conv_state ? NULL : conv_state->data, "conv states", s,
+                           err);
     free(st);
     conv_free(&R);
     return s ? s : mp_ok(err);
@@ -937,7 +957,8 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     const gdn_plan *P = &R.P;
     float *dst = floats((size_t)R.np + 1, R.tail, 1, 1), *dpre = floats((size_t)R.np + 1, R.tail, 1, 0);
     float *dtail = floats((size_t)P->n, R.stride, 1, 1), *recv = floats((size_t)P->n, R.stride, 1, 0);
-    if (!s && (!dst || !dpre || !dtail || !recv)) s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
+    if (!s && (!dst || !dpre || !dtail || !recv))
+        s = mp_fail(err, MASKPACK_ERR_OUT_OF_MEMORY, "x", -1, -1, "out of memory");
     /* the final states' gradient reaches each sequence's last piece where this rank holds it */
     for (size_t q = 0; !s && d_conv_state && q < P->n_seq; q++) {
         if (P->chain_begin[q + 1] == P->chain_begin[q]) continue;
@@ -979,8 +1000,10 @@ static maskpack_status conv_sp_backward(const maskpack_comm *comm, const maskpac
     if (dtail && recv) {
         if (comm->all_to_all(comm->ctx, dtail, recv, R.stride * sizeof(float)) != 0) {
             if (!s)
-                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1, "comm: all_to_all of the conv tails' gradients "
-                            "failed on rank %d", comm->rank);
+                s = mp_fail(err, MASKPACK_ERR_COMM, "comm", -1, -1,
+                            "comm: all_to_all of the conv tails' gradients "
+                            "failed on rank %d",
+                            comm->rank);
         } else if (!s) {
             s = read_trailers(recv, R.stride, P->n, "exchange of the conv tails' gradients", err);
         }
@@ -1018,8 +1041,7 @@ maskpack_status maskpack_cp_gdn_forward(const maskpack_comm *comm, const maskpac
 maskpack_status maskpack_cp_gdn_forward_on(const maskpack_comm *comm, const maskpack_layout *layout,
                                            maskpack_cp_scheme scheme, const maskpack_gdn_inputs *in,
                                            const maskpack_gdn_options *opts, maskpack_tensor *o,
-                                           maskpack_tensor *final_state, maskpack_workers *team,
-                                           maskpack_error *err) {
+                                           maskpack_tensor *final_state, maskpack_workers *team, maskpack_error *err) {
     return gdn_sp_forward(comm, layout, scheme, in, opts, o, final_state, team, err);
 }
 

@@ -129,9 +129,9 @@ static maskpack_status step_part(const maskpack_layout *whole, const maskpack_la
 
 typedef struct ring {
     int n, rank;
-    maskpack_layout **shard;                 /* [n]: every rank's shard layout */
+    maskpack_layout **shard;                  /* [n]: every rank's shard layout */
     maskpack_layout *(*part)[RING_MAX_PARTS]; /* [n]: step s's parts (src = rank - s), NULL = none */
-    unsigned char *need_from, *need_to;      /* [n]: step s receives from src / sends to dst = rank + s */
+    unsigned char *need_from, *need_to;       /* [n]: step s receives from src / sends to dst = rank + s */
 } ring;
 
 static void ring_free(ring *R) {
@@ -250,10 +250,12 @@ static maskpack_status ring_shapes(const maskpack_layout *Lq, const maskpack_ten
     const int hq = q->ndim - 2, hk = k->ndim - 2, hv = v->ndim - 2;
     const int64_t Hq = q->shape[hq], D = q->shape[hq + 1], Hk = k->shape[hk], Dv = v->shape[hv + 1];
     if (k->shape[hk + 1] != D || v->shape[hv] != Hk || Hk < 1 || Hq % Hk)
-        return mp_fail(err, MASKPACK_ERR_SHAPE, "k", -1, -1,
-                       "k: expected [.., Hk, %lld] and v [.., Hk, Dv] with the %lld query heads a multiple of Hk, found k "
-                       "[.., %lld, %lld], v [.., %lld, %lld]", (long long)D, (long long)Hq, (long long)Hk,
-                       (long long)k->shape[hk + 1], (long long)v->shape[hv], (long long)Dv);
+        return mp_fail(
+            err, MASKPACK_ERR_SHAPE, "k", -1, -1,
+            "k: expected [.., Hk, %lld] and v [.., Hk, Dv] with the %lld query heads a multiple of Hk, found k "
+            "[.., %lld, %lld], v [.., %lld, %lld]",
+            (long long)D, (long long)Hq, (long long)Hk, (long long)k->shape[hk + 1], (long long)v->shape[hv],
+            (long long)Dv);
     if (out && (out->shape[out->ndim - 2] != Hq || out->shape[out->ndim - 1] != Dv))
         return mp_fail(err, MASKPACK_ERR_SHAPE, "out", -1, -1, "out: expected [.., %lld, %lld], found [.., %lld, %lld]",
                        (long long)Hq, (long long)Dv, (long long)out->shape[out->ndim - 2],
@@ -350,7 +352,8 @@ static maskpack_status ring_begin(const maskpack_comm *comm, const maskpack_layo
     maskpack_status s = mp_cp_check_comm(comm, 1, err);
     if (s) return s;
     if (!local && !layout)
-        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1, "layout: expected a non-NULL pointer, found NULL");
+        local = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "layout", -1, -1,
+                        "layout: expected a non-NULL pointer, found NULL");
     for (int i = 0; i < n_t && !local; i++) local = check_flat(t[i], names[i], err);
     memset(R, 0, sizeof *R);
     if (!local) local = ring_build(comm, layout, scheme, R, err);
@@ -426,19 +429,20 @@ static maskpack_status ring_forward(const maskpack_comm *comm, const maskpack_la
         if (finish(comm, &pd))
             s = mp_fail(err, MASKPACK_ERR_COMM, "comm", st, -1, "comm: the blocks of step %d did not arrive on rank %d",
                         st, R.rank);
-        if (!s && st + 1 < R.n && start(comm, &pd, own, R.need_to[st + 1] ? dst_of(&R, st + 1) : -1, buf[(st + 1) % 2],
-                                        R.need_from[st + 1] ? src_of(&R, st + 1) : -1, block, 0))
-            s = mp_fail(err, MASKPACK_ERR_COMM, "comm", st + 1, -1, "comm: sending the blocks of step %d failed on rank %d",
-                        st + 1, R.rank);
+        if (!s && st + 1 < R.n &&
+            start(comm, &pd, own, R.need_to[st + 1] ? dst_of(&R, st + 1) : -1, buf[(st + 1) % 2],
+                  R.need_from[st + 1] ? src_of(&R, st + 1) : -1, block, 0))
+            s = mp_fail(err, MASKPACK_ERR_COMM, "comm", st + 1, -1,
+                        "comm: sending the blocks of step %d failed on rank %d", st + 1, R.rank);
         const char *kv = st == 0 ? NULL : buf[st % 2];
-        maskpack_tensor kt = st == 0 ? *k : view_like((void *)kv, k), vt = st == 0 ? *v : view_like((void *)(kv + kb), v);
+        maskpack_tensor kt = st == 0 ? *k : view_like((void *)kv, k),
+                        vt = st == 0 ? *v : view_like((void *)(kv + kb), v);
         for (int p = 0; p < RING_MAX_PARTS && !s; p++) {
             const maskpack_layout *P = R.part[st][p];
             if (!P) continue;
             s = maskpack_attention_forward_on(P, q, &kt, &vt, scale, softcap, &o_view, &l_view, opts, team, NULL, 0,
                                               err);
-            if (!s)
-                merge(out->data, lse_p, tmp_o, tmp_l, Lq->n_rows, Lq->q_width, Lq->packed, H, D);
+            if (!s) merge(out->data, lse_p, tmp_o, tmp_l, Lq->n_rows, Lq->q_width, Lq->packed, H, D);
         }
     }
     if (pd.active) finish(comm, &pd); /* never leave a transfer running into freed memory */
@@ -460,9 +464,9 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
                                      maskpack_workers *team, maskpack_error *err) {
     const maskpack_tensor *ts[8] = {dout, q, k, v, out, dq, dk, dv};
     const char *names[8] = {"dout", "q", "k", "v", "out", "dq", "dk", "dv"};
-    maskpack_status local = lse ? MASKPACK_OK
-                                : mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "lse", -1, -1,
-                                          "lse: expected a non-NULL pointer, found NULL");
+    maskpack_status local =
+        lse ? MASKPACK_OK
+            : mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, "lse", -1, -1, "lse: expected a non-NULL pointer, found NULL");
     ring R;
     const maskpack_tensor *sh[6] = {out, lse, dout, dq, dk, dv};
     maskpack_status s = ring_begin(comm, layout, scheme, MP_CP_CALL_ATTENTION_BACKWARD, ts, names, 8, q, k, v, scale,
@@ -505,10 +509,11 @@ static maskpack_status ring_backward(const maskpack_comm *comm, const maskpack_l
         if (!s && st + 1 < R.n &&
             start(comm, &kv_pd, own, R.need_to[st + 1] ? dst_of(&R, st + 1) : -1, kvbuf[(st + 1) % 2],
                   R.need_from[st + 1] ? src_of(&R, st + 1) : -1, block, 0))
-            s = mp_fail(err, MASKPACK_ERR_COMM, "comm", st + 1, -1, "comm: sending the blocks of step %d failed on rank %d",
-                        st + 1, R.rank);
+            s = mp_fail(err, MASKPACK_ERR_COMM, "comm", st + 1, -1,
+                        "comm: sending the blocks of step %d failed on rank %d", st + 1, R.rank);
         const char *kv = st == 0 ? NULL : kvbuf[st % 2];
-        maskpack_tensor kt = st == 0 ? *k : view_like((void *)kv, k), vt = st == 0 ? *v : view_like((void *)(kv + kb), v);
+        maskpack_tensor kt = st == 0 ? *k : view_like((void *)kv, k),
+                        vt = st == 0 ? *v : view_like((void *)(kv + kb), v);
         /* this step's gradient of the block: own block straight into dk/dv, another's into gout to send */
         float *gk = st == 0 ? dk->data : (float *)gout[st % 2];
         float *gv = st == 0 ? dv->data : (float *)(gout[st % 2] + kb);

@@ -75,7 +75,8 @@ typedef struct mpio_named_tensor {
 /* ---- files ------------------------------------------------------------------------------------- */
 
 /* (path or "-" for standard input, max_bytes) -> *buf (malloc'd, caller frees), *len. Files larger
- * than max_bytes are refused with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno text. */
+ * than max_bytes are refused with MASKPACK_ERR_UNSUPPORTED; OS errors are MASKPACK_ERR_IO naming the path and errno
+ * text. */
 maskpack_status mpio_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *len, maskpack_error *err);
 /* (path, bytes) -> writes the file. A regular file (or a new one) is written to a temporary file beside
  * it and renamed over it only on success, so a failed write leaves the old content as it was; a

@@ -69,8 +69,8 @@ maskpack_status maskpack_kernel_list(maskpack_kernel_info *out, size_t cap, size
         for (size_t i = 0; family_desc((maskpack_kernel_family)f, i); i++, k++) {
             if (k >= cap) continue;
             const mp_kernel_desc *d = family_desc((maskpack_kernel_family)f, i);
-            out[k] = (maskpack_kernel_info){d->family, d->isa, d->name, d->dtypes, mp_isa_cpu_features(d->isa),
-                                            mp_isa_missing(d->isa) == NULL};
+            out[k] = (maskpack_kernel_info){
+                d->family, d->isa, d->name, d->dtypes, mp_isa_cpu_features(d->isa), mp_isa_missing(d->isa) == NULL};
         }
     *n = k;
     return mp_ok(err);

@@ -123,10 +123,11 @@ maskpack_status maskpack_loss_weights(const maskpack_layout *L, const maskpack_t
     /* pass 2: pads 0, labelled tokens 1/denom (token) or 1/(count * denom) (sequence) */
     int64_t os = out->strides[out->ndim - 1], es = (int64_t)maskpack_dtype_size(out->dtype);
     for (int64_t r = 0; L->q_width && r < L->n_rows; r++) { /* an empty grid: no loop over its rows */
-        if (os == 1) /* a row of zero bytes is 0.0 in both float dtypes */
+        if (os == 1)                                        /* a row of zero bytes is 0.0 in both float dtypes */
             memset((char *)out->data + tok_off(out, r, 0) * es, 0, (size_t)(L->q_width * es));
         else
-            for (int64_t col = 0; col < L->q_width; col++) mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
+            for (int64_t col = 0; col < L->q_width; col++)
+                mp_write_f64(out->dtype, out->data, tok_off(out, r, col), 0.0);
     }
     for (size_t k = 0; k < L->n_segments && denom > 0; k++) {
         const maskpack_segment *g = &L->segs[k];

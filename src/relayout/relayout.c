@@ -192,7 +192,8 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
             if (has_pieces(S)) continue;
             if (n_src > 1)
                 return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "sources", (int64_t)s, -1,
-                               "sources[%zu]: several sources must all be CP shards (pieces), this one is unsharded", s);
+                               "sources[%zu]: several sources must all be CP shards (pieces), this one is unsharded",
+                               s);
             if (S->n_segments != dst->n_segments)
                 return mp_fail(err, MASKPACK_ERR_SHAPE, "dst", -1, -1,
                                "dst: expected the source's %zu sequences, found %zu", S->n_segments, dst->n_segments);
@@ -218,7 +219,7 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
         for (size_t k = 0; k < S->n_segments; k++) {
             const maskpack_segment *g = &S->segs[k];
             if (g->q_len == 0) continue;
-            pc[m++] = (piece){seq_of(g, k), pos_of(g), g->q_len, (int64_t)s, g->row * S->q_width + g->q_start,
+            pc[m++] = (piece){seq_of(g, k),  pos_of(g), g->q_len, (int64_t)s, g->row * S->q_width + g->q_start,
                               full_len_of(g)};
         }
     }
@@ -307,8 +308,8 @@ maskpack_status maskpack_relayout_plan_create(const maskpack_layout *const *sour
 
 typedef struct view {
     char *base;
-    int64_t rows, width;   /* token grid */
-    int64_t s_row, s_col;  /* byte strides of the token dims (s_row unused when packed) */
+    int64_t rows, width;  /* token grid */
+    int64_t s_row, s_col; /* byte strides of the token dims (s_row unused when packed) */
     int packed;
 } view;
 
@@ -319,8 +320,7 @@ static inline char *token_addr(const view *v, int64_t tok) {
 
 /* Validates a per-token tensor of grid g; fills the view and the trailing shape. */
 static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *name, const grid *g,
-                                          maskpack_dtype dtype, view *v,
-                                          int64_t *inner_elems, maskpack_error *err) {
+                                          maskpack_dtype dtype, view *v, int64_t *inner_elems, maskpack_error *err) {
     maskpack_status s = mp_check_tensor(t, name, g->packed ? 1 : 2, MASKPACK_MAX_DIMS, err);
     if (s) return s;
     int32_t lead = g->packed ? 1 : 2;
@@ -343,8 +343,8 @@ static maskpack_status check_token_tensor(const maskpack_tensor *t, const char *
     for (int32_t d = t->ndim - 1; d >= lead; d--) {
         if (t->shape[d] != 1 && t->strides[d] != want)
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, d, -1,
-                           "%s: trailing dimension %d must be contiguous (stride %lld), found stride %lld", name, (int)d,
-                           (long long)want, (long long)t->strides[d]);
+                           "%s: trailing dimension %d must be contiguous (stride %lld), found stride %lld", name,
+                           (int)d, (long long)want, (long long)t->strides[d]);
         want *= t->shape[d];
         inner *= t->shape[d];
     }
@@ -375,9 +375,9 @@ typedef struct job {
     const view *dst;
     int64_t inner_bytes;
     const unsigned char *pad; /* inner_bytes of pad pattern, or NULL for zeros */
-    int stream;                /* use non-temporal stores */
-    size_t run_from, run_to;   /* runs [run_from, run_to) ... */
-    int64_t tok_from, tok_to;  /* ... starting at token tok_from of run_from, ending before tok_to of run_to-1 */
+    int stream;               /* use non-temporal stores */
+    size_t run_from, run_to;  /* runs [run_from, run_to) ... */
+    int64_t tok_from, tok_to; /* ... starting at token tok_from of run_from, ending before tok_to of run_to-1 */
 } job;
 
 static void copy_tokens(const view *sv, int64_t st, const view *dv, int64_t dt, int64_t n, int64_t ib, int stream) {
@@ -504,8 +504,7 @@ static maskpack_status run_chunk(void *ctx, int64_t j, int participant) {
 
 /* Validation, then the copy on a team: the caller's, or one of n_threads started for this call. */
 static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_tensor *const *x, maskpack_tensor *out,
-                               const void *pad_value, int n_threads, maskpack_workers *workers,
-                               maskpack_error *err) {
+                               const void *pad_value, int n_threads, maskpack_workers *workers, maskpack_error *err) {
     MP_CHECK_NULL(err, P, "plan");
     MP_CHECK_NULL(err, x, "x");
     MP_CHECK_NULL(err, out, "out");
@@ -535,7 +534,8 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
         char buf[32];
         const char *name = i < 8 ? names[i] : (snprintf(buf, sizeof buf, "x[%zu]", i), buf);
         if (!x[i]) {
-            s = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, name, (int64_t)i, -1, "%s: expected a tensor, found NULL", name);
+            s = mp_fail(err, MASKPACK_ERR_NULL_ARGUMENT, name, (int64_t)i, -1, "%s: expected a tensor, found NULL",
+                        name);
             break;
         }
         s = check_token_tensor(x[i], name, &P->src[i], out->dtype, &sv[i], &inner_s, err);
@@ -580,8 +580,9 @@ static maskpack_status execute(const maskpack_relayout_plan *P, const maskpack_t
          * call, as the kernels' plain calls start one: below 1 MiB starting threads costs more than
          * the copy saves), else the caller alone; a team that cannot start leaves the chunks to the
          * caller, with the same bytes */
-        const int split = bytes >= TEAM_MIN_BYTES && total > 1 &&
-                          (workers ? maskpack_workers_threads(workers) > 1 : n_threads > 1 && bytes >= ((int64_t)1 << 20));
+        const int split =
+            bytes >= TEAM_MIN_BYTES && total > 1 &&
+            (workers ? maskpack_workers_threads(workers) > 1 : n_threads > 1 && bytes >= ((int64_t)1 << 20));
         if (split) {
             job jobs[MAX_CHUNKS];
             int64_t n = bytes / CHUNK_BYTES;

@@ -13,49 +13,48 @@
 static int check_failures = 0;
 static int check_count = 0;
 
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        check_count++;                                                                              \
-        if (!(cond)) {                                                                              \
-            check_failures++;                                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-        }                                                                                           \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        check_count++;                                                                                                 \
+        if (!(cond)) {                                                                                                 \
+            check_failures++;                                                                                          \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                   \
+        }                                                                                                              \
     } while (0)
 
-#define CHECK_EQ(a, b)                                                                              \
-    do {                                                                                            \
-        long long check_a_ = (long long)(a), check_b_ = (long long)(b);                             \
-        check_count++;                                                                              \
-        if (check_a_ != check_b_) {                                                                 \
-            check_failures++;                                                                       \
-            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__, __LINE__, \
-                    #a, #b, check_a_, check_b_);                                                    \
-        }                                                                                           \
+#define CHECK_EQ(a, b)                                                                                                 \
+    do {                                                                                                               \
+        long long check_a_ = (long long)(a), check_b_ = (long long)(b);                                                \
+        check_count++;                                                                                                 \
+        if (check_a_ != check_b_) {                                                                                    \
+            check_failures++;                                                                                          \
+            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__, __LINE__, #a, #b, check_a_, \
+                    check_b_);                                                                                         \
+        }                                                                                                              \
     } while (0)
 
 /* Checks a call's status; prints the error message on mismatch. `err` is a maskpack_error. */
-#define CHECK_STATUS(call, expected, err)                                                           \
-    do {                                                                                            \
-        maskpack_status check_s_ = (call);                                                          \
-        check_count++;                                                                              \
-        if (check_s_ != (expected)) {                                                               \
-            check_failures++;                                                                       \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s (message: %s)\n", __FILE__, __LINE__, \
-                    #call, maskpack_status_name(check_s_), maskpack_status_name(expected), (err).message); \
-        }                                                                                           \
+#define CHECK_STATUS(call, expected, err)                                                                              \
+    do {                                                                                                               \
+        maskpack_status check_s_ = (call);                                                                             \
+        check_count++;                                                                                                 \
+        if (check_s_ != (expected)) {                                                                                  \
+            check_failures++;                                                                                          \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (message: %s)\n", __FILE__, __LINE__, #call,           \
+                    maskpack_status_name(check_s_), maskpack_status_name(expected), (err).message);                    \
+        }                                                                                                              \
     } while (0)
 
 #define CHECK_OK(call, err) CHECK_STATUS(call, MASKPACK_OK, err)
 
 /* Checks that an error message mentions a fragment (the argument name, expected/found values). */
-#define CHECK_MSG(err, fragment)                                                                    \
-    do {                                                                                            \
-        check_count++;                                                                              \
-        if (!strstr((err).message, (fragment))) {                                                   \
-            check_failures++;                                                                       \
-            fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, (err).message, \
-                    (fragment));                                                                    \
-        }                                                                                           \
+#define CHECK_MSG(err, fragment)                                                                                       \
+    do {                                                                                                               \
+        check_count++;                                                                                                 \
+        if (!strstr((err).message, (fragment))) {                                                                      \
+            check_failures++;                                                                                          \
+            fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, (err).message, (fragment));    \
+        }                                                                                                              \
     } while (0)
 
 /* The options of an attention or conv call: n threads, AUTO / n threads and an ISA. */

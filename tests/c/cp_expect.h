@@ -11,7 +11,7 @@
  * one, as cu_seqlens_padded: the first starts at 0), into 2 cp chunks and rank r takes chunks r and
  * 2 cp - 1 - r, in that order, slot after slot; at cp = 1 both are the identity. -> number written. */
 static inline int64_t expected_indices(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
-                                int64_t *out) {
+                                       int64_t *out) {
     int64_t B = maskpack_layout_n_rows(L), S = maskpack_layout_q_width(L), n = 0;
     if (cp == 1) { /* both schemes are the identity at cp = 1 (nothing must divide) */
         for (int64_t t = 0; t < B * S; t++) out[n++] = t;

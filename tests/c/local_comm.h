@@ -73,7 +73,8 @@ static inline int local_collective(local_rank *x, const void *send, void *recv, 
     for (int r = 0; r < h->n; r++) same &= h->bytes[r] == bytes;
     if (!same) h->size_mismatch = 1;
     for (int r = 0; same && r < h->n; r++)
-        memcpy((char *)recv + (size_t)r * bytes, (const char *)h->send[r] + (to_all ? (size_t)x->rank * bytes : 0), bytes);
+        memcpy((char *)recv + (size_t)r * bytes, (const char *)h->send[r] + (to_all ? (size_t)x->rank * bytes : 0),
+               bytes);
     pthread_barrier_wait(&h->bar);
     return same ? 0 : 1;
 }

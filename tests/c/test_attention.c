@@ -2,10 +2,11 @@
  * has them) is checked against a dense double-precision reference whose mask is written here from
  * the header's rule formula (not maskpack_allowed, which shares code with the kernels), forward and
  * backward, bf16 outputs in units in the last place (and maskpack_allowed against that mask at
- * every point), on random and adversarial layouts: padded, packed, packed rows, left padding, cross attention in both alignments (rows that see nothing), windows, spans, prefixes,
- * CP shards; GQA/MQA; head dims 16..256; lengths around the block sizes; softcap; strided views;
- * f32 and bf16. Then: packed == padded bitwise (f32), shard == unsharded bitwise, NaN in padding
- * and in keys no query may see never reaches an output, and bad input fails with outputs untouched. */
+ * every point), on random and adversarial layouts: padded, packed, packed rows, left padding, cross attention in both
+ * alignments (rows that see nothing), windows, spans, prefixes, CP shards; GQA/MQA; head dims 16..256; lengths around
+ * the block sizes; softcap; strided views; f32 and bf16. Then: packed == padded bitwise (f32), shard == unsharded
+ * bitwise, NaN in padding and in keys no query may see never reaches an output, and bad input fails with outputs
+ * untouched. */
 #include "check.h"
 
 #include <math.h>
@@ -149,8 +150,8 @@ static void to_f32(float *dst, const void *src, int64_t n, int bf16) {
 /* ---- the dense double reference (the test's own predicate) ------------------------------------------- */
 
 typedef struct {
-    double *out, *lse;           /* [B][S][Hq][D], [B][Hq][S] */
-    double *absout;              /* [B][S][Hq][D]: sum_j P_j |v_j| (the size of the terms of out) */
+    double *out, *lse; /* [B][S][Hq][D], [B][Hq][S] */
+    double *absout;    /* [B][S][Hq][D]: sum_j P_j |v_j| (the size of the terms of out) */
     double *dq, *dk, *dv;
 } dense;
 
@@ -168,7 +169,7 @@ static void allowed_row(const maskpack_layout *L, int64_t b, int64_t i, int64_t 
         if (g.row != b || i < g.q_start || i >= g.q_start + g.q_len) continue;
         int64_t qi = i - g.q_start;
         /* the diagonal key: explicit position, or the alignment's offset */
-        int64_t c = (g.flags & MASKPACK_SEGMENT_EXPLICIT_POS) ? g.q_pos + qi
+        int64_t c = (g.flags & MASKPACK_SEGMENT_EXPLICIT_POS)    ? g.q_pos + qi
                     : r.alignment == MASKPACK_ALIGN_BOTTOM_RIGHT ? qi + g.kv_len - g.q_len
                                                                  : qi;
         /* the span holding the query, if any ([s0, s1) in key coordinates) */
@@ -182,7 +183,8 @@ static void allowed_row(const maskpack_layout *L, int64_t b, int64_t i, int64_t 
         for (int64_t kj = 0; kj < g.kv_len; kj++) {
             int base = (!r.causal || kj <= c) && (r.window_left < 0 || kj >= c - r.window_left) &&
                        (r.window_right < 0 || kj <= c + r.window_right);
-            if (g.kv_start + kj < Skv) keep[g.kv_start + kj] = (unsigned char)(base || (kj >= s0 && kj < s1) || kj < pre);
+            if (g.kv_start + kj < Skv)
+                keep[g.kv_start + kj] = (unsigned char)(base || (kj >= s0 && kj < s1) || kj < pre);
         }
         return;
     }
@@ -382,9 +384,11 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
     memset(dk, 0x7f, (size_t)nk_el(p) * es);
     memset(dv, 0x7f, (size_t)nk_el(p) * es);
     memset(lse, 0x7f, (size_t)(p->B * p->Hq * p->S) * sizeof(float));
-    maskpack_tensor tq = view_of(q, dt, p, 0, p->Hq), tk = view_of(k, dt, p, 1, p->Hkv), tv = view_of(v, dt, p, 1, p->Hkv);
+    maskpack_tensor tq = view_of(q, dt, p, 0, p->Hq), tk = view_of(k, dt, p, 1, p->Hkv),
+                    tv = view_of(v, dt, p, 1, p->Hkv);
     maskpack_tensor to = view_of(out, dt, p, 0, p->Hq), tl = lse_view(lse, p), tdo = view_of(dout, dt, p, 0, p->Hq);
-    maskpack_tensor tdq = view_of(dq, dt, p, 0, p->Hq), tdk = view_of(dk, dt, p, 1, p->Hkv), tdv = view_of(dv, dt, p, 1, p->Hkv);
+    maskpack_tensor tdq = view_of(dq, dt, p, 0, p->Hq), tdk = view_of(dk, dt, p, 1, p->Hkv),
+                    tdv = view_of(dv, dt, p, 1, p->Hkv);
     size_t need = 0;
     maskpack_status s = maskpack_attention_forward_workspace(p->L, &tq, &tk, &tv, OPTS_NT(threads), &need, e);
     void *ws = NULL;
@@ -398,8 +402,7 @@ static maskpack_status run(const prob *p, const char *isa, double scale, double 
         s = maskpack_attention_backward_workspace(p->L, &tq, &tk, &tv, OPTS_NT(threads), &need, e);
         if (!s) {
             ws = malloc(need);
-            s = attn_bwd(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads,
-                                            ws, need, e);
+            s = attn_bwd(p->L, &tdo, &tq, &tk, &tv, &to, &tl, scale, cap, &tdq, &tdk, &tdv, threads, ws, need, e);
         }
     }
     free(ws);
@@ -439,13 +442,13 @@ static int verbose_fail = 0;
  *    forward wrote (which the backward reads: a bf16 out carries its rounding into delta), measured
  *    0.53 (dq, dk, dv): 0.5 of it is the final rounding, so the bound 0.75 is about twice the rest
  *    and under the 1 ulp of a truncating store. */
-#define TOL_F32 3e-5
-#define TOL_F32_GRAD 1.2e-4
-#define TOL_LSE_F32 1e-6
+#define TOL_F32           3e-5
+#define TOL_F32_GRAD      1.2e-4
+#define TOL_LSE_F32       1e-6
 #define TOL_LSE_P_ROUNDED 2e-3
-#define ULPS_BF16_OUT 0.75
-#define P_ROUNDED_TOL 1.5
-#define ULPS_BF16_GRAD 0.75
+#define ULPS_BF16_OUT     0.75
+#define P_ROUNDED_TOL     1.5
+#define ULPS_BF16_GRAD    0.75
 
 /* worst measured error per kernel (isas index), dtype and output (out, lse, dq, dk, dv) */
 static double measured[4][2][5];
@@ -470,7 +473,7 @@ static void check_against_sc(const prob *p, const result *r, const dense *ref, i
                              int own_grads, double scale, double cap) {
     int64_t D = p->D;
     int bf = p->bf16, pr = bf && p_rounded[cur_isa];
-    double e_out = !bf ? rel_err(r->out, ref->out, nq_el(p))
+    double e_out = !bf  ? rel_err(r->out, ref->out, nq_el(p))
                    : pr ? p_rounded_err(r->out, ref, nq_el(p))
                         : bf16_ulps(r->out, ref->out, nq_el(p));
     double tol_out = !bf ? TOL_F32 : pr ? P_ROUNDED_TOL : ULPS_BF16_OUT, tol_grad = bf ? ULPS_BF16_GRAD : TOL_F32_GRAD;
@@ -552,7 +555,10 @@ static void check_against_sc(const prob *p, const result *r, const dense *ref, i
     if (verbose_fail || e_out > tol_out || !exact_empty || !lse_ok || e_dq > tol_grad || e_dk > tol_grad ||
         e_dv > tol_grad)
         fprintf(stderr, "  %s: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g empty-exact %d (%s)\n", what, e_out, e_lse,
-                e_dq, e_dk, e_dv, exact_empty, !bf ? "relative" : pr ? "out: P-rounding units, grads: bf16 ulps" : "bf16 ulps");
+                e_dq, e_dk, e_dv, exact_empty,
+                !bf  ? "relative"
+                : pr ? "out: P-rounding units, grads: bf16 ulps"
+                     : "bf16 ulps");
 }
 
 /* f32 problems (and bf16 ones without gradients) */
@@ -564,9 +570,9 @@ static void print_measured(void) {
     if (!getenv("MASKPACK_TEST_MEASURE")) return;
     for (int x = 0; x < n_isas; x++)
         for (int bf = 0; bf < 2; bf++)
-            printf("test_attention: worst vs reference, %s %s: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (%s)\n", isas[x],
-                   bf ? "bf16" : "f32", measured[x][bf][0], measured[x][bf][1], measured[x][bf][2], measured[x][bf][3],
-                   measured[x][bf][4], bf ? "bf16 ulps" : "relative");
+            printf("test_attention: worst vs reference, %s %s: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g (%s)\n",
+                   isas[x], bf ? "bf16" : "f32", measured[x][bf][0], measured[x][bf][1], measured[x][bf][2],
+                   measured[x][bf][3], measured[x][bf][4], bf ? "bf16 ulps" : "relative");
 }
 
 /* Every available kernel, forward and backward, against the reference; 1 and 2 threads. */
@@ -883,8 +889,9 @@ static void test_cp_shard(void) {
                     if (memcmp(&rs.lse[h * 144 + t], &rf.lse[h * T + idx[t]], 4)) same = 0;
             }
             CHECK(same);
-            if (!same) fprintf(stderr, "  cp shard rank %lld isa %s: outputs differ from the unsharded run\n",
-                               (long long)rank, isas[x]);
+            if (!same)
+                fprintf(stderr, "  cp shard rank %lld isa %s: outputs differ from the unsharded run\n", (long long)rank,
+                        isas[x]);
             free_result(&rf);
             free_result(&rs);
         }
@@ -1003,25 +1010,28 @@ static void test_bad_input(void) {
     fill_random(k, B * S * H * D, 0);
     fill_random(v, B * S * H * D, 0);
     int64_t sh[4] = {B, S, H, D}, shl[3] = {B, H, S};
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 4, sh), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 4, sh),
-                    tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 4, sh), to = maskpack_tensor_contiguous(out, MASKPACK_F32, 4, sh),
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 4, sh),
+                    tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 4, sh),
+                    tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 4, sh),
+                    to = maskpack_tensor_contiguous(out, MASKPACK_F32, 4, sh),
                     tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, shl);
-    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 4, sh), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 4, sh),
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 4, sh),
+                    tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 4, sh),
                     tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 4, sh);
     maskpack_error e;
     use_isa("ref");
-#define UNTOUCHED()                                                                   \
-    do {                                                                              \
-        int ok_ = 1;                                                                  \
-        for (int i_ = 0; i_ < B * S * H * D; i_++)                                    \
-            ok_ &= out[i_] == 7.0f && dq[i_] == 7.0f && dk[i_] == 7.0f && dv[i_] == 7.0f; \
-        for (int i_ = 0; i_ < B * H * S; i_++) ok_ &= lse[i_] == 7.0f;                \
-        CHECK(ok_);                                                                   \
+#define UNTOUCHED()                                                                                                    \
+    do {                                                                                                               \
+        int ok_ = 1;                                                                                                   \
+        for (int i_ = 0; i_ < B * S * H * D; i_++)                                                                     \
+            ok_ &= out[i_] == 7.0f && dq[i_] == 7.0f && dk[i_] == 7.0f && dv[i_] == 7.0f;                              \
+        for (int i_ = 0; i_ < B * H * S; i_++) ok_ &= lse[i_] == 7.0f;                                                 \
+        CHECK(ok_);                                                                                                    \
     } while (0)
-#define RESET()                                                                                    \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < B * S * H * D; i_++) out[i_] = dq[i_] = dk[i_] = dv[i_] = 7.0f;        \
-        for (int i_ = 0; i_ < B * H * S; i_++) lse[i_] = 7.0f;                                     \
+#define RESET()                                                                                                        \
+    do {                                                                                                               \
+        for (int i_ = 0; i_ < B * S * H * D; i_++) out[i_] = dq[i_] = dk[i_] = dv[i_] = 7.0f;                          \
+        for (int i_ = 0; i_ < B * H * S; i_++) lse[i_] = 7.0f;                                                         \
     } while (0)
     RESET();
     /* non-finite scale, bad softcap, bad threads */
@@ -1402,7 +1412,8 @@ static void test_isa_selection(void) {
         maskpack_kernel_info info[64];
         size_t n = 0;
         CHECK_OK(maskpack_kernel_list(info, 64, &n, &e), e);
-        for (size_t i = 0; i < n && i < 64; i++) lib_bf16 |= info[i].isa == MASKPACK_ISA_AVX512_BF16 && info[i].available;
+        for (size_t i = 0; i < n && i < 64; i++)
+            lib_bf16 |= info[i].isa == MASKPACK_ISA_AVX512_BF16 && info[i].available;
     }
     if (has_avx512 && !lib_bf16) {
         printf("%s avx512bf16 (bf16 forward)", missing++ ? "," : "test_attention: NOT RUN on this CPU (no ISA):");
@@ -1411,8 +1422,7 @@ static void test_isa_selection(void) {
     }
     /* bf16 forwards that round P to bf16 before the P V product (AVX512-BF16 through the avx512
      * ISA, AMX): held to their own bound in check_against */
-    for (int x = 0; x < n_isas; x++)
-        p_rounded[x] = !strcmp(isas[x], "amx") || (!strcmp(isas[x], "avx512") && lib_bf16);
+    for (int x = 0; x < n_isas; x++) p_rounded[x] = !strcmp(isas[x], "amx") || (!strcmp(isas[x], "avx512") && lib_bf16);
     if (missing) printf("\n");
 }
 

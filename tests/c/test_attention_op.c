@@ -341,7 +341,9 @@ static void test_refusals(void) {
         CHECK(bad == NULL);
         lacked++;
     }
-    if (!lacked) printf("test_attention_op: this CPU runs every attention kernel (the unsupported-ISA refusal is not reached)\n");
+    if (!lacked)
+        printf(
+            "test_attention_op: this CPU runs every attention kernel (the unsupported-ISA refusal is not reached)\n");
 
     /* the plain calls' one thread limit: above MASKPACK_MAX_THREADS is refused, never clamped */
     CHECK_STATUS(

@@ -181,7 +181,7 @@ static void test_spans_and_prefix(void) {
     maskpack_error e;
     CHECK_OK(maskpack_layout_from_segments(s, 2, 1, 12, 12, 1, &r, &L, &e), e);
     if (!L) return;
-    CHECK(maskpack_allowed(L, 0, 0, 2, 4));  /* inside the span: sees the future */
+    CHECK(maskpack_allowed(L, 0, 0, 2, 4)); /* inside the span: sees the future */
     CHECK(maskpack_allowed(L, 0, 0, 4, 2));
     CHECK(!maskpack_allowed(L, 0, 0, 1, 2)); /* before the span: causal */
     CHECK(!maskpack_allowed(L, 0, 0, 4, 5)); /* span end is exclusive */
@@ -332,8 +332,8 @@ static void test_segment_validation(void) {
     CHECK_STATUS(maskpack_layout_from_segments(ok, 1, 2, 6, 6, 1, NULL, &L, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     maskpack_segment huge[1] = {{0, INT64_MAX - 1, 5, 0, 1}};
     CHECK_STATUS(maskpack_layout_from_segments(huge, 1, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_VALUE, e);
-    CHECK_STATUS(maskpack_layout_from_segments(ok, 1, INT64_MAX, INT64_MAX, 6, 0, NULL, &L, &e),
-                 MASKPACK_ERR_OVERFLOW, e);
+    CHECK_STATUS(maskpack_layout_from_segments(ok, 1, INT64_MAX, INT64_MAX, 6, 0, NULL, &L, &e), MASKPACK_ERR_OVERFLOW,
+                 e);
     CHECK_STATUS(maskpack_layout_from_segments(NULL, 1, 1, 6, 6, 0, NULL, &L, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK_STATUS(maskpack_layout_from_segments(ok, 1, 1, 6, 6, 0, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     CHECK(L == NULL); /* nothing was written by the failing calls */
@@ -618,7 +618,8 @@ static void test_segment_checks(void) {
     expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1]: key columns [3, 3 + 9) must lie in [0, 6)");
     s[1] = ok[1];
     s[1].flags = 0x80;
-    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS");
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE,
+                    "segments[1].flags: expected 0 or MASKPACK_SEGMENT_EXPLICIT_POS");
     s[1].flags = MASKPACK_SEGMENT_EXPLICIT_POS;
     s[1].q_pos = 1; /* 1 + 2 queries > 2 keys */
     expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].q_pos: expected 0 <= q_pos");
@@ -627,14 +628,17 @@ static void test_segment_checks(void) {
     expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_VALUE, "segments[1].origin: expected >= 0");
     s[1] = ok[1];
     s[1].kv_start = 2; /* keys overlap the previous segment's, without explicit positions */
-    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_UNSORTED, "segments[1].kv_start: expected >= 3 (end of segment 0)");
+    expect_segments(s, 2, 1, 6, 6, NULL, MASKPACK_ERR_UNSORTED,
+                    "segments[1].kv_start: expected >= 3 (end of segment 0)");
     /* the rule: spans without a pointer, a prefix count without a pointer, a span of a missing segment */
     maskpack_rule r = maskpack_rule_default();
     r.n_spans = 2;
-    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.spans: 2 spans declared but the pointer is NULL");
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT,
+                    "rule.spans: 2 spans declared but the pointer is NULL");
     r = maskpack_rule_default();
     r.n_prefix = 2;
-    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT, "rule.prefix: 2 entries declared but the pointer is NULL");
+    expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_NULL_ARGUMENT,
+                    "rule.prefix: 2 entries declared but the pointer is NULL");
     const maskpack_span sp = {5, 0, 1};
     r = maskpack_rule_default();
     r.spans = &sp;
@@ -642,15 +646,17 @@ static void test_segment_checks(void) {
     expect_segments(ok, 2, 1, 6, 6, &r, MASKPACK_ERR_RULE, "rule.spans[0].segment: expected in [0, 2), found 5");
 
     /* each field of a segment out of its range in turn (the checks before the key columns' one) */
-    expect_segments(ok, 2, 1, -6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
-    expect_segments(ok, 2, 1, 6, -6, NULL, MASKPACK_ERR_INVALID_ARGUMENT, "grid: expected n_rows, q_width, kv_width >= 0");
+    expect_segments(ok, 2, 1, -6, 6, NULL, MASKPACK_ERR_INVALID_ARGUMENT,
+                    "grid: expected n_rows, q_width, kv_width >= 0");
+    expect_segments(ok, 2, 1, 6, -6, NULL, MASKPACK_ERR_INVALID_ARGUMENT,
+                    "grid: expected n_rows, q_width, kv_width >= 0");
     const struct {
         int field;
         int64_t value;
         const char *fragment;
-    } bad[] = {{0, 1, "segments[1].row"},        {0, -1, "segments[1].row"},      {1, -1, "segments[1]"},
-               {2, -1, "segments[1]"},           {2, 4, "segments[1]"},          {1, INT64_MAX, "segments[1]"},
-               {3, -1, "segments[1]"},           {4, -1, "segments[1]"},          {3, INT64_MAX, "segments[1]"}};
+    } bad[] = {{0, 1, "segments[1].row"}, {0, -1, "segments[1].row"}, {1, -1, "segments[1]"},
+               {2, -1, "segments[1]"},    {2, 4, "segments[1]"},      {1, INT64_MAX, "segments[1]"},
+               {3, -1, "segments[1]"},    {4, -1, "segments[1]"},     {3, INT64_MAX, "segments[1]"}};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         s[1] = ok[1];
         int64_t *f[5] = {&s[1].row, &s[1].q_start, &s[1].q_len, &s[1].kv_start, &s[1].kv_len};

@@ -9,8 +9,8 @@
 static test_rng rng = {0x9e3779b97f4a7c15ull};
 static int64_t rnd_in(int64_t lo, int64_t hi) { return test_rng_in(&rng, lo, hi); }
 
-static void shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme,
-                          int64_t *idx, int64_t n) {
+static void shard_indices(const maskpack_layout *L, int64_t cp, int64_t rank, maskpack_cp_scheme scheme, int64_t *idx,
+                          int64_t n) {
     maskpack_error e;
     maskpack_tensor t = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &n);
     CHECK_OK(maskpack_cp_shard_indices(L, cp, rank, scheme, &t, &e), e);
@@ -24,15 +24,16 @@ static void test_golden_cp4_unequal(void) {
     maskpack_segment s[2] = {{0, 0, 8, 0, 8}, {0, 8, 16, 8, 16}};
     maskpack_layout *L = NULL;
     CHECK_OK(maskpack_layout_from_segments(s, 2, 1, 24, 24, 1, NULL, &L, &e), e);
-    const int64_t want[4][6] = {{0, 7, 8, 9, 22, 23}, {1, 6, 10, 11, 20, 21}, {2, 5, 12, 13, 18, 19},
-                                {3, 4, 14, 15, 16, 17}};
+    const int64_t want[4][6] = {
+        {0, 7, 8, 9, 22, 23}, {1, 6, 10, 11, 20, 21}, {2, 5, 12, 13, 18, 19}, {3, 4, 14, 15, 16, 17}};
     int64_t idx[6];
     for (int r = 0; r < 4 && L; r++) {
         shard_indices(L, 4, r, MASKPACK_CP_ZIGZAG, idx, 6);
         for (int i = 0; i < 6; i++) CHECK_EQ(idx[i], want[r][i]);
     }
     /* cp = 2 on the same slots: chunks of 2 and 4 */
-    const int64_t want2[2][12] = {{0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23}, {2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19}};
+    const int64_t want2[2][12] = {{0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23},
+                                  {2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19}};
     int64_t idx2[12];
     for (int r = 0; r < 2 && L; r++) {
         shard_indices(L, 2, r, MASKPACK_CP_ZIGZAG, idx2, 12);
@@ -252,9 +253,11 @@ static void test_shard_property(void) {
                 for (int64_t j = 0; j < S; j++)
                     if (maskpack_allowed(Sh, lb, 0, li, j) != maskpack_allowed(L, b, 0, col, j)) {
                         CHECK(!"shard predicate differs from the original");
-                        fprintf(stderr, "  iter %d cp %lld rank %lld scheme %d: local (%lld,%lld) = global (%lld,%lld), key %lld\n",
-                                iter, (long long)cp, (long long)rank, (int)scheme, (long long)lb, (long long)li,
-                                (long long)b, (long long)col, (long long)j);
+                        fprintf(
+                            stderr,
+                            "  iter %d cp %lld rank %lld scheme %d: local (%lld,%lld) = global (%lld,%lld), key %lld\n",
+                            iter, (long long)cp, (long long)rank, (int)scheme, (long long)lb, (long long)li,
+                            (long long)b, (long long)col, (long long)j);
                         j = S;
                     }
             }

@@ -25,7 +25,8 @@ typedef struct bufs {
 
 static float *grab(bufs *b, int64_t n, float lo, float hi, uint64_t seed) {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-    for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * (float)((double)(test_lcg_next(&seed) >> 40) / (double)(1ULL << 24));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = lo + (hi - lo) * (float)((double)(test_lcg_next(&seed) >> 40) / (double)(1ULL << 24));
     b->p[b->n++] = p;
     return p;
 }
@@ -113,7 +114,8 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
         const int64_t N = (int64_t)maskpack_layout_n_segments(L);
         maskpack_tensor q = ten(&b, 3, tl, H, K, 0, -1, 1), k = ten(&b, 3, tl, H, K, 0, -1, 1);
         maskpack_tensor v = ten(&b, 3, tl, HV, V, 0, -1, 1);
-        maskpack_tensor g = ten(&b, 2, tl, HV, 0, 0, tw->positive_gate ? 0.1f : -0.4f, tw->positive_gate ? 0.3f : -0.1f);
+        maskpack_tensor g =
+            ten(&b, 2, tl, HV, 0, 0, tw->positive_gate ? 0.1f : -0.4f, tw->positive_gate ? 0.3f : -0.1f);
         maskpack_tensor beta = ten(&b, 2, tl, HV, 0, 0, 0.1f, 0.9f);
         maskpack_gdn_inputs in = {&q, &k, &v, &g, &beta, NULL};
         maskpack_gdn_options opts = maskpack_gdn_options_default();
@@ -142,7 +144,8 @@ static void one_call(const maskpack_comm *comm, const maskpack_layout *L, int wh
             watched = y, watch = &watched;
             s = maskpack_cp_causal_conv1d(comm, lay, scheme, &x, &w, NULL, silu, NULL, &y, &st, &e);
         } else {
-            maskpack_tensor dy = ten(&b, 2, tl - (tw->bad_dy ? 1 : 0), C, 0, 0, -1, 1), dx = ten(&b, 2, tl, C, 0, 0, 0, 0);
+            maskpack_tensor dy = ten(&b, 2, tl - (tw->bad_dy ? 1 : 0), C, 0, 0, -1, 1),
+                            dx = ten(&b, 2, tl, C, 0, 0, 0, 0);
             maskpack_tensor dw = ten(&b, 2, C, W, 0, 0, 0, 0);
             sentinel(&dx);
             watched = dx, watch = &watched;
@@ -263,14 +266,15 @@ static void cases(int n) {
                                 "maskpack_cp_gdn_forward on rank 1, maskpack_cp_attention_forward on rank 0"},
                2);
     expect_all("ring forward against ring backward", n, ATT_FWD, ATT_BWD, none, last, MASKPACK_ERR_INVALID_ARGUMENT,
-               "comm", NULL, (const char *[]){"maskpack_cp_attention_backward", rl, "maskpack_cp_attention_forward on rank 0"}, 3);
+               "comm", NULL,
+               (const char *[]){"maskpack_cp_attention_backward", rl, "maskpack_cp_attention_forward on rank 0"}, 3);
     expect_all("GDN against conv", n, GDN_FWD, CONV_FWD, none, last, MASKPACK_ERR_INVALID_ARGUMENT, "comm", NULL,
                (const char *[]){"maskpack_cp_causal_conv1d", rl, "maskpack_cp_gdn_forward on rank 0"}, 3);
     expect_all("all-gather against ring", n, ATT_FWD, GATHER, none, last, MASKPACK_ERR_INVALID_ARGUMENT, "comm", NULL,
                (const char *[]){"maskpack_cp_all_gather", rl, "maskpack_cp_attention_forward on rank 0"}, 3);
     expect_all("GDN backward against conv backward", n, CONV_BWD, GDN_BWD, none, last, MASKPACK_ERR_INVALID_ARGUMENT,
-               "comm", NULL, (const char *[]){"maskpack_cp_gdn_backward", rl, "maskpack_cp_causal_conv1d_backward on rank 0"},
-               3);
+               "comm", NULL,
+               (const char *[]){"maskpack_cp_gdn_backward", rl, "maskpack_cp_causal_conv1d_backward on rank 0"}, 3);
     /* the same call, one setting apart: the setting, both values */
     twist t = none;
     t.kv_heads = 1;
@@ -320,7 +324,8 @@ static void cases(int n) {
     t = none;
     t.null_layout = 1;
     expect_all("all-gather, one rank's NULL layout", n, GATHER, GATHER, t, last, MASKPACK_ERR_NULL_ARGUMENT, "comm",
-               "layout", (const char *[]){"refused its arguments (MASKPACK_ERR_NULL_ARGUMENT) at its argument 'layout'"}, 1);
+               "layout",
+               (const char *[]){"refused its arguments (MASKPACK_ERR_NULL_ARGUMENT) at its argument 'layout'"}, 1);
     t = none;
     t.positive_gate = 1; /* the kernel refuses it inside the call, after the agreement */
     expect_all("GDN, one rank's gate", n, GDN_FWD, GDN_FWD, t, last, MASKPACK_ERR_VALUE, "comm", "g",

@@ -45,9 +45,9 @@ typedef struct job {
     const maskpack_layout *L, *Lpad;
     int64_t T;
     /* whole-batch inputs and references (shared, read-only) */
-    const float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;                              /* attention */
+    const float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv; /* attention */
     const float *gq, *gk, *gv, *gg, *gb, *h0, *gdo, *dfin, *go, *gfin, *gdq, *gdk, *gdv, *gdg, *gdb, *gdh; /* gdn */
-    const float *x, *w, *pre, *dy, *dst, *y, *st, *dx, *dw, *dp;                            /* conv */
+    const float *x, *w, *pre, *dy, *dst, *y, *st, *dx, *dw, *dp;                                           /* conv */
     /* this rank's shares of the replicated gradients, summed by the caller */
     float dh_share[NSEQ * HV * K * V], dw_share[C * W], dp_share[NSEQ * C * 3];
     int64_t bad[10];
@@ -105,14 +105,18 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     float *dout = rows_of(J->dout, idx, tl, HQ * D);
     const int64_t nq = tl * HQ * D, nk = tl * HK * D, nl = tl * HQ;
     int64_t sq[3] = {tl, HQ, D}, sk[3] = {tl, HK, D}, sl[2] = {HQ, tl};
-    maskpack_tensor uq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), uk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sk);
-    maskpack_tensor uv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sk), udo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sq);
+    maskpack_tensor uq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq),
+                    uk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sk);
+    maskpack_tensor uv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sk),
+                    udo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sq);
     float *ro[3][5];
     for (int run = 0; run < 3; run++) {
         float **r = ro[run];
         r[0] = zeros(nq), r[1] = zeros(nl), r[2] = zeros(nq), r[3] = zeros(nk), r[4] = zeros(nk);
-        maskpack_tensor o = maskpack_tensor_contiguous(r[0], MASKPACK_F32, 3, sq), l = maskpack_tensor_contiguous(r[1], MASKPACK_F32, 2, sl);
-        maskpack_tensor dq = maskpack_tensor_contiguous(r[2], MASKPACK_F32, 3, sq), dk = maskpack_tensor_contiguous(r[3], MASKPACK_F32, 3, sk);
+        maskpack_tensor o = maskpack_tensor_contiguous(r[0], MASKPACK_F32, 3, sq),
+                        l = maskpack_tensor_contiguous(r[1], MASKPACK_F32, 2, sl);
+        maskpack_tensor dq = maskpack_tensor_contiguous(r[2], MASKPACK_F32, 3, sq),
+                        dk = maskpack_tensor_contiguous(r[3], MASKPACK_F32, 3, sk);
         maskpack_tensor dv = maskpack_tensor_contiguous(r[4], MASKPACK_F32, 3, sk);
         if (run == 0) {
             bad += maskpack_cp_attention_forward(comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &o, &l,
@@ -140,18 +144,23 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
         for (int i = 0; i < 5; i++) free(ro[run][i]);
     free(q), free(k), free(v), free(dout);
     /* the rule: o, final state, dq, dk, dv, dg, dbeta, d_initial_state share */
-    float *gq = rows_of(J->gq, idx, tl, H * K), *gk = rows_of(J->gk, idx, tl, H * K), *gv = rows_of(J->gv, idx, tl, HV * V);
+    float *gq = rows_of(J->gq, idx, tl, H * K), *gk = rows_of(J->gk, idx, tl, H * K),
+          *gv = rows_of(J->gv, idx, tl, HV * V);
     float *gg = rows_of(J->gg, idx, tl, HV), *gb = rows_of(J->gb, idx, tl, HV), *gdo = rows_of(J->gdo, idx, tl, HV * V);
     int64_t s3q[3] = {tl, H, K}, s3v[3] = {tl, HV, V}, s2[2] = {tl, HV}, s4[4] = {NSEQ, HV, K, V};
-    maskpack_tensor tq = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q), tk = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
-    maskpack_tensor tv = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v), tg = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
-    maskpack_tensor tb = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2), tdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v);
+    maskpack_tensor tq = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q),
+                    tk = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tv = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v),
+                    tg = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
+    maskpack_tensor tb = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2),
+                    tdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v);
     maskpack_tensor th0 = maskpack_tensor_contiguous((void *)J->h0, MASKPACK_F32, 4, s4);
     maskpack_tensor tdf = maskpack_tensor_contiguous((void *)J->dfin, MASKPACK_F32, 4, s4);
     maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th0};
     maskpack_gdn_options opts = maskpack_gdn_options_default();
     opts.n_threads = 2;
-    const int64_t gn[8] = {tl * HV * V, NSEQ * HV * K * V, tl * H * K, tl * H * K, tl * HV * V, tl * HV, tl * HV, NSEQ * HV * K * V};
+    const int64_t gn[8] = {tl * HV * V, NSEQ * HV * K * V, tl * H * K, tl * H * K,
+                           tl * HV * V, tl * HV,           tl * HV,    NSEQ * HV * K * V};
     const int gd[8] = {3, 4, 3, 3, 3, 2, 2, 4};
     const int64_t *gs[8] = {s3v, s4, s3q, s3q, s3v, s2, s2, s4};
     float *rg[3][8];
@@ -185,15 +194,19 @@ static int64_t teams_match(job *J, const maskpack_comm *comm, const int64_t *idx
     /* the conv: y, state, dx, dweight share, d_prefix share */
     float *cx = rows_of(J->x, idx, tl, C), *cdy = rows_of(J->dy, idx, tl, C);
     int64_t sx[2] = {tl, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
-    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx), uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
-    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp), udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
+    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx),
+                    uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
+    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp),
+                    udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
     maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp);
     const int64_t cn[5] = {tl * C, NSEQ * C * 3, tl * C, C * W, NSEQ * C * 3};
     float *rc[3][5];
     for (int run = 0; run < 3; run++) {
         for (int i = 0; i < 5; i++) rc[run][i] = zeros(cn[i]);
-        maskpack_tensor y = maskpack_tensor_contiguous(rc[run][0], MASKPACK_F32, 2, sx), st = maskpack_tensor_contiguous(rc[run][1], MASKPACK_F32, 3, sp);
-        maskpack_tensor dx = maskpack_tensor_contiguous(rc[run][2], MASKPACK_F32, 2, sx), dw = maskpack_tensor_contiguous(rc[run][3], MASKPACK_F32, 2, sw);
+        maskpack_tensor y = maskpack_tensor_contiguous(rc[run][0], MASKPACK_F32, 2, sx),
+                        st = maskpack_tensor_contiguous(rc[run][1], MASKPACK_F32, 3, sp);
+        maskpack_tensor dx = maskpack_tensor_contiguous(rc[run][2], MASKPACK_F32, 2, sx),
+                        dw = maskpack_tensor_contiguous(rc[run][3], MASKPACK_F32, 2, sw);
         maskpack_tensor dp = maskpack_tensor_contiguous(rc[run][4], MASKPACK_F32, 3, sp);
         maskpack_workers *team = run ? teams[run - 1] : NULL;
         bad += (run ? maskpack_cp_causal_conv1d_on(comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, NULL, team, &y,
@@ -364,16 +377,24 @@ static void *rank_main(void *arg) {
     maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
     J->bad[7] += maskpack_cp_shard_indices(J->L, J->n, J->rank, MASKPACK_CP_ZIGZAG, &ti, &e) != MASKPACK_OK;
     /* ring attention */
-    float *lq = malloc((size_t)(tl * HQ * D) * 4), *lk = malloc((size_t)(tl * HK * D) * 4), *lv = malloc((size_t)(tl * HK * D) * 4);
-    float *ldo = malloc((size_t)(tl * HQ * D) * 4), *lo = malloc((size_t)(tl * HQ * D) * 4), *ll = malloc((size_t)(tl * HQ) * 4);
-    float *ldq = malloc((size_t)(tl * HQ * D) * 4), *ldk = malloc((size_t)(tl * HK * D) * 4), *ldv = malloc((size_t)(tl * HK * D) * 4);
-    gather_rows(lq, J->q, idx, tl, HQ * D), gather_rows(lk, J->k, idx, tl, HK * D), gather_rows(lv, J->v, idx, tl, HK * D);
+    float *lq = malloc((size_t)(tl * HQ * D) * 4), *lk = malloc((size_t)(tl * HK * D) * 4),
+          *lv = malloc((size_t)(tl * HK * D) * 4);
+    float *ldo = malloc((size_t)(tl * HQ * D) * 4), *lo = malloc((size_t)(tl * HQ * D) * 4),
+          *ll = malloc((size_t)(tl * HQ) * 4);
+    float *ldq = malloc((size_t)(tl * HQ * D) * 4), *ldk = malloc((size_t)(tl * HK * D) * 4),
+          *ldv = malloc((size_t)(tl * HK * D) * 4);
+    gather_rows(lq, J->q, idx, tl, HQ * D), gather_rows(lk, J->k, idx, tl, HK * D),
+        gather_rows(lv, J->v, idx, tl, HK * D);
     gather_rows(ldo, J->dout, idx, tl, HQ * D);
     int64_t sq[3] = {tl, HQ, D}, sk[3] = {tl, HK, D}, sl[2] = {HQ, tl};
-    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, sq), uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, sk);
-    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, sk), udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, sq);
-    maskpack_tensor uo = maskpack_tensor_contiguous(lo, MASKPACK_F32, 3, sq), ul = maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, sl);
-    maskpack_tensor udq = maskpack_tensor_contiguous(ldq, MASKPACK_F32, 3, sq), udk = maskpack_tensor_contiguous(ldk, MASKPACK_F32, 3, sk);
+    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, sq),
+                    uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, sk);
+    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, sk),
+                    udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, sq);
+    maskpack_tensor uo = maskpack_tensor_contiguous(lo, MASKPACK_F32, 3, sq),
+                    ul = maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, sl);
+    maskpack_tensor udq = maskpack_tensor_contiguous(ldq, MASKPACK_F32, 3, sq),
+                    udk = maskpack_tensor_contiguous(ldk, MASKPACK_F32, 3, sk);
     maskpack_tensor udv = maskpack_tensor_contiguous(ldv, MASKPACK_F32, 3, sk);
     J->bad[7] +=
         maskpack_cp_attention_forward(&comm, J->L, MASKPACK_CP_ZIGZAG, &uq, &uk, &uv, 0, 0, &uo, &ul, NULL, &e) != 0;
@@ -392,23 +413,34 @@ static void *rank_main(void *arg) {
     }
     free(lq), free(lk), free(lv), free(ldo), free(lo), free(ll), free(ldq), free(ldk), free(ldv);
     /* sequence-parallel gated delta rule */
-    float *aq = malloc((size_t)(tl * H * K) * 4), *ak = malloc((size_t)(tl * H * K) * 4), *av = malloc((size_t)(tl * HV * V) * 4);
-    float *ag = malloc((size_t)(tl * HV) * 4), *ab = malloc((size_t)(tl * HV) * 4), *ado = malloc((size_t)(tl * HV * V) * 4);
+    float *aq = malloc((size_t)(tl * H * K) * 4), *ak = malloc((size_t)(tl * H * K) * 4),
+          *av = malloc((size_t)(tl * HV * V) * 4);
+    float *ag = malloc((size_t)(tl * HV) * 4), *ab = malloc((size_t)(tl * HV) * 4),
+          *ado = malloc((size_t)(tl * HV * V) * 4);
     float *ao = malloc((size_t)(tl * HV * V) * 4), *afin = malloc((size_t)(NSEQ * HV * K * V) * 4);
-    float *adq = malloc((size_t)(tl * H * K) * 4), *adk = malloc((size_t)(tl * H * K) * 4), *adv = malloc((size_t)(tl * HV * V) * 4);
+    float *adq = malloc((size_t)(tl * H * K) * 4), *adk = malloc((size_t)(tl * H * K) * 4),
+          *adv = malloc((size_t)(tl * HV * V) * 4);
     float *adg = malloc((size_t)(tl * HV) * 4), *adb = malloc((size_t)(tl * HV) * 4);
-    gather_rows(aq, J->gq, idx, tl, H * K), gather_rows(ak, J->gk, idx, tl, H * K), gather_rows(av, J->gv, idx, tl, HV * V);
+    gather_rows(aq, J->gq, idx, tl, H * K), gather_rows(ak, J->gk, idx, tl, H * K),
+        gather_rows(av, J->gv, idx, tl, HV * V);
     gather_rows(ag, J->gg, idx, tl, HV), gather_rows(ab, J->gb, idx, tl, HV), gather_rows(ado, J->gdo, idx, tl, HV * V);
     int64_t s3q[3] = {tl, H, K}, s3v[3] = {tl, HV, V}, s2[2] = {tl, HV}, s4[4] = {NSEQ, HV, K, V};
-    maskpack_tensor tq = maskpack_tensor_contiguous(aq, MASKPACK_F32, 3, s3q), tk = maskpack_tensor_contiguous(ak, MASKPACK_F32, 3, s3q);
-    maskpack_tensor tv = maskpack_tensor_contiguous(av, MASKPACK_F32, 3, s3v), tg = maskpack_tensor_contiguous(ag, MASKPACK_F32, 2, s2);
-    maskpack_tensor tb = maskpack_tensor_contiguous(ab, MASKPACK_F32, 2, s2), tdo = maskpack_tensor_contiguous(ado, MASKPACK_F32, 3, s3v);
+    maskpack_tensor tq = maskpack_tensor_contiguous(aq, MASKPACK_F32, 3, s3q),
+                    tk = maskpack_tensor_contiguous(ak, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tv = maskpack_tensor_contiguous(av, MASKPACK_F32, 3, s3v),
+                    tg = maskpack_tensor_contiguous(ag, MASKPACK_F32, 2, s2);
+    maskpack_tensor tb = maskpack_tensor_contiguous(ab, MASKPACK_F32, 2, s2),
+                    tdo = maskpack_tensor_contiguous(ado, MASKPACK_F32, 3, s3v);
     maskpack_tensor th0 = maskpack_tensor_contiguous((void *)J->h0, MASKPACK_F32, 4, s4);
     maskpack_tensor tdf = maskpack_tensor_contiguous((void *)J->dfin, MASKPACK_F32, 4, s4);
-    maskpack_tensor to = maskpack_tensor_contiguous(ao, MASKPACK_F32, 3, s3v), tf = maskpack_tensor_contiguous(afin, MASKPACK_F32, 4, s4);
-    maskpack_tensor tdq = maskpack_tensor_contiguous(adq, MASKPACK_F32, 3, s3q), tdk = maskpack_tensor_contiguous(adk, MASKPACK_F32, 3, s3q);
-    maskpack_tensor tdv = maskpack_tensor_contiguous(adv, MASKPACK_F32, 3, s3v), tdg = maskpack_tensor_contiguous(adg, MASKPACK_F32, 2, s2);
-    maskpack_tensor tdb = maskpack_tensor_contiguous(adb, MASKPACK_F32, 2, s2), tdh = maskpack_tensor_contiguous(J->dh_share, MASKPACK_F32, 4, s4);
+    maskpack_tensor to = maskpack_tensor_contiguous(ao, MASKPACK_F32, 3, s3v),
+                    tf = maskpack_tensor_contiguous(afin, MASKPACK_F32, 4, s4);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(adq, MASKPACK_F32, 3, s3q),
+                    tdk = maskpack_tensor_contiguous(adk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(adv, MASKPACK_F32, 3, s3v),
+                    tdg = maskpack_tensor_contiguous(adg, MASKPACK_F32, 2, s2);
+    maskpack_tensor tdb = maskpack_tensor_contiguous(adb, MASKPACK_F32, 2, s2),
+                    tdh = maskpack_tensor_contiguous(J->dh_share, MASKPACK_F32, 4, s4);
     maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th0};
     maskpack_gdn_options opts = maskpack_gdn_options_default();
     maskpack_gdn_grads gr = {&tdq, &tdk, &tdv, &tdg, &tdb, &tdh};
@@ -436,11 +468,16 @@ static void *rank_main(void *arg) {
     float *cst = malloc((size_t)(NSEQ * C * 3) * 4), *cdx = malloc((size_t)(tl * C) * 4);
     gather_rows(cx, J->x, idx, tl, C), gather_rows(cdy, J->dy, idx, tl, C);
     int64_t sx[2] = {tl, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
-    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx), uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
-    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp), udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
-    maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp), uy = maskpack_tensor_contiguous(cy, MASKPACK_F32, 2, sx);
-    maskpack_tensor ust = maskpack_tensor_contiguous(cst, MASKPACK_F32, 3, sp), udx = maskpack_tensor_contiguous(cdx, MASKPACK_F32, 2, sx);
-    maskpack_tensor udw = maskpack_tensor_contiguous(J->dw_share, MASKPACK_F32, 2, sw), udp = maskpack_tensor_contiguous(J->dp_share, MASKPACK_F32, 3, sp);
+    maskpack_tensor ux = maskpack_tensor_contiguous(cx, MASKPACK_F32, 2, sx),
+                    uw = maskpack_tensor_contiguous((void *)J->w, MASKPACK_F32, 2, sw);
+    maskpack_tensor up = maskpack_tensor_contiguous((void *)J->pre, MASKPACK_F32, 3, sp),
+                    udy = maskpack_tensor_contiguous(cdy, MASKPACK_F32, 2, sx);
+    maskpack_tensor uds = maskpack_tensor_contiguous((void *)J->dst, MASKPACK_F32, 3, sp),
+                    uy = maskpack_tensor_contiguous(cy, MASKPACK_F32, 2, sx);
+    maskpack_tensor ust = maskpack_tensor_contiguous(cst, MASKPACK_F32, 3, sp),
+                    udx = maskpack_tensor_contiguous(cdx, MASKPACK_F32, 2, sx);
+    maskpack_tensor udw = maskpack_tensor_contiguous(J->dw_share, MASKPACK_F32, 2, sw),
+                    udp = maskpack_tensor_contiguous(J->dp_share, MASKPACK_F32, 3, sp);
     J->bad[7] += maskpack_cp_causal_conv1d(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, NULL, &uy, &ust, &e) != 0;
     J->bad[7] += maskpack_cp_causal_conv1d_backward(&comm, J->L, MASKPACK_CP_ZIGZAG, &ux, &uw, &up, 1, &udy, &uds, NULL,
                                                     &udx, &udw, &udp, &e) != 0;
@@ -481,13 +518,18 @@ static void run_ranks(int n) {
     /* attention reference */
     float *q = filled((size_t)(T * HQ * D), &seed, 1, 0), *k = filled((size_t)(T * HK * D), &seed, 1, 0);
     float *v = filled((size_t)(T * HK * D), &seed, 1, 0), *dout = filled((size_t)(T * HQ * D), &seed, 1, 0);
-    float *out = malloc((size_t)(T * HQ * D) * 4), *lse = malloc((size_t)(T * HQ) * 4), *dq = malloc((size_t)(T * HQ * D) * 4);
+    float *out = malloc((size_t)(T * HQ * D) * 4), *lse = malloc((size_t)(T * HQ) * 4),
+          *dq = malloc((size_t)(T * HQ * D) * 4);
     float *dk = malloc((size_t)(T * HK * D) * 4), *dv = malloc((size_t)(T * HK * D) * 4);
     int64_t aq[3] = {T, HQ, D}, ak[3] = {T, HK, D}, al[2] = {HQ, T};
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, aq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ak);
-    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ak), tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, aq);
-    maskpack_tensor to = maskpack_tensor_contiguous(out, MASKPACK_F32, 3, aq), tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, al);
-    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, aq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, ak);
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, aq),
+                    tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ak);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ak),
+                    tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, aq);
+    maskpack_tensor to = maskpack_tensor_contiguous(out, MASKPACK_F32, 3, aq),
+                    tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, al);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, aq),
+                    tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, ak);
     maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, ak);
     CHECK_OK(maskpack_attention_forward(L, &tq, &tk, &tv, 0, 0, &to, &tl, NULL, NULL, 0, &e), e);
     CHECK_OK(maskpack_attention_backward(L, &tdo, &tq, &tk, &tv, &to, &tl, 0, 0, &tdq, &tdk, &tdv, NULL, NULL, 0, &e),
@@ -499,37 +541,54 @@ static void run_ranks(int n) {
     float *gv = filled((size_t)(T * HV * V), &seed, 1, 0), *gg = filled((size_t)(T * HV), &seed, 0.2f, -0.25f);
     float *gb = filled((size_t)(T * HV), &seed, 0.4f, 0.5f), *h0 = filled(NSEQ * HV * K * V, &seed, 0.1f, 0);
     float *gdo = filled((size_t)(T * HV * V), &seed, 1, 0), *dfin = filled(NSEQ * HV * K * V, &seed, 1, 0);
-    float *go = malloc((size_t)(T * HV * V) * 4), *gfin = malloc(NSEQ * HV * K * V * 4), *gdq = malloc((size_t)(T * H * K) * 4);
-    float *gdk = malloc((size_t)(T * H * K) * 4), *gdv = malloc((size_t)(T * HV * V) * 4), *gdg = malloc((size_t)(T * HV) * 4);
+    float *go = malloc((size_t)(T * HV * V) * 4), *gfin = malloc(NSEQ * HV * K * V * 4),
+          *gdq = malloc((size_t)(T * H * K) * 4);
+    float *gdk = malloc((size_t)(T * H * K) * 4), *gdv = malloc((size_t)(T * HV * V) * 4),
+          *gdg = malloc((size_t)(T * HV) * 4);
     float *gdb = malloc((size_t)(T * HV) * 4), *gdh = malloc(NSEQ * HV * K * V * 4);
     int64_t s3q[3] = {T, H, K}, s3v[3] = {T, HV, V}, s2[2] = {T, HV}, s4[4] = {NSEQ, HV, K, V};
-    maskpack_tensor a = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q), b = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
-    maskpack_tensor c = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v), d = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
-    maskpack_tensor f = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2), hh = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, s4);
-    maskpack_tensor o = maskpack_tensor_contiguous(go, MASKPACK_F32, 3, s3v), fin = maskpack_tensor_contiguous(gfin, MASKPACK_F32, 4, s4);
-    maskpack_tensor xdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v), xdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, s4);
-    maskpack_tensor xq = maskpack_tensor_contiguous(gdq, MASKPACK_F32, 3, s3q), xk = maskpack_tensor_contiguous(gdk, MASKPACK_F32, 3, s3q);
-    maskpack_tensor xv = maskpack_tensor_contiguous(gdv, MASKPACK_F32, 3, s3v), xg = maskpack_tensor_contiguous(gdg, MASKPACK_F32, 2, s2);
-    maskpack_tensor xb = maskpack_tensor_contiguous(gdb, MASKPACK_F32, 2, s2), xh = maskpack_tensor_contiguous(gdh, MASKPACK_F32, 4, s4);
+    maskpack_tensor a = maskpack_tensor_contiguous(gq, MASKPACK_F32, 3, s3q),
+                    b = maskpack_tensor_contiguous(gk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor c = maskpack_tensor_contiguous(gv, MASKPACK_F32, 3, s3v),
+                    d = maskpack_tensor_contiguous(gg, MASKPACK_F32, 2, s2);
+    maskpack_tensor f = maskpack_tensor_contiguous(gb, MASKPACK_F32, 2, s2),
+                    hh = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, s4);
+    maskpack_tensor o = maskpack_tensor_contiguous(go, MASKPACK_F32, 3, s3v),
+                    fin = maskpack_tensor_contiguous(gfin, MASKPACK_F32, 4, s4);
+    maskpack_tensor xdo = maskpack_tensor_contiguous(gdo, MASKPACK_F32, 3, s3v),
+                    xdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, s4);
+    maskpack_tensor xq = maskpack_tensor_contiguous(gdq, MASKPACK_F32, 3, s3q),
+                    xk = maskpack_tensor_contiguous(gdk, MASKPACK_F32, 3, s3q);
+    maskpack_tensor xv = maskpack_tensor_contiguous(gdv, MASKPACK_F32, 3, s3v),
+                    xg = maskpack_tensor_contiguous(gdg, MASKPACK_F32, 2, s2);
+    maskpack_tensor xb = maskpack_tensor_contiguous(gdb, MASKPACK_F32, 2, s2),
+                    xh = maskpack_tensor_contiguous(gdh, MASKPACK_F32, 4, s4);
     maskpack_gdn_inputs in = {&a, &b, &c, &d, &f, &hh};
     maskpack_gdn_options opts = maskpack_gdn_options_default();
     maskpack_gdn_grads gr = {&xq, &xk, &xv, &xg, &xb, &xh};
     CHECK_OK(maskpack_gdn_forward(L, &in, &opts, &o, &fin, NULL, 0, &e), e);
     CHECK_OK(maskpack_gdn_backward(L, &in, &xdo, &xdf, &opts, &gr, NULL, 0, &e), e);
-    base.gq = gq, base.gk = gk, base.gv = gv, base.gg = gg, base.gb = gb, base.h0 = h0, base.gdo = gdo, base.dfin = dfin;
+    base.gq = gq, base.gk = gk, base.gv = gv, base.gg = gg, base.gb = gb, base.h0 = h0, base.gdo = gdo,
+    base.dfin = dfin;
     base.go = go, base.gfin = gfin, base.gdq = gdq, base.gdk = gdk, base.gdv = gdv, base.gdg = gdg, base.gdb = gdb;
     base.gdh = gdh;
     /* conv reference */
-    float *x = filled((size_t)(T * C), &seed, 1, 0), *w = filled(C * W, &seed, 0.5f, 0), *pre = filled(NSEQ * C * 3, &seed, 1, 0);
+    float *x = filled((size_t)(T * C), &seed, 1, 0), *w = filled(C * W, &seed, 0.5f, 0),
+          *pre = filled(NSEQ * C * 3, &seed, 1, 0);
     float *dy = filled((size_t)(T * C), &seed, 1, 0), *dst = filled(NSEQ * C * 3, &seed, 1, 0);
     float *y = malloc((size_t)(T * C) * 4), *st = malloc(NSEQ * C * 3 * 4), *dx = malloc((size_t)(T * C) * 4);
     float *dw = malloc(C * W * 4), *dp = malloc(NSEQ * C * 3 * 4);
     int64_t sx[2] = {T, C}, sw[2] = {C, W}, sp[3] = {NSEQ, C, 3};
-    maskpack_tensor cx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), cw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
-    maskpack_tensor cp = maskpack_tensor_contiguous(pre, MASKPACK_F32, 3, sp), cdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
-    maskpack_tensor cds = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, sp), cy = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
-    maskpack_tensor cst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp), cdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx);
-    maskpack_tensor cdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw), cdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
+    maskpack_tensor cx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx),
+                    cw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor cp = maskpack_tensor_contiguous(pre, MASKPACK_F32, 3, sp),
+                    cdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
+    maskpack_tensor cds = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, sp),
+                    cy = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
+    maskpack_tensor cst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp),
+                    cdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx);
+    maskpack_tensor cdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw),
+                    cdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
     CHECK_OK(maskpack_causal_conv1d(L, &cx, &cw, &cp, 1, NULL, &cy, &cst, &e), e);
     CHECK_OK(maskpack_causal_conv1d_backward(L, &cx, &cw, &cp, 1, &cdy, &cds, NULL, &cdx, &cdw, &cdp, &e), e);
     base.x = x, base.w = w, base.pre = pre, base.dy = dy, base.dst = dst, base.y = y, base.st = st, base.dx = dx;
@@ -574,7 +633,8 @@ static void run_ranks(int n) {
                                 "a team's bits against n_threads'",
                                 "an explicit ISA in opts"};
         for (int i = 0; i < 10; i++) {
-            if (jobs[r].bad[i]) fprintf(stderr, "%d ranks, rank %d: %s: %lld bad\n", n, r, what[i], (long long)jobs[r].bad[i]);
+            if (jobs[r].bad[i])
+                fprintf(stderr, "%d ranks, rank %d: %s: %lld bad\n", n, r, what[i], (long long)jobs[r].bad[i]);
             CHECK_EQ(jobs[r].bad[i], 0);
         }
     }
@@ -596,8 +656,14 @@ static void test_key_blocks(void) {
     maskpack_layout *L = NULL;
     maskpack_rule r = maskpack_rule_default();
     /* queries at positions [20, 24) against a key block at [8, 16): causal, all 8 keys visible */
-    maskpack_segment s = {.row = 0, .q_start = 0, .q_len = 4, .kv_start = 0, .kv_len = 8,
-                          .flags = MASKPACK_SEGMENT_EXPLICIT_POS | MASKPACK_SEGMENT_KEY_BLOCK, .q_pos = 20, .kv_pos = 8};
+    maskpack_segment s = {.row = 0,
+                          .q_start = 0,
+                          .q_len = 4,
+                          .kv_start = 0,
+                          .kv_len = 8,
+                          .flags = MASKPACK_SEGMENT_EXPLICIT_POS | MASKPACK_SEGMENT_KEY_BLOCK,
+                          .q_pos = 20,
+                          .kv_pos = 8};
     CHECK_OK(maskpack_layout_from_segments(&s, 1, 1, 4, 8, 1, &r, &L, &e), e);
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 8; j++) CHECK_EQ(maskpack_allowed(L, 0, 0, i, j), 1);

@@ -40,8 +40,8 @@ static void *ask(void *p) {
 static void test_agrees_with_builtin(void) {
     const unsigned f = mp_cpu_features(), b = builtin_features();
     printf("  cpu features: avx2 %d, avx512 %d, avx512bf16 %d, amx %d (compiler runtime: %d %d %d)\n",
-           !!(f & MP_CPU_AVX2), !!(f & MP_CPU_AVX512), !!(f & MP_CPU_AVX512BF16), mp_cpu_has_amx(),
-           !!(b & MP_CPU_AVX2), !!(b & MP_CPU_AVX512), !!(b & MP_CPU_AVX512BF16));
+           !!(f & MP_CPU_AVX2), !!(f & MP_CPU_AVX512), !!(f & MP_CPU_AVX512BF16), mp_cpu_has_amx(), !!(b & MP_CPU_AVX2),
+           !!(b & MP_CPU_AVX512), !!(b & MP_CPU_AVX512BF16));
     CHECK_EQ(f & MP_CPU_AVX2, b & MP_CPU_AVX2);
     CHECK_EQ(f & MP_CPU_AVX512, b & MP_CPU_AVX512);
     CHECK_EQ(f & MP_CPU_AVX512BF16, b & MP_CPU_AVX512BF16);
@@ -129,11 +129,15 @@ static maskpack_status run_family(maskpack_kernel_family fam, maskpack_isa isa, 
     g[0] = g[1] = g[2] = -0.1f;
     beta[0] = beta[1] = beta[2] = 0.5f;
     int64_t s3[3] = {3, 1, 16}, s2[2] = {1, 3}, sg[2] = {3, 1}, sx[2] = {3, 8}, sw[2] = {8, 4};
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, s3), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, s3);
-    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, s3), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, s3);
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, s3),
+                    tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, s3);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, s3),
+                    to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, s3);
     maskpack_tensor tl = maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, s2);
-    maskpack_tensor tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg), tb = maskpack_tensor_contiguous(beta, MASKPACK_F32, 2, sg);
-    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg),
+                    tb = maskpack_tensor_contiguous(beta, MASKPACK_F32, 2, sg);
+    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx),
+                    tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
     maskpack_tensor ty = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx);
     maskpack_status st = MASKPACK_ERR_INVALID_ARGUMENT;
     if (fam == MASKPACK_KERNEL_ATTENTION) {
@@ -234,14 +238,15 @@ static void test_kernel_list(void) {
         const maskpack_kernel_info *k = &info[i];
         printf(" %s%s", k->name, k->available ? "" : "(not here)");
         CHECK((unsigned)k->family < MASKPACK_KERNEL_FAMILY_COUNT_);
-        CHECK(strncmp(k->name, maskpack_kernel_family_name(k->family), strlen(maskpack_kernel_family_name(k->family))) == 0);
+        CHECK(strncmp(k->name, maskpack_kernel_family_name(k->family),
+                      strlen(maskpack_kernel_family_name(k->family))) == 0);
         CHECK(strstr(k->name, maskpack_isa_name(k->isa)) != NULL);
         CHECK(k->dtypes & (1u << MASKPACK_F32));
-        int has = k->isa == MASKPACK_ISA_REF                ? 1
-                  : k->isa == MASKPACK_ISA_AVX2             ? !!(f & MP_CPU_AVX2)
-                  : k->isa == MASKPACK_ISA_AVX512           ? !!(f & MP_CPU_AVX512)
-                  : k->isa == MASKPACK_ISA_AVX512_BF16      ? !!(f & MP_CPU_AVX512BF16)
-                                                            : (f & MP_CPU_AVX512) && amx;
+        int has = k->isa == MASKPACK_ISA_REF           ? 1
+                  : k->isa == MASKPACK_ISA_AVX2        ? !!(f & MP_CPU_AVX2)
+                  : k->isa == MASKPACK_ISA_AVX512      ? !!(f & MP_CPU_AVX512)
+                  : k->isa == MASKPACK_ISA_AVX512_BF16 ? !!(f & MP_CPU_AVX512BF16)
+                                                       : (f & MP_CPU_AVX512) && amx;
         CHECK_EQ(k->available, has);
         CHECK(k->isa == MASKPACK_ISA_REF ? strcmp(k->cpu_features, "") == 0 : strlen(k->cpu_features) > 0);
         if (k->isa == MASKPACK_ISA_REF) {
@@ -263,13 +268,15 @@ static void test_kernel_list(void) {
         maskpack_isa r;
         CHECK_OK(maskpack_isa_resolve((maskpack_kernel_family)fam, MASKPACK_BF16, MASKPACK_ISA_AUTO, &r, &e), e);
         int found = 0;
-        for (size_t i = 0; i < n && i < 32; i++) found |= (int)info[i].family == fam && info[i].isa == r && info[i].available;
+        for (size_t i = 0; i < n && i < 32; i++)
+            found |= (int)info[i].family == fam && info[i].isa == r && info[i].available;
         CHECK(found);
     }
     maskpack_isa r;
     CHECK_STATUS(maskpack_isa_resolve((maskpack_kernel_family)3, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e),
                  MASKPACK_ERR_INVALID_ARGUMENT, e);
-    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_I32, MASKPACK_ISA_AUTO, &r, &e), MASKPACK_ERR_DTYPE, e);
+    CHECK_STATUS(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_I32, MASKPACK_ISA_AUTO, &r, &e), MASKPACK_ERR_DTYPE,
+                 e);
 }
 
 int main(void) {

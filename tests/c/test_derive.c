@@ -12,7 +12,7 @@
 
 /* ---- one random test case ---------------------------------------------------------------- */
 
-#define MAX_SEGS 256
+#define MAX_SEGS  256
 #define MAX_SPANS 512
 
 typedef struct tcase {
@@ -24,10 +24,10 @@ typedef struct tcase {
     maskpack_span spans[MAX_SPANS];
     int64_t prefix[MAX_SEGS];
     maskpack_rule rule;
-    uint8_t *ref;    /* [B, S, Skv]: maskpack_allowed */
-    int64_t *segid;  /* [B, S]: 1-based segment index owning the query column, 0 = pad */
-    int64_t *seqid;  /* [B, S]: 1-based sequence id (origin + 1 for CP pieces), 0 = pad */
-    int sharded;     /* built by maskpack_layout_cp_shard */
+    uint8_t *ref;   /* [B, S, Skv]: maskpack_allowed */
+    int64_t *segid; /* [B, S]: 1-based segment index owning the query column, 0 = pad */
+    int64_t *seqid; /* [B, S]: 1-based sequence id (origin + 1 for CP pieces), 0 = pad */
+    int sharded;    /* built by maskpack_layout_cp_shard */
 } tcase;
 
 static int64_t pick_len(test_rng *r, int64_t remaining) {
@@ -72,11 +72,12 @@ static int make_shard_case(test_rng *r, tcase *c) {
     }
     maskpack_layout *U = NULL, *P = NULL, *Sh = NULL;
     maskpack_error e;
-    int ok = maskpack_layout_from_lengths(lens, n, test_rng_below(r, 2) ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT, 0,
-                                          &ru, &U, &e) == MASKPACK_OK &&
+    int ok = maskpack_layout_from_lengths(lens, n, test_rng_below(r, 2) ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT,
+                                          0, &ru, &U, &e) == MASKPACK_OK &&
              maskpack_layout_pad_to_multiple(U, 2 * cp, &P, &e) == MASKPACK_OK &&
-             maskpack_layout_cp_shard(P, cp, test_rng_below(r, cp), test_rng_below(r, 2) ? MASKPACK_CP_ZIGZAG : MASKPACK_CP_CONTIGUOUS,
-                                      &Sh, &e) == MASKPACK_OK;
+             maskpack_layout_cp_shard(P, cp, test_rng_below(r, cp),
+                                      test_rng_below(r, 2) ? MASKPACK_CP_ZIGZAG : MASKPACK_CP_CONTIGUOUS, &Sh,
+                                      &e) == MASKPACK_OK;
     maskpack_layout_free(U);
     maskpack_layout_free(P);
     if (!ok || maskpack_layout_n_segments(Sh) > MAX_SEGS) {
@@ -122,7 +123,8 @@ static int make_case(test_rng *r, tcase *c) {
                     if (test_rng_below(r, 3) == 0) qc += test_rng_below(r, 3);
                     if (qc > c->S) break;
                     int64_t ql = test_rng_below(r, (kl < c->S - qc ? kl : c->S - qc) + 1);
-                    maskpack_segment g = {b, qc, ql, kc, kl, MASKPACK_SEGMENT_EXPLICIT_POS, test_rng_below(r, kl - ql + 1), seq};
+                    maskpack_segment g = {
+                        b, qc, ql, kc, kl, MASKPACK_SEGMENT_EXPLICIT_POS, test_rng_below(r, kl - ql + 1), seq};
                     c->segs[c->N++] = g;
                     qc += ql;
                 }
@@ -178,7 +180,8 @@ static int make_case(test_rng *r, tcase *c) {
         ru->n_spans = ns;
     }
     if (extras & 4) {
-        for (size_t k = 0; k < c->N; k++) c->prefix[k] = test_rng_below(r, 2) ? test_rng_below(r, c->segs[k].kv_len + 1) : 0;
+        for (size_t k = 0; k < c->N; k++)
+            c->prefix[k] = test_rng_below(r, 2) ? test_rng_below(r, c->segs[k].kv_len + 1) : 0;
         ru->prefix = c->prefix;
         ru->n_prefix = c->N;
     }
@@ -320,8 +323,8 @@ static void check_token_outputs(test_rng *r, const tcase *c) {
     maskpack_error e;
     int64_t cells = c->B * c->S;
     int64_t *want = malloc((size_t)(cells + 1) * sizeof *want);
-    const maskpack_dtype mask_dts[6] = {MASKPACK_BOOL, MASKPACK_U8, MASKPACK_I8, MASKPACK_I32, MASKPACK_I64,
-                                        MASKPACK_F32};
+    const maskpack_dtype mask_dts[6] = {MASKPACK_BOOL, MASKPACK_U8,  MASKPACK_I8,
+                                        MASKPACK_I32,  MASKPACK_I64, MASKPACK_F32};
     for (int form = 0; form < 3; form++) {
         if (form == 2 && !c->packed) continue;
         /* mask2d */
@@ -454,8 +457,14 @@ static int cell_value_ok(maskpack_mask_convention conv, maskpack_fill fill, mask
     double v;
     uint16_t bits = 0;
     switch (dt) {
-    case MASKPACK_F16: bits = ((const uint16_t *)base)[off]; v = mp_f16_to_f32(bits); break;
-    case MASKPACK_BF16: bits = ((const uint16_t *)base)[off]; v = mp_bf16_to_f32(bits); break;
+    case MASKPACK_F16:
+        bits = ((const uint16_t *)base)[off];
+        v = mp_f16_to_f32(bits);
+        break;
+    case MASKPACK_BF16:
+        bits = ((const uint16_t *)base)[off];
+        v = mp_bf16_to_f32(bits);
+        break;
     case MASKPACK_F32: v = ((const float *)base)[off]; break;
     default: v = ((const double *)base)[off]; break;
     }
@@ -490,8 +499,7 @@ static int mask4d_matches(const tcase *c, maskpack_mask_convention conv, maskpac
                 for (int64_t j = 0; j < c->Skv && ok; j++, x++)
                     if (!cell_value_ok(conv, fill, t->dtype, buf, offs[x], c->ref[(b * c->S + i) * c->Skv + j])) {
                         fprintf(stderr, "mask4d conv %d dtype %s: cell (%lld,%lld,%lld,%lld) wrong\n", (int)conv,
-                                maskpack_dtype_name(t->dtype), (long long)b, (long long)h, (long long)i,
-                                (long long)j);
+                                maskpack_dtype_name(t->dtype), (long long)b, (long long)h, (long long)i, (long long)j);
                         ok = 0;
                     }
     if (ok) ok = untouched_outside(buf, bytes, offs, (size_t)n, maskpack_dtype_size(t->dtype));
@@ -505,14 +513,14 @@ static void check_mask4d(test_rng *r, const tcase *c) {
         maskpack_dtype dt;
         maskpack_fill fill;
     } variants[] = {
-        {MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0},        {MASKPACK_MASK_KEEP, MASKPACK_U8, 0},
-        {MASKPACK_MASK_KEEP, MASKPACK_I32, 0},         {MASKPACK_MASK_KEEP, MASKPACK_F32, 0},
-        {MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0},      {MASKPACK_MASK_MASKED, MASKPACK_U8, 0},
-        {MASKPACK_MASK_MASKED, MASKPACK_I32, 0},       {MASKPACK_MASK_MASKED, MASKPACK_F32, 0},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, 0},     {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, 1},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, 0},     {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, 1},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, 0},    {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, 1},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, 0},     {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, 1},
+        {MASKPACK_MASK_KEEP, MASKPACK_BOOL, 0},     {MASKPACK_MASK_KEEP, MASKPACK_U8, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_I32, 0},      {MASKPACK_MASK_KEEP, MASKPACK_F32, 0},
+        {MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0},   {MASKPACK_MASK_MASKED, MASKPACK_U8, 0},
+        {MASKPACK_MASK_MASKED, MASKPACK_I32, 0},    {MASKPACK_MASK_MASKED, MASKPACK_F32, 0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, 0},  {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, 1},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, 0},  {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, 1},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, 0}, {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, 1},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, 0},  {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, 1},
     };
     size_t nv = sizeof variants / sizeof variants[0];
     /* every convention and dtype, [B,1,S,Skv] contiguous */
@@ -645,11 +653,12 @@ static void check_block_mask(const tcase *c, int64_t bq, int64_t bk) {
     CHECK(ok_qp);
     CHECK(ok_qf);
     if (!(ok_p && ok_f && ok_qp && ok_qf))
-        fprintf(stderr, "  block mask %lldx%lld on B=%lld S=%lld Skv=%lld N=%zu causal=%d align=%d win=(%lld,%lld) "
-                        "spans=%zu prefix=%d\n",
-                (long long)bq, (long long)bk, (long long)c->B, (long long)c->S, (long long)c->Skv, c->N,
-                c->rule.causal, (int)c->rule.alignment, (long long)c->rule.window_left,
-                (long long)c->rule.window_right, c->rule.n_spans, c->rule.prefix != NULL);
+        fprintf(stderr,
+                "  block mask %lldx%lld on B=%lld S=%lld Skv=%lld N=%zu causal=%d align=%d win=(%lld,%lld) "
+                "spans=%zu prefix=%d\n",
+                (long long)bq, (long long)bk, (long long)c->B, (long long)c->S, (long long)c->Skv, c->N, c->rule.causal,
+                (int)c->rule.alignment, (long long)c->rule.window_left, (long long)c->rule.window_right,
+                c->rule.n_spans, c->rule.prefix != NULL);
     /* re-expansion: every block with an allowed cell is listed exactly once (in one of the lists);
      * FULL blocks hold only allowed cells, PARTIAL blocks both kinds, unlisted blocks none */
     int once = 1;

@@ -1,7 +1,7 @@
 /* test_gdn.c: Gated DeltaNet over layouts: the GEMM/exp/transpose primitives, the rule against an
  * independent double-precision recurrence written here, recurrent vs chunked, reference vs
- * AVX-512 and AVX2 (each build this CPU runs), padded vs packed (bitwise), NaN/Inf planted in padding and in other segments,
- * zero-length and short segments, chunk-boundary lengths, continuation with state and conv
+ * AVX-512 and AVX2 (each build this CPU runs), padded vs packed (bitwise), NaN/Inf planted in padding and in other
+ * segments, zero-length and short segments, chunk-boundary lengths, continuation with state and conv
  * prefix, gradients against finite differences of the double recurrence, bf16, the conv1d,
  * L2 norm and gates with their backward, bad input leaving outputs untouched, and the empty inner
  * range of the triangular GEMM of each build this CPU runs. */
@@ -35,8 +35,8 @@ enum { T_Q = 1, T_K, T_V, T_G, T_B, T_H0, T_DO, T_DHT, T_X, T_W, T_PRE, T_DY, T_
 static double gen(int tensor, int64_t seq, int64_t pos, int64_t j, uint64_t salt) {
     double u = uval(tensor, seq, pos, j, salt);
     switch (tensor) {
-    case T_G: return -0.02 - 0.3 * (u + 1.0);      /* log decay in [-0.62, -0.02] */
-    case T_B: return 0.5 + 0.45 * u;               /* beta in (0.05, 0.95) */
+    case T_G: return -0.02 - 0.3 * (u + 1.0); /* log decay in [-0.62, -0.02] */
+    case T_B: return 0.5 + 0.45 * u;          /* beta in (0.05, 0.95) */
     case T_H0: return 0.3 * u;
     default: return u;
     }
@@ -396,7 +396,8 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                            GDN_GEMM_TRI_LO,
                            GDN_GEMM_TRI_UP | GDN_GEMM_AT,
                            GDN_GEMM_TRI_LO | GDN_GEMM_ACC};
-    float *A = malloc(100 * 100 * 4), *B = malloc(100 * 100 * 4), *C1 = malloc(100 * 100 * 4), *C2 = malloc(100 * 100 * 4);
+    float *A = malloc(100 * 100 * 4), *B = malloc(100 * 100 * 4), *C1 = malloc(100 * 100 * 4),
+          *C2 = malloc(100 * 100 * 4);
     float *C0 = malloc(100 * 100 * 4);
     double worst = 0;
     int tri_bad = 0;
@@ -421,7 +422,8 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                             if ((flags & GDN_GEMM_TRI_UP) && cidx < r) A[i * 100 + k] = 0;
                         }
                     /* TRI_OUT: the full product as well, which the upper triangle may hold */
-                    if (flags & GDN_GEMM_TRI_OUT) gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C0, 100, flags & ~GDN_GEMM_TRI_OUT);
+                    if (flags & GDN_GEMM_TRI_OUT)
+                        gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C0, 100, flags & ~GDN_GEMM_TRI_OUT);
                     gdn_gemm_ref(m, n, kd, 0.75f, A, 100, B, 100, C1, 100, flags);
                     gemm(m, n, kd, 0.75f, A, 100, B, 100, C2, 100, flags);
                     for (int64_t i = 0; i < m; i++)
@@ -429,7 +431,8 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
                             if ((flags & GDN_GEMM_TRI_OUT) && j > i) {
                                 /* "may be left unwritten": untouched, or the product itself */
                                 float c = C2[i * 100 + j];
-                                if (c != (float)uval(3, i * 100 + j, 0, 0, f) && !(fabs((double)c - C0[i * 100 + j]) < 1e-4))
+                                if (c != (float)uval(3, i * 100 + j, 0, 0, f) &&
+                                    !(fabs((double)c - C0[i * 100 + j]) < 1e-4))
                                     tri_bad = 1;
                                 continue;
                             }
@@ -451,7 +454,7 @@ static void test_primitives_of(const char *name, gemm_fn gemm, transpose_fn tran
          * count 1..8, 48 columns wide (a 32- and a 16-column tile per block), and an empty inner
          * dimension (kd = 0) */
         const int64_t big[][3] = {{128, 128, 128}, {130, 144, 128}, {64, 256, 64}, {70, 160, 120}, {65, 48, 8},
-                                  {66, 48, 2},     {67, 48, 8},     {68, 48, 9},  {69, 48, 5},   {70, 48, 4},
+                                  {66, 48, 2},     {67, 48, 8},     {68, 48, 9},   {69, 48, 5},    {70, 48, 4},
                                   {71, 48, 3},     {64, 48, 4},     {67, 48, 0}};
         const int64_t ld = 272;
         float *bA = malloc((size_t)(ld * ld) * 4), *bB = malloc((size_t)(ld * ld) * 4);
@@ -639,10 +642,9 @@ static void test_forward_forms(void) {
  * thread count changes nothing; a caller workspace of the queried size works */
 static void test_layout_invariance(void) {
     dims d = {2, 4, 32, 16};
-    maskpack_layout *Ls[4] = {lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 0),
-                              lay_lengths(LENS, N_LENS, MASKPACK_PLACE_RIGHT, 0),
-                              lay_lengths(LENS, N_LENS, MASKPACK_PLACE_LEFT, 0),
-                              lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 200)};
+    maskpack_layout *Ls[4] = {
+        lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 0), lay_lengths(LENS, N_LENS, MASKPACK_PLACE_RIGHT, 0),
+        lay_lengths(LENS, N_LENS, MASKPACK_PLACE_LEFT, 0), lay_lengths(LENS, N_LENS, MASKPACK_PLACE_PACKED, 200)};
     for (int i = 0; i < 4; i++)
         if (!Ls[i]) return;
     maskpack_isa isas[N_ISA_MAX];
@@ -672,7 +674,8 @@ static void test_layout_invariance(void) {
             for (size_t s = 0; s < N_LENS; s++) {
                 if (s == 5) continue;
                 for (int64_t pos = 0; pos < LENS[s]; pos++)
-                    same &= memcmp(tok_at(Ls[1], &p.o, s, pos), tok_at(Ls[0], &base.o, s, pos), (size_t)p.o.per_token * 4) == 0;
+                    same &= memcmp(tok_at(Ls[1], &p.o, s, pos), tok_at(Ls[0], &base.o, s, pos),
+                                   (size_t)p.o.per_token * 4) == 0;
                 same &= memcmp(p.ht.data + s * p.ht.per, base.ht.data + s * base.ht.per, (size_t)p.ht.per * 4) == 0;
             }
             CHECK(same);
@@ -817,18 +820,21 @@ static void test_continuation(void) {
         CHECK_OK(case_forward(&w, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
         for (int ci = 0; ci < 3; ci++) {
             const int64_t cut = cuts[ci], l1[1] = {cut}, l2[1] = {200 - cut};
-            maskpack_layout *L1 = lay_lengths(l1, 1, MASKPACK_PLACE_PACKED, 0), *L2 = lay_lengths(l2, 1, MASKPACK_PLACE_PACKED, 0);
+            maskpack_layout *L1 = lay_lengths(l1, 1, MASKPACK_PLACE_PACKED, 0),
+                            *L2 = lay_lengths(l2, 1, MASKPACK_PLACE_PACKED, 0);
             gcase a = case_make(L1, d, 21, 1), b = case_make(L2, d, 21, 1);
             /* piece 2 holds tokens cut.. of the same sequence */
             ttensor *src[5] = {&w.q, &w.k, &w.v, &w.g, &w.beta}, *dst[5] = {&b.q, &b.k, &b.v, &b.g, &b.beta};
             for (int i = 0; i < 5; i++)
-                memcpy(dst[i]->data, src[i]->data + cut * src[i]->per_token, (size_t)((200 - cut) * src[i]->per_token) * 4);
+                memcpy(dst[i]->data, src[i]->data + cut * src[i]->per_token,
+                       (size_t)((200 - cut) * src[i]->per_token) * 4);
             CHECK_OK(case_forward(&a, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
             memcpy(b.h0.data, a.ht.data, (size_t)a.ht.per * 4);
             CHECK_OK(case_forward(&b, MASKPACK_ISA_AUTO, chunked, 1), (maskpack_error){0});
-            int bits = memcmp(a.o.data, w.o.data, (size_t)(cut * a.o.per_token) * 4) == 0 &&
-                       memcmp(b.o.data, w.o.data + cut * w.o.per_token, (size_t)((200 - cut) * b.o.per_token) * 4) == 0 &&
-                       memcmp(b.ht.data, w.ht.data, (size_t)w.ht.per * 4) == 0;
+            int bits =
+                memcmp(a.o.data, w.o.data, (size_t)(cut * a.o.per_token) * 4) == 0 &&
+                memcmp(b.o.data, w.o.data + cut * w.o.per_token, (size_t)((200 - cut) * b.o.per_token) * 4) == 0 &&
+                memcmp(b.ht.data, w.ht.data, (size_t)w.ht.per * 4) == 0;
             if (!chunked || cut % GDN_C == 0) {
                 CHECK(bits);
             } else {
@@ -978,8 +984,8 @@ static void test_backward(void) {
                     double rel = fabs(fd - dd) / fmax(nrm, 1e-12);
                     worst = fmax(worst, rel);
                     if (rel > 1e-4)
-                        fprintf(stderr, "test_gdn: gradient %d of segment %zu: ours %.8g, finite difference %.8g\n", which,
-                                s, dd, fd);
+                        fprintf(stderr, "test_gdn: gradient %d of segment %zu: ours %.8g, finite difference %.8g\n",
+                                which, s, dd, fd);
                     CHECK(rel < 1e-4);
                 }
             }
@@ -996,7 +1002,8 @@ static void test_backward(void) {
     printf("test_gdn: backward vs finite differences of the double recurrence: worst %.2e\n", worst);
     for (int vi = 1; vi < n_isa; vi++) {
         /* each vector build agrees with the reference */
-        ttensor *a0[5] = {&gq[0], &gk[0], &gv[0], &gg[0], &gb[0]}, *a1[5] = {&gq[vi], &gk[vi], &gv[vi], &gg[vi], &gb[vi]};
+        ttensor *a0[5] = {&gq[0], &gk[0], &gv[0], &gg[0], &gb[0]},
+                *a1[5] = {&gq[vi], &gk[vi], &gv[vi], &gg[vi], &gb[vi]};
         for (int i = 0; i < 5; i++) {
             double num = 0, den = 0;
             int64_t nn = mp_numel(&a0[i]->t);
@@ -1005,7 +1012,8 @@ static void test_backward(void) {
                 num = fmax(num, fabs(a0[i]->data[j] - a1[i]->data[j]));
                 den = fmax(den, fabs(a0[i]->data[j]));
             }
-            if (!(num / den < 1e-4)) fprintf(stderr, "test_gdn: backward isa %d grad %d vs ref: %.2e\n", (int)isas[vi], i, num / den);
+            if (!(num / den < 1e-4))
+                fprintf(stderr, "test_gdn: backward isa %d grad %d vs ref: %.2e\n", (int)isas[vi], i, num / den);
             CHECK(num / den < 1e-4);
         }
         /* and threads / padded vs packed are bitwise for a fixed ISA */
@@ -1166,7 +1174,8 @@ static void test_backward_revolve(void) {
         maskpack_gdn_grads gr = {&g.q.t, &g.k.t, &g.v.t, &g.g.t, &g.b.t, &g.h.t};
         maskpack_gdn_options o = opts_of(MASKPACK_ISA_REF, 1, 1);
         maskpack_error e;
-        CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, 1, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, 1, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
         CHECK_STATUS(gdn_backward_slots(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, GDN_BWD_MAX_SLOTS + 1, &e),
                      MASKPACK_ERR_INVALID_ARGUMENT, e);
         grads_free(&g);
@@ -1232,8 +1241,8 @@ static void test_backward_zero_initial_state(void) {
             for (int w = 0; w < 2; w++) {
                 c.with_h0 = w == 0; /* an all-zero initial state, then none */
                 maskpack_gdn_inputs in = case_inputs(&c);
-                maskpack_gdn_grads gr = {&gs[w]->q.t, &gs[w]->k.t, &gs[w]->v.t, &gs[w]->g.t, &gs[w]->b.t,
-                                         want_dh ? &gs[w]->h.t : NULL};
+                maskpack_gdn_grads gr = {&gs[w]->q.t, &gs[w]->k.t, &gs[w]->v.t,
+                                         &gs[w]->g.t, &gs[w]->b.t, want_dh ? &gs[w]->h.t : NULL};
                 maskpack_gdn_options o = opts_of(isas[ii], 1, 2);
                 maskpack_error e;
                 CHECK_OK(maskpack_gdn_backward(L, &in, &dO.t, &dht.t, &o, &gr, NULL, 0, &e), e);
@@ -1502,13 +1511,15 @@ static void naive_conv(int64_t len, int64_t C, int64_t W, const double *x, const
 /* C = 37: one channel block ending mid-vector; C = 150: three blocks, the last partial. */
 static void test_conv_c(int64_t C) {
     const int64_t lens[6] = {0, 1, 2, 3, 70, 5};
-    maskpack_layout *Lp = lay_lengths(lens, 6, MASKPACK_PLACE_PACKED, 0), *Lr = lay_lengths(lens, 6, MASKPACK_PLACE_LEFT, 0);
+    maskpack_layout *Lp = lay_lengths(lens, 6, MASKPACK_PLACE_PACKED, 0),
+                    *Lr = lay_lengths(lens, 6, MASKPACK_PLACE_LEFT, 0);
     if (!Lp || !Lr) return;
     for (int64_t W = 1; W <= 4; W++)
         for (int silu = 0; silu <= 1; silu++)
             for (int with_pre = 0; with_pre <= 1; with_pre++) {
                 int64_t cd[1] = {C}, pd[2] = {C, W - 1};
-                ttensor x = tok_alloc(Lr, 1, cd), y = tok_alloc(Lr, 1, cd), xp = tok_alloc(Lp, 1, cd), yp = tok_alloc(Lp, 1, cd);
+                ttensor x = tok_alloc(Lr, 1, cd), y = tok_alloc(Lr, 1, cd), xp = tok_alloc(Lp, 1, cd),
+                        yp = tok_alloc(Lp, 1, cd);
                 tok_fill(Lr, &x, T_X, (uint64_t)W);
                 tok_fill(Lp, &xp, T_X, (uint64_t)W);
                 float *wd = malloc((size_t)(C * W) * 4);
@@ -1516,7 +1527,8 @@ static void test_conv_c(int64_t C) {
                 for (int64_t i = 0; i < C * W; i++) wdd[i] = wd[i] = (float)uval(T_W, i, W, 0, 0);
                 int64_t wsh[2] = {C, W};
                 maskpack_tensor wt = maskpack_tensor_contiguous(wd, MASKPACK_F32, 2, wsh);
-                stensor pre = st_alloc(6, 2, pd, T_PRE, (uint64_t)W), st = st_alloc(6, 2, pd, 0, 0), st2 = st_alloc(6, 2, pd, 0, 0);
+                stensor pre = st_alloc(6, 2, pd, T_PRE, (uint64_t)W), st = st_alloc(6, 2, pd, 0, 0),
+                        st2 = st_alloc(6, 2, pd, 0, 0);
                 maskpack_error e;
                 CHECK_OK(
                     maskpack_causal_conv1d(Lr, &x.t, &wt, with_pre ? &pre.t : NULL, silu, OPTS_NT(2), &y.t, &st.t, &e),
@@ -1537,7 +1549,8 @@ static void test_conv_c(int64_t C) {
                     naive_conv(lens[s], C, W, xs, wdd, with_pre ? ps : NULL, silu, ys, ss);
                     for (int64_t p = 0; p < lens[s]; p++) {
                         same &= memcmp(tok_at(Lr, &y, s, p), tok_at(Lp, &yp, s, p), (size_t)C * 4) == 0;
-                        for (int64_t c = 0; c < C; c++) worst = fmax(worst, fabs(ys[p * C + c] - tok_at(Lr, &y, s, p)[c]));
+                        for (int64_t c = 0; c < C; c++)
+                            worst = fmax(worst, fabs(ys[p * C + c] - tok_at(Lr, &y, s, p)[c]));
                     }
                     for (int64_t i = 0; i < C * (W - 1); i++)
                         worst = fmax(worst, fabs(ss[i] - st.data[(int64_t)s * st.per + i]));
@@ -1567,15 +1580,16 @@ static void test_conv_c(int64_t C) {
                            *ps = malloc((size_t)(C * W) * 8), *ss = malloc((size_t)(C * W) * 8);
                     for (int64_t p = 0; p < n; p++)
                         for (int64_t c = 0; c < C; c++) xs[p * C + c] = tok_at(Lr, &x, s, p)[c];
-                    for (int64_t i = 0; i < C * (W - 1); i++) ps[i] = with_pre ? pre.data[(int64_t)s * pre.per + i] : 0.0;
-                    /* f for this segment (prefix given explicitly: zero prefix = no prefix) */
-#define SEG_F(res)                                                                                      \
-    do {                                                                                                \
-        naive_conv(n, C, W, xs, wdd, ps, silu, ys, ss);                                                 \
-        res = 0;                                                                                        \
-        for (int64_t p_ = 0; p_ < n; p_++)                                                              \
-            for (int64_t c_ = 0; c_ < C; c_++) res += ys[p_ * C + c_] * tok_at(Lr, &dy, s, p_)[c_];    \
-        for (int64_t i_ = 0; i_ < C * (W - 1); i_++) res += ss[i_] * dst.data[(int64_t)s * dst.per + i_]; \
+                    for (int64_t i = 0; i < C * (W - 1); i++)
+                        ps[i] = with_pre ? pre.data[(int64_t)s * pre.per + i] : 0.0;
+                        /* f for this segment (prefix given explicitly: zero prefix = no prefix) */
+#define SEG_F(res)                                                                                                     \
+    do {                                                                                                               \
+        naive_conv(n, C, W, xs, wdd, ps, silu, ys, ss);                                                                \
+        res = 0;                                                                                                       \
+        for (int64_t p_ = 0; p_ < n; p_++)                                                                             \
+            for (int64_t c_ = 0; c_ < C; c_++) res += ys[p_ * C + c_] * tok_at(Lr, &dy, s, p_)[c_];                    \
+        for (int64_t i_ = 0; i_ < C * (W - 1); i_++) res += ss[i_] * dst.data[(int64_t)s * dst.per + i_];              \
     } while (0)
                     const double eps = 1e-6;
                     double fp, fm, ours = 0, nrm = 0;
@@ -1655,8 +1669,10 @@ static void test_conv_c(int64_t C) {
         const int64_t cuts[3] = {2, 1, 30};
         for (int ci = 0; ci < 3; ci++) {
             int64_t cut = cuts[ci], l1[1] = {cut}, l2[1] = {50 - cut};
-            maskpack_layout *L1 = lay_lengths(l1, 1, MASKPACK_PLACE_PACKED, 0), *L2 = lay_lengths(l2, 1, MASKPACK_PLACE_PACKED, 0);
-            ttensor x1 = tok_alloc(L1, 1, cd), y1 = tok_alloc(L1, 1, cd), x2 = tok_alloc(L2, 1, cd), y2 = tok_alloc(L2, 1, cd);
+            maskpack_layout *L1 = lay_lengths(l1, 1, MASKPACK_PLACE_PACKED, 0),
+                            *L2 = lay_lengths(l2, 1, MASKPACK_PLACE_PACKED, 0);
+            ttensor x1 = tok_alloc(L1, 1, cd), y1 = tok_alloc(L1, 1, cd), x2 = tok_alloc(L2, 1, cd),
+                    y2 = tok_alloc(L2, 1, cd);
             memcpy(x1.data, x.data, (size_t)(cut * C) * 4);
             memcpy(x2.data, x.data + cut * C, (size_t)((50 - cut) * C) * 4);
             stensor s1 = st_alloc(1, 2, pd, 0, 0), s2 = st_alloc(1, 2, pd, 0, 0);
@@ -1804,8 +1820,10 @@ static void test_l2norm_gates(void) {
     for (size_t i = 0; i < 4; i++) tok_at(L, &a, 0, 0)[i] = 30.0f; /* beyond softplus' threshold */
     float alog[4] = {0.1f, -1.0f, 2.0f, 0.5f}, dtb[4] = {0.2f, -0.3f, 1.0f, 0.0f}, dA[4], ddt[4];
     int64_t one[1] = {4};
-    maskpack_tensor At = maskpack_tensor_contiguous(alog, MASKPACK_F32, 1, one), Dt = maskpack_tensor_contiguous(dtb, MASKPACK_F32, 1, one);
-    maskpack_tensor dAt = maskpack_tensor_contiguous(dA, MASKPACK_F32, 1, one), dDt = maskpack_tensor_contiguous(ddt, MASKPACK_F32, 1, one);
+    maskpack_tensor At = maskpack_tensor_contiguous(alog, MASKPACK_F32, 1, one),
+                    Dt = maskpack_tensor_contiguous(dtb, MASKPACK_F32, 1, one);
+    maskpack_tensor dAt = maskpack_tensor_contiguous(dA, MASKPACK_F32, 1, one),
+                    dDt = maskpack_tensor_contiguous(ddt, MASKPACK_F32, 1, one);
     CHECK_OK(maskpack_gdn_gates(L, &a.t, &b.t, &At, &Dt, &g.t, &bt.t, &e), e);
     CHECK_OK(maskpack_gdn_gates_backward(L, &a.t, &b.t, &At, &Dt, &dg.t, &db_in.t, &da.t, &db.t, &dAt, &dDt, &e), e);
     CHECK(pads_zero(L, &g) && pads_zero(L, &bt) && pads_zero(L, &da) && pads_zero(L, &db));
@@ -1856,19 +1874,20 @@ static void test_bad_input(void) {
     const uint32_t SENT = 0x7fc12345u;
     dims d = {2, 4, 16, 16};
     const int64_t lens[3] = {10, 0, 7};
-    maskpack_layout *L = lay_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0), *Lr = lay_lengths(lens, 3, MASKPACK_PLACE_RIGHT, 0);
+    maskpack_layout *L = lay_lengths(lens, 3, MASKPACK_PLACE_PACKED, 0),
+                    *Lr = lay_lengths(lens, 3, MASKPACK_PLACE_RIGHT, 0);
     if (!L || !Lr) return;
     gcase c = case_make(L, d, 1, 1);
     int64_t no = mp_numel(&c.o.t), ns = mp_numel(&c.ht.t);
     maskpack_error e;
     maskpack_gdn_options o = opts_of(MASKPACK_ISA_AUTO, 1, 1);
-#define EXPECT_FAIL(call, status, frag)                                       \
-    do {                                                                      \
-        sentinel_fill(c.o.data, no, SENT);                                    \
-        sentinel_fill(c.ht.data, ns, SENT);                                   \
-        CHECK_STATUS(call, status, e);                                        \
-        CHECK_MSG(e, frag);                                                   \
-        CHECK(untouched(c.o.data, no, SENT) && untouched(c.ht.data, ns, SENT)); \
+#define EXPECT_FAIL(call, status, frag)                                                                                \
+    do {                                                                                                               \
+        sentinel_fill(c.o.data, no, SENT);                                                                             \
+        sentinel_fill(c.ht.data, ns, SENT);                                                                            \
+        CHECK_STATUS(call, status, e);                                                                                 \
+        CHECK_MSG(e, frag);                                                                                            \
+        CHECK(untouched(c.o.data, no, SENT) && untouched(c.ht.data, ns, SENT));                                        \
     } while (0)
     maskpack_gdn_inputs in = case_inputs(&c);
     /* HV = 4 not a multiple of H = 3: view q as [T, 3, ...] by reshaping K */
@@ -1880,20 +1899,23 @@ static void test_bad_input(void) {
     k3.data = c.k.data;
     in.q = &q3;
     in.k = &k3;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "multiple of the key heads H = 3");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "multiple of the key heads H = 3");
     CHECK(strcmp(e.argument, "v") == 0);
     in = case_inputs(&c);
     /* k with another head dim */
     maskpack_tensor k8 = c.k.t;
     k8.shape[2] = 8;
     in.k = &k8;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "k: expected shape [17, 2, 16]");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "k: expected shape [17, 2, 16]");
     in = case_inputs(&c);
     /* the layout does not cover the tensors: 16 tokens instead of 17 */
     maskpack_tensor vs = c.v.t;
     vs.shape[0] = 16;
     in.v = &vs;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "v: expected shape [17, *, *]");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "v: expected shape [17, *, *]");
     in = case_inputs(&c);
     /* a packed tensor for a padded layout */
     EXPECT_FAIL(maskpack_gdn_forward(Lr, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "padded [B, S]");
@@ -1901,40 +1923,48 @@ static void test_bad_input(void) {
     maskpack_tensor g3 = c.g.t;
     g3.shape[1] = 3;
     in.g = &g3;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "g: expected shape [17, 4]");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "g: expected shape [17, 4]");
     in = case_inputs(&c);
     /* wrong dtypes */
     maskpack_tensor bi = c.beta.t;
     bi.dtype = MASKPACK_I32;
     in.beta = &bi;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_DTYPE, "beta: expected float32 or bfloat16, found int32");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_DTYPE,
+                "beta: expected float32 or bfloat16, found int32");
     in = case_inputs(&c);
     maskpack_tensor h0b = c.h0.t;
     h0b.dtype = MASKPACK_BF16;
     in.initial_state = &h0b;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_DTYPE, "initial_state: expected float32");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_DTYPE,
+                "initial_state: expected float32");
     in = case_inputs(&c);
     /* state shape: segments count */
     maskpack_tensor h0s = c.h0.t;
     h0s.shape[0] = 2;
     in.initial_state = &h0s;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "initial_state: expected shape [3, 4, 16, 16]");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "initial_state: expected shape [3, 4, 16, 16]");
     in = case_inputs(&c);
     /* NULLs, options */
     in.v = NULL;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT, "v: expected a non-NULL");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_NULL_ARGUMENT,
+                "v: expected a non-NULL");
     in = case_inputs(&c);
     maskpack_gdn_options bad = o;
     bad.n_threads = 0;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "opts.n_threads");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                "opts.n_threads");
     bad = o;
     bad.scale = NAN;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "opts.scale");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                "opts.scale");
     bad = o;
     bad.isa = (maskpack_isa)7;
     EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "isa");
     setenv("MASKPACK_ISA", "sse9", 1);
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, "MASKPACK_ISA");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                "MASKPACK_ISA");
     setenv("MASKPACK_ISA", "ref", 1);
     maskpack_isa r;
     CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
@@ -1973,7 +2003,8 @@ static void test_bad_input(void) {
     if (!have_avx512()) {
         bad = o;
         bad.isa = MASKPACK_ISA_AVX512;
-        EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED, "AVX-512");
+        EXPECT_FAIL(maskpack_gdn_forward(L, &in, &bad, &c.o.t, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_UNSUPPORTED,
+                    "AVX-512");
     }
     bad = o;
     bad.isa = MASKPACK_ISA_AVX2;
@@ -1986,11 +2017,13 @@ static void test_bad_input(void) {
     /* output aliasing an input */
     maskpack_tensor oq = c.o.t;
     oq.data = c.v.data;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &oq, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_OVERLAP, "o: its memory overlaps");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &oq, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_OVERLAP,
+                "o: its memory overlaps");
     /* output of the wrong shape or dtype */
     maskpack_tensor o2 = c.o.t;
     o2.shape[2] = 8;
-    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &o2, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE, "o: expected shape [17, 4, 16]");
+    EXPECT_FAIL(maskpack_gdn_forward(L, &in, &o, &o2, &c.ht.t, NULL, 0, &e), MASKPACK_ERR_SHAPE,
+                "o: expected shape [17, 4, 16]");
     /* backward: dq of the wrong shape, grads untouched */
     {
         int64_t qd[2] = {d.H, d.K}, hd[1] = {4};
@@ -2015,8 +2048,10 @@ static void test_bad_input(void) {
         float w[40];
         for (int i = 0; i < 40; i++) w[i] = 0.1f;
         int64_t w5[2] = {C, 5}, w0[2] = {C, 0}, w4[2] = {C, 4}, wc[2] = {7, 4};
-        maskpack_tensor t5 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w5), t0 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w0);
-        maskpack_tensor t4 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w4), tc = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, wc);
+        maskpack_tensor t5 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w5),
+                        t0 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w0);
+        maskpack_tensor t4 = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, w4),
+                        tc = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, wc);
         int64_t ny = mp_numel(&y.t);
         sentinel_fill(y.data, ny, SENT);
         CHECK_STATUS(maskpack_causal_conv1d(L, &x.t, &t5, NULL, 1, NULL, &y.t, NULL, &e), MASKPACK_ERR_INVALID_ARGUMENT,

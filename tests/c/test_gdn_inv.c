@@ -18,7 +18,9 @@
 typedef void (*inv_fn)(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static double rnd(void) { return (double)(test_lcg_next(&rng_state) >> 11) * (2.0 / 9007199254740992.0) - 1.0; } /* [-1, 1) */
+static double rnd(void) {
+    return (double)(test_lcg_next(&rng_state) >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+} /* [-1, 1) */
 
 /* Runs fn on Lm for n rows; checks the untouched columns [cn, LD) of rows < n and every row >= n,
  * and returns the worst |A - want| over columns [0, cn) of rows < n (want: [64][64] doubles). */
@@ -67,8 +69,9 @@ static void check_build(const char *name, inv_fn fn) {
         inverse_double(Lm, 64, want);
         for (int64_t n = 1; n <= 64; n++) {
             const double w = run_one(fn, Lm, n, want);
-            if (w != 0.0) fprintf(stderr, "%s: bidiagonal x = %g, n = %lld: worst error %g\n", name, (double)xs[k],
-                                  (long long)n, w);
+            if (w != 0.0)
+                fprintf(stderr, "%s: bidiagonal x = %g, n = %lld: worst error %g\n", name, (double)xs[k], (long long)n,
+                        w);
             CHECK(w == 0.0);
             if (w > worst_exact) worst_exact = w;
         }

@@ -47,8 +47,8 @@ static slot *add(call *c, const char *name, int ndim, const int64_t *shape, int 
     slot *s = &c->s[c->n++];
     s->ext_status = MASKPACK_ERR_SHAPE;
     s->ext_blame = name;
-    static const char *const f32_names[] = {"lse", "dweight", "initial_state", "final_state", "d_final_state",
-                                            "d_initial_state", "dA_log", "ddt_bias"};
+    static const char *const f32_names[] = {"lse",           "dweight",         "initial_state", "final_state",
+                                            "d_final_state", "d_initial_state", "dA_log",        "ddt_bias"};
     for (size_t k = 0; k < sizeof f32_names / sizeof f32_names[0]; k++) s->f32_only |= strcmp(name, f32_names[k]) == 0;
     s->name = name;
     s->n = 1;
@@ -440,8 +440,10 @@ static void test_attention_checks(const maskpack_layout *L) {
     for (int i = 0; i < T * 3 * 300; i++) qm[i] = km[i] = vm[i] = 0.125f;
     const int64_t q2[3] = {T, 2, D}, k1[3] = {T, 1, D}, k3[3] = {T, 3, D}, k2[3] = {T, 2, D}, big[3] = {T, 1, 300};
     const int64_t l2[2] = {2, T};
-    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q2), k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k1);
-    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k1), o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
+    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q2),
+                    k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k1);
+    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k1),
+                    o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, q2);
     maskpack_tensor lse = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l2);
     maskpack_error e;
 #define FWD(qq, kk, vv, sc, cap, nt)                                                                                   \
@@ -462,11 +464,13 @@ static void test_attention_checks(const maskpack_layout *L) {
     maskpack_tensor v2 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k2);
     CHECK_STATUS(FWD(&q, &k, &v2, 0.0, 0.0, 1), MASKPACK_ERR_SHAPE, e);
     CHECK_MSG(e, "v: expected 1 heads (k's), found 2");
-    maskpack_tensor k3t = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k3), v3t = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k3);
+    maskpack_tensor k3t = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, k3),
+                    v3t = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, k3);
     CHECK_STATUS(FWD(&q, &k3t, &v3t, 0.0, 0.0, 1), MASKPACK_ERR_SHAPE, e);
     CHECK_MSG(e, "k: query heads (2) must be a positive multiple of key heads (3)");
     /* a head dim above 256 */
-    maskpack_tensor qb = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, big), kbg = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, big);
+    maskpack_tensor qb = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, big),
+                    kbg = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, big);
     maskpack_tensor vbg = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, big);
     o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, big);
     CHECK_STATUS(maskpack_attention_forward(L, &qb, &kbg, &vbg, 0.0, 0.0, &o, NULL, NULL, NULL, 0, &e),
@@ -515,8 +519,10 @@ static void test_attention_checks(const maskpack_layout *L) {
     CHECK_STATUS(maskpack_attention_backward_workspace(L, &q, &kb, &v, NULL, &need, &e), MASKPACK_ERR_DTYPE, e);
     /* the backward: a MASKPACK_ISA it cannot honour, a workspace pointer missing; more threads than work */
     static float dom[T * 2 * D], dqm[T * 2 * D], dkm[T * D], dvm[T * D];
-    maskpack_tensor dout = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, q2), dqt = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q2);
-    maskpack_tensor dkt = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, k1), dvt = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, k1);
+    maskpack_tensor dout = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, q2),
+                    dqt = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q2);
+    maskpack_tensor dkt = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, k1),
+                    dvt = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, k1);
     CHECK_OK(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_NT(8), NULL, 0, &e), e);
     setenv("MASKPACK_ISA", "sse9", 1);
     CHECK_STATUS(
@@ -536,11 +542,15 @@ static void test_attention_checks(const maskpack_layout *L) {
     maskpack_layout *E = NULL;
     CHECK_OK(maskpack_layout_from_lengths(zeros, 2, MASKPACK_PLACE_PACKED, 0, NULL, &E, &e), e);
     if (E) {
-        maskpack_tensor q0 = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, t0q), k0 = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, t0k);
-        maskpack_tensor v0 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, t0k), o0 = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, t0q);
+        maskpack_tensor q0 = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, t0q),
+                        k0 = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, t0k);
+        maskpack_tensor v0 = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, t0k),
+                        o0 = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, t0q);
         maskpack_tensor ls0 = maskpack_tensor_contiguous(lm, MASKPACK_F32, 2, l0);
-        maskpack_tensor d0 = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, t0q), dq0 = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, t0q);
-        maskpack_tensor dk0 = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, t0k), dv0 = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, t0k);
+        maskpack_tensor d0 = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, t0q),
+                        dq0 = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, t0q);
+        maskpack_tensor dk0 = maskpack_tensor_contiguous(dkm, MASKPACK_F32, 3, t0k),
+                        dv0 = maskpack_tensor_contiguous(dvm, MASKPACK_F32, 3, t0k);
         CHECK_OK(maskpack_attention_forward(E, &q0, &k0, &v0, 0.0, 0.0, &o0, &ls0, OPTS_NT(2), NULL, 0, &e), e);
         CHECK_OK(maskpack_attention_backward(E, &d0, &q0, &k0, &v0, &o0, &ls0, 0.0, 0.0, &dq0, &dk0, &dv0, OPTS_NT(2),
                                              NULL, 0, &e),
@@ -559,9 +569,9 @@ static void test_attention_checks(const maskpack_layout *L) {
                                                NULL, 0, &e),
                  MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "isa") == 0);
-    CHECK_STATUS(maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_ISA(1, (maskpack_isa)99), NULL, 0,
-                                            &e),
-                 MASKPACK_ERR_INVALID_ARGUMENT, e);
+    CHECK_STATUS(
+        maskpack_attention_forward(L, &q, &k, &v, 0.0, 0.0, &o, &lse, OPTS_ISA(1, (maskpack_isa)99), NULL, 0, &e),
+        MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK(strcmp(e.argument, "isa") == 0);
 
     /* the kernel choice: names, a NULL result, an empty MASKPACK_ISA (= unset), amx forced */
@@ -805,10 +815,14 @@ static void test_gdn_checks(const maskpack_layout *L) {
     for (int i = 0; i < T * HV * V; i++) vm[i] = dom[i] = 0.05f * (float)(i % 7);
     for (int i = 0; i < T * HV; i++) gm[i] = -0.1f, bm[i] = 0.5f;
     const int64_t qs[3] = {T, H, K}, vs[3] = {T, HV, V}, gs[2] = {T, HV};
-    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, qs), k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, qs);
-    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, vs), g = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, gs);
-    maskpack_tensor b = maskpack_tensor_contiguous(bm, MASKPACK_F32, 2, gs), o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, vs);
-    maskpack_tensor dq = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, qs), d_o = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, vs);
+    maskpack_tensor q = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, qs),
+                    k = maskpack_tensor_contiguous(km, MASKPACK_F32, 3, qs);
+    maskpack_tensor v = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, vs),
+                    g = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, gs);
+    maskpack_tensor b = maskpack_tensor_contiguous(bm, MASKPACK_F32, 2, gs),
+                    o = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, vs);
+    maskpack_tensor dq = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, qs),
+                    d_o = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, vs);
     const maskpack_gdn_inputs in = {&q, &k, &v, &g, &b, NULL};
     maskpack_gdn_options opt = maskpack_gdn_options_default();
     maskpack_gdn_grads gr = {&dq, NULL, NULL, NULL, NULL, NULL};
@@ -831,13 +845,15 @@ static void test_gdn_checks(const maskpack_layout *L) {
         bad.scale = scales[i];
         CHECK_STATUS(maskpack_gdn_forward(L, &in, &bad, &o, NULL, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
         CHECK(strcmp(e.argument, "opts.scale") == 0);
-        CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &bad, &gr, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &bad, &gr, NULL, 0, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
         CHECK(strcmp(e.argument, "opts.scale") == 0);
     }
     /* the backward's workspace: a size without a pointer is refused; too small; exactly the queried size */
     CHECK_OK(maskpack_gdn_workspace_size(L, &in, &opt, 1, &need, &e), e);
     void *ws = malloc(need);
-    CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, &gr, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK_STATUS(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, &gr, ws, need - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL,
+                 e);
     CHECK_MSG(e, "workspace: expected at least");
     CHECK_OK(maskpack_gdn_backward(L, &in, &d_o, NULL, &opt, &gr, ws, need, &e), e);
     free(ws);
@@ -855,9 +871,12 @@ static void test_gdn_checks(const maskpack_layout *L) {
     maskpack_layout *E = NULL;
     CHECK_OK(maskpack_layout_from_lengths(zeros, 2, MASKPACK_PLACE_PACKED, 0, NULL, &E, &e), e);
     if (E) {
-        maskpack_tensor qe = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q0), ve = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, v0);
-        maskpack_tensor ge = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, g0), oe = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, v0);
-        maskpack_tensor de = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, v0), dqe = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q0);
+        maskpack_tensor qe = maskpack_tensor_contiguous(qm, MASKPACK_F32, 3, q0),
+                        ve = maskpack_tensor_contiguous(vm, MASKPACK_F32, 3, v0);
+        maskpack_tensor ge = maskpack_tensor_contiguous(gm, MASKPACK_F32, 2, g0),
+                        oe = maskpack_tensor_contiguous(om, MASKPACK_F32, 3, v0);
+        maskpack_tensor de = maskpack_tensor_contiguous(dom, MASKPACK_F32, 3, v0),
+                        dqe = maskpack_tensor_contiguous(dqm, MASKPACK_F32, 3, q0);
         const maskpack_gdn_inputs ie = {&qe, &qe, &ve, &ge, &ge, NULL};
         maskpack_gdn_grads ge_ = {&dqe, NULL, NULL, NULL, NULL, NULL};
         CHECK_OK(maskpack_gdn_forward(E, &ie, &opt, &oe, NULL, NULL, 0, &e), e);
@@ -899,8 +918,10 @@ static void test_attention_odd_dims(void) {
     for (int di = 0; di < 4; di++) {
         const int64_t D_ = dims[di], qs[3] = {TT, HQ, D_}, ks[3] = {TT, 1, D_}, ls[2] = {HQ, TT};
         const size_t nq = (size_t)(TT * HQ * D_), nk = (size_t)(TT * D_);
-        maskpack_tensor qt = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, qs), kt = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ks);
-        maskpack_tensor vt = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ks), dot = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, qs);
+        maskpack_tensor qt = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, qs),
+                        kt = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, ks);
+        maskpack_tensor vt = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, ks),
+                        dot = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, qs);
         int ran[3] = {0, 0, 0};
         for (int a = 0; a < 3; a++) {
             if (isas[a]) {
@@ -927,9 +948,12 @@ static void test_attention_odd_dims(void) {
         CHECK(ran[0] && ran[2]);
         for (int a = 1; a < 3; a++) {
             if (!ran[a]) continue;
-            const double worst = fmax(fmax(max_diff(out[a], out[0], nq), max_diff(lse[a], lse[0], (size_t)(HQ * TT))),
-                                      fmax(max_diff(dq[a], dq[0], nq), fmax(max_diff(dk[a], dk[0], nk), max_diff(dv[a], dv[0], nk))));
-            if (!(worst < 1e-4)) fprintf(stderr, "attention D %lld, %s vs ref: worst %g\n", (long long)D_, isas[a] ? isas[a] : "auto", worst);
+            const double worst =
+                fmax(fmax(max_diff(out[a], out[0], nq), max_diff(lse[a], lse[0], (size_t)(HQ * TT))),
+                     fmax(max_diff(dq[a], dq[0], nq), fmax(max_diff(dk[a], dk[0], nk), max_diff(dv[a], dv[0], nk))));
+            if (!(worst < 1e-4))
+                fprintf(stderr, "attention D %lld, %s vs ref: worst %g\n", (long long)D_, isas[a] ? isas[a] : "auto",
+                        worst);
             CHECK(worst < 1e-4);
         }
     }
@@ -1009,8 +1033,10 @@ static void test_relayout_shards(void) {
     float x[12 * 2], sh[2][6 * 2], back[12 * 2];
     for (int i = 0; i < 24; i++) x[i] = (float)i, back[i] = -1.0f;
     const int64_t s12[2] = {12, 2}, s6[2] = {6, 2}, s6b[2] = {6, 3};
-    maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, s12), bt = maskpack_tensor_contiguous(back, MASKPACK_F32, 2, s12);
-    maskpack_tensor st[2] = {maskpack_tensor_contiguous(sh[0], MASKPACK_F32, 2, s6), maskpack_tensor_contiguous(sh[1], MASKPACK_F32, 2, s6)};
+    maskpack_tensor xt = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, s12),
+                    bt = maskpack_tensor_contiguous(back, MASKPACK_F32, 2, s12);
+    maskpack_tensor st[2] = {maskpack_tensor_contiguous(sh[0], MASKPACK_F32, 2, s6),
+                             maskpack_tensor_contiguous(sh[1], MASKPACK_F32, 2, s6)};
     for (int r = 0; r < 2; r++) CHECK_OK(maskpack_relayout(L, R[r], &xt, &st[r], NULL, 1, &e), e);
     maskpack_relayout_plan *P = NULL;
     const maskpack_layout *srcs[2] = {R[0], R[1]};
@@ -1163,7 +1189,8 @@ static void test_cp_comm(void) {
         const int64_t n12b = 12;
         maskpack_tensor wt1 = maskpack_tensor_contiguous(w1, MASKPACK_F32, 1, &n12b);
         g_rank1_len = 0;
-        CHECK_STATUS(maskpack_cp_all_gather(&c1, A, MASKPACK_CP_ZIGZAG, NULL, &wt1, NULL, &e1), MASKPACK_ERR_NULL_ARGUMENT, e1);
+        CHECK_STATUS(maskpack_cp_all_gather(&c1, A, MASKPACK_CP_ZIGZAG, NULL, &wt1, NULL, &e1),
+                     MASKPACK_ERR_NULL_ARGUMENT, e1);
         CHECK(g_rank1_len > 0); /* it joined the exchange */
         maskpack_comm c0 = {NULL, 0, 2, pair_gather, no_all_to_all};
         CHECK_STATUS(maskpack_cp_check(&c0, A, MASKPACK_CP_ZIGZAG, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
@@ -1175,14 +1202,18 @@ static void test_cp_comm(void) {
         float src[12], dst[12], two[24];
         for (int i = 0; i < 12; i++) src[i] = (float)i, dst[i] = -1.0f;
         const int64_t n12 = 12, n11 = 11;
-        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12), pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
+        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12),
+                        pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
         CHECK_OK(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), e);
         CHECK(memcmp(src, dst, sizeof src) == 0);
-        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, NULL, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, NULL, &pd, NULL, &e),
+                     MASKPACK_ERR_NULL_ARGUMENT, e);
         CHECK(strcmp(e.argument, "part") == 0);
-        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, NULL, NULL, &e),
+                     MASKPACK_ERR_NULL_ARGUMENT, e);
         CHECK(strcmp(e.argument, "whole") == 0);
-        CHECK_STATUS(maskpack_cp_all_gather(&one, NULL, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_all_gather(&one, NULL, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e),
+                     MASKPACK_ERR_NULL_ARGUMENT, e);
         maskpack_tensor p11 = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n11);
         CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &p11, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
         CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [12, ...], found [11]");
@@ -1193,14 +1224,17 @@ static void test_cp_comm(void) {
         maskpack_layout *P = NULL;
         CHECK_OK(maskpack_layout_from_lengths(a, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &P, &e), e);
         if (P) {
-            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_SHAPE,
+                         e);
             CHECK_MSG(e, "part: expected this rank's shard (rank 0 of 1), [2, 8, ...], found [12]");
             const int64_t s2x6[2] = {2, 6}, s3x8[2] = {3, 8};
             maskpack_tensor p26 = maskpack_tensor_contiguous(src, MASKPACK_F32, 2, s2x6);
-            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p26, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p26, &pd, NULL, &e), MASKPACK_ERR_SHAPE,
+                         e);
             CHECK_MSG(e, "found [2, 6]");
             maskpack_tensor p38 = maskpack_tensor_contiguous(src, MASKPACK_F32, 2, s3x8);
-            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p38, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, P, MASKPACK_CP_ZIGZAG, &p38, &pd, NULL, &e), MASKPACK_ERR_SHAPE,
+                         e);
             CHECK_MSG(e, "found [3, 8]");
             maskpack_layout_free(P);
         }
@@ -1211,11 +1245,13 @@ static void test_cp_comm(void) {
         if (O) {
             const int64_t n8 = 8;
             maskpack_tensor p8 = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n8);
-            CHECK_STATUS(maskpack_cp_all_gather(&one, O, MASKPACK_CP_ZIGZAG, &p8, &pd, NULL, &e), MASKPACK_ERR_SHAPE, e);
+            CHECK_STATUS(maskpack_cp_all_gather(&one, O, MASKPACK_CP_ZIGZAG, &p8, &pd, NULL, &e), MASKPACK_ERR_SHAPE,
+                         e);
             CHECK_MSG(e, "expected leading dimension 8 (tokens of a packed layout), found shape [12]");
             maskpack_layout_free(O);
         }
-        CHECK_STATUS(maskpack_cp_all_gather(NULL, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_all_gather(NULL, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e),
+                     MASKPACK_ERR_NULL_ARGUMENT, e);
         CHECK(strcmp(e.argument, "comm") == 0);
     }
     /* the transport failing on the shards, after the agreement went through */
@@ -1224,14 +1260,16 @@ static void test_cp_comm(void) {
         maskpack_comm one = {&left, 0, 1, countdown_gather, no_all_to_all};
         float src[12], dst[12];
         const int64_t n12 = 12;
-        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12), pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
+        maskpack_tensor ps = maskpack_tensor_contiguous(src, MASKPACK_F32, 1, &n12),
+                        pd = maskpack_tensor_contiguous(dst, MASKPACK_F32, 1, &n12);
         CHECK_STATUS(maskpack_cp_all_gather(&one, A, MASKPACK_CP_ZIGZAG, &ps, &pd, NULL, &e), MASKPACK_ERR_COMM, e);
         CHECK_MSG(e, "comm: all_gather of the shards failed on rank 0");
     }
     /* all_gather of shards: the transport failing after the agreement */
     float part[6], whole[12];
     const int64_t p6 = 6, w12 = 12;
-    maskpack_tensor pt = maskpack_tensor_contiguous(part, MASKPACK_F32, 1, &p6), wt = maskpack_tensor_contiguous(whole, MASKPACK_F32, 1, &w12);
+    maskpack_tensor pt = maskpack_tensor_contiguous(part, MASKPACK_F32, 1, &p6),
+                    wt = maskpack_tensor_contiguous(whole, MASKPACK_F32, 1, &w12);
     CHECK_STATUS(maskpack_cp_all_gather(&fails, A, MASKPACK_CP_ZIGZAG, &pt, &wt, NULL, &e), MASKPACK_ERR_COMM, e);
     maskpack_layout_free(A);
     maskpack_layout_free(B);
@@ -1242,15 +1280,15 @@ static void test_cp_comm(void) {
 
 /* ---- NULL pointers of the other calls ------------------------------------------------------------ */
 
-#define EXPECT_NULL(name, call)                                                                       \
-    do {                                                                                              \
-        memset(&e, 0, sizeof e);                                                                      \
-        const maskpack_status s_ = (call);                                                            \
-        CHECK_EQ(s_, MASKPACK_ERR_NULL_ARGUMENT);                                                     \
-        if (strcmp(e.argument, (name)) != 0) {                                                        \
-            fprintf(stderr, "%s:%d: %s named '%s', expected '%s'\n", __FILE__, __LINE__, #call, e.argument, (name)); \
-            CHECK(0);                                                                                 \
-        }                                                                                             \
+#define EXPECT_NULL(name, call)                                                                                        \
+    do {                                                                                                               \
+        memset(&e, 0, sizeof e);                                                                                       \
+        const maskpack_status s_ = (call);                                                                             \
+        CHECK_EQ(s_, MASKPACK_ERR_NULL_ARGUMENT);                                                                      \
+        if (strcmp(e.argument, (name)) != 0) {                                                                         \
+            fprintf(stderr, "%s:%d: %s named '%s', expected '%s'\n", __FILE__, __LINE__, #call, e.argument, (name));   \
+            CHECK(0);                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 static void test_null_pointers(const maskpack_layout *L) {
@@ -1303,9 +1341,11 @@ static void test_null_pointers(const maskpack_layout *L) {
     if (R) {
         int64_t n10 = 10;
         maskpack_tensor idx = maskpack_tensor_contiguous(i64v, MASKPACK_I64, 1, &n10);
-        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_ZIGZAG, &idx, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_ZIGZAG, &idx, &e), MASKPACK_ERR_INVALID_ARGUMENT,
+                     e);
         CHECK_MSG(e, "row width 5 is not divisible by 2*cp = 4");
-        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_CONTIGUOUS, &idx, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
+        CHECK_STATUS(maskpack_cp_shard_indices(R, 2, 0, MASKPACK_CP_CONTIGUOUS, &idx, &e),
+                     MASKPACK_ERR_INVALID_ARGUMENT, e);
         CHECK_MSG(e, "row width 5 is not divisible by cp = 2");
         maskpack_layout_free(R);
     }
@@ -1354,7 +1394,8 @@ static void test_null_pointers(const maskpack_layout *L) {
     const maskpack_status kind_status[4] = {MASKPACK_ERR_INVALID_ARGUMENT, MASKPACK_ERR_UNSUPPORTED,
                                             MASKPACK_ERR_INVALID_ARGUMENT, MASKPACK_ERR_SHAPE};
     const char *kind_msg[4] = {"NONE, pass atten_mask=None", "a TND full mask is never emitted",
-                               "expected NONE, COMPRESSED, PREFIX_COMPRESSED or FULL, found 9", "args from another layout?"};
+                               "expected NONE, COMPRESSED, PREFIX_COMPRESSED or FULL, found 9",
+                               "args from another layout?"};
     for (int k = 0; k < 4; k++) {
         memset(&args, 0, sizeof args);
         args.mask_kind = kinds[k];

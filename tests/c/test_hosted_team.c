@@ -64,8 +64,10 @@ static void pthread_host(void *host, maskpack_task_fn task, void *ctx, int n) {
     args[0] = (thread_arg){h, task, ctx, 0};
     host_thread(&args[0]);
     for (int t = 1; t < n; t++)
-        if (started[t]) pthread_join(th[t], NULL);
-        else host_thread(&args[t]);
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            host_thread(&args[t]);
 }
 
 /* every participant on the caller, the last first */
@@ -149,9 +151,9 @@ enum { HQ = 4, HKV = 2, D = 32, H = 2, HV = 4, KD = 16, VD = 24, C = 40, W = 4 }
 
 typedef struct {
     int64_t T, N;
-    float *q, *k, *v, *dout;          /* attention */
+    float *q, *k, *v, *dout;             /* attention */
     float *gq, *gk, *gv, *gg, *gb, *gdo; /* GDN */
-    float *x, *w, *dy;                /* conv */
+    float *x, *w, *dy;                   /* conv */
 } inputs;
 
 static inputs make_inputs(const maskpack_layout *L) {
@@ -175,7 +177,8 @@ static inputs make_inputs(const maskpack_layout *L) {
 }
 
 static void free_inputs(inputs *in) {
-    float *all[] = {in->q, in->k, in->v, in->dout, in->gq, in->gk, in->gv, in->gg, in->gb, in->gdo, in->x, in->w, in->dy};
+    float *all[] = {in->q,  in->k,  in->v,   in->dout, in->gq, in->gk, in->gv,
+                    in->gg, in->gb, in->gdo, in->x,    in->w,  in->dy};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
 }
 
@@ -230,7 +233,8 @@ static result run_all(const maskpack_layout *L, const inputs *in, maskpack_worke
         maskpack_tensor dv = tens(b + 2 * T * H * KD, 3, T, HV, VD);
         maskpack_tensor dg = maskpack_tensor_contiguous(b + 2 * T * H * KD + T * HV * VD, MASKPACK_F32, 2, gs);
         maskpack_tensor db = maskpack_tensor_contiguous(b + 2 * T * H * KD + T * HV * VD + T * HV, MASKPACK_F32, 2, gs);
-        maskpack_tensor dh0 = maskpack_tensor_contiguous(b + 2 * T * H * KD + T * HV * VD + 2 * T * HV, MASKPACK_F32, 4, ss);
+        maskpack_tensor dh0 =
+            maskpack_tensor_contiguous(b + 2 * T * H * KD + T * HV * VD + 2 * T * HV, MASKPACK_F32, 4, ss);
         maskpack_tensor d_o = tens(in->gdo, 3, T, HV, VD);
         maskpack_gdn_grads gr = {&dq, &dk, &dv, &dg, &db, &dh0};
         CHECK_OK(maskpack_gdn_backward_on(L, &gi, &d_o, NULL, &opts, &gr, team, NULL, 0, &e), e);
@@ -293,8 +297,10 @@ static void test_every_host_gives_the_same_bits(void) {
                 free(got.buf);
             }
             /* a team of one runs on the caller; a larger one asks the host for its regions */
-            if (n == 1) CHECK_EQ(atomic_load(&hs->regions), 0);
-            else CHECK(atomic_load(&hs->regions) > 0);
+            if (n == 1)
+                CHECK_EQ(atomic_load(&hs->regions), 0);
+            else
+                CHECK(atomic_load(&hs->regions) > 0);
             /* every region asks for all n participants (the lone host runs the first only) */
             CHECK_EQ(atomic_load(&hs->runs), atomic_load(&hs->regions) * (HOSTS[hk].fn == lone_host ? 1 : n));
             CHECK_EQ(atomic_load(&hs->overlap_bad), 0);
@@ -323,7 +329,8 @@ static void test_fork_child_runs_alone(void) {
     pid_t pid = fork();
     if (pid == 0) {
         result got = run_all(L, &in, team);
-        int ok = got.n == want.n && same_floats(got.buf, want.buf, want.n) && atomic_load(&hs->regions) == regions_before;
+        int ok =
+            got.n == want.n && same_floats(got.buf, want.buf, want.n) && atomic_load(&hs->regions) == regions_before;
         _exit(ok ? 0 : 1);
     }
     int status = 0;
@@ -382,7 +389,7 @@ static void test_small_moves_stay_on_the_caller(void) {
         const maskpack_tensor *xv[1] = {&xt};
         int before = atomic_load(&hs->regions);
         CHECK_OK(maskpack_relayout_execute_on(plan, xv, &yt, NULL, team, &e), e);
-        CHECK_EQ(atomic_load(&hs->regions) - before, big); /* 1 MiB: none; 64 MiB: one region */
+        CHECK_EQ(atomic_load(&hs->regions) - before, big);             /* 1 MiB: none; 64 MiB: one region */
         CHECK(memcmp(x, y, sizeof(float) * (size_t)(2 * W * C)) == 0); /* two full rows: the same bytes */
         free(x);
         free(y);

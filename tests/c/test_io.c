@@ -510,8 +510,7 @@ static int write_zip64(const char *path) {
     uint8_t *buf = NULL;
     size_t len = 0;
     maskpack_error e;
-    if (mpio_npz_encode_zip64_from(z.items, 3, 1, 200, &buf, &len, &e) ||
-        mpio_write_file(path, buf, len, &e)) {
+    if (mpio_npz_encode_zip64_from(z.items, 3, 1, 200, &buf, &len, &e) || mpio_write_file(path, buf, len, &e)) {
         fprintf(stderr, "%s\n", e.message);
         free(buf);
         return 1;
@@ -659,20 +658,53 @@ static void test_npz_hand_deflated(void) {
     uint8_t zip[2048];
     size_t p = 0;
 #define PUT16(v) (zip[p++] = (uint8_t)(v), zip[p++] = (uint8_t)((v) >> 8))
-#define PUT32(v) (PUT16((v) & 0xffff), PUT16((uint32_t)(v) >> 16))
-    PUT32(0x04034b50u); PUT16(20); PUT16(0); PUT16(8); PUT16(0); PUT16(0x21);
-    PUT32(crc); PUT32(clen); PUT32((uint32_t)npy_len); PUT16(nlen); PUT16(0);
-    memcpy(zip + p, name, nlen); p += nlen;
-    memcpy(zip + p, comp, clen); p += clen;
+#define PUT32(v) (PUT16((v)&0xffff), PUT16((uint32_t)(v) >> 16))
+    PUT32(0x04034b50u);
+    PUT16(20);
+    PUT16(0);
+    PUT16(8);
+    PUT16(0);
+    PUT16(0x21);
+    PUT32(crc);
+    PUT32(clen);
+    PUT32((uint32_t)npy_len);
+    PUT16(nlen);
+    PUT16(0);
+    memcpy(zip + p, name, nlen);
+    p += nlen;
+    memcpy(zip + p, comp, clen);
+    p += clen;
     size_t cd = p;
-    PUT32(0x02014b50u); PUT16(20); PUT16(20); PUT16(0); PUT16(8); PUT16(0); PUT16(0x21);
-    PUT32(crc); PUT32(clen); PUT32((uint32_t)npy_len); PUT16(nlen); PUT16(0); PUT16(0); PUT16(0); PUT16(0);
-    PUT32(0); PUT32(0);
-    memcpy(zip + p, name, nlen); p += nlen;
+    PUT32(0x02014b50u);
+    PUT16(20);
+    PUT16(20);
+    PUT16(0);
+    PUT16(8);
+    PUT16(0);
+    PUT16(0x21);
+    PUT32(crc);
+    PUT32(clen);
+    PUT32((uint32_t)npy_len);
+    PUT16(nlen);
+    PUT16(0);
+    PUT16(0);
+    PUT16(0);
+    PUT16(0);
+    PUT32(0);
+    PUT32(0);
+    memcpy(zip + p, name, nlen);
+    p += nlen;
     size_t cd_size = p - cd;
-    PUT32(0x06054b50u); PUT16(0); PUT16(0); PUT16(1); PUT16(1); PUT32((uint32_t)cd_size); PUT32((uint32_t)cd);
+    PUT32(0x06054b50u);
+    PUT16(0);
+    PUT16(0);
+    PUT16(1);
+    PUT16(1);
+    PUT32((uint32_t)cd_size);
+    PUT32((uint32_t)cd);
     PUT16(3);
-    memcpy(zip + p, "hi!", 3); p += 3; /* an archive comment */
+    memcpy(zip + p, "hi!", 3);
+    p += 3; /* an archive comment */
 #undef PUT16
 #undef PUT32
     mpio_array a;
@@ -752,8 +784,9 @@ static void test_safetensors(void) {
     /* a key that is not UTF-8, and overlong or surrogate encodings, are refused (were accepted) */
     expect_st_error("{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_FORMAT,
                     "header is not valid UTF-8 (byte 3 of the header, 0xff)");
-    expect_st_error("{\"\xc0\xaf" "a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
-                    MASKPACK_ERR_FORMAT, "not valid UTF-8");
+    expect_st_error("{\"\xc0\xaf"
+                    "a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}",
+                    4, MASKPACK_ERR_FORMAT, "not valid UTF-8");
     expect_st_error("{\"\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
                     MASKPACK_ERR_FORMAT, "not valid UTF-8");
     /* __metadata__ is an object (a list or a number was accepted) */
@@ -764,8 +797,10 @@ static void test_safetensors(void) {
     {
         /* valid multi-byte UTF-8 names and string metadata load */
         size_t ulen;
-        uint8_t *ub = make_st("{\"__metadata__\":{\"k\":\"v\"},\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"U8\","
-                              "\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &ulen);
+        uint8_t *ub =
+            make_st("{\"__metadata__\":{\"k\":\"v\"},\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":{\"dtype\":\"U8\","
+                    "\"shape\":[4],\"data_offsets\":[0,4]}}",
+                    4, &ulen);
         mpio_arrayset us;
         maskpack_error ue;
         CHECK_OK(mpio_safetensors_parse(ub, ulen, &us, &ue), ue);
@@ -784,10 +819,11 @@ static void test_safetensors(void) {
                     MASKPACK_ERR_FORMAT, "below 2^53");
     expect_st_error("{\"a\":{\"dtype\":\"I64\",\"shape\":[4503599627370496,4503599627370496],\"data_offsets\":[0,0]}}",
                     0, MASKPACK_ERR_FORMAT, "element count overflows int64 at dimension 1 (4503599627370496)");
-    {   /* a zero dimension after huge ones: no element, no overflow (as the .npy reader decides) */
+    { /* a zero dimension after huge ones: no element, no overflow (as the .npy reader decides) */
         size_t zl;
         uint8_t *zb = make_st("{\"a\":{\"dtype\":\"I64\",\"shape\":[4294967296,4294967296,0],"
-                              "\"data_offsets\":[0,0]}}", 0, &zl);
+                              "\"data_offsets\":[0,0]}}",
+                              0, &zl);
         mpio_arrayset zs;
         maskpack_error ze;
         CHECK_OK(mpio_safetensors_parse(zb, zl, &zs, &ze), ze);
@@ -922,18 +958,18 @@ static void test_png(void) {
     img.format = PNG_FORMAT_RGB;
     uint8_t *px = malloc(PNG_IMAGE_SIZE(img));
     CHECK(png_image_finish_read(&img, NULL, px, 0, NULL));
-#define PX(x, y) (px + ((size_t)(y) * 24 + (size_t)(x)) * 3)
-#define CELL(b, i, j) PX((j) * 4 + 1, (b) * 26 + (i) * 4 + 1)
+#define PX(x, y)      (px + ((size_t)(y)*24 + (size_t)(x)) * 3)
+#define CELL(b, i, j) PX((j)*4 + 1, (b)*26 + (i)*4 + 1)
     const uint8_t *c00 = CELL(0, 0, 0), *c33 = CELL(0, 3, 3), *c22r1 = CELL(1, 2, 2);
-    CHECK(memcmp(c00, c33, 3) != 0);    /* two documents, two colours */
+    CHECK(memcmp(c00, c33, 3) != 0); /* two documents, two colours */
     CHECK(memcmp(c00, CELL(0, 2, 1), 3) == 0);
     CHECK(memcmp(c22r1, CELL(1, 5, 3), 3) == 0);
     uint8_t white[3] = {255, 255, 255}, other[3] = {222, 222, 222}, pad[3] = {110, 110, 110}, sep[3] = {0, 0, 0};
-    CHECK(memcmp(CELL(0, 0, 1), white, 3) == 0);  /* causal: key after the query */
-    CHECK(memcmp(CELL(0, 3, 1), other, 3) == 0);  /* document 2 looking at document 1 */
-    CHECK(memcmp(CELL(0, 5, 0), pad, 3) == 0);    /* pad query row */
-    CHECK(memcmp(CELL(0, 1, 5), pad, 3) == 0);    /* pad key column */
-    CHECK(memcmp(CELL(1, 0, 0), pad, 3) == 0);    /* left padding */
+    CHECK(memcmp(CELL(0, 0, 1), white, 3) == 0); /* causal: key after the query */
+    CHECK(memcmp(CELL(0, 3, 1), other, 3) == 0); /* document 2 looking at document 1 */
+    CHECK(memcmp(CELL(0, 5, 0), pad, 3) == 0);   /* pad query row */
+    CHECK(memcmp(CELL(0, 1, 5), pad, 3) == 0);   /* pad key column */
+    CHECK(memcmp(CELL(1, 0, 0), pad, 3) == 0);   /* left padding */
     CHECK(memcmp(PX(5, 24), sep, 3) == 0);
     CHECK(memcmp(PX(5, 25), sep, 3) == 0);
 #undef CELL

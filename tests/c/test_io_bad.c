@@ -87,13 +87,15 @@ static void test_safetensors_bad(void) {
               "data_offsets must be two non-negative integers");
     /* two tensors on the same first byte (one of them empty) are read; two overlapping ones are not */
     b = make_st("{\"a\":{\"dtype\":\"I32\",\"shape\":[0],\"data_offsets\":[0,0]},"
-                "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, &len);
+                "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                8, &len);
     CHECK_OK(mpio_safetensors_parse(b, len, &s, &e), e);
     CHECK_EQ(s.n, 2);
     mpio_arrayset_free(&s);
     free(b);
     expect_st("{\"a\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-              "\"b\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, MASKPACK_ERR_FORMAT, "overlap");
+              "\"b\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+              4, MASKPACK_ERR_FORMAT, "overlap");
 
     /* the writer refuses a reserved or duplicated name */
     int32_t v[2] = {1, 2};
@@ -147,9 +149,9 @@ typedef struct zmember {
     const uint8_t *data; /* bytes written as the member's data */
     size_t data_len;
     uint32_t method, size, crc;
-    size_t pad;          /* zero bytes written after the data, counted in its compressed size */
-    int64_t comp_adjust; /* added to the compressed size both headers declare */
-    uint16_t disk;       /* the central entry's disk number */
+    size_t pad;            /* zero bytes written after the data, counted in its compressed size */
+    int64_t comp_adjust;   /* added to the compressed size both headers declare */
+    uint16_t disk;         /* the central entry's disk number */
     const uint8_t *cextra; /* the central entry's extra field */
     size_t cextra_len;
 } zmember;
@@ -466,7 +468,8 @@ static void test_zip_more(void) {
     /* an end record with zip64 markers (0xFFFF entries) but no zip64 locator before it */
     b[len - 22 + 10] = 0xff;
     b[len - 22 + 11] = 0xff;
-    expect_zip(b, len, MASKPACK_ERR_FORMAT, "end record has zip64 markers (0xFFFF...) but no zip64 locator precedes it");
+    expect_zip(b, len, MASKPACK_ERR_FORMAT,
+               "end record has zip64 markers (0xFFFF...) but no zip64 locator precedes it");
     free(b);
     /* a zip64 archive (the writer's) whose zip64 end record names another disk */
     int32_t w4[4] = {1, 2, 3, 4};
@@ -505,10 +508,12 @@ static void test_zip_more(void) {
     it[0].name = "b";
     CHECK_STATUS(mpio_npz_encode(it, 2, 1, &out, &olen, &e), MASKPACK_ERR_INVALID_ARGUMENT, e);
     CHECK_MSG(e, "items[1].name: 'b' repeats items[0]");
-    it[0].name = "gr\xc3\xb6\xc3\x9f" "e";
+    it[0].name = "gr\xc3\xb6\xc3\x9f"
+                 "e";
     CHECK_OK(mpio_npz_encode(it, 2, 1, &out, &olen, &e), e);
     CHECK_OK(mpio_npz_parse(out, olen, &set, &e), e);
-    const mpio_array *g = mpio_arrayset_find(&set, "gr\xc3\xb6\xc3\x9f" "e");
+    const mpio_array *g = mpio_arrayset_find(&set, "gr\xc3\xb6\xc3\x9f"
+                                                   "e");
     CHECK(g && mpio_array_numel(g) == (1 << 18) && memcmp(g->data, v, sizeof v) == 0);
     mpio_arrayset_free(&set);
     /* the central entry of the UTF-8 name has general-purpose flag bit 11 set */
@@ -594,9 +599,12 @@ static void test_npy_headers(void) {
                "descr '<' is not a numpy type string");
     expect_npy(1, "{'descr': '<ix', 'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT,
                "is not a numpy type string");
-    expect_npy(1, "{'descr': '<i4', 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'fortran_order'");
-    expect_npy(1, "{'descr': '<i4', 'fortran_order': False, }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'shape'");
-    expect_npy(1, "{'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT, "npy header: missing key 'descr'");
+    expect_npy(1, "{'descr': '<i4', 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT,
+               "npy header: missing key 'fortran_order'");
+    expect_npy(1, "{'descr': '<i4', 'fortran_order': False, }", 4, MASKPACK_ERR_FORMAT,
+               "npy header: missing key 'shape'");
+    expect_npy(1, "{'fortran_order': False, 'shape': (1,), }", 4, MASKPACK_ERR_FORMAT,
+               "npy header: missing key 'descr'");
     /* descr strings: each kind with an item size it does not have, the kinds never read, an unknown
      * kind, a size that is no size, byte orders a file cannot use */
     const struct {
@@ -690,8 +698,7 @@ static void test_files(void) {
 
 /* Feeds n bytes (byte i = i * 7 mod 251) to this process's standard input from a child process, then
  * reads "-" with the given limit. Returns the status; *got / *got_len the bytes read. */
-static maskpack_status read_stdin_of(size_t n, uint64_t max_bytes, uint8_t **got, size_t *got_len,
-                                     maskpack_error *e) {
+static maskpack_status read_stdin_of(size_t n, uint64_t max_bytes, uint8_t **got, size_t *got_len, maskpack_error *e) {
     int fds[2];
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();

@@ -189,7 +189,8 @@ static void load_records(void) {
         if (line[0] == '#' || !line[0]) continue;
         if (strncmp(line, "key ", 4) == 0) {
             in_mine = strcmp(line + 4, build_key) == 0;
-            if (in_mine) have_section = 1;
+            if (in_mine)
+                have_section = 1;
             else if (strlen(other_keys) + strlen(line) + 4 < sizeof other_keys) {
                 strcat(other_keys, "\n  ");
                 strcat(other_keys, line + 4);
@@ -393,8 +394,8 @@ static void attention_case(const acase *c, int bf16, uint64_t seed) {
                  e);
         char nm[96];
         const char *dt = bf16 ? "bf16" : "f32";
-#define DIG(field, n, size)                                                                 \
-    snprintf(nm, sizeof nm, "attn.%s.%s.%s.%s", c->name, dt, ISA_NAMES[x], #field);         \
+#define DIG(field, n, size)                                                                                            \
+    snprintf(nm, sizeof nm, "attn.%s.%s.%s.%s", c->name, dt, ISA_NAMES[x], #field);                                    \
     digest(nm, r->field, (size_t)(n) * (size));
         DIG(out, nq, es)
         DIG(lse, nl, sizeof(float))
@@ -437,7 +438,8 @@ static void test_attention(void) {
     acase cases[6];
     memset(cases, 0, sizeof cases);
     cases[0] = (acase){"padded_causal_gqa", lengths_layout(la, 5, MASKPACK_PLACE_RIGHT, 0, &causal), 4, 2, 64, 0, 1};
-    cases[1] = (acase){"packed_window_softcap", lengths_layout(lb, 4, MASKPACK_PLACE_PACKED, 0, &win), 6, 2, 40, 20.0, 2};
+    cases[1] =
+        (acase){"packed_window_softcap", lengths_layout(lb, 4, MASKPACK_PLACE_PACKED, 0, &win), 6, 2, 40, 20.0, 2};
     cases[2] = (acase){"rows_bidir_mqa", lengths_layout(lc, 5, MASKPACK_PLACE_PACKED, 128, &bidir), 3, 1, 128, 0, 3};
     cases[3] = (acase){"left_causal", lengths_layout(la, 5, MASKPACK_PLACE_LEFT, 0, &causal), 2, 2, 16, 0, 1};
     /* cross attention, top-left: rows whose queries see no key */
@@ -454,10 +456,12 @@ static void test_attention(void) {
         CHECK_OK(maskpack_layout_from_segments(seg, 3, 1, 91, 128, 1, &tl, &L, &e), e);
         cases[4] = (acase){"cross_topleft", L, 2, 1, 32, 0, 2};
     }
-    cases[5] = (acase){"long_causal_ramp", lengths_layout(ld, 2, MASKPACK_PLACE_PACKED, 0, &causal), 2, 1, 64, 0, 2, 3.0f};
+    cases[5] =
+        (acase){"long_causal_ramp", lengths_layout(ld, 2, MASKPACK_PLACE_PACKED, 0, &causal), 2, 1, 64, 0, 2, 3.0f};
     for (int c = 0; c < 6; c++) {
         if (!cases[c].L) continue;
-        for (int bf = 0; bf < 2; bf++) attention_case(&cases[c], bf, 0x9e3779b97f4a7c15ull * (uint64_t)(c * 2 + bf + 1));
+        for (int bf = 0; bf < 2; bf++)
+            attention_case(&cases[c], bf, 0x9e3779b97f4a7c15ull * (uint64_t)(c * 2 + bf + 1));
         maskpack_layout_free(cases[c].L);
     }
 }
@@ -509,7 +513,8 @@ static void gdn_case(const gcase *c, uint64_t seed) {
     memset(outs, 0, sizeof outs);
     const int64_t counts[10] = {nv, nv, ns, ns, nqk, nqk, nv, nh, nh, ns};
     const int isbf[10] = {c->bf16, c->bf16, 0, 0, c->bf16, c->bf16, c->bf16, c->bf16, c->bf16, 0};
-    static const char *const names[10] = {"o_chunk", "o_recur", "ht_chunk", "ht_recur", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+    static const char *const names[10] = {"o_chunk", "o_recur", "ht_chunk", "ht_recur", "dq",
+                                          "dk",      "dv",      "dg",       "dbeta",    "dh0"};
     for (int x = 0; x < N_ISA; x++) {
         if (!isa_ok[x]) continue;
         for (int o = 0; o < 10; o++) outs[x][o] = calloc((size_t)counts[o], isbf[o] ? 2 : 4);
@@ -678,9 +683,10 @@ int main(int argc, char **argv) {
         snprintf(note, sizeof note, "bitwise against the outputs recorded on this CPU and build%s%s",
                  not_run[0] ? "; NOT RUN (this CPU lacks them):" : "", not_run);
     else
-        snprintf(note, sizeof note,
-                 "bitwise part NOT checked: it applies to the recording CPU and build only (this one: %s; recorded:%s); "
-                 "vector kernels checked against the reference within tolerance%s%s",
-                 build_key, other_keys, not_run[0] ? "; NOT RUN (this CPU lacks them):" : "", not_run);
+        snprintf(
+            note, sizeof note,
+            "bitwise part NOT checked: it applies to the recording CPU and build only (this one: %s; recorded:%s); "
+            "vector kernels checked against the reference within tolerance%s%s",
+            build_key, other_keys, not_run[0] ? "; NOT RUN (this CPU lacks them):" : "", not_run);
     return check_report_note("test_kernel_digest", note);
 }

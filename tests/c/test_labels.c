@@ -67,8 +67,8 @@ static void test_loss_agreement(void) {
             if (lens[k] > width) width = lens[k];
         }
         maskpack_layout *Pd = NULL, *Pk = NULL, *G = NULL;
-        CHECK_OK(maskpack_layout_from_lengths(lens, (size_t)n, iter % 2 ? MASKPACK_PLACE_LEFT : MASKPACK_PLACE_RIGHT,
-                                              0, NULL, &Pd, &e),
+        CHECK_OK(maskpack_layout_from_lengths(lens, (size_t)n, iter % 2 ? MASKPACK_PLACE_LEFT : MASKPACK_PLACE_RIGHT, 0,
+                                              NULL, &Pd, &e),
                  e);
         if (!Pd) continue;
         CHECK_OK(maskpack_layout_packed_of(Pd, &Pk, &e), e);
@@ -76,7 +76,8 @@ static void test_loss_agreement(void) {
         CHECK_OK(maskpack_layout_pad_to_multiple(Pk, 2 * cp, &G, &e), e);
         if (!G) continue;
         int64_t B = maskpack_layout_n_rows(Pd), S = maskpack_layout_q_width(Pd), T = maskpack_layout_q_width(G);
-        int64_t *lab = malloc(sizeof(int64_t) * (size_t)(B * S + 1)), *sl = malloc(sizeof(int64_t) * (size_t)(B * S + 1));
+        int64_t *lab = malloc(sizeof(int64_t) * (size_t)(B * S + 1)),
+                *sl = malloc(sizeof(int64_t) * (size_t)(B * S + 1));
         double *loss = malloc(sizeof(double) * (size_t)(B * S + 1)), *w = malloc(sizeof(double) * (size_t)(B * S + 1));
         for (int64_t t = 0; t < B * S; t++) {
             lab[t] = rnd_in(0, 4) == 0 ? -100 : rnd_in(0, 1000); /* prompt tokens carry -100 */
@@ -118,7 +119,8 @@ static void test_loss_agreement(void) {
                 CHECK_OK(maskpack_layout_cp_shard(G, cp, r, MASKPACK_CP_ZIGZAG, &Sh, &e), e);
                 if (!Sh) continue;
                 int64_t local = T / cp;
-                double *ls = malloc(sizeof(double) * (size_t)(local + 1)), *ws = malloc(sizeof(double) * (size_t)(local + 1));
+                double *ls = malloc(sizeof(double) * (size_t)(local + 1)),
+                       *ws = malloc(sizeof(double) * (size_t)(local + 1));
                 maskpack_tensor lst = maskpack_tensor_contiguous(ls, MASKPACK_F64, 1, &local);
                 maskpack_tensor wst = maskpack_tensor_contiguous(ws, MASKPACK_F64, 1, &local);
                 maskpack_tensor lossp = maskpack_tensor_contiguous(loss, MASKPACK_F64, 2, ps);

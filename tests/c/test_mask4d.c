@@ -407,12 +407,18 @@ static void test_conventions(void) {
         maskpack_dtype dt;
         double neg;
     } forms[] = {
-        {MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0},       {MASKPACK_MASK_MASKED, MASKPACK_I32, 0},
-        {MASKPACK_MASK_KEEP, MASKPACK_U8, 0},           {MASKPACK_MASK_KEEP, MASKPACK_I64, 0},
-        {MASKPACK_MASK_KEEP, MASKPACK_F32, 0},          {MASKPACK_MASK_MASKED, MASKPACK_F16, 0},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -10000.0},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -FLT_MAX}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, -65504.0},
-        {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, -INFINITY}, {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, -DBL_MAX},
+        {MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0},
+        {MASKPACK_MASK_MASKED, MASKPACK_I32, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_U8, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_I64, 0},
+        {MASKPACK_MASK_KEEP, MASKPACK_F32, 0},
+        {MASKPACK_MASK_MASKED, MASKPACK_F16, 0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -INFINITY},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -10000.0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F32, -FLT_MAX},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F16, -65504.0},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_BF16, -INFINITY},
+        {MASKPACK_MASK_ADDITIVE, MASKPACK_F64, -DBL_MAX},
     };
     maskpack_layout *first = NULL;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
@@ -617,8 +623,7 @@ static void test_not_representable(void) {
         uint8_t *att = att_of_layout(L, 1, 8);
         att[6 * 8 + 1] = 1;
         maskpack_tensor t = encode(att, 1, 1, 8, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
-        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE,
-                     e);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
         CHECK_MSG(e, "not block-diagonal");
         CHECK_EQ(e.index[0], 0);
         CHECK_EQ(e.index[2], 6);
@@ -670,8 +675,7 @@ static void test_not_representable(void) {
         uint8_t *a2 = att_of_layout(L, 1, 8);
         memset(a2 + 3 * 8, 0, 8);
         t = encode(a2, 1, 1, 8, MASKPACK_MASK_MASKED, MASKPACK_BOOL, 0);
-        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE,
-                     e);
+        CHECK_STATUS(maskpack_layout_from_mask4d(&t, MASKPACK_MASK_MASKED, &R, &e), MASKPACK_ERR_NOT_REPRESENTABLE, e);
         CHECK_EQ(e.index[2], 3);
         CHECK_MSG(e, "attends no key");
         free(t.data);
@@ -814,7 +818,8 @@ static void test_roundtrip_property(void) {
                 if (test_rng_below(&r, 4) == 0) col += 1 + test_rng_below(&r, 2); /* padding */
                 if (col > S) col = S;
                 int64_t room = S - col;
-                int64_t len = test_rng_below(&r, 3) == 0 ? test_rng_below(&r, 2) : test_rng_below(&r, room + 1); /* often 0 or 1 */
+                int64_t len = test_rng_below(&r, 3) == 0 ? test_rng_below(&r, 2)
+                                                         : test_rng_below(&r, room + 1); /* often 0 or 1 */
                 if (len > room) len = room;
                 maskpack_segment g = {b, col, len, col, len};
                 segs[n++] = g;
@@ -859,8 +864,9 @@ static void test_roundtrip_property(void) {
 
         uint8_t *att = att_of_layout(L, B, S);
         int form = (int)test_rng_below(&r, 3);
-        maskpack_mask_convention conv = form == 0 ? MASKPACK_MASK_KEEP : form == 1 ? MASKPACK_MASK_MASKED
-                                                                                : MASKPACK_MASK_ADDITIVE;
+        maskpack_mask_convention conv = form == 0   ? MASKPACK_MASK_KEEP
+                                        : form == 1 ? MASKPACK_MASK_MASKED
+                                                    : MASKPACK_MASK_ADDITIVE;
         maskpack_dtype dt = form == 0 ? MASKPACK_BOOL : form == 1 ? MASKPACK_U8 : MASKPACK_F32;
         maskpack_tensor t = encode(att, B, 1, S, conv, dt, -INFINITY);
         if (test_rng_below(&r, 2)) { /* broadcast heads */
@@ -884,8 +890,7 @@ static void test_roundtrip_property(void) {
                     q.n_spans, q.prefix ? "yes" : "no");
             for (size_t k = 0; k < n; k++)
                 fprintf(stderr, "    seg %zu: row %lld [%lld, +%lld) prefix %lld\n", k, (long long)segs[k].row,
-                        (long long)segs[k].q_start, (long long)segs[k].q_len,
-                        (long long)(q.prefix ? q.prefix[k] : 0));
+                        (long long)segs[k].q_start, (long long)segs[k].q_len, (long long)(q.prefix ? q.prefix[k] : 0));
             for (size_t k = 0; k < q.n_spans; k++)
                 fprintf(stderr, "    span seg %lld [%lld, %lld)\n", (long long)q.spans[k].segment,
                         (long long)q.spans[k].start, (long long)q.spans[k].end);
@@ -941,8 +946,7 @@ static void test_perturbed_property(void) {
                 for (int64_t i = 0; i < S; i++) {
                     CHECK_EQ(maskpack_segment_of_query(R, b, i) >= 0, valid[b * S + i]);
                     if (!valid[b * S + i]) continue;
-                    for (int64_t j = 0; j < S; j++)
-                        bad += maskpack_allowed(R, b, 0, i, j) != att[(b * S + i) * S + j];
+                    for (int64_t j = 0; j < S; j++) bad += maskpack_allowed(R, b, 0, i, j) != att[(b * S + i) * S + j];
                 }
             CHECK_EQ(bad, 0);
         } else if (s == MASKPACK_ERR_NOT_REPRESENTABLE) {
@@ -1014,8 +1018,8 @@ static void exh_one(const int64_t *len, size_t nseg, const maskpack_rule *rule, 
             fprintf(stderr, " causal=%d window=(%lld,%lld) spans", rule->causal, (long long)rule->window_left,
                     (long long)rule->window_right);
             for (size_t k = 0; k < rule->n_spans; k++)
-                fprintf(stderr, " (%lld,%lld,%lld)", (long long)rule->spans[k].segment,
-                        (long long)rule->spans[k].start, (long long)rule->spans[k].end);
+                fprintf(stderr, " (%lld,%lld,%lld)", (long long)rule->spans[k].segment, (long long)rule->spans[k].start,
+                        (long long)rule->spans[k].end);
             fprintf(stderr, " prefix");
             for (size_t k = 0; k < rule->n_prefix; k++) fprintf(stderr, " %lld", (long long)rule->prefix[k]);
             if (s != MASKPACK_OK)
@@ -1128,10 +1132,13 @@ static void test_mask4d_checks(void) {
     static float mf[64];
     const int64_t s3[3] = {1, 4, 4}, s4[4] = {1, 1, 4, 4}, h0[4] = {1, 0, 4, 4}, q2[4] = {1, 1, 2, 4}, s2[2] = {1, 4};
     maskpack_tensor t3 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 3, s3);
-    expect_m4(&t3, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_SHAPE, "layout recovery needs a [B,1,S,S] or [B,H,S,S] mask, found 3");
-    expect_m4(&t3, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_SHAPE, "expected [B,1,S,S], [B,H,S,S], [B,1,1,S] or [B,S], found 3");
+    expect_m4(&t3, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_SHAPE,
+              "layout recovery needs a [B,1,S,S] or [B,H,S,S] mask, found 3");
+    expect_m4(&t3, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_SHAPE,
+              "expected [B,1,S,S], [B,H,S,S], [B,1,1,S] or [B,S], found 3");
     maskpack_tensor t4 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 4, s4);
-    expect_m4(&t4, (maskpack_mask_convention)7, 1, MASKPACK_ERR_CONVENTION, "convention: expected KEEP (0), MASKED (1) or ADDITIVE (2), found 7");
+    expect_m4(&t4, (maskpack_mask_convention)7, 1, MASKPACK_ERR_CONVENTION,
+              "convention: expected KEEP (0), MASKED (1) or ADDITIVE (2), found 7");
     expect_m4(&t4, MASKPACK_MASK_ADDITIVE, 0, MASKPACK_ERR_DTYPE, "an ADDITIVE mask needs a float dtype");
     maskpack_tensor th = maskpack_tensor_contiguous(mi, MASKPACK_I32, 4, h0);
     expect_m4(&th, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_SHAPE, "expected at least one head (dimension 1), found 0");
@@ -1141,15 +1148,18 @@ static void test_mask4d_checks(void) {
     /* values: each convention names what it accepts and the element that is not */
     for (int i = 0; i < 16; i++) mi[i] = 0, mf[i] = 0.0f;
     mi[1] = 2;
-    expect_m4(&t4, MASKPACK_MASK_MASKED, 1, MASKPACK_ERR_VALUE, "mask[0, 0, 0, 1]: expected 0 or 1 in a MASKED mask (1 = excluded), found 2");
+    expect_m4(&t4, MASKPACK_MASK_MASKED, 1, MASKPACK_ERR_VALUE,
+              "mask[0, 0, 0, 1]: expected 0 or 1 in a MASKED mask (1 = excluded), found 2");
     expect_m4(&t4, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_VALUE, "expected 0 or 1 in a KEEP mask (1 = attend), found 2");
     maskpack_tensor t2 = maskpack_tensor_contiguous(mi, MASKPACK_I32, 2, s2);
     expect_m4(&t2, MASKPACK_MASK_KEEP, 0, MASKPACK_ERR_VALUE, "mask[0, 1]: expected 0 or 1 in a KEEP mask");
     mf[2] = 0.5f;
     maskpack_tensor f4 = maskpack_tensor_contiguous(mf, MASKPACK_F32, 4, s4);
-    expect_m4(&f4, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_VALUE, "expected exactly 0 or 1 in a KEEP mask of dtype float32, found 0.5");
+    expect_m4(&f4, MASKPACK_MASK_KEEP, 1, MASKPACK_ERR_VALUE,
+              "expected exactly 0 or 1 in a KEEP mask of dtype float32, found 0.5");
     mf[2] = 1.0f;
-    expect_m4(&f4, MASKPACK_MASK_ADDITIVE, 1, MASKPACK_ERR_VALUE, "expected 0 (attend) or a negative value (excluded) in an ADDITIVE mask, found 1");
+    expect_m4(&f4, MASKPACK_MASK_ADDITIVE, 1, MASKPACK_ERR_VALUE,
+              "expected 0 (attend) or a negative value (excluded) in an ADDITIVE mask, found 1");
 }
 
 int main(void) {

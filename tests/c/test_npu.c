@@ -14,8 +14,8 @@
 
 #define INF MP_NPU_INF
 
-static uint8_t comp_mask[2048 * 2048];          /* triu(ones(2048, 2048), 1) */
-static uint8_t comp6_mask[3072 * 2048];         /* the sparse_mode 6 mask */
+static uint8_t comp_mask[2048 * 2048];  /* triu(ones(2048, 2048), 1) */
+static uint8_t comp6_mask[3072 * 2048]; /* the sparse_mode 6 mask */
 static maskpack_tensor comp_t, comp6_t;
 
 /* ---- helpers -------------------------------------------------------------------------------------- */
@@ -93,7 +93,8 @@ static int has_code(const maskpack_npu_report *r, int32_t code) {
 }
 
 static void dump(const maskpack_npu_report *r) {
-    for (int32_t k = 0; k < r->n_findings; k++) fprintf(stderr, "  finding %d: %s\n", r->findings[k].code, r->findings[k].message);
+    for (int32_t k = 0; k < r->n_findings; k++)
+        fprintf(stderr, "  finding %d: %s\n", r->findings[k].code, r->findings[k].message);
 }
 
 static void build_compressed(void) {
@@ -268,13 +269,12 @@ static void test_tnd_windows(void) {
         int mode;
         int64_t pre, next;
     } cases[] = {
-        {1, 2, -1, 4, 2, 0},     /* causal sliding window */
-        {1, 2, 3, 4, 2, 0},      /* a right bound under causal changes nothing */
-        {1, -1, 3, 3, INF, 0},   /* causal, right window only: plain causal */
-        {0, 3, 1, 4, 3, 1},      /* bidirectional band */
-        {0, -1, 2, 4, INF, 2},   /* unbounded side -> 2147483647 */
-        {0, 2, -1, 4, 2, INF},
-        {0, -1, -1, 0, INF, INF}, /* bidirectional: no mask at all */
+        {1, 2, -1, 4, 2, 0},                             /* causal sliding window */
+        {1, 2, 3, 4, 2, 0},                              /* a right bound under causal changes nothing */
+        {1, -1, 3, 3, INF, 0},                           /* causal, right window only: plain causal */
+        {0, 3, 1, 4, 3, 1},                              /* bidirectional band */
+        {0, -1, 2, 4, INF, 2},                           /* unbounded side -> 2147483647 */
+        {0, 2, -1, 4, 2, INF}, {0, -1, -1, 0, INF, INF}, /* bidirectional: no mask at all */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         maskpack_rule r = rule(cases[c].causal, MASKPACK_ALIGN_BOTTOM_RIGHT, cases[c].left, cases[c].right);
@@ -1420,9 +1420,9 @@ static void test_golden_from_pieces(void) {
     for (int c = 0; c < 3; c++) {
         maskpack_layout *L = NULL;
         maskpack_error e;
-        CHECK_OK(maskpack_layout_from_segments(cards[c].seg, cards[c].n, 1, cards[c].qw, cards[c].kw, 1, cards[c].r,
-                                               &L, &e),
-                 e);
+        CHECK_OK(
+            maskpack_layout_from_segments(cards[c].seg, cards[c].n, 1, cards[c].qw, cards[c].kw, 1, cards[c].r, &L, &e),
+            e);
         if (!L) continue;
         maskpack_npu_argset a;
         if (emit(L, MASKPACK_NPU_TND, &a)) {
@@ -1518,8 +1518,8 @@ static void test_cp_shards(void) {
         int32_t mode;
         int64_t next;
     } cases[] = {
-        {MASKPACK_CP_ZIGZAG, 2, 0, 1, INF},   {MASKPACK_CP_ZIGZAG, 2, 1, 1, INF},
-        {MASKPACK_CP_CONTIGUOUS, 2, 0, 2, 0}, {MASKPACK_CP_CONTIGUOUS, 2, 1, 3, 0},
+        {MASKPACK_CP_ZIGZAG, 2, 0, 1, INF},    {MASKPACK_CP_ZIGZAG, 2, 1, 1, INF},
+        {MASKPACK_CP_CONTIGUOUS, 2, 0, 2, 0},  {MASKPACK_CP_CONTIGUOUS, 2, 1, 3, 0},
         {MASKPACK_CP_CONTIGUOUS, 4, 1, 4, -4}, /* rows at key positions 2-3 of 8: diagonal 4 left */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -1711,7 +1711,8 @@ static void test_npu_mode5_full_mask(void) {
     st = maskpack_validate_npu_args(&c, &rep, &e);
     int seen = 0;
     for (int i = 0; i < rep.n_findings; i++)
-        seen |= strstr(rep.findings[i].message, "sparse_mode 5 (prefix with a full mask) is not supported with TND") != NULL;
+        seen |= strstr(rep.findings[i].message, "sparse_mode 5 (prefix with a full mask) is not supported with TND") !=
+                NULL;
     CHECK(seen);
     CHECK_EQ(st, MASKPACK_ERR_NPU_CONTRACT);
 }

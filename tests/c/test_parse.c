@@ -11,25 +11,25 @@ static char sentinel_storage;
 #define SENTINEL ((maskpack_layout *)(void *)&sentinel_storage)
 
 /* Runs `call` (which writes through &out) expecting status `st` and an untouched out. */
-#define EXPECT_FAIL(call, st)                                                                       \
-    do {                                                                                            \
-        out = SENTINEL;                                                                             \
-        CHECK_STATUS(call, st, e);                                                                  \
-        CHECK(out == SENTINEL);                                                                     \
-        CHECK_EQ(e.status, st);                                                                     \
+#define EXPECT_FAIL(call, st)                                                                                          \
+    do {                                                                                                               \
+        out = SENTINEL;                                                                                                \
+        CHECK_STATUS(call, st, e);                                                                                     \
+        CHECK(out == SENTINEL);                                                                                        \
+        CHECK_EQ(e.status, st);                                                                                        \
     } while (0)
 
 /* Checks segment i of L: row, q_start, q_len, and kv == q (self-attention). */
-#define CHECK_SEG(L, i, row_, start_, len_)                                                        \
-    do {                                                                                            \
-        maskpack_segment g_;                                                                        \
-        maskpack_error ge_;                                                                         \
-        CHECK_OK(maskpack_layout_segment((L), (i), &g_, &ge_), ge_);                                \
-        CHECK_EQ(g_.row, (row_));                                                                   \
-        CHECK_EQ(g_.q_start, (start_));                                                             \
-        CHECK_EQ(g_.q_len, (len_));                                                                 \
-        CHECK_EQ(g_.kv_start, (start_));                                                            \
-        CHECK_EQ(g_.kv_len, (len_));                                                                \
+#define CHECK_SEG(L, i, row_, start_, len_)                                                                            \
+    do {                                                                                                               \
+        maskpack_segment g_;                                                                                           \
+        maskpack_error ge_;                                                                                            \
+        CHECK_OK(maskpack_layout_segment((L), (i), &g_, &ge_), ge_);                                                   \
+        CHECK_EQ(g_.row, (row_));                                                                                      \
+        CHECK_EQ(g_.q_start, (start_));                                                                                \
+        CHECK_EQ(g_.q_len, (len_));                                                                                    \
+        CHECK_EQ(g_.kv_start, (start_));                                                                               \
+        CHECK_EQ(g_.kv_len, (len_));                                                                                   \
     } while (0)
 
 /* Writes vals[0..n) into buf as dtype dt and returns a contiguous view of shape `shape`. */
@@ -179,7 +179,7 @@ static void test_lengths_packed(void) {
         CHECK_SEG(out, 2, 1, 0, 2);
         CHECK_SEG(out, 3, 1, 2, 0);
         CHECK_SEG(out, 4, 2, 0, 4);
-        CHECK_SEG(out, 5, 2, 4, 0); /* empty segment at the full row's end */
+        CHECK_SEG(out, 5, 2, 4, 0);                         /* empty segment at the full row's end */
         CHECK_EQ(maskpack_segment_of_query(out, 1, 3), -1); /* row 1 padded after 2 tokens */
         CHECK_EQ(maskpack_allowed(out, 0, 0, 3, 2), 0);
         CHECK_EQ(maskpack_allowed(out, 2, 0, 3, 0), 1);
@@ -232,10 +232,8 @@ static void test_lengths_errors(void) {
                  MASKPACK_ERR_NULL_ARGUMENT, e);
 
     const int64_t huge[2] = {INT64_MAX, 1};
-    EXPECT_FAIL(maskpack_layout_from_lengths(huge, 2, MASKPACK_PLACE_PACKED, 0, NULL, &out, &e),
-                MASKPACK_ERR_OVERFLOW);
-    EXPECT_FAIL(maskpack_layout_from_lengths(huge, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &out, &e),
-                MASKPACK_ERR_OVERFLOW);
+    EXPECT_FAIL(maskpack_layout_from_lengths(huge, 2, MASKPACK_PLACE_PACKED, 0, NULL, &out, &e), MASKPACK_ERR_OVERFLOW);
+    EXPECT_FAIL(maskpack_layout_from_lengths(huge, 2, MASKPACK_PLACE_RIGHT, 0, NULL, &out, &e), MASKPACK_ERR_OVERFLOW);
 
     /* the rule is checked against the segments the lengths produce */
     maskpack_rule r = maskpack_rule_default();
@@ -403,8 +401,7 @@ static void test_mask2d_keep_errors(void) {
     EXPECT_FAIL(maskpack_layout_from_mask2d(&t, (maskpack_mask2d_convention)9, NULL, &out, &e),
                 MASKPACK_ERR_CONVENTION);
     EXPECT_FAIL(maskpack_layout_from_mask2d(NULL, MASKPACK_MASK2D_KEEP, NULL, &out, &e), MASKPACK_ERR_NULL_ARGUMENT);
-    CHECK_STATUS(maskpack_layout_from_mask2d(&t, MASKPACK_MASK2D_KEEP, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT,
-                 e);
+    CHECK_STATUS(maskpack_layout_from_mask2d(&t, MASKPACK_MASK2D_KEEP, NULL, NULL, &e), MASKPACK_ERR_NULL_ARGUMENT, e);
     /* a bad rule fails after validation without touching out */
     maskpack_rule r = maskpack_rule_default();
     r.window_left = -3;
@@ -674,8 +671,7 @@ static void test_cu_padded(void) {
     /* padded list must be TE form with N+1 entries, sorted */
     const int64_t nolead[3] = {4, 8, 13};
     ps = typed(b64, MASKPACK_I64, nolead, 3, 1, (const int64_t[1]){3});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, &ps, NULL, &out, &e),
-                MASKPACK_ERR_CONVENTION);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, &ps, NULL, &out, &e), MASKPACK_ERR_CONVENTION);
     CHECK(strcmp(e.argument, "cu_seqlens_padded") == 0);
     const int64_t three[3] = {0, 4, 8};
     ps = typed(b64, MASKPACK_I64, three, 3, 1, (const int64_t[1]){3});
@@ -683,8 +679,7 @@ static void test_cu_padded(void) {
     CHECK_MSG(e, "expected 4 entries");
     const int64_t shifted[4] = {1, 4, 8, 13};
     ps = typed(b64, MASKPACK_I64, shifted, 4, 1, (const int64_t[1]){4});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, &ps, NULL, &out, &e),
-                MASKPACK_ERR_CONVENTION);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, &ps, NULL, &out, &e), MASKPACK_ERR_CONVENTION);
     const int64_t unsorted[4] = {0, 4, 3, 13};
     ps = typed(b64, MASKPACK_I64, unsorted, 4, 1, (const int64_t[1]){4});
     EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, &ps, NULL, &out, &e), MASKPACK_ERR_UNSORTED);
@@ -703,8 +698,7 @@ static void test_cu_errors(void) {
     /* TE list without its leading 0: the error explains the forms */
     const int64_t nolead[3] = {3, 5, 9};
     maskpack_tensor t = typed(b32, MASKPACK_I32, nolead, 3, 1, (const int64_t[1]){3});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, NULL, NULL, &out, &e),
-                MASKPACK_ERR_CONVENTION);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, NULL, NULL, &out, &e), MASKPACK_ERR_CONVENTION);
     CHECK_EQ(e.index[0], 0);
     CHECK_MSG(e, "starts with 0");
     CHECK_MSG(e, "NPU");
@@ -718,8 +712,7 @@ static void test_cu_errors(void) {
     CHECK_MSG(e, "cu_seqlens[2]: expected >= 3 (non-decreasing), found 2");
     const int64_t dec2[3] = {4, 6, 5};
     t = typed(b32, MASKPACK_I32, dec2, 3, 1, (const int64_t[1]){3});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_NPU, 0, NULL, NULL, &out, &e),
-                MASKPACK_ERR_UNSORTED);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_NPU, 0, NULL, NULL, &out, &e), MASKPACK_ERR_UNSORTED);
     CHECK_EQ(e.index[0], 2);
     CHECK_MSG(e, "found 5");
     /* negative first end */
@@ -749,8 +742,7 @@ static void test_cu_errors(void) {
     EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&t, (maskpack_cu_form)3, 0, NULL, NULL, &out, &e),
                 MASKPACK_ERR_CONVENTION);
     maskpack_tensor empty = maskpack_tensor_contiguous(NULL, MASKPACK_I32, 1, (const int64_t[1]){0});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&empty, MASKPACK_CU_TE, 0, NULL, NULL, &out, &e),
-                MASKPACK_ERR_SHAPE);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens(&empty, MASKPACK_CU_TE, 0, NULL, NULL, &out, &e), MASKPACK_ERR_SHAPE);
     EXPECT_FAIL(maskpack_layout_from_cu_seqlens(NULL, MASKPACK_CU_TE, 0, NULL, NULL, &out, &e),
                 MASKPACK_ERR_NULL_ARGUMENT);
     CHECK_STATUS(maskpack_layout_from_cu_seqlens(&t, MASKPACK_CU_TE, 0, NULL, NULL, NULL, &e),
@@ -816,20 +808,17 @@ static void test_cu_qk(void) {
     }
     /* errors */
     maskpack_tensor short_kv = maskpack_tensor_contiguous(bk, MASKPACK_I64, 1, (const int64_t[1]){2});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tq, &short_kv, MASKPACK_CU_TE, NULL, &out, &e),
-                MASKPACK_ERR_SHAPE);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tq, &short_kv, MASKPACK_CU_TE, NULL, &out, &e), MASKPACK_ERR_SHAPE);
     const int64_t kbad[3] = {0, 4, 3};
     int64_t bkb[3];
     maskpack_tensor tkb = typed(bkb, MASKPACK_I64, kbad, 3, 1, (const int64_t[1]){3});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tq, &tkb, MASKPACK_CU_TE, NULL, &out, &e),
-                MASKPACK_ERR_UNSORTED);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tq, &tkb, MASKPACK_CU_TE, NULL, &out, &e), MASKPACK_ERR_UNSORTED);
     CHECK(strcmp(e.argument, "cu_seqlens_kv") == 0);
     CHECK_EQ(e.index[0], 2);
     const int64_t qbad[3] = {1, 2, 5};
     int32_t bqb[3];
     maskpack_tensor tqb = typed(bqb, MASKPACK_I32, qbad, 3, 1, (const int64_t[1]){3});
-    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tqb, &tk, MASKPACK_CU_TE, NULL, &out, &e),
-                MASKPACK_ERR_CONVENTION);
+    EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tqb, &tk, MASKPACK_CU_TE, NULL, &out, &e), MASKPACK_ERR_CONVENTION);
     CHECK(strcmp(e.argument, "cu_seqlens_q") == 0);
     EXPECT_FAIL(maskpack_layout_from_cu_seqlens_qk(&tq, NULL, MASKPACK_CU_TE, NULL, &out, &e),
                 MASKPACK_ERR_NULL_ARGUMENT);

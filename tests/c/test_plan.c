@@ -83,7 +83,7 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
         }
     }
     int64_t *rank_rows = calloc((size_t)o->dp, sizeof *rank_rows);
-    int64_t *covered = calloc(n ? n : 1, sizeof *covered);  /* tokens of each sequence seen */
+    int64_t *covered = calloc(n ? n : 1, sizeof *covered);   /* tokens of each sequence seen */
     int64_t *next_off = calloc(n ? n : 1, sizeof *next_off); /* pieces must tile [0, L) */
     int64_t *pieces_of = calloc(n ? n : 1, sizeof *pieces_of);
     double *rank_cost = calloc((size_t)o->dp, sizeof *rank_cost);
@@ -117,8 +117,7 @@ static int verify_plan(const maskpack_plan *p, const int64_t *len, size_t n, con
             CHECK(pc[i].length >= 0 && pc[i].offset >= 0 && pc[i].offset + pc[i].length <= len[s]);
             CHECK_EQ(pc[i].slot, round_up(pc[i].length, m)); /* CP alignment padding included */
             CHECK_EQ(pc[i].slot % m, 0);
-            if (i > 0)
-                CHECK(pc[i - 1].sequence < s || (pc[i - 1].sequence == s && pc[i - 1].offset < pc[i].offset));
+            if (i > 0) CHECK(pc[i - 1].sequence < s || (pc[i - 1].sequence == s && pc[i - 1].offset < pc[i].offset));
             used += pc[i].slot;
             real += pc[i].length;
             align_pad += pc[i].slot - pc[i].length;
@@ -639,7 +638,8 @@ static void test_packers_vs_reference(void) {
         int64_t *sorted = malloc(n * sizeof *sorted);
         int32_t *b1 = malloc(n * sizeof *b1), *b2 = malloc(n * sizeof *b2), *b3 = malloc(n * sizeof *b3);
         for (size_t i = 0; i < n; i++) {
-            size[i] = trial % 5 == 0 ? test_rng_in(&g, 0, cap) : test_rng_in(&g, 1, cap / 2 + 1 > cap ? cap : cap / 2 + 1);
+            size[i] =
+                trial % 5 == 0 ? test_rng_in(&g, 0, cap) : test_rng_in(&g, 1, cap / 2 + 1 > cap ? cap : cap / 2 + 1);
             tie[i] = mp_plan_tie(trial % 2 ? 0 : 1234567, 1, i);
         }
         maskpack_error e;
@@ -1061,8 +1061,7 @@ static void test_many_microbatches_linear(void) {
     p = make(len, n, &o);
     double many = seconds_now() - t0;
     CHECK(many < 20 * one + 1.0);
-    if (!(many < 20 * one + 1.0))
-        fprintf(stderr, "plan: %.3f s with 50000 micro-batches, %.3f s with 1\n", many, one);
+    if (!(many < 20 * one + 1.0)) fprintf(stderr, "plan: %.3f s with 50000 micro-batches, %.3f s with 1\n", many, one);
     if (p) {
         CHECK_EQ(verify_plan(p, len, n, &o), 0);
         CHECK_EQ(maskpack_plan_n_rows(p), (int64_t)n);
@@ -1078,7 +1077,8 @@ static void test_many_microbatches_linear(void) {
 /* lognormal lengths (median 600, sigma 1) clipped to [16, cap] */
 static void sft_lengths(test_rng *g, int64_t *len, size_t n, int64_t cap) {
     for (size_t i = 0; i < n; i++) {
-        double u1 = ((double)(test_rng_next(g) >> 11) + 0.5) / 9007199254740992.0, u2 = (double)(test_rng_next(g) >> 11) / 9007199254740992.0;
+        double u1 = ((double)(test_rng_next(g) >> 11) + 0.5) / 9007199254740992.0,
+               u2 = (double)(test_rng_next(g) >> 11) / 9007199254740992.0;
         double x = floor(exp(log(600.0) + sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)));
         len[i] = x < 16 ? 16 : x > (double)cap ? cap : (int64_t)x;
     }
@@ -1126,8 +1126,10 @@ static void test_sequence_balance(void) {
             maskpack_plan_report rep;
             maskpack_plan_get_report(p, &rep, &e);
             CHECK(rep.imbalance < 0.005);
-            if (obj == 0) CHECK(rep.token_imbalance < 0.005);
-            else CHECK(rep.attention_imbalance < 0.005);
+            if (obj == 0)
+                CHECK(rep.token_imbalance < 0.005);
+            else
+                CHECK(rep.attention_imbalance < 0.005);
             if (ffd) CHECK(rep.rows_per_rank <= (fr.n_packed_rows + o.dp - 1) / o.dp);
             maskpack_plan_free(p);
         }

@@ -155,8 +155,8 @@ static void test_shard_gather(void) {
         if (cp > 1 && maskpack_layout_n_tokens(G) > 0) {
             P = NULL;
             for (int64_t t = 0; t < T; t++) back[t] = 55;
-            maskpack_status s = maskpack_relayout_plan_create((const maskpack_layout *const *)parts, (size_t)cp - 1,
-                                                              G, &P, &e);
+            maskpack_status s =
+                maskpack_relayout_plan_create((const maskpack_layout *const *)parts, (size_t)cp - 1, G, &P, &e);
             if (maskpack_layout_n_tokens(parts[cp - 1]) > 0) {
                 CHECK_EQ(s, MASKPACK_ERR_INVALID_ARGUMENT);
                 CHECK_MSG(e, "has no source");
@@ -279,9 +279,9 @@ static void test_errors(void) {
 
 typedef struct team_case {
     maskpack_layout *L, *Pk;
-    float *x;        /* [n, width, C] padded source */
+    float *x; /* [n, width, C] padded source */
     int64_t n, width, C, T;
-    float *expect;   /* [T, C] packed, from the single-threaded engine */
+    float *expect; /* [T, C] packed, from the single-threaded engine */
 } team_case;
 
 static void team_case_init(team_case *tc, int64_t n, int64_t width, int64_t C) {
@@ -462,7 +462,8 @@ static void check_adjoint(const maskpack_layout *const *srcs, size_t n_src, cons
     CHECK_OK(maskpack_relayout_plan_create(srcs, n_src, dst, &P, &e), e);
     if (!P) return;
     int64_t nd = maskpack_layout_n_rows(dst) * maskpack_layout_q_width(dst), ns[8], total = 0;
-    for (size_t s = 0; s < n_src; s++) total += ns[s] = maskpack_layout_n_rows(srcs[s]) * maskpack_layout_q_width(srcs[s]);
+    for (size_t s = 0; s < n_src; s++)
+        total += ns[s] = maskpack_layout_n_rows(srcs[s]) * maskpack_layout_q_width(srcs[s]);
     double *x = malloc(sizeof(double) * (size_t)(total + 1)), *y = malloc(sizeof(double) * (size_t)(nd + 1));
     double *px = malloc(sizeof(double) * (size_t)(nd + 1)), *ay = malloc(sizeof(double) * (size_t)(total + 1));
     double *aax = malloc(sizeof(double) * (size_t)(nd + 1));
@@ -535,13 +536,15 @@ static void test_adjoint(void) {
         CHECK_OK(maskpack_layout_pad_to_multiple(Pk, 2 * cp, &G, &e), e);
         if (!Pk || !G || !Lp) continue;
         const maskpack_layout *one[1];
-        one[0] = Pd, check_adjoint(one, 1, Pk);  /* pack */
-        one[0] = Pk, check_adjoint(one, 1, Pd);  /* unpack */
-        one[0] = Pd, check_adjoint(one, 1, Lp);  /* right -> left padded, another width */
-        one[0] = Pd, check_adjoint(one, 1, G);   /* into a layout with padded slots */
+        one[0] = Pd, check_adjoint(one, 1, Pk); /* pack */
+        one[0] = Pk, check_adjoint(one, 1, Pd); /* unpack */
+        one[0] = Pd, check_adjoint(one, 1, Lp); /* right -> left padded, another width */
+        one[0] = Pd, check_adjoint(one, 1, G);  /* into a layout with padded slots */
         maskpack_layout *parts[4] = {0};
         for (int64_t r = 0; r < cp; r++) {
-            CHECK_OK(maskpack_layout_cp_shard(G, cp, r, r % 2 ? MASKPACK_CP_CONTIGUOUS : MASKPACK_CP_ZIGZAG, &parts[r], &e), e);
+            CHECK_OK(
+                maskpack_layout_cp_shard(G, cp, r, r % 2 ? MASKPACK_CP_CONTIGUOUS : MASKPACK_CP_ZIGZAG, &parts[r], &e),
+                e);
             if (!parts[r]) continue;
             one[0] = G, check_adjoint(one, 1, parts[r]);  /* shard */
             one[0] = Pd, check_adjoint(one, 1, parts[r]); /* padded -> a rank's shard */
@@ -550,7 +553,7 @@ static void test_adjoint(void) {
         for (int64_t r = 0; r < cp; r++) maskpack_layout_free(parts[r]);
         for (int64_t r = 0; r < cp; r++)
             CHECK_OK(maskpack_layout_cp_shard(G, cp, r, MASKPACK_CP_ZIGZAG, &parts[r], &e), e);
-        check_adjoint((const maskpack_layout *const *)parts, (size_t)cp, G); /* gather */
+        check_adjoint((const maskpack_layout *const *)parts, (size_t)cp, G);  /* gather */
         check_adjoint((const maskpack_layout *const *)parts, (size_t)cp, Pd); /* gather into the padded batch */
         for (int64_t r = 0; r < cp; r++) maskpack_layout_free(parts[r]);
         maskpack_layout_free(Pd), maskpack_layout_free(Pk), maskpack_layout_free(G), maskpack_layout_free(Lp);

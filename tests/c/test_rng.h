@@ -60,8 +60,6 @@ static inline uint32_t test_rng_next32(uint32_t *s) {
 
 /* Knuth's MMIX linear congruential generator: the next state, which is the value (its high bits
  * are the good ones) */
-static inline uint64_t test_lcg_next(uint64_t *s) {
-    return *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-}
+static inline uint64_t test_lcg_next(uint64_t *s) { return *s = *s * 6364136223846793005ull + 1442695040888963407ull; }
 
 #endif

@@ -16,9 +16,9 @@ typedef struct counts {
     _Atomic int ran[MAX_ITEMS];
     _Atomic int by[MAX_PARTS]; /* items per participant */
     _Atomic int bad_participant;
-    int64_t fail_a, fail_b;        /* items that fail (-1: none) */
+    int64_t fail_a, fail_b; /* items that fail (-1: none) */
     maskpack_status st_a, st_b;
-    int slow;                      /* a few microseconds per item, so that workers join in */
+    int slow; /* a few microseconds per item, so that workers join in */
 } counts;
 
 static void spin_us(int us) {

@@ -227,18 +227,18 @@ static void test_attention_workspace(void) {
     ws = malloc(ofwd > obwd ? ofwd : obwd);
     at = n_allocs;
     CHECK_OK(maskpack_attention_op_forward(aop, &tq, &tq, &tq, 0, 0, &to, &tl, team, ws, ofwd, &e), e);
-    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, ws, obwd,
-                                            &e),
-             e);
+    CHECK_OK(
+        maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, ws, obwd, &e),
+        e);
     CHECK_EQ(n_allocs, at);
-    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0,
-                                            &e),
-             e); /* allocates the op's own, sized for both directions */
+    CHECK_OK(
+        maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0, &e),
+        e); /* allocates the op's own, sized for both directions */
     at = n_allocs;
     CHECK_OK(maskpack_attention_op_forward(aop, &tq, &tq, &tq, 0, 0, &to, &tl, team, NULL, 0, &e), e);
-    CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0,
-                                            &e),
-             e);
+    CHECK_OK(
+        maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team, NULL, 0, &e),
+        e);
     CHECK_EQ(n_allocs, at);
     free(ws);
     maskpack_attention_op_free(aop);
@@ -253,8 +253,8 @@ static void test_attention_workspace(void) {
             if ((first + run) % 2 == 0)
                 CHECK_OK(maskpack_attention_op_forward(aop, &tq, &tq, &tq, 0, 0, &to, &tl, team, NULL, 0, &e), e);
             else
-                CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv,
-                                                        team, NULL, 0, &e),
+                CHECK_OK(maskpack_attention_op_backward(aop, &to, &tq, &tq, &tq, &to, &tl, 0, 0, &tdq, &tdk, &tdv, team,
+                                                        NULL, 0, &e),
                          e);
         }
         CHECK_EQ(n_allocs, at + (first == 0 && COUNT_ALLOCS ? 1 : 0)); /* the one keep, on the very first run */
@@ -279,8 +279,10 @@ static void test_gdn_workspace(void) {
     for (int64_t i = 0; i < T * HV * V; i++) v[i] = (float)(rnd() % 100) / 100.0f;
     for (int64_t i = 0; i < T * HV; i++) g[i] = -0.1f;
     int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV};
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv);
-    maskpack_tensor tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv);
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq),
+                    tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv);
+    maskpack_tensor tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg),
+                    to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv);
     maskpack_gdn_inputs in = {&tq, &tq, &tv, &tg, &tg, NULL};
     maskpack_gdn_options op = maskpack_gdn_options_default();
     op.n_threads = 2;
@@ -327,7 +329,8 @@ static void test_gdn_workspace(void) {
     CHECK_EQ(n_allocs, at);
     CHECK(obwd >= ofwd && ofwd > 0);
     ws = malloc(ofwd);
-    CHECK_STATUS(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, ws, ofwd - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL, e);
+    CHECK_STATUS(maskpack_gdn_op_forward(gop, &in, &to, NULL, team, ws, ofwd - 1, &e), MASKPACK_ERR_BUFFER_TOO_SMALL,
+                 e);
     snprintf(need, sizeof need, "at least %zu bytes", ofwd);
     CHECK_MSG(e, need);
     CHECK_MSG(e, "maskpack_gdn_op_workspace_size");
@@ -360,8 +363,10 @@ static void test_conv_workspace(void) {
     for (int i = 0; i < T * C; i++) x[i] = (float)(rnd() % 100) / 100.0f, dy[i] = (float)(rnd() % 100) / 100.0f;
     for (int i = 0; i < C * W; i++) w[i] = (float)(rnd() % 100) / 100.0f, dw[i] = 7.0f;
     int64_t sx[2] = {T, C}, sw[2] = {C, W};
-    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), tdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
-    maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx), tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx),
+                    tdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
+    maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx),
+                    tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
     maskpack_tensor tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw);
     size_t fwd = 1, bwd = 0;
     long at = n_allocs;
@@ -404,5 +409,6 @@ int main(void) {
     test_attention_workspace();
     test_gdn_workspace();
     test_conv_workspace();
-    return check_report_note("test_workspace", counting ? "" : "allocation counts NOT checked (no glibc, or a sanitizer build)");
+    return check_report_note("test_workspace",
+                             counting ? "" : "allocation counts NOT checked (no glibc, or a sanitizer build)");
 }

@@ -13,12 +13,12 @@
 
 static int failures = 0, rank_ = 0;
 
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed\n", rank_, __FILE__, __LINE__, #cond); \
-            failures++;                                                                              \
-        }                                                                                            \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed\n", rank_, __FILE__, __LINE__, #cond);                   \
+            failures++;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 static maskpack_layout *aligned(const int64_t *lengths, size_t n, int packed, int64_t multiple) {
@@ -26,8 +26,7 @@ static maskpack_layout *aligned(const int64_t *lengths, size_t n, int packed, in
     maskpack_layout *L = NULL, *A = NULL;
     int64_t width = 0;
     for (size_t i = 0; i < n; i++) width = lengths[i] > width ? lengths[i] : width;
-    maskpack_status s = maskpack_layout_from_lengths(lengths, n, packed ? MASKPACK_PLACE_PACKED
-                                                                        : MASKPACK_PLACE_RIGHT,
+    maskpack_status s = maskpack_layout_from_lengths(lengths, n, packed ? MASKPACK_PLACE_PACKED : MASKPACK_PLACE_RIGHT,
                                                      packed ? 0 : width, NULL, &L, &e);
     if (!s) s = maskpack_layout_pad_to_multiple(L, multiple, &A, &e);
     if (s) fprintf(stderr, "rank %d: layout: %s\n", rank_, e.message);
@@ -42,7 +41,8 @@ static void check_gather(const maskpack_comm *comm, const maskpack_layout *L, ma
     int64_t *idx = calloc((size_t)tl, sizeof *idx), *part = calloc((size_t)(tl * 3), sizeof *part);
     int64_t *whole = calloc((size_t)(T * 3), sizeof *whole), *mask = calloc((size_t)T, sizeof *mask);
     int64_t B = maskpack_layout_n_rows(L), S_local = maskpack_layout_q_width(L) / comm->size;
-    int64_t s_idx[1] = {tl}, s_part[2] = {tl, 3}, s_part3[3] = {B, S_local, 3}, s_whole[3] = {maskpack_layout_n_rows(L), maskpack_layout_q_width(L), 3};
+    int64_t s_idx[1] = {tl}, s_part[2] = {tl, 3}, s_part3[3] = {B, S_local, 3},
+            s_whole[3] = {maskpack_layout_n_rows(L), maskpack_layout_q_width(L), 3};
     maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, s_idx);
     CHECK(maskpack_cp_shard_indices(L, comm->size, comm->rank, scheme, &ti, &e) == MASKPACK_OK);
     for (int64_t i = 0; i < tl; i++)
@@ -133,8 +133,10 @@ static int check_ring(const maskpack_comm *mpi, const maskpack_layout *L, maskpa
     /* the whole batch in one process */
     int64_t sq[4] = {B, S, Hq, D}, sk[4] = {B, S, Hk, D}, sl[3] = {B, Hq, S};
     int64_t fq[3] = {T, Hq, D}, fk[3] = {T, Hk, D}, fl[2] = {Hq, T};
-#define T4(p, s4, s3) (packed ? maskpack_tensor_contiguous(p, MASKPACK_F32, 3, s3) : maskpack_tensor_contiguous(p, MASKPACK_F32, 4, s4))
-    maskpack_tensor tq = T4(q, sq, fq), tk = T4(k, sk, fk), tv = T4(v, sk, fk), tdo = T4(dout, sq, fq), to = T4(out, sq, fq);
+#define T4(p, s4, s3)                                                                                                  \
+    (packed ? maskpack_tensor_contiguous(p, MASKPACK_F32, 3, s3) : maskpack_tensor_contiguous(p, MASKPACK_F32, 4, s4))
+    maskpack_tensor tq = T4(q, sq, fq), tk = T4(k, sk, fk), tv = T4(v, sk, fk), tdo = T4(dout, sq, fq),
+                    to = T4(out, sq, fq);
     maskpack_tensor tdq = T4(dq, sq, fq), tdk = T4(dk, sk, fk), tdv = T4(dv, sk, fk);
     maskpack_tensor tl_ = packed ? maskpack_tensor_contiguous(lse, MASKPACK_F32, 2, fl)
                                  : maskpack_tensor_contiguous(lse, MASKPACK_F32, 3, sl);
@@ -156,7 +158,8 @@ static int check_ring(const maskpack_comm *mpi, const maskpack_layout *L, maskpa
     }
     int64_t rq[4] = {B, Sl, Hq, D}, rk[4] = {B, Sl, Hk, D}, rl[3] = {B, Hq, Sl};
     int64_t gq[3] = {tl, Hq, D}, gk[3] = {tl, Hk, D}, gl[2] = {Hq, tl};
-    maskpack_tensor uq = T4(lq, rq, gq), uk = T4(lk, rk, gk), uv = T4(lv, rk, gk), udo = T4(ldo, rq, gq), uo = T4(lo, rq, gq);
+    maskpack_tensor uq = T4(lq, rq, gq), uk = T4(lk, rk, gk), uv = T4(lv, rk, gk), udo = T4(ldo, rq, gq),
+                    uo = T4(lo, rq, gq);
     maskpack_tensor udq = T4(ldq, rq, gq), udk = T4(ldk, rk, gk), udv = T4(ldv, rk, gk);
     maskpack_tensor ul = packed ? maskpack_tensor_contiguous(ll, MASKPACK_F32, 2, gl)
                                 : maskpack_tensor_contiguous(ll, MASKPACK_F32, 3, rl);
@@ -243,7 +246,8 @@ static void ring_tests(const maskpack_comm *comm) {
     if (np_seg == 5 && maskpack_layout_with_rule(packed, &r, &pre, &e) == MASKPACK_OK) {
         int64_t tl = maskpack_layout_q_width(packed) / n, sh[3] = {tl, 1, 8};
         float *buf = calloc((size_t)(tl * 8), 4), *o = calloc((size_t)(tl * 8), 4);
-        maskpack_tensor t = maskpack_tensor_contiguous(buf, MASKPACK_F32, 3, sh), to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sh);
+        maskpack_tensor t = maskpack_tensor_contiguous(buf, MASKPACK_F32, 3, sh),
+                        to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sh);
         maskpack_status st =
             maskpack_cp_attention_forward(comm, pre, MASKPACK_CP_ZIGZAG, &t, &t, &t, 0, 0, &to, NULL, NULL, &e);
         CHECK(st == MASKPACK_ERR_UNSUPPORTED && strstr(e.message, "prefix") != NULL);
@@ -286,16 +290,24 @@ static void check_gdn(const maskpack_comm *comm) {
     for (size_t i = 0; i < ns; i++) h0[i] = 0.1f * rnd(&seed), dfin[i] = rnd(&seed);
     /* the whole batch in one process */
     int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV}, ss[4] = {N, HV, K, V};
-    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq), tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
-    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv), tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
-    maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg), th = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, ss);
+    maskpack_tensor tq = maskpack_tensor_contiguous(q, MASKPACK_F32, 3, sq),
+                    tk = maskpack_tensor_contiguous(k, MASKPACK_F32, 3, sq);
+    maskpack_tensor tv = maskpack_tensor_contiguous(v, MASKPACK_F32, 3, sv),
+                    tg = maskpack_tensor_contiguous(g, MASKPACK_F32, 2, sg);
+    maskpack_tensor tb = maskpack_tensor_contiguous(b, MASKPACK_F32, 2, sg),
+                    th = maskpack_tensor_contiguous(h0, MASKPACK_F32, 4, ss);
     float *o = malloc(nv * 4), *fin = malloc(ns * 4), *dq = malloc(nq * 4), *dk = malloc(nq * 4), *dv = malloc(nv * 4);
     float *dg = malloc(ng * 4), *db = malloc(ng * 4), *dh = malloc(ns * 4);
-    maskpack_tensor to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv), tf = maskpack_tensor_contiguous(fin, MASKPACK_F32, 4, ss);
-    maskpack_tensor tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sv), tdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, ss);
-    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, sq), tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, sq);
-    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, sv), tdg = maskpack_tensor_contiguous(dg, MASKPACK_F32, 2, sg);
-    maskpack_tensor tdb = maskpack_tensor_contiguous(db, MASKPACK_F32, 2, sg), tdh = maskpack_tensor_contiguous(dh, MASKPACK_F32, 4, ss);
+    maskpack_tensor to = maskpack_tensor_contiguous(o, MASKPACK_F32, 3, sv),
+                    tf = maskpack_tensor_contiguous(fin, MASKPACK_F32, 4, ss);
+    maskpack_tensor tdo = maskpack_tensor_contiguous(dout, MASKPACK_F32, 3, sv),
+                    tdf = maskpack_tensor_contiguous(dfin, MASKPACK_F32, 4, ss);
+    maskpack_tensor tdq = maskpack_tensor_contiguous(dq, MASKPACK_F32, 3, sq),
+                    tdk = maskpack_tensor_contiguous(dk, MASKPACK_F32, 3, sq);
+    maskpack_tensor tdv = maskpack_tensor_contiguous(dv, MASKPACK_F32, 3, sv),
+                    tdg = maskpack_tensor_contiguous(dg, MASKPACK_F32, 2, sg);
+    maskpack_tensor tdb = maskpack_tensor_contiguous(db, MASKPACK_F32, 2, sg),
+                    tdh = maskpack_tensor_contiguous(dh, MASKPACK_F32, 4, ss);
     maskpack_gdn_inputs in = {&tq, &tk, &tv, &tg, &tb, &th};
     maskpack_gdn_options opts = maskpack_gdn_options_default();
     CHECK(maskpack_gdn_forward(L, &in, &opts, &to, &tf, NULL, 0, &e) == MASKPACK_OK);
@@ -305,8 +317,10 @@ static void check_gdn(const maskpack_comm *comm) {
     int64_t *idx = malloc((size_t)tl * sizeof *idx);
     maskpack_tensor ti = maskpack_tensor_contiguous(idx, MASKPACK_I64, 1, &tl);
     CHECK(maskpack_cp_shard_indices(L, n, comm->rank, MASKPACK_CP_ZIGZAG, &ti, &e) == MASKPACK_OK);
-    float *lq = malloc((size_t)(tl * H * K) * 4), *lk = malloc((size_t)(tl * H * K) * 4), *lv = malloc((size_t)(tl * HV * V) * 4);
-    float *lg = malloc((size_t)(tl * HV) * 4), *lb = malloc((size_t)(tl * HV) * 4), *ldo = malloc((size_t)(tl * HV * V) * 4);
+    float *lq = malloc((size_t)(tl * H * K) * 4), *lk = malloc((size_t)(tl * H * K) * 4),
+          *lv = malloc((size_t)(tl * HV * V) * 4);
+    float *lg = malloc((size_t)(tl * HV) * 4), *lb = malloc((size_t)(tl * HV) * 4),
+          *ldo = malloc((size_t)(tl * HV * V) * 4);
     for (int64_t i = 0; i < tl; i++) {
         memcpy(lq + i * H * K, q + idx[i] * H * K, (size_t)(H * K) * 4);
         memcpy(lk + i * H * K, k + idx[i] * H * K, (size_t)(H * K) * 4);
@@ -316,16 +330,24 @@ static void check_gdn(const maskpack_comm *comm) {
         memcpy(lb + i * HV, b + idx[i] * HV, (size_t)HV * 4);
     }
     int64_t lsq[3] = {tl, H, K}, lsv[3] = {tl, HV, V}, lsg[2] = {tl, HV};
-    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, lsq), uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, lsq);
-    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, lsv), ug = maskpack_tensor_contiguous(lg, MASKPACK_F32, 2, lsg);
-    maskpack_tensor ub = maskpack_tensor_contiguous(lb, MASKPACK_F32, 2, lsg), udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, lsv);
+    maskpack_tensor uq = maskpack_tensor_contiguous(lq, MASKPACK_F32, 3, lsq),
+                    uk = maskpack_tensor_contiguous(lk, MASKPACK_F32, 3, lsq);
+    maskpack_tensor uv = maskpack_tensor_contiguous(lv, MASKPACK_F32, 3, lsv),
+                    ug = maskpack_tensor_contiguous(lg, MASKPACK_F32, 2, lsg);
+    maskpack_tensor ub = maskpack_tensor_contiguous(lb, MASKPACK_F32, 2, lsg),
+                    udo = maskpack_tensor_contiguous(ldo, MASKPACK_F32, 3, lsv);
     float *mo = malloc((size_t)(tl * HV * V) * 4), *mfin = malloc(ns * 4), *mdq = malloc((size_t)(tl * H * K) * 4);
-    float *mdk = malloc((size_t)(tl * H * K) * 4), *mdv = malloc((size_t)(tl * HV * V) * 4), *mdg = malloc((size_t)(tl * HV) * 4);
+    float *mdk = malloc((size_t)(tl * H * K) * 4), *mdv = malloc((size_t)(tl * HV * V) * 4),
+          *mdg = malloc((size_t)(tl * HV) * 4);
     float *mdb = malloc((size_t)(tl * HV) * 4), *mdh = malloc(ns * 4), *sdh = malloc(ns * 4);
-    maskpack_tensor uo = maskpack_tensor_contiguous(mo, MASKPACK_F32, 3, lsv), uf = maskpack_tensor_contiguous(mfin, MASKPACK_F32, 4, ss);
-    maskpack_tensor udq = maskpack_tensor_contiguous(mdq, MASKPACK_F32, 3, lsq), udk = maskpack_tensor_contiguous(mdk, MASKPACK_F32, 3, lsq);
-    maskpack_tensor udv = maskpack_tensor_contiguous(mdv, MASKPACK_F32, 3, lsv), udg = maskpack_tensor_contiguous(mdg, MASKPACK_F32, 2, lsg);
-    maskpack_tensor udb = maskpack_tensor_contiguous(mdb, MASKPACK_F32, 2, lsg), udh = maskpack_tensor_contiguous(mdh, MASKPACK_F32, 4, ss);
+    maskpack_tensor uo = maskpack_tensor_contiguous(mo, MASKPACK_F32, 3, lsv),
+                    uf = maskpack_tensor_contiguous(mfin, MASKPACK_F32, 4, ss);
+    maskpack_tensor udq = maskpack_tensor_contiguous(mdq, MASKPACK_F32, 3, lsq),
+                    udk = maskpack_tensor_contiguous(mdk, MASKPACK_F32, 3, lsq);
+    maskpack_tensor udv = maskpack_tensor_contiguous(mdv, MASKPACK_F32, 3, lsv),
+                    udg = maskpack_tensor_contiguous(mdg, MASKPACK_F32, 2, lsg);
+    maskpack_tensor udb = maskpack_tensor_contiguous(mdb, MASKPACK_F32, 2, lsg),
+                    udh = maskpack_tensor_contiguous(mdh, MASKPACK_F32, 4, ss);
     maskpack_gdn_inputs lin = {&uq, &uk, &uv, &ug, &ub, &th};
     maskpack_status st = maskpack_cp_gdn_forward(comm, L, MASKPACK_CP_ZIGZAG, &lin, &opts, &uo, &uf, &e);
     CHECK(st == MASKPACK_OK);
@@ -364,8 +386,10 @@ static void check_gdn(const maskpack_comm *comm) {
     st = maskpack_cp_gdn_forward(comm, pad, MASKPACK_CP_ZIGZAG, &lin, &opts, &uo, NULL, &e);
     CHECK(st == MASKPACK_ERR_UNSUPPORTED && strstr(e.message, "packed (THD) layout") != NULL);
     maskpack_layout_free(pad);
-    free(q), free(k), free(v), free(g), free(b), free(h0), free(dout), free(dfin), free(o), free(fin), free(dq), free(dk);
-    free(dv), free(dg), free(db), free(dh), free(idx), free(lq), free(lk), free(lv), free(lg), free(lb), free(ldo), free(mo);
+    free(q), free(k), free(v), free(g), free(b), free(h0), free(dout), free(dfin), free(o), free(fin), free(dq),
+        free(dk);
+    free(dv), free(dg), free(db), free(dh), free(idx), free(lq), free(lk), free(lv), free(lg), free(lb), free(ldo),
+        free(mo);
     free(mfin), free(mdq), free(mdk), free(mdv), free(mdg), free(mdb), free(mdh), free(sdh);
     maskpack_layout_free(L);
 }
@@ -388,13 +412,17 @@ static void check_conv(const maskpack_comm *comm) {
     for (int64_t i = 0; i < C * W; i++) w[i] = 0.5f * rnd(&seed);
     for (int64_t i = 0; i < N * C * 3; i++) pre[i] = rnd(&seed), dst[i] = rnd(&seed);
     int64_t sx[2] = {T, C}, sw[2] = {C, W}, sp[3] = {N, C, 3};
-    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx), tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
-    maskpack_tensor tp = maskpack_tensor_contiguous(pre, MASKPACK_F32, 3, sp), tdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
+    maskpack_tensor tx = maskpack_tensor_contiguous(x, MASKPACK_F32, 2, sx),
+                    tw = maskpack_tensor_contiguous(w, MASKPACK_F32, 2, sw);
+    maskpack_tensor tp = maskpack_tensor_contiguous(pre, MASKPACK_F32, 3, sp),
+                    tdy = maskpack_tensor_contiguous(dy, MASKPACK_F32, 2, sx);
     maskpack_tensor tds = maskpack_tensor_contiguous(dst, MASKPACK_F32, 3, sp);
     float *y = malloc((size_t)(T * C) * 4), *st = malloc((size_t)(N * C * 3) * 4), *dx = malloc((size_t)(T * C) * 4);
     float *dw = malloc((size_t)(C * W) * 4), *dp = malloc((size_t)(N * C * 3) * 4);
-    maskpack_tensor ty = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx), tst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp);
-    maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx), tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw);
+    maskpack_tensor ty = maskpack_tensor_contiguous(y, MASKPACK_F32, 2, sx),
+                    tst = maskpack_tensor_contiguous(st, MASKPACK_F32, 3, sp);
+    maskpack_tensor tdx = maskpack_tensor_contiguous(dx, MASKPACK_F32, 2, sx),
+                    tdw = maskpack_tensor_contiguous(dw, MASKPACK_F32, 2, sw);
     maskpack_tensor tdp = maskpack_tensor_contiguous(dp, MASKPACK_F32, 3, sp);
     CHECK(maskpack_causal_conv1d(L, &tx, &tw, &tp, 1, NULL, &ty, &tst, &e) == MASKPACK_OK);
     CHECK(maskpack_causal_conv1d_backward(L, &tx, &tw, &tp, 1, &tdy, &tds, NULL, &tdx, &tdw, &tdp, &e) == MASKPACK_OK);
@@ -407,12 +435,16 @@ static void check_conv(const maskpack_comm *comm) {
         memcpy(ldy + i * C, dy + idx[i] * C, (size_t)C * 4);
     }
     int64_t lsx[2] = {tl, C};
-    float *my = malloc((size_t)(tl * C) * 4), *mst = malloc((size_t)(N * C * 3) * 4), *mdx = malloc((size_t)(tl * C) * 4);
+    float *my = malloc((size_t)(tl * C) * 4), *mst = malloc((size_t)(N * C * 3) * 4),
+          *mdx = malloc((size_t)(tl * C) * 4);
     float *mdw = malloc((size_t)(C * W) * 4), *mdp = malloc((size_t)(N * C * 3) * 4);
     float *sdw = malloc((size_t)(C * W) * 4), *sdp = malloc((size_t)(N * C * 3) * 4);
-    maskpack_tensor ux = maskpack_tensor_contiguous(lx, MASKPACK_F32, 2, lsx), udy = maskpack_tensor_contiguous(ldy, MASKPACK_F32, 2, lsx);
-    maskpack_tensor uy = maskpack_tensor_contiguous(my, MASKPACK_F32, 2, lsx), ust = maskpack_tensor_contiguous(mst, MASKPACK_F32, 3, sp);
-    maskpack_tensor udx = maskpack_tensor_contiguous(mdx, MASKPACK_F32, 2, lsx), udw = maskpack_tensor_contiguous(mdw, MASKPACK_F32, 2, sw);
+    maskpack_tensor ux = maskpack_tensor_contiguous(lx, MASKPACK_F32, 2, lsx),
+                    udy = maskpack_tensor_contiguous(ldy, MASKPACK_F32, 2, lsx);
+    maskpack_tensor uy = maskpack_tensor_contiguous(my, MASKPACK_F32, 2, lsx),
+                    ust = maskpack_tensor_contiguous(mst, MASKPACK_F32, 3, sp);
+    maskpack_tensor udx = maskpack_tensor_contiguous(mdx, MASKPACK_F32, 2, lsx),
+                    udw = maskpack_tensor_contiguous(mdw, MASKPACK_F32, 2, sw);
     maskpack_tensor udp = maskpack_tensor_contiguous(mdp, MASKPACK_F32, 3, sp);
     maskpack_status s = maskpack_cp_causal_conv1d(comm, L, MASKPACK_CP_ZIGZAG, &ux, &tw, &tp, 1, NULL, &uy, &ust, &e);
     CHECK(s == MASKPACK_OK);

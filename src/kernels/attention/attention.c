@@ -35,24 +35,52 @@ static size_t ref_bwd_ws(const attn_problem *P, int64_t max_width) {
 }
 
 #define ATTN_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
-#define ATTN_AVX512_BWD attn_avx512_bwd_ws, attn_avx512_bwd_tail_bytes, attn_avx512_bwd_thread, \
-                        attn_avx512_bwd_tail_reduce, attn_avx512_bwd_reduce
+#define ATTN_AVX512_BWD                                                                                                \
+    attn_avx512_bwd_ws, attn_avx512_bwd_tail_bytes, attn_avx512_bwd_thread, attn_avx512_bwd_tail_reduce,               \
+        attn_avx512_bwd_reduce
 
 /* Reference first. AVX512-BF16 and AMX have no f32 arithmetic: their f32 forwards and every
  * backward are the AVX-512 kernel's. AUTO takes amx for bf16 only and never avx512_bf16 by name:
  * the avx512 entry runs bf16 forwards on its dot products where the CPU has them (attn_fwd_fn). */
 static const attn_kernel ATTN_KERNELS[] = {
-    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_REF, "attention/ref", ATTN_DTYPES, ATTN_DTYPES}, attn_ref_fwd_ws,
-     attn_ref_fwd_thread, attn_ref_fwd_thread, ATTN_BQ, ref_bwd_ws, NULL, attn_ref_bwd_thread, NULL, NULL},
-    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX2, "attention/avx2", ATTN_DTYPES, ATTN_DTYPES}, attn_avx2_fwd_ws,
-     attn_avx2_fwd_thread, attn_avx2_fwd_thread, ATTN_BQ, attn_avx2_bwd_ws, attn_avx2_bwd_tail_bytes,
-     attn_avx2_bwd_thread, attn_avx2_bwd_tail_reduce, attn_avx2_bwd_reduce},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_REF, "attention/ref", ATTN_DTYPES, ATTN_DTYPES},
+     attn_ref_fwd_ws,
+     attn_ref_fwd_thread,
+     attn_ref_fwd_thread,
+     ATTN_BQ,
+     ref_bwd_ws,
+     NULL,
+     attn_ref_bwd_thread,
+     NULL,
+     NULL},
+    {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX2, "attention/avx2", ATTN_DTYPES, ATTN_DTYPES},
+     attn_avx2_fwd_ws,
+     attn_avx2_fwd_thread,
+     attn_avx2_fwd_thread,
+     ATTN_BQ,
+     attn_avx2_bwd_ws,
+     attn_avx2_bwd_tail_bytes,
+     attn_avx2_bwd_thread,
+     attn_avx2_bwd_tail_reduce,
+     attn_avx2_bwd_reduce},
     {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX512, "attention/avx512", ATTN_DTYPES, ATTN_DTYPES},
-     attn_avx512_fwd_ws, attn_avx512_fwd_thread, attn_avx512_fwd_thread, ATTN_BQ, ATTN_AVX512_BWD},
+     attn_avx512_fwd_ws,
+     attn_avx512_fwd_thread,
+     attn_avx512_fwd_thread,
+     ATTN_BQ,
+     ATTN_AVX512_BWD},
     {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AVX512_BF16, "attention/avx512_bf16", ATTN_DTYPES, 0},
-     attn_avx512bf16_fwd_ws, attn_avx512_fwd_thread, attn_avx512bf16_fwd_thread, ATTN_BQ, ATTN_AVX512_BWD},
+     attn_avx512bf16_fwd_ws,
+     attn_avx512_fwd_thread,
+     attn_avx512bf16_fwd_thread,
+     ATTN_BQ,
+     ATTN_AVX512_BWD},
     {{MASKPACK_KERNEL_ATTENTION, MASKPACK_ISA_AMX, "attention/amx", ATTN_DTYPES, MP_DT(MASKPACK_BF16)},
-     attn_amx_fwd_ws, attn_avx512_fwd_thread, attn_amx_fwd_thread, ATTN_AMX_BQ, ATTN_AVX512_BWD},
+     attn_amx_fwd_ws,
+     attn_avx512_fwd_thread,
+     attn_amx_fwd_thread,
+     ATTN_AMX_BQ,
+     ATTN_AVX512_BWD},
 };
 enum { N_ATTN_KERNELS = sizeof ATTN_KERNELS / sizeof ATTN_KERNELS[0] };
 
@@ -67,7 +95,8 @@ static const attn_kernel *attn_entry(maskpack_isa isa) {
 /* The forward's entry: the chosen ISA's, except that avx512 runs bf16 on the AVX512-BF16 entry
  * where the CPU has it. */
 static const attn_kernel *attn_fwd_entry(const attn_problem *P) {
-    if (P->isa == MASKPACK_ISA_AVX512 && P->bf16 && mp_cpu_has_avx512bf16()) return attn_entry(MASKPACK_ISA_AVX512_BF16);
+    if (P->isa == MASKPACK_ISA_AVX512 && P->bf16 && mp_cpu_has_avx512bf16())
+        return attn_entry(MASKPACK_ISA_AVX512_BF16);
     return attn_entry(P->isa);
 }
 
@@ -281,8 +310,9 @@ static maskpack_status check_heads_tensor(const maskpack_layout *L, const maskpa
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
                            "%s: a padded layout takes [B,S,H,D], found %d dimensions", name, (int)t->ndim);
         if (t->shape[0] != L->n_rows)
-            return mp_fail(err, MASKPACK_ERR_SHAPE, name, 0, -1, "%s: expected %lld rows (B) in dimension 0, found %lld",
-                           name, (long long)L->n_rows, (long long)t->shape[0]);
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, 0, -1,
+                           "%s: expected %lld rows (B) in dimension 0, found %lld", name, (long long)L->n_rows,
+                           (long long)t->shape[0]);
         if (t->shape[1] != width)
             return mp_fail(err, MASKPACK_ERR_SHAPE, name, 1, -1,
                            "%s: expected %lld columns (the layout's %s grid) in dimension 1, found %lld", name,
@@ -345,8 +375,9 @@ static maskpack_status check_lse(const maskpack_layout *L, const maskpack_tensor
     }
     if (!ok) {
         if (L->packed)
-            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected [Hq, T] = [%lld, %lld] (or [1, %lld, %lld])",
-                           name, (long long)hq, (long long)L->q_width, (long long)hq, (long long)L->q_width);
+            return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                           "%s: expected [Hq, T] = [%lld, %lld] (or [1, %lld, %lld])", name, (long long)hq,
+                           (long long)L->q_width, (long long)hq, (long long)L->q_width);
         return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected [B, Hq, S] = [%lld, %lld, %lld]", name,
                        (long long)L->n_rows, (long long)hq, (long long)L->q_width);
     }
@@ -387,11 +418,12 @@ static maskpack_status check_qkv(const maskpack_layout *L, const maskpack_tensor
                        "%s: expected q's dtype %s, found %s", k->dtype != q->dtype ? "k" : "v",
                        maskpack_dtype_name(q->dtype), maskpack_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype));
     if (dq < 1 || dq > ATTN_MAX_D)
-        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "q", q->ndim - 1, -1, "q: head dim must be in [1, %d], found %lld",
-                       ATTN_MAX_D, (long long)dq);
+        return mp_fail(err, MASKPACK_ERR_UNSUPPORTED, "q", q->ndim - 1, -1,
+                       "q: head dim must be in [1, %d], found %lld", ATTN_MAX_D, (long long)dq);
     if (dk != dq || dv != dq)
-        return mp_fail(err, MASKPACK_ERR_SHAPE, dk != dq ? "k" : "v", -1, -1, "%s: expected head dim %lld (q's), found %lld",
-                       dk != dq ? "k" : "v", (long long)dq, (long long)(dk != dq ? dk : dv));
+        return mp_fail(err, MASKPACK_ERR_SHAPE, dk != dq ? "k" : "v", -1, -1,
+                       "%s: expected head dim %lld (q's), found %lld", dk != dq ? "k" : "v", (long long)dq,
+                       (long long)(dk != dq ? dk : dv));
     if (hv != hk)
         return mp_fail(err, MASKPACK_ERR_SHAPE, "v", -1, -1, "v: expected %lld heads (k's), found %lld", (long long)hk,
                        (long long)hv);
@@ -412,7 +444,8 @@ static maskpack_status check_qkv(const maskpack_layout *L, const maskpack_tensor
     return MASKPACK_OK;
 }
 
-static maskpack_status check_scalars(attn_problem *P, double scale, double softcap, int n_threads, maskpack_error *err) {
+static maskpack_status check_scalars(attn_problem *P, double scale, double softcap, int n_threads,
+                                     maskpack_error *err) {
     if (!isfinite(scale))
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "scale", -1, -1,
                        "scale: expected a finite value (0 = 1/sqrt(D)), found %g", scale);
@@ -719,10 +752,10 @@ static void plan_fwd(const attn_problem *P, attn_item *items, size_t *unit_begin
 static void exec_fwd(const attn_problem *P, const fwd_plan *F, const mp_run *run, char *thr) {
     /* claims: whole units [0, n_whole), then the rest item by item (attn_fwd_claim) */
     mp_claim claim;
-    mp_claim_init(&claim, F->by_unit ? (int64_t)(F->n_whole + F->n_items - F->unit_begin[F->n_whole])
-                                     : (int64_t)F->n_items);
-    attn_fwd_job job = {P, F->items, F->n_items, &claim, thr, fwd_thread_ws(P), F->unit_begin, F->n_units,
-                        F->by_unit, F->n_whole};
+    mp_claim_init(&claim,
+                  F->by_unit ? (int64_t)(F->n_whole + F->n_items - F->unit_begin[F->n_whole]) : (int64_t)F->n_items);
+    attn_fwd_job job = {P,          F->items,   F->n_items, &claim, thr, fwd_thread_ws(P), F->unit_begin,
+                        F->n_units, F->by_unit, F->n_whole};
     zero_query_padding(P, &P->out, P->have_lse);
     if (F->n_items) run_shares(run, F->nt, P->bf16 ? F->kern->fwd_bf16 : F->kern->fwd_f32, &job);
 }
@@ -740,8 +773,9 @@ static maskpack_status fwd_call(attn_problem *P, maskpack_workers *team, int sta
                                &owned, err)))
         return s;
     char *ws = (char *)(((uintptr_t)workspace + WS_ALIGN - 1) & ~(uintptr_t)(WS_ALIGN - 1));
-    size_t *unit_begin = (size_t *)(ws + align_up((size_t)count_items(P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) *
-                                                  sizeof(attn_item)));
+    size_t *unit_begin =
+        (size_t *)(ws +
+                   align_up((size_t)count_items(P, ATTN_AMX_BQ < ATTN_BQ ? ATTN_AMX_BQ : ATTN_BQ) * sizeof(attn_item)));
     fwd_plan F;
     plan_fwd(P, (attn_item *)ws, unit_begin, &F);
     mp_run run;
@@ -996,8 +1030,8 @@ maskpack_status maskpack_attention_backward_on(const maskpack_layout *layout, co
                                                void *workspace, size_t workspace_bytes, maskpack_error *err) {
     const maskpack_kernel_options o = opts_or_default(opts);
     attn_problem P;
-    maskpack_status s = check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv,
-                                  maskpack_workers_threads(team), &P, err);
+    maskpack_status s =
+        check_bwd(layout, dout, q, k, v, out, lse, scale, softcap, dq, dk, dv, maskpack_workers_threads(team), &P, err);
     if (s || (s = pick_isa(&P, o.isa, q->dtype, err))) return s;
     return bwd_call(&P, team, 0, workspace, workspace_bytes, err);
 }
@@ -1014,9 +1048,9 @@ struct maskpack_attention_op {
     maskpack_dtype dtype;
     fwd_plan F;
     bwd_plan B;
-    void *plans;          /* one allocation: items, unit_begin, perm, groups, covered */
+    void *plans;           /* one allocation: items, unit_begin, perm, groups, covered */
     size_t fwd_ws, bwd_ws; /* bytes of the runs' workspace (op_ws_layout) */
-    mp_op_ws ws; /* kept for the runs that bring no workspace */
+    mp_op_ws ws;           /* kept for the runs that bring no workspace */
 };
 
 /* A run's workspace: per-share areas (forward) or the tail partials then the per-share areas
@@ -1142,8 +1176,8 @@ static maskpack_status op_exec(maskpack_attention_op *op, attn_problem *P, int b
      * direction needs more depends on the CPU (the forward's per-share area is the largest among the
      * kernels the CPU runs, so an AMX host's forward outgrows the backward), and a workspace sized by
      * the first run would be reallocated by the other direction's first run */
-    const int kept = mp_op_ws_take(&op->ws, op->fwd_ws > op->bwd_ws ? op->fwd_ws : op->bwd_ws, &workspace,
-                                   &workspace_bytes);
+    const int kept =
+        mp_op_ws_take(&op->ws, op->fwd_ws > op->bwd_ws ? op->fwd_ws : op->bwd_ws, &workspace, &workspace_bytes);
     s = mp_take_workspace(workspace, workspace_bytes, need, "maskpack_attention_op_workspace_size", &block, &owned,
                           err);
     if (!s) {

@@ -28,16 +28,18 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw"))), apply_to = function)
+#pragma clang attribute push(                                                                                          \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw"))),             \
+    apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw")
 #endif
 #endif
 
-#define BQ ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
-#define NRP (BQ / 32)     /* pairs of row tiles */
-#define BK ATTN_AMX_BK /* 64 keys = 2 halves of 32 (one A tile of P each) */
+#define BQ    ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
+#define NRP   (BQ / 32)   /* pairs of row tiles */
+#define BK    ATTN_AMX_BK /* 64 keys = 2 halves of 32 (one A tile of P each) */
 #define LOG2E 1.4426950408889634
 
 /* exp2_ps, tanh_ps and tr16 are shared with the AVX-512 kernels */
@@ -101,32 +103,32 @@ static inline __m512 exp2_p(__m512 x) {
 
 /* Per-thread workspace. */
 typedef struct {
-    uint16_t *KP;   /* [kv32/16][D32/32] B tiles of K^T: tile (kb, dc) row p = pairs of d, 16 keys x 2 */
-    uint16_t *VP;   /* [kv32/32][D32/16] B tiles of V: tile (kc, db) row p = key pair, 16 cols x 2 */
-    uint16_t *Q;    /* [BQ][D32] */
-    float *S[2];    /* [BQ][SS], two: the next chunk's scores are computed while this one's softmax runs */
-    uint16_t *P[2]; /* [BQ][PS] bf16, two: P V of a chunk runs while the next chunk's P is written */
-    float *O;       /* [BQ][D32 + 16] (16 columns of padding) */
-    uint16_t *zero; /* D32 + 32 zero bf16 (the row of a key or query that is not read) */
+    uint16_t *KP;            /* [kv32/16][D32/32] B tiles of K^T: tile (kb, dc) row p = pairs of d, 16 keys x 2 */
+    uint16_t *VP;            /* [kv32/32][D32/16] B tiles of V: tile (kc, db) row p = key pair, 16 cols x 2 */
+    uint16_t *Q;             /* [BQ][D32] */
+    float *S[2];             /* [BQ][SS], two: the next chunk's scores are computed while this one's softmax runs */
+    uint16_t *P[2];          /* [BQ][PS] bf16, two: P V of a chunk runs while the next chunk's P is written */
+    float *O;                /* [BQ][D32 + 16] (16 columns of padding) */
+    uint16_t *zero;          /* D32 + 32 zero bf16 (the row of a key or query that is not read) */
     int64_t cur_seg, cur_kh; /* what KP/VP hold (-1: nothing) */
 } amx_bufs;
 
 static size_t amx_layout(const attn_problem *P, char *base, amx_bufs *b) {
     int64_t D32 = r32(P->d), kv = r32(P->L->max_kv > 0 ? P->L->max_kv : 1);
     size_t off = 0;
-#define TAKE(field, type, count)                                 \
-    do {                                                         \
-        if (b) b->field = (type *)(base + off);                  \
-        off += ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63; \
+#define TAKE(field, type, count)                                                                                       \
+    do {                                                                                                               \
+        if (b) b->field = (type *)(base + off);                                                                        \
+        off += ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63;                                                    \
     } while (0)
     TAKE(KP, uint16_t, kv * D32);
     TAKE(VP, uint16_t, kv * (D32 + 16));
     TAKE(Q, uint16_t, BQ * D32);
-    TAKE(S[0], float, BQ * SS);
-    TAKE(S[1], float, BQ * SS);
+    TAKE(S[0], float, BQ *SS);
+    TAKE(S[1], float, BQ *SS);
     TAKE(P[0], uint16_t, BQ * PS);
     TAKE(P[1], uint16_t, BQ * PS);
-    TAKE(O, float, BQ * (D32 + 16));
+    TAKE(O, float, BQ *(D32 + 16));
     TAKE(zero, uint16_t, D32 + 32);
 #undef TAKE
     return off;
@@ -180,7 +182,8 @@ static void pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int
             __mmask32 m = dmask(D, dc * 32);
             for (int r = 0; r < 16; r++) w[r] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, kr[r] + dc * 32));
             tr16(w);
-            for (int p = 0; p < 16; p++) _mm512_store_si512((void *)(kt + dc * 512 + p * 32), _mm512_castps_si512(w[p]));
+            for (int p = 0; p < 16; p++)
+                _mm512_store_si512((void *)(kt + dc * 512 + p * 32), _mm512_castps_si512(w[p]));
         }
         /* V: tile (kc = j0/32, db) row p = (V[2p][c], V[2p+1][c]) for the 16 columns c of block db;
          * these 16 keys fill rows (j0 % 32)/2 .. + 8 */
@@ -192,8 +195,7 @@ static void pack_kv(const attn_problem *P, size_t k, int64_t kh, int64_t lo, int
                 __m512i x = _mm512_maskz_loadu_epi16(m, a + dc * 32), y = _mm512_maskz_loadu_epi16(m, b + dc * 32);
                 /* columns dc*32 .. +15 and +16 .. +31: two blocks db = 2 dc, 2 dc + 1 */
                 __m512i lo16 = _mm512_permutex2var_epi16(x, ileave, y);
-                __m512i hi16 = _mm512_permutex2var_epi16(
-                    x, _mm512_add_epi16(ileave, _mm512_set1_epi16(16)), y);
+                __m512i hi16 = _mm512_permutex2var_epi16(x, _mm512_add_epi16(ileave, _mm512_set1_epi16(16)), y);
                 _mm512_store_si512((void *)(vt + (2 * dc) * 512 + p * 32), lo16);
                 _mm512_store_si512((void *)(vt + (2 * dc + 1) * 512 + p * 32), hi16);
             }
@@ -228,10 +230,10 @@ static int next_tile(const attn_rows *rows, int32_t j0, int32_t kvl, tile_plan *
 typedef struct {
     tile_plan t[KC];
     int n;
-    int32_t next;        /* where the next chunk's search starts */
-    int nh;              /* its 32-key halves that some row sees, in key order: */
-    int16_t ht[2 * KC];  /* tile */
-    int16_t hh[2 * KC];  /* half */
+    int32_t next;       /* where the next chunk's search starts */
+    int nh;             /* its 32-key halves that some row sees, in key order: */
+    int16_t ht[2 * KC]; /* tile */
+    int16_t hh[2 * KC]; /* half */
 } chunk_plan;
 
 static int next_chunk(const attn_rows *rows, int32_t j0, int32_t kvl, chunk_plan *c) {
@@ -259,10 +261,10 @@ static int next_chunk(const attn_rows *rows, int32_t j0, int32_t kvl, chunk_plan
 typedef struct {
     const amx_bufs *B;
     const chunk_plan *c;
-    float *S;            /* score: the chunk's S buffer */
-    const uint16_t *P;   /* P V: the chunk's P buffer */
+    float *S;          /* score: the chunk's S buffer */
+    const uint16_t *P; /* P V: the chunk's P buffer */
     int64_t D32, ndb, OS;
-    int n, done;         /* steps in all, steps done */
+    int n, done; /* steps in all, steps done */
 } tile_job;
 
 /* S = Q K^T: step s = (half k, pair of row tiles rp, d chunk dc); C tiles 0..3 = (row tile r of
@@ -398,8 +400,8 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
     attn_block_rows(L, (size_t)it->seg, it->i0, it->n, &rows);
     /* Q rows (bf16, unscaled: the scale is applied to S in f32) */
     for (int32_t x = 0; x < BQ; x++) {
-        const uint16_t *src = x < it->n ? (const uint16_t *)attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2)
-                                        : B->zero;
+        const uint16_t *src =
+            x < it->n ? (const uint16_t *)attn_ptr(&P->q, g->row, g->q_start + it->i0 + x, it->head, 2) : B->zero;
         for (int64_t c = 0; c < D32; c += 32)
             _mm512_store_si512((void *)(B->Q + x * D32 + c), _mm512_maskz_loadu_epi16(dmask(D, c), src + c));
     }
@@ -456,8 +458,9 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
                 const tile_plan *tp = &cur->t[t];
                 float *st = s + t * BK;
                 if (fast[t]) {
-                    mf = _mm512_max_ps(mf, _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(st), _mm512_load_ps(st + 16)),
-                                                         _mm512_max_ps(_mm512_load_ps(st + 32), _mm512_load_ps(st + 48))));
+                    mf = _mm512_max_ps(mf,
+                                       _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(st), _mm512_load_ps(st + 16)),
+                                                     _mm512_max_ps(_mm512_load_ps(st + 32), _mm512_load_ps(st + 48))));
                     continue;
                 }
                 for (int c = 0; c < 4; c++) {
@@ -489,8 +492,8 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
             __m512 mn = _mm512_mask_mov_ps(mo, grow, t);
             _mm512_storeu_ps(m + 16 * c, mn);
             /* a row that has seen nothing yet keeps m = -inf: exponents are taken against 0 */
-            _mm512_storeu_ps(mu + 16 * c, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn,
-                                                               _mm512_setzero_ps()));
+            _mm512_storeu_ps(mu + 16 * c,
+                             _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ), mn, _mm512_setzero_ps()));
             if (rescale) _mm512_storeu_ps(al + 16 * c, exp2_ps(_mm512_sub_ps(mo, mn)));
             resc |= (uint64_t)rescale << (16 * c);
         }
@@ -576,7 +579,8 @@ static void amx_item(const attn_problem *P, const attn_item *it, amx_bufs *B) {
         __m512 iv = _mm512_set1_ps(inv);
         int64_t d = 0;
         for (; d + 16 <= D; d += 16)
-            _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(o + d), iv)));
+            _mm256_storeu_si256((__m256i *)(dst + d),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(o + d), iv)));
         for (; d < D; d++) dst[d] = mp_f32_to_bf16(o[d] * inv);
         if (P->have_lse) *(float *)attn_ptr(&P->lse, g->row, g->q_start + it->i0 + x, it->head, 4) = lse;
     }

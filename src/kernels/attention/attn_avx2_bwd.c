@@ -13,7 +13,7 @@
 
 #include "attn_avx2_uk.h"
 
-#define ATTN_FN(name) attn_avx2_##name
+#define ATTN_FN(name)       attn_avx2_##name
 #define ATTN_F32_NO_FORWARD 1
 #include "attn_f32_kernel.inc"
 #include "attn_bwd_kernel.inc"

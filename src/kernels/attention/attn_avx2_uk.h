@@ -12,8 +12,8 @@
 
 #include <stdint.h>
 
-#define BQ ATTN_BQ
-#define BK ATTN_BK
+#define BQ    ATTN_BQ
+#define BK    ATTN_BK
 #define LOG2E 1.4426950408889634
 
 static inline int64_t round8(int64_t x) { return (x + 7) & ~(int64_t)7; }
@@ -23,8 +23,8 @@ static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 /* ---- the row-vector vocabulary (see attn_f32_kernel.inc) ---------------------------------------- */
 
 typedef __m256 vrow; /* RV query rows of one score or accumulator column */
-#define RV 8
-#define NRV 6        /* BQ / RV */
+#define RV  8
+#define NRV 6            /* BQ / RV */
 typedef __m256i vr_mask; /* all-ones lanes where allowed */
 typedef __m256i vr_jvec;
 /* A block's rows (attn_rows) as lane vectors: base [lo, hi), span [slo, shi), prefix [0, pre). */
@@ -155,41 +155,41 @@ AVX2_AI __m256 fmadd_mem(__m256 b, const float *p, __m256 acc) {
 #define AVX2_ACC12 __m256 a00, a01, a02, a10, a11, a12, a20, a21, a22, a30, a31, a32
 
 /* One step for the enabled ymm columns (m0, m1, m2 constants): a<r><c> += s[r] * v[8c ..]. */
-#define AVX2_STEPM(v, s, m0, m1, m2)                                                             \
-    do {                                                                                         \
-        const float *v_ = (v), *s_ = (s);                                                        \
-        __m256 y0_ = _mm256_setzero_ps(), y1_ = _mm256_setzero_ps(), b_;                         \
-        if (m0) y0_ = _mm256_load_ps(v_);                                                        \
-        if (m1) y1_ = _mm256_load_ps(v_ + 8);                                                    \
-        b_ = _mm256_broadcast_ss(s_);                                                            \
-        if (m0) a00 = _mm256_fmadd_ps(b_, y0_, a00);                                             \
-        if (m1) a01 = _mm256_fmadd_ps(b_, y1_, a01);                                             \
-        if (m2) a02 = fmadd_mem(b_, v_ + 16, a02);                                               \
-        b_ = _mm256_broadcast_ss(s_ + 1);                                                        \
-        if (m0) a10 = _mm256_fmadd_ps(b_, y0_, a10);                                             \
-        if (m1) a11 = _mm256_fmadd_ps(b_, y1_, a11);                                             \
-        if (m2) a12 = fmadd_mem(b_, v_ + 16, a12);                                               \
-        b_ = _mm256_broadcast_ss(s_ + 2);                                                        \
-        if (m0) a20 = _mm256_fmadd_ps(b_, y0_, a20);                                             \
-        if (m1) a21 = _mm256_fmadd_ps(b_, y1_, a21);                                             \
-        if (m2) a22 = fmadd_mem(b_, v_ + 16, a22);                                               \
-        b_ = _mm256_broadcast_ss(s_ + 3);                                                        \
-        if (m0) a30 = _mm256_fmadd_ps(b_, y0_, a30);                                             \
-        if (m1) a31 = _mm256_fmadd_ps(b_, y1_, a31);                                             \
-        if (m2) a32 = fmadd_mem(b_, v_ + 16, a32);                                               \
+#define AVX2_STEPM(v, s, m0, m1, m2)                                                                                   \
+    do {                                                                                                               \
+        const float *v_ = (v), *s_ = (s);                                                                              \
+        __m256 y0_ = _mm256_setzero_ps(), y1_ = _mm256_setzero_ps(), b_;                                               \
+        if (m0) y0_ = _mm256_load_ps(v_);                                                                              \
+        if (m1) y1_ = _mm256_load_ps(v_ + 8);                                                                          \
+        b_ = _mm256_broadcast_ss(s_);                                                                                  \
+        if (m0) a00 = _mm256_fmadd_ps(b_, y0_, a00);                                                                   \
+        if (m1) a01 = _mm256_fmadd_ps(b_, y1_, a01);                                                                   \
+        if (m2) a02 = fmadd_mem(b_, v_ + 16, a02);                                                                     \
+        b_ = _mm256_broadcast_ss(s_ + 1);                                                                              \
+        if (m0) a10 = _mm256_fmadd_ps(b_, y0_, a10);                                                                   \
+        if (m1) a11 = _mm256_fmadd_ps(b_, y1_, a11);                                                                   \
+        if (m2) a12 = fmadd_mem(b_, v_ + 16, a12);                                                                     \
+        b_ = _mm256_broadcast_ss(s_ + 2);                                                                              \
+        if (m0) a20 = _mm256_fmadd_ps(b_, y0_, a20);                                                                   \
+        if (m1) a21 = _mm256_fmadd_ps(b_, y1_, a21);                                                                   \
+        if (m2) a22 = fmadd_mem(b_, v_ + 16, a22);                                                                     \
+        b_ = _mm256_broadcast_ss(s_ + 3);                                                                              \
+        if (m0) a30 = _mm256_fmadd_ps(b_, y0_, a30);                                                                   \
+        if (m1) a31 = _mm256_fmadd_ps(b_, y1_, a31);                                                                   \
+        if (m2) a32 = fmadd_mem(b_, v_ + 16, a32);                                                                     \
     } while (0)
 #define AVX2_STEP12(v, s) AVX2_STEPM(v, s, 1, 1, 1)
 
 /* Stores the enabled ymm columns of the 4 accumulator rows to p (rows BQ apart). */
-#define AVX2_STOREM(p, m0, m1, m2)                                                               \
-    do {                                                                                         \
-        float *p_ = (p);                                                                         \
-        if (m0) _mm256_store_ps(p_, a00), _mm256_store_ps(p_ + BQ, a10);                         \
-        if (m0) _mm256_store_ps(p_ + 2 * BQ, a20), _mm256_store_ps(p_ + 3 * BQ, a30);            \
-        if (m1) _mm256_store_ps(p_ + 8, a01), _mm256_store_ps(p_ + BQ + 8, a11);                 \
-        if (m1) _mm256_store_ps(p_ + 2 * BQ + 8, a21), _mm256_store_ps(p_ + 3 * BQ + 8, a31);    \
-        if (m2) _mm256_store_ps(p_ + 16, a02), _mm256_store_ps(p_ + BQ + 16, a12);               \
-        if (m2) _mm256_store_ps(p_ + 2 * BQ + 16, a22), _mm256_store_ps(p_ + 3 * BQ + 16, a32);  \
+#define AVX2_STOREM(p, m0, m1, m2)                                                                                     \
+    do {                                                                                                               \
+        float *p_ = (p);                                                                                               \
+        if (m0) _mm256_store_ps(p_, a00), _mm256_store_ps(p_ + BQ, a10);                                               \
+        if (m0) _mm256_store_ps(p_ + 2 * BQ, a20), _mm256_store_ps(p_ + 3 * BQ, a30);                                  \
+        if (m1) _mm256_store_ps(p_ + 8, a01), _mm256_store_ps(p_ + BQ + 8, a11);                                       \
+        if (m1) _mm256_store_ps(p_ + 2 * BQ + 8, a21), _mm256_store_ps(p_ + 3 * BQ + 8, a31);                          \
+        if (m2) _mm256_store_ps(p_ + 16, a02), _mm256_store_ps(p_ + BQ + 16, a12);                                     \
+        if (m2) _mm256_store_ps(p_ + 2 * BQ + 16, a22), _mm256_store_ps(p_ + 3 * BQ + 16, a32);                        \
     } while (0)
 
 /* ST[k0 + r][8*y0 + 8*c ..] for keys r < 4 of a packed group, ymm columns c < ny (1 to 3, a
@@ -211,28 +211,26 @@ AVX2_AI void st4(const float *YT, int64_t D, const float *G, float *ST, const in
 }
 
 /* Loads the 4 x 3 accumulators of the pass (k0, y0) from OT times alpha. */
-#define AVX2_LOAD_ALPHA(OT, alpha, k0, y0)                                                       \
-    do {                                                                                         \
-        const float *o_ = (OT) + (k0) * BQ + 8 * (y0);                                           \
-        const __m256 m0_ = alpha[y0], m1_ = alpha[(y0) + 1],               \
-                     m2_ = alpha[(y0) + 2];                                           \
-        a00 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a01 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_); \
-        a02 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                       \
-        o_ += BQ;                                                                                \
-        a10 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a11 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_); \
-        a12 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                       \
-        o_ += BQ;                                                                                \
-        a20 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a21 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_); \
-        a22 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                       \
-        o_ += BQ;                                                                                \
-        a30 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a31 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_); \
-        a32 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                       \
+#define AVX2_LOAD_ALPHA(OT, alpha, k0, y0)                                                                             \
+    do {                                                                                                               \
+        const float *o_ = (OT) + (k0)*BQ + 8 * (y0);                                                                   \
+        const __m256 m0_ = alpha[y0], m1_ = alpha[(y0) + 1], m2_ = alpha[(y0) + 2];                                    \
+        a00 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a01 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_);                \
+        a02 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                                             \
+        o_ += BQ;                                                                                                      \
+        a10 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a11 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_);                \
+        a12 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                                             \
+        o_ += BQ;                                                                                                      \
+        a20 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a21 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_);                \
+        a22 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                                             \
+        o_ += BQ;                                                                                                      \
+        a30 = _mm256_mul_ps(_mm256_load_ps(o_), m0_), a31 = _mm256_mul_ps(_mm256_load_ps(o_ + 8), m1_);                \
+        a32 = _mm256_mul_ps(_mm256_load_ps(o_ + 16), m2_);                                                             \
     } while (0)
 
 /* OT[k0 + r][8*y0 .. 8*y0 + 24) for columns r < 4 of a VP slab: OT * alpha, plus
  * X[j*8 + k0 + r] * A[j][...] for keys j = 0 .. nk - 1 in order. */
-AVX2_AI void ot4(float *OT, const float *X, const float *A, int32_t nk, const vrow *alpha, const int k0,
-                 const int y0) {
+AVX2_AI void ot4(float *OT, const float *X, const float *A, int32_t nk, const vrow *alpha, const int k0, const int y0) {
     AVX2_ACC12;
     AVX2_LOAD_ALPHA(OT, alpha, k0, y0);
     const float *a = A + 8 * y0, *x = X + k0;
@@ -266,7 +264,7 @@ static __attribute__((noinline, unused)) void st_group(const float *YT, int64_t 
 
 /* OT[r][0..48) = OT * alpha + sum_j X[j*8 + r] * A[j][0..48) for the 8 columns of one VP slab. */
 static __attribute__((noinline, unused)) void ot_group(float *OT, const float *X, const float *A, int32_t nk,
-                                               const vrow *alpha) {
+                                                       const vrow *alpha) {
     for (int y0 = 0; y0 < 6; y0 += 3) /* (the half of A two passes read stays in L1 between them) */
         for (int k0 = 0; k0 < 8; k0 += 4) ot4(OT, X, A, nk, alpha, k0, y0);
 }
@@ -274,12 +272,12 @@ static __attribute__((noinline, unused)) void ot_group(float *OT, const float *X
 /* st_group for the 16-row groups ca .. ca + nv - 1 only (ymm columns 2ca .. 2(ca + nv)); the
  * other lanes of ST are left as they were. */
 static __attribute__((noinline, unused)) void st_group_cv(const float *YT, int64_t D, const float *G, float *ST,
-                                                  const int ca, const int nv) {
+                                                          const int ca, const int nv) {
     switch (ca * 4 + nv) {
-#define ST_CV(code, a, b)                     \
-    case code:                                \
-        st4_range(YT, D, G, ST, 0, a, b);     \
-        st4_range(YT, D, G, ST, 4, a, b);     \
+#define ST_CV(code, a, b)                                                                                              \
+    case code:                                                                                                         \
+        st4_range(YT, D, G, ST, 0, a, b);                                                                              \
+        st4_range(YT, D, G, ST, 4, a, b);                                                                              \
         break;
         ST_CV(3, 0, 6)
         ST_CV(2, 0, 4)
@@ -307,7 +305,7 @@ AVX2_AI void ot_pass_cv(float *OT, const float *X, const float *A, const vrow *a
         /* keys [cut[k], cut[k+1]) in order, into the pass's ymm columns la .. lb - 1 */
         const float *a = A + cut[k] * BQ + 8 * y0, *x = X + cut[k] * 8 + k0;
         int32_t n = cut[k + 1] - cut[k];
-#define OT_RUN(m0, m1, m2) \
+#define OT_RUN(m0, m1, m2)                                                                                             \
     for (int32_t j = 0; j < n; j++, a += BQ, x += 8) AVX2_STEPM(a, x, m0, m1, m2)
         /* a pass covers ymm columns y0 .. y0 + 2 (y0 = 0 or 3) and a group two of them from an
          * even column, so [la, lb) is one of [0, 1), [0, 2), [0, 3), [1, 3), [2, 3) */
@@ -326,8 +324,9 @@ AVX2_AI void ot_pass_cv(float *OT, const float *X, const float *A, const vrow *a
 
 /* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the row groups of
  * code[k] = ca * 4 + nv); alpha is applied to every column. */
-static __attribute__((noinline, unused)) void ot_group_runs(float *OT, const float *X, const float *A, const vrow *alpha,
-                                                  const int32_t *cut, const int *code, int nrun) {
+static __attribute__((noinline, unused)) void ot_group_runs(float *OT, const float *X, const float *A,
+                                                            const vrow *alpha, const int32_t *cut, const int *code,
+                                                            int nrun) {
     ot_pass_cv(OT, X, A, alpha, cut, code, nrun, 0, 0);
     ot_pass_cv(OT, X, A, alpha, cut, code, nrun, 4, 0);
     ot_pass_cv(OT, X, A, alpha, cut, code, nrun, 0, 3);
@@ -459,8 +458,7 @@ static inline void pack_keys(const attn_problem *P, const attn_view *view, int64
             for (int r = 0; r < 16 && j0 + r < nv; r++) {
                 int64_t j = j0 + r;
                 float *dst = VP + (j >> 6) * D8 * 64 + (j & 63) * 8;
-                for (int64_t d = 0; d < D8; d += 8)
-                    _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
+                for (int64_t d = 0; d < D8; d += 8) _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
             }
     }
 }
@@ -543,8 +541,7 @@ static __attribute__((unused)) void store_row(void *dst, int bf16, const float *
  * halves of 4), then those two added and reduced as _mm512_reduce_add_pd does (halves, then
  * quarters, then the pair). */
 static __attribute__((unused)) float dot_f64(const float *a, const float *b, int64_t n) {
-    __m256d s0a = _mm256_setzero_pd(), s0b = _mm256_setzero_pd(), s1a = _mm256_setzero_pd(),
-            s1b = _mm256_setzero_pd();
+    __m256d s0a = _mm256_setzero_pd(), s0b = _mm256_setzero_pd(), s1a = _mm256_setzero_pd(), s1b = _mm256_setzero_pd();
     for (int64_t d = 0; d < n; d += 16) {
         __m256i k0 = lanes_below(n - d), k1 = lanes_below(n - d - 8);
         __m256 x0 = _mm256_maskload_ps(a + d, k0), y0 = _mm256_maskload_ps(b + d, k0);
@@ -600,7 +597,8 @@ static __attribute__((unused)) void c_kernel2(float *C, int64_t cs, const float 
                                               const float *A1, const float *Y1, int32_t n1, int64_t ys, int64_t Dp,
                                               int32_t nk) {
     int64_t nv = Dp / 16, c = 0;
-#define CB2(JB, CW) c_block2(C + j * cs + c * 16, cs, A0 + j * BQ, Y0 + c * 16, n0, A1 + j * BQ, Y1 + c * 16, n1, ys, JB, CW)
+#define CB2(JB, CW)                                                                                                    \
+    c_block2(C + j * cs + c * 16, cs, A0 + j * BQ, Y0 + c * 16, n0, A1 + j * BQ, Y1 + c * 16, n1, ys, JB, CW)
     for (; c + 2 <= nv; c += 2) {
         int32_t j = 0;
         for (; j + 3 <= nk; j += 3) CB2(3, 2);

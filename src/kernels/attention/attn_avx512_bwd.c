@@ -12,7 +12,7 @@
 #include "attn_avx512_common.h"
 #include "attn_avx512_uk.h"
 
-#define ATTN_FN(name) attn_avx512_##name
+#define ATTN_FN(name)       attn_avx512_##name
 #define ATTN_F32_NO_FORWARD 1
 #include "attn_f32_kernel.inc"
 #include "attn_bwd_kernel.inc"

@@ -118,7 +118,7 @@ static inline void tr16(__m512 r[16]) {
 
 /* dst[j][i] = src[i][j] * mul for a rows x cols block (both multiples of 16). */
 static inline void transpose_scaled(const float *src, int64_t ss, float *dst, int64_t ds, int64_t rows, int64_t cols,
-                             float mul) {
+                                    float mul) {
     __m512 m = _mm512_set1_ps(mul), r[16];
     for (int64_t i = 0; i < rows; i += 16)
         for (int64_t j = 0; j < cols; j += 16) {
@@ -133,9 +133,9 @@ static inline int64_t round64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 
 /* ---- the row-vector vocabulary of the frameworks (see attn_f32_kernel.inc) ------------------------ */
 
-typedef __m512 vrow;  /* RV query rows of one score or accumulator column */
-#define RV 16
-#define NRV 3         /* BQ / RV */
+typedef __m512 vrow; /* RV query rows of one score or accumulator column */
+#define RV  16
+#define NRV 3 /* BQ / RV */
 typedef lane_rule vr_rule;
 typedef __mmask16 vr_mask;
 typedef __m512i vr_jvec;

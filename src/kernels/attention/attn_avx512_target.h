@@ -16,6 +16,6 @@
 #endif
 #endif
 
-#define BQ ATTN_BQ
-#define BK ATTN_BK
+#define BQ    ATTN_BQ
+#define BK    ATTN_BK
 #define LOG2E 1.4426950408889634

@@ -36,7 +36,7 @@ static inline void st_group(const float *YT, int64_t D, const float *G, float *S
 
 /* st_group for the row groups (zmm) ca .. ca + nv - 1 only (the other lanes of ST are left as they were). */
 static inline __attribute__((always_inline)) void st_group_cv(const float *YT, int64_t D, const float *G, float *ST,
-                                                             const int ca, const int nv) {
+                                                              const int ca, const int nv) {
     __m512 acc[8][3], y[3];
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < nv; c++) acc[r][c] = _mm512_setzero_ps();
@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) void st_group_cv(const float *YT, i
 
 /* st_group for the 16-row groups of code = ca * 4 + nv (attn_f32_kernel.inc); other codes: nothing */
 static inline __attribute__((always_inline)) void st_group_run(const float *YT, int64_t D, const float *G, float *ST,
-                                                              int code) {
+                                                               int code) {
     switch (code) {
     case 3: st_group_cv(YT, D, G, ST, 0, 3); break;
     case 2: st_group_cv(YT, D, G, ST, 0, 2); break;
@@ -94,8 +94,8 @@ static inline void ot_group(float *OT, const float *X, const float *A, int32_t n
 }
 
 /* Keys [j, e) of ot_group's loop for the row groups (zmm) ca .. ca + nv - 1. */
-static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], const float *X, const float *A,
-                                                           int32_t j, int32_t e, const int ca, const int nv) {
+static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], const float *X, const float *A, int32_t j,
+                                                            int32_t e, const int ca, const int nv) {
     for (; j < e; j++) {
         __m512 a[3];
         for (int c = 0; c < nv; c++) a[c] = _mm512_load_ps(A + j * BQ + 16 * (ca + c));
@@ -110,7 +110,7 @@ static inline __attribute__((always_inline)) void ot_run_cv(__m512 acc[8][3], co
 /* ot_group over keys split into runs (run k: keys [cut[k], cut[k+1]) seen by the row groups of
  * code[k] = ca * 4 + nv); alpha is applied to every vector. */
 static inline void ot_group_runs(float *OT, const float *X, const float *A, const __m512 *alpha, const int32_t *cut,
-                               const int *code, int nrun) {
+                                 const int *code, int nrun) {
     __m512 acc[8][3];
     for (int r = 0; r < 8; r++)
         for (int c = 0; c < 3; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(OT + r * BQ + 16 * c), alpha[c]);
@@ -132,8 +132,8 @@ static inline void ot_group_runs(float *OT, const float *X, const float *A, cons
 
 /* ---- packing and output rows ----------------------------------------------------------------- */
 
-static inline void pack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h, int64_t i0,
-                      int32_t n, float mul, float *YT, float *Yr, int64_t Dp, int64_t ys) {
+static inline void pack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
+                             int64_t i0, int32_t n, float mul, float *YT, float *Yr, int64_t Dp, int64_t ys) {
     int64_t D = P->d;
     for (int32_t x = 0; x < BQ; x++) {
         float *y = Yr + x * ys;
@@ -151,7 +151,8 @@ static inline void pack_rows(const attn_problem *P, const attn_view *view, const
  * straight between the tensor rows and the transposed block through 16 x 16 register transposes,
  * without the row-major copy in between (same products, so the same values). */
 static inline void pack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                             int64_t i0, int32_t n, float mul, float *YT, const float *zero, float *Yr, int64_t ys) {
+                                    int64_t i0, int32_t n, float mul, float *YT, const float *zero, float *Yr,
+                                    int64_t ys) {
     int64_t D = P->d;
     __m512 m = _mm512_set1_ps(mul), r[16];
     for (int32_t x0 = 0; x0 < BQ; x0 += 16) {
@@ -172,8 +173,8 @@ static inline void pack_rows_direct(const attn_problem *P, const attn_view *view
  * and/or VP form (either may be NULL), 16 keys at a time (KP through 16 x 16 transposes); keys
  * outside [lo, hi) (that no query of the unit may see) and the padding are zeros and are never
  * read from the tensor. tmp holds 17 * (Dp + 16) floats. */
-static inline void pack_keys(const attn_problem *P, const attn_view *view, int64_t brow, int64_t col0, int64_t n, int64_t kh,
-                      int64_t lo, int64_t hi, float *KP, float *VP, float *tmp) {
+static inline void pack_keys(const attn_problem *P, const attn_view *view, int64_t brow, int64_t col0, int64_t n,
+                             int64_t kh, int64_t lo, int64_t hi, float *KP, float *VP, float *tmp) {
     int64_t D = P->d, D8 = round8(D), Dp = round16(D), n8 = round8(n), nv = VP ? round64(n) : n8, rs = Dp + 16;
     float *zero = tmp + 16 * rs;
     memset(zero, 0, (size_t)rs * sizeof(float));
@@ -217,23 +218,22 @@ static inline void pack_keys(const attn_problem *P, const attn_view *view, int64
             for (int r = 0; r < 16 && j0 + r < nv; r++) {
                 int64_t j = j0 + r;
                 float *dst = VP + (j >> 6) * D8 * 64 + (j & 63) * 8;
-                for (int64_t d = 0; d < D8; d += 8)
-                    _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
+                for (int64_t d = 0; d < D8; d += 8) _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
             }
     }
 }
 
 /* Rows x < n of the accumulator OT [Dp][BQ] to the tensor: row x times inv[x]. Or is [BQ][Dp]. */
 static inline void unpack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                        int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
+                               int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
     transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
     for (int32_t x = 0; x < n; x++)
         attn_store_row(attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, Or + x * Dp, P->d, inv[x]);
 }
 
 
-static inline void unpack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                               int64_t i0, int32_t n, const float *OT, const float *inv) {
+static inline void unpack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g,
+                                      int32_t h, int64_t i0, int32_t n, const float *OT, const float *inv) {
     int64_t D = P->d;
     __m512 r[16];
     for (int32_t x0 = 0; x0 < n; x0 += 16)
@@ -251,8 +251,9 @@ static inline void unpack_rows_direct(const attn_problem *P, const attn_view *vi
  * row sits on its own page, and ordinary stores wait to read every line of it first (one row at a
  * time, the largest fixed cost of a short forward). The partial lines at either end of a row
  * (other heads share them) get ordinary masked stores. */
-static __attribute__((unused)) void unpack_rows_nt(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                           int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
+static __attribute__((unused)) void unpack_rows_nt(const attn_problem *P, const attn_view *view,
+                                                   const maskpack_segment *g, int32_t h, int64_t i0, int32_t n,
+                                                   const float *OT, float *Or, int64_t Dp, const float *inv) {
     int64_t D = P->d;
     transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
     for (int32_t x = 0; x < n; x++) {
@@ -305,9 +306,10 @@ static __attribute__((unused)) float dot_f64(const float *a, const float *b, int
     for (int64_t d = 0; d < n; d += 16) {
         __mmask16 k = n - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - d)) - 1);
         __m512 x = _mm512_maskz_loadu_ps(k, a + d), y = _mm512_maskz_loadu_ps(k, b + d);
-        s0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s0);
-        s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)),
-                             s1);
+        s0 =
+            _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), s0);
+        s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)),
+                             _mm512_cvtps_pd(_mm512_extractf32x8_ps(y, 1)), s1);
     }
     return (float)_mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
 }
@@ -342,10 +344,12 @@ static inline __attribute__((always_inline)) void c_block2(float *C, int64_t cs,
 /* Blocks of 6 rows x 4 vectors: 24 accumulators + 4 row vectors of Y stay in registers and the 6
  * values of A are broadcast from memory, 10 loads per 24 FMAs (a wider 3 x 8 block leaves no
  * register for Y and needs 27). */
-static __attribute__((unused)) void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, int32_t n0, const float *A1,
-                      const float *Y1, int32_t n1, int64_t ys, int64_t Dp, int32_t nk) {
+static __attribute__((unused)) void c_kernel2(float *C, int64_t cs, const float *A0, const float *Y0, int32_t n0,
+                                              const float *A1, const float *Y1, int32_t n1, int64_t ys, int64_t Dp,
+                                              int32_t nk) {
     int64_t nv = Dp / 16, c = 0;
-#define CB2(JB, CW) c_block2(C + j * cs + c * 16, cs, A0 + j * BQ, Y0 + c * 16, n0, A1 + j * BQ, Y1 + c * 16, n1, ys, JB, CW)
+#define CB2(JB, CW)                                                                                                    \
+    c_block2(C + j * cs + c * 16, cs, A0 + j * BQ, Y0 + c * 16, n0, A1 + j * BQ, Y1 + c * 16, n1, ys, JB, CW)
     for (; c + 4 <= nv; c += 4) {
         int32_t j = 0;
         for (; j + 6 <= nk; j += 6) CB2(6, 4);
@@ -368,8 +372,8 @@ static __attribute__((unused)) void c_kernel2(float *C, int64_t cs, const float 
 
 /* C [nk][Dp] += A [nk][BQ] x Y [nr][Dp] (Dp a multiple of 16, rows of C cs and of Y ys apart): one
  * query block, c_kernel2 with an empty second block. */
-static __attribute__((unused)) void c_kernel(float *C, int64_t cs, const float *A, const float *Y, int64_t ys, int64_t Dp, int32_t nk,
-                     int32_t nr) {
+static __attribute__((unused)) void c_kernel(float *C, int64_t cs, const float *A, const float *Y, int64_t ys,
+                                             int64_t Dp, int32_t nk, int32_t nr) {
     c_kernel2(C, cs, A, Y, nr, A, Y, 0, ys, Dp, nk);
 }
 

@@ -17,15 +17,16 @@
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))),             \
+                             apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 #endif
 #endif
 
-#define BQ ATTN_BQ
-#define BK ATTN_BK
+#define BQ    ATTN_BQ
+#define BK    ATTN_BK
 #define LOG2E 1.4426950408889634
 
 #include "attn_avx512_common.h" /* with the row-vector vocabulary of attn_fwd_kernel.inc */
@@ -46,18 +47,18 @@ static size_t uk_fwd_layout(const attn_problem *P, char *base, fwd_bufs *b) {
     int64_t D = P->d, Dh = (D + 1) / 2, D8 = round8(D), Dp = round16(D);
     int64_t n8 = round8(P->L->max_kv > 0 ? P->L->max_kv : 1), n64 = round64(n8);
     size_t off = 0;
-#define TAKE(field, type, count)                                    \
-    do {                                                            \
-        if (b) b->field = (type *)(base + off);                     \
-        off += ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63; \
+#define TAKE(field, type, count)                                                                                       \
+    do {                                                                                                               \
+        if (b) b->field = (type *)(base + off);                                                                        \
+        off += ((size_t)(count) * sizeof(type) + 63) & ~(size_t)63;                                                    \
     } while (0)
     TAKE(QT, uint32_t, Dh * BQ);
     TAKE(KP, uint32_t, n8 * Dh);
     TAKE(VP, uint32_t, n64 / 2 * D8);
     TAKE(PP, uint32_t, (BK / 2 + 8) * BQ);
-    TAKE(OT, float, Dp * BQ);
+    TAKE(OT, float, Dp *BQ);
     TAKE(ST, float, (BK + 16) * BQ);
-    TAKE(Yr, float, BQ * Dp);
+    TAKE(Yr, float, BQ *Dp);
     TAKE(tmp, float, 2 * (Dp + 16));
 #undef TAKE
     if (b) b->ST += 8 * BQ;
@@ -178,10 +179,11 @@ static void uk_store_out(const attn_problem *P, const maskpack_segment *g, const
     int64_t Dp = round16(P->d);
     transpose_scaled(B->OT, BQ, B->Yr, Dp, Dp, BQ, 1.0f);
     for (int32_t x = 0; x < it->n; x++)
-        attn_store_row(attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2), 1, B->Yr + x * Dp, P->d, inv[x]);
+        attn_store_row(attn_ptr(&P->out, g->row, g->q_start + it->i0 + x, it->head, 2), 1, B->Yr + x * Dp, P->d,
+                       inv[x]);
 }
 
-#define ATTN_FN(name) attn_avx512bf16_##name
+#define ATTN_FN(name)      attn_avx512bf16_##name
 #define ATTN_FWD_KEY_PAIRS 1 /* the dot products take keys two by two */
 #include "attn_fwd_kernel.inc"
 

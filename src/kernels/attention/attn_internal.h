@@ -14,11 +14,11 @@
  * first query and tiles at its first key, so which rows share a block and which keys share a tile
  * depends only on positions inside the segment: that is what makes packed and padded runs of one
  * kernel bitwise equal. */
-#define ATTN_BQ 48   /* AVX-512: 3 vectors of 16 query rows (AVX2: 6 of 8, same blocks) */
-#define ATTN_BK 64
+#define ATTN_BQ     48 /* AVX-512: 3 vectors of 16 query rows (AVX2: 6 of 8, same blocks) */
+#define ATTN_BK     64
 #define ATTN_AMX_BQ 64 /* AMX: 4 row tiles of 16 */
 #define ATTN_AMX_BK 64
-#define ATTN_MAX_D 256
+#define ATTN_MAX_D  256
 #define ATTN_MAX_BQ 64 /* the larger of the two (attn_rows holds a block) */
 
 /* One tensor's addressing, the kernels' one token view (internal.h): element (row b, token t, head
@@ -29,7 +29,7 @@ typedef mp_token_view attn_view;
 typedef struct attn_problem {
     const maskpack_layout *L;
     int64_t hq, hkv, group, d;
-    int bf16;                  /* 1: q/k/v/out/dout/dq/dk/dv are bf16, else f32 */
+    int bf16; /* 1: q/k/v/out/dout/dq/dk/dv are bf16, else f32 */
     size_t esize;
     double scale, softcap;
     attn_view q, k, v, out, lse; /* lse: f32, token stride s_col, head stride s_h, row stride s_row */
@@ -48,11 +48,11 @@ static inline char *attn_ptr(const attn_view *v, int64_t b, int64_t t, int64_t h
  * causal + window, span [slo, shi) when the row sits in a span, prefix [0, pre). Rows past the
  * block's valid count have empty intervals. */
 typedef struct attn_rows {
-    int32_t n;             /* valid rows */
+    int32_t n; /* valid rows */
     int32_t lo[ATTN_MAX_BQ], hi[ATTN_MAX_BQ];
     int32_t slo[ATTN_MAX_BQ], shi[ATTN_MAX_BQ];
     int32_t pre[ATTN_MAX_BQ];
-    int32_t kmin, kmax;    /* union hull of every row's keys; kmin >= kmax when the block sees nothing */
+    int32_t kmin, kmax; /* union hull of every row's keys; kmin >= kmax when the block sees nothing */
     /* base-only blocks (no span or prefix row): every row's keys are one interval and consecutive
      * rows' intervals move by at most one key, so their union is [kmin, kmax) without holes and a
      * tile is FULL iff every row covers it: lo_max <= j0 and hi_min >= j1 with no empty row */
@@ -77,7 +77,7 @@ static inline void attn_finish_row(float m, float l, float *inv, float *lse) {
  * partial tile skips the groups that see none of a run of its keys (attn_f32_kernel.inc). lo[c],
  * hi[c]: the hull of group c's keys (for blocks outside the base rule, every group sees every key
  * of the block's hull). */
-#define ATTN_RG 16
+#define ATTN_RG  16
 #define ATTN_NRG (ATTN_BQ / ATTN_RG)
 typedef struct attn_group_hull {
     int32_t lo[ATTN_NRG], hi[ATTN_NRG];
@@ -108,9 +108,9 @@ typedef void (*attn_thread_fn)(void *ctx, int tid);
 /* Backward work units: a key group (segments of one row whose key ranges overlap, e.g. the
  * pieces of one sequence in a CP shard) for one key head. */
 typedef struct attn_kgroup {
-    size_t seg_begin, seg_end; /* segments [seg_begin, seg_end) */
+    size_t seg_begin, seg_end;     /* segments [seg_begin, seg_end) */
     int64_t row, kv_start, kv_end; /* union of their key ranges */
-    int64_t q_rows;            /* sum of their q_len */
+    int64_t q_rows;                /* sum of their q_len */
 } attn_kgroup;
 
 /* (layout) -> the backward's key groups: per row, segments whose key ranges overlap share one
@@ -127,8 +127,8 @@ typedef struct attn_fwd_job {
     const attn_problem *P;
     const attn_item *items;
     size_t n_items;
-    mp_claim *claim;         /* the shared claims of units, then items (attn_fwd_claim) */
-    char *ws;                /* per-thread slices of ws_stride bytes, 64-aligned */
+    mp_claim *claim; /* the shared claims of units, then items (attn_fwd_claim) */
+    char *ws;        /* per-thread slices of ws_stride bytes, 64-aligned */
     size_t ws_stride;
     /* units = (segment, key head): items [unit_begin[u], unit_begin[u+1]). With enough units
      * each thread takes whole units (a unit's keys are packed once, by one thread); otherwise
@@ -150,13 +150,13 @@ int attn_fwd_claim(attn_fwd_job *job, size_t *b, size_t *e);
 typedef struct attn_bwd_job {
     const attn_problem *P;
     const attn_kgroup *groups;
-    const size_t *perm;      /* group G's segments are perm[G.seg_begin .. G.seg_end) */
+    const size_t *perm; /* group G's segments are perm[G.seg_begin .. G.seg_end) */
     size_t n_groups;
-    int64_t n_units;         /* n_groups * hkv */
-    mp_claim *claim;         /* dynamic mode: whole units [0, n_whole), then the tail units' pieces
+    int64_t n_units; /* n_groups * hkv */
+    mp_claim *claim; /* dynamic mode: whole units [0, n_whole), then the tail units' pieces
                               * (n_whole + (n_units - n_whole) * ATTN_BWD_TAIL_CHUNKS claims) */
-    int split;               /* 1: one unit at a time, its items split over threads */
-    int64_t unit;            /* split mode: the current unit */
+    int split;       /* 1: one unit at a time, its items split over threads */
+    int64_t unit;    /* split mode: the current unit */
     char *ws;
     size_t ws_stride;
     int n_threads;
@@ -167,7 +167,7 @@ typedef struct attn_bwd_job {
      * partials in piece order. So the threads finish within one piece of each other, and which
      * thread ran a piece never changes a bit (n_whole = n_units: no tail). */
     int64_t n_whole;
-    float *tail_acc;         /* [n_units - n_whole][ATTN_BWD_TAIL_CHUNKS][2][max width][row stride] */
+    float *tail_acc; /* [n_units - n_whole][ATTN_BWD_TAIL_CHUNKS][2][max width][row stride] */
     int64_t max_width;
 } attn_bwd_job;
 

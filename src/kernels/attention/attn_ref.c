@@ -97,8 +97,7 @@ static void ref_fwd_row(const attn_problem *P, size_t k, int32_t h, int64_t i) {
     /* a row that sees nothing: exact 0 and -inf (docs/conventions.md section 5) */
     store_d(attn_ptr(&P->out, g->row, g->q_start + i, h, P->esize), P->bf16, acc, D, l > 0 ? 1.0 / l : 0.0);
     if (P->have_lse)
-        *(float *)attn_ptr(&P->lse, g->row, g->q_start + i, h, sizeof(float)) =
-            l > 0 ? (float)(m + log(l)) : -INFINITY;
+        *(float *)attn_ptr(&P->lse, g->row, g->q_start + i, h, sizeof(float)) = l > 0 ? (float)(m + log(l)) : -INFINITY;
 }
 
 void attn_ref_fwd_thread(void *vjob, int tid) {
@@ -124,8 +123,8 @@ static double row_lse(const attn_problem *P, const maskpack_segment *g, int32_t 
 }
 
 /* dP_ij * P_ij terms of one allowed pair: *p = P_ij, *ds = dS_ij (before the scale). */
-static void pair_grad(const attn_problem *P, const maskpack_segment *g, int32_t h, int64_t j,
-                      const double *q, const double *dout, double delta, double lse, double *p, double *ds) {
+static void pair_grad(const attn_problem *P, const maskpack_segment *g, int32_t h, int64_t j, const double *q,
+                      const double *dout, double delta, double lse, double *p, double *ds) {
     int64_t kh = h / P->group;
     double t;
     double s = logit(P, q, attn_ptr(&P->k, g->row, g->kv_start + j, kh, P->esize), &t);

@@ -106,7 +106,8 @@ static void conv_bwd_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
             d = _mm256_mul_ps(d, _mm256_mul_ps(sg, _mm256_fmadd_ps(a, _mm256_sub_ps(one, sg), one)));
         }
         _mm256_storeu_ps(dp0 + c, d);
-        const __m256d dlo = _mm256_cvtps_pd(_mm256_castps256_ps128(d)), dhi = _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1));
+        const __m256d dlo = _mm256_cvtps_pd(_mm256_castps256_ps128(d)),
+                      dhi = _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1));
         for (int64_t k = 0; k < W; k++) {
             const __m256 x = _mm256_loadu_ps(win[k] + c);
             _mm256_storeu_pd(dw[k] + c, _mm256_fmadd_pd(dlo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
@@ -122,7 +123,8 @@ static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
                              const float dp[MASKPACK_GDN_MAX_CONV][CONV_CB], int64_t W, int64_t nb, float *dxr) {
     for (int64_t c = 0; c < nb; c += 8) {
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t k = 0; k < W; k++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt[k] + c), _mm256_loadu_ps(dp[k] + c), acc);
+        for (int64_t k = 0; k < W; k++)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt[k] + c), _mm256_loadu_ps(dp[k] + c), acc);
         _mm256_maskstore_ps(dxr + c, conv_lanes(nb - c), acc);
     }
 }
@@ -133,7 +135,8 @@ static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
 /* Whether a view can take the AVX2 rows: f32 with contiguous channels (or absent). */
 static int conv_vec_ok(const mp_token_view *v) { return !v->base || (v->dt == MASKPACK_F32 && v->s_h == 1); }
 
-static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W, float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
+static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W,
+                         float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
     for (int64_t k = 0; k < W; k++)
         for (int64_t c = 0; c < nb; c++)
             wt[k][c] = gdn_get(w->dtype, (const char *)w->data, (c0 + c) * w->strides[0] + k * w->strides[1]);
@@ -154,10 +157,10 @@ static void conv_forward_job(const conv_job *J) {
             const int64_t row = L->packed ? 0 : g->row;
             for (int64_t i = 0; i < W - 1; i++)
                 for (int64_t c = 0; c < nb; c++)
-                    win[i][c] = J->prefix.base ? gdn_get(J->prefix.dt, J->prefix.base,
-                                                         (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h +
-                                                             i * J->prefix.s_k)
-                                               : 0.0f;
+                    win[i][c] = J->prefix.base
+                                    ? gdn_get(J->prefix.dt, J->prefix.base,
+                                              (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h + i * J->prefix.s_k)
+                                    : 0.0f;
             for (int64_t t = 0; t < g->q_len; t++) {
                 const int64_t col = g->q_start + t;
                 const int64_t xo = row * J->x.s_row + col * J->x.s_col + c0 * J->x.s_h;
@@ -213,10 +216,10 @@ static void conv_backward_job(const conv_job *J) {
             const int64_t row = L->packed ? 0 : g->row, len = g->q_len;
             for (int64_t i = 0; i < W - 1; i++)
                 for (int64_t c = 0; c < nb; c++)
-                    win[i][c] = J->prefix.base ? gdn_get(J->prefix.dt, J->prefix.base,
-                                                         (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h +
-                                                             i * J->prefix.s_k)
-                                               : 0.0f;
+                    win[i][c] = J->prefix.base
+                                    ? gdn_get(J->prefix.dt, J->prefix.base,
+                                              (int64_t)s * J->prefix.s_n + (c0 + c) * J->prefix.s_h + i * J->prefix.s_k)
+                                    : 0.0f;
             memset(dp, 0, sizeof dp);
             for (int64_t t = 0; t < len + W - 1; t++) {
                 /* dp[j] = dpre[t - j] */
@@ -245,17 +248,17 @@ static void conv_backward_job(const conv_job *J) {
                                           (const float *)J->dy.base + yo, J->silu);
                     else
 #endif
-                    for (int64_t c = 0; c < nb; c++) {
-                        float acc = 0.0f;
-                        for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
-                        float d = gdn_get(J->dy.dt, J->dy.base, yo + c * J->dy.s_h);
-                        if (J->silu) {
-                            const float sg = sigm(acc);
-                            d *= sg * (1.0f + acc * (1.0f - sg));
+                        for (int64_t c = 0; c < nb; c++) {
+                            float acc = 0.0f;
+                            for (int64_t k = 0; k < W; k++) acc += wt[k][c] * win[k][c];
+                            float d = gdn_get(J->dy.dt, J->dy.base, yo + c * J->dy.s_h);
+                            if (J->silu) {
+                                const float sg = sigm(acc);
+                                d *= sg * (1.0f + acc * (1.0f - sg));
+                            }
+                            dp[0][c] = d;
+                            for (int64_t k = 0; k < W; k++) dw[k][c] += (double)d * (double)win[k][c];
                         }
-                        dp[0][c] = d;
-                        for (int64_t k = 0; k < W; k++) dw[k][c] += (double)d * (double)win[k][c];
-                    }
                 } else {
                     memset(dp[0], 0, (size_t)nb * sizeof(float));
                 }
@@ -493,8 +496,7 @@ static maskpack_status conv_backward_call(const maskpack_layout *layout, const m
     MP_CHECK_NULL(err, dy, "dy");
     int64_t cd[1] = {J.C};
     if ((s = mp_token_view_check(layout, dy, "dy", 1, cd, GDN_FLOAT_DTYPES, &J.dy, err))) return s;
-    if (d_conv_state &&
-        (s = gdn_conv_state_view(layout, d_conv_state, "d_conv_state", J.C, J.W, &J.dstate, err)))
+    if (d_conv_state && (s = gdn_conv_state_view(layout, d_conv_state, "d_conv_state", J.C, J.W, &J.dstate, err)))
         return s;
     if (dx && (s = mp_token_view_check(layout, dx, "dx", 1, cd, GDN_FLOAT_DTYPES, &J.dx, err))) return s;
     if (dweight) {

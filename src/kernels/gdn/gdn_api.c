@@ -26,10 +26,12 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
 /* The rule's kernels: one per ISA, each the framework of gdn_kernel.inc over its micro-kernels
  * (GEMMs, exp, transpose, the chunk inverse). The rule has no AVX512-BF16 or AMX kernel: a request
  * for them runs the AVX-512 entry (mp_kernel_pick takes the best entry below). */
-#define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                   \
-    {{MASKPACK_KERNEL_GDN, ISA, "gdn/" #sfx, GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, gdn_ws_floats_fwd,             \
-     gdn_ws_floats_bwd, gdn_fwd_chunk_##sfx, gdn_fwd_recurrent_##sfx, gdn_bwd_chunk_##sfx, gdn_gemm_##sfx,       \
-     gdn_gemm_x_##sfx, gdn_inv_lower_##sfx, transpose, expv}
+#define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                           \
+    {                                                                                                                  \
+        {MASKPACK_KERNEL_GDN, ISA, "gdn/" #sfx, GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, gdn_ws_floats_fwd,                \
+            gdn_ws_floats_bwd, gdn_fwd_chunk_##sfx, gdn_fwd_recurrent_##sfx, gdn_bwd_chunk_##sfx, gdn_gemm_##sfx,      \
+            gdn_gemm_x_##sfx, gdn_inv_lower_##sfx, transpose, expv                                                     \
+    }
 static const gdn_kernel GDN_KERNELS[] = {
     GDN_ENTRY(MASKPACK_ISA_REF, ref, NULL, NULL),
     GDN_ENTRY(MASKPACK_ISA_AVX2, avx2, gdn_transpose_avx2, gdn_expv_avx2),
@@ -98,8 +100,8 @@ static maskpack_status check_ws_bound(const gdn_problem *P, maskpack_error *err)
 }
 
 /* Validates the rule's inputs and fills the problem's dimensions and input views. */
-static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn_inputs *in, const maskpack_gdn_options *o,
-                                    gdn_problem *P, maskpack_error *err) {
+static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn_inputs *in,
+                                    const maskpack_gdn_options *o, gdn_problem *P, maskpack_error *err) {
     MP_CHECK_NULL(err, L, "layout");
     MP_CHECK_NULL(err, in, "inputs");
     MP_CHECK_NULL(err, in->q, "q");
@@ -149,8 +151,8 @@ static maskpack_status check_inputs(const maskpack_layout *L, const maskpack_gdn
 
 static maskpack_status check_slots(int slots, gdn_problem *P, maskpack_error *err) {
     if (slots != 0 && (slots < 2 || slots > GDN_BWD_MAX_SLOTS))
-        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "slots", -1, -1,
-                       "slots: expected 0 or in [2, %d], found %d", GDN_BWD_MAX_SLOTS, slots);
+        return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "slots", -1, -1, "slots: expected 0 or in [2, %d], found %d",
+                       GDN_BWD_MAX_SLOTS, slots);
     P->bwd_slots = slots ? slots : GDN_BWD_SLOTS;
     return MASKPACK_OK;
 }
@@ -302,12 +304,12 @@ static maskpack_status run_task(void *ctx, int64_t i, int participant) {
 typedef struct gdn_exec {
     const gdn_kernel *kern;
     int backward, chunked;
-    int n_threads;             /* workspace areas (every participant's tid is below it) */
-    const task *tasks;         /* an operator's work list, or NULL: made here in the workspace */
-    size_t n_tasks;            /* its length (with tasks) */
-    maskpack_workers *team;    /* NULL: the caller, or a team started for the call (start_team) */
-    int start_team;            /* 1: no team given; start one of n_threads for this call */
-    const char *query;         /* the size query the messages name */
+    int n_threads;          /* workspace areas (every participant's tid is below it) */
+    const task *tasks;      /* an operator's work list, or NULL: made here in the workspace */
+    size_t n_tasks;         /* its length (with tasks) */
+    maskpack_workers *team; /* NULL: the caller, or a team started for the call (start_team) */
+    int start_team;         /* 1: no team given; start one of n_threads for this call */
+    const char *query;      /* the size query the messages name */
 } gdn_exec;
 
 /* Writes 0 to the pad rows of the call's outputs. */
@@ -392,17 +394,17 @@ static maskpack_status check_backward(const maskpack_layout *layout, const maskp
     MP_CHECK_NULL(err, grads, "grads");
     int64_t vd[2] = {P->HV, P->V}, qd[2] = {P->H, P->K}, hd[1] = {P->HV};
     if ((s = mp_token_view_check(layout, d_o, "d_o", 2, vd, GDN_FLOAT_DTYPES, &P->dO, err))) return s;
-    if (d_final_state &&
-        (s = gdn_state_view(layout, d_final_state, "d_final_state", P->HV, P->K, P->V, &P->dht, err)))
+    if (d_final_state && (s = gdn_state_view(layout, d_final_state, "d_final_state", P->HV, P->K, P->V, &P->dht, err)))
         return s;
     if (grads->dq && (s = mp_token_view_check(layout, grads->dq, "dq", 2, qd, GDN_FLOAT_DTYPES, &P->dq, err))) return s;
     if (grads->dk && (s = mp_token_view_check(layout, grads->dk, "dk", 2, qd, GDN_FLOAT_DTYPES, &P->dk, err))) return s;
     if (grads->dv && (s = mp_token_view_check(layout, grads->dv, "dv", 2, vd, GDN_FLOAT_DTYPES, &P->dv, err))) return s;
     if (grads->dg && (s = mp_token_view_check(layout, grads->dg, "dg", 1, hd, GDN_FLOAT_DTYPES, &P->dg, err))) return s;
-    if (grads->dbeta && (s = mp_token_view_check(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P->dbeta, err)))
+    if (grads->dbeta &&
+        (s = mp_token_view_check(layout, grads->dbeta, "dbeta", 1, hd, GDN_FLOAT_DTYPES, &P->dbeta, err)))
         return s;
-    if (grads->d_initial_state && (s = gdn_state_view(layout, grads->d_initial_state, "d_initial_state", P->HV, P->K,
-                                                      P->V, &P->dh0, err)))
+    if (grads->d_initial_state &&
+        (s = gdn_state_view(layout, grads->d_initial_state, "d_initial_state", P->HV, P->K, P->V, &P->dh0, err)))
         return s;
     const maskpack_tensor *ins[8] = {in->q, in->k, in->v, in->g, in->beta, in->initial_state, d_o, d_final_state};
     const char *names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
@@ -468,8 +470,7 @@ maskpack_status gdn_backward_slots(const maskpack_layout *layout, const maskpack
                                    const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
                                    const maskpack_gdn_options *opts, maskpack_gdn_grads *grads, void *workspace,
                                    size_t workspace_bytes, int slots, maskpack_error *err) {
-    return backward_call(layout, in, d_o, d_final_state, opts, grads, NULL, 0, workspace, workspace_bytes, slots,
-                         err);
+    return backward_call(layout, in, d_o, d_final_state, opts, grads, NULL, 0, workspace, workspace_bytes, slots, err);
 }
 
 maskpack_status maskpack_gdn_backward(const maskpack_layout *layout, const maskpack_gdn_inputs *in,
@@ -573,7 +574,8 @@ maskpack_status maskpack_gdn_op_workspace_size(const maskpack_gdn_op *op, int ba
                                                maskpack_error *err) {
     MP_CHECK_NULL(err, op, "op");
     MP_CHECK_NULL(err, bytes, "bytes");
-    maskpack_status s = ws_size(op->kern, &op->dims, backward != 0, op->opts.chunked, op->opts.n_threads, 0, bytes, err);
+    maskpack_status s =
+        ws_size(op->kern, &op->dims, backward != 0, op->opts.chunked, op->opts.n_threads, 0, bytes, err);
     return s ? s : mp_ok(err);
 }
 
@@ -597,8 +599,7 @@ static maskpack_status op_exec(maskpack_gdn_op *op, const gdn_problem *P, int ba
     const int nt = maskpack_workers_threads(team);
     if (nt > op->opts.n_threads)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "team", -1, -1,
-                       "team: expected at most the op's %d threads (opts.n_threads), found %d", op->opts.n_threads,
-                       nt);
+                       "team: expected at most the op's %d threads (opts.n_threads), found %d", op->opts.n_threads, nt);
     gdn_exec X = {op->kern,
                   backward,
                   backward ? 1 : op->opts.chunked,
@@ -629,10 +630,10 @@ maskpack_status maskpack_gdn_op_forward(maskpack_gdn_op *op, const maskpack_gdn_
     return op_exec(op, &P, 0, team, workspace, workspace_bytes, err);
 }
 
-maskpack_status maskpack_gdn_op_backward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in,
-                                         const maskpack_tensor *d_o, const maskpack_tensor *d_final_state,
-                                         maskpack_gdn_grads *grads, maskpack_workers *team, void *workspace,
-                                         size_t workspace_bytes, maskpack_error *err) {
+maskpack_status maskpack_gdn_op_backward(maskpack_gdn_op *op, const maskpack_gdn_inputs *in, const maskpack_tensor *d_o,
+                                         const maskpack_tensor *d_final_state, maskpack_gdn_grads *grads,
+                                         maskpack_workers *team, void *workspace, size_t workspace_bytes,
+                                         maskpack_error *err) {
     MP_CHECK_NULL(err, op, "op");
     gdn_problem P;
     maskpack_status s = check_backward(op->L, in, d_o, d_final_state, &op->opts, grads, 0, &P, err);

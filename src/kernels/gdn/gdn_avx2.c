@@ -47,21 +47,20 @@ static inline __attribute__((always_inline)) void uk2_out(__m256 x0, __m256 x1, 
  * away. The 2*mr accumulators are named variables, not an array: in a function of its own the
  * compiler may keep an array on the stack (a store and a reload every iteration), while named
  * vectors stay in registers. */
-static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, int64_t k1, float alpha,
-                                                      const float *A, int64_t ars, int64_t aks, const float *B,
-                                                      int64_t ldb, float *C, int64_t ldc, int acc, const float *Cin,
-                                                      float cs) {
+static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, int64_t k1, float alpha, const float *A,
+                                                      int64_t ars, int64_t aks, const float *B, int64_t ldb, float *C,
+                                                      int64_t ldc, int acc, const float *Cin, float cs) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *b = B + k0 * ldb;
     const float *a = A + k0 * aks;
     for (int64_t k = k0; k < k1; k++, b += ldb, a += aks) {
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#define UK2_ROW(I_)                                                                                        \
-    if (mr > I_) {                                                                                         \
-        const __m256 ai = _mm256_broadcast_ss(a + I_ * ars);                                               \
-        c##I_##0 = _mm256_fmadd_ps(ai, b0, c##I_##0);                                                      \
-        c##I_##1 = _mm256_fmadd_ps(ai, b1, c##I_##1);                                                      \
+#define UK2_ROW(I_)                                                                                                    \
+    if (mr > I_) {                                                                                                     \
+        const __m256 ai = _mm256_broadcast_ss(a + I_ * ars);                                                           \
+        c##I_##0 = _mm256_fmadd_ps(ai, b0, c##I_##0);                                                                  \
+        c##I_##1 = _mm256_fmadd_ps(ai, b1, c##I_##1);                                                                  \
     }
         UK2_ROW(0)
         UK2_ROW(1)
@@ -85,11 +84,11 @@ static inline __attribute__((always_inline)) void uk2(const int mr, int64_t k0, 
  * their values, so an accumulator may land on the stack (a store and a reload in its FMA chain
  * every iteration: half speed for Q K^T, 0.7x for A Y in the forward). On its own the loop gets
  * its registers; the call costs a few cycles per tile of hundreds. */
-#define UK2_FN(MR_)                                                                                        \
-    static __attribute__((noinline)) void uk2_##MR_(int64_t k0, int64_t k1, float alpha, const float *A,    \
-                                                    int64_t ars, int64_t aks, const float *B, int64_t ldb,  \
-                                                    float *C, int64_t ldc, int acc, const float *Cin, float cs) { \
-        uk2(MR_, k0, k1, alpha, A, ars, aks, B, ldb, C, ldc, acc, Cin, cs);                                \
+#define UK2_FN(MR_)                                                                                                    \
+    static __attribute__((noinline)) void uk2_##MR_(int64_t k0, int64_t k1, float alpha, const float *A, int64_t ars,  \
+                                                    int64_t aks, const float *B, int64_t ldb, float *C, int64_t ldc,   \
+                                                    int acc, const float *Cin, float cs) {                             \
+        uk2(MR_, k0, k1, alpha, A, ars, aks, B, ldb, C, ldc, acc, Cin, cs);                                            \
     }
 UK2_FN(1)
 UK2_FN(2)
@@ -99,22 +98,22 @@ UK2_FN(5)
 UK2_FN(6)
 #undef UK2_FN
 
-#define UK2_CASE(MR_)                                                                                      \
-    case MR_:                                                                                              \
-        uk2_##MR_(k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
+#define UK2_CASE(MR_)                                                                                                  \
+    case MR_:                                                                                                          \
+        uk2_##MR_(k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs);      \
         break;
 /* the micro-kernel for a tile of MR_ rows (1..GDN_MR2) */
-#define UK2_TILE(MR_)                                                                                      \
-    do {                                                                                                   \
-        switch (MR_) {                                                                                     \
-            UK2_CASE(6)                                                                                    \
-            UK2_CASE(5)                                                                                    \
-            UK2_CASE(4)                                                                                    \
-            UK2_CASE(3)                                                                                    \
-            UK2_CASE(2)                                                                                    \
-            UK2_CASE(1)                                                                                    \
-        default: break;                                                                                    \
-        }                                                                                                  \
+#define UK2_TILE(MR_)                                                                                                  \
+    do {                                                                                                               \
+        switch (MR_) {                                                                                                 \
+            UK2_CASE(6)                                                                                                \
+            UK2_CASE(5)                                                                                                \
+            UK2_CASE(4)                                                                                                \
+            UK2_CASE(3)                                                                                                \
+            UK2_CASE(2)                                                                                                \
+            UK2_CASE(1)                                                                                                \
+        default: break;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 /* dst[i] = src[i] * mul (dst 4-byte aligned): the whole 64-byte lines inside the row with
@@ -302,9 +301,8 @@ static inline void avx2_copy(float *dst, const float *src, int64_t n) {
  * 8-row block have nonzeros in their first nv = block + 1 vectors only, so nv is a constant per
  * block. ns accumulator sets (2 while nv <= 4, else 1: 2 nv registers must fit beside a load and
  * a broadcast) split the FMA latency chain. */
-static inline __attribute__((always_inline)) void inv_rows2(const int nv, const int ns, const float *l,
-                                                            const float *A, int64_t ld, int64_t j0, int64_t j1,
-                                                            __m256 acc[2][8]) {
+static inline __attribute__((always_inline)) void inv_rows2(const int nv, const int ns, const float *l, const float *A,
+                                                            int64_t ld, int64_t j0, int64_t j1, __m256 acc[2][8]) {
     int64_t j = j0;
     if (ns == 2)
         for (; j + 2 <= j1; j += 2)
@@ -380,28 +378,29 @@ static void avx2_decay_rows(const float *Gc, const float *bv, const float *KK, c
             const __m256 x = _mm256_sub_ps(gr, gj);
             const __m256 dv = _mm256_and_ps(exp256_nan(x), mle);
             _mm256_storeu_ps(d + jb, dv);
-            _mm256_storeu_ps(l + jb, _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(br, _mm256_loadu_ps(kk + jb)), dv), mlt));
+            _mm256_storeu_ps(l + jb,
+                             _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(br, _mm256_loadu_ps(kk + jb)), dv), mlt));
             if (p) _mm256_storeu_ps(p + jb, _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(qk + jb), dv), mle));
         }
     }
 }
 
-#define K_HAVE_LOAD_L2 1
-#define k_load_l2_f32 avx2_load_l2_f32
+#define K_HAVE_LOAD_L2    1
+#define k_load_l2_f32     avx2_load_l2_f32
 #define K_HAVE_DECAY_ROWS 1
-#define k_decay_rows avx2_decay_rows
-#define GDN_SUFFIX(name) name##_avx2
-#define k_gemm gdn_gemm_avx2
-#define k_gemm_x gdn_gemm_x_avx2
-#define k_pf_flush(pf) pf_drain2((pf), 1 << 30, INT64_MAX)
-#define K_CAN_STREAM 1
-#define k_stream_row avx2_stream_row
-#define k_stream_fence() _mm_sfence()
-#define k_expv gdn_expv_avx2
-#define k_transpose gdn_transpose_avx2
-#define k_copy avx2_copy
-#define k_inv_lower avx2_inv_lower
-#define K_SU_FROM_KT 1
+#define k_decay_rows      avx2_decay_rows
+#define GDN_SUFFIX(name)  name##_avx2
+#define k_gemm            gdn_gemm_avx2
+#define k_gemm_x          gdn_gemm_x_avx2
+#define k_pf_flush(pf)    pf_drain2((pf), 1 << 30, INT64_MAX)
+#define K_CAN_STREAM      1
+#define k_stream_row      avx2_stream_row
+#define k_stream_fence()  _mm_sfence()
+#define k_expv            gdn_expv_avx2
+#define k_transpose       gdn_transpose_avx2
+#define k_copy            avx2_copy
+#define k_inv_lower       avx2_inv_lower
+#define K_SU_FROM_KT      1
 #include "gdn_kernel.inc"
 
 #include "../isa/target_pop.h"

@@ -11,7 +11,7 @@
 /* a test build: this file's code on any CPU, every intrinsic carried out by SIMDe's portable
  * AVX-512 (../isa/simde_avx512.h); the library itself never defines this */
 #define GDN_HAVE_AVX512_BUILD 1
-#define GDN_AVX512_EMULATED 1
+#define GDN_AVX512_EMULATED   1
 #elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GDN_HAVE_AVX512_BUILD 1
 #endif
@@ -22,7 +22,7 @@
 #include "../isa/simde_avx512.h"
 #else
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,avx2,f16c"))),              \
                              apply_to = function)
 #else
 #pragma GCC push_options
@@ -38,10 +38,10 @@
 /* One MR x (16*NV) tile of C: rows i0.., columns j0.., inner range [k0, k1). A(i, k) sits at
  * A[i*ars + k*aks]. MR_ and NV are compile-time constants at every call site (see the switch
  * below), so the loops unroll and the accumulators live in registers. */
-static inline __attribute__((always_inline)) void uk(const int mr, const int nv, int64_t k0, int64_t k1,
-                                                     float alpha, const float *A, int64_t ars, int64_t aks,
-                                                     const float *B, int64_t ldb, float *C, int64_t ldc,
-                                                     int acc, const float *Cin, float cs) {
+static inline __attribute__((always_inline)) void uk(const int mr, const int nv, int64_t k0, int64_t k1, float alpha,
+                                                     const float *A, int64_t ars, int64_t aks, const float *B,
+                                                     int64_t ldb, float *C, int64_t ldc, int acc, const float *Cin,
+                                                     float cs) {
     __m512 c0[GDN_MR], c1[GDN_MR];
     for (int i = 0; i < mr; i++) {
         c0[i] = _mm512_setzero_ps();
@@ -73,27 +73,27 @@ static inline __attribute__((always_inline)) void uk(const int mr, const int nv,
     }
 }
 
-#define UK_CASE(MR_)                                                                                  \
-    case MR_:                                                                                         \
-        if (nv == 2)                                                                                  \
+#define UK_CASE(MR_)                                                                                                   \
+    case MR_:                                                                                                          \
+        if (nv == 2)                                                                                                   \
             uk(MR_, 2, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
-        else                                                                                          \
+        else                                                                                                           \
             uk(MR_, 1, k0, k1, alpha, a, ars, aks, B + j0, ldb, C + i0 * ldc + j0, ldc, acc, Cin + i0 * ldc + j0, cs); \
         break;
 /* the micro-kernel for a tile of MR_ rows (1..GDN_MR), its row count a compile-time constant */
-#define UK_TILE(MR_)                                                                                  \
-    do {                                                                                              \
-        switch (MR_) {                                                                                \
-            UK_CASE(8)                                                                                \
-            UK_CASE(7)                                                                                \
-            UK_CASE(6)                                                                                \
-            UK_CASE(5)                                                                                \
-            UK_CASE(4)                                                                                \
-            UK_CASE(3)                                                                                \
-            UK_CASE(2)                                                                                \
-            UK_CASE(1)                                                                                \
-        default: break;                                                                               \
-        }                                                                                             \
+#define UK_TILE(MR_)                                                                                                   \
+    do {                                                                                                               \
+        switch (MR_) {                                                                                                 \
+            UK_CASE(8)                                                                                                 \
+            UK_CASE(7)                                                                                                 \
+            UK_CASE(6)                                                                                                 \
+            UK_CASE(5)                                                                                                 \
+            UK_CASE(4)                                                                                                 \
+            UK_CASE(3)                                                                                                 \
+            UK_CASE(2)                                                                                                 \
+            UK_CASE(1)                                                                                                 \
+        default: break;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 /* dst[i] = src[i] * mul (dst 4-byte aligned), the whole 64-byte lines inside the row with
@@ -388,21 +388,21 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
     }
 }
 
-#define K_HAVE_LOAD_L2 1
-#define k_load_l2_f32 avx_load_l2_f32
+#define K_HAVE_LOAD_L2    1
+#define k_load_l2_f32     avx_load_l2_f32
 #define K_HAVE_DECAY_ROWS 1
-#define k_decay_rows avx_decay_rows
-#define GDN_SUFFIX(name) name##_avx512
-#define k_gemm gdn_gemm_avx512
-#define k_gemm_x gdn_gemm_x_avx512
-#define k_pf_flush(pf) pf_drain((pf), 1 << 30, INT64_MAX)
-#define K_CAN_STREAM 1
-#define k_stream_row avx_stream_row
-#define k_stream_fence() _mm_sfence()
-#define k_expv gdn_expv_avx512
-#define k_transpose gdn_transpose_avx512
-#define k_copy avx_copy
-#define k_inv_lower avx_inv_lower
+#define k_decay_rows      avx_decay_rows
+#define GDN_SUFFIX(name)  name##_avx512
+#define k_gemm            gdn_gemm_avx512
+#define k_gemm_x          gdn_gemm_x_avx512
+#define k_pf_flush(pf)    pf_drain((pf), 1 << 30, INT64_MAX)
+#define K_CAN_STREAM      1
+#define k_stream_row      avx_stream_row
+#define k_stream_fence()  _mm_sfence()
+#define k_expv            gdn_expv_avx512
+#define k_transpose       gdn_transpose_avx512
+#define k_copy            avx_copy
+#define k_inv_lower       avx_inv_lower
 #include "gdn_kernel.inc"
 
 #ifndef GDN_AVX512_EMULATED

@@ -14,7 +14,8 @@ static maskpack_status state_like(const maskpack_layout *L, const maskpack_tenso
     (void)L;
     if (!(dtypes & MP_DT(t->dtype)))
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected %s, found %s", name,
-                       dtypes == MP_DT(MASKPACK_F32) ? "float32" : "float32 or bfloat16", maskpack_dtype_name(t->dtype));
+                       dtypes == MP_DT(MASKPACK_F32) ? "float32" : "float32 or bfloat16",
+                       maskpack_dtype_name(t->dtype));
     int ok = t->ndim == 3 + (want[3] >= 0);
     int32_t nd = want[3] >= 0 ? 4 : 3;
     for (int32_t d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
@@ -70,7 +71,7 @@ maskpack_status gdn_check_gate_view(const maskpack_layout *L, const gdn_view *g,
             for (int64_t h = 0; h < HV; h++) {
                 const float x = gdn_get(g->dt, g->base, off + h * g->s_h);
                 if (x <= 0.0f && x >= -FLT_MAX) continue;
-                const char *why = x != x                                         ? "NaN"
+                const char *why = x != x     ? "NaN"
                                   : x > 0.0f ? "a gate > 0 grows the state, and the chunked and recurrent forms "
                                                "part ways"
                                              : "-inf breaks the chunked form";

@@ -32,7 +32,7 @@ typedef struct gdn_problem {
     int64_t Kp, Vp;         /* K and V rounded up to 16 (internal row lengths) */
     float scale;
     int l2norm;
-    gdn_view q, k, v, g, beta, o;      /* forward */
+    gdn_view q, k, v, g, beta, o;       /* forward */
     gdn_view dO, dq, dk, dv, dg, dbeta; /* backward */
     gdn_sview h0, ht, dht, dh0;
     int64_t bwd_slots; /* backward: state buffers per value head (GDN_BWD_SLOTS unless a test asks) */
@@ -44,16 +44,16 @@ typedef struct gdn_problem {
  * keeps every state (each computed once); a longer one recomputes states, each chunk at most r
  * times with r the smallest such that binom(GDN_BWD_SLOTS - 1 + r, r) >= its chunk count (r = 3
  * up to 816 chunks, 4 up to 3876). Tests may ask for 2..GDN_BWD_MAX_SLOTS buffers. */
-#define GDN_BWD_SLOTS 16
+#define GDN_BWD_SLOTS     16
 #define GDN_BWD_MAX_SLOTS 64
 
 /* GEMM flags: C (m x n) op= alpha * A (m x kd) * B (kd x n), row-major, n a multiple of 16. */
 enum {
-    GDN_GEMM_ACC = 1u,      /* C += ...; otherwise C = ... */
-    GDN_GEMM_AT = 2u,       /* A is stored transposed (kd x m, row stride lda) */
-    GDN_GEMM_TRI_OUT = 4u,  /* only entries j <= i are needed (others may be left unwritten) */
-    GDN_GEMM_TRI_LO = 8u,   /* A(i, k) = 0 for k > i: the inner loop may stop at i */
-    GDN_GEMM_TRI_UP = 16u   /* A(i, k) = 0 for k < i: the inner loop may start at i */
+    GDN_GEMM_ACC = 1u,     /* C += ...; otherwise C = ... */
+    GDN_GEMM_AT = 2u,      /* A is stored transposed (kd x m, row stride lda) */
+    GDN_GEMM_TRI_OUT = 4u, /* only entries j <= i are needed (others may be left unwritten) */
+    GDN_GEMM_TRI_LO = 8u,  /* A(i, k) = 0 for k > i: the inner loop may stop at i */
+    GDN_GEMM_TRI_UP = 16u  /* A(i, k) = 0 for k < i: the inner loop may start at i */
 };
 
 /* Cache lines to prefetch (the next chunk's rows), drained a few at a time between GEMM tiles so
@@ -153,35 +153,34 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
  * link: GDN_REF_FALLBACKS(sfx) defines them as the portable build's (the dispatcher never selects
  * them there: mp_cpu_features() of src/core/cpu_features.h, which the dispatcher asks, is 0 off
  * x86-64 GCC/clang, the same condition that leaves the vector builds out). */
-#define GDN_REF_FALLBACKS(sfx)                                                                                \
-    void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                        \
-        gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                    \
-    }                                                                                                         \
-    void gdn_fwd_recurrent_##sfx(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {                    \
-        gdn_fwd_recurrent_ref(P, seg, hv, ws);                                                                \
-    }                                                                                                         \
-    void gdn_bwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                        \
-        gdn_bwd_chunk_ref(P, seg, kh, ws);                                                                    \
-    }                                                                                                         \
-    void gdn_gemm_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,            \
-                        const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags) {                 \
-        gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);                                         \
-    }                                                                                                         \
-    void gdn_gemm_x_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,          \
-                          const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf,     \
-                          const float *Cin, float cs) {                                                       \
-        gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);                          \
-    }                                                                                                         \
-    void gdn_transpose_##sfx(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst,            \
-                             int64_t ldd) {                                                                   \
-        for (int64_t r = 0; r < rows; r++)                                                                    \
-            for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];                           \
-    }                                                                                                         \
-    void gdn_expv_##sfx(float *x, int64_t n) {                                                                \
-        for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                    \
-    }                                                                                                         \
-    void gdn_inv_lower_##sfx(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {                   \
-        gdn_inv_lower_ref(Lm, A, n, cn, ld);                                                                  \
+#define GDN_REF_FALLBACKS(sfx)                                                                                         \
+    void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                                \
+        gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                             \
+    }                                                                                                                  \
+    void gdn_fwd_recurrent_##sfx(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {                            \
+        gdn_fwd_recurrent_ref(P, seg, hv, ws);                                                                         \
+    }                                                                                                                  \
+    void gdn_bwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                                \
+        gdn_bwd_chunk_ref(P, seg, kh, ws);                                                                             \
+    }                                                                                                                  \
+    void gdn_gemm_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,    \
+                        int64_t ldb, float *C, int64_t ldc, unsigned flags) {                                          \
+        gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);                                                  \
+    }                                                                                                                  \
+    void gdn_gemm_x_##sfx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,  \
+                          int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin,            \
+                          float cs) {                                                                                  \
+        gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);                                   \
+    }                                                                                                                  \
+    void gdn_transpose_##sfx(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {     \
+        for (int64_t r = 0; r < rows; r++)                                                                             \
+            for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];                                    \
+    }                                                                                                                  \
+    void gdn_expv_##sfx(float *x, int64_t n) {                                                                         \
+        for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                             \
+    }                                                                                                                  \
+    void gdn_inv_lower_##sfx(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {                           \
+        gdn_inv_lower_ref(Lm, A, n, cn, ld);                                                                           \
     }
 
 #endif

@@ -65,16 +65,16 @@ void gdn_gemm_x_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *
     gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
 }
 
-#define GDN_SUFFIX(name) name##_ref
-#define GDN_DEFINE_SIZES 1
-#define k_gemm gdn_gemm_ref
-#define k_gemm_x gdn_gemm_x_ref
-#define k_pf_flush(pf) ((void)(pf))
-#define K_CAN_STREAM 0
+#define GDN_SUFFIX(name)               name##_ref
+#define GDN_DEFINE_SIZES               1
+#define k_gemm                         gdn_gemm_ref
+#define k_gemm_x                       gdn_gemm_x_ref
+#define k_pf_flush(pf)                 ((void)(pf))
+#define K_CAN_STREAM                   0
 #define k_stream_row(dst, src, n, mul) ((void)0)
-#define k_stream_fence() ((void)0)
-#define k_expv ref_expv
-#define k_transpose ref_transpose
-#define k_copy ref_copy
-#define k_inv_lower ref_inv_lower
+#define k_stream_fence()               ((void)0)
+#define k_expv                         ref_expv
+#define k_transpose                    ref_transpose
+#define k_copy                         ref_copy
+#define k_inv_lower                    ref_inv_lower
 #include "gdn_kernel.inc"

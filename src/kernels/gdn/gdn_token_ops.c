@@ -9,14 +9,14 @@
 /* ---- L2 norm ---------------------------------------------------------------------------------- */
 
 /* Calls fn(token offset views) for every real token: (row, col) of each segment. */
-#define GDN_FOR_TOKENS(L, row_, col_, ...)                                              \
-    for (size_t s_ = 0; s_ < (L)->n_segments; s_++) {                                    \
-        const maskpack_segment *g_ = &(L)->segs[s_];                                     \
-        const int64_t row_ = (L)->packed ? 0 : g_->row;                                  \
-        for (int64_t t_ = 0; t_ < g_->q_len; t_++) {                                     \
-            const int64_t col_ = g_->q_start + t_;                                       \
-            __VA_ARGS__                                                                  \
-        }                                                                                \
+#define GDN_FOR_TOKENS(L, row_, col_, ...)                                                                             \
+    for (size_t s_ = 0; s_ < (L)->n_segments; s_++) {                                                                  \
+        const maskpack_segment *g_ = &(L)->segs[s_];                                                                   \
+        const int64_t row_ = (L)->packed ? 0 : g_->row;                                                                \
+        for (int64_t t_ = 0; t_ < g_->q_len; t_++) {                                                                   \
+            const int64_t col_ = g_->q_start + t_;                                                                     \
+            __VA_ARGS__                                                                                                \
+        }                                                                                                              \
     }
 
 static maskpack_status check_eps(double eps, maskpack_error *err) {
@@ -113,8 +113,9 @@ static maskpack_status head_vec(const maskpack_tensor *t, const char *name, int6
         return mp_fail(err, MASKPACK_ERR_DTYPE, name, -1, -1, "%s: expected float32 or bfloat16, found %s", name,
                        maskpack_dtype_name(t->dtype));
     if (t->shape[0] != HV)
-        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1, "%s: expected shape [%lld] (one per value head), found [%lld]",
-                       name, (long long)sh[0], (long long)t->shape[0]);
+        return mp_fail(err, MASKPACK_ERR_SHAPE, name, -1, -1,
+                       "%s: expected shape [%lld] (one per value head), found [%lld]", name, (long long)sh[0],
+                       (long long)t->shape[0]);
     return MASKPACK_OK;
 }
 
@@ -156,7 +157,8 @@ maskpack_status maskpack_gdn_gates(const maskpack_layout *layout, const maskpack
             }
             if (beta) {
                 const double x = gdn_get(bv.dt, bv.base, row * bv.s_row + col * bv.s_col + h * bv.s_h);
-                gdn_put(btv.dt, btv.base, row * btv.s_row + col * btv.s_col + h * btv.s_h, (float)(1.0 / (1.0 + exp(-x))));
+                gdn_put(btv.dt, btv.base, row * btv.s_row + col * btv.s_col + h * btv.s_h,
+                        (float)(1.0 / (1.0 + exp(-x))));
             }
         }
     })
@@ -213,10 +215,12 @@ maskpack_status maskpack_gdn_gates_backward(const maskpack_layout *layout, const
             acc[HV + h] += dz;
             if (da) gdn_put(dav.dt, dav.base, row * dav.s_row + col * dav.s_col + h * dav.s_h, (float)dz);
             if (db) {
-                const double gb = dbeta ? gdn_get(dbv.dt, dbv.base, row * dbv.s_row + col * dbv.s_col + h * dbv.s_h) : 0.0;
+                const double gb =
+                    dbeta ? gdn_get(dbv.dt, dbv.base, row * dbv.s_row + col * dbv.s_col + h * dbv.s_h) : 0.0;
                 const double x = gdn_get(bv.dt, bv.base, row * bv.s_row + col * bv.s_col + h * bv.s_h);
                 const double sg = 1.0 / (1.0 + exp(-x));
-                gdn_put(dbo.dt, dbo.base, row * dbo.s_row + col * dbo.s_col + h * dbo.s_h, (float)(gb * sg * (1.0 - sg)));
+                gdn_put(dbo.dt, dbo.base, row * dbo.s_row + col * dbo.s_col + h * dbo.s_h,
+                        (float)(gb * sg * (1.0 - sg)));
             }
         }
     })

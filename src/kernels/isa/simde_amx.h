@@ -170,12 +170,12 @@ static inline void mp_emu_tile_dpbf16ps(int c, int a, int b) {
     }
 }
 
-#define _tile_loadconfig(cfg) mp_emu_tile_loadconfig(cfg)
-#define _tile_release() mp_emu_tile_release()
-#define _tile_loadd(t, base, stride) mp_emu_tile_loadd((t), (base), (long)(stride))
+#define _tile_loadconfig(cfg)               mp_emu_tile_loadconfig(cfg)
+#define _tile_release()                     mp_emu_tile_release()
+#define _tile_loadd(t, base, stride)        mp_emu_tile_loadd((t), (base), (long)(stride))
 #define _tile_stream_loadd(t, base, stride) mp_emu_tile_loadd((t), (base), (long)(stride))
-#define _tile_stored(t, base, stride) mp_emu_tile_stored((t), (base), (long)(stride))
-#define _tile_zero(t) mp_emu_tile_zero(t)
-#define _tile_dpbf16ps(c, a, b) mp_emu_tile_dpbf16ps((c), (a), (b))
+#define _tile_stored(t, base, stride)       mp_emu_tile_stored((t), (base), (long)(stride))
+#define _tile_zero(t)                       mp_emu_tile_zero(t)
+#define _tile_dpbf16ps(c, a, b)             mp_emu_tile_dpbf16ps((c), (a), (b))
 
 #endif
