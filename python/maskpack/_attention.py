@@ -25,9 +25,9 @@ import numpy as np
 
 from ._maskpack import attention as _attention
 from ._errors import Error
-from ._tensors import (DTYPE_CODE, ISA_CODES, check_threads, describe, describe_out, dtype_code, is_torch_tensor,
+from ._tensors import (DTYPE_CODE, ISA_CODES, describe, describe_out, dtype_code, is_torch_tensor,
                        isa_code, layout_handle)
-from ._runtime import cache_of as _cache_of, team as _team
+from ._runtime import cache_of as _cache_of, team as _team, threads as _threads
 from ._runtime import above as _above  # the layers above this one, by name (see there)
 from ._tensors import compiling
 
@@ -57,12 +57,6 @@ def _alias(threads: Optional[int], n_threads: Optional[int]) -> Optional[int]:
         raise Error(f"threads: given as threads={threads!r} and n_threads={n_threads!r}; pass one",
                     "MASKPACK_ERR_INVALID_ARGUMENT", argument="threads")
     return threads if threads is not None else n_threads
-
-
-def _threads(n_threads: Optional[int], use_torch: bool = True) -> int:
-    """``threads=`` resolved by the package's one rule (maskpack._runtime: None -> torch's thread count when
-    torch is loaded, else the CPUs this process may run on)."""
-    return check_threads(n_threads)
 
 
 def _empty_like(x: Any, shape=None, dtype=None) -> Any:
@@ -118,7 +112,6 @@ def _op(layout, handle, dq, dk, threads, isa):
 
 
 def _forward(q, k, v, layout, scale, softcap, out, n_threads, isa=0):
-    use_torch = any(is_torch_tensor(x) for x in (q, k, v))
     if is_torch_tensor(q):
         q, k, v = (x.detach() if is_torch_tensor(x) else x for x in (q, k, v))
     handle = layout_handle(layout)
@@ -128,7 +121,7 @@ def _forward(q, k, v, layout, scale, softcap, out, n_threads, isa=0):
     dq, dk, dv = (describe(x, name)[0] for x, name in ((q, "q"), (k, "k"), (v, "v")))
     do = describe_out(out, "out")[0]
     dl = describe(lse, "lse")[0]
-    threads = _threads(n_threads, use_torch)
+    threads = _threads(n_threads)
     op = _op(layout, handle, dq, dk, threads, isa)
     if op is None:
         _attention.forward(handle, dq, dk, dv, _scale(scale), _softcap(softcap), do, dl, threads, isa)
@@ -188,14 +181,13 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, la
     n_threads = _alias(threads, n_threads)
     code = isa_code(isa)
     xs = (dout, q, k, v, out, lse)
-    use_torch = any(is_torch_tensor(x) for x in xs)
     xs = tuple(x.detach() if is_torch_tensor(x) else x for x in xs)
     dout, q, k, v, out, lse = xs
     handle = layout_handle(layout)
     dq, dk, dv = _empty_like(q), _empty_like(k), _empty_like(v)
     names = ("dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv")
     descs = [describe(x, name)[0] for name, x in zip(names, (dout, q, k, v, out, lse, dq, dk, dv))]
-    threads = _threads(n_threads, use_torch)
+    threads = _threads(n_threads)
     op = _op(layout, handle, descs[1], descs[2], threads, code)
     if op is None:
         _attention.backward(handle, descs[0], descs[1], descs[2], descs[3], descs[4], descs[5], _scale(scale),

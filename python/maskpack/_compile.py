@@ -33,12 +33,11 @@ from ._attention import _forward, _lse_shape, _scale, _softcap, attention_backwa
 from ._errors import Error
 from ._layout import _LIVE
 from ._moves import _Move, _PACK_PLAN, _UNPACK_PLAN, _execute, _pick_engine, _plan
-from ._runtime import cached as _cached
+from ._runtime import cached as _cached, threads as gdn_threads
 from ._tensors import IN_OP, ISA_CODES, dtype_name
 from .distributed import (_cp_method, attention_cp, causal_conv1d_cp, causal_conv1d_sp, cp_loss, gated_delta_rule_cp,
                           gated_delta_rule_sp)
-from .gdn import (_CHECKED, _ConvFn, _GatesFn, _L2Fn, _RuleFn, _call_layout, _check_cp_offsets,
-                  _threads as gdn_threads)
+from .gdn import _CHECKED, _ConvFn, _GatesFn, _L2Fn, _RuleFn, _call_layout, _check_cp_offsets
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ._errors import Error
-from ._runtime import team as _team
+from ._runtime import team as _team, threads as _threads
 from ._runtime import above as _above  # the layers above this one, by name (see there)
 from ._moves import _SCHEMES  # _SCHEMES: the package's one copy of maskpack_cp_scheme (test_header_enums)
 
@@ -986,14 +986,14 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, whole, group, scheme, scale, softcap, threads):
         from ._maskpack import attention as _attention
-        from ._attention import _lse_shape, _scale, _softcap, _threads
+        from ._attention import _lse_shape, _scale, _softcap
         from ._tensors import describe, layout_handle
 
         comm = _comm_for(group)
         q, k, v = (x.detach().contiguous() for x in (q, k, v))
         out = torch.empty_like(q)
         lse = torch.empty(_lse_shape(whole, q), dtype=torch.float32)
-        nthreads = _threads(threads, True)
+        nthreads = _threads(threads)
         descs = [describe(x, name)[0] for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))]
         _ring_call(_attention.cp_forward, comm, layout_handle(whole), _SCHEMES[scheme], descs[0], descs[1],
                    descs[2], _scale(scale), _softcap(softcap), descs[3], descs[4], _team(nthreads))
@@ -1171,7 +1171,6 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     over the group. Differentiable; every rank runs the backward."""
     import math
 
-    from ._attention import _threads
 
     rank, n = _rank_size(group)
     local = None
@@ -1191,7 +1190,7 @@ def gated_delta_rule_sp(q, k, v, g, beta, layout, group, scale=None, initial_sta
     sc = (1.0 / math.sqrt(K)) if scale is None else float(scale)
     h0 = None if initial_state is None else initial_state.float()
     return _SequenceGDN.apply(q, k, v, g, beta, h0, whole, group, scheme, sc, bool(chunked), bool(l2norm),
-                              _threads(threads, True))
+                              _threads(threads))
 
 
 class _SequenceConv(torch.autograd.Function):
@@ -1240,7 +1239,6 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
     (y [T_local, C], conv_state [segments, C, W-1] the same on every rank); bitwise the single-process
     run; differentiable (the weight's and prefix's gradients are each rank's share: sum them over the
     group)."""
-    from ._attention import _threads
 
     rank, n = _rank_size(group)
     local = None
@@ -1259,4 +1257,4 @@ def causal_conv1d_sp(x, weight, layout, group, activation="silu", prefix=None, t
            local)
     whole = layout._cp_global(n, tp, align, scheme)
     w2 = weight.reshape(weight.shape[0], weight.shape[-1])
-    return _SequenceConv.apply(x, w2, prefix, whole, group, scheme, activation == "silu", _threads(threads, True))
+    return _SequenceConv.apply(x, w2, prefix, whole, group, scheme, activation == "silu", _threads(threads))

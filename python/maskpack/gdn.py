@@ -26,7 +26,7 @@ from ._alloc import fresh
 from ._errors import Error
 from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle
 from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
-from ._runtime import cache_of as _cache_of, team as _team
+from ._runtime import cache_of as _cache_of, team as _team, threads as _threads
 from ._runtime import above as _above  # the layers above this one, by name (see there)
 
 __all__ = [
@@ -40,11 +40,6 @@ __all__ = [
     "gdn_isa",
     "gdn_l2norm",
 ]
-
-def _threads(threads: Optional[int]) -> int:
-    """``threads=`` resolved by the package's one rule (maskpack._runtime: None -> torch's thread count)."""
-    return check_threads(threads)
-
 
 def _check_call(layout: Any, **tensors: Any) -> None:
     """The arguments a kernel reads before anything is computed from them: torch tensors (numpy

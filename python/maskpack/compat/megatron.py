@@ -61,15 +61,15 @@ def _resolve_cp(fn: str, cp_group: Any, cp: Optional[int], cp_size: Optional[int
     return cp, cp_rank
 
 
-def _thd_taker(fn: str, packed_seq_params: Any, width: int, cp: int, cp_rank: int, mode: str) -> Taker:
-    """The rank's tokens of a packed row of ``width``: each sequence of packed_seq_params cut in 2 cp zigzag chunks
-    (its padded slots when it has them, as TransformerEngine cuts them), or one contiguous run of width / cp."""
+def _thd_taker(fn: str, cu: Any, width: int, cp: int, cp_rank: int, mode: str) -> Taker:
+    """The rank's tokens of a packed row of ``width``: each slot of the offsets ``cu`` cut in 2 cp zigzag chunks
+    (as TransformerEngine cuts them), or one contiguous run of width / cp."""
     if mode == "contiguous":
         if width % cp:
             raise Error(f"{fn}: contiguous CP needs the packed row of {width} tokens to divide by cp = {cp}",
                         "MASKPACK_ERR_SHAPE", argument="packed_seq_params")
         return Taker(torch.arange(cp_rank * (width // cp), (cp_rank + 1) * (width // cp)), width)
-    g = _thd_layout(fn, packed_seq_params, width)
+    g = _thd_layout(fn, cu, width)
     _check_slots(fn, g, cp)
     return Taker(torch.as_tensor(g.cp_shard_indices(cp, cp_rank, align=None)), width)
 
@@ -116,7 +116,7 @@ def get_batch_on_this_cp_rank(batch: Dict[str, Any], cp_group: Any = None, *, cp
                         "MASKPACK_ERR_SHAPE", argument=key)
         w = val.shape[dim]
         if w not in cols:
-            cols[w] = _thd_taker(fn, psp, w, cp, cp_rank, mode) if thd else _columns(fn, w, cp, cp_rank, key)
+            cols[w] = _thd_taker(fn, _slot_offsets(psp), w, cp, cp_rank, mode) if thd else _columns(fn, w, cp, cp_rank, key)
         batch[key] = cols[w](val, dim)
     return batch
 
@@ -142,7 +142,7 @@ def get_thd_batch_on_this_cp_rank(batch: Dict[str, Any], cu_seqlens: torch.Tenso
             raise Error(f"{fn}: batch['tokens'] must be the packed row [1, T] (its width is the row cut)",
                         "MASKPACK_ERR_SHAPE", argument="batch")
         width = tokens.shape[1]
-        taker = _thd_taker(fn, _PaddedOffsets(cu_seqlens_padded), width, cp, cp_rank, "zigzag")
+        taker = _thd_taker(fn, cu_seqlens_padded, width, cp, cp_rank, "zigzag")
         for key, val in batch.items():
             if key in _THD_KEEP:
                 continue
@@ -157,18 +157,13 @@ def get_thd_batch_on_this_cp_rank(batch: Dict[str, Any], cu_seqlens: torch.Tenso
 _THD_KEEP = frozenset({"attention_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen"})
 
 
-class _PaddedOffsets:
-    """What _thd_layout reads of a PackedSeqParams: the padded offsets."""
-
-    def __init__(self, cu_padded):
-        self.cu_seqlens_q_padded = cu_padded
-        self.cu_seqlens_q = cu_padded
-
-
-def _thd_layout(fn: str, packed_seq_params: Any, total: int) -> Layout:
+def _slot_offsets(packed_seq_params: Any):
+    """The offsets of a PackedSeqParams' slots: its padded ones when it has them."""
     cu = packed_seq_params.cu_seqlens_q_padded
-    if cu is None:
-        cu = packed_seq_params.cu_seqlens_q
+    return packed_seq_params.cu_seqlens_q if cu is None else cu
+
+
+def _thd_layout(fn: str, cu: Any, total: int) -> Layout:
     c = cu.detach().to("cpu", torch.int64)
     if int(c[-1]) != total:
         raise Error(f"{fn}: cu_seqlens end at {int(c[-1])}, the input holds {total} tokens", "MASKPACK_ERR_SHAPE",
@@ -188,7 +183,7 @@ def _balanced_layout(fn: str, input_: torch.Tensor, cp_size: int, packed_seq_par
     every slot dividing by 2 * cp."""
     s = input_.shape[0]
     if packed_seq_params is not None:
-        g = _thd_layout(fn, packed_seq_params, s)
+        g = _thd_layout(fn, _slot_offsets(packed_seq_params), s)
         _check_slots(fn, g, cp_size)
         return g
     if s % (2 * cp_size):
