@@ -1,6 +1,6 @@
 /* kernel_table.h: what every kernel family's table shares (internal, never installed).
  *
- * Each family (attention/attention.c, gdn/gdn_api.c, conv/conv.c) keeps one table of its kernels, one
+ * Each family (attention/attn_table.c, gdn/gdn_api.c, conv/conv.c) keeps one table of its kernels, one
  * entry per ISA, whose first member is an mp_kernel_desc; the rest of the entry (workspace
  * functions, micro-kernels) is the family's own. Dispatch (mp_kernel_pick), workspace sizing, the
  * listing of maskpack_kernel_list and, through it, the tests and benchmarks all read the same

@@ -253,7 +253,7 @@ MUTATIONS = [
     dict(name="attn_bf16_store_truncating",
          why="the attention kernels store bf16 outputs truncated instead of rounded (their own store, not "
              "the library's conversion)",
-         file="src/kernels/attention/attention.c",
+         file="src/kernels/attention/attn_internal.h",
          find="        for (int64_t x = 0; x < n; x++) o[x] = mp_f32_to_bf16(src[x] * mul);",
          replace="        for (int64_t x = 0; x < n; x++) {\n            float t_ = src[x] * mul;\n            uint32_t u_;\n"
                  "            memcpy(&u_, &t_, 4);\n            o[x] = (uint16_t)(u_ >> 16);\n        }",

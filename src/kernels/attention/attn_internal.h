@@ -1,7 +1,9 @@
-/* attn_internal.h: what the attention driver (attention.c) shares with its ISA kernels
- * (attn_ref.c; the vector kernels: the forward and backward frameworks attn_fwd_kernel.inc and
- * attn_bwd_kernel.inc over the micro-kernels of attn_avx512.c / attn_avx512_bwd.c, attn_avx2.c /
- * attn_avx2_bwd.c and attn_avx512bf16.c; attn_amx.c). Never installed. */
+/* attn_internal.h: what the attention kernels see (attn_ref.c; the vector kernels: the forward and
+ * backward frameworks attn_fwd_kernel.inc and attn_bwd_kernel.inc over the micro-kernels of
+ * attn_avx512.c / attn_avx512_bwd.c, attn_avx2.c / attn_avx2_bwd.c, attn_avx512bf16.c and
+ * attn_amx.c): the problem, the rule geometry of a query block (attn_rule.c), the work items and
+ * claims (attn_plan.c), the kernels' entry points and row I/O. The driver's own declarations are in
+ * attn_plan.h, which no kernel includes. Never installed. */
 #ifndef MASKPACK_ATTN_INTERNAL_H
 #define MASKPACK_ATTN_INTERNAL_H
 
@@ -9,6 +11,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Query rows per block and keys per tile of the vector kernels. Blocks start at each segment's
  * first query and tiles at its first key, so which rows share a block and which keys share a tile
@@ -102,7 +105,7 @@ typedef struct attn_item {
 } attn_item;
 
 /* A kernel's share: fn(ctx, s) runs once for every share s in [0, n), each on whichever participant
- * of the team claims it first (the run layer's items: see attention.c). */
+ * of the team claims it first (the run layer's items: see attn_plan.c). */
 typedef void (*attn_thread_fn)(void *ctx, int tid);
 
 /* Backward work units: a key group (segments of one row whose key ranges overlap, e.g. the
@@ -209,8 +212,26 @@ size_t attn_avx512_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int6
 /* After the dynamic phase: thread tid of n sums and stores its share of the tail units' keys. */
 void attn_avx512_bwd_tail_reduce(void *job, int tid);
 
-/* Writes one fp32 row (n values, times mul) into a tensor row of dtype f32/bf16. */
-void attn_store_row(void *dst, int bf16, const float *src, int64_t n, float mul);
-void attn_load_row(float *dst, const void *src, int bf16, int64_t n);
+/* The kernels' row I/O. (n f32 values times mul) -> a tensor row of dtype f32 / bf16 (rounded to
+ * nearest even, as mp_f32_to_bf16). */
+static inline void attn_store_row(void *dst, int bf16, const float *src, int64_t n, float mul) {
+    if (bf16) {
+        uint16_t *o = dst;
+        for (int64_t x = 0; x < n; x++) o[x] = mp_f32_to_bf16(src[x] * mul);
+    } else {
+        float *o = dst;
+        for (int64_t x = 0; x < n; x++) o[x] = src[x] * mul;
+    }
+}
+
+/* (a tensor row of n values, f32 / bf16) -> n f32 values. */
+static inline void attn_load_row(float *dst, const void *src, int bf16, int64_t n) {
+    if (bf16) {
+        const uint16_t *s = src;
+        for (int64_t x = 0; x < n; x++) dst[x] = mp_bf16_to_f32(s[x]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
 
 #endif
