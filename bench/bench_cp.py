@@ -75,7 +75,7 @@ def _worker(rank, world, init, args, out):
                 algo = "all_gather" if what == "attention_ag" else "ring"
 
                 def run(leaves, layout, group=None, algo=algo):
-                    return maskpack.attention(*leaves, layout, threads=1, group=group, cp_algorithm=algo) \
+                    return maskpack.attention(*leaves, layout, threads=1, group=group, cp_algorithm=algo)[0] \
                         if group is not None else maskpack.attention_autograd(*leaves, layout, threads=1)
             _measure(rank, world, args, xs, do, lay, run, res, what)
         if rank == 0:

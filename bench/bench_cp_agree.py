@@ -44,7 +44,7 @@ def _worker(rank, world, init, args, out):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
 
         def fwd_bwd():
-            o = maskpack.attention(*leaves, lay, group=grp, cp_algorithm="ring", threads=1)
+            o, _ = maskpack.attention(*leaves, lay, group=grp, cp_algorithm="ring", threads=1)
             (o * do).sum().backward()
 
         from maskpack import distributed as mpd

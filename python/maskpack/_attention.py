@@ -145,9 +145,11 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
     CPU runs); one this CPU lacks raises maskpack.Error naming the missing feature.
 
     ``group`` (a torch.distributed ProcessGroup): context parallelism; q, k, v are this rank's CP shard
-    of the whole ``layout`` and the result is this rank's out only (differentiable; see
-    :func:`maskpack.distributed.attention_cp`); ``cp_algorithm``: "auto" (the ring on CPU float32,
-    else the all-gather), "ring" or "all_gather"."""
+    of the whole ``layout`` and the result is ``(out, lse)`` of this rank's query rows, in its shard's
+    token order: lse float32 ``[Hq, T_local]`` (``[B, Hq, S_local]`` for a padded shard), the rows of
+    the whole batch's lse this rank holds (a pad slot of the shard sees no key: out 0, lse -inf); out
+    differentiable, lse not (see :func:`maskpack.distributed.attention_cp`); ``cp_algorithm``: "auto"
+    (the ring on CPU float32, else the all-gather), "ring" or "all_gather"."""
     if group is not None:
         if out is not None:
             raise TypeError("attention(): out= cannot be combined with group=")
@@ -156,7 +158,7 @@ def attention(q: Any, k: Any, v: Any, layout: Any, scale: Optional[float] = None
         if compiling():  # the whole CP call is one opaque op (maskpack._compile.cp_call), collectives included
             return _above("compile").cp_call("attention", [q, k, v], layout, group,
                                              dict(scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
-                                                  scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm))[0]
+                                                  scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm))
         return _above("cp").attention_cp(q, k, v, layout, group, scale=scale, softcap=softcap, threads=_alias(threads, n_threads),
                                          scheme=cp_scheme, tp=tp, align=align, algorithm=cp_algorithm)
     code = isa_code(isa)

@@ -538,7 +538,7 @@ def _present(xs):
 
 
 def _cp_attention(xs, layout, group, kw):
-    return (attention_cp(*xs, layout, group, **kw),)
+    return tuple(attention_cp(*xs, layout, group, **kw))
 
 
 def _cp_gdn(xs, layout, group, kw):
@@ -562,7 +562,7 @@ def _cp_loss(xs, layout, group, kw):
 
 
 def _fake_attention(xs, layout):
-    return [_like(xs[0])]
+    return [_like(xs[0]), xs[0].new_empty(_lse_shape(None, xs[0]), dtype=torch.float32)]
 
 
 def _fake_gdn(xs, layout):
@@ -582,6 +582,9 @@ def _fake_loss(xs, layout):
 
 _CP_CALLS = {"attention": (_cp_attention, _fake_attention), "gated_delta_rule": (_cp_gdn, _fake_gdn),
              "causal_conv1d": (_cp_conv, _fake_conv), "cp_loss": (_cp_loss, _fake_loss)}
+# the outputs of a call that take no gradient (attention's lse, as in the eager call): marked so, the
+# compiled call's lse does not require grad either
+_CP_NO_GRAD = {"attention": (1,)}
 
 
 @torch.library.custom_op("maskpack::cp_call", mutates_args=())
@@ -645,6 +648,8 @@ def _cp_call_setup(ctx, inputs, output):
     xs, want, call, key, group, args = inputs
     ctx.save_for_backward(output[-1], *xs)
     ctx.want = list(want)
+    if call in _CP_NO_GRAD:
+        ctx.mark_non_differentiable(*(output[i] for i in _CP_NO_GRAD[call]))
 
 
 def _cp_call_grad(ctx, grads):

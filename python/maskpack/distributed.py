@@ -980,8 +980,9 @@ def _ring_supported(q, k, v, layout) -> bool:
 
 
 class _RingAttention(torch.autograd.Function):
-    """Ring attention (maskpack_cp_attention_forward / _backward) on this rank's shard; out only is
-    differentiable."""
+    """Ring attention (maskpack_cp_attention_forward / _backward) on this rank's shard -> (out, lse):
+    lse is the ring's merged log-sum-exp of this rank's query rows (the C call fills it in the shard's
+    token order); out only is differentiable."""
 
     @staticmethod
     def forward(ctx, q, k, v, whole, group, scheme, scale, softcap, threads):
@@ -1022,12 +1023,15 @@ class _RingAttention(torch.autograd.Function):
 _CP_ALGORITHMS = ("auto", "ring", "all_gather")
 
 
-# shards q [T_local, Hq, D], k, v [T_local, Hkv, D], whole layout, group -> out [T_local, Hq, D]
+# shards q [T_local, Hq, D], k, v [T_local, Hkv, D], whole layout, group -> (out [T_local, Hq, D], lse [Hq, T_local])
 def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, scheme="zigzag", tp=1,
                  align="verl", algorithm="auto"):
     """Context-parallel attention (reached through :func:`maskpack.attention`'s ``group=``): q, k, v are
-    this rank's CP shard of the whole batch ``layout``; returns this rank's out [T_local, H, D]
-    (differentiable in q, k, v). Two algorithms, the same result up to the rounding of merging:
+    this rank's CP shard of the whole batch ``layout``; returns ``(out, lse)`` as the single-process
+    call does, for this rank's query rows: out like q (differentiable in q, k, v), lse float32
+    ``[Hq, T_local]`` (``[B, Hq, S_local]`` for a padded shard) in the shard's token order, the rows of
+    the whole batch's lse this rank holds (not differentiable). Two algorithms, the same result up to
+    the rounding of merging:
 
     - ``"ring"`` (the default where it applies: CPU float32 tensors, a rule without spans or prefix):
       maskpack's ring (the C code MPI programs run, here over the group's point-to-point send and
@@ -1037,10 +1041,10 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
       Memory: two blocks in flight, never the whole K/V.
     - ``"all_gather"`` (any device and dtype, every rule): the keys and values of every rank are
       all-gathered and the rank's queries attend to them through its shard layout in one kernel call,
-      bitwise equal to the single-process run; backward reduce-scatters dk, dv.
+      bitwise equal to the single-process run (lse included); backward reduce-scatters dk, dv.
     """
     from ._moves import relayout
-    from ._attention import attention_autograd
+    from ._attention import attention
 
     rank, n = _rank_size(group)
     local = None
@@ -1068,11 +1072,13 @@ def attention_cp(q, k, v, layout, group, scale=None, softcap=0.0, threads=None, 
            + [("scale", "scale", "real", scale), ("softcap", "softcap", "real", softcap)], local)
     whole = layout._cp_global(n, tp, align, scheme)  # the grid the shard layouts' keys index
     if ring:
-        return _RingAttention.apply(q, k, v, whole, group, scheme, scale, softcap, threads)[0]
+        return _RingAttention.apply(q, k, v, whole, group, scheme, scale, softcap, threads)
     mine = layout.cp_shard(n, rank, scheme=scheme, tp=tp, align=align)
     kw, vw = (relayout(cp_all_gather(x, layout, group, scheme=scheme, tp=tp, align=align), layout, whole)
               for x in (k, v))
-    return attention_autograd(q, kw, vw, mine, scale=scale, softcap=softcap, threads=threads)
+    # the local call gives the shard layout's lse (its rows are this rank's queries), differentiable in
+    # q and, through the gathers, in k, v whenever autograd records
+    return attention(q, kw, vw, mine, scale=scale, softcap=softcap, threads=threads)
 
 
 # ---- sequence-parallel Gated DeltaNet and conv1d (each rank runs its own pieces at once) -------------

@@ -391,8 +391,8 @@ def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, 
             raise _fail(f"query: under context parallelism one packed row [1, T_local, ...], found a batch of "
                         f"{q.shape[0]} rows", "query", "MASKPACK_ERR_SHAPE")
         key = _ruled_key(_cp_layout(s, kwargs, n, rank), causal, window)
-        out = attention(q[0], k[0], v[0], key, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
-                        cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
+        out, _ = attention(q[0], k[0], v[0], key, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
+                           cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
         return out.unsqueeze(0)
     # every check that may differ between ranks before the agreement, so that none raises alone
     local = None
@@ -409,8 +409,8 @@ def _cp_forward(settings: _Settings, q, k, v, causal, window, scaling, softcap, 
     q, k, v = q[0], k[0], v[0]
     if algo == "ulysses":
         return _ulysses(q, k, v, whole, shards, s, n, scaling, softcap).unsqueeze(0)
-    out = attention(q, k, v, whole, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
-                    cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
+    out, _ = attention(q, k, v, whole, scale=scaling, softcap=softcap, threads=s.threads, group=s.group,
+                       cp_scheme=s.cp_scheme, tp=s.tp, align=s.align, cp_algorithm=algo)
     return out.unsqueeze(0)
 
 

@@ -89,7 +89,7 @@ def _cases(world, rank, group):
     weights = mine(torch.rand(T, generator=gen))
 
     def attn(algo):
-        return lambda q, k, v: maskpack.attention(q, k, v, lay, group=group, cp_algorithm=algo).square().sum()
+        return lambda q, k, v: maskpack.attention(q, k, v, lay, group=group, cp_algorithm=algo)[0].square().sum()
 
     def rule(method):
         def f(q, k, v, g, b):
@@ -127,7 +127,29 @@ def _cases(world, rank, group):
             "rule_sequence": (rule("sequence"), (gq, gk, gv, gg, gb)),
             "conv": (conv, (x, w)), "cp_loss": (loss, (x, weights)),
             "qwen35": (lm, (torch.zeros(1),)), "qwen35_prepared": (hlm, (torch.zeros(1),)),
-            "_model": {"qwen35": model, "qwen35_prepared": hybrid}}
+            "_model": {"qwen35": model, "qwen35_prepared": hybrid}, "_lse": (lay, (q, k, v))}
+
+
+def _lse_calls(lay, args, group):
+    """attention(group=) compiled whole (fullgraph) against eager, per algorithm: (returns a 2-tuple, out
+    equal, lse equal, lse dtype, lse requires grad, input gradients through out equal)."""
+    res = {}
+    for algo in ("ring", "all_gather"):
+        def call(q, k, v, algo=algo):
+            return maskpack.attention(q, k, v, lay, group=group, cp_algorithm=algo)
+
+        ref = [a.clone().requires_grad_() for a in args]
+        o_ref, lse_ref = call(*ref)
+        o_ref.square().sum().backward()
+        cmp = [a.clone().requires_grad_() for a in args]
+        torch._dynamo.reset()
+        got = torch.compile(call, fullgraph=True, backend="aot_eager")(*cmp)
+        pair = isinstance(got, tuple) and len(got) == 2
+        o, lse = got
+        o.square().sum().backward()
+        res[algo] = (pair, torch.equal(o, o_ref), torch.equal(lse, lse_ref), lse.dtype, lse.requires_grad,
+                     all(torch.equal(a.grad, b.grad) for a, b in zip(cmp, ref)))
+    return res
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -138,6 +160,12 @@ def _worker(rank, world, init_file, out_dir):
         res = {}
         cases = _cases(world, rank, group)
         models = cases.pop("_model")
+        lay, lse_args = cases.pop("_lse")
+        try:
+            lse = _lse_calls(lay, lse_args, group)
+        except Exception:  # noqa: BLE001 - reported by the test
+            import traceback
+            lse = traceback.format_exc()[-3000:]
         for name, (f, args) in cases.items():
             try:
                 n, why = _explain(f, [a.clone().requires_grad_(a.is_floating_point()) for a in args])
@@ -164,7 +192,8 @@ def _worker(rank, world, init_file, out_dir):
         from maskpack import _compile
 
         gc.collect()
-        res = {"kept": len(_compile._KEPT), "calls": res}  # every kept CP graph dropped: backward ran or the step went
+        # every kept CP graph dropped: backward ran or the step went
+        res = {"kept": len(_compile._KEPT), "calls": res, "lse": lse}
         torch.save(res, os.path.join(out_dir, f"r{rank}.pt"))
         dist.barrier()
     finally:
@@ -179,6 +208,11 @@ def test_cp_calls_compile_whole_across_two_processes():
         for r in range(world):
             out = torch.load(os.path.join(d, f"r{r}.pt"))
             assert out["kept"] == 0
+            # the compiled group= call returns (out, lse) as eager does, lse not differentiable
+            assert isinstance(out["lse"], dict), f"rank {r}: {out['lse']}"
+            for algo, (pair, same_o, same_lse, dtype, lse_grad, same_grads) in out["lse"].items():
+                assert pair and same_o and same_lse and same_grads, (r, algo, pair, same_o, same_lse, same_grads)
+                assert dtype == torch.float32 and lse_grad is False, (r, algo, dtype, lse_grad)
             res = out["calls"]
             assert len(res) == 8
             for name, (n, why, dy, dg, exact) in res.items():

@@ -34,7 +34,7 @@ def _cases(world):
     cut = lambda t, r: lay.shard(t, world, r)  # noqa: E731
 
     def ring(r, n, k=qkv):
-        return maskpack.attention(cut(qkv, r), cut(k, r), cut(k, r), lay, group=W, cp_algorithm="ring", threads=1)
+        return maskpack.attention(cut(qkv, r), cut(k, r), cut(k, r), lay, group=W, cp_algorithm="ring", threads=1)[0]
 
     def gather(r, n, part=x2, scheme="zigzag"):
         return maskpack.cp_all_gather(lay.shard(part, n, r, scheme=scheme), lay, W, scheme=scheme)

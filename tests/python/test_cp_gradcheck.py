@@ -77,8 +77,8 @@ def _cases(world):
 
     def attention(lay, algo, **kw):
         def f(q, k, v):
-            o = maskpack.attention(mine(q, lay), mine(k, lay), mine(v, lay), lay, group=group, cp_algorithm=algo,
-                                   threads=1, **kw)
+            o, _ = maskpack.attention(mine(q, lay), mine(k, lay), mine(v, lay), lay, group=group, cp_algorithm=algo,
+                                      threads=1, **kw)
             return whole(o, lay)
         return f
 

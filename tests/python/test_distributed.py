@@ -408,14 +408,26 @@ def _attn_worker(rank, world, init_file, out_dir):
             per = {}
             for algo in ("all_gather", "ring", "auto"):
                 leaves = [lay.shard(x, world, rank).clone().requires_grad_() for x in (q, k, v)]
-                o = maskpack.attention(*leaves, lay, group=dist.group.WORLD, threads=1, cp_algorithm=algo, **kw)
+                o, lse = maskpack.attention(*leaves, lay, group=dist.group.WORLD, threads=1, cp_algorithm=algo, **kw)
+                lse_grad = lse.requires_grad
                 (o * lay.shard(do, world, rank)).sum().backward()
-                per[algo] = {"o": o.detach(), "grads": [x.grad for x in leaves]}
+                with torch.no_grad():  # the call autograd does not record (the all-gather's plain kernel call)
+                    o_ng, lse_ng = maskpack.attention(*(x.detach() for x in leaves), lay, group=dist.group.WORLD,
+                                                      threads=1, cp_algorithm=algo, **kw)
+                per[algo] = {"o": o.detach(), "lse": lse, "lse_grad": lse_grad, "grads": [x.grad for x in leaves],
+                             "o_ng": o_ng, "lse_ng": lse_ng}
             res.append(per)
         torch.save(res, os.path.join(out_dir, f"attn{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _lse_rows(lay, lse, world, rank):
+    """The rows of the whole batch's lse ([Hq, T] packed, [B, Hq, S] padded) that rank's shard holds, in
+    its token order: the shard of lse with the heads moved behind the tokens, moved back. The shard's
+    pad slots (a sequence cut into 2 cp equal pieces) are query rows that see no key: lse -inf."""
+    return lay.shard(lse.movedim(-2, -1).contiguous(), world, rank, pad_value=float("-inf")).movedim(-1, -2)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -428,10 +440,21 @@ def test_attention_across_ranks_equals_the_single_process_run(world):
         for i, (lay, kw) in enumerate(_attn_cases()):
             q, k, v, do = _attn_tensors(lay, 30 + i)
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            o = maskpack.attention_autograd(*leaves, lay, threads=1, **kw)
+            o, lse = maskpack.attention(*leaves, lay, threads=1, **kw)
             (o * do).sum().backward()
             for r in range(world):
                 ag, ring = got[r][i]["all_gather"], got[r][i]["ring"]
+                # (out, lse) from either algorithm: lse float32, this rank's rows of the whole lse in its
+                # token order, not differentiable; without autograd recording the same values
+                mine = _lse_rows(lay, lse, world, r)
+                for algo in ("all_gather", "ring", "auto"):
+                    res = got[r][i][algo]
+                    assert res["lse"].dtype == torch.float32 and res["lse"].shape == mine.shape, (i, r, algo)
+                    assert res["lse_grad"] is False and not res["lse_ng"].requires_grad, (i, r, algo)
+                    assert torch.equal(res["o_ng"], res["o"]) and torch.equal(res["lse_ng"], res["lse"]), (i, r, algo)
+                assert torch.equal(ag["lse"], mine), (i, r)  # the same kernel call: bitwise
+                torch.testing.assert_close(ring["lse"], mine, rtol=1e-5, atol=1e-5)
+                assert torch.equal(got[r][i]["auto"]["lse"], ring["lse"]), (i, r)
                 # all-gather: the same kernel over the same keys at the same positions: the output bitwise
                 assert torch.equal(ag["o"], lay.shard(o.detach(), world, r)), (i, r)
                 # dq bitwise; dk, dv summed over the ranks' contributions: within float32 rounding

@@ -165,7 +165,7 @@ def _cp_worker(rank, world, init_file, out_dir):
             _os.environ["MASKPACK_THREAD_POOL"] = pool
             cut = [lay.shard(t, world, rank).clone().requires_grad_() for t in (q, k, v, gq, gk, gv, gg, gb, x)]
             wl = w.clone().requires_grad_()
-            o = maskpack.attention(*cut[:3], lay, group=dist.group.WORLD, threads=2, cp_algorithm="ring")
+            o, _ = maskpack.attention(*cut[:3], lay, group=dist.group.WORLD, threads=2, cp_algorithm="ring")
             go, ht = maskpack.gated_delta_rule(*cut[3:8], lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
             y, st = maskpack.causal_conv1d(cut[8], wl, lay, group=dist.group.WORLD, threads=2, cp_method="sequence")
             (o.square().sum() + go.square().sum() + ht.square().sum() + y.square().sum() + st.sum()).backward()

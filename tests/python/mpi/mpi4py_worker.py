@@ -26,10 +26,15 @@ def main() -> int:
     o = maskpack.attention_autograd(*ref, lay, threads=1)
     (o * do).sum().backward()
     mine = [cut(x).clone().requires_grad_() for x in (q, k, v)]
-    om = maskpack.attention(*mine, lay, group=comm, threads=1)
+    om, lse = maskpack.attention(*mine, lay, group=comm, threads=1)
     (om * cut(do)).sum().backward()
     if not torch.allclose(om, cut(o.detach()), rtol=1e-5, atol=1e-6):
         failures.append("ring attention output")
+    # lse [Hq, T_local]: the whole [Hq, T]'s rows of this rank's tokens; a pad slot of the shard sees no key: -inf
+    lse_ref = maskpack.attention(q, k, v, lay, threads=1)[1]
+    lse_mine = lay.shard(lse_ref.T.contiguous(), world, rank, pad_value=float("-inf")).T
+    if lse.requires_grad or not torch.allclose(lse, lse_mine, rtol=1e-5, atol=1e-5):
+        failures.append("ring attention lse")
     for name, a, b in zip("qkv", mine, ref):
         if not torch.allclose(a.grad, cut(b.grad), rtol=1e-4, atol=1e-5):
             failures.append(f"ring attention d{name}")
