@@ -16,6 +16,7 @@
 
 #define ATTN_FN(name) attn_avx2_##name
 #include "attn_f32_kernel.inc"
+#include "attn_fwd_vec.inc"
 #include "attn_fwd_kernel.inc"
 
 #include "../isa/target_pop.h"

@@ -18,6 +18,7 @@
 
 #define ATTN_FN(name) attn_avx512_##name
 #include "attn_f32_kernel.inc"
+#include "attn_fwd_vec.inc"
 #include "attn_fwd_kernel.inc"
 
 #ifndef ATTN_F32_EMULATED

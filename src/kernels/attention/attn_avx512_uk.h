@@ -132,173 +132,34 @@ static inline void ot_group_runs(float *OT, const float *X, const float *A, cons
 
 /* ---- packing and output rows ----------------------------------------------------------------- */
 
-static inline void pack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                             int64_t i0, int32_t n, float mul, float *YT, float *Yr, int64_t Dp, int64_t ys) {
-    int64_t D = P->d;
-    for (int32_t x = 0; x < BQ; x++) {
-        float *y = Yr + x * ys;
-        if (x < n) {
-            attn_load_row(y, attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, D);
-            for (int64_t d = D; d < Dp; d++) y[d] = 0;
-        } else {
-            memset(y, 0, (size_t)Dp * sizeof(float));
-        }
-    }
-    transpose_scaled(Yr, ys, YT, BQ, BQ, Dp, mul);
+/* The moves' vocabulary (attn_pack.inc): 16 x 16 transposes of zmm. */
+#define TW 16
+typedef __m512 tvec;
+#define tv_load   _mm512_load_ps
+#define tv_loadu  _mm512_loadu_ps
+#define tv_store  _mm512_store_ps
+#define tv_storeu _mm512_storeu_ps
+#define tv_stream _mm512_stream_ps
+#define tv_mul    _mm512_mul_ps
+#define tv_set1   _mm512_set1_ps
+#define tv_tr     tr16
+static inline void tv_store8(float *dst, __m512 v, int half) {
+    _mm256_storeu_ps(dst, half ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
 }
 
-/* f32 tensors with D a multiple of 16: the same two moves as pack_rows (QT only) and unpack_rows,
- * straight between the tensor rows and the transposed block through 16 x 16 register transposes,
- * without the row-major copy in between (same products, so the same values). */
-static inline void pack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                                    int64_t i0, int32_t n, float mul, float *YT, const float *zero, float *Yr,
-                                    int64_t ys) {
-    int64_t D = P->d;
-    __m512 m = _mm512_set1_ps(mul), r[16];
-    for (int32_t x0 = 0; x0 < BQ; x0 += 16) {
-        const float *row[16];
-        for (int t = 0; t < 16; t++)
-            row[t] = x0 + t < n ? (const float *)attn_ptr(view, g->row, g->q_start + i0 + x0 + t, h, 4) : zero;
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-            for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_ps(row[t] + d0);
-            if (Yr) /* the row-major copy too (Yr [BQ][ys]) */
-                for (int t = 0; t < 16; t++) _mm512_store_ps(Yr + (x0 + t) * ys + d0, r[t]);
-            tr16(r);
-            for (int t = 0; t < 16; t++) _mm512_store_ps(YT + (d0 + t) * BQ + x0, _mm512_mul_ps(r[t], m));
-        }
+/* dst[d] = src[d] * m for d in [a, b), the last partial 16 with a masked store. */
+static inline void store_masked(float *dst, const float *src, int64_t a, int64_t b, __m512 m) {
+    int64_t d = a;
+    for (; d + 16 <= b; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(src + d), m));
+    if (d < b) {
+        __mmask16 k = (__mmask16)((1u << (b - d)) - 1);
+        _mm512_mask_storeu_ps(dst + d, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + d), m));
     }
 }
 
-/* Packs keys [0, n) of head kh of a key-grid tensor (key r = token col0 + r of row brow) into KP
- * and/or VP form (either may be NULL), 16 keys at a time (KP through 16 x 16 transposes); keys
- * outside [lo, hi) (that no query of the unit may see) and the padding are zeros and are never
- * read from the tensor. tmp holds 17 * (Dp + 16) floats. */
-static inline void pack_keys(const attn_problem *P, const attn_view *view, int64_t brow, int64_t col0, int64_t n,
-                             int64_t kh, int64_t lo, int64_t hi, float *KP, float *VP, float *tmp) {
-    int64_t D = P->d, D8 = round8(D), Dp = round16(D), n8 = round8(n), nv = VP ? round64(n) : n8, rs = Dp + 16;
-    float *zero = tmp + 16 * rs;
-    memset(zero, 0, (size_t)rs * sizeof(float));
-    int64_t row_bytes = D * (int64_t)P->esize;
-    for (int64_t j0 = 0; j0 < nv; j0 += 16) {
-        /* the next 16 rows: with interleaved heads each sits in its own page, where the hardware
-         * prefetchers do not follow */
-        for (int64_t j = j0 + 16; j < j0 + 32 && j < hi && j < n; j++)
-            if (j >= lo)
-                for (int64_t b = 0; b < row_bytes; b += 64)
-                    _mm_prefetch(attn_ptr(view, brow, col0 + j, kh, P->esize) + b, _MM_HINT_T0);
-        const float *row[16];
-        for (int r = 0; r < 16; r++) {
-            int64_t j = j0 + r;
-            if (j >= lo && j < hi && j < n) {
-                const void *src = attn_ptr(view, brow, col0 + j, kh, P->esize);
-                if (!P->bf16 && D == Dp) {
-                    row[r] = (const float *)src; /* read in place */
-                } else {
-                    attn_load_row(tmp + r * rs, src, P->bf16, D);
-                    for (int64_t d = D; d < Dp; d++) tmp[r * rs + d] = 0;
-                    row[r] = tmp + r * rs;
-                }
-            } else {
-                row[r] = zero;
-            }
-        }
-        if (KP && j0 < n8) {
-            __m512 v[16];
-            int hi_half = j0 + 8 < n8;
-            for (int64_t c = 0; c < Dp; c += 16) {
-                for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(row[r] + c);
-                tr16(v); /* v[t] = column c + t of the 16 keys */
-                for (int t = 0; t < 16 && c + t < D; t++) {
-                    _mm256_storeu_ps(KP + j0 * D + (c + t) * 8, _mm512_castps512_ps256(v[t]));
-                    if (hi_half) _mm256_storeu_ps(KP + (j0 + 8) * D + (c + t) * 8, _mm512_extractf32x8_ps(v[t], 1));
-                }
-            }
-        }
-        if (VP)
-            for (int r = 0; r < 16 && j0 + r < nv; r++) {
-                int64_t j = j0 + r;
-                float *dst = VP + (j >> 6) * D8 * 64 + (j & 63) * 8;
-                for (int64_t d = 0; d < D8; d += 8) _mm256_storeu_ps(dst + (d / 8) * 512, _mm256_loadu_ps(row[r] + d));
-            }
-    }
-}
-
-/* Rows x < n of the accumulator OT [Dp][BQ] to the tensor: row x times inv[x]. Or is [BQ][Dp]. */
-static inline void unpack_rows(const attn_problem *P, const attn_view *view, const maskpack_segment *g, int32_t h,
-                               int64_t i0, int32_t n, const float *OT, float *Or, int64_t Dp, const float *inv) {
-    transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
-    for (int32_t x = 0; x < n; x++)
-        attn_store_row(attn_ptr(view, g->row, g->q_start + i0 + x, h, P->esize), P->bf16, Or + x * Dp, P->d, inv[x]);
-}
-
-
-static inline void unpack_rows_direct(const attn_problem *P, const attn_view *view, const maskpack_segment *g,
-                                      int32_t h, int64_t i0, int32_t n, const float *OT, const float *inv) {
-    int64_t D = P->d;
-    __m512 r[16];
-    for (int32_t x0 = 0; x0 < n; x0 += 16)
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-            for (int t = 0; t < 16; t++) r[t] = _mm512_load_ps(OT + (d0 + t) * BQ + x0);
-            tr16(r); /* r[t] = row x0 + t, columns d0 .. d0 + 15 */
-            for (int t = 0; t < 16 && x0 + t < n; t++)
-                _mm512_storeu_ps((float *)attn_ptr(view, g->row, g->q_start + i0 + x0 + t, h, 4) + d0,
-                                 _mm512_mul_ps(r[t], _mm512_set1_ps(inv[x0 + t])));
-        }
-}
-
-/* The f32 output rows (unpack_rows_direct's job, same values: row x of O times inv[x]) through the
- * row-major staging block Or [BQ][Dp], written with streaming stores: with interleaved heads each
- * row sits on its own page, and ordinary stores wait to read every line of it first (one row at a
- * time, the largest fixed cost of a short forward). The partial lines at either end of a row
- * (other heads share them) get ordinary masked stores. */
-static __attribute__((unused)) void unpack_rows_nt(const attn_problem *P, const attn_view *view,
-                                                   const maskpack_segment *g, int32_t h, int64_t i0, int32_t n,
-                                                   const float *OT, float *Or, int64_t Dp, const float *inv) {
-    int64_t D = P->d;
-    transpose_scaled(OT, BQ, Or, Dp, Dp, BQ, 1.0f);
-    for (int32_t x = 0; x < n; x++) {
-        float *dst = (float *)attn_ptr(view, g->row, g->q_start + i0 + x, h, 4);
-        const float *src = Or + x * Dp;
-        __m512 m = _mm512_set1_ps(inv[x]);
-        uintptr_t a = (uintptr_t)dst, e = a + (uintptr_t)D * 4, f = (a + 63) & ~(uintptr_t)63, l = e & ~(uintptr_t)63;
-        if ((a & 3) || f >= l) { /* no whole line inside the row */
-            for (int64_t d = 0; d < D; d += 16) {
-                __mmask16 k = D - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (D - d)) - 1);
-                _mm512_mask_storeu_ps(dst + d, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + d), m));
-            }
-            continue;
-        }
-        int64_t h0 = (int64_t)(f - a) / 4, t0 = (int64_t)(l - a) / 4;
-        if (h0 > 0) {
-            __mmask16 k = (__mmask16)((1u << h0) - 1);
-            _mm512_mask_storeu_ps(dst, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src), m));
-        }
-        for (int64_t d = h0; d < t0; d += 16) _mm512_stream_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(src + d), m));
-        if (t0 < D) {
-            __mmask16 k = (__mmask16)((1u << (D - t0)) - 1);
-            _mm512_mask_storeu_ps(dst + t0, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + t0), m));
-        }
-    }
-    _mm_sfence(); /* streaming stores are weakly ordered: make them visible like the others */
-}
+#include "attn_pack.inc"
 
 /* ---- backward pieces --------------------------------------------------------------------------- */
-
-/* attn_store_row with the f32 case in vectors (the same products). */
-static __attribute__((unused)) void store_row(void *dst, int bf16, const float *src, int64_t n, float mul) {
-    if (bf16) {
-        attn_store_row(dst, bf16, src, n, mul);
-        return;
-    }
-    float *o = dst;
-    __m512 m = _mm512_set1_ps(mul);
-    int64_t x = 0;
-    for (; x + 16 <= n; x += 16) _mm512_storeu_ps(o + x, _mm512_mul_ps(_mm512_loadu_ps(src + x), m));
-    if (x < n) {
-        __mmask16 k = (__mmask16)((1u << (n - x)) - 1);
-        _mm512_mask_storeu_ps(o + x, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + x), m));
-    }
-}
 
 /* sum_d a[d] * b[d] in double (the products are exact), 16 lanes wide: the row's D_i. */
 static __attribute__((unused)) float dot_f64(const float *a, const float *b, int64_t n) {

@@ -185,6 +185,7 @@ static void uk_store_out(const attn_problem *P, const maskpack_segment *g, const
 
 #define ATTN_FN(name)      attn_avx512bf16_##name
 #define ATTN_FWD_KEY_PAIRS 1 /* the dot products take keys two by two */
+#include "attn_fwd_vec.inc"
 #include "attn_fwd_kernel.inc"
 
 #ifndef MASKPACK_EMULATE_AMX

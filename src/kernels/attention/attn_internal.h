@@ -97,6 +97,36 @@ void attn_segment_hull(const maskpack_layout *L, size_t k, int32_t bq, int64_t *
  * [ja, jb) is the sub-range some row may see (keys outside it are excluded for every row). */
 int attn_classify(const attn_rows *rows, int32_t j0, int32_t j1, int32_t *ja, int32_t *jb);
 
+/* A chunk: up to ATTN_MAX_KC non-empty key tiles of one query block, in key order, the forward
+ * framework's unit (attn_fwd_kernel.inc). Tile t covers keys [j0, j1) (j0 a multiple of the tile
+ * width from the segment's first key, j1 cut at the segment's end), of class cls with [ja, jb)
+ * the keys some row sees (attn_classify). */
+#define ATTN_MAX_KC 4
+typedef struct attn_tile {
+    int32_t j0, j1, ja, jb;
+    int cls;
+} attn_tile;
+typedef struct attn_chunk {
+    attn_tile t[ATTN_MAX_KC];
+    int n;        /* tiles (0: no key left) */
+    int32_t next; /* where the next chunk's search starts */
+} attn_chunk;
+
+/* (block rows, first key j0, the segment's keys kvl, tile width bk, at most kc tiles) -> the next
+ * non-empty tiles from j0 on into c; returns their count. */
+static inline int attn_next_chunk(const attn_rows *rows, int32_t j0, int32_t kvl, int32_t bk, int kc, attn_chunk *c) {
+    c->n = 0;
+    for (; c->n < kc && j0 < rows->kmax; j0 += bk) {
+        attn_tile *t = &c->t[c->n];
+        t->j0 = j0;
+        t->j1 = j0 + bk < kvl ? j0 + bk : kvl;
+        t->cls = attn_classify(rows, j0, t->j1, &t->ja, &t->jb);
+        if (t->cls != ATTN_TILE_EMPTY) c->n++;
+    }
+    c->next = j0;
+    return c->n;
+}
+
 /* Query blocks: one work item = (segment, query head, block). */
 typedef struct attn_item {
     int64_t seg;
