@@ -15,6 +15,12 @@
  * one), against the peak of the widest FMA the CPU has (bench/common/fma_peak.h: AVX-512, else
  * AVX2 + FMA), which is what that kernel uses.
  * Also reported: the reference (portable) kernel, the recurrent form and the backward.
+ * bf16: where the rule has its AVX512-BF16 kernel (bf16 inputs, bf16 chunk products, f32 state;
+ * asked for by name: AUTO runs bf16 on the f32 kernel, see src/kernels/gdn/gdn_api.c), its forward
+ * and backward on the same data in bf16 against the f32 kernel (the best f32 one, on
+ * the f32 inputs), run pair by pair in this process (f32 run, bf16 run, alternating), reported as
+ * the median of the per-pair time ratios f32 / bf16 (target >= 1.4x), with the load average; and
+ * the f32 kernel on the bf16 inputs (what bf16 ran before: converted on load) in the same pairs.
  *
  * Usage: bench_gdn [n_threads (2)] [runs (7)] [--tokens T] [--segments N] [--heads H] [--value-heads HV]
  *                  [--key-dim K] [--value-dim V]   (T in N equal segments; HV a multiple of H)
@@ -104,6 +110,143 @@ static int parse_args(const char *where, int argc, const char *const *argv, int 
         return -1;
     }
     return 0;
+}
+
+static void load_average(double load[3]) {
+    load[0] = load[1] = load[2] = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+        fclose(f);
+    }
+}
+
+static uint16_t *to_bf16(const float *x, size_t n) {
+    uint16_t *r = malloc(n * 2 + 2);
+    if (!r) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        r[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* to nearest even (finite data) */
+    }
+    return r;
+}
+
+/* One timed call: forward (chunked) or backward of `in` with op into the given outputs. */
+static double timed(const maskpack_layout *L, const maskpack_gdn_inputs *in, const maskpack_gdn_options *op,
+                    int backward, maskpack_tensor *o, const maskpack_tensor *dO, maskpack_gdn_grads *gr, void *ws,
+                    size_t bytes, int *rc) {
+    maskpack_error e;
+    const double t0 = now();
+    maskpack_status s = backward ? maskpack_gdn_backward(L, in, dO, NULL, op, gr, ws, bytes, &e)
+                                 : maskpack_gdn_forward(L, in, op, o, NULL, ws, bytes, &e);
+    const double t = now() - t0;
+    if (s) {
+        fprintf(stderr, "bench_gdn: bf16 rows: %s\n", e.message);
+        *rc = 1;
+    }
+    return t;
+}
+
+/* The bf16 rows (see the top): pairs of (f32 kernel on f32 inputs, bf16 inputs on the bf16 kernel,
+ * bf16 inputs on the f32 kernel), forward and backward; per-pair ratios, their median. Returns
+ * non-zero on a failed call. */
+static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, maskpack_isa f32_isa, int nt, int runs,
+                    int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V, const float *q, const float *k,
+                    const float *v, const float *g, const float *b, const float *dO) {
+    maskpack_isa bf = MASKPACK_ISA_REF;
+    maskpack_error e;
+    maskpack_isa au = MASKPACK_ISA_REF;
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AUTO, &au, &e)) return 1;
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16, &bf, &e) ||
+        bf != MASKPACK_ISA_AVX512_BF16) {
+        printf("bf16: no AVX512-BF16 kernel here: bf16 inputs run the %s kernel (converted on load)\n",
+               maskpack_isa_name(au));
+        return 0;
+    }
+    printf("bf16: AUTO runs bf16 inputs on the %s kernel; the rows below ask for avx512_bf16 by name\n",
+           maskpack_isa_name(au));
+    const size_t nq = (size_t)(T * H * K), nv = (size_t)(T * HV * V), nh = (size_t)(T * HV);
+    uint16_t *bq = to_bf16(q, nq), *bk = to_bf16(k, nq), *bv = to_bf16(v, nv), *bg = to_bf16(g, nh);
+    uint16_t *bb = to_bf16(b, nh), *bdo = to_bf16(dO, nv);
+    float *o32 = malloc(nv * 4), *dq32 = malloc(nq * 4), *dk32 = malloc(nq * 4), *dv32 = malloc(nv * 4);
+    float *dg32 = malloc(nh * 4), *db32 = malloc(nh * 4);
+    uint16_t *o16 = malloc(nv * 2), *dq16 = malloc(nq * 2), *dk16 = malloc(nq * 2), *dv16 = malloc(nv * 2);
+    uint16_t *dg16 = malloc(nh * 2), *db16 = malloc(nh * 2);
+    int rc = 0;
+    if (!bq || !bk || !bv || !bg || !bb || !bdo || !o32 || !dq32 || !dk32 || !dv32 || !dg32 || !db32 || !o16 ||
+        !dq16 || !dk16 || !dv16 || !dg16 || !db16) {
+        fprintf(stderr, "bench_gdn: out of memory for the bf16 rows\n");
+        rc = 1;
+        goto done;
+    }
+    {
+        int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV};
+        const maskpack_dtype B16 = MASKPACK_BF16, F32 = MASKPACK_F32;
+        maskpack_tensor tq = maskpack_tensor_contiguous(bq, B16, 3, sq), tk = maskpack_tensor_contiguous(bk, B16, 3, sq);
+        maskpack_tensor tv = maskpack_tensor_contiguous(bv, B16, 3, sv), tg = maskpack_tensor_contiguous(bg, B16, 2, sg);
+        maskpack_tensor tb = maskpack_tensor_contiguous(bb, B16, 2, sg);
+        maskpack_tensor tdo16 = maskpack_tensor_contiguous(bdo, B16, 3, sv);
+        maskpack_tensor tdo32 = maskpack_tensor_contiguous((void *)dO, F32, 3, sv);
+        maskpack_gdn_inputs in16 = {&tq, &tk, &tv, &tg, &tb, NULL};
+        maskpack_tensor to32 = maskpack_tensor_contiguous(o32, F32, 3, sv), to16 = maskpack_tensor_contiguous(o16, B16, 3, sv);
+        maskpack_tensor a32[5] = {maskpack_tensor_contiguous(dq32, F32, 3, sq), maskpack_tensor_contiguous(dk32, F32, 3, sq),
+                                  maskpack_tensor_contiguous(dv32, F32, 3, sv), maskpack_tensor_contiguous(dg32, F32, 2, sg),
+                                  maskpack_tensor_contiguous(db32, F32, 2, sg)};
+        maskpack_tensor a16[5] = {maskpack_tensor_contiguous(dq16, B16, 3, sq), maskpack_tensor_contiguous(dk16, B16, 3, sq),
+                                  maskpack_tensor_contiguous(dv16, B16, 3, sv), maskpack_tensor_contiguous(dg16, B16, 2, sg),
+                                  maskpack_tensor_contiguous(db16, B16, 2, sg)};
+        maskpack_gdn_grads g32 = {&a32[0], &a32[1], &a32[2], &a32[3], &a32[4], NULL};
+        maskpack_gdn_grads g16 = {&a16[0], &a16[1], &a16[2], &a16[3], &a16[4], NULL};
+        maskpack_gdn_options o32op = maskpack_gdn_options_default(), o16op = maskpack_gdn_options_default();
+        maskpack_gdn_options ocv = maskpack_gdn_options_default();
+        o32op.isa = f32_isa, o16op.isa = MASKPACK_ISA_AVX512_BF16, ocv.isa = f32_isa;
+        o32op.n_threads = o16op.n_threads = ocv.n_threads = nt;
+        for (int bw = 0; bw < 2 && !rc; bw++) {
+            size_t b32 = 0, b16 = 0, bcv = 0;
+            maskpack_gdn_workspace_size(L, in32, &o32op, bw, &b32, NULL);
+            maskpack_gdn_workspace_size(L, &in16, &o16op, bw, &b16, NULL);
+            maskpack_gdn_workspace_size(L, &in16, &ocv, bw, &bcv, NULL);
+            size_t bytes = b32 > b16 ? b32 : b16;
+            if (bcv > bytes) bytes = bcv;
+            void *ws = malloc(bytes);
+            const int n = bw ? (runs > 5 ? 5 : runs) : runs;
+            double t32[64], t16[64], tcv[64], r16[64], rcv[64];
+            double la[3];
+            load_average(la);
+            for (int r = 0; r < n && r < 64; r++) {
+                t32[r] = timed(L, in32, &o32op, bw, &to32, &tdo32, &g32, ws, bytes, &rc);
+                t16[r] = timed(L, &in16, &o16op, bw, &to16, &tdo16, &g16, ws, bytes, &rc);
+                tcv[r] = timed(L, &in16, &ocv, bw, &to16, &tdo16, &g16, ws, bytes, &rc);
+                r16[r] = t32[r] / t16[r];
+                rcv[r] = tcv[r] / t16[r];
+            }
+            const int m = n < 64 ? n : 64;
+            qsort(t32, (size_t)m, sizeof t32[0], cmp_d);
+            qsort(t16, (size_t)m, sizeof t16[0], cmp_d);
+            qsort(tcv, (size_t)m, sizeof tcv[0], cmp_d);
+            qsort(r16, (size_t)m, sizeof r16[0], cmp_d);
+            qsort(rcv, (size_t)m, sizeof rcv[0], cmp_d);
+            double lb[3];
+            load_average(lb);
+            const char *what = bw ? "backward" : "forward chunked";
+            printf("bf16 %-15s %s: median %8.2f ms; f32 kernel (%s) on f32 inputs %8.2f ms, on bf16 inputs "
+                   "(converted) %8.2f ms\n",
+                   what, maskpack_isa_name(bf), t16[m / 2] * 1e3, maskpack_isa_name(f32_isa), t32[m / 2] * 1e3,
+                   tcv[m / 2] * 1e3);
+            printf("RESULT bf16 %s: %d pairs, median of per-pair ratios %.2fx vs the f32 kernel on f32 inputs "
+                   "(min %.2fx, max %.2fx; target >= 1.4x: %s), %.2fx vs it on bf16 inputs; load average %.2f %.2f "
+                   "%.2f before, %.2f %.2f %.2f after\n",
+                   what, m, r16[m / 2], r16[0], r16[m - 1], r16[m / 2] >= 1.4 ? "met" : "NOT met", rcv[m / 2], la[0],
+                   la[1], la[2], lb[0], lb[1], lb[2]);
+            free(ws);
+        }
+    }
+done:
+    free(bq), free(bk), free(bv), free(bg), free(bb), free(bdo);
+    free(o32), free(dq32), free(dk32), free(dv32), free(dg32), free(db32);
+    free(o16), free(dq16), free(dk16), free(dv16), free(dg16), free(db16);
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -229,7 +372,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (size_t i = 0; i < n_info && i < 32 && n_cfg < 14; i++) {
-        if (info[i].family != MASKPACK_KERNEL_GDN || !info[i].available || info[i].isa == best) continue;
+        /* (a kernel that takes bf16 only has its own rows below) */
+        if (info[i].family != MASKPACK_KERNEL_GDN || !info[i].available || info[i].isa == best ||
+            !(info[i].dtypes & (1u << MASKPACK_F32)))
+            continue;
         snprintf(names[n_cfg], sizeof names[0], "forward chunked %-6s", maskpack_isa_name(info[i].isa));
         cfg[n_cfg] = (bench_cfg){names[n_cfg], info[i].isa, 1, 0, 1};
         n_cfg++;
@@ -286,6 +432,7 @@ int main(int argc, char **argv) {
             printf("%s: median %8.2f ms  (workspace %.1f MiB)\n", cfg[c].name, med * 1e3, (double)bytes / 1048576.0);
         free(ws);
     }
+    if (run_bf16(L, &in, best, nt, runs, T, H, HV, K, V, q, k, v, g, b, dO)) rc = 1;
     /* the machine is shared: measure the peak again after the runs and keep the higher one, so
      * a busy moment during the first measurement cannot flatter the fraction */
     double peak_after = measure_peak(nt, 20000000, 5);

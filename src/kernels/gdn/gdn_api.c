@@ -24,8 +24,18 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
 /* ---- the kernel table ------------------------------------------------------------------------ */
 
 /* The rule's kernels: one per ISA, each the framework of gdn_kernel.inc over its micro-kernels
- * (GEMMs, exp, transpose, the chunk inverse). The rule has no AVX512-BF16 or AMX kernel: a request
- * for them runs the AVX-512 entry (mp_kernel_pick takes the best entry below). */
+ * (GEMMs, exp, transpose, the chunk inverse). The AVX512-BF16 entry's kernels are for bf16 inputs
+ * (their chunk products round the operands to bf16 and multiply them with VDPBF16PS); f32 (or
+ * mixed) inputs asking for it run the AVX-512 entry's kernels (kern_for: rounding f32 operands would
+ * lose what the caller gave), as attention's AVX512-BF16 entry runs f32 on AVX-512. AUTO does not pick it
+ * (auto_dtypes 0): on the Xeon it was measured on (family 6 model 207), VDPBF16PS retires one
+ * instruction per 2 cycles, 16 multiply-adds a cycle against the 32 of two f32 FMAs, and the
+ * kernel ran at 0.58x the f32 kernel's time ratio (docs/kernels.md); so AUTO runs bf16 inputs on
+ * the AVX-512 entry, converted to f32 on load, and the bf16 kernel is asked for by name (isa or
+ * MASKPACK_ISA=avx512_bf16, or amx: the rule has no AMX kernel, the best below runs). A CPU whose
+ * VDPBF16PS retires one per cycle would make it the faster one: then AUTO should take it for bf16
+ * (auto_dtypes MP_DT(MASKPACK_BF16)), once measured there. Its recurrent forward is the AVX-512
+ * one (no products to take in bf16). */
 #define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                           \
     {                                                                                                                  \
         {MASKPACK_KERNEL_GDN, ISA, "gdn/" #sfx, GDN_FLOAT_DTYPES, GDN_FLOAT_DTYPES}, gdn_ws_floats_fwd,                \
@@ -36,6 +46,20 @@ static const gdn_kernel GDN_KERNELS[] = {
     GDN_ENTRY(MASKPACK_ISA_REF, ref, NULL, NULL),
     GDN_ENTRY(MASKPACK_ISA_AVX2, avx2, gdn_transpose_avx2, gdn_expv_avx2),
     GDN_ENTRY(MASKPACK_ISA_AVX512, avx512, gdn_transpose_avx512, gdn_expv_avx512),
+    {{MASKPACK_KERNEL_GDN, MASKPACK_ISA_AVX512_BF16, "gdn/avx512_bf16", GDN_FLOAT_DTYPES, 0},
+     gdn_ws_floats_fwd_bf16,
+     gdn_ws_floats_bwd_bf16,
+     gdn_fwd_chunk_avx512bf16,
+     gdn_fwd_recurrent_avx512,
+     gdn_bwd_chunk_avx512bf16,
+     /* the table's GEMMs are the f32 ones: what f32 inputs run here, and what the context-parallel
+      * correction (src/distributed/cp_gdn.c) multiplies its f32 pieces with; the kernels' bf16
+      * products are compiled into their own tasks (gdn_gemm_x_avx512bf16, test_gdn_bf16.c) */
+     gdn_gemm_avx512,
+     gdn_gemm_x_avx512,
+     gdn_inv_lower_avx512,
+     gdn_transpose_avx512,
+     gdn_expv_avx512},
 };
 enum { N_GDN_KERNELS = sizeof GDN_KERNELS / sizeof GDN_KERNELS[0] };
 
@@ -69,6 +93,35 @@ static maskpack_status check_options(const maskpack_gdn_options *in, maskpack_gd
     s = mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_F32, o->isa, &i, err);
     if (s) return s;
     *kern = &GDN_KERNELS[i];
+    return MASKPACK_OK;
+}
+
+/* The dtype that chooses the kernel: bf16 when q, k and v (the operands of the chunk products) all
+ * are, else f32 (a bf16 kernel would round f32 operands). */
+static maskpack_dtype kernel_dtype(const gdn_problem *P) {
+    return P->q.dt == MASKPACK_BF16 && P->k.dt == MASKPACK_BF16 && P->v.dt == MASKPACK_BF16 ? MASKPACK_BF16
+                                                                                          : MASKPACK_F32;
+}
+
+/* (picked entry, dtype of the inputs) -> the entry whose kernels run them: the AVX-512 entry's for
+ * f32 inputs on the AVX512-BF16 entry (whose own kernels are for bf16), else the entry itself. */
+static const gdn_kernel *kern_for(const gdn_kernel *k, maskpack_dtype dt) {
+    if (k->desc.isa != MASKPACK_ISA_AVX512_BF16 || dt == MASKPACK_BF16) return k;
+    for (size_t i = 0; i < N_GDN_KERNELS; i++)
+        if (GDN_KERNELS[i].desc.isa == MASKPACK_ISA_AVX512) return &GDN_KERNELS[i];
+    return k;
+}
+
+/* (validated options, problem with its input views) -> *kern: the kernels for the inputs' dtype.
+ * check_options has picked with f32 already, so the request is known good: the pick cannot fail
+ * (both dtypes have the same entries). */
+static maskpack_status pick_for_inputs(const maskpack_gdn_options *o, const gdn_problem *P, const gdn_kernel **kern,
+                                       maskpack_error *err) {
+    size_t i;
+    const maskpack_dtype dt = kernel_dtype(P);
+    maskpack_status s = mp_kernel_pick(MASKPACK_KERNEL_GDN, dt, o->isa, &i, err);
+    if (s) return s;
+    *kern = kern_for(&GDN_KERNELS[i], dt);
     return MASKPACK_OK;
 }
 
@@ -267,6 +320,7 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
     if (s) return s;
     if ((s = check_inputs(layout, in, &o, &P, err))) return s;
     if ((s = check_slots(slots, &P, err))) return s;
+    if ((s = pick_for_inputs(&o, &P, &kern, err))) return s;
     const int bw = backward != 0;
     size_t b = 0, n_tasks;
     if (mp_mul_size(layout->n_segments, (size_t)task_heads(&P, bw, o.chunked), &n_tasks))
@@ -310,6 +364,7 @@ typedef struct gdn_exec {
     maskpack_workers *team; /* NULL: the caller, or a team started for the call (start_team) */
     int start_team;         /* 1: no team given; start one of n_threads for this call */
     const char *query;      /* the size query the messages name */
+    size_t need_min;        /* an operator's run: the workspace it asks for whatever the dtype (else 0) */
 } gdn_exec;
 
 /* Writes 0 to the pad rows of the call's outputs. */
@@ -338,6 +393,7 @@ static maskpack_status exec_call(const gdn_problem *P, const gdn_exec *X, void *
     size_t need = 0;
     maskpack_status s = ws_size(X->kern, P, X->backward, X->chunked, X->n_threads, own_tasks, &need, err);
     if (s) return s;
+    if (need < X->need_min) need = X->need_min;
     void *block, *owned;
     if ((s = mp_take_workspace(workspace, workspace_bytes, need, X->query, &block, &owned, err))) return s;
     mp_carve c = mp_carve_over(block);
@@ -434,7 +490,8 @@ static maskpack_status forward_call(const maskpack_layout *layout, const maskpac
     maskpack_status s = call_options(opts, team, on_team, &op, &kern, err);
     if (s) return s;
     if ((s = check_forward(layout, in, &op, o, final_state, &P, err))) return s;
-    gdn_exec X = {kern, 0, op.chunked, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size"};
+    if ((s = pick_for_inputs(&op, &P, &kern, err))) return s;
+    gdn_exec X = {kern, 0, op.chunked, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size", 0};
     return exec_call(&P, &X, workspace, workspace_bytes, err);
 }
 
@@ -462,7 +519,8 @@ static maskpack_status backward_call(const maskpack_layout *layout, const maskpa
     maskpack_status s = call_options(opts, team, on_team, &op, &kern, err);
     if (s) return s;
     if ((s = check_backward(layout, in, d_o, d_final_state, &op, grads, slots, &P, err))) return s;
-    gdn_exec X = {kern, 1, 1, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size"};
+    if ((s = pick_for_inputs(&op, &P, &kern, err))) return s;
+    gdn_exec X = {kern, 1, 1, op.n_threads, NULL, 0, team, !on_team, "maskpack_gdn_workspace_size", 0};
     return exec_call(&P, &X, workspace, workspace_bytes, err);
 }
 
@@ -498,7 +556,7 @@ struct maskpack_gdn_op {
     const maskpack_layout *L; /* the caller's; it outlives the op */
     gdn_problem dims;         /* H, HV, G, K, V, Kp, Vp, bwd_slots (no views) */
     maskpack_gdn_options opts;
-    const gdn_kernel *kern;
+    const gdn_kernel *kern, *kern_bf16; /* f32 inputs' and bf16 inputs' (see kernel_dtype) */
     task *fwd, *bwd; /* one allocation; bwd == fwd when both forms take key heads */
     size_t n_fwd, n_bwd;
     mp_op_ws ws; /* kept for the runs that bring no workspace */
@@ -513,6 +571,8 @@ maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H,
     const gdn_kernel *kern = NULL;
     maskpack_status s = check_options(opts, &op, &kern, err);
     if (s) return s;
+    size_t ib; /* bf16 inputs' entry, from the same (valid) request: see pick_for_inputs */
+    if ((s = mp_kernel_pick(MASKPACK_KERNEL_GDN, MASKPACK_BF16, op.isa, &ib, err))) return s;
     if (H < 1 || K < 1)
         return mp_fail(err, MASKPACK_ERR_SHAPE, "q", -1, -1,
                        "q: expected at least one head and a head dim >= 1 ([.., H, K]), found H = %lld, K = %lld",
@@ -550,7 +610,8 @@ maskpack_status maskpack_gdn_op_create(const maskpack_layout *layout, int64_t H,
     o->L = layout;
     o->dims = P;
     o->opts = op;
-    o->kern = kern;
+    o->kern = kern_for(kern, MASKPACK_F32);
+    o->kern_bf16 = &GDN_KERNELS[ib];
     o->fwd = mem;
     o->n_fwd = n_fwd;
     o->bwd = shared ? mem : mem + n_fwd;
@@ -570,12 +631,25 @@ void maskpack_gdn_op_free(maskpack_gdn_op *op) {
     free(op);
 }
 
+/* (op, problem dims, form) -> *bytes an operator's run takes: enough for the f32 inputs' kernel
+ * and the bf16 inputs' (the size query does not know the run's dtype), whatever the run's dtype,
+ * so that a workspace sized by the query serves every run and a smaller one fails every run. */
+static maskpack_status op_ws_size(const maskpack_gdn_op *op, const gdn_problem *P, int backward, size_t *bytes,
+                                  maskpack_error *err) {
+    const int chunked = backward ? 1 : op->opts.chunked;
+    size_t b32 = 0, b16 = 0;
+    maskpack_status s = ws_size(op->kern, P, backward, chunked, op->opts.n_threads, 0, &b32, err);
+    if (!s) s = ws_size(op->kern_bf16, P, backward, chunked, op->opts.n_threads, 0, &b16, err);
+    if (s) return s;
+    *bytes = b32 > b16 ? b32 : b16;
+    return MASKPACK_OK;
+}
+
 maskpack_status maskpack_gdn_op_workspace_size(const maskpack_gdn_op *op, int backward, size_t *bytes,
                                                maskpack_error *err) {
     MP_CHECK_NULL(err, op, "op");
     MP_CHECK_NULL(err, bytes, "bytes");
-    maskpack_status s =
-        ws_size(op->kern, &op->dims, backward != 0, op->opts.chunked, op->opts.n_threads, 0, bytes, err);
+    maskpack_status s = op_ws_size(op, &op->dims, backward != 0, bytes, err);
     return s ? s : mp_ok(err);
 }
 
@@ -600,7 +674,8 @@ static maskpack_status op_exec(maskpack_gdn_op *op, const gdn_problem *P, int ba
     if (nt > op->opts.n_threads)
         return mp_fail(err, MASKPACK_ERR_INVALID_ARGUMENT, "team", -1, -1,
                        "team: expected at most the op's %d threads (opts.n_threads), found %d", op->opts.n_threads, nt);
-    gdn_exec X = {op->kern,
+    const gdn_kernel *kern = kernel_dtype(P) == MASKPACK_BF16 ? op->kern_bf16 : op->kern;
+    gdn_exec X = {kern,
                   backward,
                   backward ? 1 : op->opts.chunked,
                   op->opts.n_threads,
@@ -608,12 +683,15 @@ static maskpack_status op_exec(maskpack_gdn_op *op, const gdn_problem *P, int ba
                   backward ? op->n_bwd : op->n_fwd,
                   team,
                   0,
-                  "maskpack_gdn_op_workspace_size"};
-    /* without a workspace: the op's own, grown to the largest run so far and kept */
+                  "maskpack_gdn_op_workspace_size",
+                  0};
+    /* the op's size whatever the dtype; without a workspace: the op's own, grown to the largest run
+     * so far and kept */
     size_t need = 0;
-    maskpack_status s;
-    if (!workspace && !workspace_bytes && (s = ws_size(op->kern, P, backward, X.chunked, X.n_threads, 0, &need, err)))
-        return s;
+    maskpack_status s = op_ws_size(op, P, backward, &need, err);
+    if (s) return s;
+    X.need_min = need;
+    if (workspace || workspace_bytes) need = 0;
     const int kept = mp_op_ws_take(&op->ws, need, &workspace, &workspace_bytes);
     s = exec_call(P, &X, workspace, workspace_bytes, err);
     if (kept) mp_op_ws_release(&op->ws);

@@ -388,6 +388,17 @@ static void avx_decay_rows(const float *Gc, const float *bv, const float *KK, co
     }
 }
 
+/* the row primitives the AVX512-BF16 build (gdn_avx512bf16.c) shares, as functions */
+void gdn_pf_drain_avx512(gdn_pf *pf, int count, int64_t rows) { pf_drain(pf, count, rows); }
+void gdn_stream_row_avx512(float *dst, const float *src, int64_t n, float mul) { avx_stream_row(dst, src, n, mul); }
+float gdn_load_l2_f32_avx512(float *dst, const float *src, int64_t n, int64_t np, int on) {
+    return avx_load_l2_f32(dst, src, n, np, on);
+}
+void gdn_decay_rows_avx512(const float *Gc, const float *bv, const float *KK, const float *QK, float *D, float *Lm,
+                           float *Pm, int64_t n, int64_t cn, int64_t ld) {
+    avx_decay_rows(Gc, bv, KK, QK, D, Lm, Pm, n, cn, ld);
+}
+
 #define K_HAVE_LOAD_L2    1
 #define k_load_l2_f32     avx_load_l2_f32
 #define K_HAVE_DECAY_ROWS 1

@@ -70,11 +70,18 @@ typedef struct gdn_pf {
     const float *st_src;
     int64_t st_n, st_next, st_len, st_ldd, st_lds;
     float st_mul;
+    /* The bf16 build's packing area (gdn_avx512bf16.c): the two operands of one product as bf16
+     * pairs, pk_words 32-bit words carved from the thread's workspace; NULL in the f32 builds. */
+    uint32_t *pk;
+    int64_t pk_words;
 } gdn_pf;
 
-/* Floats of per-thread workspace: forward (chunked or recurrent) and backward. */
+/* Floats of per-thread workspace: forward (chunked or recurrent) and backward; the _bf16 ones add
+ * the bf16 build's packing area. */
 size_t gdn_ws_floats_fwd(const gdn_problem *P, int chunked);
 size_t gdn_ws_floats_bwd(const gdn_problem *P);
+size_t gdn_ws_floats_fwd_bf16(const gdn_problem *P, int chunked);
+size_t gdn_ws_floats_bwd_bf16(const gdn_problem *P);
 
 /* Tasks. Chunked forward and backward: one segment and one key head (its G value heads);
  * recurrent forward: one segment and one value head. ws: aligned per-thread workspace. */
@@ -89,6 +96,10 @@ void gdn_bwd_chunk_avx512(const gdn_problem *P, size_t seg, int64_t kh, float *w
 void gdn_fwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 void gdn_fwd_recurrent_avx2(const gdn_problem *P, size_t seg, int64_t hv, float *ws);
 void gdn_bwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+/* The AVX512-BF16 build (gdn_avx512bf16.c): the chunked forms with bf16 chunk products; its
+ * recurrent forward is the AVX-512 one (no products to take in bf16). */
+void gdn_fwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_bwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 
 /* Primitive tests hook (used by tests/c/test_gdn.c through the static library). */
 void gdn_gemm_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -109,6 +120,21 @@ void gdn_expv_avx512(float *x, int64_t n);
 void gdn_inv_lower_ref(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
 void gdn_inv_lower_avx512(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
 void gdn_inv_lower_avx2(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld);
+/* The AVX512-BF16 build's products: gdn_gemm_x_avx512 with every operand rounded to bf16 (to
+ * nearest even) and f32 accumulation (VDPBF16PS over pairs along kd). Without pf->pk (pf NULL: the
+ * tests) the packing area is allocated per call. */
+void gdn_gemm_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, float *C, int64_t ldc, unsigned flags);
+void gdn_gemm_x_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf,
+                           const float *Cin, float cs);
+/* The AVX-512 build's row primitives, exported for the AVX512-BF16 build, which shares them (see
+ * gdn_avx512.c: pf_drain, avx_stream_row, avx_load_l2_f32, avx_decay_rows). */
+void gdn_pf_drain_avx512(gdn_pf *pf, int count, int64_t rows);
+void gdn_stream_row_avx512(float *dst, const float *src, int64_t n, float mul);
+float gdn_load_l2_f32_avx512(float *dst, const float *src, int64_t n, int64_t np, int on);
+void gdn_decay_rows_avx512(const float *Gc, const float *bv, const float *KK, const float *QK, float *D, float *Lm,
+                           float *Pm, int64_t n, int64_t cn, int64_t ld);
 /* The same primitives of the AVX2 + FMA build (gdn_avx2.c). */
 void gdn_gemm_avx2(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                    int64_t ldb, float *C, int64_t ldc, unsigned flags);
