@@ -30,7 +30,7 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
  * lose what the caller gave), as attention's AVX512-BF16 entry runs f32 on AVX-512. AUTO does not pick it
  * (auto_dtypes 0): on the Xeon it was measured on (family 6 model 207), VDPBF16PS retires one
  * instruction per 2 cycles, 16 multiply-adds a cycle against the 32 of two f32 FMAs, and the
- * kernel ran at 0.58x the f32 kernel's time ratio (docs/kernels.md); so AUTO runs bf16 inputs on
+ * kernel ran at about 0.6x the f32 kernel's speed (docs/kernels.md); so AUTO runs bf16 inputs on
  * the AVX-512 entry, converted to f32 on load, and the bf16 kernel is asked for by name (isa or
  * MASKPACK_ISA=avx512_bf16, or amx: the rule has no AMX kernel, the best below runs). A CPU whose
  * VDPBF16PS retires one per cycle would make it the faster one: then AUTO should take it for bf16
