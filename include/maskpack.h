@@ -1059,7 +1059,8 @@ MASKPACK_API maskpack_status maskpack_cp_attention_backward_on(
  * REF; amx and avx512_bf16 run the AVX-512 kernel, the rule having no kernel of theirs;
  * maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, isa) says which). The causal conv1d
  * takes its ISA per call through its maskpack_kernel_options: portable loops for REF, AVX2 + FMA
- * rows otherwise (f32 tensors with contiguous channels). */
+ * rows otherwise (f32 or bf16 tensors with contiguous channels; bf16 rows widened on load and
+ * rounded to nearest even on store, so bf16 gives the f32 rows' result rounded, bit for bit). */
 
 #define MASKPACK_GDN_CHUNK    64   /* chunk length of the chunked form (chunks start at each segment start) */
 #define MASKPACK_GDN_MAX_CONV 4    /* largest conv kernel */

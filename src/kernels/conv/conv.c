@@ -4,8 +4,11 @@
  * thread owns its channels' dweight, so no reduction across threads).
  * The conv's kernel table (CONV_KERNELS) has the portable loops (REF) and rows of 8-lane AVX2 + FMA
  * vectors (AVX2), which also serve AVX-512 requests (every AVX-512 CPU has AVX2; the conv is
- * memory-bound, wider vectors would not pay); the rows run when x and y (dy, dx) are f32 with
- * contiguous channels. */
+ * memory-bound, wider vectors would not pay); the rows run when x and y (dy, dx) are f32 or bf16
+ * with contiguous channels. A bf16 row is widened to f32 on load (exact) and an f32 result rounded
+ * to bf16 (nearest even, as mp_f32_to_bf16) on store, around the very f32 rows: every product and
+ * sum is the f32 kernel's, so a bf16 result is bit for bit the f32 kernel's on the widened inputs,
+ * rounded. */
 #include "../gdn/gdn_common.h"
 #include "../kernel_table.h"
 
@@ -22,7 +25,7 @@ typedef struct conv_job {
     float *dweight; /* [C][W] f32 (contiguous, owned by the caller of the job) */
     int64_t C, W;
     int silu;
-    int vec; /* 1: the AVX2 rows (f32 tensors with contiguous channels, see conv_vec_ok) */
+    int vec; /* 1: the AVX2 rows (f32 or bf16 tensors with contiguous channels, see conv_vec_ok) */
     int64_t c0, c1;
 } conv_job;
 
@@ -129,11 +132,64 @@ static void conv_dx_row_avx2(const float wt[MASKPACK_GDN_MAX_CONV][CONV_CB],
     }
 }
 
+/* (bf16 src[n]) -> f32 dst[n]: the exact widening (the bits shifted up), 8 lanes at a time, the
+ * tail as mp_bf16_to_f32 */
+static void conv_widen_avx2(const uint16_t *src, int64_t n, float *dst) {
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + c)));
+        _mm256_storeu_ps(dst + c, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; c < n; c++) dst[c] = mp_bf16_to_f32(src[c]);
+}
+
+/* (f32 src[n]) -> bf16 dst[n] rounded to nearest even with NaN kept quiet: mp_f32_to_bf16's bits,
+ * 8 lanes at a time (the tail by mp_f32_to_bf16 itself) */
+static void conv_narrow_avx2(const float *src, int64_t n, uint16_t *dst) {
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256 f = _mm256_loadu_ps(src + c);
+        const __m256i u = _mm256_castps_si256(f), hi = _mm256_srli_epi32(u, 16);
+        /* (u + 0x7fff + lsb) >> 16 wraps as the scalar uint32 sum does (only for NaNs, replaced below) */
+        const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+        const __m256i v = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        /* the 8 lanes (each < 2^16) packed to 16 bits: packus works per 128-bit half, the permute
+         * brings both halves' results into the low 128 bits */
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0xD8);
+        _mm_storeu_si128((__m128i *)(dst + c), _mm256_castsi256_si128(p));
+    }
+    for (; c < n; c++) dst[c] = mp_f32_to_bf16(src[c]);
+}
+
 #include "../isa/target_pop.h"
+
+/* (view, element offset of a row, nb, scratch[CONV_CB]) -> the row's nb channels as f32: the
+ * tensor's own memory for f32, else the bf16 row widened into scratch */
+static inline const float *conv_row_in(const mp_token_view *v, int64_t off, int64_t nb, float *scratch) {
+    if (v->dt == MASKPACK_F32) return (const float *)v->base + off;
+    conv_widen_avx2((const uint16_t *)v->base + off, nb, scratch);
+    return scratch;
+}
+
+/* (view, element offset of a row, scratch[CONV_CB]) -> where the f32 row kernel writes the row: the
+ * tensor itself for f32, else scratch (conv_row_out_done then rounds it into the tensor) */
+static inline float *conv_row_out(const mp_token_view *v, int64_t off, float *scratch) {
+    return v->dt == MASKPACK_F32 ? (float *)v->base + off : scratch;
+}
+
+/* (view, element offset of a row, nb, scratch[CONV_CB]) -> the row in scratch rounded to the bf16
+ * tensor; nothing for f32 (the kernel wrote it in place) */
+static inline void conv_row_out_done(const mp_token_view *v, int64_t off, int64_t nb, const float *scratch) {
+    if (v->dt != MASKPACK_F32) conv_narrow_avx2(scratch, nb, (uint16_t *)v->base + off);
+}
 #endif
 
-/* Whether a view can take the AVX2 rows: f32 with contiguous channels (or absent). */
-static int conv_vec_ok(const mp_token_view *v) { return !v->base || (v->dt == MASKPACK_F32 && v->s_h == 1); }
+/* Whether a view can take the AVX2 rows: f32 or bf16 with contiguous channels (or absent). */
+static int conv_vec_ok(const mp_token_view *v) {
+    return !v->base || ((v->dt == MASKPACK_F32 || v->dt == MASKPACK_BF16) && v->s_h == 1);
+}
 
 static void load_weights(const maskpack_tensor *w, int64_t c0, int64_t nb, int64_t W,
                          float wt[MASKPACK_GDN_MAX_CONV][CONV_CB]) {
@@ -146,6 +202,9 @@ static void conv_forward_job(const conv_job *J) {
     const maskpack_layout *L = J->L;
     const int64_t W = J->W;
     float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], out[CONV_CB];
+#ifdef CONV_HAVE_AVX2
+    float xin[CONV_CB]; /* a bf16 x row widened for the vector rows */
+#endif
     /* the vector rows read whole 8-lane groups: lanes past nb must hold numbers */
     memset(wt, 0, sizeof wt);
     memset(win, 0, sizeof win);
@@ -171,8 +230,10 @@ static void conv_forward_job(const conv_job *J) {
                 }
 #ifdef CONV_HAVE_AVX2
                 if (J->vec) {
-                    conv_fwd_row_avx2((const float(*)[CONV_CB])wt, win, W, nb, (const float *)J->x.base + xo,
-                                      (float *)J->y.base + yo, J->silu);
+                    float *yr = conv_row_out(&J->y, yo, out);
+                    conv_fwd_row_avx2((const float(*)[CONV_CB])wt, win, W, nb, conv_row_in(&J->x, xo, nb, xin), yr,
+                                      J->silu);
+                    conv_row_out_done(&J->y, yo, nb, yr);
                     for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
                     continue;
                 }
@@ -204,6 +265,9 @@ static void conv_backward_job(const conv_job *J) {
     const int64_t W = J->W;
     float wt[MASKPACK_GDN_MAX_CONV][CONV_CB], win[MASKPACK_GDN_MAX_CONV][CONV_CB], dp[MASKPACK_GDN_MAX_CONV][CONV_CB];
     double dw[MASKPACK_GDN_MAX_CONV][CONV_CB];
+#ifdef CONV_HAVE_AVX2
+    float rowbuf[CONV_CB]; /* a bf16 dy row widened, or a dx row before its rounding, for the vector rows */
+#endif
     /* the vector rows read whole 8-lane groups: lanes past nb must hold numbers */
     memset(wt, 0, sizeof wt);
     memset(win, 0, sizeof win);
@@ -237,15 +301,18 @@ static void conv_backward_job(const conv_job *J) {
                                     nb, 1);
                     }
 #ifdef CONV_HAVE_AVX2
-                    if (J->vec)
-                        memcpy(win[W - 1], (const float *)J->x.base + xo, (size_t)nb * sizeof(float));
-                    else
+                    if (J->vec) {
+                        if (J->x.dt == MASKPACK_F32)
+                            memcpy(win[W - 1], (const float *)J->x.base + xo, (size_t)nb * sizeof(float));
+                        else
+                            conv_widen_avx2((const uint16_t *)J->x.base + xo, nb, win[W - 1]);
+                    } else
 #endif
                         for (int64_t c = 0; c < nb; c++) win[W - 1][c] = gdn_get(J->x.dt, J->x.base, xo + c * J->x.s_h);
 #ifdef CONV_HAVE_AVX2
                     if (J->vec)
                         conv_bwd_row_avx2((const float(*)[CONV_CB])wt, (const float(*)[CONV_CB])win, dp[0], dw, W, nb,
-                                          (const float *)J->dy.base + yo, J->silu);
+                                          conv_row_in(&J->dy, yo, nb, rowbuf), J->silu);
                     else
 #endif
                         for (int64_t c = 0; c < nb; c++) {
@@ -268,8 +335,10 @@ static void conv_backward_job(const conv_job *J) {
                     /* the common case: no state gradient term, a dx row (or none) */
                     if (J->dx.base) {
                         const int64_t col = g->q_start + t - (W - 1);
-                        conv_dx_row_avx2((const float(*)[CONV_CB])wt, (const float(*)[CONV_CB])dp, W, nb,
-                                         (float *)J->dx.base + row * J->dx.s_row + col * J->dx.s_col + c0);
+                        const int64_t dxo = row * J->dx.s_row + col * J->dx.s_col + c0;
+                        float *dxr = conv_row_out(&J->dx, dxo, rowbuf);
+                        conv_dx_row_avx2((const float(*)[CONV_CB])wt, (const float(*)[CONV_CB])dp, W, nb, dxr);
+                        conv_row_out_done(&J->dx, dxo, nb, dxr);
                     }
                     for (int64_t k = 0; k + 1 < W; k++) memcpy(win[k], win[k + 1], (size_t)nb * sizeof(float));
                     continue;
@@ -342,10 +411,13 @@ static void conv_run(const conv_job *proto, int backward, int n_threads, maskpac
     mp_parallel_for(start_team ? NULL : team, start_team ? n_ranges : 1, n_ranges, conv_range, &S);
 }
 
-/* The conv's kernel table: the portable loops and the AVX2 rows (vec). */
+/* The conv's kernel table: the portable loops and the AVX2 rows (vec). Both take f32 and bf16
+ * natively: the AVX2 rows read and write bf16 rows themselves (widened on load, rounded on store
+ * around the f32 arithmetic), so AUTO picks them for bf16 as for f32. */
 typedef struct conv_kernel {
     mp_kernel_desc desc;
-    int vec; /* 1: the AVX2 rows where the tensors allow (conv_vec_ok), else the portable loops */
+    int vec; /* 1: the AVX2 rows where the tensors allow (conv_vec_ok: f32 or bf16, contiguous
+              * channels), else the portable loops */
 } conv_kernel;
 
 static const conv_kernel CONV_KERNELS[] = {
