@@ -15,7 +15,7 @@
  * The shapes (S tokens of one sequence, H heads of D; item [3]'s documents, packed) default to
  * bench/shapes.json's table "attention", built into bench_shapes.h; the torch co-process is given the
  * same options, so both sides always measure one shape.
- * --only LIST (item numbers 1..6, comma-separated) measures just those items, so one figure can be
+ * --only LIST (item numbers 1..7, comma-separated) measures just those items, so one figure can be
  * measured again without the whole run; the others print "skipped". Item [5] also prints the
  * arithmetic bound of its 1.3x target: the fraction of the measured FMA peak we would need. Item [6]
  * runs every kernel of the attention table this CPU runs (maskpack_kernel_list), for information.
@@ -330,14 +330,14 @@ static void torch_stop(torch_proc *tp) {
 
 /* ---- report ------------------------------------------------------------------------------------- */
 
-/* "1,5" -> bit i set for each item i in 1..6; 0 for anything else (empty, out of range, junk). */
+/* "1,5" -> bit i set for each item i in 1..7; 0 for anything else (empty, out of range, junk). */
 static unsigned parse_only(const char *list) {
     unsigned m = 0;
     const char *p = list;
     for (;;) {
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 6) return 0;
+        if (end == p || v < 1 || v > 7) return 0;
         m |= 1u << v;
         if (*end == 0) return m;
         if (*end != ',') return 0;
@@ -385,7 +385,7 @@ static void verdict(int measured, int met) {
 /* What the command line sets (the shapes' defaults: bench/shapes.json's table "attention"). */
 typedef struct settings {
     int threads, reps, quick, use_torch, only_given;
-    unsigned only; /* bits 1..6: the items to measure */
+    unsigned only; /* bits 1..7: the items to measure */
     const char *python, *script;
     int64_t S, H, D, ndoc, docs[MAX_DOCS];
 } settings;
@@ -424,7 +424,7 @@ static int parse_args(const char *where, int argc, const char *const *argv, sett
         } else {
             fprintf(stderr,
                     "usage: bench_attention [--threads N] [--reps N] [--quick] [--no-torch] [--python P] [--script S] "
-                    "[--only LIST (items 1..6, e.g. 1,5)] [--seq S] [--heads H] [--head-dim D] [--docs L,L,...]%s\n",
+                    "[--only LIST (items 1..7, e.g. 1,5)] [--seq S] [--heads H] [--head-dim D] [--docs L,L,...]%s\n",
                     where);
             return -1;
         }
@@ -441,7 +441,7 @@ int main(int argc, char **argv) {
                   0,
                   1,
                   0,
-                  0x7e,
+                  0xfe,
                   MASKPACK_SOURCE_ROOT "/.venv/bin/python",
                   MASKPACK_SOURCE_ROOT "/bench/attention/bench_attention_torch.py",
                   0,
@@ -489,7 +489,7 @@ int main(int argc, char **argv) {
 #define WANT(item) ((only >> (item)) & 1u)
     torch_proc tp = {0};
     /* every item may ask torch except [4] without AMX (ours against ours only) */
-    if (use_torch && (WANT(1) || WANT(2) || WANT(3) || WANT(5) || (WANT(4) && isa16 == MASKPACK_ISA_AMX))) {
+    if (use_torch && (WANT(1) || WANT(2) || WANT(3) || WANT(5) || WANT(7) || (WANT(4) && isa16 == MASKPACK_ISA_AMX))) {
         printf("torch baselines: %s %s --serve --threads %d", python, script, threads);
         for (int i = 0; shape_args[i]; i++) printf(" %s", shape_args[i]);
         printf(", one run per request, alternating with ours\n");
@@ -666,6 +666,66 @@ int main(int argc, char **argv) {
             free_problem(&pa);
         }
     }
+
+    /* 7. bf16 training (issue #37): forward + backward in bf16, no mask and causal, the automatic
+     * choice against torch's bf16 SDPA forward + backward (alternating), and the AVX512-BF16 kernels by
+     * name (bf16 pairs in every product) against the automatic choice where the CPU has them. Targets:
+     * >= 1.5x torch with AMX, >= 1.2x with AVX512-BF16 (the better of the two runs). The fraction of
+     * peak is of the measured f32 FMA peak for a run that widens bf16 to f32 and of the measured
+     * VDPBF16PS peak for the bf16 dot-product kernels. */
+    if (!WANT(7)) {
+        skipped(7);
+    } else {
+        maskpack_isa byname;
+        const int has_dots = maskpack_isa_resolve(MASKPACK_KERNEL_ATTENTION, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16,
+                                                  &byname, &e) == MASKPACK_OK &&
+                             byname == MASKPACK_ISA_AVX512_BF16;
+        const double peak16 = has_dots ? bench_bf16dot_peak(threads, 500 * 1000, 25) : 0.0;
+        update_peak(&peak, threads);
+        printf("\n[7] bf16 forward + backward, S=%lld D=%lld batch*heads=%lld (automatic choice: %s)\n", (long long)S,
+               (long long)D, (long long)H, maskpack_isa_name(isa16));
+        if (has_dots)
+            printf("  bf16 dot-product peak (register-resident VDPBF16PS loop on %d threads): %.1f GFLOP/s = %.2fx the "
+                   "f32 FMA peak (%.1f)\n",
+                   threads, peak16, peak16 / peak, peak);
+        for (int causal = 0; causal <= 1; causal++) {
+            problem p16, p16n;
+            if (make_problem(&p16, one, 1, causal, H, D, MASKPACK_BF16, threads, 1)) return 1;
+            side ours16 = {run_ours, &p16, threads, 1, NULL, NULL};
+            torch_side.name = causal ? "sdpa_fwd_bwd_causal_bf16" : "sdpa_fwd_bwd_nomask_bf16";
+            paired_result r7 = paired(&ours16, 1, &torch_side, 1, reps);
+            const double fl = 3.5 * flops_full * (causal ? (S + 1) / (2.0 * S) : 1.0), gf = fl / r7.a / 1e9;
+            const int amx = isa16 == MASKPACK_ISA_AMX;
+            printf("  %s: ours %.2f ms, %.1f GFLOP/s = %.1f%% of the %s peak; torch SDPA bf16 fwd+bwd %.2f ms -> %.2fx "
+                   "torch\n",
+                   causal ? "causal " : "no mask", r7.a * 1e3, gf, 100 * gf / (amx ? peak16 : peak),
+                   amx ? "VDPBF16PS (AMX forward: tiles)" : "f32 FMA", r7.b * 1e3, r7.ratio);
+            double best = r7.ratio;
+            if (has_dots) {
+                if (make_problem(&p16n, one, 1, causal, H, D, MASKPACK_BF16, threads, 1)) return 1;
+                p16n.isa = MASKPACK_ISA_AVX512_BF16;
+                side byn = {run_ours, &p16n, threads, 1, NULL, NULL};
+                paired_result rn = paired(&byn, 1, &ours16, 1, reps);
+                const double gfn = fl / rn.a / 1e9;
+                printf("           AVX512-BF16 kernels by name: %.2f ms, %.2fx the automatic choice's speed, %.1f "
+                       "GFLOP/s = "
+                       "%.1f%% of the VDPBF16PS peak -> %.2fx torch (ratio of the medians)\n",
+                       rn.a * 1e3, rn.ratio, gfn, 100 * gfn / peak16, r7.b / rn.a);
+                if (r7.b / rn.a > best) best = r7.b / rn.a;
+                free_problem(&p16n);
+            }
+            if (amx) {
+                printf("  target >= 1.5x torch (AMX)\n");
+                verdict(!isnan(r7.ratio), r7.ratio >= 1.5);
+            } else if (has_dots) {
+                printf("  target >= 1.2x torch (AVX512-BF16): best of the two %.2fx\n", best);
+                verdict(!isnan(best), best >= 1.2);
+            } else {
+                printf("  target not measurable: this CPU has neither AMX nor AVX512-BF16 (bf16 runs widened)\n");
+            }
+            free_problem(&p16);
+        }
+    }
     free_problem(&pn);
     torch_stop(&tp);
 
@@ -678,7 +738,7 @@ int main(int argc, char **argv) {
     }
     if (only_given)
         printf("\n%d of %d targets met, %d items skipped (load average at the end: %s)\n", n_met, n_targets,
-               6 - __builtin_popcount(only), load);
+               7 - __builtin_popcount(only), load);
     else
         printf("\n%d of %d targets met (load average at the end: %s)\n", n_met, n_targets, load);
     return 0;

@@ -54,6 +54,18 @@ def measurements(S, H, D, docs):
         o.backward(dout)
         qg.grad = kg.grad = vg.grad = None
 
+    # bf16 training: forward + backward on bf16 leaves (what a bf16 model's attention does)
+    qh, kh, vh = (x.bfloat16().requires_grad_(True) for x in (q, k, v))
+    douth = dout.bfloat16()
+
+    def fwd_bwd_bf16(causal):
+        def run():
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+            o.backward(douth)
+            qh.grad = kh.grad = vh.grad = None
+
+        return run
+
     # the documents packed into one stream, causal inside each: the dense block-diagonal mask
     T, n_docs = sum(docs), len(docs)
     seg = torch.repeat_interleave(torch.arange(n_docs), torch.tensor(docs))
@@ -66,6 +78,8 @@ def measurements(S, H, D, docs):
         "sdpa_fwd_causal": no_grad(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         "sdpa_fwd_nomask_bf16": no_grad(lambda: F.scaled_dot_product_attention(qb, kb, vb)),
         "sdpa_fwd_bwd_nomask": fwd_bwd,
+        "sdpa_fwd_bwd_nomask_bf16": fwd_bwd_bf16(False),
+        "sdpa_fwd_bwd_causal_bf16": fwd_bwd_bf16(True),
         packed_name(docs): no_grad(lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)),
     }
 

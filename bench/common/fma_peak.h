@@ -26,9 +26,10 @@ __attribute__((target("avx512f"))) static float bench_fma_loop(long iters) {
     for (long it = 0; it < iters; it++) {
 #define BENCH_FMA_(a) a = _mm512_fmadd_ps(a, m, c);
         BENCH_FMA_(a0)
-        BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7)
-            BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11) BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2)
-                BENCH_FMA_(b3) BENCH_FMA_(b4) BENCH_FMA_(b5) BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9)
+        BENCH_FMA_(a1)
+        BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8)
+            BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11) BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2) BENCH_FMA_(b3)
+                BENCH_FMA_(b4) BENCH_FMA_(b5) BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9)
                     BENCH_FMA_(b10) BENCH_FMA_(b11)
 #undef BENCH_FMA_
                         __asm__ volatile(""
@@ -55,8 +56,9 @@ __attribute__((target("avx2,fma"))) static float bench_fma_loop_avx2(long iters)
     for (long it = 0; it < iters; it++) {
 #define BENCH_FMA_(a) a = _mm256_fmadd_ps(a, m, c);
         BENCH_FMA_(a0)
-        BENCH_FMA_(a1) BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7)
-            BENCH_FMA_(a8) BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
+        BENCH_FMA_(a1)
+        BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8)
+            BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11)
 #undef BENCH_FMA_
                 __asm__ volatile(""
                                  : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
@@ -70,13 +72,46 @@ __attribute__((target("avx2,fma"))) static float bench_fma_loop_avx2(long iters)
     return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
 }
 #define BENCH_FLOP_PER_ITER_AVX2 (12.0 * 8.0 * 2.0)
+
+/* The bf16 dot-product peak: the same 24 register chains of VDPBF16PS (32 bf16 multiply-adds into
+ * 16 f32 lanes each), what the bf16 kernels on AVX512-BF16 are measured against. */
+__attribute__((target("avx512f,avx512bf16"))) static float bench_bf16dot_loop(long iters) {
+    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
+           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0,
+           b10 = a0, b11 = a0;
+    const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380); /* 1, 6e-8 */
+    for (long it = 0; it < iters; it++) {
+#define BENCH_DOT_(a) a = _mm512_dpbf16_ps(a, m, c);
+        BENCH_DOT_(a0)
+        BENCH_DOT_(a1)
+        BENCH_DOT_(a2) BENCH_DOT_(a3) BENCH_DOT_(a4) BENCH_DOT_(a5) BENCH_DOT_(a6) BENCH_DOT_(a7) BENCH_DOT_(a8)
+            BENCH_DOT_(a9) BENCH_DOT_(a10) BENCH_DOT_(a11) BENCH_DOT_(b0) BENCH_DOT_(b1) BENCH_DOT_(b2) BENCH_DOT_(b3)
+                BENCH_DOT_(b4) BENCH_DOT_(b5) BENCH_DOT_(b6) BENCH_DOT_(b7) BENCH_DOT_(b8) BENCH_DOT_(b9)
+                    BENCH_DOT_(b10) BENCH_DOT_(b11)
+#undef BENCH_DOT_
+                        __asm__ volatile(""
+                                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+        __asm__ volatile(""
+                         : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7), "+v"(b8),
+                           "+v"(b9), "+v"(b10), "+v"(b11));
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
+    return _mm512_reduce_add_ps(s);
+}
+#define BENCH_FLOP_PER_ITER_BF16 (24.0 * 32.0 * 2.0)
 #endif
 
 enum { BENCH_PEAK_MAX_THREADS = 64, BENCH_PEAK_MAX_BURSTS = 64 };
 
 typedef struct {
     long iters;
-    int bursts, tid, avx2; /* avx2: run the AVX2 loop (no AVX-512) */
+    int bursts, tid, avx2; /* avx2: 1 runs the AVX2 loop (no AVX-512), 2 the bf16 dot-product loop */
     float sink;
     pthread_barrier_t *bar;
     double *t_start, *t_end; /* per burst, written by thread 0 */
@@ -94,7 +129,9 @@ static void *bench_peak_thread(void *p) {
         pthread_barrier_wait(a->bar);
         if (a->tid == 0) a->t_start[b] = bench_peak_now();
 #ifdef BENCH_HAVE_AVX512_PEAK
-        a->sink += a->avx2 ? bench_fma_loop_avx2(a->iters) : bench_fma_loop(a->iters);
+        a->sink += a->avx2 == 2 ? bench_bf16dot_loop(a->iters)
+                   : a->avx2    ? bench_fma_loop_avx2(a->iters)
+                                : bench_fma_loop(a->iters);
 #endif
         pthread_barrier_wait(a->bar);
         if (a->tid == 0) a->t_end[b] = bench_peak_now();
@@ -102,13 +139,9 @@ static void *bench_peak_thread(void *p) {
     return NULL;
 }
 
-/* (threads, loop iterations per burst, bursts) -> the best burst's fp32 GFLOP/s over all threads,
- * on AVX-512 or else AVX2 + FMA; 0 without either. */
-static double bench_fma_peak(int threads, long iters, int bursts) {
-#ifdef BENCH_HAVE_AVX512_PEAK
-    __builtin_cpu_init();
-    const int avx2 = !__builtin_cpu_supports("avx512f");
-    if (avx2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
+/* (threads, iters, bursts, kind: 0 AVX-512 FMA, 1 AVX2 FMA, 2 VDPBF16PS) -> the best burst's GFLOP/s over
+ * all threads. */
+static double bench_peak_run(int threads, long iters, int bursts, int kind) {
     if (threads < 1) threads = 1;
     if (threads > BENCH_PEAK_MAX_THREADS) threads = BENCH_PEAK_MAX_THREADS;
     if (bursts < 1) bursts = 1;
@@ -119,19 +152,48 @@ static double bench_fma_peak(int threads, long iters, int bursts) {
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)threads);
     for (int t = 0; t < threads; t++) {
-        args[t] = (bench_peak_arg){iters, bursts, t, avx2, 0.0f, &bar, t0, t1};
+        args[t] = (bench_peak_arg){iters, bursts, t, kind, 0.0f, &bar, t0, t1};
         if (t) pthread_create(&th[t], NULL, bench_peak_thread, &args[t]);
     }
     bench_peak_thread(&args[0]);
     for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
     pthread_barrier_destroy(&bar);
     double best = 0;
+#ifdef BENCH_HAVE_AVX512_PEAK
+    const double per = kind == 2   ? BENCH_FLOP_PER_ITER_BF16
+                       : kind == 1 ? BENCH_FLOP_PER_ITER_AVX2
+                                   : BENCH_FLOP_PER_ITER;
     for (int b = 0; b < bursts; b++) {
-        double gf =
-            (avx2 ? BENCH_FLOP_PER_ITER_AVX2 : BENCH_FLOP_PER_ITER) * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
+        double gf = per * (double)iters * threads / (t1[b] - t0[b]) / 1e9;
         if (gf > best) best = gf;
     }
+#endif
     return best;
+}
+
+/* (threads, loop iterations per burst, bursts) -> the best burst's fp32 GFLOP/s over all threads,
+ * on AVX-512 or else AVX2 + FMA; 0 without either. */
+static double bench_fma_peak(int threads, long iters, int bursts) {
+#ifdef BENCH_HAVE_AVX512_PEAK
+    __builtin_cpu_init();
+    const int avx2 = !__builtin_cpu_supports("avx512f");
+    if (avx2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0.0;
+    return bench_peak_run(threads, iters, bursts, avx2);
+#else
+    (void)threads;
+    (void)iters;
+    (void)bursts;
+    return 0.0;
+#endif
+}
+
+/* (threads, loop iterations per burst, bursts) -> the best burst's bf16 dot-product GFLOP/s
+ * (VDPBF16PS) over all threads; 0 on a CPU without AVX512-BF16. */
+static __attribute__((unused)) double bench_bf16dot_peak(int threads, long iters, int bursts) {
+#ifdef BENCH_HAVE_AVX512_PEAK
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+    return bench_peak_run(threads, iters, bursts, 2);
 #else
     (void)threads;
     (void)iters;

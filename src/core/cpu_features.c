@@ -35,9 +35,13 @@ static uint64_t os_saved_state(unsigned leaf1_ecx) { return (leaf1_ecx & (1u << 
 /* Each cpuid traps to the hypervisor on a VM (5-9 us each, measured), so this asks each leaf once:
  * leaf 0 (the highest leaf, since leaf 7 is garbage where it does not exist), 1, 7.0 and, only when
  * AVX-512 is there, 7.1. */
+static int vendor_amd = 0; /* written once, inside features_once, with the features */
+
 static unsigned detect_features(void) {
     unsigned a, b, c, d;
     const unsigned max_leaf = __get_cpuid_max(0, 0);
+    __cpuid(0, a, b, c, d);
+    vendor_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
     if (max_leaf < 7) return 0;
     __cpuid_count(1, 0, a, b, c, d);
     if (!(c & (1u << 12))) return 0; /* FMA: both vector paths need it */
@@ -100,6 +104,11 @@ static void amx_request(void) {
 #endif
 }
 
+int mp_cpu_bf16_dots_fast(void) {
+    const unsigned f = mp_cpu_features(); /* runs features_once, which sets vendor_amd */
+    return (f & MP_CPU_AVX512BF16) && vendor_amd;
+}
+
 int mp_cpu_has_amx(void) {
     pthread_once(&amx_once, amx_request);
 #if defined(MASKPACK_EMULATE_AMX)
@@ -115,6 +124,7 @@ int mp_cpu_has_amx(void) {
 
 unsigned mp_cpu_features(void) { return 0; }
 int mp_cpu_has_amx(void) { return 0; }
+int mp_cpu_bf16_dots_fast(void) { return 0; }
 
 #endif
 

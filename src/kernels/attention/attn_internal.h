@@ -231,6 +231,13 @@ void attn_avx2_bwd_tail_reduce(void *job, int tid);
 
 size_t attn_avx512bf16_fwd_ws(const attn_problem *P);
 void attn_avx512bf16_fwd_thread(void *job, int tid);
+/* AVX512-BF16 bf16 backward (attn_avx512bf16_bwd.c): the backward framework over bf16-pair
+ * products; same contracts as the attn_avx512_bwd_* ones, bf16 problems only. */
+size_t attn_avx512bf16_bwd_ws(const attn_problem *P, int64_t max_group_width);
+void attn_avx512bf16_bwd_thread(void *job, int tid);
+void attn_avx512bf16_bwd_reduce(const attn_bwd_job *job, int64_t u);
+size_t attn_avx512bf16_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail);
+void attn_avx512bf16_bwd_tail_reduce(void *job, int tid);
 
 size_t attn_amx_fwd_ws(const attn_problem *P);
 void attn_amx_fwd_thread(void *job, int tid);

@@ -302,7 +302,7 @@ size_t attn_covered_bytes(const maskpack_layout *L) { return (size_t)(L->n_rows 
 
 void attn_plan_bwd(const attn_problem *P, size_t *perm, attn_kgroup *groups, uint8_t *covered, attn_bwd_plan *B) {
     const maskpack_layout *L = P->L;
-    B->kern = attn_entry(P->isa);
+    B->kern = attn_bwd_entry(P);
     B->ng = attn_build_groups(L, perm, groups, &B->max_width);
     B->perm = perm;
     B->groups = groups;
@@ -338,8 +338,8 @@ void attn_exec_bwd(const attn_problem *P0, const attn_bwd_plan *B, const mp_run 
     job.ws = thr;
     job.ws_stride = B->per;
     /* the reference kernel has no reductions: it neither splits units nor keeps a tail */
-    const attn_thread_fn fn = B->kern->bwd, tail_reduce = B->kern->bwd_tail_reduce;
-    void (*const reduce)(const attn_bwd_job *, int64_t) = B->kern->bwd_reduce;
+    const attn_thread_fn fn = B->kern->run, tail_reduce = B->kern->tail_reduce;
+    void (*const reduce)(const attn_bwd_job *, int64_t) = B->kern->reduce;
     const int vector = reduce != NULL;
     job.unit = -1;
     /* units: dynamic over the shares when there are enough of them, else one at a time with their

@@ -10,26 +10,33 @@
 
 #define ATTN_DTYPES (MP_DT(MASKPACK_F32) | MP_DT(MASKPACK_BF16))
 
-/* One attention kernel: its ISA, dtypes and micro-kernels. Forward threads per dtype; the backward
- * (bf16 widened to f32) with its per-thread workspace, its tail partials and their reductions
- * (NULL for the reference, which neither splits units nor keeps a tail). */
+/* One backward: its per-thread workspace, its tail partials and their reductions (NULL for the
+ * reference, which neither splits units nor keeps a tail). */
+typedef struct attn_bwd_kernel {
+    size_t (*ws)(const attn_problem *P, int64_t max_width);
+    size_t (*tail_bytes)(const attn_problem *P, int64_t max_width, int64_t n_tail);
+    attn_thread_fn run, tail_reduce;
+    void (*reduce)(const attn_bwd_job *job, int64_t u);
+} attn_bwd_kernel;
+
+/* One attention kernel: its ISA, dtypes and micro-kernels, a forward and a backward per dtype. */
 typedef struct attn_kernel {
     mp_kernel_desc desc;
     size_t (*fwd_ws)(const attn_problem *P);
     attn_thread_fn fwd_f32, fwd_bf16;
     int32_t bq_bf16; /* query rows per block of the bf16 forward (f32: ATTN_BQ) */
-    size_t (*bwd_ws)(const attn_problem *P, int64_t max_width);
-    size_t (*bwd_tail_bytes)(const attn_problem *P, int64_t max_width, int64_t n_tail);
-    attn_thread_fn bwd, bwd_tail_reduce;
-    void (*bwd_reduce)(const attn_bwd_job *job, int64_t u);
+    attn_bwd_kernel bwd_f32, bwd_bf16;
 } attn_kernel;
 
 /* ---- the table (attn_table.c) ------------------------------------------------------------------ */
 
 /* (isa) -> its entry (the reference for one not in the table). */
 const attn_kernel *attn_entry(maskpack_isa isa);
-/* (problem) -> the forward's entry: P->isa's, except that avx512 runs bf16 on AVX512-BF16 where the CPU has it. */
+/* (problem) -> the forward's entry: P->isa's, except that avx512 runs bf16 on the AVX512-BF16 entry
+ * where its dot products pay (mp_cpu_bf16_dots_fast). */
 const attn_kernel *attn_fwd_entry(const attn_problem *P);
+/* (problem) -> the backward P's dtype runs: P->isa's entry's for that dtype. */
+const attn_bwd_kernel *attn_bwd_entry(const attn_problem *P);
 /* (requested isa, q's dtype) -> P->isa: the table entry the call runs, or the pick's error. */
 maskpack_status attn_pick_isa(attn_problem *P, maskpack_isa isa, maskpack_dtype dtype, maskpack_error *err);
 /* Bytes per share of the forward / backward, and of the backward's tail partials: the largest among
@@ -55,7 +62,7 @@ typedef struct attn_fwd_plan {
 /* A backward planned: its kernel, key groups (through perm), the key columns some group owns
  * (covered, [n_rows * kv_width]: the others get dk = dv = 0) and the per-share workspace. */
 typedef struct attn_bwd_plan {
-    const attn_kernel *kern;
+    const attn_bwd_kernel *kern;
     const size_t *perm;
     const attn_kgroup *groups;
     const uint8_t *covered;
