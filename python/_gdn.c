@@ -469,7 +469,7 @@ static PyObject *py_gates_backward(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* resolve_isa() -> "ref" | "avx2" | "avx512": the kernel AUTO (and MASKPACK_ISA) selects */
+/* resolve_isa([dtype_code]) -> "ref" | "avx2" | "avx512" | ...: the kernel AUTO (and MASKPACK_ISA) selects for that input dtype (default float32) */
 /* check_gate(layout, g): maskpack_gdn_check_gate (for callers that check before a collective) */
 static PyObject *py_check_gate(PyObject *m, PyObject *args) {
     (void)m;
@@ -487,12 +487,13 @@ static PyObject *py_check_gate(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_resolve_isa(PyObject *m, PyObject *noargs) {
+static PyObject *py_resolve_isa(PyObject *m, PyObject *args) {
     (void)m;
-    (void)noargs;
+    long dt = MASKPACK_F32;
+    if (!PyArg_ParseTuple(args, "|l", &dt)) return NULL;
     maskpack_isa isa;
     maskpack_error err;
-    maskpack_status s = maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &isa, &err);
+    maskpack_status s = maskpack_isa_resolve(MASKPACK_KERNEL_GDN, (maskpack_dtype)dt, MASKPACK_ISA_AUTO, &isa, &err);
     if (s) return mpx_raise_status(s, &err);
     return PyUnicode_FromString(maskpack_isa_name(isa));
 }
@@ -518,7 +519,7 @@ static PyMethodDef methods[] = {
     {"l2norm_backward", py_l2norm_backward, METH_VARARGS, "L2 normalisation backward"},
     {"gates", py_gates, METH_VARARGS, "g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)"},
     {"gates_backward", py_gates_backward, METH_VARARGS, "gates backward"},
-    {"resolve_isa", py_resolve_isa, METH_NOARGS, "the kernel the rule runs: 'ref', 'avx2' or 'avx512'"},
+    {"resolve_isa", py_resolve_isa, METH_VARARGS, "([dtype_code]) -> the kernel the rule runs for that dtype"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ._maskpack import attention as _attention
 from ._errors import Error
-from ._tensors import (DTYPE_CODE, ISA_CODES, describe, describe_out, dtype_code, is_torch_tensor,
+from ._tensors import (DTYPE_CODE, ISA_CODES, describe, describe_out, dtype_code, is_torch_tensor, named_dtype_code,
                        isa_code, layout_handle)
 from ._runtime import cache_of as _cache_of, team as _team, threads as _threads
 from ._runtime import above as _above  # the layers above this one, by name (see there)
@@ -262,9 +262,9 @@ def attention_isa(dtype: Any = "float32") -> str:
     """The kernel the next call on this dtype uses: "ref", "avx2", "avx512" or "amx" (the best this
     CPU has, in the order amx (bfloat16 only) > avx512 > avx2 > ref; MASKPACK_ISA honoured, and
     forcing one this CPU lacks raises maskpack.Error). "avx2" is AVX2 + FMA for CPUs without
-    AVX-512 (bfloat16 widened to float32); it gives the "avx512" float32 kernel's results bitwise."""
-    name = str(dtype)
-    name = name[6:] if name.startswith("torch.") else name
-    if name not in DTYPE_CODE:
-        name = np.dtype(dtype).name
-    return _attention.isa(DTYPE_CODE[name])
+    AVX-512 (bfloat16 widened to float32); it gives the "avx512" float32 kernel's results bitwise.
+    For bfloat16, "avx512" converts once to float32 as rows are loaded, except on CPUs whose
+    AVX512-BF16 dot products outrun f32 FMA (AMD's), where its forward runs on them; "amx" runs the
+    forward on tiles and the backward widened. "avx512_bf16" (asked for by name) runs forward and
+    backward on the dot products (docs/kernels.md, the attention's dtypes)."""
+    return _attention.isa(named_dtype_code(dtype))

@@ -81,6 +81,15 @@ def register_torch() -> None:
         _TORCH_REGISTERED.append(True)
 
 
+# a dtype (torch's, numpy's, or its name: "float32", "bfloat16") -> its code, for the ISA queries
+def named_dtype_code(dtype: Any) -> int:
+    name = str(dtype)
+    name = name[6:] if name.startswith("torch.") else name
+    if name not in DTYPE_CODE:
+        name = np.dtype(dtype).name
+    return DTYPE_CODE[name]
+
+
 def dtype_code(x: Any, name: Optional[str] = None) -> Optional[int]:
     """The dtype code of a tensor or array describe() returned; a dtype maskpack lacks: None, or with
     ``name`` the tensor reader's refusal naming it (the one message for that failure)."""

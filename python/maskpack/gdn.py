@@ -24,7 +24,7 @@ import torch
 from ._maskpack import gdn as _gdn
 from ._alloc import fresh
 from ._errors import Error
-from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle
+from ._tensors import check_layout, check_threads, compiling, isa_code, layout_handle, named_dtype_code
 from ._tensors import describe_kernel as _d  # the package's one check of a kernel's tensor argument
 from ._runtime import cache_of as _cache_of, team as _team, threads as _threads
 from ._runtime import above as _above  # the layers above this one, by name (see there)
@@ -51,17 +51,18 @@ def _check_call(layout: Any, **tensors: Any) -> None:
     check_layout(layout)
 
 
-# () -> the rule's kernel name here ("avx512", "avx2", "ref")
-def gdn_isa() -> str:
-    """The kernel the rule runs here: ``"avx512"``, ``"avx2"`` or ``"ref"``.
-
-    Unset (or ``auto``), the best this CPU has: AVX-512, else AVX2 + FMA, else the portable
-    reference. ``MASKPACK_ISA=ref|avx2|avx512`` forces one; forcing one the CPU lacks raises
-    ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback). ``MASKPACK_ISA=amx`` or ``avx512_bf16``
-    (the attention's) are accepted too and mean ``"avx512"`` here on a CPU that has them, since the
-    rule has no kernel of theirs (on one that lacks them: ``MASKPACK_ERR_UNSUPPORTED``).
+# (dtype) -> the rule's kernel name here for inputs of that dtype ("avx512", "avx2", "ref", ...)
+def gdn_isa(dtype: Any = "float32") -> str:
+    """The kernel the rule runs here for q, k, v of ``dtype`` (float32 or bfloat16): ``"avx512"``,
+    ``"avx2"`` or ``"ref"`` under ``AUTO``, for either dtype. bfloat16 inputs are converted once to
+    float32 as they are loaded and run the float32 kernel: the bf16 kernel (``"avx512_bf16"``, chunk
+    products on VDPBF16PS) is taken only when asked for by name, since on the CPUs it was measured on
+    its dot products run at half the f32 FMA rate (docs/kernels.md). ``MASKPACK_ISA`` forces one
+    (``avx512_bf16``, or ``amx``, which the rule serves with its AVX512-BF16 kernel for bfloat16 and
+    the AVX-512 one for float32); forcing one the CPU lacks raises ``MASKPACK_ERR_UNSUPPORTED``
+    (never a silent fallback).
     """
-    return _gdn.resolve_isa()
+    return _gdn.resolve_isa(named_dtype_code(dtype))
 
 
 # ---- on accelerators: flash-linear-attention's kernels over maskpack's boundaries -------------------

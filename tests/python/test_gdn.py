@@ -404,6 +404,25 @@ def _with_isa(name, fn):
             os.environ["MASKPACK_ISA"] = old
 
 
+def test_isa_per_dtype():
+    """gdn_isa(dtype) names the kernel inputs of that dtype run: under AUTO bfloat16 runs the float32
+    kernel (converted once as rows load); asked for by name, avx512_bf16 runs bfloat16 on its dot
+    products (its float32 calls run the AVX-512 kernel), or is refused, naming the feature, where the CPU
+    lacks AVX512-BF16."""
+    best = _with_isa("auto", maskpack.gdn_isa)
+    assert _with_isa("auto", lambda: maskpack.gdn_isa("bfloat16")) == best
+    assert _with_isa("auto", lambda: maskpack.gdn_isa(torch.bfloat16)) == best
+    assert _with_isa("auto", lambda: maskpack.gdn_isa(torch.float32)) == best
+    try:
+        got16 = _with_isa("avx512_bf16", lambda: maskpack.gdn_isa("bfloat16"))
+    except maskpack.Error as e:
+        assert e.status == "MASKPACK_ERR_UNSUPPORTED" and "AVX512-BF16" in str(e)
+        return
+    assert got16 == "avx512_bf16"
+    # the entry asked for by name answers for float32 too (its float32 calls run the AVX-512 kernels)
+    assert _with_isa("avx512_bf16", lambda: maskpack.gdn_isa("float32")) == "avx512_bf16"
+
+
 def test_isa_avx2_forced_or_unsupported_and_auto_order():
     """MASKPACK_ISA=avx2 runs the AVX2 kernel (or raises UNSUPPORTED on a CPU without AVX2 + FMA,
     never falling back); AUTO picks avx512 > avx2 > ref."""
