@@ -217,18 +217,27 @@ static maskpack_kernel_options opts_or_default(const maskpack_kernel_options *op
     return opts ? *opts : maskpack_kernel_options_default();
 }
 
-maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
-                                                     const maskpack_tensor *k, const maskpack_tensor *v,
-                                                     const maskpack_kernel_options *opts, size_t *bytes,
-                                                     maskpack_error *err) {
+/* The workspace queries: (layout, q, k, v, opts) checked as a call checks them, then the direction's
+ * size (attn_fwd_ws_size or attn_bwd_ws_size). */
+static maskpack_status ws_query(const maskpack_layout *layout, const maskpack_tensor *q, const maskpack_tensor *k,
+                                const maskpack_tensor *v, const maskpack_kernel_options *opts, size_t *bytes,
+                                maskpack_status (*size)(const attn_problem *, size_t *, maskpack_error *),
+                                maskpack_error *err) {
     MP_CHECK_NULL(err, bytes, "bytes");
     attn_problem P;
     memset(&P, 0, sizeof P);
     maskpack_status s = check_qkv(layout, q, k, v, &P, err);
     if (s) return s;
     if ((s = check_scalars(&P, 0, 0, opts_or_default(opts).n_threads, err))) return s;
-    if ((s = attn_fwd_ws_size(&P, bytes, err))) return s;
+    if ((s = size(&P, bytes, err))) return s;
     return mp_ok(err);
+}
+
+maskpack_status maskpack_attention_forward_workspace(const maskpack_layout *layout, const maskpack_tensor *q,
+                                                     const maskpack_tensor *k, const maskpack_tensor *v,
+                                                     const maskpack_kernel_options *opts, size_t *bytes,
+                                                     maskpack_error *err) {
+    return ws_query(layout, q, k, v, opts, bytes, attn_fwd_ws_size, err);
 }
 
 
@@ -299,14 +308,7 @@ maskpack_status maskpack_attention_backward_workspace(const maskpack_layout *lay
                                                       const maskpack_tensor *k, const maskpack_tensor *v,
                                                       const maskpack_kernel_options *opts, size_t *bytes,
                                                       maskpack_error *err) {
-    MP_CHECK_NULL(err, bytes, "bytes");
-    attn_problem P;
-    memset(&P, 0, sizeof P);
-    maskpack_status s = check_qkv(layout, q, k, v, &P, err);
-    if (s) return s;
-    if ((s = check_scalars(&P, 0, 0, opts_or_default(opts).n_threads, err))) return s;
-    if ((s = attn_bwd_ws_size(&P, bytes, err))) return s;
-    return mp_ok(err);
+    return ws_query(layout, q, k, v, opts, bytes, attn_bwd_ws_size, err);
 }
 
 maskpack_status maskpack_attention_backward(const maskpack_layout *layout, const maskpack_tensor *dout,

@@ -11,25 +11,10 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#if defined(MASKPACK_EMULATE_AMX) /* the emulated test build (tests/c/meson.build): no target region */
-#include "../isa/simde_amx.h"
-#else
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))),             \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
-#endif
-#endif
-
-#define BQ    ATTN_BQ
-#define BK    ATTN_BK
-#define LOG2E 1.4426950408889634
+#include "attn_avx512bf16_target.h" /* the AVX512-BF16 target region, BQ, BK, LOG2E */
 
 #include "attn_avx512_common.h" /* with the row-vector vocabulary of attn_fwd_kernel.inc */
+#include "attn_bf16_pairs.h"
 
 /* Layouts (32-bit words = bf16 pairs, low half first):
  *   QT [Dh][BQ]              (Q[i][2p], Q[i][2p+1]) for row i      Dh = ceil(D/2)
@@ -106,26 +91,7 @@ static void uk_pack_q(const attn_problem *P, const maskpack_segment *g, const at
  * attn_f32_kernel.inc). */
 static void uk_qk_tile(const attn_problem *P, fwd_bufs *B, int32_t j0, int32_t j1, const attn_group_hull *H) {
     (void)H;
-    int64_t Dh = (P->d + 1) / 2;
-    const __m512 sc = _mm512_set1_ps(B->smul);
-    for (int32_t g0 = j0 & ~7; g0 < j1; g0 += 8) {
-        const uint32_t *G = B->KP + (int64_t)g0 * Dh;
-        float *S = B->ST + (int64_t)(g0 - j0) * BQ;
-        __m512 acc[8][3];
-        for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < Dh; p++) {
-            const uint32_t *q = B->QT + p * BQ;
-            __m512i q0 = _mm512_load_si512(q), q1 = _mm512_load_si512(q + 16), q2 = _mm512_load_si512(q + 32);
-            for (int r = 0; r < 8; r++) {
-                __m512i b = _mm512_set1_epi32((int)G[p * 8 + r]);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)q0, (__m512bh)b);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)q1, (__m512bh)b);
-                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)q2, (__m512bh)b);
-            }
-        }
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) _mm512_store_ps(S + r * BQ + 16 * c, _mm512_mul_ps(acc[r][c], sc));
-    }
+    st_pairs(B->QT, (P->d + 1) / 2, B->KP, j0, j1, B->ST, B->smul);
 }
 
 /* P = 2^(S - mu) rounded to bf16 and paired by keys into PP; the sum takes the rounded P, the
@@ -149,28 +115,7 @@ static inline void uk_exp_tile(fwd_bufs *B, int32_t nk, const vrow *mu, vrow *su
 static void uk_pv_tile(const attn_problem *P, fwd_bufs *B, int32_t ja, int32_t nk, const vrow *alpha,
                        const attn_group_hull *H) {
     (void)H;
-    int64_t D8 = round8(P->d);
-    int32_t np = nk / 2;
-    const uint32_t *tile = B->VP + (int64_t)(ja >> 6) * (D8 / 8) * 256 + ((ja & 63) / 2) * 8;
-    for (int64_t dg = 0; dg < D8 / 8; dg++) {
-        float *O = B->OT + dg * 8 * BQ;
-        const uint32_t *X = tile + dg * 256;
-        __m512 acc[8][3];
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(O + r * BQ + 16 * c), alpha[c]);
-        for (int32_t t = 0; t < np; t++) {
-            const uint32_t *a = B->PP + (int64_t)t * BQ;
-            __m512i a0 = _mm512_load_si512(a), a1 = _mm512_load_si512(a + 16), a2 = _mm512_load_si512(a + 32);
-            for (int r = 0; r < 8; r++) {
-                __m512i b = _mm512_set1_epi32((int)X[t * 8 + r]);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)a0, (__m512bh)b);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)a1, (__m512bh)b);
-                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)a2, (__m512bh)b);
-            }
-        }
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) _mm512_store_ps(O + r * BQ + 16 * c, acc[r][c]);
-    }
+    ot_pairs(B->OT, round8(P->d), B->VP, ja / 2, ja / 2 + nk / 2, B->PP, alpha);
 }
 
 /* Rows x < n of O times inv[x] to the (bf16) output rows. */

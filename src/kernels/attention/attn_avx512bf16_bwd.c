@@ -19,26 +19,11 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#if defined(MASKPACK_EMULATE_AMX) /* the emulated test build (tests/c/meson.build): no target region */
-#include "../isa/simde_amx.h"
-#else
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))),             \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
-#endif
-#endif
-
-#define BQ    ATTN_BQ
-#define BK    ATTN_BK
-#define LOG2E 1.4426950408889634
+#include "attn_avx512bf16_target.h" /* the AVX512-BF16 target region, BQ, BK, LOG2E */
 
 #include "attn_avx512_common.h"
 #include "attn_avx512_uk.h"
+#include "attn_bf16_pairs.h"
 
 /* Layouts of the products' operands (32-bit words = bf16 pairs, low half first):
  *   KPk, KPv [W8/8][Dh][8]       (K[j][2p], K[j][2p+1]) per group of 8 keys j    Dh = ceil(D/2)
@@ -137,35 +122,12 @@ static void bwd_uk_prepare(const attn_problem *P, const bwd_slot *S, bwd_bufs *B
     pair_rows(S->dOr, Rs, Dh, Dp, X->dOT + S->c * Dh * BQ, X->dOp + S->c * (BQ / 2) * Dp);
 }
 
-/* ST rows for packed keys [j0, j1) = sum over head-dim pairs (unscaled); whole groups of 8 keys are
- * computed, so up to 7 rows before 0 and after j1 - j0 are written too (st_packed's contract). */
-static void st_pairs(const uint32_t *YT, int64_t Dh, const uint32_t *KP, int32_t j0, int32_t j1, float *ST) {
-    for (int32_t g0 = j0 & ~7; g0 < j1; g0 += 8) {
-        const uint32_t *G = KP + (int64_t)g0 * Dh;
-        float *S = ST + (int64_t)(g0 - j0) * BQ;
-        __m512 acc[8][3];
-        for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < Dh; p++) {
-            const uint32_t *q = YT + p * BQ;
-            __m512i q0 = _mm512_load_si512(q), q1 = _mm512_load_si512(q + 16), q2 = _mm512_load_si512(q + 32);
-            for (int r = 0; r < 8; r++) {
-                __m512i b = _mm512_set1_epi32((int)G[p * 8 + r]);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)q0, (__m512bh)b);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)q1, (__m512bh)b);
-                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)q2, (__m512bh)b);
-            }
-        }
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) _mm512_store_ps(S + r * BQ + 16 * c, acc[r][c]);
-    }
-}
-
 static void bwd_uk_scores(const attn_problem *P, const bwd_slot *S, bwd_bufs *B, int32_t pa, int32_t nk, float *PT,
                           float *dST) {
     const bwd_ext *X = &B->ext;
     int64_t Dh = dh_of(P);
-    st_pairs(X->QT + S->c * Dh * BQ, Dh, X->KPk, pa, pa + nk, PT);
-    st_pairs(X->dOT + S->c * Dh * BQ, Dh, X->KPv, pa, pa + nk, dST);
+    st_pairs(X->QT + S->c * Dh * BQ, Dh, X->KPk, pa, pa + nk, PT, 1.0f);
+    st_pairs(X->dOT + S->c * Dh * BQ, Dh, X->KPv, pa, pa + nk, dST, 1.0f);
 }
 
 /* 16 f32 -> 16 bf16 (nearest even) widened into the low halves of 16 words. */
@@ -187,26 +149,8 @@ static void bwd_uk_dq(const attn_problem *P, const bwd_slot *S, bwd_bufs *B, int
                                _mm512_or_si512(bf16_words(e), _mm512_slli_epi32(bf16_words(o), 16)));
         }
     }
-    float *dQT = S->dQT;
-    for (int64_t dg = 0; dg < D8 / 8; dg++) {
-        float *O = dQT + dg * 8 * BQ;
-        __m512 acc[8][3];
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) acc[r][c] = _mm512_load_ps(O + r * BQ + 16 * c);
-        for (int32_t t = t0; t < t1; t++) {
-            const uint32_t *a = X->dSp + (int64_t)(t - t0) * BQ;
-            const uint32_t *k = X->VPk + (int64_t)(t / 32) * (D8 / 8) * 256 + dg * 256 + (t % 32) * 8;
-            __m512i a0 = _mm512_load_si512(a), a1 = _mm512_load_si512(a + 16), a2 = _mm512_load_si512(a + 32);
-            for (int r = 0; r < 8; r++) {
-                __m512i b = _mm512_set1_epi32((int)k[r]);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)a0, (__m512bh)b);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)a1, (__m512bh)b);
-                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], (__m512bh)a2, (__m512bh)b);
-            }
-        }
-        for (int r = 0; r < 8; r++)
-            for (int c = 0; c < 3; c++) _mm512_store_ps(O + r * BQ + 16 * c, acc[r][c]);
-    }
+    const __m512 one[3] = {_mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f)};
+    ot_pairs(S->dQT, D8, X->VPk, t0, t1, X->dSp, one);
 }
 
 /* C rows [R][16 V columns from d0] += sum over the sources b < nb of A_b [R][np_b] x Y_b [np_b][Dp]
