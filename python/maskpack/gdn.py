@@ -58,9 +58,8 @@ def gdn_isa(dtype: Any = "float32") -> str:
     float32 as they are loaded and run the float32 kernel: the bf16 kernel (``"avx512_bf16"``, chunk
     products on VDPBF16PS) is taken only when asked for by name, since on the CPUs it was measured on
     its dot products run at half the f32 FMA rate (docs/kernels.md). ``MASKPACK_ISA`` forces one
-    (``avx512_bf16``, or ``amx``, which the rule serves with its AVX512-BF16 kernel for bfloat16 and
-    the AVX-512 one for float32); forcing one the CPU lacks raises ``MASKPACK_ERR_UNSUPPORTED``
-    (never a silent fallback).
+    (``amx``, which the rule has no kernel for, runs what ``AUTO`` runs); forcing one the CPU lacks
+    raises ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback).
     """
     return _gdn.resolve_isa(named_dtype_code(dtype))
 

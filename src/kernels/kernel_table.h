@@ -24,7 +24,8 @@ const mp_kernel_desc *gdn_kernel_desc(size_t i);
 const mp_kernel_desc *conv_kernel_desc(size_t i);
 
 /* (family, input dtype, requested ISA) -> *index of the family's entry that runs: the explicit
- * (or MASKPACK_ISA's) ISA's entry, or the family's best entry below it; for AUTO the best entry
+ * (or MASKPACK_ISA's) ISA's entry, or the family's best entry below it whose auto_dtypes has dtype
+ * (an entry AUTO skips for a dtype runs it only when asked for by name); for AUTO the best entry
  * this CPU runs whose auto_dtypes has dtype. Errors: those of mp_isa_request, and
  * MASKPACK_ERR_DTYPE ("dtype") for a dtype the family does not take. */
 maskpack_status mp_kernel_pick(maskpack_kernel_family family, maskpack_dtype dtype, maskpack_isa requested,

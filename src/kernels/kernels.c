@@ -29,7 +29,9 @@ maskpack_status mp_kernel_pick(maskpack_kernel_family family, maskpack_dtype dty
     for (size_t i = 0; family_desc(family, i); i++) {
         const mp_kernel_desc *d = family_desc(family, i);
         const int r = mp_isa_rank(d->isa);
-        const uint32_t ok = want == MASKPACK_ISA_AUTO ? d->auto_dtypes : d->dtypes;
+        /* an entry AUTO does not take for a dtype is taken for it only when asked for by its own name:
+         * a request above it (amx for the rule, which has no AMX kernel) falls to what AUTO would run */
+        const uint32_t ok = want == MASKPACK_ISA_AUTO ? d->auto_dtypes : d->isa == want ? d->dtypes : d->auto_dtypes;
         if (r > cap || r <= best || !(ok & MP_DT(dtype)) || mp_isa_missing(d->isa)) continue;
         best = r;
         best_i = i;

@@ -432,6 +432,12 @@ static void test_dispatch(void) {
         CHECK(r == MASKPACK_ISA_AVX512_BF16);
         CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16, &r, &e), e);
         CHECK(r == MASKPACK_ISA_AVX512_BF16);
+        /* an amx request (the rule has no AMX kernel) runs what AUTO runs, never this kernel: only its
+         * own name takes it (on a CPU without AMX the request itself is refused) */
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AMX, &r, &e) == MASKPACK_OK)
+            CHECK(r == auto_f32());
+        else
+            CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
         /* MASKPACK_ISA forcing it: the same bits as asking by name, and the query says so */
         outs a, b;
         CHECK_OK(run(&P, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_BF16, 0, &a, &e), e);

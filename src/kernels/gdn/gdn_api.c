@@ -32,7 +32,8 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
  * instruction per 2 cycles, 16 multiply-adds a cycle against the 32 of two f32 FMAs, and the
  * kernel ran at about 0.6x the f32 kernel's speed (docs/kernels.md); so AUTO runs bf16 inputs on
  * the AVX-512 entry, converted to f32 on load, and the bf16 kernel is asked for by name (isa or
- * MASKPACK_ISA=avx512_bf16, or amx: the rule has no AMX kernel, the best below runs). A CPU whose
+ * MASKPACK_ISA=avx512_bf16; an amx request, which the rule has no kernel for, runs what AUTO would:
+ * mp_kernel_pick takes an entry AUTO skips only by its own name). A CPU whose
  * VDPBF16PS retires one per cycle would make it the faster one: then AUTO should take it for bf16
  * (auto_dtypes MP_DT(MASKPACK_BF16)), once measured there. Its recurrent forward is the AVX-512
  * one (no products to take in bf16). */
