@@ -604,3 +604,65 @@ def test_shapes_no_operator_takes_are_named_by_the_plain_call():
         maskpack.attention(q, k, k, lay)
     assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "k"
     assert not any(isinstance(key, tuple) and key[0] == "attention_op" for key in (lay._cache or {}))
+
+
+def _isa_resolves(name):
+    import os
+
+    old = os.environ.get("MASKPACK_ISA")
+    try:
+        os.environ["MASKPACK_ISA"] = name
+        return maskpack.attention_isa("bfloat16") == name
+    except maskpack.Error as e:
+        assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+        return False
+    finally:
+        if old is None:
+            os.environ.pop("MASKPACK_ISA", None)
+        else:
+            os.environ["MASKPACK_ISA"] = old
+
+
+@pytest.mark.skipif(not _isa_resolves("avx512_bf16"), reason="attention avx512_bf16 NOT RUN: this CPU lacks AVX512-BF16")
+def test_bf16_pair_backward_by_name():
+    """isa="avx512_bf16" runs the backward on bf16 pairs (P and dS rounded to bf16 as operands): through
+    autograd its gradients are the explicit backward's bit for bit, differ from the widened kernel's
+    (the pair kernel ran), and stay within one ulp plus 1.5 * 2^-8 of the sum of their terms'
+    magnitudes of the float64 backward on the kernel's own out and lse (the rounding of the terms alone
+    is 0.5 of that; tests/c/test_attention.c derives the same bound)."""
+    layout = maskpack.Layout.from_lengths([50, 97], placement="packed", causal=True)
+    q, k, v = rand_qkv(layout, 4, 2, 64, torch.bfloat16)
+    dout = torch.randn_like(q)
+    qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out, lse = maskpack.attention(qa, ka, va, layout, scale=0.125, isa="avx512_bf16")
+    out.backward(dout)
+    o2, l2 = maskpack.attention(q, k, v, layout, scale=0.125, isa="avx512_bf16")
+    grads = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.125, isa="avx512_bf16")
+    for a, b in zip((qa.grad, ka.grad, va.grad), grads):
+        assert torch.equal(a, b)
+    widened = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.125, isa="avx512")
+    assert any(not torch.equal(a, b) for a, b in zip(grads, widened))
+    g = [grid(x, layout).double() for x in (dout, q, k, v, o2)]
+    keep = keep_mask(layout)
+    want = ref_backward(*g, l2.unsqueeze(0), keep, 0.125)
+    # the sizes of each gradient's terms, from the same float64 quantities
+    dO, qd, kd, vd, od = g
+    hq, hkv = qd.shape[2], kd.shape[2]
+    kr, vr = kd.repeat_interleave(hq // hkv, dim=2), vd.repeat_interleave(hq // hkv, dim=2)
+    lse = l2.unsqueeze(0).double()
+    s = torch.einsum("bihd,bjhd->bhij", qd, kr) * 0.125
+    kp = keep.expand(s.shape) & torch.isfinite(lse)[..., None]
+    p = torch.where(kp, torch.exp(s - torch.where(torch.isfinite(lse), lse, 0)[..., None]), 0)
+    ds = p * (torch.einsum("bihd,bjhd->bhij", dO, vr) - torch.einsum("bihd,bihd->bhi", dO, od)[..., None])
+    terms = (torch.einsum("bhij,bjhd->bihd", ds.abs(), kr.abs()) * 0.125,
+             torch.einsum("bhij,bihd->bjhd", ds.abs(), qd.abs()) * 0.125,
+             torch.einsum("bhij,bihd->bjhd", p, dO.abs()))
+    for got, w, t, name in zip(grads, want, terms, ("dq", "dk", "dv")):
+        if name != "dq":  # the key heads' sums over their query heads
+            t = t.reshape(t.shape[0], t.shape[1], hkv, hq // hkv, t.shape[3]).sum(3)
+        got = grid(got, layout).double()
+        floor = w.pow(2).mean().sqrt() / 64
+        excess = ((got - w).abs() - bf16_ulp(torch.maximum(w.abs(), floor.expand_as(w)))).clamp(min=0)
+        units = float((excess / (torch.maximum(t, floor.expand_as(t)) * 2.0 ** -8)).max())
+        assert units <= 1.5, (name, units)
+        assert torch.isfinite(got).all()
