@@ -197,8 +197,9 @@ void gdn_gemm_x_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const 
     const int tri = (flags & GDN_GEMM_TRI_LO) ? BF_TRI_LO : (flags & GDN_GEMM_TRI_UP) ? BF_TRI_UP : BF_TRI_NONE;
     const int64_t kp = (kd + 1) / 2, need = bf_words(m, n, kd, at);
     uint32_t *own = NULL, *Ap = pf && pf->pk && need <= pf->pk_words ? pf->pk : NULL;
-    if (!Ap) { /* the tests' direct calls (no workspace); the framework's always fit (bf_pack_words) */
-        own = malloc((size_t)(need > 0 ? need : 1) * sizeof(uint32_t));
+    if (!Ap) { /* the tests' direct calls (no workspace); the framework's always fit (bf_pack_words), so
+                * no library call allocates here, and none can reach the abort */
+        own = mp_alloc_array((size_t)(need > 0 ? need : 1), sizeof(uint32_t));
         if (!own) abort();
         Ap = own;
     }
