@@ -18,35 +18,39 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define BENCH_HAVE_AVX512_PEAK 1
-__attribute__((target("avx512f"))) static float bench_fma_loop(long iters) {
-    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0,
-           b10 = a0, b11 = a0;
-    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (long it = 0; it < iters; it++) {
-#define BENCH_FMA_(a) a = _mm512_fmadd_ps(a, m, c);
-        BENCH_FMA_(a0)
-        BENCH_FMA_(a1)
-        BENCH_FMA_(a2) BENCH_FMA_(a3) BENCH_FMA_(a4) BENCH_FMA_(a5) BENCH_FMA_(a6) BENCH_FMA_(a7) BENCH_FMA_(a8)
-            BENCH_FMA_(a9) BENCH_FMA_(a10) BENCH_FMA_(a11) BENCH_FMA_(b0) BENCH_FMA_(b1) BENCH_FMA_(b2) BENCH_FMA_(b3)
-                BENCH_FMA_(b4) BENCH_FMA_(b5) BENCH_FMA_(b6) BENCH_FMA_(b7) BENCH_FMA_(b8) BENCH_FMA_(b9)
-                    BENCH_FMA_(b10) BENCH_FMA_(b11)
-#undef BENCH_FMA_
-                        __asm__ volatile(""
-                                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
-        __asm__ volatile(""
-                         : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7), "+v"(b8),
-                           "+v"(b9), "+v"(b10), "+v"(b11));
+/* One register-resident loop of 24 zmm chains: STEP(a) advances chain a (with the constants DECLS
+ * declares, ';'-separated), the empty asm keeps every chain live each iteration, the chains' sum is
+ * returned so none is dead. TARGET is the ISA the loop's instruction needs. */
+#define BENCH_ZMM_LOOP(NAME, TARGET, DECLS, STEP)                                                                      \
+    __attribute__((target(TARGET))) static float NAME(long iters) {                                                    \
+        __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,         \
+               a9 = a0, a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0,    \
+               b8 = a0, b9 = a0, b10 = a0, b11 = a0;                                                                   \
+        DECLS;                                                                                                         \
+        for (long it = 0; it < iters; it++) {                                                                          \
+            STEP(a0) STEP(a1) STEP(a2) STEP(a3) STEP(a4) STEP(a5) STEP(a6) STEP(a7) STEP(a8) STEP(a9) STEP(a10)       \
+                STEP(a11) STEP(b0) STEP(b1) STEP(b2) STEP(b3) STEP(b4) STEP(b5) STEP(b6) STEP(b7) STEP(b8) STEP(b9)  \
+                    STEP(b10) STEP(b11) __asm__ volatile(""                                                            \
+                                                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4),           \
+                                                           "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9),           \
+                                                           "+v"(a10), "+v"(a11));                                      \
+            __asm__ volatile(""                                                                                        \
+                             : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7),         \
+                               "+v"(b8), "+v"(b9), "+v"(b10), "+v"(b11));                                              \
+        }                                                                                                              \
+        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),                         \
+                                 _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));                         \
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));                           \
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));                             \
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));                             \
+        s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));                           \
+        return _mm512_reduce_add_ps(s);                                                                                \
     }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
-    return _mm512_reduce_add_ps(s);
-}
+
+#define BENCH_FMA_(a) a = _mm512_fmadd_ps(a, m, c);
+BENCH_ZMM_LOOP(bench_fma_loop, "avx512f", const __m512 m = _mm512_set1_ps(0.999999f);
+               const __m512 c = _mm512_set1_ps(1e-7f), BENCH_FMA_)
+#undef BENCH_FMA_
 #define BENCH_FLOP_PER_ITER (24.0 * 16.0 * 2.0)
 
 __attribute__((target("avx2,fma"))) static float bench_fma_loop_avx2(long iters) {
@@ -73,37 +77,12 @@ __attribute__((target("avx2,fma"))) static float bench_fma_loop_avx2(long iters)
 }
 #define BENCH_FLOP_PER_ITER_AVX2 (12.0 * 8.0 * 2.0)
 
-/* The bf16 dot-product peak: the same 24 register chains of VDPBF16PS (32 bf16 multiply-adds into
- * 16 f32 lanes each), what the bf16 kernels on AVX512-BF16 are measured against. */
-__attribute__((target("avx512f,avx512bf16"))) static float bench_bf16dot_loop(long iters) {
-    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
-           a10 = a0, a11 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0,
-           b10 = a0, b11 = a0;
-    const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380); /* 1, 6e-8 */
-    for (long it = 0; it < iters; it++) {
+/* The bf16 dot-product peak: the same 24 chains of VDPBF16PS (32 bf16 multiply-adds into 16 f32
+ * lanes each), what the bf16 kernels on AVX512-BF16 are measured against. */
 #define BENCH_DOT_(a) a = _mm512_dpbf16_ps(a, m, c);
-        BENCH_DOT_(a0)
-        BENCH_DOT_(a1)
-        BENCH_DOT_(a2) BENCH_DOT_(a3) BENCH_DOT_(a4) BENCH_DOT_(a5) BENCH_DOT_(a6) BENCH_DOT_(a7) BENCH_DOT_(a8)
-            BENCH_DOT_(a9) BENCH_DOT_(a10) BENCH_DOT_(a11) BENCH_DOT_(b0) BENCH_DOT_(b1) BENCH_DOT_(b2) BENCH_DOT_(b3)
-                BENCH_DOT_(b4) BENCH_DOT_(b5) BENCH_DOT_(b6) BENCH_DOT_(b7) BENCH_DOT_(b8) BENCH_DOT_(b9)
-                    BENCH_DOT_(b10) BENCH_DOT_(b11)
+BENCH_ZMM_LOOP(bench_bf16dot_loop, "avx512f,avx512bf16", const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80);
+               const __m512bh c = (__m512bh)_mm512_set1_epi16(0x3380) /* 1, 6e-8 */, BENCH_DOT_)
 #undef BENCH_DOT_
-                        __asm__ volatile(""
-                                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                                           "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
-        __asm__ volatile(""
-                         : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3), "+v"(b4), "+v"(b5), "+v"(b6), "+v"(b7), "+v"(b8),
-                           "+v"(b9), "+v"(b10), "+v"(b11));
-    }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b4, b5), _mm512_add_ps(b6, b7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(b8, b9), _mm512_add_ps(b10, b11)));
-    return _mm512_reduce_add_ps(s);
-}
 #define BENCH_FLOP_PER_ITER_BF16 (24.0 * 32.0 * 2.0)
 #endif
 

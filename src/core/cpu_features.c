@@ -39,8 +39,8 @@ static int vendor_amd = 0; /* written once, inside features_once, with the featu
 
 static unsigned detect_features(void) {
     unsigned a, b, c, d;
-    const unsigned max_leaf = __get_cpuid_max(0, 0);
-    __cpuid(0, a, b, c, d);
+    __cpuid(0, a, b, c, d); /* the highest leaf and the vendor, in one trap */
+    const unsigned max_leaf = a;
     vendor_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "Auth" "enti" "cAMD" */
     if (max_leaf < 7) return 0;
     __cpuid_count(1, 0, a, b, c, d);

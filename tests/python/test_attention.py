@@ -24,26 +24,29 @@ import _reference as ref
 torch.manual_seed(0)
 
 
-def available_isas():
-    """The kernels this machine runs (a forced one it lacks must be an UNSUPPORTED error)."""
+def _isa_resolves(name):
+    """Whether this machine runs the attention kernel ``name`` (forced through MASKPACK_ISA, it must be
+    the one bfloat16 resolves to; one it lacks must be an UNSUPPORTED error)."""
     import os
 
-    found = []
     old = os.environ.get("MASKPACK_ISA")
     try:
-        for name in ("ref", "avx2", "avx512", "amx"):
-            os.environ["MASKPACK_ISA"] = name
-            try:
-                assert maskpack.attention_isa("bfloat16") == name
-                found.append(name)
-            except maskpack.Error as e:
-                assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+        os.environ["MASKPACK_ISA"] = name
+        assert maskpack.attention_isa("bfloat16") == name
+        return True
+    except maskpack.Error as e:
+        assert e.status == "MASKPACK_ERR_UNSUPPORTED"
+        return False
     finally:
         if old is None:
             os.environ.pop("MASKPACK_ISA", None)
         else:
             os.environ["MASKPACK_ISA"] = old
-    return found
+
+
+def available_isas():
+    """The kernels this machine runs (a forced one it lacks must be an UNSUPPORTED error)."""
+    return [name for name in ("ref", "avx2", "avx512", "amx") if _isa_resolves(name)]
 
 
 ISAS = available_isas()
@@ -604,23 +607,6 @@ def test_shapes_no_operator_takes_are_named_by_the_plain_call():
         maskpack.attention(q, k, k, lay)
     assert e.value.status == "MASKPACK_ERR_SHAPE" and e.value.argument == "k"
     assert not any(isinstance(key, tuple) and key[0] == "attention_op" for key in (lay._cache or {}))
-
-
-def _isa_resolves(name):
-    import os
-
-    old = os.environ.get("MASKPACK_ISA")
-    try:
-        os.environ["MASKPACK_ISA"] = name
-        return maskpack.attention_isa("bfloat16") == name
-    except maskpack.Error as e:
-        assert e.status == "MASKPACK_ERR_UNSUPPORTED"
-        return False
-    finally:
-        if old is None:
-            os.environ.pop("MASKPACK_ISA", None)
-        else:
-            os.environ["MASKPACK_ISA"] = old
 
 
 @pytest.mark.skipif(not _isa_resolves("avx512_bf16"), reason="attention avx512_bf16 NOT RUN: this CPU lacks AVX512-BF16")
