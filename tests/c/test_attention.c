@@ -469,7 +469,7 @@ static int verbose_fail = 0;
 #define P_ROUNDED_TOL     1.5
 #define ULPS_BF16_GRAD    0.75
 /* bf16 backwards that round P and dS to bf16 as operands of dQ = dS K, dK = dS^T Q, dV = P^T dO
- * (AVX512-BF16): every term of a gradient moves by at most 2^-9 of its size (one rounding to
+ * (AVX512-BF16, AMX): every term of a gradient moves by at most 2^-9 of its size (one rounding to
  * nearest, 8 significant bits; q, k, dO are bf16 already), so a gradient within one bf16 ulp (its
  * own final rounding and the f32 sums) plus PAIR_GRAD_TOL * 2^-8 * sum |terms|: 0.5 is that bound
  * exactly, 1.0 twice it */
@@ -1490,7 +1490,8 @@ static void test_isa_selection(void) {
     for (int x = 0; x < n_isas; x++) {
         p_rounded[x] =
             !strcmp(isas[x], "amx") || !strcmp(isas[x], "avx512_bf16") || (!strcmp(isas[x], "avx512") && dots);
-        pair_bwd[x] = !strcmp(isas[x], "avx512_bf16"); /* by name only (attn_table.c) */
+        /* AVX512-BF16 by name only; AMX also under AUTO on CPUs with AMX (attn_table.c) */
+        pair_bwd[x] = !strcmp(isas[x], "avx512_bf16") || !strcmp(isas[x], "amx");
     }
     if (missing) printf("\n");
 }

@@ -180,9 +180,36 @@ def assert_bf16_forward(got, want, absout, isa):
         assert e <= BF16_OUT_ULPS, (isa, e)
 
 
-def ref_backward(dout, q, k, v, out, lse, keep, scale, softcap=0.0):
+# bf16 backwards that round P and dS to bf16 as operands of dQ, dK, dV (AVX512-BF16 by name; AMX,
+# also under AUTO): within one ulp plus 1.5 * 2^-8 of the sum of each gradient's terms' magnitudes (the
+# rounding of the terms alone is 0.5 of that; tests/c/test_attention.c derives the same bound).
+PAIR_BWD = {"amx", "avx512_bf16"}
+PAIR_UNITS = 1.5
+
+
+def assert_bf16_grads(grads, layout, dout, q, k, v, out, lse, keep, scale, isa):
+    """bf16 gradients (dq, dk, dv in the layout) against the float64 backward on the kernel's own out and
+    lse (lse already in the grid's [B,Hq,S] form): 0.75 ulp, or for a pair-rounding kernel (PAIR_BWD)
+    one ulp plus PAIR_UNITS * 2^-8 sum |terms|; values under rms / 64 are held to that floor."""
+    g = [grid(x, layout) for x in (dout, q, k, v, out)]
+    want, terms = ref_backward(*g, lse, keep, scale, terms=True)
+    for got, w, t, name in zip(grads, want, terms, ("dq", "dk", "dv")):
+        got = grid(got, layout).double()
+        assert torch.isfinite(got).all(), (isa, name)
+        if isa not in PAIR_BWD:
+            e = bf16_ulps(got, w)
+            assert e <= BF16_GRAD_ULPS, (isa, name, e)
+            continue
+        floor = w.pow(2).mean().sqrt() / 64
+        excess = ((got - w).abs() - bf16_ulp(torch.maximum(w.abs(), floor.expand_as(w)))).clamp(min=0)
+        units = float((excess / (torch.maximum(t, floor.expand_as(t)) * 2.0 ** -8)).max())
+        assert units <= PAIR_UNITS, (isa, name, units)
+
+
+def ref_backward(dout, q, k, v, out, lse, keep, scale, softcap=0.0, terms=False):
     """float64 gradients of masked attention given the forward's out [B,S,Hq,D] and lse [B,Hq,S] (those
-    a kernel wrote: the backward is a function of them). Rows with lse = -inf have no gradient."""
+    a kernel wrote: the backward is a function of them). Rows with lse = -inf have no gradient. With
+    terms, also the sums of the magnitudes of each gradient's terms: ((dq, dk, dv), (|dq|, |dk|, |dv|))."""
     q, k, v, dout, out, lse = (x.double() for x in (q, k, v, dout, out, lse))
     g = q.shape[2] // k.shape[2]
     kr, vr = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
@@ -202,7 +229,14 @@ def ref_backward(dout, q, k, v, out, lse, keep, scale, softcap=0.0):
     dk = torch.einsum("bhij,bihd->bjhd", ds, q) * scale
     dv = torch.einsum("bhij,bihd->bjhd", p, dout)
     sh = k.shape
-    return dq, dk.reshape(sh[0], sh[1], sh[2], g, sh[3]).sum(3), dv.reshape(sh[0], sh[1], sh[2], g, sh[3]).sum(3)
+    heads = lambda x: x.reshape(sh[0], sh[1], sh[2], g, sh[3]).sum(3)  # noqa: E731 (key heads' sums)
+    if not terms:
+        return dq, heads(dk), heads(dv)
+    # the sizes of each gradient's terms: what a backward that rounds P and dS moves by 2^-9 each
+    t_dq = torch.einsum("bhij,bjhd->bihd", ds.abs(), kr.abs()) * scale
+    t_dk = torch.einsum("bhij,bihd->bjhd", ds.abs(), q.abs()) * scale
+    t_dv = torch.einsum("bhij,bihd->bjhd", p, dout.abs())
+    return (dq, heads(dk), heads(dv)), (t_dq, heads(t_dk), heads(t_dv))
 
 
 def abs_out(q, k, v, keep, scale, softcap=0.0):
@@ -360,10 +394,7 @@ def test_bf16_gradients(isa, monkeypatch):
     out, lse = maskpack.attention(q, k, v, layout, scale=0.125)
     dq, dk, dv = maskpack.attention_backward(dout, q, k, v, out, lse, layout, scale=0.125)
     assert dq.dtype == torch.bfloat16
-    want = ref_backward(*(grid(x, layout) for x in (dout, q, k, v, out)), lse.unsqueeze(0), keep_mask(layout), 0.125)
-    for got, w in zip((dq, dk, dv), want):
-        e = bf16_ulps(grid(got, layout), w)
-        assert e <= BF16_GRAD_ULPS, (isa, e)
+    assert_bf16_grads((dq, dk, dv), layout, dout, q, k, v, out, lse.unsqueeze(0), keep_mask(layout), 0.125, isa)
 
 
 def test_nan_in_padding_never_reaches_outputs():
@@ -525,11 +556,8 @@ def test_vector_kernels_vs_reference_head_dims(D, rule, dtype, monkeypatch):
                 torch.testing.assert_close(grid(got, layout).double(), want, atol=1e-4, rtol=1e-4)
         else:
             assert_bf16_forward(grid(out, layout), ref_out.detach(), absout, isa)
-            want = ref_backward(*(grid(x, layout) for x in (dout, q, k, v, out)),
-                                lse.unsqueeze(0) if layout.packed else lse, keep, scale)
-            for got, w in zip((dq, dk, dv), want):
-                e = bf16_ulps(grid(got, layout), w)
-                assert e <= BF16_GRAD_ULPS, (isa, e)
+            assert_bf16_grads((dq, dk, dv), layout, dout, q, k, v, out, lse.unsqueeze(0) if layout.packed else lse,
+                              keep, scale, isa)
 
 
 @pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs both the AVX2 and AVX-512 kernels")
@@ -609,46 +637,23 @@ def test_shapes_no_operator_takes_are_named_by_the_plain_call():
     assert not any(isinstance(key, tuple) and key[0] == "attention_op" for key in (lay._cache or {}))
 
 
-@pytest.mark.skipif(not _isa_resolves("avx512_bf16"), reason="attention avx512_bf16 NOT RUN: this CPU lacks AVX512-BF16")
-def test_bf16_pair_backward_by_name():
-    """isa="avx512_bf16" runs the backward on bf16 pairs (P and dS rounded to bf16 as operands): through
-    autograd its gradients are the explicit backward's bit for bit, differ from the widened kernel's
-    (the pair kernel ran), and stay within one ulp plus 1.5 * 2^-8 of the sum of their terms'
-    magnitudes of the float64 backward on the kernel's own out and lse (the rounding of the terms alone
-    is 0.5 of that; tests/c/test_attention.c derives the same bound)."""
+@pytest.mark.parametrize("isa", sorted(PAIR_BWD))
+def test_bf16_pair_backward(isa):
+    """The backwards on bf16 pairs (P and dS rounded to bf16 as operands: AVX512-BF16 by name, AMX):
+    through autograd their gradients are the explicit backward's bit for bit, differ from the widened
+    AVX-512 kernel's (the pair kernel ran), and stay within assert_bf16_grads' pair bound."""
+    if not _isa_resolves(isa):
+        pytest.skip(f"attention {isa} NOT RUN: this CPU lacks its ISA")
     layout = maskpack.Layout.from_lengths([50, 97], placement="packed", causal=True)
     q, k, v = rand_qkv(layout, 4, 2, 64, torch.bfloat16)
     dout = torch.randn_like(q)
     qa, ka, va = (x.clone().requires_grad_(True) for x in (q, k, v))
-    out, lse = maskpack.attention(qa, ka, va, layout, scale=0.125, isa="avx512_bf16")
+    out, lse = maskpack.attention(qa, ka, va, layout, scale=0.125, isa=isa)
     out.backward(dout)
-    o2, l2 = maskpack.attention(q, k, v, layout, scale=0.125, isa="avx512_bf16")
-    grads = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.125, isa="avx512_bf16")
+    o2, l2 = maskpack.attention(q, k, v, layout, scale=0.125, isa=isa)
+    grads = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.125, isa=isa)
     for a, b in zip((qa.grad, ka.grad, va.grad), grads):
         assert torch.equal(a, b)
     widened = maskpack.attention_backward(dout, q, k, v, o2, l2, layout, scale=0.125, isa="avx512")
     assert any(not torch.equal(a, b) for a, b in zip(grads, widened))
-    g = [grid(x, layout).double() for x in (dout, q, k, v, o2)]
-    keep = keep_mask(layout)
-    want = ref_backward(*g, l2.unsqueeze(0), keep, 0.125)
-    # the sizes of each gradient's terms, from the same float64 quantities
-    dO, qd, kd, vd, od = g
-    hq, hkv = qd.shape[2], kd.shape[2]
-    kr, vr = kd.repeat_interleave(hq // hkv, dim=2), vd.repeat_interleave(hq // hkv, dim=2)
-    lse = l2.unsqueeze(0).double()
-    s = torch.einsum("bihd,bjhd->bhij", qd, kr) * 0.125
-    kp = keep.expand(s.shape) & torch.isfinite(lse)[..., None]
-    p = torch.where(kp, torch.exp(s - torch.where(torch.isfinite(lse), lse, 0)[..., None]), 0)
-    ds = p * (torch.einsum("bihd,bjhd->bhij", dO, vr) - torch.einsum("bihd,bihd->bhi", dO, od)[..., None])
-    terms = (torch.einsum("bhij,bjhd->bihd", ds.abs(), kr.abs()) * 0.125,
-             torch.einsum("bhij,bihd->bjhd", ds.abs(), qd.abs()) * 0.125,
-             torch.einsum("bhij,bihd->bjhd", p, dO.abs()))
-    for got, w, t, name in zip(grads, want, terms, ("dq", "dk", "dv")):
-        if name != "dq":  # the key heads' sums over their query heads
-            t = t.reshape(t.shape[0], t.shape[1], hkv, hq // hkv, t.shape[3]).sum(3)
-        got = grid(got, layout).double()
-        floor = w.pow(2).mean().sqrt() / 64
-        excess = ((got - w).abs() - bf16_ulp(torch.maximum(w.abs(), floor.expand_as(w)))).clamp(min=0)
-        units = float((excess / (torch.maximum(t, floor.expand_as(t)) * 2.0 ** -8)).max())
-        assert units <= 1.5, (name, units)
-        assert torch.isfinite(got).all()
+    assert_bf16_grads(grads, layout, dout, q, k, v, o2, l2.unsqueeze(0), keep_mask(layout), 0.125, isa)

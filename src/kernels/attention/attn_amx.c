@@ -25,20 +25,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#if defined(MASKPACK_EMULATE_AMX) /* the emulated test build (tests/c/meson.build): no target region */
-#include "../isa/simde_amx.h"
-#else
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(                                                                                          \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw"))),             \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw")
-#endif
-#endif
+#include "attn_amx_target.h" /* the AMX target region, amx_tiles_on */
 
 #define BQ    ATTN_AMX_BQ /* 64 rows = 4 row tiles, 2 pairs of them */
 #define NRP   (BQ / 32)   /* pairs of row tiles */
@@ -61,24 +48,6 @@ static int64_t r32(int64_t x) { return (x + 31) & ~(int64_t)31; }
  * of the L1 cache and evict each other. */
 #define SS (SW + 16)
 #define PS (SW + 32)
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Every tile is 16 rows x 64 bytes: C tiles 16 x 16 f32, A tiles 16 x 32 bf16, B tiles 16 pairs x 16 x 2. */
-static void tiles_on(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
 
 /* 2^x for P, which is rounded to bf16 (8 significant bits) right after: a degree-3 fit of 2^f on
  * [-1/2, 1/2] (relative error 7.5e-5, far below the rounding to bf16) is exact enough. The
@@ -387,7 +356,7 @@ typedef struct fwd_state {
 /* the tiles' configuration, for a thread's items */
 static void uk_thread_begin(fwd_bufs *B) {
     (void)B;
-    tiles_on();
+    amx_tiles_on();
 }
 static void uk_thread_end(fwd_bufs *B) {
     (void)B;

@@ -246,6 +246,10 @@ static void bwd_uk_dkdv(const attn_problem *P, bwd_bufs *B, int32_t pa, int32_t 
     c_pairs(B->dK + (int64_t)pa * Rs, Rs, nk, Dp, nb, As, Yq, np);
 }
 
+/* no state to set up around a thread's work */
+static void bwd_uk_thread_begin(void) {}
+static void bwd_uk_thread_end(void) {}
+
 #ifndef MASKPACK_EMULATE_AMX
 #include "../isa/target_pop.h"
 #endif

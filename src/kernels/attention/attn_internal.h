@@ -241,6 +241,13 @@ void attn_avx512bf16_bwd_tail_reduce(void *job, int tid);
 
 size_t attn_amx_fwd_ws(const attn_problem *P);
 void attn_amx_fwd_thread(void *job, int tid);
+/* AMX bf16 backward (attn_amx_bwd.c): the backward framework over tile products; same contracts as
+ * the attn_avx512_bwd_* ones, bf16 problems only. */
+size_t attn_amx_bwd_ws(const attn_problem *P, int64_t max_group_width);
+void attn_amx_bwd_thread(void *job, int tid);
+void attn_amx_bwd_reduce(const attn_bwd_job *job, int64_t u);
+size_t attn_amx_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail);
+void attn_amx_bwd_tail_reduce(void *job, int tid);
 
 /* Split mode: sums the threads' private dk/dv accumulators of unit u into dk/dv. */
 void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u);
