@@ -1,16 +1,19 @@
 """bench_gdn_torch.py: maskpack's gated delta rule against transformers' torch fallback, same run.
 
 T = 4096 tokens in 8 segments of 512, H = 16 key heads, HV = 32 value heads, K = V = 128 (bench/shapes.json's
-table "gdn", the one bench_gdn.c is built with; each an option), float32, 2 threads (torch.set_num_threads and maskpack's n_threads). transformers' torch_chunk_gated_delta_rule
+table "gdn", the one bench_gdn.c is built with; each an option), float32 or bfloat16 (--dtype: every input in it,
+as a bf16 model hands them over), 2 threads (torch.set_num_threads and maskpack's n_threads). transformers' torch_chunk_gated_delta_rule
 takes no cu_seqlens, so it runs the 8 equal segments as a batch [8, 512, ...]: the same work, the
 same result. Forward: maskpack.gated_delta_rule (L2 norm in the kernel) vs torch_chunk_gated_delta_rule
 (use_qk_l2norm_in_kernel=True, output_final_state=True). Backward: maskpack's C backward (through
 its autograd Function) vs torch autograd through the fallback, both for loss = sum(o * dO) + sum(S * dS).
-Targets: forward >= 10x, backward >= 5x. Prints medians, the machine's load and the speedups. The
+Targets: forward >= 10x, backward >= 5x (in either dtype: transformers' fallback widens bf16 to
+float32 itself; maskpack runs what gdn_isa(dtype) names, or --isa). Prints medians, the machine's load and the speedups. The
 two sides alternate run by run (the machine is shared: a busy moment then hits both), and the
 median of the per-pair ratios is printed next to the ratio of the medians.
 
-    .venv/bin/python bench/gdn/bench_gdn_torch.py [--runs 7] [--threads 2] [--tokens T] [--segments N]
+    .venv/bin/python bench/gdn/bench_gdn_torch.py [--runs 7] [--threads 2] [--dtype float32|bfloat16] [--isa ISA]
+                                                  [--tokens T] [--segments N]
                                                   [--heads H] [--value-heads HV] [--key-dim K] [--value-dim V]
 """
 
@@ -30,6 +33,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)  # medians of a shared, noisy machine need a few runs
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="of every input")
+    ap.add_argument("--isa", default=None, help="maskpack's kernel family (default: what AUTO runs)")
     ap.add_argument("--tokens", type=bench_shapes.integer(1, 1 << 20), help="T, in --segments equal segments")
     ap.add_argument("--segments", type=bench_shapes.integer(1, 4096))
     ap.add_argument("--heads", type=bench_shapes.integer(1, 256), help="H, key heads")
@@ -59,6 +64,8 @@ def main() -> int:
     beta = torch.sigmoid(torch.randn(NSEG, L, HV, generator=gen))
     dO = torch.randn(NSEG, L, HV, V, generator=gen)
     dS = torch.randn(NSEG, HV, K, V, generator=gen)
+    dt = getattr(torch, args.dtype)
+    q, k, v, g, beta, dO, dS = (x.to(dt) for x in (q, k, v, g, beta, dO, dS))
     layout = maskpack.Layout.from_lengths([L] * NSEG, placement="packed")
     flat = [x.reshape(T, *x.shape[2:]) for x in (q, k, v, g, beta)]
     dO_flat = dO.reshape(T, HV, V)
@@ -70,7 +77,7 @@ def main() -> int:
             return (float("nan"),) * 3
 
     print(f"bench_gdn_torch: T {T} in {NSEG} segments, H {H}, HV {HV}, K {K}, V {V}, threads {args.threads}, "
-          f"isa {maskpack.gdn_isa()}, load average before {load()[0]:.2f} {load()[1]:.2f} {load()[2]:.2f}")
+          f"{args.dtype}, isa {args.isa or maskpack.gdn_isa(args.dtype)}, load average before {load()[0]:.2f} {load()[1]:.2f} {load()[2]:.2f}")
 
     def timed(fn, runs):
         ts = []
@@ -110,11 +117,12 @@ def main() -> int:
 
     # ---- forward ---------------------------------------------------------------------------
     with torch.no_grad():
-        ours_fwd = lambda: maskpack.gated_delta_rule(*flat, layout, threads=args.threads)
+        ours_fwd = lambda: maskpack.gated_delta_rule(*flat, layout, threads=args.threads, isa=args.isa)
         hf_fwd = lambda: torch_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
                                                       use_qk_l2norm_in_kernel=True)
         timed(ours_fwd, 2)  # warm-up
         t_ours, t_hf, fwd_pair, (o_ours, s_ours), (o_hf, s_hf) = paired(ours_fwd, hf_fwd, args.runs)
+    o_ours, o_hf, s_ours, s_hf = (x.float() for x in (o_ours, o_hf, s_ours, s_hf))
     err = ((o_ours.reshape(o_hf.shape) - o_hf).abs().max() / o_hf.abs().max()).item()
     err_s = ((s_ours - s_hf).abs().max() / s_hf.abs().max()).item()
     fwd = t_hf / t_ours
@@ -126,7 +134,7 @@ def main() -> int:
     # ---- backward --------------------------------------------------------------------------
     def ours_bwd():
         leaves = [x.clone().requires_grad_(True) for x in flat]
-        o, s = maskpack.gated_delta_rule(*leaves, layout, threads=args.threads)
+        o, s = maskpack.gated_delta_rule(*leaves, layout, threads=args.threads, isa=args.isa)
         loss = (o * dO_flat).sum() + (s * dS).sum()
         t0 = time.perf_counter()
         loss.backward()
@@ -151,7 +159,8 @@ def main() -> int:
         tb_ratio.append(t2 / t)
     tb_o, tb_h = statistics.median(tb_ours), statistics.median(tb_hf)
     spread["bwd"] = (min(tb_ours), max(tb_ours), min(tb_hf), max(tb_hf), min(tb_ratio), max(tb_ratio))
-    gerr = max(((a.reshape(b.shape) - b).abs().max() / b.abs().max()).item() for a, b in zip(gr_ours, gr_hf))
+    gerr = max(((a.float().reshape(b.shape) - b.float()).abs().max() / b.float().abs().max()).item()
+               for a, b in zip(gr_ours, gr_hf))
     bwd = tb_h / tb_o
     print(f"backward: maskpack {tb_o * 1e3:9.1f} ms   transformers {tb_h * 1e3:9.1f} ms   speedup {bwd:6.1f}x "
           f"(median of paired runs {statistics.median(tb_ratio):.1f}x; target >= 5x: {'met' if bwd >= 5 else 'NOT met'})"
