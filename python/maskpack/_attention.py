@@ -265,6 +265,7 @@ def attention_isa(dtype: Any = "float32") -> str:
     AVX-512 (bfloat16 widened to float32); it gives the "avx512" float32 kernel's results bitwise.
     For bfloat16, "avx512" converts once to float32 as rows are loaded, except on CPUs whose
     AVX512-BF16 dot products outrun f32 FMA (AMD's), where its forward runs on them; "amx" runs the
-    forward on tiles and the backward widened. "avx512_bf16" (asked for by name) runs forward and
+    forward and the backward on tiles (the backward rounds P and dS to bf16 as operands, as
+    flash-attention's bf16 backward does; MASKPACK_ISA=avx512 keeps it widened). "avx512_bf16" (asked for by name) runs forward and
     backward on the dot products (docs/kernels.md, the attention's dtypes)."""
     return _attention.isa(named_dtype_code(dtype))
