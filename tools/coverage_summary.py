@@ -27,6 +27,7 @@ ISA_FILES = {
     "src/kernels/attention/attn_avx512_uk.h": ("AVX-512", _AVX512),
     "src/kernels/attention/attn_avx512_common.h": ("AVX-512", _AVX512),
     "src/kernels/gdn/gdn_avx512.c": ("AVX-512", _AVX512),
+    "src/kernels/gdn/gdn_amx.c": ("AMX", _AVX512 + ("amx_tile", "amx_bf16")),
     "src/kernels/attention/attn_avx2.c": ("AVX2", ("avx2", "fma")),
     "src/kernels/attention/attn_avx2_bwd.c": ("AVX2", ("avx2", "fma")),
     "src/kernels/attention/attn_avx2_uk.h": ("AVX2", ("avx2", "fma")),

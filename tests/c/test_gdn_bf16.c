@@ -1,16 +1,23 @@
-/* test_gdn_bf16.c: the rule's AVX512-BF16 kernel (src/kernels/gdn/gdn_avx512bf16.c), whose chunk
- * products take bf16 operands with f32 accumulation:
+/* test_gdn_bf16.c: the rule's bf16 kernels, AVX512-BF16 (src/kernels/gdn/gdn_avx512bf16.c) and AMX
+ * (src/kernels/gdn/gdn_amx.c), whose chunk products take bf16 operands with f32 accumulation (on
+ * VDPBF16PS, or on the AMX tiles with TDPBF16PS; the packing and the driver are shared,
+ * gdn_bf16_gemm.h), each where the CPU (or the emulated build) runs it:
  *  - its product primitive against exact products of the bf16-rounded operands (every flag);
  *  - forward and backward (o, final state, dq, dk, dv, dg, dbeta, d initial state) against the f32
  *    reference kernel on the same bf16 inputs, within bounds derived from the operand rounding;
  *  - padded == packed == packed rows, 1 thread == 3, the operator == the plain call, bitwise;
- *  - dispatch: asked for by name (isa or MASKPACK_ISA) it runs bf16 inputs where the CPU has
- *    AVX512-BF16, f32 or mixed inputs on the f32 kernel; AUTO runs bf16 inputs on the f32 kernel
- *    (converted on load: the bf16 kernel is the slower one where measured, see gdn_api.c), and the
- *    query says which; without AVX512-BF16 a forced avx512_bf16 (argument or MASKPACK_ISA) is an
- *    error naming the missing feature.
+ *  - the AMX kernel == the AVX512-BF16 kernel bitwise, products and rule (the same pairs summed
+ *    from 0 in the same order, pair by pair, even product first: gdn_bf16_gemm.h; what the
+ *    emulation, src/kernels/isa/simde_amx.h, carries out for both instructions);
+ *  - dispatch: asked for by name (isa or MASKPACK_ISA) each runs bf16 inputs where the CPU has its
+ *    features, f32 or mixed inputs on the f32 kernel; AUTO runs bf16 inputs on the AMX kernel where
+ *    the CPU has AMX, else on the f32 kernel (converted on load: the AVX512-BF16 kernel is the
+ *    slower one where measured, see gdn_api.c), never on the AVX512-BF16 one, and the query says
+ *    which; without AVX512-BF16 a forced avx512_bf16 (argument or MASKPACK_ISA) is an error naming
+ *    the missing feature, and without AMX a forced amx.
  * Built plainly, and against the emulated libraries of tests/c/meson.build (AVX-512 by SIMDe with
- * AVX512-BF16 reported absent; and with AVX512-BF16 carried out by src/kernels/isa/simde_amx.h). */
+ * AVX512-BF16 and AMX reported absent; and with AVX512-BF16 and AMX carried out by
+ * src/kernels/isa/simde_amx.h). */
 #include "check.h"
 #include "cpu_features.h"
 #include "internal.h"
@@ -36,7 +43,21 @@ static float bfr(float x) { return mp_bf16_to_f32(mp_f32_to_bf16(x)); }
  * operands. Each product of two bf16 is exact in f32, so the kernel's only error is the f32
  * accumulation of kd + 1 terms (and the epilogue's alpha, cs Cin): bounded by
  * (kd + 3) 2^-24 (|alpha| sum |a b| + |cs Cin|), the standard bound of a sum of kd + 3 terms. */
-static void test_gemm_case(int64_t m, int64_t n, int64_t kd, unsigned flags, float alpha, float cs) {
+typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                          int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
+
+/* whether asking for isa runs bf16 inputs on that bf16 kernel here */
+static int has_kernel(maskpack_isa isa) {
+    maskpack_isa r = MASKPACK_ISA_REF;
+    maskpack_error e;
+    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, isa, &r, &e) == MASKPACK_OK && r == isa;
+}
+
+/* (m, n, kd, flags, alpha, cs) -> the case's C from gemm (the AVX512-BF16 or AMX product) checked as
+ * above; *out (when not NULL) gets C (m rows of ldc = n + 16), for the bitwise comparison of the
+ * two products. */
+static void test_gemm_case(gemm_x_fn gemm, int64_t m, int64_t n, int64_t kd, unsigned flags, float alpha, float cs,
+                           float **out) {
     const int at = (flags & GDN_GEMM_AT) != 0;
     const int64_t lda = (at ? m : kd) + 3, ldb = n + 16, ldc = n + 16;
     float *A = malloc((size_t)((at ? kd : m) * lda) * 4), *B = malloc((size_t)(kd * ldb) * 4);
@@ -52,7 +73,7 @@ static void test_gemm_case(int64_t m, int64_t n, int64_t kd, unsigned flags, flo
         }
     gdn_pf pf;
     memset(&pf, 0, sizeof pf);
-    gdn_gemm_x_avx512bf16(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, &pf, C, cs);
+    gemm(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, &pf, C, cs);
     int bad = 0;
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
@@ -72,12 +93,21 @@ static void test_gemm_case(int64_t m, int64_t n, int64_t kd, unsigned flags, flo
     if (bad)
         fprintf(stderr, "test_gdn_bf16: gemm m %lld n %lld kd %lld flags %u: %d entries off\n", (long long)m,
                 (long long)n, (long long)kd, flags, bad);
-    free(A), free(B), free(C), free(C0);
+    free(A), free(B), free(C0);
+    if (out)
+        *out = C;
+    else
+        free(C);
 }
 
+/* Every flag on shapes that end mid-block, mid-tile and mid-pair; the AMX product (where it runs)
+ * against the same bound and against the AVX512-BF16 product bitwise (the data draw repeats per
+ * product: rs is restored). Only the entries a product must write are compared (TRI_OUT: j <= i). */
 static void test_gemm(void) {
-    const int64_t shapes[][3] = {{1, 16, 1}, {7, 16, 5}, {8, 32, 64}, {63, 64, 63}, {64, 64, 128},
-                                 {65, 48, 33}, {128, 128, 128}, {128, 256, 64}, {24, 80, 17}};
+    const int64_t shapes[][3] = {{1, 16, 1},    {7, 16, 5},   {8, 32, 64},     {63, 64, 63},
+                                 {64, 64, 128}, {65, 48, 33}, {128, 128, 128}, {128, 256, 64},
+                                 {24, 80, 17},  {40, 48, 40}, {17, 16, 95},    {33, 96, 31}};
+    const int amx = has_kernel(MASKPACK_ISA_AMX);
     const unsigned fl[] = {0,
                            GDN_GEMM_ACC,
                            GDN_GEMM_AT,
@@ -91,21 +121,40 @@ static void test_gemm(void) {
         for (size_t f = 0; f < sizeof fl / sizeof fl[0]; f++) {
             const unsigned tri = fl[f] & (GDN_GEMM_TRI_LO | GDN_GEMM_TRI_UP);
             /* the triangular forms are the chunk's square products: kd = m */
-            const int64_t m = shapes[s][0], kd = tri ? m : shapes[s][2];
-            test_gemm_case(m, shapes[s][1], kd, fl[f], f % 2 ? -1.0f : 0.75f, f % 3 ? 1.0f : 0.5f);
+            const int64_t m = shapes[s][0], n = shapes[s][1], kd = tri ? m : shapes[s][2];
+            const float alpha = f % 2 ? -1.0f : 0.75f, cs = f % 3 ? 1.0f : 0.5f;
+            const uint64_t seed = rs;
+            float *c1 = NULL, *c2 = NULL;
+            test_gemm_case(gdn_gemm_x_avx512bf16, m, n, kd, fl[f], alpha, cs, &c1);
+            if (amx) {
+                rs = seed;
+                test_gemm_case(gdn_gemm_x_amx, m, n, kd, fl[f], alpha, cs, &c2);
+                int diff = 0;
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++)
+                        if (!((fl[f] & GDN_GEMM_TRI_OUT) && j > i))
+                            diff += memcmp(&c1[i * (n + 16) + j], &c2[i * (n + 16) + j], 4) != 0;
+                CHECK(diff == 0);
+                if (diff)
+                    fprintf(stderr, "test_gdn_bf16: amx gemm m %lld n %lld kd %lld flags %u: %d entries differ\n",
+                            (long long)m, (long long)n, (long long)kd, fl[f], diff);
+            }
+            free(c1), free(c2);
         }
     /* the plain wrapper (no packing area: allocated per call) */
     float A[16 * 4], B[4 * 16], C[16 * 16];
     for (int i = 0; i < 64; i++) A[i] = B[i] = (float)(i % 7) - 3.0f; /* bf16-exact: exact result */
-    gdn_gemm_avx512bf16(16, 16, 4, 1.0f, A, 4, B, 16, C, 16, 0);
-    int bad = 0;
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++) {
-            float s = 0;
-            for (int k = 0; k < 4; k++) s += A[i * 4 + k] * B[k * 16 + j];
-            bad += C[i * 16 + j] != s;
-        }
-    CHECK(bad == 0);
+    for (int w = 0; w < 1 + amx; w++) {
+        (w ? gdn_gemm_amx : gdn_gemm_avx512bf16)(16, 16, 4, 1.0f, A, 4, B, 16, C, 16, 0);
+        int bad = 0;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 16; j++) {
+                float s = 0;
+                for (int k = 0; k < 4; k++) s += A[i * 4 + k] * B[k * 16 + j];
+                bad += C[i * 16 + j] != s;
+            }
+        CHECK(bad == 0);
+    }
 }
 
 /* ---- the rule ---------------------------------------------------------------------------------- */
@@ -313,20 +362,20 @@ static int pads_zero(const problem *P, const outs *R) {
 }
 
 /* whether asking for avx512_bf16 runs bf16 inputs on the bf16 kernel here */
-static int has_bf16_kernel(void) {
-    maskpack_isa r = MASKPACK_ISA_REF;
-    maskpack_error e;
-    return maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16, &r, &e) ==
-               MASKPACK_OK &&
-           r == MASKPACK_ISA_AVX512_BF16;
-}
+static int has_bf16_kernel(void) { return has_kernel(MASKPACK_ISA_AVX512_BF16); }
 
-/* the f32 kernel AUTO runs (and runs bf16 inputs on, converted) */
+/* the f32 kernel AUTO runs (and runs bf16 inputs on, converted, where there is no AMX) */
 static maskpack_isa auto_f32(void) {
     maskpack_isa r = MASKPACK_ISA_REF;
     maskpack_error e;
     CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_F32, MASKPACK_ISA_AUTO, &r, &e), e);
     return r;
+}
+
+/* the kernel AUTO should run bf16 inputs on: the AMX one where the CPU has AMX (the tiles' rate),
+ * else the f32 one AUTO runs f32 inputs on (never the AVX512-BF16 one: slower where measured) */
+static maskpack_isa auto_bf16_expected(void) {
+    return mp_cpu_has_avx512() && mp_cpu_has_amx() ? MASKPACK_ISA_AMX : auto_f32();
 }
 
 /* Tolerances against the f32 reference, as rms(error) / rms(reference) per output.
@@ -356,16 +405,17 @@ static double bound(int i, int bf16_out) {
     return b;
 }
 
-static void test_rule(void) {
-    if (!has_bf16_kernel()) {
-        printf("test_gdn_bf16: no AVX512-BF16 here: kernel checks skipped (dispatch checked)\n");
+/* The bf16 kernel isa (AVX512-BF16 or AMX) on the rule, forward (chunked) and backward; for AMX also
+ * against the AVX512-BF16 kernel, bitwise (the same bf16 pairs summed in the same order). */
+static void test_rule_isa(maskpack_isa isa) {
+    const char *name = isa == MASKPACK_ISA_AMX ? "amx" : "avx512_bf16";
+    if (!has_kernel(isa)) {
+        printf("test_gdn_bf16: no %s kernel here: its kernel checks skipped (dispatch checked)\n", name);
         return;
     }
     const int64_t lens[] = {1, 63, 64, 65, 130, 200, 0, 7};
     const size_t nl = sizeof lens / sizeof lens[0];
-    const struct {
-        int64_t H, HV, K, V;
-    } D[] = {{2, 4, 32, 48}, {1, 2, 128, 128}, {1, 1, 24, 16}};
+    const struct { int64_t H, HV, K, V; } D[] = {{2, 4, 32, 48}, {1, 2, 128, 128}, {1, 1, 24, 16}};
     for (size_t d = 0; d < sizeof D / sizeof D[0]; d++) {
         problem pk = make(lens, nl, MASKPACK_PLACE_PACKED, 0, D[d].H, D[d].HV, D[d].K, D[d].V);
         problem pd = make(lens, nl, MASKPACK_PLACE_RIGHT, 0, D[d].H, D[d].HV, D[d].K, D[d].V);
@@ -373,27 +423,34 @@ static void test_rule(void) {
         maskpack_error e;
         outs ref, bf, bfb, pad, rows, thr, opr, pad1, aut, cvt;
         CHECK_OK(run(&pk, MASKPACK_ISA_REF, 1, MASKPACK_F32, 0, &ref, &e), e);
-        CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_F32, 0, &bf, &e), e);
-        CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_BF16, 0, &bfb, &e), e);
+        CHECK_OK(run(&pk, isa, 1, MASKPACK_F32, 0, &bf, &e), e);
+        CHECK_OK(run(&pk, isa, 1, MASKPACK_BF16, 0, &bfb, &e), e);
         for (int i = 0; i < N_OUT; i++) {
             double rel, mx, relb, mxb;
             compare(&pk, &bf, &pk, &ref, i, &rel, &mx);
             compare(&pk, &bfb, &pk, &ref, i, &relb, &mxb);
             CHECK(rel <= bound(i, 0));
             CHECK(relb <= bound(i, 1));
-            printf("test_gdn_bf16: H %lld HV %lld K %lld V %lld %-5s rms err %.2e (bf16 out %.2e), bound %.2e; "
+            printf("test_gdn_bf16: %s H %lld HV %lld K %lld V %lld %-5s rms err %.2e (bf16 out %.2e), bound %.2e; "
                    "max %.2e\n",
-                   (long long)D[d].H, (long long)D[d].HV, (long long)D[d].K, (long long)D[d].V, ONAME[i], rel, relb,
-                   bound(i, 0), mx);
+                   name, (long long)D[d].H, (long long)D[d].HV, (long long)D[d].K, (long long)D[d].V, ONAME[i], rel,
+                   relb, bound(i, 0), mx);
         }
         /* padded (NaN/Inf pads), packed rows, 3 threads, the operator: bitwise, f32 and bf16 outputs */
-        CHECK_OK(run(&pd, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_BF16, 0, &pad, &e), e);
-        CHECK_OK(run(&pr, MASKPACK_ISA_AVX512_BF16, 2, MASKPACK_BF16, 0, &rows, &e), e);
-        CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 3, MASKPACK_BF16, 0, &thr, &e), e);
-        CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 2, MASKPACK_BF16, 1, &opr, &e), e);
-        CHECK_OK(run(&pd, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_F32, 0, &pad1, &e), e);
+        CHECK_OK(run(&pd, isa, 1, MASKPACK_BF16, 0, &pad, &e), e);
+        CHECK_OK(run(&pr, isa, 2, MASKPACK_BF16, 0, &rows, &e), e);
+        CHECK_OK(run(&pk, isa, 3, MASKPACK_BF16, 0, &thr, &e), e);
+        CHECK_OK(run(&pk, isa, 2, MASKPACK_BF16, 1, &opr, &e), e);
+        CHECK_OK(run(&pd, isa, 1, MASKPACK_F32, 0, &pad1, &e), e);
         CHECK_OK(run(&pk, MASKPACK_ISA_AUTO, 1, MASKPACK_BF16, 0, &aut, &e), e);
-        CHECK_OK(run(&pk, auto_f32(), 1, MASKPACK_BF16, 0, &cvt, &e), e);
+        CHECK_OK(run(&pk, auto_bf16_expected(), 1, MASKPACK_BF16, 0, &cvt, &e), e);
+        /* the AMX kernel against the AVX512-BF16 one, f32 and bf16 outputs */
+        const int vs = isa == MASKPACK_ISA_AMX && has_bf16_kernel();
+        outs vb, vb32;
+        if (vs) {
+            CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_BF16, 0, &vb, &e), e);
+            CHECK_OK(run(&pk, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_F32, 0, &vb32, &e), e);
+        }
         for (int i = 0; i < N_OUT; i++) {
             double r, m;
             CHECK(compare(&pd, &pad, &pk, &bfb, i, &r, &m));
@@ -401,8 +458,14 @@ static void test_rule(void) {
             CHECK(compare(&pk, &thr, &pk, &bfb, i, &r, &m));
             CHECK(compare(&pk, &opr, &pk, &bfb, i, &r, &m));
             CHECK(compare(&pd, &pad1, &pk, &bf, i, &r, &m));
-            CHECK(compare(&pk, &aut, &pk, &cvt, i, &r, &m)); /* AUTO runs the f32 kernel */
+            CHECK(compare(&pk, &aut, &pk, &cvt, i, &r, &m)); /* AUTO runs the AMX or the f32 kernel */
+            if (vs) {
+                const int same = compare(&pk, &bfb, &pk, &vb, i, &r, &m) && compare(&pk, &bf, &pk, &vb32, i, &r, &m);
+                CHECK(same);
+                if (!same) fprintf(stderr, "test_gdn_bf16: amx != avx512_bf16 on %s (rms %.2e)\n", ONAME[i], r);
+            }
         }
+        if (vs) unrun(&vb), unrun(&vb32);
         CHECK(pads_zero(&pd, &pad));
         CHECK(pads_zero(&pd, &pad1));
         CHECK(pads_zero(&pr, &rows));
@@ -412,18 +475,27 @@ static void test_rule(void) {
     }
 }
 
+static void test_rule(void) {
+    test_rule_isa(MASKPACK_ISA_AVX512_BF16);
+    test_rule_isa(MASKPACK_ISA_AMX);
+}
+
 /* Which kernel runs what, and what is refused. */
 static void test_dispatch(void) {
     const int cpu_bf16 = mp_cpu_has_avx512bf16() && mp_cpu_has_avx512();
     maskpack_isa r = MASKPACK_ISA_REF;
     maskpack_error e;
     unsetenv("MASKPACK_ISA");
-    /* AUTO: bf16 inputs on the f32 kernel f32 inputs run, wherever (the query says so) */
+    const int cpu_amx = mp_cpu_has_amx() && mp_cpu_has_avx512();
+    /* AUTO: bf16 inputs on the AMX kernel where the CPU has AMX, else on the f32 kernel f32 inputs
+     * run; never on the AVX512-BF16 kernel; f32 inputs never on a bf16 kernel (the query says so) */
     CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AUTO, &r, &e), e);
-    CHECK(r == auto_f32());
+    CHECK(r == (cpu_amx ? MASKPACK_ISA_AMX : auto_f32()));
     CHECK(r != MASKPACK_ISA_AVX512_BF16);
-    /* by name: the bf16 kernel exactly where the CPU has AVX512-BF16 */
+    CHECK(auto_f32() != MASKPACK_ISA_AMX && auto_f32() != MASKPACK_ISA_AVX512_BF16);
+    /* by name: each bf16 kernel exactly where the CPU has its features */
     CHECK(has_bf16_kernel() == cpu_bf16);
+    CHECK(has_kernel(MASKPACK_ISA_AMX) == cpu_amx);
     const int64_t lens[] = {70, 5};
     problem P = make(lens, 2, MASKPACK_PLACE_PACKED, 0, 1, 2, 16, 32);
     if (cpu_bf16) {
@@ -432,12 +504,16 @@ static void test_dispatch(void) {
         CHECK(r == MASKPACK_ISA_AVX512_BF16);
         CHECK_OK(maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16, &r, &e), e);
         CHECK(r == MASKPACK_ISA_AVX512_BF16);
-        /* an amx request (the rule has no AMX kernel) runs what AUTO runs, never this kernel: only its
-         * own name takes it (on a CPU without AMX the request itself is refused) */
-        if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AMX, &r, &e) == MASKPACK_OK)
-            CHECK(r == auto_f32());
-        else
+        /* an amx request runs the AMX kernel, never this one: only its own name takes it (on a CPU
+         * without AMX the request itself is refused, naming AMX) */
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AMX, &r, &e) == MASKPACK_OK) {
+            CHECK(cpu_amx);
+            CHECK(r == MASKPACK_ISA_AMX);
+        } else {
+            CHECK(!cpu_amx);
             CHECK_EQ(e.status, MASKPACK_ERR_UNSUPPORTED);
+            CHECK_MSG(e, "AMX");
+        }
         /* MASKPACK_ISA forcing it: the same bits as asking by name, and the query says so */
         outs a, b;
         CHECK_OK(run(&P, MASKPACK_ISA_AVX512_BF16, 1, MASKPACK_BF16, 0, &a, &e), e);
@@ -483,8 +559,8 @@ static void test_dispatch(void) {
 
 /* Mixed dtypes (q, k bf16, v f32) and f32 inputs asking for it run the f32 (AVX-512) kernels,
  * bitwise: the bf16 ones would round what the caller gave in f32. */
-static void test_f32_inputs(void) {
-    if (!has_bf16_kernel()) return;
+static void test_f32_inputs_isa(maskpack_isa isa) {
+    if (!has_kernel(isa)) return;
     const int64_t lens[] = {70, 5};
     problem P = make(lens, 2, MASKPACK_PLACE_PACKED, 0, 1, 2, 16, 32);
     const maskpack_layout *L = P.L;
@@ -506,7 +582,7 @@ static void test_f32_inputs(void) {
         maskpack_tensor t1 = tok(L, o1, MASKPACK_F32, P.HV, P.V), t2 = tok(L, o2, MASKPACK_F32, P.HV, P.V);
         maskpack_gdn_options o = maskpack_gdn_options_default();
         maskpack_error e;
-        o.isa = MASKPACK_ISA_AVX512_BF16;
+        o.isa = isa;
         CHECK_OK(maskpack_gdn_forward(L, &in, &o, &t1, NULL, NULL, 0, &e), e);
         o.isa = MASKPACK_ISA_AVX512;
         CHECK_OK(maskpack_gdn_forward(L, &in, &o, &t2, NULL, NULL, 0, &e), e);
@@ -517,13 +593,18 @@ static void test_f32_inputs(void) {
     unmake(&P);
 }
 
+static void test_f32_inputs(void) {
+    test_f32_inputs_isa(MASKPACK_ISA_AVX512_BF16);
+    test_f32_inputs_isa(MASKPACK_ISA_AMX);
+}
+
 /* The operator's workspace query covers both kernels (it cannot know the run's dtype): a bf16 run
  * takes a workspace of that size and refuses one byte less, as an f32 run does. */
-static void test_op_workspace(void) {
+static void test_op_workspace_isa(maskpack_isa isa) {
     const int64_t lens[] = {70, 5};
     problem P = make(lens, 2, MASKPACK_PLACE_PACKED, 0, 1, 2, 16, 32);
     maskpack_gdn_options o = maskpack_gdn_options_default();
-    if (has_bf16_kernel()) o.isa = MASKPACK_ISA_AVX512_BF16;
+    if (has_kernel(isa)) o.isa = isa;
     maskpack_gdn_op *g = NULL;
     maskpack_error e;
     CHECK_OK(maskpack_gdn_op_create(P.L, P.H, P.HV, P.K, P.V, &o, &g, &e), e);
@@ -542,6 +623,11 @@ static void test_op_workspace(void) {
     free(ws), free(ob);
     maskpack_gdn_op_free(g);
     unmake(&P);
+}
+
+static void test_op_workspace(void) {
+    test_op_workspace_isa(MASKPACK_ISA_AVX512_BF16);
+    test_op_workspace_isa(MASKPACK_ISA_AMX);
 }
 
 int main(void) {

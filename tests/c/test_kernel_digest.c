@@ -256,8 +256,8 @@ static double elem(const void *p, int bf16, int64_t i) {
  * a bf16 problem, whose kernels may round the softmax weights to bf16), bf16 outputs 4 bf16 ulps
  * relative plus 5e-2 of the rms (a vector backward starts from its own forward's rounded out and
  * lse, the reference's from the reference's). bf16_problem 2: a kernel whose products take bf16
- * operands throughout (the rule's AVX512-BF16 kernel): its f32 outputs (the states) come through
- * the same rounded products as its bf16 outputs, so they get the bf16 outputs' bound. */
+ * operands throughout (the rule's AVX512-BF16 and AMX kernels): its f32 outputs (the states) come
+ * through the same rounded products as its bf16 outputs, so they get the bf16 outputs' bound. */
 static void close_to_ref(const char *name, const void *a, const void *b, int64_t n, int bf16, int bf16_problem) {
     double ss = 0, worst = 0;
     int64_t finite = 0, mismatch = 0;
@@ -523,11 +523,12 @@ static void gdn_case(const gcase *c, uint64_t seed) {
         for (int o = 0; o < 10; o++) outs[x][o] = calloc((size_t)counts[o], isbf[o] ? 2 : 4);
         maskpack_gdn_options op = maskpack_gdn_options_default();
         op.isa = ISAS[x];
-        /* which kernel the request runs on this problem's dtype (the bf16 one rounds its operands) */
+        /* which kernel the request runs on this problem's dtype (the bf16 ones, AVX512-BF16 and AMX,
+         * round their operands) */
         maskpack_isa ran = MASKPACK_ISA_REF;
         maskpack_error re;
         const int bf16_kernel = maskpack_isa_resolve(MASKPACK_KERNEL_GDN, dt, ISAS[x], &ran, &re) == MASKPACK_OK &&
-                                ran == MASKPACK_ISA_AVX512_BF16;
+                                (ran == MASKPACK_ISA_AVX512_BF16 || ran == MASKPACK_ISA_AMX);
         op.l2norm = c->l2norm;
         op.n_threads = c->threads;
         maskpack_error e;

@@ -24,18 +24,25 @@ maskpack_gdn_options maskpack_gdn_options_default(void) {
 /* ---- the kernel table ------------------------------------------------------------------------ */
 
 /* The rule's kernels: one per ISA, each the framework of gdn_kernel.inc over its micro-kernels
- * (GEMMs, exp, transpose, the chunk inverse). The AVX512-BF16 entry's kernels are for bf16 inputs
- * (their chunk products round the operands to bf16 and multiply them with VDPBF16PS); f32 (or
- * mixed) inputs asking for it run the AVX-512 entry's kernels (kern_for: rounding f32 operands would
- * lose what the caller gave), as attention's AVX512-BF16 entry runs f32 on AVX-512. AUTO does not pick it
- * (auto_dtypes 0): on the Xeon it was measured on (family 6 model 207), VDPBF16PS retires one
- * instruction per 2 cycles, 16 multiply-adds a cycle against the 32 of two f32 FMAs, and the
- * kernel ran at about 0.6x the f32 kernel's speed (docs/kernels.md); so AUTO runs bf16 inputs on
- * the AVX-512 entry, converted to f32 on load, and the bf16 kernel is asked for by name (isa or
- * MASKPACK_ISA=avx512_bf16; an amx request, which the rule has no kernel for, runs what AUTO would:
- * mp_kernel_pick takes an entry AUTO skips only by its own name). A CPU whose
- * VDPBF16PS retires one per cycle would make it the faster one: then AUTO should take it for bf16
- * (auto_dtypes MP_DT(MASKPACK_BF16)), once measured there. Its recurrent forward is the AVX-512
+ * (GEMMs, exp, transpose, the chunk inverse). The AVX512-BF16 and AMX entries' kernels are for bf16
+ * inputs (their chunk products round the operands to bf16 and multiply them with VDPBF16PS, or on
+ * the AMX tiles with TDPBF16PS; the same packed pairs, summed in the same order: gdn_bf16_gemm.h);
+ * f32 (or mixed) inputs asking for either run the AVX-512 entry's kernels (kern_for: rounding f32
+ * operands would lose what the caller gave), as attention's AVX512-BF16 entry runs f32 on AVX-512.
+ * AUTO takes the AMX entry for bf16 inputs (auto_dtypes bf16): a TDPBF16PS does 16 x 16 x 32
+ * multiply-adds and Sapphire Rapids issues one per 16 cycles, 512 a cycle against the 32 of two
+ * f32 FMAs (peak rates; the packing and the epilogue stay vector code, and the kernel's speed has
+ * not been measured on an AMX CPU yet: its tests ran on the emulated tiles), so the products, most
+ * of the chunked work, should run several times faster; AUTO runs f32 inputs on the AVX-512 entry
+ * (auto_dtypes leaves f32 out). AUTO does not pick the AVX512-BF16 entry (auto_dtypes 0): on the
+ * Xeon it was measured on (family 6 model 207), VDPBF16PS retires one instruction per 2 cycles, 16
+ * multiply-adds a cycle against the 32 of two f32 FMAs, and the kernel ran at about 0.6x the f32
+ * kernel's speed (docs/kernels.md); so on a CPU with AVX512-BF16 but no AMX, AUTO runs bf16 inputs
+ * on the AVX-512 entry, converted to f32 on load, and the AVX512-BF16 kernel is asked for by name
+ * (isa or MASKPACK_ISA=avx512_bf16; mp_kernel_pick takes an entry AUTO skips only by its own name,
+ * and an amx request on such a CPU is refused as any forced ISA the CPU lacks). A CPU whose
+ * VDPBF16PS retires one per cycle would make it the faster one there: then AUTO should take it for
+ * bf16 (auto_dtypes MP_DT(MASKPACK_BF16)), once measured. Their recurrent forward is the AVX-512
  * one (no products to take in bf16). */
 #define GDN_ENTRY(ISA, sfx, transpose, expv)                                                                           \
     {                                                                                                                  \
@@ -56,6 +63,18 @@ static const gdn_kernel GDN_KERNELS[] = {
      /* the table's GEMMs are the f32 ones: what f32 inputs run here, and what the context-parallel
       * correction (src/distributed/cp_gdn.c) multiplies its f32 pieces with; the kernels' bf16
       * products are compiled into their own tasks (gdn_gemm_x_avx512bf16, test_gdn_bf16.c) */
+     gdn_gemm_avx512,
+     gdn_gemm_x_avx512,
+     gdn_inv_lower_avx512,
+     gdn_transpose_avx512,
+     gdn_expv_avx512},
+    {{MASKPACK_KERNEL_GDN, MASKPACK_ISA_AMX, "gdn/amx", GDN_FLOAT_DTYPES, MP_DT(MASKPACK_BF16)},
+     gdn_ws_floats_fwd_amx,
+     gdn_ws_floats_bwd_amx,
+     gdn_fwd_chunk_amx,
+     gdn_fwd_recurrent_avx512,
+     gdn_bwd_chunk_amx,
+     /* the f32 GEMMs, as on the AVX512-BF16 entry (its tile products: gdn_gemm_x_amx) */
      gdn_gemm_avx512,
      gdn_gemm_x_avx512,
      gdn_inv_lower_avx512,
@@ -105,9 +124,10 @@ static maskpack_dtype kernel_dtype(const gdn_problem *P) {
 }
 
 /* (picked entry, dtype of the inputs) -> the entry whose kernels run them: the AVX-512 entry's for
- * f32 inputs on the AVX512-BF16 entry (whose own kernels are for bf16), else the entry itself. */
+ * f32 inputs on the AVX512-BF16 or AMX entry (whose own kernels are for bf16), else the entry itself. */
 static const gdn_kernel *kern_for(const gdn_kernel *k, maskpack_dtype dt) {
-    if (k->desc.isa != MASKPACK_ISA_AVX512_BF16 || dt == MASKPACK_BF16) return k;
+    const int bf16_entry = k->desc.isa == MASKPACK_ISA_AVX512_BF16 || k->desc.isa == MASKPACK_ISA_AMX;
+    if (!bf16_entry || dt == MASKPACK_BF16) return k;
     for (size_t i = 0; i < N_GDN_KERNELS; i++)
         if (GDN_KERNELS[i].desc.isa == MASKPACK_ISA_AVX512) return &GDN_KERNELS[i];
     return k;
@@ -558,7 +578,7 @@ struct maskpack_gdn_op {
     gdn_problem dims;         /* H, HV, G, K, V, Kp, Vp, bwd_slots (no views) */
     maskpack_gdn_options opts;
     const gdn_kernel *kern, *kern_bf16; /* f32 inputs' and bf16 inputs' (see kernel_dtype) */
-    task *fwd, *bwd; /* one allocation; bwd == fwd when both forms take key heads */
+    task *fwd, *bwd;                    /* one allocation; bwd == fwd when both forms take key heads */
     size_t n_fwd, n_bwd;
     mp_op_ws ws; /* kept for the runs that bring no workspace */
 };

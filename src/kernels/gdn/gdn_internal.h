@@ -70,18 +70,20 @@ typedef struct gdn_pf {
     const float *st_src;
     int64_t st_n, st_next, st_len, st_ldd, st_lds;
     float st_mul;
-    /* The bf16 build's packing area (gdn_avx512bf16.c): the two operands of one product as bf16
-     * pairs, pk_words 32-bit words carved from the thread's workspace; NULL in the f32 builds. */
+    /* The bf16 builds' packing area (gdn_avx512bf16.c, gdn_amx.c): the two operands of one product as
+     * bf16 pairs, pk_words 32-bit words carved from the thread's workspace; NULL in the f32 builds. */
     uint32_t *pk;
     int64_t pk_words;
 } gdn_pf;
 
-/* Floats of per-thread workspace: forward (chunked or recurrent) and backward; the _bf16 ones add
- * the bf16 build's packing area. */
+/* Floats of per-thread workspace: forward (chunked or recurrent) and backward; the _bf16 and _amx
+ * ones add the bf16 builds' packing area. */
 size_t gdn_ws_floats_fwd(const gdn_problem *P, int chunked);
 size_t gdn_ws_floats_bwd(const gdn_problem *P);
 size_t gdn_ws_floats_fwd_bf16(const gdn_problem *P, int chunked);
 size_t gdn_ws_floats_bwd_bf16(const gdn_problem *P);
+size_t gdn_ws_floats_fwd_amx(const gdn_problem *P, int chunked);
+size_t gdn_ws_floats_bwd_amx(const gdn_problem *P);
 
 /* Tasks. Chunked forward and backward: one segment and one key head (its G value heads);
  * recurrent forward: one segment and one value head. ws: aligned per-thread workspace. */
@@ -100,6 +102,10 @@ void gdn_bwd_chunk_avx2(const gdn_problem *P, size_t seg, int64_t kh, float *ws)
  * recurrent forward is the AVX-512 one (no products to take in bf16). */
 void gdn_fwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 void gdn_bwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+/* The AMX build (gdn_amx.c): the same chunked forms with the same bf16 products on the tiles
+ * (TDPBF16PS); its recurrent forward is the AVX-512 one too. */
+void gdn_fwd_chunk_amx(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
+void gdn_bwd_chunk_amx(const gdn_problem *P, size_t seg, int64_t kh, float *ws);
 
 /* Primitive tests hook (used by tests/c/test_gdn.c through the static library). */
 void gdn_gemm_ref(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
@@ -128,6 +134,12 @@ void gdn_gemm_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const fl
 void gdn_gemm_x_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda,
                            const float *B, int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf,
                            const float *Cin, float cs);
+/* The AMX build's products: the same contract and the same bf16 operands, multiplied on the tiles
+ * (TDPBF16PS, f32 accumulation); a call outside the build's tasks configures the tiles itself. */
+void gdn_gemm_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float *C, int64_t ldc, unsigned flags);
+void gdn_gemm_x_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 /* The AVX-512 build's row primitives, exported for the AVX512-BF16 build, which shares them (see
  * gdn_avx512.c: pf_drain, avx_stream_row, avx_load_l2_f32, avx_decay_rows). */
 void gdn_pf_drain_avx512(gdn_pf *pf, int count, int64_t rows);
