@@ -15,8 +15,9 @@
  * one), against the peak of the widest FMA the CPU has (bench/common/fma_peak.h: AVX-512, else
  * AVX2 + FMA), which is what that kernel uses.
  * Also reported: the reference (portable) kernel, the recurrent form and the backward.
- * bf16: where the rule has its AVX512-BF16 kernel (bf16 inputs, bf16 chunk products, f32 state;
- * asked for by name: AUTO runs bf16 on the f32 kernel, see src/kernels/gdn/gdn_api.c), its forward
+ * bf16: where the rule has a bf16 kernel (bf16 inputs, bf16 chunk products, f32 state): the AMX one
+ * where the CPU has AMX (AUTO's for bf16), else the AVX512-BF16 one (asked for by name: AUTO runs bf16
+ * on the f32 kernel there, see src/kernels/gdn/gdn_api.c), its forward
  * and backward on the same data in bf16 against the f32 kernel (the best f32 one, on
  * the f32 inputs), run pair by pair in this process (f32 run, bf16 run, alternating), reported as
  * the median of the per-pair time ratios f32 / bf16 (target >= 1.4x), with the load average; and
@@ -158,14 +159,18 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
     maskpack_error e;
     maskpack_isa au = MASKPACK_ISA_REF;
     if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AUTO, &au, &e)) return 1;
-    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, MASKPACK_ISA_AVX512_BF16, &bf, &e) ||
-        bf != MASKPACK_ISA_AVX512_BF16) {
-        printf("bf16: no AVX512-BF16 kernel here: bf16 inputs run the %s kernel (converted on load)\n",
-               maskpack_isa_name(au));
-        return 0;
+    /* the bf16 kernel to measure: AMX's where the CPU has it, else AVX512-BF16's */
+    maskpack_isa want16 = MASKPACK_ISA_AMX;
+    if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, want16, &bf, &e) || bf != want16) {
+        want16 = MASKPACK_ISA_AVX512_BF16;
+        if (maskpack_isa_resolve(MASKPACK_KERNEL_GDN, MASKPACK_BF16, want16, &bf, &e) || bf != want16) {
+            printf("bf16: no AMX or AVX512-BF16 kernel here: bf16 inputs run the %s kernel (converted on load)\n",
+                   maskpack_isa_name(au));
+            return 0;
+        }
     }
-    printf("bf16: AUTO runs bf16 inputs on the %s kernel; the rows below ask for avx512_bf16 by name\n",
-           maskpack_isa_name(au));
+    printf("bf16: AUTO runs bf16 inputs on the %s kernel; the rows below ask for %s by name\n",
+           maskpack_isa_name(au), maskpack_isa_name(want16));
     const size_t nq = (size_t)(T * H * K), nv = (size_t)(T * HV * V), nh = (size_t)(T * HV);
     uint16_t *bq = to_bf16(q, nq), *bk = to_bf16(k, nq), *bv = to_bf16(v, nv), *bg = to_bf16(g, nh);
     uint16_t *bb = to_bf16(b, nh), *bdo = to_bf16(dO, nv);
@@ -200,7 +205,7 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
         maskpack_gdn_grads g16 = {&a16[0], &a16[1], &a16[2], &a16[3], &a16[4], NULL};
         maskpack_gdn_options o32op = maskpack_gdn_options_default(), o16op = maskpack_gdn_options_default();
         maskpack_gdn_options ocv = maskpack_gdn_options_default();
-        o32op.isa = f32_isa, o16op.isa = MASKPACK_ISA_AVX512_BF16, ocv.isa = f32_isa;
+        o32op.isa = f32_isa, o16op.isa = want16, ocv.isa = f32_isa;
         o32op.n_threads = o16op.n_threads = ocv.n_threads = nt;
         for (int bw = 0; bw < 2 && !rc; bw++) {
             size_t b32 = 0, b16 = 0, bcv = 0;
@@ -372,9 +377,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (size_t i = 0; i < n_info && i < 32 && n_cfg < 14; i++) {
-        /* (avx512_bf16 runs f32 inputs on the AVX-512 kernels: its own rows, in bf16, are below) */
+        /* (avx512_bf16 and amx run f32 inputs on the AVX-512 kernels: their own rows, in bf16, are below) */
         if (info[i].family != MASKPACK_KERNEL_GDN || !info[i].available || info[i].isa == best ||
-            info[i].isa == MASKPACK_ISA_AVX512_BF16)
+            info[i].isa == MASKPACK_ISA_AVX512_BF16 || info[i].isa == MASKPACK_ISA_AMX)
             continue;
         snprintf(names[n_cfg], sizeof names[0], "forward chunked %-6s", maskpack_isa_name(info[i].isa));
         cfg[n_cfg] = (bench_cfg){names[n_cfg], info[i].isa, 1, 0, 1};

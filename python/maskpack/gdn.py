@@ -53,13 +53,14 @@ def _check_call(layout: Any, **tensors: Any) -> None:
 
 # (dtype) -> the rule's kernel name here for inputs of that dtype ("avx512", "avx2", "ref", ...)
 def gdn_isa(dtype: Any = "float32") -> str:
-    """The kernel the rule runs here for q, k, v of ``dtype`` (float32 or bfloat16): ``"avx512"``,
-    ``"avx2"`` or ``"ref"`` under ``AUTO``, for either dtype. bfloat16 inputs are converted once to
-    float32 as they are loaded and run the float32 kernel: the bf16 kernel (``"avx512_bf16"``, chunk
-    products on VDPBF16PS) is taken only when asked for by name, since on the CPUs it was measured on
-    its dot products run at half the f32 FMA rate (docs/kernels.md). ``MASKPACK_ISA`` forces one
-    (``amx``, which the rule has no kernel for, runs what ``AUTO`` runs); forcing one the CPU lacks
-    raises ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback).
+    """The kernel the rule runs here for q, k, v of ``dtype`` (float32 or bfloat16): under ``AUTO``,
+    ``"amx"`` for bfloat16 on a CPU with AMX (the chunk products on the tiles, TDPBF16PS), else
+    ``"avx512"``, ``"avx2"`` or ``"ref"``, for either dtype. Without AMX, bfloat16 inputs are converted
+    once to float32 as they are loaded and run the float32 kernel: the bf16 dot-product kernel
+    (``"avx512_bf16"``, chunk products on VDPBF16PS) is taken only when asked for by name, since on the
+    CPUs it was measured on its dot products run at half the f32 FMA rate (docs/kernels.md).
+    ``MASKPACK_ISA`` forces one (float32 inputs asking for ``amx`` or ``avx512_bf16`` run the AVX-512
+    kernel); forcing one the CPU lacks raises ``MASKPACK_ERR_UNSUPPORTED`` (never a silent fallback).
     """
     return _gdn.resolve_isa(named_dtype_code(dtype))
 

@@ -8,7 +8,8 @@
  *  - padded == packed == packed rows, 1 thread == 3, the operator == the plain call, bitwise;
  *  - the AMX kernel == the AVX512-BF16 kernel bitwise, products and rule (the same pairs summed
  *    from 0 in the same order, pair by pair, even product first: gdn_bf16_gemm.h; what the
- *    emulation, src/kernels/isa/simde_amx.h, carries out for both instructions);
+ *    emulation, src/kernels/isa/simde_amx.h, carries out for both instructions): asserted in the
+ *    emulated build, reported on hardware (AMX_EQ_BF16_ASSERTED);
  *  - dispatch: asked for by name (isa or MASKPACK_ISA) each runs bf16 inputs where the CPU has its
  *    features, f32 or mixed inputs on the f32 kernel; AUTO runs bf16 inputs on the AMX kernel where
  *    the CPU has AMX, else on the f32 kernel (converted on load: the AVX512-BF16 kernel is the
@@ -43,6 +44,18 @@ static float bfr(float x) { return mp_bf16_to_f32(mp_f32_to_bf16(x)); }
  * operands. Each product of two bf16 is exact in f32, so the kernel's only error is the f32
  * accumulation of kd + 1 terms (and the epilogue's alpha, cs Cin): bounded by
  * (kd + 3) 2^-24 (|alpha| sum |a b| + |cs Cin|), the standard bound of a sum of kd + 3 terms. */
+/* Whether the AMX kernel must equal the AVX512-BF16 one bit for bit: in the emulated build
+ * (GDN_BF16_EMULATED_AMX, tests/c/meson.build), where simde_amx.h carries out TDPBF16PS and VDPBF16PS
+ * with the same per-pair order and roundings, it must. On hardware the two instructions' internal
+ * accumulation (the instruction set reference leaves the order within a pair and intermediate
+ * precision to the implementation) may round the last bit otherwise, and no AMX CPU has run this
+ * yet: there the comparison is reported, not asserted; both stay held to the bounds. */
+#ifdef GDN_BF16_EMULATED_AMX
+#define AMX_EQ_BF16_ASSERTED 1
+#else
+#define AMX_EQ_BF16_ASSERTED 0
+#endif
+
 typedef void (*gemm_x_fn)(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                           int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs);
 
@@ -134,7 +147,7 @@ static void test_gemm(void) {
                     for (int64_t j = 0; j < n; j++)
                         if (!((fl[f] & GDN_GEMM_TRI_OUT) && j > i))
                             diff += memcmp(&c1[i * (n + 16) + j], &c2[i * (n + 16) + j], 4) != 0;
-                CHECK(diff == 0);
+                if (AMX_EQ_BF16_ASSERTED) CHECK(diff == 0);
                 if (diff)
                     fprintf(stderr, "test_gdn_bf16: amx gemm m %lld n %lld kd %lld flags %u: %d entries differ\n",
                             (long long)m, (long long)n, (long long)kd, fl[f], diff);
@@ -461,7 +474,7 @@ static void test_rule_isa(maskpack_isa isa) {
             CHECK(compare(&pk, &aut, &pk, &cvt, i, &r, &m)); /* AUTO runs the AMX or the f32 kernel */
             if (vs) {
                 const int same = compare(&pk, &bfb, &pk, &vb, i, &r, &m) && compare(&pk, &bf, &pk, &vb32, i, &r, &m);
-                CHECK(same);
+                if (AMX_EQ_BF16_ASSERTED) CHECK(same);
                 if (!same) fprintf(stderr, "test_gdn_bf16: amx != avx512_bf16 on %s (rms %.2e)\n", ONAME[i], r);
             }
         }

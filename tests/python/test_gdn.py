@@ -351,8 +351,10 @@ def test_chunked_and_recurrent_agree_and_reference_kernel():
 
 
 def test_isa_amx_means_avx512():
-    """MASKPACK_ISA=amx (which the attention reads too) selects the AVX-512 kernel of the rule on a
-    CPU with AMX; a CPU without AMX refuses it, naming it, as every kernel family does."""
+    """MASKPACK_ISA=amx (which the attention reads too) runs float32 inputs of the rule on the AVX-512
+    kernel on a CPU with AMX (the amx entry, whose own kernel is for bfloat16: gdn_isa names the entry,
+    the bits are the AVX-512 kernel's); a CPU without AMX refuses it, naming it, as every kernel family
+    does."""
     lengths = [5, 64, 70]
     lay = maskpack.Layout.from_lengths(lengths, placement="packed")
     xs = make_inputs((sum(lengths),), 2, 4, 32, 32)
@@ -376,7 +378,7 @@ def test_isa_amx_means_avx512():
             assert e.value.status == "MASKPACK_ERR_UNSUPPORTED"
             assert "amx" in str(e.value)
         else:
-            assert maskpack.gdn_isa() == "avx512"
+            assert maskpack.gdn_isa() == "amx"
             o_amx, s_amx = maskpack.gated_delta_rule(*xs, lay)
             assert torch.equal(o_amx, o_avx) and torch.equal(s_amx, s_avx)
         os.environ["MASKPACK_ISA"] = "ref"
@@ -405,13 +407,22 @@ def _with_isa(name, fn):
 
 
 def test_isa_per_dtype():
-    """gdn_isa(dtype) names the kernel inputs of that dtype run: under AUTO bfloat16 runs the float32
-    kernel (converted once as rows load); asked for by name, avx512_bf16 runs bfloat16 on its dot
-    products (its float32 calls run the AVX-512 kernel), or is refused, naming the feature, where the CPU
-    lacks AVX512-BF16."""
+    """gdn_isa(dtype) names the kernel inputs of that dtype run: under AUTO bfloat16 runs the AMX kernel
+    where the CPU has AMX, else the float32 kernel (converted once as rows load), never avx512_bf16;
+    float32 never a bf16 kernel; amx by name is that kernel, or is refused, naming AMX, where the CPU
+    lacks it; asked for by name, avx512_bf16 runs bfloat16 on its dot products (its float32 calls run
+    the AVX-512 kernel), or is refused, naming the feature, where the CPU lacks AVX512-BF16."""
     best = _with_isa("auto", maskpack.gdn_isa)
-    assert _with_isa("auto", lambda: maskpack.gdn_isa("bfloat16")) == best
-    assert _with_isa("auto", lambda: maskpack.gdn_isa(torch.bfloat16)) == best
+    assert best in ("avx512", "avx2", "ref")
+    try:
+        amx16 = _with_isa("amx", lambda: maskpack.gdn_isa("bfloat16"))
+        assert amx16 == "amx"
+    except maskpack.Error as e:
+        assert e.status == "MASKPACK_ERR_UNSUPPORTED" and "AMX" in str(e)
+        amx16 = None
+    auto16 = "amx" if amx16 else best
+    assert _with_isa("auto", lambda: maskpack.gdn_isa("bfloat16")) == auto16
+    assert _with_isa("auto", lambda: maskpack.gdn_isa(torch.bfloat16)) == auto16
     assert _with_isa("auto", lambda: maskpack.gdn_isa(torch.float32)) == best
     try:
         got16 = _with_isa("avx512_bf16", lambda: maskpack.gdn_isa("bfloat16"))
