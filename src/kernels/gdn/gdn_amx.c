@@ -48,25 +48,7 @@
 #define BF_TILES 1
 #include "gdn_bf16_gemm.h"
 
-/* The 64-byte tile configuration of palette 1. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_tile_config;
-
-/* () -> this thread's tiles configured: every tile 16 rows x 64 bytes (C tiles 16 x 16 f32, A tiles
- * 16 rows x 16 pairs, B tiles 16 pairs x 16 columns x 2), all zero. */
-static void amx_tiles_on(void) {
-    amx_tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
+#include "../isa/amx_tiles.h" /* amx_tiles_on */
 
 /* The driver's block (gdn_bf16_gemm.h) on the tiles: C rows [0, mr) (mr <= 32: one or two row
  * tiles) x columns [0, 16 nv) from pairs [p0, p1) (whole K-steps: p0 and p1 multiples of 16, the
