@@ -154,7 +154,7 @@ static double timed(const maskpack_layout *L, const maskpack_gdn_inputs *in, con
  * non-zero on a failed call. */
 static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, maskpack_isa f32_isa, int nt, int runs,
                     int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V, const float *q, const float *k,
-                    const float *v, const float *g, const float *b, const float *dO) {
+                    const float *v, const float *g, const float *b, const float *dO, double gflop) {
     maskpack_isa bf = MASKPACK_ISA_REF;
     maskpack_error e;
     maskpack_isa au = MASKPACK_ISA_REF;
@@ -169,8 +169,13 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
             return 0;
         }
     }
-    printf("bf16: AUTO runs bf16 inputs on the %s kernel; the rows below ask for %s by name\n",
-           maskpack_isa_name(au), maskpack_isa_name(want16));
+    printf("bf16: AUTO runs bf16 inputs on the %s kernel; the rows below ask for %s by name\n", maskpack_isa_name(au),
+           maskpack_isa_name(want16));
+    /* the peak of the unit the bf16 kernel's products run on, measured here as the f32 one is */
+    const int tiles = want16 == MASKPACK_ISA_AMX;
+    const double peak16 = tiles ? bench_amx_peak(nt, 200 * 1000, 25) : bench_bf16dot_peak(nt, 500 * 1000, 25);
+    const char *unit = tiles ? "AMX tile (TDPBF16PS loop)" : "bf16 dot-product (VDPBF16PS loop)";
+    printf("bf16: %s peak on %d threads: %.1f GFLOP/s\n", unit, nt, peak16);
     const size_t nq = (size_t)(T * H * K), nv = (size_t)(T * HV * V), nh = (size_t)(T * HV);
     uint16_t *bq = to_bf16(q, nq), *bk = to_bf16(k, nq), *bv = to_bf16(v, nv), *bg = to_bf16(g, nh);
     uint16_t *bb = to_bf16(b, nh), *bdo = to_bf16(dO, nv);
@@ -179,8 +184,8 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
     uint16_t *o16 = malloc(nv * 2), *dq16 = malloc(nq * 2), *dk16 = malloc(nq * 2), *dv16 = malloc(nv * 2);
     uint16_t *dg16 = malloc(nh * 2), *db16 = malloc(nh * 2);
     int rc = 0;
-    if (!bq || !bk || !bv || !bg || !bb || !bdo || !o32 || !dq32 || !dk32 || !dv32 || !dg32 || !db32 || !o16 ||
-        !dq16 || !dk16 || !dv16 || !dg16 || !db16) {
+    if (!bq || !bk || !bv || !bg || !bb || !bdo || !o32 || !dq32 || !dk32 || !dv32 || !dg32 || !db32 || !o16 || !dq16 ||
+        !dk16 || !dv16 || !dg16 || !db16) {
         fprintf(stderr, "bench_gdn: out of memory for the bf16 rows\n");
         rc = 1;
         goto done;
@@ -188,19 +193,24 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
     {
         int64_t sq[3] = {T, H, K}, sv[3] = {T, HV, V}, sg[2] = {T, HV};
         const maskpack_dtype B16 = MASKPACK_BF16, F32 = MASKPACK_F32;
-        maskpack_tensor tq = maskpack_tensor_contiguous(bq, B16, 3, sq), tk = maskpack_tensor_contiguous(bk, B16, 3, sq);
-        maskpack_tensor tv = maskpack_tensor_contiguous(bv, B16, 3, sv), tg = maskpack_tensor_contiguous(bg, B16, 2, sg);
+        maskpack_tensor tq = maskpack_tensor_contiguous(bq, B16, 3, sq),
+                        tk = maskpack_tensor_contiguous(bk, B16, 3, sq);
+        maskpack_tensor tv = maskpack_tensor_contiguous(bv, B16, 3, sv),
+                        tg = maskpack_tensor_contiguous(bg, B16, 2, sg);
         maskpack_tensor tb = maskpack_tensor_contiguous(bb, B16, 2, sg);
         maskpack_tensor tdo16 = maskpack_tensor_contiguous(bdo, B16, 3, sv);
         maskpack_tensor tdo32 = maskpack_tensor_contiguous((void *)dO, F32, 3, sv);
         maskpack_gdn_inputs in16 = {&tq, &tk, &tv, &tg, &tb, NULL};
-        maskpack_tensor to32 = maskpack_tensor_contiguous(o32, F32, 3, sv), to16 = maskpack_tensor_contiguous(o16, B16, 3, sv);
-        maskpack_tensor a32[5] = {maskpack_tensor_contiguous(dq32, F32, 3, sq), maskpack_tensor_contiguous(dk32, F32, 3, sq),
-                                  maskpack_tensor_contiguous(dv32, F32, 3, sv), maskpack_tensor_contiguous(dg32, F32, 2, sg),
-                                  maskpack_tensor_contiguous(db32, F32, 2, sg)};
-        maskpack_tensor a16[5] = {maskpack_tensor_contiguous(dq16, B16, 3, sq), maskpack_tensor_contiguous(dk16, B16, 3, sq),
-                                  maskpack_tensor_contiguous(dv16, B16, 3, sv), maskpack_tensor_contiguous(dg16, B16, 2, sg),
-                                  maskpack_tensor_contiguous(db16, B16, 2, sg)};
+        maskpack_tensor to32 = maskpack_tensor_contiguous(o32, F32, 3, sv),
+                        to16 = maskpack_tensor_contiguous(o16, B16, 3, sv);
+        maskpack_tensor a32[5] = {
+            maskpack_tensor_contiguous(dq32, F32, 3, sq), maskpack_tensor_contiguous(dk32, F32, 3, sq),
+            maskpack_tensor_contiguous(dv32, F32, 3, sv), maskpack_tensor_contiguous(dg32, F32, 2, sg),
+            maskpack_tensor_contiguous(db32, F32, 2, sg)};
+        maskpack_tensor a16[5] = {
+            maskpack_tensor_contiguous(dq16, B16, 3, sq), maskpack_tensor_contiguous(dk16, B16, 3, sq),
+            maskpack_tensor_contiguous(dv16, B16, 3, sv), maskpack_tensor_contiguous(dg16, B16, 2, sg),
+            maskpack_tensor_contiguous(db16, B16, 2, sg)};
         maskpack_gdn_grads g32 = {&a32[0], &a32[1], &a32[2], &a32[3], &a32[4], NULL};
         maskpack_gdn_grads g16 = {&a16[0], &a16[1], &a16[2], &a16[3], &a16[4], NULL};
         maskpack_gdn_options o32op = maskpack_gdn_options_default(), o16op = maskpack_gdn_options_default();
@@ -239,6 +249,9 @@ static int run_bf16(const maskpack_layout *L, const maskpack_gdn_inputs *in32, m
                    "(converted) %8.2f ms\n",
                    what, maskpack_isa_name(bf), t16[m / 2] * 1e3, maskpack_isa_name(f32_isa), t32[m / 2] * 1e3,
                    tcv[m / 2] * 1e3);
+            if (!bw && peak16 > 0) /* the forward's matrix work (the f32 rows' count) against the unit's peak */
+                printf("bf16 forward chunked matrix work: %.1f GFLOP/s = %.1f%% of the %s peak\n", gflop / t16[m / 2],
+                       100.0 * gflop / t16[m / 2] / peak16, tiles ? "AMX tile" : "VDPBF16PS");
             printf("RESULT bf16 %s: %d pairs, median of per-pair ratios %.2fx vs the f32 kernel on f32 inputs "
                    "(min %.2fx, max %.2fx; target >= 1.4x: %s), %.2fx vs it on bf16 inputs; load average %.2f %.2f "
                    "%.2f before, %.2f %.2f %.2f after\n",
@@ -437,7 +450,7 @@ int main(int argc, char **argv) {
             printf("%s: median %8.2f ms  (workspace %.1f MiB)\n", cfg[c].name, med * 1e3, (double)bytes / 1048576.0);
         free(ws);
     }
-    if (run_bf16(L, &in, best, nt, runs, T, H, HV, K, V, q, k, v, g, b, dO)) rc = 1;
+    if (run_bf16(L, &in, best, nt, runs, T, H, HV, K, V, q, k, v, g, b, dO, gflop)) rc = 1;
     /* the machine is shared: measure the peak again after the runs and keep the higher one, so
      * a busy moment during the first measurement cannot flatter the fraction */
     double peak_after = measure_peak(nt, 20000000, 5);
