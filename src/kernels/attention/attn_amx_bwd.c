@@ -40,6 +40,7 @@
 
 #include "attn_avx512_common.h"
 #include "attn_avx512_uk.h"
+#include "attn_bf16_pairs.h" /* pair_rows */
 
 /* Layouts of the products' operands (bf16, or 32-bit words holding a bf16 pair, low half first):
  *   Kr, Vr [W + 64][D32] bf16        K, V rows (A of S^T, dP^T); rows past W are zeros
@@ -105,40 +106,18 @@ static void bwd_uk_pack_keys(const attn_problem *P, const attn_kgroup *G, int32_
     }
 }
 
-/* The top half of an f32 that holds a bf16 value (exact). */
-static inline uint32_t hi16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u >> 16;
-}
-
-/* Rows [BQ][Rs] (bf16 values widened, zero past n) -> YT [D32/2][BQ] pairs of head dims per row
- * (zero past D), and Yp [QP][Dp] pairs of rows per column (pairs past BQ / 2 are zeros). */
-static void pair_rows(const float *Yr, int64_t Rs, int64_t D, int64_t Dp, uint32_t *YT, uint32_t *Yp) {
-    int64_t Dh = r32(D) / 2;
-    for (int64_t p = 0; p < Dh; p++)
-        for (int32_t x = 0; x < BQ; x++) {
-            uint32_t lo = 2 * p < D ? hi16(Yr[x * Rs + 2 * p]) : 0,
-                     hi = 2 * p + 1 < D ? hi16(Yr[x * Rs + 2 * p + 1]) : 0;
-            YT[p * BQ + x] = lo | (hi << 16);
-        }
-    const __m512i lo_mask = _mm512_set1_epi32(0xffff);
-    for (int32_t p = 0; p < BQ / 2; p++)
-        for (int64_t d = 0; d < Dp; d += 16) {
-            __m512i a = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p) * Rs + d));
-            __m512i b = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p + 1) * Rs + d));
-            __m512i w =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a, 16), lo_mask), _mm512_andnot_si512(lo_mask, b));
-            _mm512_storeu_si512((void *)(Yp + p * Dp + d), w);
-        }
+/* Rows [BQ][Rs] -> YT [D32/2][BQ] and Yp [QP][Dp] (pair_rows: pairs of head dims per row, pairs of
+ * rows per column; the pairs past BQ / 2 are zeros). */
+static void pair_rows_tiles(const float *Yr, int64_t Rs, int64_t D, int64_t Dp, uint32_t *YT, uint32_t *Yp) {
+    pair_rows(Yr, Rs, D, r32(D) / 2, Dp, YT, Yp);
     memset(Yp + (BQ / 2) * Dp, 0, (size_t)((QP - BQ / 2) * Dp) * 4);
 }
 
 static void bwd_uk_prepare(const attn_problem *P, const bwd_slot *S, bwd_bufs *B) {
     const bwd_ext *X = &B->ext;
     int64_t D = P->d, Dh = r32(D) / 2, Dp = round16(D), Rs = bwd_rs(Dp);
-    pair_rows(S->Qr, Rs, D, Dp, X->QT + S->c * Dh * BQ, X->Qp + S->c * QP * Dp);
-    pair_rows(S->dOr, Rs, D, Dp, X->dOT + S->c * Dh * BQ, X->dOp + S->c * QP * Dp);
+    pair_rows_tiles(S->Qr, Rs, D, Dp, X->QT + S->c * Dh * BQ, X->Qp + S->c * QP * Dp);
+    pair_rows_tiles(S->dOr, Rs, D, Dp, X->dOT + S->c * Dh * BQ, X->dOp + S->c * QP * Dp);
     /* every row of dQ^T the tiles load (the framework zeroes the first D8) */
     memset(S->dQT, 0, (size_t)(Dp * BQ) * sizeof(float));
 }
@@ -313,25 +292,6 @@ static void bwd_uk_thread_end(void) { _tile_release(); }
 
 #else /* no x86-64: never selected */
 
-size_t attn_amx_bwd_ws(const attn_problem *P, int64_t w) {
-    (void)P;
-    (void)w;
-    return 0;
-}
-void attn_amx_bwd_thread(void *job, int tid) { attn_ref_bwd_thread(job, tid); }
-void attn_amx_bwd_reduce(const attn_bwd_job *job, int64_t u) {
-    (void)job;
-    (void)u;
-}
-size_t attn_amx_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
-    (void)P;
-    (void)max_width;
-    (void)n_tail;
-    return 0;
-}
-void attn_amx_bwd_tail_reduce(void *job, int tid) {
-    (void)job;
-    (void)tid;
-}
+ATTN_BWD_NEVER_SELECTED(attn_amx)
 
 #endif

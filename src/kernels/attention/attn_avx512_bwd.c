@@ -23,25 +23,6 @@
 
 #else /* no x86-64: never selected (mp_cpu_has_avx512() is 0) */
 
-size_t attn_avx512_bwd_ws(const attn_problem *P, int64_t w) {
-    (void)P;
-    (void)w;
-    return 0;
-}
-void attn_avx512_bwd_thread(void *job, int tid) { attn_ref_bwd_thread(job, tid); }
-void attn_avx512_bwd_reduce(const attn_bwd_job *job, int64_t u) {
-    (void)job;
-    (void)u;
-}
-size_t attn_avx512_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
-    (void)P;
-    (void)max_width;
-    (void)n_tail;
-    return 0;
-}
-void attn_avx512_bwd_tail_reduce(void *job, int tid) {
-    (void)job;
-    (void)tid;
-}
+ATTN_BWD_NEVER_SELECTED(attn_avx512)
 
 #endif

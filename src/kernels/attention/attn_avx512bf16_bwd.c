@@ -91,35 +91,11 @@ static void bwd_uk_pack_keys(const attn_problem *P, const attn_kgroup *G, int32_
     }
 }
 
-/* The top half of an f32 that holds a bf16 value (exact). */
-static inline uint32_t hi16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u >> 16;
-}
-
-/* Rows [BQ][Rs] (bf16 values widened, zero past n and past D) -> YT [Dh][BQ] pairs of head dims
- * per row, and Yp [BQ/2][Dp] pairs of rows per column. */
-static void pair_rows(const float *Yr, int64_t Rs, int64_t Dh, int64_t Dp, uint32_t *YT, uint32_t *Yp) {
-    for (int32_t x = 0; x < BQ; x++)
-        for (int64_t p = 0; p < Dh; p++)
-            YT[p * BQ + x] = hi16(Yr[x * Rs + 2 * p]) | (hi16(Yr[x * Rs + 2 * p + 1]) << 16);
-    const __m512i lo_mask = _mm512_set1_epi32(0xffff);
-    for (int32_t p = 0; p < BQ / 2; p++)
-        for (int64_t d = 0; d < Dp; d += 16) {
-            __m512i a = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p) * Rs + d));
-            __m512i b = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p + 1) * Rs + d));
-            __m512i w =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a, 16), lo_mask), _mm512_andnot_si512(lo_mask, b));
-            _mm512_storeu_si512((void *)(Yp + p * Dp + d), w);
-        }
-}
-
 static void bwd_uk_prepare(const attn_problem *P, const bwd_slot *S, bwd_bufs *B) {
     const bwd_ext *X = &B->ext;
     int64_t Dh = dh_of(P), Dp = round16(P->d), Rs = bwd_rs(Dp);
-    pair_rows(S->Qr, Rs, Dh, Dp, X->QT + S->c * Dh * BQ, X->Qp + S->c * (BQ / 2) * Dp);
-    pair_rows(S->dOr, Rs, Dh, Dp, X->dOT + S->c * Dh * BQ, X->dOp + S->c * (BQ / 2) * Dp);
+    pair_rows(S->Qr, Rs, P->d, Dh, Dp, X->QT + S->c * Dh * BQ, X->Qp + S->c * (BQ / 2) * Dp);
+    pair_rows(S->dOr, Rs, P->d, Dh, Dp, X->dOT + S->c * Dh * BQ, X->dOp + S->c * (BQ / 2) * Dp);
 }
 
 static void bwd_uk_scores(const attn_problem *P, const bwd_slot *S, bwd_bufs *B, int32_t pa, int32_t nk, float *PT,
@@ -256,25 +232,6 @@ static void bwd_uk_thread_end(void) {}
 
 #else /* no x86-64: never selected */
 
-size_t attn_avx512bf16_bwd_ws(const attn_problem *P, int64_t w) {
-    (void)P;
-    (void)w;
-    return 0;
-}
-void attn_avx512bf16_bwd_thread(void *job, int tid) { attn_ref_bwd_thread(job, tid); }
-void attn_avx512bf16_bwd_reduce(const attn_bwd_job *job, int64_t u) {
-    (void)job;
-    (void)u;
-}
-size_t attn_avx512bf16_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {
-    (void)P;
-    (void)max_width;
-    (void)n_tail;
-    return 0;
-}
-void attn_avx512bf16_bwd_tail_reduce(void *job, int tid) {
-    (void)job;
-    (void)tid;
-}
+ATTN_BWD_NEVER_SELECTED(attn_avx512bf16)
 
 #endif

@@ -1,6 +1,7 @@
 /* attn_bf16_pairs.h: the two products of the bf16 dot-product kernels (VDPBF16PS: per f32 lane, the
  * sum of a pair of bf16 products), shared by the forward (attn_avx512bf16.c) and the backward
- * (attn_avx512bf16_bwd.c). Query rows run along the lanes (a block of BQ = 48 rows is 3 vectors);
+ * (attn_avx512bf16_bwd.c), and the pairing of a block's rows both bf16 backwards read (also
+ * attn_amx_bwd.c's tiles). Query rows run along the lanes (a block of BQ = 48 rows is 3 vectors);
  * 32-bit words hold bf16 pairs, low half first. Included inside the AVX512-BF16 target region. */
 #ifndef MASKPACK_ATTN_BF16_PAIRS_H
 #define MASKPACK_ATTN_BF16_PAIRS_H
@@ -56,6 +57,35 @@ static inline void ot_pairs(float *OT, int64_t D8, const uint32_t *VP, int32_t t
         for (int r = 0; r < 8; r++)
             for (int c = 0; c < 3; c++) _mm512_store_ps(O + r * BQ + 16 * c, acc[r][c]);
     }
+}
+
+/* The top half of an f32 that holds a bf16 value (exact). */
+static inline uint32_t bf16_hi(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u >> 16;
+}
+
+/* A block's rows [BQ][Rs] (bf16 values widened; zeros past its rows and from D to Dp) -> YT [Dh][BQ]:
+ * (Y[i][2p], Y[i][2p+1]) per row i, head dims from D on read as 0 (Dh >= ceil(D / 2)); and
+ * Yp [BQ/2][Dp]: (Y[2p][d], Y[2p+1][d]) per column d. */
+static inline void pair_rows(const float *Yr, int64_t Rs, int64_t D, int64_t Dh, int64_t Dp, uint32_t *YT,
+                             uint32_t *Yp) {
+    for (int32_t x = 0; x < BQ; x++)
+        for (int64_t p = 0; p < Dh; p++) {
+            const uint32_t lo = 2 * p < D ? bf16_hi(Yr[x * Rs + 2 * p]) : 0;
+            const uint32_t hi = 2 * p + 1 < D ? bf16_hi(Yr[x * Rs + 2 * p + 1]) : 0;
+            YT[p * BQ + x] = lo | (hi << 16);
+        }
+    const __m512i lo_mask = _mm512_set1_epi32(0xffff);
+    for (int32_t p = 0; p < BQ / 2; p++)
+        for (int64_t d = 0; d < Dp; d += 16) {
+            __m512i a = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p) * Rs + d));
+            __m512i b = _mm512_castps_si512(_mm512_loadu_ps(Yr + (2 * p + 1) * Rs + d));
+            __m512i w =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a, 16), lo_mask), _mm512_andnot_si512(lo_mask, b));
+            _mm512_storeu_si512((void *)(Yp + p * Dp + d), w);
+        }
 }
 
 #endif

@@ -241,6 +241,31 @@ void attn_avx512bf16_bwd_tail_reduce(void *job, int tid);
 
 size_t attn_amx_fwd_ws(const attn_problem *P);
 void attn_amx_fwd_thread(void *job, int tid);
+/* A backward kernel file's entry points where its ISA cannot exist (not x86-64, or a compiler without
+ * the intrinsics): never selected there (its CPU check is 0), defined so that the table links: no
+ * workspace, the reference's thread, nothing to reduce. */
+#define ATTN_BWD_NEVER_SELECTED(prefix)                                                                                \
+    size_t prefix##_bwd_ws(const attn_problem *P, int64_t w) {                                                         \
+        (void)P;                                                                                                       \
+        (void)w;                                                                                                       \
+        return 0;                                                                                                      \
+    }                                                                                                                  \
+    void prefix##_bwd_thread(void *job, int tid) { attn_ref_bwd_thread(job, tid); }                                    \
+    void prefix##_bwd_reduce(const attn_bwd_job *job, int64_t u) {                                                     \
+        (void)job;                                                                                                     \
+        (void)u;                                                                                                       \
+    }                                                                                                                  \
+    size_t prefix##_bwd_tail_bytes(const attn_problem *P, int64_t max_width, int64_t n_tail) {                         \
+        (void)P;                                                                                                       \
+        (void)max_width;                                                                                               \
+        (void)n_tail;                                                                                                  \
+        return 0;                                                                                                      \
+    }                                                                                                                  \
+    void prefix##_bwd_tail_reduce(void *job, int tid) {                                                                \
+        (void)job;                                                                                                     \
+        (void)tid;                                                                                                     \
+    }
+
 /* AMX bf16 backward (attn_amx_bwd.c): the backward framework over tile products; same contracts as
  * the attn_avx512_bwd_* ones, bf16 problems only. */
 size_t attn_amx_bwd_ws(const attn_problem *P, int64_t max_group_width);

@@ -113,16 +113,6 @@ void gdn_gemm_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A,
     gdn_gemm_x_amx(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, NULL, C, 1.0f);
 }
 
-/* dst[i] = src[i] for i < n (k_copy: a float row, the tail masked). */
-static inline void amx_copy(float *dst, const float *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
-    }
-}
-
 #define K_HAVE_LOAD_L2    1
 #define k_load_l2_f32     gdn_load_l2_f32_avx512
 #define K_HAVE_DECAY_ROWS 1
@@ -141,7 +131,7 @@ static inline void amx_copy(float *dst, const float *src, int64_t n) {
 #define k_stream_fence()  _mm_sfence()
 #define k_expv            gdn_expv_avx512
 #define k_transpose       gdn_transpose_avx512
-#define k_copy            amx_copy
+#define k_copy            bf_copy
 #define k_inv_lower       gdn_inv_lower_avx512
 #include "gdn_kernel.inc"
 

@@ -35,7 +35,7 @@
 #include "../isa/simde_amx.h"
 #else
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,fma,avx2,f16c"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,fma,avx2,f16c"))),   \
                              apply_to = function)
 #else
 #pragma GCC push_options
@@ -117,15 +117,6 @@ void gdn_gemm_x_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const 
 void gdn_gemm_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
                          int64_t ldb, float *C, int64_t ldc, unsigned flags) {
     gdn_gemm_x_avx512bf16(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, NULL, C, 1.0f);
-}
-
-static inline void bf_copy(float *dst, const float *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
-    }
 }
 
 #define K_HAVE_LOAD_L2    1

@@ -260,4 +260,14 @@ static void bf_gemm_x(int64_t m, int64_t n, int64_t kd, float alpha, const float
     free(own);
 }
 
+/* dst[i] = src[i] for i < n (k_copy: a float row, the tail masked). */
+static inline void bf_copy(float *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+
 #endif
