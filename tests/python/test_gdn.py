@@ -532,9 +532,12 @@ def test_no_initial_state_equals_zero_initial_state(dims, isa):
 
 
 def test_bf16_inputs():
+    """bf16 inputs on the float32 kernel (AUTO's for them without AMX; named here, since an AMX CPU runs
+    them on the tiles: test_gdn_bf16 and test_isa_per_dtype) are exactly their float32 values."""
+    isa32 = maskpack.gdn_isa("float32")
     lay = maskpack.Layout.from_lengths([70, 9], placement="right")
     xs = make_inputs((2, 70), 1, 2, 16, 16, dtype=torch.bfloat16)
-    o, st = maskpack.gated_delta_rule(*xs, lay)
+    o, st = maskpack.gated_delta_rule(*xs, lay, isa=isa32)
     assert o.dtype == torch.bfloat16 and st.dtype == torch.float32
     o32, st32 = maskpack.gated_delta_rule(*(x.float() for x in xs), lay)
     assert torch.equal(o, o32.to(torch.bfloat16))  # bf16 inputs are exactly their f32 values
@@ -542,7 +545,7 @@ def test_bf16_inputs():
     # gradients by value: bf16 inputs are widened, so each bf16 gradient is the f32 gradient of the
     # same values rounded to nearest once, bit for bit (a truncating store or a 5% error fails)
     leaves = [x.clone().requires_grad_(True) for x in xs]
-    o, _ = maskpack.gated_delta_rule(*leaves, lay)
+    o, _ = maskpack.gated_delta_rule(*leaves, lay, isa=isa32)
     gout = torch.randn(o.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     o.backward(gout)
     leaves32 = [x.float().requires_grad_(True) for x in xs]
