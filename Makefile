@@ -7,7 +7,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_LONG_SECONDS ?= 300
 PY := .venv/bin/python
 
-.PHONY: all deps deps-c build run python test test-c test-install test-python test-conformance test-sanitize test-fuzz fuzz-long coverage test-mutation bench format install clean
+.PHONY: all deps deps-c build run python test test-c test-install test-python test-python-emulated-amx test-conformance test-sanitize test-fuzz fuzz-long coverage test-mutation bench format install clean
 
 all: build
 
@@ -37,7 +37,8 @@ python: deps
 	$(PY) -m pip install -q --no-build-isolation .
 
 test: deps build python
-	$(MAKE) --no-print-directory test-c test-install test-python test-conformance test-fuzz test-sanitize
+	$(MAKE) --no-print-directory test-c test-install test-python test-python-emulated-amx test-conformance test-fuzz \
+		test-sanitize
 
 test-c:
 	meson test -C $(BUILD) --print-errorlogs
@@ -49,6 +50,11 @@ test-install:
 # (the compat twins' modules run once, in test-conformance, after their upstream packages are installed)
 test-python:
 	$(PY) -m pytest tests/python -q --ignore-glob='tests/python/test_compat_*'
+
+# The kernel-facing Python tests against an extension whose AVX-512, AVX512-BF16 and AMX intrinsics are
+# carried out in portable C and whose CPU check reports AMX: what an AMX CPU runs under AUTO, on any CPU.
+test-python-emulated-amx:
+	bash tools/test_python_emulated_amx.sh build-emu-amx
 
 # maskpack.compat's twins against the pinned upstream functions (installed without dependencies into
 # build/upstream, once), bit for bit; per-twin case counts in build/conformance/counts.json.
