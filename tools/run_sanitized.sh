@@ -32,14 +32,7 @@ done
 # torch keep allocations alive at exit by design). MASKPACK_EXPECT_SANITIZED=1 makes
 # tests/python/conftest.py refuse to run unless ASan is loaded and the extension is this pkgdir's.
 pkgdir="$BUILD/pyroot"
-rm -rf "$pkgdir"; mkdir -p "$pkgdir/maskpack"
-cp python/maskpack/*.py "$pkgdir/maskpack/"
-for sub in python/maskpack/*/; do  # subpackages (maskpack.compat), without their bytecode caches
-  name=$(basename "$sub")
-  [ "$name" = __pycache__ ] && continue
-  mkdir -p "$pkgdir/maskpack/$name" && cp "$sub"*.py "$pkgdir/maskpack/$name/"
-done
-cp "$BUILD"/python/_*.so "$pkgdir/maskpack/"
+bash tools/make_pkgdir.sh "$pkgdir" "$BUILD"/python/_*.so
 asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD="$asan_rt $ubsan_rt" PYTHONPATH="$pkgdir" \

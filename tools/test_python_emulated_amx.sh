@@ -17,14 +17,7 @@ fi
 so=$(ninja -C "$BUILD" -t targets all | sed -n 's/^\(python\/_maskpack[^:]*\.so\): .*/\1/p' | head -1)
 ninja -C "$BUILD" "$so"
 pkgdir="$BUILD/pyroot"
-rm -rf "$pkgdir"; mkdir -p "$pkgdir/maskpack"
-cp python/maskpack/*.py "$pkgdir/maskpack/"
-for sub in python/maskpack/*/; do  # subpackages (maskpack.compat), without their bytecode caches
-  name=$(basename "$sub")
-  [ "$name" = __pycache__ ] && continue
-  mkdir -p "$pkgdir/maskpack/$name" && cp "$sub"*.py "$pkgdir/maskpack/$name/"
-done
-cp "$BUILD/$so" "$pkgdir/maskpack/"
+bash tools/make_pkgdir.sh "$pkgdir" "$BUILD/$so"
 # the emulated extension is the one imported, and it runs bf16 on AMX under AUTO
 PYTHONPATH="$pkgdir" "$PY" -c "
 import maskpack, os, sys

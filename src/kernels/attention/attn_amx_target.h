@@ -7,16 +7,8 @@
 #if defined(MASKPACK_EMULATE_AMX)
 #include "../isa/simde_amx.h"
 #else
+#include "../isa/target_amx.h"
 #include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(                                                                                          \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw"))),             \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,prfchw")
-#endif
 #endif
 
 #include "../isa/amx_tiles.h" /* amx_tiles_on */

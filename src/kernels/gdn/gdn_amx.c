@@ -33,14 +33,7 @@
 #ifdef GDN_AMX_EMULATED
 #include "../isa/simde_amx.h"
 #else
-#if defined(__clang__)
-#pragma clang attribute push(                                                                                          \
-    __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,amx-tile,amx-bf16,fma,avx2,f16c"))),          \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,amx-tile,amx-bf16,fma,avx2,f16c")
-#endif
+#include "../isa/target_amx.h"
 #include <immintrin.h>
 #endif
 #include <string.h>
@@ -141,16 +134,5 @@ void gdn_gemm_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A,
 
 #else /* no AMX build on this compiler/architecture: the dispatcher never selects it */
 
-void gdn_fwd_chunk_amx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_fwd_chunk_ref(P, seg, kh, ws); }
-void gdn_bwd_chunk_amx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) { gdn_bwd_chunk_ref(P, seg, kh, ws); }
-void gdn_gemm_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                  int64_t ldb, float *C, int64_t ldc, unsigned flags) {
-    gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
-}
-void gdn_gemm_x_amx(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                    int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
-    gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);
-}
-size_t gdn_ws_floats_fwd_amx(const gdn_problem *P, int chunked) { return gdn_ws_floats_fwd(P, chunked); }
-size_t gdn_ws_floats_bwd_amx(const gdn_problem *P) { return gdn_ws_floats_bwd(P); }
+GDN_BF16_REF_FALLBACKS(amx, amx)
 #endif

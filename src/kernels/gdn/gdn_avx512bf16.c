@@ -145,20 +145,5 @@ void gdn_gemm_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const fl
 
 #else /* no AVX512-BF16 build on this compiler/architecture: the dispatcher never selects it */
 
-void gdn_fwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {
-    gdn_fwd_chunk_ref(P, seg, kh, ws);
-}
-void gdn_bwd_chunk_avx512bf16(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {
-    gdn_bwd_chunk_ref(P, seg, kh, ws);
-}
-void gdn_gemm_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                         int64_t ldb, float *C, int64_t ldc, unsigned flags) {
-    gdn_gemm_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags);
-}
-void gdn_gemm_x_avx512bf16(int64_t m, int64_t n, int64_t kd, float alpha, const float *A, int64_t lda, const float *B,
-                           int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin, float cs) {
-    gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);
-}
-size_t gdn_ws_floats_fwd_bf16(const gdn_problem *P, int chunked) { return gdn_ws_floats_fwd(P, chunked); }
-size_t gdn_ws_floats_bwd_bf16(const gdn_problem *P) { return gdn_ws_floats_bwd(P); }
+GDN_BF16_REF_FALLBACKS(avx512bf16, bf16)
 #endif

@@ -192,11 +192,31 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
  * them there: mp_cpu_features() of src/core/cpu_features.h, which the dispatcher asks, is 0 off
  * x86-64 GCC/clang, the same condition that leaves the vector builds out). */
 #define GDN_REF_FALLBACKS(sfx)                                                                                         \
-    void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                                \
-        gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                             \
-    }                                                                                                                  \
+    GDN_REF_FALLBACK_PRODUCTS(sfx)                                                                                     \
     void gdn_fwd_recurrent_##sfx(const gdn_problem *P, size_t seg, int64_t hv, float *ws) {                            \
         gdn_fwd_recurrent_ref(P, seg, hv, ws);                                                                         \
+    }                                                                                                                  \
+    void gdn_transpose_##sfx(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {     \
+        for (int64_t r = 0; r < rows; r++)                                                                             \
+            for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];                                    \
+    }                                                                                                                  \
+    void gdn_expv_##sfx(float *x, int64_t n) {                                                                         \
+        for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                             \
+    }                                                                                                                  \
+    void gdn_inv_lower_##sfx(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {                           \
+        gdn_inv_lower_ref(Lm, A, n, cn, ld);                                                                           \
+    }
+
+/* The chunked forward and backward and the two GEMMs of GDN_REF_FALLBACKS: what a bf16 build (which
+ * borrows the rest from the AVX-512 build) defines; GDN_BF16_REF_FALLBACKS adds its workspace sizes
+ * (name##_sizes: the f32 framework's, the packing area included in both). */
+#define GDN_BF16_REF_FALLBACKS(sfx, sizes)                                                                             \
+    GDN_REF_FALLBACK_PRODUCTS(sfx)                                                                                     \
+    size_t gdn_ws_floats_fwd_##sizes(const gdn_problem *P, int chunked) { return gdn_ws_floats_fwd(P, chunked); }     \
+    size_t gdn_ws_floats_bwd_##sizes(const gdn_problem *P) { return gdn_ws_floats_bwd(P); }
+#define GDN_REF_FALLBACK_PRODUCTS(sfx)                                                                                 \
+    void gdn_fwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                                \
+        gdn_fwd_chunk_ref(P, seg, kh, ws);                                                                             \
     }                                                                                                                  \
     void gdn_bwd_chunk_##sfx(const gdn_problem *P, size_t seg, int64_t kh, float *ws) {                                \
         gdn_bwd_chunk_ref(P, seg, kh, ws);                                                                             \
@@ -209,16 +229,6 @@ maskpack_status gdn_workspace_size_slots(const maskpack_layout *layout, const ma
                           int64_t ldb, float *C, int64_t ldc, unsigned flags, gdn_pf *pf, const float *Cin,            \
                           float cs) {                                                                                  \
         gdn_gemm_x_ref(m, n, kd, alpha, A, lda, B, ldb, C, ldc, flags, pf, Cin, cs);                                   \
-    }                                                                                                                  \
-    void gdn_transpose_##sfx(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {     \
-        for (int64_t r = 0; r < rows; r++)                                                                             \
-            for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];                                    \
-    }                                                                                                                  \
-    void gdn_expv_##sfx(float *x, int64_t n) {                                                                         \
-        for (int64_t i = 0; i < n; i++) x[i] = expf(x[i]);                                                             \
-    }                                                                                                                  \
-    void gdn_inv_lower_##sfx(const float *Lm, float *A, int64_t n, int64_t cn, int64_t ld) {                           \
-        gdn_inv_lower_ref(Lm, A, n, cn, ld);                                                                           \
     }
 
 #endif
